@@ -1,0 +1,100 @@
+"""`assert_pinned()`: the entrypoint's check, from inside a running Python workload.
+
+The snippets people copy compare `torch.cuda.get_device_name(k)` with a name, or trust that CUDA_VISIBLE_DEVICES
+means what nvidia-smi shows; both pass on the wrong card of a box of identical cards. This asks the CUDA driver
+(or torch) of *this* process what each `cuda:k` is, by UUID and PCI bus id, and compares it with the
+expectation (by default GPUPIN_EXPECT, which the entrypoint exports fully resolved):
+
+    from entrypoint import assert_pinned
+    assert_pinned()                      # raises MisalignedError on the wrong card
+    assert_pinned(local_rank=int(os.environ["LOCAL_RANK"]))   # check only the card this rank uses
+
+It initialises CUDA in the calling process, which is where the workload runs anyway; no NVML is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from entrypoint import align
+from entrypoint.errors import GpuUnavailableError, MisalignedError
+from entrypoint.expectation import Expectation, from_environ, parse_expect
+from entrypoint.identity import BusId, uuid_from_bytes
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+def _driver_devices() -> list[align.CudaDevice]:
+    from entrypoint import cudaprobe
+
+    result = cudaprobe.probe()
+    if result["rc"] != 0:
+        name, text = result["error"]
+        raise GpuUnavailableError(f"cuInit failed with {name} ({result['rc']}): {text}")
+    return [align.CudaDevice(d["k"], d["uuid_hex"], align.parse_cuda_bus(d["bus_id"]), d["name"])
+            for d in result["devices"]]
+
+
+def _torch_devices() -> list[align.CudaDevice]:
+    import torch
+
+    out = []
+    for k in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(k)
+        uuid = str(getattr(p, "uuid", "")).replace("-", "").lower()
+        if uuid[:3] in ("gpu", "mig"):
+            uuid = uuid[3:]
+        bus = None
+        if all(hasattr(p, f) for f in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+            bus = BusId(p.pci_domain_id, p.pci_bus_id, p.pci_device_id)
+        out.append(align.CudaDevice(k, uuid, bus, p.name))
+    return out
+
+
+def assert_pinned(expect: str | Expectation | None = None, local_rank: int | None = None,
+                  via: str | None = None, environ: Mapping[str, str] | None = None) -> list[align.Binding]:
+    """Raise MisalignedError unless cuda:k is expected card k (every k, or just `local_rank`).
+
+    `expect`: a GPUPIN_EXPECT-style string or an Expectation; default: from the environment (GPUPIN_EXPECT,
+    then NVIDIA_VISIBLE_DEVICES UUIDs, then DOCKER_RESOURCE_*). `via`: "cuda" (the driver, through ctypes) or
+    "torch"; default: torch when this process has already imported it, else the driver.
+    Returns the verified bindings (cuda:k -> UUID, bus id, name).
+    """
+    env = os.environ if environ is None else environ
+    if isinstance(expect, str):
+        expectation: Expectation | None = parse_expect(expect, "expect")
+    else:
+        expectation = expect if expect is not None else from_environ(env)
+    if expectation is None:
+        raise MisalignedError("no expectation to check against: GPUPIN_EXPECT is unset",
+                              "run under gpupin-entrypoint, or pass expect='GPU-...[@BUSID]'")
+    if via is None:
+        via = "torch" if "torch" in sys.modules else "cuda"
+    devices = _torch_devices() if via == "torch" else _driver_devices()
+    bindings: list[align.Binding] = []
+    ranks = range(len(expectation.cards)) if local_rank is None else [local_rank]
+    for k in ranks:
+        if not 0 <= k < len(expectation.cards):
+            raise MisalignedError(f"local rank {k} has no expected card: {expectation.source} lists "
+                                  f"{len(expectation.cards)}")
+        exp = expectation.cards[k]
+        if k >= len(devices):
+            raise MisalignedError(f"cuda:{k} does not exist (this process sees {len(devices)} device(s)), but "
+                                  f"{expectation.source} expects {exp} there")
+        dev = devices[k]
+        want = align.uuid_hex(exp.uuid)
+        same_uuid = not dev.uuid_hex or dev.uuid_hex.startswith(want)  # a hand-written prefix matches too
+        same_bus = exp.bus_id is None or dev.bus_id is None or dev.bus_id == exp.bus_id
+        if not (same_uuid and same_bus):
+            raise MisalignedError(
+                f"cuda:{k} is UUID {dev.uuid_hex} at {dev.bus_id} ({dev.name}), but {expectation.source} "
+                f"expects {exp} there",
+                "something changed CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER after the entrypoint set them "
+                f"(now {env.get('CUDA_VISIBLE_DEVICES')!r}, {env.get('CUDA_DEVICE_ORDER')!r})",
+            )
+        full = uuid_from_bytes(bytes.fromhex(dev.uuid_hex), exp.uuid.split("-", 1)[0]) if dev.uuid_hex else exp.uuid
+        bindings.append(align.Binding(k, full, dev.bus_id, dev.name, exp))
+    return bindings

@@ -1,0 +1,51 @@
+"""The exception tree shared by both sides: each class carries the exit code DESIGN.md gives it.
+
+A CLI catches `GpupinError`, prints `ERROR: <message>` and, when there is one, `HINT: <hint>`, and exits with
+`exit_code`. Messages say what was asked and what was found; hints say what to do.
+"""
+
+from __future__ import annotations
+
+EX_USAGE = 64  # bad usage or a malformed request / expectation
+EX_UNAVAILABLE = 69  # no usable GPU (NVML or the CUDA driver), or the Docker daemon unavailable
+EX_TEMPFAIL = 75  # hostagent: the card is held by another pinned container
+EX_MISALIGNED = 78  # the entrypoint refuses: cuda:k is not the card that was asked for
+
+
+class GpupinError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(GpupinError):
+    """Bad command line or malformed input (exit 64)."""
+
+    exit_code = EX_USAGE
+
+
+class ExpectationError(UsageError):
+    """A malformed GPUPIN_EXPECT (or NVIDIA_VISIBLE_DEVICES / DOCKER_RESOURCE_*) value (exit 64)."""
+
+
+class GpuSpecError(UsageError):
+    """A GPU request that names no card, or more than one (exit 64)."""
+
+    def __init__(self, message: str, hint: str | None = None, matches: tuple[str, ...] = ()) -> None:
+        super().__init__(message, hint)
+        self.matches = matches
+
+
+class GpuUnavailableError(GpupinError):
+    """NVML or the CUDA driver cannot be used (exit 69)."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+class MisalignedError(GpupinError):
+    """A cuda:k that is not the expected card, or an expected card that is not there (exit 78)."""
+
+    exit_code = EX_MISALIGNED

@@ -1,0 +1,236 @@
+"""The NVML adapter: the only module that imports `pynvml` (NVIDIA's nvidia-ml-py binding).
+
+NVML numbers cards by PCI bus id and ignores CUDA_VISIBLE_DEVICES, which is what makes it the physical truth on
+both sides. `pynvml` is imported and NVML initialised lazily, on first use, so importing gpupin never fails for
+want of a driver; every NVML failure that makes cards unusable becomes one `GpuUnavailableError` (exit 69) with a
+cause and a hint, never a traceback. Optional fields that a card does not support become None; a card that NVML
+cannot read becomes a `Card` with `error` set, so a listing survives it.
+"""
+
+from __future__ import annotations
+
+from entrypoint.errors import GpuUnavailableError
+from entrypoint.identity import BusId
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+
+# NVML return codes (nvml.h), so that errors can be told apart without pynvml's generated classes.
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_NOT_FOUND = 6
+_DRIVER_NOT_LOADED = 9
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+_LIB_RM_VERSION_MISMATCH = 18
+_UNKNOWN = 999
+
+_HINTS = {
+    _LIBRARY_NOT_FOUND: "no NVIDIA driver library is visible here: start the container with a GPU "
+    "(`hostagent run`, `docker run --gpus device=UUID`) on a host with the NVIDIA Container Toolkit",
+    _UNKNOWN: "the container lost access to its GPU device nodes, the known effect of `systemctl daemon-reload` "
+    "on the host (NVIDIA/nvidia-container-toolkit#48): restart the container; to stop it recurring, pass the "
+    "/dev/nvidia* nodes with --device or move the host to cgroup v2",
+    _DRIVER_NOT_LOADED: "the NVIDIA kernel module is not loaded: check `nvidia-smi` on the host",
+    _NO_PERMISSION: "this process may not open /dev/nvidia*: run with the GPU's device nodes (`--gpus`)",
+    _LIB_RM_VERSION_MISMATCH: "the driver was upgraded but the old kernel module is still loaded: reboot the "
+    "host (or reload the nvidia module)",
+    _GPU_IS_LOST: "the card fell off the bus (look for Xid 79 in the host's `dmesg`): reset it with "
+    "`nvidia-smi -r` or reboot the host",
+}
+
+_nvml: Any = None  # the pynvml module, once initialised
+
+
+class MigDevice:
+    """A MIG instance of a card: its UUID and (GPU instance, compute instance) ids."""
+
+    __slots__ = ("compute_instance_id", "gpu_instance_id", "memory_total", "name", "uuid")
+
+    def __init__(self, uuid: str, gpu_instance_id: int | None, compute_instance_id: int | None,
+                 name: str | None = None, memory_total: int | None = None) -> None:
+        self.uuid = uuid
+        self.gpu_instance_id = gpu_instance_id
+        self.compute_instance_id = compute_instance_id
+        self.name = name
+        self.memory_total = memory_total
+
+
+class Card:
+    """One physical card as NVML reports it. Fields that NVML could not read are None.
+
+    Matching `nvidia-smi --query-gpu` fields: index, uuid, pci.bus_id, name, memory.total, memory.used,
+    utilization.gpu, mig.mode.current, compute_cap.
+    """
+
+    __slots__ = ("bus_id", "compute_capability", "error", "index", "memory_total", "memory_used",
+                 "mig_devices", "mig_mode", "minor_number", "name", "processes", "utilization_gpu", "uuid")
+
+    def __init__(self, index: int, uuid: str | None = None, bus_id: BusId | None = None,
+                 name: str | None = None, error: str | None = None) -> None:
+        self.index = index
+        self.uuid = uuid
+        self.bus_id = bus_id
+        self.name = name
+        self.error = error
+        self.memory_total: int | None = None  # bytes
+        self.memory_used: int | None = None  # bytes
+        self.utilization_gpu: int | None = None  # percent
+        self.mig_mode: bool | None = None
+        self.mig_devices: list[MigDevice] = []
+        self.processes: int | None = None  # compute processes on the card
+        self.minor_number: int | None = None
+        self.compute_capability: str | None = None
+
+    @property
+    def memory_free(self) -> int | None:
+        if self.memory_total is None or self.memory_used is None:
+            return None
+        return self.memory_total - self.memory_used
+
+    def __repr__(self) -> str:
+        return f"Card({self.index}, {self.uuid}, {self.bus_id}, {self.name!r}, error={self.error!r})"
+
+
+def _code(err: BaseException) -> int:
+    return int(getattr(err, "value", -1))
+
+
+def unavailable(err: BaseException, doing: str) -> GpuUnavailableError:
+    """Translate an NVML error into the one-line refusal (exit 69) with a hint."""
+    code = _code(err)
+    return GpuUnavailableError(f"{doing}: {err}", _HINTS.get(code))
+
+
+def _module() -> Any:
+    global _nvml
+    if _nvml is None:
+        try:
+            import pynvml
+        except ImportError:
+            raise GpuUnavailableError(
+                "the Python package nvidia-ml-py (module pynvml) is not installed",
+                "pip install nvidia-ml-py (NVIDIA's binding; not the PyPI package named `pynvml`)",
+            ) from None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            raise unavailable(err, "Failed to initialize NVML") from None
+        _nvml = pynvml
+    return _nvml
+
+
+def shutdown() -> None:
+    """Release NVML (a long-lived host process calls this; the entrypoint just execs)."""
+    global _nvml
+    if _nvml is not None:
+        try:
+            _nvml.nvmlShutdown()
+        finally:
+            _nvml = None
+
+
+def available() -> bool:
+    """Whether NVML can be initialised here."""
+    try:
+        _module()
+    except GpuUnavailableError:
+        return False
+    return True
+
+
+def driver_version() -> str | None:
+    nv = _module()
+    return _optional(lambda: str(nv.nvmlSystemGetDriverVersion()))
+
+
+def _optional(call: Callable[[], T]) -> T | None:
+    """A field that a card may not support: NotSupported (and friends) become None; a lost card does not."""
+    nv = _module()
+    try:
+        return call()
+    except nv.NVMLError as err:
+        if _code(err) in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NOT_FOUND, _NO_PERMISSION):
+            return None
+        raise
+
+
+def _mig_devices(nv: Any, handle: Any) -> list[MigDevice]:
+    devices: list[MigDevice] = []
+    count = _optional(lambda: int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))) or 0
+    for i in range(count):
+        try:
+            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
+        except nv.NVMLError as err:
+            if _code(err) in (_NOT_FOUND, _NOT_SUPPORTED, 2):  # 2: an empty slot is INVALID_ARGUMENT
+                continue
+            raise
+        mem = _optional(lambda m=mig: nv.nvmlDeviceGetMemoryInfo(m))  # type: ignore[misc]
+        devices.append(MigDevice(
+            str(nv.nvmlDeviceGetUUID(mig)),
+            _optional(lambda m=mig: int(nv.nvmlDeviceGetGpuInstanceId(m))),  # type: ignore[misc]
+            _optional(lambda m=mig: int(nv.nvmlDeviceGetComputeInstanceId(m))),  # type: ignore[misc]
+            _optional(lambda m=mig: str(nv.nvmlDeviceGetName(m))),  # type: ignore[misc]
+            int(mem.total) if mem is not None else None,
+        ))
+    return devices
+
+
+def _bus_id(pci: Any) -> BusId:
+    # The busId text carries the PCI function (virtual functions are not .0); the integers do not.
+    text = pci.busId
+    try:
+        return BusId.parse(text.decode() if isinstance(text, bytes) else str(text))
+    except Exception:
+        return BusId(int(pci.domain), int(pci.bus), int(pci.device), 0)
+
+
+def _read_card(nv: Any, index: int, detail: bool, mig: bool) -> Card:
+    handle = nv.nvmlDeviceGetHandleByIndex(index)
+    pci = nv.nvmlDeviceGetPciInfo(handle)
+    card = Card(index, str(nv.nvmlDeviceGetUUID(handle)), _bus_id(pci), str(nv.nvmlDeviceGetName(handle)))
+    if mig or detail:
+        modes = _optional(lambda: nv.nvmlDeviceGetMigMode(handle))
+        card.mig_mode = bool(modes[0]) if modes is not None else None
+        if card.mig_mode:
+            card.mig_devices = _mig_devices(nv, handle)
+    if detail:
+        mem = _optional(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+        if mem is not None:
+            card.memory_total, card.memory_used = int(mem.total), int(mem.used)
+        util = _optional(lambda: nv.nvmlDeviceGetUtilizationRates(handle))
+        card.utilization_gpu = int(util.gpu) if util is not None else None
+        procs = _optional(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle))
+        card.processes = len(procs) if procs is not None else None
+        card.minor_number = _optional(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
+        cc = _optional(lambda: nv.nvmlDeviceGetCudaComputeCapability(handle))
+        card.compute_capability = f"{cc[0]}.{cc[1]}" if cc is not None else None
+    return card
+
+
+def list_cards(detail: bool = False, mig: bool = False, tolerate_lost: bool = False) -> list[Card]:
+    """Every card NVML sees, in NVML's (PCI bus) order.
+
+    `detail` adds memory, utilization, processes, MIG mode, minor number and compute capability (hostagent ls);
+    `mig` adds MIG mode and MIG devices only. A card NVML cannot read raises GpuUnavailableError, or, with
+    `tolerate_lost`, comes back as a placeholder whose `error` says why.
+    """
+    nv = _module()
+    try:
+        count = int(nv.nvmlDeviceGetCount())
+    except nv.NVMLError as err:
+        raise unavailable(err, "NVML could not count the cards") from None
+    cards: list[Card] = []
+    for index in range(count):
+        try:
+            cards.append(_read_card(nv, index, detail, mig))
+        except nv.NVMLError as err:
+            if not tolerate_lost:
+                raise unavailable(err, f"NVML could not read the card at index {index}") from None
+            cards.append(Card(index, error=str(err)))
+    return cards

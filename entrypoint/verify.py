@@ -1,0 +1,177 @@
+"""The entrypoint's verification, as a library call: expectation -> NVML -> plan -> CUDA driver -> torch.
+
+`verify(environ, level)` returns the environment the workload must get and a `Verification` report, or raises a
+`GpupinError` whose exit code says why the workload must not start. It never initialises CUDA in this process:
+the driver and torch are asked in child processes under exactly the returned environment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from entrypoint import align, nvml
+from entrypoint.errors import GpuUnavailableError, MisalignedError, UsageError
+from entrypoint.expectation import EXPECT_VAR, ExpectedCard, format_expect, from_environ
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+LEVELS = ("nvml", "cuda", "torch")
+_CUDA_HINTS = {
+    -1: "no CUDA driver library (libcuda.so.1) is visible here: start the container with a GPU and the "
+    "`compute` or `utility,compute` driver capabilities (NVIDIA_DRIVER_CAPABILITIES)",
+    100: "the CUDA driver sees no device in this environment: check CUDA_VISIBLE_DEVICES and the runtime",
+    101: "CUDA_VISIBLE_DEVICES names a device twice or is otherwise invalid",
+    34: "the CUDA toolkit's stub libcuda.so is first on the library path: remove it from LD_LIBRARY_PATH",
+    999: "the CUDA driver failed in an unknown way: check `nvidia-smi` and the host's `dmesg`",
+}
+
+
+def probe_timeout() -> float:
+    try:
+        return float(os.environ.get("GPUPIN_PROBE_TIMEOUT", "120"))
+    except ValueError:
+        return 120.0
+
+
+class Verification:
+    """What was verified: the plan, the level, the variables set and the ones overridden."""
+
+    __slots__ = ("cuda_devices", "env_set", "level", "notes", "overridden", "plan", "warnings")
+
+    def __init__(self, plan: align.Plan, level: str) -> None:
+        self.plan = plan
+        self.level = level
+        self.env_set: dict[str, str] = {}
+        self.overridden: dict[str, str] = {}  # variable -> the value it had before
+        self.cuda_devices: list[align.CudaDevice] = []
+        self.notes: list[str] = []
+        self.warnings: list[str] = []
+
+    def to_dict(self) -> dict[str, Any]:
+        exp = self.plan.expectation
+        return {
+            "level": self.level,
+            "expectation": str(exp) if exp else None,
+            "source": exp.source if exp else None,
+            "devices": [
+                {"local_rank": b.local_rank, "cuda": f"cuda:{b.local_rank}", "uuid": b.uuid,
+                 "bus_id": str(b.bus_id) if b.bus_id else None, "name": b.name}
+                for b in self.mapping()
+            ],
+            "set": self.env_set,
+            "overridden": self.overridden,
+            "notes": self.notes,
+            "warnings": self.warnings,
+        }
+
+    def mapping(self) -> list[align.Binding]:
+        """cuda:k -> card: the plan's bindings, or, with no expectation, what the driver enumerated."""
+        if self.plan.expectation is not None or not self.cuda_devices:
+            return self.plan.bindings
+        by_hex = {align.uuid_hex(b.uuid): b for b in self.plan.bindings}
+        out = []
+        for d in self.cuda_devices:
+            b = by_hex.get(d.uuid_hex)
+            out.append(align.Binding(d.k, b.uuid if b else "UUID " + d.uuid_hex, d.bus_id, d.name))
+        return out
+
+
+def _run_child(args: list[str], env: Mapping[str, str], what: str) -> str:
+    try:
+        done = subprocess.run(args, env=dict(env), capture_output=True, timeout=probe_timeout(), check=False)
+    except subprocess.TimeoutExpired:
+        raise GpuUnavailableError(
+            f"{what} did not answer within {probe_timeout():.0f} s",
+            "the driver hangs: check `nvidia-smi` on the host (GPUPIN_PROBE_TIMEOUT sets the limit)",
+        ) from None
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise GpuUnavailableError(f"{what} failed (exit {done.returncode}): {tail[0]}")
+    return done.stdout.decode(errors="replace")
+
+
+def _cuda_devices(env: Mapping[str, str]) -> list[align.CudaDevice]:
+    from entrypoint import cudaprobe
+
+    # -I -S: the probe needs only the standard library, and skipping site saves most of a Python start-up.
+    text = _run_child([sys.executable, "-I", "-S", cudaprobe.__file__], env, "the CUDA driver probe")
+    result = cudaprobe.from_lines(text)
+    rc = result["rc"]
+    if rc is None:
+        raise GpuUnavailableError(f"the CUDA driver probe printed nothing usable: {text[:200]!r}")
+    if rc != 0:
+        name, msg = result["error"]
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        under = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"
+        raise GpuUnavailableError(f"cuInit failed with {name} ({rc}): {msg} (under {under})",
+                                  _CUDA_HINTS.get(rc))
+    return [align.CudaDevice(d["k"], d["uuid_hex"], align.parse_cuda_bus(d["bus_id"]), d["name"])
+            for d in result["devices"]]
+
+
+def _torch_devices(env: Mapping[str, str], ver: Verification) -> list[align.CudaDevice]:
+    from entrypoint import torchprobe
+
+    text = _run_child([sys.executable, torchprobe.__file__], env, "the torch probe")
+    result = torchprobe.from_lines(text)
+    if result["error"]:
+        raise GpuUnavailableError(f"torch could not describe its devices: {result['error']}",
+                                  "use --verify cuda, or install torch in this image")
+    if result["missing"]:
+        ver.warnings.append(
+            f"torch {result['version']} lacks {', '.join(result['missing'])} in get_device_properties: "
+            "the torch level compared what it has; the CUDA driver level proved the rest"
+        )
+    return [align.CudaDevice(d["k"], d["uuid_hex"], d["bus_id"], d["name"]) for d in result["devices"]]
+
+
+def _set(env: dict[str, str], ver: Verification, key: str, value: str) -> None:
+    old = env.get(key)
+    if old is not None and old != value:
+        ver.overridden[key] = old
+    env[key] = value
+    ver.env_set[key] = value
+
+
+def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = False
+           ) -> tuple[dict[str, str], Verification]:
+    """Verify that every cuda:k will be expectation k; return the workload's environment and the report."""
+    if level not in LEVELS:
+        raise UsageError(f"unknown verification level {level!r}", "use nvml, cuda or torch")
+    expectation = from_environ(environ)
+    if expectation is None and require:
+        nvd = environ.get("NVIDIA_VISIBLE_DEVICES")
+        raise MisalignedError(
+            f"no expectation: {EXPECT_VAR} is unset and NVIDIA_VISIBLE_DEVICES="
+            f"{nvd if nvd is not None else '(unset)'} names no card, but an expectation is required",
+            "start the container with `hostagent run`, or set GPUPIN_EXPECT=UUID[@BUSID] (or --gpus device=UUID)",
+        )
+    cards = nvml.list_cards(mig=bool(expectation and any(c.uuid.upper().startswith("MIG-")
+                                                         for c in expectation.cards)))
+    plan = align.plan(expectation, cards)
+    ver = Verification(plan, level)
+    env = dict(environ)
+    _set(env, ver, "CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    if plan.cuda_visible_devices is not None:
+        _set(env, ver, "CUDA_VISIBLE_DEVICES", plan.cuda_visible_devices)
+        # The resolved expectation travels on, so that assert_pinned() in the workload checks the same cards.
+        _set(env, ver, EXPECT_VAR, format_expect(ExpectedCard(b.uuid, b.bus_id) for b in plan.bindings))
+        ver.overridden.pop(EXPECT_VAR, None)
+        if plan.extra_cards:
+            ver.notes.append(f"NVML sees {len(cards)} cards; CUDA_VISIBLE_DEVICES selects the "
+                             f"{len(plan.bindings)} expected")
+    else:
+        nvd = environ.get("NVIDIA_VISIBLE_DEVICES")
+        ver.notes.append(f"no expectation ({EXPECT_VAR} unset, NVIDIA_VISIBLE_DEVICES="
+                         f"{nvd if nvd is not None else '(unset)'}): running unpinned")
+    if level in ("cuda", "torch"):
+        ver.cuda_devices = _cuda_devices(env)
+        align.check_devices(plan, ver.cuda_devices, cards, "the CUDA driver", env.get("CUDA_VISIBLE_DEVICES"))
+    if level == "torch":
+        align.check_devices(plan, _torch_devices(env, ver), cards, "torch", env.get("CUDA_VISIBLE_DEVICES"))
+    return env, ver
