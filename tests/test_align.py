@@ -1,0 +1,135 @@
+"""Alignment: the plan (CUDA_VISIBLE_DEVICES) and the proof (what cuda:k is), over reported cards."""
+
+from __future__ import annotations
+
+import pytest
+
+from entrypoint.align import CudaDevice, check_devices, plan, uuid_hex
+from entrypoint.errors import ExpectationError, MisalignedError
+from entrypoint.expectation import parse_expect
+from entrypoint.identity import BusId
+from entrypoint.nvml import Card, MigDevice
+
+A800 = "GPU-5f1d2c3b-8a9e-4b7c-a1d2-e3f4a5b6c7d8"
+RTX = "GPU-1c5e8f3a-4b2d-4f0e-9a7c-2d3e4f5a6b7c"
+A800B = "GPU-5f9e8d7c-6b5a-4c3d-9e8f-7a6b5c4d3e2f"
+A800C = "GPU-9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+
+
+def mixed4() -> list[Card]:
+    return [
+        Card(0, A800, BusId.parse("1b:00.0"), "NVIDIA A800-SXM4-80GB"),
+        Card(1, RTX, BusId.parse("3b:00.0"), "NVIDIA GeForce RTX 4090"),
+        Card(2, A800B, BusId.parse("86:00.0"), "NVIDIA A800-SXM4-80GB"),
+        Card(3, A800C, BusId.parse("af:00.0"), "NVIDIA A800-SXM4-80GB"),
+    ]
+
+
+def dev(k: int, uuid: str, bus: str, name: str = "x") -> CudaDevice:
+    return CudaDevice(k, uuid_hex(uuid), BusId.parse(bus), name)
+
+
+def test_single_card_in_a_container_is_index_0() -> None:
+    cards = [Card(0, RTX, BusId.parse("3b:00.0"), "NVIDIA GeForce RTX 4090")]
+    p = plan(parse_expect(f"{RTX}@00000000:3B:00.0"), cards)
+    assert p.cuda_visible_devices == "0"
+    assert [(b.local_rank, b.uuid, str(b.bus_id)) for b in p.bindings] == [(0, RTX, "00000000:3B:00.0")]
+
+
+def test_bare_metal_selects_the_expected_cards_by_uuid_in_pci_order() -> None:
+    p = plan(parse_expect(f"{A800C},{RTX}"), mixed4())
+    assert p.cuda_visible_devices == "3,1"
+    assert p.extra_cards == 2
+    assert [b.uuid for b in p.bindings] == [A800C, RTX]
+
+
+def test_nvml_listing_order_does_not_matter_only_the_bus_ids() -> None:
+    shuffled = list(reversed(mixed4()))
+    assert plan(parse_expect(f"{RTX},{A800}"), shuffled).cuda_visible_devices == "1,0"
+
+
+def test_reversed_two_card_expectation_gives_1_0() -> None:
+    cards = mixed4()[:2]
+    p = plan(parse_expect(f"{RTX},{A800}"), cards)
+    assert p.cuda_visible_devices == "1,0"
+
+
+def test_a_unique_prefix_resolves_to_the_full_uuid() -> None:
+    p = plan(parse_expect("GPU-1c5e"), mixed4())
+    assert p.bindings[0].uuid == RTX and p.cuda_visible_devices == "1"
+
+
+def test_absent_card_is_refused_with_78_naming_what_was_seen() -> None:
+    cards = [Card(0, A800B, BusId.parse("86:00.0"), "NVIDIA A800-SXM4-80GB")]
+    with pytest.raises(MisalignedError) as e:
+        plan(parse_expect(RTX), cards)
+    assert e.value.exit_code == 78
+    assert RTX in e.value.message and A800B in e.value.message and "cuda:0" in e.value.message
+    assert e.value.hint and f"device={RTX}" in e.value.hint
+
+
+def test_uuid_of_one_card_with_the_bus_of_another_is_refused() -> None:
+    with pytest.raises(MisalignedError) as e:
+        plan(parse_expect(f"{RTX}@00000000:86:00.0"), mixed4())
+    assert "00000000:86:00.0" in e.value.message and "00000000:3B:00.0" in e.value.message
+
+
+def test_two_prefixes_naming_one_card_and_ambiguous_prefixes_are_usage_errors() -> None:
+    with pytest.raises(ExpectationError) as e:
+        plan(parse_expect(f"GPU-1c5e,{RTX}"), mixed4())
+    assert "same card" in e.value.message
+    with pytest.raises(ExpectationError) as e:
+        plan(parse_expect("GPU-5f"), mixed4())
+    assert A800 in e.value.message and A800B in e.value.message
+
+
+def test_no_expectation_leaves_cuda_visible_devices_alone() -> None:
+    p = plan(None, mixed4())
+    assert p.cuda_visible_devices is None and p.expectation is None
+    assert [b.uuid for b in p.bindings] == [A800, RTX, A800B, A800C]
+
+
+def test_mig_expectations_use_uuids_in_cuda_visible_devices() -> None:
+    parent = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+    mig1 = "MIG-bbbbbbbb-1111-2222-3333-444444444444"
+    mig2 = "MIG-cccccccc-1111-2222-3333-444444444444"
+    card = Card(0, parent, BusId.parse("07:00.0"), "NVIDIA A100-SXM4-40GB")
+    card.mig_devices = [MigDevice(mig1, 1, 0), MigDevice(mig2, 2, 0)]
+    other = Card(1, A800, BusId.parse("1b:00.0"), "NVIDIA A800")
+    p = plan(parse_expect(f"{mig2},{A800}"), [card, other])
+    assert p.cuda_visible_devices == f"{mig2},{A800}"
+    legacy = plan(parse_expect(f"MIG-GPU-{parent[4:]}/1/0"), [card])
+    assert legacy.bindings[0].uuid == mig1 and legacy.bindings[0].bus_id == BusId.parse("07:00.0")
+
+
+def test_check_devices_accepts_the_expected_cards_whatever_the_bus_spelling() -> None:
+    p = plan(parse_expect(f"{RTX},{A800}"), mixed4())
+    check_devices(p, [dev(0, RTX, "0000:3B:00.0"), dev(1, A800, "0000:1b:00.0")], mixed4(), "cuda", "1,0")
+
+
+def test_check_devices_refuses_a_swapped_card() -> None:
+    p = plan(parse_expect(f"{RTX}@3b:00.0"), mixed4())
+    with pytest.raises(MisalignedError) as e:
+        check_devices(p, [dev(0, A800, "0000:1B:00.0")], mixed4(), "the CUDA driver", "1")
+    msg = e.value.message
+    assert "cuda:0 is " + A800 in msg and RTX in msg and "CUDA_VISIBLE_DEVICES=1" in msg
+
+
+def test_check_devices_refuses_the_right_uuid_at_the_wrong_bus() -> None:
+    p = plan(parse_expect(RTX), mixed4())
+    with pytest.raises(MisalignedError):
+        check_devices(p, [dev(0, RTX, "0000:86:00.0")], mixed4(), "cuda", "1")
+
+
+def test_check_devices_refuses_a_count_mismatch() -> None:
+    p = plan(parse_expect(f"{RTX},{A800}"), mixed4())
+    with pytest.raises(MisalignedError) as e:
+        check_devices(p, [dev(0, RTX, "3b:00.0")], mixed4(), "the CUDA driver", "1,0")
+    assert "sees 1 device(s)" in e.value.message and "asks for 2" in e.value.message
+
+
+def test_torch_without_uuid_or_pci_fields_compares_what_it_has() -> None:
+    p = plan(parse_expect(RTX), mixed4())
+    check_devices(p, [CudaDevice(0, "", None, "NVIDIA GeForce RTX 4090")], mixed4(), "torch", "1")
+    with pytest.raises(MisalignedError):
+        check_devices(p, [CudaDevice(0, uuid_hex(A800), None, "A800")], mixed4(), "torch", "1")
