@@ -54,6 +54,16 @@ def _torch_devices() -> list[align.CudaDevice]:
     return out
 
 
+def devices(via: str | None = None) -> list[align.CudaDevice]:
+    """What each cuda:k of this process is, from the CUDA driver (`via="cuda"`) or torch (`via="torch"`).
+
+    Default: torch when this process has already imported it, else the driver through ctypes.
+    """
+    if via is None:
+        via = "torch" if "torch" in sys.modules else "cuda"
+    return _torch_devices() if via == "torch" else _driver_devices()
+
+
 def assert_pinned(expect: str | Expectation | None = None, local_rank: int | None = None,
                   via: str | None = None, environ: Mapping[str, str] | None = None) -> list[align.Binding]:
     """Raise MisalignedError unless cuda:k is expected card k (every k, or just `local_rank`).
@@ -71,9 +81,7 @@ def assert_pinned(expect: str | Expectation | None = None, local_rank: int | Non
     if expectation is None:
         raise MisalignedError("no expectation to check against: GPUPIN_EXPECT is unset",
                               "run under gpupin-entrypoint, or pass expect='GPU-...[@BUSID]'")
-    if via is None:
-        via = "torch" if "torch" in sys.modules else "cuda"
-    devices = _torch_devices() if via == "torch" else _driver_devices()
+    found = devices(via)
     bindings: list[align.Binding] = []
     ranks = range(len(expectation.cards)) if local_rank is None else [local_rank]
     for k in ranks:
@@ -81,10 +89,10 @@ def assert_pinned(expect: str | Expectation | None = None, local_rank: int | Non
             raise MisalignedError(f"local rank {k} has no expected card: {expectation.source} lists "
                                   f"{len(expectation.cards)}")
         exp = expectation.cards[k]
-        if k >= len(devices):
-            raise MisalignedError(f"cuda:{k} does not exist (this process sees {len(devices)} device(s)), but "
+        if k >= len(found):
+            raise MisalignedError(f"cuda:{k} does not exist (this process sees {len(found)} device(s)), but "
                                   f"{expectation.source} expects {exp} there")
-        dev = devices[k]
+        dev = found[k]
         want = align.uuid_hex(exp.uuid)
         same_uuid = not dev.uuid_hex or dev.uuid_hex.startswith(want)  # a hand-written prefix matches too
         same_bus = exp.bus_id is None or dev.bus_id is None or dev.bus_id == exp.bus_id

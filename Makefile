@@ -1,0 +1,83 @@
+# gpupin: `make demo` shows the project on a simulated GPU host; `make test` runs every test from a clean clone.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PY ?= python3
+VENV := .venv
+VPY := $(CURDIR)/$(VENV)/bin/python
+# The hook runs under dockerd's environment, so it gets an absolute interpreter, not a shim or a venv.
+HOST_PYTHON := $(shell $(PY) -c 'import sys; print(sys.executable)' 2>/dev/null)
+FAKEGPU := $(CURDIR)/build/fakegpu
+export FAKEGPU_TOPOLOGY ?= $(CURDIR)/tests/fakegpu/scenarios/mixed-4.json
+SANDBOX := tests/sandbox/sandbox.sh
+SANDBOX_HOST := unix:///run/gpupin-sandbox/docker.sock
+# What the host-side tools need to see the simulated cards (the same topology as the sandbox's hook).
+SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TOPOLOGY=$(FAKEGPU_TOPOLOGY)
+TEST_IMAGE := gpupin:test
+BASE_IMAGE := gpupin-base:bookworm
+
+.PHONY: help setup fakegpu sandbox-up sandbox-down sandbox-purge wheels image image-test test lint bench demo clean
+
+help:
+	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
+	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test"
+	@echo "make lint          ruff and mypy"
+	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
+	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
+	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
+
+$(VENV)/.done: pyproject.toml
+	@command -v gcc >/dev/null && $(PY) -c 'import venv, ensurepip' 2>/dev/null || { \
+	  echo "setup: installing gcc and python3-venv"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc make python3-venv >/dev/null; }
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.done
+
+fakegpu: setup
+	$(MAKE) -s -C tests/fakegpu OUT=$(FAKEGPU) PYTHON=$(HOST_PYTHON)
+
+sandbox-up: fakegpu
+	@$(SANDBOX) up
+
+sandbox-down:
+	@$(SANDBOX) down
+
+sandbox-purge:
+	@$(SANDBOX) purge
+
+# Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK).
+wheels: setup
+	rm -rf build/wheels && mkdir -p build/wheels
+	$(VPY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheels .
+	$(VPY) -m pip download -q --no-deps --only-binary=:all: -d build/wheels \
+	  "nvidia-ml-py==$$($(VPY) -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')"
+
+BASE ?=
+image: wheels
+	docker build $(if $(BASE),--build-arg BASE_IMAGE=$(BASE)) -t gpupin:latest .
+
+# The test image: the project's own Dockerfile on the sandbox's debootstrap base.
+image-test: wheels sandbox-up
+	DOCKER_HOST=$(SANDBOX_HOST) /usr/bin/docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . >/dev/null
+
+# Every test; tests that need the daemon fail (not skip) here. pytest's 5 ("no tests ran") is a failure.
+test: image-test
+	@$(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 $(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc = 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+lint: setup
+	$(VPY) -m ruff check .
+	$(VPY) -m mypy
+
+bench: image-test
+	$(SIMHOST) $(VPY) bench/run.py
+
+demo: image-test
+	@$(SIMHOST) $(VPY) -m hostagent.demo
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

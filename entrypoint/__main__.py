@@ -1,0 +1,33 @@
+"""`python3 -m entrypoint`: print what each cuda:k of this process is, checked against the expectation.
+
+The training image's example CMD: it shows a workload's view after gpupin-entrypoint has set the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from entrypoint.api import assert_pinned, devices
+from entrypoint.errors import GpupinError
+from entrypoint.expectation import from_environ
+
+
+def main() -> int:
+    try:
+        expectation = from_environ(os.environ)
+        if expectation is None:
+            for d in devices():
+                print(f"cuda:{d.k} = UUID {d.uuid_hex} at {d.bus_id} ({d.name}), no expectation to check")
+            return 0
+        for b in assert_pinned(expectation):
+            print(f"cuda:{b.local_rank} = {b.uuid} at {b.bus_id} ({b.name}), as expected")
+    except GpupinError as err:
+        hint = f" HINT: {err.hint}" if err.hint else ""
+        print(f"ERROR: {err.message}.{hint}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
