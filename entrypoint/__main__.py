@@ -11,6 +11,7 @@ import sys
 from entrypoint.api import assert_pinned, devices
 from entrypoint.errors import GpupinError
 from entrypoint.expectation import from_environ
+from entrypoint.identity import uuid_from_bytes
 
 
 def main() -> int:
@@ -18,7 +19,8 @@ def main() -> int:
         expectation = from_environ(os.environ)
         if expectation is None:
             for d in devices():
-                print(f"cuda:{d.k} = UUID {d.uuid_hex} at {d.bus_id} ({d.name}), no expectation to check")
+                uuid = uuid_from_bytes(bytes.fromhex(d.uuid_hex))
+                print(f"cuda:{d.k} = {uuid} at {d.bus_id} ({d.name}), no expectation to check")
             return 0
         for b in assert_pinned(expectation):
             print(f"cuda:{b.local_rank} = {b.uuid} at {b.bus_id} ({b.name}), as expected")

@@ -110,7 +110,7 @@ EOF
     # dockerd's environment is the hook's environment (Docker passes os.Environ() to the prestart hook).
     local envs=(env -i "PATH=$REPO/build/fakegpu/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
                 "FAKEGPU_TOPOLOGY=$TOPOLOGY" "FAKEGPU_HOOK_LOG=$RUN/hook.log" "HOME=/root")
-    setsid "${envs[@]}" containerd --config "$RUN/containerd.toml" >"$RUN/containerd.log" 2>&1 </dev/null &
+    setsid "${envs[@]}" containerd --config "$RUN/containerd.toml" >"$RUN/containerd.log" 2>&1 </dev/null 9>&- &
     echo $! >"$CTRD_PID"
     wait_for test -S "$CTRD_SOCK" || die "containerd did not start; see $RUN/containerd.log"
     setsid "${envs[@]}" dockerd --config-file "$RUN/daemon.json" --host "unix://$SOCK" \
@@ -118,7 +118,7 @@ EOF
         --containerd-plugins-namespace gpupin-sandbox-plugins \
         --data-root "$STATE/docker" --exec-root "$RUN/exec" --pidfile "$DOCKERD_PID" \
         --bridge=none --iptables=false --ip-masq=false --userland-proxy=false \
-        >"$RUN/dockerd.log" 2>&1 </dev/null &
+        >"$RUN/dockerd.log" 2>&1 </dev/null 9>&- &
     wait_for dk version || die "dockerd did not answer on $SOCK; see $RUN/dockerd.log"
     config_line >"$RUN/config"
 }
