@@ -1,0 +1,90 @@
+/* Topology of the simulated GPU host, shared by the fake NVML and the fake CUDA driver.
+ * Schema: see README.md. Everything here has hidden visibility (Makefile), so the two
+ * libraries loaded into one process each keep their own copy. */
+#ifndef FAKEGPU_TOPOLOGY_H
+#define FAKEGPU_TOPOLOGY_H
+
+#include <stddef.h>
+
+#define FG_MAX_GPUS 64
+#define FG_MAX_MIG 16
+#define FG_MAX_PROCS 64
+#define FG_UUID_LEN 40 /* "GPU-" + 36 chars */
+#define FG_NAME_LEN 96
+#define FG_VERSION_LEN 80
+
+#define FG_DEFAULT_DRIVER_VERSION "580.159.04"
+#define FG_DEFAULT_CUDA_VERSION 13000
+/* Reported for gpuInstanceId/computeInstanceId of processes on a card not in MIG mode. */
+#define FG_NO_INSTANCE 0xFFFFFFFFu
+
+struct fg_proc {
+    unsigned pid;
+    unsigned long long used_mib;
+    unsigned gpu_instance_id;
+    unsigned compute_instance_id;
+};
+
+struct fg_gpu;
+
+struct fg_mig {
+    char uuid[FG_UUID_LEN + 1];
+    char name[FG_NAME_LEN];
+    unsigned gpu_instance_id;
+    unsigned compute_instance_id;
+    unsigned long long memory_total_mib;
+    unsigned long long memory_used_mib;
+    int multiprocessor_count;
+    struct fg_gpu *parent;
+};
+
+struct fg_gpu {
+    char uuid[FG_UUID_LEN + 1];
+    char name[FG_NAME_LEN];
+    unsigned domain, bus, device, function;
+    int cc_major, cc_minor;
+    unsigned long long memory_total_mib;
+    unsigned long long memory_used_mib;
+    unsigned utilization_gpu, utilization_memory;
+    unsigned pci_device_id, pci_subsystem_id;
+    int multiprocessor_count;
+    unsigned minor_number; /* position in the file's "gpus" array unless "minor_number" is given */
+    int lost;
+    unsigned mig_mode, mig_pending_mode;
+    struct fg_mig mig[FG_MAX_MIG];
+    int nmig;
+    struct fg_proc procs[FG_MAX_PROCS];
+    int nprocs;
+};
+
+struct fg_topology {
+    char path[512];
+    char driver_version[FG_VERSION_LEN];
+    int cuda_driver_version;
+    int nvml_init_fault;     /* nvmlReturn_t, 0 = none */
+    int cuda_init_fault;     /* CUresult, 0 = none */
+    struct fg_gpu gpus[FG_MAX_GPUS]; /* sorted by PCI bus id: NVML order */
+    int ngpus;
+};
+
+enum fg_load_status {
+    FG_LOAD_OK = 0,
+    FG_LOAD_MISSING = 1,   /* no topology file: "no driver" */
+    FG_LOAD_MALFORMED = 2, /* one line already printed to stderr */
+};
+
+/* Reads $FAKEGPU_TOPOLOGY (or /etc/fakegpu/topology.json when unset or empty) into *t. */
+enum fg_load_status fg_topology_load(struct fg_topology *t);
+
+/* Parses a PCI bus id as NVML accepts it (measured: sscanf-like hex fields, nothing after):
+ *   domain:bus:device.function | domain:bus:device | bus:device.function
+ * Returns 0 on success, -1 when the text is not a bus id. Values are not range-checked. */
+int fg_parse_bus_id(const char *s, unsigned *domain, unsigned *bus, unsigned *device, unsigned *function);
+
+/* Compares two GPUs by (domain, bus, device, function). */
+int fg_bus_cmp(const struct fg_gpu *a, const struct fg_gpu *b);
+
+/* Converts the 32 hex digits after "GPU-" / "MIG-" into 16 raw bytes. */
+int fg_uuid_bytes(const char *uuid, unsigned char out[16]);
+
+#endif
