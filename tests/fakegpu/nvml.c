@@ -1,0 +1,619 @@
+/* Fake libnvidia-ml.so.1: NVML's C ABI (as nvidia-ml-py calls it) over the topology file.
+ * Handles are pointers into the static topology: a struct fg_gpu or a struct fg_mig. */
+#include <stdio.h>
+#include <string.h>
+
+#include "topology.h"
+
+#define API __attribute__((visibility("default")))
+
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define NVML_MEMORY_V2_VERSION 0x02000028u /* sizeof(nvmlMemory_v2_t) | 2 << 24 */
+#define NVML_MAX_MIG_DEVICES 7             /* an A100/H100 has room for at most 7 MIG devices */
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+/* Layout of nvmlPciInfo_t before NVML 9 (the _v1/_v2 entry points): 52 bytes. */
+typedef struct {
+    char busId[16];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    unsigned reserved0, reserved1, reserved2, reserved3;
+} nvmlPciInfo_v2_t;
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    unsigned gpu, memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct {
+    unsigned pid;
+    unsigned long long usedGpuMemory;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t; /* _v2 and _v3 */
+
+static struct fg_topology topo;
+static int refcount;
+static char lock_flag;
+
+static void lock(void)
+{
+    while (__atomic_test_and_set(&lock_flag, __ATOMIC_ACQUIRE))
+        ;
+}
+
+static void unlock(void)
+{
+    __atomic_clear(&lock_flag, __ATOMIC_RELEASE);
+}
+
+static int initialized(void)
+{
+    return __atomic_load_n(&refcount, __ATOMIC_ACQUIRE) > 0;
+}
+
+/* ------------------------------------------------------------- handles ---- */
+
+/* Resolves a handle into its GPU and, for a MIG handle, its MIG device. */
+static nvmlReturn_t resolve(nvmlDevice_t h, struct fg_gpu **gpu, struct fg_mig **mig)
+{
+    const char *p = (const char *)h;
+    int i;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!h)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < topo.ngpus; i++) {
+        struct fg_gpu *g = &topo.gpus[i];
+        const char *mig0 = (const char *)&g->mig[0];
+        *gpu = g;
+        *mig = NULL;
+        if (p == (const char *)g)
+            return g->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+        if (p >= mig0 && p < (const char *)&g->mig[g->nmig] && (size_t)(p - mig0) % sizeof(g->mig[0]) == 0) {
+            *mig = (struct fg_mig *)(void *)p;
+            return g->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+#define RESOLVE(h)                                              \
+    struct fg_gpu *g;                                           \
+    struct fg_mig *m;                                           \
+    nvmlReturn_t rc_ = resolve((h), &g, &m);                    \
+    if (rc_ != NVML_SUCCESS)                                    \
+        return rc_
+
+static nvmlReturn_t copy_str(char *dst, unsigned length, const char *src)
+{
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+/* ---------------------------------------------------------------- init ---- */
+
+API nvmlReturn_t nvmlInitWithFlags(unsigned flags)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    (void)flags; /* NO_GPUS would only matter with zero cards, and zero cards initialise anyway */
+    lock();
+    if (refcount == 0) {
+        switch (fg_topology_load(&topo)) {
+        case FG_LOAD_OK:
+            rc = topo.nvml_init_fault;
+            break;
+        case FG_LOAD_MISSING:
+            rc = NVML_ERROR_DRIVER_NOT_LOADED;
+            break;
+        default:
+            rc = NVML_ERROR_UNKNOWN;
+            break;
+        }
+    }
+    if (rc == NVML_SUCCESS)
+        __atomic_add_fetch(&refcount, 1, __ATOMIC_RELEASE);
+    unlock();
+    return rc;
+}
+
+API nvmlReturn_t nvmlInit_v2(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+API nvmlReturn_t nvmlInit(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+API nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    lock();
+    if (refcount == 0)
+        rc = NVML_ERROR_UNINITIALIZED;
+    else
+        __atomic_sub_fetch(&refcount, 1, __ATOMIC_RELEASE);
+    unlock();
+    return rc;
+}
+
+/* NVML's own strings, measured (driver 580.159.04). nvidia-ml-py prints its own text for
+ * the codes it knows (e.g. 18), so str(NVMLError) may differ from these. */
+API const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 8: return "Insufficient External Power";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 11: return "Interrupt Request Issue";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 14: return "Corrupted infoROM";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires reset";
+    case 17: return "GPU access blocked by the operating system";
+    case 18: return "Driver/library version mismatch";
+    case 19: return "In use by another client";
+    case 20: return "Insufficient Memory";
+    case 21: return "No data";
+    case 22: return "vGPU ECC not supported";
+    case 23: return "Insufficient Resources";
+    case 24: return "Invalid Frequency";
+    case 25: return "Argument version mismatch";
+    case 26: return "Requested functionality has been deprecated";
+    case 27: return "System is not in ready state";
+    case 28: return "No supported GPUs were found";
+    case 29: return "Resource not in correct state to perform requested operation";
+    case 30: return "Reset type is not supported for given device";
+    default: return "Unknown Error";
+    }
+}
+
+/* -------------------------------------------------------------- system ---- */
+
+API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned length)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    return copy_str(version, length, topo.driver_version);
+}
+
+/* NVML's version is "<CUDA major>.<driver version>", e.g. "13.580.159.04". */
+API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned length)
+{
+    char buf[FG_VERSION_LEN + 16];
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    snprintf(buf, sizeof(buf), "%d.%s", topo.cuda_driver_version / 1000, topo.driver_version);
+    return copy_str(version, length, buf);
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!cudaDriverVersion)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *cudaDriverVersion = topo.cuda_driver_version;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+/* ----------------------------------------------------------- enumerate ---- */
+
+/* Lost cards count: NVML still sees them on the bus list, their handles fail. */
+API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *deviceCount)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!deviceCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *deviceCount = (unsigned)topo.ngpus;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCount(unsigned *deviceCount)
+{
+    return nvmlDeviceGetCount_v2(deviceCount);
+}
+
+static nvmlReturn_t give_gpu(struct fg_gpu *g, nvmlDevice_t *device)
+{
+    if (g->lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    *device = (nvmlDevice_t)(void *)g;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_t *device)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!device || index >= (unsigned)topo.ngpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return give_gpu(&topo.gpus[index], device);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    int i, j;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < topo.ngpus; i++) {
+        struct fg_gpu *g = &topo.gpus[i];
+        /* Measured: the exact UUID, or the same without "GPU-"; case and prefixes do not match. */
+        if (strcmp(g->uuid, uuid) == 0 || strcmp(g->uuid + 4, uuid) == 0)
+            return give_gpu(g, device);
+        for (j = 0; j < g->nmig; j++) {
+            if (strcmp(g->mig[j].uuid, uuid) == 0) {
+                if (g->lost)
+                    return NVML_ERROR_GPU_IS_LOST;
+                *device = (nvmlDevice_t)(void *)&g->mig[j];
+                return NVML_SUCCESS;
+            }
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    unsigned d, b, dev, f;
+    int i;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    /* Measured: a non-zero function is an invalid argument; an absent card is NOT_FOUND. */
+    if (!pciBusId || !device || fg_parse_bus_id(pciBusId, &d, &b, &dev, &f) < 0 || f != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < topo.ngpus; i++) {
+        struct fg_gpu *g = &topo.gpus[i];
+        if (g->domain == d && g->bus == b && g->device == dev)
+            return give_gpu(g, device);
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+/* ------------------------------------------------------------- queries ---- */
+
+API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned length)
+{
+    RESOLVE(device);
+    return copy_str(uuid, length, m ? m->uuid : g->uuid);
+}
+
+API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned length)
+{
+    RESOLVE(device);
+    return copy_str(name, length, m ? m->name : g->name);
+}
+
+/* A MIG device reports its parent's PCI location. Like NVML, only the fields of each version
+ * are written and strings are not padded: v1 stops after pciDeviceId, v2 after pciSubSystemId. */
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    RESOLVE(device);
+    (void)m;
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.%X", g->domain & 0xFFFFu, g->bus,
+             g->device, g->function);
+    pci->domain = g->domain;
+    pci->bus = g->bus;
+    pci->device = g->device;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = g->pci_subsystem_id;
+    snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:%02X.%X", g->domain, g->bus, g->device, g->function);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t pci_info_old(nvmlDevice_t device, nvmlPciInfo_v2_t *pci, int with_subsystem)
+{
+    RESOLVE(device);
+    (void)m;
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    snprintf(pci->busId, sizeof(pci->busId), "%04X:%02X:%02X.%X", g->domain & 0xFFFFu, g->bus, g->device,
+             g->function);
+    pci->domain = g->domain;
+    pci->bus = g->bus;
+    pci->device = g->device;
+    pci->pciDeviceId = g->pci_device_id;
+    if (with_subsystem)
+        pci->pciSubSystemId = g->pci_subsystem_id;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_v2_t *pci)
+{
+    return pci_info_old(device, pci, 1);
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_v2_t *pci)
+{
+    return pci_info_old(device, pci, 0);
+}
+
+static void memory_of(const struct fg_gpu *g, const struct fg_mig *m, unsigned long long *total,
+                      unsigned long long *used)
+{
+    *total = (m ? m->memory_total_mib : g->memory_total_mib) << 20;
+    *used = (m ? m->memory_used_mib : g->memory_used_mib) << 20;
+}
+
+API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    RESOLVE(device);
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memory_of(g, m, &memory->total, &memory->used);
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+/* The fake reserves nothing: reserved is 0 and total = used + free, as in v1. Measured: any
+ * other version than nvmlMemory_v2 gets FUNCTION_NOT_FOUND. */
+API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    RESOLVE(device);
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != NVML_MEMORY_V2_VERSION)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    memory_of(g, m, &memory->total, &memory->used);
+    memory->reserved = 0;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+/* NVML has no utilization counters for a MIG device. */
+API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    RESOLVE(device);
+    if (!utilization)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m)
+        return NVML_ERROR_NOT_SUPPORTED;
+    utilization->gpu = g->utilization_gpu;
+    utilization->memory = g->utilization_memory;
+    return NVML_SUCCESS;
+}
+
+/* NVML's two-call protocol: a too-small *infoCount (0 with infos NULL to ask) gets
+ * INSUFFICIENT_SIZE and the needed count; no processes is SUCCESS with 0. A MIG handle
+ * sees the processes of its own GPU/compute instance only. */
+static nvmlReturn_t processes(nvmlDevice_t device, unsigned *infoCount, void *infos, int v1)
+{
+    const struct fg_proc *sel[FG_MAX_PROCS];
+    unsigned n = 0, i;
+    int k;
+    RESOLVE(device);
+    if (!infoCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (k = 0; k < g->nprocs; k++) {
+        const struct fg_proc *p = &g->procs[k];
+        if (!m || (p->gpu_instance_id == m->gpu_instance_id && p->compute_instance_id == m->compute_instance_id))
+            sel[n++] = p;
+    }
+    if (*infoCount < n) {
+        *infoCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n && !infos)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < n; i++) {
+        if (v1) {
+            nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
+            o->pid = sel[i]->pid;
+            o->usedGpuMemory = sel[i]->used_mib << 20;
+        } else {
+            nvmlProcessInfo_t *o = (nvmlProcessInfo_t *)infos + i;
+            o->pid = sel[i]->pid;
+            o->usedGpuMemory = sel[i]->used_mib << 20;
+            o->gpuInstanceId = sel[i]->gpu_instance_id;
+            o->computeInstanceId = sel[i]->compute_instance_id;
+        }
+    }
+    *infoCount = n;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned *infoCount,
+                                                         nvmlProcessInfo_t *infos)
+{
+    return processes(device, infoCount, infos, 0);
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned *infoCount,
+                                                         nvmlProcessInfo_t *infos)
+{
+    return processes(device, infoCount, infos, 0);
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned *infoCount,
+                                                      nvmlProcessInfo_v1_t *infos)
+{
+    return processes(device, infoCount, infos, 1);
+}
+
+/* The fake has no graphics clients. */
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned *infoCount,
+                                                          nvmlProcessInfo_t *infos)
+{
+    RESOLVE(device);
+    (void)g;
+    (void)m;
+    (void)infos;
+    if (!infoCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *infoCount = 0;
+    return NVML_SUCCESS;
+}
+
+/* Index, minor number and compute capability of a MIG handle are its parent's. */
+API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned *index)
+{
+    RESOLVE(device);
+    (void)m;
+    if (!index)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned)(g - topo.gpus);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned *minorNumber)
+{
+    RESOLVE(device);
+    (void)m;
+    if (!minorNumber)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *minorNumber = g->minor_number;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    RESOLVE(device);
+    (void)m;
+    if (!major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = g->cc_major;
+    *minor = g->cc_minor;
+    return NVML_SUCCESS;
+}
+
+/* ----------------------------------------------------------------- MIG ---- */
+
+/* A card without MIG reports 0/0 rather than NOT_SUPPORTED; a MIG handle is not a parent. */
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned *currentMode, unsigned *pendingMode)
+{
+    RESOLVE(device);
+    if (!currentMode || !pendingMode || m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *currentMode = g->mig_mode;
+    *pendingMode = g->mig_pending_mode;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned *count)
+{
+    RESOLVE(device);
+    if (!count || m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_mode != 1)
+        *count = 0;
+    else
+        *count = g->nmig > NVML_MAX_MIG_DEVICES ? (unsigned)g->nmig : NVML_MAX_MIG_DEVICES;
+    return NVML_SUCCESS;
+}
+
+/* Callers walk 0..max-1 and skip NOT_FOUND, as with real NVML. */
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned index, nvmlDevice_t *migDevice)
+{
+    RESOLVE(device);
+    if (!migDevice || m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->mig_mode != 1 || index >= (unsigned)g->nmig)
+        return NVML_ERROR_NOT_FOUND;
+    *migDevice = (nvmlDevice_t)(void *)&g->mig[index];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+    RESOLVE(migDevice);
+    if (!device || !m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = (nvmlDevice_t)(void *)g;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned *isMigDevice)
+{
+    RESOLVE(device);
+    (void)g;
+    if (!isMigDevice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isMigDevice = m != NULL;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned *id)
+{
+    RESOLVE(device);
+    (void)g;
+    if (!id || !m) /* measured: a whole GPU's instance ids are an invalid argument */
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = m->gpu_instance_id;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned *id)
+{
+    RESOLVE(device);
+    (void)g;
+    if (!id || !m) /* measured: a whole GPU's instance ids are an invalid argument */
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *id = m->compute_instance_id;
+    return NVML_SUCCESS;
+}
