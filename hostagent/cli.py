@@ -1,0 +1,204 @@
+"""`hostagent`: pin containers to physical GPUs through the Docker Engine, and never double-book a card.
+
+Results go to stdout, diagnostics to stderr as `hostagent: ERROR: ... HINT: ...` (a traceback only with --debug);
+each kind of failure has its exit code (DESIGN.md): 64 bad request, 69 NVML or Docker unavailable, 75 the card is
+held, 125 Docker refused the container; `run` otherwise returns the container's own exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from entrypoint.errors import EX_USAGE, GpupinError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import NoReturn
+
+PROG = "hostagent"
+
+RUN_EPILOG = """GPU specs (--gpu): a UUID (GPU-1c5e8f3a-...), a unique UUID prefix (GPU-1c5e), a MIG UUID, an NVML
+index as nvidia-smi shows it (2), or a PCI bus id in any form (3b:00.0, 0000:3B:00.0). Several --uuid/--gpu
+options give several cards, in local-rank order: the first is cuda:0 in the container.
+
+The container gets --gpus device=UUID..., NVIDIA_VISIBLE_DEVICES, GPUPIN_EXPECT=UUID@BUSID,... (which an image
+whose ENTRYPOINT is gpupin-entrypoint verifies) and the ledger label gpupin.devices.
+
+exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable; 75 the card is held (no --wait);
+125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run).
+"""
+
+
+def _wait_value(text: str) -> float:
+    return math.inf if text in ("", "inf", "forever") else float(text)
+
+
+def _normalise_wait(argv: list[str]) -> list[str]:
+    """`--wait` takes an optional number of seconds; a bare `--wait` must not swallow the IMAGE after it."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return out + argv[i:]
+        if a == "--wait":
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            try:
+                float(nxt or "x")
+                out.append(f"--wait={nxt}")
+                i += 2
+                continue
+            except ValueError:
+                out.append("--wait=inf")
+                i += 1
+                continue
+        out.append(a)
+        i += 1
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one `ERROR: ... HINT: ...` line and exit 64, like every other refusal."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{PROG}: ERROR: {message}. HINT: see `{self.prog} --help`\n")
+        sys.exit(EX_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--debug", action="store_true", help="print a traceback with an error")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    ls = sub.add_parser("ls", help="list the cards, their memory and load, and who holds them",
+                        description="List every physical card (NVML) and the containers that hold it (the ledger).")
+    ls.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+
+    r = sub.add_parser("run", help="start a container pinned to physical GPUs",
+                       usage="hostagent run [options] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE [CMD...]",
+                       description="Start a container pinned to physical GPUs, as `docker run` would.",
+                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = r.add_argument_group("which GPUs")
+    g.add_argument("--uuid", dest="gpus", action="append", metavar="UUID", default=[], help="a card by UUID")
+    g.add_argument("--gpu", dest="gpus", action="append", metavar="SPEC", default=[],
+                   help="a card by UUID, prefix, index or bus id")
+    g.add_argument("--count", type=int, metavar="N",
+                   help="N cards no one holds: the most free memory first, then the least utilization")
+    g.add_argument("--share", action="store_true", help="allow cards another pinned container holds")
+    g.add_argument("--wait", type=_wait_value, metavar="SECONDS", nargs="?", const=math.inf,
+                   help="wait for held cards (forever, or at most SECONDS) instead of exiting 75")
+    g.add_argument("--verify", choices=["nvml", "cuda", "torch"], help="GPUPIN_VERIFY for the entrypoint")
+    d = r.add_argument_group("as docker run")
+    d.add_argument("--name")
+    d.add_argument("-e", "--env", action="append", default=[], metavar="KEY[=VALUE]")
+    d.add_argument("--env-file", action="append", default=[], metavar="FILE")
+    d.add_argument("-v", "--volume", action="append", default=[], metavar="SRC:DST[:OPTS]")
+    d.add_argument("--rm", action="store_true", help="remove the container when it exits")
+    d.add_argument("-d", "--detach", action="store_true", help="print the container id and return")
+    d.add_argument("-w", "--workdir")
+    d.add_argument("-u", "--user")
+    d.add_argument("--shm-size")
+    d.add_argument("--ipc")
+    d.add_argument("--network")
+    d.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    d.add_argument("--entrypoint")
+    d.add_argument("--pull", choices=["missing", "never"], default="missing",
+                   help="pull a missing image (default) or refuse")
+    d.add_argument("--stop-timeout", type=int, default=10, metavar="SECONDS",
+                   help="grace period when Ctrl-C/SIGTERM stops the container (default 10)")
+    o = r.add_argument_group("output")
+    o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
+    o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
+    r.add_argument("image", metavar="IMAGE")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
+
+    c = sub.add_parser("compose", help="pin compose services to physical GPUs",
+                       description="Render or check compose files whose services ask for physical GPUs.")
+    csub = c.add_subparsers(dest="compose_command", metavar="SUBCOMMAND")
+    cr = csub.add_parser("render", help="write a standard compose file with every GPU pinned by UUID")
+    cr.add_argument("file", metavar="FILE")
+    cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
+    cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs")
+    cc.add_argument("file", metavar="FILE")
+    cc.add_argument("--json", action="store_true", help="the problems as a JSON list")
+    return p
+
+
+def _error(err: GpupinError, debug: bool) -> int:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    hint = f" HINT: {err.hint}" if err.hint else ""
+    sys.stderr.write(f"{PROG}: ERROR: {err.message}.{hint}\n")
+    return err.exit_code
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from hostagent import listing
+
+    data = listing.gather()
+    sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else listing.render(data))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from hostagent import launch
+    from hostagent.request import ContainerSpec, RunRequest
+
+    req = RunRequest(
+        args.image, args.cmd, gpus=args.gpus, count=args.count, name=args.name, env=args.env,
+        env_files=args.env_file, volumes=args.volume, rm=args.rm, detach=args.detach, workdir=args.workdir,
+        user=args.user, shm_size=args.shm_size, ipc=args.ipc, network=args.network, labels=args.label,
+        entrypoint=args.entrypoint, verify=args.verify, share=args.share, wait=args.wait, dry_run=args.dry_run,
+        pull=args.pull, stop_timeout=args.stop_timeout,
+    )
+    if args.json and not args.dry_run:
+        raise UsageError("--json goes with --dry-run (a running container's output is its own)")
+    if req.dry_run:
+        spec = launch.launch(req)
+        assert isinstance(spec, ContainerSpec)
+        sys.stdout.write(json.dumps(spec.to_dict(), indent=2) + "\n" if args.json else spec.docker_run_line() + "\n")
+        return 0
+    return launch.run(req)
+
+
+def _cmd_compose(args: argparse.Namespace) -> int:
+    from hostagent import compose
+
+    if args.compose_command == "render":
+        return compose.render_command(args.file, args.output)
+    if args.compose_command == "check":
+        return compose.check_command(args.file, args.json)
+    raise UsageError("hostagent compose needs a subcommand", "hostagent compose render FILE | check FILE")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(_normalise_wait(raw))
+    except SystemExit as exit_:  # --help (0) or a usage error (64, from _Parser.error)
+        return int(exit_.code or 0)
+    debug = bool(args.debug)
+    try:
+        if args.command == "ls":
+            return _cmd_ls(args)
+        if args.command == "run":
+            return _cmd_run(args)
+        if args.command == "compose":
+            return _cmd_compose(args)
+        parser.print_help(sys.stderr)
+        return EX_USAGE
+    except GpupinError as err:
+        return _error(err, debug)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

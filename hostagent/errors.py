@@ -1,0 +1,31 @@
+"""hostagent's failures beyond the shared tree (entrypoint.errors), each with `docker run`'s or DESIGN.md's code."""
+
+from __future__ import annotations
+
+from entrypoint.errors import EX_TEMPFAIL, EX_UNAVAILABLE, GpupinError
+
+EX_DOCKER_REFUSED = 125  # as `docker run`: the daemon refused the container (no image, bad option, conflict)
+EX_CANNOT_INVOKE = 126  # as `docker run`: the command cannot be invoked
+EX_NOT_FOUND = 127  # as `docker run`: the command was not found
+
+
+class CardHeldError(GpupinError):
+    """The asked card is held by another pinned container, and no --wait (exit 75)."""
+
+    exit_code = EX_TEMPFAIL
+
+
+class DockerUnavailableError(GpupinError):
+    """The docker SDK is missing or the Docker daemon does not answer (exit 69)."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+class DockerRefusedError(GpupinError):
+    """The daemon refused to create or start the container (exit 125, 126 or 127, as `docker run`)."""
+
+    exit_code = EX_DOCKER_REFUSED
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = EX_DOCKER_REFUSED) -> None:
+        super().__init__(message, hint)
+        self.exit_code = exit_code

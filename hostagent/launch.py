@@ -1,0 +1,268 @@
+"""`hostagent run`: resolve the GPUs, take the ledger lock, look, create and start, then follow like `docker run`.
+
+Order matters for "nothing started or lost on refusal": the request, the GPUs and the image are checked before
+anything is created; a container that was created but could not be started is removed; a hostagent interrupted
+between create and start removes what it created (and one killed outright leaves a created, never-started
+container, which holds no card: see hostagent.ledger).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+from entrypoint import nvml
+from hostagent import engine, gpus, ledger
+from hostagent.errors import CardHeldError, DockerRefusedError
+from hostagent.request import ContainerSpec, RunRequest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from typing import Any
+
+    from entrypoint.nvml import Card
+
+POLL_S = 0.5  # how often a --wait request looks at the ledger again
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"hostagent: {msg}\n")
+    sys.stderr.flush()
+
+
+def _conflicts(picks: Sequence[gpus.Pick], busy: dict[str, list[ledger.Holder]]) -> list[str]:
+    """One line per asked card that someone holds (a whole card, its MIG devices, or its parent)."""
+    out = []
+    for p in picks:
+        keys = [p.uuid, *([p.card.uuid] if p.mig is not None and p.card.uuid else []),
+                *(m.uuid for m in p.card.mig_devices if p.mig is None)]
+        holders = [h for k in keys for h in busy.get(k, [])]
+        if holders:
+            out.append(f"{p.uuid} is held by " + ", ".join(dict.fromkeys(h.describe() for h in holders)))
+    return out
+
+
+def _held_error(req: RunRequest, why: list[str], waited: float | None) -> CardHeldError:
+    after = f" after waiting {waited:.0f} s" if waited is not None else ""
+    return CardHeldError(
+        "; ".join(why) + after,
+        "wait for it with --wait [SECONDS], pick a free card (`hostagent ls`), or share it on purpose with --share",
+    )
+
+
+def _pick(req: RunRequest, cards: Sequence[Card], picks: list[gpus.Pick] | None,
+          busy: dict[str, list[ledger.Holder]]) -> tuple[list[gpus.Pick] | None, list[str]]:
+    """The cards to use now, or None and why not."""
+    if req.count is not None:
+        chosen = gpus.choose_free(req.count, cards, busy)
+        if chosen is None:
+            free = len(gpus.free_cards(cards, busy))
+            return None, [f"--count {req.count}: {free} of {len(cards)} card(s) are free "
+                          f"(held: {', '.join(sorted(busy)) or 'none'})"]
+        return chosen, []
+    assert picks is not None
+    why = [] if req.share else _conflicts(picks, busy)
+    return (None, why) if why else (picks, [])
+
+
+def ensure_image(api: Any, req: RunRequest) -> None:
+    """The image exists locally, or is pulled (--pull missing), before anything is created; else 125."""
+    try:
+        api.inspect_image(req.image)
+        return
+    except Exception as err:
+        if not engine.is_not_found(err):
+            raise engine.refused(err, f"could not inspect image {req.image}") from None
+    if req.pull == "never":
+        raise DockerRefusedError(f"image {req.image!r} not found locally (--pull never)",
+                                 "build or load it first (`docker images` lists what there is)")
+    from docker.utils import parse_repository_tag
+
+    _say(f"Unable to find image {req.image!r} locally; pulling it")
+    repo, tag = parse_repository_tag(req.image)
+    try:
+        api.pull(repo, tag=tag or "latest")
+    except Exception as err:
+        raise DockerRefusedError(f"image {req.image!r} not found locally and could not be pulled: "
+                                 f"{engine.refused(err, 'pull').message.split(': ', 1)[-1]}",
+                                 "check the name, or build/load it first") from None
+
+
+class Launched:
+    """A created and started container, with its output stream and its exit-code waiter when in the foreground."""
+
+    def __init__(self, cid: str, spec: ContainerSpec, stream: Iterator[Any] | None,
+                 waiter: threading.Thread | None, result: dict[str, Any]) -> None:
+        self.cid = cid
+        self.spec = spec
+        self.stream = stream
+        self.waiter = waiter
+        self.result = result
+
+
+def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launched:
+    try:
+        cid = api.create_container(**spec.create_kwargs(api))["Id"]
+    except Exception as err:
+        if engine.is_api_error(err):
+            raise engine.refused(err, "Docker refused to create the container") from None
+        raise
+    try:
+        stream = None
+        waiter = None
+        result: dict[str, Any] = {}
+        if foreground:
+            # Attach before start, so no output is lost; register the wait before start, so a quick exit (and
+            # --rm's removal) cannot be missed. The waiter has its own connection.
+            # No read timeout on the stream: a quiet workload may print nothing for hours.
+            stream_api = engine.connect(timeout=None, version=api.api_version)
+            stream = stream_api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+            wait_api = engine.connect(timeout=None, version=api.api_version)
+            condition = "removed" if spec.req.rm else "next-exit"
+
+            def wait() -> None:
+                try:
+                    result.update(wait_api.wait(cid, timeout=None, condition=condition))
+                except Exception as err:  # reported by follow(), which then asks the daemon itself
+                    result["Error"] = {"Message": str(err)}
+
+            waiter = threading.Thread(target=wait, name="hostagent-wait", daemon=True)
+            waiter.start()
+        api.start(cid)
+        return Launched(cid, spec, stream, waiter, result)
+    except BaseException as err:
+        with contextlib.suppress(Exception):
+            api.remove_container(cid, force=True)
+        if engine.is_api_error(err):
+            raise engine.refused(err, "Docker could not start the container") from None
+        raise
+
+
+def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched | ContainerSpec:
+    """Everything up to a started container (or, with --dry-run, up to its spec)."""
+    env = dict(os.environ) if environ is None else environ
+    cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
+    picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
+    if req.dry_run:
+        return _dry_run_spec(req, cards, picks, env)
+    api = engine.connect()
+    ensure_image(api, req)
+    lock = ledger.HostLock(engine.docker_host())
+    started = time.monotonic()
+    said_waiting = False
+    while True:
+        lock.acquire()
+        try:
+            busy = ledger.held(engine.read_holders(api, cards))
+            chosen, why = _pick(req, cards, picks, busy)
+            if chosen is not None:
+                spec = ContainerSpec(req, chosen, env)
+                return _create_and_start(api, spec, foreground=not req.detach)
+        finally:
+            lock.release()
+        waited = time.monotonic() - started
+        if req.wait is None:
+            raise _held_error(req, why, None)
+        if waited >= req.wait:
+            raise _held_error(req, why, waited)
+        if not said_waiting:
+            _say("waiting: " + "; ".join(why))
+            said_waiting = True
+        time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
+
+
+def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[gpus.Pick] | None,
+                  env: dict[str, str]) -> ContainerSpec:
+    if picks is None:
+        # --count needs the ledger; without a daemon, say that the choice ignores who holds what.
+        busy: dict[str, list[ledger.Holder]] = {}
+        try:
+            busy = ledger.held(engine.read_holders(engine.connect(timeout=5), cards))
+        except Exception as err:
+            _say(f"dry run: the ledger was not read ({getattr(err, 'message', err)}); every card counts as free")
+        picks, why = _pick(req, cards, None, busy)
+        if picks is None:
+            raise _held_error(req, why, None)
+    return ContainerSpec(req, picks, env)
+
+
+def follow(launched: Launched) -> int:
+    """Stream the container's output until it exits; return its exit code. SIGINT/SIGTERM stop it, as
+    `docker run` does (a second signal kills it)."""
+    assert launched.stream is not None and launched.waiter is not None
+    cid, req = launched.cid, launched.spec.req
+    control = engine.connect()
+    signals_seen: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        signals_seen.append(signum)
+        first = len(signals_seen) == 1
+        if first:
+            _say(f"{signal.Signals(signum).name}: stopping {cid[:12]} (a second signal kills it)")
+
+        def run() -> None:
+            # It may have exited or gone already: the waiter reports how it ended.
+            with contextlib.suppress(Exception):
+                if first:
+                    control.stop(cid, timeout=req.stop_timeout)
+                else:
+                    control.kill(cid)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for out, err in launched.stream:
+            for data, fh in ((out, sys.stdout), (err, sys.stderr)):
+                if data:
+                    fh.buffer.write(data)
+                    fh.flush()
+        while launched.waiter.is_alive():
+            launched.waiter.join(0.2)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    code = launched.result.get("StatusCode")
+    if code is None:
+        try:
+            code = control.inspect_container(cid)["State"]["ExitCode"]
+        except Exception:
+            err_msg = (launched.result.get("Error") or {}).get("Message", "unknown")
+            _say(f"could not learn how {cid[:12]} ended: {err_msg}")
+            code = 125
+    return int(code)
+
+
+def run(req: RunRequest) -> int:
+    """The whole of `hostagent run`, returning its exit code (the container's, in the foreground)."""
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        result = launch(req)
+    except (Interrupted, KeyboardInterrupt) as err:
+        signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
+        _say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    if isinstance(result, ContainerSpec):
+        return 0
+    if req.detach:
+        sys.stdout.write(result.cid + "\n")
+        return 0
+    return follow(result)
