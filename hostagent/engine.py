@@ -72,6 +72,14 @@ def is_api_error(err: BaseException) -> bool:
     return isinstance(err, APIError)
 
 
+def is_sdk_error(err: BaseException) -> bool:
+    try:
+        from docker.errors import DockerException
+    except ImportError:
+        return False
+    return isinstance(err, DockerException)
+
+
 def is_not_found(err: BaseException) -> bool:
     try:
         from docker.errors import NotFound

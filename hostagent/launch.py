@@ -17,6 +17,7 @@ import threading
 import time
 
 from entrypoint import nvml
+from entrypoint.errors import UsageError
 from hostagent import engine, gpus, ledger
 from hostagent.errors import CardHeldError, DockerRefusedError
 from hostagent.request import ContainerSpec, RunRequest
@@ -29,6 +30,13 @@ if TYPE_CHECKING:
     from entrypoint.nvml import Card
 
 POLL_S = 0.5  # how often a --wait request looks at the ledger again
+
+
+def _failpoint(name: str) -> None:
+    """Die here, as a `kill -9` would, when GPUPIN_FAILPOINT names this point: how the tests prove that a
+    hostagent killed mid-launch leaves no card held (the points: after-lock, after-create)."""
+    if os.environ.get("GPUPIN_FAILPOINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Interrupted(Exception):
@@ -122,7 +130,10 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launch
     except Exception as err:
         if engine.is_api_error(err):
             raise engine.refused(err, "Docker refused to create the container") from None
+        if engine.is_sdk_error(err):  # the SDK checks some options itself (sizes, modes) before sending
+            raise UsageError(f"bad option: {err}", "see `hostagent run --help`") from None
         raise
+    _failpoint("after-create")
     try:
         stream = None
         waiter = None
@@ -169,6 +180,7 @@ def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched |
     while True:
         lock.acquire()
         try:
+            _failpoint("after-lock")
             busy = ledger.held(engine.read_holders(api, cards))
             chosen, why = _pick(req, cards, picks, busy)
             if chosen is not None:

@@ -5,6 +5,7 @@ equivalent `docker run` command line. Pure functions, tested directly (as docker
 from __future__ import annotations
 
 import math
+import re
 import shlex
 
 from entrypoint.errors import UsageError
@@ -69,6 +70,8 @@ class RunRequest:
             raise UsageError(f"unknown --pull policy {self.pull!r}", "use missing or never")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
+        if self.shm_size is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", self.shm_size):
+            raise UsageError(f"--shm-size {self.shm_size}: not a size", "give bytes or a size like 256m or 8g")
         for spec in self.labels:
             if not spec.split("=", 1)[0]:
                 raise UsageError(f"malformed --label {spec!r}", "use --label key=value")

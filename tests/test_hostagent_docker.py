@@ -1,0 +1,298 @@
+"""hostagent against the sandboxed Docker daemon and the simulated mixed-4 host: the real thing, end to end.
+
+Each container runs the project's image, whose entrypoint proves the pin; the tests read what the workload itself
+saw (`cuda:k = UUID at BUS ..., as expected`). Everything a test creates carries the label gpupin.test and is
+removed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env
+
+A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
+HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
+
+
+class Agent:
+    """Runs the hostagent CLI on the simulated host, against the sandbox; tags what it creates."""
+
+    def __init__(self, sandbox: Sandbox, tag: str) -> None:
+        self.sandbox = sandbox
+        self.tag = tag
+        self.env = simhost_env("mixed-4", DOCKER_HOST=sandbox.host)
+
+    def argv(self, *args: str) -> list[str]:
+        if args and args[0] == "run":
+            return [HOSTAGENT, "run", "--label", f"gpupin.test={self.tag}", *args[1:]]
+        return [HOSTAGENT, *args]
+
+    def __call__(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), env={**self.env, **env}, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.argv(*args), env={**self.env, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def containers(self, state: str | None = None) -> list[dict[str, str]]:
+        args = ["ps", "-a", "--no-trunc", "--filter", f"label=gpupin.test={self.tag}", "--format", "{{json .}}"]
+        if state:
+            args[2:2] = ["--filter", f"status={state}"]
+        out = self.sandbox.docker(*args, check=True).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.fixture
+def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
+    busy = mixed4_sandbox.docker("ps", "-q", "--filter", "label=gpupin.devices", check=True).stdout.split()
+    assert not busy, f"pinned containers left running by an earlier test: {busy}"
+    a = Agent(mixed4_sandbox, uuid.uuid4().hex[:12])
+    yield a
+    ids = mixed4_sandbox.docker("ps", "-aq", "--filter", f"label=gpupin.test={a.tag}").stdout.split()
+    if ids:
+        mixed4_sandbox.docker("rm", "-f", *ids)
+
+
+def saw(out: str) -> list[str]:
+    """The UUIDs the workload saw at cuda:0, cuda:1, ... (from `python3 -m entrypoint`)."""
+    return re.findall(r"^cuda:\d+ = (\S+) at .*, as expected$", out, re.M)
+
+
+# --- the asked card, whatever the request form -----------------------------------------------------------------
+
+@pytest.mark.parametrize("flag_spec", [("--uuid", RTX), ("--gpu", RTX), ("--gpu", "GPU-95c6"), ("--gpu", "1"),
+                                       ("--gpu", "3b:00.0"), ("--gpu", "0000:3B:00.0"),
+                                       ("--gpu", "00000000:3b:00.0")])
+def test_each_request_form_puts_the_asked_card_at_cuda0(agent: Agent, flag_spec: tuple[str, str]) -> None:
+    r = agent("run", "--rm", *flag_spec, TEST_IMAGE)
+    assert r.returncode == 0, r.stderr
+    assert saw(r.stdout) == [RTX]
+    assert f"cuda:0  {RTX}  00000000:3B:00.0  NVIDIA GeForce RTX 4090  (local rank 0)" in r.stderr
+
+
+def test_several_cards_in_the_order_asked(agent: Agent) -> None:
+    r = agent("run", "--rm", "--gpu", "3", "--gpu", "1", TEST_IMAGE)
+    assert r.returncode == 0, r.stderr
+    assert saw(r.stdout) == [A800C, RTX]
+    assert "CUDA_VISIBLE_DEVICES=1,0" in r.stderr
+
+
+def test_count_takes_the_best_free_card(agent: Agent) -> None:
+    # mixed-4: the A800 at 86 is busy (40 GiB used) and the 4090 is small; 1B and AF are the empty A800s.
+    r = agent("run", "--rm", "--count", "2", TEST_IMAGE)
+    assert r.returncode == 0, r.stderr
+    assert saw(r.stdout) == [A800, A800C]
+
+
+# --- docker run's behaviour -----------------------------------------------------------------------------------
+
+def test_exit_codes_and_streams_pass_through(agent: Agent) -> None:
+    r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert (r.returncode, r.stdout, r.stderr) == (7, "out\n", "err\n")
+    assert agent.containers() == []  # --rm
+
+
+def test_docker_run_options_reach_the_container(agent: Agent, tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("payload\n")
+    tmp_path.chmod(0o755)  # readable by the container's user 1234
+    envf = tmp_path / "job.env"
+    envf.write_text("FROM_FILE=1\n")
+    r = agent("run", "--rm", "--gpu", "0", "-e", "LR=0.1", "--env-file", str(envf), "-v", f"{tmp_path}:/data:ro",
+              "-w", "/data", "-u", "1234:1234", "--shm-size", "256m", "--ipc", "private", "--network", "none",
+              "--name", f"opts-{agent.tag}", TEST_IMAGE, "--quiet", "sh", "-c",
+              'echo "$LR $FROM_FILE $(pwd) $(id -u) $(cat data.txt) $(df -m /dev/shm | tail -1 | tr -s \' \' '
+              '| cut -d\' \' -f2)"')
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0.1", "1", "/data", "1234", "payload", "256"]
+
+
+def test_detach_prints_the_id_and_the_container_carries_the_pin(agent: Agent) -> None:
+    r = agent("run", "-d", "--gpu", "1", "--gpu", "0", "--verify", "nvml", TEST_IMAGE, "sleep", "30")
+    assert r.returncode == 0, r.stderr
+    cid = r.stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", cid)
+    info = json.loads(agent.sandbox.docker("inspect", cid, check=True).stdout)[0]
+    assert info["Config"]["Labels"]["gpupin.devices"] == f"{RTX},{A800}"
+    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env["GPUPIN_EXPECT"] == f"{RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{RTX},{A800}" and env["GPUPIN_VERIFY"] == "nvml"
+    assert info["HostConfig"]["DeviceRequests"] == [
+        {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800], "Capabilities": [["gpu"]], "Options": {}}]
+    assert info["State"]["Running"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_container_and_rm_removes_it(agent: Agent, sig: signal.Signals) -> None:
+    p = agent.popen("run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh", "-c",
+                    "trap 'echo stopping; exit 42' TERM; echo ready; while :; do sleep 0.1; done")
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 42, err
+    assert out == "stopping\n" and "stopping" in err
+    deadline = time.monotonic() + 10
+    while agent.containers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert agent.containers() == []
+
+
+# --- refusals: the documented code, one line, and nothing created ---------------------------------------------
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["--gpu", "9", TEST_IMAGE], 64, "GPU index 9 is out of range"),
+    (["--gpu", "GPU-6c", TEST_IMAGE], 64, "ambiguous"),
+    (["--gpu", "zz:00.0", TEST_IMAGE], 64, "malformed PCI bus id"),
+    (["--gpu", "1", "--gpu", RTX, TEST_IMAGE], 64, "already asked for"),
+    (["--count", "5", TEST_IMAGE], 64, "only 4"),
+    (["--gpu", "1", "-e", f"GPUPIN_EXPECT={A800}", TEST_IMAGE], 64, "sets GPUPIN_EXPECT itself"),
+    (["--gpu", "1", "--bogus", TEST_IMAGE], 64, "unrecognized arguments"),
+    (["--gpu", "1", "--pull", "never", "no/such:image"], 125, "not found locally"),
+    (["--gpu", "1", "no/such:image"], 125, "could not be pulled"),
+    (["--gpu", "1", "-v", "/tmp:/x:badmode", TEST_IMAGE], 125, "Docker refused to create the container"),
+    (["--gpu", "1", "--shm-size", "lots", TEST_IMAGE], 64, "--shm-size"),
+    (["--gpu", "1", "--entrypoint", "/no/such/binary", TEST_IMAGE], 127, "could not start"),
+])
+def test_refusals_create_nothing(agent: Agent, args: list[str], code: int, says: str) -> None:
+    r = agent("run", *args)
+    assert r.returncode == code, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
+    assert len(errors) == 1 and says in errors[0], r.stderr
+    assert agent.containers() == []
+
+
+def test_a_daemon_that_is_down_is_69_and_nothing_is_created(agent: Agent, tmp_path: Path) -> None:
+    r = agent("run", "--gpu", "1", TEST_IMAGE, DOCKER_HOST=f"unix://{tmp_path}/no.sock")
+    assert r.returncode == 69, r.stderr
+    assert "does not answer" in r.stderr and "HINT:" in r.stderr
+    assert agent.containers() == []
+
+
+def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> None:
+    r = agent("run", "--dry-run", "--gpu", "1", "--rm", TEST_IMAGE, "python3", "train.py")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"docker run --rm --gpus '\"device={RTX}\"' -e NVIDIA_VISIBLE_DEVICES={RTX} ")
+    assert r.stdout.rstrip().endswith(f"{TEST_IMAGE} python3 train.py")
+    r = agent("run", "--dry-run", "--json", "--gpu", "1", TEST_IMAGE)
+    payload = json.loads(r.stdout)
+    assert payload["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [RTX]
+    assert agent.containers() == []
+
+
+# --- the ledger: no card twice -------------------------------------------------------------------------------
+
+def test_a_held_card_is_75_naming_the_holder_unless_shared(agent: Agent) -> None:
+    holder = agent("run", "-d", "--name", f"holder-{agent.tag}", "--gpu", "1", TEST_IMAGE, "sleep", "60")
+    assert holder.returncode == 0, holder.stderr
+    r = agent("run", "--rm", "--gpu", RTX, TEST_IMAGE)
+    assert r.returncode == 75, r.stderr
+    assert f"{RTX} is held by holder-{agent.tag}" in r.stderr and "--wait" in r.stderr
+    assert len(agent.containers()) == 1
+    shared = agent("run", "--rm", "--share", "--gpu", "1", TEST_IMAGE)
+    assert shared.returncode == 0 and saw(shared.stdout) == [RTX], shared.stderr
+    # a foreign container given every card with plain --gpus all holds them too
+    agent.sandbox.docker("rm", "-f", f"holder-{agent.tag}", check=True)
+    agent.sandbox.docker("run", "-d", "--label", f"gpupin.test={agent.tag}", "--gpus", "all", TEST_IMAGE, "sleep",
+                         "60", check=True)
+    r = agent("run", "--rm", "--gpu", "2", TEST_IMAGE)
+    assert r.returncode == 75 and "--gpus all" in r.stderr, r.stderr
+
+
+def test_wait_runs_once_the_card_is_free_and_gives_up_after_its_limit(agent: Agent) -> None:
+    agent("run", "-d", "--rm", "--gpu", "1", TEST_IMAGE, "sleep", "3")
+    t0 = time.monotonic()
+    r = agent("run", "--rm", "--gpu", "1", "--wait", "1", TEST_IMAGE)
+    assert r.returncode == 75 and "after waiting 1 s" in r.stderr, r.stderr
+    r = agent("run", "--rm", "--gpu", "1", "--wait", TEST_IMAGE)
+    assert r.returncode == 0 and saw(r.stdout) == [RTX], r.stderr
+    assert time.monotonic() - t0 >= 2.5 and "waiting: " in r.stderr
+
+
+def _intervals(outputs: list[str]) -> dict[str, list[tuple[float, float]]]:
+    by_card: dict[str, list[tuple[float, float]]] = {}
+    for out in outputs:
+        m = re.search(r"^(\S+)@\S+ (\d+\.\d+) (\d+\.\d+)$", out, re.M)
+        assert m, out
+        by_card.setdefault(m.group(1), []).append((float(m.group(2)), float(m.group(3))))
+    return by_card
+
+
+def _never_two_at_once(by_card: dict[str, list[tuple[float, float]]]) -> None:
+    for card, spans in by_card.items():
+        spans.sort()
+        for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+            assert e1 <= s2, f"{card} held twice at once: {s1}-{e1} and {s2}-{e2}"
+
+
+WORK = 'echo "$GPUPIN_EXPECT $(date +%s.%N) $(sleep {}; date +%s.%N)"'
+
+
+def test_32_concurrent_count_requests_never_share_a_card(agent: Agent) -> None:
+    def one(sleep: float, wait: bool) -> subprocess.CompletedProcess[str]:
+        args = ["run", "--rm", "--count", "1", *(["--wait"] if wait else []), TEST_IMAGE, "--quiet", "sh", "-c",
+                WORK.format(sleep)]
+        return agent(*args, timeout=600)
+
+    # Without --wait: the first four get a card each; the rest find every card held (the holders outlast them).
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda _: one(20, False), range(32)))
+    codes = sorted(r.returncode for r in results)
+    assert codes == [0] * 4 + [75] * 28, [r.stderr for r in results if r.returncode not in (0, 75)]
+    won = [r.stdout for r in results if r.returncode == 0]
+    assert sorted(_intervals(won)) == sorted([A800, RTX, A800B, A800C])
+    assert all("free" in r.stderr for r in results if r.returncode == 75)
+
+    # With --wait: all 32 run, in turn, and no card is ever held by two of them at once.
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda _: one(0.5, True), range(32)))
+    assert [r.returncode for r in results] == [0] * 32, [r.stderr for r in results if r.returncode]
+    by_card = _intervals([r.stdout for r in results])
+    assert sum(len(v) for v in by_card.values()) == 32
+    _never_two_at_once(by_card)
+
+
+# --- a hostagent killed mid-launch leaves no card held -------------------------------------------------------
+
+def test_killed_while_holding_the_lock_blocks_no_one(agent: Agent) -> None:
+    r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE, GPUPIN_FAILPOINT="after-lock")
+    assert r.returncode == -signal.SIGKILL
+    t0 = time.monotonic()
+    r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE)
+    assert r.returncode == 0 and saw(r.stdout) == [RTX], r.stderr
+    assert time.monotonic() - t0 < 30
+    assert agent.containers() == []
+
+
+def test_killed_between_create_and_start_leaves_no_phantom_hold(agent: Agent) -> None:
+    r = agent("run", "--gpu", "1", TEST_IMAGE, GPUPIN_FAILPOINT="after-create")
+    assert r.returncode == -signal.SIGKILL
+    left = agent.containers()
+    assert [c["State"] for c in left] == ["created"]  # what the kill left: never started
+    listing = json.loads(agent("ls", "--json").stdout)
+    rtx = next(g for g in listing["gpus"] if g["uuid"] == RTX)
+    assert not rtx["held"] and [h["state"] for h in rtx["holders"]] == ["created"]
+    r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE)
+    assert r.returncode == 0 and saw(r.stdout) == [RTX], r.stderr
+
+
+def test_kills_at_any_moment_leave_every_card_free(agent: Agent) -> None:
+    for delay in (0.05, 0.15, 0.25, 0.35, 0.5, 0.7, 0.9, 1.2):
+        p = agent.popen("run", "--rm", "--count", "4", TEST_IMAGE, "--quiet", "sleep", "0.2")
+        time.sleep(delay)
+        p.kill()
+        p.communicate(timeout=60)
+    # whatever the kills left (created containers, or runs that finish on their own), every card is free again
+    r = agent("run", "--rm", "--count", "4", "--wait", "60", TEST_IMAGE)
+    assert r.returncode == 0 and sorted(saw(r.stdout)) == sorted([A800, RTX, A800B, A800C]), r.stderr
+    assert {c["State"] for c in agent.containers()} <= {"created"}

@@ -1,0 +1,221 @@
+"""hostagent's pure parts: GPU resolution and placement, the ledger's reading of containers, the request's payload."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from entrypoint.errors import GpuSpecError, GpuUnavailableError, UsageError
+from entrypoint.identity import BusId
+from entrypoint.nvml import Card, MigDevice
+from hostagent.cli import _normalise_wait, build_parser
+from hostagent.gpus import choose_free, free_cards, resolve_spec, resolve_specs
+from hostagent.ledger import Holder, HostLock, foreign_holder, held, pinned_holder
+from hostagent.request import ContainerSpec, RunRequest
+
+A800 = "GPU-6c39be0e-975a-4001-aa66-fb43d08d0e16"
+RTX = "GPU-95c6a38a-fc69-47e6-82a4-2cdea89770cb"
+A800B = "GPU-6cd4e2b7-3a1f-4c0e-9b8d-5e7f2a4c1d93"
+A800C = "GPU-e2187f99-62f0-4d20-acb4-2c8665834dc7"
+MIB = 1024 * 1024
+
+
+def card(index: int, uuid: str, bus: str, name: str, total: int = 81920, used: int = 0, util: int = 0) -> Card:
+    c = Card(index, uuid, BusId.parse(bus), name)
+    c.memory_total, c.memory_used, c.utilization_gpu, c.mig_mode = total * MIB, used * MIB, util, False
+    return c
+
+
+def mixed4() -> list[Card]:
+    return [card(0, A800, "1b:00.0", "NVIDIA A800-SXM4-80GB"),
+            card(1, RTX, "3b:00.0", "NVIDIA GeForce RTX 4090", total=24564),
+            card(2, A800B, "86:00.0", "NVIDIA A800-SXM4-80GB", used=40962, util=87),
+            card(3, A800C, "af:00.0", "NVIDIA A800-SXM4-80GB", used=1024, util=5)]
+
+
+@pytest.mark.parametrize("spec", [RTX, RTX.upper().replace("GPU-", "GPU-"), "GPU-95c6", "1", "3b:00.0",
+                                  "0000:3B:00.0", "00000000:3b:00.0"])
+def test_every_spec_form_names_the_same_card(spec: str) -> None:
+    p = resolve_spec(spec, mixed4())
+    assert (p.uuid, str(p.bus_id), p.expect_entry()) == (RTX, "00000000:3B:00.0", f"{RTX}@00000000:3B:00.0")
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("4", "GPU index 4 is out of range: this host has 4 card(s) (0-3)"),
+    ("GPU-6c", "ambiguous"),
+    ("GPU-ffff", "no card's UUID starts with"),
+    ("5e:00.0", "no card at bus id 00000000:5E:00.0"),
+    ("zz:00.0", "malformed PCI bus id"),
+    ("fastest", "is not a GPU UUID, index or bus id"),
+    ("", "empty"),
+])
+def test_bad_specs_are_64_with_the_reason(spec: str, says: str) -> None:
+    with pytest.raises(UsageError) as e:
+        resolve_spec(spec, mixed4())
+    assert says in e.value.message and e.value.exit_code == 64
+
+
+def test_a_card_twice_and_a_mig_parent_are_refused() -> None:
+    with pytest.raises(GpuSpecError, match="already asked for"):
+        resolve_specs(["1", RTX], mixed4())
+    cards = mixed4()
+    cards[0].mig_mode = True
+    cards[0].mig_devices = [MigDevice("MIG-11111111-2222-3333-4444-555555555555", 1, 0, "3g.40gb")]
+    with pytest.raises(GpuSpecError, match="MIG mode"):
+        resolve_specs(["0"], cards)
+    picks = resolve_specs(["MIG-1111", "1"], cards)
+    assert [p.uuid for p in picks] == ["MIG-11111111-2222-3333-4444-555555555555", RTX]
+    assert picks[0].bus_id == BusId.parse("1b:00.0")
+
+
+def test_a_lost_card_is_unavailable() -> None:
+    cards = mixed4()
+    cards[2] = Card(2, error="GPU is lost")
+    with pytest.raises(GpuUnavailableError, match="GPU is lost"):
+        resolve_spec("2", cards)
+
+
+def test_count_takes_the_most_free_memory_then_the_least_utilization() -> None:
+    picks = choose_free(2, mixed4(), held=[])
+    assert [p.uuid for p in picks or []] == [A800, A800C]
+    assert [c.uuid for c in free_cards(mixed4(), [A800])] == [A800C, A800B, RTX]
+    # equal free memory: the less busy card first
+    cards = mixed4()
+    cards[3].memory_used, cards[3].utilization_gpu = 0, 50
+    cards[0].utilization_gpu = 60
+    assert [p.uuid for p in choose_free(1, cards, held=[]) or []] == [A800C]
+
+
+def test_count_returns_none_when_too_few_are_free_and_refuses_the_impossible() -> None:
+    assert choose_free(2, mixed4(), held=[A800, RTX, A800B]) is None
+    with pytest.raises(GpuSpecError, match="only 4"):
+        choose_free(5, mixed4(), held=[])
+    with pytest.raises(GpuSpecError):
+        choose_free(0, mixed4(), held=[])
+
+
+def summary(name: str, state: str, labels: dict[str, str]) -> dict[str, object]:
+    return {"Id": name * 8, "Names": [f"/{name}"], "State": state, "Labels": labels}
+
+
+def test_pinned_holders_come_from_the_label_and_only_live_states_hold() -> None:
+    running = pinned_holder(summary("a", "running", {"gpupin.devices": f"{RTX},{A800}"}))
+    created = pinned_holder(summary("b", "created", {"gpupin.devices": A800B}))
+    exited = pinned_holder(summary("c", "exited", {"gpupin.devices": A800C, "gpupin.shared": "true"}))
+    assert pinned_holder(summary("d", "running", {"other": "x"})) is None
+    assert running and created and exited
+    assert running.uuids == (RTX, A800) and running.holds and running.pinned
+    assert not created.holds and not exited.holds and exited.shared
+    assert held([running, created, exited]) == {RTX: [running], A800: [running]}
+
+
+def inspect(requests: list[dict[str, object]], runtime: str = "runc", env: list[str] | None = None,
+            state: str = "running") -> dict[str, object]:
+    return {"Id": "f" * 64, "Name": "/foreign", "State": {"Status": state},
+            "HostConfig": {"DeviceRequests": requests, "Runtime": runtime}, "Config": {"Env": env or []}}
+
+
+@pytest.mark.parametrize(("requests", "want", "how"), [
+    ([{"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}], [A800, RTX, A800B, A800C], "--gpus all"),
+    ([{"Driver": "", "Count": 2, "Capabilities": [["gpu"]]}], [A800, RTX], "--gpus 2"),
+    ([{"Driver": "", "DeviceIDs": ["2"], "Capabilities": [["gpu"]]}], [A800B], "--gpus device=2"),
+    ([{"Driver": "nvidia", "DeviceIDs": [A800C, "00000000:3B:00.0"], "Capabilities": [["gpu"]]}], [A800C, RTX],
+     None),
+])
+def test_foreign_gpu_containers_are_read_from_their_device_requests(
+        requests: list[dict[str, object]], want: list[str], how: str | None) -> None:
+    h = foreign_holder(inspect(requests), mixed4())
+    assert h is not None and list(h.uuids) == want and not h.pinned and h.holds
+    if how:
+        assert h.how == how
+
+
+def test_runtime_nvidia_env_and_non_gpu_requests() -> None:
+    h = foreign_holder(inspect([], runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=3"]), mixed4())
+    assert h is not None and h.uuids == (A800C,)
+    assert foreign_holder(inspect([], runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=void"]), mixed4()) is None
+    assert foreign_holder(inspect([{"Driver": "", "Count": -1, "Capabilities": [["tpu"]]}]), mixed4()) is None
+    assert foreign_holder(inspect([]), mixed4()) is None
+
+
+def request(**kw: object) -> RunRequest:
+    args: dict[str, object] = {"gpus": ["1"]}
+    args.update(kw)
+    return RunRequest("img:1", ["python", "train.py"], **args)  # type: ignore[arg-type]
+
+
+def test_the_container_spec_pins_by_uuid_everywhere() -> None:
+    picks = resolve_specs(["1", "0"], mixed4())
+    spec = ContainerSpec(request(env=["A=1", "HOME_DIR", "B"], rm=True, name="job", verify="torch",
+                                 labels=["team=ml"]), picks, {"HOME_DIR": "/home/x"})
+    assert spec.env == {"A": "1", "HOME_DIR": "/home/x", "NVIDIA_VISIBLE_DEVICES": f"{RTX},{A800}",
+                        "GPUPIN_EXPECT": f"{RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0",
+                        "GPUPIN_VERIFY": "torch"}
+    assert spec.labels == {"team": "ml", "gpupin.devices": f"{RTX},{A800}"}
+    assert spec.device_request() == {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800],
+                                     "Capabilities": [["gpu"]], "Options": {}}
+    line = spec.docker_run_line()
+    assert line.startswith(f"docker run --rm --name job --gpus '\"device={RTX},{A800}\"' -e A=1 ")
+    assert line.endswith("img:1 python train.py")
+    payload = spec.to_dict()
+    assert payload["HostConfig"]["AutoRemove"] is True and payload["Cmd"] == ["python", "train.py"]
+
+
+def test_env_file_then_e_as_docker_orders_them(tmp_path: Path) -> None:
+    f = tmp_path / "job.env"
+    f.write_text("# comment\nLR=0.1\n\nEPOCHS=3\nFROM_SHELL\n")
+    spec = ContainerSpec(request(env_files=[str(f)], env=["LR=0.2"]), resolve_specs(["1"], mixed4()),
+                         {"FROM_SHELL": "yes"})
+    assert [spec.env[k] for k in ("LR", "EPOCHS", "FROM_SHELL")] == ["0.2", "3", "yes"]
+    f.write_text("BAD LINE=1\n")
+    with pytest.raises(UsageError, match="is not KEY=VALUE"):
+        ContainerSpec(request(env_files=[str(f)]), resolve_specs(["1"], mixed4()), {})
+    with pytest.raises(UsageError, match="No such file"):
+        ContainerSpec(request(env_files=[str(tmp_path / "missing")]), resolve_specs(["1"], mixed4()), {})
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"gpus": []}, "say which GPUs"),
+    ({"gpus": ["1"], "count": 1}, "say which GPUs"),
+    ({"verify": "fast"}, "unknown --verify"),
+    ({"pull": "always"}, "unknown --pull"),
+    ({"wait": -1.0}, "--wait"),
+    ({"labels": ["gpupin.devices=x"]}, "it is the ledger"),
+])
+def test_bad_requests_are_64(kw: dict[str, object], says: str) -> None:
+    with pytest.raises(UsageError, match=says.replace("-", "\\-")):
+        request(**kw)
+
+
+def test_owned_variables_cannot_be_set_by_hand() -> None:
+    with pytest.raises(UsageError, match="sets GPUPIN_EXPECT itself"):
+        ContainerSpec(request(env=[f"GPUPIN_EXPECT={A800}"]), resolve_specs(["1"], mixed4()), {})
+
+
+def test_wait_takes_an_optional_number_without_swallowing_the_image() -> None:
+    assert _normalise_wait(["run", "--wait", "img", "cmd"]) == ["run", "--wait=inf", "img", "cmd"]
+    assert _normalise_wait(["run", "--wait", "30", "img"]) == ["run", "--wait=30", "img"]
+    args = build_parser().parse_args(_normalise_wait(["run", "--gpu", "1", "--wait", "img", "python", "-u",
+                                                      "x.py", "--lr", "3"]))
+    assert (args.image, args.cmd, args.wait, args.gpus) == ("img", ["python", "-u", "x.py", "--lr", "3"],
+                                                             math.inf, ["1"])
+
+
+def test_the_host_lock_is_exclusive_and_released_on_close(tmp_path: Path) -> None:
+    a = HostLock("unix:///x.sock", str(tmp_path))
+    b = HostLock("unix:///x.sock", str(tmp_path))
+    assert a.path == b.path != HostLock("unix:///y.sock", str(tmp_path)).path
+    a.acquire()
+    with pytest.raises(TimeoutError):
+        b.acquire(timeout=0.1)
+    a.release()
+    b.acquire(timeout=1)
+    b.release()
+
+
+def test_holder_descriptions_say_how_it_got_its_cards() -> None:
+    h = Holder("0123456789abcdef", "web", "running", [A800], False, "--gpus all")
+    assert h.describe() == "web (0123456789ab, running, --gpus all)"
+    assert h.to_dict()["holds"] is True
