@@ -77,7 +77,7 @@ bench: image-test
 	$(SIMHOST) $(VPY) bench/run.py
 
 demo: image-test
-	@$(SIMHOST) $(VPY) -m hostagent.demo
+	@$(SIMHOST) tests/sandbox/demo.sh
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
