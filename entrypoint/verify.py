@@ -99,7 +99,7 @@ def _cuda_devices(env: Mapping[str, str]) -> list[align.CudaDevice]:
     from entrypoint import cudaprobe
 
     # -I -S: the probe needs only the standard library, and skipping site saves most of a Python start-up.
-    text = _run_child([sys.executable, "-I", "-S", cudaprobe.__file__], env, "the CUDA driver probe")
+    text = _run_child([sys.executable, *cudaprobe.CHILD_ARGS], env, "the CUDA driver probe")
     result = cudaprobe.from_lines(text)
     rc = result["rc"]
     if rc is None:

@@ -1,0 +1,163 @@
+"""`make bench`: gpupin's costs as ratios against their floors, each pair measured side by side in one run.
+
+  entrypoint  gpupin-entrypoint exec'ing `true`, against the least any such check costs: the same Python start-up
+              plus `nvmlInit` (level nvml), plus a bare CUDA-driver probe in a child process (level cuda).
+              Targets: at most 1.3x at nvml, at most 1.2x at cuda.
+  run         `hostagent run --rm --uuid U IMG true` against `docker run --rm --gpus device=U IMG true` on the
+              sandbox. Target: at most 1.25x.
+  ls          `hostagent ls --json` with 500 pinned containers (created, not started) against
+              `docker ps -a --filter label=gpupin.devices`. Target: at most 1.5x.
+
+Runs alternate (A B B A A B ...) so that drift in the machine's load hits both sides alike; each figure is a median.
+The environment is the simulated host's (the Makefile's SIMHOST); on a real GPU host, run the `entrypoint` part
+with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as docs/real-gpu.md shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+DOCKER = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
+IMAGE = os.environ.get("GPUPIN_BENCH_IMAGE", "gpupin:test")
+
+# The floor's child: the bare minimum a process must do to learn what cuda:k is (no gpupin code).
+BARE_CUDA_PROBE = (
+    "import ctypes\n"
+    "c = ctypes.CDLL('libcuda.so.1')\n"
+    "assert c.cuInit(0) == 0\n"
+    "n = ctypes.c_int(); c.cuDeviceGetCount(ctypes.byref(n))\n"
+    "for k in range(n.value):\n"
+    "    d = ctypes.c_int(); c.cuDeviceGet(ctypes.byref(d), k)\n"
+    "    b = ctypes.create_string_buffer(64); c.cuDeviceGetPCIBusId(b, 64, d)\n"
+    "    u = (ctypes.c_ubyte * 16)(); c.cuDeviceGetUuid(u, d)\n"
+    "    print(k, bytes(u).hex(), b.value.decode())\n"
+)
+FLOOR_NVML = "import os, pynvml\npynvml.nvmlInit()\nos.execvp('true', ['true'])\n"
+FLOOR_CUDA = (
+    "import os, subprocess, sys, pynvml\npynvml.nvmlInit()\n"
+    f"subprocess.run([sys.executable, '-I', '-S', '-c', {BARE_CUDA_PROBE!r}], check=True, stdout=subprocess.PIPE)\n"
+    "os.execvp('true', ['true'])\n"
+)
+
+
+def timed(argv: Sequence[str], env: dict[str, str] | None = None) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"bench: {' '.join(argv)} failed ({p.returncode}): {p.stderr.decode()[-500:]}")
+    return dt
+
+
+def side_by_side(a: Callable[[], float], b: Callable[[], float], n: int, warmup: int = 2) -> tuple[float, float]:
+    for _ in range(warmup):
+        a()
+        b()
+    xs, ys = [], []
+    for i in range(n):
+        # A B, then B A: whichever runs second in a pair (warmer caches, or a busier machine) alternates.
+        if i % 2:
+            ys.append(b())
+            xs.append(a())
+        else:
+            xs.append(a())
+            ys.append(b())
+    return statistics.median(xs), statistics.median(ys)
+
+
+def report(name: str, ours: float, floor: float, target: float, results: dict[str, object]) -> None:
+    ratio = ours / floor
+    verdict = "ok" if ratio <= target else "MISSED"
+    print(f"{name:<44} {ours * 1000:8.1f} ms vs floor {floor * 1000:8.1f} ms   ratio {ratio:5.2f}x "
+          f"(target <= {target}x) {verdict}", flush=True)
+    results[name] = {"ours_ms": round(ours * 1000, 2), "floor_ms": round(floor * 1000, 2), "ratio": round(ratio, 3),
+                     "target": target, "met": ratio <= target}
+
+
+def bench_entrypoint(n: int, results: dict[str, object], expect: str | None) -> None:
+    env = dict(os.environ)
+    env["GPUPIN_QUIET"] = "1"
+    if expect:
+        env["GPUPIN_EXPECT"] = expect
+    ep = str(BIN / "gpupin-entrypoint")
+    py = sys.executable
+    for level, floor_code, target in (("nvml", FLOOR_NVML, 1.3), ("cuda", FLOOR_CUDA, 1.2)):
+        ours, floor = side_by_side(lambda lv=level: timed([ep, "--verify", lv, "true"], env),  # type: ignore[misc]
+                                   lambda fc=floor_code: timed([py, "-c", fc], env), n)  # type: ignore[misc]
+        report(f"entrypoint --verify {level} (exec true)", ours, floor, target, results)
+
+
+def _first_uuid() -> str:
+    topo = json.loads(Path(os.environ["FAKEGPU_TOPOLOGY"]).read_text())
+    return str(topo["gpus"][1]["uuid"])
+
+
+def bench_run(n: int, results: dict[str, object]) -> None:
+    uuid = _first_uuid()
+    env = dict(os.environ)
+    ha = [str(BIN / "hostagent"), "run", "--rm", "--uuid", uuid, IMAGE, "--quiet", "true"]
+    dk = [DOCKER, "run", "--rm", "--gpus", f"device={uuid}", IMAGE, "--quiet", "true"]
+    ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(dk, env), n)
+    report("hostagent run vs docker run --gpus", ours, floor, 1.25, results)
+
+
+def bench_ls(n: int, results: dict[str, object], containers: int = 500) -> None:
+    import docker
+
+    api = docker.APIClient(base_url=os.environ["DOCKER_HOST"], version="auto", timeout=300)
+    topo = json.loads(Path(os.environ["FAKEGPU_TOPOLOGY"]).read_text())
+    uuids = [g["uuid"] for g in topo["gpus"]]
+    label = {"gpupin.bench": "ls"}
+    old = api.containers(all=True, filters={"label": "gpupin.bench=ls"})
+    t0 = time.perf_counter()
+    for i in range(len(old), containers):
+        api.create_container(IMAGE, ["true"], labels={**label, "gpupin.devices": uuids[i % len(uuids)]},
+                             host_config=api.create_host_config(network_mode="none"))
+    print(f"(created {containers - len(old)} pinned containers in {time.perf_counter() - t0:.1f} s)", flush=True)
+    try:
+        env = dict(os.environ)
+        ha = [str(BIN / "hostagent"), "ls", "--json"]
+        dk = [DOCKER, "ps", "-a", "--filter", "label=gpupin.devices"]
+        ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(dk, env), n)
+        report(f"hostagent ls --json vs docker ps ({containers} pinned)", ours, floor, 1.5, results)
+    finally:
+        for c in api.containers(all=True, filters={"label": "gpupin.bench=ls"}):
+            api.remove_container(c["Id"], force=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("parts", nargs="*", default=["entrypoint", "run", "ls"], choices=["entrypoint", "run", "ls"])
+    p.add_argument("-n", type=int, default=30, help="measured runs per side (entrypoint; a third for docker parts)")
+    p.add_argument("--expect", help="GPUPIN_EXPECT for the entrypoint part (default: the topology's card 1)")
+    p.add_argument("--json", metavar="FILE", help="also write the results here")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = p.parse_args(argv)
+    results: dict[str, object] = {}
+    print(f"bench: {os.cpu_count()} CPU(s), python {sys.version.split()[0]}, medians of interleaved runs", flush=True)
+    if "entrypoint" in args.parts:
+        expect = args.expect or (_first_uuid() if os.environ.get("FAKEGPU_TOPOLOGY") else None)
+        bench_entrypoint(args.n, results, expect)
+    if "run" in args.parts:
+        bench_run(max(args.n // 3, 5), results)
+    if "ls" in args.parts:
+        bench_ls(max(args.n // 3, 5), results)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    missed = [k for k, v in results.items() if isinstance(v, dict) and not v["met"]]
+    return 1 if args.strict and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
