@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def bench_entrypoint(n: int, results: dict[str, object], expect: str | None) -> 
     env["GPUPIN_QUIET"] = "1"
     if expect:
         env["GPUPIN_EXPECT"] = expect
-    ep = str(BIN / "gpupin-entrypoint")
+    ep = shutil.which("gpupin-entrypoint") or str(BIN / "gpupin-entrypoint")
     py = sys.executable
     for level, floor_code, target in (("nvml", FLOOR_NVML, 1.3), ("cuda", FLOOR_CUDA, 1.2)):
         ours, floor = side_by_side(lambda lv=level: timed([ep, "--verify", lv, "true"], env),  # type: ignore[misc]

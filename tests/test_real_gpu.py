@@ -1,0 +1,108 @@
+"""The entrypoint against real NVML, the real CUDA driver and torch: skipped on machines without NVIDIA GPUs.
+
+What only a real host can show: that the driver's own enumeration under the environment the entrypoint sets is
+what NVML says, and that the refusals fire against real data. docs/real-gpu.md records a run of these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, real_gpu_count
+
+pytestmark = pytest.mark.gpu
+CARDS = real_gpu_count()
+
+
+def need(n: int) -> None:
+    if n > CARDS:
+        pytest.skip(f"needs {n} real NVIDIA GPU(s); this machine has {CARDS}")
+
+
+def real_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CUDA_", "GPUPIN_", "FAKEGPU_", "DOCKER_RESOURCE_"))
+           and k not in ("LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def cards() -> list[tuple[str, str]]:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,pci.bus_id", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True).stdout
+    return [tuple(x.strip() for x in line.split(",")) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
+
+
+def entrypoint(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "entrypoint.cli", *args], env=real_env(**env),
+                          capture_output=True, text=True, timeout=300)
+
+
+def saw(out: str) -> list[str]:
+    return [line.split()[2] for line in out.splitlines() if line.startswith("cuda:") and "as expected" in line]
+
+
+def test_each_card_aligned_execs_and_the_workload_sees_it() -> None:
+    need(1)
+    for uuid, bus in cards():
+        r = entrypoint(sys.executable, "-m", "entrypoint", GPUPIN_EXPECT=f"{uuid}@{bus}")
+        assert r.returncode == 0, r.stderr
+        assert saw(r.stdout) == [uuid]
+
+
+def test_uuid_of_one_card_with_the_bus_of_the_other_is_refused() -> None:
+    need(2)
+    (u0, _b0), (_u1, b1) = cards()[:2]
+    r = entrypoint("sh", "-c", "echo WORKLOAD-STARTED", GPUPIN_EXPECT=f"{u0}@{b1}")
+    assert r.returncode == 78, r.stderr
+    assert "WORKLOAD-STARTED" not in r.stdout
+
+
+def test_reversed_pair_gives_1_0_and_cuda0_is_the_first_expected() -> None:
+    need(2)
+    (u0, b0), (u1, b1) = cards()[:2]
+    r = entrypoint(sys.executable, "-m", "entrypoint", GPUPIN_EXPECT=f"{u1}@{b1},{u0}@{b0}")
+    assert r.returncode == 0, r.stderr
+    assert "CUDA_VISIBLE_DEVICES=1,0" in r.stderr
+    assert saw(r.stdout) == [u1, u0]
+
+
+def test_torch_level_when_torch_is_there() -> None:
+    need(1)
+    pytest.importorskip("torch")
+    uuid, bus = cards()[-1]
+    code = "import torch; p = torch.cuda.get_device_properties(0); print('torch-uuid', p.uuid)"
+    r = entrypoint("--verify", "torch", sys.executable, "-c", code, GPUPIN_EXPECT=f"{uuid}@{bus}")
+    assert r.returncode == 0, r.stderr
+    assert f"torch-uuid {uuid[4:]}" in r.stdout
+
+
+def test_assert_pinned_in_a_torch_workload_catches_a_rewritten_cuda_visible_devices() -> None:
+    need(2)
+    pytest.importorskip("torch")
+    u1, b1 = cards()[1]
+    code = ("import os; os.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
+            "import torch; torch.cuda.init()\n"
+            "from entrypoint import assert_pinned\n"
+            "try:\n    assert_pinned()\n    print('not caught')\n"
+            "except Exception as e:\n    print('caught', type(e).__name__, e.exit_code)\n")
+    r = entrypoint("--quiet", sys.executable, "-c", code, GPUPIN_EXPECT=f"{u1}@{b1}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "caught MisalignedError 78", r.stdout
+
+
+def test_require_without_expectation_is_refused() -> None:
+    need(1)
+    r = entrypoint("--require", "true")
+    assert r.returncode == 78
+    r = entrypoint("--json")
+    assert r.returncode == 0
+    data: dict[str, Any] = json.loads(r.stdout)
+    assert [d["uuid"] for d in data["devices"]] == [u for u, _ in cards()]
