@@ -142,7 +142,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     from hostagent import listing
 
     data = listing.gather()
-    sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else listing.render(data))
+    # Compact JSON: with indent, json falls back to its pure-Python encoder (~20 ms for 500 holders).
+    sys.stdout.write(json.dumps(data) + "\n" if args.json else listing.render(data))
     return 0
 
 

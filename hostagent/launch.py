@@ -116,8 +116,9 @@ class Launched:
     """A created and started container, with its output stream and its exit-code waiter when in the foreground."""
 
     def __init__(self, cid: str, spec: ContainerSpec, stream: Iterator[Any] | None,
-                 waiter: threading.Thread | None, result: dict[str, Any]) -> None:
+                 waiter: threading.Thread | None, result: dict[str, Any], api_version: str) -> None:
         self.cid = cid
+        self.spec_api_version = api_version
         self.spec = spec
         self.stream = stream
         self.waiter = waiter
@@ -156,7 +157,7 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launch
             waiter = threading.Thread(target=wait, name="hostagent-wait", daemon=True)
             waiter.start()
         api.start(cid)
-        return Launched(cid, spec, stream, waiter, result)
+        return Launched(cid, spec, stream, waiter, result, api.api_version)
     except BaseException as err:
         with contextlib.suppress(Exception):
             api.remove_container(cid, force=True)
@@ -219,7 +220,7 @@ def follow(launched: Launched) -> int:
     `docker run` does (a second signal kills it)."""
     assert launched.stream is not None and launched.waiter is not None
     cid, req = launched.cid, launched.spec.req
-    control = engine.connect()
+    version = launched.spec_api_version
     signals_seen: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -231,6 +232,7 @@ def follow(launched: Launched) -> int:
         def run() -> None:
             # It may have exited or gone already: the waiter reports how it ended.
             with contextlib.suppress(Exception):
+                control = engine.connect(version=version)  # only when needed: a client costs a round trip
                 if first:
                     control.stop(cid, timeout=req.stop_timeout)
                 else:
@@ -253,7 +255,7 @@ def follow(launched: Launched) -> int:
     code = launched.result.get("StatusCode")
     if code is None:
         try:
-            code = control.inspect_container(cid)["State"]["ExitCode"]
+            code = engine.connect(version=version).inspect_container(cid)["State"]["ExitCode"]
         except Exception:
             err_msg = (launched.result.get("Error") or {}).get("Message", "unknown")
             _say(f"could not learn how {cid[:12]} ended: {err_msg}")

@@ -13,7 +13,6 @@ hostagents on this host by `HostLock`, an flock the kernel releases when its hol
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import time
 
@@ -154,6 +153,8 @@ class HostLock:
     def __init__(self, docker_host: str, directory: str | None = None) -> None:
         base = directory or os.environ.get("GPUPIN_LOCK_DIR") or (
             "/run/lock" if os.access("/run/lock", os.W_OK) else "/tmp")
+        import hashlib  # here, not at the top: `hostagent ls` never takes the lock
+
         key = hashlib.sha256(docker_host.encode()).hexdigest()[:16]
         self.path = os.path.join(base, f"gpupin-ledger-{key}.lock")
         self._fd: int | None = None

@@ -31,7 +31,7 @@ def gather() -> dict[str, Any]:
     docker: dict[str, Any] = {"host": engine.docker_host(), "available": True, "error": None}
     holders: list[Holder] = []
     try:
-        holders = engine.read_holders(engine.connect(timeout=10), cards)
+        holders = engine.read_holders(engine.reader(timeout=10), cards)
     except GpupinError as err:
         docker.update(available=False, error=err.message)
     except Exception as err:  # a daemon that answers the version call and then fails

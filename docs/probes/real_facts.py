@@ -68,7 +68,7 @@ def main() -> None:
                          text=True).stdout)
     print("## pynvml")
     t0 = time.perf_counter()
-    import pynvml  # noqa: PLC0415
+    import pynvml
 
     t1 = time.perf_counter()
     pynvml.nvmlInit()
@@ -78,7 +78,7 @@ def main() -> None:
         from importlib.metadata import version
 
         print("nvidia-ml-py", version("nvidia-ml-py"))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print("version?", e)
     print("driver", pynvml.nvmlSystemGetDriverVersion(), "cuda", pynvml.nvmlSystemGetCudaDriverVersion())
     uuids = []
@@ -118,7 +118,8 @@ def main() -> None:
             print(f"  byUUID({form!r}) -> {got}")
     print("## CUDA_VISIBLE_DEVICES cases (CUDA_DEVICE_ORDER unset unless named)")
     u0, u1 = uuids[0], uuids[-1]
-    common = os.path.commonprefix([u0, u1])
+    # the longest shared string prefix of the two UUIDs (an ambiguous CUDA prefix)
+    common = u0[:next((i for i, (a, b) in enumerate(zip(u0, u1)) if a != b), min(len(u0), len(u1)))]
     cases: list[tuple[str, dict[str, str | None]]] = [
         ("unset", {"CUDA_VISIBLE_DEVICES": None}),
         ("PCI_BUS_ID order", {"CUDA_VISIBLE_DEVICES": None, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
