@@ -97,9 +97,9 @@ def assert_pinned(expect: str | Expectation | None = None, local_rank: int | Non
         same_uuid = not dev.uuid_hex or dev.uuid_hex.startswith(want)  # a hand-written prefix matches too
         same_bus = exp.bus_id is None or dev.bus_id is None or dev.bus_id == exp.bus_id
         if not (same_uuid and same_bus):
+            seen = uuid_from_bytes(bytes.fromhex(dev.uuid_hex)) if dev.uuid_hex else "a card"
             raise MisalignedError(
-                f"cuda:{k} is UUID {dev.uuid_hex} at {dev.bus_id} ({dev.name}), but {expectation.source} "
-                f"expects {exp} there",
+                f"cuda:{k} is {seen} at {dev.bus_id} ({dev.name}), but {expectation.source} expects {exp} there",
                 "something changed CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER after the entrypoint set them "
                 f"(now {env.get('CUDA_VISIBLE_DEVICES')!r}, {env.get('CUDA_DEVICE_ORDER')!r})",
             )
