@@ -19,7 +19,7 @@ from entrypoint.nvml import Card
 from hostagent import compose
 from hostagent.compose import GpuRequest, ServiceError
 from hostagent.ledger import Holder, held
-from tests.conftest import REPO, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env
+from tests.conftest import REPO, TEST_IMAGE, Sandbox, docker_required, gpu_uuids, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
 HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
@@ -486,6 +486,8 @@ class ComposeRun:
 
     def __init__(self, sandbox: Sandbox, file: Path) -> None:
         if not os.path.exists(COMPOSE_CLI):
+            if docker_required():
+                pytest.fail("docker-compose is not installed (`make sandbox-up` installs it)", pytrace=False)
             pytest.skip("docker-compose is not installed")
         self.sandbox = sandbox
         self.file = file

@@ -41,6 +41,7 @@ ensure_packages() {
     [ -x /usr/sbin/dockerd ] || need+=(docker.io)
     command -v debootstrap >/dev/null || need+=(debootstrap)
     command -v containerd >/dev/null || need+=(containerd)
+    command -v docker-compose >/dev/null || need+=(docker-compose)  # the compose examples' tests run it
     [ ${#need[@]} = 0 ] && return 0
     say "installing ${need[*]}"
     # Keep the package's init scripts from starting the system daemon: that one is never ours to touch.
