@@ -3,7 +3,8 @@
 # root and pid files; no bridge, no iptables; the fake nvidia-container-runtime-hook first on its PATH so that it
 # accepts --gpus. It never talks to the system daemon or the system containerd.
 #
-#   sandbox.sh up       start it (installing docker.io and debootstrap if missing), build the base image once,
+#   sandbox.sh up       start it (installing docker.io, containerd, debootstrap and docker-compose if missing),
+#                       build the base image once,
 #                       print DOCKER_HOST=unix://... on stdout; restart it when it runs with another topology
 #   sandbox.sh down     remove its containers, stop it, unmount and remove its runtime state (the image cache stays)
 #   sandbox.sh purge    down, then remove the image cache too
