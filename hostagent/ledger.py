@@ -12,6 +12,7 @@ hostagents on this host by `HostLock`, an flock the kernel releases when its hol
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -160,7 +161,13 @@ class HostLock:
         self._fd: int | None = None
 
     def acquire(self, timeout: float = 120.0) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            # Whoever creates it (root, under umask 022), every hostagent user must be able to open it again.
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o666)
+        except PermissionError:
+            fd = os.open(self.path, os.O_RDONLY)  # flock needs no write access
         deadline = time.monotonic() + timeout
         while True:
             try:
