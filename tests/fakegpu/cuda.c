@@ -384,11 +384,13 @@ API CUresult cuDeviceTotalMem(unsigned *bytes, CUdevice dev)
 
 /* -------------------------------------------------------------- errors ---- */
 
-static const struct {
+struct cu_error {
     CUresult code;
     const char *name;
     const char *text;
-} errors[] = {
+};
+
+static const struct cu_error errors[] = {
     {0, "CUDA_SUCCESS", "no error"},
     {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
@@ -407,32 +409,30 @@ static const struct {
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
-API CUresult cuGetErrorString(CUresult error, const char **pStr)
+static const struct cu_error *find_error(CUresult error)
 {
     size_t i;
+    for (i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+        if (errors[i].code == error)
+            return &errors[i];
+    return NULL;
+}
+
+/* Both give CUDA_ERROR_INVALID_VALUE and a NULL string for a code the driver does not know. */
+API CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    const struct cu_error *e = find_error(error);
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
-    for (i = 0; i < sizeof(errors) / sizeof(errors[0]); i++) {
-        if (errors[i].code == error) {
-            *pStr = errors[i].text;
-            return CUDA_SUCCESS;
-        }
-    }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    *pStr = e ? e->text : NULL;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 API CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
-    size_t i;
+    const struct cu_error *e = find_error(error);
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
-    for (i = 0; i < sizeof(errors) / sizeof(errors[0]); i++) {
-        if (errors[i].code == error) {
-            *pStr = errors[i].name;
-            return CUDA_SUCCESS;
-        }
-    }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
+    *pStr = e ? e->name : NULL;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
