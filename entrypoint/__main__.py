@@ -25,8 +25,7 @@ def main() -> int:
         for b in assert_pinned(expectation):
             print(f"cuda:{b.local_rank} = {b.uuid} at {b.bus_id} ({b.name}), as expected")
     except GpupinError as err:
-        hint = f" HINT: {err.hint}" if err.hint else ""
-        print(f"ERROR: {err.message}.{hint}", file=sys.stderr)
+        sys.stderr.write(err.line("python3 -m entrypoint"))
         return err.exit_code
     return 0
 

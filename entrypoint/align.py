@@ -14,6 +14,7 @@ from entrypoint.identity import BusId, is_mig, match_uuid, mig_legacy_parts
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any
 
     from entrypoint.expectation import Expectation, ExpectedCard
     from entrypoint.nvml import Card
@@ -133,6 +134,11 @@ class CudaDevice:
         self.uuid_hex = uuid_hex.lower().replace("-", "")
         self.bus_id = bus_id
         self.name = name
+
+    @classmethod
+    def from_probe(cls, d: dict[str, Any]) -> CudaDevice:
+        """One device as entrypoint.cudaprobe reports it."""
+        return cls(d["k"], d["uuid_hex"], parse_cuda_bus(d["bus_id"]), d["name"])
 
     def describe(self, cards: Sequence[Card] = ()) -> str:
         uuid = next((c.uuid for c in cards if c.uuid and uuid_hex(c.uuid) == self.uuid_hex), None)

@@ -34,23 +34,19 @@ def _driver_devices() -> list[align.CudaDevice]:
     if result["rc"] != 0:
         name, text = result["error"]
         raise GpuUnavailableError(f"cuInit failed with {name} ({result['rc']}): {text}")
-    return [align.CudaDevice(d["k"], d["uuid_hex"], align.parse_cuda_bus(d["bus_id"]), d["name"])
-            for d in result["devices"]]
+    return [align.CudaDevice.from_probe(d) for d in result["devices"]]
 
 
 def _torch_devices() -> list[align.CudaDevice]:
     import torch
 
+    from entrypoint.torchprobe import identify
+
     out = []
     for k in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(k)
-        uuid = str(getattr(p, "uuid", "")).replace("-", "").lower()
-        if uuid[:3] in ("gpu", "mig"):
-            uuid = uuid[3:]
-        bus = None
-        if all(hasattr(p, f) for f in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
-            bus = BusId(p.pci_domain_id, p.pci_bus_id, p.pci_device_id)
-        out.append(align.CudaDevice(k, uuid, bus, p.name))
+        uuid, pci = identify(p)
+        out.append(align.CudaDevice(k, uuid, BusId(*pci) if pci else None, p.name))
     return out
 
 

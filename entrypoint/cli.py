@@ -110,9 +110,7 @@ def parse_args(argv: Sequence[str]) -> Options:
 
 
 def refuse(err: GpupinError) -> None:
-    """One line on stderr: what was asked and found, then what to do."""
-    hint = f" HINT: {err.hint}" if err.hint else ""
-    sys.stderr.write(f"{PROG}: ERROR: {err.message}.{hint}\n")
+    sys.stderr.write(err.line(PROG))
 
 
 def report_text(ver: Verification) -> str:
@@ -141,10 +139,12 @@ def run_workload(cmd: Sequence[str], env: dict[str, str]) -> int:
         os.execvpe(cmd[0], list(cmd), env)
     except FileNotFoundError:
         where = "" if "/" in cmd[0] else f" in PATH={env.get('PATH', os.defpath)}"
-        sys.stderr.write(f"{PROG}: ERROR: cannot run {cmd[0]!r}: no such file or directory{where}.\n")
+        refuse(GpupinError(f"cannot run {cmd[0]!r}: no such file or directory{where}",
+                           "check the command's name, or give its full path"))
         return EX_NOTFOUND
     except OSError as err:  # permission denied, a directory, not an executable format
-        sys.stderr.write(f"{PROG}: ERROR: cannot run {cmd[0]!r}: {err.strerror or err}.\n")
+        refuse(GpupinError(f"cannot run {cmd[0]!r}: {err.strerror or err}",
+                           "run an executable file (chmod +x, with a #! line), or name its interpreter first"))
         return EX_NOEXEC
     raise AssertionError("unreachable: execvpe returned")
 

@@ -20,6 +20,11 @@ class GpupinError(Exception):
         self.message = message
         self.hint = hint
 
+    def line(self, prog: str) -> str:
+        """The refusal as every CLI prints it: one line, what was asked and found, then what to do."""
+        hint = f" HINT: {self.hint}" if self.hint else ""
+        return f"{prog}: ERROR: {self.message}.{hint}\n"
+
 
 class UsageError(GpupinError):
     """Bad command line or malformed input (exit 64)."""

@@ -22,6 +22,15 @@ if TYPE_CHECKING:
 _PCI = ("pci_domain_id", "pci_bus_id", "pci_device_id")
 
 
+def identify(p: Any) -> tuple[str, tuple[int, int, int] | None]:
+    """(UUID hex without tag or dashes, or ""; (PCI domain, bus, device) or None) of one device's properties."""
+    uuid = str(getattr(p, "uuid", "")).replace("-", "").lower()
+    if uuid[:3] in ("gpu", "mig"):
+        uuid = uuid[3:]
+    pci = (p.pci_domain_id, p.pci_bus_id, p.pci_device_id) if all(hasattr(p, f) for f in _PCI) else None
+    return uuid, pci
+
+
 def probe_lines() -> str:
     try:
         import torch
@@ -37,12 +46,8 @@ def probe_lines() -> str:
     if missing:
         lines.append("missing\t" + ",".join(missing))
     for k, p in enumerate(props):
-        uuid = str(getattr(p, "uuid", "")).replace("-", "").lower()
-        if uuid[:3] in ("gpu", "mig"):
-            uuid = uuid[3:]
-        bus = "-"
-        if all(hasattr(p, f) for f in _PCI):
-            bus = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
+        uuid, pci = identify(p)
+        bus = f"{pci[0]:08X}:{pci[1]:02X}:{pci[2]:02X}.0" if pci else "-"
         lines.append("\t".join(("dev", str(k), uuid or "-", bus, str(p.name).replace("\t", " "))))
     return "\n".join(lines) + "\n"
 

@@ -110,8 +110,7 @@ def _cuda_devices(env: Mapping[str, str]) -> list[align.CudaDevice]:
         under = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"
         raise GpuUnavailableError(f"cuInit failed with {name} ({rc}): {msg} (under {under})",
                                   _CUDA_HINTS.get(rc))
-    return [align.CudaDevice(d["k"], d["uuid_hex"], align.parse_cuda_bus(d["bus_id"]), d["name"])
-            for d in result["devices"]]
+    return [align.CudaDevice.from_probe(d) for d in result["devices"]]
 
 
 def _torch_devices(env: Mapping[str, str], ver: Verification) -> list[align.CudaDevice]:

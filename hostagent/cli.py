@@ -133,8 +133,7 @@ def _error(err: GpupinError, debug: bool) -> int:
         import traceback
 
         traceback.print_exc()
-    hint = f" HINT: {err.hint}" if err.hint else ""
-    sys.stderr.write(f"{PROG}: ERROR: {err.message}.{hint}\n")
+    sys.stderr.write(err.line(PROG))
     return err.exit_code
 
 
