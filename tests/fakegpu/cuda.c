@@ -51,18 +51,7 @@ static struct cudev devs[FG_MAX_CUDEVS];
 static int ndevs;
 static int init_done;     /* cuInit's outcome is sticky, as in CUDA */
 static CUresult init_rc;
-static char lock_flag;
-
-static void lock(void)
-{
-    while (__atomic_test_and_set(&lock_flag, __ATOMIC_ACQUIRE))
-        ;
-}
-
-static void unlock(void)
-{
-    __atomic_clear(&lock_flag, __ATOMIC_RELEASE);
-}
+static char lock_flag; /* fg_lock/fg_unlock: init and shutdown may race across threads */
 
 static const char *cudev_uuid(const struct cudev *d)
 {
@@ -194,7 +183,7 @@ API CUresult cuInit(unsigned Flags)
     CUresult rc;
     if (Flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    lock();
+    fg_lock(&lock_flag);
     if (!init_done) {
         switch (fg_topology_load(&topo)) {
         case FG_LOAD_OK:
@@ -219,7 +208,7 @@ API CUresult cuInit(unsigned Flags)
         __atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
     }
     rc = init_rc;
-    unlock();
+    fg_unlock(&lock_flag);
     return rc;
 }
 
@@ -244,11 +233,11 @@ API CUresult cuDriverGetVersion(int *driverVersion)
 {
     if (!driverVersion)
         return CUDA_ERROR_INVALID_VALUE;
-    lock();
+    fg_lock(&lock_flag);
     if (!init_done && fg_topology_load(&topo) != FG_LOAD_OK)
         topo.cuda_driver_version = FG_DEFAULT_CUDA_VERSION;
     *driverVersion = topo.cuda_driver_version;
-    unlock();
+    fg_unlock(&lock_flag);
     return CUDA_SUCCESS;
 }
 

@@ -65,18 +65,7 @@ typedef struct {
 
 static struct fg_topology topo;
 static int refcount;
-static char lock_flag;
-
-static void lock(void)
-{
-    while (__atomic_test_and_set(&lock_flag, __ATOMIC_ACQUIRE))
-        ;
-}
-
-static void unlock(void)
-{
-    __atomic_clear(&lock_flag, __ATOMIC_RELEASE);
-}
+static char lock_flag; /* fg_lock/fg_unlock: init and shutdown may race across threads */
 
 static int initialized(void)
 {
@@ -132,7 +121,7 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned flags)
 {
     nvmlReturn_t rc = NVML_SUCCESS;
     (void)flags; /* NO_GPUS would only matter with zero cards, and zero cards initialise anyway */
-    lock();
+    fg_lock(&lock_flag);
     if (refcount == 0) {
         switch (fg_topology_load(&topo)) {
         case FG_LOAD_OK:
@@ -148,7 +137,7 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned flags)
     }
     if (rc == NVML_SUCCESS)
         __atomic_add_fetch(&refcount, 1, __ATOMIC_RELEASE);
-    unlock();
+    fg_unlock(&lock_flag);
     return rc;
 }
 
@@ -165,12 +154,12 @@ API nvmlReturn_t nvmlInit(void)
 API nvmlReturn_t nvmlShutdown(void)
 {
     nvmlReturn_t rc = NVML_SUCCESS;
-    lock();
+    fg_lock(&lock_flag);
     if (refcount == 0)
         rc = NVML_ERROR_UNINITIALIZED;
     else
         __atomic_sub_fetch(&refcount, 1, __ATOMIC_RELEASE);
-    unlock();
+    fg_unlock(&lock_flag);
     return rc;
 }
 

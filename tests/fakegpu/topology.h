@@ -87,4 +87,16 @@ int fg_bus_cmp(const struct fg_gpu *a, const struct fg_gpu *b);
 /* Converts the 32 hex digits after "GPU-" / "MIG-" into 16 raw bytes. */
 int fg_uuid_bytes(const char *uuid, unsigned char out[16]);
 
+/* A spin lock over one byte, each library with its own: enough for init/shutdown, no libpthread needed. */
+static inline void fg_lock(char *flag)
+{
+    while (__atomic_test_and_set(flag, __ATOMIC_ACQUIRE))
+        ;
+}
+
+static inline void fg_unlock(char *flag)
+{
+    __atomic_clear(flag, __ATOMIC_RELEASE);
+}
+
 #endif
