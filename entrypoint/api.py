@@ -33,7 +33,8 @@ def _driver_devices() -> list[align.CudaDevice]:
     result = cudaprobe.probe()
     if result["rc"] != 0:
         name, text = result["error"]
-        raise GpuUnavailableError(f"cuInit failed with {name} ({result['rc']}): {text}")
+        raise GpuUnavailableError(f"cuInit failed with {name} ({result['rc']}): {text}",
+                                  "run the workload under gpupin-entrypoint, which says why the driver is unusable")
     return [align.CudaDevice.from_probe(d) for d in result["devices"]]
 
 

@@ -91,7 +91,8 @@ def _run_child(args: list[str], env: Mapping[str, str], what: str) -> str:
         ) from None
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise GpuUnavailableError(f"{what} failed (exit {done.returncode}): {tail[0]}")
+        raise GpuUnavailableError(f"{what} failed (exit {done.returncode}): {tail[0]}",
+                                  "check `nvidia-smi` in this container; --verify nvml skips the driver probe")
     return done.stdout.decode(errors="replace")
 
 
@@ -103,7 +104,8 @@ def _cuda_devices(env: Mapping[str, str]) -> list[align.CudaDevice]:
     result = cudaprobe.from_lines(text)
     rc = result["rc"]
     if rc is None:
-        raise GpuUnavailableError(f"the CUDA driver probe printed nothing usable: {text[:200]!r}")
+        raise GpuUnavailableError(f"the CUDA driver probe printed nothing usable: {text[:200]!r}",
+                                  "check `nvidia-smi` in this container; --verify nvml skips the driver probe")
     if rc != 0:
         name, msg = result["error"]
         cvd = env.get("CUDA_VISIBLE_DEVICES")

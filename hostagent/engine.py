@@ -95,7 +95,10 @@ def refused(err: BaseException, doing: str) -> DockerRefusedError:
         code = EX_NOT_FOUND
     elif "permission denied" in low and "exec" in low:
         code = EX_CANNOT_INVOKE
-    return DockerRefusedError(f"{doing}: {text}", None, code)
+    hint = {EX_NOT_FOUND: "check the command's name (or --entrypoint), or give its full path",
+            EX_CANNOT_INVOKE: "the command must be an executable file in the image"}.get(
+        code, "fix what the daemon names above; `hostagent run --dry-run` prints the equivalent docker run line")
+    return DockerRefusedError(f"{doing}: {text}", hint, code)
 
 
 def is_api_error(err: BaseException) -> bool:
