@@ -21,4 +21,4 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-cache-dir
 ENV GPUPIN_VERIFY=cuda
 ENTRYPOINT ["gpupin-entrypoint"]
 # The example workload: say what each cuda:k is, from inside the process, checked against the expectation.
-CMD ["python3", "-m", "entrypoint"]
+CMD ["python3", "-m", "gpupin.entrypoint"]

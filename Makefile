@@ -51,7 +51,8 @@ sandbox-purge:
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK).
 wheels: setup
-	rm -rf build/wheels && mkdir -p build/wheels
+	# setuptools reuses build/lib: a stale tree there would slip old modules into the wheel.
+	rm -rf build/wheels build/lib build/bdist.* && mkdir -p build/wheels
 	$(VPY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheels .
 	$(VPY) -m pip download -q --no-deps --only-binary=:all: -d build/wheels \
 	  "nvidia-ml-py==$$($(VPY) -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')"
@@ -69,7 +70,10 @@ test: image-test
 	@$(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 $(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# mypy reads the packages through a link tree named as they are imported (gpupin.entrypoint, gpupin.hostagent).
 lint: setup
+	@mkdir -p build/typing/gpupin && ln -sfn ../../../entrypoint build/typing/gpupin/entrypoint && \
+	  ln -sfn ../../../hostagent build/typing/gpupin/hostagent
 	$(VPY) -m ruff check .
 	$(VPY) -m mypy
 

@@ -1,4 +1,4 @@
-"""`python3 -m entrypoint`: print what each cuda:k of this process is, checked against the expectation.
+"""`python3 -m gpupin.entrypoint`: print what each cuda:k of this process is, checked against the expectation.
 
 The training image's example CMD: it shows a workload's view after gpupin-entrypoint has set the environment.
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import sys
 
-from entrypoint.api import assert_pinned, devices
-from entrypoint.errors import GpupinError
-from entrypoint.expectation import from_environ
-from entrypoint.identity import uuid_from_bytes
+from gpupin.entrypoint.api import assert_pinned, devices
+from gpupin.entrypoint.errors import GpupinError
+from gpupin.entrypoint.expectation import from_environ
+from gpupin.entrypoint.identity import uuid_from_bytes
 
 
 def main() -> int:
@@ -25,7 +25,7 @@ def main() -> int:
         for b in assert_pinned(expectation):
             print(f"cuda:{b.local_rank} = {b.uuid} at {b.bus_id} ({b.name}), as expected")
     except GpupinError as err:
-        sys.stderr.write(err.line("python3 -m entrypoint"))
+        sys.stderr.write(err.line("python3 -m gpupin.entrypoint"))
         return err.exit_code
     return 0
 

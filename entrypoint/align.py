@@ -8,16 +8,16 @@ expectation k, by UUID and by PCI bus id parsed to integers.
 
 from __future__ import annotations
 
-from entrypoint.errors import ExpectationError, GpuSpecError, MisalignedError
-from entrypoint.identity import BusId, is_mig, match_uuid, mig_legacy_parts
+from gpupin.entrypoint.errors import ExpectationError, GpuSpecError, MisalignedError
+from gpupin.entrypoint.identity import BusId, is_mig, match_uuid, mig_legacy_parts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from entrypoint.expectation import Expectation, ExpectedCard
-    from entrypoint.nvml import Card
+    from gpupin.entrypoint.expectation import Expectation, ExpectedCard
+    from gpupin.entrypoint.nvml import Card
 
 
 def uuid_hex(uuid: str) -> str:
@@ -137,7 +137,7 @@ class CudaDevice:
 
     @classmethod
     def from_probe(cls, d: dict[str, Any]) -> CudaDevice:
-        """One device as entrypoint.cudaprobe reports it."""
+        """One device as gpupin.entrypoint.cudaprobe reports it."""
         return cls(d["k"], d["uuid_hex"], parse_cuda_bus(d["bus_id"]), d["name"])
 
     def describe(self, cards: Sequence[Card] = ()) -> str:

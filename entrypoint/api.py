@@ -5,7 +5,7 @@ means what nvidia-smi shows; both pass on the wrong card of a box of identical c
 (or torch) of *this* process what each `cuda:k` is, by UUID and PCI bus id, and compares it with the
 expectation (by default GPUPIN_EXPECT, which the entrypoint exports fully resolved):
 
-    from entrypoint import assert_pinned
+    from gpupin.entrypoint import assert_pinned
     assert_pinned()                      # raises MisalignedError on the wrong card
     assert_pinned(local_rank=int(os.environ["LOCAL_RANK"]))   # check only the card this rank uses
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import sys
 
-from entrypoint import align
-from entrypoint.errors import GpuUnavailableError, MisalignedError
-from entrypoint.expectation import Expectation, from_environ, parse_expect
-from entrypoint.identity import BusId, uuid_from_bytes
+from gpupin.entrypoint import align
+from gpupin.entrypoint.errors import GpuUnavailableError, MisalignedError
+from gpupin.entrypoint.expectation import Expectation, from_environ, parse_expect
+from gpupin.entrypoint.identity import BusId, uuid_from_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 def _driver_devices() -> list[align.CudaDevice]:
-    from entrypoint import cudaprobe
+    from gpupin.entrypoint import cudaprobe
 
     result = cudaprobe.probe()
     if result["rc"] != 0:
@@ -41,7 +41,7 @@ def _driver_devices() -> list[align.CudaDevice]:
 def _torch_devices() -> list[align.CudaDevice]:
     import torch
 
-    from entrypoint.torchprobe import identify
+    from gpupin.entrypoint.torchprobe import identify
 
     out = []
     for k in range(torch.cuda.device_count()):

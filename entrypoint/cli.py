@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import sys
 
-from entrypoint.errors import GpupinError, UsageError
+from gpupin.entrypoint.errors import GpupinError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from entrypoint.verify import Verification
+    from gpupin.entrypoint.verify import Verification
 
 PROG = "gpupin-entrypoint"
 HELP = f"""usage: {PROG} [--verify nvml|cuda|torch] [--require] [--quiet] [--json] [--debug] [--] [CMD [ARG...]]
@@ -158,11 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(HELP)
             return 0
         if opts.version:
-            from entrypoint import __version__
+            from gpupin.entrypoint import __version__
 
             sys.stdout.write(f"{PROG} {__version__}\n")
             return 0
-        from entrypoint.verify import verify
+        from gpupin.entrypoint.verify import verify
 
         env, ver = verify(os.environ, opts.level, opts.require)
     except GpupinError as err:

@@ -12,7 +12,7 @@ tab-separated line per fact (cheaper to parse than JSON on the entrypoint's star
 This module imports nothing from gpupin, so that it runs with `-I -S` (no site, no user paths) in ~10 ms: the
 child imports it as a top-level module from this directory (`CHILD_ARGS`), so its cached bytecode is used rather
 than compiled again as a script on every container start. `probe()` is also called in-process by
-entrypoint.api, where the workload will hold a context anyway.
+gpupin.entrypoint.api, where the workload will hold a context anyway.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Sources, in DESIGN.md's order:
 
 from __future__ import annotations
 
-from entrypoint.errors import ExpectationError, UsageError
-from entrypoint.identity import BusId, is_full_uuid, is_uuid_like, normalize_uuid
+from gpupin.entrypoint.errors import ExpectationError, UsageError
+from gpupin.entrypoint.identity import BusId, is_full_uuid, is_uuid_like, normalize_uuid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from entrypoint.errors import GpuSpecError, UsageError
+from gpupin.entrypoint.errors import GpuSpecError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -53,7 +53,7 @@ def probe_lines() -> str:
 
 
 def from_lines(text: str) -> dict[str, Any]:
-    from entrypoint.align import parse_cuda_bus
+    from gpupin.entrypoint.align import parse_cuda_bus
 
     out: dict[str, Any] = {"version": None, "missing": [], "devices": [], "error": None}
     for line in text.splitlines():

@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 
-from entrypoint import align, nvml
-from entrypoint.errors import GpuUnavailableError, MisalignedError, UsageError
-from entrypoint.expectation import EXPECT_VAR, ExpectedCard, format_expect, from_environ
+from gpupin.entrypoint import align, nvml
+from gpupin.entrypoint.errors import GpuUnavailableError, MisalignedError, UsageError
+from gpupin.entrypoint.expectation import EXPECT_VAR, ExpectedCard, format_expect, from_environ
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def _run_child(args: list[str], env: Mapping[str, str], what: str) -> str:
 
 
 def _cuda_devices(env: Mapping[str, str]) -> list[align.CudaDevice]:
-    from entrypoint import cudaprobe
+    from gpupin.entrypoint import cudaprobe
 
     # -I -S: the probe needs only the standard library, and skipping site saves most of a Python start-up.
     text = _run_child([sys.executable, *cudaprobe.CHILD_ARGS], env, "the CUDA driver probe")
@@ -116,7 +116,7 @@ def _cuda_devices(env: Mapping[str, str]) -> list[align.CudaDevice]:
 
 
 def _torch_devices(env: Mapping[str, str], ver: Verification) -> list[align.CudaDevice]:
-    from entrypoint import torchprobe
+    from gpupin.entrypoint import torchprobe
 
     text = _run_child([sys.executable, torchprobe.__file__], env, "the torch probe")
     result = torchprobe.from_lines(text)

@@ -12,7 +12,7 @@ import json
 import math
 import sys
 
-from entrypoint.errors import EX_USAGE, GpupinError, UsageError
+from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def _error(err: GpupinError, debug: bool) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from hostagent import listing
+    from gpupin.hostagent import listing
 
     data = listing.gather()
     # Compact JSON: with indent, json falls back to its pure-Python encoder (~20 ms for 500 holders).
@@ -147,8 +147,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from hostagent import launch
-    from hostagent.request import ContainerSpec, RunRequest
+    from gpupin.hostagent import launch
+    from gpupin.hostagent.request import ContainerSpec, RunRequest
 
     req = RunRequest(
         args.image, args.cmd, gpus=args.gpus, count=args.count, name=args.name, env=args.env,
@@ -168,7 +168,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compose(args: argparse.Namespace) -> int:
-    from hostagent import compose
+    from gpupin.hostagent import compose
 
     if args.compose_command == "render":
         return compose.render_command(args.file, args.output)

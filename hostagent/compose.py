@@ -10,7 +10,7 @@ A service asks for cards with the extension key `x-gpupin` (the compose spec let
 
 or with the standard `deploy.resources.reservations.devices` (`device_ids` or `count`), which `render` pins by UUID
 and `check` inspects. `render` resolves every request against this host's cards (NVML) and the ledger (running
-containers, hostagent.ledger) and writes a plain compose file: per service a device request by UUID, the
+containers, gpupin.hostagent.ledger) and writes a plain compose file: per service a device request by UUID, the
 environment `NVIDIA_VISIBLE_DEVICES`, `GPUPIN_EXPECT` (UUID@BUSID in local-rank order) and the ledger labels.
 `check` reads a compose file as it is and reports what would land a job on the wrong card or double-book one.
 
@@ -19,7 +19,7 @@ given to two services, more cards than the host has, replicas > 1, hand-set pin 
 cannot place a service only because running containers hold the cards it needs (they are named); 69 NVML
 unusable. `check` exits 64 when it finds an error, else 0 (warnings alone do not fail it).
 
-The pure core (parsing, placement, rendering, checking) takes `entrypoint.nvml.Card` objects and the ledger's
+The pure core (parsing, placement, rendering, checking) takes `gpupin.entrypoint.nvml.Card` objects and the ledger's
 holders, so it is tested without hardware or a daemon; the two `*_command` functions are the thin adapters.
 """
 
@@ -32,18 +32,18 @@ import re
 import sys
 import tempfile
 
-from entrypoint.errors import EX_TEMPFAIL, EX_USAGE, GpupinError, GpuSpecError, UsageError
-from entrypoint.expectation import EXPECT_VAR, parse_expect
-from entrypoint.identity import is_full_uuid, is_uuid_like, looks_like_bus_id, match_uuid
-from hostagent import gpus
-from hostagent.ledger import LABEL, SHARED_LABEL, Holder
+from gpupin.entrypoint.errors import EX_TEMPFAIL, EX_USAGE, GpupinError, GpuSpecError, UsageError
+from gpupin.entrypoint.expectation import EXPECT_VAR, parse_expect
+from gpupin.entrypoint.identity import is_full_uuid, is_uuid_like, looks_like_bus_id, match_uuid
+from gpupin.hostagent import gpus
+from gpupin.hostagent.ledger import LABEL, SHARED_LABEL, Holder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-    from entrypoint.nvml import Card
+    from gpupin.entrypoint.nvml import Card
 
 KEY = "x-gpupin"
 VERIFY_VAR = "GPUPIN_VERIFY"
@@ -857,7 +857,7 @@ def _say(msg: str) -> None:
 def read_busy(cards: Sequence[Card], projects: set[str], service_names: set[str]) -> dict[str, list[Holder]]:
     """The ledger (card UUID -> running holders), without this project's containers; when Docker cannot be
     reached, say so and count every card as free."""
-    from hostagent import engine, ledger
+    from gpupin.hostagent import engine, ledger
 
     try:
         api = engine.connect(timeout=10)
@@ -882,7 +882,7 @@ def _read(path: str) -> str:
 
 
 def _cards() -> list[Card]:
-    from entrypoint import nvml
+    from gpupin.entrypoint import nvml
 
     return nvml.list_cards(detail=True, mig=True, tolerate_lost=True)
 

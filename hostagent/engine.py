@@ -14,20 +14,20 @@ import os
 import socket
 import sys
 
-from hostagent.errors import (
+from gpupin.hostagent.errors import (
     EX_CANNOT_INVOKE,
     EX_NOT_FOUND,
     DockerRefusedError,
     DockerUnavailableError,
 )
-from hostagent.ledger import LABEL, Holder, foreign_holder, pinned_holder
+from gpupin.hostagent.ledger import LABEL, Holder, foreign_holder, pinned_holder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from entrypoint.nvml import Card
+    from gpupin.entrypoint.nvml import Card
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 

@@ -1,8 +1,8 @@
-"""hostagent's failures beyond the shared tree (entrypoint.errors), each with `docker run`'s or DESIGN.md's code."""
+"""hostagent's failures beyond the shared tree (gpupin.entrypoint.errors), with `docker run`'s exit codes."""
 
 from __future__ import annotations
 
-from entrypoint.errors import EX_TEMPFAIL, EX_UNAVAILABLE, GpupinError
+from gpupin.entrypoint.errors import EX_TEMPFAIL, EX_UNAVAILABLE, GpupinError
 
 EX_DOCKER_REFUSED = 125  # as `docker run`: the daemon refused the container (no image, bad option, conflict)
 EX_CANNOT_INVOKE = 126  # as `docker run`: the command cannot be invoked

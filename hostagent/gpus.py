@@ -1,19 +1,19 @@
 """Which physical cards a request names: `--uuid`/`--gpu SPEC` resolution and `--count N` placement.
 
-Pure over the cards NVML reported (entrypoint.nvml.Card) and the set of cards the ledger says are held, so that
+Pure over the cards NVML reported (gpupin.entrypoint.nvml.Card) and the set of cards the ledger says are held, so that
 every rule is tested without hardware. A request that names no card, or more than one, is a GpuSpecError (64).
 """
 
 from __future__ import annotations
 
-from entrypoint.errors import GpuSpecError, GpuUnavailableError
-from entrypoint.identity import BusId, is_mig, is_uuid_like, looks_like_bus_id, match_uuid
+from gpupin.entrypoint.errors import GpuSpecError, GpuUnavailableError
+from gpupin.entrypoint.identity import BusId, is_mig, is_uuid_like, looks_like_bus_id, match_uuid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from entrypoint.nvml import Card, MigDevice
+    from gpupin.entrypoint.nvml import Card, MigDevice
 
 _SPEC_HINT = "name a card by UUID (or a unique prefix: GPU-1c5e), NVML index (0) or bus id (3b:00.0); `hostagent ls`"
 

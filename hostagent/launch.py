@@ -3,7 +3,7 @@
 Order matters for "nothing started or lost on refusal": the request, the GPUs and the image are checked before
 anything is created; a container that was created but could not be started is removed; a hostagent interrupted
 between create and start removes what it created (and one killed outright leaves a created, never-started
-container, which holds no card: see hostagent.ledger).
+container, which holds no card: see gpupin.hostagent.ledger).
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ import sys
 import threading
 import time
 
-from entrypoint import nvml
-from entrypoint.errors import UsageError
-from hostagent import engine, gpus, ledger
-from hostagent.errors import CardHeldError, DockerRefusedError
-from hostagent.request import ContainerSpec, RunRequest
+from gpupin.entrypoint import nvml
+from gpupin.entrypoint.errors import UsageError
+from gpupin.hostagent import engine, gpus, ledger
+from gpupin.hostagent.errors import CardHeldError, DockerRefusedError
+from gpupin.hostagent.request import ContainerSpec, RunRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from typing import Any
 
-    from entrypoint.nvml import Card
+    from gpupin.entrypoint.nvml import Card
 
 POLL_S = 0.5  # how often a --wait request looks at the ledger again
 

@@ -17,14 +17,14 @@ import fcntl
 import os
 import time
 
-from entrypoint.identity import BusId, is_uuid_like, looks_like_bus_id, match_uuid
+from gpupin.entrypoint.identity import BusId, is_uuid_like, looks_like_bus_id, match_uuid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-    from entrypoint.nvml import Card
+    from gpupin.entrypoint.nvml import Card
 
 LABEL = "gpupin.devices"
 SHARED_LABEL = "gpupin.shared"

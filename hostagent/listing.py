@@ -6,17 +6,17 @@ the listing says so; a card NVML cannot read is shown as such.
 
 from __future__ import annotations
 
-from entrypoint import nvml
-from entrypoint.errors import GpupinError
-from hostagent import engine
-from hostagent.ledger import Holder
+from gpupin.entrypoint import nvml
+from gpupin.entrypoint.errors import GpupinError
+from gpupin.hostagent import engine
+from gpupin.hostagent.ledger import Holder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from entrypoint.nvml import Card
+    from gpupin.entrypoint.nvml import Card
 
 MIB = 1024 * 1024
 

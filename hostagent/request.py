@@ -8,16 +8,16 @@ import math
 import re
 import shlex
 
-from entrypoint.errors import UsageError
-from entrypoint.expectation import EXPECT_VAR
-from hostagent.ledger import LABEL, SHARED_LABEL
+from gpupin.entrypoint.errors import UsageError
+from gpupin.entrypoint.expectation import EXPECT_VAR
+from gpupin.hostagent.ledger import LABEL, SHARED_LABEL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from hostagent.gpus import Pick
+    from gpupin.hostagent.gpus import Pick
 
 # Variables hostagent owns: a request that sets them by hand would defeat the pin.
 OWNED_VARS = (EXPECT_VAR, "NVIDIA_VISIBLE_DEVICES")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.align import CudaDevice, check_devices, plan, uuid_hex
-from entrypoint.errors import ExpectationError, MisalignedError
-from entrypoint.expectation import parse_expect
-from entrypoint.identity import BusId
-from entrypoint.nvml import Card, MigDevice
+from gpupin.entrypoint.align import CudaDevice, check_devices, plan, uuid_hex
+from gpupin.entrypoint.errors import ExpectationError, MisalignedError
+from gpupin.entrypoint.expectation import parse_expect
+from gpupin.entrypoint.identity import BusId
+from gpupin.entrypoint.nvml import Card, MigDevice
 
 A800 = "GPU-5f1d2c3b-8a9e-4b7c-a1d2-e3f4a5b6c7d8"
 RTX = "GPU-1c5e8f3a-4b2d-4f0e-9a7c-2d3e4f5a6b7c"

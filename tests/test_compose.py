@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from entrypoint.identity import BusId
-from entrypoint.nvml import Card
-from hostagent import compose
-from hostagent.compose import GpuRequest, ServiceError
-from hostagent.ledger import Holder, held
+from gpupin.entrypoint.identity import BusId
+from gpupin.entrypoint.nvml import Card
+from gpupin.hostagent import compose
+from gpupin.hostagent.compose import GpuRequest, ServiceError
+from gpupin.hostagent.ledger import Holder, held
 from tests.conftest import REPO, TEST_IMAGE, Sandbox, docker_required, gpu_uuids, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF

@@ -4,7 +4,7 @@ host:       the installed console script on the simulated host (bare metal: NVML
 container:  the project's image (`gpupin:test`, built from the Dockerfile) on the sandboxed daemon, started with
             `docker run --gpus ...`: the fake runtime hook exposes just the asked cards, as the real one does
 
-The workload `{py} -m entrypoint` prints what cuda:k is from inside the process (the CUDA driver's answer under
+The workload `{py} -m gpupin.entrypoint` prints what cuda:k is from inside the process (the CUDA driver's answer under
 the environment the entrypoint set), so the tests check what a job would really get, not what was printed.
 """
 
@@ -347,7 +347,7 @@ def test_bare_metal_picks_two_of_eight_identical_cards_by_uuid(fakegpu: Path) ->
 
 def test_the_python_api_refuses_a_rewritten_cuda_visible_devices(fakegpu: Path) -> None:
     # What a launcher that rewrites CUDA_VISIBLE_DEVICES after the entrypoint does: assert_pinned() catches it.
-    code = ("from entrypoint import assert_pinned\n"
+    code = ("from gpupin.entrypoint import assert_pinned\n"
             "try:\n    assert_pinned()\nexcept Exception as e:\n    print(type(e).__name__, e.exit_code)\n")
     env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX)
     p = subprocess.run([ENTRYPOINT, "--quiet", "sh", "-c", f"CUDA_VISIBLE_DEVICES=0 {sys.executable} -c '{code}'"],

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.errors import ExpectationError
-from entrypoint.expectation import ExpectedCard, format_expect, from_environ, parse_expect
-from entrypoint.identity import BusId
+from gpupin.entrypoint.errors import ExpectationError
+from gpupin.entrypoint.expectation import ExpectedCard, format_expect, from_environ, parse_expect
+from gpupin.entrypoint.identity import BusId
 
 U1 = "GPU-b7f5fec9-b46a-cafb-c72e-03faa22cc009"
 U2 = "GPU-bd66e15d-bea0-a04a-ba15-aa76757c09e1"

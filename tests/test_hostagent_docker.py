@@ -66,7 +66,7 @@ def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
 
 
 def saw(out: str) -> list[str]:
-    """The UUIDs the workload saw at cuda:0, cuda:1, ... (from `python3 -m entrypoint`)."""
+    """The UUIDs the workload saw at cuda:0, cuda:1, ... (from `python3 -m gpupin.entrypoint`)."""
     return re.findall(r"^cuda:\d+ = (\S+) at .*, as expected$", out, re.M)
 
 

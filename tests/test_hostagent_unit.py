@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.errors import GpuSpecError, GpuUnavailableError, UsageError
-from entrypoint.identity import BusId
-from entrypoint.nvml import Card, MigDevice
-from hostagent.cli import _normalise_wait, build_parser
-from hostagent.gpus import choose_free, free_cards, resolve_spec, resolve_specs
-from hostagent.ledger import Holder, HostLock, foreign_holder, held, pinned_holder
-from hostagent.request import ContainerSpec, RunRequest
+from gpupin.entrypoint.errors import GpuSpecError, GpuUnavailableError, UsageError
+from gpupin.entrypoint.identity import BusId
+from gpupin.entrypoint.nvml import Card, MigDevice
+from gpupin.hostagent.cli import _normalise_wait, build_parser
+from gpupin.hostagent.gpus import choose_free, free_cards, resolve_spec, resolve_specs
+from gpupin.hostagent.ledger import Holder, HostLock, foreign_holder, held, pinned_holder
+from gpupin.hostagent.request import ContainerSpec, RunRequest
 
 A800 = "GPU-6c39be0e-975a-4001-aa66-fb43d08d0e16"
 RTX = "GPU-95c6a38a-fc69-47e6-82a4-2cdea89770cb"

@@ -41,7 +41,7 @@ def cards() -> list[tuple[str, str]]:
 
 
 def entrypoint(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "entrypoint.cli", *args], env=real_env(**env),
+    return subprocess.run([sys.executable, "-m", "gpupin.entrypoint.cli", *args], env=real_env(**env),
                           capture_output=True, text=True, timeout=300)
 
 
@@ -90,7 +90,7 @@ def test_assert_pinned_in_a_torch_workload_catches_a_rewritten_cuda_visible_devi
     u1, b1 = cards()[1]
     code = ("import os; os.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
             "import torch; torch.cuda.init()\n"
-            "from entrypoint import assert_pinned\n"
+            "from gpupin.entrypoint import assert_pinned\n"
             "try:\n    assert_pinned()\n    print('not caught')\n"
             "except Exception as e:\n    print('caught', type(e).__name__, e.exit_code)\n")
     r = entrypoint("--quiet", sys.executable, "-c", code, GPUPIN_EXPECT=f"{u1}@{b1}")

@@ -17,7 +17,7 @@ U0=${ROWS[0]%,*} B0=${ROWS[0]#*,} U1=${ROWS[1]%,*} B1=${ROWS[1]#*,}
 WHO='import torch; [print(f"workload: cuda:{k} = GPU-{torch.cuda.get_device_properties(k).uuid}") for k in range(torch.cuda.device_count())]'
 
 echo; echo "### 1. aligned: the second card, by UUID and bus id"
-show env GPUPIN_EXPECT="$U1@$B1" gpupin-entrypoint python3 -m entrypoint
+show env GPUPIN_EXPECT="$U1@$B1" gpupin-entrypoint python3 -m gpupin.entrypoint
 echo; echo "### 2. misaligned: the first card's UUID with the second card's bus id"
 show env GPUPIN_EXPECT="$U0@$B1" gpupin-entrypoint python3 -c 'print("WORKLOAD STARTED")'
 echo; echo "### 3. two cards in reversed order"
@@ -26,7 +26,7 @@ echo; echo "### 4. the torch level, and an inherited CUDA_VISIBLE_DEVICES that m
 show env GPUPIN_EXPECT="$U1@$B1" CUDA_VISIBLE_DEVICES=0 gpupin-entrypoint --verify torch python3 -c "$WHO"
 echo; echo "### 5. a launcher that rewrites CUDA_VISIBLE_DEVICES after the entrypoint: assert_pinned() catches it"
 show env GPUPIN_EXPECT="$U1@$B1" gpupin-entrypoint --quiet sh -c \
-    'CUDA_VISIBLE_DEVICES=0 python3 -c "import torch; torch.cuda.init(); from entrypoint import assert_pinned; assert_pinned()" 2>&1 | tail -1'
+    'CUDA_VISIBLE_DEVICES=0 python3 -c "import torch; torch.cuda.init(); from gpupin.entrypoint import assert_pinned; assert_pinned()" 2>&1 | tail -1'
 echo; echo "### 6. no expectation: the mapping is reported; --require refuses"
 show gpupin-entrypoint --verify cuda true
 show gpupin-entrypoint --require true

@@ -27,7 +27,7 @@ run hostagent ls
 bold "2. The naive way: ask for nvidia-smi's GPU 1 (the 4090) with CUDA_VISIBLE_DEVICES=1"
 note "CUDA's default order is FASTEST_FIRST: the 4090 (compute capability 8.9) is CUDA's 0, so CUDA's 1 is the"
 note "A800 at 1B:00.0. Nothing errors; the job just lands on the wrong card:"
-run docker run --rm --gpus all -e CUDA_VISIBLE_DEVICES=1 --entrypoint python3 "$IMAGE" -m entrypoint
+run docker run --rm --gpus all -e CUDA_VISIBLE_DEVICES=1 --entrypoint python3 "$IMAGE" -m gpupin.entrypoint
 
 bold "3. The same container through gpupin-entrypoint, told which card was meant"
 note "It sets CUDA_DEVICE_ORDER=PCI_BUS_ID, derives CUDA_VISIBLE_DEVICES, and asks the CUDA driver what cuda:0 is:"
@@ -41,7 +41,7 @@ bold "5. Two jobs, one card: the second is refused (75) instead of silently shar
 run hostagent run -d --rm --name demo-holder --gpu 1 "$IMAGE" sleep 4
 run hostagent run --rm --gpu 1 "$IMAGE"
 note "with --wait it runs as soon as the card is free:"
-run hostagent run --rm --gpu 1 --wait 30 "$IMAGE" --quiet python3 -m entrypoint
+run hostagent run --rm --gpu 1 --wait 30 "$IMAGE" --quiet python3 -m gpupin.entrypoint
 
 bold "6. A container runtime that exposes another card than the one asked for"
 note "restarting the sandbox with the fault-misroute topology: asking for the 4090 exposes the A800 at 86:00.0"
