@@ -10,17 +10,21 @@ HOST_PYTHON := $(shell $(PY) -c 'import sys; print(sys.executable)' 2>/dev/null)
 FAKEGPU := $(CURDIR)/build/fakegpu
 export FAKEGPU_TOPOLOGY ?= $(CURDIR)/tests/fakegpu/scenarios/mixed-4.json
 SANDBOX := tests/sandbox/sandbox.sh
-SANDBOX_HOST := unix:///run/gpupin-sandbox/docker.sock
+# GPUPIN_SANDBOX_NAME=NAME runs one more sandbox beside the default one (a second checkout, a helper's worktree).
+export GPUPIN_SANDBOX_NAME ?=
+SANDBOX_RUN := /run/gpupin-sandbox$(if $(GPUPIN_SANDBOX_NAME),-$(GPUPIN_SANDBOX_NAME))
+SANDBOX_HOST := unix://$(SANDBOX_RUN)/docker.sock
 # What the host-side tools need to see the simulated cards (the same topology as the sandbox's hook).
 SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TOPOLOGY=$(FAKEGPU_TOPOLOGY)
 TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
-.PHONY: help setup fakegpu sandbox-up sandbox-down sandbox-purge wheels image image-test test lint bench demo clean
+.PHONY: help setup fakegpu sandbox-up sandbox-down sandbox-purge wheels image image-test test test-unit lint bench demo clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
 	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test"
+	@echo "make test-unit     the tests that need no Docker daemon (a minute)"
 	@echo "make lint          ruff and mypy"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
@@ -65,10 +69,17 @@ image: wheels
 image-test: wheels sandbox-up
 	DOCKER_HOST=$(SANDBOX_HOST) /usr/bin/docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . >/dev/null
 
-# Every test; tests that need the daemon fail (not skip) here. pytest's 5 ("no tests ran") is a failure.
+# pytest's 5 ("no tests ran") is a failure: a run that tested nothing never passes as green.
+PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
+	  if [ $$rc = 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# Every test; tests that need the daemon fail (not skip) here.
 test: image-test
-	@$(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 $(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	  if [ $$rc = 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1; $(call PYTEST,$(PYTEST_ARGS))
+
+# The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no image.
+test-unit: fakegpu
+	@export $(SIMHOST); $(call PYTEST,-m "not docker and not gpu" $(PYTEST_ARGS))
 
 # mypy reads the packages through a link tree named as they are imported (gpupin.entrypoint, gpupin.hostagent).
 lint: setup

@@ -21,7 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 FAKEGPU = REPO / "build" / "fakegpu"
 SCENARIOS = REPO / "tests" / "fakegpu" / "scenarios"
 SANDBOX_SCRIPT = REPO / "tests" / "sandbox" / "sandbox.sh"
-SANDBOX_HOST = "unix:///run/gpupin-sandbox/docker.sock"
+# GPUPIN_SANDBOX_NAME selects one more sandbox beside the default one (as sandbox.sh and the Makefile do).
+SANDBOX_NAME = os.environ.get("GPUPIN_SANDBOX_NAME", "")
+SANDBOX_RUN = Path("/run/gpupin-sandbox" + (f"-{SANDBOX_NAME}" if SANDBOX_NAME else ""))
+SANDBOX_HOST = f"unix://{SANDBOX_RUN}/docker.sock"
 TEST_IMAGE = "gpupin:test"
 DOCKER_CLI = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
 
@@ -89,7 +92,7 @@ class Sandbox:
         subprocess.run([str(SANDBOX_SCRIPT), "up"], env=env, check=True, capture_output=True, timeout=600)
 
     def topology_name(self) -> str:
-        config = Path("/run/gpupin-sandbox/config").read_text().split()
+        config = (SANDBOX_RUN / "config").read_text().split()
         return Path(config[1]).stem
 
 
@@ -114,7 +117,7 @@ def sandbox(fakegpu: Path) -> Iterator[Sandbox]:
         _fail_or_skip(f"the image {TEST_IMAGE} is missing (`make image-test` builds it)")
     yield sb
     # Whatever a test changed, leave the sandbox on the default topology for the next one.
-    if Path("/run/gpupin-sandbox/config").exists() and sb.topology_name() != "mixed-4":
+    if (SANDBOX_RUN / "config").exists() and sb.topology_name() != "mixed-4":
         sb.restart("mixed-4")
 
 
@@ -123,6 +126,17 @@ def mixed4_sandbox(sandbox: Sandbox) -> Sandbox:
     if sandbox.topology_name() != "mixed-4":
         sandbox.restart("mixed-4")
     return sandbox
+
+
+DOCKER_FIXTURES = frozenset({"sandbox", "mixed4_sandbox"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that needs the daemon, from the fixtures it uses (directly or through another fixture), so
+    that `-m "not docker"` (make test-unit) is a true daemon-free run."""
+    for item in items:
+        if DOCKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.docker)
 
 
 def real_gpu_count() -> int:

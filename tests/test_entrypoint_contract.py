@@ -63,7 +63,7 @@ class Entrypoint:
         return Result(p.returncode, p.stdout, p.stderr)
 
 
-@pytest.fixture(params=["host", "container"])
+@pytest.fixture(params=["host", pytest.param("container", marks=pytest.mark.docker)])
 def ep(request: pytest.FixtureRequest, fakegpu: Path) -> Entrypoint:
     if request.param == "container":
         return Entrypoint("container", request.getfixturevalue("mixed4_sandbox"))
@@ -84,7 +84,7 @@ def one_error_line(err: str) -> str:
 # --- the pin is proved, and the workload sees the asked card --------------------------------------------------
 
 def test_aligned_card_execs_and_the_workload_sees_it(ep: Entrypoint) -> None:
-    r = ep.run("{py}", "-m", "entrypoint", env={"GPUPIN_EXPECT": f"{RTX}@3b:00.0"}, gpus=device(RTX))
+    r = ep.run("{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": f"{RTX}@3b:00.0"}, gpus=device(RTX))
     assert r.rc == 0, r
     assert f"cuda:0 = {RTX} at 00000000:3B:00.0 (NVIDIA GeForce RTX 4090), as expected" in r.out
     assert f"cuda:0  {RTX}  00000000:3B:00.0  NVIDIA GeForce RTX 4090  (local rank 0)" in r.err
@@ -92,7 +92,7 @@ def test_aligned_card_execs_and_the_workload_sees_it(ep: Entrypoint) -> None:
 
 
 def test_reversed_two_card_expectation_puts_each_card_at_its_rank(ep: Entrypoint) -> None:
-    r = ep.run("{py}", "-m", "entrypoint", env={"GPUPIN_EXPECT": f"{A800C},{RTX}"}, gpus=device(RTX, A800C))
+    r = ep.run("{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": f"{A800C},{RTX}"}, gpus=device(RTX, A800C))
     assert r.rc == 0, r
     assert r.out.splitlines() == [
         f"cuda:0 = {A800C} at 00000000:AF:00.0 (NVIDIA A800-SXM4-80GB), as expected",
@@ -114,7 +114,7 @@ def test_an_inherited_cuda_visible_devices_is_overridden_and_reported(ep: Entryp
 
 def test_nvidia_visible_devices_uuids_are_the_expectation(ep: Entrypoint) -> None:
     env = {} if ep.mode == "container" else {"NVIDIA_VISIBLE_DEVICES": f"{A800B},{A800}"}
-    r = ep.run("{py}", "-m", "entrypoint", env=env, gpus=device(A800B, A800))
+    r = ep.run("{py}", "-m", "gpupin.entrypoint", env=env, gpus=device(A800B, A800))
     assert r.rc == 0, r
     assert "expectation from NVIDIA_VISIBLE_DEVICES" in r.err
     assert r.out.splitlines()[0].startswith(f"cuda:0 = {A800B} at 00000000:86:00.0")
@@ -122,7 +122,7 @@ def test_nvidia_visible_devices_uuids_are_the_expectation(ep: Entrypoint) -> Non
 
 
 def test_swarm_generic_resources_are_the_expectation(ep: Entrypoint) -> None:
-    r = ep.run("{py}", "-m", "entrypoint", env={"DOCKER_RESOURCE_GPU": A800C[:12]}, gpus="all")
+    r = ep.run("{py}", "-m", "gpupin.entrypoint", env={"DOCKER_RESOURCE_GPU": A800C[:12]}, gpus="all")
     assert r.rc == 0, r
     assert "expectation from DOCKER_RESOURCE_GPU" in r.err
     assert r.out.startswith(f"cuda:0 = {A800C} at 00000000:AF:00.0")
@@ -339,7 +339,7 @@ def test_mig_expectation_selects_the_mig_device_by_uuid(fakegpu: Path) -> None:
 def test_bare_metal_picks_two_of_eight_identical_cards_by_uuid(fakegpu: Path) -> None:
     cards = gpu_uuids("dgx-8")
     env = simhost_env("dgx-8", GPUPIN_EXPECT=f"{cards[6]},{cards[2]}")
-    p = subprocess.run([ENTRYPOINT, "--quiet", sys.executable, "-m", "entrypoint"], env=env, capture_output=True,
+    p = subprocess.run([ENTRYPOINT, "--quiet", sys.executable, "-m", "gpupin.entrypoint"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert [ln.split()[2] for ln in p.stdout.splitlines()] == [cards[6], cards[2]]

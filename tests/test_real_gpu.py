@@ -52,7 +52,7 @@ def saw(out: str) -> list[str]:
 def test_each_card_aligned_execs_and_the_workload_sees_it() -> None:
     need(1)
     for uuid, bus in cards():
-        r = entrypoint(sys.executable, "-m", "entrypoint", GPUPIN_EXPECT=f"{uuid}@{bus}")
+        r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", GPUPIN_EXPECT=f"{uuid}@{bus}")
         assert r.returncode == 0, r.stderr
         assert saw(r.stdout) == [uuid]
 
@@ -68,7 +68,7 @@ def test_uuid_of_one_card_with_the_bus_of_the_other_is_refused() -> None:
 def test_reversed_pair_gives_1_0_and_cuda0_is_the_first_expected() -> None:
     need(2)
     (u0, b0), (u1, b1) = cards()[:2]
-    r = entrypoint(sys.executable, "-m", "entrypoint", GPUPIN_EXPECT=f"{u1}@{b1},{u0}@{b0}")
+    r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", GPUPIN_EXPECT=f"{u1}@{b1},{u0}@{b0}")
     assert r.returncode == 0, r.stderr
     assert "CUDA_VISIBLE_DEVICES=1,0" in r.stderr
     assert saw(r.stdout) == [u1, u0]

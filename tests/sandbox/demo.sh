@@ -5,7 +5,7 @@ set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SANDBOX=$REPO/tests/sandbox/sandbox.sh
-export DOCKER_HOST=${DOCKER_HOST:-unix:///run/gpupin-sandbox/docker.sock}
+export DOCKER_HOST=${DOCKER_HOST:-unix:///run/gpupin-sandbox${GPUPIN_SANDBOX_NAME:+-$GPUPIN_SANDBOX_NAME}/docker.sock}
 export LD_LIBRARY_PATH=$REPO/build/fakegpu/lib
 export FAKEGPU_TOPOLOGY=${FAKEGPU_TOPOLOGY:-$REPO/tests/fakegpu/scenarios/mixed-4.json}
 export PATH=$REPO/.venv/bin:$PATH
