@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.entrypoint.nvml import Card
+    from gpupin.entrypoint.resolve import Target
 
 POLL_S = 0.5  # how often a --wait request looks at the ledger again
 
@@ -54,7 +55,7 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
-def _conflicts(picks: Sequence[gpus.Pick], busy: dict[str, list[ledger.Holder]]) -> list[str]:
+def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) -> list[str]:
     """One line per asked card that someone holds (a whole card, its MIG devices, or its parent)."""
     out = []
     for p in picks:
@@ -74,8 +75,8 @@ def _held_error(req: RunRequest, why: list[str], waited: float | None) -> CardHe
     )
 
 
-def _pick(req: RunRequest, cards: Sequence[Card], picks: list[gpus.Pick] | None,
-          busy: dict[str, list[ledger.Holder]]) -> tuple[list[gpus.Pick] | None, list[str]]:
+def _pick(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
+          busy: dict[str, list[ledger.Holder]]) -> tuple[list[Target] | None, list[str]]:
     """The cards to use now, or None and why not."""
     if req.count is not None:
         chosen = gpus.choose_free(req.count, cards, busy)
@@ -200,7 +201,7 @@ def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched |
         time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
 
 
-def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[gpus.Pick] | None,
+def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
                   env: dict[str, str]) -> ContainerSpec:
     if picks is None:
         # --count needs the ledger; without a daemon, say that the choice ignores who holds what.

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpupin.hostagent.gpus import Pick
+    from gpupin.entrypoint.resolve import Target
 
 # Variables hostagent owns: a request that sets them by hand would defeat the pin.
 OWNED_VARS = (EXPECT_VAR, "NVIDIA_VISIBLE_DEVICES")
@@ -101,7 +101,7 @@ def _read_env_file(path: str, environ: Mapping[str, str]) -> list[tuple[str, str
     return out
 
 
-def environment(req: RunRequest, picks: Sequence[Pick], environ: Mapping[str, str]) -> dict[str, str]:
+def environment(req: RunRequest, picks: Sequence[Target], environ: Mapping[str, str]) -> dict[str, str]:
     """The container's environment: --env-file, then -e (as docker orders them), then what pins the GPUs."""
     env: dict[str, str] = {}
     for path in req.env_files:
@@ -125,7 +125,7 @@ def environment(req: RunRequest, picks: Sequence[Pick], environ: Mapping[str, st
     return env
 
 
-def labels(req: RunRequest, picks: Sequence[Pick]) -> dict[str, str]:
+def labels(req: RunRequest, picks: Sequence[Target]) -> dict[str, str]:
     out: dict[str, str] = {}
     for spec in req.labels:
         key, _, value = spec.partition("=")
@@ -139,7 +139,7 @@ def labels(req: RunRequest, picks: Sequence[Pick]) -> dict[str, str]:
 class ContainerSpec:
     """Everything the container is created with, in one place: the API call and the dry-run both read it."""
 
-    def __init__(self, req: RunRequest, picks: Sequence[Pick], environ: Mapping[str, str]) -> None:
+    def __init__(self, req: RunRequest, picks: Sequence[Target], environ: Mapping[str, str]) -> None:
         self.req = req
         self.picks = list(picks)
         self.env = environment(req, picks, environ)

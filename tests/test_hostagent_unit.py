@@ -43,12 +43,12 @@ def test_every_spec_form_names_the_same_card(spec: str) -> None:
 
 
 @pytest.mark.parametrize(("spec", "says"), [
-    ("4", "GPU index 4 is out of range: this host has 4 card(s) (0-3)"),
+    ("4", "GPU index 4 is out of range: this host has 4 card(s) (0 = GPU-6c39be0e-975a-4001-aa66-fb43d08d0e16 at"),
     ("GPU-6c", "ambiguous"),
     ("GPU-ffff", "no card's UUID starts with"),
     ("5e:00.0", "no card at bus id 00000000:5E:00.0"),
     ("zz:00.0", "malformed PCI bus id"),
-    ("fastest", "is not a GPU UUID, index or bus id"),
+    ("fastest", "is not a GPU UUID, index, bus id or MIG device"),
     ("", "empty"),
 ])
 def test_bad_specs_are_64_with_the_reason(spec: str, says: str) -> None:
