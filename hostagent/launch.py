@@ -128,7 +128,7 @@ class Launched:
 
 def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launched:
     try:
-        cid = api.create_container(**spec.create_kwargs(api))["Id"]
+        cid = api.create_container_from_config(spec.config(api.api_version), spec.req.name)["Id"]
     except Exception as err:
         if engine.is_api_error(err):
             raise engine.refused(err, "Docker refused to create the container") from None
@@ -167,13 +167,12 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launch
         raise
 
 
-def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched | ContainerSpec:
+def launch(req: RunRequest) -> Launched | ContainerSpec:
     """Everything up to a started container (or, with --dry-run, up to its spec)."""
-    env = dict(os.environ) if environ is None else environ
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
     picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
     if req.dry_run:
-        return _dry_run_spec(req, cards, picks, env)
+        return _dry_run_spec(req, cards, picks)
     api = engine.connect()
     ensure_image(api, req)
     lock = ledger.HostLock(engine.docker_host())
@@ -186,7 +185,7 @@ def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched |
             busy = ledger.held(engine.read_holders(api, cards))
             chosen, why = _pick(req, cards, picks, busy)
             if chosen is not None:
-                spec = ContainerSpec(req, chosen, env)
+                spec = ContainerSpec(req, chosen)
                 return _create_and_start(api, spec, foreground=not req.detach)
         finally:
             lock.release()
@@ -201,8 +200,7 @@ def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched |
         time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
 
 
-def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
-                  env: dict[str, str]) -> ContainerSpec:
+def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None) -> ContainerSpec:
     if picks is None:
         # --count needs the ledger; without a daemon, say that the choice ignores who holds what.
         busy: dict[str, list[ledger.Holder]] = {}
@@ -213,7 +211,7 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
         picks, why = _pick(req, cards, None, busy)
         if picks is None:
             raise _held_error(req, why, None)
-    return ContainerSpec(req, picks, env)
+    return ContainerSpec(req, picks)
 
 
 def follow(launched: Launched) -> int:

@@ -186,7 +186,7 @@ def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> 
     assert r.stdout.rstrip().endswith(f"{TEST_IMAGE} python3 train.py")
     r = agent("run", "--dry-run", "--json", "--gpu", "1", TEST_IMAGE)
     payload = json.loads(r.stdout)
-    assert payload["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [RTX]
+    assert payload["config"]["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [RTX]
     assert agent.containers() == []
 
 
