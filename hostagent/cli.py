@@ -12,6 +12,7 @@ import json
 import math
 import sys
 
+from gpupin.entrypoint import __version__
 from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import runopts
 from gpupin.hostagent.errors import InternalError
@@ -102,25 +103,41 @@ def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tupl
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one `ERROR: ... HINT: ...` line and exit 64, like every other refusal."""
 
+    argv: Sequence[str] = ()  # what main() was given, for the hint's subcommand
+
+    def _subcommands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+    @staticmethod
+    def refuse(message: str, hint: str) -> NoReturn:
+        sys.stderr.write(f"{PROG}: ERROR: {message}. HINT: {hint}\n")
+        sys.exit(EX_USAGE)
+
     def error(self, message: str) -> NoReturn:
-        hint = f"see `{self.prog} --help`"
+        # argparse reports a subcommand's unknown options from the top parser: suggest from, and point to, the
+        # subcommand that was asked for.
+        command = next((a for a in self.argv if a in self._subcommands()), None) if self.prog == PROG else None
+        where = f"{PROG} {command}" if command else self.prog
+        hint = f"see `{where} --help`"
         if message.startswith("unrecognized arguments: "):
             import difflib
 
             word = message.split(": ", 1)[1].split()[0].split("=")[0]
-            flags = [f for a in self._actions for f in a.option_strings]
+            parser = self._subcommands().get(command or "", self)
+            flags = [f for a in parser._actions for f in a.option_strings]
             close = difflib.get_close_matches(word, flags, n=1)
             if close:
                 hint = f"did you mean {close[0]}? {hint}"
-            elif word.startswith("-") and self.prog.endswith(" run"):
-                hint = f"hostagent run takes the docker run options it lists; {hint}"
-        sys.stderr.write(f"{PROG}: ERROR: {message}. HINT: {hint}\n")
-        sys.exit(EX_USAGE)
+        self.refuse(message, hint)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--debug", action="store_true", help="print a traceback with an error")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     ls = sub.add_parser("ls", help="list the cards, their memory and load, and who holds them",
@@ -206,6 +223,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a running container's output is its own)")
+    if args.interactive and args.tty and not args.dry_run and not sys.stdin.isatty():
+        raise UsageError("-it needs a terminal, but the input is not a TTY", "drop -t to pipe input with -i")
     req = RunRequest(args.image, args.cmd, gpus=args.gpus, count=args.count, share=args.share, wait=args.wait,
                      verify=args.verify, dry_run=args.dry_run,
                      **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS})
@@ -251,11 +270,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as err:
             return _error(InternalError(f"internal error: {type(err).__name__}: {err}"), fast.debug)
     parser = build_parser()
+    parser.argv = raw
     try:
         run_at = raw.index("run") if "run" in raw else -1
         if run_at >= 0 and all(a.startswith("-") for a in raw[:run_at]):
             # `hostagent [--debug] run OPTIONS IMAGE COMMAND...`: argparse sees the options only.
             options, image, cmd = split_run_argv(raw[run_at + 1:], _subparser(parser, "run"))
+            for word in options:
+                name = word.split("=", 1)[0]
+                if name in runopts.REFUSED:
+                    _Parser.refuse(f"hostagent run does not take {name}", runopts.REFUSED[name])
             args = parser.parse_args([*raw[:run_at + 1], *options])
             args.image, args.cmd = image, cmd
         else:

@@ -32,12 +32,15 @@ OWNED_LABELS = (LABEL, SHARED_LABEL)
 class Pin:
     """The pin of one container (or compose service) to its cards, in local-rank order."""
 
-    __slots__ = ("share", "targets", "verify")
+    __slots__ = ("capabilities", "share", "targets", "verify")
 
-    def __init__(self, targets: Sequence[Target], share: bool = False, verify: str | None = None) -> None:
+    def __init__(self, targets: Sequence[Target], share: bool = False, verify: str | None = None,
+                 capabilities: Sequence[str] = ()) -> None:
         self.targets = list(targets)
         self.share = share
         self.verify = verify
+        # NVIDIA driver capabilities (compute, utility, ...): the daemon turns them into NVIDIA_DRIVER_CAPABILITIES.
+        self.capabilities = list(capabilities)
 
     @property
     def uuids(self) -> list[str]:
@@ -57,21 +60,25 @@ class Pin:
 
     def device_request(self) -> dict[str, Any]:
         """The Engine API's DeviceRequest (HostConfig.DeviceRequests[0])."""
-        return {"Driver": "nvidia", "Count": 0, "DeviceIDs": self.uuids, "Capabilities": [["gpu"]], "Options": {}}
+        return {"Driver": "nvidia", "Count": 0, "DeviceIDs": self.uuids, "Capabilities": [["gpu", *self.capabilities]],
+                "Options": {}}
 
     def sdk_device_request(self) -> Any:
         """The same request as the docker SDK's own type, which validates itself."""
         from docker.types import DeviceRequest
 
-        return DeviceRequest(driver="nvidia", device_ids=self.uuids, capabilities=[["gpu"]])
+        return DeviceRequest(driver="nvidia", device_ids=self.uuids, capabilities=[["gpu", *self.capabilities]])
 
     def compose_device(self) -> dict[str, Any]:
         """The same request as a compose file writes it (deploy.resources.reservations.devices[]), by UUID."""
-        return {"driver": "nvidia", "device_ids": self.uuids, "capabilities": ["gpu"]}
+        return {"driver": "nvidia", "device_ids": self.uuids, "capabilities": ["gpu", *self.capabilities]}
 
     def docker_run_args(self) -> list[str]:
         """The same request as `docker run` options: --gpus reads CSV, so a list of ids is quoted inside."""
-        return ["--gpus", '"device=' + ",".join(self.uuids) + '"']
+        value = '"device=' + ",".join(self.uuids) + '"'
+        if self.capabilities:
+            value += ',"capabilities=' + ",".join(self.capabilities) + '"'
+        return ["--gpus", value]
 
     def __repr__(self) -> str:
         return f"Pin({', '.join(self.uuids)}{', shared' if self.share else ''})"

@@ -80,6 +80,18 @@ class RunRequest:
         value = self.options["stop_timeout"]
         return None if value is None else int(value)
 
+    @property
+    def interactive(self) -> bool:
+        return bool(self.options["interactive"])
+
+    @property
+    def tty(self) -> bool:
+        return bool(self.options["tty"])
+
+    @property
+    def sig_proxy(self) -> bool:
+        return bool(self.options["sig_proxy"] != "false")
+
     def validate(self) -> None:
         """Every check that needs no I/O, so that a bad request is refused before NVML or Docker is asked."""
         if not self.image:
@@ -101,16 +113,12 @@ class RunRequest:
             raise UsageError(f"unknown --verify level {self.verify!r}", "use nvml, cuda or torch")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
-        for opt in runopts.OPTIONS:
-            value = self.options[opt.dest]
-            if opt.choices and value is not None and value not in opt.choices:
-                raise UsageError(f"unknown {opt.flags[-1]} value {value!r}", f"use {' or '.join(opt.choices)}")
-        shm = self.options["shm_size"]
-        if shm is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", shm):
-            raise UsageError(f"--shm-size {shm}: not a size", "give bytes or a size like 256m or 8g")
-        timeout = self.options["stop_timeout"]
-        if timeout is not None and (not str(timeout).lstrip("-").isdigit() or int(timeout) < 0):
-            raise UsageError(f"--stop-timeout {timeout}: give a whole number of seconds >= 0")
+        runopts.payload(self.options)  # every conversion is a check: bad text is refused here, by option name
+        self.capabilities = runopts.gpu_capabilities(self.options["gpu_capabilities"])
+        restart = self.options["restart"]
+        if self.rm and restart not in (None, "no"):
+            raise UsageError(f"--rm and --restart {restart} conflict: a container removed when it exits cannot "
+                             "be restarted", "drop one of them")
         for spec in self.options["labels"]:
             key = spec.split("=", 1)[0]
             if not key:
@@ -178,7 +186,7 @@ class ContainerSpec:
     def __init__(self, req: RunRequest, targets: Sequence[Target]) -> None:
         self.req = req
         self.targets = list(targets)
-        self.pin = Pin(targets, share=req.share, verify=req.verify)
+        self.pin = Pin(targets, share=req.share, verify=req.verify, capabilities=req.capabilities)
         self.env = {**req.user_env, **self.pin.env()}
         self.labels = labels(req, self.pin)
 
@@ -189,32 +197,31 @@ class ContainerSpec:
         from docker.types import ContainerConfig, HostConfig
 
         r = self.req
-        container: dict[str, Any] = {}
-        host: dict[str, Any] = {"device_requests": [self.pin.sdk_device_request()]}
-        for opt in runopts.OPTIONS:
-            value = r.options[opt.dest]
-            if value in (None, False, []) or not (opt.container or opt.host):
-                continue
-            (container if opt.container else host)[opt.container or opt.host or ""] = opt.sdk_value(value)
+        kw = runopts.payload(r.options)
         try:
-            host_config = HostConfig(version=version, **host)
+            host_config = HostConfig(version=version, device_requests=[self.pin.sdk_device_request()],
+                                     **kw[runopts.HOST])
             config: dict[str, Any] = ContainerConfig(
                 version, r.image, r.command or None, detach=r.detach, environment=self.env, labels=self.labels,
-                host_config=host_config, **container)
+                host_config=host_config, **kw[runopts.CONTAINER])
         except (DockerException, ValueError, TypeError) as err:
             raise UsageError(f"bad option: {err}", "see `hostagent run --help`") from None
         return config
 
+    def create_args(self) -> dict[str, Any]:
+        """The create call's own arguments beside the payload (name, platform)."""
+        return {"name": self.req.name, **runopts.payload(self.req.options)[runopts.CREATE]}
+
     def to_dict(self, version: str) -> dict[str, Any]:
-        """What --dry-run --json prints: the create payload, and the name it would be created under."""
-        return {"name": self.req.name, "config": self.config(version)}
+        """What --dry-run --json prints: the create payload, and the create call's other arguments."""
+        return {**self.create_args(), "config": self.config(version)}
 
     def docker_run_argv(self) -> list[str]:
         """The equivalent `docker run` command line, option by option from the same table."""
         r = self.req
         argv = ["docker", "run"]
         for opt in runopts.OPTIONS:
-            if opt.dest in ("env", "env_files", "labels"):
+            if opt.dest in ("env", "env_files", "labels", "gpu_capabilities"):
                 continue  # written below, merged with the pin's
             argv += opt.docker_args(r.options[opt.dest])
         argv += self.pin.docker_run_args()

@@ -198,7 +198,7 @@ def test_env_file_then_e_as_docker_orders_them(tmp_path: Path) -> None:
     ({"gpus": []}, "say which GPUs"),
     ({"gpus": ["1"], "count": 1}, "say which GPUs"),
     ({"verify": "fast"}, "unknown --verify"),
-    ({"pull": "always"}, "unknown --pull"),
+    ({"pull": "sometimes"}, "--pull sometimes: not one of missing, never, always"),
     ({"wait": -1.0}, "--wait"),
     ({"gpus": [], "count": 0}, "ask for at least one card"),
     ({"stop_timeout": "soon"}, "--stop-timeout"),
