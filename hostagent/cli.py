@@ -179,6 +179,13 @@ def build_parser() -> _Parser:
     o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
     o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
 
+    comp = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
+                          description="Print the shell completion script: eval \"$(hostagent completion bash)\" in "
+                                      "~/.bashrc, or eval \"$(hostagent completion zsh)\" in ~/.zshrc after compinit.")
+    comp.add_argument("shell", choices=["bash", "zsh"], help="the shell")
+    hidden = sub.add_parser("__complete")  # what completion asks at completion time (no help: not listed)
+    hidden.add_argument("what", choices=["gpus"])
+
     c = sub.add_parser("compose", help="pin compose services to physical GPUs",
                        description="Render or check compose files whose services ask for physical GPUs.")
     csub = c.add_subparsers(dest="compose_command", metavar="SUBCOMMAND")
@@ -294,6 +301,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "compose":
             return _cmd_compose(args)
+        if args.command == "completion":
+            from gpupin.hostagent import completion
+
+            return completion.main(args.shell, parser)
+        if args.command == "__complete":
+            from gpupin.hostagent.completion import gpu_specs
+
+            sys.stdout.write("".join(s + "\n" for s in gpu_specs()))
+            return 0
         parser.print_help()  # no command: help, as `docker` alone prints it
         return 0
     except GpupinError as err:
