@@ -19,7 +19,7 @@
 # CDI spec that the fake `nvidia-ctk cdi generate` writes from the topology); GPUPIN_SANDBOX_NAME (default empty:
 # one more sandbox beside the default one, e.g. for a second checkout, at /run/gpupin-sandbox-NAME; Engine 26's
 # instance of a name is NAME-26, so both engines run at once); GPUPIN_SANDBOX_STATE (default
-# /var/lib/gpupin-sandbox[-NAME][-26]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME][-26]);
+# /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]), each + -26 for Engine 26;
 # GPUPIN_CACHE (default /var/cache/gpupin: the debootstrap root file system, built once for every sandbox);
 # DEBOOTSTRAP_MIRROR (also the mirror Engine 26 comes from).
 set -euo pipefail
@@ -35,23 +35,26 @@ HINT: choose another name; GPUPIN_SANDBOX_ENGINE=26 selects the engine" >&2; exi
 ENGINE=${GPUPIN_SANDBOX_ENGINE:-20.10}
 case "$ENGINE" in
     20.10)
-        SUFFIX=${NAME:+-$NAME}
+        ENGINE_SUFFIX=
         # The Debian client matches the 20.10 daemon; a newer client elsewhere on PATH would still work, but this
         # one is what the tests and the benchmark compare against.
         DOCKER=/usr/bin/docker
         [ -x "$DOCKER" ] || DOCKER=$(command -v docker || echo /usr/bin/docker)
         DOCKERD=dockerd CONTAINERD=containerd ENGINE_PATH= ;;
     26)
-        SUFFIX=${NAME:+-$NAME}-26
+        ENGINE_SUFFIX=-26
         DOCKER=$ENGINE26_ROOT/usr/bin/docker DOCKERD=$ENGINE26_ROOT/usr/sbin/dockerd
         CONTAINERD=$ENGINE26_ROOT/usr/bin/containerd
         # containerd finds its shim, dockerd its containerd tools here; runc stays Debian 12's (/usr/sbin).
         ENGINE_PATH=$ENGINE26_ROOT/usr/sbin:$ENGINE26_ROOT/usr/bin:
         export DOCKER_CONFIG=$ENGINE26_DIR/docker-config ;;
-    *) echo "sandbox: ERROR: GPUPIN_SANDBOX_ENGINE=$ENGINE: the engines are 20.10 and 26" >&2; exit 64 ;;
+    *) echo "sandbox: ERROR: GPUPIN_SANDBOX_ENGINE=$ENGINE is no engine here. HINT: 20.10 (the default) or 26" >&2
+       exit 64 ;;
 esac
-STATE=${GPUPIN_SANDBOX_STATE:-/var/lib/gpupin-sandbox$SUFFIX}
-RUN=${GPUPIN_SANDBOX_RUN:-/run/gpupin-sandbox$SUFFIX}
+# The engine's suffix comes after an overridden folder too: two engines never share one.
+SUFFIX=${NAME:+-$NAME}$ENGINE_SUFFIX
+STATE=${GPUPIN_SANDBOX_STATE:-/var/lib/gpupin-sandbox${NAME:+-$NAME}}$ENGINE_SUFFIX
+RUN=${GPUPIN_SANDBOX_RUN:-/run/gpupin-sandbox${NAME:+-$NAME}}$ENGINE_SUFFIX
 SOCK=$RUN/docker.sock
 CTRD_SOCK=$RUN/containerd.sock
 DOCKERD_PID=$RUN/dockerd.pid
