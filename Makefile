@@ -10,6 +10,9 @@ HOST_PYTHON := $(shell $(PY) -c 'import sys; print(sys.executable)' 2>/dev/null)
 FAKEGPU := $(CURDIR)/build/fakegpu
 export FAKEGPU_TOPOLOGY ?= $(CURDIR)/tests/fakegpu/scenarios/mixed-4.json
 SANDBOX := tests/sandbox/sandbox.sh
+# The Docker engines the sandbox runs and every docker-path test runs on: Debian 12's 20.10 (docker-compose 1.29)
+# and Debian 13's Engine 26 (compose v2, CDI), unpacked under build/engines/26 (GPUPIN_SANDBOX_ENGINE, sandbox.sh).
+ENGINES ?= 20.10 26
 # GPUPIN_SANDBOX_NAME=NAME runs one more sandbox beside the default one (a second checkout, a helper's worktree).
 export GPUPIN_SANDBOX_NAME ?=
 SANDBOX_RUN := /run/gpupin-sandbox$(if $(GPUPIN_SANDBOX_NAME),-$(GPUPIN_SANDBOX_NAME))
@@ -19,7 +22,8 @@ SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TO
 TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
-.PHONY: help setup fakegpu sandbox-up sandbox-down sandbox-purge wheels image image-test test-tools test test-unit lint bench demo clean
+.PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge wheels image image-test test-tools test \
+	test-unit lint bench demo clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
@@ -29,6 +33,7 @@ help:
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
+	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
 
 $(VENV)/.done: pyproject.toml
 	@command -v gcc >/dev/null && $(PY) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -47,11 +52,15 @@ fakegpu: setup
 sandbox-up: fakegpu
 	@$(SANDBOX) up
 
+# Engine 26 from Debian 13's packages, unpacked under build/engines/26 (sandbox-up fetches it too when needed).
+engine26:
+	@GPUPIN_SANDBOX_ENGINE=26 $(SANDBOX) install
+
 sandbox-down:
-	@$(SANDBOX) down
+	@for e in $(ENGINES); do GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) down || exit 1; done
 
 sandbox-purge:
-	@$(SANDBOX) purge
+	@for e in $(ENGINES); do GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) purge || exit 1; done
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK).
 wheels: setup
@@ -65,9 +74,14 @@ BASE ?=
 image: wheels
 	docker build $(if $(BASE),--build-arg BASE_IMAGE=$(BASE)) -t gpupin:latest .
 
-# The test image: the project's own Dockerfile on the sandbox's debootstrap base.
-image-test: wheels sandbox-up
-	DOCKER_HOST=$(SANDBOX_HOST) /usr/bin/docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . >/dev/null
+# The test image: the project's own Dockerfile on the sandbox's debootstrap base, on each engine's sandbox, built by
+# that engine's own CLI (its output only on failure: Engine 26's CLI warns that the legacy builder is deprecated).
+image-test: wheels fakegpu
+	@for e in $(ENGINES); do \
+	  GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) up >/dev/null || exit 1; \
+	  out=$$(GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	    -t $(TEST_IMAGE) . 2>&1) || { echo "$$out" >&2; echo "make: the test image did not build on $$e" >&2; exit 1; }; \
+	done
 
 # pytest's 5 ("no tests ran") is a failure: a run that tested nothing never passes as green.
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
@@ -80,7 +94,7 @@ test-tools:
 
 # Every test; tests that need the daemon fail (not skip) here.
 test: test-tools image-test
-	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1; $(call PYTEST,$(PYTEST_ARGS))
+	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"; $(call PYTEST,$(PYTEST_ARGS))
 
 # The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no image.
 test-unit: test-tools fakegpu
@@ -96,6 +110,8 @@ lint: setup
 # Measured as users get it: gpupin installed from its wheel (bytecode compiled, no editable-install finder) in a
 # venv of its own; the figures land in build/bench/results.json too.
 BENCH_VENV := build/bench-venv
+# The benchmark and the demo run on the default engine only.
+bench demo: ENGINES := 20.10
 bench: image-test
 	rm -rf $(BENCH_VENV) && $(PY) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q --find-links build/wheels "$$(ls build/wheels/gpupin-*.whl)[host]"

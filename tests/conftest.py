@@ -3,6 +3,9 @@
 Tests that need the daemon use the `sandbox` fixture. It skips when no sandbox answers, except under CI=true or
 GPUPIN_TEST_REQUIRE_DOCKER=1 (what `make test` sets), where a missing daemon is a failure: a broken setup must
 never pass as "all skipped". Tests that need a real GPU are marked `gpu` and skip without one.
+
+The fixture is parametrized over the Docker engines (ids "20.10" and "26"; GPUPIN_TEST_ENGINES picks some, as
+`make test ENGINES=...` does): every docker-path test runs once per engine, each engine on its own sandbox.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -23,12 +26,19 @@ REPO = Path(__file__).resolve().parent.parent
 FAKEGPU = REPO / "build" / "fakegpu"
 SCENARIOS = REPO / "tests" / "fakegpu" / "scenarios"
 SANDBOX_SCRIPT = REPO / "tests" / "sandbox" / "sandbox.sh"
-# GPUPIN_SANDBOX_NAME selects one more sandbox beside the default one (as sandbox.sh and the Makefile do).
-SANDBOX_NAME = os.environ.get("GPUPIN_SANDBOX_NAME", "")
-SANDBOX_RUN = Path("/run/gpupin-sandbox" + (f"-{SANDBOX_NAME}" if SANDBOX_NAME else ""))
-SANDBOX_HOST = f"unix://{SANDBOX_RUN}/docker.sock"
 TEST_IMAGE = "gpupin:test"
-DOCKER_CLI = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
+# The engines' ids, as GPUPIN_SANDBOX_ENGINE names them; the first is the default engine.
+ENGINES = ("20.10", "26")
+
+
+def engines_under_test() -> list[str]:
+    """The engines this run tests: GPUPIN_TEST_ENGINES (space- or comma-separated), else all."""
+    wanted = os.environ.get("GPUPIN_TEST_ENGINES", "").replace(",", " ").split()
+    unknown = sorted(set(wanted) - set(ENGINES))
+    if unknown:
+        raise pytest.UsageError(f"GPUPIN_TEST_ENGINES: unknown engine {' '.join(unknown)}; the engines are "
+                                f"{' '.join(ENGINES)}")
+    return [e for e in ENGINES if e in wanted] if wanted else list(ENGINES)
 
 
 def _truthy(name: str) -> bool:
@@ -76,61 +86,124 @@ def simhost_env(name: str = "mixed-4", **extra: str) -> dict[str, str]:
     return env
 
 
-class Sandbox:
-    """The sandboxed daemon, driven by the real docker CLI; records what tests create, removes it after."""
+def sandbox_env(engine: str) -> dict[str, str]:
+    """What sandbox.sh says a client of this engine's sandbox needs (DOCKER_HOST, its docker CLI, its run folder;
+    DOCKER_CONFIG for Engine 26, whose CLI finds the compose plugin through it). GPUPIN_SANDBOX_NAME selects one
+    more sandbox beside the default one, as in sandbox.sh and the Makefile."""
+    out = subprocess.run([str(SANDBOX_SCRIPT), "env"], env=dict(os.environ, GPUPIN_SANDBOX_ENGINE=engine),
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self.env = dict(os.environ, DOCKER_HOST=host)
+
+class Sandbox:
+    """One engine's sandboxed daemon, driven by that engine's own docker CLI and compose; records what tests
+    create, removes it after."""
+
+    def __init__(self, engine: str) -> None:
+        info = sandbox_env(engine)
+        self.engine = engine
+        self.host = info["DOCKER_HOST"]
+        self.run_dir = Path(info["GPUPIN_SANDBOX_RUN"])
+        self.docker_cli = info["GPUPIN_SANDBOX_DOCKER"]
+        self.env = dict(os.environ, DOCKER_HOST=self.host)
+        if "DOCKER_CONFIG" in info:
+            self.env["DOCKER_CONFIG"] = info["DOCKER_CONFIG"]
+        # docker-compose 1.29 (Debian 12) beside 20.10; the compose v2 CLI plugin (Debian 13) beside Engine 26.
+        self.compose_cli: Sequence[str] = (
+            [shutil.which("docker-compose") or "/usr/bin/docker-compose"] if engine == "20.10"
+            else [self.docker_cli, "compose"])
 
     def docker(self, *args: str, check: bool = False, timeout: float = 120,
                input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([DOCKER_CLI, *args], env=self.env, capture_output=True, text=True, check=check,
+        return subprocess.run([self.docker_cli, *args], env=self.env, capture_output=True, text=True, check=check,
                               timeout=timeout, input=input)
 
+    def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """This engine's compose, with the flags both generations read (`--ansi never`, not 1.x's `--no-ansi`)."""
+        return subprocess.run([*self.compose_cli, "--ansi", "never", *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+
     def restart(self, scenario_name: str) -> None:
-        """Run the sandbox with another topology (the hook reads it from dockerd's environment)."""
-        env = dict(os.environ, FAKEGPU_TOPOLOGY=str(scenario(scenario_name)))
+        """Run the sandbox with another topology (the hook reads it from dockerd's environment; Engine 26 also
+        gets the CDI spec of the new topology)."""
+        env = dict(os.environ, FAKEGPU_TOPOLOGY=str(scenario(scenario_name)), GPUPIN_SANDBOX_ENGINE=self.engine)
         subprocess.run([str(SANDBOX_SCRIPT), "up"], env=env, check=True, capture_output=True, timeout=600)
 
     def topology_name(self) -> str:
-        config = (SANDBOX_RUN / "config").read_text().split()
+        config = (self.run_dir / "config").read_text().split()
         return Path(config[1]).stem
 
+    def use(self, scenario_name: str) -> Sandbox:
+        """This sandbox on that topology (restarted only when it runs another)."""
+        if self.topology_name() != scenario_name:
+            self.restart(scenario_name)
+        return self
 
-def _fail_or_skip(why: str) -> None:
+
+def _fail_or_skip(why: str) -> NoReturn:
     if docker_required():
         pytest.fail(f"the sandboxed Docker daemon is required here (CI): {why}", pytrace=False)
-    pytest.skip(f"no sandboxed Docker daemon: {why} (start it with `make sandbox-up`)")
+    pytest.skip(f"no sandboxed Docker daemon: {why} (`make image-test` starts every engine's)")
+
+
+class Sandboxes:
+    """Every engine's sandbox, checked once per session. Tests take one through the `sandbox` fixture (one run
+    per engine); a fixture that decides at run time whether it needs a daemon asks here by engine (pytest cannot
+    hand it a parametrized fixture then)."""
+
+    def __init__(self) -> None:
+        self._checked: dict[str, Sandbox | str] = {}
+
+    def get(self, engine: str) -> Sandbox:
+        if engine not in self._checked:
+            try:
+                self._checked[engine] = self._check(Sandbox(engine))
+            except subprocess.CalledProcessError as err:  # sandbox.sh refused the name or the engine
+                self._checked[engine] = str(err.stderr).strip() or str(err)
+        got = self._checked[engine]
+        if isinstance(got, str):
+            _fail_or_skip(got)
+        return got
+
+    @staticmethod
+    def _check(sb: Sandbox) -> Sandbox | str:
+        """The sandbox, or why it cannot serve."""
+        try:
+            ping = sb.docker("version", "--format", "{{.Server.Version}}", timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return f"Engine {sb.engine} at {sb.host}: {err}"
+        if ping.returncode != 0:
+            why = ping.stderr.strip().splitlines()[-1] if ping.stderr.strip() else "no answer"
+            return f"Engine {sb.engine} at {sb.host}: {why}"
+        if sb.docker("image", "inspect", TEST_IMAGE).returncode != 0:
+            return f"the image {TEST_IMAGE} is missing on Engine {sb.engine} (`make image-test` builds it)"
+        return sb
+
+    def restore(self) -> None:
+        """Whatever a test changed, leave each sandbox on the default topology for the next run."""
+        for sb in self._checked.values():
+            if isinstance(sb, Sandbox) and (sb.run_dir / "config").exists():
+                sb.use("mixed-4")
 
 
 @pytest.fixture(scope="session")
-def sandbox(fakegpu: Path) -> Iterator[Sandbox]:
-    host = os.environ.get("GPUPIN_TEST_DOCKER_HOST", SANDBOX_HOST)
-    sb = Sandbox(host)
-    try:
-        ping = sb.docker("version", "--format", "{{.Server.Version}}", timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        _fail_or_skip(str(err))
-        raise
-    if ping.returncode != 0:
-        _fail_or_skip(ping.stderr.strip().splitlines()[-1] if ping.stderr.strip() else "no answer")
-    if sb.docker("image", "inspect", TEST_IMAGE).returncode != 0:
-        _fail_or_skip(f"the image {TEST_IMAGE} is missing (`make image-test` builds it)")
-    yield sb
-    # Whatever a test changed, leave the sandbox on the default topology for the next one.
-    if (SANDBOX_RUN / "config").exists() and sb.topology_name() != "mixed-4":
-        sb.restart("mixed-4")
+def sandboxes(fakegpu: Path) -> Iterator[Sandboxes]:
+    pool = Sandboxes()
+    yield pool
+    pool.restore()
+
+
+@pytest.fixture(scope="session", params=engines_under_test(), ids=str)
+def sandbox(request: pytest.FixtureRequest, sandboxes: Sandboxes) -> Sandbox:
+    return sandboxes.get(request.param)
 
 
 @pytest.fixture
 def mixed4_sandbox(sandbox: Sandbox) -> Sandbox:
-    if sandbox.topology_name() != "mixed-4":
-        sandbox.restart("mixed-4")
-    return sandbox
+    return sandbox.use("mixed-4")
 
 
-DOCKER_FIXTURES = frozenset({"sandbox", "mixed4_sandbox"})
+DOCKER_FIXTURES = frozenset({"sandboxes", "sandbox", "mixed4_sandbox"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

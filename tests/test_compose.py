@@ -1,5 +1,6 @@
 """`hostagent compose render|check`: the pure core over Card objects, the CLI on the simulated host, and the
-rendered examples started by Debian's docker-compose on the sandboxed daemon, each service proving its card.
+rendered examples started on the sandboxed daemons by their compose (docker-compose 1.29 beside Engine 20.10,
+`docker compose` v2 beside Engine 26), each service proving its card.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from tests.conftest import REPO, TEST_IMAGE, Sandbox, docker_required, gpu_uuids
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
 HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 EXAMPLES = REPO / "compose"
-COMPOSE_CLI = shutil.which("docker-compose") or "/usr/bin/docker-compose"
 GIB = 1024**3
 
 
@@ -482,20 +482,19 @@ _project_ids = itertools.count()
 
 
 class ComposeRun:
-    """One docker-compose project on the sandbox, under a name of its own; `down` removes what it created."""
+    """One compose project on the sandbox, under a name of its own; `down` removes what it created."""
 
     def __init__(self, sandbox: Sandbox, file: Path) -> None:
-        if not os.path.exists(COMPOSE_CLI):
+        if not os.path.exists(sandbox.compose_cli[0]):
             if docker_required():
-                pytest.fail("docker-compose is not installed (`make sandbox-up` installs it)", pytrace=False)
-            pytest.skip("docker-compose is not installed")
+                pytest.fail(f"{sandbox.compose_cli[0]} is missing (`make sandbox-up` installs it)", pytrace=False)
+            pytest.skip(f"{sandbox.compose_cli[0]} is missing")
         self.sandbox = sandbox
         self.file = file
         self.project = f"gpupintest{os.getpid()}x{next(_project_ids)}"
 
     def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([COMPOSE_CLI, "--no-ansi", "-p", self.project, "-f", str(self.file), *args],
-                              env=self.sandbox.env, capture_output=True, text=True, timeout=timeout)
+        return self.sandbox.compose("-p", self.project, "-f", str(self.file), *args, timeout=timeout)
 
     def up(self) -> None:
         r = self.compose("up", "--no-color")  # attached: returns when every service has exited
@@ -503,7 +502,8 @@ class ComposeRun:
 
     def logs(self, service: str) -> tuple[int, str, str]:
         """The service's exit code, stdout (the workload) and stderr (the entrypoint's mapping)."""
-        cid = self.compose("ps", "-q", service).stdout.strip()
+        # `-a`: compose v2 lists only running containers without it (1.x lists stopped ones too)
+        cid = self.compose("ps", "-a", "-q", service).stdout.strip()
         assert cid, f"no container for {service}"
         logs = self.sandbox.docker("logs", cid)
         code = self.sandbox.docker("inspect", "-f", "{{.State.ExitCode}}", cid).stdout.strip()

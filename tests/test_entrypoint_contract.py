@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DOCKER_CLI, REPO, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env
+from tests.conftest import REPO, TEST_IMAGE, Sandbox, engines_under_test, gpu_uuids, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
 ENTRYPOINT = str(REPO / ".venv" / "bin" / "gpupin-entrypoint")
@@ -47,7 +47,7 @@ class Entrypoint:
         if self.mode == "host":
             return [ENTRYPOINT, *args], simhost_env(scenario_name, **env)
         assert self.sandbox is not None
-        cmd = [DOCKER_CLI, "run", "-d" if detach else "--rm"]
+        cmd = [self.sandbox.docker_cli, "run", "-d" if detach else "--rm"]
         if init:
             cmd.append("--init")
         if gpus is not None:
@@ -63,10 +63,12 @@ class Entrypoint:
         return Result(p.returncode, p.stdout, p.stderr)
 
 
-@pytest.fixture(params=["host", pytest.param("container", marks=pytest.mark.docker)])
+@pytest.fixture(params=["host", *(pytest.param(f"container-{e}", marks=pytest.mark.docker)
+                                   for e in engines_under_test())])
 def ep(request: pytest.FixtureRequest, fakegpu: Path) -> Entrypoint:
-    if request.param == "container":
-        return Entrypoint("container", request.getfixturevalue("mixed4_sandbox"))
+    if request.param.startswith("container-"):
+        sandboxes = request.getfixturevalue("sandboxes")
+        return Entrypoint("container", sandboxes.get(request.param.removeprefix("container-")).use("mixed-4"))
     return Entrypoint("host", None)
 
 

@@ -1192,3 +1192,169 @@ def test_hook_commands(tmp_path: Path) -> None:
     assert subprocess.run([str(HOOK), "poststop"], capture_output=True, timeout=30).returncode == 0
     usage = subprocess.run([str(HOOK)], capture_output=True, text=True, timeout=30)
     assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+# -------------------------------------------------- CDI: nvidia-ctk, hook ----
+
+CTK = BUILD / "bin" / "nvidia-ctk"
+CDI_HOOK = BUILD / "bin" / "nvidia-cdi-hook"
+
+
+def ctk(*args: str, topology: Optional[Path] = MIXED, log: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FAKEGPU_TOPOLOGY", "FAKEGPU_HOOK_LOG")}
+    if topology is not None:
+        env["FAKEGPU_TOPOLOGY"] = str(topology)
+    if log is not None:
+        env["FAKEGPU_HOOK_LOG"] = str(log)
+    return subprocess.run([str(CTK), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def cdi_spec(topology: Path = MIXED, *args: str) -> dict[str, Any]:
+    r = ctk("cdi", "generate", "--format", "json", *args, topology=topology)
+    assert r.returncode == 0, r.stderr
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+def device_of(spec: Mapping[str, Any], name: str) -> dict[str, Any]:
+    (edits,) = [d["containerEdits"] for d in spec["devices"] if d["name"] == name]
+    found: dict[str, Any] = edits
+    return found
+
+
+def exposed(edits: Mapping[str, Any]) -> list[str]:
+    """The cards a device's fakegpu-expose hook writes into the container."""
+    (hook,) = [h for h in edits["hooks"] if h["args"][1] == "fakegpu-expose"]
+    args = hook["args"][2:]
+    assert args[::2] == ["--device"] * (len(args) // 2)
+    return list(args[1::2])
+
+
+def test_cdi_spec_names_every_card_and_mig_device_as_the_toolkit_does() -> None:
+    spec = cdi_spec()
+    assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == "nvidia.com/gpu"
+    names = [d["name"] for d in spec["devices"]]
+    assert names == [n for i, u in enumerate(MIXED_PCI_ORDER) for n in (str(i), u)] + ["all"]
+    for i, uuid in enumerate(MIXED_PCI_ORDER):
+        assert device_of(spec, str(i)) == device_of(spec, uuid)
+        assert exposed(device_of(spec, uuid)) == [uuid]
+        assert device_of(spec, uuid)["deviceNodes"] == [{"path": f"/dev/nvidia{i}", "type": "c", "major": 195,
+                                                         "minor": i}]
+    assert exposed(device_of(spec, "all")) == MIXED_PCI_ORDER
+    mig = cdi_spec(MIG)
+    assert [d["name"] for d in mig["devices"]] == ["0", MIG_PARENT, "1", A100_0F, "0:0", MIG_GI1, "0:1", MIG_GI2,
+                                                  "all"]
+    assert exposed(device_of(mig, "0:1")) == [MIG_GI2]
+    assert [n["path"] for n in device_of(mig, "0:1")["deviceNodes"]] == [
+        "/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
+    assert exposed(device_of(mig, "all")) == [MIG_PARENT, A100_0F, MIG_GI1, MIG_GI2]
+    typed = cdi_spec(MIG, "--device-name-strategy", "type-index")
+    assert [d["name"] for d in typed["devices"]] == ["gpu0", "gpu1", "mig0:0", "mig0:1", "all"]
+
+
+def test_cdi_spec_common_edits_are_the_toolkits() -> None:
+    spec = cdi_spec()
+    edits = spec["containerEdits"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"]
+    assert {n["path"] for n in edits["deviceNodes"]} >= {"/dev/nvidiactl", "/dev/nvidia-uvm"}
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+        (str(LIB / "libnvidia-ml.so.1"), "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159.04"),
+        (str(LIB / "libcuda.so.1"), "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04")]
+    assert all("ro" in m["options"] for m in edits["mounts"])
+    hooks = edits["hooks"] + [h for d in spec["devices"] for h in d["containerEdits"]["hooks"]]
+    assert {(h["hookName"], h["path"], h["args"][0]) for h in hooks} == {
+        ("createContainer", str(CDI_HOOK), "nvidia-cdi-hook")}
+    assert [h["args"][1] for h in edits["hooks"]] == ["create-symlinks", "update-ldcache"]
+
+
+def test_cdi_spec_yaml_is_the_json_spec(tmp_path: Path) -> None:
+    import yaml
+
+    r = ctk("cdi", "generate", topology=MIG)
+    assert r.returncode == 0 and r.stdout.startswith("---\n")
+    assert yaml.safe_load(r.stdout) == cdi_spec(MIG)
+    out = tmp_path / "nvidia.json"
+    assert ctk("cdi", "generate", "--output", str(out), topology=MIG).returncode == 0
+    assert json.loads(out.read_text()) == cdi_spec(MIG) and out.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["nvidia.json"]  # written through a rename, no leftovers
+
+
+def test_cdi_spec_carries_the_misroute_fault() -> None:
+    """A stale spec: the 4090's device exposes the A800 at 86:00.0, node and all."""
+    spec = cdi_spec(SCENARIOS / "fault-misroute.json")
+    assert exposed(device_of(spec, RTX_3B)) == [A800_86]
+    assert [n["path"] for n in device_of(spec, "1")["deviceNodes"]] == ["/dev/nvidia2"]
+
+
+@pytest.mark.parametrize(("args", "topology", "says"), [
+    (["cdi", "generate", "--device-name-strategy", "name"], MIXED, "invalid choice: 'name'"),
+    (["cdi", "generate", "--format", "toml"], MIXED, "invalid choice: 'toml'"),
+    (["cdi", "generate", "--vendor", "nvidia_com"], MIXED, "invalid CDI kind nvidia_com/gpu"),
+    (["cdi", "generate"], Path("/nonexistent/topology.json"), "no topology at /nonexistent/topology.json"),
+    (["cdi", "generate", "--output", "/nonexistent/dir/nvidia.yaml"], MIXED, "failed to save CDI spec"),
+    (["cdi"], MIXED, "required: generate"),
+], ids=["strategy", "format", "vendor", "topology", "output", "no-command"])
+def test_ctk_refuses_bad_input_in_one_line(args: list[str], topology: Path, says: str) -> None:
+    r = ctk(*args, topology=topology)
+    assert r.returncode == 1 and r.stdout == ""
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("nvidia-ctk: ERROR: ") and says in line and "HINT: " in line, line
+
+
+def run_cdi_hook(tmp_path: Path, args: list[str], spec_hooks: list[list[str]],
+                 prepare: Optional[Callable[[Path], None]] = None) -> subprocess.CompletedProcess[str]:
+    """Runs nvidia-cdi-hook ARGS as runc runs a createContainer hook: the OCI state on stdin, no environment but
+    the hook's own; the bundle's config.json lists `spec_hooks` (argument lists) as its createContainer hooks."""
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
+    if prepare:
+        prepare(bundle / "rootfs")
+    hooks = [{"path": str(CDI_HOOK), "args": ["nvidia-cdi-hook", *a]} for a in spec_hooks]
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "hooks": {"createContainer": hooks}}))
+    state = {"ociVersion": "1.0.2", "id": "cd1", "status": "creating", "bundle": str(bundle)}
+    env = {"FAKEGPU_TOPOLOGY": str(MIXED), "FAKEGPU_HOOK_LOG": str(tmp_path / "hook.log")}
+    return subprocess.run([str(CDI_HOOK), *args], input=json.dumps(state), env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_cdi_hook_exposes_the_union_of_the_containers_devices(tmp_path: Path) -> None:
+    """Two devices asked: two hooks, each writing both cards; the libraries see exactly those two."""
+    spec_hooks = [["fakegpu-expose", "--device", A800_AF], ["create-symlinks", "--link", "a::/b"],
+                  ["fakegpu-expose", "--device", RTX_3B]]
+    for hook_args in (spec_hooks[0], spec_hooks[2]):
+        r = run_cdi_hook(tmp_path, hook_args, spec_hooks)
+        assert r.returncode == 0 and r.stderr == ""
+        topo = tmp_path / "bundle/rootfs/etc/fakegpu/topology.json"
+        assert [g["uuid"] for g in json.loads(topo.read_text())["gpus"]] == [RTX_3B, A800_AF]
+        seen = run_py("import pynvml as n; n.nvmlInit(); out([n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) "
+                      "for i in range(n.nvmlDeviceGetCount())])", topo).value
+        assert seen == [RTX_3B, A800_AF]
+    log = [json.loads(line) for line in (tmp_path / "hook.log").read_text().splitlines()]
+    assert [(r["command"], r["container_id"], r["status"], r["exposed"]) for r in log] == [
+        ("fakegpu-expose", "cd1", "ok", [RTX_3B, A800_AF])] * 2
+
+
+def test_cdi_hook_links_stay_inside_the_root(tmp_path: Path) -> None:
+    def prepare(rootfs: Path) -> None:
+        (rootfs / "usr").symlink_to("/nonexistent-host-dir")  # an image's absolute link
+        (rootfs / "kept").symlink_to("old")
+
+    link = ["create-symlinks", "--link", "libcuda.so.1::/usr/lib/libcuda.so", "--link", "new::/kept"]
+    r = run_cdi_hook(tmp_path, link, [link], prepare)
+    assert r.returncode == 0, r.stderr
+    rootfs = tmp_path / "bundle/rootfs"
+    assert os.readlink(rootfs / "nonexistent-host-dir/lib/libcuda.so") == "libcuda.so.1"
+    assert os.readlink(rootfs / "kept") == "old" and not os.path.exists("/nonexistent-host-dir")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["create-symlinks", "--link", "libcuda.so"], "want TARGET::/ABSOLUTE/LINK"),
+    (["chmod"], "invalid choice: 'chmod'"),
+    (["fakegpu-expose", "--device", "GPU-00000000-0000-0000-0000-000000000000"], "unknown device"),
+], ids=["link", "command", "device"])
+def test_cdi_hook_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    r = run_cdi_hook(tmp_path, args, [args])
+    assert r.returncode == 1
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("nvidia-") and says in line, line
+    assert not (tmp_path / "bundle/rootfs/etc").exists()

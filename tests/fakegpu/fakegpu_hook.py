@@ -12,6 +12,9 @@ Deliberate differences from the real tool chain:
 - a lost card does not make container creation fail (nvidia-container-cli would refuse while
   enumerating); it is passed through, as if it fell off the bus after the container started;
 - faults.nvml_init does not affect the hook itself; it is passed into the container.
+
+The topology, device resolution, bundle and root file system code here serves the fake CDI tools too
+(fakegpu_cdi.py: `nvidia-ctk cdi generate` and `nvidia-cdi-hook`).
 """
 
 from __future__ import annotations
@@ -87,14 +90,14 @@ def parse_bus_id(text: str) -> Optional[tuple[int, int, int, int]]:
     return None
 
 
-def load_topology(path: str) -> Topology:
+def load_topology(path: str, prog: str = CLI) -> Topology:
     try:
         with open(path, encoding="utf-8") as f:
             data: Any = json.load(f)
     except FileNotFoundError:
-        raise HookError(f"{CLI}: initialization error: nvml error: driver not loaded") from None
+        raise HookError(f"{prog}: initialization error: nvml error: driver not loaded") from None
     except (OSError, ValueError) as e:
-        raise HookError(f"{CLI}: initialization error: fakegpu: {path}: {e}") from None
+        raise HookError(f"{prog}: initialization error: fakegpu: {path}: {e}") from None
     gpus = data.get("gpus") if isinstance(data, dict) else None
     if not isinstance(gpus, list) or not all(
         isinstance(g, dict)
@@ -103,7 +106,7 @@ def load_topology(path: str) -> Topology:
         and parse_bus_id(g["bus_id"])
         for g in gpus
     ):
-        raise HookError(f"{CLI}: initialization error: fakegpu: {path}: gpus must list cards with uuid and bus_id")
+        raise HookError(f"{prog}: initialization error: fakegpu: {path}: gpus must list cards with uuid and bus_id")
     topology: Topology = data
     return topology
 
@@ -111,6 +114,11 @@ def load_topology(path: str) -> Topology:
 def nvml_order(topology: Topology) -> list[dict[str, Any]]:
     """The cards in NVML's order: by PCI bus id, as integers."""
     return sorted(topology["gpus"], key=lambda g: parse_bus_id(g["bus_id"]) or (0, 0, 0, 0))
+
+
+def minor_numbers(topology: Topology) -> dict[str, int]:
+    """Each card's minor number (its /dev/nvidiaN): `minor_number`, else its position in the file."""
+    return {g["uuid"]: int(g.get("minor_number", index)) for index, g in enumerate(topology["gpus"])}
 
 
 def mig_devices(gpu: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -230,12 +238,13 @@ def container_topology(topology: Topology, sel: Selection) -> Topology:
     else:
         out.pop("faults", None)
     cards = []
-    for index, gpu in enumerate(topology["gpus"]):
+    minors = minor_numbers(topology)
+    for gpu in topology["gpus"]:
         migs = [d for d in mig_devices(gpu) if d["uuid"] in sel.migs]
         if gpu["uuid"] not in sel.gpus and not migs:
             continue
         card = copy.deepcopy(gpu)
-        card.setdefault("minor_number", index)
+        card["minor_number"] = minors[gpu["uuid"]]
         if gpu["uuid"] not in sel.gpus:
             card["mig"]["devices"] = copy.deepcopy(migs)
         cards.append(card)
@@ -281,6 +290,11 @@ def _install(data: bytes, root: Path, rel: str, mode: int) -> Path:
     return dest
 
 
+def library_source(env: Mapping[str, str]) -> Path:
+    """The built fake libraries: $FAKEGPU_LIB_DIR, else build/fakegpu/lib beside this program's folder."""
+    return Path(env.get("FAKEGPU_LIB_DIR") or Path(__file__).resolve().parent.parent / "lib")
+
+
 def library_dir() -> str:
     """Debian's multiarch directory, which ld.so searches even without an ld.so.cache entry."""
     arch = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(platform.machine())
@@ -297,14 +311,28 @@ def populate_rootfs(rootfs: Path, topology: Topology, lib_src: Path) -> list[str
         except OSError as e:
             raise HookError(f"{CLI}: mount error: {src}: {e.strerror}") from None
         written.append(str(_install(data, rootfs, f"{library_dir()}/{name}", 0o755)))
-    text = json.dumps(topology, indent=2) + "\n"
-    written.append(str(_install(text.encode(), rootfs, CONTAINER_TOPOLOGY, 0o644)))
+    written.append(write_container_topology(rootfs, topology))
     # nvidia-container-cli refreshes the image's ld.so.cache too; an image without one
     # (or without ldconfig on the host) still finds the libraries through ld.so's defaults.
-    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
-    if (rootfs / "etc/ld.so.cache").exists() and os.access(ldconfig, os.X_OK):
-        subprocess.run([ldconfig, "-r", str(rootfs)], check=False, capture_output=True, timeout=60)
+    if (rootfs / "etc/ld.so.cache").exists():
+        run_ldconfig(rootfs)
     return written
+
+
+def write_container_topology(rootfs: Path, topology: Topology) -> str:
+    """Where the fake libraries inside the container read their cards: /etc/fakegpu/topology.json."""
+    text = json.dumps(topology, indent=2) + "\n"
+    return str(_install(text.encode(), rootfs, CONTAINER_TOPOLOGY, 0o644))
+
+
+def run_ldconfig(rootfs: Path, folders: Sequence[str] = ()) -> bool:
+    """The host's ldconfig on the container's root (links by soname, ld.so.cache); False when it cannot run.
+    A hook's environment may have no PATH (runc passes only the hook's own env), hence /sbin/ldconfig."""
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    if not os.access(ldconfig, os.X_OK):
+        return False
+    r = subprocess.run([ldconfig, "-r", str(rootfs), *folders], check=False, capture_output=True, timeout=60)
+    return r.returncode == 0
 
 
 # ------------------------------------------------------------------ prestart ----
@@ -319,7 +347,7 @@ def _last_env(env_list: Sequence[str], name: str) -> Optional[str]:
     return value
 
 
-def _log(env: Mapping[str, str], record: dict[str, Any]) -> None:
+def log_call(env: Mapping[str, str], record: dict[str, Any]) -> None:
     path = env.get("FAKEGPU_HOOK_LOG")
     if not path:
         return
@@ -331,20 +359,35 @@ def _log(env: Mapping[str, str], record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+@dataclass
+class Bundle:
+    """What a hook reads of its container: the OCI state (stdin), the bundle's config.json, the rootfs."""
+
+    container_id: Optional[str]
+    config: dict[str, Any]
+    rootfs: Path
+
+
+def load_bundle(state_text: str, prog: str) -> Bundle:
+    try:
+        state = json.loads(state_text)
+        bundle = Path(state.get("bundle") or state.get("bundlePath") or os.getcwd())
+        with open(bundle / "config.json", encoding="utf-8") as f:
+            config = json.load(f)
+        root = Path((config.get("root") or {}).get("path") or "rootfs")
+        container_id = state.get("id")
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        raise HookError(f"{prog}: cannot read the OCI state or bundle: {e}") from None
+    return Bundle(container_id, config, root if root.is_absolute() else bundle / root)
+
+
 def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
     """Runs the prestart hook; returns the exit status. `env` is the hook's own environment."""
     record: dict[str, Any] = {"time": time.time(), "command": "prestart"}
     try:
-        try:
-            state = json.loads(state_text)
-            bundle = Path(state.get("bundle") or state.get("bundlePath") or os.getcwd())
-            record["container_id"] = state.get("id")
-            with open(bundle / "config.json", encoding="utf-8") as f:
-                config = json.load(f)
-            env_list = (config.get("process") or {}).get("env") or []
-            root = Path((config.get("root") or {}).get("path") or "rootfs")
-        except (OSError, ValueError, AttributeError, TypeError) as e:
-            raise HookError(f"nvidia-container-runtime-hook: cannot read the OCI state or bundle: {e}") from None
+        bundle = load_bundle(state_text, "nvidia-container-runtime-hook")
+        record["container_id"] = bundle.container_id
+        env_list = (bundle.config.get("process") or {}).get("env") or []
         visible = _last_env(env_list, "NVIDIA_VISIBLE_DEVICES")
         record["asked"] = visible
         if visible is None or visible in ("", "void"):
@@ -357,10 +400,8 @@ def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
         sel = apply_faults(topology, sel)
         record["exposed_gpus"], record["exposed_migs"] = sel.gpus, sel.migs
         record["exposed"] = [g["uuid"] for g in nvml_order(topology) if g["uuid"] in sel.gpus] + sel.migs
-        rootfs = root if root.is_absolute() else bundle / root
-        record["rootfs"] = str(rootfs)
-        lib_src = Path(env.get("FAKEGPU_LIB_DIR") or Path(__file__).resolve().parent.parent / "lib")
-        record["written"] = populate_rootfs(rootfs, container_topology(topology, sel), lib_src)
+        record["rootfs"] = str(bundle.rootfs)
+        record["written"] = populate_rootfs(bundle.rootfs, container_topology(topology, sel), library_source(env))
         record["status"] = "ok"
         return 0
     except (HookError, OSError) as e:
@@ -369,7 +410,7 @@ def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
         print(message, file=stderr)
         return 1
     finally:
-        _log(env, record)
+        log_call(env, record)
 
 
 def main(argv: Sequence[str]) -> int:

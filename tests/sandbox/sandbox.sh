@@ -3,18 +3,25 @@
 # root and pid files; no bridge, no iptables; the fake nvidia-container-runtime-hook first on its PATH so that it
 # accepts --gpus. It never talks to the system daemon or the system containerd.
 #
-#   sandbox.sh up       start it (installing docker.io, containerd, debootstrap and docker-compose if missing),
-#                       build the base image once,
-#                       print DOCKER_HOST=unix://... on stdout; restart it when it runs with another topology
+#   sandbox.sh up       start it (installing docker.io, containerd, debootstrap and docker-compose if missing,
+#                       fetching Engine 26 into build/engines/26 when that is the engine), build the base image
+#                       once, print DOCKER_HOST=unix://... on stdout; restart it when it runs with another topology
 #   sandbox.sh down     remove its containers, stop it, unmount and remove its runtime state (the image cache stays)
 #   sandbox.sh purge    down, then remove the image cache and the shared root file system too
 #   sandbox.sh status   say whether it runs, and with which topology
+#   sandbox.sh install  install or fetch what the engine needs; start nothing
+#   sandbox.sh env      print what a client needs (KEY=VALUE lines: DOCKER_HOST, DOCKER_CONFIG for Engine 26,
+#                       GPUPIN_SANDBOX_RUN, GPUPIN_SANDBOX_DOCKER: the engine's own docker CLI)
+#   sandbox.sh docker ARGS...   run the engine's docker CLI against the sandbox
 #
-# Environment: FAKEGPU_TOPOLOGY (default: the mixed-4 scenario); GPUPIN_SANDBOX_NAME (default empty: one more
-# sandbox beside the default one, e.g. for a second checkout, at /run/gpupin-sandbox-NAME); GPUPIN_SANDBOX_STATE
-# (default /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]);
+# Environment: FAKEGPU_TOPOLOGY (default: the mixed-4 scenario); GPUPIN_SANDBOX_ENGINE: 20.10 (default: Debian 12's
+# docker.io and containerd 1.6) or 26 (Debian 13's Engine 26.1, containerd 1.7 and compose v2, with CDI on and a
+# CDI spec that the fake `nvidia-ctk cdi generate` writes from the topology); GPUPIN_SANDBOX_NAME (default empty:
+# one more sandbox beside the default one, e.g. for a second checkout, at /run/gpupin-sandbox-NAME; Engine 26's
+# instance of a name is NAME-26, so both engines run at once); GPUPIN_SANDBOX_STATE (default
+# /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]), each + -26 for Engine 26;
 # GPUPIN_CACHE (default /var/cache/gpupin: the debootstrap root file system, built once for every sandbox);
-# DEBOOTSTRAP_MIRROR.
+# DEBOOTSTRAP_MIRROR (also the mirror Engine 26 comes from).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -23,22 +30,53 @@ SAY_AS=sandbox
 . "$REPO/tests/sandbox/common.sh"
 NAME=${GPUPIN_SANDBOX_NAME:-}
 case "$NAME" in *[!a-z0-9-]*) echo "sandbox: ERROR: GPUPIN_SANDBOX_NAME=$NAME: use a-z, 0-9 and -" >&2; exit 64 ;; esac
-SUFFIX=${NAME:+-$NAME}
-STATE=${GPUPIN_SANDBOX_STATE:-/var/lib/gpupin-sandbox$SUFFIX}
-RUN=${GPUPIN_SANDBOX_RUN:-/run/gpupin-sandbox$SUFFIX}
+case "$NAME" in 26|*-26) echo "sandbox: ERROR: GPUPIN_SANDBOX_NAME=$NAME ends in 26, which names Engine 26's instances. \
+HINT: choose another name; GPUPIN_SANDBOX_ENGINE=26 selects the engine" >&2; exit 64 ;; esac
+ENGINE=${GPUPIN_SANDBOX_ENGINE:-20.10}
+case "$ENGINE" in
+    20.10)
+        ENGINE_SUFFIX=
+        # The Debian client matches the 20.10 daemon; a newer client elsewhere on PATH would still work, but this
+        # one is what the tests and the benchmark compare against.
+        DOCKER=/usr/bin/docker
+        [ -x "$DOCKER" ] || DOCKER=$(command -v docker || echo /usr/bin/docker)
+        DOCKERD=dockerd CONTAINERD=containerd ENGINE_PATH= ;;
+    26)
+        ENGINE_SUFFIX=-26
+        DOCKER=$ENGINE26_ROOT/usr/bin/docker DOCKERD=$ENGINE26_ROOT/usr/sbin/dockerd
+        CONTAINERD=$ENGINE26_ROOT/usr/bin/containerd
+        # containerd finds its shim, dockerd its containerd tools here; runc stays Debian 12's (/usr/sbin).
+        ENGINE_PATH=$ENGINE26_ROOT/usr/sbin:$ENGINE26_ROOT/usr/bin:
+        export DOCKER_CONFIG=$ENGINE26_DIR/docker-config ;;
+    *) echo "sandbox: ERROR: GPUPIN_SANDBOX_ENGINE=$ENGINE is no engine here. HINT: 20.10 (the default) or 26" >&2
+       exit 64 ;;
+esac
+# The engine's suffix comes after an overridden folder too: two engines never share one.
+SUFFIX=${NAME:+-$NAME}$ENGINE_SUFFIX
+STATE=${GPUPIN_SANDBOX_STATE:-/var/lib/gpupin-sandbox${NAME:+-$NAME}}$ENGINE_SUFFIX
+RUN=${GPUPIN_SANDBOX_RUN:-/run/gpupin-sandbox${NAME:+-$NAME}}$ENGINE_SUFFIX
 SOCK=$RUN/docker.sock
 CTRD_SOCK=$RUN/containerd.sock
 DOCKERD_PID=$RUN/dockerd.pid
 CTRD_PID=$RUN/containerd.pid
 BASE_IMAGE=gpupin-base:bookworm
 TOPOLOGY=$(realpath "${FAKEGPU_TOPOLOGY:-$REPO/tests/fakegpu/scenarios/mixed-4.json}")
-HOOK=$REPO/build/fakegpu/bin/nvidia-container-runtime-hook
-# The Debian client matches the 20.10 daemon; a newer client elsewhere on PATH would still work, but this one
-# is what the tests and the benchmark compare against.
-DOCKER=/usr/bin/docker
-[ -x "$DOCKER" ] || DOCKER=$(command -v docker || echo /usr/bin/docker)
+FAKEGPU_BIN=$REPO/build/fakegpu/bin
+HOOK=$FAKEGPU_BIN/nvidia-container-runtime-hook
+CDI_DIR=$RUN/cdi
 
 dk() { "$DOCKER" -H "unix://$SOCK" "$@"; }
+
+print_env() {
+    echo "DOCKER_HOST=unix://$SOCK"
+    if [ "$ENGINE" = 26 ]; then echo "DOCKER_CONFIG=$DOCKER_CONFIG"; fi
+    echo "GPUPIN_SANDBOX_RUN=$RUN"
+    echo "GPUPIN_SANDBOX_DOCKER=$DOCKER"
+}
+case "${1:-}" in
+    env) print_env; exit 0 ;;
+    docker) shift; exec "$DOCKER" -H "unix://$SOCK" "$@" ;;
+esac
 
 [ "$(id -u)" = 0 ] || die "the sandboxed daemon needs root (as dockerd does)"
 
@@ -68,14 +106,19 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
   address = "$CTRD_SOCK"
 EOF
-    echo '{}' >"$RUN/daemon.json"
+    if [ "$ENGINE" = 26 ]; then
+        printf '{"features": {"cdi": true}, "cdi-spec-dirs": ["%s"]}\n' "$CDI_DIR" >"$RUN/daemon.json"
+        write_cdi_spec
+    else
+        echo '{}' >"$RUN/daemon.json"
+    fi
     # dockerd's environment is the hook's environment (Docker passes os.Environ() to the prestart hook).
-    local envs=(env -i "PATH=$REPO/build/fakegpu/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    local envs=(env -i "PATH=$FAKEGPU_BIN:$ENGINE_PATH/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
                 "FAKEGPU_TOPOLOGY=$TOPOLOGY" "FAKEGPU_HOOK_LOG=$RUN/hook.log" "HOME=/root")
-    setsid "${envs[@]}" containerd --config "$RUN/containerd.toml" >"$RUN/containerd.log" 2>&1 </dev/null 9>&- &
+    setsid "${envs[@]}" "$CONTAINERD" --config "$RUN/containerd.toml" >"$RUN/containerd.log" 2>&1 </dev/null 9>&- &
     echo $! >"$CTRD_PID"
     wait_for test -S "$CTRD_SOCK" || die "containerd did not start; see $RUN/containerd.log"
-    setsid "${envs[@]}" dockerd --config-file "$RUN/daemon.json" --host "unix://$SOCK" \
+    setsid "${envs[@]}" "$DOCKERD" --config-file "$RUN/daemon.json" --host "unix://$SOCK" \
         --containerd "$CTRD_SOCK" --containerd-namespace "gpupin-sandbox$SUFFIX" \
         --containerd-plugins-namespace "gpupin-sandbox$SUFFIX-plugins" \
         --data-root "$STATE/docker" --exec-root "$RUN/exec" --pidfile "$DOCKERD_PID" \
@@ -85,20 +128,39 @@ EOF
     config_line >"$RUN/config"
 }
 
+write_cdi_spec() {
+    # What `nvidia-ctk cdi generate --output /etc/cdi/nvidia.yaml` writes on a real host, for this topology; the
+    # spec's hooks log to the same file as the runtime hook. dockerd rereads the folder when a spec changes.
+    mkdir -p "$CDI_DIR"
+    FAKEGPU_TOPOLOGY=$TOPOLOGY FAKEGPU_HOOK_LOG=$RUN/hook.log "$FAKEGPU_BIN/nvidia-ctk" cdi generate \
+        --output "$CDI_DIR/nvidia.yaml" || die "the fake nvidia-ctk could not write the CDI spec for $TOPOLOGY"
+}
+
 build_base_image() {
     dk image inspect "$BASE_IMAGE" >/dev/null 2>&1 && return 0
     build_rootfs
     dk import -c 'ENV LANG=C.UTF-8' -c 'CMD ["/bin/bash"]' "$ROOTFS_TAR" "$BASE_IMAGE" >/dev/null
 }
 
+do_install() {
+    if [ "$ENGINE" = 26 ]; then
+        ensure_packages runc:/usr/sbin/runc debootstrap
+        fetch_engine26
+    else
+        ensure_packages docker.io:/usr/sbin/dockerd debootstrap containerd docker-compose
+    fi
+}
+
 do_up() {
-    ensure_packages docker.io:/usr/sbin/dockerd debootstrap containerd docker-compose
-    [ -x "$HOOK" ] || die "$HOOK is missing: run 'make fakegpu' first"
+    do_install
+    [ -x "$HOOK" ] && [ -x "$FAKEGPU_BIN/nvidia-ctk" ] || die "$FAKEGPU_BIN lacks the fake hook or nvidia-ctk: run 'make fakegpu' first"
     [ -f "$TOPOLOGY" ] || die "no topology file $TOPOLOGY"
     exec 9>"/run/gpupin-sandbox$SUFFIX.lock"
     flock 9
     if alive "$DOCKERD_PID" && dk version >/dev/null 2>&1; then
         if [ "$(cat "$RUN/config" 2>/dev/null)" = "$(config_line)" ]; then
+            # A rebuilt nvidia-ctk may write another spec for the same topology.
+            if [ "$ENGINE" = 26 ]; then write_cdi_spec; fi
             build_base_image
             echo "DOCKER_HOST=unix://$SOCK"
             return 0
@@ -110,16 +172,17 @@ do_up() {
     do_down
     start_daemons
     build_base_image
-    say "up: topology $TOPOLOGY"
+    say "up: Engine $ENGINE, topology $TOPOLOGY"
     echo "DOCKER_HOST=unix://$SOCK"
 }
 
 case "${1:-}" in
     up) do_up ;;
     down) do_down; say "down" ;;
+    install) do_install ;;
     purge) do_down; rm -rf "$STATE" "$CACHE"; say "purged $STATE and $CACHE" ;;
     status)
         if alive "$DOCKERD_PID"; then echo "running: DOCKER_HOST=unix://$SOCK ($(cat "$RUN/config"))"
         else echo "not running"; exit 1; fi ;;
-    *) echo "usage: $0 up|down|purge|status" >&2; exit 64 ;;
+    *) echo "usage: $0 up|down|purge|status|install|env|docker ARGS..." >&2; exit 64 ;;
 esac
