@@ -42,12 +42,13 @@ class Entrypoint:
         self.py = sys.executable if mode == "host" else "python3"
 
     def argv(self, args: list[str], env: dict[str, str], gpus: str | None, init: bool = False,
-             detach: bool = False, scenario_name: str = "mixed-4") -> tuple[list[str], dict[str, str]]:
+             detach: bool = False, scenario_name: str = "mixed-4", docker_args: tuple[str, ...] = ()
+             ) -> tuple[list[str], dict[str, str]]:
         args = [a.replace("{py}", self.py) for a in args]
         if self.mode == "host":
             return [ENTRYPOINT, *args], simhost_env(scenario_name, **env)
         assert self.sandbox is not None
-        cmd = [DOCKER_CLI, "run", "-d" if detach else "--rm"]
+        cmd = [DOCKER_CLI, "run", "-d" if detach else "--rm", *docker_args]
         if init:
             cmd.append("--init")
         if gpus is not None:
@@ -57,9 +58,13 @@ class Entrypoint:
         return [*cmd, TEST_IMAGE, *args], self.sandbox.env
 
     def run(self, *args: str, env: dict[str, str] | None = None, gpus: str | None = "all",
-            init: bool = False, scenario_name: str = "mixed-4") -> Result:
-        argv, penv = self.argv(list(args), env or {}, gpus, init, scenario_name=scenario_name)
-        p = subprocess.run(argv, env=penv, capture_output=True, text=True, timeout=120)
+            init: bool = False, scenario_name: str = "mixed-4", docker_args: tuple[str, ...] = (),
+            cwd: Path | None = None) -> Result:
+        """`docker_args` go to `docker run` (container mode); `cwd` is the host process's directory (host mode)."""
+        argv, penv = self.argv(list(args), env or {}, gpus, init, scenario_name=scenario_name,
+                               docker_args=docker_args)
+        p = subprocess.run(argv, env=penv, capture_output=True, text=True, timeout=120,
+                           cwd=cwd if self.mode == "host" else None)
         return Result(p.returncode, p.stdout, p.stderr)
 
 
