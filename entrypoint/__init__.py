@@ -7,8 +7,8 @@ Python workload. The host side (`hostagent`) imports the identity core from here
 Importing this package is cheap on purpose: it is the first thing the entrypoint's hot path does.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: see gpupin.entrypoint.errors (imported before the workload's paths leave
+# sys.path).
 __version__ = "0.1.0"
 
 # Not `from typing import TYPE_CHECKING`: importing typing alone costs ~2 ms of every container start.
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["__version__", "assert_pinned"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     # Lazy, so that `import gpupin.entrypoint` costs nothing on the entrypoint's start-up path.
     if name == "assert_pinned":
         from gpupin.entrypoint.api import assert_pinned

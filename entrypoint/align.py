@@ -21,9 +21,17 @@ if TYPE_CHECKING:
     from gpupin.entrypoint.nvml import Card
 
 
-def uuid_hex(uuid: str) -> str:
-    """The 32 hex digits of a UUID, whatever its tag: what CUDA and torch report, and what identifies a card."""
-    return uuid.split("-", 1)[-1].replace("-", "").lower() if not uuid.startswith("MIG-GPU-") else ""
+def uuid_hex(uuid: str) -> str | None:
+    """The hex digits of a UUID (32, or fewer for a prefix) whatever its tag: what CUDA and torch report.
+
+    None for the old MIG form `MIG-GPU-<uuid>/<gi>/<ci>`, whose digits are its parent card's and so name no MIG
+    device (gpupin.entrypoint.resolve turns it into the device's own UUID through NVML), and for a tag without
+    digits. Never "": the empty string is a prefix of every UUID, and would match any card.
+    """
+    t = uuid.strip()
+    if t[:8].upper() == "MIG-GPU-":
+        return None
+    return t.split("-", 1)[-1].replace("-", "").lower() or None
 
 
 class Binding:
@@ -65,8 +73,15 @@ def _describe(cards: Sequence[Card]) -> str:
 
 
 def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
-    """Map the expectation onto the cards NVML sees; raise MisalignedError when an expected card is absent or
-    sits at another bus id than expected."""
+    """Map the expectation onto the cards NVML sees; raise MisalignedError when an expected card is absent, sits
+    at another bus id than expected, or is in MIG mode (CUDA cannot give the whole card).
+
+    CUDA's enumeration, as tests/fakegpu/cuda.c models it: a card in MIG mode is no CUDA device itself, its MIG
+    devices take its place. So as soon as NVML sees one such card, an NVML position is no longer a CUDA index
+    (`1` would be a MIG device of card 0, not card 1), and which of its MIG devices one process may enumerate
+    differs between drivers (not measured here). Then every entry of CUDA_VISIBLE_DEVICES is a UUID, which names
+    the same device whatever the enumeration; without MIG, entries are the indices nvidia-smi shows.
+    """
     in_pci_order = sorted(cards, key=lambda c: c.bus_id.key() if c.bus_id else (1 << 40,))
     if expectation is None:
         bindings = [Binding(k, c.uuid or "?", c.bus_id, c.name, None, c) for k, c in enumerate(in_pci_order)]
@@ -74,7 +89,7 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
 
     bindings = []
     positions: list[int] = []
-    uses_mig = False
+    by_uuid = any(c.mig_mode for c in in_pci_order)
     for k, exp in enumerate(expectation.cards):
         try:
             target = resolve(exp.uuid, in_pci_order)
@@ -84,11 +99,20 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
             raise MisalignedError(
                 f"{expectation.source} asks for {exp} at cuda:{k}, but the cards this process can see are "
                 f"{_describe(in_pci_order)}",
-                f"the runtime exposed other cards than asked: start the container with --gpus "
-                f"device={exp.uuid} (or `hostagent run --uuid {exp.uuid}`)",
+                f"in a container, the runtime exposed other cards than asked: start it with --gpus "
+                f"device={exp.uuid} (or `hostagent run --uuid {exp.uuid}`); on a host, `nvidia-smi -L` lists the "
+                "cards there are",
             ) from None
         card, full = target.card, target.uuid
-        uses_mig = uses_mig or target.mig is not None
+        by_uuid = by_uuid or target.mig is not None
+        if target.mig is None and card.mig_mode:
+            migs = ", ".join(m.uuid for m in card.mig_devices) or "none created yet"
+            raise MisalignedError(
+                f"{expectation.source} asks for {exp} at cuda:{k}, but {full} at {card.bus_id} is in MIG mode: "
+                f"the CUDA driver shows its MIG devices ({migs}), never the whole card",
+                "name one of its MIG devices (MIG-..., `nvidia-smi -L` lists them), or turn MIG mode off on that "
+                "card (`nvidia-smi -i <index> -mig 0`)",
+            )
         if exp.bus_id is not None and card.bus_id != exp.bus_id:
             raise MisalignedError(
                 f"{expectation.source} asks for {exp.uuid} at {exp.bus_id} (cuda:{k}), but {full} is at "
@@ -102,9 +126,9 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
                                    f"{full}", "list each card once")
         positions.append(pos)
         bindings.append(Binding(k, full, card.bus_id, card.name, exp, card))
-    # Indices under PCI_BUS_ID order are what users read in nvidia-smi; MIG devices can only be named by UUID,
-    # and an index after a UUID ends CUDA's list, so with any MIG device every entry is a UUID.
-    cvd = ",".join(b.uuid for b in bindings) if uses_mig else ",".join(str(p) for p in positions)
+    # Indices under PCI_BUS_ID order are what users read in nvidia-smi; MIG devices can only be named by UUID, an
+    # index after a UUID ends CUDA's list, and a card in MIG mode shifts CUDA's indices: then every entry is a UUID.
+    cvd = ",".join(b.uuid for b in bindings) if by_uuid else ",".join(str(p) for p in positions)
     return Plan(bindings, cvd, expectation, len(in_pci_order) - len(expectation.cards))
 
 
@@ -137,21 +161,27 @@ def check_devices(plan: Plan, devices: Sequence[CudaDevice], cards: Sequence[Car
     want = plan.bindings
     shown = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"
     for b, dev in zip(want, devices):
+        want_hex = uuid_hex(b.uuid)
+        if want_hex is None:
+            raise MisalignedError(
+                f"cannot tell whether cuda:{b.local_rank} is {b.uuid}: NVML names it in the old MIG form, whose "
+                f"digits are its parent card's, and {via} reports another UUID for every MIG device",
+                "drivers before R470 write this form: upgrade the driver, or use --verify nvml",
+            )
         # An old torch may lack uuid or the PCI fields: what is missing is not compared (and is reported).
-        if (dev.uuid_hex and dev.uuid_hex != uuid_hex(b.uuid)) or (dev.bus_id is not None
-                                                                    and dev.bus_id != b.bus_id):
+        if (dev.uuid_hex and dev.uuid_hex != want_hex) or (dev.bus_id is not None and dev.bus_id != b.bus_id):
             raise MisalignedError(
                 f"{via} says cuda:{b.local_rank} is {dev.describe(cards)}, but {plan.expectation.source} asks "
                 f"for {b.uuid} at {b.bus_id} there (under CUDA_DEVICE_ORDER=PCI_BUS_ID {shown})",
-                "the CUDA driver and NVML disagree about which card is which: do not start work here; check "
-                "the container runtime (`nvidia-container-cli list`) and report it",
+                "the CUDA driver and NVML disagree about which card is which: do not start work here; report it "
+                "with `nvidia-smi -L` (in a container, `nvidia-container-cli list` shows what the runtime mounted)",
             )
     if len(devices) != len(want):
         raise MisalignedError(
             f"{via} sees {len(devices)} device(s) under {shown}, but {plan.expectation.source} asks for "
             f"{len(want)}: {', '.join(b.uuid for b in want)}",
-            "something else in this process's environment changes what CUDA enumerates (CUDA_VISIBLE_DEVICES "
-            "rewritten, a MIG device, a lost card): run `gpupin-entrypoint --verify cuda` to see the mapping",
+            "the CUDA driver enumerates other devices than NVML lists (a card in MIG mode, a lost card): do not "
+            "start work here; compare with `nvidia-smi -L` and report it",
         )
 
 

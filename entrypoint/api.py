@@ -18,8 +18,8 @@ import os
 import sys
 
 from gpupin.entrypoint import align
-from gpupin.entrypoint.errors import GpuUnavailableError, MisalignedError
-from gpupin.entrypoint.expectation import Expectation, parse_expect
+from gpupin.entrypoint.errors import ExpectationError, GpuSpecError, GpuUnavailableError, MisalignedError
+from gpupin.entrypoint.expectation import Expectation, ExpectedCard, parse_expect
 from gpupin.entrypoint.identity import BusId, uuid_from_bytes
 from gpupin.entrypoint.sources import from_environ
 
@@ -50,6 +50,34 @@ def _torch_devices() -> list[align.CudaDevice]:
         uuid, pci = identify(p)
         out.append(align.CudaDevice(k, uuid, BusId(*pci) if pci else None, p.name))
     return out
+
+
+def _expected_hex(exp: ExpectedCard, k: int, source: str) -> str:
+    """The UUID digits CUDA reports for expected card k (a hand-written prefix gives fewer than 32).
+
+    An old-style MIG UUID (`MIG-GPU-<uuid>/<gi>/<ci>`) carries its parent card's digits, which name no MIG device:
+    it is resolved through NVML (only then is NVML asked) to the MIG device's own UUID, or refused.
+    """
+    want = align.uuid_hex(exp.uuid)
+    if want is not None:
+        return want
+    from gpupin.entrypoint import nvml
+    from gpupin.entrypoint.resolve import resolve
+
+    cards = nvml.list_cards(mig=True)
+    try:
+        target = resolve(exp.uuid, cards)
+    except GpuSpecError as err:
+        if len(err.matches) > 1:
+            raise ExpectationError(f"{source}: {err.message}", err.hint) from None
+        raise MisalignedError(f"{source} expects {exp} at cuda:{k}, but NVML finds no such MIG device here: "
+                              f"{err.message}", "`nvidia-smi -L` lists the MIG devices here, with their UUIDs"
+                              ) from None
+    want = align.uuid_hex(target.uuid)
+    if want is None:
+        raise MisalignedError(f"cannot tell whether cuda:{k} is {exp}: NVML names it in the old MIG form too, whose "
+                              "digits are its parent card's", "drivers before R470 write this form: upgrade the driver")
+    return want
 
 
 def devices(via: str | None = None) -> list[align.CudaDevice]:
@@ -91,15 +119,17 @@ def assert_pinned(expect: str | Expectation | None = None, local_rank: int | Non
             raise MisalignedError(f"cuda:{k} does not exist (this process sees {len(found)} device(s)), but "
                                   f"{expectation.source} expects {exp} there")
         dev = found[k]
-        want = align.uuid_hex(exp.uuid)
+        want = _expected_hex(exp, k, expectation.source)
         same_uuid = not dev.uuid_hex or dev.uuid_hex.startswith(want)  # a hand-written prefix matches too
         same_bus = exp.bus_id is None or dev.bus_id is None or dev.bus_id == exp.bus_id
         if not (same_uuid and same_bus):
-            seen = uuid_from_bytes(bytes.fromhex(dev.uuid_hex)) if dev.uuid_hex else "a card"
+            tag = exp.uuid.split("-", 1)[0]  # what CUDA reports is 16 bytes, whatever kind of device it is
+            seen = uuid_from_bytes(bytes.fromhex(dev.uuid_hex), tag) if dev.uuid_hex else "a card"
             raise MisalignedError(
                 f"cuda:{k} is {seen} at {dev.bus_id} ({dev.name}), but {expectation.source} expects {exp} there",
-                "something changed CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER after the entrypoint set them "
-                f"(now {env.get('CUDA_VISIBLE_DEVICES')!r}, {env.get('CUDA_DEVICE_ORDER')!r})",
+                f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} and CUDA_DEVICE_ORDER="
+                f"{env.get('CUDA_DEVICE_ORDER')!r} in this process put another device there: something changed them "
+                "after gpupin-entrypoint set them, or the process did not start under it",
             )
         full = uuid_from_bytes(bytes.fromhex(dev.uuid_hex), exp.uuid.split("-", 1)[0]) if dev.uuid_hex else exp.uuid
         bindings.append(align.Binding(k, full, dev.bus_id, dev.name, exp))

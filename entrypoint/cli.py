@@ -5,19 +5,21 @@ stderr, and execs CMD (same PID: its exit code and signals are its own). Refuses
 when no GPU is usable, 64 on bad usage or a malformed expectation; 127/126 when CMD cannot be run, as Docker does.
 
 The options are parsed by hand: argparse would cost start-up time on every container start, and everything
-from the first non-option word on belongs to the workload untouched.
-"""
+from the first non-option word on belongs to the workload untouched (its own `--debug` or `--verify` included).
 
-from __future__ import annotations
+No `from __future__ import annotations` here: this module is imported before gpupin.entrypoint.isolation takes the
+workload's paths out of sys.path.
+"""
 
 import os
 import sys
 
-from gpupin.entrypoint.errors import GpupinError, UsageError
+from gpupin.entrypoint.errors import GpupinError, StoppedError, UsageError, shorten, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
+    from types import FrameType
 
     from gpupin.entrypoint.verify import Verification
 
@@ -43,23 +45,37 @@ options:
   --json          print the report as one JSON object (stdout without CMD, stderr with one)
   --debug         print a traceback with a refusal
   -h, --help      show this help;  --version  print the version
+Only the options before CMD are the entrypoint's; everything from CMD on is the workload's, untouched.
+GPUPIN_REQUIRE and GPUPIN_QUIET take 1/true/yes/on or 0/false/no/off (empty: off); GPUPIN_PROBE_TIMEOUT is how
+long the CUDA and torch probes may take, in seconds (default 120).
 
 Without CMD, only verify and report. Exit codes: CMD's own once it runs; 78 refused (misaligned or no
 expectation with --require); 69 no usable GPU (NVML or CUDA driver); 64 bad usage or a malformed expectation;
-127 CMD not found; 126 CMD not executable.
+127 CMD not found; 126 CMD not executable; 128+N stopped by signal N (docker stop: 143) before CMD started.
+The entrypoint's own imports ignore PYTHONPATH, the working directory and the user site, which CMD gets as they
+are (see gpupin.entrypoint.isolation for what is and is not guarded).
 """
 
 EX_NOTFOUND = 127
 EX_NOEXEC = 126
+LEVELS = ("nvml", "cuda", "torch")
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+# What ends the entrypoint while it verifies: docker stop (TERM), Ctrl-C (INT), a closed terminal (HUP). As PID 1
+# of a container, it would otherwise ignore them (the kernel drops signals PID 1 has no handler for), and docker
+# stop would wait its 10 s for a SIGKILL while the probe runs on.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
 class Options:
+    """The entrypoint's options: its own command line first, then GPUPIN_* for what the command line left unset."""
+
     __slots__ = ("cmd", "debug", "help", "json", "level", "quiet", "require", "version")
 
     def __init__(self) -> None:
-        self.level = os.environ.get("GPUPIN_VERIFY", "cuda") or "cuda"
-        self.require = os.environ.get("GPUPIN_REQUIRE", "") not in ("", "0", "false", "no")
-        self.quiet = os.environ.get("GPUPIN_QUIET", "") not in ("", "0", "false", "no")
+        self.level: str | None = None
+        self.require: bool | None = None
+        self.quiet: bool | None = None
         self.json = False
         self.debug = False
         self.help = False
@@ -67,8 +83,39 @@ class Options:
         self.cmd: list[str] = []
 
 
-def parse_args(argv: Sequence[str]) -> Options:
-    opts = Options()
+class CommandError(GpupinError):
+    """CMD cannot be run: 127 not found (an empty name too), 126 not executable, as Docker reports them."""
+
+    def __init__(self, exit_code: int, message: str, hint: str) -> None:
+        super().__init__(message, hint)
+        self.exit_code = exit_code
+
+
+def _level(value: str, given: str, hint: str) -> str:
+    level = value.strip().lower()
+    if level not in LEVELS:
+        raise UsageError(f"unknown verification level {shorten(value)} ({given})", hint)
+    return level
+
+
+def _flag(environ: "Mapping[str, str]", name: str) -> bool:
+    raw = environ.get(name, "")
+    if raw.strip().lower() in _ON:
+        return True
+    if raw.strip().lower() in _OFF:
+        return False
+    raise UsageError(f"{name}={shorten(raw)} is neither on nor off",
+                     f"set {name}=1 or {name}=0 (true/false, yes/no, on/off), or unset it")
+
+
+def parse_args(argv: "Sequence[str]", opts: "Options | None" = None,
+               environ: "Mapping[str, str] | None" = None) -> Options:
+    """Fill `opts` from the entrypoint's own options (those before CMD), then from GPUPIN_* where none was given.
+
+    `opts` is filled as parsing goes, so a caller that catches a UsageError still knows whether --debug came first.
+    """
+    opts = Options() if opts is None else opts
+    env = os.environ if environ is None else environ
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -84,9 +131,9 @@ def parse_args(argv: Sequence[str]) -> Options:
                 if i >= len(argv):
                     raise UsageError("--verify needs a level", "use --verify nvml, cuda or torch")
                 value = argv[i]
-            opts.level = value
+            opts.level = _level(value, "--verify", "use --verify nvml, cuda or torch")
         elif eq:
-            raise UsageError(f"option {name} takes no value", f"see `{PROG} --help`")
+            raise UsageError(f"option {shorten(name)} takes no value", f"see `{PROG} --help`")
         elif arg == "--require":
             opts.require = True
         elif arg in ("--quiet", "-q"):
@@ -100,12 +147,24 @@ def parse_args(argv: Sequence[str]) -> Options:
         elif arg == "--version":
             opts.version = True
         else:
-            raise UsageError(f"unknown option {arg}",
+            raise UsageError(f"unknown option {shorten(arg)}",
                              f"see `{PROG} --help`; put `--` before a command that starts with '-'")
         i += 1
     opts.cmd = list(argv[i:])
-    if opts.level not in ("nvml", "cuda", "torch"):
-        raise UsageError(f"unknown verification level {opts.level!r}", "use --verify nvml, cuda or torch")
+    if opts.help or opts.version:
+        return opts
+    if opts.level is None:
+        raw = env.get("GPUPIN_VERIFY", "")
+        opts.level = _level(raw, "GPUPIN_VERIFY", "set GPUPIN_VERIFY to nvml, cuda or torch, or unset it for cuda"
+                            ) if raw.strip() else "cuda"
+    if opts.require is None:
+        opts.require = _flag(env, "GPUPIN_REQUIRE")
+    if opts.quiet is None:
+        opts.quiet = _flag(env, "GPUPIN_QUIET")
+    if opts.cmd and not opts.cmd[0]:
+        raise CommandError(EX_NOTFOUND, "cannot run '': the command name is empty",
+                           "give the command after the options; an empty CMD or ENTRYPOINT entry in the image, "
+                           "compose file or `docker run` line does this")
     return opts
 
 
@@ -113,7 +172,7 @@ def refuse(err: GpupinError) -> None:
     sys.stderr.write(err.line(PROG))
 
 
-def report_text(ver: Verification) -> str:
+def report_text(ver: "Verification") -> str:
     exp = ver.plan.expectation
     lines = []
     head = f"verified at level {ver.level}"
@@ -125,53 +184,74 @@ def report_text(ver: Verification) -> str:
         lines.append("  (nvml level without an expectation: cuda:k not asked; NVML order shown)")
     lines.append("set " + " ".join(f"{k}={v}" for k, v in ver.env_set.items() if k != "GPUPIN_EXPECT"))
     for key, old in ver.overridden.items():
-        lines.append(f"overrode {key}={old} (inherited from the image or caller)")
+        lines.append(f"overrode {key}={shown(old)} (inherited from the image or caller)")
     lines.extend(ver.notes)
     lines.extend(f"WARNING: {w}" for w in ver.warnings)
     return "".join(f"{PROG}: {line}\n" for line in lines)
 
 
-def run_workload(cmd: Sequence[str], env: dict[str, str]) -> int:
-    """exec CMD in place of this process; return only when that fails (127/126, as Docker does)."""
+def run_workload(cmd: "Sequence[str]", env: "dict[str, str]") -> int:
+    """exec CMD in place of this process; raise CommandError (127/126, as Docker does) when that fails."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         os.execvpe(cmd[0], list(cmd), env)
     except FileNotFoundError:
-        where = "" if "/" in cmd[0] else f" in PATH={env.get('PATH', os.defpath)}"
-        refuse(GpupinError(f"cannot run {cmd[0]!r}: no such file or directory{where}",
-                           "check the command's name, or give its full path"))
-        return EX_NOTFOUND
-    except OSError as err:  # permission denied, a directory, not an executable format
-        refuse(GpupinError(f"cannot run {cmd[0]!r}: {err.strerror or err}",
-                           "run an executable file (chmod +x, with a #! line), or name its interpreter first"))
-        return EX_NOEXEC
+        where = "" if "/" in cmd[0] else f" in PATH={shorten(env.get('PATH', os.defpath), 300)}"
+        raise CommandError(EX_NOTFOUND, f"cannot run {shorten(cmd[0])}: no such file or directory{where}",
+                           "check the command's name, or give its full path") from None
+    except (OSError, ValueError) as err:  # permission denied, a directory, not an executable format; a NUL byte
+        why = (err.strerror if isinstance(err, OSError) else None) or err
+        raise CommandError(EX_NOEXEC, f"cannot run {shorten(cmd[0])}: {why}",
+                           "run an executable file (chmod +x, with a #! line), or name its interpreter first"
+                           ) from None
     raise AssertionError("unreachable: execvpe returned")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
-    try:
-        opts = parse_args(args)
-        if opts.help:
-            sys.stdout.write(HELP)
-            return 0
-        if opts.version:
-            from gpupin.entrypoint import __version__
+def _stop(signum: int, frame: "FrameType | None") -> None:
+    import signal
 
-            sys.stdout.write(f"{PROG} {__version__}\n")
-            return 0
-        from gpupin.entrypoint.verify import verify
+    raise StoppedError(signum, signal.Signals(signum).name, "verifying the GPU pin")
 
-        env, ver = verify(os.environ, opts.level, opts.require)
-    except GpupinError as err:
-        if debug:
-            import traceback
 
-            traceback.print_exc()
-        refuse(err)
-        return err.exit_code
+def catch_stop_signals() -> "dict[int, object]":
+    """Make STOP_SIGNALS end the entrypoint with 128+N (a probe child is killed on the way out); return the
+    handlers to put back. A signal inherited as ignored stays ignored, for this process and, through exec, CMD.
+    exec gives CMD the default action for the others."""
+    import signal
+
+    previous: dict[int, object] = {}
+    for name in STOP_SIGNALS:
+        num = getattr(signal, name)
+        try:
+            if signal.getsignal(num) is not signal.SIG_IGN:
+                previous[num] = signal.signal(num, _stop)
+        except ValueError:  # not the main thread: signals are the embedding program's business
+            break
+    return previous
+
+
+def restore_signals(previous: "dict[int, object]") -> None:
+    import signal
+
+    for num, handler in previous.items():
+        signal.signal(num, handler)  # type: ignore[arg-type]
+
+
+def run(argv: "Sequence[str]", opts: Options) -> int:
+    parse_args(argv, opts)
+    if opts.help:
+        sys.stdout.write(HELP)
+        return 0
+    if opts.version:
+        from gpupin.entrypoint import __version__
+
+        sys.stdout.write(f"{PROG} {__version__}\n")
+        return 0
+    from gpupin.entrypoint.verify import verify
+
+    assert opts.level is not None
+    env, ver = verify(os.environ, opts.level, bool(opts.require))
     if opts.json:
         import json
 
@@ -182,6 +262,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not opts.cmd:
         return 0
     return run_workload(opts.cmd, env)
+
+
+def main(argv: "Sequence[str] | None" = None) -> int:
+    """The console script. Called without `argv` (as the program), it first keeps its own imports away from the
+    workload's PYTHONPATH, working directory and user site (gpupin.entrypoint.isolation); called with `argv`, the
+    process is the caller's and sys.path is left alone."""
+    if argv is None:
+        from gpupin.entrypoint.isolation import isolate
+
+        isolate()
+        argv = sys.argv[1:]
+    opts = Options()
+    previous = catch_stop_signals()
+    try:
+        return run(argv, opts)
+    except GpupinError as err:
+        if opts.debug:  # only the entrypoint's own --debug, never one in CMD's arguments
+            import traceback
+
+            traceback.print_exc()
+        refuse(err)
+        return err.exit_code
+    finally:
+        restore_signals(previous)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from when GPUPIN_EXPECT is unset (NVIDIA_VISIBLE_DEVICES, Swarm, ...) is gpupin.
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import ExpectationError, UsageError
+from gpupin.entrypoint.errors import ExpectationError, UsageError, shorten
 from gpupin.entrypoint.identity import BusId, is_full_uuid, is_uuid_like, normalize_uuid
 
 TYPE_CHECKING = False
@@ -79,7 +79,7 @@ def _parse_uuid_entry(text: str, source: str, whole: str) -> str:
         # A hand-written prefix (CUDA accepts them); it is resolved against the cards NVML sees.
         tag, _, rest = t.partition("-")
         return tag.upper() + "-" + rest.lower()
-    raise ExpectationError(f"{source}={whole!r}: {t!r} is not a GPU UUID", _hint(source))
+    raise ExpectationError(f"{source}={shorten(whole)}: {shorten(t)} is not a GPU UUID", _hint(source))
 
 
 def parse_expect(value: str, source: str = EXPECT_VAR) -> Expectation:
@@ -91,7 +91,7 @@ def parse_expect(value: str, source: str = EXPECT_VAR) -> Expectation:
     for k, raw in enumerate(value.split(",")):
         entry = raw.strip()
         if not entry:
-            raise ExpectationError(f"{source}={value!r}: entry {k} is empty", _hint(source))
+            raise ExpectationError(f"{source}={shorten(value)}: entry {k} is empty", _hint(source))
         uuid_part, at, bus_part = entry.partition("@")
         uuid = _parse_uuid_entry(uuid_part, source, value)
         bus: BusId | None = None
@@ -100,11 +100,12 @@ def parse_expect(value: str, source: str = EXPECT_VAR) -> Expectation:
                 bus = BusId.parse(bus_part)
             except UsageError:
                 raise ExpectationError(
-                    f"{source}={value!r}: {bus_part!r} (after {uuid_part.strip()}@) is not a PCI bus id",
+                    f"{source}={shorten(value)}: {shorten(bus_part)} (after {shorten(uuid_part.strip())}@) is not "
+                    "a PCI bus id",
                     _hint(source),
                 ) from None
         if uuid.lower() in seen:
-            raise ExpectationError(f"{source}={value!r}: {uuid} is listed twice", _hint(source))
+            raise ExpectationError(f"{source}={shorten(value)}: {uuid} is listed twice", _hint(source))
         seen.add(uuid.lower())
         cards.append(ExpectedCard(uuid, bus))
     return Expectation(cards, source)

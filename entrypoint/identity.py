@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import GpuSpecError, UsageError
+from gpupin.entrypoint.errors import GpuSpecError, UsageError, shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,8 +24,9 @@ _GPU_UUID = re.compile(f"(?i:GPU)-({_UUID_BODY})")
 _MIG_UUID = re.compile(f"(?i:MIG)-({_UUID_BODY})")
 # Drivers before R470 named MIG devices by parent UUID, GPU instance and compute instance.
 _MIG_LEGACY = re.compile(f"(?i:MIG)-(?i:GPU)-({_UUID_BODY})/([0-9]+)/([0-9]+)")
-# Anything that can only be meant as a (possibly partial) UUID: a tag, then hex digits and dashes.
-_UUID_PREFIX = re.compile(r"(?i:(GPU|MIG(?:-GPU)?))-([0-9a-fA-F-]*)")
+# Anything that can only be meant as a (possibly partial) UUID: a tag, then hex digits and dashes, no longer than
+# the 36 characters of a whole UUID (a longer "prefix" is a prefix of nothing).
+_UUID_PREFIX = re.compile(r"(?i:(GPU|MIG(?:-GPU)?))-([0-9a-fA-F-]{0,36})")
 
 
 class BusId:
@@ -64,7 +65,7 @@ class BusId:
             return cls(int(domain, 16), int(bus, 16), int(dev, 16), int(fn or "0", 16))
         except ValueError:
             raise UsageError(
-                f"malformed PCI bus id {text!r}",
+                f"malformed PCI bus id {shorten(text)}",
                 "write it as NVML does (00000000:3B:00.0) or short (3b:00.0); `nvidia-smi --query-gpu="
                 "index,uuid,pci.bus_id --format=csv` lists them",
             ) from None
@@ -110,7 +111,7 @@ def normalize_uuid(text: str) -> str:
     if m:
         return f"MIG-GPU-{m.group(1).lower()}/{int(m.group(2))}/{int(m.group(3))}"
     raise UsageError(
-        f"malformed GPU UUID {text!r}",
+        f"malformed GPU UUID {shorten(text)}",
         "a GPU UUID looks like GPU-1c5e8f3a-4b2d-4f0e-9a7c-2d3e4f5a6b7c (see `nvidia-smi -L`)",
     )
 
@@ -121,7 +122,8 @@ def is_full_uuid(text: str) -> bool:
 
 
 def is_uuid_like(text: str) -> bool:
-    """True for a full UUID or a prefix of one with at least one hex digit (`GPU-1c5e`, `MIG-GPU-3f`)."""
+    """True for a full UUID or a prefix of one with at least one hex digit (`GPU-1c5e`, `MIG-GPU-3f`), at most as
+    long as a whole UUID."""
     m = _UUID_PREFIX.fullmatch(text.strip())
     return bool(m and m.group(2).strip("-"))
 
@@ -169,7 +171,7 @@ def match_uuid(spec: str, candidates: Iterable[str]) -> str:
         )
     if not is_uuid_like(t):
         raise GpuSpecError(
-            f"{spec!r} is neither a GPU UUID nor a prefix of one",
+            f"{shorten(spec)} is neither a GPU UUID nor a prefix of one",
             "give a full UUID (GPU-1c5e8f3a-...) or a unique prefix with at least one hex digit (GPU-1c5e)",
         )
     low = t.lower()
@@ -178,11 +180,11 @@ def match_uuid(spec: str, candidates: Iterable[str]) -> str:
         return matches[0]
     if not matches:
         raise GpuSpecError(
-            f"no card's UUID starts with {t!r} (cards: {', '.join(cands) or 'none'})",
+            f"no card's UUID starts with {shorten(t)} (cards: {', '.join(cands) or 'none'})",
             "list the cards with `nvidia-smi -L` or `hostagent ls`",
         )
     raise GpuSpecError(
-        f"the UUID prefix {t!r} is ambiguous: it matches {', '.join(matches)}",
+        f"the UUID prefix {shorten(t)} is ambiguous: it matches {', '.join(matches)}",
         "give more hex digits, or the full UUID",
         matches,
     )

@@ -30,14 +30,18 @@ _GPU_IS_LOST = 15
 _LIB_RM_VERSION_MISMATCH = 18
 _UNKNOWN = 999
 
+# Both sides read these, in containers and on hosts: a hint that depends on where it runs says both.
 _HINTS = {
-    _LIBRARY_NOT_FOUND: "no NVIDIA driver library is visible here: start the container with a GPU "
-    "(`hostagent run`, `docker run --gpus device=UUID`) on a host with the NVIDIA Container Toolkit",
-    _UNKNOWN: "the container lost access to its GPU device nodes, the known effect of `systemctl daemon-reload` "
-    "on the host (NVIDIA/nvidia-container-toolkit#48): restart the container; to stop it recurring, pass the "
-    "/dev/nvidia* nodes with --device or move the host to cgroup v2",
+    _LIBRARY_NOT_FOUND: "no NVIDIA driver library (libnvidia-ml.so.1) is visible here: in a container, start it "
+    "with a GPU (`hostagent run`, `docker run --gpus device=UUID`) on a host with the NVIDIA Container Toolkit; on "
+    "a host, install the NVIDIA driver (`nvidia-smi` must work)",
+    _UNKNOWN: "in a container, it lost access to its GPU device nodes, the known effect of `systemctl "
+    "daemon-reload` on the host (NVIDIA/nvidia-container-toolkit#48): restart the container, and to stop it "
+    "recurring pass the /dev/nvidia* nodes with --device or move the host to cgroup v2; on a host, check "
+    "`nvidia-smi` and `dmesg`",
     _DRIVER_NOT_LOADED: "the NVIDIA kernel module is not loaded: check `nvidia-smi` on the host",
-    _NO_PERMISSION: "this process may not open /dev/nvidia*: run with the GPU's device nodes (`--gpus`)",
+    _NO_PERMISSION: "this process may not open /dev/nvidia*: in a container, give it the GPU's device nodes "
+    "(`--gpus`); on a host, check the permissions of /dev/nvidia* (the `video` group, or run as root)",
     _LIB_RM_VERSION_MISMATCH: "the driver was upgraded but the old kernel module is still loaded: reboot the "
     "host (or reload the nvidia module)",
     _GPU_IS_LOST: "the card fell off the bus (look for Xid 79 in the host's `dmesg`): reset it with "
@@ -116,8 +120,9 @@ def _module() -> Any:
             import pynvml
         except ImportError:
             raise GpuUnavailableError(
-                "the Python package nvidia-ml-py (module pynvml) is not installed",
-                "pip install nvidia-ml-py (NVIDIA's binding; not the PyPI package named `pynvml`)",
+                "the Python package nvidia-ml-py (module pynvml) is not installed where gpupin is (the entrypoint "
+                "does not import from PYTHONPATH, the working directory or the user site)",
+                "pip install nvidia-ml-py beside gpupin (NVIDIA's binding; not the PyPI package named `pynvml`)",
             ) from None
         try:
             pynvml.nvmlInit()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import GpuSpecError, UsageError
+from gpupin.entrypoint.errors import GpuSpecError, UsageError, shorten
 from gpupin.entrypoint.identity import BusId, is_full_uuid, is_mig, is_uuid_like, match_uuid, mig_legacy_parts
 
 TYPE_CHECKING = False
@@ -108,7 +108,7 @@ def _by_index(index: int, cards: Sequence[Card], spec: str) -> Card:
     for card in cards:
         if card.index == index:
             return card
-    within = "" if spec.strip() == str(index) else f" (in {spec!r})"
+    within = "" if spec.strip() == str(index) else f" (in {shorten(spec)})"
     raise GpuSpecError(f"GPU index {index}{within} is out of range: this host has {len(cards)} card(s) "
                        f"({_listing(cards)})", SPEC_HINT)
 
@@ -116,7 +116,7 @@ def _by_index(index: int, cards: Sequence[Card], spec: str) -> Card:
 def _mig_by_uuid(spec: str, cards: Sequence[Card]) -> Target:
     migs = {m.uuid: (c, m) for c in cards for m in c.mig_devices}
     if not migs:
-        raise GpuSpecError(f"{spec!r} names a MIG device, but no card here has MIG devices "
+        raise GpuSpecError(f"{shorten(spec)} names a MIG device, but no card here has MIG devices "
                            f"(cards: {_listing(cards)})", SPEC_HINT)
     card, mig = migs[match_uuid(spec, list(migs))]
     return Target(card, mig)
@@ -134,7 +134,8 @@ def _mig_legacy(spec: str, cards: Sequence[Card]) -> Target:
             have = ", ".join(f"{m.gpu_instance_id}/{m.compute_instance_id}" for m in card.mig_devices) or "none"
             raise GpuSpecError(f"{card.uuid} has no MIG device with GPU instance {gi} and compute instance {ci} "
                                f"(it has: {have})", SPEC_HINT)
-    raise GpuSpecError(f"no card with UUID {parent} (in {spec!r}) on this host (cards: {_listing(cards)})", SPEC_HINT)
+    raise GpuSpecError(f"no card with UUID {parent} (in {shorten(spec)}) on this host (cards: {_listing(cards)})",
+                       SPEC_HINT)
 
 
 def _mig_pair(spec: str, cards: Sequence[Card]) -> Target:
@@ -146,7 +147,7 @@ def _mig_pair(spec: str, cards: Sequence[Card]) -> Target:
         if mig.index == j:
             return Target(card, mig)
     what = "is not in MIG mode" if not card.mig_mode else f"has {len(card.mig_devices)} MIG device(s)"
-    raise GpuSpecError(f"{spec!r} asks for MIG device {j} of card {card.index} ({card.uuid}), which {what}",
+    raise GpuSpecError(f"{shorten(spec)} asks for MIG device {j} of card {card.index} ({card.uuid}), which {what}",
                        SPEC_HINT)
 
 
@@ -181,8 +182,9 @@ def resolve(spec: str, cards: Sequence[Card]) -> Target:
     if not text:
         raise GpuSpecError("an empty GPU spec", SPEC_HINT)
     if text[:4].upper() in ("GPU-", "MIG-") and not is_full_uuid(text):
-        raise GpuSpecError(f"{spec!r} is not a GPU UUID or a prefix of one (hex digits after the tag)", SPEC_HINT)
-    raise GpuSpecError(f"{spec!r} is not a GPU UUID, index, bus id or MIG device", SPEC_HINT)
+        raise GpuSpecError(f"{shorten(spec)} is not a GPU UUID or a prefix of one (hex digits after the tag)",
+                           SPEC_HINT)
+    raise GpuSpecError(f"{shorten(spec)} is not a GPU UUID, index, bus id or MIG device", SPEC_HINT)
 
 
 def resolve_all(specs: Iterable[str], cards: Sequence[Card]) -> list[Target]:
@@ -191,7 +193,8 @@ def resolve_all(specs: Iterable[str], cards: Sequence[Card]) -> list[Target]:
     for spec in specs:
         target = resolve(spec, cards)
         if target in targets:
-            raise GpuSpecError(f"{spec!r} names {target.uuid}, which is already asked for", "ask for each card once")
+            raise GpuSpecError(f"{shorten(spec)} names {target.uuid}, which is already asked for",
+                               "ask for each card once")
         targets.append(target)
     return targets
 

@@ -8,6 +8,7 @@ which reads the cards once, and only then. Adding a source is one function and o
 
 from __future__ import annotations
 
+from gpupin.entrypoint.errors import shorten
 from gpupin.entrypoint.expectation import EXPECT_VAR, Expectation, parse_expect
 from gpupin.entrypoint.identity import is_full_uuid, is_uuid_like
 
@@ -76,7 +77,7 @@ def nvidia_visible_devices(ctx: Context) -> Answer:
         return f"{NVD_VAR}={value} names no card (CDI or no GPU request)"
     if value.strip() in ("all", "none"):
         return f"{NVD_VAR}={value} names no particular card"
-    return f"{NVD_VAR}={value} names no card by UUID"
+    return f"{NVD_VAR}={shorten(value)} names no card by UUID"
 
 
 def swarm_resources(ctx: Context) -> Answer:

@@ -7,12 +7,11 @@ the driver and torch are asked in child processes under exactly the returned env
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 from gpupin.entrypoint import align, sources
-from gpupin.entrypoint.errors import GpuUnavailableError, MisalignedError, UsageError
+from gpupin.entrypoint.errors import GpuUnavailableError, MisalignedError, UsageError, shorten
 from gpupin.entrypoint.expectation import EXPECT_VAR, ExpectedCard, format_expect
 
 TYPE_CHECKING = False
@@ -21,21 +20,39 @@ if TYPE_CHECKING:
     from typing import Any
 
 LEVELS = ("nvml", "cuda", "torch")
+# The entrypoint runs in containers and on bare hosts alike: each hint says what to do in either place.
 _CUDA_HINTS = {
-    -1: "no CUDA driver library (libcuda.so.1) is visible here: start the container with a GPU and the "
-    "`compute` or `utility,compute` driver capabilities (NVIDIA_DRIVER_CAPABILITIES)",
-    100: "the CUDA driver sees no device in this environment: check CUDA_VISIBLE_DEVICES and the runtime",
-    101: "CUDA_VISIBLE_DEVICES names a device twice or is otherwise invalid",
+    -1: "no CUDA driver library (libcuda.so.1) is visible here: in a container, start it with a GPU and the "
+    "`compute` driver capability (NVIDIA_DRIVER_CAPABILITIES=compute,utility); on a host, install the NVIDIA "
+    "driver; --verify nvml skips the CUDA driver",
+    100: "NVML sees the expected cards but the CUDA driver does not: a card in MIG mode is no CUDA device "
+    "(name one of its MIG devices, `nvidia-smi -L`), or, in a container, the `compute` driver capability is "
+    "missing (NVIDIA_DRIVER_CAPABILITIES)",
+    101: "the CUDA driver refused CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER as gpupin set them: report it, with "
+    "`nvidia-smi -L` and the driver version",
     34: "the CUDA toolkit's stub libcuda.so is first on the library path: remove it from LD_LIBRARY_PATH",
     999: "the CUDA driver failed in an unknown way: check `nvidia-smi` and the host's `dmesg`",
 }
+PROBE_TIMEOUT_VAR = "GPUPIN_PROBE_TIMEOUT"
+PROBE_TIMEOUT_DEFAULT = 120.0
+PROBE_TIMEOUT_MAX = 86400.0  # a day: beyond it a hung driver is no longer told apart from a slow one
 
 
-def probe_timeout() -> float:
+def probe_timeout(environ: Mapping[str, str]) -> float:
+    """GPUPIN_PROBE_TIMEOUT in seconds (empty or unset: 120); anything but a number in (0, a day] is refused, so
+    that `inf`, `nan` or a typo never turns into a probe without a limit, or a limit nobody asked for."""
+    raw = environ.get(PROBE_TIMEOUT_VAR, "")
+    if not raw.strip():
+        return PROBE_TIMEOUT_DEFAULT
     try:
-        return float(os.environ.get("GPUPIN_PROBE_TIMEOUT", "120"))
+        value = float(raw)
     except ValueError:
-        return 120.0
+        value = float("nan")
+    if not 0 < value <= PROBE_TIMEOUT_MAX:  # nan fails every comparison
+        raise UsageError(f"{PROBE_TIMEOUT_VAR}={shorten(raw)} is not a number of seconds between 0 and "
+                         f"{PROBE_TIMEOUT_MAX:.0f}",
+                         f"unset it for {PROBE_TIMEOUT_DEFAULT:.0f} s, or give one like {PROBE_TIMEOUT_VAR}=300")
+    return value
 
 
 class Verification:
@@ -82,21 +99,24 @@ class Verification:
 
 
 def _run_child(args: list[str], env: Mapping[str, str], what: str) -> str:
+    timeout = probe_timeout(env)
     try:
-        done = subprocess.run(args, env=dict(env), capture_output=True, timeout=probe_timeout(), check=False)
-    except subprocess.TimeoutExpired:
+        done = subprocess.run(args, env=dict(env), capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:  # subprocess.run has killed the child
         raise GpuUnavailableError(
-            f"{what} did not answer within {probe_timeout():.0f} s",
-            "the driver hangs: check `nvidia-smi` on the host (GPUPIN_PROBE_TIMEOUT sets the limit)",
+            f"{what} did not answer within {timeout:g} s",
+            f"the driver hangs: check `nvidia-smi` on the host ({PROBE_TIMEOUT_VAR} sets the limit)",
         ) from None
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise GpuUnavailableError(f"{what} failed (exit {done.returncode}): {tail[0]}",
-                                  "check `nvidia-smi` in this container; --verify nvml skips the driver probe")
+        raise GpuUnavailableError(f"{what} failed (exit {done.returncode}): {tail[0][:300]}",
+                                  "check `nvidia-smi` here; --verify nvml skips the driver probe")
     return done.stdout.decode(errors="replace")
 
 
-def _cuda_devices(env: Mapping[str, str]) -> list[align.CudaDevice]:
+def _cuda_devices(env: Mapping[str, str], pinned: bool) -> list[align.CudaDevice]:
+    """What the CUDA driver enumerates under `env`; `pinned`: gpupin wrote CUDA_VISIBLE_DEVICES (else it is the
+    inherited value, or none)."""
     from gpupin.entrypoint import cudaprobe
 
     # -I -S: the probe needs only the standard library, and skipping site saves most of a Python start-up.
@@ -105,13 +125,17 @@ def _cuda_devices(env: Mapping[str, str]) -> list[align.CudaDevice]:
     rc = result["rc"]
     if rc is None:
         raise GpuUnavailableError(f"the CUDA driver probe printed nothing usable: {text[:200]!r}",
-                                  "check `nvidia-smi` in this container; --verify nvml skips the driver probe")
+                                  "check `nvidia-smi` here; --verify nvml skips the driver probe")
     if rc != 0:
         name, msg = result["error"]
         cvd = env.get("CUDA_VISIBLE_DEVICES")
-        under = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"
-        raise GpuUnavailableError(f"cuInit failed with {name} ({rc}): {msg} (under {under})",
-                                  _CUDA_HINTS.get(rc))
+        under = f"CUDA_VISIBLE_DEVICES={shorten(cvd)}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"
+        hint = _CUDA_HINTS.get(rc)
+        if not pinned and cvd is not None and rc in (100, 101):
+            hint = ("with no expectation gpupin leaves CUDA_VISIBLE_DEVICES as the image or caller set it, and the "
+                    "CUDA driver finds no usable device under it: unset or fix it, or pin the container "
+                    "(GPUPIN_EXPECT, --gpus device=UUID)")
+        raise GpuUnavailableError(f"cuInit failed with {name} ({rc}): {msg} (under {under})", hint)
     return [align.CudaDevice.from_probe(d) for d in result["devices"]]
 
 
@@ -121,8 +145,8 @@ def _torch_devices(env: Mapping[str, str], ver: Verification) -> list[align.Cuda
     text = _run_child([sys.executable, torchprobe.__file__], env, "the torch probe")
     result = torchprobe.from_lines(text)
     if result["error"]:
-        raise GpuUnavailableError(f"torch could not describe its devices: {result['error']}",
-                                  "use --verify cuda, or install torch in this image")
+        raise GpuUnavailableError(f"torch could not describe its devices: {result['error'][:300]}",
+                                  "use --verify cuda, or install torch where the workload runs")
     if result["missing"]:
         ver.warnings.append(
             f"torch {result['version']} lacks {', '.join(result['missing'])} in get_device_properties: "
@@ -143,13 +167,15 @@ def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = Fals
            ) -> tuple[dict[str, str], Verification]:
     """Verify that every cuda:k will be expectation k; return the workload's environment and the report."""
     if level not in LEVELS:
-        raise UsageError(f"unknown verification level {level!r}", "use nvml, cuda or torch")
+        raise UsageError(f"unknown verification level {shorten(level)}", "use nvml, cuda or torch")
+    probe_timeout(environ)  # a malformed limit is refused at every level, before anything runs
     found = sources.find(environ)
     expectation = found.expectation
     if expectation is None and require:
         raise MisalignedError(
             f"no expectation ({found.why_unpinned()}), but an expectation is required",
-            "start the container with `hostagent run`, or set GPUPIN_EXPECT=UUID[@BUSID] (or --gpus device=UUID)",
+            "set GPUPIN_EXPECT=UUID[@BUSID] (`hostagent run` and `docker run --gpus device=UUID` give a container "
+            "one)",
         )
     cards = found.context.cards()
     plan = align.plan(expectation, cards)
@@ -167,7 +193,7 @@ def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = Fals
     else:
         ver.notes.append(f"no expectation ({found.why_unpinned()}): running unpinned")
     if level in ("cuda", "torch"):
-        ver.cuda_devices = _cuda_devices(env)
+        ver.cuda_devices = _cuda_devices(env, plan.cuda_visible_devices is not None)
         align.check_devices(plan, ver.cuda_devices, cards, "the CUDA driver", env.get("CUDA_VISIBLE_DEVICES"))
     if level == "torch":
         align.check_devices(plan, _torch_devices(env, ver), cards, "torch", env.get("CUDA_VISIBLE_DEVICES"))

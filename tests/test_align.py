@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupin.entrypoint import cudaprobe
 from gpupin.entrypoint.align import CudaDevice, check_devices, plan, uuid_hex
 from gpupin.entrypoint.errors import ExpectationError, MisalignedError
 from gpupin.entrypoint.expectation import parse_expect
 from gpupin.entrypoint.identity import BusId
 from gpupin.entrypoint.nvml import Card, MigDevice
+from tests.cards import cards
+from tests.conftest import FAKEGPU, scenario
 
 A800 = "GPU-5f1d2c3b-8a9e-4b7c-a1d2-e3f4a5b6c7d8"
 RTX = "GPU-1c5e8f3a-4b2d-4f0e-9a7c-2d3e4f5a6b7c"
@@ -25,8 +35,14 @@ def mixed4() -> list[Card]:
     ]
 
 
+def hex_of(uuid: str) -> str:
+    h = uuid_hex(uuid)
+    assert h is not None
+    return h
+
+
 def dev(k: int, uuid: str, bus: str, name: str = "x") -> CudaDevice:
-    return CudaDevice(k, uuid_hex(uuid), BusId.parse(bus), name)
+    return CudaDevice(k, hex_of(uuid), BusId.parse(bus), name)
 
 
 def test_single_card_in_a_container_is_index_0() -> None:
@@ -132,4 +148,56 @@ def test_torch_without_uuid_or_pci_fields_compares_what_it_has() -> None:
     p = plan(parse_expect(RTX), mixed4())
     check_devices(p, [CudaDevice(0, "", None, "NVIDIA GeForce RTX 4090")], mixed4(), "torch", "1")
     with pytest.raises(MisalignedError):
-        check_devices(p, [CudaDevice(0, uuid_hex(A800), None, "A800")], mixed4(), "torch", "1")
+        check_devices(p, [CudaDevice(0, hex_of(A800), None, "A800")], mixed4(), "torch", "1")
+
+
+def test_a_whole_card_beside_a_mig_mode_card_is_named_by_uuid() -> None:
+    # CUDA shows the MIG-mode card 0 as its two MIG devices: index 1 would be MIG device 2, not the whole card 1.
+    box = cards("mig")
+    p = plan(parse_expect(str(box[1].uuid)), box)
+    assert p.cuda_visible_devices == box[1].uuid
+
+
+def test_a_whole_card_in_mig_mode_is_refused_listing_its_mig_devices() -> None:
+    box = cards("mig")
+    with pytest.raises(MisalignedError) as e:
+        plan(parse_expect(str(box[0].uuid)), box)
+    assert "is in MIG mode" in e.value.message
+    assert all(m.uuid in e.value.message for m in box[0].mig_devices)
+
+
+def test_uuid_hex_never_gives_an_empty_string() -> None:
+    assert uuid_hex(RTX) == RTX[4:].replace("-", "")
+    assert uuid_hex("MIG-GPU-1c5e8f3a-4b2d-4f0e-9a7c-2d3e4f5a6b7c/1/0") is None  # its digits are the parent's
+    assert uuid_hex("GPU-") is None and uuid_hex("GPU-1c5e") == "1c5e"
+
+
+@st.composite
+def box_and_request(draw: st.DrawFn) -> tuple[str, list[Card], list[tuple[Card, MigDevice | None]]]:
+    """A shipped box and an ordered pick of what CUDA can run on there: whole cards not in MIG mode, MIG devices."""
+    name = draw(st.sampled_from(["mixed-4", "dgx-8", "mig", "mig-shared-prefix"]))
+    box = cards(name)
+    usable: list[tuple[Card, MigDevice | None]] = [(c, None) for c in box if not c.mig_mode]
+    usable += [(c, m) for c in box for m in c.mig_devices]
+    picked = draw(st.lists(st.sampled_from(usable), min_size=1, max_size=4, unique_by=lambda t: id(t[1] or t[0])))
+    return name, box, picked
+
+
+@settings(max_examples=60, deadline=None)
+@given(box_and_request(), st.booleans())
+def test_the_plan_puts_expectation_k_at_cuda_k_as_the_cuda_driver_enumerates(
+        fakegpu: Path, request: tuple[str, list[Card], list[tuple[Card, MigDevice | None]]], with_bus: bool) -> None:
+    # The model property: whatever the box and the pick, the CUDA driver (the fake, which keeps CUDA's rules:
+    # tests/fakegpu/cuda.c) reports binding k at cuda:k under the plan's CUDA_VISIBLE_DEVICES.
+    name, box, picked = request
+    entries = [(m.uuid if m else str(c.uuid)) + (f"@{c.bus_id}" if with_bus else "") for c, m in picked]
+    p = plan(parse_expect(",".join(entries)), box)
+    assert p.cuda_visible_devices is not None
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH": str(FAKEGPU / "lib"),
+           "FAKEGPU_TOPOLOGY": str(scenario(name)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+           "CUDA_VISIBLE_DEVICES": p.cuda_visible_devices}
+    out = subprocess.run([sys.executable, *cudaprobe.CHILD_ARGS], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    found = [CudaDevice.from_probe(d) for d in cudaprobe.from_lines(out)["devices"]]
+    assert [(d.uuid_hex, d.bus_id) for d in found] == [(uuid_hex(b.uuid), b.bus_id) for b in p.bindings]
+    check_devices(p, found, box, "the CUDA driver", p.cuda_visible_devices)

@@ -42,12 +42,13 @@ class Entrypoint:
         self.py = sys.executable if mode == "host" else "python3"
 
     def argv(self, args: list[str], env: dict[str, str], gpus: str | None, init: bool = False,
-             detach: bool = False, scenario_name: str = "mixed-4") -> tuple[list[str], dict[str, str]]:
+             detach: bool = False, scenario_name: str = "mixed-4", docker_args: tuple[str, ...] = ()
+             ) -> tuple[list[str], dict[str, str]]:
         args = [a.replace("{py}", self.py) for a in args]
         if self.mode == "host":
             return [ENTRYPOINT, *args], simhost_env(scenario_name, **env)
         assert self.sandbox is not None
-        cmd = [self.sandbox.docker_cli, "run", "-d" if detach else "--rm"]
+        cmd = [self.sandbox.docker_cli, "run", "-d" if detach else "--rm", *docker_args]
         if init:
             cmd.append("--init")
         if gpus is not None:
@@ -57,19 +58,31 @@ class Entrypoint:
         return [*cmd, TEST_IMAGE, *args], self.sandbox.env
 
     def run(self, *args: str, env: dict[str, str] | None = None, gpus: str | None = "all",
-            init: bool = False, scenario_name: str = "mixed-4") -> Result:
-        argv, penv = self.argv(list(args), env or {}, gpus, init, scenario_name=scenario_name)
-        p = subprocess.run(argv, env=penv, capture_output=True, text=True, timeout=120)
+            init: bool = False, scenario_name: str = "mixed-4", docker_args: tuple[str, ...] = (),
+            cwd: Path | None = None) -> Result:
+        """`docker_args` go to `docker run` (container mode); `cwd` is the host process's directory (host mode)."""
+        argv, penv = self.argv(list(args), env or {}, gpus, init, scenario_name=scenario_name,
+                               docker_args=docker_args)
+        p = subprocess.run(argv, env=penv, capture_output=True, text=True, timeout=120,
+                           cwd=cwd if self.mode == "host" else None)
         return Result(p.returncode, p.stdout, p.stderr)
 
 
-@pytest.fixture(params=["host", *(pytest.param(f"container-{e}", marks=pytest.mark.docker)
-                                   for e in engines_under_test())])
-def ep(request: pytest.FixtureRequest, fakegpu: Path) -> Entrypoint:
+# Every mode: bare metal, and a container on each engine under test.
+MODES = ["host", *(pytest.param(f"container-{e}", marks=pytest.mark.docker) for e in engines_under_test())]
+
+
+def entrypoint_in(request: pytest.FixtureRequest, scenario_name: str = "mixed-4") -> Entrypoint:
+    """The entrypoint in the mode a MODES-parametrized fixture was given, on that scenario."""
     if request.param.startswith("container-"):
         sandboxes = request.getfixturevalue("sandboxes")
-        return Entrypoint("container", sandboxes.get(request.param.removeprefix("container-")).use("mixed-4"))
+        return Entrypoint("container", sandboxes.get(request.param.removeprefix("container-")).use(scenario_name))
     return Entrypoint("host", None)
+
+
+@pytest.fixture(params=MODES)
+def ep(request: pytest.FixtureRequest, fakegpu: Path) -> Entrypoint:
+    return entrypoint_in(request)
 
 
 def device(*uuids: str) -> str:

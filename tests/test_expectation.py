@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupin.entrypoint.errors import ExpectationError
 from gpupin.entrypoint.expectation import ExpectedCard, format_expect, parse_expect
@@ -14,7 +16,7 @@ U2 = "GPU-bd66e15d-bea0-a04a-ba15-aa76757c09e1"
 
 
 def test_parse_in_local_rank_order_with_and_without_bus() -> None:
-    e = parse_expect(f"{U2}@0000:00:06.0, {U1.upper().replace('GPU-', 'GPU-')}")
+    e = parse_expect(f"{U2}@0000:00:06.0, {U1.upper().replace('GPU-', 'gpu-')}")  # any case, NVML's spelling out
     assert [c.uuid for c in e.cards] == [U2, U1]
     assert e.cards[0].bus_id == BusId(0, 0, 6) and e.cards[1].bus_id is None
     assert e.source == "GPUPIN_EXPECT"
@@ -89,3 +91,44 @@ def test_a_runtime_variable_listing_a_card_twice_gets_a_hint_about_that_variable
     assert "listed twice" in e.value.message and e.value.hint is not None
     assert "NVIDIA_VISIBLE_DEVICES should list GPU UUIDs, each card once" in e.value.hint
     assert "GPUPIN_EXPECT=" not in e.value.hint  # the user did not write GPUPIN_EXPECT: no recipe for it
+
+
+HEX = "0123456789abcdef"
+uuid_bodies = st.text(HEX, min_size=32, max_size=32).map(lambda h: f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+bus_ids = st.tuples(st.integers(0, 0xFFFF), st.integers(0, 0xFF), st.integers(0, 0x1F)).map(lambda t: BusId(*t))
+
+
+@st.composite
+def written_cards(draw: st.DrawFn) -> tuple[str, ExpectedCard]:
+    """One GPUPIN_EXPECT entry as a person or a tool may write it, and the card it means."""
+    body = draw(uuid_bodies)
+    tag = draw(st.sampled_from(["GPU", "MIG"]))
+    text = draw(st.sampled_from([f"{tag}-{body}", f"{tag}-{body}".upper(), f"{tag.lower()}-{body}"]))
+    bus = draw(st.none() | bus_ids)
+    if bus is not None:
+        text += "@" + draw(st.sampled_from([str(bus), f"{bus.domain:04x}:{bus.bus:02x}:{bus.device:02x}.0",
+                                            f"{bus.bus:02X}:{bus.device:02X}.0"] if bus.domain == 0 else [str(bus)]))
+    pad = draw(st.sampled_from(["", " ", "\t"]))
+    return pad + text + pad, ExpectedCard(f"{tag}-{body}", bus)
+
+
+@settings(max_examples=300)
+@given(st.lists(written_cards(), min_size=1, max_size=6, unique_by=lambda wc: wc[1].uuid))
+def test_any_spelling_parses_to_nvmls_spelling_in_rank_order_and_round_trips(entries: list[tuple[str, ExpectedCard]]
+                                                                            ) -> None:
+    e = parse_expect(",".join(text for text, _ in entries))
+    assert e.cards == tuple(card for _, card in entries)
+    assert parse_expect(format_expect(e.cards)).cards == e.cards
+
+
+@settings(max_examples=500)
+@given(st.text(max_size=80) | st.binary(max_size=80).map(lambda b: b.decode("utf-8", "surrogateescape")))
+def test_any_text_is_an_expectation_or_one_line_64(value: str) -> None:
+    try:
+        e = parse_expect(value)
+    except ExpectationError as err:
+        assert err.exit_code == 64
+        line = err.line("gpupin-entrypoint")
+        assert line.count("\n") == 1 and line.endswith("\n") and len(line) < 1200, line
+        return
+    assert e.cards and all(c.uuid[:4] in ("GPU-", "MIG-") for c in e.cards)

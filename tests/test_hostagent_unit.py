@@ -34,7 +34,7 @@ def mixed4() -> list[Card]:
             card(3, A800C, "af:00.0", "NVIDIA A800-SXM4-80GB", used=1024, util=5)]
 
 
-@pytest.mark.parametrize("spec", [RTX, RTX.upper().replace("GPU-", "GPU-"), "GPU-95c6", "1", "3b:00.0",
+@pytest.mark.parametrize("spec", [RTX, RTX.upper().replace("GPU-", "gpu-"), "GPU-95c6", "1", "3b:00.0",
                                   "0000:3B:00.0", "00000000:3b:00.0"])
 def test_every_spec_form_names_the_same_card(spec: str) -> None:
     p = resolve_spec(spec, mixed4())

@@ -79,7 +79,7 @@ def test_uuid_from_cuda_bytes_and_torch() -> None:
 def test_match_uuid_full_prefix_and_case() -> None:
     cards = [U1, U2, U3]
     assert match_uuid(U2, cards) == U2
-    assert match_uuid(U2.upper().replace("GPU-", "GPU-"), cards) == U2
+    assert match_uuid(U2.upper().replace("GPU-", "gpu-"), cards) == U2  # tag and hex in another case
     assert match_uuid("GPU-b7f5", cards) == U1
     assert match_uuid("GPU-1C5E", cards) == U3
 
@@ -97,3 +97,11 @@ def test_unmatched_or_meaningless_specs_are_refused(spec: str) -> None:
     with pytest.raises(GpuSpecError) as e:
         match_uuid(spec, [U1, U2])
     assert e.value.matches == ()
+
+
+def test_a_prefix_longer_than_a_whole_uuid_names_nothing() -> None:
+    assert is_uuid_like(U1) and is_uuid_like(U1[:12])
+    assert not is_uuid_like(U1 + "0") and not is_uuid_like("GPU-" + "a" * 37)
+    with pytest.raises(GpuSpecError) as e:
+        match_uuid("GPU-" + "b" * 100_000, [U1, U2])
+    assert len(e.value.message) < 300 and "100004 characters" in e.value.message

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "topology.h"
 
@@ -188,6 +189,11 @@ API CUresult cuInit(unsigned Flags)
         switch (fg_topology_load(&topo)) {
         case FG_LOAD_OK:
             init_rc = topo.cuda_init_fault;
+            if (topo.cuda_init_delay_ms > 0) { /* a driver that hangs in cuInit (a card in a bad state) */
+                struct timespec ts = {topo.cuda_init_delay_ms / 1000, (topo.cuda_init_delay_ms % 1000) * 1000000L};
+                while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+                    ;
+            }
             break;
         case FG_LOAD_MISSING:
             init_rc = CUDA_ERROR_NO_DEVICE;

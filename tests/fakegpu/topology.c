@@ -802,6 +802,12 @@ static int load_faults(struct schema *sc, const struct jv *f, struct fg_topology
             return -1;
         t->cuda_init_fault = (int)x;
     }
+    v = jget(f, "cuda_init_delay_ms");
+    if (v && v->t != JT_NULL) {
+        if (get_uint(sc, f, "cuda_init_delay_ms", "faults", 3600000, 0, &x) < 0)
+            return -1;
+        t->cuda_init_delay_ms = (int)x;
+    }
     return 0; /* hook_expose / hook_expose_all belong to the hook */
 }
 

@@ -63,6 +63,7 @@ struct fg_topology {
     int cuda_driver_version;
     int nvml_init_fault;     /* nvmlReturn_t, 0 = none */
     int cuda_init_fault;     /* CUresult, 0 = none */
+    int cuda_init_delay_ms;  /* cuInit answers only after this long (a hung driver), 0 = at once */
     struct fg_gpu gpus[FG_MAX_GPUS]; /* sorted by PCI bus id: NVML order */
     int ngpus;
 };
