@@ -32,7 +32,7 @@ FAKELIB=$REPO/build/fakegpu/lib
 NODE=gpupin
 CONF=$RUN/etc/slurm.conf
 MUNGE_SOCK=$RUN/munge/munge.socket
-PIDS=(slurmd slurmctld munged)  # stopped in this order
+PIDS=(slurmd slurmctld munged)
 
 [ "$(id -u)" = 0 ] || die "the Slurm daemons need root (SlurmUser=root, mknod)"
 
@@ -152,6 +152,10 @@ do_down() {
     if alive "$RUN/slurmctld.pid"; then
         clients scancel --full --quiet --partition=gpu 2>/dev/null || true
     fi
+    # Each takes 1.5 to 2 s to stop: signal them all, then wait for each.
+    for name in "${PIDS[@]}"; do
+        if alive "$RUN/$name.pid"; then kill -TERM "$(cat "$RUN/$name.pid")" 2>/dev/null || true; fi
+    done
     for name in "${PIDS[@]}"; do stop_pid "$RUN/$name.pid" "$name"; done
     for pid in $(step_daemons); do kill -KILL "$pid" 2>/dev/null || true; done
     rm -rf "$RUN"
