@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, docker_required, scenario, topology
+from tests.conftest import DOCKER_CLI, REPO, TEST_IMAGE, Sandbox, docker_required, scenario, topology
 
 pytestmark = pytest.mark.slurm
 
@@ -57,11 +57,11 @@ class Slurm:
         env["SLURM_CONF"] = self.conf
         return env
 
-    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
         if args[0] in ("srun", "sbatch", "salloc"):
             self.settle()
-        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout,
-                              cwd=REPO)
+        return subprocess.run(list(args), env={**self.env, **extra}, capture_output=True, text=True,
+                              timeout=timeout, cwd=REPO)
 
     def settle(self) -> None:
         """Wait for the jobs that just ended to leave the node: a job submitted while the last one is still
@@ -236,3 +236,26 @@ def test_with_one_card_per_task_slurm_localid_is_not_the_cuda_index(slurm: Slurm
     assert done.returncode != 0
     assert "ok 0" in done.stdout and "ok 1" not in done.stdout
     assert "MisalignedError: local rank 1 has no expected card: GPUPIN_EXPECT lists 1" in done.stderr
+
+
+# The job starts a container on the sandboxed daemon, passing Slurm's variables in; GPUS is the --gpus value.
+IN_CONTAINER = (f'exec {DOCKER_CLI} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
+                f'-e SLURM_LOCALID {TEST_IMAGE} "$@"')
+
+
+def test_inside_a_container_the_job_starts(slurm: Slurm, sandbox: Sandbox) -> None:
+    sandbox.restart("slurm-shuffled")  # the runtime hook must see the same cards as the node
+    try:
+        # Every card in, Slurm's variables in: pinned to the allocation as on bare metal.
+        done = slurm.run("srun", "--gres=gpu:2", "sh", "-c", 'GPUS=all; ' + IN_CONTAINER, "sh", "python3", "-c",
+                         PROVE, DOCKER_HOST=sandbox.host)
+        assert done.returncode == 0, done.stderr
+        assert by_rank(done.stdout)["0"]["cuda"] == [BY_MINOR[0], BY_MINOR[1]]
+        # The trap: Slurm's numbers given to the runtime, which reads NVML indices: other cards. Refused.
+        done = slurm.run("srun", "--gres=gpu:2", "sh", "-c", 'GPUS="\\"device=$CUDA_VISIBLE_DEVICES\\""; '
+                         + IN_CONTAINER, "sh", "true", DOCKER_HOST=sandbox.host)
+        assert done.returncode == 78, done.stderr
+        assert ("ERROR: Slurm local rank 0 was allocated minor numbers 0, 1 (SLURM_STEP_GPUS=0,1), but no card "
+                "this process can see has minor number 0") in done.stderr
+    finally:
+        sandbox.restart("mixed-4")
