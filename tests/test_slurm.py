@@ -162,11 +162,20 @@ def test_without_the_entrypoint_slurms_cuda_visible_devices_lands_on_the_wrong_c
 
 
 def test_gpus_per_task_each_task_proves_its_own_card(slurm: Slurm) -> None:
-    done = slurm.run("srun", "-n2", "--gres=gpu:2", "--gpus-per-task=1", ENTRYPOINT, "--quiet", PYTHON, "-c", PROVE)
+    done = slurm.run("srun", "-n2", "--gres=gpu:2", "--gpus-per-task=1", ENTRYPOINT, "--json", PYTHON, "-c", PROVE)
     assert done.returncode == 0, done.stderr
     rows = by_rank(done.stdout)
     assert rows["0"]["cuda"] == [BY_MINOR[0]] and rows["1"]["cuda"] == [BY_MINOR[1]]
     assert (rows["0"]["step_gpus"], rows["1"]["step_gpus"]) == ("0", "1")
+    # The entrypoints' own reports (JSON on stderr, as a CMD follows): each task, its card and minor number.
+    reports = sorted((json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")),
+                     key=lambda r: r["source_detail"])
+    assert [(r["source"], r["source_detail"]) for r in reports] == [
+        ("SLURM_STEP_GPUS", "SLURM_STEP_GPUS=0 and CUDA_VISIBLE_DEVICES=0 (Slurm local rank 0)"),
+        ("SLURM_STEP_GPUS", "SLURM_STEP_GPUS=1 and CUDA_VISIBLE_DEVICES=1 (Slurm local rank 1)")]
+    assert [(d["cuda"], d["uuid"], d["minor_number"], d["note"]) for r in reports for d in r["devices"]] == [
+        ("cuda:0", BY_MINOR[0], 0, "Slurm local rank 0, minor number 0"),
+        ("cuda:0", BY_MINOR[1], 1, "Slurm local rank 1, minor number 1")]
 
 
 def test_an_allocation_of_cards_3_and_1_rank_0_proves_1_and_rank_1_proves_3(slurm: Slurm) -> None:

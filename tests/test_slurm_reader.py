@@ -145,3 +145,12 @@ def test_outside_slurm_nothing_slurm_is_imported_or_read() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ("None False GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_*, "
                            "SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")
+
+
+def test_the_help_lists_slurm_as_a_source() -> None:
+    from gpupin.entrypoint.cli import HELP
+
+    sources = HELP.split("comes from, in this order:")[1].split("The workload gets")[0]
+    assert [line.split()[0] for line in sources.splitlines() if line[:3].strip()] == [
+        "GPUPIN_EXPECT", "NVIDIA_VISIBLE_DEVICES", "DOCKER_RESOURCE_*", "SLURM_STEP_GPUS"]
+    assert "SLURM_JOB_GPUS in a batch script" in sources and "refused (78)" in sources
