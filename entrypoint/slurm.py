@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 STEP_VAR = "SLURM_STEP_GPUS"
 JOB_VAR = "SLURM_JOB_GPUS"
-VARS = (STEP_VAR, JOB_VAR)
 CVD = "CUDA_VISIBLE_DEVICES"
 _HINT_CHANGED = (f"something in the job (its script, a launcher) changed {CVD} after Slurm set it: leave it to "
                  "Slurm and start the workload as `srun ... gpupin-entrypoint CMD`, which gives cuda:k = the k-th "
@@ -44,7 +43,7 @@ _HINT_CHANGED = (f"something in the job (its script, a launcher) changed {CVD} a
 def local_rank(env: Mapping[str, str]) -> str:
     """Slurm's name for this task on its node (SLURM_LOCALID), for messages."""
     rank = env.get("SLURM_LOCALID")
-    return f"Slurm local rank {rank}" if rank is not None else "the Slurm job (no SLURM_LOCALID)"
+    return f"Slurm local rank {rank}" if rank is not None else "the Slurm job"
 
 
 def _numbers(var: str, value: str) -> list[int]:
@@ -131,8 +130,9 @@ def read(ctx: Context) -> Answer:
         except GpuSpecError:
             raise MisalignedError(
                 f"{refuse}, but no card this process can see has minor number {n} (cards: {_minors(cards)})",
-                "a container started by the job must get the job's cards (docker run --gpus device=UUID, or "
-                "--device /dev/nvidiaN); `nvidia-smi -q | grep Minor` lists the minor numbers",
+                "a container started by the job must get the job's cards: by UUID (--gpus device=UUID), or every card "
+                "with -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES; Slurm's numbers are not NVML indices, so --gpus "
+                "device=$CUDA_VISIBLE_DEVICES gives other cards (`nvidia-smi -q | grep Minor` lists minor numbers)",
             ) from None
     chosen = [allocated[p] for p in _order(numbers, cvd, allocated, cards, refuse)]
     said = f"{CVD}={cvd}" if cvd is not None else f"{CVD} unset"

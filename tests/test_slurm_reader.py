@@ -69,7 +69,7 @@ def test_a_launcher_may_reorder_or_pick_within_the_allocation() -> None:
 def test_unset_cuda_visible_devices_means_the_allocation_in_slurms_order() -> None:
     e = expect({"SLURM_JOB_GPUS": "3,0"})
     assert [c.uuid for c in e.cards] == [BY_MINOR[3], BY_MINOR[0]]
-    assert e.detail == "SLURM_JOB_GPUS=3,0 and CUDA_VISIBLE_DEVICES unset (the Slurm job (no SLURM_LOCALID))"
+    assert e.detail == "SLURM_JOB_GPUS=3,0 and CUDA_VISIBLE_DEVICES unset (the Slurm job)"
 
 
 def test_a_job_script_that_sets_cuda_visible_devices_outside_the_allocation_is_refused() -> None:
