@@ -63,11 +63,13 @@ write_config() {
         echo "NodeName=$NODE Name=gpu File=$RUN/dev/nvidia$minor  # $bus" >>"$RUN/etc/gres.conf"
         n=$((n + 1))
     done < <(cards_by_minor)
-    # The node's own environment for every task (a TaskProlog's `export` lines): where the "driver" is.
+    # The node's own environment for every task (a TaskProlog's `export` lines): where the "driver" is, and the
+    # marker by which `down` finds what a killed slurmd or slurmstepd left behind.
     cat >"$RUN/etc/task_prolog.sh" <<EOF
 #!/bin/sh
 echo "export LD_LIBRARY_PATH=$FAKELIB\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 echo "export FAKEGPU_TOPOLOGY=$TOPOLOGY"
+echo "export GPUPIN_SLURM_RUN=$RUN"
 EOF
     chmod 0755 "$RUN/etc/task_prolog.sh"
     cat >"$CONF" <<EOF
@@ -138,8 +140,9 @@ start_slurm() {
         2>&1)); see $RUN/log/slurmd.log"
 }
 
-step_daemons() {
-    # Our slurmstepd processes (and nothing else): the ones whose environment carries this instance's marker.
+leftovers() {
+    # Our slurmstepd processes and their tasks (and nothing else): those whose environment carries this instance's
+    # marker (slurmd's environment, which every slurmstepd inherits; the TaskProlog's, which every task gets).
     local p
     for p in /proc/[0-9]*; do
         tr '\0' '\n' 2>/dev/null <"$p/environ" | grep -qxF "GPUPIN_SLURM_RUN=$RUN" && echo "${p#/proc/}"
@@ -157,7 +160,7 @@ do_down() {
         if alive "$RUN/$name.pid"; then kill -TERM "$(cat "$RUN/$name.pid")" 2>/dev/null || true; fi
     done
     for name in "${PIDS[@]}"; do stop_pid "$RUN/$name.pid" "$name"; done
-    for pid in $(step_daemons); do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in $(leftovers); do kill -KILL "$pid" 2>/dev/null || true; done
     rm -rf "$RUN"
 }
 
