@@ -19,6 +19,8 @@ import time
 
 from gpupin.entrypoint.errors import GpupinError
 from gpupin.entrypoint.resolve import resolve
+from gpupin.hostagent.pin import LABEL as LABEL  # the ledger reads the labels the pin writes
+from gpupin.hostagent.pin import SHARED_LABEL as SHARED_LABEL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,8 +29,6 @@ if TYPE_CHECKING:
 
     from gpupin.entrypoint.nvml import Card
 
-LABEL = "gpupin.devices"
-SHARED_LABEL = "gpupin.shared"
 HOLDING_STATES = frozenset({"running", "paused", "restarting"})
 
 
