@@ -22,8 +22,8 @@ SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TO
 TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
-.PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge wheels image image-test test-tools test \
-	test-unit lint bench demo clean
+.PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
+	image-test test-tools test test-unit lint bench demo clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
@@ -34,6 +34,7 @@ help:
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
+	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
 
 $(VENV)/.done: pyproject.toml
 	@command -v gcc >/dev/null && $(PY) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -61,6 +62,13 @@ sandbox-down:
 
 sandbox-purge:
 	@for e in $(ENGINES); do GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) purge || exit 1; done
+
+# The single-host Slurm of the simulated host (tests/test_slurm.py starts and stops its own).
+slurm-up: fakegpu
+	@tests/sandbox/slurm.sh up
+
+slurm-down:
+	@tests/sandbox/slurm.sh down
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK).
 wheels: setup
@@ -96,9 +104,9 @@ test-tools:
 test: test-tools image-test
 	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"; $(call PYTEST,$(PYTEST_ARGS))
 
-# The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no image.
+# The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no cluster.
 test-unit: test-tools fakegpu
-	@export $(SIMHOST); $(call PYTEST,-m "not docker and not gpu" $(PYTEST_ARGS))
+	@export $(SIMHOST); $(call PYTEST,-m "not docker and not gpu and not slurm" $(PYTEST_ARGS))
 
 # mypy reads the packages through a link tree named as they are imported (gpupin.entrypoint, gpupin.hostagent).
 lint: setup

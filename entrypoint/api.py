@@ -9,7 +9,12 @@ expectation (by default GPUPIN_EXPECT, which the entrypoint exports fully resolv
     assert_pinned()                      # raises MisalignedError on the wrong card
     assert_pinned(local_rank=int(os.environ["LOCAL_RANK"]))   # check only the card this rank uses
 
-It initialises CUDA in the calling process, which is where the workload runs anyway; no NVML is needed.
+Under torchrun-style launchers inside a Slurm step (`srun gpupin-entrypoint torchrun ...`), every child shares
+one SLURM_LOCALID but has its own LOCAL_RANK: the card a child uses is cuda:LOCAL_RANK, so pass that. With one card
+per Slurm task (--gpus-per-task), each task's card is cuda:0, whatever its SLURM_LOCALID.
+
+It initialises CUDA in the calling process, which is where the workload runs anyway; NVML is asked only when the
+expectation comes from Slurm's allocation (minor numbers), i.e. when no gpupin-entrypoint ran before.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from gpupin.entrypoint import align
 from gpupin.entrypoint.errors import ExpectationError, GpuSpecError, GpuUnavailableError, MisalignedError
 from gpupin.entrypoint.expectation import Expectation, ExpectedCard, parse_expect
 from gpupin.entrypoint.identity import BusId, uuid_from_bytes
-from gpupin.entrypoint.sources import from_environ
+from gpupin.entrypoint.sources import find
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -95,25 +100,33 @@ def assert_pinned(expect: str | Expectation | None = None, local_rank: int | Non
     """Raise MisalignedError unless cuda:k is expected card k (every k, or just `local_rank`).
 
     `expect`: a GPUPIN_EXPECT-style string or an Expectation; default: from the environment (GPUPIN_EXPECT,
-    then NVIDIA_VISIBLE_DEVICES UUIDs, then DOCKER_RESOURCE_*). `via`: "cuda" (the driver, through ctypes) or
-    "torch"; default: torch when this process has already imported it, else the driver.
+    then NVIDIA_VISIBLE_DEVICES UUIDs, then DOCKER_RESOURCE_*, then Slurm's allocation). `local_rank`: the index
+    among this process's expected cards (LOCAL_RANK under torchrun; not SLURM_LOCALID, see the module docstring).
+    `via`: "cuda" (the driver, through ctypes) or "torch"; default: torch when this process has already imported
+    it, else the driver.
     Returns the verified bindings (cuda:k -> UUID, bus id, name).
     """
     env = os.environ if environ is None else environ
+    sources = find(env) if expect is None else None
     if isinstance(expect, str):
         expectation: Expectation | None = parse_expect(expect, "expect")
     else:
-        expectation = expect if expect is not None else from_environ(env)
+        expectation = expect if sources is None else sources.expectation
     if expectation is None:
-        raise MisalignedError("no expectation to check against: GPUPIN_EXPECT is unset",
+        why = sources.why_unpinned() if sources is not None else "none given"
+        raise MisalignedError(f"no expectation to check against ({why})",
                               "run under gpupin-entrypoint, or pass expect='GPU-...[@BUSID]'")
     found = devices(via)
     bindings: list[align.Binding] = []
     ranks = range(len(expectation.cards)) if local_rank is None else [local_rank]
     for k in ranks:
         if not 0 <= k < len(expectation.cards):
-            raise MisalignedError(f"local rank {k} has no expected card: {expectation.source} lists "
-                                  f"{len(expectation.cards)}")
+            raise MisalignedError(
+                f"local rank {k} has no expected card: {expectation.source} lists {len(expectation.cards)}",
+                "pass the index among this process's own cards: LOCAL_RANK under torchrun-style launchers, 0 for "
+                "a Slurm task with one card (--gpus-per-task); SLURM_LOCALID is that index only when every task "
+                "of the node sees all of the node's cards",
+            )
         exp = expectation.cards[k]
         if k >= len(found):
             raise MisalignedError(f"cuda:{k} does not exist (this process sees {len(found)} device(s)), but "

@@ -32,6 +32,9 @@ The expectation (which cards, in local-rank order) comes from, in this order:
   GPUPIN_EXPECT            UUID[@BUSID],... as hostagent and `hostagent compose render` write it
   NVIDIA_VISIBLE_DEVICES   when it lists UUIDs (docker --gpus device=UUID, Kubernetes)
   DOCKER_RESOURCE_*        Swarm generic resources naming GPU UUIDs
+  SLURM_STEP_GPUS          Slurm's allocation (SLURM_JOB_GPUS in a batch script): minor numbers, in the order of
+                           Slurm's CUDA_VISIBLE_DEVICES for this task; refused (78) when the job changed
+                           CUDA_VISIBLE_DEVICES to a card outside it (`srun gpupin-entrypoint CMD`)
 The workload gets CUDA_DEVICE_ORDER=PCI_BUS_ID and the CUDA_VISIBLE_DEVICES that puts expectation k at cuda:k
 (an inherited value that differs is overridden and reported).
 
@@ -176,9 +179,12 @@ def report_text(ver: "Verification") -> str:
     exp = ver.plan.expectation
     lines = []
     head = f"verified at level {ver.level}"
-    lines.append(f"{head}, expectation from {exp.source}" if exp else head)
+    if exp:
+        head += f", expectation from {exp.detail or exp.source}"
+    lines.append(head)
     for b in ver.mapping():
-        rank = f"local rank {b.local_rank}" if exp else "unpinned"
+        note = b.expected.note if b.expected else None
+        rank = note or (f"local rank {b.local_rank}" if exp else "unpinned")
         lines.append(f"  cuda:{b.local_rank}  {b.uuid}  {b.bus_id or '?'}  {b.name or '?'}  ({rank})")
     if exp is None and ver.level == "nvml":
         lines.append("  (nvml level without an expectation: cuda:k not asked; NVML order shown)")

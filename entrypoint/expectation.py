@@ -21,13 +21,18 @@ _EXPECT_HINT = (
 
 
 class ExpectedCard:
-    """One expected card: a UUID (full, or a unique prefix when written by hand) and maybe its bus id."""
+    """One expected card: a UUID (full, or a unique prefix when written by hand) and maybe its bus id.
 
-    __slots__ = ("bus_id", "uuid")
+    `note` says, for the report, how the source named it (Slurm: the local rank and the minor number); it is not
+    part of the card's identity.
+    """
 
-    def __init__(self, uuid: str, bus_id: BusId | None = None) -> None:
+    __slots__ = ("bus_id", "note", "uuid")
+
+    def __init__(self, uuid: str, bus_id: BusId | None = None, note: str | None = None) -> None:
         self.uuid = uuid
         self.bus_id = bus_id
+        self.note = note
 
     def __str__(self) -> str:
         return f"{self.uuid}@{self.bus_id}" if self.bus_id is not None else self.uuid
@@ -43,13 +48,15 @@ class ExpectedCard:
 
 
 class Expectation:
-    """The expected cards in local-rank order, and the variable they came from (for messages)."""
+    """The expected cards in local-rank order, the variable they came from (for messages) and, where the source
+    needs more words than its name (Slurm: the values read, the task), `detail`, which the report shows instead."""
 
-    __slots__ = ("cards", "source")
+    __slots__ = ("cards", "detail", "source")
 
-    def __init__(self, cards: Sequence[ExpectedCard], source: str) -> None:
+    def __init__(self, cards: Sequence[ExpectedCard], source: str, detail: str | None = None) -> None:
         self.cards = tuple(cards)
         self.source = source
+        self.detail = detail
 
     def __str__(self) -> str:
         return format_expect(self.cards)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 NVD_VAR = "NVIDIA_VISIBLE_DEVICES"
 SWARM_PREFIX = "DOCKER_RESOURCE_"
+SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")  # gpupin.entrypoint.slurm reads them
 
 
 class Context:
@@ -91,11 +92,21 @@ def swarm_resources(ctx: Context) -> Answer:
     return f"{', '.join(keys)} name(s) no GPU UUID" if keys else None
 
 
+def slurm_allocation(ctx: Context) -> Answer:
+    """Slurm's SLURM_STEP_GPUS / SLURM_JOB_GPUS (minor numbers), in the order of Slurm's CUDA_VISIBLE_DEVICES."""
+    if not any(v in ctx.env for v in SLURM_VARS):
+        return None
+    from gpupin.entrypoint import slurm  # only inside a Slurm job: the start-up path stays short elsewhere
+
+    return slurm.read(ctx)
+
+
 # (what the unpinned line calls the source when it is absent, its reader), in DESIGN.md's order.
 READERS: Sequence[tuple[str, Callable[[Context], Answer]]] = (
     (EXPECT_VAR, gpupin_expect),
     (NVD_VAR, nvidia_visible_devices),
     (SWARM_PREFIX + "*", swarm_resources),
+    ("/".join(SLURM_VARS), slurm_allocation),
 )
 
 

@@ -75,9 +75,12 @@ class Verification:
             "level": self.level,
             "expectation": str(exp) if exp else None,
             "source": exp.source if exp else None,
+            "source_detail": exp.detail if exp else None,
             "devices": [
                 {"local_rank": b.local_rank, "cuda": f"cuda:{b.local_rank}", "uuid": b.uuid,
-                 "bus_id": str(b.bus_id) if b.bus_id else None, "name": b.name}
+                 "bus_id": str(b.bus_id) if b.bus_id else None, "name": b.name,
+                 "minor_number": b.card.minor_number if b.card else None,
+                 "note": b.expected.note if b.expected else None}
                 for b in self.mapping()
             ],
             "set": self.env_set,

@@ -81,8 +81,10 @@ def test_the_unpinned_line_says_why_each_source_named_no_card() -> None:
     found = find({"NVIDIA_VISIBLE_DEVICES": "void", "DOCKER_RESOURCE_FPGA": "fpga0"}, cards=list)
     assert found.expectation is None
     assert found.why_unpinned() == ("NVIDIA_VISIBLE_DEVICES=void names no card (CDI or no GPU request); "
-                                    "DOCKER_RESOURCE_FPGA name(s) no GPU UUID; GPUPIN_EXPECT unset")
-    assert find({}, cards=list).why_unpinned() == "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_* unset"
+                                    "DOCKER_RESOURCE_FPGA name(s) no GPU UUID; GPUPIN_EXPECT, "
+                                    "SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")
+    assert find({}, cards=list).why_unpinned() == (
+        "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_*, SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")
 
 
 def test_a_runtime_variable_listing_a_card_twice_gets_a_hint_about_that_variable() -> None:
