@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DOCKER_CLI, REPO, TEST_IMAGE, Sandbox, docker_required, scenario, topology
+from tests.conftest import REPO, TEST_IMAGE, Sandbox, docker_required, scenario, topology
 
 pytestmark = pytest.mark.slurm
 
@@ -247,13 +247,15 @@ def test_with_one_card_per_task_slurm_localid_is_not_the_cuda_index(slurm: Slurm
     assert "MisalignedError: local rank 1 has no expected card: GPUPIN_EXPECT lists 1" in done.stderr
 
 
-# The job starts a container on the sandboxed daemon, passing Slurm's variables in; GPUS is the --gpus value.
-IN_CONTAINER = (f'exec {DOCKER_CLI} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
-                f'-e SLURM_LOCALID {TEST_IMAGE} "$@"')
+def in_container(sandbox: Sandbox) -> str:
+    """The job starts a container on the sandboxed daemon, passing Slurm's variables in; GPUS is the --gpus value."""
+    return (f'exec {sandbox.docker_cli} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
+            f'-e SLURM_LOCALID {TEST_IMAGE} "$@"')
 
 
 def test_inside_a_container_the_job_starts(slurm: Slurm, sandbox: Sandbox) -> None:
-    sandbox.restart("slurm-shuffled")  # the runtime hook must see the same cards as the node
+    sandbox.use("slurm-shuffled")  # the runtime hook must see the same cards as the node
+    IN_CONTAINER = in_container(sandbox)  # noqa: N806
     try:
         # Every card in, Slurm's variables in: pinned to the allocation as on bare metal.
         done = slurm.run("srun", "--gres=gpu:2", "sh", "-c", 'GPUS=all; ' + IN_CONTAINER, "sh", "python3", "-c",
@@ -267,4 +269,4 @@ def test_inside_a_container_the_job_starts(slurm: Slurm, sandbox: Sandbox) -> No
         assert ("ERROR: Slurm local rank 0 was allocated minor numbers 0, 1 (SLURM_STEP_GPUS=0,1), but no card "
                 "this process can see has minor number 0") in done.stderr
     finally:
-        sandbox.restart("mixed-4")
+        sandbox.use("mixed-4")
