@@ -255,7 +255,7 @@ def in_container(sandbox: Sandbox) -> str:
 
 def test_inside_a_container_the_job_starts(slurm: Slurm, sandbox: Sandbox) -> None:
     sandbox.use("slurm-shuffled")  # the runtime hook must see the same cards as the node
-    IN_CONTAINER = in_container(sandbox)  # noqa: N806
+    IN_CONTAINER = in_container(sandbox)
     try:
         # Every card in, Slurm's variables in: pinned to the allocation as on bare metal.
         done = slurm.run("srun", "--gres=gpu:2", "sh", "-c", 'GPUS=all; ' + IN_CONTAINER, "sh", "python3", "-c",
