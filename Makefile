@@ -29,6 +29,7 @@ help:
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
+	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
 $(VENV)/.done: pyproject.toml
 	@command -v gcc >/dev/null && $(PY) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -52,6 +53,16 @@ sandbox-down:
 
 sandbox-purge:
 	@$(SANDBOX) purge
+
+# Three dockerds in network namespaces of their own, one topology each, joined into one swarm; their gpupin:test
+# comes from the sandbox (image-test). GPUPIN_SANDBOX_NAME names the cluster too.
+.PHONY: swarm-up swarm-down
+SWARM := tests/sandbox/swarm.sh
+swarm-up: image-test
+	@$(SWARM) up
+
+swarm-down:
+	@$(SWARM) down
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK).
 wheels: setup
