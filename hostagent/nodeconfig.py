@@ -210,8 +210,10 @@ def _check_resources(dj: NodeFile, resources: Sequence[GenericResource], cards: 
         a = lookup(r.value, keys)
         if a is None:
             known = ", ".join(c.uuid for c in cards if c.uuid) or "none"
-            out.append(Finding(dj.path, f"{r.term}: no such card or MIG device on this host (cards: {known})",
-                               f"was this list copied from another node? {_REGENERATE}"))
+            unread = [f"index {c.index} ({c.error})" for c in cards if c.uuid is None]
+            hint = (f"NVML cannot read {', '.join(unread)}: it may be that card; see `nvidia-smi`" if unread
+                    else f"was this list copied from another node? {_REGENERATE}")
+            out.append(Finding(dj.path, f"{r.term}: no such card or MIG device on this host (cards: {known})", hint))
             continue
         key = normalize_uuid(r.value).lower()
         if key in given:
@@ -349,6 +351,11 @@ class CheckResult:
                 "findings": [f.to_dict() for f in self.findings]}
 
 
+def advertised_kind(resources: Sequence[GenericResource]) -> str:
+    """The kind a node advertises its cards as (the first, when several), or GPU when none."""
+    return (gpu_kinds(resources) or [DEFAULT_KIND])[0]
+
+
 def check(dj: NodeFile, tk: NodeFile, cards: Sequence[Card], kind: str | None = None) -> CheckResult:
     """Every problem of a node's configuration, given the two files as read and the cards NVML sees. `kind` is
     the kind services will ask for; None: whatever kind the node advertises its cards as (GPU when none)."""
@@ -371,14 +378,12 @@ def check(dj: NodeFile, tk: NodeFile, cards: Sequence[Card], kind: str | None = 
                 resources = parse_terms(terms)
             except GenericResourceError as err:
                 findings.append(Finding(dj.path, f"{err.message}, so dockerd refuses to start", err.hint))
-        kinds = gpu_kinds(resources)
-        wanted = kind if kind is not None else (kinds[0] if kinds else DEFAULT_KIND)
         if not any(f.severity == ERROR for f in findings):
-            findings += _check_resources(dj, resources, cards, wanted)
+            findings += _check_resources(dj, resources, cards, kind or advertised_kind(resources))
         findings += _check_runtime(dj, data)
-    kinds = gpu_kinds(resources)
-    findings += _check_toolkit(tk, kinds)
-    return CheckResult(findings, resources, cards, kind or (kinds[0] if kinds else DEFAULT_KIND), dj, tk)
+    # With nothing advertised yet, the toolkit is checked against the kind the node should advertise.
+    findings += _check_toolkit(tk, gpu_kinds(resources) or [kind or DEFAULT_KIND])
+    return CheckResult(findings, resources, cards, kind or advertised_kind(resources), dj, tk)
 
 
 # --- the command ----------------------------------------------------------------------------------------------

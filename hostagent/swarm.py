@@ -110,7 +110,7 @@ def parse_terms(terms: Iterable[str], source: str = "node-generic-resources") ->
             out.extend(GenericResource(kind, v) for v in values)
         else:
             raise GenericResourceError(
-                f"{source}: {kind} mixes counts and names ({', '.join(values)}), which Docker refuses",
+                f"{source}: {kind} mixes counts and names ({', '.join(values)})",
                 f"name each card by UUID: {kind}=GPU-<uuid>")
     return out
 

@@ -98,10 +98,24 @@ def test_node_config_bad_usage_is_one_line(fakegpu: Path, args: list[str], code:
     assert "HINT: " in r.stderr
 
 
+def test_swarm_without_a_subcommand_is_64(fakegpu: Path) -> None:
+    r = subprocess.run([HOSTAGENT, "swarm"], env=simhost_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 64
+    assert r.stderr == ("hostagent: ERROR: hostagent swarm needs a subcommand. HINT: hostagent swarm node-config "
+                        "[--check]\n")
+
+
 def test_node_config_without_nvml_is_69(fakegpu: Path) -> None:
     r = node_config(scenario_name="fault-nvml-unknown")
     assert r.returncode == 69 and "Failed to initialize NVML: Unknown Error" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_node_config_without_cards_is_69(fakegpu: Path, tmp_path: Path) -> None:
+    (tmp_path / "none.json").write_text('{"gpus": []}')
+    r = node_config(FAKEGPU_TOPOLOGY=str(tmp_path / "none.json"))
+    assert (r.returncode, r.stdout) == (69, "")
+    assert r.stderr.startswith("hostagent: ERROR: this host has no card to advertise to Swarm (NVML lists no card)")
 
 
 # --- node-config --check on files (no daemon) -----------------------------------------------------------------
@@ -182,7 +196,7 @@ DGX0 = expected_resources("dgx-8")[0]  # a card of another node
     (advertising(["GPU=4"]), GOOD_TOML, "daemon.json: GPU=4 is a count, not a "
      "card: each task then gets DOCKER_RESOURCE_GPU=<its count>, which the runtime reads as a card index"),
     (advertising(["GPU=0", "GPU=1"]), GOOD_TOML, "daemon.json: "
-     "node-generic-resources: GPU mixes counts and names (0, 1), which Docker refuses, so dockerd refuses to start"),
+     "node-generic-resources: GPU mixes counts and names (0, 1), so dockerd refuses to start"),
     (advertising([f"GPU={A800}", "GPU=gpu1"]), GOOD_TOML,
      "daemon.json: GPU=gpu1 names no card by UUID"),
     (advertising([f"GPU={A800[:12]}"]), GOOD_TOML,
@@ -224,6 +238,14 @@ def test_check_mig_cards(fakegpu: Path, files: NodeFiles) -> None:
     out = lines(files.write(both, GOOD_TOML).check(scenario_name="mig"))
     assert any(f"both {parent} and its MIG device {migs[0]} are advertised: two tasks would share the card" in line
                for line in out), out
+
+
+def test_check_a_lost_card(fakegpu: Path, files: NodeFiles) -> None:
+    out = lines(files.write(good(), GOOD_TOML).check(scenario_name="fault-lost"))
+    assert any(line.endswith(f"GPU={A800B}: no such card or MIG device on this host (cards: {A800}, {RTX}, {A800C})"
+                             ". HINT: NVML cannot read index 2 (GPU is lost): it may be that card; see `nvidia-smi`")
+               for line in out), out
+    assert any("warning: the card at index 2 is not usable: NVML cannot read it: GPU is lost" in line for line in out)
 
 
 def test_check_warns_of_cards_left_out_and_of_another_kind(fakegpu: Path, files: NodeFiles) -> None:

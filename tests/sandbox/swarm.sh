@@ -273,7 +273,7 @@ do_down() {
 }
 
 do_up() {
-    ensure_packages docker.io:/usr/sbin/dockerd containerd iproute2:/usr/sbin/ip
+    ensure_packages docker.io:/usr/sbin/dockerd containerd iproute2:/usr/sbin/ip procps:/usr/bin/pgrep
     [ -x "$RUNTIME" ] || die "$RUNTIME is missing: run 'make fakegpu' first"
     [ -x "$HOSTAGENT" ] || die "$HOSTAGENT is missing: run 'make setup' first"
     mkdir -p "$(dirname "$RUN")"
