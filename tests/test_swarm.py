@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpupin.entrypoint.identity import BusId
-from gpupin.hostagent.swarm import from_engine
+from gpupin.hostagent.swarm import GenericResourceError, env_var, from_engine, parse_terms
 from tests.conftest import DOCKER_CLI, REPO, TEST_IMAGE, Sandbox, simhost_env, topology
 
 HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
@@ -40,6 +41,42 @@ def expected_resources(name: str) -> list[str]:
 def node_config(*args: str, scenario_name: str = "mixed-4", **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([HOSTAGENT, "swarm", "node-config", *args], env=simhost_env(scenario_name, **env),
                           capture_output=True, text=True, timeout=60)
+
+
+# --- generic resources as swarmkit reads them ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("terms", "read"), [
+    (["GPU=GPU-a", " GPU = GPU-b "], [("GPU", "GPU-a", False), ("GPU", "GPU-b", False)]),  # trimmed, in order
+    (["GPU=2"], [("GPU", "2", True)]),  # one integer: a count
+    (["SSD=1", "GPU=GPU-a"], [("SSD", "1", True), ("GPU", "GPU-a", False)]),
+    ([], []),
+])
+def test_parse_terms(terms: list[str], read: list[tuple[str, str, bool]]) -> None:
+    assert [(r.kind, r.value, r.discrete) for r in parse_terms(terms)] == read
+
+
+@pytest.mark.parametrize(("terms", "says"), [
+    (["GPU"], "'GPU' is not KIND=VALUE"),
+    (["GPU=a=b"], "'GPU=a=b' is not KIND=VALUE"),
+    (["GPU=0", "GPU=1"], "GPU mixes counts and names (0, 1)"),  # indices, the common mistake
+    (["GPU=1", "GPU=GPU-a"], "GPU mixes counts and names (1, GPU-a)"),
+    (["GPU=-1"], "GPU=-1 is a negative count"),
+])
+def test_parse_terms_refuses_what_dockerd_refuses(terms: list[str], says: str) -> None:
+    with pytest.raises(GenericResourceError, match=re.escape(says)) as info:
+        parse_terms(terms)
+    assert info.value.exit_code == 64
+
+
+def test_engine_spelling_and_variable() -> None:
+    described: list[dict[str, Any]] = [{"NamedResourceSpec": {"Kind": "GPU", "Value": "GPU-a"}},
+                 {"DiscreteResourceSpec": {"Kind": "SSD", "Value": 2}}, {"Other": {}}]
+    assert [(r.kind, r.value, r.discrete) for r in from_engine(described)] == [
+        ("GPU", "GPU-a", False), ("SSD", "2", True)]
+    assert from_engine(None) == []
+    # swarmkit's EnvFormat upper-cases the whole name: Docker's example kind keeps its dash.
+    assert (env_var("GPU"), env_var("nvidia-gpu")) == ("DOCKER_RESOURCE_GPU", "DOCKER_RESOURCE_NVIDIA-GPU")
 
 
 # --- node-config on the simulated hosts (no daemon) -----------------------------------------------------------
@@ -388,8 +425,8 @@ time.sleep(3600)
 def swarm(sandbox: Sandbox) -> Iterator[Cluster]:
     """The three-node swarm, started once (gpupin:test comes from the sandbox) and stopped at the end."""
     cluster = Cluster(sandbox.host)
-    cluster.up()
     try:
+        cluster.up()
         yield cluster
     finally:
         cluster.down()
