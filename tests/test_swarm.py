@@ -516,6 +516,25 @@ def test_check_on_a_good_node(swarm: Cluster) -> None:
                                  "DOCKER_RESOURCE_GPU, which the nvidia runtime reads\n"), r.stdout
 
 
+def test_docker_run_gpus_on_a_node_gets_the_hook_once(swarm: Cluster) -> None:
+    """`--gpus` on a node whose default runtime is nvidia: Docker adds the hook, the runtime sees it there and adds
+    none, so the card is exposed once, as asked."""
+    uuid = expected_resources("mixed-4")[1]
+    listing = ("import pynvml as n; n.nvmlInit(); "
+               "print([n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) for i in range(n.nvmlDeviceGetCount())])")
+    cid = swarm.docker("manager", "run", "-d", "--gpus", f"device={uuid}", "--entrypoint", "python3", TEST_IMAGE,
+                       "-c", listing).stdout.strip()
+    try:
+        assert swarm.docker("manager", "wait", cid).stdout.strip() == "0"
+        assert swarm.docker("manager", "logs", cid).stdout.strip() == repr([uuid])
+        assert swarm.docker("manager", "inspect", cid, "--format", "{{.HostConfig.Runtime}}").stdout.strip() == "nvidia"
+        log = (swarm.nodes["manager"].run_dir / "hook.log").read_text().splitlines()
+        calls = [e for e in map(json.loads, log) if e["container_id"] == cid]
+        assert [(e["source"], e["exposed"]) for e in calls] == [("NVIDIA_VISIBLE_DEVICES", [uuid])]
+    finally:
+        swarm.docker("manager", "rm", "-f", cid, check=False)
+
+
 @pytest.fixture
 def trapped(swarm: Cluster) -> Iterator[Node]:
     """worker1 advertises its cards as Docker's example does (NVIDIA-GPU=<UUID>) while its runtime reads
