@@ -227,6 +227,15 @@ load_image() {
     [ "$rc" = 0 ] || die "docker load failed on one of ${need[*]}"
 }
 
+image_available() {
+    # Before anything starts: the source has the image, or every node's image store holds one from before.
+    "$DOCKER" -H "$IMAGE_SOURCE" image inspect "$IMAGE" >/dev/null 2>&1 && return 0
+    local node
+    for node in "${NODES[@]}"; do
+        grep -qs "\"$IMAGE\"" "$STATE/$node/docker/image/overlay2/repositories.json" || return 1
+    done
+}
+
 form_swarm() {
     local addr=${ADDRESS[$MANAGER]} token node pids=() pid rc=0
     dkn "$MANAGER" swarm init --advertise-addr "$addr" --listen-addr "$addr:2377" >/dev/null
@@ -240,18 +249,21 @@ form_swarm() {
     [ "$rc" = 0 ] || die "a worker could not join; see $RUN/*/dockerd.log"
 }
 
+# Every node Ready and advertising exactly what its daemon.json lists, read as hostagent reads a node.
+READY_PY=$(cat <<'EOF'
+import json, sys
+from gpupin.hostagent.swarm import from_engine, parse_terms
+for node in json.load(sys.stdin):
+    with open(f"{sys.argv[1]}/{node['Description']['Hostname']}/daemon.json") as f:
+        want = parse_terms(json.load(f)["node-generic-resources"])
+    got = from_engine(node["Description"]["Resources"].get("GenericResources"))
+    if node["Status"]["State"] != "ready" or sorted(map(repr, got)) != sorted(map(repr, want)):
+        sys.exit(1)
+EOF
+)
+
 ready_with_resources() {
-    # Every node Ready, each advertising as many generic resources as its daemon.json lists, of the right kind.
-    local node want got
-    for node in "${NODES[@]}"; do
-        want=$("$VPY" -c 'import json,sys; print(" ".join(sorted(json.load(open(sys.argv[1]))["node-generic-resources"])))' \
-            "$(dir_of "$node")/daemon.json")
-        got=$(dkn "$MANAGER" node inspect "$node" --format \
-            '{{.Status.State}} {{range .Description.Resources.GenericResources}}{{with .NamedResourceSpec}}{{.Kind}}={{.Value}}
-{{end}}{{end}}' 2>/dev/null) || return 1
-        [ "$(head -n1 <<<"$got" | cut -d' ' -f1)" = ready ] || return 1
-        [ "$(sed '1s/^[a-z]* //' <<<"$got" | grep -v '^$' | sort | tr '\n' ' ' | sed 's/ $//')" = "$want" ] || return 1
-    done
+    dkn "$MANAGER" node inspect "${NODES[@]}" 2>/dev/null | "$VPY" -c "$READY_PY" "$RUN"
 }
 
 healthy() {
@@ -294,6 +306,7 @@ do_up() {
         if [ -d "$RUN" ] || [ -e "/run/netns/$LAN_NS" ]; then say "cleaning up a stale cluster left by a killed run"; fi
     fi
     if [ "${changed[*]-}" = all ]; then
+        image_available || die "no $IMAGE at $IMAGE_SOURCE, and a node has none. HINT: make image-test (or set GPUPIN_SWARM_IMAGE_SOURCE)"
         do_down
         mkdir -p "$RUN" "$STATE"
         setup_network
