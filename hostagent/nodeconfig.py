@@ -94,7 +94,8 @@ def render_text(data: dict[str, Any]) -> str:
              f"# 3. Services ask for cards by count: docker service create --generic-resource {kind}=1 IMAGE ...",
              "#    (a stack file: deploy.resources.reservations.generic_resources, discrete_resource_spec "
              f"kind {kind})"]
-    lines += [f"# Left out: index {s['index']} {s['uuid'] or ''}: {s['why']}" for s in data["skipped"]]
+    lines += [f"# Left out: index {s['index']}{' ' + s['uuid'] if s['uuid'] else ''}: {s['why']}"
+              for s in data["skipped"]]
     lines.append("# Then check the node: hostagent swarm node-config --check")
     return "\n".join(lines) + "\n"
 
@@ -126,16 +127,18 @@ class Finding:
 
 
 class NodeFile:
-    """A configuration file as read: its content (None when absent or unreadable) and why it could not be read."""
+    """A configuration file as read: its content (None when absent or unreadable), why it could not be read and
+    what to do about it."""
 
-    __slots__ = ("data", "error", "exists", "path")
+    __slots__ = ("data", "error", "exists", "hint", "path")
 
     def __init__(self, path: str, data: dict[str, Any] | None = None, exists: bool = True,
-                 error: str | None = None) -> None:
+                 error: str | None = None, hint: str | None = None) -> None:
         self.path = path
         self.data = data
         self.exists = exists
         self.error = error
+        self.hint = hint
 
 
 def _read(path: str) -> tuple[bytes | None, NodeFile | None]:
@@ -145,7 +148,8 @@ def _read(path: str) -> tuple[bytes | None, NodeFile | None]:
     except FileNotFoundError:
         return None, NodeFile(path, exists=False)
     except OSError as err:
-        return None, NodeFile(path, error=f"cannot be read ({err.strerror})")
+        return None, NodeFile(path, error=f"cannot be read ({err.strerror})",
+                              hint="run the check as root, or point it at a readable copy")
 
 
 def read_daemon_json(path: str = DAEMON_JSON) -> NodeFile:
@@ -156,9 +160,11 @@ def read_daemon_json(path: str = DAEMON_JSON) -> NodeFile:
     try:
         data = json.loads(raw.decode("utf-8")) if raw.strip() else {}
     except (UnicodeDecodeError, ValueError) as err:
-        return NodeFile(path, error=f"is not valid JSON ({err}), so dockerd refuses to start")
+        return NodeFile(path, error=f"is not valid JSON ({err}), so dockerd refuses to start",
+                        hint="fix the file, then restart dockerd")
     if not isinstance(data, dict):
-        return NodeFile(path, error="is not a JSON object, so dockerd refuses to start")
+        return NodeFile(path, error="is not a JSON object, so dockerd refuses to start",
+                        hint="fix the file, then restart dockerd")
     return NodeFile(path, data)
 
 
@@ -174,7 +180,8 @@ def read_toolkit_config(path: str = TOOLKIT_CONFIG) -> NodeFile:
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
-        return NodeFile(path, error=f"is not valid TOML ({err}), so the NVIDIA hook fails every GPU container")
+        return NodeFile(path, error=f"is not valid TOML ({err}), so the NVIDIA hook fails every GPU container",
+                        hint="fix the file (`nvidia-ctk config` rewrites it)")
     return NodeFile(path, data)
 
 
@@ -283,7 +290,7 @@ def _swarm_vars(value: str) -> list[str]:
 
 def _check_toolkit(tk: NodeFile, kinds: Sequence[str]) -> list[Finding]:
     if tk.error is not None:
-        return [Finding(tk.path, tk.error, "fix the file (`nvidia-ctk config` rewrites it)")]
+        return [Finding(tk.path, tk.error, tk.hint)]
     data = tk.data or {}
     out: list[Finding] = []
     if data.get(ACCEPT_ENVVAR) is False:
@@ -363,7 +370,7 @@ def check(dj: NodeFile, tk: NodeFile, cards: Sequence[Card], kind: str | None = 
     resources: list[GenericResource] = []
     data = dj.data or {}
     if dj.error is not None:
-        findings.append(Finding(dj.path, dj.error, "fix the file, then restart dockerd"))
+        findings.append(Finding(dj.path, dj.error, dj.hint))
     elif not dj.exists:
         findings.append(Finding(dj.path, "no such file: this node advertises no GPU to Swarm",
                                 "write the daemon.json part of `hostagent swarm node-config` there and restart "

@@ -104,7 +104,8 @@ def parse_terms(terms: Iterable[str], source: str = "node-generic-resources") ->
     for kind, values in by_kind.items():
         if len(values) == 1 and _is_int(values[0]):
             if int(values[0]) < 0:
-                raise GenericResourceError(f"{source}: {kind}={values[0]} is a negative count")
+                raise GenericResourceError(f"{source}: {kind}={values[0]} is a negative count",
+                                           f"advertise one {kind}=<UUID> per card")
             out.append(GenericResource(kind, values[0], discrete=True))
         elif not any(_is_int(v) for v in values):
             out.extend(GenericResource(kind, v) for v in values)

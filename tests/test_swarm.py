@@ -264,6 +264,14 @@ def test_check_finds_each_mistake(fakegpu: Path, files: NodeFiles, daemon: dict[
     assert data["ok"] is False and any(f["severity"] == "error" for f in data["findings"])
 
 
+def test_check_an_unreadable_file(fakegpu: Path, files: NodeFiles, tmp_path: Path) -> None:
+    files.write(None, GOOD_TOML)
+    r = node_config("--check", "--daemon-json", str(tmp_path), "--toolkit-config", str(files.toolkit_config))
+    assert r.returncode == 64
+    assert lines(r) == [f"{tmp_path}: cannot be read (Is a directory). HINT: run the check as root, or point it at "
+                        "a readable copy"]
+
+
 def test_check_mig_cards(fakegpu: Path, files: NodeFiles) -> None:
     parent = next(g["uuid"] for g in topology("mig")["gpus"] if (g.get("mig") or {}).get("mode") == 1)
     migs = expected_resources("mig")[:2]

@@ -347,9 +347,9 @@ def swarm_resource_envvars(env: Mapping[str, str]) -> list[str]:
     """The variables the toolkit's `swarm-resource` names (comma-separated, blanks trimmed, empty dropped)."""
     path = env.get("FAKEGPU_TOOLKIT_CONFIG") or DEFAULT_TOOLKIT_CONFIG
     try:
-        import tomllib  # Python 3.11+, as Debian 12 ships; the hook runs under the host's python3
-
         with open(path, "rb") as f:
+            import tomllib  # Python 3.11+ (Debian 12's python3 runs the hook); needed only when there is a file
+
             data = tomllib.load(f)
     except FileNotFoundError:
         return []  # the toolkit's defaults: swarm-resource unset
