@@ -19,7 +19,7 @@ SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TO
 TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
-.PHONY: help setup fakegpu sandbox-up sandbox-down sandbox-purge wheels image image-test test test-unit lint bench demo clean
+.PHONY: help setup fakegpu sandbox-up sandbox-down sandbox-purge wheels image image-test test-tools test test-unit lint bench demo clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
@@ -84,12 +84,17 @@ image-test: wheels sandbox-up
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# Tools some tests drive besides Docker: zsh (the completion script).
+test-tools:
+	@command -v zsh >/dev/null || { echo "make: installing zsh"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zsh >/dev/null; }
+
 # Every test; tests that need the daemon fail (not skip) here.
-test: image-test
+test: test-tools image-test
 	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1; $(call PYTEST,$(PYTEST_ARGS))
 
 # The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no image.
-test-unit: fakegpu
+test-unit: test-tools fakegpu
 	@export $(SIMHOST); $(call PYTEST,-m "not docker and not gpu" $(PYTEST_ARGS))
 
 # mypy reads the packages through a link tree named as they are imported (gpupin.entrypoint, gpupin.hostagent).

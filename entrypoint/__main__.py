@@ -10,8 +10,8 @@ import sys
 
 from gpupin.entrypoint.api import assert_pinned, devices
 from gpupin.entrypoint.errors import GpupinError
-from gpupin.entrypoint.expectation import from_environ
 from gpupin.entrypoint.identity import uuid_from_bytes
+from gpupin.entrypoint.sources import from_environ
 
 
 def main() -> int:

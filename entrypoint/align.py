@@ -9,7 +9,8 @@ expectation k, by UUID and by PCI bus id parsed to integers.
 from __future__ import annotations
 
 from gpupin.entrypoint.errors import ExpectationError, GpuSpecError, MisalignedError
-from gpupin.entrypoint.identity import BusId, is_mig, match_uuid, mig_legacy_parts
+from gpupin.entrypoint.identity import BusId
+from gpupin.entrypoint.resolve import resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,19 +64,6 @@ def _describe(cards: Sequence[Card]) -> str:
     return ", ".join(f"{c.uuid}@{c.bus_id}" for c in cards) or "no card"
 
 
-def _find_mig(spec: str, cards: Sequence[Card]) -> tuple[Card, str]:
-    legacy = mig_legacy_parts(spec)
-    for card in cards:
-        for mig in card.mig_devices:
-            if legacy is not None:
-                parent, gi, ci = legacy
-                if card.uuid == parent and (mig.gpu_instance_id, mig.compute_instance_id) == (gi, ci):
-                    return card, mig.uuid
-            elif mig.uuid.lower().startswith(spec.lower()):
-                return card, mig.uuid
-    raise GpuSpecError(f"no MIG device {spec}")
-
-
 def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
     """Map the expectation onto the cards NVML sees; raise MisalignedError when an expected card is absent or
     sits at another bus id than expected."""
@@ -84,18 +72,12 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
         bindings = [Binding(k, c.uuid or "?", c.bus_id, c.name, None, c) for k, c in enumerate(in_pci_order)]
         return Plan(bindings, None, None)
 
-    uuids = [c.uuid for c in in_pci_order if c.uuid]
     bindings = []
     positions: list[int] = []
     uses_mig = False
     for k, exp in enumerate(expectation.cards):
         try:
-            if is_mig(exp.uuid):
-                card, full = _find_mig(exp.uuid, in_pci_order)
-                uses_mig = True
-            else:
-                full = match_uuid(exp.uuid, uuids)
-                card = next(c for c in in_pci_order if c.uuid == full)
+            target = resolve(exp.uuid, in_pci_order)
         except GpuSpecError as err:
             if len(err.matches) > 1:
                 raise ExpectationError(f"{expectation.source}: {err.message}", err.hint) from None
@@ -105,6 +87,8 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
                 f"the runtime exposed other cards than asked: start the container with --gpus "
                 f"device={exp.uuid} (or `hostagent run --uuid {exp.uuid}`)",
             ) from None
+        card, full = target.card, target.uuid
+        uses_mig = uses_mig or target.mig is not None
         if exp.bus_id is not None and card.bus_id != exp.bus_id:
             raise MisalignedError(
                 f"{expectation.source} asks for {exp.uuid} at {exp.bus_id} (cuda:{k}), but {full} is at "

@@ -19,8 +19,9 @@ import sys
 
 from gpupin.entrypoint import align
 from gpupin.entrypoint.errors import GpuUnavailableError, MisalignedError
-from gpupin.entrypoint.expectation import Expectation, from_environ, parse_expect
+from gpupin.entrypoint.expectation import Expectation, parse_expect
 from gpupin.entrypoint.identity import BusId, uuid_from_bytes
+from gpupin.entrypoint.sources import from_environ
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,11 +1,7 @@
 """The expectation: which physical cards, in local-rank order, a container was meant to get.
 
-Sources, in DESIGN.md's order:
-1. `GPUPIN_EXPECT`: `UUID[@BUSID]` entries, comma-separated, in local-rank order (hostagent, compose rendering,
-   or by hand). Set but malformed is an error, never a silent fallback.
-2. `NVIDIA_VISIBLE_DEVICES` when it lists UUIDs (docker `--gpus device=UUID`, the Kubernetes device plugin).
-   Indices, `all`, `none` and `void` (CDI hosts) name no physical card, so they give no expectation.
-3. Swarm's generic resources, `DOCKER_RESOURCE_<KIND>` (e.g. `DOCKER_RESOURCE_GPU=GPU-45cbf7b,...`).
+Its written form is GPUPIN_EXPECT's: `UUID[@BUSID]` entries, comma-separated, in local-rank order. Where it comes
+from when GPUPIN_EXPECT is unset (NVIDIA_VISIBLE_DEVICES, Swarm, ...) is gpupin.entrypoint.sources.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ from gpupin.entrypoint.identity import BusId, is_full_uuid, is_uuid_like, normal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Sequence
 
 EXPECT_VAR = "GPUPIN_EXPECT"
 _EXPECT_HINT = (
@@ -67,6 +63,14 @@ def format_expect(cards: Iterable[ExpectedCard]) -> str:
     return ",".join(str(c) for c in cards)
 
 
+def _hint(source: str) -> str:
+    # Only GPUPIN_EXPECT is written by gpupin's own tools; another variable (NVIDIA_VISIBLE_DEVICES, a Swarm
+    # resource) is the runtime's or the scheduler's, and the fix is made there.
+    if source == EXPECT_VAR:
+        return _EXPECT_HINT
+    return f"{source} should list GPU UUIDs, each card once, comma-separated; or set GPUPIN_EXPECT, which wins"
+
+
 def _parse_uuid_entry(text: str, source: str, whole: str) -> str:
     t = text.strip()
     if is_full_uuid(t):
@@ -75,19 +79,19 @@ def _parse_uuid_entry(text: str, source: str, whole: str) -> str:
         # A hand-written prefix (CUDA accepts them); it is resolved against the cards NVML sees.
         tag, _, rest = t.partition("-")
         return tag.upper() + "-" + rest.lower()
-    raise ExpectationError(f"{source}={whole!r}: {t!r} is not a GPU UUID", _EXPECT_HINT)
+    raise ExpectationError(f"{source}={whole!r}: {t!r} is not a GPU UUID", _hint(source))
 
 
 def parse_expect(value: str, source: str = EXPECT_VAR) -> Expectation:
     """Parse a GPUPIN_EXPECT value; raise ExpectationError (exit 64) on anything malformed."""
     if not value.strip():
-        raise ExpectationError(f"{source} is set but empty", _EXPECT_HINT + "; or unset it")
+        raise ExpectationError(f"{source} is set but empty", _hint(source) + "; or unset it")
     cards: list[ExpectedCard] = []
     seen: set[str] = set()
     for k, raw in enumerate(value.split(",")):
         entry = raw.strip()
         if not entry:
-            raise ExpectationError(f"{source}={value!r}: entry {k} is empty", _EXPECT_HINT)
+            raise ExpectationError(f"{source}={value!r}: entry {k} is empty", _hint(source))
         uuid_part, at, bus_part = entry.partition("@")
         uuid = _parse_uuid_entry(uuid_part, source, value)
         bus: BusId | None = None
@@ -97,36 +101,10 @@ def parse_expect(value: str, source: str = EXPECT_VAR) -> Expectation:
             except UsageError:
                 raise ExpectationError(
                     f"{source}={value!r}: {bus_part!r} (after {uuid_part.strip()}@) is not a PCI bus id",
-                    _EXPECT_HINT,
+                    _hint(source),
                 ) from None
         if uuid.lower() in seen:
-            raise ExpectationError(f"{source}={value!r}: {uuid} is listed twice", _EXPECT_HINT)
+            raise ExpectationError(f"{source}={value!r}: {uuid} is listed twice", _hint(source))
         seen.add(uuid.lower())
         cards.append(ExpectedCard(uuid, bus))
     return Expectation(cards, source)
-
-
-def _uuid_list(value: str) -> list[str] | None:
-    """The entries of a comma list when every one is UUID-like, else None."""
-    entries = [e.strip() for e in value.split(",")]
-    if not entries or not all(entries) or not all(is_uuid_like(e) for e in entries):
-        return None
-    return entries
-
-
-def from_environ(env: Mapping[str, str]) -> Expectation | None:
-    """The expectation from the first source that names physical cards, or None."""
-    if EXPECT_VAR in env:
-        return parse_expect(env[EXPECT_VAR])
-    nvd = env.get("NVIDIA_VISIBLE_DEVICES")
-    if nvd is not None:
-        entries = _uuid_list(nvd)
-        if entries is not None and all(is_full_uuid(e) for e in entries):
-            return parse_expect(nvd, "NVIDIA_VISIBLE_DEVICES")
-    # Swarm names the variable after the resource kind; the toolkit's default is DOCKER_RESOURCE_GPU.
-    swarm = sorted(k for k in env if k.startswith("DOCKER_RESOURCE_"))
-    swarm.sort(key=lambda k: (k != "DOCKER_RESOURCE_GPU", "GPU" not in k.upper(), k))
-    for key in swarm:
-        if _uuid_list(env[key]) is not None:
-            return parse_expect(env[key], key)
-    return None

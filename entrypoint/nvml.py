@@ -48,12 +48,14 @@ _nvml: Any = None  # the pynvml module, once initialised
 
 
 class MigDevice:
-    """A MIG instance of a card: its UUID and (GPU instance, compute instance) ids."""
+    """A MIG instance of a card: its UUID, its index on the card (the j of the toolkit's `i:j`, nvidia-smi -L's
+    "MIG Device j") and its (GPU instance, compute instance) ids."""
 
-    __slots__ = ("compute_instance_id", "gpu_instance_id", "memory_total", "name", "uuid")
+    __slots__ = ("compute_instance_id", "gpu_instance_id", "index", "memory_total", "name", "uuid")
 
     def __init__(self, uuid: str, gpu_instance_id: int | None, compute_instance_id: int | None,
-                 name: str | None = None, memory_total: int | None = None) -> None:
+                 name: str | None = None, memory_total: int | None = None, index: int = 0) -> None:
+        self.index = index
         self.uuid = uuid
         self.gpu_instance_id = gpu_instance_id
         self.compute_instance_id = compute_instance_id
@@ -177,6 +179,7 @@ def _mig_devices(nv: Any, handle: Any) -> list[MigDevice]:
             _optional(lambda m=mig: int(nv.nvmlDeviceGetComputeInstanceId(m))),  # type: ignore[misc]
             _optional(lambda m=mig: str(nv.nvmlDeviceGetName(m))),  # type: ignore[misc]
             int(mem.total) if mem is not None else None,
+            i,
         ))
     return devices
 
@@ -194,6 +197,8 @@ def _read_card(nv: Any, index: int, detail: bool, mig: bool) -> Card:
     handle = nv.nvmlDeviceGetHandleByIndex(index)
     pci = nv.nvmlDeviceGetPciInfo(handle)
     card = Card(index, str(nv.nvmlDeviceGetUUID(handle)), _bus_id(pci), str(nv.nvmlDeviceGetName(handle)))
+    # Always: device files (/dev/nvidiaN) and Slurm name cards by minor number.
+    card.minor_number = _optional(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
     if mig or detail:
         modes = _optional(lambda: nv.nvmlDeviceGetMigMode(handle))
         card.mig_mode = bool(modes[0]) if modes is not None else None
@@ -207,7 +212,6 @@ def _read_card(nv: Any, index: int, detail: bool, mig: bool) -> Card:
         card.utilization_gpu = int(util.gpu) if util is not None else None
         procs = _optional(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle))
         card.processes = len(procs) if procs is not None else None
-        card.minor_number = _optional(lambda: int(nv.nvmlDeviceGetMinorNumber(handle)))
         cc = _optional(lambda: nv.nvmlDeviceGetCudaComputeCapability(handle))
         card.compute_capability = f"{cc[0]}.{cc[1]}" if cc is not None else None
     return card

@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 
-from gpupin.entrypoint import align, nvml
+from gpupin.entrypoint import align, sources
 from gpupin.entrypoint.errors import GpuUnavailableError, MisalignedError, UsageError
-from gpupin.entrypoint.expectation import EXPECT_VAR, ExpectedCard, format_expect, from_environ
+from gpupin.entrypoint.expectation import EXPECT_VAR, ExpectedCard, format_expect
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -144,16 +144,14 @@ def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = Fals
     """Verify that every cuda:k will be expectation k; return the workload's environment and the report."""
     if level not in LEVELS:
         raise UsageError(f"unknown verification level {level!r}", "use nvml, cuda or torch")
-    expectation = from_environ(environ)
+    found = sources.find(environ)
+    expectation = found.expectation
     if expectation is None and require:
-        nvd = environ.get("NVIDIA_VISIBLE_DEVICES")
         raise MisalignedError(
-            f"no expectation: {EXPECT_VAR} is unset and NVIDIA_VISIBLE_DEVICES="
-            f"{nvd if nvd is not None else '(unset)'} names no card, but an expectation is required",
+            f"no expectation ({found.why_unpinned()}), but an expectation is required",
             "start the container with `hostagent run`, or set GPUPIN_EXPECT=UUID[@BUSID] (or --gpus device=UUID)",
         )
-    cards = nvml.list_cards(mig=bool(expectation and any(c.uuid.upper().startswith("MIG-")
-                                                         for c in expectation.cards)))
+    cards = found.context.cards()
     plan = align.plan(expectation, cards)
     ver = Verification(plan, level)
     env = dict(environ)
@@ -167,9 +165,7 @@ def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = Fals
             ver.notes.append(f"NVML sees {len(cards)} cards; CUDA_VISIBLE_DEVICES selects the "
                              f"{len(plan.bindings)} expected")
     else:
-        nvd = environ.get("NVIDIA_VISIBLE_DEVICES")
-        ver.notes.append(f"no expectation ({EXPECT_VAR} unset, NVIDIA_VISIBLE_DEVICES="
-                         f"{nvd if nvd is not None else '(unset)'}): running unpinned")
+        ver.notes.append(f"no expectation ({found.why_unpinned()}): running unpinned")
     if level in ("cuda", "torch"):
         ver.cuda_devices = _cuda_devices(env)
         align.check_devices(plan, ver.cuda_devices, cards, "the CUDA driver", env.get("CUDA_VISIBLE_DEVICES"))

@@ -12,12 +12,16 @@ import json
 import math
 import sys
 
+from gpupin.entrypoint import __version__
 from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
+from gpupin.hostagent import runopts
+from gpupin.hostagent.errors import InternalError
+from gpupin.hostagent.pin import VERIFY_LEVELS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 PROG = "hostagent"
 
@@ -29,92 +33,158 @@ The container gets --gpus device=UUID..., NVIDIA_VISIBLE_DEVICES, GPUPIN_EXPECT=
 whose ENTRYPOINT is gpupin-entrypoint verifies) and the ledger label gpupin.devices.
 
 exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable; 75 the card is held (no --wait);
-125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run).
+125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run);
+70 an internal error (a bug in hostagent: run again with --debug and report the traceback).
 """
 
 
 def _wait_value(text: str) -> float:
-    return math.inf if text in ("", "inf", "forever") else float(text)
+    try:
+        return math.inf if text in ("", "inf", "forever") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
 
 
-def _normalise_wait(argv: list[str]) -> list[str]:
-    """`--wait` takes an optional number of seconds; a bare `--wait` must not swallow the IMAGE after it."""
-    out: list[str] = []
+def _is_seconds(text: str | None) -> bool:
+    if text is None:
+        return False
+    try:
+        _wait_value(text)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
+
+
+def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple[list[str], str | None, list[str]]:
+    """(hostagent's options, IMAGE, COMMAND) of `hostagent run ARGV`, as docker run splits its own: options end at
+    IMAGE (or at `--`), and everything after IMAGE is the command's, untouched (`--` and options included).
+
+    Which options take a value is read from the run parser itself; an unknown option is left for argparse to
+    refuse (with a suggestion). `--wait` takes a value only when the next word is a number of seconds.
+    """
+    takes: dict[str, str | int | None] = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            takes[flag] = action.nargs if action.nargs is not None else (0 if action.const is not None
+                                                                         or action.nargs == 0 else 1)
     i = 0
     while i < len(argv):
         a = argv[i]
         if a == "--":
-            return out + argv[i:]
-        if a == "--wait":
-            nxt = argv[i + 1] if i + 1 < len(argv) else None
-            try:
-                float(nxt or "x")
-                out.append(f"--wait={nxt}")
-                i += 2
-                continue
-            except ValueError:
-                out.append("--wait=inf")
+            rest = argv[i + 1:]
+            return list(argv[:i]), (rest[0] if rest else None), list(rest[1:])
+        if a.startswith("--"):
+            name, eq, _ = a.partition("=")
+            n = takes.get(name)
+            if eq or not n:
                 i += 1
-                continue
-        out.append(a)
-        i += 1
-    return out
+            elif n == "?":
+                i += 2 if _is_seconds(argv[i + 1] if i + 1 < len(argv) else None) else 1
+            else:
+                i += 2
+            continue
+        if a.startswith("-") and a != "-":
+            # A cluster of short options (-dit) or a short option with its value attached (-eKEY=1).
+            for j in range(1, len(a)):
+                n = takes.get("-" + a[j])
+                if n is None or n == 0:
+                    if n is None:
+                        break
+                    continue
+                if j + 1 == len(a):
+                    i += 1  # the value is the next word
+                break
+            i += 1
+            continue
+        return list(argv[:i]), a, list(argv[i + 1:])
+    return list(argv), None, []
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one `ERROR: ... HINT: ...` line and exit 64, like every other refusal."""
 
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{PROG}: ERROR: {message}. HINT: see `{self.prog} --help`\n")
+    argv: Sequence[str] = ()  # what main() was given, for the hint's subcommand
+
+    def _subcommands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+    @staticmethod
+    def refuse(message: str, hint: str) -> NoReturn:
+        sys.stderr.write(f"{PROG}: ERROR: {message}. HINT: {hint}\n")
         sys.exit(EX_USAGE)
 
+    def error(self, message: str) -> NoReturn:
+        # argparse reports a subcommand's unknown options from the top parser: suggest from, and point to, the
+        # subcommand that was asked for.
+        command = next((a for a in self.argv if a in self._subcommands()), None) if self.prog == PROG else None
+        where = f"{PROG} {command}" if command else self.prog
+        hint = f"see `{where} --help`"
+        if message.startswith("unrecognized arguments: "):
+            import difflib
 
-def build_parser() -> argparse.ArgumentParser:
+            word = message.split(": ", 1)[1].split()[0].split("=")[0]
+            parser = self._subcommands().get(command or "", self)
+            flags = [f for a in parser._actions for f in a.option_strings]
+            close = difflib.get_close_matches(word, flags, n=1)
+            if close:
+                hint = f"did you mean {close[0]}? {hint}"
+        self.refuse(message, hint)
+
+
+def build_parser() -> _Parser:
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--debug", action="store_true", help="print a traceback with an error")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     ls = sub.add_parser("ls", help="list the cards, their memory and load, and who holds them",
                         description="List every physical card (NVML) and the containers that hold it (the ledger).")
     ls.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
 
-    r = sub.add_parser("run", help="start a container pinned to physical GPUs",
-                       usage="hostagent run [options] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE [CMD...]",
-                       description="Start a container pinned to physical GPUs, as `docker run` would.",
+    r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False,
+                       usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
+                             "[COMMAND [ARG...]]",
+                       description="Start a container pinned to physical GPUs, as `docker run` would. Options go "
+                                   "before IMAGE; everything after IMAGE is the container's command, untouched.",
                        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # IMAGE and COMMAND are split off by split_run_argv (as docker run does); these two lines document them.
+    r.add_argument("image", metavar="IMAGE", nargs="?", help="the image to run (pulled when missing, see --pull)")
+    r.add_argument("cmd", metavar="COMMAND", nargs="*",
+                   help="the command and its arguments (default: the image's CMD), passed untouched")
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print a traceback with an error")
     g = r.add_argument_group("which GPUs")
     g.add_argument("--uuid", dest="gpus", action="append", metavar="UUID", default=[], help="a card by UUID")
     g.add_argument("--gpu", dest="gpus", action="append", metavar="SPEC", default=[],
-                   help="a card by UUID, prefix, index or bus id")
+                   help="a card by UUID, prefix, index, bus id or MIG device (see below)")
     g.add_argument("--count", type=int, metavar="N",
                    help="N cards no one holds: the most free memory first, then the least utilization")
     g.add_argument("--share", action="store_true", help="allow cards another pinned container holds")
     g.add_argument("--wait", type=_wait_value, metavar="SECONDS", nargs="?", const=math.inf,
                    help="wait for held cards (forever, or at most SECONDS) instead of exiting 75")
-    g.add_argument("--verify", choices=["nvml", "cuda", "torch"], help="GPUPIN_VERIFY for the entrypoint")
+    g.add_argument("--verify", choices=list(VERIFY_LEVELS), help="GPUPIN_VERIFY for the entrypoint")
     d = r.add_argument_group("as docker run")
-    d.add_argument("--name")
-    d.add_argument("-e", "--env", action="append", default=[], metavar="KEY[=VALUE]")
-    d.add_argument("--env-file", action="append", default=[], metavar="FILE")
-    d.add_argument("-v", "--volume", action="append", default=[], metavar="SRC:DST[:OPTS]")
-    d.add_argument("--rm", action="store_true", help="remove the container when it exits")
-    d.add_argument("-d", "--detach", action="store_true", help="print the container id and return")
-    d.add_argument("-w", "--workdir")
-    d.add_argument("-u", "--user")
-    d.add_argument("--shm-size")
-    d.add_argument("--ipc")
-    d.add_argument("--network")
-    d.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
-    d.add_argument("--entrypoint")
-    d.add_argument("--pull", choices=["missing", "never"], default="missing",
-                   help="pull a missing image (default) or refuse")
-    d.add_argument("--stop-timeout", type=int, default=10, metavar="SECONDS",
-                   help="grace period when Ctrl-C/SIGTERM stops the container (default 10)")
+    for opt in runopts.OPTIONS:
+        kw: dict[str, Any] = {"dest": opt.dest, "help": opt.help}
+        if opt.kind == runopts.FLAG:
+            kw["action"] = "store_true"
+        else:
+            kw["metavar"] = opt.metavar or opt.dest.upper()
+            if opt.kind == runopts.APPEND:
+                kw.update(action="append", default=[])
+        d.add_argument(*opt.flags, **kw)
     o = r.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
     o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
-    r.add_argument("image", metavar="IMAGE")
-    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
+
+    comp = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
+                          description="Print the shell completion script: eval \"$(hostagent completion bash)\" in "
+                                      "~/.bashrc, or eval \"$(hostagent completion zsh)\" in ~/.zshrc after compinit.")
+    comp.add_argument("shell", choices=["bash", "zsh"], help="the shell")
+    hidden = sub.add_parser("__complete")  # what completion asks at completion time (no help: not listed)
+    hidden.add_argument("what", choices=["gpus"])
 
     c = sub.add_parser("compose", help="pin compose services to physical GPUs",
                        description="Render or check compose files whose services ask for physical GPUs.")
@@ -164,6 +234,14 @@ exit: 0 printed, or a check without errors; 64 bad usage, or a check that found 
 """
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    raise KeyError(name)
+
+
 def _error(err: GpupinError, debug: bool) -> int:
     if debug:
         import traceback
@@ -186,19 +264,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gpupin.hostagent import launch
     from gpupin.hostagent.request import ContainerSpec, RunRequest
 
-    req = RunRequest(
-        args.image, args.cmd, gpus=args.gpus, count=args.count, name=args.name, env=args.env,
-        env_files=args.env_file, volumes=args.volume, rm=args.rm, detach=args.detach, workdir=args.workdir,
-        user=args.user, shm_size=args.shm_size, ipc=args.ipc, network=args.network, labels=args.label,
-        entrypoint=args.entrypoint, verify=args.verify, share=args.share, wait=args.wait, dry_run=args.dry_run,
-        pull=args.pull, stop_timeout=args.stop_timeout,
-    )
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a running container's output is its own)")
+    if args.interactive and args.tty and not args.dry_run and not sys.stdin.isatty():
+        raise UsageError("-it needs a terminal, but the input is not a TTY", "drop -t to pipe input with -i")
+    req = RunRequest(args.image, args.cmd, gpus=args.gpus, count=args.count, share=args.share, wait=args.wait,
+                     verify=args.verify, dry_run=args.dry_run,
+                     **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS})
     if req.dry_run:
         spec = launch.launch(req)
         assert isinstance(spec, ContainerSpec)
-        sys.stdout.write(json.dumps(spec.to_dict(), indent=2) + "\n" if args.json else spec.docker_run_line() + "\n")
+        if args.json:
+            from docker.constants import DEFAULT_DOCKER_API_VERSION
+
+            sys.stdout.write(json.dumps(spec.to_dict(DEFAULT_DOCKER_API_VERSION), indent=2) + "\n")
+        else:
+            sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
     return launch.run(req)
 
@@ -238,9 +319,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_ls(fast)
         except GpupinError as err:
             return _error(err, fast.debug)
+        except Exception as err:
+            return _error(InternalError(f"internal error: {type(err).__name__}: {err}"), fast.debug)
     parser = build_parser()
+    parser.argv = raw
     try:
-        args = parser.parse_args(_normalise_wait(raw))
+        run_at = raw.index("run") if "run" in raw else -1
+        if run_at >= 0 and all(a.startswith("-") for a in raw[:run_at]):
+            # `hostagent [--debug] run OPTIONS IMAGE COMMAND...`: argparse sees the options only.
+            options, image, cmd = split_run_argv(raw[run_at + 1:], _subparser(parser, "run"))
+            for word in options:
+                name = word.split("=", 1)[0]
+                if name in runopts.REFUSED:
+                    _Parser.refuse(f"hostagent run does not take {name}", runopts.REFUSED[name])
+            args = parser.parse_args([*raw[:run_at + 1], *options])
+            args.image, args.cmd = image, cmd
+        else:
+            args = parser.parse_args(raw)
     except SystemExit as exit_:  # --help (0) or a usage error (64, from _Parser.error)
         return int(exit_.code or 0)
     debug = bool(args.debug)
@@ -253,12 +348,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_compose(args)
         if args.command == "swarm":
             return _cmd_swarm(args)
-        parser.print_help(sys.stderr)
-        return EX_USAGE
+        if args.command == "completion":
+            from gpupin.hostagent import completion
+
+            return completion.main(args.shell, parser)
+        if args.command == "__complete":
+            from gpupin.hostagent.completion import gpu_specs
+
+            sys.stdout.write("".join(s + "\n" for s in gpu_specs()))
+            return 0
+        parser.print_help()  # no command: help, as `docker` alone prints it
+        return 0
     except GpupinError as err:
         return _error(err, debug)
     except KeyboardInterrupt:
         return 130
+    except Exception as err:  # a bug: still one line (the traceback with --debug), and a code of its own
+        return _error(InternalError(f"internal error: {type(err).__name__}: {err}"), debug)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import tempfile
 from gpupin.entrypoint.errors import EX_TEMPFAIL, EX_USAGE, GpupinError, GpuSpecError, UsageError
 from gpupin.entrypoint.expectation import EXPECT_VAR, parse_expect
 from gpupin.entrypoint.identity import is_full_uuid, is_uuid_like, looks_like_bus_id, match_uuid
+from gpupin.entrypoint.resolve import Target
 from gpupin.hostagent import gpus
 from gpupin.hostagent.ledger import LABEL, SHARED_LABEL, Holder
 
@@ -381,7 +382,7 @@ def render_refusals(service: str, svc: Mapping[str, Any], req: GpuRequest) -> li
 
 # --- placement ------------------------------------------------------------------------------------------------
 
-def _keys(pick: gpus.Pick) -> list[str]:
+def _keys(pick: Target) -> list[str]:
     """The UUIDs that collide with this pick: itself, its parent card (MIG) or its MIG devices (whole card)."""
     keys = [pick.uuid]
     if pick.mig is not None and pick.card.uuid:
@@ -391,11 +392,11 @@ def _keys(pick: gpus.Pick) -> list[str]:
     return keys
 
 
-def _describe(pick: gpus.Pick) -> str:
+def _describe(pick: Target) -> str:
     return f"{pick.uuid} (index {pick.card.index}, {pick.bus_id}, {pick.name})"
 
 
-def _holders_of(pick: gpus.Pick, busy: Mapping[str, Sequence[Holder]]) -> list[Holder]:
+def _holders_of(pick: Target, busy: Mapping[str, Sequence[Holder]]) -> list[Holder]:
     found = {h.id: h for k in _keys(pick) for h in busy.get(k, [])}
     return list(found.values())
 
@@ -405,13 +406,13 @@ def _every_card(cards: Sequence[Card]) -> list[str]:
 
 
 def place(requests: Sequence[GpuRequest], cards: Sequence[Card],
-          busy: Mapping[str, Sequence[Holder]]) -> tuple[dict[str, list[gpus.Pick]], list[ServiceError]]:
+          busy: Mapping[str, Sequence[Holder]]) -> tuple[dict[str, list[Target]], list[ServiceError]]:
     """Assign cards to every request: named cards first (file order), then counts, best free card first.
 
     No card goes to two services unless every one of them is shared, nor to a card a running container holds
     unless the service is shared. Returns the plan and every problem found (each ServiceError carries 64 or 75).
     """
-    plan: dict[str, list[gpus.Pick]] = {}
+    plan: dict[str, list[Target]] = {}
     errors: list[ServiceError] = []
     taken: dict[str, list[GpuRequest]] = {}  # pick UUID -> the requests that got it
     for req in requests:
@@ -526,7 +527,7 @@ def _set_device_request(svc: dict[str, Any], req: GpuRequest, uuids: list[str]) 
 
 
 def render_doc(doc: Mapping[str, Any], requests: Sequence[GpuRequest],
-               plan: Mapping[str, Sequence[gpus.Pick]]) -> dict[str, Any]:
+               plan: Mapping[str, Sequence[Target]]) -> dict[str, Any]:
     """A copy of the document with every planned service pinned by UUID and `x-gpupin` removed."""
     out: dict[str, Any] = copy.deepcopy(dict(doc))
     svcs = out["services"]
@@ -549,7 +550,7 @@ def render_doc(doc: Mapping[str, Any], requests: Sequence[GpuRequest],
     return out
 
 
-def header(file: str, requests: Sequence[GpuRequest], plan: Mapping[str, Sequence[gpus.Pick]]) -> str:
+def header(file: str, requests: Sequence[GpuRequest], plan: Mapping[str, Sequence[Target]]) -> str:
     lines = [f"# Rendered by `hostagent compose render {os.path.basename(file)}` for the GPUs of this host: every",
              "# card is pinned by UUID and proved inside the container (GPUPIN_EXPECT). Re-render; do not edit."]
     for req in requests:
@@ -569,7 +570,7 @@ class RenderRefused(GpupinError):
 
 
 def render(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]]
-           ) -> tuple[dict[str, Any], list[GpuRequest], dict[str, list[gpus.Pick]]]:
+           ) -> tuple[dict[str, Any], list[GpuRequest], dict[str, list[Target]]]:
     """The whole render, pure: the rendered document, the requests and their cards; or RenderRefused."""
     svcs = services(doc)
     errors: list[ServiceError] = []
@@ -594,18 +595,18 @@ def render(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]]
 
 # --- checking -------------------------------------------------------------------------------------------------
 
-def _index_pick(text: str, cards: Sequence[Card]) -> gpus.Pick | None:
+def _index_pick(text: str, cards: Sequence[Card]) -> Target | None:
     for c in cards:
         if str(c.index) == text and c.uuid:
-            return gpus.Pick(c)
+            return Target(c)
     return None
 
 
-def _check_device_ids(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[gpus.Pick], list[Problem], bool]:
+def _check_device_ids(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target], list[Problem], bool]:
     """Resolve device ids as the NVIDIA runtime reads them, flagging indices, prefixes and short bus ids.
 
     Returns the cards, the problems, and whether every id named a card."""
-    picks: list[gpus.Pick] = []
+    picks: list[Target] = []
     problems: list[Problem] = []
     complete = True
     where = "NVIDIA_VISIBLE_DEVICES" if req.source == "runtime" else "device id"
@@ -634,7 +635,7 @@ def _check_device_ids(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[gpus
     return picks, problems, complete
 
 
-def _check_expectation(req: GpuRequest, env: Mapping[str, str | None], picks: Sequence[gpus.Pick],
+def _check_expectation(req: GpuRequest, env: Mapping[str, str | None], picks: Sequence[Target],
                        cards: Sequence[Card]) -> list[Problem]:
     value = env.get(EXPECT_VAR)
     if value is None:
@@ -668,7 +669,7 @@ def _check_expectation(req: GpuRequest, env: Mapping[str, str | None], picks: Se
 
 
 def _check_service(name: str, svc: Any, cards: Sequence[Card]
-                   ) -> tuple[GpuRequest | None, list[gpus.Pick], list[Problem]]:
+                   ) -> tuple[GpuRequest | None, list[Target], list[Problem]]:
     """One service on its own: its request, the cards it gets, and what is wrong with it."""
     try:
         req = gpu_request(name, svc)
@@ -687,7 +688,7 @@ def _check_service(name: str, svc: Any, cards: Sequence[Card]
                                 "make one service per replica, each with its own cards"))
     env = env_entries(svc, name)
     ledger_label = label_entries(svc, name).get(LABEL)
-    picks: list[gpus.Pick] = []
+    picks: list[Target] = []
     if req.source == KEY:
         if ledger_label is not None:
             problems.append(Problem(name, f"sets the label {LABEL} by hand beside `{KEY}`",
@@ -776,11 +777,11 @@ def check(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]])
     except ServiceError as err:
         return CheckResult([err.problem()], 0, 0, 0)
     problems: list[Problem] = []
-    given: dict[str, list[tuple[str, gpus.Pick, bool]]] = {}  # UUID -> (service, pick, shared)
+    given: dict[str, list[tuple[str, Target, bool]]] = {}  # UUID -> (service, pick, shared)
     n_services = 0
     counted = 0
     pinned: set[str] = set()
-    reqs: list[tuple[GpuRequest, list[gpus.Pick]]] = []
+    reqs: list[tuple[GpuRequest, list[Target]]] = []
     for raw_name, svc in svcs.items():
         name = str(raw_name)
         try:

@@ -9,6 +9,18 @@ EX_CANNOT_INVOKE = 126  # as `docker run`: the command cannot be invoked
 EX_NOT_FOUND = 127  # as `docker run`: the command was not found
 
 
+EX_SOFTWARE = 70  # sysexits: an internal error, i.e. a bug
+
+
+class InternalError(GpupinError):
+    """Anything unexpected: one line like every refusal, never a bare traceback (exit 70)."""
+
+    exit_code = EX_SOFTWARE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "this is a bug in hostagent: run again with --debug and report the traceback")
+
+
 class CardHeldError(GpupinError):
     """The asked card is held by another pinned container, and no --wait (exit 75)."""
 

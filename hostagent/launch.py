@@ -13,21 +13,22 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 
 from gpupin.entrypoint import nvml
 from gpupin.entrypoint.errors import UsageError
-from gpupin.hostagent import engine, gpus, ledger
-from gpupin.hostagent.errors import CardHeldError, DockerRefusedError
+from gpupin.hostagent import engine, gpus, image, ledger
+from gpupin.hostagent.attach import Attachment
+from gpupin.hostagent.errors import CardHeldError
 from gpupin.hostagent.request import ContainerSpec, RunRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Sequence
     from typing import Any
 
     from gpupin.entrypoint.nvml import Card
+    from gpupin.entrypoint.resolve import Target
 
 POLL_S = 0.5  # how often a --wait request looks at the ledger again
 
@@ -54,7 +55,7 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
-def _conflicts(picks: Sequence[gpus.Pick], busy: dict[str, list[ledger.Holder]]) -> list[str]:
+def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) -> list[str]:
     """One line per asked card that someone holds (a whole card, its MIG devices, or its parent)."""
     out = []
     for p in picks:
@@ -74,8 +75,8 @@ def _held_error(req: RunRequest, why: list[str], waited: float | None) -> CardHe
     )
 
 
-def _pick(req: RunRequest, cards: Sequence[Card], picks: list[gpus.Pick] | None,
-          busy: dict[str, list[ledger.Holder]]) -> tuple[list[gpus.Pick] | None, list[str]]:
+def _pick(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
+          busy: dict[str, list[ledger.Holder]]) -> tuple[list[Target] | None, list[str]]:
     """The cards to use now, or None and why not."""
     if req.count is not None:
         chosen = gpus.choose_free(req.count, cards, busy)
@@ -89,45 +90,18 @@ def _pick(req: RunRequest, cards: Sequence[Card], picks: list[gpus.Pick] | None,
     return (None, why) if why else (picks, [])
 
 
-def ensure_image(api: Any, req: RunRequest) -> None:
-    """The image exists locally, or is pulled (--pull missing), before anything is created; else 125."""
-    try:
-        api.inspect_image(req.image)
-        return
-    except Exception as err:
-        if not engine.is_not_found(err):
-            raise engine.refused(err, f"could not inspect image {req.image}") from None
-    if req.pull == "never":
-        raise DockerRefusedError(f"image {req.image!r} not found locally (--pull never)",
-                                 "build or load it first (`docker images` lists what there is)")
-    from docker.utils import parse_repository_tag
-
-    _say(f"Unable to find image {req.image!r} locally; pulling it")
-    repo, tag = parse_repository_tag(req.image)
-    try:
-        api.pull(repo, tag=tag or "latest")
-    except Exception as err:
-        raise DockerRefusedError(f"image {req.image!r} not found locally and could not be pulled: "
-                                 f"{engine.refused(err, 'pull').message.split(': ', 1)[-1]}",
-                                 "check the name, or build/load it first") from None
-
-
 class Launched:
-    """A created and started container, with its output stream and its exit-code waiter when in the foreground."""
+    """A created and started container, with its attachment (streams, exit) when in the foreground."""
 
-    def __init__(self, cid: str, spec: ContainerSpec, stream: Iterator[Any] | None,
-                 waiter: threading.Thread | None, result: dict[str, Any], api_version: str) -> None:
+    def __init__(self, cid: str, spec: ContainerSpec, attachment: Attachment | None) -> None:
         self.cid = cid
-        self.spec_api_version = api_version
         self.spec = spec
-        self.stream = stream
-        self.waiter = waiter
-        self.result = result
+        self.attachment = attachment
 
 
 def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launched:
     try:
-        cid = api.create_container(**spec.create_kwargs(api))["Id"]
+        cid = api.create_container_from_config(spec.config(api.api_version), **spec.create_args())["Id"]
     except Exception as err:
         if engine.is_api_error(err):
             raise engine.refused(err, "Docker refused to create the container") from None
@@ -136,28 +110,12 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launch
         raise
     _failpoint("after-create")
     try:
-        stream = None
-        waiter = None
-        result: dict[str, Any] = {}
+        attachment = None
         if foreground:
-            # Attach before start, so no output is lost; register the wait before start, so a quick exit (and
-            # --rm's removal) cannot be missed. The waiter has its own connection.
-            # No read timeout on the stream: a quiet workload may print nothing for hours.
-            stream_api = engine.connect(timeout=None, version=api.api_version)
-            stream = stream_api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
-            wait_api = engine.connect(timeout=None, version=api.api_version)
-            condition = "removed" if spec.req.rm else "next-exit"
-
-            def wait() -> None:
-                try:
-                    result.update(wait_api.wait(cid, timeout=None, condition=condition))
-                except Exception as err:  # reported by follow(), which then asks the daemon itself
-                    result["Error"] = {"Message": str(err)}
-
-            waiter = threading.Thread(target=wait, name="hostagent-wait", daemon=True)
-            waiter.start()
+            attachment = Attachment(cid, spec.req, api.api_version)
+            attachment.open()
         api.start(cid)
-        return Launched(cid, spec, stream, waiter, result, api.api_version)
+        return Launched(cid, spec, attachment)
     except BaseException as err:
         with contextlib.suppress(Exception):
             api.remove_container(cid, force=True)
@@ -166,15 +124,14 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launch
         raise
 
 
-def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched | ContainerSpec:
+def launch(req: RunRequest) -> Launched | ContainerSpec:
     """Everything up to a started container (or, with --dry-run, up to its spec)."""
-    env = dict(os.environ) if environ is None else environ
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
     picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
     if req.dry_run:
-        return _dry_run_spec(req, cards, picks, env)
+        return _dry_run_spec(req, cards, picks)
     api = engine.connect()
-    ensure_image(api, req)
+    image.ensure(api, req)
     lock = ledger.HostLock(engine.docker_host())
     started = time.monotonic()
     said_waiting = False
@@ -185,7 +142,7 @@ def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched |
             busy = ledger.held(engine.read_holders(api, cards))
             chosen, why = _pick(req, cards, picks, busy)
             if chosen is not None:
-                spec = ContainerSpec(req, chosen, env)
+                spec = ContainerSpec(req, chosen)
                 return _create_and_start(api, spec, foreground=not req.detach)
         finally:
             lock.release()
@@ -200,8 +157,7 @@ def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched |
         time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
 
 
-def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[gpus.Pick] | None,
-                  env: dict[str, str]) -> ContainerSpec:
+def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None) -> ContainerSpec:
     if picks is None:
         # --count needs the ledger; without a daemon, say that the choice ignores who holds what.
         busy: dict[str, list[ledger.Holder]] = {}
@@ -212,55 +168,7 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[gpus.Pick]
         picks, why = _pick(req, cards, None, busy)
         if picks is None:
             raise _held_error(req, why, None)
-    return ContainerSpec(req, picks, env)
-
-
-def follow(launched: Launched) -> int:
-    """Stream the container's output until it exits; return its exit code. SIGINT/SIGTERM stop it, as
-    `docker run` does (a second signal kills it)."""
-    assert launched.stream is not None and launched.waiter is not None
-    cid, req = launched.cid, launched.spec.req
-    version = launched.spec_api_version
-    signals_seen: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        signals_seen.append(signum)
-        first = len(signals_seen) == 1
-        if first:
-            _say(f"{signal.Signals(signum).name}: stopping {cid[:12]} (a second signal kills it)")
-
-        def run() -> None:
-            # It may have exited or gone already: the waiter reports how it ended.
-            with contextlib.suppress(Exception):
-                control = engine.connect(version=version)  # only when needed: a client costs a round trip
-                if first:
-                    control.stop(cid, timeout=req.stop_timeout)
-                else:
-                    control.kill(cid)
-
-        threading.Thread(target=run, daemon=True).start()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for out, err in launched.stream:
-            for data, fh in ((out, sys.stdout), (err, sys.stderr)):
-                if data:
-                    fh.buffer.write(data)
-                    fh.flush()
-        while launched.waiter.is_alive():
-            launched.waiter.join(0.2)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    code = launched.result.get("StatusCode")
-    if code is None:
-        try:
-            code = engine.connect(version=version).inspect_container(cid)["State"]["ExitCode"]
-        except Exception:
-            err_msg = (launched.result.get("Error") or {}).get("Message", "unknown")
-            _say(f"could not learn how {cid[:12]} ended: {err_msg}")
-            code = 125
-    return int(code)
+    return ContainerSpec(req, picks)
 
 
 def run(req: RunRequest) -> int:
@@ -279,4 +187,5 @@ def run(req: RunRequest) -> int:
     if req.detach:
         sys.stdout.write(result.cid + "\n")
         return 0
-    return follow(result)
+    assert result.attachment is not None
+    return result.attachment.follow()

@@ -17,7 +17,10 @@ import fcntl
 import os
 import time
 
-from gpupin.entrypoint.identity import BusId, is_uuid_like, looks_like_bus_id, match_uuid
+from gpupin.entrypoint.errors import GpupinError
+from gpupin.entrypoint.resolve import resolve
+from gpupin.hostagent.pin import LABEL as LABEL  # the ledger reads the labels the pin writes
+from gpupin.hostagent.pin import SHARED_LABEL as SHARED_LABEL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,8 +29,6 @@ if TYPE_CHECKING:
 
     from gpupin.entrypoint.nvml import Card
 
-LABEL = "gpupin.devices"
-SHARED_LABEL = "gpupin.shared"
 HOLDING_STATES = frozenset({"running", "paused", "restarting"})
 
 
@@ -79,24 +80,17 @@ def pinned_holder(summary: Mapping[str, Any]) -> Holder | None:
 
 
 def _resolve_ids(ids: Iterable[str], cards: Sequence[Card]) -> list[str]:
-    """Device ids as Docker hands them to the runtime (indices, UUIDs, bus ids) -> card UUIDs."""
+    """Device ids as Docker hands them to the runtime (indices, UUIDs, MIG forms, bus ids, `all`) -> UUIDs."""
     out: list[str] = []
-    uuids = [c.uuid for c in cards if c.uuid]
-    migs = [m.uuid for c in cards for m in c.mig_devices]
     for raw in ids:
         spec = raw.strip()
+        if spec == "all":
+            out.extend(c.uuid for c in cards if c.uuid)
+            continue
         try:
-            if spec == "all":
-                out.extend(uuids)
-            elif spec.isdigit():
-                out.extend(c.uuid for c in cards if c.index == int(spec) and c.uuid)
-            elif is_uuid_like(spec):
-                out.append(match_uuid(spec, migs if spec.upper().startswith("MIG-") else uuids))
-            elif looks_like_bus_id(spec):
-                bus = BusId.parse(spec)
-                out.extend(c.uuid for c in cards if c.bus_id == bus and c.uuid)
-        except Exception:
-            continue  # an id this host does not know holds nothing here
+            out.append(resolve(spec, cards).uuid)
+        except GpupinError:
+            continue  # an id this host does not know: the runtime refuses such a container, so it holds nothing
     return list(dict.fromkeys(out))
 
 

@@ -23,7 +23,7 @@ import sys
 
 from gpupin.entrypoint import nvml
 from gpupin.entrypoint.errors import EX_USAGE, GpuUnavailableError, UsageError
-from gpupin.entrypoint.identity import is_full_uuid, normalize_uuid
+from gpupin.entrypoint.identity import is_full_uuid
 from gpupin.hostagent.swarm import (
     DAEMON_JSON,
     DEFAULT_KIND,
@@ -32,8 +32,8 @@ from gpupin.hostagent.swarm import (
     GenericResource,
     GenericResourceError,
     advertisable,
-    card_keys,
     check_kind,
+    describe,
     env_var,
     gpu_kinds,
     lookup,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.entrypoint.nvml import Card
-    from gpupin.hostagent.swarm import Advert
+    from gpupin.entrypoint.resolve import Target
 
 RUNTIME_NAME = "nvidia"
 SWARM_RESOURCE = "swarm-resource"
@@ -73,7 +73,7 @@ def render(cards: Sequence[Card], kind: str = DEFAULT_KIND, runtime_path: str = 
     return {
         "kind": kind,
         "variable": env_var(kind),
-        "resources": [dict(a.to_dict(), term=t) for a, t in zip(adverts, terms)],
+        "resources": [dict(describe(a), term=t) for a, t in zip(adverts, terms)],
         "skipped": [{"index": c.index, "uuid": c.uuid, "why": why} for c, why in skipped],
         "daemon_json": {"node-generic-resources": terms, "default-runtime": RUNTIME_NAME,
                         "runtimes": {RUNTIME_NAME: {"path": runtime_path}}},
@@ -185,17 +185,15 @@ def read_toolkit_config(path: str = TOOLKIT_CONFIG) -> NodeFile:
     return NodeFile(path, data)
 
 
-def _where(a: Advert) -> str:
-    name = a.mig.name if a.mig is not None and a.mig.name else a.card.name
-    return f"{a.uuid} (index {a.card.index}, {a.card.bus_id}, {name})"
+def _where(t: Target) -> str:
+    return f"{t.uuid} (index {t.card.index}, {t.card.bus_id}, {t.name})"
 
 
 def _check_resources(dj: NodeFile, resources: Sequence[GenericResource], cards: Sequence[Card],
                      kind: str) -> list[Finding]:
     out: list[Finding] = []
-    keys = card_keys(cards)
     kinds = gpu_kinds(resources)
-    given: dict[str, Advert] = {}
+    given: dict[str, Target] = {}  # NVML's UUID of each card or MIG device advertised
     for r in resources:
         gpuish = r.kind in kinds or r.kind == kind or "GPU" in r.kind.upper()
         if r.discrete:
@@ -214,7 +212,7 @@ def _check_resources(dj: NodeFile, resources: Sequence[GenericResource], cards: 
             out.append(Finding(dj.path, f"{r.term} is a UUID prefix: the runtime takes only full UUIDs, so a task "
                                "given it fails to start", _REGENERATE))
             continue
-        a = lookup(r.value, keys)
+        a = lookup(r.value, cards)
         if a is None:
             known = ", ".join(c.uuid for c in cards if c.uuid) or "none"
             unread = [f"index {c.index} ({c.error})" for c in cards if c.uuid is None]
@@ -222,24 +220,23 @@ def _check_resources(dj: NodeFile, resources: Sequence[GenericResource], cards: 
                     else f"was this list copied from another node? {_REGENERATE}")
             out.append(Finding(dj.path, f"{r.term}: no such card or MIG device on this host (cards: {known})", hint))
             continue
-        key = normalize_uuid(r.value).lower()
-        if key in given:
+        if a.uuid in given:
             out.append(Finding(dj.path, f"{a.uuid} is advertised twice: Swarm can give it to two tasks at "
                                "once", "list each card once"))
             continue
-        given[key] = a
+        given[a.uuid] = a
         if a.mig is None and a.card.mig_mode:
             migs = ", ".join(m.uuid for m in a.card.mig_devices) or "none configured"
             out.append(Finding(dj.path, f"{r.term} is a card in MIG mode, which is no CUDA device: a task given "
                                f"it sees none of its MIG devices ({migs})",
                                f"advertise its MIG devices instead; {_REGENERATE}"))
     for a in given.values():
-        if a.mig is not None and a.card.uuid is not None and a.card.uuid.lower() in given:
+        if a.mig is not None and a.card.uuid in given:
             out.append(Finding(dj.path, f"both {a.card.uuid} and its MIG device {a.mig.uuid} are advertised: two "
                                "tasks would share the card", f"advertise the MIG devices only; {_REGENERATE}"))
     adverts, skipped = advertisable(cards)
     for a in adverts:
-        if a.uuid.lower() not in given:
+        if a.uuid not in given:
             out.append(Finding(dj.path, f"{_where(a)} is not advertised: Swarm never gives it to a task",
                                f'add "{kinds[0] if kinds else kind}={a.uuid}" unless it is kept out on purpose',
                                WARNING))
@@ -345,11 +342,9 @@ class CheckResult:
                 + (f" ({warned} warning(s))" if warned else ""))
 
     def to_dict(self) -> dict[str, Any]:
-        keys = card_keys(self.cards)
-
         def card(r: GenericResource) -> dict[str, Any] | None:
-            a = None if r.discrete else lookup(r.value, keys)
-            return a.to_dict() if a is not None else None
+            a = None if r.discrete else lookup(r.value, self.cards)
+            return describe(a) if a is not None else None
 
         return {"ok": self.ok, "kind": self.kind,
                 "paths": {"daemon_json": self.daemon_json.path, "toolkit_config": self.toolkit_config.path},

@@ -1,99 +1,152 @@
-"""A `hostagent run` request and the container it becomes: environment, labels, device request, and the
-equivalent `docker run` command line. Pure functions, tested directly (as docker-py tests its payload builders).
+"""A `hostagent run` request and the container it becomes.
+
+`RunRequest` is what was asked (the GPUs, the image and command untouched, the docker run options of
+hostagent.runopts), checked before any I/O. `ContainerSpec` is the container: its environment and labels (the
+user's, then the pin's, hostagent.pin), and one create payload built with the docker SDK's own types
+(ContainerConfig, HostConfig), which both the create call and `--dry-run --json` use; `--dry-run` also prints the
+equivalent `docker run` line from the same table of options.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 
 from gpupin.entrypoint.errors import UsageError
-from gpupin.entrypoint.expectation import EXPECT_VAR
-from gpupin.hostagent.ledger import LABEL, SHARED_LABEL
+from gpupin.hostagent import runopts
+from gpupin.hostagent.pin import LABEL, OWNED_LABELS, OWNED_VARS, VERIFY_LEVELS, Pin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpupin.hostagent.gpus import Pick
+    from gpupin.entrypoint.resolve import Target
 
-# Variables hostagent owns: a request that sets them by hand would defeat the pin.
-OWNED_VARS = (EXPECT_VAR, "NVIDIA_VISIBLE_DEVICES")
+# An image reference as the Engine reads it: [registry[:port]/]path[:tag][@digest], lower-case path components.
+_REFERENCE = re.compile(r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+                        r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[\w][\w.-]{0,127})?"
+                        r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def _default(opt: runopts.Option) -> Any:
+    return False if opt.kind == runopts.FLAG else [] if opt.kind == runopts.APPEND else None
 
 
 class RunRequest:
     """What `hostagent run` was asked: the GPUs, the image and command, and the docker run options."""
 
     def __init__(self, image: str, command: Sequence[str] = (), gpus: Sequence[str] = (), count: int | None = None,
-                 name: str | None = None, env: Sequence[str] = (), env_files: Sequence[str] = (),
-                 volumes: Sequence[str] = (), rm: bool = False, detach: bool = False, workdir: str | None = None,
-                 user: str | None = None, shm_size: str | None = None, ipc: str | None = None,
-                 network: str | None = None, labels: Sequence[str] = (), entrypoint: str | None = None,
-                 verify: str | None = None, share: bool = False, wait: float | None = None,
-                 dry_run: bool = False, pull: str = "missing", stop_timeout: int = 10) -> None:
+                 share: bool = False, wait: float | None = None, verify: str | None = None, dry_run: bool = False,
+                 environ: Mapping[str, str] | None = None, **options: Any) -> None:
         self.image = image
-        self.command = list(command)
+        self.command = list(command)  # everything after IMAGE, untouched (as docker run passes it)
         self.gpus = list(gpus)
         self.count = count
-        self.name = name
-        self.env = list(env)
-        self.env_files = list(env_files)
-        self.volumes = list(volumes)
-        self.rm = rm
-        self.detach = detach
-        self.workdir = workdir
-        self.user = user
-        self.shm_size = shm_size
-        self.ipc = ipc
-        self.network = network
-        self.labels = list(labels)
-        self.entrypoint = entrypoint
-        self.verify = verify
         self.share = share
         self.wait = wait
+        self.verify = verify
         self.dry_run = dry_run
-        self.pull = pull
-        self.stop_timeout = stop_timeout
+        unknown = set(options) - set(runopts.BY_DEST)
+        if unknown:
+            raise TypeError(f"unknown docker run option(s): {', '.join(sorted(unknown))}")
+        self.options: dict[str, Any] = {o.dest: options.get(o.dest, _default(o)) for o in runopts.OPTIONS}
         self.validate()
+        # The user's part of the environment (--env-file, then -e), read now: a bad file is refused before
+        # NVML or Docker is asked anything.
+        self.user_env = user_environment(self, os.environ if environ is None else environ)
+
+    # The options hostagent itself acts on.
+    @property
+    def name(self) -> str | None:
+        return self.options["name"]  # type: ignore[no-any-return]
+
+    @property
+    def rm(self) -> bool:
+        return bool(self.options["rm"])
+
+    @property
+    def detach(self) -> bool:
+        return bool(self.options["detach"])
+
+    @property
+    def pull(self) -> str:
+        return self.options["pull"] or "missing"
+
+    @property
+    def stop_timeout(self) -> int | None:
+        value = self.options["stop_timeout"]
+        return None if value is None else int(value)
+
+    @property
+    def interactive(self) -> bool:
+        return bool(self.options["interactive"])
+
+    @property
+    def tty(self) -> bool:
+        return bool(self.options["tty"])
+
+    @property
+    def sig_proxy(self) -> bool:
+        return bool(self.options["sig_proxy"] != "false")
 
     def validate(self) -> None:
+        """Every check that needs no I/O, so that a bad request is refused before NVML or Docker is asked."""
         if not self.image:
-            raise UsageError("no image given", "hostagent run [options] IMAGE [CMD...]")
+            raise UsageError("no IMAGE given", "hostagent run [OPTIONS] IMAGE [COMMAND [ARG...]]; see "
+                             "`hostagent run --help`")
+        if self.image.startswith("-"):
+            raise UsageError(f"IMAGE {self.image!r} begins with '-': options go before IMAGE, and hostagent run "
+                             "does not pass options it does not know on to Docker",
+                             "see `hostagent run --help` for the options it takes")
+        if not _REFERENCE.fullmatch(self.image):
+            raise UsageError(f"{self.image!r} is not a valid image reference",
+                             "write it as docker does: [REGISTRY/]NAME[:TAG][@DIGEST], lower-case name")
         if bool(self.gpus) == (self.count is not None):
             raise UsageError("say which GPUs: --uuid/--gpu SPEC (one or more), or --count N, not both and not neither",
                              "e.g. hostagent run --uuid GPU-1c5e... IMAGE, or hostagent run --count 1 IMAGE")
-        if self.verify is not None and self.verify not in ("nvml", "cuda", "torch"):
+        if self.count is not None and self.count < 1:
+            raise UsageError(f"--count {self.count}: ask for at least one card")
+        if self.verify is not None and self.verify not in VERIFY_LEVELS:
             raise UsageError(f"unknown --verify level {self.verify!r}", "use nvml, cuda or torch")
-        if self.pull not in ("missing", "never"):
-            raise UsageError(f"unknown --pull policy {self.pull!r}", "use missing or never")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
-        if self.shm_size is not None and not re.fullmatch(r"[0-9]+[bkmgBKMG]?", self.shm_size):
-            raise UsageError(f"--shm-size {self.shm_size}: not a size", "give bytes or a size like 256m or 8g")
-        for spec in self.labels:
-            if not spec.split("=", 1)[0]:
+        runopts.payload(self.options)  # every conversion is a check: bad text is refused here, by option name
+        self.capabilities = runopts.gpu_capabilities(self.options["gpu_capabilities"])
+        restart = self.options["restart"]
+        if self.rm and restart not in (None, "no"):
+            raise UsageError(f"--rm and --restart {restart} conflict: a container removed when it exits cannot "
+                             "be restarted", "drop one of them")
+        for spec in self.options["labels"]:
+            key = spec.split("=", 1)[0]
+            if not key:
                 raise UsageError(f"malformed --label {spec!r}", "use --label key=value")
-            if spec.split("=", 1)[0] in (LABEL, SHARED_LABEL):
-                raise UsageError(f"--label {spec}: hostagent writes {LABEL} itself (it is the ledger)")
+            if key in OWNED_LABELS:
+                raise UsageError(f"--label {spec}: hostagent writes {key} itself ({LABEL} is the ledger)",
+                                 "remove it; --share sets gpupin.shared")
 
 
 def _read_env_file(path: str, environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """docker's --env-file: KEY=VALUE lines, `#` comments, blank lines; a bare KEY takes this process's value."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as err:
-        raise UsageError(f"--env-file {path}: {err.strerror or err}") from None
+        raise UsageError(f"--env-file {path}: {err.strerror or err}", "give the path of a KEY=VALUE file") from None
     out: list[tuple[str, str]] = []
-    for n, raw in enumerate(lines, 1):
+    for n, raw_bytes in enumerate(data.splitlines(), 1):
+        try:
+            raw = raw_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"--env-file {path}:{n}: not UTF-8 text", "save the file as UTF-8") from None
         line = raw.lstrip()
         if not line or line.startswith("#"):
             continue
         key, eq, value = line.partition("=")
         if not key or any(c.isspace() for c in key):
-            raise UsageError(f"--env-file {path}:{n}: {raw!r} is not KEY=VALUE")
+            raise UsageError(f"--env-file {path}:{n}: {raw!r} is not KEY=VALUE", "one KEY=VALUE per line")
         if eq:
             out.append((key, value))
         elif key in environ:
@@ -101,12 +154,12 @@ def _read_env_file(path: str, environ: Mapping[str, str]) -> list[tuple[str, str
     return out
 
 
-def environment(req: RunRequest, picks: Sequence[Pick], environ: Mapping[str, str]) -> dict[str, str]:
-    """The container's environment: --env-file, then -e (as docker orders them), then what pins the GPUs."""
+def user_environment(req: RunRequest, environ: Mapping[str, str]) -> dict[str, str]:
+    """--env-file, then -e (as docker orders them); the variables the pin owns are refused."""
     env: dict[str, str] = {}
-    for path in req.env_files:
+    for path in req.options["env_files"]:
         env.update(_read_env_file(path, environ))
-    for spec in req.env:
+    for spec in req.options["env"]:
         key, eq, value = spec.partition("=")
         if not key:
             raise UsageError(f"malformed -e {spec!r}", "use -e KEY=VALUE, or -e KEY to pass this shell's value")
@@ -118,112 +171,64 @@ def environment(req: RunRequest, picks: Sequence[Pick], environ: Mapping[str, st
         if key in env:
             raise UsageError(f"-e {key}: hostagent sets {key} itself from the GPUs asked",
                              "ask for the GPUs with --uuid/--gpu/--count instead")
-    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(p.uuid for p in picks)
-    env[EXPECT_VAR] = ",".join(p.expect_entry() for p in picks)
-    if req.verify:
-        env["GPUPIN_VERIFY"] = req.verify
     return env
 
 
-def labels(req: RunRequest, picks: Sequence[Pick]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for spec in req.labels:
-        key, _, value = spec.partition("=")
-        out[key] = value
-    out[LABEL] = ",".join(p.uuid for p in picks)
-    if req.share:
-        out[SHARED_LABEL] = "true"
+def labels(req: RunRequest, pin: Pin) -> dict[str, str]:
+    out = dict(spec.partition("=")[::2] for spec in req.options["labels"])
+    out.update(pin.labels())
     return out
 
 
 class ContainerSpec:
-    """Everything the container is created with, in one place: the API call and the dry-run both read it."""
+    """Everything the container is created with, in one place: the create call and the dry run both read it."""
 
-    def __init__(self, req: RunRequest, picks: Sequence[Pick], environ: Mapping[str, str]) -> None:
+    def __init__(self, req: RunRequest, targets: Sequence[Target]) -> None:
         self.req = req
-        self.picks = list(picks)
-        self.env = environment(req, picks, environ)
-        self.labels = labels(req, picks)
-        self.device_ids = [p.uuid for p in picks]
+        self.targets = list(targets)
+        self.pin = Pin(targets, share=req.share, verify=req.verify, capabilities=req.capabilities)
+        self.env = {**req.user_env, **self.pin.env()}
+        self.labels = labels(req, self.pin)
 
-    def device_request(self) -> dict[str, Any]:
-        """The Engine API's DeviceRequest, as `docker run --gpus device=UUID` sends it, but by UUID and naming
-        the driver."""
-        return {"Driver": "nvidia", "Count": 0, "DeviceIDs": self.device_ids, "Capabilities": [["gpu"]],
-                "Options": {}}
-
-    def host_config(self) -> dict[str, Any]:
-        """HostConfig fields (the Engine API's names), for the dry run's JSON and for create_host_config."""
-        r = self.req
-        hc: dict[str, Any] = {"DeviceRequests": [self.device_request()], "AutoRemove": r.rm}
-        if r.volumes:
-            hc["Binds"] = list(r.volumes)
-        if r.shm_size:
-            hc["ShmSize"] = r.shm_size
-        if r.ipc:
-            hc["IpcMode"] = r.ipc
-        if r.network:
-            hc["NetworkMode"] = r.network
-        return hc
-
-    def create_kwargs(self, api: Any) -> dict[str, Any]:
-        """Arguments for docker.APIClient.create_container."""
-        from docker.types import DeviceRequest
+    def config(self, version: str) -> dict[str, Any]:
+        """The create payload (`POST /containers/create`'s body), built by the docker SDK's types for this API
+        version; a bad option value is the SDK's error, turned into a UsageError."""
+        from docker.errors import DockerException
+        from docker.types import ContainerConfig, HostConfig
 
         r = self.req
-        host_config = api.create_host_config(
-            device_requests=[DeviceRequest(driver="nvidia", device_ids=self.device_ids, capabilities=[["gpu"]])],
-            auto_remove=r.rm, binds=r.volumes or None, shm_size=r.shm_size, ipc_mode=r.ipc,
-            network_mode=r.network,
-        )
-        kwargs: dict[str, Any] = {
-            "image": r.image, "command": r.command or None, "environment": self.env, "labels": self.labels,
-            "host_config": host_config, "name": r.name, "working_dir": r.workdir, "user": r.user,
-            "detach": r.detach,
-        }
-        if r.entrypoint is not None:
-            kwargs["entrypoint"] = [r.entrypoint] if r.entrypoint else [""]
-        return kwargs
+        kw = runopts.payload(r.options)
+        try:
+            host_config = HostConfig(version=version, device_requests=[self.pin.sdk_device_request()],
+                                     **kw[runopts.HOST])
+            config: dict[str, Any] = ContainerConfig(
+                version, r.image, r.command or None, detach=r.detach, environment=self.env, labels=self.labels,
+                host_config=host_config, **kw[runopts.CONTAINER])
+        except (DockerException, ValueError, TypeError) as err:
+            raise UsageError(f"bad option: {err}", "see `hostagent run --help`") from None
+        return config
 
-    def to_dict(self) -> dict[str, Any]:
-        """The create payload in the Engine API's shape (what --dry-run --json prints)."""
-        r = self.req
-        out: dict[str, Any] = {"Image": r.image, "Cmd": r.command or None,
-                               "Env": [f"{k}={v}" for k, v in self.env.items()], "Labels": self.labels,
-                               "HostConfig": self.host_config()}
-        if r.name:
-            out["name"] = r.name
-        if r.workdir:
-            out["WorkingDir"] = r.workdir
-        if r.user:
-            out["User"] = r.user
-        if r.entrypoint is not None:
-            out["Entrypoint"] = [r.entrypoint]
-        return out
+    def create_args(self) -> dict[str, Any]:
+        """The create call's own arguments beside the payload (name, platform)."""
+        return {"name": self.req.name, **runopts.payload(self.req.options)[runopts.CREATE]}
+
+    def to_dict(self, version: str) -> dict[str, Any]:
+        """What --dry-run --json prints: the create payload, and the create call's other arguments."""
+        return {**self.create_args(), "config": self.config(version)}
 
     def docker_run_argv(self) -> list[str]:
-        """The equivalent `docker run` command line."""
+        """The equivalent `docker run` command line, option by option from the same table."""
         r = self.req
         argv = ["docker", "run"]
-        if r.detach:
-            argv.append("-d")
-        if r.rm:
-            argv.append("--rm")
-        if r.name:
-            argv += ["--name", r.name]
-        # --gpus is CSV: a list of ids must be quoted inside the value, hence the inner double quotes.
-        argv += ["--gpus", '"device=' + ",".join(self.device_ids) + '"']
+        for opt in runopts.OPTIONS:
+            if opt.dest in ("env", "env_files", "labels", "gpu_capabilities"):
+                continue  # written below, merged with the pin's
+            argv += opt.docker_args(r.options[opt.dest])
+        argv += self.pin.docker_run_args()
         for key, value in self.env.items():
             argv += ["-e", f"{key}={value}"]
         for key, value in self.labels.items():
             argv += ["--label", f"{key}={value}"]
-        for v in r.volumes:
-            argv += ["-v", v]
-        options = (("-w", r.workdir), ("-u", r.user), ("--shm-size", r.shm_size), ("--ipc", r.ipc),
-                   ("--network", r.network), ("--entrypoint", r.entrypoint))
-        for flag, opt in options:
-            if opt is not None:
-                argv += [flag, opt]
         return [*argv, r.image, *r.command]
 
     def docker_run_line(self) -> str:

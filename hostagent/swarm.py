@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import UsageError
-from gpupin.entrypoint.identity import is_full_uuid, is_uuid_like, normalize_uuid
+from gpupin.entrypoint.errors import GpuSpecError, UsageError
+from gpupin.entrypoint.identity import is_full_uuid, is_uuid_like
+from gpupin.entrypoint.resolve import Target, resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card, MigDevice
+    from gpupin.entrypoint.nvml import Card
 
 DEFAULT_KIND = "GPU"
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -129,31 +130,16 @@ def from_engine(resources: Iterable[Mapping[str, Any]] | None) -> list[GenericRe
     return out
 
 
-class Advert:
-    """One value a node should advertise: a whole card, or one MIG device of a card in MIG mode."""
-
-    __slots__ = ("card", "mig")
-
-    def __init__(self, card: Card, mig: MigDevice | None = None) -> None:
-        self.card = card
-        self.mig = mig
-
-    @property
-    def uuid(self) -> str:
-        uuid = self.mig.uuid if self.mig is not None else self.card.uuid
-        assert uuid is not None
-        return uuid
-
-    def to_dict(self) -> dict[str, Any]:
-        name = self.mig.name if self.mig is not None and self.mig.name else self.card.name
-        return {"uuid": self.uuid, "index": self.card.index, "bus_id": str(self.card.bus_id),
-                "name": name, "parent": self.card.uuid if self.mig is not None else None}
+def describe(target: Target) -> dict[str, Any]:
+    """A card or MIG device as the JSON outputs show it."""
+    return {"uuid": target.uuid, "index": target.card.index, "bus_id": str(target.card.bus_id),
+            "name": target.name, "parent": target.card.uuid if target.mig is not None else None}
 
 
-def advertisable(cards: Sequence[Card]) -> tuple[list[Advert], list[tuple[Card, str]]]:
+def advertisable(cards: Sequence[Card]) -> tuple[list[Target], list[tuple[Card, str]]]:
     """What a node should advertise, in NVML order: each whole card, or, for a card in MIG mode, each of its MIG
     devices (the whole card is no CUDA device then). Also the cards left out, each with why."""
-    adverts: list[Advert] = []
+    adverts: list[Target] = []
     skipped: list[tuple[Card, str]] = []
     for card in cards:
         if card.error is not None or card.uuid is None:
@@ -161,21 +147,10 @@ def advertisable(cards: Sequence[Card]) -> tuple[list[Advert], list[tuple[Card, 
         elif card.mig_mode:
             if not card.mig_devices:
                 skipped.append((card, "MIG mode is on but no MIG device is configured"))
-            adverts.extend(Advert(card, m) for m in card.mig_devices)
+            adverts.extend(Target(card, m) for m in card.mig_devices)
         else:
-            adverts.append(Advert(card))
+            adverts.append(Target(card))
     return adverts, skipped
-
-
-def card_keys(cards: Sequence[Card]) -> dict[str, Advert]:
-    """Every UUID a value may name on this host (cards and MIG devices, NVML's spelling), to what it is."""
-    keys: dict[str, Advert] = {}
-    for card in cards:
-        if card.uuid is not None:
-            keys[card.uuid.lower()] = Advert(card)
-        for m in card.mig_devices:
-            keys[m.uuid.lower()] = Advert(card, m)
-    return keys
 
 
 def names_a_gpu(value: str) -> bool:
@@ -183,11 +158,15 @@ def names_a_gpu(value: str) -> bool:
     return is_uuid_like(value)
 
 
-def lookup(value: str, keys: Mapping[str, Advert]) -> Advert | None:
-    """The card or MIG device a full UUID names on this host, or None."""
+def lookup(value: str, cards: Sequence[Card]) -> Target | None:
+    """The card or MIG device a full UUID names on this host (the shared resolver's rules), or None. A prefix names
+    nothing here: the runtime takes only full UUIDs."""
     if not is_full_uuid(value):
         return None
-    return keys.get(normalize_uuid(value).lower())
+    try:
+        return resolve(value, cards)
+    except GpuSpecError:
+        return None
 
 
 def gpu_kinds(resources: Iterable[GenericResource]) -> list[str]:

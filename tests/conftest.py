@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,3 +148,53 @@ def real_gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+# --- hostagent on the simulated host, against the sandbox (shared by every hostagent test file) ---------------
+
+HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
+
+
+class Agent:
+    """Runs the hostagent CLI on the simulated host, against the sandbox; tags what it creates."""
+
+    def __init__(self, sandbox: Sandbox, tag: str) -> None:
+        self.sandbox = sandbox
+        self.tag = tag
+        self.env = simhost_env("mixed-4", DOCKER_HOST=sandbox.host)
+
+    def argv(self, *args: str) -> list[str]:
+        if args and args[0] == "run":
+            return [HOSTAGENT, "run", "--label", f"gpupin.test={self.tag}", *args[1:]]
+        return [HOSTAGENT, *args]
+
+    def __call__(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), env={**self.env, **env}, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.argv(*args), env={**self.env, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def containers(self, state: str | None = None) -> list[dict[str, str]]:
+        args = ["ps", "-a", "--no-trunc", "--filter", f"label=gpupin.test={self.tag}", "--format", "{{json .}}"]
+        if state:
+            args[2:2] = ["--filter", f"status={state}"]
+        out = self.sandbox.docker(*args, check=True).stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.fixture
+def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
+    busy = mixed4_sandbox.docker("ps", "-q", "--filter", "label=gpupin.devices", check=True).stdout.split()
+    assert not busy, f"pinned containers left running by an earlier test: {busy}"
+    a = Agent(mixed4_sandbox, uuid.uuid4().hex[:12])
+    yield a
+    ids = mixed4_sandbox.docker("ps", "-aq", "--filter", f"label=gpupin.test={a.tag}").stdout.split()
+    if ids:
+        mixed4_sandbox.docker("rm", "-f", *ids)
+
+
+def saw(out: str) -> list[str]:
+    """The UUIDs the workload saw at cuda:0, cuda:1, ... (from `python3 -m gpupin.entrypoint`)."""
+    return re.findall(r"^cuda:\d+ = (\S+) at .*, as expected$", out, re.M)

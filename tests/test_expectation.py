@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpupin.entrypoint.errors import ExpectationError
-from gpupin.entrypoint.expectation import ExpectedCard, format_expect, from_environ, parse_expect
+from gpupin.entrypoint.expectation import ExpectedCard, format_expect, parse_expect
 from gpupin.entrypoint.identity import BusId
+from gpupin.entrypoint.sources import find, from_environ
 
 U1 = "GPU-b7f5fec9-b46a-cafb-c72e-03faa22cc009"
 U2 = "GPU-bd66e15d-bea0-a04a-ba15-aa76757c09e1"
@@ -72,3 +73,19 @@ def test_nvidia_visible_devices_without_full_uuids_names_no_card(nvd: str) -> No
 def test_set_but_malformed_expect_is_never_a_silent_fallback() -> None:
     with pytest.raises(ExpectationError):
         from_environ({"GPUPIN_EXPECT": "", "NVIDIA_VISIBLE_DEVICES": U1})
+
+
+def test_the_unpinned_line_says_why_each_source_named_no_card() -> None:
+    found = find({"NVIDIA_VISIBLE_DEVICES": "void", "DOCKER_RESOURCE_FPGA": "fpga0"}, cards=list)
+    assert found.expectation is None
+    assert found.why_unpinned() == ("NVIDIA_VISIBLE_DEVICES=void names no card (CDI or no GPU request); "
+                                    "DOCKER_RESOURCE_FPGA name(s) no GPU UUID; GPUPIN_EXPECT unset")
+    assert find({}, cards=list).why_unpinned() == "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_* unset"
+
+
+def test_a_runtime_variable_listing_a_card_twice_gets_a_hint_about_that_variable() -> None:
+    with pytest.raises(ExpectationError) as e:
+        from_environ({"NVIDIA_VISIBLE_DEVICES": f"{U1},{U1}"})
+    assert "listed twice" in e.value.message and e.value.hint is not None
+    assert "NVIDIA_VISIBLE_DEVICES should list GPU UUIDs, each card once" in e.value.hint
+    assert "GPUPIN_EXPECT=" not in e.value.hint  # the user did not write GPUPIN_EXPECT: no recipe for it

@@ -12,62 +12,14 @@ import re
 import signal
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env
+from tests.conftest import TEST_IMAGE, Agent, gpu_uuids, saw
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
-HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
-
-
-class Agent:
-    """Runs the hostagent CLI on the simulated host, against the sandbox; tags what it creates."""
-
-    def __init__(self, sandbox: Sandbox, tag: str) -> None:
-        self.sandbox = sandbox
-        self.tag = tag
-        self.env = simhost_env("mixed-4", DOCKER_HOST=sandbox.host)
-
-    def argv(self, *args: str) -> list[str]:
-        if args and args[0] == "run":
-            return [HOSTAGENT, "run", "--label", f"gpupin.test={self.tag}", *args[1:]]
-        return [HOSTAGENT, *args]
-
-    def __call__(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(*args), env={**self.env, **env}, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.argv(*args), env={**self.env, **env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-
-    def containers(self, state: str | None = None) -> list[dict[str, str]]:
-        args = ["ps", "-a", "--no-trunc", "--filter", f"label=gpupin.test={self.tag}", "--format", "{{json .}}"]
-        if state:
-            args[2:2] = ["--filter", f"status={state}"]
-        out = self.sandbox.docker(*args, check=True).stdout
-        return [json.loads(line) for line in out.splitlines()]
-
-
-@pytest.fixture
-def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
-    busy = mixed4_sandbox.docker("ps", "-q", "--filter", "label=gpupin.devices", check=True).stdout.split()
-    assert not busy, f"pinned containers left running by an earlier test: {busy}"
-    a = Agent(mixed4_sandbox, uuid.uuid4().hex[:12])
-    yield a
-    ids = mixed4_sandbox.docker("ps", "-aq", "--filter", f"label=gpupin.test={a.tag}").stdout.split()
-    if ids:
-        mixed4_sandbox.docker("rm", "-f", *ids)
-
-
-def saw(out: str) -> list[str]:
-    """The UUIDs the workload saw at cuda:0, cuda:1, ... (from `python3 -m gpupin.entrypoint`)."""
-    return re.findall(r"^cuda:\d+ = (\S+) at .*, as expected$", out, re.M)
 
 
 # --- the asked card, whatever the request form -----------------------------------------------------------------
@@ -133,21 +85,6 @@ def test_detach_prints_the_id_and_the_container_carries_the_pin(agent: Agent) ->
     assert info["State"]["Running"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_the_container_and_rm_removes_it(agent: Agent, sig: signal.Signals) -> None:
-    p = agent.popen("run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh", "-c",
-                    "trap 'echo stopping; exit 42' TERM; echo ready; while :; do sleep 0.1; done")
-    assert p.stdout is not None and p.stdout.readline() == "ready\n"
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 42, err
-    assert out == "stopping\n" and "stopping" in err
-    deadline = time.monotonic() + 10
-    while agent.containers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert agent.containers() == []
-
-
 # --- refusals: the documented code, one line, and nothing created ---------------------------------------------
 
 @pytest.mark.parametrize(("args", "code", "says"), [
@@ -186,7 +123,7 @@ def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> 
     assert r.stdout.rstrip().endswith(f"{TEST_IMAGE} python3 train.py")
     r = agent("run", "--dry-run", "--json", "--gpu", "1", TEST_IMAGE)
     payload = json.loads(r.stdout)
-    assert payload["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [RTX]
+    assert payload["config"]["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [RTX]
     assert agent.containers() == []
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from gpupin.entrypoint.errors import GpuSpecError, GpuUnavailableError, UsageError
 from gpupin.entrypoint.identity import BusId
 from gpupin.entrypoint.nvml import Card, MigDevice
-from gpupin.hostagent.cli import _normalise_wait, build_parser
+from gpupin.hostagent.cli import _subparser, build_parser, main, split_run_argv
 from gpupin.hostagent.gpus import choose_free, free_cards, resolve_spec, resolve_specs
 from gpupin.hostagent.ledger import Holder, HostLock, foreign_holder, held, pinned_holder
 from gpupin.hostagent.request import ContainerSpec, RunRequest
@@ -43,12 +42,12 @@ def test_every_spec_form_names_the_same_card(spec: str) -> None:
 
 
 @pytest.mark.parametrize(("spec", "says"), [
-    ("4", "GPU index 4 is out of range: this host has 4 card(s) (0-3)"),
+    ("4", "GPU index 4 is out of range: this host has 4 card(s) (0 = GPU-6c39be0e-975a-4001-aa66-fb43d08d0e16 at"),
     ("GPU-6c", "ambiguous"),
     ("GPU-ffff", "no card's UUID starts with"),
     ("5e:00.0", "no card at bus id 00000000:5E:00.0"),
     ("zz:00.0", "malformed PCI bus id"),
-    ("fastest", "is not a GPU UUID, index or bus id"),
+    ("fastest", "is not a GPU UUID, index, bus id or MIG device"),
     ("", "empty"),
 ])
 def test_bad_specs_are_64_with_the_reason(spec: str, says: str) -> None:
@@ -140,67 +139,124 @@ def test_runtime_nvidia_env_and_non_gpu_requests() -> None:
     assert foreign_holder(inspect([]), mixed4()) is None
 
 
-def request(**kw: object) -> RunRequest:
+def request(environ: dict[str, str] | None = None, **kw: object) -> RunRequest:
     args: dict[str, object] = {"gpus": ["1"]}
     args.update(kw)
-    return RunRequest("img:1", ["python", "train.py"], **args)  # type: ignore[arg-type]
+    return RunRequest("img:1", ["python", "train.py"], environ=environ or {}, **args)  # type: ignore[arg-type]
 
 
 def test_the_container_spec_pins_by_uuid_everywhere() -> None:
     picks = resolve_specs(["1", "0"], mixed4())
     spec = ContainerSpec(request(env=["A=1", "HOME_DIR", "B"], rm=True, name="job", verify="torch",
-                                 labels=["team=ml"]), picks, {"HOME_DIR": "/home/x"})
+                                 labels=["team=ml"], environ={"HOME_DIR": "/home/x"}), picks)
     assert spec.env == {"A": "1", "HOME_DIR": "/home/x", "NVIDIA_VISIBLE_DEVICES": f"{RTX},{A800}",
                         "GPUPIN_EXPECT": f"{RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0",
                         "GPUPIN_VERIFY": "torch"}
     assert spec.labels == {"team": "ml", "gpupin.devices": f"{RTX},{A800}"}
-    assert spec.device_request() == {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800],
-                                     "Capabilities": [["gpu"]], "Options": {}}
+    assert spec.pin.device_request() == {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800],
+                                         "Capabilities": [["gpu"]], "Options": {}}
     line = spec.docker_run_line()
-    assert line.startswith(f"docker run --rm --name job --gpus '\"device={RTX},{A800}\"' -e A=1 ")
+    assert line.startswith(f"docker run --name job --rm --gpus '\"device={RTX},{A800}\"' -e A=1 ")
     assert line.endswith("img:1 python train.py")
-    payload = spec.to_dict()
-    assert payload["HostConfig"]["AutoRemove"] is True and payload["Cmd"] == ["python", "train.py"]
+    payload = spec.to_dict("1.41")
+    assert payload["name"] == "job"
+    config = payload["config"]
+    assert config["HostConfig"]["AutoRemove"] is True and config["Cmd"] == ["python", "train.py"]
+    assert config["HostConfig"]["DeviceRequests"] == [spec.pin.device_request()]
+    assert config["Labels"] == spec.labels and sorted(config["Env"]) == sorted(f"{k}={v}" for k, v in spec.env.items())
+
+
+def test_dry_run_json_is_the_create_payload_field_for_field() -> None:
+    # One builder: --shm-size, --entrypoint and the rest land in the payload the create call sends.
+    spec = ContainerSpec(request(shm_size="8g", entrypoint="", ipc="host", workdir="/w", user="1000:1000",
+                                 volumes=["/data:/data:ro"], stop_timeout="30"), resolve_specs(["1"], mixed4()))
+    c = spec.config("1.41")
+    assert c["HostConfig"]["ShmSize"] == 8 * 1024 ** 3 and c["HostConfig"]["IpcMode"] == "host"
+    assert c["HostConfig"]["Binds"] == ["/data:/data:ro"] and c["Entrypoint"] == [""]
+    assert (c["WorkingDir"], c["User"], c["StopTimeout"]) == ("/w", "1000:1000", 30)
+    line = spec.docker_run_line()
+    assert "--shm-size 8g" in line and "--entrypoint ''" in line and "--stop-timeout 30" in line
 
 
 def test_env_file_then_e_as_docker_orders_them(tmp_path: Path) -> None:
     f = tmp_path / "job.env"
     f.write_text("# comment\nLR=0.1\n\nEPOCHS=3\nFROM_SHELL\n")
-    spec = ContainerSpec(request(env_files=[str(f)], env=["LR=0.2"]), resolve_specs(["1"], mixed4()),
-                         {"FROM_SHELL": "yes"})
+    spec = ContainerSpec(request(env_files=[str(f)], env=["LR=0.2"], environ={"FROM_SHELL": "yes"}),
+                         resolve_specs(["1"], mixed4()))
     assert [spec.env[k] for k in ("LR", "EPOCHS", "FROM_SHELL")] == ["0.2", "3", "yes"]
     f.write_text("BAD LINE=1\n")
     with pytest.raises(UsageError, match="is not KEY=VALUE"):
-        ContainerSpec(request(env_files=[str(f)]), resolve_specs(["1"], mixed4()), {})
+        request(env_files=[str(f)])
     with pytest.raises(UsageError, match="No such file"):
-        ContainerSpec(request(env_files=[str(tmp_path / "missing")]), resolve_specs(["1"], mixed4()), {})
+        request(env_files=[str(tmp_path / "missing")])
+    f.write_bytes(b"OK=1\nBAD=\xff\xfe\n")
+    with pytest.raises(UsageError, match=":2: not UTF-8 text"):
+        request(env_files=[str(f)])
 
 
 @pytest.mark.parametrize(("kw", "says"), [
     ({"gpus": []}, "say which GPUs"),
     ({"gpus": ["1"], "count": 1}, "say which GPUs"),
     ({"verify": "fast"}, "unknown --verify"),
-    ({"pull": "always"}, "unknown --pull"),
+    ({"pull": "sometimes"}, "--pull sometimes: not one of missing, never, always"),
     ({"wait": -1.0}, "--wait"),
-    ({"labels": ["gpupin.devices=x"]}, "it is the ledger"),
+    ({"gpus": [], "count": 0}, "ask for at least one card"),
+    ({"stop_timeout": "soon"}, "--stop-timeout"),
+    ({"labels": ["gpupin.devices=x"]}, "gpupin.devices is the ledger"),
+    ({"labels": ["gpupin.shared=true"]}, "hostagent writes gpupin.shared itself"),
 ])
 def test_bad_requests_are_64(kw: dict[str, object], says: str) -> None:
     with pytest.raises(UsageError, match=says.replace("-", "\\-")):
-        request(**kw)
+        request(**kw)  # type: ignore[arg-type]
 
 
 def test_owned_variables_cannot_be_set_by_hand() -> None:
     with pytest.raises(UsageError, match="sets GPUPIN_EXPECT itself"):
-        ContainerSpec(request(env=[f"GPUPIN_EXPECT={A800}"]), resolve_specs(["1"], mixed4()), {})
+        request(env=[f"GPUPIN_EXPECT={A800}"])
+
+
+def _split(*argv: str) -> tuple[list[str], str | None, list[str]]:
+    return split_run_argv(list(argv), _subparser(build_parser(), "run"))
 
 
 def test_wait_takes_an_optional_number_without_swallowing_the_image() -> None:
-    assert _normalise_wait(["run", "--wait", "img", "cmd"]) == ["run", "--wait=inf", "img", "cmd"]
-    assert _normalise_wait(["run", "--wait", "30", "img"]) == ["run", "--wait=30", "img"]
-    args = build_parser().parse_args(_normalise_wait(["run", "--gpu", "1", "--wait", "img", "python", "-u",
-                                                      "x.py", "--lr", "3"]))
-    assert (args.image, args.cmd, args.wait, args.gpus) == ("img", ["python", "-u", "x.py", "--lr", "3"],
-                                                             math.inf, ["1"])
+    assert _split("--wait", "img", "cmd") == (["--wait"], "img", ["cmd"])
+    assert _split("--wait", "30", "img") == (["--wait", "30"], "img", [])
+    assert _split("--gpu", "1", "--wait", "img", "python", "-u", "x.py", "--lr", "3") == (
+        ["--gpu", "1", "--wait"], "img", ["python", "-u", "x.py", "--lr", "3"])
+
+
+@pytest.mark.parametrize(("argv", "split"), [
+    # options after IMAGE belong to the command, untouched, as with docker run
+    (["--gpu", "1", "img", "app", "--wait", "x"], (["--gpu", "1"], "img", ["app", "--wait", "x"])),
+    (["--gpu", "1", "img", "--", "a"], (["--gpu", "1"], "img", ["--", "a"])),
+    (["--gpu", "1", "--", "img", "--rm"], (["--gpu", "1"], "img", ["--rm"])),
+    (["--gpu=1", "-e", "A=1", "-eB=2", "-dv", "/x:/x", "--rm", "img"],
+     (["--gpu=1", "-e", "A=1", "-eB=2", "-dv", "/x:/x", "--rm"], "img", [])),
+    (["--count", "2", "--name", "img", "busybox"], (["--count", "2", "--name", "img"], "busybox", [])),
+    (["--gpu", "1"], (["--gpu", "1"], None, [])),
+])
+def test_run_splits_like_docker_run(argv: list[str], split: tuple[list[str], str | None, list[str]]) -> None:
+    assert _split(*argv) == split
+
+
+def test_an_image_that_looks_like_an_option_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # Pasting the dry-run line of `-- --privileged alpine sh` would start a privileged container.
+    assert main(["run", "--dry-run", "--gpu", "0", "--", "--privileged", "alpine", "sh"]) == 64
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "IMAGE '--privileged' begins with '-'" in err
+
+
+@pytest.mark.parametrize("image", ["Upper/Case", "img name", "img:", ":tag", "a..b"])
+def test_malformed_image_references_are_refused_before_any_io(image: str) -> None:
+    with pytest.raises(UsageError, match="not a valid image reference"):
+        RunRequest(image, gpus=["1"])
+
+
+@pytest.mark.parametrize("image", ["gpupin:test", "busybox", "localhost:5000/team/train:v1.2", "Registry.io/a/b",
+                                   "nvcr.io/nvidia/pytorch:24.05-py3", "img@sha256:" + "a" * 64, "3f2a9c01b7d4"])
+def test_image_references_docker_takes(image: str) -> None:
+    assert RunRequest(image, gpus=["1"]).image == image
 
 
 def test_the_host_lock_is_exclusive_and_released_on_close(tmp_path: Path) -> None:

@@ -1,0 +1,206 @@
+"""GPU spec resolution: the one place that turns what a person, a runtime or a scheduler wrote into a card.
+
+Every side uses it: `hostagent run --gpu`, the ledger (what a container's device request or device files hold),
+compose, and the entrypoint (its expectation). The forms (DESIGN.md, "GPU identity"):
+
+    GPU-1c5e8f3a-...  GPU-1c5e         a GPU UUID, or a unique prefix of one (as CUDA allows)
+    MIG-22360576-...  MIG-2236         a MIG device's UUID (R470+ drivers), or a unique prefix
+    MIG-GPU-<uuid>/1/0                 a MIG device in the old form: parent UUID, GPU instance, compute instance
+    0:1                                a MIG device by index pair: card 0, its MIG device 1 (the toolkit's form)
+    3b:00.0  0000:3B:00.0              a PCI bus id, any spelling (compared as integers)
+    2                                  an NVML index, as nvidia-smi numbers the cards (ASCII digits only)
+    minor number 3                     /dev/nvidia3 (asked for explicitly: `by_minor`, never guessed from digits)
+
+Pure over the cards NVML reported (`gpupin.entrypoint.nvml.Card`); a spec that names no card, or more than one, is
+a GpuSpecError (exit 64) that says what there is.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpupin.entrypoint.errors import GpuSpecError, UsageError
+from gpupin.entrypoint.identity import BusId, is_full_uuid, is_mig, is_uuid_like, match_uuid, mig_legacy_parts
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from gpupin.entrypoint.nvml import Card, MigDevice
+
+SPEC_HINT = ("name a card by UUID (or a unique prefix: GPU-1c5e), NVML index (0), bus id (3b:00.0) or MIG device "
+             "(MIG-..., or card:device like 0:1); `hostagent ls` lists them")
+_INDEX = re.compile(r"[0-9]+")
+_MIG_PAIR = re.compile(r"([0-9]+):([0-9]+)")
+
+UUID = "uuid"
+MIG_LEGACY = "mig-legacy"
+MIG_PAIR = "mig-pair"
+BUS_ID = "bus-id"
+INDEX = "index"
+
+
+class Target:
+    """What a spec names: a whole card, or one MIG device of it."""
+
+    __slots__ = ("card", "mig")
+
+    def __init__(self, card: Card, mig: MigDevice | None = None) -> None:
+        self.card = card
+        self.mig = mig
+
+    @property
+    def uuid(self) -> str:
+        """The UUID that names it to CUDA and the runtime: the MIG device's own for a MIG device."""
+        if self.mig is not None:
+            return self.mig.uuid
+        assert self.card.uuid is not None, "a card NVML could not read has no UUID to name it by"
+        return self.card.uuid
+
+    @property
+    def bus_id(self) -> BusId:
+        assert self.card.bus_id is not None
+        return self.card.bus_id
+
+    @property
+    def name(self) -> str:
+        return (self.mig.name if self.mig is not None and self.mig.name else self.card.name) or "?"
+
+    def expect_entry(self) -> str:
+        """Its GPUPIN_EXPECT entry: UUID@BUSID."""
+        return f"{self.uuid}@{self.bus_id}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Target) and (self.card.index, self.mig and self.mig.uuid) == (
+            other.card.index, other.mig and other.mig.uuid)
+
+    def __hash__(self) -> int:
+        return hash((self.card.index, self.mig and self.mig.uuid))
+
+    def __repr__(self) -> str:
+        return f"Target({self.uuid}@{self.card.bus_id})"
+
+
+def form(spec: str) -> str | None:
+    """Which form a spec is written in (UUID, MIG_LEGACY, MIG_PAIR, BUS_ID, INDEX), or None for none of them.
+
+    Order matters: `0:1` is a MIG index pair (decimal, no function), `3b:00.0` a bus id, `12` an index.
+    """
+    t = spec.strip()
+    if mig_legacy_parts(t) is not None:
+        return MIG_LEGACY
+    if is_uuid_like(t):
+        return UUID
+    if _INDEX.fullmatch(t):
+        return INDEX
+    if _MIG_PAIR.fullmatch(t):
+        return MIG_PAIR
+    if ":" in t and t.isascii():
+        return BUS_ID
+    return None
+
+
+def _listing(cards: Sequence[Card]) -> str:
+    return ", ".join(f"{c.index} = {c.uuid or '?'} at {c.bus_id or '?'}" for c in cards) or "none"
+
+
+def _by_index(index: int, cards: Sequence[Card], spec: str) -> Card:
+    for card in cards:
+        if card.index == index:
+            return card
+    within = "" if spec.strip() == str(index) else f" (in {spec!r})"
+    raise GpuSpecError(f"GPU index {index}{within} is out of range: this host has {len(cards)} card(s) "
+                       f"({_listing(cards)})", SPEC_HINT)
+
+
+def _mig_by_uuid(spec: str, cards: Sequence[Card]) -> Target:
+    migs = {m.uuid: (c, m) for c in cards for m in c.mig_devices}
+    if not migs:
+        raise GpuSpecError(f"{spec!r} names a MIG device, but no card here has MIG devices "
+                           f"(cards: {_listing(cards)})", SPEC_HINT)
+    card, mig = migs[match_uuid(spec, list(migs))]
+    return Target(card, mig)
+
+
+def _mig_legacy(spec: str, cards: Sequence[Card]) -> Target:
+    parts = mig_legacy_parts(spec)
+    assert parts is not None
+    parent, gi, ci = parts
+    for card in cards:
+        if card.uuid is not None and card.uuid.lower() == parent.lower():
+            for mig in card.mig_devices:
+                if (mig.gpu_instance_id, mig.compute_instance_id) == (gi, ci):
+                    return Target(card, mig)
+            have = ", ".join(f"{m.gpu_instance_id}/{m.compute_instance_id}" for m in card.mig_devices) or "none"
+            raise GpuSpecError(f"{card.uuid} has no MIG device with GPU instance {gi} and compute instance {ci} "
+                               f"(it has: {have})", SPEC_HINT)
+    raise GpuSpecError(f"no card with UUID {parent} (in {spec!r}) on this host (cards: {_listing(cards)})", SPEC_HINT)
+
+
+def _mig_pair(spec: str, cards: Sequence[Card]) -> Target:
+    m = _MIG_PAIR.fullmatch(spec.strip())
+    assert m is not None
+    card = _by_index(int(m.group(1)), cards, spec)
+    j = int(m.group(2))
+    for mig in card.mig_devices:
+        if mig.index == j:
+            return Target(card, mig)
+    what = "is not in MIG mode" if not card.mig_mode else f"has {len(card.mig_devices)} MIG device(s)"
+    raise GpuSpecError(f"{spec!r} asks for MIG device {j} of card {card.index} ({card.uuid}), which {what}",
+                       SPEC_HINT)
+
+
+def _by_bus(spec: str, cards: Sequence[Card]) -> Target:
+    try:
+        bus = BusId.parse(spec)
+    except UsageError as err:
+        raise GpuSpecError(err.message, err.hint) from None
+    for card in cards:
+        if card.bus_id == bus:
+            return Target(card)
+    raise GpuSpecError(f"no card at bus id {bus} (cards: {_listing(cards)})", SPEC_HINT)
+
+
+def resolve(spec: str, cards: Sequence[Card]) -> Target:
+    """The card (or MIG device) one spec names, in any form but a minor number; GpuSpecError otherwise."""
+    kind = form(spec)
+    text = spec.strip()
+    if kind == UUID:
+        if is_mig(text):
+            return _mig_by_uuid(text, cards)
+        full = match_uuid(text, [c.uuid for c in cards if c.uuid])
+        return Target(next(c for c in cards if c.uuid == full))
+    if kind == MIG_LEGACY:
+        return _mig_legacy(text, cards)
+    if kind == INDEX:
+        return Target(_by_index(int(text), cards, spec))
+    if kind == MIG_PAIR:
+        return _mig_pair(text, cards)
+    if kind == BUS_ID:
+        return _by_bus(text, cards)
+    if not text:
+        raise GpuSpecError("an empty GPU spec", SPEC_HINT)
+    if text[:4].upper() in ("GPU-", "MIG-") and not is_full_uuid(text):
+        raise GpuSpecError(f"{spec!r} is not a GPU UUID or a prefix of one (hex digits after the tag)", SPEC_HINT)
+    raise GpuSpecError(f"{spec!r} is not a GPU UUID, index, bus id or MIG device", SPEC_HINT)
+
+
+def resolve_all(specs: Iterable[str], cards: Sequence[Card]) -> list[Target]:
+    """Every spec, in the order given (the local-rank order); a card or MIG device named twice is an error."""
+    targets: list[Target] = []
+    for spec in specs:
+        target = resolve(spec, cards)
+        if target in targets:
+            raise GpuSpecError(f"{spec!r} names {target.uuid}, which is already asked for", "ask for each card once")
+        targets.append(target)
+    return targets
+
+
+def by_minor(minor: int, cards: Sequence[Card]) -> Target:
+    """The card whose device file is /dev/nvidia<minor> (device files, Slurm's SLURM_STEP_GPUS)."""
+    for card in cards:
+        if card.minor_number == minor:
+            return Target(card)
+    have = ", ".join(f"{c.index} = /dev/nvidia{c.minor_number}" for c in cards if c.minor_number is not None)
+    raise GpuSpecError(f"no card has the minor number {minor} (/dev/nvidia{minor}; cards: {have or 'none known'})",
+                       "check the device files with `ls -l /dev/nvidia[0-9]*` and `nvidia-smi -q | grep Minor`")

@@ -1,0 +1,186 @@
+"""Following a container in the foreground, as `docker run` does: its output, this process's input (`-i`), a TTY in
+raw mode that follows this terminal's window size (`-t`), signals (`--sig-proxy`) and, at the end, its exit code.
+
+The streams are attached before the container starts, so that no output is lost, and the exit is waited for on a
+connection of its own registered before start, so that a quick exit (and `--rm`'s removal) cannot be missed.
+Signals, as docker run handles them: without a TTY, SIGINT and SIGTERM are forwarded to the container's main
+process (`--sig-proxy`, on by default); a second signal stops the container (SIGTERM, then SIGKILL after the stop
+timeout) and a third kills it. With `--sig-proxy false`, or with a TTY (where Ctrl-C reaches the container through
+the terminal), the first signal stops it and the second kills it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+
+from gpupin.hostagent import engine
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+    from gpupin.hostagent.request import RunRequest
+
+STDOUT, STDERR = 1, 2
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"hostagent: {msg}\n")
+    sys.stderr.flush()
+
+
+class Attachment:
+    """The container's streams and its exit, opened before it starts (`open`), followed after (`follow`)."""
+
+    def __init__(self, cid: str, req: RunRequest, api_version: str) -> None:
+        self.cid = cid
+        self.req = req
+        self.version = api_version
+        self.result: dict[str, Any] = {}
+        self._stream: Iterator[Any] | None = None
+        self._sock: Any = None
+        self._waiter: threading.Thread | None = None
+
+    def open(self) -> None:
+        # No read timeout on the streams: a quiet workload may print nothing for hours.
+        api = engine.connect(timeout=None, version=self.version)
+        if self.req.tty or self.req.interactive:
+            params = {"stdout": 1, "stderr": 1, "stream": 1, "stdin": 1 if self.req.interactive else 0}
+            self._sock = api.attach_socket(self.cid, params=params)
+        else:
+            self._stream = api.attach(self.cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+        wait_api = engine.connect(timeout=None, version=self.version)
+        condition = "removed" if self.req.rm else "next-exit"
+
+        def wait() -> None:
+            try:
+                self.result.update(wait_api.wait(self.cid, timeout=None, condition=condition))
+            except Exception as err:  # reported by follow(), which then asks the daemon itself
+                self.result["Error"] = {"Message": str(err)}
+
+        self._waiter = threading.Thread(target=wait, name="hostagent-wait", daemon=True)
+        self._waiter.start()
+
+    # --- the streams ----------------------------------------------------------------------------------------
+
+    def _output(self) -> Iterator[tuple[int, bytes]]:
+        if self._stream is not None:
+            for out, err in self._stream:
+                if out:
+                    yield STDOUT, out
+                if err:
+                    yield STDERR, err
+            return
+        from docker.utils.socket import frames_iter
+
+        yield from frames_iter(self._sock, self.req.tty)
+
+    def _raw_socket(self) -> socket.socket:
+        return getattr(self._sock, "_sock", self._sock)  # type: ignore[no-any-return]
+
+    def _pump_stdin(self) -> None:
+        """This process's input to the container's, then EOF (the container's stdin closes, as with docker run)."""
+        sock = self._raw_socket()
+        fd = sys.stdin.fileno()
+        try:
+            while True:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the container went away first
+
+    def _resize(self) -> None:
+        try:
+            size = os.get_terminal_size(sys.stdout.fileno())
+        except OSError:
+            return
+        with contextlib.suppress(Exception):
+            engine.connect(version=self.version).resize(self.cid, height=size.lines, width=size.columns)
+
+    # --- signals -------------------------------------------------------------------------------------------
+
+    def _on_signal(self, seen: list[int], signum: int) -> None:
+        seen.append(signum)
+        proxy = self.req.sig_proxy and not self.req.tty
+        actions = ("forward", "stop", "kill") if proxy else ("stop", "kill")
+        action = actions[min(len(seen), len(actions)) - 1]
+        name = signal.Signals(signum).name
+        if action == "stop":
+            _say(f"{name}: stopping {self.cid[:12]} (again: kill it)")
+        elif action == "kill":
+            _say(f"{name}: killing {self.cid[:12]}")
+
+        def act() -> None:
+            # It may have exited or gone already: the waiter reports how it ended.
+            with contextlib.suppress(Exception):
+                control = engine.connect(version=self.version)  # only when needed: a client costs a round trip
+                if action == "forward":
+                    control.kill(self.cid, signal=signum)
+                elif action == "stop":
+                    control.stop(self.cid, timeout=self.req.stop_timeout)
+                else:
+                    control.kill(self.cid)
+
+        threading.Thread(target=act, daemon=True).start()
+
+    # --- following -------------------------------------------------------------------------------------------
+
+    def follow(self) -> int:
+        """Stream until the container exits; return its exit code (125 when it cannot be learned)."""
+        assert self._waiter is not None, "open() before start"
+        seen: list[int] = []
+        handlers = {s: signal.signal(s, lambda signum, _f: self._on_signal(seen, signum))
+                    for s in (signal.SIGINT, signal.SIGTERM)}
+        restore_tty = None
+        try:
+            if self.req.tty:
+                restore_tty = _raw_terminal()
+                handlers[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda _s, _f: self._resize())
+                self._resize()
+            if self.req.interactive:
+                threading.Thread(target=self._pump_stdin, name="hostagent-stdin", daemon=True).start()
+            for stream, data in self._output():
+                fh = sys.stderr if stream == STDERR else sys.stdout
+                fh.buffer.write(data)
+                fh.flush()
+            while self._waiter.is_alive():
+                self._waiter.join(0.2)
+        finally:
+            if restore_tty is not None:
+                restore_tty()
+            for s, h in handlers.items():
+                signal.signal(s, h)
+        return self._exit_code()
+
+    def _exit_code(self) -> int:
+        code = self.result.get("StatusCode")
+        if code is None:
+            try:
+                code = engine.connect(version=self.version).inspect_container(self.cid)["State"]["ExitCode"]
+            except Exception:
+                err_msg = (self.result.get("Error") or {}).get("Message", "unknown")
+                _say(f"could not learn how {self.cid[:12]} ended: {err_msg}")
+                code = 125
+        return int(code)
+
+
+def _raw_terminal() -> Any:
+    """Put this terminal in raw mode (keys go to the container as typed, Ctrl-C included); return the undo."""
+    if not os.isatty(sys.stdin.fileno()):
+        return None
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setraw(fd)
+    return lambda: termios.tcsetattr(fd, termios.TCSADRAIN, saved)

@@ -1,0 +1,216 @@
+"""`hostagent run` as a drop-in for `docker run`, on the sandbox: a terminal session driven through a real pty,
+piped input, every docker run option landing in the created container, signals as docker run handles them, and
+the options that would hand out other GPUs refused by name."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import termios
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import HOSTAGENT, TEST_IMAGE, Agent, gpu_uuids
+
+RTX = gpu_uuids("mixed-4")[1]
+
+
+class Terminal:
+    """hostagent run in a pseudo-terminal, typed at as a person would."""
+
+    def __init__(self, agent: Agent, *args: str, rows: int = 33, cols: int = 101) -> None:
+        self.master, slave = pty.openpty()
+        self.set_size(rows, cols, slave)
+        self.proc = subprocess.Popen(agent.argv("run", *args), stdin=slave, stdout=slave, stderr=slave,
+                                     env=agent.env, start_new_session=True,
+                                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        os.close(slave)
+        self.seen = b""
+
+    def set_size(self, rows: int, cols: int, fd: int | None = None) -> None:
+        fcntl.ioctl(self.master if fd is None else fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def expect(self, token: bytes, timeout: float = 30) -> bool:
+        deadline = time.monotonic() + timeout
+        while token not in self.seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.master], [], [], 0.2)
+            if ready:
+                try:
+                    self.seen += os.read(self.master, 4096)
+                except OSError:
+                    break
+        return token in self.seen
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        os.close(self.master)
+
+
+def test_an_interactive_shell_in_a_pinned_container(agent: Agent) -> None:
+    term = Terminal(agent, "-it", "--rm", "--gpu", "1", TEST_IMAGE, "bash", "--norc", "-i")
+    try:
+        assert term.expect(b"# "), term.seen
+        # the pin was proven before the shell started, and the shell sees this terminal's size
+        assert RTX.encode() in term.seen
+        term.type("stty size; echo sum=$((40+2)) $CUDA_VISIBLE_DEVICES\r")
+        assert term.expect(b"sum=42 0"), term.seen
+        assert b"33 101" in term.seen
+        term.set_size(40, 120)  # the kernel signals SIGWINCH to hostagent, which resizes the container's TTY
+        time.sleep(0.5)
+        term.type("stty size\r")
+        assert term.expect(b"40 120"), term.seen
+        term.type("exit 3\r")
+        assert term.proc.wait(30) == 3
+    finally:
+        term.close()
+    assert agent.containers() == []
+
+
+def test_piped_input_reaches_the_workload_with_i_and_not_without(agent: Agent) -> None:
+    r = subprocess.run(agent.argv("run", "-i", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh"),
+                       input="echo hi-from-stdin\nexit 5\n", env=agent.env, capture_output=True, text=True,
+                       timeout=120)
+    assert (r.returncode, r.stdout) == (5, "hi-from-stdin\n"), r.stderr
+    r = subprocess.run(agent.argv("run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh", "-c", "cat; echo end"),
+                       input="not forwarded\n", env=agent.env, capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, "end\n"), r.stderr
+
+
+def test_it_without_a_terminal_is_refused_before_anything_is_created(agent: Agent) -> None:
+    r = subprocess.run(agent.argv("run", "-it", "--gpu", "1", TEST_IMAGE), input="", env=agent.env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 64 and "the input is not a TTY" in r.stderr
+    assert agent.containers() == []
+
+
+def inspect(agent: Agent, cid: str) -> dict[str, Any]:
+    info: dict[str, Any] = json.loads(agent.sandbox.docker("inspect", cid, check=True).stdout)[0]
+    return info
+
+
+def test_every_docker_run_option_lands_in_the_created_container(agent: Agent) -> None:
+    r = agent("run", "-d", "--gpu", "1", "--gpu-capabilities", "compute,utility",
+              "-p", "127.0.0.1:18080:80/tcp", "-p", "9000", "--cpus", "1.5", "--memory", "512m",
+              "--memory-swap", "1g", "--device", "/dev/null:/dev/mynull:rw", "--ulimit", "nofile=1024:2048",
+              "--ulimit", "core=0", "--cap-add", "SYS_PTRACE", "--cap-drop", "MKNOD",
+              "--security-opt", "no-new-privileges", "--runtime", "runc", "--restart", "on-failure:3", "--init",
+              "--hostname", "trainer", "--add-host", "db:10.1.2.3", "--mount", "type=tmpfs,target=/scratch",
+              "--mount", "type=volume,source=gpupin-test-vol,target=/vol,readonly", "--tmpfs", "/cache:size=64m",
+              "--read-only", "--group-add", "video", "--platform", "linux/amd64", "--stop-timeout", "7",
+              "--sig-proxy", "false", TEST_IMAGE, "sleep", "60")
+    assert r.returncode == 0, r.stderr
+    info = inspect(agent, r.stdout.strip())
+    agent.sandbox.docker("rm", "-f", info["Id"])
+    agent.sandbox.docker("volume", "rm", "gpupin-test-vol")
+    host, config = info["HostConfig"], info["Config"]
+    assert host["DeviceRequests"] == [{"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX],
+                                       "Capabilities": [["gpu", "compute", "utility"]], "Options": {}}]
+    assert host["PortBindings"] == {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}],
+                                    "9000/tcp": [{"HostIp": "", "HostPort": ""}]}
+    assert set(config["ExposedPorts"]) == {"80/tcp", "9000/tcp"}
+    assert (host["NanoCpus"], host["Memory"], host["MemorySwap"]) == (1_500_000_000, 512 << 20, 1 << 30)
+    assert host["Devices"] == [{"PathOnHost": "/dev/null", "PathInContainer": "/dev/mynull",
+                                "CgroupPermissions": "rw"}]
+    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]} == {"nofile": (1024, 2048), "core": (0, 0)}
+    assert (host["CapAdd"], host["CapDrop"], host["SecurityOpt"]) == (["SYS_PTRACE"], ["MKNOD"],
+                                                                       ["no-new-privileges"])
+    assert (host["Runtime"], host["RestartPolicy"], host["Init"]) == ("runc", {"Name": "on-failure",
+                                                                               "MaximumRetryCount": 3}, True)
+    assert host["ExtraHosts"] == ["db:10.1.2.3"] and host["Tmpfs"] == {"/cache": "size=64m"}
+    assert [(m["Type"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"]] == [
+        ("tmpfs", "/scratch", False), ("volume", "/vol", True)]
+    assert (host["ReadonlyRootfs"], host["GroupAdd"]) == (True, ["video"])
+    assert (config["Hostname"], config["StopTimeout"]) == ("trainer", 7)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--gpus", "all"], "hostagent run does not take --gpus"),
+    (["--privileged"], "hostagent run does not take --privileged"),
+    (["--device", "/dev/nvidia1"], "--device /dev/nvidia1: an NVIDIA device file would give the container GPUs"),
+    (["--device=/dev/nvidiactl"], "--device /dev/nvidiactl"),
+    (["--mount", "type=bind,source=/dev/nvidia0,target=/dev/nvidia0"], "--mount /dev/nvidia0"),
+    (["-v", "/dev/nvidia2:/dev/nvidia2"], "-v /dev/nvidia2:/dev/nvidia2"),
+    (["--restart", "always", "--rm"], "--rm and --restart always conflict"),
+    (["--restart", "sometimes"], "--restart 'sometimes'"),
+    (["--cpus", "lots"], "--cpus 'lots'"),
+    (["--ulimit", "nofile"], "--ulimit 'nofile'"),
+    (["--gpu-capabilities", "compute,telepathy"], "unknown capability telepathy"),
+    (["--mount", "type=bind,colour=red,target=/x"], "unknown key 'colour'"),
+    (["-p", "eighty"], "-p"),
+    (["--nmae", "x"], "did you mean --name?"),
+])
+def test_options_that_would_escape_the_pin_or_make_no_sense_are_refused(agent: Agent, args: list[str],
+                                                                        says: str) -> None:
+    r = agent("run", "--gpu", "1", *args, TEST_IMAGE)
+    assert r.returncode == 64, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
+    assert len(errors) == 1 and says in errors[0], r.stderr
+    assert agent.containers() == []
+
+
+TRAP = ("trap 'echo got TERM; exit 42' TERM; trap 'echo got INT; exit 43' INT; echo ready; "
+        "while :; do sleep 0.1; done")
+IGNORE = "trap '' TERM INT; echo ready; while :; do sleep 0.1; done"
+
+
+def _started(agent: Agent, *args: str) -> subprocess.Popen[str]:
+    p = agent.popen("run", "--rm", "--gpu", "1", *args)
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    return p
+
+
+@pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGTERM, 42, "got TERM"), (signal.SIGINT, 43, "got INT")])
+def test_a_signal_is_forwarded_to_the_workload(agent: Agent, sig: signal.Signals, code: int, said: str) -> None:
+    p = _started(agent, TEST_IMAGE, "--quiet", "sh", "-c", TRAP)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert (p.returncode, out) == (code, f"{said}\n"), err
+    _gone(agent)
+
+
+def test_a_second_signal_stops_a_workload_that_ignores_the_first(agent: Agent) -> None:
+    p = _started(agent, "--stop-timeout", "1", TEST_IMAGE, "--quiet", "sh", "-c", IGNORE)
+    p.send_signal(signal.SIGINT)
+    time.sleep(1)
+    assert p.poll() is None  # forwarded and ignored: still running
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 137 and "stopping" in err, err  # SIGTERM ignored too: killed after the stop timeout
+    _gone(agent)
+
+
+def test_without_sig_proxy_the_first_signal_stops_the_container(agent: Agent) -> None:
+    p = _started(agent, "--sig-proxy", "false", TEST_IMAGE, "--quiet", "sh", "-c", TRAP)
+    p.send_signal(signal.SIGINT)  # not forwarded: docker stop sends SIGTERM
+    out, err = p.communicate(timeout=60)
+    assert (p.returncode, out) == (42, "got TERM\n") and "stopping" in err, err
+    _gone(agent)
+
+
+def _gone(agent: Agent) -> None:
+    deadline = time.monotonic() + 10
+    while agent.containers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert agent.containers() == []
+
+
+def test_version_and_help_describe_image_and_command() -> None:
+    r = subprocess.run([HOSTAGENT, "--version"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith("hostagent ")
+    r = subprocess.run([HOSTAGENT, "run", "--help"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    assert "IMAGE" in r.stdout and "COMMAND" in r.stdout and "passed untouched" in r.stdout
+    assert "--gpu-capabilities" in r.stdout and "--restart" in r.stdout
