@@ -35,6 +35,7 @@ help:
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
+	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
 $(VENV)/.done: pyproject.toml
 	@command -v gcc >/dev/null && $(PY) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -69,6 +70,16 @@ slurm-up: fakegpu
 
 slurm-down:
 	@tests/sandbox/slurm.sh down
+
+# Three dockerds in network namespaces of their own, one topology each, joined into one swarm; their gpupin:test
+# comes from the sandbox (image-test). GPUPIN_SANDBOX_NAME names the cluster too.
+.PHONY: swarm-up swarm-down
+SWARM := tests/sandbox/swarm.sh
+swarm-up: image-test
+	@$(SWARM) up
+
+swarm-down:
+	@$(SWARM) down
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK).
 wheels: setup

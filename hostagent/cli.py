@@ -195,7 +195,43 @@ def build_parser() -> _Parser:
     cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs")
     cc.add_argument("file", metavar="FILE")
     cc.add_argument("--json", action="store_true", help="the problems as a JSON list")
+
+    s = sub.add_parser("swarm", help="GPU nodes of a Docker Swarm",
+                       description="Configure and check the GPU nodes of a Docker Swarm.")
+    ssub = s.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND")
+    from gpupin.hostagent import swarm as sw  # constants; a light module (no NVML, no docker SDK)
+
+    sn = ssub.add_parser("node-config", help="the generic resources and runtime settings of this node (--check: "
+                         "diagnose them)", description="What this GPU node must advertise to Docker Swarm, and "
+                         "the runtime settings that make it effective; or, with --check, what is wrong with them.",
+                         epilog=NODE_CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sn.add_argument("--kind", metavar="KIND", help="the generic resource kind services ask for (default GPU; "
+                    "with --check: the kind the node advertises)")
+    sn.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    sn.add_argument("--check", action="store_true", help="diagnose this node's daemon.json and toolkit config")
+    sn.add_argument("--daemon-json", default=sw.DAEMON_JSON, metavar="PATH",
+                    help=f"dockerd's configuration (default {sw.DAEMON_JSON})")
+    sn.add_argument("--toolkit-config", default=sw.TOOLKIT_CONFIG, metavar="PATH",
+                    help=f"the NVIDIA Container Toolkit's configuration (default {sw.TOOLKIT_CONFIG})")
+    sn.add_argument("--runtime-path", metavar="PATH", help=f"the nvidia runtime's path to print in daemon.json "
+                    f"(default {sw.RUNTIME_PATH}, as nvidia-ctk writes it)")
     return p
+
+
+NODE_CONFIG_EPILOG = """Without --check: this host's cards (NVML; the MIG devices of a card in MIG mode) as Swarm
+generic resources, and the runtime settings that make them effective:
+  daemon.json   node-generic-resources: ["GPU=GPU-<uuid>", ...], default-runtime: nvidia
+  config.toml   swarm-resource = "DOCKER_RESOURCE_GPU"   (the NVIDIA Container Toolkit's)
+Services then ask `docker service create --generic-resource GPU=1`, and each task gets its own card as
+DOCKER_RESOURCE_GPU=<uuid>, which gpupin-entrypoint verifies.
+
+--check reads the node's files and prints one line per problem: a kind the runtime does not read (the
+NVIDIA-GPU trap: every task sees every card), swarm-resource unset, UUIDs that are not on this host or are
+listed twice, counts or indices instead of UUIDs, a MIG-mode card advertised whole, cards not advertised
+(a warning), a default runtime that is not nvidia.
+
+exit: 0 printed, or a check without errors; 64 bad usage, or a check that found errors; 69 NVML unavailable.
+"""
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -258,6 +294,15 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     raise UsageError("hostagent compose needs a subcommand", "hostagent compose render FILE | check FILE")
 
 
+def _cmd_swarm(args: argparse.Namespace) -> int:
+    if args.swarm_command == "node-config":
+        from gpupin.hostagent import nodeconfig
+
+        return nodeconfig.command(args.kind, args.json, args.check, args.daemon_json, args.toolkit_config,
+                                  args.runtime_path)
+    raise UsageError("hostagent swarm needs a subcommand", "hostagent swarm node-config [--check]")
+
+
 def _ls_fast(raw: list[str]) -> argparse.Namespace | None:
     """`hostagent ls [--json] [--debug]` without building the parser: argparse and its help formatter cost ~5 ms,
     5% of what listing 500 containers takes (a benchmarked figure). Anything else goes through argparse."""
@@ -301,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(args)
         if args.command == "compose":
             return _cmd_compose(args)
+        if args.command == "swarm":
+            return _cmd_swarm(args)
         if args.command == "completion":
             from gpupin.hostagent import completion
 

@@ -26,6 +26,7 @@ SCENARIOS = SRC / "scenarios"
 BUILD = REPO / "build" / "fakegpu"
 LIB = BUILD / "lib"
 HOOK = BUILD / "bin" / "nvidia-container-runtime-hook"
+RUNTIME = BUILD / "bin" / "nvidia-container-runtime"
 
 MIXED = SCENARIOS / "mixed-4.json"
 MIG = SCENARIOS / "mig.json"
@@ -1046,6 +1047,7 @@ def run_hook(
     topology: Optional[Path] = MIXED,
     root_path: Optional[str] = None,
     prepare: Optional[Callable[[Path], None]] = None,
+    toolkit_config: Optional[str] = None,
 ) -> HookRun:
     bundle = tmp_path / "bundle"
     bundle.mkdir()
@@ -1065,6 +1067,10 @@ def run_hook(
     env["FAKEGPU_HOOK_LOG"] = str(log)
     if topology is not None:
         env["FAKEGPU_TOPOLOGY"] = str(topology)
+    # The toolkit's config.toml: absent (its defaults) unless a test writes one; never the host's /etc.
+    env["FAKEGPU_TOOLKIT_CONFIG"] = str(tmp_path / "config.toml")
+    if toolkit_config is not None:
+        (tmp_path / "config.toml").write_text(toolkit_config)
     proc = subprocess.run(
         [str(HOOK), "prestart"],
         input=json.dumps(state),
@@ -1358,3 +1364,150 @@ def test_cdi_hook_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str],
     (line,) = r.stderr.splitlines()
     assert line.startswith("nvidia-") and says in line, line
     assert not (tmp_path / "bundle/rootfs/etc").exists()
+
+
+# ------------------------------------------------------- hook: Swarm's variables ----
+# nvidia-container-toolkit's getDevicesFromEnvvar: the variables `swarm-resource` names, when the container has
+# any of them; else NVIDIA_VISIBLE_DEVICES.
+
+SWARM_GPU = 'swarm-resource = "DOCKER_RESOURCE_GPU"\n'
+
+
+def test_hook_reads_the_swarm_variable_its_config_names(tmp_path: Path) -> None:
+    run = run_hook(tmp_path, [f"DOCKER_RESOURCE_GPU={A800_86}", "NVIDIA_VISIBLE_DEVICES=all"],
+                   toolkit_config=SWARM_GPU)
+    assert (run.rc, run.stderr) == (0, "")
+    assert [u for _, u, _ in inner_nvml(run.rootfs)["nvml"]] == [A800_86]
+    (entry,) = run.log
+    assert (entry["source"], entry["asked"], entry["swarm_resource"]) == (
+        "DOCKER_RESOURCE_GPU", A800_86, ["DOCKER_RESOURCE_GPU"])
+
+
+@pytest.mark.parametrize(
+    ("config", "env_list"),
+    [
+        (None, [f"DOCKER_RESOURCE_GPU={A800_86}"]),  # no config file: the toolkit's defaults read no Swarm variable
+        ('# swarm-resource = "DOCKER_RESOURCE_GPU"\n', [f"DOCKER_RESOURCE_GPU={A800_86}"]),  # as shipped
+        (SWARM_GPU, [f"DOCKER_RESOURCE_NVIDIA-GPU={A800_86}"]),  # Docker's example kind: the variable is not read
+    ],
+)
+def test_hook_falls_back_to_nvidia_visible_devices(tmp_path: Path, config: Optional[str],
+                                                    env_list: list[str]) -> None:
+    """The trap: the Swarm variable goes unread, and CUDA images' NVIDIA_VISIBLE_DEVICES=all exposes every card."""
+    run = run_hook(tmp_path, [*env_list, "NVIDIA_VISIBLE_DEVICES=all"], toolkit_config=config)
+    assert run.rc == 0
+    assert [u for _, u, _ in inner_nvml(run.rootfs)["nvml"]] == MIXED_PCI_ORDER
+    assert run.log[0]["source"] == "NVIDIA_VISIBLE_DEVICES"
+    # Without NVIDIA_VISIBLE_DEVICES (an image that leaves it unset) the task is no GPU container at all.
+    (tmp_path / "bare").mkdir()
+    bare_run = run_hook(tmp_path / "bare", env_list, toolkit_config=config)
+    assert bare_run.rc == 0 and bare_run.log[0]["status"] == "void" and list(bare_run.rootfs.iterdir()) == []
+
+
+def test_hook_swarm_variables_are_trimmed_and_concatenated(tmp_path: Path) -> None:
+    config = 'swarm-resource = " DOCKER_RESOURCE_GPU , ,DOCKER_RESOURCE_MIG"\n[nvidia-container-cli]\nldconfig = "x"\n'
+    run = run_hook(tmp_path, [f"DOCKER_RESOURCE_MIG= {MIG_GI2} ", f"DOCKER_RESOURCE_GPU={A100_0F}, ",
+                              "NVIDIA_VISIBLE_DEVICES=all"], MIG, toolkit_config=config)
+    assert run.rc == 0, run.stderr
+    assert run.log[0]["swarm_resource"] == ["DOCKER_RESOURCE_GPU", "DOCKER_RESOURCE_MIG"]
+    assert run.log[0]["asked"] == f"{A100_0F},{MIG_GI2}"
+    assert inner_nvml(run.rootfs) == {"nvml": [[0, MIG_PARENT, 0], [1, A100_0F, 1]], "cuda": bare([MIG_GI2, A100_0F])}
+
+
+def test_hook_an_empty_swarm_variable_is_no_gpu(tmp_path: Path) -> None:
+    run = run_hook(tmp_path, ["DOCKER_RESOURCE_GPU=", "NVIDIA_VISIBLE_DEVICES=all"], toolkit_config=SWARM_GPU)
+    assert run.rc == 0 and run.log[0]["status"] == "void" and list(run.rootfs.iterdir()) == []
+
+
+@pytest.mark.parametrize("config", ["swarm-resource = DOCKER_RESOURCE_GPU\n", "swarm-resource = 1\n"])
+def test_hook_a_malformed_config_fails_the_container(tmp_path: Path, config: str) -> None:
+    run = run_hook(tmp_path, ["NVIDIA_VISIBLE_DEVICES=0"], toolkit_config=config)
+    assert run.rc == 1 and list(run.rootfs.iterdir()) == []
+    assert run.stderr.startswith("nvidia-container-runtime-hook: failed to load config: ")
+    assert run.log[0]["status"] == "error"
+
+
+# ----------------------------------------------------------------- runtime ----
+
+
+def load_runtime() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fakegpu_runtime", SRC / "fakegpu_runtime.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("args", "create", "bundle"),
+    [
+        (["--root", "/r", "--log", "/l", "--log-format", "json", "create", "--bundle", "/b", "--pid-file", "/p", "id"],
+         True, "/b"),
+        (["create", "--bundle=/b", "id"], True, "/b"),
+        (["create", "-b", "/b", "id"], True, "/b"),
+        (["-bundle", "create", "start", "id"], False, "create"),  # a bundle directory named `create`
+        (["start", "id"], False, None),
+        (["--root", "/r", "delete", "--force", "id"], False, None),
+    ],
+)
+def test_runtime_args(args: list[str], create: bool, bundle: Optional[str]) -> None:
+    rt = load_runtime()
+    assert rt.has_create_subcommand(args) is create
+    assert rt.bundle_dir(args) == (bundle or os.getcwd())
+
+
+@dataclass
+class RuntimeRun:
+    rc: int
+    stderr: str
+    runc_args: Optional[list[str]]
+    spec: dict[str, Any]
+
+
+def run_runtime(tmp_path: Path, args: list[str], spec: Optional[dict[str, Any]] = None) -> RuntimeRun:
+    """The built runtime with a recording `runc` first on PATH, in a bundle holding `spec` as config.json."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir(exist_ok=True)
+    config = bundle / "config.json"
+    if spec is not None:
+        config.write_text(json.dumps(spec))
+        config.chmod(0o600)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    record = tmp_path / "runc.json"
+    runc = bin_dir / "runc"
+    runc.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    runc.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin")
+    proc = subprocess.run([str(RUNTIME), *args], env=env, cwd=bundle, capture_output=True, text=True, timeout=60)
+    return RuntimeRun(proc.returncode, proc.stderr, json.loads(record.read_text()) if record.exists() else None,
+                      json.loads(config.read_text()) if config.exists() else {})
+
+
+def test_runtime_adds_the_hook_on_create_and_runs_runc(tmp_path: Path) -> None:
+    spec = {"ociVersion": "1.0.2", "process": {"env": ["A=1"]}, "root": {"path": "rootfs"},
+            "hooks": {"prestart": [{"path": "/usr/bin/other-hook"}]}}
+    args = ["--root", "/run/x", "create", "--bundle", str(tmp_path / "bundle"), "--pid-file", "/p", "c0ffee"]
+    run = run_runtime(tmp_path, args, spec)
+    assert (run.rc, run.stderr, run.runc_args) == (0, "", args)
+    assert run.spec["hooks"]["prestart"] == [
+        {"path": "/usr/bin/other-hook"},
+        {"path": str(HOOK.resolve()), "args": ["nvidia-container-runtime-hook", "prestart"]},
+    ]
+    assert run.spec["process"] == spec["process"]
+    assert (tmp_path / "bundle" / "config.json").stat().st_mode & 0o777 == 0o600
+    # Docker's `--gpus` put the hook there already: nothing is added twice.
+    again = run_runtime(tmp_path, args, run.spec)
+    assert again.rc == 0 and again.spec == run.spec
+
+
+def test_runtime_leaves_other_commands_alone(tmp_path: Path) -> None:
+    spec = {"ociVersion": "1.0.2", "process": {"env": []}, "root": {"path": "rootfs"}}
+    run = run_runtime(tmp_path, ["start", "c0ffee"], spec)
+    assert (run.rc, run.runc_args, run.spec) == (0, ["start", "c0ffee"], spec)
+
+
+def test_runtime_refuses_a_bundle_it_cannot_read(tmp_path: Path) -> None:
+    run = run_runtime(tmp_path, ["create", "--bundle", str(tmp_path / "bundle"), "c0ffee"])
+    assert run.rc == 1 and run.runc_args is None
+    assert run.stderr.startswith("nvidia-container-runtime: error loading OCI specification for modification: ")

@@ -8,6 +8,16 @@ devices against the host's topology (FAKEGPU_TOPOLOGY), then puts the fake drive
 topology of just those cards into the container's root file system (/etc/fakegpu/topology.json,
 where the fake libraries look when FAKEGPU_TOPOLOGY is unset).
 
+Swarm tasks carry no device request: the node's default runtime (nvidia-container-runtime, faked by
+fakegpu_runtime.py) adds this hook, and the devices come from Swarm's DOCKER_RESOURCE_<KIND> only when
+the toolkit's config.toml names that variable in `swarm-resource` (a comma-separated list). When none
+of the named variables is in the container's environment, NVIDIA_VISIBLE_DEVICES decides, as in
+nvidia-container-toolkit's getDevicesFromEnvvar (cmd/nvidia-container-runtime-hook/container_config.go):
+a task whose kind the runtime does not read gets the image's default, `all` in CUDA images.
+The config file is FAKEGPU_TOOLKIT_CONFIG (a fake-only override; the real hook reads
+/etc/nvidia-container-runtime/config.toml); a missing file means the toolkit's defaults (no
+swarm-resource), a malformed one fails the container as the real hook does.
+
 Deliberate differences from the real tool chain:
 - a lost card does not make container creation fail (nvidia-container-cli would refuse while
   enumerating); it is passed through, as if it fell off the bus after the container started;
@@ -34,6 +44,8 @@ from pathlib import Path
 from typing import IO, Any, Optional
 
 DEFAULT_TOPOLOGY = "/etc/fakegpu/topology.json"
+DEFAULT_TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 CONTAINER_TOPOLOGY = "etc/fakegpu/topology.json"
 LIBRARIES = ("libnvidia-ml.so.1", "libcuda.so.1")
 CLI = "nvidia-container-cli"
@@ -381,6 +393,36 @@ def load_bundle(state_text: str, prog: str) -> Bundle:
     return Bundle(container_id, config, root if root.is_absolute() else bundle / root)
 
 
+def swarm_resource_envvars(env: Mapping[str, str]) -> list[str]:
+    """The variables the toolkit's `swarm-resource` names (comma-separated, blanks trimmed, empty dropped)."""
+    path = env.get("FAKEGPU_TOOLKIT_CONFIG") or DEFAULT_TOOLKIT_CONFIG
+    try:
+        with open(path, "rb") as f:
+            import tomllib  # Python 3.11+ (Debian 12's python3 runs the hook); needed only when there is a file
+
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        return []  # the toolkit's defaults: swarm-resource unset
+    except (OSError, ValueError, ImportError) as e:  # tomllib.TOMLDecodeError is a ValueError
+        raise HookError(f"nvidia-container-runtime-hook: failed to load config: couldn't open required "
+                        f"configuration file: {path}: {e}") from None
+    value = data.get("swarm-resource", "")
+    if not isinstance(value, str):
+        raise HookError(f"nvidia-container-runtime-hook: failed to load config: {path}: swarm-resource "
+                        f"must be a string, not {type(value).__name__}")
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def requested_devices(env_list: Sequence[str], swarm_vars: Sequence[str]) -> tuple[str, Optional[str]]:
+    """(the variable(s) read, the device list): the named Swarm variables when the container has any of them
+    (their entries trimmed and concatenated), else NVIDIA_VISIBLE_DEVICES as it stands."""
+    present = [v for v in swarm_vars if _last_env(env_list, v) is not None]
+    if not present:
+        return VISIBLE, _last_env(env_list, VISIBLE)
+    entries = [e.strip() for v in present for e in (_last_env(env_list, v) or "").split(",")]
+    return ",".join(present), ",".join(e for e in entries if e)
+
+
 def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
     """Runs the prestart hook; returns the exit status. `env` is the hook's own environment."""
     record: dict[str, Any] = {"time": time.time(), "command": "prestart"}
@@ -388,8 +430,9 @@ def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
         bundle = load_bundle(state_text, "nvidia-container-runtime-hook")
         record["container_id"] = bundle.container_id
         env_list = (bundle.config.get("process") or {}).get("env") or []
-        visible = _last_env(env_list, "NVIDIA_VISIBLE_DEVICES")
-        record["asked"] = visible
+        swarm_vars = swarm_resource_envvars(env)
+        source, visible = requested_devices(env_list, swarm_vars)
+        record["swarm_resource"], record["source"], record["asked"] = swarm_vars, source, visible
         if visible is None or visible in ("", "void"):
             record["status"] = "void"
             return 0
