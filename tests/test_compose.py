@@ -348,6 +348,11 @@ def test_a_malformed_file_is_64_naming_it(text: str, says: str) -> None:
     assert "\n" not in p.line("f.yml")
 
 
+def test_every_bad_service_name_is_one_line() -> None:
+    found = check("services:\n  'a b': {image: i}\n  123: {image: i}\n  ok: {image: i}\n")
+    assert [p.problem.split(" ")[3] for p in found.problems] == ["'a", "123"] and not found.ok
+
+
 def test_a_quoted_numeric_service_name_renders() -> None:
     doc = render("services:\n  '123':\n    image: i\n    x-gpupin: {gpus: ['1']}\n")
     assert devices(doc["services"]["123"])[0]["device_ids"] == [RTX]

@@ -82,7 +82,8 @@ def env_entries(svc: Mapping[str, Any], service: str) -> dict[str, str | None]:
             key, eq, value = item.partition("=")
             out[key] = value if eq else None
         return out
-    raise ServiceError(service, "`environment` is neither a list nor a mapping", "see the compose specification")
+    raise ServiceError(service, f"`environment` is neither a list nor a mapping (it is {shown(env, 30)})",
+                       "write it as a list of KEY=VALUE, or as a mapping of KEY: VALUE")
 
 
 def label_entries(svc: Mapping[str, Any], service: str) -> dict[str, str]:
@@ -93,7 +94,8 @@ def label_entries(svc: Mapping[str, Any], service: str) -> dict[str, str]:
         return {str(k): "" if v is None else str(v) for k, v in labels.items()}
     if isinstance(labels, list):
         return dict(str(item).partition("=")[::2] for item in labels)
-    raise ServiceError(service, "`labels` is neither a list nor a mapping", "see the compose specification")
+    raise ServiceError(service, f"`labels` is neither a list nor a mapping (it is {shown(labels, 30)})",
+                       "write it as a list of KEY=VALUE, or as a mapping of KEY: VALUE")
 
 
 def replicas(svc: Mapping[str, Any], service: str) -> int:
@@ -138,6 +140,12 @@ class Form:
     standard = True  # docker compose acts on it as written (not so x-gpupin, an extension key it ignores)
     fallback = False  # read only when no other form asks (the legacy runtime form yields to a device request)
     share_how = f"the label {SHARED_LABEL}=true"  # how a service in this form says it shares its cards
+    spec_name = "device id"  # how a message names one of its specs
+    env_var: str | None = None  # the variable the request is read from, if any
+
+    def by_uuid(self, uuid: str) -> str:
+        """How this form names a card by UUID, for a hint."""
+        return f"device_ids: [{uuid}]"
 
     def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
         raise NotImplementedError
@@ -172,6 +180,10 @@ class XGpupin(Form):
     name = KEY
     standard = False
     share_how = f"`{KEY}: {{share: true}}`"
+    spec_name = f"{KEY}.gpus entry"
+
+    def by_uuid(self, uuid: str) -> str:
+        return f"{KEY}: {{gpus: [{uuid}]}}"
 
     def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
         x = svc.get(KEY)
@@ -264,6 +276,11 @@ class DeployDevices(Form):
 class RuntimeEnv(Form):
     name = "runtime: nvidia"
     fallback = True
+    spec_name = NVD_VAR
+    env_var = NVD_VAR
+
+    def by_uuid(self, uuid: str) -> str:
+        return f"{NVD_VAR}={uuid}"
 
     def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
         if svc.get("runtime") != "nvidia":

@@ -87,16 +87,22 @@ def services(doc: Any) -> dict[str, Any]:
         raise ServiceError(None, f"`services` is {_kind(svcs)}, not a mapping", fix)
     if not svcs:
         raise ServiceError(None, "`services:` is empty", fix)
+    return svcs
+
+
+def name_problems(svcs: Mapping[Any, Any]) -> list[Problem]:
+    """Service names compose would refuse, one problem each (a name is a key: a string in compose's pattern)."""
+    problems: list[Problem] = []
     for name in svcs:
         if name is None:
-            raise ServiceError(None, "a service has no name (its key is empty or null)", "give it a name")
-        if not isinstance(name, str):
-            raise ServiceError(None, f"the service name {shown(name)} is not a string (YAML reads it as "
-                               f"{_kind(name)})", f"quote it: '{shown(name, 40)}'")
-        if not SERVICE_NAME.fullmatch(name):
-            raise ServiceError(None, f"the service name {shown(name)} has characters compose does not allow",
-                               "use letters, digits, '.', '_' and '-'")
-    return svcs
+            problems.append(Problem(None, "a service has no name (its key is empty or null)", "give it a name"))
+        elif not isinstance(name, str):
+            problems.append(Problem(None, f"the service name {shown(name)} is not a string (YAML reads it as "
+                                    f"{_kind(name)})", f"quote it: '{shown(name, 40)}'"))
+        elif not SERVICE_NAME.fullmatch(name):
+            problems.append(Problem(None, f"the service name {shown(name)} has characters compose does not allow",
+                                    "use letters, digits, '.', '_' and '-'"))
+    return problems
 
 
 # --- one service ------------------------------------------------------------------------------------------------
@@ -108,7 +114,6 @@ def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target],
     hot-plug, a UUID prefix or a bus id without its domain is refused by the runtime (render writes full UUIDs)."""
     problems: list[Problem] = []
     good: list[str] = []
-    where = NVD_VAR if req.form.fallback else "device id"
     for spec in req.specs:
         try:
             target = gpus.resolve_spec(spec, cards)
@@ -118,20 +123,19 @@ def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target],
         good.append(spec)
         if not req.form.standard:
             continue
+        what, refused = f"{req.form.spec_name} {spec}", "which the NVIDIA container runtime does not accept"
         fix = f"write the card's UUID {target.uuid}, or let {_RENDER} pin it"
         written = form(spec)
         if written == INDEX:
-            by_uuid = f"{NVD_VAR}={target.uuid}" if req.form.fallback else f"device_ids: [{target.uuid}]"
-            problems.append(Problem(
-                req.service, f"{where} {spec} is an NVML index: today it is {describe(target)}, but indices follow "
-                "PCI bus order and name another card after a card is added, removed or lost",
-                f"pin it by UUID: {by_uuid} (or `{KEY}: {{gpus: [{target.uuid}]}}` and render)", render_fixes=True))
+            problems.append(Problem(req.service, f"{what} is an NVML index: today it is {describe(target)}, but "
+                                    "indices follow PCI bus order and name another card after a card is added, "
+                                    "removed or lost", f"pin it by UUID: {req.form.by_uuid(target.uuid)} (or "
+                                    f"`{KEY}: {{gpus: [{target.uuid}]}}` and render)", render_fixes=True))
         elif written == UUID and not is_full_uuid(spec.strip()):
-            problems.append(Problem(req.service, f"{where} {spec} is a UUID prefix, which the NVIDIA container "
-                                    "runtime does not accept", fix, render_fixes=True))
+            problems.append(Problem(req.service, f"{what} is a UUID prefix, {refused}", fix, render_fixes=True))
         elif written == BUS_ID and spec.count(":") < 2:
-            problems.append(Problem(req.service, f"{where} {spec} is a bus id without its PCI domain, which the "
-                                    "NVIDIA container runtime does not accept", fix, render_fixes=True))
+            problems.append(Problem(req.service, f"{what} is a bus id without its PCI domain, {refused}", fix,
+                                    render_fixes=True))
     try:
         targets = gpus.resolve_specs(good, cards)  # the resolver's own rule: a card asked for twice
     except GpupinError as err:
@@ -223,7 +227,7 @@ def agreement_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapp
             req.service, f"the label {LABEL}={shown(ledger)} is not the cards the service is given, so the ledger "
             "would be wrong about who holds which card", f"let {_RENDER} write it, or make it {want}"))
     nvd = env.get(NVD_VAR)
-    if not req.form.fallback and nvd is not None:  # the runtime form's NVIDIA_VISIBLE_DEVICES is its request
+    if nvd is not None and req.form.env_var != NVD_VAR:  # the runtime form's NVIDIA_VISIBLE_DEVICES is its request
         try:
             named = {gpus.resolve_spec(s.strip(), cards).uuid for s in nvd.split(",") if s.strip()}
         except GpupinError:
@@ -252,6 +256,9 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
         svcs = services(doc)
     except ServiceError as err:
         return Examination([err.problem()])
+    names = name_problems(svcs)
+    if names:
+        return Examination(names)
     problems: list[Problem] = []
     requests: list[GpuRequest] = []
     named: list[Assignment] = []
