@@ -153,11 +153,12 @@ def test_a_huge_file_a_directory_and_a_missing_file_are_refused_before_parsing(t
     assert time.monotonic() - started < 1.0
 
 
-def test_yaml_1_1_numbers_and_dates_that_compose_v2_reads_as_text_stay_text() -> None:
+def test_yaml_1_1_base_60_numbers_that_compose_v2_reads_as_text_stay_text() -> None:
     doc = parse("a: [22:22, 86:00.0, 0:1, 2024-01-01, 12, 1.5, 0x1f, " + "9" * 5000 + "]\n")
-    assert doc["a"][:7] == ["22:22", "86:00.0", "0:1", "2024-01-01", 12, 1.5, 31]
+    assert doc["a"][:3] == ["22:22", "86:00.0", "0:1"] and doc["a"][4:7] == [12, 1.5, 31]
     assert doc["a"][7] == "9" * 5000  # more digits than Python converts: kept as text, never a traceback
-    assert "'22:22'" in load.dump(doc) and "'2024-01-01'" in load.dump(doc)
+    assert "'22:22'" in load.dump(doc)
+    assert "- 2024-01-01\n" in load.dump(doc)  # a date stays a date, as both compose versions read it
 
 
 def test_anchors_and_merge_keys_work_and_aliases_become_copies() -> None:
@@ -827,6 +828,25 @@ def test_the_wrong_way_puts_both_services_on_one_card_and_check_refuses_it(
     assert r.returncode == 64, r
     errors = [ln for ln in r.stdout.splitlines() if "warning:" not in ln]
     assert len(errors) == 1 and "service evaluator" in errors[0] and "also given to service trainer" in errors[0]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(("text", "v1_accepts"), [
+    ("services:\n  a:\n    image: i\n    image: j\n", True),  # docker-compose 1.x keeps the last one
+    ("x-a: &a {image: i}\nx-b: &b {command: c}\nservices:\n  s:\n    <<: *a\n    <<: *b\n", True),
+    ("services:\n  123:\n    image: i\n", False),
+    ("services:\n  'a b':\n    image: i\n", False),
+], ids=["duplicate-key", "duplicate-merge-key", "unquoted-number-name", "name-with-a-space"])
+def test_files_compose_refuses_are_refused_and_duplicate_keys_as_compose_v2_does(
+        mixed4_sandbox: Sandbox, tmp_path: Path, text: str, v1_accepts: bool) -> None:
+    """Measured against each engine's own compose: what hostagent refuses, compose v2 refuses too; docker-compose
+    1.29 takes duplicate keys silently (the last one wins), which is why hostagent follows v2 there."""
+    src = tmp_path / "f.yml"
+    src.write_text(text)
+    assert hostagent("compose", "check", str(src), docker_host=mixed4_sandbox.host).returncode == 64
+    r = mixed4_sandbox.compose("-f", str(src), "config")
+    accepted = v1_accepts and mixed4_sandbox.engine == "20.10"
+    assert (r.returncode == 0) is accepted, r
 
 
 @pytest.mark.docker

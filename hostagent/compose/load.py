@@ -13,8 +13,10 @@
     defined at line N`; v2.17 and later refuse a second `<<` too). docker-compose 1.x kept the last one
     silently, which could drop the very `x-gpupin` or `environment` the user meant;
   - merge keys (`<<: *base`, `<<: [*a, *b]`) and anchors work as in both compose versions;
-  - scalars that YAML 1.1 reads as base-60 numbers (`86:00.0`, `22:22`) and timestamps stay text, as compose
-    v2 (YAML 1.2) reads them; bus ids are exactly such text;
+  - scalars that YAML 1.1 reads as base-60 numbers (`86:00.0`, `22:22`) stay text, as compose v2 (YAML 1.2)
+    reads them; bus ids are exactly such text. Other YAML 1.1 readings are kept as docker-compose 1.x has them
+    (`yes` a boolean, `2024-01-01` a date, written back unquoted): measured with compose v2.26, an unquoted date
+    is a timestamp there too, and `yes` text, so no one reading suits both versions;
   - only the tags compose files use (str, int, float, bool, null, map, seq); `!!set`, `!!binary`, compose v2's
     `!reset`/`!override` (meant for merging several files) and custom tags are refused by name.
 - The result is a tree: every occurrence of an alias is its own copy, so that pinning one service never
@@ -38,7 +40,7 @@ MAX_BYTES = 1 << 20
 MAX_DEPTH = 64
 MAX_EXPANDED = 4_000_000  # nodes + scalar characters with every alias expanded; an alias-free 1 MiB file stays under
 _FIX_YAML = "fix the YAML (`docker compose -f FILE config` shows what compose reads)"
-_TAGS = ("str", "int", "float", "bool", "null", "map", "seq", "merge", "timestamp")
+_TAGS = ("str", "int", "float", "bool", "null", "map", "seq", "merge", "timestamp")  # merge: `<<`
 
 
 def _yaml() -> Any:
@@ -144,9 +146,6 @@ def _loader() -> Any:
             return value
         return construct
 
-    def as_text(loader: Any, node: Any) -> Any:
-        return loader.construct_scalar(node)
-
     def undefined(loader: Any, node: Any) -> Any:
         tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
         hint = "remove it: compose files hold text, numbers, booleans, lists and mappings"
@@ -160,7 +159,6 @@ def _loader() -> Any:
     add = Loader.add_constructor
     add("tag:yaml.org,2002:int", keep_text(SafeConstructor.construct_yaml_int))
     add("tag:yaml.org,2002:float", keep_text(SafeConstructor.construct_yaml_float))
-    add("tag:yaml.org,2002:timestamp", as_text)
     add(None, undefined)
     _LOADER = Loader
     return Loader
