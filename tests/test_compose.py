@@ -580,6 +580,19 @@ def test_the_projects_own_containers_are_not_counted_against_it(tmp_path: Path) 
     assert command.own_container_ids(summaries, names, {"a"}) == {"1"}
 
 
+@pytest.mark.parametrize(("body", "says"), [
+    ("    gpus: all", "service-level `gpus:`"),
+    ("    deploy: {resources: {reservations: {devices: [{driver: cdi, device_ids: ['nvidia.com/gpu=1'], "
+     "capabilities: [gpu]}]}}}", "a CDI device request (`driver: cdi`)"),
+    ("    devices: ['nvidia.com/gpu=0']", "a CDI device name in `devices:`"),
+])
+def test_compose_v2_gpu_forms_not_read_yet_are_refused_never_taken_for_no_gpu(body: str, says: str) -> None:
+    text = f"services:\n  a:\n    image: i\n{body}\n"
+    (p,) = errors_of(check(text))
+    assert says in p.problem and "which hostagent compose does not read yet" in p.problem and not p.render_fixes
+    assert refusals(text).problems[0].problem == p.problem
+
+
 def test_gpu_request_reads_each_form() -> None:
     r = gpu_request("s", parse("image: i\nx-gpupin: {gpus: 'GPU-95c6, 3'}\n"))
     assert r is not None and r.specs == ["GPU-95c6", "3"] and r.form.name == "x-gpupin"

@@ -5,9 +5,10 @@
     runtime: nvidia + environment NVIDIA_VISIBLE_DEVICES=...                  the legacy nvidia-docker form
 
 Each form is a `Form`: `read` turns a service into a GpuRequest (or None), `write` puts the pin's device request
-where the form was. Adding a form (compose v2's service-level `gpus:`, CDI device names) is one more class in
-FORMS. The service's other parts that the rules read (environment, labels, replicas) are read here too, in both
-of compose's spellings (list or mapping).
+where the form was. Compose v2's service-level `gpus:` and CDI requests are not read yet: NotReadYet refuses
+them by name (a service that asks for GPUs is never taken for one that does not). Reading one is one more class
+in FORMS, and one fewer case in NotReadYet. The service's other parts that the rules read (environment, labels,
+replicas) are read here too, in both of compose's spellings (list or mapping).
 """
 
 from __future__ import annotations
@@ -224,7 +225,8 @@ class DeployDevices(Form):
     @staticmethod
     def is_gpu(entry: Mapping[str, Any]) -> bool:
         caps = entry.get("capabilities")
-        return entry.get("driver") == "nvidia" or (isinstance(caps, list) and "gpu" in caps)
+        return entry.get("driver") == "nvidia" or (entry.get("driver") != "cdi" and isinstance(caps, list)
+                                                   and "gpu" in caps)
 
     def entries(self, svc: Mapping[str, Any], service: str) -> list[tuple[int, dict[str, Any]]]:
         deploy = mapping(svc.get("deploy"), service, "deploy")
@@ -298,7 +300,34 @@ class RuntimeEnv(Form):
         _devices(svc, create=True).append(pin.compose_device())
 
 
-FORMS: tuple[Form, ...] = (XGpupin(), DeployDevices(), RuntimeEnv())
+class NotReadYet(Form):
+    """The GPU forms compose v2 takes that hostagent compose does not read yet: service-level `gpus:`, CDI device
+    requests (`driver: cdi`) and CDI names in `devices:`. Refused by name, never passed as "no GPU"."""
+
+    name = "a compose v2 GPU form"
+
+    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+        raise AssertionError("never read, so never written")
+
+    def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
+        found = []
+        if svc.get("gpus") is not None:
+            found.append("service-level `gpus:`")
+        if any(isinstance(d, dict) and d.get("driver") == "cdi" for d in _devices(dict(svc))):
+            found.append("a CDI device request (`driver: cdi`)")
+        devices = svc.get("devices")
+        if isinstance(devices, list) and any(isinstance(d, str) and d.startswith(_CDI_GPU) for d in devices):
+            found.append(f"a CDI device name in `devices:` ({_CDI_GPU}...)")
+        if found:
+            raise ServiceError(service, f"asks for GPUs with {' and '.join(found)}, which hostagent compose does not "
+                               "read yet", f"write the request as `{KEY}` (or a deploy device request with driver: "
+                               "nvidia) and let render pin it")
+        return None
+
+
+_CDI_GPU = "nvidia.com/gpu="
+# In the order they are read: what is refused first, the legacy runtime form last (it yields to the others).
+FORMS: tuple[Form, ...] = (NotReadYet(), XGpupin(), DeployDevices(), RuntimeEnv())
 
 
 def gpu_request(service: str, svc: Any) -> GpuRequest | None:
