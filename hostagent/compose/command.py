@@ -157,9 +157,12 @@ def _stdout(text: str) -> None:
     if out is None:
         sys.stdout.write(text)
         return
-    sys.stdout.flush()
-    out.write(text.encode("utf-8"))
-    out.flush()
+    try:
+        sys.stdout.flush()
+        out.write(text.encode("utf-8"))
+        out.flush()
+    except BrokenPipeError:  # `render FILE | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 # --- the commands ---------------------------------------------------------------------------------------------
