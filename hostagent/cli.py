@@ -189,11 +189,16 @@ def build_parser() -> _Parser:
     c = sub.add_parser("compose", help="pin compose services to physical GPUs",
                        description="Render or check compose files whose services ask for physical GPUs.")
     csub = c.add_subparsers(dest="compose_command", metavar="SUBCOMMAND")
-    cr = csub.add_parser("render", help="write a standard compose file with every GPU pinned by UUID")
-    cr.add_argument("file", metavar="FILE")
+    from gpupin.hostagent import compose  # the help texts; the commands load when they run
+
+    raw = argparse.RawDescriptionHelpFormatter
+    cr = csub.add_parser("render", help="write a standard compose file with every GPU pinned by UUID",
+                         description=compose.RENDER_DESCRIPTION, epilog=compose.RENDER_EPILOG, formatter_class=raw)
+    cr.add_argument("file", metavar="FILE", help="the compose file to render (it is never overwritten)")
     cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
-    cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs")
-    cc.add_argument("file", metavar="FILE")
+    cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs",
+                         description=compose.CHECK_DESCRIPTION, epilog=compose.CHECK_EPILOG, formatter_class=raw)
+    cc.add_argument("file", metavar="FILE", help="the compose file to check")
     cc.add_argument("--json", action="store_true", help="the problems as a JSON list")
 
     s = sub.add_parser("swarm", help="GPU nodes of a Docker Swarm",

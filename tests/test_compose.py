@@ -1,6 +1,8 @@
-"""`hostagent compose render|check`: the pure core over Card objects, the CLI on the simulated host, and the
+"""`hostagent compose render|check`: loading (limits, bad input), the rules both commands share, placement and the
+rendered pin over Card objects; the CLI on the simulated host (`-o`, one line per problem, exit codes); and the
 rendered examples started on the sandboxed daemons by their compose (docker-compose 1.29 beside Engine 20.10,
-`docker compose` v2 beside Engine 26), each service proving its card.
+`docker compose` v2 beside Engine 26), each service proving its card. Property-based tests over generated
+documents are in test_compose_fuzz.py.
 """
 
 from __future__ import annotations
@@ -9,55 +11,61 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpupin.entrypoint.identity import BusId
-from gpupin.entrypoint.nvml import Card
-from gpupin.hostagent import compose
-from gpupin.hostagent.compose import GpuRequest, ServiceError
+from gpupin.hostagent.compose import command, load
+from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError
+from gpupin.hostagent.compose.render import render as render_core
+from gpupin.hostagent.compose.request import gpu_request
+from gpupin.hostagent.compose.rules import Examination, examine
 from gpupin.hostagent.ledger import Holder, held
+from tests.cards import cards as scenario_cards
 from tests.conftest import REPO, TEST_IMAGE, Sandbox, docker_required, gpu_uuids, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
 HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 EXAMPLES = REPO / "compose"
-GIB = 1024**3
+# A "billion laughs" alias bomb of about the issue's size (461 bytes there): 9**8 strings once expanded, which is
+# gigabytes in any copy, dump or repr of it.
+ALIAS_BOMB = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+              + "".join(f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")))
 
 
-# --- the mixed-4 host as Card objects -------------------------------------------------------------------------
-
-def mixed4() -> list[Card]:
-    rows = [(A800, "1B", "NVIDIA A800-SXM4-80GB", 80, 0, 0), (RTX, "3B", "NVIDIA GeForce RTX 4090", 24, 0, 0),
-            (A800B, "86", "NVIDIA A800-SXM4-80GB", 80, 40, 87), (A800C, "AF", "NVIDIA A800-SXM4-80GB", 80, 0, 0)]
-    cards = []
-    for index, (uuid, bus, name, total, used, util) in enumerate(rows):
-        c = Card(index, uuid, BusId.parse(f"{bus}:00.0"), name)
-        c.memory_total, c.memory_used, c.utilization_gpu, c.mig_mode = total * GIB, used * GIB, util, False
-        cards.append(c)
-    return cards
+def mixed4() -> list[Any]:
+    return scenario_cards("mixed-4")
 
 
 def holding(*uuids: str, name: str = "other-job", shared: bool = False) -> dict[str, list[Holder]]:
     return held([Holder("f" * 64, name, "running", uuids, True, "gpupin", shared)])
 
 
-def load(text: str) -> Any:
-    return compose.parse_text(text, "test.yml")
+def parse(text: str) -> Any:
+    return load.parse(text)
 
 
 def render(text: str, busy: dict[str, list[Holder]] | None = None) -> dict[str, Any]:
-    doc, _, _ = compose.render(load(text), mixed4(), busy or {})
+    doc, _ = render_core(parse(text), mixed4(), busy or {})
     return doc
 
 
-def refusals(text: str, busy: dict[str, list[Holder]] | None = None) -> compose.RenderRefused:
-    with pytest.raises(compose.RenderRefused) as info:
-        compose.render(load(text), mixed4(), busy or {})
+def refusals(text: str, busy: dict[str, list[Holder]] | None = None) -> RenderRefused:
+    with pytest.raises(RenderRefused) as info:
+        render_core(parse(text), mixed4(), busy or {})
     return info.value
+
+
+def check(text: str, busy: dict[str, list[Holder]] | None = None) -> Examination:
+    return examine(parse(text), mixed4(), busy or {})
+
+
+def errors_of(result: Examination) -> list[Problem]:
+    return [p for p in result.problems if p.severity == "error"]
 
 
 def devices(svc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -73,6 +81,98 @@ def expect(*uuids: str) -> str:
 def service(image: str = "img", **extra: str) -> str:
     lines = [f"    image: {image}"] + [f"    {k}: {v}" for k, v in extra.items()]
     return "\n".join(lines)
+
+
+def deploy_ids(*ids: str, extra: str = "") -> str:
+    quoted = ", ".join(f"'{i}'" for i in ids)
+    return f"    deploy: {{resources: {{reservations: {{devices: [{{driver: nvidia, device_ids: [{quoted}], " \
+           f"capabilities: [gpu]}}]}}}}}}\n{extra}"
+
+
+# --- loading: bytes -> text -> YAML, with limits -----------------------------------------------------------------
+
+def load_error(tmp_path: Path, content: bytes | str, name: str = "f.yml") -> ServiceError:
+    path = tmp_path / name
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    with pytest.raises(ServiceError) as info:
+        load.load(str(path))
+    assert info.value.service is None and info.value.exit_code == 64
+    return info.value
+
+
+@pytest.mark.parametrize(("content", "says", "hint"), [
+    (b"", "holds no YAML document (it is empty", "a compose file is a mapping"),
+    (b"# nothing but a comment\n", "holds no YAML document", "`services:`"),
+    (b"services:\n  a: {image: \xff}\n", "not UTF-8 text (byte 0xff at line 2, column 14)", "save it as UTF-8"),
+    ("services: {}\n".encode("utf-16"), "UTF-16 text", "save it as UTF-8"),
+    (b"services:\n\ta: {image: i}\n", "not valid YAML", "indent with spaces"),
+    (b"services: [\n", "not valid YAML", "docker compose -f FILE config"),
+    (b"services:\n  a: {image: i}\n  a: {image: j}\n", "the key 'a' is given twice in one mapping (at line 2, column 3 "
+     "and line 3, column 3): compose v2 refuses that", "keep one of them"),
+    (b"x: &x {a: 1}\ny: &y {b: 2}\nservices:\n  s:\n    <<: *x\n    <<: *y\n", "the key '<<' is given twice",
+     "`<<: [*a, *b]`"),
+    (ALIAS_BOMB.encode(), "aliases expand it to more than 4,000,000 nodes and characters", "one anchor"),
+    (b"a: &a [1, *a]\n", "refers to a node that contains it", "cannot be used inside itself"),
+    (b"[" * 100 + b"]" * 100, "nests deeper than 64 levels", "indentation"),
+    ("".join(f"a{i}: &a{i} " + "[" * 40 + (f"*a{i - 1}" if i else "1") + "]" * 40 + "\n" for i in range(3)).encode(),
+     "its YAML aliases nest it deeper than 64 levels", "not aliases of aliases"),
+    (b"services: !!set {a, b}\n", "the YAML tag '!!set'", "remove it"),
+    (b"services:\n  a:\n    ports: !reset []\n", "the YAML tag '!reset'", "merging several files"),
+    (b"services: {a: {image: i}}\n---\nservices: {}\n", "more than one YAML document", "docker compose"),
+])
+def test_bad_files_are_one_problem_naming_the_place(tmp_path: Path, content: bytes, says: str, hint: str) -> None:
+    err = load_error(tmp_path, content)
+    assert says in err.message and err.hint is not None and hint in err.hint, (err.message, err.hint)
+    assert "\n" not in err.message
+
+
+def test_a_document_at_the_depth_limit_renders() -> None:
+    deep = "{x: " * 58 + "1" + "}" * 58
+    doc = render(f"x-deep: {deep}\nservices:\n  a:\n    image: i\n    x-gpupin: {{gpus: ['1']}}\n")
+    assert parse(load.dump(doc))["x-deep"] == parse(f"x-deep: {deep}\n")["x-deep"]
+
+
+def test_the_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    assert len(ALIAS_BOMB) < 461
+    started = time.monotonic()
+    load_error(tmp_path, ALIAS_BOMB)
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_huge_file_a_directory_and_a_missing_file_are_refused_before_parsing(tmp_path: Path) -> None:
+    started = time.monotonic()
+    err = load_error(tmp_path, b"services:\n" + b"#" * (load.MAX_BYTES + 10))
+    assert "larger than 1024 KiB" in err.message and time.monotonic() - started < 1.0
+    with pytest.raises(ServiceError, match="is a directory"):
+        load.load(str(tmp_path))
+    with pytest.raises(ServiceError, match="cannot read it: No such file or directory"):
+        load.load(str(tmp_path / "missing.yml"))
+    started = time.monotonic()
+    with pytest.raises(ServiceError, match="larger than"):
+        load.load("/dev/zero")  # endless: read no further than the limit
+    assert time.monotonic() - started < 1.0
+
+
+def test_yaml_1_1_base_60_numbers_that_compose_v2_reads_as_text_stay_text() -> None:
+    doc = parse("a: [22:22, 86:00.0, 0:1, 2024-01-01, 12, 1.5, 0x1f, " + "9" * 5000 + "]\n")
+    assert doc["a"][:3] == ["22:22", "86:00.0", "0:1"] and doc["a"][4:7] == [12, 1.5, 31]
+    assert doc["a"][7] == "9" * 5000  # more digits than Python converts: kept as text, never a traceback
+    assert "'22:22'" in load.dump(doc)
+    assert "- 2024-01-01\n" in load.dump(doc)  # a date stays a date, as both compose versions read it
+
+
+def test_anchors_and_merge_keys_work_and_aliases_become_copies() -> None:
+    doc = parse("x-env: &env {RUN: '1'}\nx-base: &base {image: i, environment: *env}\n"
+                "services:\n  a:\n    <<: *base\n    x-gpupin: {gpus: ['1']}\n"
+                "  b:\n    <<: [*base]\n    image: j\n    x-gpupin: {gpus: ['3']}\n")
+    a, b = doc["services"]["a"], doc["services"]["b"]
+    assert a["environment"] == b["environment"] == {"RUN": "1"} and b["image"] == "j"
+    assert a["environment"] is not b["environment"]
+    out, _ = render_core(doc, mixed4(), {})
+    # Each service gets its own pin, though both took their environment from one anchor.
+    assert out["services"]["a"]["environment"]["NVIDIA_VISIBLE_DEVICES"] == RTX
+    assert out["services"]["b"]["environment"]["NVIDIA_VISIBLE_DEVICES"] == A800C
+    assert "&" not in load.dump(out) and "*" not in load.dump(out)
 
 
 # --- render: the pure core ------------------------------------------------------------------------------------
@@ -105,7 +205,7 @@ services:
     # YAML 1.1 would read 22:22 as the base-60 number 1342: it stays the text the user meant.
     assert svc["ports"] == ["5000:5000", "22:22"]
     assert doc["version"] == "3.8" and doc["services"]["web"] == {"image": "nginx"}
-    assert "'22:22'" in compose.dump(doc)
+    assert "'22:22'" in load.dump(doc)
 
 
 @pytest.mark.parametrize("form", ["list", "mapping"])
@@ -147,21 +247,21 @@ def test_count_skips_cards_held_by_running_containers() -> None:
 def test_a_count_that_the_ledger_blocks_is_75_naming_the_holder() -> None:
     err = refusals("services:\n  a:\n    image: i\n    x-gpupin: {count: 3}\n", holding(A800, A800C, name="job7"))
     assert err.exit_code == 75
-    assert "only 2 card(s) are left free" in err.errors[0].message and "job7" in err.errors[0].message
+    assert "only 2 card(s) are left free" in err.problems[0].problem and "job7" in err.problems[0].problem
 
 
 def test_a_file_that_asks_for_more_cards_than_the_host_has_is_64() -> None:
     err = refusals("services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['0', '1', '2']}\n"
                    "  b:\n    image: i\n    x-gpupin: {count: 2}\n")
-    assert err.exit_code == 64 and err.errors[0].service == "b"
+    assert err.exit_code == 64 and err.problems[0].service == "b"
     err = refusals("services:\n  a:\n    image: i\n    x-gpupin: {count: 5}\n")
-    assert err.exit_code == 64 and "only 4 whole card(s)" in err.errors[0].message
+    assert err.exit_code == 64 and err.problems[0].problem == "count: 5: this host has only 4 whole card(s)"
 
 
 def test_a_named_card_held_by_a_running_container_is_75_unless_shared() -> None:
     text = "services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]%s}\n"
     err = refusals(text % "", holding(RTX, name="job7"))
-    assert err.exit_code == 75 and "held by running container job7" in err.errors[0].message
+    assert err.exit_code == 75 and "held by running container job7" in err.problems[0].problem
     doc = render(text % ", share: true", holding(RTX))
     assert doc["services"]["a"]["labels"]["gpupin.shared"] == "true"
 
@@ -170,8 +270,8 @@ def test_one_card_for_two_services_is_64_unless_both_share() -> None:
     text = ("services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]%s}\n"
             "  b:\n    image: i\n    x-gpupin: {gpus: ['1']%s}\n")
     err = refusals(text % ("", ""))
-    assert err.exit_code == 64 and err.errors[0].service == "b"
-    assert "is also given to service a" in err.errors[0].message
+    assert err.exit_code == 64 and err.problems[0].service == "b"
+    assert "is also given to service a: both would run on one card" in err.problems[0].problem
     assert refusals(text % ("", ", share: true")).exit_code == 64
     doc = render(text % (", share: true", ", share: true"))
     assert devices(doc["services"]["b"])[0]["device_ids"] == [RTX]
@@ -180,7 +280,7 @@ def test_one_card_for_two_services_is_64_unless_both_share() -> None:
 def test_every_refusal_is_collected_and_any_usage_error_makes_it_64() -> None:
     err = refusals("services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-0000]}\n"
                    "  b:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]}\n", holding(RTX))
-    assert [e.service for e in err.errors] == ["a", "b"] and [e.exit_code for e in err.errors] == [64, 75]
+    assert [p.service for p in err.problems] == ["a", "b"] and [p.exit_code for p in err.problems] == [64, 75]
     assert err.exit_code == 64
 
 
@@ -189,42 +289,81 @@ def test_every_refusal_is_collected_and_any_usage_error_makes_it_64() -> None:
     ("    x-gpupin: {gpus: [GPU-0000]}", "no card's UUID starts with"),
     ("    x-gpupin: {gpus: ['7']}", "out of range"),
     ("    x-gpupin: {gpus: [GPU-95c6, '1']}", "already asked for"),
+    ("    x-gpupin: {gpus: []}", "x-gpupin.gpus is empty"),
     ("    x-gpupin: {gpus: [GPU-95c6], count: 1}", "not both"),
     ("    x-gpupin: {}", "not both and not neither"),
-    ("    x-gpupin: {gpu: [GPU-95c6]}", "unknown key(s) gpu"),
+    ("    x-gpupin: {gpu: [GPU-95c6]}", "unknown key(s) 'gpu'"),
     ("    x-gpupin: {count: 0}", "not a number of cards"),
-    ("    x-gpupin: {count: 1, verify: full}", "unknown level"),
+    ("    x-gpupin: {count: 1, verify: full}", "unknown level 'full'"),
     ("    x-gpupin: [GPU-95c6]", "not a mapping"),
     ("    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {replicas: 2}", "2 replicas"),
+    ("    x-gpupin: {gpus: [GPU-95c6]}\n    scale: -1", "`scale: -1` is not a number of containers"),
     ("    x-gpupin: {gpus: [GPU-95c6]}\n    environment: [GPUPIN_EXPECT=GPU-95c6]", "sets GPUPIN_EXPECT by hand"),
     ("    x-gpupin: {gpus: [GPU-95c6]}\n    environment: {NVIDIA_VISIBLE_DEVICES: all}",
      "sets NVIDIA_VISIBLE_DEVICES by hand"),
     ("    x-gpupin: {gpus: [GPU-95c6]}\n    labels: [gpupin.devices=x]", "sets the label gpupin.devices"),
+    ("    x-gpupin: {gpus: [GPU-95c6]}\n    labels: {gpupin.shared: 'true'}", "sets the label gpupin.shared"),
+    ("    x-gpupin: {gpus: [GPU-95c6], verify: nvml}\n    environment: [GPUPIN_VERIFY=cuda]",
+     "GPUPIN_VERIFY='cuda' but x-gpupin.verify is nvml"),
     ("    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}",
      "asks for GPUs twice"),
     ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, device_ids: ['0']}]}}}",
      "both `count` and `device_ids`"),
+    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, device_ids: ['1', '1']}]}}}",
+     "already asked for"),  # the issue's case: check passed it, render refused it
+    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1}]}}}\n"
+     "    environment: [GPUPIN_EXPECT=x]", "sets GPUPIN_EXPECT by hand beside a count: 1, which names no card"),
     ("    environment: 7\n    x-gpupin: {count: 1}", "neither a list nor a mapping"),
+    ("    labels: 7\n    x-gpupin: {count: 1}", "`labels` is neither a list nor a mapping"),
 ])
-def test_refusals_are_64_and_name_the_service(body: str, says: str) -> None:
-    err = refusals(f"services:\n  svc:\n    image: i\n{body}\n")
-    assert err.exit_code == 64, err.errors
-    assert err.errors[0].service == "svc" and says in err.errors[0].message, err.errors
+def test_refusals_are_64_and_name_the_service_and_check_says_the_same(body: str, says: str) -> None:
+    text = f"services:\n  svc:\n    image: i\n{body}\n"
+    err = refusals(text)
+    assert err.exit_code == 64, err.problems
+    assert err.problems[0].service == "svc" and says in err.problems[0].problem, err.problems
+    found = check(text)
+    assert not found.ok and [p.line("f") for p in found.refusals] == [p.line("f") for p in err.problems]
 
 
-@pytest.mark.parametrize("text", ["services: [", "services: {a: {image: i}\n  x: ]", "[1, 2]", "services: {}"])
-def test_a_malformed_file_is_64_naming_it(text: str) -> None:
-    with pytest.raises(ServiceError) as info:
-        compose.render(load(text), mixed4(), {})
-    assert info.value.exit_code == 64 and info.value.service is None
-    if text.startswith("services: ") and "[" in text:
-        assert "test.yml is not valid YAML" in info.value.message and "line" in info.value.message
+@pytest.mark.parametrize(("text", "says"), [
+    ("services: [", "not valid YAML"),
+    ("[1, 2]", "top level is not a mapping"),
+    ("version: '3'\n", "it has no `services:`"),
+    ("services: {}", "`services:` is empty"),
+    ("services: [a, b]", "`services` is a list, not a mapping"),
+    ("services:\n  123:\n    image: i\n", "the service name 123 is not a string (YAML reads it as a number)"),
+    ("services:\n  'a b':\n    image: i\n", "the service name 'a b' has characters compose does not allow"),
+    ('services:\n  "a\\nb":\n    image: i\n', "the service name 'a\\nb' has characters"),
+    ("services:\n  ~:\n    image: i\n", "a service has no name"),
+])
+def test_a_malformed_file_is_64_naming_it(text: str, says: str) -> None:
+    try:
+        doc = parse(text)
+    except ServiceError as err:
+        assert says in err.message and err.exit_code == 64
+        return
+    with pytest.raises(RenderRefused) as info:
+        render_core(doc, mixed4(), {})
+    (p,) = info.value.problems
+    assert info.value.exit_code == 64 and p.service is None and says in p.problem, p
+    assert "\n" not in p.line("f.yml")
+
+
+def test_every_bad_service_name_is_one_line() -> None:
+    found = check("services:\n  'a b': {image: i}\n  123: {image: i}\n  ok: {image: i}\n")
+    assert [p.problem.split(" ")[3] for p in found.problems] == ["'a", "123"] and not found.ok
+
+
+def test_a_quoted_numeric_service_name_renders() -> None:
+    doc = render("services:\n  '123':\n    image: i\n    x-gpupin: {gpus: ['1']}\n")
+    assert devices(doc["services"]["123"])[0]["device_ids"] == [RTX]
+    assert "'123':" in load.dump(doc)
 
 
 def test_a_malformed_service_is_64_naming_it() -> None:
     err = refusals("services:\n  a: just-text\n  b:\n    image: i\n    deploy: [1]\n    x-gpupin: {count: 1}\n")
-    assert err.exit_code == 64 and [(e.service, e.message) for e in err.errors] == [
-        ("a", "the service is not a mapping"), ("b", "`deploy` is not a mapping")]
+    assert err.exit_code == 64 and [(p.service, p.problem) for p in err.problems] == [
+        ("a", "the service is not a mapping"), ("b", "`deploy` is not a mapping (it is [1])")]
 
 
 def test_standard_deploy_requests_are_pinned_by_uuid() -> None:
@@ -252,61 +391,74 @@ services:
     assert devices(b)[0]["device_ids"] == [A800]
 
 
-# --- check: the pure core -------------------------------------------------------------------------------------
-
-def check(text: str, busy: dict[str, list[Holder]] | None = None) -> compose.CheckResult:
-    return compose.check(load(text), mixed4(), busy or {})
-
-
-def deploy_ids(*ids: str, extra: str = "") -> str:
-    quoted = ", ".join(f"'{i}'" for i in ids)
-    return f"    deploy: {{resources: {{reservations: {{devices: [{{driver: nvidia, device_ids: [{quoted}], " \
-           f"capabilities: [gpu]}}]}}}}}}\n{extra}"
+def test_a_rendered_file_checks_clean_and_renders_to_itself() -> None:
+    for example in ("two-services.yml", "two-cards-one-service.yml", "wrong-way-count.yml"):
+        once = render((EXAMPLES / example).read_text())
+        result = examine(once, mixed4(), {})
+        assert result.ok and result.problems == [], (example, result.problems)
+        twice, _ = render_core(once, mixed4(), {})
+        assert twice == once, example
 
 
-def errors_of(result: compose.CheckResult) -> list[compose.Problem]:
-    return [p for p in result.problems if p.severity == "error"]
+def test_a_hand_set_expectation_beside_device_ids_keeps_its_local_rank_order() -> None:
+    env = f"    environment: ['GPUPIN_EXPECT={A800C},{RTX}']\n"
+    svc = render(f"services:\n  a:\n    image: i\n{deploy_ids(RTX, A800C, extra=env)}")["services"]["a"]
+    assert devices(svc)[0]["device_ids"] == [A800C, RTX]
+    assert svc["environment"] == [f"GPUPIN_EXPECT={expect(A800C, RTX)}", f"NVIDIA_VISIBLE_DEVICES={A800C},{RTX}"]
 
 
-def test_a_rendered_file_checks_clean() -> None:
+# --- check: the file as written --------------------------------------------------------------------------------
+
+def test_a_rendered_example_checks_clean() -> None:
     text = (EXAMPLES / "two-services.yml").read_text()
-    result = check(compose.dump(render(text)))
+    result = check(load.dump(render(text)))
     assert result.ok and result.problems == []
     assert result.summary() == "ok: 2 service(s) with GPUs, 2 card(s) pinned"
     assert check(text).ok
 
 
-def test_an_index_is_flagged_with_the_uuid_it_names_today() -> None:
-    result = check(f"services:\n  a:\n    image: i\n{deploy_ids('1')}")
-    (p,) = errors_of(result)
+def test_an_index_is_flagged_with_the_uuid_it_names_today_and_render_pins_it() -> None:
+    text = f"services:\n  a:\n    image: i\n{deploy_ids('1')}"
+    (p,) = errors_of(check(text))
     assert p.service == "a" and "device id 1 is an NVML index" in p.problem and RTX in p.problem
     assert p.hint is not None and f"device_ids: [{RTX}]" in p.hint
+    assert p.render_fixes and devices(render(text)["services"]["a"])[0]["device_ids"] == [RTX]
 
 
-@pytest.mark.parametrize(("ids", "says"), [
-    (("GPU-95c6",), "is a UUID prefix"),
-    (("3b:00.0",), "without its PCI domain"),
-    (("GPU-00000000-0000-0000-0000-000000000000",), "no card with UUID"),
-    (("9",), "out of range"),
+@pytest.mark.parametrize(("ids", "says", "fixed"), [
+    (("GPU-95c6",), "is a UUID prefix", True),
+    (("3b:00.0",), "without its PCI domain", True),
+    (("GPU-00000000-0000-0000-0000-000000000000",), "no card with UUID", False),
+    (("9",), "out of range", False),
 ])
-def test_device_ids_the_runtime_would_not_take_are_errors(ids: tuple[str, ...], says: str) -> None:
-    result = check(f"services:\n  a:\n    image: i\n{deploy_ids(*ids)}")
+def test_device_ids_the_runtime_would_not_take_are_errors(ids: tuple[str, ...], says: str, fixed: bool) -> None:
+    text = f"services:\n  a:\n    image: i\n{deploy_ids(*ids)}"
+    result = check(text)
     assert not result.ok and says in errors_of(result)[0].problem
+    assert errors_of(result)[0].render_fixes is fixed
+    if fixed:
+        assert devices(render(text)["services"]["a"])[0]["device_ids"] == [RTX]
+    else:
+        assert [p.problem for p in refusals(text).problems] == [p.problem for p in errors_of(result)]
 
 
 def test_full_bus_ids_and_uuids_are_fine() -> None:
     assert check(f"services:\n  a:\n    image: i\n{deploy_ids('0000:86:00.0', RTX)}").ok
 
 
-def test_the_wrong_way_count_is_flagged() -> None:
-    result = check((EXAMPLES / "wrong-way-count.yml").read_text())
-    assert not result.ok
+def test_the_wrong_way_count_is_flagged_and_render_fixes_it() -> None:
+    text = (EXAMPLES / "wrong-way-count.yml").read_text()
+    result = check(text)
+    assert not result.ok and result.refusals == []
     warnings = [p for p in result.problems if p.severity == "warning"]
     assert [p.service for p in warnings] == ["trainer", "evaluator"]
     assert all("count: 1 is not a pin" in p.problem and A800 in p.problem for p in warnings)
     (err,) = errors_of(result)
-    assert err.service == "evaluator" and f"{A800} (index 0" in err.problem and "also given to service trainer" \
-        in err.problem
+    assert err.service == "evaluator" and err.render_fixes
+    assert err.problem == f"as written, count: 1 gets {A800} (index 0, 00000000:1B:00.0, NVIDIA A800-SXM4-80GB), " \
+                          "which is also given to service trainer: both would run on one card"
+    doc = render(text)
+    assert [devices(doc["services"][s])[0]["device_ids"] for s in ("trainer", "evaluator")] == [[A800], [A800C]]
 
 
 def test_double_booking_by_uuid_and_index_is_one_problem_per_extra_service() -> None:
@@ -332,6 +484,14 @@ def test_a_card_held_by_a_running_container_is_flagged_unless_shared() -> None:
                  holding(RTX)).ok
 
 
+def test_a_count_as_written_on_a_held_card_is_flagged_and_render_places_it_elsewhere() -> None:
+    text = "services:\n  a:\n    image: i\n    deploy: {resources: {reservations: {devices: [{driver: nvidia, " \
+           "count: 1}]}}}\n"
+    (err,) = errors_of(check(text, holding(A800, name="job7")))
+    assert err.render_fixes and "as written, count: 1 gets" in err.problem and "job7" in err.problem
+    assert devices(render(text, holding(A800))["services"]["a"])[0]["device_ids"] == [A800C]
+
+
 def test_replicas_and_count_with_device_ids_are_errors() -> None:
     result = check(f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}    scale: 3\n"
                    "  b:\n    image: i\n    deploy: {resources: {reservations: {devices: "
@@ -351,15 +511,28 @@ def test_replicas_and_count_with_device_ids_are_errors() -> None:
 ])
 def test_gpupin_expect_must_agree_with_the_device_ids(value: str, ok: bool, says: str) -> None:
     env = f"    environment: ['GPUPIN_EXPECT={value}']\n"
-    result = check(f"services:\n  a:\n    image: i\n{deploy_ids(RTX, A800C, extra=env)}")
+    text = f"services:\n  a:\n    image: i\n{deploy_ids(RTX, A800C, extra=env)}"
+    result = check(text)
     assert result.ok is ok, result.problems
     if says:
         assert says in errors_of(result)[0].problem
+        assert refusals(text).problems[0].problem == errors_of(result)[0].problem
+
+
+def test_hand_set_visible_devices_that_disagree_with_the_device_request_are_an_error() -> None:
+    env = "    environment: [NVIDIA_VISIBLE_DEVICES=0]\n"
+    text = f"services:\n  a:\n    image: i\n{deploy_ids(RTX, extra=env)}"
+    (p,) = errors_of(check(text))
+    assert "NVIDIA_VISIBLE_DEVICES='0', which disagrees with the device request" in p.problem
+    assert not p.render_fixes and refusals(text).exit_code == 64
+    assert check(text.replace("=0]", f"={RTX}]")).ok
 
 
 def test_the_legacy_runtime_form_is_read_as_device_ids() -> None:
     result = check("services:\n  a:\n    image: i\n    runtime: nvidia\n    environment: [NVIDIA_VISIBLE_DEVICES=2]\n")
-    assert "NVIDIA_VISIBLE_DEVICES 2 is an NVML index" in errors_of(result)[0].problem
+    (p,) = errors_of(result)
+    assert "NVIDIA_VISIBLE_DEVICES 2 is an NVML index" in p.problem
+    assert p.hint is not None and f"NVIDIA_VISIBLE_DEVICES={A800B}" in p.hint and "device_ids" not in p.hint
 
 
 def test_a_ledger_label_that_is_not_the_cards_is_an_error() -> None:
@@ -373,33 +546,62 @@ def test_the_legacy_runtime_form_renders_to_a_device_request() -> None:
     svc = render("services:\n  a:\n    image: i\n    runtime: nvidia\n"
                  "    environment: [NVIDIA_VISIBLE_DEVICES=3, X=1]\n")["services"]["a"]
     assert "runtime" not in svc and devices(svc)[0]["device_ids"] == [A800C]
-    assert svc["environment"] == ["X=1", f"NVIDIA_VISIBLE_DEVICES={A800C}", f"GPUPIN_EXPECT={expect(A800C)}"]
+    assert svc["environment"] == [f"NVIDIA_VISIBLE_DEVICES={A800C}", "X=1", f"GPUPIN_EXPECT={expect(A800C)}"]
+
+
+def test_mig_devices_collide_with_their_parent_card() -> None:
+    mig = scenario_cards("mig")
+    parent = mig[0].uuid
+    migs = [m.uuid for m in mig[0].mig_devices]
+    doc = parse(f"services:\n  a:\n    image: i\n    x-gpupin: {{gpus: ['{migs[0]}']}}\n"
+                f"  b:\n    image: i\n    x-gpupin: {{gpus: ['0:1']}}\n"
+                f"  c:\n    image: i\n    x-gpupin: {{gpus: ['{parent}']}}\n")
+    found = examine(doc, mig, {})
+    assert [p.service for p in found.refusals] == ["c"] and "is in MIG mode" in found.refusals[0].problem
+    assert found.plan["b"][0].uuid == migs[1]
 
 
 def test_problems_print_as_one_line_and_as_json() -> None:
-    p = compose.Problem("a", "something is wrong", "fix it")
+    p = Problem("a", "something is wrong", "fix it")
     assert p.line("f.yml") == "f.yml: service a: something is wrong. HINT: fix it"
-    assert compose.Problem(None, "x", None, "warning").line("f.yml") == "f.yml: warning: x."
-    assert p.to_dict() == {"service": "a", "problem": "something is wrong", "hint": "fix it", "severity": "error"}
+    assert Problem(None, "x", None, "warning").line("f.yml") == "f.yml: warning: x."
+    assert Problem(None, "a\nb\ud800", None).line("f\n.yml") == "f\\n.yml: a\\nb\\ud800."
+    assert p.to_dict() == {"service": "a", "problem": "something is wrong", "hint": "fix it", "severity": "error",
+                           "render_fixes": False}
 
 
 def test_the_projects_own_containers_are_not_counted_against_it(tmp_path: Path) -> None:
-    doc = load("name: Ml-Run\nservices: {a: {image: i}}\n")
-    names = compose.project_names(doc, [str(tmp_path / "My Dir" / "f.yml")], {"COMPOSE_PROJECT_NAME": "p1"})
+    doc = parse("name: Ml-Run\nservices: {a: {image: i}}\n")
+    names = command.project_names(doc, [str(tmp_path / "My Dir" / "f.yml")], {"COMPOSE_PROJECT_NAME": "p1"})
     assert names == {"p1", "Ml-Run", "mydir"}
     summaries = [{"Id": "1", "Labels": {"com.docker.compose.project": "p1", "com.docker.compose.service": "a"}},
                  {"Id": "2", "Labels": {"com.docker.compose.project": "p1", "com.docker.compose.service": "z"}},
                  {"Id": "3", "Labels": {"com.docker.compose.project": "p2", "com.docker.compose.service": "a"}}]
-    assert compose.own_container_ids(summaries, names, {"a"}) == {"1"}
+    assert command.own_container_ids(summaries, names, {"a"}) == {"1"}
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("    gpus: all", "service-level `gpus:`"),
+    ("    deploy: {resources: {reservations: {devices: [{driver: cdi, device_ids: ['nvidia.com/gpu=1'], "
+     "capabilities: [gpu]}]}}}", "a CDI device request (`driver: cdi`)"),
+    ("    devices: ['nvidia.com/gpu=0']", "a CDI device name in `devices:`"),
+])
+def test_compose_v2_gpu_forms_not_read_yet_are_refused_never_taken_for_no_gpu(body: str, says: str) -> None:
+    text = f"services:\n  a:\n    image: i\n{body}\n"
+    (p,) = errors_of(check(text))
+    assert says in p.problem and "which hostagent compose does not read yet" in p.problem and not p.render_fixes
+    assert refusals(text).problems[0].problem == p.problem
 
 
 def test_gpu_request_reads_each_form() -> None:
-    r = compose.gpu_request("s", load("image: i\nx-gpupin: {gpus: 'GPU-95c6, 3'}\n"))
-    assert isinstance(r, GpuRequest) and r.specs == ["GPU-95c6", "3"] and r.source == "x-gpupin"
-    r = compose.gpu_request("s", load("image: i\ndeploy: {resources: {reservations: {devices: [{capabilities: "
-                                      "[gpu]}]}}}\n"))
+    r = gpu_request("s", parse("image: i\nx-gpupin: {gpus: 'GPU-95c6, 3'}\n"))
+    assert r is not None and r.specs == ["GPU-95c6", "3"] and r.form.name == "x-gpupin"
+    r = gpu_request("s", parse("image: i\ndeploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}\n"))
     assert r is not None and r.count == -1  # no count and no ids: every card, as `--gpus all`
-    assert compose.gpu_request("s", load("image: i\n")) is None
+    r = gpu_request("s", parse("image: i\nruntime: nvidia\nenvironment: {NVIDIA_VISIBLE_DEVICES: '1'}\n"
+                               "deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1}]}}}\n"))
+    assert r is not None and r.form.name == "deploy device request"  # the runtime form yields to a device request
+    assert gpu_request("s", parse("image: i\n")) is None
 
 
 # --- the CLI on the simulated host ----------------------------------------------------------------------------
@@ -410,18 +612,34 @@ def hostagent(*args: str, docker_host: str = "unix:///nonexistent/docker.sock",
     return subprocess.run([HOSTAGENT, *args], env=env, capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
+def listing(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def one_error(r: subprocess.CompletedProcess[str]) -> str:
+    """The one ERROR line of a refusal (the ledger warning aside); never a traceback."""
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
+    assert len(lines) == 1 and lines[0].startswith("hostagent: ERROR: ") and " HINT: " in lines[0], r.stderr
+    return lines[0]
+
+
 def test_cli_render_writes_the_pinned_file_and_says_docker_was_not_read(fakegpu: Path, tmp_path: Path) -> None:
     out = tmp_path / "pinned.yml"
     src = tmp_path / "two-services.yml"
     shutil.copy(EXAMPLES / "two-services.yml", src)
     r = hostagent("compose", "render", str(src), "-o", str(out))
     assert r.returncode == 0, r
-    assert r.stdout == "" and "the ledger was not read" in r.stderr
+    assert r.stdout == "" and "warning: the ledger was not read" in r.stderr
     text = out.read_text()
     assert text.startswith("# Rendered by `hostagent compose render two-services.yml`")
     assert f"#   trainer: cuda:0 = {RTX} at 00000000:3B:00.0 (NVIDIA GeForce RTX 4090)" in text
-    doc = load(text)
+    doc = parse(text)
     assert devices(doc["services"]["evaluator"])[0]["device_ids"] == [A800C]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pinned.yml", "two-services.yml"]
     assert hostagent("compose", "check", str(out)).stdout.splitlines() == [
         "ok: 2 service(s) with GPUs, 2 card(s) pinned"]
 
@@ -431,23 +649,83 @@ def test_cli_render_refusal_writes_nothing_and_prints_one_line_each(fakegpu: Pat
     src.write_text("services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-6c]}\n"
                    "  b:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {replicas: 2}\n")
     out = tmp_path / "out.yml"
+    out.write_text("an older render\n")
+    out.chmod(0o640)
     r = hostagent("compose", "render", str(src), "-o", str(out))
     assert r.returncode == 64, r
     lines = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
     assert len(lines) == 2 and r.stdout == ""
     assert lines[0].startswith(f"hostagent: ERROR: {src}: service a: the UUID prefix 'GPU-6c' is ambiguous")
     assert "HINT:" in lines[0] and f"{src}: service b: asks for 2 replicas" in lines[1]
-    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["bad.yml"]
+    assert listing(tmp_path) == {"bad.yml": src.read_bytes(), "out.yml": b"an older render\n"}
+    # The check of the same file prints the same two problems.
+    c = hostagent("compose", "check", str(src))
+    assert c.returncode == 64 and c.stdout.splitlines() == [ln.removeprefix("hostagent: ERROR: ") for ln in lines]
+    # A render that succeeds keeps the mode of the file it replaces.
+    src.write_text("services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]}\n")
+    assert hostagent("compose", "render", str(src), "-o", str(out)).returncode == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640 and RTX in out.read_text()
 
 
-def test_cli_malformed_yaml_is_64_naming_the_file(fakegpu: Path, tmp_path: Path) -> None:
-    src = tmp_path / "broken.yml"
-    src.write_text("services:\n  a: {image: i\n")
-    r = hostagent("compose", "render", str(src))
-    assert r.returncode == 64 and r.stderr.startswith(f"hostagent: ERROR: {src} is not valid YAML"), r
-    r = hostagent("compose", "check", str(src), "--json")
-    assert r.returncode == 64 and json.loads(r.stdout)[0]["service"] is None, r
-    assert hostagent("compose", "render", str(tmp_path / "missing.yml")).returncode == 64
+@pytest.mark.parametrize(("output", "says"), [
+    ("/nonexistent/x.yml", "-o /nonexistent/x.yml: the directory /nonexistent does not exist"),
+    ("/tmp", "-o /tmp is a directory"),
+    ("{dir}", "is a directory"),
+    ("{src}", "is the file being rendered"),
+    ("{link}", "is the file being rendered"),
+    ("/proc/gpupin-x.yml", "-o /proc/gpupin-x.yml: cannot write it"),
+])
+def test_cli_render_refuses_an_output_it_cannot_or_must_not_write(fakegpu: Path, tmp_path: Path, output: str,
+                                                                   says: str) -> None:
+    src = tmp_path / "two-services.yml"
+    shutil.copy(EXAMPLES / "two-services.yml", src)
+    (tmp_path / "link.yml").symlink_to(src)
+    before = listing(tmp_path)
+    out = output.format(dir=tmp_path, src=src, link=tmp_path / "link.yml")
+    r = hostagent("compose", "render", str(src), "-o", out)
+    assert r.returncode == 64 and r.stdout == "", r
+    assert says in one_error(r)
+    assert listing(tmp_path) == before and not os.path.exists("/nonexistent")
+
+
+def test_cli_render_to_a_bare_name_writes_its_temporary_file_in_the_cwd(fakegpu: Path, tmp_path: Path) -> None:
+    src = tmp_path / "two-services.yml"
+    shutil.copy(EXAMPLES / "two-services.yml", src)
+    r = hostagent("compose", "render", "two-services.yml", "-o", "pinned.yml", cwd=tmp_path)
+    assert r.returncode == 0, r
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pinned.yml", "two-services.yml"]
+    assert "note: compose resolves relative paths" not in r.stderr  # beside the source: no note
+    r = hostagent("compose", "render", "two-services.yml", "-o", "/dev/null", cwd=tmp_path)
+    assert r.returncode == 0 and stat.S_ISCHR(os.stat("/dev/null").st_mode), r
+    r = hostagent("compose", "render", "two-services.yml", "-o", "-", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("# Rendered by"), r
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "is a directory, not a compose file"),
+    (b"", "holds no YAML document"),
+    (b"services:\n  a: {image: \xe9t\xe9}\n", "not UTF-8 text (byte 0xe9 at line 2, column 14)"),
+    (b"services:\n\ta: {image: i}\n", "not valid YAML"),
+    (b"services:\n  123:\n    image: i\n", "the service name 123 is not a string"),
+    (ALIAS_BOMB.encode(), "alias bomb"),
+])
+def test_cli_bad_files_are_one_line_64_for_render_and_check(fakegpu: Path, tmp_path: Path, content: bytes | None,
+                                                             says: str) -> None:
+    src = tmp_path / "in.yml"
+    if content is None:
+        src.mkdir()
+    else:
+        src.write_bytes(content)
+    out = tmp_path / "out.yml"
+    r = hostagent("compose", "render", str(src), "-o", str(out))
+    assert r.returncode == 64 and says in one_error(r) and not out.exists(), r
+    assert one_error(r).startswith(f"hostagent: ERROR: {src}: ")
+    c = hostagent("compose", "check", str(src))
+    assert c.returncode == 64 and "Traceback" not in c.stderr, c
+    (line,) = c.stdout.splitlines()
+    assert line.startswith(f"{src}: ") and says in line
+    c = hostagent("compose", "check", str(src), "--json")
+    assert c.returncode == 64 and json.loads(c.stdout)[0]["service"] is None, c
 
 
 def test_cli_check_refuses_a_double_booked_file_one_line_per_problem(fakegpu: Path, tmp_path: Path) -> None:
@@ -456,24 +734,23 @@ def test_cli_check_refuses_a_double_booked_file_one_line_per_problem(fakegpu: Pa
                    f"  c:\n    image: i\n{deploy_ids('1')}")
     r = hostagent("compose", "check", str(src))
     assert r.returncode == 64, r
+    share = "give each service its own card (name another, or ask for a `count` and let render place it), or mark " \
+            "every service that shares it `x-gpupin: {share: true}` (or, in the standard forms, label " \
+            "gpupin.shared=true)"
     assert r.stdout.splitlines() == [
         f"{src}: service b: {RTX} (index 1, 00000000:3B:00.0, NVIDIA GeForce RTX 4090) is also given to "
-        "service a: both would run on one card. HINT: give each service its own card by UUID (`hostagent compose "
-        "render` places them), or mark every service that shares it `x-gpupin: {share: true}` / label "
-        "gpupin.shared=true",
+        f"service a: both would run on one card. HINT: {share}",
         f"{src}: service c: device id 1 is an NVML index: today it is {RTX} (index 1, 00000000:3B:00.0, NVIDIA "
         "GeForce RTX 4090), but indices follow PCI bus order and name another card after a card is added, removed "
         f"or lost. HINT: pin it by UUID: device_ids: [{RTX}] (or `x-gpupin: {{gpus: [{RTX}]}}` and render)",
         f"{src}: service c: {RTX} (index 1, 00000000:3B:00.0, NVIDIA GeForce RTX 4090) is also given to service "
-        "a, b: both would run on one card. HINT: give each service its own card by UUID (`hostagent compose "
-        "render` places them), or mark every service that shares it `x-gpupin: {share: true}` / label "
-        "gpupin.shared=true",
+        f"a, b: both would run on one card. HINT: {share}",
     ]
     r = hostagent("compose", "check", str(src), "--json")
     problems = json.loads(r.stdout)
-    assert r.returncode == 64 and [(p["service"], p["severity"]) for p in problems] == [
-        ("b", "error"), ("c", "error"), ("c", "error")]
-    assert set(problems[0]) == {"service", "problem", "hint", "severity"}
+    assert r.returncode == 64 and [(p["service"], p["severity"], p["render_fixes"]) for p in problems] == [
+        ("b", "error", False), ("c", "error", True), ("c", "error", False)]
+    assert set(problems[0]) == {"service", "problem", "hint", "severity", "render_fixes"}
 
 
 # --- on the sandbox: docker-compose runs the rendered files ---------------------------------------------------
@@ -567,6 +844,25 @@ def test_the_wrong_way_puts_both_services_on_one_card_and_check_refuses_it(
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize(("text", "v1_accepts"), [
+    ("services:\n  a:\n    image: i\n    image: j\n", True),  # docker-compose 1.x keeps the last one
+    ("x-a: &a {image: i}\nx-b: &b {command: c}\nservices:\n  s:\n    <<: *a\n    <<: *b\n", True),
+    ("services:\n  123:\n    image: i\n", False),
+    ("services:\n  'a b':\n    image: i\n", False),
+], ids=["duplicate-key", "duplicate-merge-key", "unquoted-number-name", "name-with-a-space"])
+def test_files_compose_refuses_are_refused_and_duplicate_keys_as_compose_v2_does(
+        mixed4_sandbox: Sandbox, tmp_path: Path, text: str, v1_accepts: bool) -> None:
+    """Measured against each engine's own compose: what hostagent refuses, compose v2 refuses too; docker-compose
+    1.29 takes duplicate keys silently (the last one wins), which is why hostagent follows v2 there."""
+    src = tmp_path / "f.yml"
+    src.write_text(text)
+    assert hostagent("compose", "check", str(src), docker_host=mixed4_sandbox.host).returncode == 64
+    r = mixed4_sandbox.compose("-f", str(src), "config")
+    accepted = v1_accepts and mixed4_sandbox.engine == "20.10"
+    assert (r.returncode == 0) is accepted, r
+
+
+@pytest.mark.docker
 def test_render_and_check_see_the_cards_running_pinned_containers_hold(
         mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
     sb = mixed4_sandbox
@@ -587,6 +883,18 @@ def test_render_and_check_see_the_cards_running_pinned_containers_hold(
         counted.write_text("services:\n  a:\n    image: i\n    x-gpupin: {count: 3}\n")
         r = hostagent("compose", "render", str(counted), docker_host=sb.host)
         assert r.returncode == 0, r
-        assert devices(load(r.stdout)["services"]["a"])[0]["device_ids"] == [A800, A800C, A800B]
+        assert devices(parse(r.stdout)["services"]["a"])[0]["device_ids"] == [A800, A800C, A800B]
     finally:
         sb.docker("rm", "-f", name)
+
+
+def test_every_package_folder_is_in_the_distribution() -> None:
+    """setuptools installs only the packages listed: a subpackage left out (hostagent/compose/) would be missing
+    from `pip install gpupin[host]`, though the editable install finds it."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {f"gpupin.{p.parent.relative_to(REPO).as_posix().replace('/', '.')}"
+               for top in ("entrypoint", "hostagent") for p in (REPO / top).rglob("__init__.py")}
+    assert folders == set(config["packages"])
+    assert all((REPO / config["package-dir"][p]).is_dir() for p in config["packages"])

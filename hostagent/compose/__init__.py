@@ -1,0 +1,68 @@
+"""`hostagent compose render|check`: compose services pinned to physical GPUs by UUID, and the files that are not.
+
+A service asks for cards with the extension key `x-gpupin` (the compose spec lets `x-` keys be anywhere):
+
+    x-gpupin:
+      gpus: [GPU-95c6, 3]     # any `hostagent run --gpu` SPEC; list order = local-rank order (cuda:0 first)
+      # or: count: 2          # N free cards, best first (most free memory, least load)
+      share: true             # optional: may share its cards with other services or running pinned containers
+      verify: cuda            # optional: GPUPIN_VERIFY for the entrypoint (nvml, cuda, torch)
+
+or with the standard `deploy.resources.reservations.devices` (`device_ids` or `count`), or the legacy
+`runtime: nvidia` with NVIDIA_VISIBLE_DEVICES. `render` resolves every request against this host's cards (NVML)
+and the ledger (running containers) and writes a plain compose file pinned by UUID (hostagent.pin); `check`
+reports what would land a job on the wrong card or double-book one. Both run the same rules.
+
+The modules, in the order a file goes through them:
+    load      bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
+    request   what one service asks for: one reader per form (x-gpupin, deploy devices, runtime: nvidia)
+    rules     every check, each written once; `examine` runs them all (and placement) for both commands
+    place     the booking rule and the placement of counts on free cards
+    render    the rules + placement + the pin, written into a copy of the document
+    command   the two CLI adapters: NVML, the ledger, `-o`
+    problems  the one Problem type both commands print, one line each
+
+Exit codes (DESIGN.md): 64 a malformed file or a request that cannot mean one card (unknown, ambiguous, a card
+given to two services, more cards than the host has, replicas > 1, hand-set pin variables), or a bad `-o`; 75 a
+render that cannot place a service only because running containers hold the cards it needs (they are named); 69
+NVML unusable. `check` exits 64 when it finds an error, else 0 (warnings alone do not fail it).
+"""
+
+from __future__ import annotations
+
+# The --help texts (hostagent.cli builds its parser with them; importing this package loads nothing else).
+RENDER_DESCRIPTION = """\
+Write FILE as a standard compose file in which every service that asks for GPUs (x-gpupin, a deploy
+device request, or runtime: nvidia with NVIDIA_VISIBLE_DEVICES) is pinned to physical cards by UUID:
+the device request, NVIDIA_VISIBLE_DEVICES, GPUPIN_EXPECT (proved inside the container by
+gpupin-entrypoint) and the ledger labels. Counts go to the best free cards; cards that running
+containers hold are not given, unless shared. A problem the rendered file would still have is
+refused, one line each, and nothing is written: the same lines `hostagent compose check` prints."""
+RENDER_EPILOG = """\
+-o OUT is written all at once (a temporary file beside it, then renamed over it); OUT may not be a
+directory or FILE itself. Without -o (or with -o -) the file goes to stdout.
+
+exit: 0 written; 64 a malformed file, a request this host cannot meet, or a bad -o; 69 NVML unusable;
+75 running containers hold the cards it needs (they are named)."""
+CHECK_DESCRIPTION = """\
+Report what would land a job on the wrong card or double-book one, as docker compose would run FILE
+(an index, a count on the first cards, a UUID prefix the runtime refuses) and as render would pin it
+(unknown or ambiguous cards, a card given twice, replicas, hand-set pin variables that disagree).
+One line per problem: FILE: service NAME: what. HINT: what to do."""
+CHECK_EPILOG = """\
+--json prints a list of {service, problem, hint, severity, render_fixes}; render_fixes marks a
+problem of the file as written that `hostagent compose render` removes.
+
+exit: 0 no error (warnings may be printed); 64 an error; 69 NVML unusable."""
+
+
+def render_command(file: str, output: str | None) -> int:
+    from gpupin.hostagent.compose.command import render_command
+
+    return render_command(file, output)
+
+
+def check_command(file: str, as_json: bool) -> int:
+    from gpupin.hostagent.compose.command import check_command
+
+    return check_command(file, as_json)

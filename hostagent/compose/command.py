@@ -1,0 +1,216 @@
+"""The two commands, `hostagent compose render FILE [-o OUT]` and `hostagent compose check FILE [--json]`: thin
+adapters from the command line to the rules, and where the cards (NVML), the ledger (Docker) and the output
+file come from.
+
+`-o OUT` is checked before anything is read (not a directory, its directory exists and is writable, not the file
+being rendered), and written all at once: a temporary file beside it, renamed over it, so that a refused or
+interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as DESIGN.md
+gives hostagent's codes (64, 69, 75) and every other bad argument gets it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+
+from gpupin.entrypoint.errors import EX_USAGE, UsageError
+from gpupin.hostagent.compose import load
+from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
+from gpupin.hostagent.compose.render import header, render
+from gpupin.hostagent.compose.rules import Examination, examine
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
+
+    from gpupin.entrypoint.nvml import Card
+    from gpupin.hostagent.ledger import Holder
+
+_COMPOSE_PROJECT = "com.docker.compose.project"
+_COMPOSE_SERVICE = "com.docker.compose.service"
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"hostagent: {msg}\n")
+
+
+# --- the cards and the ledger, minus this project's own containers --------------------------------------------
+
+def project_names(doc: Any, paths: Iterable[str], environ: Mapping[str, str]) -> set[str]:
+    """The compose project names this file may run under (COMPOSE_PROJECT_NAME, `name:`, its directory)."""
+    names: set[str] = set()
+    if environ.get("COMPOSE_PROJECT_NAME"):
+        names.add(environ["COMPOSE_PROJECT_NAME"])
+    if isinstance(doc, dict) and isinstance(doc.get("name"), str):
+        names.add(doc["name"])
+    for path in paths:
+        base = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        names.add(re.sub(r"[^-_a-z0-9]", "", base.lower()))
+    return {n for n in names if n}
+
+
+def own_container_ids(summaries: Iterable[Mapping[str, Any]], projects: set[str], names: set[str]) -> set[str]:
+    """Containers of this very project and its services: re-rendering or checking a running project is not
+    a conflict with itself."""
+    out: set[str] = set()
+    for s in summaries:
+        labels = s.get("Labels") or {}
+        if labels.get(_COMPOSE_PROJECT) in projects and labels.get(_COMPOSE_SERVICE) in names:
+            out.add(str(s["Id"]))
+    return out
+
+
+def read_busy(cards: Sequence[Card], projects: set[str], service_names: set[str]) -> dict[str, list[Holder]]:
+    """The ledger (card UUID -> running holders), without this project's containers; when Docker cannot be
+    reached, say so and count every card as free."""
+    from gpupin.hostagent import engine, ledger
+
+    try:
+        api = engine.connect(timeout=10)
+        holders = engine.read_holders(api, cards)
+        own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects,
+                                service_names)
+    except Exception as err:
+        _say(f"warning: the ledger was not read (Docker at {engine.docker_host()}: {getattr(err, 'message', err)}): "
+             "cards held by running containers are not taken into account")
+        return {}
+    return ledger.held(h for h in holders if h.id not in own)
+
+
+def _host(doc: Any, paths: Sequence[str]) -> tuple[list[Card], dict[str, list[Holder]]]:
+    from gpupin.entrypoint import nvml
+
+    cards = nvml.list_cards(detail=True, mig=True, tolerate_lost=True)
+    svcs = doc.get("services") if isinstance(doc, dict) else None
+    names = {str(k) for k in svcs} if isinstance(svcs, dict) else set()
+    return cards, read_busy(cards, project_names(doc, paths, os.environ), names)
+
+
+# --- the output file ------------------------------------------------------------------------------------------
+
+def output_path(output: str | None, source: str) -> str | None:
+    """Where `-o` writes (links followed), None for stdout; UsageError (64) for a target it cannot or must not
+    write, before anything else is done."""
+    if output is None or output == "-":
+        return None
+    shown = printable(output)
+    if not output:
+        raise UsageError("-o '' names no file", "give a file name, or leave -o out to write to stdout")
+    if os.path.isdir(output):
+        raise UsageError(f"-o {shown} is a directory", f"name the file to write, e.g. -o {shown.rstrip('/')}/"
+                         "pinned.yml")
+    if (os.path.exists(source) and os.path.exists(output) and os.path.samefile(source, output)) or \
+            os.path.abspath(output) == os.path.abspath(source):
+        raise UsageError(f"-o {shown} is the file being rendered: the rendered file replaces each request "
+                         "(x-gpupin, an index, a count) with the cards picked today, so the source is kept",
+                         "write it beside the source, e.g. -o NAME.pinned.yml")
+    real = os.path.realpath(output)
+    if os.path.exists(real) and not os.path.isfile(real):  # a device or a pipe: written in place, as `>` does
+        if not os.access(real, os.W_OK):
+            raise UsageError(f"-o {shown} is not writable by this user", "write elsewhere")
+        return real
+    directory = os.path.dirname(real)
+    if not os.path.isdir(directory):
+        raise UsageError(f"-o {shown}: the directory {printable(directory)} does not exist",
+                         "create it first, or write elsewhere")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"-o {shown}: the directory {printable(directory)} is not writable by this user",
+                         "write elsewhere")
+    return real
+
+
+def write_output(path: str, text: str, shown: str) -> None:
+    """All or nothing: a temporary file in the target's directory, renamed over it (the mode of a file it
+    replaces is kept; a new one gets 0666 less the umask, as the shell's `>` gives)."""
+    data = text.encode("utf-8")
+    try:
+        if os.path.exists(path) and not os.path.isfile(path):
+            with open(path, "wb") as fh:
+                fh.write(data)
+            return
+        if os.path.exists(path):
+            mode = os.stat(path).st_mode & 0o7777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        fd, tmp = tempfile.mkstemp(prefix=".gpupin-render-", suffix=".tmp", dir=os.path.dirname(path))
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                os.fchmod(fh.fileno(), mode)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as err:
+        raise UsageError(f"-o {shown}: cannot write it: {err.strerror or err}", "write elsewhere") from None
+
+
+def _stdout(text: str) -> None:
+    """The rendered file is UTF-8 whatever the locale says (it is a compose file, not a message)."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        sys.stdout.flush()
+        out.write(text.encode("utf-8"))
+        out.flush()
+    except BrokenPipeError:  # `render FILE | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+# --- the commands ---------------------------------------------------------------------------------------------
+
+def render_command(file: str, output: str | None) -> int:
+    """`hostagent compose render FILE [-o OUT]`: 0 and the pinned file; 64/75/69 with one line per problem."""
+    target = output_path(output, file)
+    name = printable(file)
+    try:
+        doc = load.load(file)
+    except ServiceError as err:
+        _say(f"ERROR: {err.problem().line(name)}")
+        return err.exit_code
+    cards, busy = _host(doc, [file] + ([output] if output else []))
+    try:
+        rendered, exam = render(doc, cards, busy)
+    except RenderRefused as refused:
+        for p in refused.problems:
+            _say(f"ERROR: {p.line(name)}")
+        return refused.exit_code
+    if not exam.requests:
+        _say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
+    text = header(file, exam) + load.dump(rendered)
+    if target is None:
+        _stdout(text)
+        return 0
+    assert output is not None
+    write_output(target, text, printable(output))
+    if os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
+        _say(f"note: compose resolves relative paths (build, volumes, env_file) against {printable(output)}'s "
+             "directory; write it beside the source, or run compose with --project-directory")
+    return 0
+
+
+def check_command(file: str, as_json: bool) -> int:
+    """`hostagent compose check FILE [--json]`: 0 when clean (warnings allowed), 64 with one line per problem."""
+    name = printable(file)
+    try:
+        doc = load.load(file)
+    except ServiceError as err:
+        exam = Examination([err.problem()])
+    else:
+        exam = examine(doc, *_host(doc, [file]))
+    if as_json:
+        sys.stdout.write(json.dumps([p.to_dict() for p in exam.problems], indent=2) + "\n")
+    else:
+        for p in exam.problems:
+            sys.stdout.write(p.line(name) + "\n")
+        if exam.ok:
+            sys.stdout.write(exam.summary() + "\n")
+    return 0 if exam.ok else EX_USAGE

@@ -1,0 +1,306 @@
+"""Every rule about a compose file's GPUs, each written once; `examine` runs them all for `check` and `render`.
+
+`check` reports what `examine` finds; `render` refuses on exactly the errors among them that the rendered file
+would still have (`Problem.refuses_render`), with the same lines. The rest are problems of the file as written,
+which docker compose would act on if it ran the file unrendered (a count lands on the first cards by index, an
+index names another card after a hot-plug, the runtime refuses a UUID prefix), and which render fixes by pinning.
+
+The rules, per service: the request is well-formed (hostagent.compose.request); replicas <= 1; the variables and
+labels the pin owns (GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, gpupin.devices, gpupin.shared) are not set beside
+`x-gpupin` or a count, and agree with the cards where a standard form names them; each spec names one card that
+can be handed out, once. Across services (hostagent.compose.place): no card is given twice or held by a running
+container unless shared, and every count finds enough free cards.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpupin.entrypoint.errors import GpupinError
+from gpupin.entrypoint.expectation import EXPECT_VAR, parse_expect
+from gpupin.entrypoint.identity import is_full_uuid, match_uuid
+from gpupin.entrypoint.resolve import BUS_ID, INDEX, UUID, Target, form
+from gpupin.entrypoint.sources import NVD_VAR
+from gpupin.hostagent import gpus
+from gpupin.hostagent.compose.place import Assignment, bookings, describe, place
+from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, shown
+from gpupin.hostagent.compose.request import ALL, KEY, GpuRequest, env_entries, gpu_request, label_entries, replicas
+from gpupin.hostagent.pin import LABEL, OWNED_LABELS, OWNED_VARS, SHARED_LABEL, VERIFY_VAR
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from gpupin.entrypoint.nvml import Card
+    from gpupin.hostagent.ledger import Holder
+
+# The service names compose accepts (the compose specification's and docker-compose 1.29's pattern).
+SERVICE_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+_RENDER = "`hostagent compose render`"
+
+
+class Examination:
+    """What `examine` found: the problems, the requests, and the cards each service gets (the plan)."""
+
+    def __init__(self, problems: Sequence[Problem], requests: Sequence[GpuRequest] = (),
+                 plan: Mapping[str, Sequence[Target]] | None = None, named: int = 0, counted: int = 0) -> None:
+        self.problems = list(problems)
+        self.requests = list(requests)
+        self.plan = {k: list(v) for k, v in (plan or {}).items()}
+        self.named = named  # distinct cards the file names
+        self.counted = counted  # cards asked for by count, which render places
+
+    @property
+    def ok(self) -> bool:
+        """`check` passes: no error (warnings allowed)."""
+        return not any(p.severity == ERROR for p in self.problems)
+
+    @property
+    def refusals(self) -> list[Problem]:
+        """What `render` refuses on."""
+        return [p for p in self.problems if p.refuses_render]
+
+    def summary(self) -> str:
+        line = f"ok: {len(self.requests)} service(s) with GPUs, {self.named} card(s) pinned"
+        if self.counted:
+            line += f", {self.counted} more to be placed by {_RENDER} (count)"
+        warnings = sum(p.severity == WARNING for p in self.problems)
+        return line + (f" ({warnings} warning(s))" if warnings else "")
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "text", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__)
+
+
+def services(doc: Any) -> dict[str, Any]:
+    """The `services` mapping of a compose document, or ServiceError(None, ...)."""
+    if not isinstance(doc, dict):
+        raise ServiceError(None, "it is not a compose file (its top level is not a mapping)",
+                           "a compose file is a mapping with a `services:` key")
+    svcs = doc.get("services")
+    fix = "list the services under `services:`, each a mapping with `image:` and the rest"
+    if svcs is None:
+        raise ServiceError(None, "it has no `services:`", fix)
+    if not isinstance(svcs, dict):
+        raise ServiceError(None, f"`services` is {_kind(svcs)}, not a mapping", fix)
+    if not svcs:
+        raise ServiceError(None, "`services:` is empty", fix)
+    return svcs
+
+
+def name_problems(svcs: Mapping[Any, Any]) -> list[Problem]:
+    """Service names compose would refuse, one problem each (a name is a key: a string in compose's pattern)."""
+    problems: list[Problem] = []
+    for name in svcs:
+        if name is None:
+            problems.append(Problem(None, "a service has no name (its key is empty or null)", "give it a name"))
+        elif not isinstance(name, str):
+            problems.append(Problem(None, f"the service name {shown(name)} is not a string (YAML reads it as "
+                                    f"{_kind(name)})", f"quote it: '{shown(name, 40)}'"))
+        elif not SERVICE_NAME.fullmatch(name):
+            problems.append(Problem(None, f"the service name {shown(name)} has characters compose does not allow",
+                                    "use letters, digits, '.', '_' and '-'"))
+    return problems
+
+
+# --- one service ------------------------------------------------------------------------------------------------
+
+def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target], list[Problem], bool]:
+    """The cards a request names, in its order; the problems; whether every spec named a card that can be given.
+
+    A standard form is also read as the NVIDIA runtime reads it as written: an index names another card after a
+    hot-plug, a UUID prefix or a bus id without its domain is refused by the runtime (render writes full UUIDs)."""
+    problems: list[Problem] = []
+    good: list[str] = []
+    for spec in req.specs:
+        try:
+            target = gpus.resolve_spec(spec, cards)
+        except GpupinError as err:
+            problems.append(Problem(req.service, err.message, err.hint, exit_code=err.exit_code))
+            continue
+        good.append(spec)
+        if not req.form.standard:
+            continue
+        what, refused = f"{req.form.spec_name} {spec}", "which the NVIDIA container runtime does not accept"
+        fix = f"write the card's UUID {target.uuid}, or let {_RENDER} pin it"
+        written = form(spec)
+        if written == INDEX:
+            problems.append(Problem(req.service, f"{what} is an NVML index: today it is {describe(target)}, but "
+                                    "indices follow PCI bus order and name another card after a card is added, "
+                                    "removed or lost", f"pin it by UUID: {req.form.by_uuid(target.uuid)} (or "
+                                    f"`{KEY}: {{gpus: [{target.uuid}]}}` and render)", render_fixes=True))
+        elif written == UUID and not is_full_uuid(spec.strip()):
+            problems.append(Problem(req.service, f"{what} is a UUID prefix, {refused}", fix, render_fixes=True))
+        elif written == BUS_ID and spec.count(":") < 2:
+            problems.append(Problem(req.service, f"{what} is a bus id without its PCI domain, {refused}", fix,
+                                    render_fixes=True))
+    try:
+        targets = gpus.resolve_specs(good, cards)  # the resolver's own rule: a card asked for twice
+    except GpupinError as err:
+        problems.append(Problem(req.service, err.message, err.hint, exit_code=err.exit_code))
+        return [], problems, False
+    return targets, problems, len(good) == len(req.specs)
+
+
+def every_card(cards: Sequence[Card]) -> list[Target]:
+    """`count: all`: every whole card that can be handed out, in NVML order (as Docker gives them)."""
+    return [Target(c) for c in cards if c.error is None and c.uuid and not c.mig_mode]
+
+
+def owned_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[str, str]) -> list[Problem]:
+    """The pin's variables and labels beside `x-gpupin` or a count, where no one can know the cards by hand."""
+    if req.form.standard and req.count is not None and req.count != ALL:
+        beside = f"beside a {req.describe_count()}, which names no card"
+        owned_vars: Sequence[str] = OWNED_VARS
+        owned_labels: Sequence[str] = (LABEL,)
+        fix = f"name the cards in device_ids, or remove it and let {_RENDER} write it"
+    elif not req.form.standard:
+        beside = f"beside `{KEY}`"
+        owned_vars, owned_labels = OWNED_VARS, OWNED_LABELS
+        fix = "remove it: render writes it from the cards it pins"
+    else:
+        return []
+    problems = [Problem(req.service, f"environment sets {var} by hand {beside}", fix)
+                for var in owned_vars if var in env]
+    for label in owned_labels:
+        if label in labels:
+            hint = f"say it in `{KEY}` (share: true or false)" if label == SHARED_LABEL else \
+                f"{fix} (it is the ledger)"
+            problems.append(Problem(req.service, f"sets the label {label} by hand {beside}", hint))
+    if req.verify is not None and env.get(VERIFY_VAR) not in (None, req.verify):
+        problems.append(Problem(req.service, f"environment sets {VERIFY_VAR}={shown(env[VERIFY_VAR])} but "
+                                f"{KEY}.verify is {req.verify}",
+                                f"keep one: {KEY}.verify (render writes {VERIFY_VAR} from it)"))
+    return problems
+
+
+def _expectation(req: GpuRequest, value: str, targets: list[Target], cards: Sequence[Card]
+                 ) -> tuple[list[Target], list[Problem]]:
+    """A hand-set GPUPIN_EXPECT beside named cards: the same cards at their bus ids, in the order it gives (its
+    order is the local-rank order, so render keeps it)."""
+    fix = f"let {_RENDER} write it, or list exactly the service's cards: {EXPECT_VAR}=" + \
+          ",".join(t.expect_entry() for t in targets)
+    try:
+        expectation = parse_expect(value)
+    except GpupinError as err:
+        return targets, [Problem(req.service, err.message, fix)]
+    uuids = [c.uuid for c in cards if c.uuid] + [m.uuid for c in cards for m in c.mig_devices]
+    named: list[str] = []
+    problems: list[Problem] = []
+    for e in expectation.cards:
+        try:
+            uuid = match_uuid(e.uuid, uuids)
+        except GpupinError as err:
+            problems.append(Problem(req.service, f"{EXPECT_VAR} names {e.uuid}: {err.message}", fix))
+            continue
+        named.append(uuid)
+        at = gpus.resolve_spec(uuid, cards).bus_id
+        if e.bus_id is not None and e.bus_id != at:
+            problems.append(Problem(req.service, f"{EXPECT_VAR} puts {uuid} at {e.bus_id}, but it is at {at}: "
+                                    "the entrypoint will refuse to start (78)", fix))
+    if not problems and sorted(named) != sorted(t.uuid for t in targets):
+        problems.append(Problem(
+            req.service, f"{EXPECT_VAR} names {', '.join(named)} but the service is given "
+            f"{', '.join(t.uuid for t in targets) or 'no card'}: the entrypoint will refuse to start (78)", fix))
+    if problems:
+        return targets, problems
+    by_uuid = {t.uuid: t for t in targets}
+    return [by_uuid[u] for u in named], []
+
+
+def agreement_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[str, str],
+                    targets: list[Target], cards: Sequence[Card]) -> tuple[list[Target], list[Problem]]:
+    """Where a standard form names its cards, what else names them by hand must name the same ones: two statements
+    of which cards a service runs on, of which at most one can be right. Returns the cards in local-rank order."""
+    if not req.form.standard or (req.count is not None and req.count != ALL):
+        return targets, []
+    problems: list[Problem] = []
+    want = ",".join(t.uuid for t in targets)
+    expect = env.get(EXPECT_VAR)
+    if expect is not None:
+        targets, problems = _expectation(req, expect, targets, cards)
+    ledger = labels.get(LABEL)
+    if ledger is not None and {u.strip() for u in ledger.split(",") if u.strip()} != {t.uuid for t in targets}:
+        problems.append(Problem(
+            req.service, f"the label {LABEL}={shown(ledger)} is not the cards the service is given, so the ledger "
+            "would be wrong about who holds which card", f"let {_RENDER} write it, or make it {want}"))
+    nvd = env.get(NVD_VAR)
+    if nvd is not None and req.form.env_var != NVD_VAR:  # the runtime form's NVIDIA_VISIBLE_DEVICES is its request
+        try:
+            named = {gpus.resolve_spec(s.strip(), cards).uuid for s in nvd.split(",") if s.strip()}
+        except GpupinError:
+            named = set()
+        if named != {t.uuid for t in targets}:
+            problems.append(Problem(req.service, f"environment sets {NVD_VAR}={shown(nvd)}, which disagrees with "
+                                    "the device request", f"remove it ({_RENDER} writes it), or make it {want}"))
+    return targets, problems
+
+
+def _not_a_pin(req: GpuRequest, given: Sequence[Target]) -> Problem:
+    first = ", ".join(f"{t.card.index} = {t.uuid}" for t in given)
+    n = len(given) if req.count == ALL else req.count
+    return Problem(req.service, f"{req.describe_count()} is not a pin: Docker gives the first {n} card(s) by index "
+                   f"({first}), whoever holds them, and nothing checks it inside the container",
+                   f"name the cards: `{KEY}: {{gpus: [...]}}` or `{KEY}: {{count: {max(n or 1, 1)}}}`, then {_RENDER}",
+                   WARNING, render_fixes=True)
+
+
+# --- the whole file ---------------------------------------------------------------------------------------------
+
+def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]]) -> Examination:
+    """Every problem with a compose file's GPUs on this host, and the cards render gives each service; pure over
+    the cards and the ledger (card UUID -> the running containers that hold it)."""
+    try:
+        svcs = services(doc)
+    except ServiceError as err:
+        return Examination([err.problem()])
+    names = name_problems(svcs)
+    if names:
+        return Examination(names)
+    problems: list[Problem] = []
+    requests: list[GpuRequest] = []
+    named: list[Assignment] = []
+    counted: list[GpuRequest] = []
+    as_written: list[Assignment] = []
+    for name, svc in svcs.items():
+        try:
+            req = gpu_request(name, svc)
+            if req is None:
+                continue
+            requests.append(req)
+            env, labels = env_entries(svc, name), label_entries(svc, name)
+            n = replicas(svc, name)
+        except ServiceError as err:
+            problems.append(err.problem())
+            continue
+        if n > 1:
+            problems.append(Problem(name, f"asks for {n} replicas of a pinned service: every replica would get the "
+                                    "same cards", "make one service per replica, each with its own cards"))
+        problems.extend(owned_rules(req, env, labels))
+        if req.count is None or req.count == ALL:
+            if req.count is None:
+                targets, found, complete = resolve_named(req, cards)
+                problems.extend(found)
+            else:
+                targets, complete = every_card(cards), True
+                problems.append(_not_a_pin(req, targets))
+            if complete:
+                targets, found = agreement_rules(req, env, labels, targets, cards)
+                problems.extend(found)
+                named.append(Assignment(req, targets))
+            continue
+        counted.append(req)
+        if req.form.standard:  # as written, Docker gives a count the first cards by index
+            given = every_card(cards)[:req.count]
+            problems.append(_not_a_pin(req, given))
+            as_written.append(Assignment(req, given, as_written=True))
+    plan, placing = place(named, counted, cards, busy)
+    problems.extend(placing)
+    order = {name: i for i, name in enumerate(svcs)}
+    written = sorted([*named, *as_written], key=lambda a: order[a.req.service])
+    problems.extend(p for p in bookings(written, busy) if p.render_fixes)  # the rest came from place()
+    problems.sort(key=lambda p: order.get(p.service, -1) if p.service is not None else -1)
+    return Examination(problems, requests, plan, len({t.uuid for a in named for t in a.targets}),
+                       sum(r.count or 0 for r in counted))
