@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpupin.hostagent.compose import command, load
 from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError
@@ -759,7 +760,11 @@ _project_ids = itertools.count()
 
 
 class ComposeRun:
-    """One compose project on the sandbox, under a name of its own; `down` removes what it created."""
+    """One compose project on the sandbox, under a name of its own; `down` removes what it created.
+
+    Every service runs with `network_mode: none` (an override file beside the one under test, which stays as
+    rendered): otherwise compose creates a bridge network, and with it an interface and addresses in the host's
+    network namespace, which tests never do."""
 
     def __init__(self, sandbox: Sandbox, file: Path) -> None:
         if not os.path.exists(sandbox.compose_cli[0]):
@@ -769,9 +774,14 @@ class ComposeRun:
         self.sandbox = sandbox
         self.file = file
         self.project = f"gpupintest{os.getpid()}x{next(_project_ids)}"
+        services = yaml.safe_load(file.read_text()).get("services") or {}
+        self.no_network = file.with_name(file.stem + ".no-network.yml")
+        self.no_network.write_text(yaml.safe_dump({"services": {
+            name: {"network_mode": "none"} for name in services}}))
 
     def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return self.sandbox.compose("-p", self.project, "-f", str(self.file), *args, timeout=timeout)
+        return self.sandbox.compose("-p", self.project, "-f", str(self.file), "-f", str(self.no_network), *args,
+                                    timeout=timeout)
 
     def up(self) -> None:
         r = self.compose("up", "--no-color")  # attached: returns when every service has exited
