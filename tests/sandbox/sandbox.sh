@@ -33,6 +33,9 @@ CTRD_PID=$RUN/containerd.pid
 BASE_IMAGE=gpupin-base:bookworm
 TOPOLOGY=$(realpath "${FAKEGPU_TOPOLOGY:-$REPO/tests/fakegpu/scenarios/mixed-4.json}")
 HOOK=$REPO/build/fakegpu/bin/nvidia-container-runtime-hook
+# The fake nvidia-container-runtime registered as `nvidia`, as `nvidia-ctk runtime configure` registers the real
+# one: `--runtime nvidia` containers (NVIDIA_VISIBLE_DEVICES, --privileged) behave as on a toolkit host.
+DAEMON_JSON="{\"runtimes\": {\"nvidia\": {\"path\": \"$REPO/build/fakegpu/bin/nvidia-container-runtime\"}}}"
 # The Debian client matches the 20.10 daemon; a newer client elsewhere on PATH would still work, but this one
 # is what the tests and the benchmark compare against.
 DOCKER=/usr/bin/docker
@@ -42,7 +45,10 @@ dk() { "$DOCKER" -H "unix://$SOCK" "$@"; }
 
 [ "$(id -u)" = 0 ] || die "the sandboxed daemon needs root (as dockerd does)"
 
-config_line() { printf '%s %s %s\n' "$REPO" "$TOPOLOGY" "$(sha256sum <"$TOPOLOGY" | cut -c1-16)"; }
+config_line() {
+    printf '%s %s %s %s\n' "$REPO" "$TOPOLOGY" "$(sha256sum <"$TOPOLOGY" | cut -c1-16)" \
+        "$(printf %s "$DAEMON_JSON" | sha256sum | cut -c1-8)"
+}
 
 do_down() {
     if alive "$DOCKERD_PID" && [ -S "$SOCK" ]; then
@@ -68,7 +74,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
   address = "$CTRD_SOCK"
 EOF
-    echo '{}' >"$RUN/daemon.json"
+    printf '%s\n' "$DAEMON_JSON" >"$RUN/daemon.json"
     # dockerd's environment is the hook's environment (Docker passes os.Environ() to the prestart hook).
     local envs=(env -i "PATH=$REPO/build/fakegpu/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
                 "FAKEGPU_TOPOLOGY=$TOPOLOGY" "FAKEGPU_HOOK_LOG=$RUN/hook.log" "HOME=/root")
