@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import random
+import re
 import stat
 import sys
 import threading
@@ -92,7 +92,8 @@ class LocalLock:
     """An flock on `<private dir>/gpupin-ledger-<key>.lock`; the kernel drops it when its holder dies."""
 
     def __init__(self, key: str) -> None:
-        self.name = f"gpupin-ledger-{hashlib.sha256(key.encode()).hexdigest()[:16]}.lock"
+        # The key as it is, made a file name (no hashlib: 2 ms of import on the run path): readable in `ls`.
+        self.name = "gpupin-ledger-" + re.sub(r"[^A-Za-z0-9.]+", "-", key)[:160] + ".lock"
         self._fd: int | None = None
 
     def _open(self) -> int | None:
