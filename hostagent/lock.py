@@ -219,12 +219,13 @@ class DaemonLock:
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.1)
 
-    def release(self) -> None:
+    def release(self, api: Any = None) -> None:
+        """Remove the lock by its ID (through `api` when given: a client of the releasing thread's own)."""
         lock_id, self.id = self.id, None
         if lock_id is None:
             return
         try:
-            self.api.remove_container(lock_id, force=True, v=True)
+            (api or self.api).remove_container(lock_id, force=True, v=True)
         except Exception as err:
             if not engine.is_not_found(err):  # 404: broken by another, after this client's lease
                 _say(f"could not remove the ledger lock {lock_id[:12]} ({engine.failure(err, 'remove').message}): "
@@ -253,7 +254,7 @@ class LedgerLock:
         try:
             self.daemon.acquire(deadline)
         except BaseException:
-            self.local.release()
+            self._release()
             raise
         return self
 
@@ -270,13 +271,15 @@ class LedgerLock:
         makes it hold until it is started). Then let the lock go, in the background: the start need not wait."""
         if self.elapsed() > lease.LEASE_S:
             raise LeaseLost(f"the create ended {self.elapsed():.0f} s into a {lease.LEASE_S} s lease")
-        # Not a daemon thread: the interpreter waits for it at exit, so a detached run leaves no lock behind.
-        self._released = threading.Thread(target=self._release, name="hostagent-unlock")
+        # Not a daemon thread: the interpreter waits for it at exit, so a detached run leaves no lock behind. Its
+        # own client: the main thread goes on with attach and start on this one.
+        api = engine.connect(version=self.daemon.api.api_version)
+        self._released = threading.Thread(target=self._release, args=(api,), name="hostagent-unlock")
         self._released.start()
 
-    def _release(self) -> None:
+    def _release(self, api: Any = None) -> None:
         try:
-            self.daemon.release()
+            self.daemon.release(api)  # failures are said, not raised: the lease ends a lock left behind
         finally:
             self.local.release()
 

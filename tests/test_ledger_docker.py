@@ -74,8 +74,9 @@ FORMS: dict[str, tuple[list[str], str | None, str]] = {
     "device-file": (["--device", "{tmp}/nvidia2:/dev/nvidia2", *SLEEP], None, "--device {tmp}/nvidia2"),
     "restart-always-stopped": (["--restart", "always", "--gpus", "device=2", *SLEEP], "stop",
                                "stopped, restart=always"),
-    "unless-stopped-stopped": (["--restart", "unless-stopped", "--gpus", "device=2", *SLEEP], "stop",
-                               "stopped, restart=unless-stopped"),
+    # pinned (the ledger label, as hostagent writes it) or not, the same rule
+    "unless-stopped-stopped": (["--restart", "unless-stopped", "--label", f"gpupin.devices={A800B}", "--gpus",
+                                f"device={A800B}", *SLEEP], "stop", "stopped, restart=unless-stopped"),
     "on-failure-stopped": (["--restart", "on-failure:5", "--gpus", "device=2", *SLEEP], "stop",
                            "stopped, restart=on-failure"),
     # (it is running or restarting whenever it is looked at: both hold)
@@ -103,7 +104,7 @@ def test_each_holding_form_blocks_its_card_and_ls_shows_it(agent: Agent, form: s
     cards = listing(agent)
     holders = [h for h in cards[card]["holders"] if h["id"] == cid]
     assert cards[card]["held"] and len(holders) == 1 and holders[0]["holds"], cards[card]
-    assert says in holders[0]["describe"] and not holders[0]["pinned"]
+    assert says in holders[0]["describe"] and holders[0]["pinned"] == any("gpupin.devices" in a for a in args)
     free = [u for u, g in cards.items() if not g["held"]]
     assert free == ([A800C] if form == "gpus-count" else [A800, RTX, A800C])
     r = agent("run", "--rm", "--count", str(len(free)), TEST_IMAGE)  # what is free is still handed out
