@@ -14,7 +14,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -239,28 +238,7 @@ def _never_two_at_once(by_card: dict[str, list[tuple[float, float]]]) -> None:
 WORK = 'echo "$GPUPIN_EXPECT $(date +%s.%N) $(sleep {}; date +%s.%N)"'
 
 
-def test_32_concurrent_count_requests_never_share_a_card(agent: Agent) -> None:
-    def one(sleep: float, wait: bool) -> subprocess.CompletedProcess[str]:
-        args = ["run", "--rm", "--count", "1", *(["--wait"] if wait else []), TEST_IMAGE, "--quiet", "sh", "-c",
-                WORK.format(sleep)]
-        return agent(*args, timeout=600)
-
-    # Without --wait: the first four get a card each; the rest find every card held (the holders outlast them).
-    with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(lambda _: one(20, False), range(32)))
-    codes = sorted(r.returncode for r in results)
-    assert codes == [0] * 4 + [75] * 28, [r.stderr for r in results if r.returncode not in (0, 75)]
-    won = [r.stdout for r in results if r.returncode == 0]
-    assert sorted(_intervals(won)) == sorted([A800, RTX, A800B, A800C])
-    assert all("free" in r.stderr for r in results if r.returncode == 75)
-
-    # With --wait: all 32 run, in turn, and no card is ever held by two of them at once.
-    with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(lambda _: one(0.5, True), range(32)))
-    assert [r.returncode for r in results] == [0] * 32, [r.stderr for r in results if r.returncode]
-    by_card = _intervals([r.stdout for r in results])
-    assert sum(len(v) for v in by_card.values()) == 32
-    _never_two_at_once(by_card)
+# The concurrent runs (32 clients, three addresses of one daemon): tests/test_ledger_docker.py.
 
 
 # --- a hostagent killed mid-launch leaves no card held -------------------------------------------------------
