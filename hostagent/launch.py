@@ -236,8 +236,8 @@ def launch(req: RunRequest, environ: dict[str, str] | None = None) -> Launched |
     if req.dry_run:
         return _dry_run_spec(req, cards, picks, env)
     api = engine.connect()
-    ensure_image(api, req)
-    guard = lock.LedgerLock(api, req.image)
+    # The lock's create needs the image, so it checks it too: ensure_image (pull or 125) runs only when it is missing.
+    guard = lock.LedgerLock(api, req.image, missing_image=lambda: ensure_image(api, req))
     started = time.monotonic()
     said_waiting = False
     overruns = 0

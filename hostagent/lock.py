@@ -2,10 +2,11 @@
 address reached it, local or remote (DESIGN.md, "The ledger").
 
 The daemon arbitrates. Container names are unique per daemon and taken atomically, so the lock is a container
-named `gpupin-ledger-lock`: made from the image being run (it is there: the image was checked first), never
-started, signed with a lease (gpupin.hostagent.lease), and removed by its ID when done. A 409 on create means
-someone holds it. A holder that is a dead process of this host is broken at once; any other, once its lease is up
-by the daemon's clock. Breaking removes that very lock by ID, never by name, so it cannot remove a newer one.
+named `gpupin-ledger-lock`: made from the image being run (its create doubles as the check that the image is
+there; when it is not, the image is pulled or the run refused first), never started, signed with a lease
+(gpupin.hostagent.lease), and removed by its ID when done. A 409 on create means someone holds it. A holder that
+is a dead process of this host is broken at once; any other, once its lease is up by the daemon's clock.
+Breaking removes that very lock by ID, never by name, so it cannot remove a newer one.
 
 The local fast path: an flock per daemon and user, so that the clients of one machine queue in the kernel rather
 than polling the daemon. It lives only in a directory that this user alone can write (/run/gpupin for root,
@@ -37,6 +38,7 @@ from gpupin.hostagent.errors import CardHeldError, DockerRefusedError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 LOCK_NAME = "gpupin-ledger-lock"
@@ -47,6 +49,10 @@ CHECK_S = 0.5  # how often a waiting client looks at who holds the lock
 
 class LeaseLost(Exception):
     """This client ran past its lease inside the critical section: someone may have broken its lock."""
+
+
+class ImageMissing(Exception):
+    """The lock's create found no such image: the caller pulls it (or refuses the run), then takes the lock."""
 
 
 class LockBusyError(CardHeldError):
@@ -147,6 +153,7 @@ class DaemonLock:
     def __init__(self, api: Any, image: str) -> None:
         self.api = api
         self.image = image
+        self.image_checked = False  # True once the caller made sure that the image is there
         self.id: str | None = None
         self.sent = 0.0  # when this client sent the create that took it (time.monotonic)
 
@@ -161,6 +168,8 @@ class DaemonLock:
         except Exception as err:
             if engine.is_conflict(err):
                 return None
+            if engine.is_not_found(err) and not self.image_checked:
+                raise ImageMissing(self.image) from None
             if not engine.is_daemon_failure(err):
                 raise
             raise engine.failure(err, f"could not take the ledger lock ({LOCK_NAME}) from image {self.image}") \
@@ -238,25 +247,36 @@ class LedgerLock:
     """The local fast path, then the daemon's lock; `with` takes both and lets both go; `check` and `commit`
     keep this client inside its lease."""
 
-    def __init__(self, api: Any, image: str, wait_s: float = WAIT_S) -> None:
+    def __init__(self, api: Any, image: str, wait_s: float = WAIT_S,
+                 missing_image: Callable[[], None] | None = None) -> None:
         self.local = LocalLock(engine.endpoint().lock_key())
         self.daemon = DaemonLock(api, image)
         self.wait_s = wait_s
+        # The lock's create doubles as the check that the image is there (a round trip saved on every run); when
+        # it is not, this is called (pull it, or refuse) outside both locks, once.
+        self.missing_image = missing_image
+        self.daemon.image_checked = missing_image is None
         self._released: threading.Thread | None = None
 
     def __enter__(self) -> LedgerLock:
         if self._released is not None:
             self._released.join()
             self._released = None
-        deadline = time.monotonic() + self.wait_s
-        # Only a fast path: when it is not taken (unavailable, or a frozen holder), the daemon's lock alone decides.
-        self.local.acquire(timeout=min(self.wait_s, lease.LEASE_S))
-        try:
-            self.daemon.acquire(deadline)
-        except BaseException:
-            self._release()
-            raise
-        return self
+        while True:
+            deadline = time.monotonic() + self.wait_s
+            # Only a fast path: when it is not taken (unavailable, a frozen holder), the daemon's lock alone decides.
+            self.local.acquire(timeout=min(self.wait_s, lease.LEASE_S))
+            try:
+                self.daemon.acquire(deadline)
+                return self
+            except ImageMissing:
+                self._release()
+                assert self.missing_image is not None
+                self.missing_image()
+                self.daemon.image_checked = True
+            except BaseException:
+                self._release()
+                raise
 
     def elapsed(self) -> float:
         return time.monotonic() - self.daemon.sent
