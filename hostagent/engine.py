@@ -59,16 +59,10 @@ class Endpoint:
         return path if path.startswith("/") else "/" + path if path else "/var/run/docker.sock"
 
     def lock_key(self) -> str:
-        """One text per daemon for this machine's own lock: a unix socket by its inode, so that
-        unix:///var/run/docker.sock and unix:///run/docker.sock are one key."""
+        """One text per daemon for this machine's own lock: a unix socket by its real path (links resolved), so
+        that unix:///var/run/docker.sock and unix:///run/docker.sock are one key, and a daemon restart keeps it."""
         path = self.unix_path
-        if path is not None:
-            try:
-                st = os.stat(path)
-                return f"unix:{st.st_dev}:{st.st_ino}"
-            except OSError:
-                pass
-        return self.url.lower()
+        return "unix:" + os.path.realpath(path) if path is not None else self.url.lower()
 
 
 def _context_name(environ: Mapping[str, str]) -> str:
