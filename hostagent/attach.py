@@ -19,6 +19,7 @@ import sys
 import threading
 
 from gpupin.hostagent import engine
+from gpupin.hostagent.errors import DockerUnavailableError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -148,10 +149,14 @@ class Attachment:
                 self._resize()
             if self.req.interactive:
                 threading.Thread(target=self._pump_stdin, name="hostagent-stdin", daemon=True).start()
-            for stream, data in self._output():
-                fh = sys.stderr if stream == STDERR else sys.stdout
-                fh.buffer.write(data)
-                fh.flush()
+            try:
+                for stream, data in self._output():
+                    fh = sys.stderr if stream == STDERR else sys.stdout
+                    fh.buffer.write(data)
+                    fh.flush()
+            except Exception as err:  # the daemon dropped the stream: how it ended is asked below
+                if not engine.is_daemon_failure(err):
+                    raise
             while self._waiter.is_alive():
                 self._waiter.join(0.2)
         finally:
@@ -166,10 +171,12 @@ class Attachment:
         if code is None:
             try:
                 code = engine.connect(version=self.version).inspect_container(self.cid)["State"]["ExitCode"]
-            except Exception:
-                err_msg = (self.result.get("Error") or {}).get("Message", "unknown")
-                _say(f"could not learn how {self.cid[:12]} ended: {err_msg}")
-                code = 125
+            except Exception as err:
+                lost = (self.result.get("Error") or {}).get("Message") or str(err)
+                raise DockerUnavailableError(
+                    f"lost the Docker daemon at {engine.docker_host()} while following {self.cid[:12]}: {lost}",
+                    f"the container may still be running: `docker ps -a --filter id={self.cid[:12]}`, "
+                    "then `docker logs` or `docker wait` it") from None
         return int(code)
 
 

@@ -51,7 +51,8 @@ def choose_free(count: int, cards: Sequence[Card], held: Iterable[str]) -> list[
         raise GpuSpecError(f"--count {count}: ask for at least one card")
     usable = [c for c in cards if c.error is None and not c.mig_mode]
     if count > len(usable):
-        raise GpuSpecError(f"--count {count}: this host has only {len(usable)} whole card(s)", SPEC_HINT)
+        raise GpuSpecError(f"--count {count}: this host has only {len(usable)} whole card(s)",
+                           f"ask for at most {len(usable)} (`hostagent ls` lists them)")
     free = free_cards(cards, held)
     if len(free) < count:
         return None

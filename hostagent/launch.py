@@ -2,8 +2,8 @@
 
 Order matters for "nothing started or lost on refusal": the request, the GPUs and the image are checked before
 anything is created; a container that was created but could not be started is removed; a hostagent interrupted
-between create and start removes what it created (and one killed outright leaves a created, never-started
-container, which holds no card: see gpupin.hostagent.ledger).
+between create and start removes what it created. One killed outright leaves a created, never-started container
+whose lease is dead: it holds nothing, and the next run removes it (gpupin.hostagent.lease, .ledger, .lock).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import time
 
 from gpupin.entrypoint import nvml
 from gpupin.entrypoint.errors import UsageError
-from gpupin.hostagent import engine, gpus, image, ledger
+from gpupin.hostagent import engine, gpus, image, lease, ledger, lock
 from gpupin.hostagent.attach import Attachment
-from gpupin.hostagent.errors import CardHeldError
+from gpupin.hostagent.errors import CardHeldError, DockerUnavailableError
 from gpupin.hostagent.request import ContainerSpec, RunRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from gpupin.entrypoint.nvml import Card
@@ -55,39 +55,75 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
+def _keys(p: Target) -> list[str]:
+    """What holding the asked card means: the card or MIG device itself, its parent, or any of its MIG devices."""
+    return [p.uuid, *([p.card.uuid] if p.mig is not None and p.card.uuid else []),
+            *(m.uuid for m in p.card.mig_devices if p.mig is None)]
+
+
 def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) -> list[str]:
-    """One line per asked card that someone holds (a whole card, its MIG devices, or its parent)."""
+    """One line per asked card that someone holds."""
     out = []
     for p in picks:
-        keys = [p.uuid, *([p.card.uuid] if p.mig is not None and p.card.uuid else []),
-                *(m.uuid for m in p.card.mig_devices if p.mig is None)]
-        holders = [h for k in keys for h in busy.get(k, [])]
+        holders = [h for k in _keys(p) for h in busy.get(k, [])]
         if holders:
             out.append(f"{p.uuid} is held by " + ", ".join(dict.fromkeys(h.describe() for h in holders)))
     return out
 
 
-def _held_error(req: RunRequest, why: list[str], waited: float | None) -> CardHeldError:
-    after = f" after waiting {waited:.0f} s" if waited is not None else ""
-    return CardHeldError(
-        "; ".join(why) + after,
-        "wait for it with --wait [SECONDS], pick a free card (`hostagent ls`), or share it on purpose with --share",
-    )
+class _Refusal:
+    """Why a look found no cards, and the hint that fits this case (not a list of every hint there is)."""
+
+    def __init__(self, why: list[str], hint: str) -> None:
+        self.why = why
+        self.hint = hint
+
+
+def _held_error(req: RunRequest, refusal: _Refusal | list[str], waited: float | None) -> CardHeldError:
+    if isinstance(refusal, list):  # reasons without their case: a hint true in every case
+        refusal = _Refusal(refusal, "wait for it with --wait [SECONDS] (`hostagent ls` shows who holds what)")
+    if waited is None:
+        return CardHeldError("; ".join(refusal.why), refusal.hint)
+    return CardHeldError(f"{'; '.join(refusal.why)}, still after waiting {waited:.0f} s",
+                         "wait longer (--wait SECONDS, or --wait alone for as long as it takes), or free it "
+                         "(`hostagent ls` shows who holds what)")
 
 
 def _pick(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
           busy: dict[str, list[ledger.Holder]]) -> tuple[list[Target] | None, list[str]]:
-    """The cards to use now, or None and why not."""
+    """The cards to use now, or None and why not (`_choose` gives the whole refusal, with its hint)."""
+    chosen, refusal = _choose(req, cards, picks, busy)
+    return chosen, refusal.why if refusal is not None else []
+
+
+def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
+            busy: dict[str, list[ledger.Holder]]) -> tuple[list[Target] | None, _Refusal | None]:
+    """The cards to use now, or None and the refusal that says why, with the hint that fits."""
+    blocked = ledger.blocking(busy, req.share)
+    free = gpus.free_cards(cards, blocked)
     if req.count is not None:
-        chosen = gpus.choose_free(req.count, cards, busy)
-        if chosen is None:
-            free = len(gpus.free_cards(cards, busy))
-            return None, [f"--count {req.count}: {free} of {len(cards)} card(s) are free "
-                          f"(held: {', '.join(sorted(busy)) or 'none'})"]
-        return chosen, []
+        chosen = gpus.choose_free(req.count, cards, blocked)
+        if chosen is not None:
+            return chosen, None
+        why = [f"--count {req.count}: {len(free)} of {len(cards)} card(s) are free "
+               f"(held: {', '.join(sorted(blocked)) or 'none'})"]
+        if free:
+            return None, _Refusal(why, f"ask for at most {len(free)} (--count {len(free)}), or wait for more with "
+                                       "--wait [SECONDS]")
+        return None, _Refusal(why, "wait for one with --wait [SECONDS] (`hostagent ls` shows who holds them)")
     assert picks is not None
-    why = [] if req.share else _conflicts(picks, busy)
-    return (None, why) if why else (picks, [])
+    why = _conflicts(picks, blocked)
+    if not why:
+        return picks, None
+    hint = ["wait for it with --wait [SECONDS]"]
+    others = [c for c in free if all(c is not p.card for p in picks)]
+    if others:
+        indices = ", ".join(str(i) for i in sorted(c.index for c in others))
+        hint.append(f"pick a free card ({indices}: `hostagent ls`)")
+    holders = [h for p in picks for k in _keys(p) for h in busy.get(k, [])]
+    if not req.share and holders and all(h.shared for h in holders):
+        hint.append("share it with --share (its holder shares)")
+    return None, _Refusal(why, ", or ".join(hint))
 
 
 class Launched:
@@ -99,7 +135,8 @@ class Launched:
         self.attachment = attachment
 
 
-def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launched:
+def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
+                      on_created: Callable[[str], None] | None = None) -> Launched:
     try:
         cid = api.create_container_from_config(spec.config(api.api_version), **spec.create_args())["Id"]
     except Exception as err:
@@ -110,6 +147,8 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launch
         raise
     _failpoint("after-create")
     try:
+        if on_created is not None:
+            on_created(cid)  # the ledger lock's commit: raises lock.LeaseLost when it ran past its lease
         attachment = None
         if foreground:
             attachment = Attachment(cid, spec.req, api.api_version)
@@ -124,6 +163,28 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool) -> Launch
         raise
 
 
+def _remove_orphans(api: Any, book: engine.Book) -> None:
+    """Containers a hostagent created and never started, whose lease is dead or expired: they hold nothing and
+    would keep their names forever. Removed by ID, under the ledger lock."""
+    for s in book.orphans:
+        labels = s.get("Labels") or {}
+        name = str((s.get("Names") or ["?"])[0]).lstrip("/")
+        try:
+            api.remove_container(s["Id"], force=True, v=True)
+        except Exception as err:
+            if engine.is_not_found(err):
+                continue
+            if not engine.is_daemon_failure(err):
+                raise
+            _say(f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
+                 f"{engine.failure(err, 'remove').message}")
+            continue
+        _say(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
+
+
+LEASE_RETRIES = 3  # looks that ran past their lease before the run gives up (a daemon far too slow)
+
+
 def launch(req: RunRequest) -> Launched | ContainerSpec:
     """Everything up to a started container (or, with --dry-run, up to its spec)."""
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
@@ -131,28 +192,50 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
     if req.dry_run:
         return _dry_run_spec(req, cards, picks)
     api = engine.connect()
-    image.ensure(api, req)
-    lock = ledger.HostLock(engine.docker_host())
+    # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
+    # (or --pull always asks for a pull first).
+    if req.pull == "always":
+        image.ensure(api, req)
+    guard = lock.LedgerLock(api, req.image, missing_image=lambda: image.ensure(api, req))
     started = time.monotonic()
     said_waiting = False
+    overruns = 0
     while True:
-        lock.acquire()
+        refusal: _Refusal | None
         try:
-            _failpoint("after-lock")
-            busy = ledger.held(engine.read_holders(api, cards))
-            chosen, why = _pick(req, cards, picks, busy)
-            if chosen is not None:
-                spec = ContainerSpec(req, chosen)
-                return _create_and_start(api, spec, foreground=not req.detach)
-        finally:
-            lock.release()
+            with guard:
+                _failpoint("after-lock")
+                book = engine.read_ledger(api, cards)
+                _remove_orphans(api, book)
+                chosen, refusal = _choose(req, cards, picks, ledger.held(book.holders))
+                if chosen is not None:
+                    spec = ContainerSpec(req, chosen)
+                    spec.labels.update(lease.claim())  # it holds its cards while this run starts it
+                    guard.check()
+                    return _create_and_start(api, spec, foreground=not req.detach, on_created=guard.commit)
+        except lock.LeaseLost as err:
+            overruns += 1
+            if overruns >= LEASE_RETRIES:
+                raise DockerUnavailableError(
+                    f"the Docker daemon at {engine.docker_host()} is too slow to pin a container inside the ledger "
+                    f"lock's lease ({err})", "see the daemon's load and log, then retry") from None
+            continue
+        except lock.LockBusyError as err:
+            if req.wait is None:
+                raise
+            refusal = _Refusal([err.message], err.hint or "")
+        except Exception as err:
+            if isinstance(err, (Interrupted, KeyboardInterrupt)) or not engine.is_daemon_failure(err):
+                raise
+            raise engine.failure(err, "talking to the daemon") from None
+        assert refusal is not None
         waited = time.monotonic() - started
         if req.wait is None:
-            raise _held_error(req, why, None)
+            raise _held_error(req, refusal, None)
         if waited >= req.wait:
-            raise _held_error(req, why, waited)
+            raise _held_error(req, refusal, waited)
         if not said_waiting:
-            _say("waiting: " + "; ".join(why))
+            _say("waiting: " + "; ".join(refusal.why))
             said_waiting = True
         time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
 

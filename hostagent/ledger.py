@@ -1,136 +1,341 @@
-"""The ledger: who holds which card, read from the running containers themselves (DESIGN.md, "The ledger").
+"""The ledger: who holds which card, read from what the Docker Engine gives each container (DESIGN.md, "The ledger").
 
-Containers that hostagent starts carry the label `gpupin.devices=UUID[,UUID...]`; those labels are the only record
-of a pinned container's cards, so nothing can go stale: a container that is gone holds nothing. Containers
-started with GPUs by other means (`--gpus all`, `--gpus 2`, `--gpus device=1`, `--runtime nvidia` with
-NVIDIA_VISIBLE_DEVICES) are read from their device requests and count as holders too.
+What a container holds is what the engine gives it. `FORMS` is the one table of the ways a container can hold a
+card, each row read from the container's `docker inspect` data; `hostagent run`'s conflict check, `hostagent ls`
+and compose all read holders through it. A new way (CDI device requests, say) is one reader function and one row.
 
-A card is *held* by a container that is running, paused or restarting. A created container that was never
-started (a hostagent killed between create and start) holds nothing. "Look, then create" is made atomic across
-hostagents on this host by `HostLock`, an flock the kernel releases when its holder dies.
+Containers that hostagent starts also carry the label `gpupin.devices=UUID[,UUID...]` (and `gpupin.shared=true`
+with --share): the label says what was meant, never what is held; one that disagrees with the devices is shown as
+a mismatch. There is no state file: a container that is gone holds nothing.
+
+When a container holds (`holding`): while running, paused or restarting; when stopped but the daemon will start it
+again on its own restart (restart policy `always`, `unless-stopped`, or `on-failure` after a failure with retries
+left: moby's restore rule, daemon/daemon.go and restartmanager); and, created but not yet started, while a
+hostagent that made it is still at work on it (its lease, gpupin.hostagent.lease). Pure functions over inspect
+data and the cards NVML reported.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-import time
+import re
 
 from gpupin.entrypoint.errors import GpupinError
-from gpupin.entrypoint.resolve import resolve
+from gpupin.entrypoint.resolve import by_minor, resolve
+from gpupin.hostagent import lease
 from gpupin.hostagent.pin import LABEL as LABEL  # the ledger reads the labels the pin writes
 from gpupin.hostagent.pin import SHARED_LABEL as SHARED_LABEL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
     from gpupin.entrypoint.nvml import Card
 
-HOLDING_STATES = frozenset({"running", "paused", "restarting"})
+LIVE_STATES = frozenset({"running", "paused", "restarting"})
+# The capabilities moby's nvidia device driver answers to (daemon/nvidia_linux.go): a request with no driver
+# goes to it when one of its capability sets is made only of these.
+NVIDIA_CAPABILITIES = frozenset({"gpu", "nvidia", "compute", "compat32", "graphics", "utility", "video", "display"})
+_DEVICE_FILE = re.compile(r"(?:.*/)?nvidia([0-9]+)")
+_NEVER_STARTED = "0001-01-01T00:00:00Z"
+FROM_STATE = "from the state"  # Holder(why=FROM_STATE): it holds while its state is a live one
 
+
+class Host:
+    """What the readers need to know of this host: its cards (NVML), and which runtimes are NVIDIA's."""
+
+    def __init__(self, cards: Sequence[Card], runtimes: Callable[[], Mapping[str, str]] | None = None) -> None:
+        self.cards = cards
+        self._runtimes = runtimes  # name -> path, from the daemon's /info, asked only when needed
+        self._known: Mapping[str, str] | None = None
+
+    def is_nvidia_runtime(self, name: str) -> bool:
+        """`nvidia`, or a runtime the daemon runs from an nvidia-container-runtime binary under another name."""
+        if name == "nvidia":
+            return True
+        if name in ("", "runc", "io.containerd.runc.v2", "io.containerd.runtime.v1.linux"):
+            return False
+        if self._known is None:
+            self._known = self._runtimes() if self._runtimes is not None else {}
+        path = self._known.get(name, "")
+        return path.rsplit("/", 1)[-1].startswith("nvidia-container-runtime")
+
+    def every_card(self) -> list[str]:
+        return [c.uuid for c in self.cards if c.uuid]
+
+
+class Grant:
+    """Cards given to a container one way: the form (a FORMS row), how it was asked, and the UUIDs it names
+    (card or MIG device UUIDs); `unknown` keeps ids this host's cards do not answer to."""
+
+    __slots__ = ("form", "how", "unknown", "uuids")
+
+    def __init__(self, form: str, how: str, uuids: Sequence[str], unknown: Sequence[str] = ()) -> None:
+        self.form = form
+        self.how = how
+        self.uuids = tuple(dict.fromkeys(uuids))
+        self.unknown = tuple(unknown)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"form": self.form, "how": self.how, "uuids": list(self.uuids), "unknown": list(self.unknown)}
+
+
+def _ids(specs: Iterable[str], host: Host) -> tuple[list[str], list[str]]:
+    """Device ids as the toolkit reads them (UUID, index, MIG UUID, `i:j`, bus id, `all`) -> (UUIDs, unknown)."""
+    uuids: list[str] = []
+    unknown: list[str] = []
+    for raw in specs:
+        spec = raw.strip()
+        if not spec:
+            continue
+        if spec.lower() == "all":
+            uuids += host.every_card()
+            continue
+        try:
+            uuids.append(resolve(spec, host.cards).uuid)
+        except GpupinError:
+            unknown.append(spec)
+    return uuids, unknown
+
+
+def _nvidia_requests(c: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    out = []
+    for req in (c.get("HostConfig") or {}).get("DeviceRequests") or []:
+        driver = req.get("Driver") or ""
+        groups = req.get("Capabilities") or []
+        if driver == "nvidia" or (not driver and any(set(g or ()) <= NVIDIA_CAPABILITIES for g in groups)):
+            out.append(req)
+    return out
+
+
+def _env(c: Mapping[str, Any], key: str) -> str | None:
+    value = None
+    for entry in (c.get("Config") or {}).get("Env") or []:
+        k, eq, v = entry.partition("=")
+        if eq and k == key:
+            value = v  # the last one wins, as the toolkit reads the process environment
+    return value
+
+
+def _runtime(c: Mapping[str, Any]) -> str:
+    return str((c.get("HostConfig") or {}).get("Runtime") or "")
+
+
+# --- the table: each way a container can hold cards, read from `docker inspect` -------------------------------
+
+def _device_requests(c: Mapping[str, Any], host: Host) -> list[Grant]:
+    """`--gpus` / DeviceRequests for the nvidia driver: ids, a count (the daemon hands out indices 0..N-1,
+    daemon/nvidia_linux.go), or all (count -1)."""
+    grants = []
+    for req in _nvidia_requests(c):
+        ids = [str(i) for i in req.get("DeviceIDs") or []]
+        count = int(req.get("Count") or 0)
+        if ids:
+            uuids, unknown = _ids(ids, host)
+            how = "--gpus device=" + ",".join(ids)
+        elif count < 0:
+            uuids, unknown, how = host.every_card(), [], "--gpus all"
+        elif count > 0:
+            uuids, unknown = _ids([str(i) for i in range(count)], host)
+            how = f"--gpus {count}"
+        else:
+            continue
+        grants.append(Grant("device-request", how, uuids, unknown))
+    return grants
+
+
+def _runtime_env(c: Mapping[str, Any], host: Host) -> list[Grant]:
+    """The nvidia runtime reading NVIDIA_VISIBLE_DEVICES (the image's own value counts: CUDA images set `all`).
+    A device request's value comes last in the process environment and wins, so then this form gives nothing."""
+    runtime = _runtime(c)
+    if not host.is_nvidia_runtime(runtime) or _nvidia_requests(c):
+        return []
+    value = _env(c, "NVIDIA_VISIBLE_DEVICES")
+    if value is None or value.strip().lower() in ("", "void", "none"):
+        return []
+    uuids, unknown = _ids(value.split(","), host)
+    return [Grant("nvidia-runtime", f"--runtime {runtime} NVIDIA_VISIBLE_DEVICES={value}", uuids, unknown)]
+
+
+def _device_files(c: Mapping[str, Any], host: Host) -> list[Grant]:
+    """`--device /dev/nvidiaN`: the card whose minor number is N (nvidiactl, nvidia-uvm and the caps files name
+    no card)."""
+    grants = []
+    for dev in (c.get("HostConfig") or {}).get("Devices") or []:
+        path = str(dev.get("PathOnHost") or "")
+        m = _DEVICE_FILE.fullmatch(path)
+        if not m:
+            continue
+        try:
+            uuids, unknown = [by_minor(int(m.group(1)), host.cards).uuid], []
+        except GpupinError:
+            uuids, unknown = [], [path]
+        grants.append(Grant("device-file", f"--device {path}", uuids, unknown))
+    return grants
+
+
+def _privileged(c: Mapping[str, Any], host: Host) -> list[Grant]:
+    """`--privileged` with the NVIDIA driver put in by the toolkit (the nvidia runtime, or a --gpus request): a
+    privileged container gets every /dev/nvidiaN of the host, so every card, whatever NVIDIA_VISIBLE_DEVICES says."""
+    if not (c.get("HostConfig") or {}).get("Privileged"):
+        return []
+    runtime = _runtime(c)
+    if host.is_nvidia_runtime(runtime):
+        return [Grant("privileged", f"--privileged --runtime {runtime}", host.every_card())]
+    if _nvidia_requests(c):
+        return [Grant("privileged", "--privileged --gpus", host.every_card())]
+    return []
+
+
+class Form:
+    """One row of the table: a name, and how the cards given that way are read from `docker inspect` data."""
+
+    __slots__ = ("name", "read")
+
+    def __init__(self, name: str, read: Callable[[Mapping[str, Any], Host], list[Grant]]) -> None:
+        self.name = name
+        self.read = read
+
+
+FORMS: tuple[Form, ...] = (
+    Form("device-request", _device_requests),
+    Form("nvidia-runtime", _runtime_env),
+    Form("device-file", _device_files),
+    Form("privileged", _privileged),
+)
+
+
+def grants(inspect: Mapping[str, Any], host: Host) -> list[Grant]:
+    """Every way the engine gives this container cards, in FORMS order."""
+    return [g for form in FORMS for g in form.read(inspect, host)]
+
+
+# --- when a container holds what it was given ------------------------------------------------------------------
+
+def holding(inspect: Mapping[str, Any], lease_state: str | None = None) -> str | None:
+    """Why the container holds its cards now, or None when it does not."""
+    st = inspect.get("State") or {}
+    status = str(st.get("Status") or "")
+    if status in LIVE_STATES:
+        return status
+    if status == "created":
+        return "being started by hostagent" if lease_state == lease.LIVE else None
+    if status != "exited" or str(st.get("StartedAt") or _NEVER_STARTED).startswith("0001-"):
+        return None  # dead, removing, or never started: the daemon's restore starts none of them
+    policy = (inspect.get("HostConfig") or {}).get("RestartPolicy") or {}
+    name = policy.get("Name") or "no"
+    if name in ("always", "unless-stopped"):
+        # unless-stopped: whether it was stopped by hand (then it stays down) is not in the Engine API; counted.
+        return f"stopped, restart={name}"
+    if name == "on-failure" and int(st.get("ExitCode") or 0) != 0:
+        retries = int(policy.get("MaximumRetryCount") or 0)
+        if retries == 0 or int(inspect.get("RestartCount") or 0) < retries:
+            return "stopped, restart=on-failure"
+    return None
+
+
+def worth_inspecting(state: str, lease_state: str | None) -> bool:
+    """Whether a container of this list state may hold cards, so that its full inspect data must be read."""
+    return state in LIVE_STATES or state == "exited" or (state == "created" and lease_state == lease.LIVE)
+
+
+# --- holders ---------------------------------------------------------------------------------------------------
 
 class Holder:
-    """A container that has (or had) cards: pinned by hostagent, or given GPUs some other way."""
+    """A container that holds (or, pinned by hostagent, once held) cards: what the engine gives it, what its
+    label says, and why it holds now (`why`; None: it does not)."""
 
-    __slots__ = ("how", "id", "name", "pinned", "shared", "state", "uuids")
+    __slots__ = ("grants", "holds", "how", "id", "inspected", "label", "name", "pinned", "shared", "state", "uuids",
+                 "why")
 
     def __init__(self, id: str, name: str, state: str, uuids: Sequence[str], pinned: bool, how: str,
-                 shared: bool = False) -> None:
+                 shared: bool = False, *, why: str | None = FROM_STATE, label: Sequence[str] | None = None,
+                 grants: Sequence[Grant] = (), inspected: bool = False) -> None:
         self.id = id
         self.name = name
         self.state = state
-        self.uuids = tuple(uuids)
-        self.pinned = pinned
-        self.how = how  # "gpupin", "--gpus all", "--gpus 2", "--gpus device=...", "runtime=nvidia"
-        self.shared = shared
+        self.uuids = tuple(dict.fromkeys(uuids))
+        self.pinned = pinned  # carries the gpupin.devices label
+        self.how = how  # "gpupin" for a pinned container given what its label says, else how the engine gave them
+        self.shared = shared  # gpupin.shared=true: it lets --share requests use its cards
+        self.why = (state if state in LIVE_STATES else None) if why is FROM_STATE else why
+        self.holds = self.why is not None
+        self.label = tuple(label) if label is not None else (tuple(self.uuids) if pinned else None)
+        self.grants = tuple(grants)
+        self.inspected = inspected  # read in full: `uuids` is what the engine gives, not what a label says
 
     @property
-    def holds(self) -> bool:
-        return self.state in HOLDING_STATES
+    def mismatch(self) -> bool:
+        """A label that is not what the engine gives (known for containers read in full)."""
+        return self.inspected and self.label is not None and set(self.label) != set(self.uuids)
 
     def describe(self) -> str:
-        return f"{self.name} ({self.id[:12]}, {self.state}{'' if self.pinned else ', ' + self.how})"
+        parts = [self.id[:12], self.state]
+        if self.how != "gpupin":
+            parts.append(self.how)
+        if self.mismatch:
+            parts.append(f"MISMATCH: labelled {','.join(self.label or ())}")
+        if self.holds and self.why != self.state:
+            parts.append(str(self.why))
+        return f"{self.name} ({', '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "state": self.state, "pinned": self.pinned, "how": self.how,
-                "shared": self.shared, "holds": self.holds, "uuids": list(self.uuids)}
+                "shared": self.shared, "holds": self.holds, "why": self.why, "uuids": list(self.uuids),
+                "label": list(self.label) if self.label is not None else None, "mismatch": self.mismatch,
+                "grants": [g.to_dict() for g in self.grants], "describe": self.describe()}
 
     def __repr__(self) -> str:
         return f"Holder({self.describe()}: {','.join(self.uuids)})"
 
 
-def _name(summary: Mapping[str, Any]) -> str:
-    names = summary.get("Names") or [summary.get("Name") or ""]
+def _name(data: Mapping[str, Any]) -> str:
+    names = data.get("Names") or [data.get("Name") or ""]
     return str(names[0]).lstrip("/")
 
 
-def pinned_holder(summary: Mapping[str, Any]) -> Holder | None:
-    """A hostagent-started container, from its list summary (`GET /containers/json`): labels say it all."""
+def _label_uuids(value: str, cards: Sequence[Card]) -> list[str]:
+    """The label's entries as UUIDs (a hand-written index or prefix resolves; an unknown entry stays as written)."""
+    out = []
+    for entry in (e.strip() for e in value.split(",")):
+        if entry:
+            try:
+                out.append(resolve(entry, cards).uuid)
+            except GpupinError:
+                out.append(entry)
+    return out
+
+
+def holder(inspect: Mapping[str, Any], host: Host, lease_state: str | None = None) -> Holder | None:
+    """A container read in full (`docker inspect`): what the engine gives it; None when it has no card and no
+    ledger label."""
+    labels = (inspect.get("Config") or {}).get("Labels") or {}
+    given = grants(inspect, host)
+    label = _label_uuids(labels[LABEL], host.cards) if labels.get(LABEL) else None
+    if not given and label is None:
+        return None
+    uuids = [u for g in given for u in g.uuids]
+    how = "; ".join(g.how for g in given) or "no GPU device"
+    if label is not None and set(label) == set(uuids):
+        how = "gpupin"
+    return Holder(str(inspect["Id"]), _name(inspect), str((inspect.get("State") or {}).get("Status") or "unknown"),
+                  uuids, label is not None, how, labels.get(SHARED_LABEL, "") == "true",
+                  why=holding(inspect, lease_state), label=label, grants=given, inspected=True)
+
+
+def label_holder(summary: Mapping[str, Any], cards: Sequence[Card]) -> Holder | None:
+    """A pinned container that holds nothing now (stopped for good, or created and abandoned), from its list
+    summary: its label says which cards it is for, so that `ls` can show it under them."""
     labels = summary.get("Labels") or {}
-    value = labels.get(LABEL)
-    if not value:
+    if not labels.get(LABEL):
         return None
-    uuids = [u.strip() for u in value.split(",") if u.strip()]
-    state = str(summary.get("State") or "unknown")
-    return Holder(str(summary["Id"]), _name(summary), state, uuids, True, "gpupin",
-                  labels.get(SHARED_LABEL, "") == "true")
-
-
-def _resolve_ids(ids: Iterable[str], cards: Sequence[Card]) -> list[str]:
-    """Device ids as Docker hands them to the runtime (indices, UUIDs, MIG forms, bus ids, `all`) -> UUIDs."""
-    out: list[str] = []
-    for raw in ids:
-        spec = raw.strip()
-        if spec == "all":
-            out.extend(c.uuid for c in cards if c.uuid)
-            continue
-        try:
-            out.append(resolve(spec, cards).uuid)
-        except GpupinError:
-            continue  # an id this host does not know: the runtime refuses such a container, so it holds nothing
-    return list(dict.fromkeys(out))
-
-
-def foreign_holder(inspect: Mapping[str, Any], cards: Sequence[Card]) -> Holder | None:
-    """A container given GPUs outside hostagent, from `docker inspect`: its device requests or runtime=nvidia."""
-    host = inspect.get("HostConfig") or {}
-    uuids: list[str] = []
-    how = ""
-    for req in host.get("DeviceRequests") or []:
-        caps = {c for group in (req.get("Capabilities") or []) for c in group}
-        # `docker run --gpus` sends Driver "" with the "gpu" capability; the SDK's requests name "nvidia".
-        if not (req.get("Driver") == "nvidia" or (not req.get("Driver") and "gpu" in caps)):
-            continue
-        count = int(req.get("Count") or 0)
-        ids = req.get("DeviceIDs") or []
-        if ids:
-            uuids += _resolve_ids(ids, cards)
-            how = "--gpus device=" + ",".join(ids)
-        elif count < 0:
-            uuids += _resolve_ids(["all"], cards)
-            how = "--gpus all"
-        elif count > 0:
-            # The daemon turns a count into the first N indices (NVIDIA_VISIBLE_DEVICES=0,1,...).
-            uuids += _resolve_ids([str(i) for i in range(count)], cards)
-            how = f"--gpus {count}"
-    if not uuids and host.get("Runtime") == "nvidia":
-        env = dict(e.split("=", 1) for e in (inspect.get("Config") or {}).get("Env") or [] if "=" in e)
-        nvd = env.get("NVIDIA_VISIBLE_DEVICES", "")
-        if nvd and nvd not in ("void", "none"):
-            uuids = _resolve_ids(nvd.split(","), cards)
-            how = f"runtime=nvidia NVIDIA_VISIBLE_DEVICES={nvd}"
-    if not uuids:
-        return None
-    state = str((inspect.get("State") or {}).get("Status") or "unknown")
-    return Holder(str(inspect["Id"]), str(inspect.get("Name") or "").lstrip("/"), state,
-                  list(dict.fromkeys(uuids)), False, how)
+    uuids = _label_uuids(labels[LABEL], cards)
+    return Holder(str(summary["Id"]), _name(summary), str(summary.get("State") or "unknown"), uuids, True,
+                  "gpupin", labels.get(SHARED_LABEL, "") == "true", why=None, label=uuids)
 
 
 def held(holders: Iterable[Holder]) -> dict[str, list[Holder]]:
-    """Card UUID -> the containers that hold it now."""
+    """Card (or MIG device) UUID -> the containers that hold it now."""
     out: dict[str, list[Holder]] = {}
     for h in holders:
         if h.holds:
@@ -139,49 +344,12 @@ def held(holders: Iterable[Holder]) -> dict[str, list[Holder]]:
     return out
 
 
-class HostLock:
-    """A host-wide lock around "look, then create", one per Docker daemon (keyed by its address).
-
-    flock(2): the kernel drops it when the holder exits or is killed, so a dead hostagent never blocks others.
-    """
-
-    def __init__(self, docker_host: str, directory: str | None = None) -> None:
-        base = directory or os.environ.get("GPUPIN_LOCK_DIR") or (
-            "/run/lock" if os.access("/run/lock", os.W_OK) else "/tmp")
-        import hashlib  # here, not at the top: `hostagent ls` never takes the lock
-
-        key = hashlib.sha256(docker_host.encode()).hexdigest()[:16]
-        self.path = os.path.join(base, f"gpupin-ledger-{key}.lock")
-        self._fd: int | None = None
-
-    def acquire(self, timeout: float = 120.0) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            # Whoever creates it (root, under umask 022), every hostagent user must be able to open it again.
-            with contextlib.suppress(OSError):
-                os.fchmod(fd, 0o666)
-        except PermissionError:
-            fd = os.open(self.path, os.O_RDONLY)  # flock needs no write access
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise TimeoutError(f"another hostagent has held {self.path} for over {timeout:.0f} s") from None
-                time.sleep(0.02)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
-
-    def __enter__(self) -> HostLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+def blocking(busy: Mapping[str, Sequence[Holder]], share: bool) -> dict[str, list[Holder]]:
+    """The holders in the way of a request: all of them, or for a --share request those that do not share
+    (a container started without --share, or never by hostagent, keeps its cards to itself)."""
+    out: dict[str, list[Holder]] = {}
+    for uuid, holders in busy.items():
+        them = [h for h in holders if not (share and h.shared)]
+        if them:
+            out[uuid] = them
+    return out

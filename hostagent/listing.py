@@ -1,10 +1,15 @@
 """`hostagent ls`: every physical card, what NVML says of it, and who holds it (the ledger).
 
-The cards come from NVML; the holders from Docker. When Docker cannot be reached the cards are still listed and
-the listing says so; a card NVML cannot read is shown as such.
+The cards come from NVML; the holders from Docker, through the ledger (what the engine gives each container;
+a ledger label that disagrees is shown as a MISMATCH under both cards). When Docker cannot be reached the cards are
+still listed, the JSON says so and stderr says so (stdout is the listing only); a card NVML cannot read is shown
+as such.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 from gpupin.entrypoint import nvml
 from gpupin.entrypoint.errors import GpupinError
@@ -28,14 +33,21 @@ def _mib(value: int | None) -> int | None:
 def gather() -> dict[str, Any]:
     """The listing as data (what --json prints)."""
     cards = nvml.list_cards(detail=True, tolerate_lost=True)
-    docker: dict[str, Any] = {"host": engine.docker_host(), "available": True, "error": None}
+    docker: dict[str, Any] = {"host": None, "available": True, "error": None}
     holders: list[Holder] = []
     try:
+        docker["host"] = engine.docker_host()
         holders = engine.read_holders(engine.reader(timeout=10), cards)
     except GpupinError as err:
         docker.update(available=False, error=err.message)
-    except Exception as err:  # a daemon that answers the version call and then fails
-        docker.update(available=False, error=f"{type(err).__name__}: {err}")
+    except Exception as err:
+        if not engine.is_daemon_failure(err):
+            raise
+        docker.update(available=False, error=engine.failure(err, "reading the ledger").message)
+    if not docker["available"]:
+        docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
+        sys.stderr.write(f"hostagent: WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who "
+                         "holds which card is unknown\n")
     return {"driver_version": nvml.driver_version(), "docker": docker,
             "gpus": [_card(c, holders) for c in cards]}
 
@@ -43,6 +55,8 @@ def gather() -> dict[str, Any]:
 def _card(c: Card, holders: Sequence[Holder]) -> dict[str, Any]:
     keys = {c.uuid, *(m.uuid for m in c.mig_devices)}
     mine = [h for h in holders if keys & set(h.uuids)]
+    # Containers labelled for this card that the engine gives other cards: shown here too, never counted.
+    labelled = [h for h in holders if h.mismatch and keys & set(h.label or ()) and h not in mine]
     return {
         "index": c.index, "uuid": c.uuid, "bus_id": str(c.bus_id) if c.bus_id else None, "name": c.name,
         "memory_total_mib": _mib(c.memory_total), "memory_used_mib": _mib(c.memory_used),
@@ -53,6 +67,7 @@ def _card(c: Card, holders: Sequence[Holder]) -> dict[str, Any]:
         "compute_processes": c.processes, "compute_capability": c.compute_capability, "error": c.error,
         "held": any(h.holds for h in mine),
         "holders": [h.to_dict() for h in mine],
+        "mislabelled": [h.to_dict() for h in labelled],
     }
 
 
@@ -67,12 +82,13 @@ def render(listing: dict[str, Any]) -> str:
             rows.append((str(g["index"]), g["uuid"] or "?", g["bus_id"] or "?", f"ERROR: {g['error']}",
                          "", "", "", "", ""))
             continue
-        who = ", ".join(
-            f"{h['name']} ({h['id'][:12]}, {h['state']}{'' if h['pinned'] else ', ' + h['how']})"
-            for h in g["holders"] if h["holds"]) or "-"
+        who = ", ".join(h["describe"] for h in g["holders"] if h["holds"]) or "-"
         idle = [h for h in g["holders"] if not h["holds"]]
         if idle:
             who += f" [+{len(idle)} stopped]"
+        for h in g["mislabelled"]:
+            who += (f" [MISMATCH: {h['name']} ({h['id'][:12]}) is labelled for this card, holds "
+                    f"{','.join(h['uuids']) or 'none'}]")
         mig = {None: "N/A", True: "on", False: "off"}[g["mig_mode"]]
         rows.append((str(g["index"]), g["uuid"], g["bus_id"], g["name"],
                      f"{_na(g['memory_used_mib'])} / {_na(g['memory_total_mib'], ' MiB')}",
@@ -81,7 +97,4 @@ def render(listing: dict[str, Any]) -> str:
             rows.append(("", f"  {m['uuid']}", "", f"  {m['name'] or 'MIG device'}", "", "", "", "", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    d = listing["docker"]
-    if not d["available"]:
-        lines.append(f"Docker unavailable at {d['host']} ({d['error']}): who holds which card is unknown")
     return "\n".join(lines) + "\n"

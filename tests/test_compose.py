@@ -259,11 +259,14 @@ def test_a_file_that_asks_for_more_cards_than_the_host_has_is_64() -> None:
     assert err.exit_code == 64 and err.problems[0].problem == "count: 5: this host has only 4 whole card(s)"
 
 
-def test_a_named_card_held_by_a_running_container_is_75_unless_shared() -> None:
+def test_a_named_card_held_by_a_running_container_is_75_unless_both_share() -> None:
     text = "services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]%s}\n"
     err = refusals(text % "", holding(RTX, name="job7"))
     assert err.exit_code == 75 and "held by running container job7" in err.problems[0].problem
-    doc = render(text % ", share: true", holding(RTX))
+    # the ledger's rule: a sharing service joins a holder that shares, never one that keeps its card to itself
+    assert refusals(text % ", share: true", holding(RTX, name="job7")).exit_code == 75
+    assert refusals(text % "", holding(RTX, name="job7", shared=True)).exit_code == 75
+    doc = render(text % ", share: true", holding(RTX, shared=True))
     assert doc["services"]["a"]["labels"]["gpupin.shared"] == "true"
 
 
@@ -478,11 +481,12 @@ def test_sharing_is_allowed_when_every_service_says_so() -> None:
     assert not check(text.replace(shared, "")).ok
 
 
-def test_a_card_held_by_a_running_container_is_flagged_unless_shared() -> None:
+def test_a_card_held_by_a_running_container_is_flagged_unless_both_share() -> None:
     result = check(f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}", holding(RTX, name="job7"))
     assert "held by running container job7" in errors_of(result)[0].problem
-    assert check("services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6], share: true}\n",
-                 holding(RTX)).ok
+    shares = "services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6], share: true}\n"
+    assert check(shares, holding(RTX, shared=True)).ok
+    assert not check(shares, holding(RTX)).ok  # an exclusive holder keeps its card
 
 
 def test_a_count_as_written_on_a_held_card_is_flagged_and_render_places_it_elsewhere() -> None:

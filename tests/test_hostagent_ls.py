@@ -40,9 +40,11 @@ def test_without_docker_the_cards_are_listed_and_the_listing_says_so(fakegpu: Pa
     busy = by_uuid(data)[A800B]
     assert (busy["memory_total_mib"], busy["memory_used_mib"], busy["memory_free_mib"]) == (81920, 40962, 40958)
     assert (busy["utilization_gpu"], busy["compute_processes"], busy["mig_mode"]) == (87, 1, False)
-    table = ls(DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout
-    assert table.splitlines()[0].split()[:4] == ["IDX", "UUID", "BUS", "ID"]
-    assert "Docker unavailable at unix://" in table.splitlines()[-1]
+    assert r.stderr.startswith(f"hostagent: WARNING: Docker unavailable at unix://{tmp_path}/none.sock (")
+    plain = ls(DOCKER_HOST=f"unix://{tmp_path}/none.sock")
+    table = plain.stdout  # the listing only: the diagnostic is on stderr
+    assert table.splitlines()[0].split()[:4] == ["IDX", "UUID", "BUS", "ID"] and len(table.splitlines()) == 5
+    assert "Docker unavailable" not in table and "who holds which card is unknown" in plain.stderr
 
 
 def test_a_lost_card_is_shown_not_a_crash(fakegpu: Path, tmp_path: Path) -> None:

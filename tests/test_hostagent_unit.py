@@ -11,7 +11,6 @@ from gpupin.entrypoint.identity import BusId
 from gpupin.entrypoint.nvml import Card, MigDevice
 from gpupin.hostagent.cli import _subparser, build_parser, main, split_run_argv
 from gpupin.hostagent.gpus import choose_free, free_cards, resolve_spec, resolve_specs
-from gpupin.hostagent.ledger import Holder, HostLock, foreign_holder, held, pinned_holder
 from gpupin.hostagent.request import ContainerSpec, RunRequest
 
 A800 = "GPU-6c39be0e-975a-4001-aa66-fb43d08d0e16"
@@ -93,50 +92,6 @@ def test_count_returns_none_when_too_few_are_free_and_refuses_the_impossible() -
         choose_free(5, mixed4(), held=[])
     with pytest.raises(GpuSpecError):
         choose_free(0, mixed4(), held=[])
-
-
-def summary(name: str, state: str, labels: dict[str, str]) -> dict[str, object]:
-    return {"Id": name * 8, "Names": [f"/{name}"], "State": state, "Labels": labels}
-
-
-def test_pinned_holders_come_from_the_label_and_only_live_states_hold() -> None:
-    running = pinned_holder(summary("a", "running", {"gpupin.devices": f"{RTX},{A800}"}))
-    created = pinned_holder(summary("b", "created", {"gpupin.devices": A800B}))
-    exited = pinned_holder(summary("c", "exited", {"gpupin.devices": A800C, "gpupin.shared": "true"}))
-    assert pinned_holder(summary("d", "running", {"other": "x"})) is None
-    assert running and created and exited
-    assert running.uuids == (RTX, A800) and running.holds and running.pinned
-    assert not created.holds and not exited.holds and exited.shared
-    assert held([running, created, exited]) == {RTX: [running], A800: [running]}
-
-
-def inspect(requests: list[dict[str, object]], runtime: str = "runc", env: list[str] | None = None,
-            state: str = "running") -> dict[str, object]:
-    return {"Id": "f" * 64, "Name": "/foreign", "State": {"Status": state},
-            "HostConfig": {"DeviceRequests": requests, "Runtime": runtime}, "Config": {"Env": env or []}}
-
-
-@pytest.mark.parametrize(("requests", "want", "how"), [
-    ([{"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}], [A800, RTX, A800B, A800C], "--gpus all"),
-    ([{"Driver": "", "Count": 2, "Capabilities": [["gpu"]]}], [A800, RTX], "--gpus 2"),
-    ([{"Driver": "", "DeviceIDs": ["2"], "Capabilities": [["gpu"]]}], [A800B], "--gpus device=2"),
-    ([{"Driver": "nvidia", "DeviceIDs": [A800C, "00000000:3B:00.0"], "Capabilities": [["gpu"]]}], [A800C, RTX],
-     None),
-])
-def test_foreign_gpu_containers_are_read_from_their_device_requests(
-        requests: list[dict[str, object]], want: list[str], how: str | None) -> None:
-    h = foreign_holder(inspect(requests), mixed4())
-    assert h is not None and list(h.uuids) == want and not h.pinned and h.holds
-    if how:
-        assert h.how == how
-
-
-def test_runtime_nvidia_env_and_non_gpu_requests() -> None:
-    h = foreign_holder(inspect([], runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=3"]), mixed4())
-    assert h is not None and h.uuids == (A800C,)
-    assert foreign_holder(inspect([], runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=void"]), mixed4()) is None
-    assert foreign_holder(inspect([{"Driver": "", "Count": -1, "Capabilities": [["tpu"]]}]), mixed4()) is None
-    assert foreign_holder(inspect([]), mixed4()) is None
 
 
 def request(environ: dict[str, str] | None = None, **kw: object) -> RunRequest:
@@ -257,21 +212,3 @@ def test_malformed_image_references_are_refused_before_any_io(image: str) -> Non
                                    "nvcr.io/nvidia/pytorch:24.05-py3", "img@sha256:" + "a" * 64, "3f2a9c01b7d4"])
 def test_image_references_docker_takes(image: str) -> None:
     assert RunRequest(image, gpus=["1"]).image == image
-
-
-def test_the_host_lock_is_exclusive_and_released_on_close(tmp_path: Path) -> None:
-    a = HostLock("unix:///x.sock", str(tmp_path))
-    b = HostLock("unix:///x.sock", str(tmp_path))
-    assert a.path == b.path != HostLock("unix:///y.sock", str(tmp_path)).path
-    a.acquire()
-    with pytest.raises(TimeoutError):
-        b.acquire(timeout=0.1)
-    a.release()
-    b.acquire(timeout=1)
-    b.release()
-
-
-def test_holder_descriptions_say_how_it_got_its_cards() -> None:
-    h = Holder("0123456789abcdef", "web", "running", [A800], False, "--gpus all")
-    assert h.describe() == "web (0123456789ab, running, --gpus all)"
-    assert h.to_dict()["holds"] is True

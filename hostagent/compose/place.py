@@ -11,6 +11,7 @@ from gpupin.entrypoint.errors import EX_TEMPFAIL, GpuSpecError
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose.problems import Problem
 from gpupin.hostagent.compose.request import KEY
+from gpupin.hostagent.ledger import blocking
 from gpupin.hostagent.pin import SHARED_LABEL
 
 TYPE_CHECKING = False
@@ -75,8 +76,9 @@ def bookings(assignments: Sequence[Assignment], busy: Mapping[str, Sequence[Hold
                     f"`count` and let render place it), or {_SHARE}"
                 problems.append(Problem(service, f"{lead}{describe(t)}{', which' if lead else ''} is also given to "
                                         f"service {others}: both would run on one card", hint, render_fixes=fixes))
-            holders = holders_of(t, busy)
-            if holders and not a.req.share:
+            # A sharing service may join holders that share; an exclusive holder keeps its card (the ledger's rule).
+            holders = holders_of(t, blocking(busy, a.req.share))
+            if holders:
                 who = ", ".join(h.describe() for h in holders)
                 if a.as_written:
                     problems.append(Problem(service, f"{lead}{describe(t)}, which running container {who} holds",
@@ -98,8 +100,8 @@ def place(named: Sequence[Assignment], counted: Sequence[GpuRequest], cards: Seq
     problems = bookings(named, busy)
     plan = {a.req.service: a.targets for a in named}
     in_file = {k for a in named for t in a.targets for k in keys(t)}
-    held = set(busy)
     for req in counted:
+        held = set(blocking(busy, req.share))
         assert req.count is not None
         try:
             chosen = gpus.choose_free(req.count, cards, held | in_file)

@@ -64,6 +64,9 @@ TOPOLOGY=$(realpath "${FAKEGPU_TOPOLOGY:-$REPO/tests/fakegpu/scenarios/mixed-4.j
 FAKEGPU_BIN=$REPO/build/fakegpu/bin
 HOOK=$FAKEGPU_BIN/nvidia-container-runtime-hook
 CDI_DIR=$RUN/cdi
+# The fake nvidia-container-runtime registered as `nvidia`, as `nvidia-ctk runtime configure` registers the real
+# one: `--runtime nvidia` containers (NVIDIA_VISIBLE_DEVICES, --privileged) behave as on a toolkit host.
+RUNTIMES="\"runtimes\": {\"nvidia\": {\"path\": \"$FAKEGPU_BIN/nvidia-container-runtime\"}}"
 
 dk() { "$DOCKER" -H "unix://$SOCK" "$@"; }
 
@@ -80,7 +83,10 @@ esac
 
 [ "$(id -u)" = 0 ] || die "the sandboxed daemon needs root (as dockerd does)"
 
-config_line() { printf '%s %s %s\n' "$REPO" "$TOPOLOGY" "$(sha256sum <"$TOPOLOGY" | cut -c1-16)"; }
+config_line() {
+    printf '%s %s %s %s\n' "$REPO" "$TOPOLOGY" "$(sha256sum <"$TOPOLOGY" | cut -c1-16)" \
+        "$(printf %s "$ENGINE $RUNTIMES" | sha256sum | cut -c1-8)"
+}
 
 do_down() {
     if alive "$DOCKERD_PID" && [ -S "$SOCK" ]; then
@@ -107,10 +113,10 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
   address = "$CTRD_SOCK"
 EOF
     if [ "$ENGINE" = 26 ]; then
-        printf '{"features": {"cdi": true}, "cdi-spec-dirs": ["%s"]}\n' "$CDI_DIR" >"$RUN/daemon.json"
+        printf '{%s, "features": {"cdi": true}, "cdi-spec-dirs": ["%s"]}\n' "$RUNTIMES" "$CDI_DIR" >"$RUN/daemon.json"
         write_cdi_spec
     else
-        echo '{}' >"$RUN/daemon.json"
+        printf '{%s}\n' "$RUNTIMES" >"$RUN/daemon.json"
     fi
     # dockerd's environment is the hook's environment (Docker passes os.Environ() to the prestart hook).
     local envs=(env -i "PATH=$FAKEGPU_BIN:$ENGINE_PATH/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -1,0 +1,152 @@
+"""Leases: what a hostagent writes on the objects that count only while it works on them (the ledger lock, and a
+pinned container between its create and its start), so that every other client can tell whether they still count.
+
+A lease is two labels on the object: `gpupin.owner` (who: host name, pid, process start time, boot id and pid
+namespace) and `gpupin.lease` (for how many seconds from the object's creation, by the daemon's clock). It is
+- *live* while its time is not up and its owner may still run;
+- *dead* at once when its owner was a process of this same boot and pid namespace that is gone (a killed
+  hostagent on this host: no one waits for it);
+- *expired* when its time is up, whoever owns it (a client on another machine, a frozen one).
+Ages are the daemon's (its `Date` header against the object's `Created`), never this machine's clock.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+OWNER_LABEL = "gpupin.owner"
+LEASE_LABEL = "gpupin.lease"
+LEASE_S = 30  # long enough for a loaded daemon's list + create; short enough that a dead remote client is forgotten
+MAX_LEASE_S = 300  # a lease label is trusted up to this, so a bogus one cannot block a daemon for long
+
+LIVE = "live"
+DEAD = "dead"
+EXPIRED = "expired"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None when unreadable.
+
+    With the pid it names one process for the life of a boot: a pid that was reused has another start time."""
+    stat = _read(f"/proc/{pid}/stat")
+    if ")" not in stat:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name in parentheses may hold blanks
+    return fields[19] if len(fields) > 19 else None
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+class Owner:
+    """The hostagent process that holds a lease."""
+
+    __slots__ = ("boot", "host", "pid", "pidns", "start")
+
+    def __init__(self, host: str, pid: int, start: str, boot: str, pidns: str) -> None:
+        self.host = host
+        self.pid = pid
+        self.start = start
+        self.boot = boot
+        self.pidns = pidns
+
+    @classmethod
+    def me(cls) -> Owner:
+        import socket
+
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, _start_time(pid) or "", _read("/proc/sys/kernel/random/boot_id"),
+                   _pid_namespace())
+
+    @classmethod
+    def parse(cls, text: str | None) -> Owner | None:
+        """The owner a label names (`host=H pid=N start=T boot=B pidns=P`), or None when it names none."""
+        if not text:
+            return None
+        fields = dict(part.partition("=")[::2] for part in text.split())
+        try:
+            pid = int(fields.get("pid", ""))
+        except ValueError:
+            return None
+        return cls(fields.get("host", "?"), pid, fields.get("start", ""), fields.get("boot", ""),
+                   fields.get("pidns", ""))
+
+    def __str__(self) -> str:
+        return f"host={self.host} pid={self.pid} start={self.start} boot={self.boot} pidns={self.pidns}"
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+    def alive(self) -> bool | None:
+        """Whether the owner still runs: True or False for a process of this boot and pid namespace, None when
+        this process cannot tell (another machine or namespace, or /proc hides it)."""
+        here = me()
+        if not (self.boot and self.pidns and self.start) or (self.boot, self.pidns) != (here.boot, here.pidns):
+            return None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # another user's process: it exists
+        start = _start_time(self.pid)
+        if start is None:
+            return None  # /proc mounted with hidepid: only the lease can tell
+        return start == self.start
+
+
+_ME: Owner | None = None
+
+
+def me() -> Owner:
+    """This process, as it signs its leases (read once)."""
+    global _ME
+    if _ME is None:
+        _ME = Owner.me()
+    return _ME
+
+
+def claim(seconds: int = LEASE_S) -> dict[str, str]:
+    """The labels of a lease held by this process."""
+    return {OWNER_LABEL: str(me()), LEASE_LABEL: str(seconds)}
+
+
+def seconds(labels: Mapping[str, str]) -> float:
+    """The lease's length, from its label (LEASE_S when missing or malformed; at most MAX_LEASE_S)."""
+    try:
+        value = float(labels.get(LEASE_LABEL) or LEASE_S)
+    except ValueError:
+        value = LEASE_S
+    return min(max(value, 1.0), MAX_LEASE_S) if value == value else float(LEASE_S)
+
+
+def state(labels: Mapping[str, str], created: float, now: float) -> str:
+    """LIVE, DEAD or EXPIRED: a lease on an object created at `created`, seen at `now` (both the daemon's
+    clock, in seconds since the epoch)."""
+    if now - created > seconds(labels):
+        return EXPIRED
+    owner = Owner.parse(labels.get(OWNER_LABEL))
+    if owner is not None and owner.alive() is False:
+        return DEAD
+    return LIVE
+
+
+def holder_of(labels: Mapping[str, str]) -> str:
+    owner = Owner.parse(labels.get(OWNER_LABEL))
+    return owner.describe() if owner is not None else "an unknown client"

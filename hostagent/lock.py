@@ -1,0 +1,308 @@
+"""The ledger lock: "look, then create" is mutually exclusive among every client of one Docker daemon, whatever
+address reached it, local or remote (DESIGN.md, "The ledger").
+
+The daemon arbitrates. Container names are unique per daemon and taken atomically, so the lock is a container
+named `gpupin-ledger-lock`: made from the image being run (its create doubles as the check that the image is
+there; when it is not, the image is pulled or the run refused first), never started, signed with a lease
+(gpupin.hostagent.lease), and removed by its ID when done. A 409 on create means someone holds it. A holder that
+is a dead process of this host is broken at once; any other, once its lease is up by the daemon's clock.
+Breaking removes that very lock by ID, never by name, so it cannot remove a newer one.
+
+The local fast path: an flock per daemon and user, so that the clients of one machine queue in the kernel rather
+than polling the daemon. It lives only in a directory that this user alone can write (/run/gpupin for root,
+$XDG_RUNTIME_DIR for others, GPUPIN_LOCK_DIR to choose), is opened without following links and checked for its
+owner; anything else (a world-writable place, a planted link or file) and the fast path is skipped: the daemon's
+lock alone still excludes. GPUPIN_LOCAL_LOCK=0 skips it on purpose (tests that prove the daemon lock alone
+excludes, as clients on other machines share no local lock).
+
+The critical section is the look and the create; the lock is let go once the container exists (`commit`), before
+it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holding), so the
+start, the slowest step (the NVIDIA hook runs there), is outside. The holder checks its own time against its
+lease before and after the create; if it ran over, it removes what it made and looks again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import random
+import re
+import stat
+import sys
+import threading
+import time
+
+from gpupin.hostagent import engine, lease
+from gpupin.hostagent.errors import CardHeldError, DockerRefusedError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+LOCK_NAME = "gpupin-ledger-lock"
+LOCK_LABEL = "gpupin.lock"
+WAIT_S = 2 * lease.LEASE_S  # how long a run waits for the lock before it gives up (75)
+CHECK_S = 0.5  # how often a waiting client looks at who holds the lock
+
+
+class LeaseLost(Exception):
+    """This client ran past its lease inside the critical section: someone may have broken its lock."""
+
+
+class ImageMissing(Exception):
+    """The lock's create found no such image: the caller pulls it (or refuses the run), then takes the lock."""
+
+
+class LockBusyError(CardHeldError):
+    """Another client held the ledger lock for longer than a run waits (exit 75)."""
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"hostagent: {msg}\n")
+
+
+# --- the local fast path ---------------------------------------------------------------------------------------
+
+def _private_dir(path: str) -> int | None:
+    """An fd of `path` when it is a directory (not a link) that this user owns and no one else can write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _lock_dir() -> int | None:
+    chosen = os.environ.get("GPUPIN_LOCK_DIR")
+    if chosen:
+        return _private_dir(chosen)
+    if os.geteuid() == 0:
+        try:
+            os.mkdir("/run/gpupin", 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        return _private_dir("/run/gpupin")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return _private_dir(runtime) if runtime else None
+
+
+class LocalLock:
+    """An flock on `<private dir>/gpupin-ledger-<key>.lock`; the kernel drops it when its holder dies."""
+
+    def __init__(self, key: str) -> None:
+        # The key as it is, made a file name (no hashlib: 2 ms of import on the run path): readable in `ls`.
+        self.name = "gpupin-ledger-" + re.sub(r"[^A-Za-z0-9.]+", "-", key)[:160] + ".lock"
+        self._fd: int | None = None
+
+    def _open(self) -> int | None:
+        if os.environ.get("GPUPIN_LOCAL_LOCK", "1") == "0":
+            return None
+        dfd = _lock_dir()
+        if dfd is None:
+            return None
+        try:
+            fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except OSError:
+            return None
+        finally:
+            os.close(dfd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            os.close(fd)
+            return None
+        return fd
+
+    def acquire(self, timeout: float) -> bool:
+        """Whether it was taken within `timeout`; False (never an error) when it is unavailable or busy."""
+        fd = self._open()
+        if fd is None:
+            return False
+        deadline = time.monotonic() + timeout
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return True
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() > deadline:
+                    os.close(fd)
+                    return False
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.02)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+
+# --- the daemon's lock -----------------------------------------------------------------------------------------
+
+class DaemonLock:
+    """The lock container on the daemon (see the module's docstring)."""
+
+    def __init__(self, api: Any, image: str) -> None:
+        self.api = api
+        self.image = image
+        self.image_checked = False  # True once the caller made sure that the image is there
+        self.id: str | None = None
+        self.sent = 0.0  # when this client sent the create that took it (time.monotonic)
+
+    def _create(self) -> str | None:
+        """The new lock's ID, or None when someone holds it."""
+        api = self.api
+        try:
+            return str(api.create_container(
+                self.image, entrypoint=["gpupin-ledger-lock"], name=LOCK_NAME,
+                labels={LOCK_LABEL: "ledger", **lease.claim()},
+                host_config=api.create_host_config(network_mode="none"))["Id"])
+        except Exception as err:
+            if engine.is_conflict(err):
+                return None
+            if engine.is_not_found(err) and not self.image_checked:
+                raise ImageMissing(self.image) from None
+            if not engine.is_daemon_failure(err):
+                raise
+            raise engine.failure(err, f"could not take the ledger lock ({LOCK_NAME}) from image {self.image}") \
+                from None
+
+    def _look(self) -> tuple[str, dict[str, Any] | None]:
+        """Who holds it: (lease state, or "gone" or "squatted", and its inspect data)."""
+        try:
+            info, now = engine.fetch(self.api, f"/containers/{LOCK_NAME}/json")
+        except engine.EngineNotFound:
+            return "gone", None
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if LOCK_LABEL not in labels:
+            return "squatted", info
+        return lease.state(labels, engine.created_time(str(info.get("Created"))), now or time.time()), info
+
+    def _break(self, lock_id: str) -> None:
+        try:
+            self.api.remove_container(lock_id, force=True, v=True)
+        except Exception as err:
+            if not (engine.is_not_found(err) or engine.is_conflict(err)):  # gone, or being removed by another
+                if not engine.is_daemon_failure(err):
+                    raise
+                raise engine.failure(err, f"could not break the stale ledger lock {lock_id[:12]}") from None
+
+    def acquire(self, deadline: float) -> None:
+        delay = 0.005
+        checked = -CHECK_S
+        held_by = "another client"
+        while True:
+            sent = time.monotonic()
+            lock_id = self._create()
+            if lock_id is not None:
+                self.id, self.sent = lock_id, sent
+                return
+            if time.monotonic() - checked >= CHECK_S:
+                checked = time.monotonic()
+                verdict, info = self._look()
+                if verdict == "gone":
+                    continue
+                assert info is not None
+                labels = (info.get("Config") or {}).get("Labels") or {}
+                if verdict == "squatted":
+                    raise DockerRefusedError(
+                        f"the name {LOCK_NAME} is taken by container {str(info.get('Id'))[:12]}, which is not "
+                        "hostagent's ledger lock", f"remove or rename it (docker rm {LOCK_NAME})")
+                if verdict in (lease.DEAD, lease.EXPIRED):
+                    self._break(str(info["Id"]))
+                    continue
+                held_by = f"{lease.holder_of(labels)} (lock {str(info.get('Id'))[:12]})"
+            if time.monotonic() >= deadline:
+                raise LockBusyError(
+                    f"the ledger lock ({LOCK_NAME}) on {engine.docker_host()} is still held by {held_by}",
+                    "retry, or wait with --wait; a lock whose holder died on this host is broken at once, "
+                    f"any other once its lease ({lease.LEASE_S} s) is up")
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.1)
+
+    def release(self, api: Any = None) -> None:
+        """Remove the lock by its ID (through `api` when given: a client of the releasing thread's own)."""
+        lock_id, self.id = self.id, None
+        if lock_id is None:
+            return
+        try:
+            (api or self.api).remove_container(lock_id, force=True, v=True)
+        except Exception as err:
+            if not engine.is_not_found(err):  # 404: broken by another, after this client's lease
+                _say(f"could not remove the ledger lock {lock_id[:12]} ({engine.failure(err, 'remove').message}): "
+                     f"other clients wait until its lease ({lease.LEASE_S} s) is up")
+
+
+# --- both, around one look-then-create -------------------------------------------------------------------------
+
+class LedgerLock:
+    """The local fast path, then the daemon's lock; `with` takes both and lets both go; `check` and `commit`
+    keep this client inside its lease."""
+
+    def __init__(self, api: Any, image: str, wait_s: float = WAIT_S,
+                 missing_image: Callable[[], None] | None = None) -> None:
+        self.local = LocalLock(engine.endpoint().lock_key())
+        self.daemon = DaemonLock(api, image)
+        self.wait_s = wait_s
+        # The lock's create doubles as the check that the image is there (a round trip saved on every run); when
+        # it is not, this is called (pull it, or refuse) outside both locks, once.
+        self.missing_image = missing_image
+        self.daemon.image_checked = missing_image is None
+        self._released: threading.Thread | None = None
+
+    def __enter__(self) -> LedgerLock:
+        if self._released is not None:
+            self._released.join()
+            self._released = None
+        while True:
+            deadline = time.monotonic() + self.wait_s
+            # Only a fast path: when it is not taken (unavailable, a frozen holder), the daemon's lock alone decides.
+            self.local.acquire(timeout=min(self.wait_s, lease.LEASE_S))
+            try:
+                self.daemon.acquire(deadline)
+                return self
+            except ImageMissing:
+                self._release()
+                assert self.missing_image is not None
+                self.missing_image()
+                self.daemon.image_checked = True
+            except BaseException:
+                self._release()
+                raise
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.daemon.sent
+
+    def check(self) -> None:
+        """Before the create: half the lease is left, so that the create lands well inside it."""
+        if self.elapsed() > lease.LEASE_S / 2:
+            raise LeaseLost(f"the look took {self.elapsed():.0f} s of a {lease.LEASE_S} s lease")
+
+    def commit(self, cid: str) -> None:
+        """After the create: the container was made inside the lease, so every later look sees it (its own lease
+        makes it hold until it is started). Then let the lock go, in the background: the start need not wait."""
+        if self.elapsed() > lease.LEASE_S:
+            raise LeaseLost(f"the create ended {self.elapsed():.0f} s into a {lease.LEASE_S} s lease")
+        # Not a daemon thread: the interpreter waits for it at exit, so a detached run leaves no lock behind. Its
+        # own client: the main thread goes on with attach and start on this one.
+        api = engine.connect(version=self.daemon.api.api_version)
+        self._released = threading.Thread(target=self._release, args=(api,), name="hostagent-unlock")
+        self._released.start()
+
+    def _release(self, api: Any = None) -> None:
+        try:
+            self.daemon.release(api)  # failures are said, not raised: the lease ends a lock left behind
+        finally:
+            self.local.release()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._released is None:
+            self._release()
