@@ -143,6 +143,8 @@ def build_parser() -> _Parser:
     ls = sub.add_parser("ls", help="list the cards, their memory and load, and who holds them",
                         description="List every physical card (NVML) and the containers that hold it (the ledger).")
     ls.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    ls.add_argument("--swarm", action="store_true", help="every node of the swarm (from a manager): each card, "
+                    "the task that holds it, the free ones, and the tasks waiting for cards")
 
     r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False,
                        usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
@@ -257,6 +259,10 @@ def _error(err: GpupinError, debug: bool) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
+    if getattr(args, "swarm", False):
+        from gpupin.hostagent import swarmls
+
+        return swarmls.command(args.json)
     from gpupin.hostagent import listing
 
     data = listing.gather()
@@ -309,11 +315,11 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
 
 
 def _ls_fast(raw: list[str]) -> argparse.Namespace | None:
-    """`hostagent ls [--json] [--debug]` without building the parser: argparse and its help formatter cost ~5 ms,
-    5% of what listing 500 containers takes (a benchmarked figure). Anything else goes through argparse."""
-    if not raw or raw[0] != "ls" or not set(raw[1:]) <= {"--json", "--debug"}:
+    """`hostagent ls [--json] [--swarm] [--debug]` without building the parser: argparse and its help formatter cost
+    ~5 ms, 5% of what listing 500 containers takes (a benchmarked figure). Anything else goes through argparse."""
+    if not raw or raw[0] != "ls" or not set(raw[1:]) <= {"--json", "--swarm", "--debug"}:
         return None
-    return argparse.Namespace(command="ls", json="--json" in raw, debug="--debug" in raw)
+    return argparse.Namespace(command="ls", json="--json" in raw, swarm="--swarm" in raw, debug="--debug" in raw)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
