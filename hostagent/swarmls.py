@@ -73,8 +73,8 @@ def gather(cluster: Cluster, local_cards: Sequence[Card] | None = None) -> dict[
             "discrete": [{"kind": r.kind, "total": int(r.value), "used": discrete_used.get((n.id, r.kind), 0)}
                          for r in n.resources if r.discrete],
         })
-    pending = [dict(_task(t, cluster, nodes), why=t.err or t.message or "not placed yet",
-                    reserves=[r.term for r in t.reserves]) for t in cluster.tasks if t.waiting]
+    pending = [{**_task(t, cluster, nodes), "why": t.err or t.message or "not placed yet",
+                "reserves": [r.term for r in t.reserves]} for t in cluster.tasks if t.waiting]
     pending.sort(key=lambda p: (p["service"], p["slot"], p["id"]))
     every = [r for n in out_nodes for r in n["resources"]]
     return {"node_id": cluster.self_id, "nodes": out_nodes, "pending": pending,
