@@ -58,7 +58,7 @@ def gather(cluster: Cluster, local_cards: Sequence[Card] | None = None) -> dict[
                 discrete_used[key2] = discrete_used.get(key2, 0) + int(r.value)
             else:
                 held[(t.node_id, r.kind, r.value)] = _task(t, cluster, nodes)
-    out_nodes = []
+    out_nodes: list[dict[str, Any]] = []
     for n in sorted(cluster.nodes, key=lambda n: (n.role != "manager", n.hostname, n.id)):
         cards = local_cards if n.id == cluster.self_id else None
         named = [r for r in n.resources if not r.discrete]
