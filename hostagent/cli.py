@@ -198,6 +198,10 @@ def build_parser() -> _Parser:
                          description=compose.RENDER_DESCRIPTION, epilog=compose.RENDER_EPILOG, formatter_class=raw)
     cr.add_argument("file", metavar="FILE", help="the compose file to render (it is never overwritten)")
     cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
+    cr.add_argument("--swarm", action="store_true", help="write a Docker Swarm stack: each task reserves its cards "
+                    "as generic resources (see below)")
+    cr.add_argument("--kind", metavar="KIND", help="with --swarm: the generic resource kind to reserve (default GPU, "
+                    "as `hostagent swarm node-config` advertises)")
     cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs",
                          description=compose.CHECK_DESCRIPTION, epilog=compose.CHECK_EPILOG, formatter_class=raw)
     cc.add_argument("file", metavar="FILE", help="the compose file to check")
@@ -299,7 +303,10 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     from gpupin.hostagent import compose
 
     if args.compose_command == "render":
-        return compose.render_command(args.file, args.output)
+        if args.kind is not None and not args.swarm:
+            raise UsageError("--kind goes with --swarm", "a plain render pins cards by UUID; a --swarm render "
+                             "reserves generic resources of KIND")
+        return compose.render_command(args.file, args.output, args.swarm, args.kind)
     if args.compose_command == "check":
         return compose.check_command(args.file, args.json)
     raise UsageError("hostagent compose needs a subcommand", "hostagent compose render FILE | check FILE")
