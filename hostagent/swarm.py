@@ -121,7 +121,7 @@ def parse_terms(terms: Iterable[str], source: str = "node-generic-resources") ->
 
 def from_engine(resources: Iterable[Mapping[str, Any]] | None) -> list[GenericResource]:
     """A node's resources as the engine describes them (`docker node inspect`:
-    .Description.Resources.GenericResources, or a task's AssignedGenericResources)."""
+    .Description.Resources.GenericResources, or what Swarm gave a task)."""
     out: list[GenericResource] = []
     for r in resources or ():
         named, discrete = r.get("NamedResourceSpec"), r.get("DiscreteResourceSpec")
@@ -282,7 +282,10 @@ class Task:
         reservations = (spec.get("Resources") or {}).get("Reservations") or {}
         return cls(_text(t.get("ID")), _text(t.get("ServiceID")), int(t.get("Slot") or 0), _text(t.get("NodeID")),
                    _text(status.get("State")) or "new", _text(t.get("DesiredState")) or "running",
-                   from_engine(t.get("AssignedGenericResources")), from_engine(reservations.get("GenericResources")),
+                   # What Swarm gave the task: `GenericResources` as the daemon sends it (moby's types/swarm Task;
+                   # measured on Engine 20.10), `AssignedGenericResources` as the API's swagger documents it.
+                   from_engine(t.get("GenericResources") or t.get("AssignedGenericResources")),
+                   from_engine(reservations.get("GenericResources")),
                    _text(status.get("Err")), _text(status.get("Message")),
                    _text((status.get("ContainerStatus") or {}).get("ContainerID")))
 

@@ -306,3 +306,20 @@ def test_ls_swarm_without_a_daemon_is_69_in_one_line(fakegpu: Path, tmp_path: Pa
     r = run("ls", "--swarm", DOCKER_HOST=f"unix://{tmp_path}/none.sock")
     assert (r.returncode, r.stdout) == (69, "")
     assert r.stderr.count("\n") == 1 and "does not answer" in r.stderr and "HINT: " in r.stderr
+
+
+def test_a_task_as_the_engine_describes_it() -> None:
+    """What Swarm gave the task: the daemon sends `GenericResources` (Engine 20.10, measured), the API's swagger
+    documents `AssignedGenericResources`; both are read."""
+    given = [{"NamedResourceSpec": {"Kind": "GPU", "Value": U[0]}}]
+    raw: dict[str, Any] = {"ID": "t1", "ServiceID": "s1", "Slot": 3, "NodeID": "n1", "DesiredState": "running",
+                           "Status": {"State": "running", "ContainerStatus": {"ContainerID": "c1"}},
+                           "Spec": {"Resources": {"Reservations": {"GenericResources": [
+                               {"DiscreteResourceSpec": {"Kind": "GPU", "Value": 1}}]}}}}
+    for key in ("GenericResources", "AssignedGenericResources"):
+        t = Task.from_engine({**raw, key: given})
+        assert ([r.term for r in t.assigned], [r.term for r in t.reserves]) == ([f"GPU={U[0]}"], ["GPU=1"])
+        assert (t.holds, t.waiting, t.name("train"), t.container_id) == (True, False, "train.3", "c1")
+    waiting = Task.from_engine({"ID": "t2", "ServiceID": "s1", "Slot": 4, "Status": {"State": "pending",
+                                "Err": "no suitable node"}})
+    assert (waiting.holds, waiting.waiting, waiting.err) == (False, True, "no suitable node")
