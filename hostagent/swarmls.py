@@ -4,9 +4,10 @@ each, the free ones, and the tasks that wait for cards, with Swarm's own reason.
 Read from a manager through the Engine API (hostagent.swarm.read: /info, /nodes, /tasks, /services), the way
 `docker node ls` and `docker service ps` read it, in one listing. A card is held by the task Swarm assigned it to
 while that task counts as placed (from pending on a node to running: the scheduler's own rule); a task that
-holds a resource its node no longer advertises is listed under the node too. The cards of the node hostagent runs
-on, when it talks to its own daemon, are resolved through NVML (bus id, name); NVML on this host knows nothing of
-the other nodes, so theirs are shown by UUID.
+holds a resource its node no longer advertises is listed under the node too. The tasks of a node that is down
+are shown as it last reported them (Swarm has moved them elsewhere; the node stops them when it is back). The
+cards of the node hostagent runs on, when it talks to its own daemon, are resolved through NVML (bus id, name);
+NVML on this host knows nothing of the other nodes, so theirs are shown by UUID.
 
 Exit codes: 0 listed; 69 Docker unavailable, or a daemon that is not a swarm manager (one line that says what it
 is).
@@ -92,6 +93,9 @@ def _held_by(r: dict[str, Any], node: dict[str, Any]) -> str:
     text = f"{h['name']} ({h['id'][:12]}, {h['state']})"
     if not r["advertised"]:
         text += " [no longer advertised by the node]"
+    if node["state"] != "ready":
+        # Swarm keeps the last state a node reported until it comes back (and then stops what it was told to).
+        text += f" [node {node['state']}: as last reported]"
     return text
 
 

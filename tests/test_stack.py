@@ -109,7 +109,10 @@ def test_services_without_gpus_are_untouched() -> None:
     ("x-gpupin: {count: 1, share: true}", "asks to share its cards, but Swarm never gives a reserved card to two "
      "tasks"),
     ("x-gpupin: {count: 1}\nenvironment: {GPUPIN_EXPECT: GPU-00000001}", "environment sets GPUPIN_EXPECT by hand "
-     "beside `x-gpupin`"),
+     "beside `x-gpupin`. HINT: remove it: Swarm names each task's cards (DOCKER_RESOURCE_<KIND>)"),
+    ("deploy:\n  resources:\n    reservations:\n      devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]\n"
+     "labels: [gpupin.devices=GPU-00000001]", "sets the label gpupin.devices by hand beside a count: 1, which names "
+     "no card. HINT: remove it: Swarm names"),
     ("x-gpupin: {count: 1}\ndeploy:\n  resources:\n    reservations:\n      generic_resources: "
      "[{discrete_resource_spec: {kind: GPU, value: 1}}]", "asks for GPUs twice: x-gpupin and "
      "deploy.resources.reservations.generic_resources (GPU)"),

@@ -27,6 +27,7 @@ from tests.conftest import REPO, TEST_IMAGE, Sandboxes, simhost_env, topology
 HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 SWARM_SCRIPT = REPO / "tests" / "sandbox" / "swarm.sh"
 TRAPPED = "worker1"
+CUDA_LIKE = "gpupin:all-cards"  # gpupin:test with a CUDA image's NVIDIA_VISIBLE_DEVICES=all
 
 
 def expected_resources(name: str) -> list[str]:
@@ -747,7 +748,14 @@ def test_a_drained_then_stopped_worker_and_a_stopped_one_never_put_two_tasks_on_
             stopped.append(other)
             wait_until(lambda: running_on(swarm, name).get("manager", 0) == 4 and ticking(4), 120,
                        f"the {on_other} task(s) of {other} to be rescheduled on the manager")
-            assert swarm.ls()["summary"]["held"] == 4
+            listing = {n["hostname"]: n for n in swarm.ls()["nodes"]}
+            assert sum(1 for r in listing["manager"]["resources"] if r["held_by"]) == 4
+            # What the stopped node ran (and did not report stopped before it went) is shown as it last reported it,
+            # marked so in the text.
+            assert listing[other]["state"] == "down"
+            last = sum(1 for r in listing[other]["resources"] if r["held_by"])
+            stale = [ln for ln in swarm.hostagent("ls", "--swarm").stdout.splitlines() if "[node down" in ln]
+            assert len(stale) == last <= on_other, stale
             time.sleep(1)
     finally:
         for node in stopped:
@@ -822,8 +830,12 @@ def test_the_nvidia_gpu_trap_exposes_every_card(swarm: Cluster, trapped: Node, t
     assert 'swarm-resource = "DOCKER_RESOURCE_GPU", but this node advertises its cards as NVIDIA-GPU (tasks get ' \
            "DOCKER_RESOURCE_NVIDIA-GPU)" in r.stdout
     # With gpupin-entrypoint (the image's ENTRYPOINT) the same task is refused before its command runs, and says why.
+    # The image sets NVIDIA_VISIBLE_DEVICES=all, as CUDA's base images do (built on the trapped node, offline).
+    subprocess.run([swarm.docker_cli, "-H", trapped.host, "build", "-q", "-t", CUDA_LIKE, "-"], check=True,
+                   input=f"FROM {TEST_IMAGE}\nENV NVIDIA_VISIBLE_DEVICES=all\n", capture_output=True, text=True,
+                   timeout=120)
     source = compose_source("trap", 1, command="print('the workload ran')", entrypoint=("gpupin-entrypoint",),
-                            environment={"NVIDIA_VISIBLE_DEVICES": "all"})
+                            body=f"x-gpupin: {{count: 1}}\nimage: '{CUDA_LIKE}'")
     with swarm.stack("trapgp", source, "--kind", "NVIDIA-GPU", tmp=tmp_path):
         name = "trapgp_trap"
         (task,) = wait_until(lambda: [t for t in swarm.tasks(name, every=True)

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 DEFAULT_VERSION = "3.8"  # the newest format Docker 19.03's CLI takes; Debian 12's 20.10 takes it too
 MIN_VERSION = (3, 5)  # deploy.resources.reservations.generic_resources arrived in format 3.5
 _GENERIC = "deploy.resources.reservations.generic_resources"
+_SWARM_NAMES = "remove it: Swarm names each task's cards (DOCKER_RESOURCE_<KIND>), and gpupin-entrypoint proves them"
 _COUNT_HINT = f"ask for a number of cards per task: `{KEY}: {{count: N}}` (and `deploy.replicas` for more tasks)"
 
 
@@ -212,7 +213,7 @@ def read_service(name: str, svc: Any, kind: str) -> tuple[StackService | None, l
     n, global_mode, constraints = replicas(svc, name), _global(svc, name), _constraints(svc, name)
     if req is None:
         return StackService(name, Reservation(written[0], kind), n, global_mode, constraints, None, True), []
-    problems = _request_rules(req) + owned_rules(req, env, labels)
+    problems = _request_rules(req) + owned_rules(req, env, labels, _SWARM_NAMES)
     if req.count is None or req.count == ALL:
         return None, problems
     return StackService(name, Reservation(req.count, kind, req.verify), n, global_mode, constraints, req,
