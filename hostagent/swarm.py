@@ -365,17 +365,32 @@ NOT_A_MANAGER_HINT = "point DOCKER_HOST at a manager of the swarm (`docker node 
 
 
 class Cluster:
-    """What a manager knows of the swarm: the nodes, the tasks (every state, history included), the services'
-    names by ID, and which node the daemon asked is (its /info)."""
+    """What a manager knows of the swarm: the nodes, the tasks (every state, history included), and the services'
+    names by ID."""
 
-    __slots__ = ("nodes", "self_id", "services", "tasks")
+    __slots__ = ("nodes", "services", "tasks")
 
-    def __init__(self, nodes: Sequence[Node], tasks: Sequence[Task] = (), services: Mapping[str, str] | None = None,
-                 self_id: str = "") -> None:
+    def __init__(self, nodes: Sequence[Node], tasks: Sequence[Task] = (), services: Mapping[str, str] | None = None
+                 ) -> None:
         self.nodes = list(nodes)
         self.tasks = list(tasks)
         self.services = dict(services or {})
-        self.self_id = self_id
+
+
+def _not_a_manager(api: Any) -> None:
+    """Raise the one line that says what the daemon is, when it is no manager (its /info: ~40 ms, so asked only
+    after a list was refused; `docker node ls` asks it every time)."""
+    from gpupin.hostagent import engine
+    from gpupin.hostagent.errors import DockerUnavailableError
+
+    swarm = engine.fetch(api, "/info")[0].get("Swarm") or {}
+    state = swarm.get("LocalNodeState") or "inactive"
+    if state == "active" and swarm.get("ControlAvailable"):
+        return
+    what = (f"a worker of a swarm (node {swarm.get('NodeID')})" if state == "active" else
+            f"in no swarm (its swarm state is {state})")
+    raise DockerUnavailableError(f"the Docker daemon at {engine.docker_host()} is not a swarm manager: it is {what}",
+                                 NOT_A_MANAGER_HINT)
 
 
 def read(api: Any, tasks: bool = True) -> Cluster:
@@ -384,17 +399,14 @@ def read(api: Any, tasks: bool = True) -> Cluster:
     from gpupin.hostagent import engine
     from gpupin.hostagent.errors import DockerUnavailableError
 
-    info = engine.fetch(api, "/info")[0]
-    swarm = info.get("Swarm") or {}
-    state = swarm.get("LocalNodeState") or "inactive"
-    if state != "active" or not swarm.get("ControlAvailable"):
-        what = (f"a worker of a swarm (node {swarm.get('NodeID')})" if state == "active" else
-                f"in no swarm (its swarm state is {state})")
-        raise DockerUnavailableError(f"the Docker daemon at {engine.docker_host()} is not a swarm manager: it is "
-                                     f"{what}", NOT_A_MANAGER_HINT)
-    nodes = [Node.from_engine(n) for n in engine.fetch(api, "/nodes")[0]]
+    try:
+        raw = engine.fetch(api, "/nodes")[0]
+    except DockerUnavailableError:  # a worker, or a daemon in no swarm, answers 503
+        _not_a_manager(api)
+        raise
+    nodes = [Node.from_engine(n) for n in raw]
     if not tasks:
-        return Cluster(nodes, self_id=_text(swarm.get("NodeID")))
+        return Cluster(nodes)
     found = [Task.from_engine(t) for t in engine.fetch(api, "/tasks")[0]]
     services = {_text(s.get("ID")): _text((s.get("Spec") or {}).get("Name")) for s in engine.fetch(api, "/services")[0]}
-    return Cluster(nodes, found, services, _text(swarm.get("NodeID")))
+    return Cluster(nodes, found, services)

@@ -1,13 +1,14 @@
 """`hostagent ls --swarm`: every node of a Docker Swarm, every card it advertises, which task of which service holds
 each, the free ones, and the tasks that wait for cards, with Swarm's own reason.
 
-Read from a manager through the Engine API (hostagent.swarm.read: /info, /nodes, /tasks, /services), the way
+Read from a manager through the Engine API (hostagent.swarm.read: /nodes, /tasks, /services), the way
 `docker node ls` and `docker service ps` read it, in one listing. A card is held by the task Swarm assigned it to
 while that task counts as placed (from pending on a node to running: the scheduler's own rule); a task that
 holds a resource its node no longer advertises is listed under the node too. The tasks of a node that is down
 are shown as it last reported them (Swarm has moved them elsewhere; the node stops them when it is back). The
-cards of the node hostagent runs on, when it talks to its own daemon, are resolved through NVML (bus id, name);
-NVML on this host knows nothing of the other nodes, so theirs are shown by UUID.
+node hostagent runs on (with its own daemon: the node that advertises the cards NVML sees here) is marked `*`,
+and its cards are resolved through NVML (bus id, name); NVML here knows nothing of the other nodes, so theirs
+are shown by UUID.
 
 Exit codes: 0 listed; 69 Docker unavailable, or a daemon that is not a swarm manager (one line that says what it
 is).
@@ -44,9 +45,10 @@ def _resource(r: GenericResource, holder: dict[str, Any] | None, cards: Sequence
             "held_by": holder, "advertised": advertised}
 
 
-def gather(cluster: Cluster, local_cards: Sequence[Card] | None = None) -> dict[str, Any]:
-    """The listing as data (what --json prints). `local_cards`: NVML's cards of the node the daemon is (its
-    self_id), or None when unknown."""
+def gather(cluster: Cluster, local: tuple[str, Sequence[Card]] | None = None) -> dict[str, Any]:
+    """The listing as data (what --json prints). `local`: the node this host is and its cards as NVML sees them,
+    or None when unknown."""
+    self_id, local_cards = local if local is not None else ("", None)
     nodes = {n.id: n for n in cluster.nodes}
     held: dict[tuple[str, str, str], dict[str, Any]] = {}  # (node, kind, value) -> the task holding it
     discrete_used: dict[tuple[str, str], int] = {}
@@ -61,14 +63,14 @@ def gather(cluster: Cluster, local_cards: Sequence[Card] | None = None) -> dict[
                 held[(t.node_id, r.kind, r.value)] = _task(t, cluster, nodes)
     out_nodes: list[dict[str, Any]] = []
     for n in sorted(cluster.nodes, key=lambda n: (n.role != "manager", n.hostname, n.id)):
-        cards = local_cards if n.id == cluster.self_id else None
+        cards = local_cards if n.id == self_id else None
         named = [r for r in n.resources if not r.discrete]
         rows = [_resource(r, held.pop((n.id, r.kind, r.value), None), cards) for r in named]
         # A task holding what its node no longer advertises (a daemon.json changed under it): still held.
         rows += [_resource(GenericResource(kind, value), task, cards, advertised=False)
                  for (node_id, kind, value), task in sorted(held.items()) if node_id == n.id]
         out_nodes.append({
-            "id": n.id, "hostname": n.hostname, "role": n.role, "leader": n.leader, "self": n.id == cluster.self_id,
+            "id": n.id, "hostname": n.hostname, "role": n.role, "leader": n.leader, "self": n.id == self_id,
             "availability": n.availability, "state": n.state, "addr": n.addr, "schedulable": n.schedulable,
             "resources": rows,
             "discrete": [{"kind": r.kind, "total": int(r.value), "used": discrete_used.get((n.id, r.kind), 0)}
@@ -78,7 +80,7 @@ def gather(cluster: Cluster, local_cards: Sequence[Card] | None = None) -> dict[
                 "reserves": [r.term for r in t.reserves]} for t in cluster.tasks if t.waiting]
     pending.sort(key=lambda p: (p["service"], p["slot"], p["id"]))
     every = [r for n in out_nodes for r in n["resources"]]
-    return {"node_id": cluster.self_id, "nodes": out_nodes, "pending": pending,
+    return {"node_id": self_id or None, "nodes": out_nodes, "pending": pending,
             "summary": {"nodes": len(out_nodes), "resources": len(every),
                         "held": sum(1 for r in every if r["held_by"]),
                         "free": sum(1 for r in every if not r["held_by"]), "pending": len(pending)}}
@@ -127,20 +129,26 @@ def render(data: dict[str, Any]) -> str:
 
 # --- the command -----------------------------------------------------------------------------------------------
 
-def _local_cards(cluster: Cluster) -> list[Card] | None:
-    """NVML's cards, when the daemon is this host's own (a unix socket) and its node advertises cards by UUID:
-    then they are that node's cards. Anything NVML cannot do leaves them unresolved, never fails the listing."""
+def local_node(cluster: Cluster) -> tuple[str, list[Card]] | None:
+    """The node this host is, and its cards: when hostagent talks to its own daemon (a unix socket), the node that
+    advertises cards NVML sees here (UUIDs are unique across machines). Anything NVML cannot do leaves the cards
+    unresolved; it never fails the listing."""
     from gpupin.hostagent import engine
 
-    me = next((n for n in cluster.nodes if n.id == cluster.self_id), None)
-    if me is None or engine.endpoint().unix_path is None or not any(names_a_gpu(r.value) for r in me.resources):
+    if engine.endpoint().unix_path is None or not any(names_a_gpu(r.value) for n in cluster.nodes
+                                                      for r in n.resources if not r.discrete):
         return None
     try:
         from gpupin.entrypoint import nvml
 
-        return nvml.list_cards(mig=True, tolerate_lost=True)
+        cards = nvml.list_cards(mig=True, tolerate_lost=True)
     except Exception:
         return None
+    here = {c.uuid for c in cards if c.uuid} | {m.uuid for c in cards for m in c.mig_devices}
+    for n in cluster.nodes:
+        if any(not r.discrete and r.value in here for r in n.resources):
+            return n.id, cards
+    return None
 
 
 def command(as_json: bool) -> int:
@@ -157,6 +165,6 @@ def command(as_json: bool) -> int:
         if not engine.is_daemon_failure(err):
             raise
         raise engine.failure(err, "reading the swarm") from None
-    data = gather(cluster, _local_cards(cluster))
+    data = gather(cluster, local_node(cluster))
     sys.stdout.write(json.dumps(data) + "\n" if as_json else render(data))
     return 0

@@ -241,11 +241,11 @@ def sample() -> Cluster:
         task("t5aaaaaaaaaaaaa", "s2", 1, "n-w1", "running", U[5]),  # held, though the node no longer advertises it
         Task("t6aaaaaaaaaaaaa", "s2", 2, "n-w1", "running", assigned=parse_terms(["SSD=1"])),
     ]
-    return Cluster(nodes, tasks, {"s1": "train", "s2": "infer"}, "n-mgr")
+    return Cluster(nodes, tasks, {"s1": "train", "s2": "infer"})
 
 
 def test_ls_swarm_data_names_each_holder_the_free_cards_and_the_waiting_tasks() -> None:
-    data = swarmls.gather(sample(), cards("mixed-4"))
+    data = swarmls.gather(sample(), ("n-mgr", cards("mixed-4")))
     mgr, w1 = data["nodes"]
     assert (mgr["hostname"], mgr["self"], mgr["leader"], w1["schedulable"]) == ("manager", True, True, False)
     held = [(r["card"]["bus_id"], r["held_by"] and r["held_by"]["name"]) for r in mgr["resources"]]
@@ -262,7 +262,7 @@ def test_ls_swarm_data_names_each_holder_the_free_cards_and_the_waiting_tasks() 
 
 def test_ls_swarm_text() -> None:
     mixed = cards("mixed-4")
-    text = swarmls.render(swarmls.gather(sample(), mixed))
+    text = swarmls.render(swarmls.gather(sample(), ("n-mgr", mixed)))
     lines = text.splitlines()
     assert lines[0].split() == ["NODE", "ROLE", "STATUS", "RESOURCE", "BUS", "ID", "NAME", "HELD", "BY"]
     assert lines[1].startswith("manager *  leader  ready/active  GPU=" + str(mixed[0].uuid))

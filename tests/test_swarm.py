@@ -535,6 +535,17 @@ def compose_source(service: str, replicas: int, body: str = "x-gpupin: {count: 1
 STACK = "gp"
 
 
+def test_ls_swarm_from_a_worker_is_69_in_one_line(swarm: Cluster) -> None:
+    worker = swarm.nodes["worker1"]
+    r = subprocess.run([HOSTAGENT, "ls", "--swarm"], env=simhost_env(worker.topology, DOCKER_HOST=worker.host),
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (69, "")
+    assert r.stderr.startswith(f"hostagent: ERROR: the Docker daemon at {worker.host} is not a swarm manager: it is "
+                               "a worker of a swarm (node ")
+    assert r.stderr.endswith("HINT: point DOCKER_HOST at a manager of the swarm (`docker node ls` works there)\n")
+    assert r.stderr.count("\n") == 1
+
+
 @pytest.fixture(scope="class")
 def every_card(swarm: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     """`hostagent compose render --swarm` of a compose file with one replica per card of the swarm (x-gpupin
