@@ -326,3 +326,11 @@ def test_a_task_as_the_engine_describes_it() -> None:
     waiting = Task.from_engine({"ID": "t2", "ServiceID": "s1", "Slot": 4, "Status": {"State": "pending",
                                 "Err": "no suitable node"}})
     assert (waiting.holds, waiting.waiting, waiting.err) == (False, True, "no suitable node")
+
+
+def test_the_swarm_example_renders_to_four_tasks_of_one_card() -> None:
+    out, exam = render(load.load(str(REPO / "compose" / "swarm-replicas.yml")), "GPU", SWARM)
+    s = out["services"]["trainer"]
+    assert s["deploy"] == {"replicas": 4, "resources": {"reservations": {"generic_resources": GPU1}}}
+    assert s["environment"] == {"GPUPIN_REQUIRE": "1", "GPUPIN_VERIFY": "cuda"}
+    assert exam.problems == [] and str(out["version"]) == "3.8"
