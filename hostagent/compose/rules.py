@@ -279,7 +279,8 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
             continue
         if n > 1:
             problems.append(Problem(name, f"asks for {n} replicas of a pinned service: every replica would get the "
-                                    "same cards", "make one service per replica, each with its own cards"))
+                                    "same cards", "make one service per replica, each with its own cards (on a "
+                                    "Docker Swarm, `hostagent compose render --swarm` gives each replica its own)"))
         problems.extend(owned_rules(req, env, labels))
         if req.count is None or req.count == ALL:
             if req.count is None:
