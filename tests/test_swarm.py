@@ -626,6 +626,19 @@ class TestEveryCard:
         text = swarm.hostagent("ls", "--swarm").stdout
         assert text.splitlines()[-1] == f"3 node(s), {n} advertised resource(s): {n} held, 0 free; 0 task(s) pending"
 
+    def test_hostagent_run_on_a_node_does_not_take_a_card_a_task_holds(self, swarm: Cluster,
+                                                                          every_card: tuple[str, int]) -> None:
+        """The node's own ledger (`hostagent ls`, `run`) counts what Swarm gave its tasks (DOCKER_RESOURCE_GPU under
+        the nvidia runtime): a local run on a busy swarm node waits or refuses, it never shares a task's card."""
+        name, _ = every_card
+        data = json.loads(swarm.hostagent("ls", "--json").stdout)
+        held = {g["uuid"]: [(gr["form"], h["name"]) for h in g["holders"] for gr in h["grants"]] for g in data["gpus"]}
+        assert all(len(v) == 1 and v[0][0] == "swarm-resource" and v[0][1].startswith(f"{name}.")
+                   for v in held.values()), held
+        r = swarm.hostagent("run", "--dry-run", "--count", "1", TEST_IMAGE, "true", check=False)
+        assert r.returncode == 75, r.stderr
+        assert "--count 1: 0 of 4 card(s) are free" in r.stderr
+
     def test_one_replica_more_than_cards_stays_pending(self, swarm: Cluster, every_card: tuple[str, int],
                                                         tmp_path: Path) -> None:
         name, n = every_card
