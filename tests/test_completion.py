@@ -10,9 +10,7 @@ import subprocess
 import pytest
 
 from tests.cards import uuids
-from tests.conftest import REPO, simhost_env
-
-BIN = str(REPO / ".venv" / "bin")
+from tests.conftest import BIN, simhost_env
 
 
 def complete(*words: str, scenario: str = "mixed-4") -> list[str]:

@@ -21,9 +21,8 @@ import pytest
 
 from gpupin.entrypoint.identity import BusId
 from gpupin.hostagent.swarm import GenericResourceError, env_var, from_engine, parse_terms
-from tests.conftest import REPO, TEST_IMAGE, Sandboxes, simhost_env, topology
+from tests.conftest import HOSTAGENT, REPO, TEST_IMAGE, Sandboxes, simhost_env, topology
 
-HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 SWARM_SCRIPT = REPO / "tests" / "sandbox" / "swarm.sh"
 TRAPPED = "worker1"
 
