@@ -20,6 +20,7 @@ import threading
 
 from gpupin.hostagent import engine
 from gpupin.hostagent.errors import DockerUnavailableError
+from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -164,7 +165,9 @@ class Attachment:
                 restore_tty()
             for s, h in handlers.items():
                 signal.signal(s, h)
-        return self._exit_code()
+        code = self._exit_code()
+        mark("exited")
+        return code
 
     def _exit_code(self) -> int:
         code = self.result.get("StatusCode")

@@ -17,6 +17,7 @@ from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import runopts
 from gpupin.hostagent.errors import InternalError
 from gpupin.hostagent.pin import VERIFY_LEVELS
+from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -330,6 +331,7 @@ def _ls_fast(raw: list[str]) -> argparse.Namespace | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    mark("main")
     raw = list(sys.argv[1:] if argv is None else argv)
     fast = _ls_fast(raw)
     if fast is not None:
@@ -361,7 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "ls":
             return _cmd_ls(args)
         if args.command == "run":
-            return _cmd_run(args)
+            mark("parsed")
+            code = _cmd_run(args)
+            mark("done")
+            return code
         if args.command == "compose":
             return _cmd_compose(args)
         if args.command == "swarm":

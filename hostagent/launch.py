@@ -21,6 +21,7 @@ from gpupin.hostagent import engine, gpus, image, lease, ledger, lock
 from gpupin.hostagent.attach import Attachment
 from gpupin.hostagent.errors import CardHeldError, DockerUnavailableError
 from gpupin.hostagent.request import ContainerSpec, RunRequest
+from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
                       on_created: Callable[[str], None] | None = None) -> Launched:
     try:
         cid = api.create_container_from_config(spec.config(api.api_version), **spec.create_args())["Id"]
+        mark("created")
     except Exception as err:
         if engine.is_api_error(err):
             raise engine.refused(err, "Docker refused to create the container") from None
@@ -153,7 +155,9 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
         if foreground:
             attachment = Attachment(cid, spec.req, api.api_version)
             attachment.open()
+            mark("attached")
         api.start(cid)
+        mark("started")
         return Launched(cid, spec, attachment)
     except BaseException as err:
         with contextlib.suppress(Exception):
@@ -188,10 +192,12 @@ LEASE_RETRIES = 3  # looks that ran past their lease before the run gives up (a 
 def launch(req: RunRequest) -> Launched | ContainerSpec:
     """Everything up to a started container (or, with --dry-run, up to its spec)."""
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
+    mark("cards")
     picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
     if req.dry_run:
         return _dry_run_spec(req, cards, picks)
     api = engine.connect()
+    mark("connected")
     # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
     # (or --pull always asks for a pull first).
     if req.pull == "always":
@@ -204,8 +210,10 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
         refusal: _Refusal | None
         try:
             with guard:
+                mark("locked")
                 _failpoint("after-lock")
                 book = engine.read_ledger(api, cards)
+                mark("looked")
                 _remove_orphans(api, book)
                 chosen, refusal = _choose(req, cards, picks, ledger.held(book.holders))
                 if chosen is not None:

@@ -23,6 +23,9 @@ from typing import Any, NoReturn
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / ".venv" / "bin"  # the console scripts of the editable install
+HOSTAGENT = str(BIN / "hostagent")
+ENTRYPOINT = str(BIN / "gpupin-entrypoint")
 FAKEGPU = REPO / "build" / "fakegpu"
 SCENARIOS = REPO / "tests" / "fakegpu" / "scenarios"
 SANDBOX_SCRIPT = REPO / "tests" / "sandbox" / "sandbox.sh"
@@ -225,7 +228,6 @@ def real_gpu_count() -> int:
 
 # --- hostagent on the simulated host, against the sandbox (shared by every hostagent test file) ---------------
 
-HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 
 
 class Agent:

@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.cards import uuids
-from tests.conftest import REPO, simhost_env
-
-BIN = str(REPO / ".venv" / "bin")
+from tests.conftest import BIN, simhost_env
 
 
 def complete(*words: str, scenario: str = "mixed-4") -> list[str]:

@@ -27,10 +27,9 @@ from gpupin.hostagent.compose.request import gpu_request
 from gpupin.hostagent.compose.rules import Examination, examine
 from gpupin.hostagent.ledger import Holder, held
 from tests.cards import cards as scenario_cards
-from tests.conftest import REPO, TEST_IMAGE, Sandbox, docker_required, gpu_uuids, simhost_env
+from tests.conftest import HOSTAGENT, REPO, TEST_IMAGE, Sandbox, docker_required, gpu_uuids, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
-HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 EXAMPLES = REPO / "compose"
 # A "billion laughs" alias bomb of about the size (461 bytes there): 9**8 strings once expanded, which is
 # gigabytes in any copy, dump or repr of it.

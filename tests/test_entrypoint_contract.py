@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TEST_IMAGE, Sandbox, engines_under_test, gpu_uuids, simhost_env
+from tests.conftest import ENTRYPOINT, TEST_IMAGE, Sandbox, engines_under_test, gpu_uuids, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
-ENTRYPOINT = str(REPO / ".venv" / "bin" / "gpupin-entrypoint")
 
 
 class Result:

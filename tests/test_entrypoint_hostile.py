@@ -23,9 +23,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import TEST_IMAGE, Sandbox, gpu_uuids, simhost_env, topology
+from tests.conftest import ENTRYPOINT, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env, topology
 from tests.test_entrypoint_contract import (  # noqa: F401
-    ENTRYPOINT,
     MODES,
     Entrypoint,
     device,

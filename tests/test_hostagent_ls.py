@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env
+from tests.conftest import HOSTAGENT, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
-HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 
 
 def ls(*args: str, scenario_name: str = "mixed-4", **env: str) -> subprocess.CompletedProcess[str]:

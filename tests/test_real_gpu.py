@@ -106,3 +106,67 @@ def test_require_without_expectation_is_refused() -> None:
     assert r.returncode == 0
     data: dict[str, Any] = json.loads(r.stdout)
     assert [d["uuid"] for d in data["devices"]] == [u for u, _ in cards()]
+
+
+def minors() -> list[tuple[str, int]]:
+    """(UUID, minor number) of each card, from the real NVML."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return [(str(pynvml.nvmlDeviceGetUUID(h)), int(pynvml.nvmlDeviceGetMinorNumber(h)))
+                for h in (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount()))]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_slurms_allocation_is_read_through_the_real_minor_numbers() -> None:
+    need(2)
+    (u0, m0), (u1, m1) = minors()[:2]
+    for uuid, minor in ((u0, m0), (u1, m1)):
+        r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", SLURM_STEP_GPUS=str(minor),
+                       CUDA_VISIBLE_DEVICES=str(minor), SLURM_LOCALID="0")
+        assert r.returncode == 0, r.stderr
+        assert saw(r.stdout) == [uuid], r.stdout
+        assert f"minor number {minor}" in r.stderr
+    # a launcher's reordering within the allocation is followed
+    r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", SLURM_STEP_GPUS=f"{m0},{m1}",
+                   CUDA_VISIBLE_DEVICES=f"{m1},{m0}", SLURM_LOCALID="0")
+    assert r.returncode == 0 and saw(r.stdout) == [u1, u0], r.stderr
+    # a job script that points CUDA_VISIBLE_DEVICES at a card outside the allocation is refused
+    r = entrypoint("sh", "-c", "echo WORKLOAD-STARTED", SLURM_STEP_GPUS=str(m1), CUDA_VISIBLE_DEVICES=str(m0),
+                   SLURM_LOCALID="0")
+    assert r.returncode == 78 and "WORKLOAD-STARTED" not in r.stdout, r.stderr
+
+
+def test_sigterm_during_the_cuda_probe_ends_the_entrypoint_promptly() -> None:
+    need(1)
+    import signal
+    import time
+
+    expect = ",".join(u for u, _ in cards())
+    p = subprocess.Popen([sys.executable, "-m", "gpupin.entrypoint.cli", "sh", "-c", "echo WORKLOAD-STARTED"],
+                         env=real_env(GPUPIN_EXPECT=expect), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    time.sleep(0.15)  # past start-up, inside the CUDA probe (cuInit takes 0.2 s a card here)
+    sent = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    took = time.monotonic() - sent
+    print(f"SIGTERM to exit: {took * 1000:.0f} ms; rc {p.returncode}; {err.strip().splitlines()[-1:]}")
+    if p.returncode == 0:
+        pytest.skip(f"the probe had already finished when SIGTERM came ({out.strip()})")
+    assert p.returncode == 128 + signal.SIGTERM and "WORKLOAD-STARTED" not in out, err
+    assert took < 2.0
+
+
+def test_a_hostile_pythonpath_does_not_reach_the_entrypoint(tmp_path: Any) -> None:
+    need(1)
+    for name in ("pynvml", "json", "subprocess", "entrypoint"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('hostile module imported')\n")
+    uuid, bus = cards()[0]
+    env = real_env(GPUPIN_EXPECT=f"{uuid}@{bus}")
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    r = subprocess.run([sys.executable, "-c", "import sys; from gpupin.entrypoint.cli import main; sys.exit(main())",
+                        "sh", "-c", "echo WORKLOAD-STARTED"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "WORKLOAD-STARTED" in r.stdout, r.stderr

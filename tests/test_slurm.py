@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TEST_IMAGE, Sandbox, docker_required, scenario, topology
+from tests.conftest import ENTRYPOINT, REPO, TEST_IMAGE, Sandbox, docker_required, scenario, topology
 
 pytestmark = pytest.mark.slurm
 
 SCRIPT = REPO / "tests" / "sandbox" / "slurm.sh"
-ENTRYPOINT = str(REPO / ".venv" / "bin" / "gpupin-entrypoint")
 PYTHON = sys.executable
 BY_MINOR = {g["minor_number"]: g["uuid"] for g in topology("slurm-shuffled")["gpus"]}
 

@@ -22,9 +22,8 @@ import yaml
 
 from gpupin.entrypoint.identity import BusId
 from gpupin.hostagent.swarm import GenericResourceError, env_var, from_engine, parse_terms
-from tests.conftest import REPO, TEST_IMAGE, Sandboxes, simhost_env, topology
+from tests.conftest import HOSTAGENT, REPO, TEST_IMAGE, Sandboxes, simhost_env, topology
 
-HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 SWARM_SCRIPT = REPO / "tests" / "sandbox" / "swarm.sh"
 TRAPPED = "worker1"
 CUDA_LIKE = "gpupin:all-cards"  # gpupin:test with a CUDA image's NVIDIA_VISIBLE_DEVICES=all
