@@ -19,9 +19,8 @@ from gpupin.hostagent.compose.problems import RenderRefused
 from gpupin.hostagent.compose.stack import examine, render
 from gpupin.hostagent.swarm import Cluster, Constraint, GenericResource, Node, Task, parse_terms
 from tests.cards import cards
-from tests.conftest import REPO, simhost_env
+from tests.conftest import HOSTAGENT, REPO, simhost_env
 
-HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
 U = [f"GPU-0000000{i}-aaaa-4bbb-8ccc-dddddddddddd" for i in range(9)]
 
 
