@@ -31,6 +31,7 @@ help:
 	@echo "make test-unit     the tests that need no Docker daemon (a minute)"
 	@echo "make lint          ruff and mypy"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
+	@echo "make bench-swarm   hostagent ls --swarm against docker node ls + service ps, on the three-node swarm"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
@@ -131,10 +132,21 @@ lint: setup
 BENCH_VENV := build/bench-venv
 # The benchmark and the demo run on the default engine only.
 bench demo: ENGINES := 20.10
-bench: image-test
-	rm -rf $(BENCH_VENV) && $(PY) -m venv $(BENCH_VENV)
+BENCH_INSTALL = rm -rf $(BENCH_VENV) && $(PY) -m venv $(BENCH_VENV) && \
 	$(BENCH_VENV)/bin/pip install -q --find-links build/wheels "$$(ls build/wheels/gpupin-*.whl)[host]"
+bench: image-test
+	$(BENCH_INSTALL)
 	$(SIMHOST) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/results.json $(BENCH_ARGS)
+
+# `hostagent ls --swarm` against `docker node ls` + `docker service ps`, on the three-node swarm (started here, left
+# running: make swarm-down stops it); hostagent talks to the manager, whose cards (mixed-4) its NVML sees.
+.PHONY: bench-swarm
+SWARM_MANAGER := unix:///run/gpupin-swarm$(if $(GPUPIN_SANDBOX_NAME),-$(GPUPIN_SANDBOX_NAME))/manager/docker.sock
+bench-swarm: ENGINES := 20.10
+bench-swarm: swarm-up
+	$(BENCH_INSTALL)
+	$(SIMHOST) DOCKER_HOST=$(SWARM_MANAGER) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/swarm.json \
+	  swarm $(BENCH_ARGS)
 
 demo: image-test
 	@$(SIMHOST) tests/sandbox/demo.sh

@@ -8,6 +8,10 @@
               sandbox. Target: at most 1.25x.
   ls          `hostagent ls --json` with 500 pinned containers (created, not started) against
               `docker ps -a --filter label=gpupin.devices`. Target: at most 1.5x.
+  swarm       `hostagent ls --swarm --json` on a swarm manager (DOCKER_HOST; `make bench-swarm` starts the
+              three-node swarm) running one task per card plus one pending, against the docker CLI commands that
+              give the same facts: `docker node ls` then `docker service ps SERVICE`. Target: at most 1.0x.
+              Not in the default parts (it needs the swarm).
 
 Runs alternate (A B B A A B ...) so that drift in the machine's load hits both sides alike; each figure is a median.
 The environment is the simulated host's (the Makefile's SIMHOST); on a real GPU host, run the `entrypoint` part
@@ -195,17 +199,46 @@ def bench_ls(n: int, results: dict[str, object], containers: int = 500) -> None:
             api.remove_container(c["Id"], force=True)
 
 
+def bench_swarm(n: int, results: dict[str, object]) -> None:
+    env = dict(os.environ)
+    ha = [str(BIN / "hostagent"), "ls", "--swarm", "--json"]
+    listing = json.loads(subprocess.run(ha, env=env, capture_output=True, text=True, check=True).stdout)
+    cards = listing["summary"]["resources"]
+    service = "gpupin-bench-swarm"
+    subprocess.run([DOCKER, "service", "rm", service], env=env, capture_output=True)
+    subprocess.run([DOCKER, "service", "create", "-d", "--name", service, "--replicas", str(cards + 1),
+                    "--generic-resource", "GPU=1", "--no-resolve-image", "--restart-condition", "none",
+                    "--entrypoint", "sleep", IMAGE, "infinity"], env=env, capture_output=True, check=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            summary = json.loads(subprocess.run(ha, env=env, capture_output=True, text=True, check=True).stdout)
+            if summary["summary"]["held"] == cards and summary["summary"]["pending"] == 1:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench: {cards} tasks did not all start, nor one wait: {summary['summary']}")
+            time.sleep(1)
+        print(f"(a swarm of {listing['summary']['nodes']} nodes, {cards} cards: {cards} tasks running, one "
+              "pending)", flush=True)
+        node_ls, service_ps = [DOCKER, "node", "ls"], [DOCKER, "service", "ps", service]
+        ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(node_ls, env) + timed(service_ps, env), n)
+        report(f"hostagent ls --swarm --json vs node ls + service ps ({cards + 1} tasks)", ours, floor, 1.0, results)
+    finally:
+        subprocess.run([DOCKER, "service", "rm", service], env=env, capture_output=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("parts", nargs="*", metavar="PART", help="entrypoint, run, ls (default: all three)")
+    p.add_argument("parts", nargs="*", metavar="PART", help="entrypoint, run, ls (default: all three), swarm")
     p.add_argument("-n", type=int, default=30, help="measured runs per side (entrypoint; a third for docker parts)")
     p.add_argument("--expect", help="GPUPIN_EXPECT for the entrypoint part (default: the topology's card 1)")
     p.add_argument("--json", metavar="FILE", help="also write the results here")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args(argv)
     args.parts = args.parts or ["entrypoint", "run", "ls"]
-    if set(args.parts) - {"entrypoint", "run", "ls"}:
-        p.error(f"unknown part(s): {' '.join(sorted(set(args.parts) - {'entrypoint', 'run', 'ls'}))}")
+    known = {"entrypoint", "run", "ls", "swarm"}
+    if set(args.parts) - known:
+        p.error(f"unknown part(s): {' '.join(sorted(set(args.parts) - known))}")
     results: dict[str, object] = {}
     print(f"bench: {os.cpu_count()} CPU(s), python {sys.version.split()[0]}, medians of interleaved runs", flush=True)
     if "entrypoint" in args.parts:
@@ -215,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_run(max(args.n // 3, 5), results)
     if "ls" in args.parts:
         bench_ls(max(args.n // 3, 5), results)
+    if "swarm" in args.parts:
+        bench_swarm(max(args.n // 3, 5), results)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

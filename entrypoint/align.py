@@ -132,6 +132,37 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
     return Plan(bindings, cvd, expectation, len(in_pci_order) - len(expectation.cards))
 
 
+def visible_units(cards: Sequence[Card]) -> list[str]:
+    """What a process can be given, by UUID: each whole card, or the MIG devices of a card in MIG mode (the card
+    itself is no CUDA device then); a card NVML cannot read is named by its index."""
+    out: list[str] = []
+    for c in cards:
+        if c.uuid is None:
+            out.append(f"index {c.index} ({c.error or 'unreadable'})")
+        elif c.mig_mode:
+            out.extend(m.uuid for m in c.mig_devices)
+        else:
+            out.append(c.uuid)
+    return out
+
+
+def check_sole(plan: Plan, cards: Sequence[Card]) -> None:
+    """Raise MisalignedError when the expectation's source says its cards are all the runtime exposed (`sole`,
+    Swarm's reservation) but NVML sees more: those are other tasks' cards, and the runtime is misconfigured."""
+    exp = plan.expectation
+    if exp is None or exp.sole is None:
+        return
+    expected = {b.uuid for b in plan.bindings}
+    extra = [u for u in visible_units(cards) if u not in expected]
+    if extra:
+        raise MisalignedError(
+            f"{exp.source} reserves {', '.join(b.uuid for b in plan.bindings)} for this task, but it also sees "
+            f"{len(extra)} device(s) it did not reserve ({', '.join(extra)}), which the scheduler gives to other "
+            "tasks",
+            exp.sole,
+        )
+
+
 class CudaDevice:
     """What the CUDA driver (or torch) says cuda:k is."""
 

@@ -31,7 +31,8 @@ Prove that every cuda:k this container will see is the physical GPU that was ask
 The expectation (which cards, in local-rank order) comes from, in this order:
   GPUPIN_EXPECT            UUID[@BUSID],... as hostagent and `hostagent compose render` write it
   NVIDIA_VISIBLE_DEVICES   when it lists UUIDs (docker --gpus device=UUID, Kubernetes)
-  DOCKER_RESOURCE_*        Swarm generic resources naming GPU UUIDs
+  DOCKER_RESOURCE_*        Swarm generic resources naming GPU UUIDs: the cards the task reserved, so a task
+                           that sees more is refused (78: the node's runtime did not read the variable)
   SLURM_STEP_GPUS          Slurm's allocation (SLURM_JOB_GPUS in a batch script): minor numbers, in the order of
                            Slurm's CUDA_VISIBLE_DEVICES for this task; refused (78) when the job changed
                            CUDA_VISIBLE_DEVICES to a card outside it (`srun gpupin-entrypoint CMD`)

@@ -49,14 +49,21 @@ class ExpectedCard:
 
 class Expectation:
     """The expected cards in local-rank order, the variable they came from (for messages) and, where the source
-    needs more words than its name (Slurm: the values read, the task), `detail`, which the report shows instead."""
+    needs more words than its name (Slurm: the values read, the task), `detail`, which the report shows instead.
 
-    __slots__ = ("cards", "detail", "source")
+    `sole` is set by a source whose cards are all the runtime was meant to expose (Swarm: the cards the task
+    reserved): a card visible beyond them is then a refusal, not a card that CUDA_VISIBLE_DEVICES leaves out, and
+    `sole` is the hint that says why it happened and what to do. None (GPUPIN_EXPECT, bare metal, `--gpus all`):
+    other visible cards are fine."""
 
-    def __init__(self, cards: Sequence[ExpectedCard], source: str, detail: str | None = None) -> None:
+    __slots__ = ("cards", "detail", "sole", "source")
+
+    def __init__(self, cards: Sequence[ExpectedCard], source: str, detail: str | None = None,
+                 sole: str | None = None) -> None:
         self.cards = tuple(cards)
         self.source = source
         self.detail = detail
+        self.sole = sole
 
     def __str__(self) -> str:
         return format_expect(self.cards)

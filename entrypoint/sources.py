@@ -83,13 +83,28 @@ def nvidia_visible_devices(ctx: Context) -> Answer:
 
 def swarm_resources(ctx: Context) -> Answer:
     """Swarm's generic resources: DOCKER_RESOURCE_<KIND>, named after the resource kind (the toolkit's default
-    is DOCKER_RESOURCE_GPU, tried first)."""
+    is DOCKER_RESOURCE_GPU, tried first). They are the cards the task reserved, so they are all the runtime may
+    expose (`sole`): more visible cards mean the runtime did not read the variable."""
     keys = sorted(k for k in ctx.env if k.startswith(SWARM_PREFIX))
     keys.sort(key=lambda k: (k != "DOCKER_RESOURCE_GPU", "GPU" not in k.upper(), k))
     for key in keys:
         if _uuid_list(ctx.env[key]) is not None:
-            return parse_expect(ctx.env[key], key)
+            expectation = parse_expect(ctx.env[key], key)
+            expectation.sole = _swarm_fallback(key, ctx.env.get(NVD_VAR))
+            return expectation
     return f"{', '.join(keys)} name(s) no GPU UUID" if keys else None
+
+
+def _swarm_fallback(key: str, nvd: str | None) -> str:
+    """Why a Swarm task sees cards it did not reserve: the NVIDIA runtime reads DOCKER_RESOURCE_<KIND> only when
+    its config's swarm-resource names it, and otherwise falls back to NVIDIA_VISIBLE_DEVICES (`all` in CUDA
+    images): the node advertises a kind its runtime does not read (Docker's example kind NVIDIA-GPU against the
+    toolkit's DOCKER_RESOURCE_GPU is the classic case)."""
+    here = f" ({NVD_VAR}={shorten(nvd, 40)} here)" if nvd is not None else ""
+    return (f"the NVIDIA runtime did not read {key}: the node advertises {key[len(SWARM_PREFIX):]} resources, but "
+            f"its runtime's swarm-resource does not name {key}, so it fell back to {NVD_VAR}{here}; run `hostagent "
+            f"swarm node-config --check` on that node (`docker service ps` names it) and set swarm-resource = "
+            f'"{key}" in its /etc/nvidia-container-runtime/config.toml')
 
 
 def slurm_allocation(ctx: Context) -> Answer:

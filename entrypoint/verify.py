@@ -182,6 +182,8 @@ def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = Fals
         )
     cards = found.context.cards()
     plan = align.plan(expectation, cards)
+    if expectation is not None and expectation.sole is not None:
+        align.check_sole(plan, cards)
     ver = Verification(plan, level)
     env = dict(environ)
     _set(env, ver, "CUDA_DEVICE_ORDER", "PCI_BUS_ID")

@@ -144,6 +144,8 @@ def build_parser() -> _Parser:
     ls = sub.add_parser("ls", help="list the cards, their memory and load, and who holds them",
                         description="List every physical card (NVML) and the containers that hold it (the ledger).")
     ls.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    ls.add_argument("--swarm", action="store_true", help="every node of the swarm (from a manager): each card, "
+                    "the task that holds it, the free ones, and the tasks waiting for cards")
 
     r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False,
                        usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
@@ -197,6 +199,10 @@ def build_parser() -> _Parser:
                          description=compose.RENDER_DESCRIPTION, epilog=compose.RENDER_EPILOG, formatter_class=raw)
     cr.add_argument("file", metavar="FILE", help="the compose file to render (it is never overwritten)")
     cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
+    cr.add_argument("--swarm", action="store_true", help="write a Docker Swarm stack: each task reserves its cards "
+                    "as generic resources (see below)")
+    cr.add_argument("--kind", metavar="KIND", help="with --swarm: the generic resource kind to reserve (default GPU, "
+                    "as `hostagent swarm node-config` advertises)")
     cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs",
                          description=compose.CHECK_DESCRIPTION, epilog=compose.CHECK_EPILOG, formatter_class=raw)
     cc.add_argument("file", metavar="FILE", help="the compose file to check")
@@ -258,6 +264,10 @@ def _error(err: GpupinError, debug: bool) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
+    if getattr(args, "swarm", False):
+        from gpupin.hostagent import swarmls
+
+        return swarmls.command(args.json)
     from gpupin.hostagent import listing
 
     data = listing.gather()
@@ -294,7 +304,10 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     from gpupin.hostagent import compose
 
     if args.compose_command == "render":
-        return compose.render_command(args.file, args.output)
+        if args.kind is not None and not args.swarm:
+            raise UsageError("--kind goes with --swarm", "a plain render pins cards by UUID; a --swarm render "
+                             "reserves generic resources of KIND")
+        return compose.render_command(args.file, args.output, args.swarm, args.kind)
     if args.compose_command == "check":
         return compose.check_command(args.file, args.json)
     raise UsageError("hostagent compose needs a subcommand", "hostagent compose render FILE | check FILE")
@@ -310,11 +323,11 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
 
 
 def _ls_fast(raw: list[str]) -> argparse.Namespace | None:
-    """`hostagent ls [--json] [--debug]` without building the parser: argparse and its help formatter cost ~5 ms,
-    5% of what listing 500 containers takes (a benchmarked figure). Anything else goes through argparse."""
-    if not raw or raw[0] != "ls" or not set(raw[1:]) <= {"--json", "--debug"}:
+    """`hostagent ls [--json] [--swarm] [--debug]` without building the parser: argparse and its help formatter cost
+    ~5 ms, 5% of what listing 500 containers takes (a benchmarked figure). Anything else goes through argparse."""
+    if not raw or raw[0] != "ls" or not set(raw[1:]) <= {"--json", "--swarm", "--debug"}:
         return None
-    return argparse.Namespace(command="ls", json="--json" in raw, debug="--debug" in raw)
+    return argparse.Namespace(command="ls", json="--json" in raw, swarm="--swarm" in raw, debug="--debug" in raw)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

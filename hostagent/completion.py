@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 GPU_OPTIONS = ("--gpu", "--uuid")
-FILE_OPTIONS = ("--env-file", "-o", "--output")
+FILE_OPTIONS = ("--env-file", "-o", "--output", "--daemon-json", "--toolkit-config", "--runtime-path")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

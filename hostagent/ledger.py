@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from gpupin.entrypoint.errors import GpupinError
+from gpupin.entrypoint.identity import is_uuid_like
 from gpupin.entrypoint.resolve import by_minor, resolve
 from gpupin.hostagent import lease
 from gpupin.hostagent.pin import LABEL as LABEL  # the ledger reads the labels the pin writes
@@ -157,6 +158,26 @@ def _runtime_env(c: Mapping[str, Any], host: Host) -> list[Grant]:
     return [Grant("nvidia-runtime", f"--runtime {runtime} NVIDIA_VISIBLE_DEVICES={value}", uuids, unknown)]
 
 
+def _swarm_resources(c: Mapping[str, Any], host: Host) -> list[Grant]:
+    """A Swarm task under the nvidia runtime: the cards Swarm gave it, DOCKER_RESOURCE_<KIND>=<UUID>[,...], which
+    the runtime exposes when its swarm-resource setting names the variable (when it does not, the task gets
+    NVIDIA_VISIBLE_DEVICES, the row above, which counts too: the ledger does not read the node's toolkit config).
+    Only values that are all UUIDs name cards: a discrete resource (DOCKER_RESOURCE_SSD=1) is a count, no index."""
+    runtime = _runtime(c)
+    if not host.is_nvidia_runtime(runtime) or _nvidia_requests(c):
+        return []
+    grants = []
+    for entry in (c.get("Config") or {}).get("Env") or []:
+        key, eq, value = entry.partition("=")
+        if not (eq and key.startswith("DOCKER_RESOURCE_")):
+            continue
+        values = [v.strip() for v in value.split(",")]
+        if values and all(is_uuid_like(v) for v in values):
+            uuids, unknown = _ids(values, host)
+            grants.append(Grant("swarm-resource", f"Swarm {key}={value}", uuids, unknown))
+    return grants
+
+
 def _device_files(c: Mapping[str, Any], host: Host) -> list[Grant]:
     """`--device /dev/nvidiaN`: the card whose minor number is N (nvidiactl, nvidia-uvm and the caps files name
     no card)."""
@@ -200,6 +221,7 @@ class Form:
 FORMS: tuple[Form, ...] = (
     Form("device-request", _device_requests),
     Form("nvidia-runtime", _runtime_env),
+    Form("swarm-resource", _swarm_resources),
     Form("device-file", _device_files),
     Form("privileged", _privileged),
 )

@@ -24,6 +24,7 @@ import sys
 from gpupin.entrypoint import nvml
 from gpupin.entrypoint.errors import EX_USAGE, GpuUnavailableError, UsageError
 from gpupin.entrypoint.identity import is_full_uuid
+from gpupin.hostagent.findings import WARNING, Finding
 from gpupin.hostagent.swarm import (
     DAEMON_JSON,
     DEFAULT_KIND,
@@ -53,7 +54,6 @@ RUNTIME_NAME = "nvidia"
 SWARM_RESOURCE = "swarm-resource"
 ACCEPT_ENVVAR = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 _PLAIN_RUNTIMES = ("runc", "io.containerd.runc.v2", "io.containerd.runtime.v1.linux", "crun")
-ERROR, WARNING = "error", "warning"
 _REGENERATE = "regenerate the list with `hostagent swarm node-config` on this node"
 
 
@@ -101,29 +101,6 @@ def render_text(data: dict[str, Any]) -> str:
 
 
 # --- checking a node ------------------------------------------------------------------------------------------
-
-
-class Finding:
-    """One problem of a node's configuration: the file it is in, what is wrong, what to do."""
-
-    __slots__ = ("hint", "path", "problem", "severity")
-
-    def __init__(self, path: str, problem: str, hint: str | None = None, severity: str = ERROR) -> None:
-        self.path = path
-        self.problem = problem
-        self.hint = hint
-        self.severity = severity
-
-    def line(self) -> str:
-        level = "warning: " if self.severity == WARNING else ""
-        hint = f" HINT: {self.hint}" if self.hint else ""
-        return f"{self.path}: {level}{self.problem}.{hint}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "severity": self.severity, "problem": self.problem, "hint": self.hint}
-
-    def __repr__(self) -> str:
-        return f"Finding({self.line()})"
 
 
 class NodeFile:
@@ -330,7 +307,7 @@ class CheckResult:
 
     @property
     def ok(self) -> bool:
-        return not any(f.severity == ERROR for f in self.findings)
+        return not any(f.is_error for f in self.findings)
 
     def summary(self) -> str:
         kinds = gpu_kinds(self.resources)
@@ -380,7 +357,7 @@ def check(dj: NodeFile, tk: NodeFile, cards: Sequence[Card], kind: str | None = 
                 resources = parse_terms(terms)
             except GenericResourceError as err:
                 findings.append(Finding(dj.path, f"{err.message}, so dockerd refuses to start", err.hint))
-        if not any(f.severity == ERROR for f in findings):
+        if not any(f.is_error for f in findings):
             findings += _check_resources(dj, resources, cards, kind or advertised_kind(resources))
         findings += _check_runtime(dj, data)
     # With nothing advertised yet, the toolkit is checked against the kind the node should advertise.

@@ -7,6 +7,9 @@ A pinned container gets
   local-rank order: what the entrypoint proves) and, when asked, GPUPIN_VERIFY,
 - the ledger's labels: gpupin.devices (the UUIDs) and gpupin.shared when the cards may be shared.
 A request that sets any of these by hand would defeat the pin, so they are owned here (OWNED_VARS, OWNED_LABELS).
+
+A Swarm service gets its part of the pin from `Reservation`: Swarm picks each task's cards as it places it, so
+no card is named here; the task's own DOCKER_RESOURCE_<KIND> is the expectation.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 LABEL = "gpupin.devices"
 SHARED_LABEL = "gpupin.shared"
 VERIFY_VAR = "GPUPIN_VERIFY"
+REQUIRE_VAR = "GPUPIN_REQUIRE"
 VERIFY_LEVELS = ("nvml", "cuda", "torch")
 OWNED_VARS = (EXPECT_VAR, NVD_VAR)
 OWNED_LABELS = (LABEL, SHARED_LABEL)
@@ -82,3 +86,33 @@ class Pin:
 
     def __repr__(self) -> str:
         return f"Pin({', '.join(self.uuids)}{', shared' if self.share else ''})"
+
+
+class Reservation:
+    """The pin of a Docker Swarm service (`hostagent compose render --swarm`): each task reserves `count` generic
+    resources of `kind`, and Swarm, which never gives one to two tasks, picks them when it places the task. No card
+    is known here, so the pin names none: Swarm hands the task DOCKER_RESOURCE_<KIND>=<its cards>, which
+    gpupin-entrypoint takes as the expectation, proves, and refuses when the task sees more cards than that.
+    GPUPIN_REQUIRE=1 refuses a task that got no reservation at all (the file run where reservations are ignored)
+    instead of letting it run on whatever cards it sees."""
+
+    __slots__ = ("count", "kind", "verify")
+
+    def __init__(self, count: int, kind: str, verify: str | None = None) -> None:
+        self.count = count
+        self.kind = kind
+        self.verify = verify
+
+    def env(self) -> dict[str, str]:
+        out = {REQUIRE_VAR: "1"}
+        if self.verify:
+            out[VERIFY_VAR] = self.verify
+        return out
+
+    def generic_resource(self) -> dict[str, Any]:
+        """The reservation as a stack file writes it (deploy.resources.reservations.generic_resources[]);
+        `docker service create --generic-resource KIND=COUNT` is the same."""
+        return {"discrete_resource_spec": {"kind": self.kind, "value": self.count}}
+
+    def __repr__(self) -> str:
+        return f"Reservation({self.kind}={self.count})"

@@ -6,7 +6,9 @@ A node advertises each card as a named generic resource (`node-generic-resources
 setting names that variable. This module is the pure core of that contract: parsing the two spellings of a
 node's resources (daemon.json's strings and the engine's node description), the variable a kind becomes, what
 a host should advertise (cards, or their MIG devices where MIG is on), and which card each advertised value
-is. `hostagent swarm node-config` builds on it; a listing of the swarm's nodes reads through the same functions.
+is. `hostagent swarm node-config` builds on it. The swarm as a manager describes it (nodes, tasks, placement
+constraints, read through the Engine API) is here too: `hostagent ls --swarm` lists it, and
+`hostagent compose render --swarm` checks that Swarm can place what a stack reserves.
 
 Checked against the sources: swarmkit's `api/genericresource` (Parse: `KIND=VALUE` terms, trimmed, grouped
 by kind; a kind with one integer value is a discrete count, a kind whose values are all non-integers is a set
@@ -119,7 +121,7 @@ def parse_terms(terms: Iterable[str], source: str = "node-generic-resources") ->
 
 def from_engine(resources: Iterable[Mapping[str, Any]] | None) -> list[GenericResource]:
     """A node's resources as the engine describes them (`docker node inspect`:
-    .Description.Resources.GenericResources, or a task's AssignedGenericResources)."""
+    .Description.Resources.GenericResources, or what Swarm gave a task)."""
     out: list[GenericResource] = []
     for r in resources or ():
         named, discrete = r.get("NamedResourceSpec"), r.get("DiscreteResourceSpec")
@@ -176,3 +178,235 @@ def gpu_kinds(resources: Iterable[GenericResource]) -> list[str]:
         if not r.discrete and names_a_gpu(r.value) and r.kind not in kinds:
             kinds.append(r.kind)
     return kinds
+
+
+# --- the swarm as a manager describes it: nodes, tasks, services ----------------------------------------------
+# Checked against moby's api/types/swarm (Node, Task, Service) and swarmkit: the scheduler counts a task's
+# resources as taken from the moment it is assigned a node until it is past running (manager/scheduler
+# setupTasksList: "Ignore all tasks that have not reached PENDING state and tasks that no longer consume
+# resources"); placement constraints are swarmkit's manager/constraint (== and !=, case-insensitive values,
+# node.labels/engine.labels with the label name as written, an unknown key matches no node).
+
+TASK_STATES = ("new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running",
+               "complete", "shutdown", "failed", "rejected", "remove", "orphaned")
+WAITING = frozenset(TASK_STATES[:3])  # not placed yet: new, allocated, pending
+HOLDING = frozenset(TASK_STATES[2:9])  # pending (a node given) to running: the scheduler counts its resources
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+class Node:
+    """One node of the swarm: who it is, whether Swarm may place tasks on it, and what it advertises."""
+
+    __slots__ = ("addr", "arch", "availability", "engine_labels", "hostname", "id", "labels", "leader", "os",
+                 "resources", "role", "state")
+
+    def __init__(self, id: str, hostname: str, resources: Sequence[GenericResource] = (), role: str = "worker",
+                 availability: str = "active", state: str = "ready", addr: str = "", leader: bool = False,
+                 labels: Mapping[str, str] | None = None, engine_labels: Mapping[str, str] | None = None,
+                 os: str = "linux", arch: str = "x86_64") -> None:
+        self.id = id
+        self.hostname = hostname
+        self.resources = list(resources)
+        self.role = role
+        self.availability = availability
+        self.state = state
+        self.addr = addr
+        self.leader = leader
+        self.labels = dict(labels or {})
+        self.engine_labels = dict(engine_labels or {})
+        self.os = os
+        self.arch = arch
+
+    @classmethod
+    def from_engine(cls, n: Mapping[str, Any]) -> Node:
+        """A node as `GET /nodes` describes it."""
+        spec, desc, status = n.get("Spec") or {}, n.get("Description") or {}, n.get("Status") or {}
+        platform, engine = desc.get("Platform") or {}, desc.get("Engine") or {}
+        return cls(_text(n.get("ID")), _text(desc.get("Hostname")),
+                   from_engine((desc.get("Resources") or {}).get("GenericResources")),
+                   _text(spec.get("Role")) or "worker", _text(spec.get("Availability")) or "active",
+                   _text(status.get("State")) or "unknown", _text(status.get("Addr")),
+                   bool((n.get("ManagerStatus") or {}).get("Leader")), spec.get("Labels") or {},
+                   engine.get("Labels") or {}, _text(platform.get("OS")), _text(platform.get("Architecture")))
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether Swarm places new tasks here now (a drained, paused or down node takes none)."""
+        return self.availability == "active" and self.state == "ready"
+
+    def advertised(self, kind: str) -> list[GenericResource]:
+        """The named resources of `kind` (what a discrete reservation of that kind draws from), and a discrete
+        count of it as one entry."""
+        return [r for r in self.resources if r.kind == kind]
+
+    def count(self, kind: str) -> int:
+        """How many of `kind` the node has in all (a discrete count, or the number of named ones)."""
+        mine = self.advertised(kind)
+        if len(mine) == 1 and mine[0].discrete:
+            return int(mine[0].value)
+        return sum(1 for r in mine if not r.discrete)
+
+    def __repr__(self) -> str:
+        return f"Node({self.hostname}, {self.role}, {self.availability}/{self.state}, {self.resources})"
+
+
+class Task:
+    """One task as `GET /tasks` describes it: its service, slot, node, state, and the resources it was given."""
+
+    __slots__ = ("assigned", "container_id", "desired", "err", "id", "message", "node_id", "reserves", "service_id",
+                 "slot", "state")
+
+    def __init__(self, id: str, service_id: str, slot: int = 0, node_id: str = "", state: str = "new",
+                 desired: str = "running", assigned: Sequence[GenericResource] = (),
+                 reserves: Sequence[GenericResource] = (), err: str = "", message: str = "",
+                 container_id: str = "") -> None:
+        self.id = id
+        self.service_id = service_id
+        self.slot = slot
+        self.node_id = node_id
+        self.state = state
+        self.desired = desired
+        self.assigned = list(assigned)
+        self.reserves = list(reserves)
+        self.err = err
+        self.message = message
+        self.container_id = container_id
+
+    @classmethod
+    def from_engine(cls, t: Mapping[str, Any]) -> Task:
+        status = t.get("Status") or {}
+        spec = t.get("Spec") or {}
+        reservations = (spec.get("Resources") or {}).get("Reservations") or {}
+        return cls(_text(t.get("ID")), _text(t.get("ServiceID")), int(t.get("Slot") or 0), _text(t.get("NodeID")),
+                   _text(status.get("State")) or "new", _text(t.get("DesiredState")) or "running",
+                   # What Swarm gave the task: `GenericResources` as the daemon sends it (moby's types/swarm Task;
+                   # measured on Engine 20.10), `AssignedGenericResources` as the API's swagger documents it.
+                   from_engine(t.get("GenericResources") or t.get("AssignedGenericResources")),
+                   from_engine(reservations.get("GenericResources")),
+                   _text(status.get("Err")), _text(status.get("Message")),
+                   _text((status.get("ContainerStatus") or {}).get("ContainerID")))
+
+    @property
+    def holds(self) -> bool:
+        """Whether the task's resources count as taken (Swarm gives them to no other task meanwhile)."""
+        return bool(self.node_id) and self.state in HOLDING
+
+    @property
+    def waiting(self) -> bool:
+        """A task Swarm means to run but has not placed: it waits for a node with the resources it reserves."""
+        return self.state in WAITING and self.desired in ("running", "ready") and not self.node_id
+
+    def name(self, service: str) -> str:
+        """`docker service ps`'s name for it: SERVICE.SLOT (replicated), SERVICE.NODE_ID (global)."""
+        return f"{service}.{self.slot if self.slot else self.node_id}"
+
+
+# --- placement constraints -----------------------------------------------------------------------------------
+
+_CONSTRAINT_KEY = re.compile(r"(?i)[a-z_][a-z0-9\-_.]+")
+
+
+class Constraint:
+    """One `deploy.placement.constraints` entry, `KEY == VALUE` or `KEY != VALUE`, as swarmkit reads it."""
+
+    __slots__ = ("equal", "key", "value")
+
+    def __init__(self, key: str, equal: bool, value: str) -> None:
+        self.key = key
+        self.equal = equal
+        self.value = value
+
+    @classmethod
+    def parse(cls, text: str) -> Constraint:
+        for op in ("==", "!="):
+            if op in text:
+                key, value = (part.strip() for part in text.split(op, 1))
+                if not _CONSTRAINT_KEY.fullmatch(key) or not value:
+                    break
+                return cls(key, op == "==", value)
+        raise UsageError(f"the placement constraint {text!r} is not KEY==VALUE or KEY!=VALUE",
+                         "write it as Swarm takes it, e.g. node.hostname==gpu-node-1 or node.labels.gpu!=none")
+
+    def _node_value(self, node: Node) -> str | None:
+        key = self.key.lower()
+        fixed = {"node.id": node.id, "node.hostname": node.hostname, "node.role": node.role,
+                 "node.platform.os": node.os, "node.platform.arch": node.arch}
+        if key in fixed:
+            return fixed[key]
+        for prefix, labels in (("node.labels.", node.labels), ("engine.labels.", node.engine_labels)):
+            if key.startswith(prefix) and len(key) > len(prefix):
+                return labels.get(self.key[len(prefix):], "")  # the label's own name is case-sensitive
+        return None
+
+    def matches(self, node: Node) -> bool:
+        if self.key.lower() == "node.ip":
+            import ipaddress
+
+            try:
+                inside = ipaddress.ip_address(node.addr) in ipaddress.ip_network(self.value, strict=False)
+            except ValueError:
+                return False  # swarmkit rejects a malformed address or network
+            return inside == self.equal
+        value = self._node_value(node)
+        if value is None:
+            return False  # an unknown key matches no node
+        return (value.lower() == self.value.lower()) == self.equal
+
+    def __str__(self) -> str:
+        return f"{self.key}{'==' if self.equal else '!='}{self.value}"
+
+
+# --- reading it from a manager --------------------------------------------------------------------------------
+
+NOT_A_MANAGER_HINT = "point DOCKER_HOST at a manager of the swarm (`docker node ls` works there)"
+
+
+class Cluster:
+    """What a manager knows of the swarm: the nodes, the tasks (every state, history included), and the services'
+    names by ID."""
+
+    __slots__ = ("nodes", "services", "tasks")
+
+    def __init__(self, nodes: Sequence[Node], tasks: Sequence[Task] = (), services: Mapping[str, str] | None = None
+                 ) -> None:
+        self.nodes = list(nodes)
+        self.tasks = list(tasks)
+        self.services = dict(services or {})
+
+
+def _not_a_manager(api: Any) -> None:
+    """Raise the one line that says what the daemon is, when it is no manager (its /info: ~40 ms, so asked only
+    after a list was refused; `docker node ls` asks it every time)."""
+    from gpupin.hostagent import engine
+    from gpupin.hostagent.errors import DockerUnavailableError
+
+    swarm = engine.fetch(api, "/info")[0].get("Swarm") or {}
+    state = swarm.get("LocalNodeState") or "inactive"
+    if state == "active" and swarm.get("ControlAvailable"):
+        return
+    what = (f"a worker of a swarm (node {swarm.get('NodeID')})" if state == "active" else
+            f"in no swarm (its swarm state is {state})")
+    raise DockerUnavailableError(f"the Docker daemon at {engine.docker_host()} is not a swarm manager: it is {what}",
+                                 NOT_A_MANAGER_HINT)
+
+
+def read(api: Any, tasks: bool = True) -> Cluster:
+    """The swarm as the manager behind `api` (hostagent.engine.reader) describes it; DockerUnavailableError (69)
+    when that daemon is no manager, in one line that says what it is."""
+    from gpupin.hostagent import engine
+    from gpupin.hostagent.errors import DockerUnavailableError
+
+    try:
+        raw = engine.fetch(api, "/nodes")[0]
+    except DockerUnavailableError:  # a worker, or a daemon in no swarm, answers 503
+        _not_a_manager(api)
+        raise
+    nodes = [Node.from_engine(n) for n in raw]
+    if not tasks:
+        return Cluster(nodes)
+    found = [Task.from_engine(t) for t in engine.fetch(api, "/tasks")[0]]
+    services = {_text(s.get("ID")): _text((s.get("Spec") or {}).get("Name")) for s in engine.fetch(api, "/services")[0]}
+    return Cluster(nodes, found, services)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -12,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupin.entrypoint import cudaprobe
-from gpupin.entrypoint.align import CudaDevice, check_devices, plan, uuid_hex
+from gpupin.entrypoint.align import CudaDevice, check_devices, check_sole, plan, uuid_hex
 from gpupin.entrypoint.errors import ExpectationError, MisalignedError
-from gpupin.entrypoint.expectation import parse_expect
+from gpupin.entrypoint.expectation import Expectation, parse_expect
 from gpupin.entrypoint.identity import BusId
 from gpupin.entrypoint.nvml import Card, MigDevice
+from gpupin.entrypoint.sources import from_environ
 from tests.cards import cards
 from tests.conftest import FAKEGPU, scenario
 
@@ -201,3 +203,62 @@ def test_the_plan_puts_expectation_k_at_cuda_k_as_the_cuda_driver_enumerates(
     found = [CudaDevice.from_probe(d) for d in cudaprobe.from_lines(out)["devices"]]
     assert [(d.uuid_hex, d.bus_id) for d in found] == [(uuid_hex(b.uuid), b.bus_id) for b in p.bindings]
     check_devices(p, found, box, "the CUDA driver", p.cuda_visible_devices)
+
+
+# --- a source whose cards are all the runtime was meant to expose (Swarm's reservation) -----------------------
+
+def swarm_expectation(value: str, key: str = "DOCKER_RESOURCE_GPU") -> Expectation:
+    found = from_environ({key: value, "NVIDIA_VISIBLE_DEVICES": "all"})
+    assert found is not None and found.sole is not None
+    return found
+
+
+def test_a_swarm_task_that_sees_only_what_it_reserved_passes() -> None:
+    only = [c for c in mixed4() if c.uuid == RTX]
+    p = plan(swarm_expectation(RTX), only)
+    check_sole(p, only)  # no error
+    box = cards("mig")
+    parent = next(c for c in box if c.mig_mode)
+    mine = parent.mig_devices[0]
+    alone = copy.deepcopy(parent)
+    alone.mig_devices = [m for m in alone.mig_devices if m.uuid == mine.uuid]  # what the runtime exposes
+    check_sole(plan(swarm_expectation(mine.uuid), [alone]), [alone])
+
+
+@pytest.mark.parametrize("key", ["DOCKER_RESOURCE_GPU", "DOCKER_RESOURCE_NVIDIA-GPU"])
+def test_a_swarm_task_that_sees_more_cards_than_it_reserved_is_refused(key: str) -> None:
+    exp = swarm_expectation(A800C, key)
+    p = plan(exp, mixed4())  # the plan alone would select A800C among the four
+    with pytest.raises(MisalignedError) as info:
+        check_sole(p, mixed4())
+    err = info.value
+    assert err.exit_code == 78
+    assert err.message == (f"{key} reserves {A800C} for this task, but it also sees 3 device(s) it did not reserve "
+                           f"({A800}, {RTX}, {A800B}), which the scheduler gives to other tasks")
+    assert err.hint is not None
+    assert f"the node advertises {key.removeprefix('DOCKER_RESOURCE_')} resources, but its runtime's " \
+           f"swarm-resource does not name {key}, so it fell back to NVIDIA_VISIBLE_DEVICES " \
+           "(NVIDIA_VISIBLE_DEVICES='all' here)" in err.hint
+    assert "`hostagent swarm node-config --check` on that node" in err.hint
+    assert f'swarm-resource = "{key}"' in err.hint
+
+
+def test_a_swarm_task_given_one_mig_device_that_sees_its_siblings_is_refused() -> None:
+    """The trap on a MIG box: the parent card is one NVML device either way; its other MIG devices give it away."""
+    box = cards("mig")
+    parent = next(c for c in box if c.mig_mode)
+    mine, other = parent.mig_devices[0].uuid, parent.mig_devices[1].uuid
+    with_parent_only = [copy.deepcopy(parent)]
+    with pytest.raises(MisalignedError, match=f"it also sees 1 device\\(s\\) it did not reserve \\({other}\\)"):
+        check_sole(plan(swarm_expectation(mine), with_parent_only), with_parent_only)
+    whole = next(c for c in box if not c.mig_mode)
+    with pytest.raises(MisalignedError, match=f"2 device\\(s\\) it did not reserve \\({other}, {whole.uuid}\\)"):
+        check_sole(plan(swarm_expectation(mine), box), box)
+
+
+def test_other_sources_let_cuda_visible_devices_select() -> None:
+    """GPUPIN_EXPECT (bare metal, `--gpus all`), NVIDIA_VISIBLE_DEVICES and Slurm keep extra cards as a note."""
+    for env in ({"GPUPIN_EXPECT": A800C, "DOCKER_RESOURCE_GPU": A800C}, {"NVIDIA_VISIBLE_DEVICES": A800C}):
+        exp = from_environ(env)
+        assert exp is not None and exp.sole is None
+        check_sole(plan(exp, mixed4()), mixed4())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,11 @@ def test_zsh_script_loads_under_compinit() -> None:
                         '${_comps[hostagent]}'], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "1", "_hostagent"]
+
+
+def test_bash_completes_file_names_after_node_configs_paths(tmp_path: Path) -> None:
+    (tmp_path / "daemon.json").write_text("{}")
+    for option in ("--daemon-json", "--toolkit-config", "--runtime-path"):
+        assert complete("swarm", "node-config", option, f"{tmp_path}/dae") == [f"{tmp_path}/daemon.json"], option
+    assert set(complete("ls", "--")) >= {"--json", "--swarm"}
+    assert set(complete("compose", "render", "--")) >= {"--swarm", "--kind", "--output"}

@@ -135,11 +135,23 @@ def test_nvidia_visible_devices_uuids_are_the_expectation(ep: Entrypoint) -> Non
     assert r.out.splitlines()[1].startswith(f"cuda:1 = {A800} at 00000000:1B:00.0")
 
 
-def test_swarm_generic_resources_are_the_expectation(ep: Entrypoint) -> None:
-    r = ep.run("{py}", "-m", "gpupin.entrypoint", env={"DOCKER_RESOURCE_GPU": A800C[:12]}, gpus="all")
-    assert r.rc == 0, r
-    assert "expectation from DOCKER_RESOURCE_GPU" in r.err
-    assert r.out.startswith(f"cuda:0 = {A800C} at 00000000:AF:00.0")
+def test_a_swarm_task_that_sees_more_cards_than_it_reserved_is_refused(ep: Entrypoint) -> None:
+    """The NVIDIA-GPU trap: the runtime ignored DOCKER_RESOURCE_NVIDIA-GPU and exposed every card. The task is
+    refused, with why; GPUPIN_EXPECT beside it (bare metal, `--gpus all`) keeps selecting the card instead. (A task
+    that sees just its card runs: tests/test_swarm.py, on a real swarm, where nothing else names the card.)"""
+    env = {"DOCKER_RESOURCE_NVIDIA-GPU": A800C, "NVIDIA_VISIBLE_DEVICES": "all"}
+    r = ep.run("sh", "-c", "echo ran", env=env, gpus="all")
+    assert (r.rc, r.out) == (78, ""), r
+    line = one_error_line(r.err)
+    assert line.startswith(f"gpupin-entrypoint: ERROR: DOCKER_RESOURCE_NVIDIA-GPU reserves {A800C} for this task, "
+                           f"but it also sees 3 device(s) it did not reserve ({A800}, {RTX}, {A800B}), which the "
+                           "scheduler gives to other tasks. HINT: the NVIDIA runtime did not read "
+                           "DOCKER_RESOURCE_NVIDIA-GPU: the node advertises NVIDIA-GPU resources"), line
+    assert line.endswith('set swarm-resource = "DOCKER_RESOURCE_NVIDIA-GPU" in its '
+                         "/etc/nvidia-container-runtime/config.toml"), line
+    r = ep.run("sh", "-c", "echo ran", env=dict(env, GPUPIN_EXPECT=A800C), gpus="all")
+    assert (r.rc, r.out) == (0, "ran\n"), r
+    assert "expectation from GPUPIN_EXPECT" in r.err and "NVML sees 4 cards" in r.err
 
 
 def test_without_an_expectation_it_sets_the_order_reports_and_runs(ep: Entrypoint) -> None:

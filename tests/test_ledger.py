@@ -59,7 +59,7 @@ def gpus(ids: list[str] | None = None, count: int = 0, driver: str = "",
 
 def test_the_table_names_each_form_once() -> None:
     names = [f.name for f in FORMS]
-    assert names == ["device-request", "nvidia-runtime", "device-file", "privileged"]
+    assert names == ["device-request", "nvidia-runtime", "swarm-resource", "device-file", "privileged"]
     assert len(set(names)) == len(names)
 
 
@@ -102,6 +102,24 @@ def test_the_nvidia_runtime_reads_nvidia_visible_devices(env: list[str], want: l
     assert [u for g in got for u in g.uuids] == want
     # under runc the variable gives nothing
     assert ledger.grants(container(env=env), host) == []
+
+
+def test_a_swarm_task_holds_the_cards_swarm_gave_it() -> None:
+    """Under the nvidia runtime (a GPU node's default), DOCKER_RESOURCE_<KIND> naming UUIDs; a discrete count is
+    no card; an image's NVIDIA_VISIBLE_DEVICES counts too (what the runtime reads when swarm-resource does not
+    name the variable)."""
+    host = mig_host()
+    env = [f"DOCKER_RESOURCE_GPU={RTX},{MIG_B}", "DOCKER_RESOURCE_SSD=1"]
+    got = ledger.grants(container(runtime="nvidia", env=env), host)
+    assert [(g.form, list(g.uuids), g.how) for g in got] == [
+        ("swarm-resource", [RTX, MIG_B], f"Swarm DOCKER_RESOURCE_GPU={RTX},{MIG_B}")]
+    got = ledger.grants(container(runtime="nvidia", env=[f"DOCKER_RESOURCE_NVIDIA-GPU={A800C}",
+                                                         "NVIDIA_VISIBLE_DEVICES=all"]), host)
+    assert [(g.form, len(g.uuids)) for g in got] == [("nvidia-runtime", 4), ("swarm-resource", 1)]
+    assert ledger.grants(container(env=env), host) == []  # runc exposes no card
+    unknown = ledger.grants(container(runtime="nvidia", env=["DOCKER_RESOURCE_GPU=GPU-00000000-0000-0000-0000-"
+                                                               "000000000000"]), host)
+    assert [(list(g.uuids), list(g.unknown)) for g in unknown] == [([], ["GPU-00000000-0000-0000-0000-000000000000"])]
 
 
 def test_a_device_request_wins_over_the_images_variable_and_runtimes_are_asked_for_by_path() -> None:

@@ -19,6 +19,7 @@ The modules, in the order a file goes through them:
     rules     every check, each written once; `examine` runs them all (and placement) for both commands
     place     the booking rule and the placement of counts on free cards
     render    the rules + placement + the pin, written into a copy of the document
+    stack     `render --swarm`: the same requests as Swarm reservations (Swarm places; render only reserves)
     command   the two CLI adapters: NVML, the ledger, `-o`
     problems  the one Problem type both commands print, one line each
 
@@ -42,8 +43,17 @@ RENDER_EPILOG = """\
 -o OUT is written all at once (a temporary file beside it, then renamed over it); OUT may not be a
 directory or FILE itself. Without -o (or with -o -) the file goes to stdout.
 
-exit: 0 written; 64 a malformed file, a request this host cannot meet, or a bad -o; 69 NVML unusable;
-75 running containers hold the cards it needs (they are named)."""
+--swarm writes a Docker Swarm stack instead (docker stack deploy -c OUT STACK): Swarm, not render, picks
+the cards when it places each task, so each service that asks for `count: N` (x-gpupin, or a deploy
+device request) reserves N generic resources of KIND (--kind, default GPU) per task, as
+`hostagent swarm node-config` makes the nodes advertise them; replicas each get cards of their own, and
+each task gets GPUPIN_REQUIRE=1 (gpupin-entrypoint proves DOCKER_RESOURCE_<KIND>). Refused: cards named
+or `all` (a task reserves a number, never named cards), share: true, and, when DOCKER_HOST is a swarm
+manager, a KIND no node advertises or more cards per task than any node it may run on has. No NVML is
+needed.
+
+exit: 0 written; 64 a malformed file, a request this host (or swarm) cannot meet, or a bad -o; 69 NVML
+unusable; 75 running containers hold the cards it needs (they are named)."""
 CHECK_DESCRIPTION = """\
 Report what would land a job on the wrong card or double-book one, as docker compose would run FILE
 (an index, a count on the first cards, a UUID prefix the runtime refuses) and as render would pin it
@@ -56,10 +66,14 @@ problem of the file as written that `hostagent compose render` removes.
 exit: 0 no error (warnings may be printed); 64 an error; 69 NVML unusable."""
 
 
-def render_command(file: str, output: str | None) -> int:
-    from gpupin.hostagent.compose.command import render_command
+def render_command(file: str, output: str | None, swarm: bool = False, kind: str | None = None) -> int:
+    from gpupin.hostagent.compose import command
 
-    return render_command(file, output)
+    if swarm:
+        from gpupin.hostagent.swarm import DEFAULT_KIND
+
+        return command.stack_command(file, output, kind or DEFAULT_KIND)
+    return command.render_command(file, output)
 
 
 def check_command(file: str, as_json: bool) -> int:

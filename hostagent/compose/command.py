@@ -16,7 +16,7 @@ import re
 import sys
 import tempfile
 
-from gpupin.entrypoint.errors import EX_USAGE, UsageError
+from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent.compose import load
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import header, render
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from gpupin.entrypoint.nvml import Card
     from gpupin.hostagent.ledger import Holder
+    from gpupin.hostagent.swarm import Node
 
 _COMPOSE_PROJECT = "com.docker.compose.project"
 _COMPOSE_SERVICE = "com.docker.compose.service"
@@ -167,6 +168,19 @@ def _stdout(text: str) -> None:
 
 # --- the commands ---------------------------------------------------------------------------------------------
 
+def _emit(text: str, file: str, output: str | None, target: str | None) -> int:
+    """The rendered file to stdout or, all at once, to `target` (what output_path made of `-o`)."""
+    if target is None:
+        _stdout(text)
+        return 0
+    assert output is not None
+    write_output(target, text, printable(output))
+    if os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
+        _say(f"note: compose resolves relative paths (build, volumes, env_file) against {printable(output)}'s "
+             "directory; write it beside the source, or run compose with --project-directory")
+    return 0
+
+
 def render_command(file: str, output: str | None) -> int:
     """`hostagent compose render FILE [-o OUT]`: 0 and the pinned file; 64/75/69 with one line per problem."""
     target = output_path(output, file)
@@ -185,16 +199,51 @@ def render_command(file: str, output: str | None) -> int:
         return refused.exit_code
     if not exam.requests:
         _say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
-    text = header(file, exam) + load.dump(rendered)
-    if target is None:
-        _stdout(text)
-        return 0
-    assert output is not None
-    write_output(target, text, printable(output))
-    if os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
-        _say(f"note: compose resolves relative paths (build, volumes, env_file) against {printable(output)}'s "
-             "directory; write it beside the source, or run compose with --project-directory")
-    return 0
+    return _emit(header(file, exam) + load.dump(rendered), file, output, target)
+
+
+def read_nodes() -> list[Node] | None:
+    """The swarm's nodes, from the manager DOCKER_HOST names; when they cannot be read, say so and return None
+    (what Swarm can place is then not checked)."""
+    from gpupin.hostagent import engine, swarm
+
+    try:
+        return swarm.read(engine.reader(timeout=10), tasks=False).nodes
+    except Exception as err:
+        if not (isinstance(err, GpupinError) or engine.is_daemon_failure(err)):
+            raise
+        _say(f"warning: the swarm's nodes were not read ({getattr(err, 'message', err)}): whether Swarm can place "
+             "each task is not checked")
+        return None
+
+
+def stack_command(file: str, output: str | None, kind: str) -> int:
+    """`hostagent compose render --swarm [--kind KIND] FILE [-o OUT]`: 0 and the stack; 64 with one line per
+    problem."""
+    from gpupin.hostagent.compose import stack
+    from gpupin.hostagent.swarm import check_kind
+
+    check_kind(kind)
+    target = output_path(output, file)
+    name = printable(file)
+    try:
+        doc = load.load(file)
+    except ServiceError as err:
+        _say(f"ERROR: {err.problem().line(name)}")
+        return err.exit_code
+    try:
+        rendered, exam = stack.render(doc, kind, read_nodes())
+    except RenderRefused as refused:
+        for p in refused.problems:
+            _say(f"ERROR: {p.line(name)}")
+        return refused.exit_code
+    for p in exam.warnings:
+        _say(p.line(name))
+    for note in exam.notes:
+        _say(f"note: {name}: {note}")
+    if not exam.reserving:
+        _say(f"note: {name}: no service asks for GPUs")
+    return _emit(stack.header(file, exam) + load.dump(rendered), file, output, target)
 
 
 def check_command(file: str, as_json: bool) -> int:

@@ -1,4 +1,5 @@
-"""What `check` reports and `render` refuses on: one Problem type, printed one line each, for both commands.
+"""What `check` reports and `render` refuses on: one Problem type, printed one line each, for both commands (the
+finding type hostagent.findings.Finding, which `swarm node-config --check` prints too, about a service here).
 
 A problem is about one service (or, with service None, the whole file). Its severity says whether `check` fails
 (error) or only says it (warning); `render_fixes` marks a problem of the file *as written* (what docker compose
@@ -9,63 +10,41 @@ when it refuses: 64, or 75 when only running containers stand in the way.
 
 from __future__ import annotations
 
-import re
-
 from gpupin.entrypoint.errors import EX_USAGE, GpupinError
+from gpupin.hostagent.findings import ERROR, WARNING, Finding, printable, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-ERROR = "error"
-WARNING = "warning"
-# Anything that would break "one line per problem" or a terminal: control characters (newlines included) and
-# lone surrogates, which YAML's "\uD800" escape can put into a string.
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+__all__ = ["ERROR", "WARNING", "Problem", "RenderRefused", "ServiceError", "printable", "shown"]
 
 
-def printable(text: str) -> str:
-    """Text with control characters and lone surrogates written as escapes, so that it stays on one line."""
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+class Problem(Finding):
+    """A finding about one service (None: the file): hostagent.findings.Finding, which also says whether render
+    fixes it."""
 
-
-def shown(value: Any, limit: int = 60) -> str:
-    """A value from the file as a message shows it: its repr, on one line, cut short."""
-    text = printable(repr(value))
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-class Problem:
-    """One finding: the service it is about (None: the file), what is wrong, what to do."""
-
-    __slots__ = ("exit_code", "hint", "problem", "render_fixes", "service", "severity")
+    ABOUT = "service"
+    __slots__ = ("render_fixes",)
 
     def __init__(self, service: str | None, problem: str, hint: str | None = None, severity: str = ERROR,
                  exit_code: int = EX_USAGE, render_fixes: bool = False) -> None:
-        self.service = service
-        self.problem = problem
-        self.hint = hint
-        self.severity = severity
-        self.exit_code = exit_code
+        super().__init__(service, problem, hint, severity, exit_code)
         self.render_fixes = render_fixes
 
     @property
-    def refuses_render(self) -> bool:
-        return self.severity == ERROR and not self.render_fixes
+    def service(self) -> str | None:
+        return self.about
 
-    def line(self, file: str) -> str:
-        """`FILE: service NAME: [warning: ]what. HINT: what to do` (one line, whatever the file holds)."""
-        where = f"{file}: service {self.service}: " if self.service is not None else f"{file}: "
-        level = "warning: " if self.severity == WARNING else ""
-        hint = f" HINT: {self.hint}" if self.hint else ""
-        return printable(f"{where}{level}{self.problem}.{hint}")
+    @property
+    def refuses_render(self) -> bool:
+        return self.is_error and not self.render_fixes
+
+    def subject(self) -> str:
+        return f"service {self.about}: " if self.about is not None else ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"service": self.service, "problem": self.problem, "hint": self.hint, "severity": self.severity,
-                "render_fixes": self.render_fixes}
-
-    def __repr__(self) -> str:
-        return f"Problem({self.line('-')})"
+        return dict(super().to_dict(), render_fixes=self.render_fixes)
 
 
 class ServiceError(GpupinError):

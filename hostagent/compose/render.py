@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from gpupin.hostagent.ledger import Holder
 
 
-def _set(svc: dict[str, Any], key: str, values: Mapping[str, str]) -> None:
+def set_entries(svc: dict[str, Any], key: str, values: Mapping[str, str]) -> None:
     """Set entries of `environment` or `labels`, in the spelling the service uses (KEY=VALUE list or mapping); an
     entry that is there is replaced where it is, so that a rendered file renders to itself."""
     entries = svc.get(key)
@@ -52,8 +52,8 @@ def pinned(doc: Mapping[str, Any], exam: Examination) -> dict[str, Any]:
         pin = Pin(exam.plan[req.service], share=req.share, verify=req.verify)
         svc = out["services"][req.service]
         req.form.write(svc, req, pin)
-        _set(svc, "environment", pin.env())
-        _set(svc, "labels", pin.labels())
+        set_entries(svc, "environment", pin.env())
+        set_entries(svc, "labels", pin.labels())
     return out
 
 

@@ -160,7 +160,7 @@ class Form:
         return label_entries(svc, service).get(SHARED_LABEL, "").lower() == "true"
 
 
-def _devices(svc: dict[str, Any], create: bool = False) -> list[Any]:
+def device_list(svc: dict[str, Any], create: bool = False) -> list[Any]:
     """deploy.resources.reservations.devices, created on the way when asked."""
     node = svc
     for key in ("deploy", "resources", "reservations"):
@@ -216,7 +216,7 @@ class XGpupin(Form):
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
         svc.pop(KEY, None)
-        _devices(svc, create=True).append(pin.compose_device())
+        device_list(svc, create=True).append(pin.compose_device())
 
 
 class DeployDevices(Form):
@@ -263,7 +263,7 @@ class DeployDevices(Form):
                                                       "or `all`"), share=share, device_index=index)
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
-        devices = _devices(svc)
+        devices = device_list(svc)
         assert req.device_index is not None
         old = devices[req.device_index]
         entry = pin.compose_device()
@@ -297,7 +297,7 @@ class RuntimeEnv(Form):
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
         svc.pop("runtime", None)  # the device request replaces `runtime: nvidia`
-        _devices(svc, create=True).append(pin.compose_device())
+        device_list(svc, create=True).append(pin.compose_device())
 
 
 class NotReadYet(Form):
@@ -313,7 +313,7 @@ class NotReadYet(Form):
         found = []
         if svc.get("gpus") is not None:
             found.append("service-level `gpus:`")
-        if any(isinstance(d, dict) and d.get("driver") == "cdi" for d in _devices(dict(svc))):
+        if any(isinstance(d, dict) and d.get("driver") == "cdi" for d in device_list(dict(svc))):
             found.append("a CDI device request (`driver: cdi`)")
         devices = svc.get("devices")
         if isinstance(devices, list) and any(isinstance(d, str) and d.startswith(_CDI_GPU) for d in devices):

@@ -149,17 +149,19 @@ def every_card(cards: Sequence[Card]) -> list[Target]:
     return [Target(c) for c in cards if c.error is None and c.uuid and not c.mig_mode]
 
 
-def owned_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[str, str]) -> list[Problem]:
-    """The pin's variables and labels beside `x-gpupin` or a count, where no one can know the cards by hand."""
+def owned_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[str, str],
+                fix: str | None = None) -> list[Problem]:
+    """The pin's variables and labels beside `x-gpupin` or a count, where no one can know the cards by hand. `fix`
+    replaces the hint where the cards come from elsewhere (a Swarm stack: from Swarm, in each task)."""
     if req.form.standard and req.count is not None and req.count != ALL:
         beside = f"beside a {req.describe_count()}, which names no card"
         owned_vars: Sequence[str] = OWNED_VARS
         owned_labels: Sequence[str] = (LABEL,)
-        fix = f"name the cards in device_ids, or remove it and let {_RENDER} write it"
+        fix = fix or f"name the cards in device_ids, or remove it and let {_RENDER} write it"
     elif not req.form.standard:
         beside = f"beside `{KEY}`"
         owned_vars, owned_labels = OWNED_VARS, OWNED_LABELS
-        fix = "remove it: render writes it from the cards it pins"
+        fix = fix or "remove it: render writes it from the cards it pins"
     else:
         return []
     problems = [Problem(req.service, f"environment sets {var} by hand {beside}", fix)
@@ -277,7 +279,8 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
             continue
         if n > 1:
             problems.append(Problem(name, f"asks for {n} replicas of a pinned service: every replica would get the "
-                                    "same cards", "make one service per replica, each with its own cards"))
+                                    "same cards", "make one service per replica, each with its own cards (on a "
+                                    "Docker Swarm, `hostagent compose render --swarm` gives each replica its own)"))
         problems.extend(owned_rules(req, env, labels))
         if req.count is None or req.count == ALL:
             if req.count is None:

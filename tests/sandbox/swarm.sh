@@ -20,6 +20,8 @@
 #   swarm.sh down     remove the containers, stop the daemons, delete the namespaces (the image caches stay)
 #   swarm.sh purge    down, then remove the nodes' image caches too
 #   swarm.sh status   say whether it runs, and the nodes the manager sees
+#   swarm.sh stop-node NODE    stop that node's dockerd (a daemon gone down; its containerd and membership stay)
+#   swarm.sh start-node NODE   start it again, as it was configured; it rejoins the swarm
 #
 # Environment: GPUPIN_SANDBOX_NAME (as for sandbox.sh: one more cluster beside the default one, with its own
 # namespaces, /run/gpupin-swarm-NAME and /var/lib/gpupin-swarm-NAME); GPUPIN_SWARM_TRAP (a node name, or empty);
@@ -324,6 +326,29 @@ do_up() {
     for node in "${NODES[@]}"; do node_line "$node"; done | tee "$RUN/nodes"
 }
 
+node_arg() {
+    [ -n "${1:-}" ] && [ -n "${TOPOLOGY[$1]+x}" ] || { echo "swarm: ERROR: name a node: ${NODES[*]}" >&2; exit 64; }
+    [ -d "$(dir_of "$1")" ] || die "the cluster is not up. HINT: swarm.sh up"
+}
+
+do_stop_node() {
+    node_arg "${1:-}"
+    exec 9>"$RUN.lock"
+    flock 9
+    stop_pid "$(dir_of "$1")/dockerd.pid" "$1 dockerd"
+    say "$1: dockerd stopped"
+}
+
+do_start_node() {
+    node_arg "${1:-}"
+    exec 9>"$RUN.lock"
+    flock 9
+    if alive "$(dir_of "$1")/dockerd.pid" && answers "$1"; then return 0; fi
+    alive "$(dir_of "$1")/containerd.pid" || start_containerd "$1"
+    start_dockerd "$1"
+    say "$1: dockerd started"
+}
+
 do_status() {
     if ! healthy; then echo "not running"; return 1; fi
     cat "$RUN/nodes"
@@ -335,5 +360,7 @@ case "${1:-}" in
     down) do_down; say "down" ;;
     purge) do_down; rm -rf "$STATE"; say "purged $STATE" ;;
     status) do_status ;;
-    *) echo "usage: $0 up|down|purge|status" >&2; exit 64 ;;
+    stop-node) do_stop_node "${2:-}" ;;
+    start-node) do_start_node "${2:-}" ;;
+    *) echo "usage: $0 up|down|purge|status|stop-node NODE|start-node NODE" >&2; exit 64 ;;
 esac

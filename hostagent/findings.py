@@ -1,0 +1,71 @@
+"""One finding type for every command that reports what is wrong with what a user wrote: `compose check|render`
+(hostagent.compose.problems.Problem, about one service of a compose file) and `swarm node-config --check` (about
+one of a node's files).
+
+A finding says what it is about, what is wrong and what to do, and how bad it is: an error fails the command, a
+warning is only said. It prints as one line whatever the input held (`WHERE: ABOUT: [warning: ]what. HINT: do`),
+and as JSON for scripts.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpupin.entrypoint.errors import EX_USAGE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+ERROR = "error"
+WARNING = "warning"
+# Anything that would break "one line per problem" or a terminal: control characters (newlines included) and
+# lone surrogates, which YAML's "\uD800" escape can put into a string.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """Text with control characters and lone surrogates written as escapes, so that it stays on one line."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A value from the input as a message shows it: its repr, on one line, cut short."""
+    text = printable(repr(value))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class Finding:
+    """One problem: what it is about (`about`: a file's path here; None: the whole input), what is wrong, what to
+    do, its severity, and the exit code a command that refuses for it exits with (64 unless said)."""
+
+    ABOUT = "path"  # the JSON key that names `about`
+    __slots__ = ("about", "exit_code", "hint", "problem", "severity")
+
+    def __init__(self, about: str | None, problem: str, hint: str | None = None, severity: str = ERROR,
+                 exit_code: int = EX_USAGE) -> None:
+        self.about = about
+        self.problem = problem
+        self.hint = hint
+        self.severity = severity
+        self.exit_code = exit_code
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == ERROR
+
+    def subject(self) -> str:
+        """How the line names what the finding is about."""
+        return f"{self.about}: " if self.about is not None else ""
+
+    def line(self, where: str = "") -> str:
+        """`[WHERE: ]ABOUT: [warning: ]what. HINT: what to do`, on one line whatever the input held."""
+        level = "warning: " if self.severity == WARNING else ""
+        hint = f" HINT: {self.hint}" if self.hint else ""
+        return printable(f"{where + ': ' if where else ''}{self.subject()}{level}{self.problem}.{hint}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {self.ABOUT: self.about, "problem": self.problem, "hint": self.hint, "severity": self.severity}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.line()})"
