@@ -110,6 +110,8 @@ def command(as_json: bool = False, template: str | None = None, color: str = "au
     card; `watch`: redraw the table every so many seconds until Ctrl-C."""
     try:
         return _command(as_json, template, color, watch)
+    except KeyboardInterrupt:  # Ctrl-C while NVML or the daemon is slow to answer: no traceback
+        return 130
     except BrokenPipeError:
         # The reader left (`hostagent ls | head -3`): end as a C tool ends on SIGPIPE (141), and keep Python from
         # complaining at exit when it flushes what is left.
