@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,28 @@ print(json.dumps([card(c) for c in nvml.list_cards(detail=True)]))
     assert json.loads(r.stdout) == [card(c) for c in cards(name)]
 
 
+def test_a_mig_devices_holders_and_processes_are_shown_under_it(fakegpu: Path, tmp_path: Path) -> None:
+    """The table from the mig scenario's real data, with the ledger's holders of one MIG device and of the whole
+    card put in (the sandbox's hook exposes no MIG device by UUID to a container of mixed-4)."""
+    from gpupin.hostagent import lsview
+    from gpupin.hostagent.ledger import Holder
+
+    data = json.loads(ls("--json", scenario_name="mig", DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout)
+    card = data["gpus"][0]
+    mig1 = card["mig_devices"][1]["uuid"]
+    card["holders"] = [Holder("a" * 64, "on-mig", "running", [mig1], True, "gpupin").to_dict(),
+                       Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all").to_dict()]
+    card["held"] = card["mig_devices"][1]["held"] = True
+    data["docker"]["available"] = True
+    lines = lsview.render(data).splitlines()
+    at = lines.index(next(ln for ln in lines if ln.startswith("    MIG 1")))
+    assert lines[at].endswith("2560 / 20096 MiB  held") and lines[at - 1].endswith("0 / 20096 MiB  free")
+    assert lines[at + 1] == "      held by      on-mig  aaaaaaaaaaaa  running  gpupin"
+    assert lines[at + 2] == "      process      5151  N/A  2048 MiB  N/A"
+    assert lines[at + 3] == "    held by      whole  bbbbbbbbbbbb  running  --gpus all"
+    assert lines[1].endswith("  held")
+
+
 def write_topology(tmp_path: Path, name: str, pid: int, used: int | None = 512) -> Path:
     """The scenario with one more process on card 1 (NVML order: the 4090 in mixed-4)."""
     topo = topology(name)
@@ -248,10 +270,10 @@ def test_container_id_from_cgroup(cgroup: str, expected: str | None) -> None:
 
 # --- colour ----------------------------------------------------------------------------------------------------
 
-def on_tty(argv: list[str], env: dict[str, str], stop_after: float | None = None, sig: int = signal.SIGINT,
+def on_tty(argv: list[str], env: dict[str, str], stop_when: Callable[[bytes], bool] | None = None,
            ) -> tuple[int, bytes]:
-    """Run `argv` on a pseudo-terminal (sent `sig` after `stop_after` seconds, if given) until it ends: its exit
-    code and what it wrote."""
+    """Run `argv` on a pseudo-terminal until it ends (sent SIGINT, Ctrl-C, once `stop_when(output so far)`): its
+    exit code and what it wrote."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: exec at once
         try:
@@ -262,11 +284,10 @@ def on_tty(argv: list[str], env: dict[str, str], stop_after: float | None = None
     started = time.monotonic()
     sent = False
     while True:
-        elapsed = time.monotonic() - started
-        if stop_after is not None and not sent and elapsed >= stop_after:
-            os.kill(pid, sig)
+        if stop_when is not None and not sent and stop_when(out):
+            os.kill(pid, signal.SIGINT)
             sent = True
-        if elapsed > 60:
+        if time.monotonic() - started > 60:
             os.kill(pid, signal.SIGKILL)
         ready, _, _ = select.select([fd], [], [], 0.05)
         if ready:
@@ -299,7 +320,7 @@ def test_colour_on_a_terminal_unless_no_color_or_never(fakegpu: Path, tmp_path: 
 
 def test_watch_redraws_in_place_and_ctrl_c_restores_the_terminal(fakegpu: Path, tmp_path: Path) -> None:
     env = simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock", TERM="xterm")
-    rc, out = on_tty([HOSTAGENT, "ls", "--watch", "0.2"], env, stop_after=2.0)
+    rc, out = on_tty([HOSTAGENT, "ls", "--watch", "0.2"], env, stop_when=lambda out: out.count(b"\x1b[J") >= 3)
     assert rc == 0
     text = out.decode()
     assert text.startswith("\x1b[?1049h\x1b[?25l\x1b[?7l")  # alternate screen, cursor hidden, no line wrap
@@ -314,11 +335,18 @@ def test_watch_to_a_pipe_appends_frames_and_ends_on_sigint_or_sigterm(fakegpu: P
     for sig, code in ((signal.SIGINT, 0), (signal.SIGTERM, 143)):
         p = subprocess.Popen([HOSTAGENT, "ls", "--watch", "0.2"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)
+        assert p.stdout is not None
+        seen = ""
+        while seen.count("[3] NVIDIA") < 2:  # two frames, however slow the machine
+            line = p.stdout.readline()
+            assert line, p.stderr.read() if p.stderr else ""
+            seen += line
         p.send_signal(sig)
         out, err = p.communicate(timeout=30)
+        out = seen + out
         assert p.returncode == code and err == "", (sig, err)
-        assert ESC not in out and out.count("[3] NVIDIA") >= 2 and "\n\n" in out
+        assert ESC not in out and "every 0.2s" in out
+        assert re.search(r"00000000:AF:00.0\n\n\S+  driver ", out)  # frames a blank line apart
 
 
 @pytest.mark.parametrize(("args", "says"), [
