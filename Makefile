@@ -30,6 +30,7 @@ help:
 	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test"
 	@echo "make test-unit     the tests that need no Docker daemon (a minute)"
 	@echo "make lint          ruff and mypy"
+	@echo "make golden        rewrite tests/golden (hostagent ls output) after a change that is meant"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make bench-swarm   hostagent ls --swarm against docker node ls + service ps, on the three-node swarm"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
@@ -115,6 +116,15 @@ test-tools:
 # Every test; tests that need the daemon fail (not skip) here.
 test: test-tools image-test
 	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"; $(call PYTEST,$(PYTEST_ARGS))
+
+# `hostagent ls` output as users see it is checked exactly against tests/golden; when a change of it is meant,
+# this rewrites the files from the real CLI (on the simulated host and the default engine's sandbox) for review
+# with `git diff tests/golden`. The tests themselves never write them.
+.PHONY: golden
+golden: ENGINES := 20.10
+golden: test-tools image-test
+	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"; \
+	  $(call PYTEST,tests/test_hostagent_ls.py -k golden --update-golden -q)
 
 # The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no cluster.
 test-unit: test-tools fakegpu

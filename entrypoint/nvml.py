@@ -48,6 +48,9 @@ _HINTS = {
     "`nvidia-smi -r` or reboot the host",
 }
 
+_NVML_TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t: the GPU die
+_NO_INSTANCE = 0xFFFFFFFF  # a process's gpu/compute instance id on a card not in MIG mode
+
 _nvml: Any = None  # the pynvml module, once initialised
 
 
@@ -55,27 +58,45 @@ class MigDevice:
     """A MIG instance of a card: its UUID, its index on the card (the j of the toolkit's `i:j`, nvidia-smi -L's
     "MIG Device j") and its (GPU instance, compute instance) ids."""
 
-    __slots__ = ("compute_instance_id", "gpu_instance_id", "index", "memory_total", "name", "uuid")
+    __slots__ = ("compute_instance_id", "gpu_instance_id", "index", "memory_total", "memory_used", "name", "uuid")
 
     def __init__(self, uuid: str, gpu_instance_id: int | None, compute_instance_id: int | None,
-                 name: str | None = None, memory_total: int | None = None, index: int = 0) -> None:
+                 name: str | None = None, memory_total: int | None = None, index: int = 0,
+                 memory_used: int | None = None) -> None:
         self.index = index
         self.uuid = uuid
         self.gpu_instance_id = gpu_instance_id
         self.compute_instance_id = compute_instance_id
         self.name = name
-        self.memory_total = memory_total
+        self.memory_total = memory_total  # bytes
+        self.memory_used = memory_used  # bytes
+
+
+class Process:
+    """A compute process on a card (nvidia-smi --query-compute-apps: pid, used_memory): its pid in the pid
+    namespace of the driver's caller (the host's, for hostagent), the memory it uses (None where NVML cannot
+    tell), and on a card in MIG mode the GPU and compute instance it runs on (else None)."""
+
+    __slots__ = ("compute_instance_id", "gpu_instance_id", "pid", "used_memory")
+
+    def __init__(self, pid: int, used_memory: int | None, gpu_instance_id: int | None = None,
+                 compute_instance_id: int | None = None) -> None:
+        self.pid = pid
+        self.used_memory = used_memory  # bytes
+        self.gpu_instance_id = gpu_instance_id
+        self.compute_instance_id = compute_instance_id
 
 
 class Card:
     """One physical card as NVML reports it. Fields that NVML could not read are None.
 
     Matching `nvidia-smi --query-gpu` fields: index, uuid, pci.bus_id, name, memory.total, memory.used,
-    utilization.gpu, mig.mode.current, compute_cap.
+    utilization.gpu, mig.mode.current, compute_cap, temperature.gpu, power.draw, enforced.power.limit.
     """
 
     __slots__ = ("bus_id", "compute_capability", "error", "index", "memory_total", "memory_used",
-                 "mig_devices", "mig_mode", "minor_number", "name", "processes", "utilization_gpu", "uuid")
+                 "mig_devices", "mig_mode", "minor_number", "name", "power_draw", "power_limit", "process_list",
+                 "processes", "temperature", "utilization_gpu", "uuid")
 
     def __init__(self, index: int, uuid: str | None = None, bus_id: BusId | None = None,
                  name: str | None = None, error: str | None = None) -> None:
@@ -89,9 +110,13 @@ class Card:
         self.utilization_gpu: int | None = None  # percent
         self.mig_mode: bool | None = None
         self.mig_devices: list[MigDevice] = []
-        self.processes: int | None = None  # compute processes on the card
+        self.processes: int | None = None  # how many compute processes run on the card
+        self.process_list: list[Process] = []  # those processes
         self.minor_number: int | None = None
         self.compute_capability: str | None = None
+        self.temperature: int | None = None  # degrees C
+        self.power_draw: int | None = None  # milliwatts
+        self.power_limit: int | None = None  # milliwatts, the enforced limit
 
     @property
     def memory_free(self) -> int | None:
@@ -156,6 +181,13 @@ def driver_version() -> str | None:
     return _optional(lambda: str(nv.nvmlSystemGetDriverVersion()))
 
 
+def cuda_driver_version() -> str | None:
+    """The CUDA version the driver supports, as nvidia-smi's header shows it ("13.0" for 13000)."""
+    nv = _module()
+    version = _optional(lambda: int(nv.nvmlSystemGetCudaDriverVersion()))
+    return None if version is None else f"{version // 1000}.{version % 1000 // 10}"
+
+
 def _optional(call: Callable[[], T]) -> T | None:
     """A field that a card may not support: NotSupported (and friends) become None; a lost card does not."""
     nv = _module()
@@ -185,6 +217,7 @@ def _mig_devices(nv: Any, handle: Any) -> list[MigDevice]:
             _optional(lambda m=mig: str(nv.nvmlDeviceGetName(m))),  # type: ignore[misc]
             int(mem.total) if mem is not None else None,
             i,
+            int(mem.used) if mem is not None else None,
         ))
     return devices
 
@@ -217,15 +250,29 @@ def _read_card(nv: Any, index: int, detail: bool, mig: bool) -> Card:
         card.utilization_gpu = int(util.gpu) if util is not None else None
         procs = _optional(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle))
         card.processes = len(procs) if procs is not None else None
+        card.process_list = [_process(p) for p in procs or ()]
         cc = _optional(lambda: nv.nvmlDeviceGetCudaComputeCapability(handle))
         card.compute_capability = f"{cc[0]}.{cc[1]}" if cc is not None else None
+        card.temperature = _optional(lambda: int(nv.nvmlDeviceGetTemperature(handle, _NVML_TEMPERATURE_GPU)))
+        card.power_draw = _optional(lambda: int(nv.nvmlDeviceGetPowerUsage(handle)))
+        card.power_limit = _optional(lambda: int(nv.nvmlDeviceGetEnforcedPowerLimit(handle)))
     return card
+
+
+def _process(p: Any) -> Process:
+    # nvidia-ml-py gives usedGpuMemory None for NVML_VALUE_NOT_AVAILABLE; v1 entries carry no instance ids.
+    used = getattr(p, "usedGpuMemory", None)
+    gi = getattr(p, "gpuInstanceId", _NO_INSTANCE)
+    ci = getattr(p, "computeInstanceId", _NO_INSTANCE)
+    return Process(int(p.pid), int(used) if used is not None else None,
+                   None if gi in (None, _NO_INSTANCE) else int(gi), None if ci in (None, _NO_INSTANCE) else int(ci))
 
 
 def list_cards(detail: bool = False, mig: bool = False, tolerate_lost: bool = False) -> list[Card]:
     """Every card NVML sees, in NVML's (PCI bus) order.
 
-    `detail` adds memory, utilization, processes, MIG mode, minor number and compute capability (hostagent ls);
+    `detail` adds memory, utilization, processes, MIG mode, minor number, compute capability, temperature and
+    power (hostagent ls);
     `mig` adds MIG mode and MIG devices only. A card NVML cannot read raises GpuUnavailableError, or, with
     `tolerate_lost`, comes back as a placeholder whose `error` says why.
     """

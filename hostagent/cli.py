@@ -141,11 +141,22 @@ def build_parser() -> _Parser:
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    ls = sub.add_parser("ls", help="list the cards, their memory and load, and who holds them",
-                        description="List every physical card (NVML) and the containers that hold it (the ledger).")
-    ls.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    from gpupin.hostagent import lsformat  # the fields' table; a light module
+
+    ls = sub.add_parser("ls", help="list the cards, their load, and who holds them",
+                        description=LS_DESCRIPTION, epilog=LS_EPILOG + lsformat.fields_help(),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ls.add_argument("--json", action="store_true",
+                    help="one JSON object on stdout, for scripts: the host, and per card every field below and "
+                         "more (holders, MIG devices, processes in full)")
+    ls.add_argument("--format", metavar="TEMPLATE", help=lsformat.HELP)
+    ls.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                    help="colour the table: auto (default) when stdout is a terminal, NO_COLOR is unset and TERM "
+                         "is not dumb; always; never")
+    ls.add_argument("-w", "--watch", type=_interval, nargs="?", const=2.0, metavar="SECONDS",
+                    help="redraw the table in place every SECONDS (default 2) until Ctrl-C")
     ls.add_argument("--swarm", action="store_true", help="every node of the swarm (from a manager): each card, "
-                    "the task that holds it, the free ones, and the tasks waiting for cards")
+                    "the task that holds it, the free ones, and the tasks waiting for cards (with --json or alone)")
 
     r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False,
                        usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
@@ -230,6 +241,31 @@ def build_parser() -> _Parser:
     return p
 
 
+LS_DESCRIPTION = """List every physical card (NVML) and the containers that hold it (the ledger).
+
+Per card: its index, name, temperature, utilization, memory and power (N/A: the card does not report it), its
+UUID and bus id, its MIG devices, the containers that hold it (short id, state, how the engine gives it the card,
+`shared` for --share, MISMATCH where the gpupin.devices label says otherwise) and the processes on it (pid, user,
+memory, command, container). A card is free, held, or shared: held only by containers started with --share, which
+`hostagent run --share` may join."""
+
+LS_EPILOG = """When Docker cannot be reached the cards are still listed (holders unknown) and stderr says why.
+exit: 0 listed; 64 bad usage; 69 NVML unavailable.
+
+--format fields (str.format: {index}, {name:<24}; N/A when missing; lists joined by commas):
+"""
+
+
+def _interval(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
+    if not (0.1 <= seconds <= 86400):
+        raise argparse.ArgumentTypeError(f"seconds must be between 0.1 and 86400, not {text}")
+    return seconds
+
+
 NODE_CONFIG_EPILOG = """Without --check: this host's cards (NVML; the MIG devices of a card in MIG mode) as Swarm
 generic resources, and the runtime settings that make them effective:
   daemon.json   node-generic-resources: ["GPU=GPU-<uuid>", ...], default-runtime: nvidia
@@ -265,15 +301,14 @@ def _error(err: GpupinError, debug: bool) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     if getattr(args, "swarm", False):
+        if args.format is not None or args.watch is not None:
+            raise UsageError("ls --swarm takes --json only (not --format or --watch)", "hostagent ls --swarm [--json]")
         from gpupin.hostagent import swarmls
 
         return swarmls.command(args.json)
     from gpupin.hostagent import listing
 
-    data = listing.gather()
-    # Compact JSON: with indent, json falls back to its pure-Python encoder (~20 ms for 500 holders).
-    sys.stdout.write(json.dumps(data) + "\n" if args.json else listing.render(data))
-    return 0
+    return listing.command(args.json, args.format, args.color, args.watch)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -327,7 +362,8 @@ def _ls_fast(raw: list[str]) -> argparse.Namespace | None:
     ~5 ms, 5% of what listing 500 containers takes (a benchmarked figure). Anything else goes through argparse."""
     if not raw or raw[0] != "ls" or not set(raw[1:]) <= {"--json", "--swarm", "--debug"}:
         return None
-    return argparse.Namespace(command="ls", json="--json" in raw, swarm="--swarm" in raw, debug="--debug" in raw)
+    return argparse.Namespace(command="ls", json="--json" in raw, swarm="--swarm" in raw, debug="--debug" in raw,
+                              format=None, color="auto", watch=None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

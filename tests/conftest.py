@@ -209,6 +209,12 @@ def mixed4_sandbox(sandbox: Sandbox) -> Sandbox:
 DOCKER_FIXTURES = frozenset({"sandboxes", "sandbox", "mixed4_sandbox"})
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite the golden files under tests/golden from the real output (`make golden`) "
+                          "instead of comparing with them")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that needs the daemon, from the fixtures it uses (directly or through another fixture), so
     that `-m "not docker"` (make test-unit) is a true daemon-free run."""

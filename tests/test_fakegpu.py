@@ -300,6 +300,9 @@ def card(**fields: Any) -> str:
         (card(compute_capability="8"), "gpus[0].compute_capability: must be a string like"),
         (card(lost="yes"), "gpus[0].lost: must be true or false"),
         (card(processes=[{"used_memory_mib": 1}]), "gpus[0].processes[0]: pid missing"),
+        (card(temperature_gpu=201), "gpus[0].temperature_gpu: integer out of range"),
+        (card(power_draw_mw=-1), "gpus[0].power_draw_mw: must be a non-negative integer"),
+        (card(power_limit_mw=250.5), "gpus[0].power_limit_mw: must be a non-negative integer"),
         # The same bus in two spellings: bus ids are compared as numbers.
         (
             cards({"uuid": A800_1B, "bus_id": "3b:00.0"}, {"uuid": RTX_3B, "bus_id": "0000:3B:00.0"}),
@@ -427,6 +430,58 @@ def test_nvml_mixed4_queries() -> None:
     assert {c["gi"] for c in cards} == {"NVMLError_InvalidArgument"}  # measured on a whole H200
     assert [c["procs"] for c in cards] == [[], [], [[4242, 40448, 0xFFFFFFFF, 0xFFFFFFFF]], []]
     assert [c["procs2"] for c in cards] == [[], [], [4242], []]
+
+
+def test_nvml_temperature_and_power(tmp_path: Path) -> None:
+    """Temperature (C) and power draw / limit (mW) as the scenario gives them; a reading the topology leaves out
+    (or sets to null) is NOT_SUPPORTED, as on a card without that sensor; a MIG handle has none of its own."""
+    code = """
+    import pynvml as n
+    n.nvmlInit()
+    res = []
+    for i in range(n.nvmlDeviceGetCount()):
+        h = n.nvmlDeviceGetHandleByIndex(i)
+        res.append([nvml_err(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+                    or n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+                    nvml_err(n.nvmlDeviceGetPowerUsage, h) or n.nvmlDeviceGetPowerUsage(h),
+                    nvml_err(n.nvmlDeviceGetEnforcedPowerLimit, h) or n.nvmlDeviceGetEnforcedPowerLimit(h),
+                    nvml_err(n.nvmlDeviceGetPowerManagementLimit, h) or n.nvmlDeviceGetPowerManagementLimit(h)])
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    res.append(nvml_err(n.nvmlDeviceGetTemperature, h, 1)[0])  # a sensor other than the GPU's
+    out(res)
+    """
+    assert run_py(code, MIXED).value == [
+        [31, 61250, 400000, 400000],
+        [36, 21480, 450000, 450000],
+        [71, 312460, 400000, 400000],
+        [30, 60800, 400000, 400000],
+        "NVMLError_InvalidArgument",
+    ]
+    unsupported = ["NVMLError_NotSupported", 3, "Not Supported"]
+    path = write_json(tmp_path / "t.json", {"gpus": [{"uuid": A800_1B, "bus_id": "1b:00.0", "temperature_gpu": 40,
+                                                      "power_draw_mw": None}]})
+    assert run_py(code, path).value == [[40, unsupported, unsupported, unsupported], "NVMLError_InvalidArgument"]
+    mig = """
+    import pynvml as n
+    n.nvmlInit()
+    m = n.nvmlDeviceGetMigDeviceHandleByIndex(n.nvmlDeviceGetHandleByIndex(0), 0)
+    out([nvml_err(n.nvmlDeviceGetTemperature, m, 0)[0], nvml_err(n.nvmlDeviceGetPowerUsage, m)[0],
+         n.nvmlDeviceGetTemperature(n.nvmlDeviceGetHandleByIndex(0), 0)])
+    """
+    assert run_py(mig, MIG).value == ["NVMLError_NotSupported", "NVMLError_NotSupported", 38]
+
+
+def test_nvml_process_memory_not_available(tmp_path: Path) -> None:
+    """`"used_memory_mib": null` is NVML_VALUE_NOT_AVAILABLE, which nvidia-ml-py turns into None."""
+    path = write_json(tmp_path / "t.json", {"gpus": [{"uuid": A800_1B, "bus_id": "1b:00.0", "processes": [
+        {"pid": 7, "used_memory_mib": None}, {"pid": 8, "used_memory_mib": 12}]}]})
+    code = """
+    import pynvml as n
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(0)
+    out([[p.pid, p.usedGpuMemory] for p in n.nvmlDeviceGetComputeRunningProcesses(h)])
+    """
+    assert run_py(code, path).value == [[7, None], [8, 12 << 20]]
 
 
 def test_nvml_handles_by_uuid_and_bus_id() -> None:
@@ -639,7 +694,9 @@ def test_nvml_mig() -> None:
            "max": [n.nvmlDeviceGetMaxMigDeviceCount(p), n.nvmlDeviceGetMaxMigDeviceCount(whole)],
            "migs": [], "missing": nvml_err(n.nvmlDeviceGetMigDeviceHandleByIndex, p, 2)[0],
            "none_on_whole": nvml_err(n.nvmlDeviceGetMigDeviceHandleByIndex, whole, 0)[0],
-           "parent_procs": [x.pid for x in n.nvmlDeviceGetComputeRunningProcesses(p)]}
+           "parent_procs": [x.pid for x in n.nvmlDeviceGetComputeRunningProcesses(p)],
+           # nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently supported."
+           "util": [nvml_err(n.nvmlDeviceGetUtilizationRates, p)[0], n.nvmlDeviceGetUtilizationRates(whole).gpu]}
     for i in range(2):
         m = n.nvmlDeviceGetMigDeviceHandleByIndex(p, i)
         mem = n.nvmlDeviceGetMemoryInfo(m)
@@ -663,6 +720,7 @@ def test_nvml_mig() -> None:
     assert res["max"] == [7, 0]
     assert res["missing"] == res["none_on_whole"] == "NVMLError_NotFound"
     assert res["parent_procs"] == [5151]
+    assert res["util"] == ["NVMLError_NotSupported", 0]
     assert res["parent_of_whole"] == "NVMLError_InvalidArgument"
     m1, m2 = res["migs"]
     assert m1 == {

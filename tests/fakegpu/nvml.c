@@ -23,6 +23,8 @@ enum {
     NVML_ERROR_UNKNOWN = 999,
 };
 
+#define NVML_TEMPERATURE_GPU 0
+#define NVML_VALUE_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFull /* usedGpuMemory NVML cannot tell */
 #define NVML_MEMORY_V2_VERSION 0x02000028u /* sizeof(nvmlMemory_v2_t) | 2 << 24 */
 #define NVML_MAX_MIG_DEVICES 7             /* an A100/H100 has room for at most 7 MIG devices */
 
@@ -415,17 +417,56 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
     return NVML_SUCCESS;
 }
 
-/* NVML has no utilization counters for a MIG device. */
+/* NVML has no utilization counters for a MIG device, nor for a card in MIG mode (nvml.h: "On MIG-enabled
+ * GPUs, querying device utilization rates is not currently supported"). */
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
     RESOLVE(device);
     if (!utilization)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (m)
+    if (m || g->mig_mode == 1)
         return NVML_ERROR_NOT_SUPPORTED;
     utilization->gpu = g->utilization_gpu;
     utilization->memory = g->utilization_memory;
     return NVML_SUCCESS;
+}
+
+/* Optional readings of a whole card (temperature in degrees C, power in milliwatts): NOT_SUPPORTED where the
+ * topology gives none, and on a MIG handle (not measured: the sensors are the card's). */
+static nvmlReturn_t reading(const struct fg_mig *m, long long value, unsigned *out)
+{
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m || value == FG_UNSUPPORTED)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *out = (unsigned)value;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensorType, unsigned *temp)
+{
+    RESOLVE(device);
+    if (sensorType != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return reading(m, g->temperature_c, temp);
+}
+
+API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned *power)
+{
+    RESOLVE(device);
+    return reading(m, g->power_draw_mw, power);
+}
+
+/* The fake has one limit: the enforced one is the management one (no external cap). */
+API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned *limit)
+{
+    RESOLVE(device);
+    return reading(m, g->power_limit_mw, limit);
+}
+
+API nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned *limit)
+{
+    return nvmlDeviceGetEnforcedPowerLimit(device, limit);
 }
 
 /* NVML's two-call protocol: a too-small *infoCount (0 with infos NULL to ask) gets
@@ -454,11 +495,11 @@ static nvmlReturn_t processes(nvmlDevice_t device, unsigned *infoCount, void *in
         if (v1) {
             nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
             o->pid = sel[i]->pid;
-            o->usedGpuMemory = sel[i]->used_mib << 20;
+            o->usedGpuMemory = sel[i]->used_unknown ? NVML_VALUE_NOT_AVAILABLE : sel[i]->used_mib << 20;
         } else {
             nvmlProcessInfo_t *o = (nvmlProcessInfo_t *)infos + i;
             o->pid = sel[i]->pid;
-            o->usedGpuMemory = sel[i]->used_mib << 20;
+            o->usedGpuMemory = sel[i]->used_unknown ? NVML_VALUE_NOT_AVAILABLE : sel[i]->used_mib << 20;
             o->gpuInstanceId = sel[i]->gpu_instance_id;
             o->computeInstanceId = sel[i]->compute_instance_id;
         }

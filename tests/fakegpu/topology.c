@@ -411,6 +411,22 @@ static int get_uint(struct schema *sc, const struct jv *obj, const char *key, co
     return 0;
 }
 
+/* An optional reading: absent or null -> FG_UNSUPPORTED (the card has no such sensor), else an integer <= max. */
+static int get_reading(struct schema *sc, const struct jv *obj, const char *key, const char *where,
+                       unsigned long long max, long long *out)
+{
+    const struct jv *v = jget(obj, key);
+    unsigned long long x;
+    if (!v || v->t == JT_NULL) {
+        *out = FG_UNSUPPORTED;
+        return 0;
+    }
+    if (get_uint(sc, obj, key, where, max, 0, &x) < 0)
+        return -1;
+    *out = (long long)x;
+    return 0;
+}
+
 /* A string field copied into buf; absent -> dflt (NULL dflt means required). */
 static int get_str(struct schema *sc, const struct jv *obj, const char *key, const char *where,
                    const char *dflt, char *buf, size_t buflen)
@@ -680,7 +696,7 @@ static int load_mig(struct schema *sc, const struct jv *m, const char *where, st
 static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg_gpu *g)
 {
     char where[64], cc[16], bus[64], w[160];
-    const struct jv *procs, *mig;
+    const struct jv *procs, *mig, *v;
     unsigned long long x;
     size_t i;
     int maj, min, used;
@@ -720,6 +736,10 @@ static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg
     if (get_uint(sc, o, "utilization_memory", where, 100, 0, &x) < 0)
         return -1;
     g->utilization_memory = (unsigned)x;
+    if (get_reading(sc, o, "temperature_gpu", where, 200, &g->temperature_c) < 0 ||
+        get_reading(sc, o, "power_draw_mw", where, 10000000, &g->power_draw_mw) < 0 ||
+        get_reading(sc, o, "power_limit_mw", where, 10000000, &g->power_limit_mw) < 0)
+        return -1;
     if (get_uint(sc, o, "minor_number", where, 0xFFFFFFFFull, idx, &x) < 0)
         return -1;
     g->minor_number = (unsigned)x;
@@ -751,7 +771,10 @@ static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg
             if (get_uint(sc, p, "pid", w, 0xFFFFFFFFull, 0, &x) < 0)
                 return -1;
             fp->pid = (unsigned)x;
-            if (get_uint(sc, p, "used_memory_mib", w, g->memory_total_mib, 0, &fp->used_mib) < 0)
+            v = jget(p, "used_memory_mib");
+            fp->used_unknown = v && v->t == JT_NULL;
+            if (!fp->used_unknown &&
+                get_uint(sc, p, "used_memory_mib", w, g->memory_total_mib, 0, &fp->used_mib) < 0)
                 return -1;
             if (get_uint(sc, p, "gpu_instance_id", w, FG_NO_INSTANCE, FG_NO_INSTANCE, &x) < 0)
                 return -1;

@@ -17,10 +17,13 @@
 #define FG_DEFAULT_CUDA_VERSION 13000
 /* Reported for gpuInstanceId/computeInstanceId of processes on a card not in MIG mode. */
 #define FG_NO_INSTANCE 0xFFFFFFFFu
+/* An optional reading the card does not give: the query answers NVML_ERROR_NOT_SUPPORTED. */
+#define FG_UNSUPPORTED (-1LL)
 
 struct fg_proc {
     unsigned pid;
     unsigned long long used_mib;
+    int used_unknown; /* "used_memory_mib": null: NVML reports NVML_VALUE_NOT_AVAILABLE */
     unsigned gpu_instance_id;
     unsigned compute_instance_id;
 };
@@ -46,6 +49,8 @@ struct fg_gpu {
     unsigned long long memory_total_mib;
     unsigned long long memory_used_mib;
     unsigned utilization_gpu, utilization_memory;
+    long long temperature_c;                /* FG_UNSUPPORTED when absent */
+    long long power_draw_mw, power_limit_mw; /* FG_UNSUPPORTED when absent */
     unsigned pci_device_id, pci_subsystem_id;
     int multiprocessor_count;
     unsigned minor_number; /* position in the file's "gpus" array unless "minor_number" is given */

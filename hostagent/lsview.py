@@ -1,0 +1,294 @@
+"""How `hostagent ls` looks on a terminal: the table, its colours, and `--watch`'s redraw in place.
+
+One block per card, as gpustat lays it out: a line with the index, name, temperature, utilization, memory, power
+and whether the card is free, held or shared; the card's UUID and bus id; its MIG devices; then who holds it (one
+container a line, each with its short id, state, how the engine gives it the card, `shared`, a MISMATCH), the
+containers labelled for it that hold something else, the pinned containers that hold nothing now, and the
+processes running on it (pid, user, memory, command, container). Plain ASCII, so the table reads the same under
+any locale; colour (ANSI SGR) only adds escape codes around the same text.
+
+Colour follows the usual rules (https://no-color.org, `ls --color`, git): `auto` colours when stdout is a terminal,
+NO_COLOR is unset or empty and TERM is not `dumb`; `always` and `never` decide alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any, TextIO
+
+# ANSI SGR codes.
+BOLD, DIM, RED, GREEN, YELLOW, BLUE, MAGENTA, CYAN = "1", "2", "31", "32", "33", "34", "35", "36"
+HOT_C, WARM_C = 80, 60  # temperature thresholds: red from HOT_C, yellow from WARM_C
+NA = "N/A"
+SHOWN_IDLE = 3  # pinned containers that hold nothing: named up to this many, then counted
+
+
+def use_color(mode: str, stream: TextIO) -> bool:
+    """Whether to colour output to `stream` for --color MODE (auto, always, never)."""
+    if mode in ("always", "never"):
+        return mode == "always"
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return _isatty(stream)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or fake stream
+        return False
+
+
+class Cell:
+    """A table cell: its text, its SGR codes (`;`-joined, empty for none), whether it is right-aligned, and the
+    blanks between it and the next cell. `parts` ((text, codes), ...) colour pieces of a row's free-text end."""
+
+    __slots__ = ("gap", "parts", "right", "style", "text")
+
+    def __init__(self, text: str, style: str = "", right: bool = False, gap: int = 2,
+                 parts: Sequence[tuple[str, str]] = ()) -> None:
+        self.text = "".join(t for t, _ in parts) if parts else text
+        self.style = style
+        self.right = right
+        self.gap = gap
+        self.parts = parts
+
+    def painted(self, color: bool) -> str:
+        if self.parts:
+            return "".join(_paint(t, style, color) for t, style in self.parts)
+        return _paint(self.text, self.style, color)
+
+
+Row = list[Cell]
+LABEL_WIDTH = len("not holding")  # the widest of the labels before a card's holders, processes, ...
+
+
+def _lines(rows: Sequence[Row], color: bool, indent: str = "") -> list[str]:
+    """Rows as aligned lines: each column as wide as its widest cell, `gap` blanks apart, no trailing blanks.
+    A row's last cell is never padded, so that one long free-text end does not push the others."""
+    widths: list[int] = []
+    for row in rows:
+        for i, cell in enumerate(row[:-1]):
+            if i == len(widths):
+                widths.append(0)
+            widths[i] = max(widths[i], len(cell.text))
+    out = []
+    for row in rows:
+        parts = []
+        for i, cell in enumerate(row):
+            last = i == len(row) - 1
+            pad = "" if last else " " * (widths[i] - len(cell.text))
+            text = cell.painted(color)
+            parts.append(pad + text if cell.right else text + pad)
+            if not last:
+                parts.append(" " * cell.gap)
+        out.append((indent + "".join(parts)).rstrip())
+    return out
+
+
+def _section(label: str, rows: Sequence[Row], color: bool, indent: str, style: str = DIM) -> list[str]:
+    """A labelled group of rows under a card (held by, process, ...): the label on the first, columns aligned
+    within the group."""
+    lines = _lines(rows, color)
+    blank = " " * LABEL_WIDTH
+    head = _paint(label, style, color) + " " * (LABEL_WIDTH - len(label))
+    return [(indent + (head if n == 0 else blank) + "  " + line).rstrip() for n, line in enumerate(lines)]
+
+
+def _paint(text: str, style: str, color: bool) -> str:
+    return f"\x1b[{style}m{text}\x1b[0m" if color and style and text else text
+
+
+def _na(value: object, suffix: str = "") -> str:
+    return NA if value is None else f"{value}{suffix}"
+
+
+def _figures(pairs: Sequence[tuple[object, object]], unit: str) -> list[str]:
+    """`used / total unit` for each pair, both numbers right-aligned across the pairs; N/A when both are missing."""
+    texts = [(_na(a), _na(b)) for a, b in pairs]
+    wa = max((len(a) for a, _ in texts), default=0)
+    wb = max((len(b) for _, b in texts), default=0)
+    return [NA if (a, b) == (None, None) else f"{ta:>{wa}} / {tb:>{wb}} {unit}"
+            for (a, b), (ta, tb) in zip(pairs, texts)]
+
+
+def _temperature_style(t: int | None) -> str:
+    if t is None:
+        return DIM
+    return f"{BOLD};{RED}" if t >= HOT_C else YELLOW if t >= WARM_C else ""
+
+
+def _state(item: dict[str, Any], docker_ok: bool) -> Cell:
+    """free, held or shared (a card or a MIG device); unknown when Docker could not be read."""
+    if not docker_ok:
+        return Cell("unknown", DIM)
+    if not item["held"]:
+        return Cell("free", GREEN)
+    if item.get("shared"):
+        return Cell("shared", f"{BOLD};{CYAN}")
+    return Cell("held", f"{BOLD};{YELLOW}")
+
+
+def _watts(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def _short(name: str | None, card: str | None) -> str:
+    """A MIG device's profile (`3g.20gb`) from its NVML name (`NVIDIA A100-SXM4-40GB MIG 3g.20gb`)."""
+    if not name:
+        return "MIG device"
+    for prefix in (f"{card} MIG ", f"{card} "):
+        if card and name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _holders(holders: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
+    rows = []
+    for h in holders:
+        tail: list[tuple[str, str]] = [(h["how"], "")]
+        if h["shared"]:
+            tail += [("  ", ""), ("shared", CYAN)]
+        if h["mismatch"]:
+            tail += [("  ", ""), (f"MISMATCH: labelled {','.join(h['label'] or ()) or 'nothing'}", f"{BOLD};{RED}")]
+        if h["why"] and h["why"] != h["state"]:
+            tail += [("  ", ""), (f"holds: {h['why']}", "")]
+        rows.append([Cell(h["name"], BOLD), Cell(h["id"][:12]), Cell(h["state"]), Cell("", parts=tail)])
+    return _section("held by", rows, color, indent)
+
+
+def _mismatches(mislabelled: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
+    rows = [[Cell(h["name"], BOLD), Cell(h["id"][:12]), Cell(h["state"]),
+             Cell(f"labelled for this card, given {','.join(h['uuids']) or 'no card'}")] for h in mislabelled]
+    return _section("MISMATCH", rows, color, indent, f"{BOLD};{RED}")
+
+
+def _processes(processes: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
+    rows = [[Cell(str(p["pid"]), right=True), Cell(_na(p["user"])), Cell(_na(p["used_memory_mib"], " MiB"), right=True),
+             Cell(_na(p["command"])), Cell(p["container"] or (p["container_id"] or "")[:12], BOLD)]
+            for p in processes]
+    return _section("process", rows, color, indent)
+
+
+def _idle(idle: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
+    """Pinned containers that hold nothing now: a few by name, the rest counted (500 stopped ones stay one line)."""
+    if not idle:
+        return []
+    names = ", ".join(f"{h['name']} ({h['state']})" for h in idle[:SHOWN_IDLE])
+    more = f" and {len(idle) - SHOWN_IDLE} more" if len(idle) > SHOWN_IDLE else ""
+    return _section("not holding", [[Cell(names + more)]], color, indent)
+
+
+def _who(holders: Iterable[dict[str, Any]], processes: Sequence[dict[str, Any]], color: bool, indent: str,
+         mislabelled: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """Under a card or MIG device: who holds it (by name), who is labelled for it, what runs on it, and the pinned
+    containers that hold nothing now."""
+    ordered = sorted(holders, key=lambda h: h["name"])
+    holding = [h for h in ordered if h["holds"]]
+    return (_holders(holding, color, indent) + _mismatches(mislabelled, color, indent)
+            + _processes(processes, color, indent) + _idle([h for h in ordered if not h["holds"]], color, indent))
+
+
+def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> list[str]:
+    lines = [head]
+    ident = [g["uuid"], _paint(g["bus_id"] or "", DIM, color)]
+    if g["mig_mode"]:
+        ident.append("MIG on")
+    lines.append("    " + "  ".join(ident))
+    if g["mig_devices"]:
+        mem = _figures([(m["memory_used_mib"], m["memory_total_mib"]) for m in g["mig_devices"]], "MiB")
+        rows = [[Cell(f"MIG {m['index']}", CYAN), Cell(_short(m["name"], g["name"])), Cell(m["uuid"]),
+                 Cell(mem[i], YELLOW, right=True), _state(m, docker_ok)] for i, m in enumerate(g["mig_devices"])]
+        for m, line in zip(g["mig_devices"], _lines(rows, color, "    ")):
+            # A MIG device's own holders and processes; a holder of the whole card is listed under the card.
+            mine = [h for h in g["holders"] if m["uuid"] in h["uuids"] and g["uuid"] not in h["uuids"]]
+            lines += [line, *_who(mine, [p for p in g["processes"] if p["mig_uuid"] == m["uuid"]], color, "      ")]
+    migs = {m["uuid"] for m in g["mig_devices"]}
+    whole = [h for h in g["holders"] if g["uuid"] in h["uuids"] or not migs & set(h["uuids"])]
+    return lines + _who(whole, [p for p in g["processes"] if not p["mig_uuid"]], color, "    ", g["mislabelled"])
+
+
+def render(listing: dict[str, Any], color: bool = False, now: str | None = None) -> str:
+    """The table; `now` (watch mode) goes on the header line."""
+    docker_ok = bool(listing["docker"]["available"])
+    head = [_paint(listing.get("hostname") or "", BOLD, color), f"driver {_na(listing['driver_version'])}",
+            f"CUDA {_na(listing.get('cuda_driver_version'))}"]
+    if now:
+        head.append(now)
+    if not docker_ok:
+        head.append(_paint("Docker unavailable: who holds which card is unknown", f"{BOLD};{RED}", color))
+    out = ["  ".join(head)]
+    gpus = listing["gpus"]
+    ok = [g for g in gpus if not g["error"]]
+    mem = _figures([(g["memory_used_mib"], g["memory_total_mib"]) for g in ok], "MiB")
+    power = _figures([(_watts(g["power_draw_w"]), _watts(g["power_limit_w"])) for g in ok], "W")
+    rows = [[Cell(f"[{g['index']}]", CYAN, gap=1), Cell(g["name"] or NA, f"{BOLD};{BLUE}" if g["held"] else BLUE),
+             Cell(_na(g["temperature_c"], "C"), _temperature_style(g["temperature_c"]), right=True),
+             Cell(_na(g["utilization_gpu"], "%"), GREEN if g["utilization_gpu"] is not None else DIM, right=True),
+             Cell(mem[i], YELLOW, right=True), Cell(power[i], MAGENTA, right=True), _state(g, docker_ok)]
+            for i, g in enumerate(ok)]
+    heads = iter(_lines(rows, color))
+    for g in gpus:
+        if g["error"]:
+            # A card NVML cannot read: what is known of it, in red.
+            what = f"[{g['index']}] ERROR: {g['error']}"
+            out.append(_paint(what, f"{BOLD};{RED}", color))
+            continue
+        out += _card_block(g, next(heads), color, docker_ok)
+    return "\n".join(out) + "\n"
+
+
+# --- --watch ---------------------------------------------------------------------------------------------------
+
+# The alternate screen (the shell's screen comes back at the end, as with nvitop, htop, less), cursor hidden, no
+# line wrap (a line wider than the window is cut, not folded into the next one's place).
+_ENTER = "\x1b[?1049h\x1b[?25l\x1b[?7l"
+_LEAVE = "\x1b[?7h\x1b[?25h\x1b[?1049l"
+
+
+def watch(interval: float, color: bool) -> int:
+    """Redraw the table every `interval` seconds until Ctrl-C (0) or SIGTERM (143), the terminal restored either
+    way. On a terminal each frame overwrites the last in place (cursor home, each line cleared to its end, the
+    rest of the screen cleared: no flicker); to a pipe or file, frames follow each other, a blank line apart."""
+    import signal
+    import time
+
+    from gpupin.hostagent import listing
+
+    stream = sys.stdout
+    tty = _isatty(stream)
+
+    def frame(now: str) -> str:
+        # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
+        return render(listing.gather(warn=False), color, now)
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    if tty:
+        stream.write(_ENTER)
+    try:
+        while True:
+            started = time.monotonic()
+            text = frame(f"every {interval:g}s  {time.strftime('%Y-%m-%d %H:%M:%S')}")
+            if tty:
+                stream.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[J")
+            else:
+                stream.write(text + "\n")
+            stream.flush()
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        return 0
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    finally:
+        if tty:
+            stream.write(_LEAVE)
+            stream.flush()
+        signal.signal(signal.SIGTERM, previous)
