@@ -201,6 +201,8 @@ def build_parser() -> _Parser:
                          description=compose.RENDER_DESCRIPTION, epilog=compose.RENDER_EPILOG, formatter_class=raw)
     cr.add_argument("file", metavar="FILE", help="the compose file to render (it is never overwritten)")
     cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
+    cr.add_argument("--via", choices=list(VIAS), help="pin through CDI (driver: cdi) or the nvidia driver (driver: "
+                    "nvidia); default: CDI where the daemon serves the cards by CDI")
     cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs",
                          description=compose.CHECK_DESCRIPTION, epilog=compose.CHECK_EPILOG, formatter_class=raw)
     cc.add_argument("file", metavar="FILE", help="the compose file to check")
@@ -298,7 +300,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     from gpupin.hostagent import compose
 
     if args.compose_command == "render":
-        return compose.render_command(args.file, args.output)
+        return compose.render_command(args.file, args.output, args.via)
     if args.compose_command == "check":
         return compose.check_command(args.file, args.json)
     raise UsageError("hostagent compose needs a subcommand", "hostagent compose render FILE | check FILE")

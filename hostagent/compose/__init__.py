@@ -56,10 +56,10 @@ problem of the file as written that `hostagent compose render` removes.
 exit: 0 no error (warnings may be printed); 64 an error; 69 NVML unusable."""
 
 
-def render_command(file: str, output: str | None) -> int:
+def render_command(file: str, output: str | None, via: str | None = None) -> int:
     from gpupin.hostagent.compose.command import render_command
 
-    return render_command(file, output)
+    return render_command(file, output, via)
 
 
 def check_command(file: str, as_json: bool) -> int:
