@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from typing import Union
 
     from gpupin.entrypoint.nvml import Card
-
     from gpupin.entrypoint.resolve import Target
 
     Answer = Union[Expectation, str, None, "_Elsewhere"]

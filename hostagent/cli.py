@@ -15,8 +15,8 @@ import sys
 from gpupin.entrypoint import __version__
 from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import runopts
-from gpupin.hostagent.errors import InternalError
 from gpupin.hostagent.cdi import VIAS
+from gpupin.hostagent.errors import InternalError
 from gpupin.hostagent.pin import VERIFY_LEVELS
 
 TYPE_CHECKING = False

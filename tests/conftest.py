@@ -268,6 +268,13 @@ def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
         mixed4_sandbox.docker("rm", "-f", *ids)
 
 
+def serves_cdi(sandbox: Sandbox) -> bool:
+    """Whether the sandbox's daemon serves nvidia.com/gpu by CDI (Engine 26's runs with CDI on and the fake
+    `nvidia-ctk cdi generate` spec), so that hostagent pins through CDI there (the assertion; hostagent asks the
+    daemon itself)."""
+    return sandbox.engine == "26"
+
+
 def saw(out: str) -> list[str]:
     """The UUIDs the workload saw at cuda:0, cuda:1, ... (from `python3 -m gpupin.entrypoint`)."""
     return re.findall(r"^cuda:\d+ = (\S+) at .*, as expected$", out, re.M)

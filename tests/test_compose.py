@@ -588,7 +588,8 @@ def test_the_projects_own_containers_are_not_counted_against_it(tmp_path: Path) 
 
 # --- compose v2's GPU forms: `driver: cdi`, CDI names in `devices:`, service-level `gpus:` ----------------------
 
-CDI_DEPLOY = "    deploy: {resources: {reservations: {devices: [{driver: cdi, device_ids: [%s], capabilities: [gpu]}]}}}"
+CDI_DEPLOY = ("    deploy: {resources: {reservations: {devices: [{driver: cdi, device_ids: [%s], "
+              "capabilities: [gpu]}]}}}")
 SERVED = cdi.Detection(True, "a test spec", [str(i) for i in range(4)] + [A800, RTX, A800B, A800C, "all"])
 
 

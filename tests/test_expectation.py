@@ -14,6 +14,7 @@ from gpupin.entrypoint.expectation import ExpectedCard, format_expect, parse_exp
 from gpupin.entrypoint.identity import BusId
 from gpupin.entrypoint.sources import find, from_environ
 from tests.cards import cards as scenario_cards
+from tests.conftest import gpu_uuids
 
 U1 = "GPU-b7f5fec9-b46a-cafb-c72e-03faa22cc009"
 U2 = "GPU-bd66e15d-bea0-a04a-ba15-aa76757c09e1"
@@ -77,7 +78,7 @@ def test_nvidia_visible_devices_without_cards_it_can_name_names_no_card(nvd: str
 
 
 MIXED = scenario_cards("mixed-4")  # NVML order: A800 1B, RTX 3B, A800 86, A800 AF
-A800, RTX, A800B, A800C = (c.uuid for c in MIXED)
+A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
 
 
 def expected(value: str, cards: list[Any], **env: str) -> tuple[list[str], str | None]:

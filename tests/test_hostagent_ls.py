@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env
+from tests.conftest import REPO, TEST_IMAGE, Sandbox, gpu_uuids, serves_cdi, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
 HOSTAGENT = str(REPO / ".venv" / "bin" / "hostagent")
@@ -92,13 +92,15 @@ def test_holders_pinned_and_foreign(mixed4_sandbox: Sandbox, tagged: str) -> Non
     r = ls("--json", DOCKER_HOST=sb.host)
     assert r.returncode == 0, r.stderr
     cards = by_uuid(json.loads(r.stdout))
-    who = {u: sorted((h["name"], h["state"], h["how"], h["holds"]) for h in g["holders"]) for u, g in cards.items()}
-    assert who[RTX] == [(f"pinned-{tagged}", "running", "gpupin", True)]
-    assert who[A800] == [(f"legacy-{tagged}", "running", "--gpus 1", True)]
-    assert who[A800B] == [(f"bydevice-{tagged}", "running", "--gpus device=2", True)]
-    assert who[A800C] == [(f"done-{tagged}", "exited", "gpupin", False)]
+    who = {u: sorted((h["name"], h["state"], h["how"], h["via"], h["holds"]) for h in g["holders"])
+           for u, g in cards.items()}
+    way = "CDI" if serves_cdi(sb) else "--gpus"  # which way the daemon gave hostagent's containers their cards
+    assert who[RTX] == [(f"pinned-{tagged}", "running", "gpupin", way, True)]
+    assert who[A800] == [(f"legacy-{tagged}", "running", "--gpus 1", "--gpus", True)]
+    assert who[A800B] == [(f"bydevice-{tagged}", "running", "--gpus device=2", "--gpus", True)]
+    assert who[A800C] == [(f"done-{tagged}", "exited", "gpupin", way, False)]
     assert [cards[u]["held"] for u in (A800, RTX, A800B, A800C)] == [True, True, True, False]
     assert cards[RTX]["holders"][0]["id"] == pinned
     table = ls(DOCKER_HOST=sb.host).stdout
-    assert f"pinned-{tagged} ({pinned[:12]}, running)" in table
+    assert f"pinned-{tagged} ({pinned[:12]}, running, gpupin via {way})" in table
     assert f"legacy-{tagged}" in table and "--gpus 1" in table and "[+1 stopped]" in table

@@ -259,7 +259,7 @@ def _cdi_gpu_names(service: str, names: Sequence[str], where: str) -> list[str]:
     if any(d is None for d in devices):
         other = next(n for n, d in zip(names, devices) if d is None)
         raise ServiceError(service, f"{where} mixes {shown(other)} with {cdi.KIND} devices",
-                           f"give other CDI kinds a device request of their own; this one is the GPUs'")
+                           "give other CDI kinds a device request of their own; this one is the GPUs'")
     return [cdi.as_spec(d) for d in devices if d is not None]
 
 
@@ -355,8 +355,8 @@ class CdiDeployDevices(DeployDevices):
     def request(self, service: str, entry: Mapping[str, Any], index: int, share: bool) -> GpuRequest:
         if entry.get("count") is not None:
             raise ServiceError(service, "a CDI device request has a `count`: the CDI driver hands out the devices "
-                               "it is given by name, never a number of them", f"name the cards in device_ids, "
-                               f"or use x-gpupin: {{count: N}} and render")
+                               "it is given by name, never a number of them", "name the cards in device_ids, "
+                               "or use x-gpupin: {count: N} and render")
         ids = [str(i) for i in entry.get("device_ids") or []]
         return _cdi_request(self, service, ids, "the CDI device request", share, index)
 
