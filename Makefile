@@ -129,12 +129,12 @@ lint: setup
 # Measured as users get it: gpupin installed from its wheel (bytecode compiled, no editable-install finder) in a
 # venv of its own; the figures land in build/bench/results.json too.
 BENCH_VENV := build/bench-venv
-# The benchmark and the demo run on the default engine only.
-bench demo: ENGINES := 20.10
+# The demo runs on the default engine only; the benchmark's docker parts on every engine in ENGINES, side by side.
+demo: ENGINES := 20.10
 bench: image-test
 	rm -rf $(BENCH_VENV) && $(PY) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q --find-links build/wheels "$$(ls build/wheels/gpupin-*.whl)[host]"
-	$(SIMHOST) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/results.json $(BENCH_ARGS)
+	$(SIMHOST) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/results.json --engines "$(ENGINES)" $(BENCH_ARGS)
 
 demo: image-test
 	@$(SIMHOST) tests/sandbox/demo.sh

@@ -171,15 +171,8 @@ def test_via_overrides_what_the_daemon_serves(agent: Agent) -> None:
         assert len(agent.containers()) == 1  # the first one only
 
 
-@pytest.fixture
-def engine26(agent: Agent) -> Agent:
-    if not serves_cdi(agent.sandbox):
-        pytest.skip("CDI needs Engine 26's sandbox (20.10 has no CDI; its refusal is tested beside)")
-    return agent
-
-
-def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(engine26: Agent) -> None:
-    a = engine26
+def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(agent26: Agent) -> None:
+    a = agent26
     cid = a.sandbox.docker("run", "-d", "--name", f"cdi-holder-{a.tag}", "--label", f"gpupin.test={a.tag}",
                            "--device", "nvidia.com/gpu=1", "--entrypoint", "sleep", TEST_IMAGE, "300",
                            check=True).stdout.strip()
@@ -192,8 +185,8 @@ def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(engine26: A
     assert (holder["how"], holder["via"], holder["grants"][0]["form"]) == ("--device nvidia.com/gpu=1", "CDI", "cdi")
 
 
-def test_privileged_with_a_cdi_gpu_holds_every_card(engine26: Agent) -> None:
-    a = engine26
+def test_privileged_with_a_cdi_gpu_holds_every_card(agent26: Agent) -> None:
+    a = agent26
     mine = {**lease.claim(), "gpupin.test": a.tag}  # held while "being started": no privileged run needed
     a.sandbox.docker("create", "--privileged", "--device", "nvidia.com/gpu=1", *(f"--label={k}={v}"
                      for k, v in mine.items()), "--entrypoint", "sleep", TEST_IMAGE, "300", check=True)
@@ -202,10 +195,10 @@ def test_privileged_with_a_cdi_gpu_holds_every_card(engine26: Agent) -> None:
 
 
 @pytest.fixture
-def index_only_spec(engine26: Agent) -> Iterator[Agent]:
+def index_only_spec(agent26: Agent) -> Iterator[Agent]:
     """The sandbox's spec regenerated with the `index` name strategy alone (nvidia-ctk's default before 1.14),
     then put back."""
-    spec = engine26.sandbox.run_dir / "cdi" / "nvidia.yaml"
+    spec = agent26.sandbox.run_dir / "cdi" / "nvidia.yaml"
     kept = spec.read_bytes()
     env = dict(os.environ, FAKEGPU_TOPOLOGY=str(scenario("mixed-4")))
     tmp = spec.with_name(f".{uuid.uuid4().hex}.tmp")
@@ -213,7 +206,7 @@ def index_only_spec(engine26: Agent) -> Iterator[Agent]:
                     "--output", str(tmp)], env=env, check=True, capture_output=True)
     os.replace(tmp, spec)
     try:
-        yield engine26
+        yield agent26
     finally:
         tmp.write_bytes(kept)
         os.replace(tmp, spec)
@@ -231,8 +224,8 @@ def test_a_spec_that_names_no_uuid_is_no_pin_so_the_nvidia_driver_pins(index_onl
     assert a.containers() == []
 
 
-def test_a_plain_cdi_container_runs_unpinned_and_says_why(engine26: Agent) -> None:
-    sb = engine26.sandbox
+def test_a_plain_cdi_container_runs_unpinned_and_says_why(agent26: Agent) -> None:
+    sb = agent26.sandbox
     r = sb.docker("run", "--rm", "--device", "nvidia.com/gpu=1", TEST_IMAGE)
     assert r.returncode == 0, r
     assert "no expectation (NVIDIA_VISIBLE_DEVICES=void: the cards came through CDI, which names none inside " \
