@@ -33,6 +33,7 @@ KIND = "nvidia.com/gpu"
 CDI = "cdi"  # the Engine's device driver for CDI names, and the `via` that pins through it
 NVIDIA = "nvidia"  # the Engine's nvidia device driver (`--gpus`): the `via` of every engine without CDI
 VIAS = (CDI, NVIDIA)
+MIN_API = "1.44"  # CDISpecDirs in /info (Engine 25): an older daemon has no CDI
 # The CDI library's rules: vendor and class of letters, digits, '.', '-', '_'; names add ':'.
 _QUALIFIED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)=([A-Za-z0-9_.:-]+)")
 _TYPE_INDEX = re.compile(r"(?:gpu([0-9]+)|mig([0-9]+:[0-9]+))")

@@ -263,7 +263,9 @@ def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
         raise DockerUnavailableError(f"the Docker daemon at {docker_host()} speaks API {server}; device requests "
                                      f"(--gpus) need {MIN_API} (Docker 19.03) or newer", "upgrade Docker")
     agreed = DEFAULT_DOCKER_API_VERSION if version_lt(DEFAULT_DOCKER_API_VERSION, server) else server
-    return client(agreed)
+    api = client(agreed)
+    api.gpupin_server_version = server  # the daemon's own API version (the agreed one may be the SDK's, lower)
+    return api
 
 
 # --- reads, with the daemon's clock ----------------------------------------------------------------------------
@@ -427,6 +429,17 @@ def cdi_detection(data: Mapping[str, Any]) -> cdi.Detection:
     """Whether the daemon whose /info this is serves nvidia.com/gpu CDI devices (gpupin.hostagent.cdi); its spec
     folders are read only when it runs on this host (a unix socket)."""
     return cdi.detect(data, local=endpoint().unix_path is not None)
+
+
+def may_serve_cdi(api: Any) -> bool:
+    """False for a daemon whose API predates CDI (1.44, Engine 25: CDISpecDirs): its /info (7 ms) need not be
+    asked whether it serves CDI devices. True where unknown."""
+    server = getattr(api, "gpupin_server_version", None)
+    if not server:
+        return True
+    from docker.utils import version_lt
+
+    return not version_lt(server, cdi.MIN_API)
 
 
 def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> Book:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gpupin.entrypoint.resolve import Target
 
 POLL_S = 0.5  # how often a --wait request looks at the ledger again
+NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
 
 
 def _failpoint(name: str) -> None:
@@ -200,9 +201,10 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
     if req.dry_run:
         return _dry_run_spec(req, cards, picks)
     api = engine.connect()
-    # One /info: whether the daemon serves CDI (unless --via says how), and its runtimes for the ledger.
-    daemon_info = engine.info(api) if req.via is None else None
-    detection = engine.cdi_detection(daemon_info) if daemon_info is not None else None
+    # One /info: whether the daemon serves CDI (unless --via says how, or its API predates CDI), and its runtimes
+    # for the ledger.
+    daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
+    detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
     # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
     # (or --pull always asks for a pull first).
     if req.pull == "always":
@@ -267,8 +269,8 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
     if picks is None or req.via is None:
         try:
             api = engine.connect(timeout=5)
-            daemon_info = engine.info(api) if req.via is None else None
-            detection = engine.cdi_detection(daemon_info) if daemon_info is not None else None
+            daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
+            detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
             if picks is None:
                 busy = ledger.held(engine.read_holders(api, cards, daemon_info))
         except Exception as err:

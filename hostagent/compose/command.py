@@ -81,7 +81,7 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
 
     try:
         api = engine.connect(timeout=10)
-        daemon_info = engine.info(api) if cdi_too else None
+        daemon_info = engine.info(api) if cdi_too and engine.may_serve_cdi(api) else None
         holders = engine.read_holders(api, cards, daemon_info)
         own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects,
                                 service_names)
