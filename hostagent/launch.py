@@ -19,7 +19,7 @@ from gpupin.entrypoint import nvml
 from gpupin.entrypoint.errors import UsageError
 from gpupin.hostagent import cdi, engine, gpus, image, lease, ledger, lock
 from gpupin.hostagent.attach import Attachment
-from gpupin.hostagent.errors import CardHeldError, DockerUnavailableError
+from gpupin.hostagent.errors import CardHeldError, DockerRefusedError, DockerUnavailableError
 from gpupin.hostagent.request import ContainerSpec, RunRequest
 
 TYPE_CHECKING = False
@@ -136,7 +136,7 @@ class Launched:
         self.attachment = attachment
 
 
-def _refused(err: BaseException, doing: str, spec: ContainerSpec) -> Exception:
+def _refused(err: BaseException, doing: str, spec: ContainerSpec) -> DockerRefusedError:
     out = engine.refused(err, doing)
     if spec.pin.via == cdi.CDI and "cdi" in out.message.lower():
         out.hint = (f"the daemon does not serve {cdi.KIND} by this name: see `docker info` (CDISpecDirs) and the "
@@ -253,19 +253,16 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
         time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
 
 
-def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection | None) -> str:
+def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:
     """How to pin: --via as asked, else as the daemon serves these cards (gpupin.hostagent.cdi)."""
-    if req.via is not None:
-        return req.via
-    assert detection is not None
-    return detection.via([t.uuid for t in targets], capabilities=req.capabilities)
+    return detection.via([t.uuid for t in targets], req.via, req.capabilities)
 
 
 def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None) -> ContainerSpec:
     # --count needs the ledger, and the way to pin (unless --via says it) the daemon's CDI devices; without a
     # daemon, say what the line then ignores.
     busy: dict[str, list[ledger.Holder]] = {}
-    detection = None
+    detection = NO_CDI
     if picks is None or req.via is None:
         try:
             api = engine.connect(timeout=5)
