@@ -1,8 +1,9 @@
 """Where the expectation comes from: small readers tried in DESIGN.md's order; the first that names cards wins.
 
-Each reader looks at one source and answers with an `Expectation` (the source names cards), a reason (the source is
-set but names no card; the reason goes into the one line that says why the workload runs unpinned), None (the
-source is absent) or ELSEWHERE (it points at another source, which says the rest). A reader that needs NVML (a
+Each reader looks at one source and answers with an `Expectation` (the source names cards), a `Fallback` (it names
+cards by index only: taken when no later source names cards), a reason (the source is set but names no card; the
+reason goes into the one line that says why the workload runs unpinned), None (the source is absent) or ELSEWHERE
+(it points at another source, which says the rest). A reader that needs NVML (a
 source naming cards by index or minor number) asks the `Context`, which reads the cards once, and only then.
 Adding a source is one function and one entry in `READERS`.
 
@@ -11,7 +12,10 @@ What the runtimes and schedulers write (NVIDIA_VISIBLE_DEVICES and the device pl
 - Indices and MIG `i:j` (`--gpus device=1`, `--gpus 2`, the plugin's `index` id strategy): host NVML numbers. In a
   container that sees exactly as many devices as are named, the runtime exposed those and renumbered them from 0
   in bus order, so the k-th smallest name is the k-th device seen there; where every card is seen (a host, or a
-  container given all of them), they are read as NVML numbers them. Otherwise they cannot be known.
+  container given all of them), they are read as NVML numbers them. Otherwise they cannot be known. An index
+  says which devices the runtime was told, not which physical card was meant, so it is only a fallback: a later
+  source that names cards (Swarm's UUIDs, Slurm's allocation) wins, and proves the runtime gave the right ones
+  (Slurm's numbers passed as `--gpus device=0,1` give other cards, which Slurm's reader refuses).
 - `void`: CDI (`--device nvidia.com/gpu=...`, compose `driver: cdi`; NVIDIA's spec sets it) names no card; the
   pin comes from GPUPIN_EXPECT, which `hostagent run` and `hostagent compose render` write.
 - `/var/run/nvidia-container-devices`: the device plugin's `volume-mounts` list strategy, one empty file per
@@ -34,7 +38,7 @@ if TYPE_CHECKING:
     from gpupin.entrypoint.nvml import Card
     from gpupin.entrypoint.resolve import Target
 
-    Answer = Union[Expectation, str, None, "_Elsewhere"]
+    Answer = Union[Expectation, "Fallback", str, None, "_Elsewhere"]
 
 NVD_VAR = "NVIDIA_VISIBLE_DEVICES"
 # The Kubernetes device plugin's volume-mounts strategy: NVIDIA_VISIBLE_DEVICES names this folder, which holds an
@@ -48,6 +52,15 @@ class _Elsewhere:
 
 
 ELSEWHERE = _Elsewhere()
+
+
+class Fallback:
+    """An expectation from indices: the order of the devices a runtime was told to give, not their identity."""
+
+    __slots__ = ("expectation",)
+
+    def __init__(self, expectation: Expectation) -> None:
+        self.expectation = expectation
 SWARM_PREFIX = "DOCKER_RESOURCE_"
 SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")  # gpupin.entrypoint.slurm reads them
 
@@ -125,12 +138,7 @@ def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], sou
             return f"{said} names devices by host index, which the {len(seen)} device(s) NVML sees here cannot " \
                    "resolve (a container sees only the devices it was given, numbered from 0)"
         how = "indices as NVML numbers this host's cards"
-    return _targets(targets, source, f"{said} ({how})")
-
-
-def _targets(targets: Sequence[Target], source: str, detail: str) -> Expectation:
-    cards = [ExpectedCard(t.uuid, t.card.bus_id) for t in targets]
-    return Expectation(cards, source, detail)
+    return Fallback(Expectation([ExpectedCard(t.uuid, t.card.bus_id) for t in targets], source, f"{said} ({how})"))
 
 
 def _named(ctx: Context, entries: list[str], source: str, said: str, ordered: bool = True) -> Answer:
@@ -231,19 +239,24 @@ class Found:
 
 
 def find(env: Mapping[str, str], cards: Callable[[], list[Card]] | None = None) -> Found:
-    """Try the readers in order; the first that names cards gives the expectation."""
+    """Try the readers in order; the first that names cards gives the expectation, else the first fallback."""
     ctx = Context(env, cards)
     reasons: list[str] = []
     absent: list[str] = []
+    fallback: Fallback | None = None
     for name, reader in READERS:
         answer = reader(ctx)
         if isinstance(answer, Expectation):
             return Found(answer, reasons, ctx)
-        if answer is None:
+        if isinstance(answer, Fallback):
+            fallback = fallback or answer
+        elif answer is None:
             if name:
                 absent.append(name)
         elif isinstance(answer, str):
             reasons.append(answer)
+    if fallback is not None:
+        return Found(fallback.expectation, reasons, ctx)
     if absent:
         reasons.append(f"{', '.join(absent)} unset")
     return Found(None, reasons, ctx)

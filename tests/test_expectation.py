@@ -120,6 +120,15 @@ def test_mig_pairs_are_read_like_indices() -> None:
     assert "names a whole card where this container sees a MIG device" in why
 
 
+def test_an_index_is_only_a_fallback_a_source_naming_cards_wins() -> None:
+    """An index orders what the runtime was told to give; a later source that names cards decides (and, for
+    Slurm, proves the runtime gave them: tests/test_slurm.py passes Slurm's numbers as --gpus device=0,1)."""
+    e = find({"NVIDIA_VISIBLE_DEVICES": "0", "DOCKER_RESOURCE_GPU": A800C}, cards=lambda: MIXED).expectation
+    assert e is not None and e.source == "DOCKER_RESOURCE_GPU" and [c.uuid for c in e.cards] == [A800C]
+    e = find({"NVIDIA_VISIBLE_DEVICES": "0", "DOCKER_RESOURCE_FPGA": "x"}, cards=lambda: MIXED).expectation
+    assert e is not None and e.source == "NVIDIA_VISIBLE_DEVICES" and [c.uuid for c in e.cards] == [A800]
+
+
 def test_indices_that_cannot_be_known_say_why() -> None:
     found = find({"NVIDIA_VISIBLE_DEVICES": "2,3"}, cards=lambda: MIXED[:3])
     assert found.expectation is None and "names devices by host index, which the 3 device(s) NVML sees here " \
