@@ -118,10 +118,10 @@ test: test-tools image-test
 	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"; $(call PYTEST,$(PYTEST_ARGS))
 
 # `hostagent ls` output as users see it is checked exactly against tests/golden; when a change of it is meant,
-# this rewrites the files from the real CLI (on the simulated host and the default engine's sandbox) for review
+# this rewrites the files from the real CLI (on the simulated host and every engine's sandbox) for review
 # with `git diff tests/golden`. The tests themselves never write them.
 .PHONY: golden
-golden: ENGINES := 20.10
+# Every engine: the holders golden differs by the way hostagent pins there (--gpus, CDI).
 golden: test-tools image-test
 	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"; \
 	  $(call PYTEST,tests/test_hostagent_ls.py -k golden --update-golden -q)
@@ -140,13 +140,13 @@ lint: setup
 # Measured as users get it: gpupin installed from its wheel (bytecode compiled, no editable-install finder) in a
 # venv of its own; the figures land in build/bench/results.json too.
 BENCH_VENV := build/bench-venv
-# The benchmark and the demo run on the default engine only.
-bench demo: ENGINES := 20.10
+# The demo runs on the default engine only; the benchmark's docker parts on every engine in ENGINES, side by side.
+demo: ENGINES := 20.10
 BENCH_INSTALL = rm -rf $(BENCH_VENV) && $(PY) -m venv $(BENCH_VENV) && \
 	$(BENCH_VENV)/bin/pip install -q --find-links build/wheels "$$(ls build/wheels/gpupin-*.whl)[host]"
 bench: image-test
 	$(BENCH_INSTALL)
-	$(SIMHOST) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/results.json $(BENCH_ARGS)
+	$(SIMHOST) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/results.json --engines "$(ENGINES)" $(BENCH_ARGS)
 
 # `hostagent ls --swarm` against `docker node ls` + `docker service ps`, on the three-node swarm (started here, left
 # running: make swarm-down stops it); hostagent talks to the manager, whose cards (mixed-4) its NVML sees.

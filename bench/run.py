@@ -4,8 +4,11 @@
               plus `nvmlInit` (level nvml), plus a bare CUDA-driver probe in a child process under the same
               CUDA_VISIBLE_DEVICES (level cuda).
               Targets: at most 1.3x at nvml, at most 1.2x at cuda.
-  run         `hostagent run --rm --uuid U IMG true` against `docker run --rm --gpus device=U IMG true` on the
-              sandbox. Target: at most 1.25x.
+  run         `hostagent run --rm --uuid U IMG true` against `docker run` of the same pin on the same engine: `docker
+              run --rm --device nvidia.com/gpu=U IMG true` where hostagent pins through CDI (as its --dry-run line
+              says), else `--gpus device=U`. Target: at most 1.25x. And what asking the daemon whether it serves
+              CDI costs (its /info, its spec files): `hostagent run` against `hostagent run --via` the same way.
+              Target: at most 1.05x.
   ls          `hostagent ls --json` with 500 pinned containers (created, not started) against
               `docker ps -a --filter label=gpupin.devices`. Target: at most 1.5x.
   swarm       `hostagent ls --swarm --json` on a swarm manager (DOCKER_HOST; `make bench-swarm` starts the
@@ -15,7 +18,9 @@
 
 Runs alternate (A B B A A B ...) so that drift in the machine's load hits both sides alike; each figure is a median.
 The environment is the simulated host's (the Makefile's SIMHOST); on a real GPU host, run the `entrypoint` part
-with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as docs/real-gpu.md shows.
+with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as docs/real-gpu.md shows. `--engines 20.10 26`
+runs the docker parts on each engine's sandbox (tests/sandbox/sandbox.sh env: its address and its own docker CLI)
+and prints them side by side; without it they run against DOCKER_HOST with the docker CLI on PATH.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 DOCKER = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
 IMAGE = os.environ.get("GPUPIN_BENCH_IMAGE", "gpupin:test")
+SANDBOX = REPO / "tests" / "sandbox" / "sandbox.sh"
 
 # The floor's child: the bare minimum a process must do to learn what cuda:k is (no gpupin code).
 BARE_CUDA_PROBE = (
@@ -81,13 +87,36 @@ def side_by_side(a: Callable[[], float], b: Callable[[], float], n: int, warmup:
     return statistics.median(xs), statistics.median(ys)
 
 
-def report(name: str, ours: float, floor: float, target: float, results: dict[str, object]) -> None:
+class Engine:
+    """Where the docker parts run: a daemon's environment (DOCKER_HOST, DOCKER_CONFIG) and its docker CLI."""
+
+    def __init__(self, name: str, env: dict[str, str], docker: str) -> None:
+        self.name = name
+        self.env = env
+        self.docker = docker
+
+    @classmethod
+    def sandbox(cls, name: str) -> Engine:
+        out = subprocess.run([str(SANDBOX), "env"], env={**os.environ, "GPUPIN_SANDBOX_ENGINE": name},
+                             capture_output=True, text=True, check=True).stdout
+        info = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        env = {**os.environ, "DOCKER_HOST": info["DOCKER_HOST"]}
+        if "DOCKER_CONFIG" in info:
+            env["DOCKER_CONFIG"] = info["DOCKER_CONFIG"]
+        return cls(name, env, info["GPUPIN_SANDBOX_DOCKER"])
+
+    @property
+    def prefix(self) -> str:
+        return f"[{self.name}] " if self.name else ""
+
+
+def report(name: str, ours: float, floor: float, target: float, results: dict[str, object], note: str = "") -> None:
     ratio = ours / floor
     verdict = "ok" if ratio <= target else "MISSED"
     print(f"{name:<44} {ours * 1000:8.1f} ms vs floor {floor * 1000:8.1f} ms   ratio {ratio:5.2f}x "
-          f"(target <= {target}x) {verdict}", flush=True)
+          f"(target <= {target}x) {verdict}{f'  ({note})' if note else ''}", flush=True)
     results[name] = {"ours_ms": round(ours * 1000, 2), "floor_ms": round(floor * 1000, 2), "ratio": round(ratio, 3),
-                     "target": target, "met": ratio <= target}
+                     "target": target, "met": ratio <= target, "note": note}
 
 
 def bench_entrypoint(n: int, results: dict[str, object], expect: str | None) -> None:
@@ -131,9 +160,9 @@ def traced(argv: Sequence[str], env: dict[str, str], path: Path) -> dict[str, fl
     return {**marks, "end": end - t0}
 
 
-def breakdown(runs: list[dict[str, float]], docker_total: float, results: dict[str, object]) -> None:
+def breakdown(runs: list[dict[str, float]], docker_total: float, results: dict[str, object], prefix: str = "") -> None:
     """Median time spent in each phase (from the mark before it), against docker run's whole run."""
-    print(f"  where hostagent run's time goes (medians of {len(runs)} traced runs; docker run takes "
+    print(f"  {prefix}where hostagent run's time goes (medians of {len(runs)} traced runs; docker run takes "
           f"{docker_total * 1000:.1f} ms in all):", flush=True)
     rows: dict[str, float] = {}
     before = "spawn"
@@ -144,7 +173,7 @@ def breakdown(runs: list[dict[str, float]], docker_total: float, results: dict[s
             rows[name] = statistics.median(spans)
             print(f"    {rows[name] * 1000:7.1f} ms  {name:<10} {what}", flush=True)
             before = name
-    results["hostagent run phases (ms)"] = {k: round(v * 1000, 2) for k, v in rows.items()}
+    results[f"{prefix}hostagent run phases (ms)"] = {k: round(v * 1000, 2) for k, v in rows.items()}
 
 
 def bench_imports(n: int, results: dict[str, object]) -> None:
@@ -160,25 +189,33 @@ def bench_imports(n: int, results: dict[str, object]) -> None:
     results["imports (ms beyond the interpreter)"] = out
 
 
-def bench_run(n: int, results: dict[str, object]) -> None:
+def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
     uuid = _first_uuid()
-    env = dict(os.environ)
+    env = engine.env
     ha = [str(BIN / "hostagent"), "run", "--rm", "--uuid", uuid, IMAGE, "--quiet", "true"]
-    dk = [DOCKER, "run", "--rm", "--gpus", f"device={uuid}", IMAGE, "--quiet", "true"]
+    line = subprocess.run([str(BIN / "hostagent"), "run", "--dry-run", "--uuid", uuid, IMAGE], env=env,
+                          capture_output=True, text=True, check=True).stdout
+    via, pin = ("cdi", ["--device", f"nvidia.com/gpu={uuid}"]) if "--device nvidia.com/gpu=" in line else (
+        "nvidia", ["--gpus", f"device={uuid}"])
+    dk = [engine.docker, "run", "--rm", *pin, IMAGE, "--quiet", "true"]
     ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(dk, env), n)
-    report("hostagent run vs docker run --gpus", ours, floor, 1.25, results)
+    report(f"{engine.prefix}hostagent run vs docker run", ours, floor, 1.25, results, f"docker run {pin[0]} ...")
+    docker_total = floor
+    forced = [*ha[:2], "--via", via, *ha[2:]]
+    ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(forced, env), n)
+    report(f"{engine.prefix}hostagent run vs run --via (asking for CDI)", ours, floor, 1.05, results,
+           f"--via {via}")
     trace = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpupin-bench-trace-{os.getpid()}"
     try:
-        breakdown([traced(ha, env, trace) for _ in range(n)], floor, results)
+        breakdown([traced(ha, env, trace) for _ in range(n)], docker_total, results, engine.prefix)
     finally:
         trace.unlink(missing_ok=True)
-    bench_imports(n, results)
 
 
-def bench_ls(n: int, results: dict[str, object], containers: int = 500) -> None:
+def bench_ls(n: int, results: dict[str, object], engine: Engine, containers: int = 500) -> None:
     import docker
 
-    api = docker.APIClient(base_url=os.environ["DOCKER_HOST"], version="auto", timeout=300)
+    api = docker.APIClient(base_url=engine.env["DOCKER_HOST"], version="auto", timeout=300)
     topo = json.loads(Path(os.environ["FAKEGPU_TOPOLOGY"]).read_text())
     uuids = [g["uuid"] for g in topo["gpus"]]
     label = {"gpupin.bench": "ls"}
@@ -189,11 +226,11 @@ def bench_ls(n: int, results: dict[str, object], containers: int = 500) -> None:
                              host_config=api.create_host_config(network_mode="none"))
     print(f"(created {containers - len(old)} pinned containers in {time.perf_counter() - t0:.1f} s)", flush=True)
     try:
-        env = dict(os.environ)
+        env = engine.env
         ha = [str(BIN / "hostagent"), "ls", "--json"]
-        dk = [DOCKER, "ps", "-a", "--filter", "label=gpupin.devices"]
+        dk = [engine.docker, "ps", "-a", "--filter", "label=gpupin.devices"]
         ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(dk, env), n)
-        report(f"hostagent ls --json vs docker ps ({containers} pinned)", ours, floor, 1.5, results)
+        report(f"{engine.prefix}hostagent ls --json vs docker ps ({containers} pinned)", ours, floor, 1.5, results)
     finally:
         for c in api.containers(all=True, filters={"label": "gpupin.bench=ls"}):
             api.remove_container(c["Id"], force=True)
@@ -227,6 +264,20 @@ def bench_swarm(n: int, results: dict[str, object]) -> None:
         subprocess.run([DOCKER, "service", "rm", service], env=env, capture_output=True)
 
 
+def side_by_side_table(results: dict[str, object], engines: Sequence[str]) -> None:
+    """The docker parts of each engine in one table: a row per measure, ours/floor/ratio per engine."""
+    rows: dict[str, dict[str, str]] = {}
+    for key, value in results.items():
+        if key.startswith("[") and isinstance(value, dict) and "ratio" in value:
+            engine, _, what = key[1:].partition("] ")
+            note = f" ({value['note']})" if value.get("note") else ""
+            rows.setdefault(what, {})[engine] = \
+                f"{value['ours_ms']:.1f} / {value['floor_ms']:.1f} ms = {value['ratio']:.2f}x{note}"
+    print("\n" + " | ".join(["what", *(f"Engine {e}" for e in engines)]))
+    for what, cells in rows.items():
+        print(" | ".join([what, *(cells.get(e, "-") for e in engines)]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("parts", nargs="*", metavar="PART", help="entrypoint, run, ls (default: all three), swarm")
@@ -234,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--expect", help="GPUPIN_EXPECT for the entrypoint part (default: the topology's card 1)")
     p.add_argument("--json", metavar="FILE", help="also write the results here")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    p.add_argument("--engines", metavar="'ENGINE ...'",
+                   help="run the docker parts on these engines' sandboxes ('20.10 26'), side by side")
     args = p.parse_args(argv)
     args.parts = args.parts or ["entrypoint", "run", "ls"]
     known = {"entrypoint", "run", "ls", "swarm"}
@@ -244,12 +297,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "entrypoint" in args.parts:
         expect = args.expect or (_first_uuid() if os.environ.get("FAKEGPU_TOPOLOGY") else None)
         bench_entrypoint(args.n, results, expect)
+    names = args.engines.replace(",", " ").split() if args.engines else []
+    engines = [Engine.sandbox(e) for e in names] if names else [Engine("", dict(os.environ), DOCKER)]
+    for engine in engines:
+        if "run" in args.parts:
+            bench_run(max(args.n // 3, 5), results, engine)
+        if "ls" in args.parts:
+            bench_ls(max(args.n // 3, 5), results, engine)
     if "run" in args.parts:
-        bench_run(max(args.n // 3, 5), results)
-    if "ls" in args.parts:
-        bench_ls(max(args.n // 3, 5), results)
+        bench_imports(max(args.n // 3, 5), results)
     if "swarm" in args.parts:
         bench_swarm(max(args.n // 3, 5), results)
+    if len(engines) > 1:
+        side_by_side_table(results, [e.name for e in engines])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -29,8 +29,12 @@ HELP = f"""usage: {PROG} [--verify nvml|cuda|torch] [--require] [--quiet] [--jso
 Prove that every cuda:k this container will see is the physical GPU that was asked for, then exec CMD.
 
 The expectation (which cards, in local-rank order) comes from, in this order:
-  GPUPIN_EXPECT            UUID[@BUSID],... as hostagent and `hostagent compose render` write it
-  NVIDIA_VISIBLE_DEVICES   when it lists UUIDs (docker --gpus device=UUID, Kubernetes)
+  GPUPIN_EXPECT            UUID[@BUSID],... as hostagent and `hostagent compose render` write it (through
+                           CDI too: there NVIDIA_VISIBLE_DEVICES=void names no card)
+  NVIDIA_VISIBLE_DEVICES   UUIDs (docker --gpus device=UUID, Kubernetes); indices and MIG i:j (--gpus device=1,
+                           the device plugin's index strategy) where they can be known, and only when no
+                           source below names cards (an index orders the devices, it names no card)
+  /var/run/nvidia-container-devices   the Kubernetes device plugin's volume-mounts list (one file per device)
   DOCKER_RESOURCE_*        Swarm generic resources naming GPU UUIDs: the cards the task reserved, so a task
                            that sees more is refused (78: the node's runtime did not read the variable)
   SLURM_STEP_GPUS          Slurm's allocation (SLURM_JOB_GPUS in a batch script): minor numbers, in the order of

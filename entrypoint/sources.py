@@ -1,15 +1,33 @@
 """Where the expectation comes from: small readers tried in DESIGN.md's order; the first that names cards wins.
 
-Each reader looks at one source and answers with an `Expectation` (the source names cards), a reason (the source is
-set but names no card; the reason goes into the one line that says why the workload runs unpinned), or None (the
-source is absent). A reader that needs NVML (a source naming cards by index or minor number) asks the `Context`,
-which reads the cards once, and only then. Adding a source is one function and one entry in `READERS`.
+Each reader looks at one source and answers with an `Expectation` (the source names cards), a `Fallback` (it names
+cards by index only: taken when no later source names cards), a reason (the source is set but names no card; the
+reason goes into the one line that says why the workload runs unpinned), None (the source is absent) or ELSEWHERE
+(it points at another source, which says the rest). A reader that needs NVML (a
+source naming cards by index or minor number) asks the `Context`, which reads the cards once, and only then.
+Adding a source is one function and one entry in `READERS`.
+
+What the runtimes and schedulers write (NVIDIA_VISIBLE_DEVICES and the device plugin's folder):
+- UUIDs (`docker run --gpus device=UUID`, the Kubernetes device plugin's default `uuid` id strategy): the cards.
+- Indices and MIG `i:j` (`--gpus device=1`, `--gpus 2`, the plugin's `index` id strategy): host NVML numbers. In a
+  container that sees exactly as many devices as are named, the runtime exposed those and renumbered them from 0
+  in bus order, so the k-th smallest name is the k-th device seen there; where every card is seen (a host, or a
+  container given all of them), they are read as NVML numbers them. Otherwise they cannot be known. An index
+  says which devices the runtime was told, not which physical card was meant, so it is only a fallback: a later
+  source that names cards (Swarm's UUIDs, Slurm's allocation) wins, and proves the runtime gave the right ones
+  (Slurm's numbers passed as `--gpus device=0,1` give other cards, which Slurm's reader refuses).
+- `void`: CDI (`--device nvidia.com/gpu=...`, compose `driver: cdi`; NVIDIA's spec sets it) names no card; the
+  pin comes from GPUPIN_EXPECT, which `hostagent run` and `hostagent compose render` write.
+- `/var/run/nvidia-container-devices`: the device plugin's `volume-mounts` list strategy, one empty file per
+  device there, named by its id (NVIDIA/k8s-device-plugin: /dev/null mounted at that folder + "/" + id).
 """
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import shorten
-from gpupin.entrypoint.expectation import EXPECT_VAR, Expectation, parse_expect
+import os
+
+from gpupin.entrypoint.errors import GpupinError, shorten, shown
+from gpupin.entrypoint.expectation import EXPECT_VAR, Expectation, ExpectedCard, parse_expect
 from gpupin.entrypoint.identity import is_full_uuid, is_uuid_like
 
 TYPE_CHECKING = False
@@ -18,10 +36,31 @@ if TYPE_CHECKING:
     from typing import Union
 
     from gpupin.entrypoint.nvml import Card
+    from gpupin.entrypoint.resolve import Target
 
-    Answer = Union[Expectation, str, None]
+    Answer = Union[Expectation, "Fallback", str, None, "_Elsewhere"]
 
 NVD_VAR = "NVIDIA_VISIBLE_DEVICES"
+# The Kubernetes device plugin's volume-mounts strategy: NVIDIA_VISIBLE_DEVICES names this folder, which holds an
+# empty file per device, named by its id. GPUPIN_DEVICE_LIST_DIR moves it (for tests; never needed in a pod).
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+DEVICE_LIST_DIR_VAR = "GPUPIN_DEVICE_LIST_DIR"
+
+
+class _Elsewhere:
+    """A source that points at another one (NVIDIA_VISIBLE_DEVICES naming the device plugin's folder)."""
+
+
+ELSEWHERE = _Elsewhere()
+
+
+class Fallback:
+    """An expectation from indices: the order of the devices a runtime was told to give, not their identity."""
+
+    __slots__ = ("expectation",)
+
+    def __init__(self, expectation: Expectation) -> None:
+        self.expectation = expectation
 SWARM_PREFIX = "DOCKER_RESOURCE_"
 SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")  # gpupin.entrypoint.slurm reads them
 
@@ -66,19 +105,92 @@ def gpupin_expect(ctx: Context) -> Answer:
     return None if value is None else parse_expect(value)
 
 
+def _index_key(entry: str) -> tuple[int, int] | None:
+    """An index `2` -> (2, -1), a MIG pair `0:1` -> (0, 1); None for anything else."""
+    card, colon, mig = entry.partition(":")
+    if not (card.isascii() and card.isdigit()) or (colon and not (mig.isascii() and mig.isdigit())):
+        return None
+    return int(card), int(mig) if colon else -1
+
+
+def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], source: str, said: str) -> Answer:
+    """Cards named by host NVML index or MIG `i:j`, as far as they can be known here (the module's docstring)."""
+    from gpupin.entrypoint.resolve import Target, resolve
+
+    cards = ctx.cards()
+    seen = [Target(c, m) for c in cards for m in (c.mig_devices if c.mig_mode else [None])]
+    if len(set(keys)) != len(keys):
+        return f"{said} lists a device twice"
+    targets: list[Target] = []
+    if len(seen) == len(keys):  # exactly the named devices are here: the k-th smallest name is the k-th seen
+        ranked = sorted(keys)
+        for key in keys:
+            target = seen[ranked.index(key)]
+            if (key[1] >= 0) != (target.mig is not None):
+                return f"{said} names {'a MIG device' if key[1] >= 0 else 'a whole card'} where this container " \
+                       f"sees {'a MIG device' if target.mig is not None else 'a whole card'}"
+            targets.append(target)
+        how = f"indices renumbered by the runtime: the {len(seen)} device(s) it exposed, in bus order"
+    else:
+        try:
+            targets = [resolve(e, cards) for e in entries]
+        except GpupinError:
+            return f"{said} names devices by host index, which the {len(seen)} device(s) NVML sees here cannot " \
+                   "resolve (a container sees only the devices it was given, numbered from 0)"
+        how = "indices as NVML numbers this host's cards"
+    return Fallback(Expectation([ExpectedCard(t.uuid, t.card.bus_id) for t in targets], source, f"{said} ({how})"))
+
+
+def _named(ctx: Context, entries: list[str], source: str, said: str, ordered: bool = True) -> Answer:
+    """Devices named by a runtime or scheduler: full UUIDs (in the order given, or, `ordered=False`, NVML's),
+    else indices and MIG pairs; a reason for anything else."""
+    if entries and all(is_full_uuid(e) for e in entries):
+        if not ordered:
+            position = {u: i for i, c in enumerate(ctx.cards()) for u in (c.uuid, *(m.uuid for m in c.mig_devices))}
+            entries = sorted(entries, key=lambda e: (position.get(e, len(position)), e))
+        return parse_expect(",".join(entries), source)
+    keys = [_index_key(e) for e in entries]
+    if entries and all(k is not None for k in keys):
+        return _by_index(ctx, entries, [k for k in keys if k is not None], source, said)
+    return f"{said} names no card by UUID or index"
+
+
 def nvidia_visible_devices(ctx: Context) -> Answer:
-    """NVIDIA_VISIBLE_DEVICES when it lists full UUIDs (docker --gpus device=UUID, the Kubernetes device plugin)."""
+    """NVIDIA_VISIBLE_DEVICES when it names cards: UUIDs (docker --gpus device=UUID, the Kubernetes device
+    plugin), indices and MIG pairs where they can be resolved (--gpus device=1, the plugin's index strategy)."""
     value = ctx.env.get(NVD_VAR)
     if value is None:
         return None
-    entries = _uuid_list(value)
-    if entries is not None and all(is_full_uuid(e) for e in entries):
-        return parse_expect(value, NVD_VAR)
-    if value.strip() in ("void", ""):
-        return f"{NVD_VAR}={value} names no card (CDI or no GPU request)"
-    if value.strip() in ("all", "none"):
-        return f"{NVD_VAR}={value} names no particular card"
-    return f"{NVD_VAR}={shorten(value)} names no card by UUID"
+    v = value.strip()
+    if v == "void":
+        return f"{NVD_VAR}=void: the cards came through CDI, which names none inside the container"
+    if v == "":
+        return f"{NVD_VAR} is empty: no GPU was asked for"
+    if v in ("all", "none"):
+        return f"{NVD_VAR}={v} names no particular card"
+    if v in (DEVICE_LIST_DIR, ctx.env.get(DEVICE_LIST_DIR_VAR)):
+        return ELSEWHERE  # the device plugin's folder: its reader reads it
+    entries = [e.strip() for e in value.split(",")]
+    said = f"{NVD_VAR}={shown(value)}"
+    if all(is_uuid_like(e) for e in entries) and not all(is_full_uuid(e) for e in entries):
+        return f"{said} names no card by full UUID"  # the toolkit takes whole UUIDs only
+    return _named(ctx, entries, NVD_VAR, said)
+
+
+def device_list_dir(ctx: Context) -> Answer:
+    """The Kubernetes device plugin's volume-mounts strategy: one empty file per device in
+    /var/run/nvidia-container-devices (GPUPIN_DEVICE_LIST_DIR), named by its id (a UUID, or an index with the
+    plugin's index strategy); subfolders (`imex/`) name no GPU. The folder has no order: UUIDs are taken in NVML's."""
+    path = ctx.env.get(DEVICE_LIST_DIR_VAR) or DEVICE_LIST_DIR
+    named = ctx.env.get(NVD_VAR, "").strip() in (path, DEVICE_LIST_DIR)
+    try:
+        with os.scandir(path) as it:
+            ids = sorted(e.name for e in it if not e.is_dir())
+    except OSError as err:
+        return f"{NVD_VAR} names {path}, which cannot be read ({err.strerror})" if named else None
+    if not ids:
+        return f"{path} (the device plugin's volume-mounts list) names no device" if named else None
+    return _named(ctx, ids, path, f"{path} lists {','.join(ids)}", ordered=False)
 
 
 def swarm_resources(ctx: Context) -> Answer:
@@ -120,6 +232,7 @@ def slurm_allocation(ctx: Context) -> Answer:
 READERS: Sequence[tuple[str, Callable[[Context], Answer]]] = (
     (EXPECT_VAR, gpupin_expect),
     (NVD_VAR, nvidia_visible_devices),
+    ("", device_list_dir),  # a folder, not a variable: not named among the unset ones
     (SWARM_PREFIX + "*", swarm_resources),
     ("/".join(SLURM_VARS), slurm_allocation),
 )
@@ -141,18 +254,24 @@ class Found:
 
 
 def find(env: Mapping[str, str], cards: Callable[[], list[Card]] | None = None) -> Found:
-    """Try the readers in order; the first that names cards gives the expectation."""
+    """Try the readers in order; the first that names cards gives the expectation, else the first fallback."""
     ctx = Context(env, cards)
     reasons: list[str] = []
     absent: list[str] = []
+    fallback: Fallback | None = None
     for name, reader in READERS:
         answer = reader(ctx)
         if isinstance(answer, Expectation):
             return Found(answer, reasons, ctx)
-        if answer is None:
-            absent.append(name)
-        else:
+        if isinstance(answer, Fallback):
+            fallback = fallback or answer
+        elif answer is None:
+            if name:
+                absent.append(name)
+        elif isinstance(answer, str):
             reasons.append(answer)
+    if fallback is not None:
+        return Found(fallback.expectation, reasons, ctx)
     if absent:
         reasons.append(f"{', '.join(absent)} unset")
     return Found(None, reasons, ctx)

@@ -177,8 +177,8 @@ def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = Fals
     if expectation is None and require:
         raise MisalignedError(
             f"no expectation ({found.why_unpinned()}), but an expectation is required",
-            "set GPUPIN_EXPECT=UUID[@BUSID] (`hostagent run` and `docker run --gpus device=UUID` give a container "
-            "one)",
+            "set GPUPIN_EXPECT=UUID[@BUSID] (`hostagent run` and `hostagent compose render` give a container one, "
+            "through CDI too; so does `docker run --gpus device=UUID`)",
         )
     cards = found.context.cards()
     plan = align.plan(expectation, cards)

@@ -15,6 +15,7 @@ import sys
 from gpupin.entrypoint import __version__
 from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import runopts
+from gpupin.hostagent.cdi import VIAS
 from gpupin.hostagent.errors import InternalError
 from gpupin.hostagent.pin import VERIFY_LEVELS
 from gpupin.hostagent.trace import mark
@@ -30,8 +31,10 @@ RUN_EPILOG = """GPU specs (--gpu): a UUID (GPU-1c5e8f3a-...), a unique UUID pref
 index as nvidia-smi shows it (2), or a PCI bus id in any form (3b:00.0, 0000:3B:00.0). Several --uuid/--gpu
 options give several cards, in local-rank order: the first is cuda:0 in the container.
 
-The container gets --gpus device=UUID..., NVIDIA_VISIBLE_DEVICES, GPUPIN_EXPECT=UUID@BUSID,... (which an image
-whose ENTRYPOINT is gpupin-entrypoint verifies) and the ledger label gpupin.devices.
+The container gets the cards by UUID, through CDI (--device nvidia.com/gpu=UUID) where the daemon serves them
+by CDI (its /info and CDI spec; --via cdi|nvidia decides instead), else through the nvidia driver (--gpus
+device=UUID, with NVIDIA_VISIBLE_DEVICES); GPUPIN_EXPECT=UUID@BUSID,... (which an image whose ENTRYPOINT is
+gpupin-entrypoint verifies) and the ledger label gpupin.devices either way.
 
 exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable; 75 the card is held (no --wait);
 125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run);
@@ -179,6 +182,8 @@ def build_parser() -> _Parser:
     g.add_argument("--wait", type=_wait_value, metavar="SECONDS", nargs="?", const=math.inf,
                    help="wait for held cards (forever, or at most SECONDS) instead of exiting 75")
     g.add_argument("--verify", choices=list(VERIFY_LEVELS), help="GPUPIN_VERIFY for the entrypoint")
+    g.add_argument("--via", choices=list(VIAS), help="pin through CDI (--device nvidia.com/gpu=UUID) or the nvidia "
+                   "driver (--gpus device=UUID); default: CDI where the daemon serves the cards by CDI")
     d = r.add_argument_group("as docker run")
     for opt in runopts.OPTIONS:
         kw: dict[str, Any] = {"dest": opt.dest, "help": opt.help}
@@ -214,6 +219,8 @@ def build_parser() -> _Parser:
                     "as generic resources (see below)")
     cr.add_argument("--kind", metavar="KIND", help="with --swarm: the generic resource kind to reserve (default GPU, "
                     "as `hostagent swarm node-config` advertises)")
+    cr.add_argument("--via", choices=list(VIAS), help="pin through CDI (driver: cdi) or the nvidia driver (driver: "
+                    "nvidia); default: CDI where the daemon serves the cards by CDI")
     cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs",
                          description=compose.CHECK_DESCRIPTION, epilog=compose.CHECK_EPILOG, formatter_class=raw)
     cc.add_argument("file", metavar="FILE", help="the compose file to check")
@@ -320,7 +327,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.interactive and args.tty and not args.dry_run and not sys.stdin.isatty():
         raise UsageError("-it needs a terminal, but the input is not a TTY", "drop -t to pipe input with -i")
     req = RunRequest(args.image, args.cmd, gpus=args.gpus, count=args.count, share=args.share, wait=args.wait,
-                     verify=args.verify, dry_run=args.dry_run,
+                     verify=args.verify, dry_run=args.dry_run, via=args.via,
                      **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS})
     if req.dry_run:
         spec = launch.launch(req)
@@ -342,7 +349,10 @@ def _cmd_compose(args: argparse.Namespace) -> int:
         if args.kind is not None and not args.swarm:
             raise UsageError("--kind goes with --swarm", "a plain render pins cards by UUID; a --swarm render "
                              "reserves generic resources of KIND")
-        return compose.render_command(args.file, args.output, args.swarm, args.kind)
+        if args.via is not None and args.swarm:
+            raise UsageError("--via goes without --swarm", "a --swarm render reserves generic resources; the "
+                             "nodes' runtime decides how the cards reach the task")
+        return compose.render_command(args.file, args.output, args.swarm, args.kind, args.via)
     if args.compose_command == "check":
         return compose.check_command(args.file, args.json)
     raise UsageError("hostagent compose needs a subcommand", "hostagent compose render FILE | check FILE")

@@ -17,7 +17,7 @@ import socket
 import sys
 
 from gpupin.entrypoint.errors import GpupinError
-from gpupin.hostagent import lease, ledger
+from gpupin.hostagent import cdi, lease, ledger
 from gpupin.hostagent.errors import (
     EX_CANNOT_INVOKE,
     EX_NOT_FOUND,
@@ -263,7 +263,9 @@ def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
         raise DockerUnavailableError(f"the Docker daemon at {docker_host()} speaks API {server}; device requests "
                                      f"(--gpus) need {MIN_API} (Docker 19.03) or newer", "upgrade Docker")
     agreed = DEFAULT_DOCKER_API_VERSION if version_lt(DEFAULT_DOCKER_API_VERSION, server) else server
-    return client(agreed)
+    api = client(agreed)
+    api.gpupin_server_version = server  # the daemon's own API version (the agreed one may be the SDK's, lower)
+    return api
 
 
 # --- reads, with the daemon's clock ----------------------------------------------------------------------------
@@ -376,13 +378,16 @@ class EngineReader:
         return result
 
 
-def fetch(api: Any, path: str, params: Mapping[str, str] | None = None) -> tuple[Any, float | None]:
+def fetch(api: Any, path: str, params: Mapping[str, str] | None = None,
+          versioned: bool = True) -> tuple[Any, float | None]:
     """GET an Engine path through either client: (JSON, the daemon's clock); 404 is EngineNotFound, any other
-    failure a one-line DockerUnavailableError."""
+    failure a one-line DockerUnavailableError. `versioned=False` asks in the daemon's own API version (EngineReader
+    always does), so that fields newer than the client's version are there too."""
     if isinstance(api, EngineReader):
         return api.get(path, params)
+    prefix = f"/v{api.api_version}" if versioned else ""
     try:
-        res = api.get(f"{api.base_url}/v{api.api_version}{_query(path, None)}", params=dict(params or {}),
+        res = api.get(f"{api.base_url}{prefix}{_query(path, None)}", params=dict(params or {}),
                       timeout=api.timeout)
         body = res.content
     except Exception as err:
@@ -410,19 +415,42 @@ class Book:
         self.now = now
 
 
-def _runtimes(api: Any) -> dict[str, str]:
-    info = fetch(api, "/info")[0]
-    return {str(k): str((v or {}).get("path") or "") for k, v in (info.get("Runtimes") or {}).items()}
+def info(api: Any) -> dict[str, Any]:
+    """The daemon's `GET /info`, in its own API version (CDISpecDirs, DiscoveredDevices and Runtimes included)."""
+    data: dict[str, Any] = fetch(api, "/info", versioned=False)[0]
+    return data
 
 
-def read_ledger(api: Any, cards: Sequence[Card]) -> Book:
+def _runtimes(data: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str((v or {}).get("path") or "") for k, v in (data.get("Runtimes") or {}).items()}
+
+
+def cdi_detection(data: Mapping[str, Any]) -> cdi.Detection:
+    """Whether the daemon whose /info this is serves nvidia.com/gpu CDI devices (gpupin.hostagent.cdi); its spec
+    folders are read only when it runs on this host (a unix socket)."""
+    return cdi.detect(data, local=endpoint().unix_path is not None)
+
+
+def may_serve_cdi(api: Any) -> bool:
+    """False for a daemon whose API predates CDI (1.44, Engine 25: CDISpecDirs): its /info (7 ms) need not be
+    asked whether it serves CDI devices. True where unknown."""
+    server = getattr(api, "gpupin_server_version", None)
+    if not server:
+        return True
+    from docker.utils import version_lt
+
+    return not version_lt(server, cdi.MIN_API)
+
+
+def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> Book:
     """Every container that holds a card (ledger.FORMS, ledger.holding), every pinned container that does not
-    (for `ls`), and the abandoned ones. One list; an inspect for each container that may hold."""
+    (for `ls`), and the abandoned ones. One list; an inspect for each container that may hold. `daemon_info`: the
+    daemon's /info when the caller has it (else it is asked only if a container names a runtime)."""
     import time
 
     summaries, now = fetch(api, "/containers/json", {"all": "1"})
     now = now if now is not None else time.time()  # the Go server always sends Date; just in case
-    host = ledger.Host(cards, lambda: _runtimes(api))
+    host = ledger.Host(cards, lambda: _runtimes(daemon_info if daemon_info is not None else info(api)))
     holders: list[ledger.Holder] = []
     orphans: list[dict[str, Any]] = []
     for s in summaries:
@@ -446,6 +474,7 @@ def read_ledger(api: Any, cards: Sequence[Card]) -> Book:
     return Book(holders, orphans, now)
 
 
-def read_holders(api: Any, cards: Sequence[Card]) -> list[ledger.Holder]:
+def read_holders(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None
+                 ) -> list[ledger.Holder]:
     """The holders of read_ledger (what `run --dry-run`, `ls` and compose read)."""
-    return read_ledger(api, cards).holders
+    return read_ledger(api, cards, daemon_info).holders

@@ -17,9 +17,9 @@ import time
 
 from gpupin.entrypoint import nvml
 from gpupin.entrypoint.errors import UsageError
-from gpupin.hostagent import engine, gpus, image, lease, ledger, lock
+from gpupin.hostagent import cdi, engine, gpus, image, lease, ledger, lock
 from gpupin.hostagent.attach import Attachment
-from gpupin.hostagent.errors import CardHeldError, DockerUnavailableError
+from gpupin.hostagent.errors import CardHeldError, DockerRefusedError, DockerUnavailableError
 from gpupin.hostagent.request import ContainerSpec, RunRequest
 from gpupin.hostagent.trace import mark
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from gpupin.entrypoint.resolve import Target
 
 POLL_S = 0.5  # how often a --wait request looks at the ledger again
+NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
 
 
 def _failpoint(name: str) -> None:
@@ -136,6 +137,14 @@ class Launched:
         self.attachment = attachment
 
 
+def _refused(err: BaseException, doing: str, spec: ContainerSpec) -> DockerRefusedError:
+    out = engine.refused(err, doing)
+    if spec.pin.via == cdi.CDI and "cdi" in out.message.lower():
+        out.hint = (f"the daemon does not serve {cdi.KIND} by this name: see `docker info` (CDISpecDirs) and the "
+                    "spec (`nvidia-ctk cdi list` lists its names), or pin with --via nvidia")
+    return out
+
+
 def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
                       on_created: Callable[[str], None] | None = None) -> Launched:
     try:
@@ -143,7 +152,7 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
         mark("created")
     except Exception as err:
         if engine.is_api_error(err):
-            raise engine.refused(err, "Docker refused to create the container") from None
+            raise _refused(err, "Docker refused to create the container", spec) from None
         if engine.is_sdk_error(err):  # the SDK checks some options itself (sizes, modes) before sending
             raise UsageError(f"bad option: {err}", "see `hostagent run --help`") from None
         raise
@@ -163,7 +172,7 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
         with contextlib.suppress(Exception):
             api.remove_container(cid, force=True)
         if engine.is_api_error(err):
-            raise engine.refused(err, "Docker could not start the container") from None
+            raise _refused(err, "Docker could not start the container", spec) from None
         raise
 
 
@@ -198,6 +207,10 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
         return _dry_run_spec(req, cards, picks)
     api = engine.connect()
     mark("connected")
+    # One /info: whether the daemon serves CDI (unless --via says how, or its API predates CDI), and its runtimes
+    # for the ledger.
+    daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
+    detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
     # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
     # (or --pull always asks for a pull first).
     if req.pull == "always":
@@ -212,12 +225,12 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
             with guard:
                 mark("locked")
                 _failpoint("after-lock")
-                book = engine.read_ledger(api, cards)
+                book = engine.read_ledger(api, cards, daemon_info)
                 mark("looked")
                 _remove_orphans(api, book)
                 chosen, refusal = _choose(req, cards, picks, ledger.held(book.holders))
                 if chosen is not None:
-                    spec = ContainerSpec(req, chosen)
+                    spec = ContainerSpec(req, chosen, _via(req, chosen, detection))
                     spec.labels.update(lease.claim())  # it holds its cards while this run starts it
                     guard.check()
                     return _create_and_start(api, spec, foreground=not req.detach, on_created=guard.commit)
@@ -248,18 +261,34 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
         time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
 
 
+def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:
+    """How to pin: --via as asked, else as the daemon serves these cards (gpupin.hostagent.cdi)."""
+    return detection.via([t.uuid for t in targets], req.via, req.capabilities)
+
+
 def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None) -> ContainerSpec:
-    if picks is None:
-        # --count needs the ledger; without a daemon, say that the choice ignores who holds what.
-        busy: dict[str, list[ledger.Holder]] = {}
+    # --count needs the ledger, and the way to pin (unless --via says it) the daemon's CDI devices; without a
+    # daemon, say what the line then ignores.
+    busy: dict[str, list[ledger.Holder]] = {}
+    detection = NO_CDI
+    if picks is None or req.via is None:
         try:
-            busy = ledger.held(engine.read_holders(engine.connect(timeout=5), cards))
+            api = engine.connect(timeout=5)
+            daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
+            detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
+            if picks is None:
+                busy = ledger.held(engine.read_holders(api, cards, daemon_info))
         except Exception as err:
-            _say(f"dry run: the ledger was not read ({getattr(err, 'message', err)}); every card counts as free")
+            missed = ["every card counts as free"] if picks is None else []
+            if req.via is None:
+                missed.append("the nvidia driver's form is shown (--via cdi shows CDI's)")
+                detection = cdi.Detection(False, "the daemon was not asked")
+            _say(f"dry run: the daemon was not asked ({getattr(err, 'message', err)}); {'; '.join(missed)}")
+    if picks is None:
         picks, why = _pick(req, cards, None, busy)
         if picks is None:
             raise _held_error(req, why, None)
-    return ContainerSpec(req, picks)
+    return ContainerSpec(req, picks, _via(req, picks, detection))
 
 
 def run(req: RunRequest) -> int:

@@ -2,7 +2,7 @@
 
 What a container holds is what the engine gives it. `FORMS` is the one table of the ways a container can hold a
 card, each row read from the container's `docker inspect` data; `hostagent run`'s conflict check, `hostagent ls`
-and compose all read holders through it. A new way (CDI device requests, say) is one reader function and one row.
+and compose all read holders through it. A new way is one reader function and one row.
 
 Containers that hostagent starts also carry the label `gpupin.devices=UUID[,UUID...]` (and `gpupin.shared=true`
 with --share): the label says what was meant, never what is held; one that disagrees with the devices is shown as
@@ -22,7 +22,7 @@ import re
 from gpupin.entrypoint.errors import GpupinError
 from gpupin.entrypoint.identity import is_uuid_like
 from gpupin.entrypoint.resolve import by_minor, resolve
-from gpupin.hostagent import lease
+from gpupin.hostagent import cdi, lease
 from gpupin.hostagent.pin import LABEL as LABEL  # the ledger reads the labels the pin writes
 from gpupin.hostagent.pin import SHARED_LABEL as SHARED_LABEL
 
@@ -109,6 +109,28 @@ def _nvidia_requests(c: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return out
 
 
+def _cdi_requests(c: Mapping[str, Any]) -> list[list[str]]:
+    """The CDI names of each CDI device request (the CDI driver's requests: `docker run --device VENDOR/CLASS=
+    NAME`), and those given as device paths (HostConfig.Devices), which an engine that takes them there injects
+    too; one list per request."""
+    host_config = c.get("HostConfig") or {}
+    out = [[str(i) for i in req.get("DeviceIDs") or []] for req in host_config.get("DeviceRequests") or []
+           if req.get("Driver") == cdi.CDI]
+    paths = [str(d.get("PathOnHost") or "") for d in host_config.get("Devices") or []]
+    named = [p for p in paths if cdi.parse(p) is not None]
+    return [*out, named] if named else out
+
+
+def _cdi_gpus(c: Mapping[str, Any]) -> list[list[str]]:
+    """The nvidia.com/gpu device names of each CDI request (other kinds name no GPU)."""
+    out = []
+    for names in _cdi_requests(c):
+        devices = [d for d in (cdi.gpu_device(n) for n in names) if d is not None]
+        if devices:
+            out.append(devices)
+    return out
+
+
 def _env(c: Mapping[str, Any], key: str) -> str | None:
     value = None
     for entry in (c.get("Config") or {}).get("Env") or []:
@@ -145,11 +167,23 @@ def _device_requests(c: Mapping[str, Any], host: Host) -> list[Grant]:
     return grants
 
 
+def _cdi_devices(c: Mapping[str, Any], host: Host) -> list[Grant]:
+    """CDI device requests of NVIDIA's kind (`docker run --device nvidia.com/gpu=...`, compose `driver: cdi`):
+    each name as NVIDIA's spec names a card (index, UUID, MIG UUID, `i:j`, `gpuN`/`migI:J`, `all`), read as the
+    identity core reads specs. Other kinds name no GPU."""
+    grants = []
+    for devices in _cdi_gpus(c):
+        uuids, unknown = _ids([cdi.as_spec(d) for d in devices], host)
+        grants.append(Grant("cdi", " ".join(f"--device {cdi.name(d)}" for d in devices), uuids, unknown))
+    return grants
+
+
 def _runtime_env(c: Mapping[str, Any], host: Host) -> list[Grant]:
     """The nvidia runtime reading NVIDIA_VISIBLE_DEVICES (the image's own value counts: CUDA images set `all`).
-    A device request's value comes last in the process environment and wins, so then this form gives nothing."""
+    A device request's value comes last in the process environment and wins, and an nvidia.com/gpu CDI spec sets
+    it to `void`, so then this form gives nothing."""
     runtime = _runtime(c)
-    if not host.is_nvidia_runtime(runtime) or _nvidia_requests(c):
+    if not host.is_nvidia_runtime(runtime) or _nvidia_requests(c) or _cdi_gpus(c):
         return []
     value = _env(c, "NVIDIA_VISIBLE_DEVICES")
     if value is None or value.strip().lower() in ("", "void", "none"):
@@ -196,8 +230,9 @@ def _device_files(c: Mapping[str, Any], host: Host) -> list[Grant]:
 
 
 def _privileged(c: Mapping[str, Any], host: Host) -> list[Grant]:
-    """`--privileged` with the NVIDIA driver put in by the toolkit (the nvidia runtime, or a --gpus request): a
-    privileged container gets every /dev/nvidiaN of the host, so every card, whatever NVIDIA_VISIBLE_DEVICES says."""
+    """`--privileged` with the NVIDIA driver put in by the toolkit (the nvidia runtime, a --gpus request, or an
+    nvidia.com/gpu CDI device): a privileged container gets every /dev/nvidiaN of the host, so every card, whatever
+    NVIDIA_VISIBLE_DEVICES or the request says."""
     if not (c.get("HostConfig") or {}).get("Privileged"):
         return []
     runtime = _runtime(c)
@@ -205,26 +240,32 @@ def _privileged(c: Mapping[str, Any], host: Host) -> list[Grant]:
         return [Grant("privileged", f"--privileged --runtime {runtime}", host.every_card())]
     if _nvidia_requests(c):
         return [Grant("privileged", "--privileged --gpus", host.every_card())]
+    if _cdi_gpus(c):
+        return [Grant("privileged", f"--privileged --device {cdi.KIND}", host.every_card())]
     return []
 
 
 class Form:
-    """One row of the table: a name, and how the cards given that way are read from `docker inspect` data."""
+    """One row of the table: a name, the way in a word (what `ls` says of a pinned holder), and how the cards
+    given that way are read from `docker inspect` data."""
 
-    __slots__ = ("name", "read")
+    __slots__ = ("name", "read", "way")
 
-    def __init__(self, name: str, read: Callable[[Mapping[str, Any], Host], list[Grant]]) -> None:
+    def __init__(self, name: str, way: str, read: Callable[[Mapping[str, Any], Host], list[Grant]]) -> None:
         self.name = name
+        self.way = way
         self.read = read
 
 
 FORMS: tuple[Form, ...] = (
-    Form("device-request", _device_requests),
-    Form("nvidia-runtime", _runtime_env),
-    Form("swarm-resource", _swarm_resources),
-    Form("device-file", _device_files),
-    Form("privileged", _privileged),
+    Form("device-request", "--gpus", _device_requests),
+    Form("cdi", "CDI", _cdi_devices),
+    Form("nvidia-runtime", "--runtime nvidia", _runtime_env),
+    Form("swarm-resource", "a Swarm generic resource", _swarm_resources),
+    Form("device-file", "device file", _device_files),
+    Form("privileged", "--privileged", _privileged),
 )
+_WAY = {f.name: f.way for f in FORMS}
 
 
 def grants(inspect: Mapping[str, Any], host: Host) -> list[Grant]:
@@ -268,7 +309,7 @@ class Holder:
     label says, and why it holds now (`why`; None: it does not)."""
 
     __slots__ = ("grants", "holds", "how", "id", "inspected", "label", "name", "pinned", "shared", "state", "uuids",
-                 "why")
+                 "via", "why")
 
     def __init__(self, id: str, name: str, state: str, uuids: Sequence[str], pinned: bool, how: str,
                  shared: bool = False, *, why: str | None = FROM_STATE, label: Sequence[str] | None = None,
@@ -285,6 +326,8 @@ class Holder:
         self.label = tuple(label) if label is not None else (tuple(self.uuids) if pinned else None)
         self.grants = tuple(grants)
         self.inspected = inspected  # read in full: `uuids` is what the engine gives, not what a label says
+        # Which way the engine gives them, a word per FORMS row (CDI, --gpus, ...); None: not read in full.
+        self.via = "+".join(dict.fromkeys(_WAY[g.form] for g in self.grants)) or None
 
     @property
     def mismatch(self) -> bool:
@@ -295,6 +338,8 @@ class Holder:
         parts = [self.id[:12], self.state]
         if self.how != "gpupin":
             parts.append(self.how)
+        elif self.via:
+            parts.append(f"gpupin via {self.via}")
         if self.mismatch:
             parts.append(f"MISMATCH: labelled {','.join(self.label or ())}")
         if self.holds and self.why != self.state:
@@ -303,7 +348,7 @@ class Holder:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "state": self.state, "pinned": self.pinned, "how": self.how,
-                "shared": self.shared, "holds": self.holds, "why": self.why, "uuids": list(self.uuids),
+                "via": self.via, "shared": self.shared, "holds": self.holds, "why": self.why, "uuids": list(self.uuids),
                 "label": list(self.label) if self.label is not None else None, "mismatch": self.mismatch,
                 "grants": [g.to_dict() for g in self.grants], "describe": self.describe()}
 

@@ -151,7 +151,9 @@ def _short(name: str | None, card: str | None) -> str:
 def _holders(holders: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
     rows = []
     for h in holders:
-        tail: list[tuple[str, str]] = [(h["how"], "")]
+        # A pinned holder says the way hostagent pinned it (--gpus or CDI); another says how it was started.
+        how = f"gpupin via {h['via']}" if h["how"] == "gpupin" and h.get("via") else h["how"]
+        tail: list[tuple[str, str]] = [(how, "")]
         if h["shared"]:
             tail += [("  ", ""), ("shared", CYAN)]
         if h["mismatch"]:

@@ -1,21 +1,29 @@
 """The pin: what ties a container to its cards, built once here for `run`, `--dry-run` and compose rendering.
 
 A pinned container gets
-- the device request that makes the runtime expose exactly these cards (the nvidia driver's request by UUID, as
-  `docker run --gpus '"device=UUID,..."'` sends it),
-- NVIDIA_VISIBLE_DEVICES (the same UUIDs: what the runtime and an older toolkit read), GPUPIN_EXPECT (UUID@BUSID in
-  local-rank order: what the entrypoint proves) and, when asked, GPUPIN_VERIFY,
+- the device request that makes the engine expose exactly these cards, by UUID, one of two ways (`via`):
+  `nvidia`, the nvidia driver's request as `docker run --gpus '"device=UUID,..."'` sends it, with
+  NVIDIA_VISIBLE_DEVICES (the same UUIDs: what the runtime and an older toolkit read); or `cdi`, the CDI driver's
+  request for `nvidia.com/gpu=UUID` as `docker run --device nvidia.com/gpu=UUID` sends it, with no
+  NVIDIA_VISIBLE_DEVICES of its own (the CDI spec sets it to `void`);
+- GPUPIN_EXPECT (UUID@BUSID in local-rank order: what the entrypoint proves, whichever way) and, when asked,
+  GPUPIN_VERIFY;
 - the ledger's labels: gpupin.devices (the UUIDs) and gpupin.shared when the cards may be shared.
 A request that sets any of these by hand would defeat the pin, so they are owned here (OWNED_VARS, OWNED_LABELS).
 
 A Swarm service gets its part of the pin from `Reservation`: Swarm picks each task's cards as it places it, so
 no card is named here; the task's own DOCKER_RESOURCE_<KIND> is the expectation.
+
+Which way a daemon takes is gpupin.hostagent.cdi's question.
 """
 
 from __future__ import annotations
 
+from gpupin.entrypoint.errors import UsageError
 from gpupin.entrypoint.expectation import EXPECT_VAR
 from gpupin.entrypoint.sources import NVD_VAR
+from gpupin.hostagent.cdi import CDI, NVIDIA, VIAS
+from gpupin.hostagent.cdi import name as cdi_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,25 +41,47 @@ OWNED_VARS = (EXPECT_VAR, NVD_VAR)
 OWNED_LABELS = (LABEL, SHARED_LABEL)
 
 
-class Pin:
-    """The pin of one container (or compose service) to its cards, in local-rank order."""
+def check_via(via: str, capabilities: Sequence[str] = ()) -> None:
+    """A way to pin, and driver capabilities that it can carry (UsageError, 64, otherwise)."""
+    if via not in VIAS:
+        raise UsageError(f"--via {via!r}: not a way to pin", f"use --via {' or --via '.join(VIAS)}, or leave it out "
+                         "to let hostagent ask the daemon")
+    if via == CDI and capabilities:
+        # The CDI spec decides which driver libraries a container gets: a CDI request has nowhere to carry them.
+        raise UsageError(f"--gpu-capabilities {','.join(capabilities)} with --via cdi: a CDI device's spec decides "
+                         "the driver's capabilities, a CDI request carries none", "drop --gpu-capabilities, or pin "
+                         "with --via nvidia (the nvidia driver's request carries them)")
 
-    __slots__ = ("capabilities", "share", "targets", "verify")
+
+class Pin:
+    """The pin of one container (or compose service) to its cards, in local-rank order, by the nvidia driver or
+    by CDI (`via`)."""
+
+    __slots__ = ("capabilities", "share", "targets", "verify", "via")
 
     def __init__(self, targets: Sequence[Target], share: bool = False, verify: str | None = None,
-                 capabilities: Sequence[str] = ()) -> None:
+                 capabilities: Sequence[str] = (), via: str = NVIDIA) -> None:
+        check_via(via, capabilities)
         self.targets = list(targets)
         self.share = share
         self.verify = verify
         # NVIDIA driver capabilities (compute, utility, ...): the daemon turns them into NVIDIA_DRIVER_CAPABILITIES.
         self.capabilities = list(capabilities)
+        self.via = via
 
     @property
     def uuids(self) -> list[str]:
         return [t.uuid for t in self.targets]
 
+    @property
+    def device_ids(self) -> list[str]:
+        """The request's device ids: the UUIDs, as CDI names for a CDI pin."""
+        return [cdi_name(u) for u in self.uuids] if self.via == CDI else self.uuids
+
     def env(self) -> dict[str, str]:
-        out = {NVD_VAR: ",".join(self.uuids), EXPECT_VAR: ",".join(t.expect_entry() for t in self.targets)}
+        out = {EXPECT_VAR: ",".join(t.expect_entry() for t in self.targets)}
+        if self.via == NVIDIA:
+            out = {NVD_VAR: ",".join(self.uuids), **out}
         if self.verify:
             out[VERIFY_VAR] = self.verify
         return out
@@ -62,30 +92,40 @@ class Pin:
             out[SHARED_LABEL] = "true"
         return out
 
+    def _capabilities(self) -> list[list[str]]:
+        # The CLI sends a CDI request with no capabilities (measured: `docker run --device nvidia.com/gpu=1` on
+        # Engine 26 creates {"Driver": "cdi", "DeviceIDs": [...], "Capabilities": null}).
+        return [["gpu", *self.capabilities]] if self.via == NVIDIA else []
+
     def device_request(self) -> dict[str, Any]:
         """The Engine API's DeviceRequest (HostConfig.DeviceRequests[0])."""
-        return {"Driver": "nvidia", "Count": 0, "DeviceIDs": self.uuids, "Capabilities": [["gpu", *self.capabilities]],
+        return {"Driver": self.via, "Count": 0, "DeviceIDs": self.device_ids, "Capabilities": self._capabilities(),
                 "Options": {}}
 
     def sdk_device_request(self) -> Any:
         """The same request as the docker SDK's own type, which validates itself."""
         from docker.types import DeviceRequest
 
-        return DeviceRequest(driver="nvidia", device_ids=self.uuids, capabilities=[["gpu", *self.capabilities]])
+        return DeviceRequest(driver=self.via, device_ids=self.device_ids, capabilities=self._capabilities())
 
     def compose_device(self) -> dict[str, Any]:
-        """The same request as a compose file writes it (deploy.resources.reservations.devices[]), by UUID."""
-        return {"driver": "nvidia", "device_ids": self.uuids, "capabilities": ["gpu", *self.capabilities]}
+        """The same request as a compose file writes it (deploy.resources.reservations.devices[]), by UUID. The
+        compose specification requires `capabilities` in every device entry, CDI's too (compose v2 passes them
+        on, and the CDI driver ignores them)."""
+        return {"driver": self.via, "device_ids": self.device_ids, "capabilities": ["gpu", *self.capabilities]}
 
     def docker_run_args(self) -> list[str]:
-        """The same request as `docker run` options: --gpus reads CSV, so a list of ids is quoted inside."""
+        """The same request as `docker run` options: one `--device nvidia.com/gpu=UUID` per card, or `--gpus`,
+        which reads CSV, so that a list of ids is quoted inside."""
+        if self.via == CDI:
+            return [arg for d in self.device_ids for arg in ("--device", d)]
         value = '"device=' + ",".join(self.uuids) + '"'
         if self.capabilities:
             value += ',"capabilities=' + ",".join(self.capabilities) + '"'
         return ["--gpus", value]
 
     def __repr__(self) -> str:
-        return f"Pin({', '.join(self.uuids)}{', shared' if self.share else ''})"
+        return f"Pin({', '.join(self.uuids)}{', shared' if self.share else ''}, via {self.via})"
 
 
 class Reservation:

@@ -16,7 +16,7 @@ import shlex
 
 from gpupin.entrypoint.errors import UsageError
 from gpupin.hostagent import runopts
-from gpupin.hostagent.pin import LABEL, OWNED_LABELS, OWNED_VARS, VERIFY_LEVELS, Pin
+from gpupin.hostagent.pin import LABEL, OWNED_LABELS, OWNED_VARS, VERIFY_LEVELS, Pin, check_via
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class RunRequest:
 
     def __init__(self, image: str, command: Sequence[str] = (), gpus: Sequence[str] = (), count: int | None = None,
                  share: bool = False, wait: float | None = None, verify: str | None = None, dry_run: bool = False,
-                 environ: Mapping[str, str] | None = None, **options: Any) -> None:
+                 via: str | None = None, environ: Mapping[str, str] | None = None, **options: Any) -> None:
         self.image = image
         self.command = list(command)  # everything after IMAGE, untouched (as docker run passes it)
         self.gpus = list(gpus)
@@ -49,6 +49,7 @@ class RunRequest:
         self.wait = wait
         self.verify = verify
         self.dry_run = dry_run
+        self.via = via  # cdi or nvidia as asked (--via); None: as the daemon serves (gpupin.hostagent.cdi)
         unknown = set(options) - set(runopts.BY_DEST)
         if unknown:
             raise TypeError(f"unknown docker run option(s): {', '.join(sorted(unknown))}")
@@ -115,6 +116,8 @@ class RunRequest:
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
         runopts.payload(self.options)  # every conversion is a check: bad text is refused here, by option name
         self.capabilities = runopts.gpu_capabilities(self.options["gpu_capabilities"])
+        if self.via is not None:
+            check_via(self.via, self.capabilities)
         restart = self.options["restart"]
         if self.rm and restart not in (None, "no"):
             raise UsageError(f"--rm and --restart {restart} conflict: a container removed when it exits cannot "
@@ -183,10 +186,10 @@ def labels(req: RunRequest, pin: Pin) -> dict[str, str]:
 class ContainerSpec:
     """Everything the container is created with, in one place: the create call and the dry run both read it."""
 
-    def __init__(self, req: RunRequest, targets: Sequence[Target]) -> None:
+    def __init__(self, req: RunRequest, targets: Sequence[Target], via: str) -> None:
         self.req = req
         self.targets = list(targets)
-        self.pin = Pin(targets, share=req.share, verify=req.verify, capabilities=req.capabilities)
+        self.pin = Pin(targets, share=req.share, verify=req.verify, capabilities=req.capabilities, via=via)
         self.env = {**req.user_env, **self.pin.env()}
         self.labels = labels(req, self.pin)
 

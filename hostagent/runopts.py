@@ -299,8 +299,8 @@ OPTIONS: Sequence[Option] = (
            "killing it (default 10)", where=CONTAINER, keyword="stop_timeout", convert=_seconds,
            metavar="SECONDS"),
     Option(("--gpu-capabilities",), "NVIDIA driver capabilities the cards come with: all, or a comma list of "
-           "compute, utility, graphics, video, display, compat32 (default: the image's NVIDIA_DRIVER_CAPABILITIES)",
-           metavar="LIST"),
+           "compute, utility, graphics, video, display, compat32 (default: the image's NVIDIA_DRIVER_CAPABILITIES; "
+           "the nvidia driver's request carries them, so they pin through it, never CDI)", metavar="LIST"),
 )
 
 BY_FLAG = {flag: opt for opt in OPTIONS for flag in opt.flags}

@@ -265,15 +265,36 @@ class Agent:
         return [json.loads(line) for line in out.splitlines()]
 
 
+def agent_on(sandbox: Sandbox) -> Iterator[Agent]:
+    """An Agent on this sandbox (mixed-4), and the removal of what it tagged."""
+    sandbox.use("mixed-4")
+    busy = sandbox.docker("ps", "-q", "--filter", "label=gpupin.devices", check=True).stdout.split()
+    assert not busy, f"pinned containers left running by an earlier test: {busy}"
+    a = Agent(sandbox, uuid.uuid4().hex[:12])
+    yield a
+    ids = sandbox.docker("ps", "-aq", "--filter", f"label=gpupin.test={a.tag}").stdout.split()
+    if ids:
+        sandbox.docker("rm", "-f", *ids)
+
+
 @pytest.fixture
 def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
-    busy = mixed4_sandbox.docker("ps", "-q", "--filter", "label=gpupin.devices", check=True).stdout.split()
-    assert not busy, f"pinned containers left running by an earlier test: {busy}"
-    a = Agent(mixed4_sandbox, uuid.uuid4().hex[:12])
-    yield a
-    ids = mixed4_sandbox.docker("ps", "-aq", "--filter", f"label=gpupin.test={a.tag}").stdout.split()
-    if ids:
-        mixed4_sandbox.docker("rm", "-f", *ids)
+    yield from agent_on(mixed4_sandbox)
+
+
+@pytest.fixture
+def agent26(sandboxes: Sandboxes) -> Iterator[Agent]:
+    """An Agent on Engine 26's sandbox alone: for what only an engine with CDI does."""
+    if "26" not in engines_under_test():
+        pytest.skip("Engine 26 is not among GPUPIN_TEST_ENGINES")
+    yield from agent_on(sandboxes.get("26"))
+
+
+def serves_cdi(sandbox: Sandbox) -> bool:
+    """Whether the sandbox's daemon serves nvidia.com/gpu by CDI (Engine 26's runs with CDI on and the fake
+    `nvidia-ctk cdi generate` spec), so that hostagent pins through CDI there (the assertion; hostagent asks the
+    daemon itself)."""
+    return sandbox.engine == "26"
 
 
 def saw(out: str) -> list[str]:

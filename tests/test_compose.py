@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpupin.hostagent import cdi
 from gpupin.hostagent.compose import command, load
 from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError
 from gpupin.hostagent.compose.render import render as render_core
@@ -584,17 +585,109 @@ def test_the_projects_own_containers_are_not_counted_against_it(tmp_path: Path) 
     assert command.own_container_ids(summaries, names, {"a"}) == {"1"}
 
 
-@pytest.mark.parametrize(("body", "says"), [
-    ("    gpus: all", "service-level `gpus:`"),
-    ("    deploy: {resources: {reservations: {devices: [{driver: cdi, device_ids: ['nvidia.com/gpu=1'], "
-     "capabilities: [gpu]}]}}}", "a CDI device request (`driver: cdi`)"),
-    ("    devices: ['nvidia.com/gpu=0']", "a CDI device name in `devices:`"),
+# --- compose v2's GPU forms: `driver: cdi`, CDI names in `devices:`, service-level `gpus:` ----------------------
+
+CDI_DEPLOY = ("    deploy: {resources: {reservations: {devices: [{driver: cdi, device_ids: [%s], "
+              "capabilities: [gpu]}]}}}")
+SERVED = cdi.Detection(True, "a test spec", [str(i) for i in range(4)] + [A800, RTX, A800B, A800C, "all"])
+
+
+@pytest.mark.parametrize(("body", "form", "specs", "count"), [
+    ("    gpus: all", "service-level `gpus:`", [], -1),
+    ("    gpus: [{driver: nvidia, device_ids: ['3', GPU-95c6]}]", "service-level `gpus:`", ["3", "GPU-95c6"], None),
+    ("    gpus: [{count: 2, capabilities: [utility]}]", "service-level `gpus:`", [], 2),
+    (CDI_DEPLOY % "'nvidia.com/gpu=3', 'nvidia.com/gpu=GPU-95c6'", "CDI device request (driver: cdi)",
+     ["3", "GPU-95c6"], None),
+    (CDI_DEPLOY % "nvidia.com/gpu=all", "CDI device request (driver: cdi)", [], -1),
+    ("    devices: ['nvidia.com/gpu=gpu3', /dev/fuse, {source: 'nvidia.com/gpu=1'}]", "CDI names in `devices:`",
+     ["3", "1"], None),
 ])
-def test_compose_v2_gpu_forms_not_read_yet_are_refused_never_taken_for_no_gpu(body: str, says: str) -> None:
+def test_every_compose_v2_gpu_form_is_read(body: str, form: str, specs: list[str], count: int | None) -> None:
+    r = gpu_request("a", parse(f"image: i\n{body[4:]}\n"))
+    assert r is not None and (r.form.name, r.specs, r.count) == (form, specs, count)
+    result = check(f"services:\n  a:\n    image: i\n{body}\n")
+    assert len(result.requests) == 1  # never "0 services with GPUs"
+
+
+def test_compose_check_of_gpus_all_says_what_each_compose_does_with_it() -> None:
+    result = check("services:\n  a:\n    image: i\n    gpus: all\n")
+    assert result.ok and result.summary().startswith("ok: 1 service(s) with GPUs")
+    notes = [p.problem for p in result.problems]
+    assert [p.severity for p in result.problems] == ["warning", "warning"]
+    assert any("every card is not a pin" in n for n in notes)
+    assert any("compose before v2.30 does not read it" in n and "v2.26 starts the service without any GPU" in n
+               for n in notes)
+
+
+def test_compose_v2_forms_render_to_a_device_entry_every_compose_reads() -> None:
+    text = ("services:\n  a:\n    image: i\n    gpus: [{device_ids: ['1']}]\n"
+            "  b:\n    image: i\n    devices: [/dev/fuse, 'nvidia.com/gpu=3']\n"
+            f"  c:\n    image: i\n{CDI_DEPLOY % 'nvidia.com/gpu=0'}\n")
+    doc = render(text)  # no daemon asked: the nvidia driver's request
+    a, b, c = (doc["services"][n] for n in "abc")
+    assert "gpus" not in a and devices(a) == [{"driver": "nvidia", "device_ids": [RTX], "capabilities": ["gpu"]}]
+    assert b["devices"] == ["/dev/fuse"] and devices(b)[0]["device_ids"] == [A800C]
+    assert devices(c) == [{"driver": "nvidia", "device_ids": [A800], "capabilities": ["gpu"]}]
+    assert all(s["environment"]["NVIDIA_VISIBLE_DEVICES"] == devices(s)[0]["device_ids"][0] for s in (a, b, c))
+    assert render_core(doc, mixed4(), {})[0] == doc and check(load.dump(doc)).problems == []
+
+
+def test_render_pins_through_cdi_where_the_daemon_serves_the_cards_and_drops_the_variable_cdi_voids() -> None:
+    text = ("services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['1', '3']}\n"
+            "  b:\n    image: i\n    runtime: nvidia\n    environment: [NVIDIA_VISIBLE_DEVICES=0, X=1]\n"
+            "  c:\n    image: i\n    deploy: {resources: {reservations: {devices: [{driver: nvidia, "
+            "device_ids: ['2'], capabilities: [gpu, utility]}]}}}\n")
+    doc, _ = render_core(parse(text), mixed4(), {}, SERVED)
+    a, b, c = (doc["services"][n] for n in "abc")
+    assert devices(a) == [{"driver": "cdi", "device_ids": [f"nvidia.com/gpu={RTX}", f"nvidia.com/gpu={A800C}"],
+                           "capabilities": ["gpu"]}]
+    assert a["environment"] == {"GPUPIN_EXPECT": expect(RTX, A800C)}
+    assert "runtime" not in b and b["environment"] == ["X=1", f"GPUPIN_EXPECT={expect(A800)}"]
+    assert devices(b)[0]["device_ids"] == [f"nvidia.com/gpu={A800}"]
+    # Driver capabilities beside `gpu` mean something to the nvidia driver only: that service keeps it.
+    assert devices(c) == [{"driver": "nvidia", "device_ids": [A800B], "capabilities": ["gpu", "utility"]}]
+    assert render_core(doc, mixed4(), {}, SERVED)[0] == doc and check(load.dump(doc)).problems == []
+    # A spec without the UUID names (the `index` strategy alone) is no pin: the nvidia driver then.
+    by_index = cdi.Detection(True, "an index-only spec", ["0", "1", "2", "3", "all"])
+    assert devices(render_core(parse(text), mixed4(), {}, by_index)[0]["services"]["a"])[0]["driver"] == "nvidia"
+    # --via decides instead; capabilities cannot go through CDI.
+    forced, _ = render_core(parse(text.split("  c:")[0]), mixed4(), {}, via="cdi")
+    assert devices(forced["services"]["a"])[0]["driver"] == "cdi"
+    with pytest.raises(RenderRefused) as info:
+        render_core(parse(text), mixed4(), {}, via="cdi")
+    assert [p.service for p in info.value.problems] == ["c"] and "utility" in info.value.problems[0].problem
+
+
+def test_a_cdi_index_is_flagged_and_what_the_spec_does_not_name_is_an_error() -> None:
+    (p,) = errors_of(check(f"services:\n  a:\n    image: i\n{CDI_DEPLOY % 'nvidia.com/gpu=1'}\n"))
+    assert "CDI device 1 is an NVML index" in p.problem and p.render_fixes
+    assert p.hint is not None and f"device_ids: [nvidia.com/gpu={RTX}]" in p.hint
+    (p,) = errors_of(check("services:\n  a:\n    image: i\n    devices: ['nvidia.com/gpu=GPU-95c6']\n"))
+    assert "is a UUID prefix, which NVIDIA's CDI spec does not name" in p.problem and p.render_fixes
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (CDI_DEPLOY.replace("device_ids: [%s]", "count: 1"), "a CDI device request has a `count`"),
+    (CDI_DEPLOY % "'nvidia.com/gpu=1', 'vendor.com/fpga=0'", "mixes 'vendor.com/fpga=0' with nvidia.com/gpu"),
+    (CDI_DEPLOY % "'nvidia.com/gpu=all', 'nvidia.com/gpu=1'", "names nvidia.com/gpu=all beside other cards"),
+    ("    gpus: some", "`gpus: 'some'` is neither `all` nor a list"),
+    ("    gpus: [{count: 1}, {count: 1}]", "`gpus:` has 2 requests"),
+    ("    gpus: [{driver: amd, count: 1}]", "asks the driver 'amd'"),
+    ("    gpus: all\n    x-gpupin: {gpus: ['1']}", "asks for GPUs twice: x-gpupin and service-level `gpus:`"),
+    (f"{CDI_DEPLOY % 'nvidia.com/gpu=1'}\n    devices: ['nvidia.com/gpu=2']",
+     "CDI device request (driver: cdi) and CDI names in `devices:`"),
+])
+def test_malformed_compose_v2_gpu_requests_are_refused_by_both(body: str, says: str) -> None:
     text = f"services:\n  a:\n    image: i\n{body}\n"
     (p,) = errors_of(check(text))
-    assert says in p.problem and "which hostagent compose does not read yet" in p.problem and not p.render_fixes
+    assert says in p.problem and not p.render_fixes, p
     assert refusals(text).problems[0].problem == p.problem
+
+
+def test_other_cdi_kinds_are_no_gpu() -> None:
+    text = ("services:\n  a:\n    image: i\n    devices: ['vendor.com/fpga=0']\n"
+            f"{CDI_DEPLOY % 'vendor.com/fpga=1'}\n")
+    assert gpu_request("a", parse(text)["services"]["a"]) is None and check(text).problems == []
 
 
 def test_gpu_request_reads_each_form() -> None:
@@ -803,11 +896,15 @@ class ComposeRun:
         self.compose("down", "-v", "--remove-orphans")
 
 
-def rendered(example: str, tmp_path: Path, docker_host: str) -> Path:
-    out = tmp_path / example.replace(".yml", ".pinned.yml")
-    r = hostagent("compose", "render", str(EXAMPLES / example), "-o", str(out), docker_host=docker_host)
+def rendered_file(src: Path, tmp_path: Path, docker_host: str) -> Path:
+    out = tmp_path / src.name.replace(".yml", ".pinned.yml")
+    r = hostagent("compose", "render", str(src), "-o", str(out), docker_host=docker_host)
     assert r.returncode == 0, r
     return out
+
+
+def rendered(example: str, tmp_path: Path, docker_host: str) -> Path:
+    return rendered_file(EXAMPLES / example, tmp_path, docker_host)
 
 
 @pytest.mark.docker
@@ -819,7 +916,10 @@ def rendered(example: str, tmp_path: Path, docker_host: str) -> Path:
 ])
 def test_rendered_examples_start_and_each_service_proves_its_cards(
         mixed4_sandbox: Sandbox, tmp_path: Path, example: str, want: dict[str, list[tuple[str, str, str]]]) -> None:
-    run = ComposeRun(mixed4_sandbox, rendered(example, tmp_path, mixed4_sandbox.host))
+    file = rendered(example, tmp_path, mixed4_sandbox.host)
+    way = "cdi" if mixed4_sandbox.engine == "26" else "nvidia"  # what each engine's daemon serves
+    assert all(devices(s)[0]["driver"] == way for s in parse(file.read_text())["services"].values())
+    run = ComposeRun(mixed4_sandbox, file)
     try:
         run.up()
         for svc, cards in want.items():
@@ -875,6 +975,63 @@ def test_files_compose_refuses_are_refused_and_duplicate_keys_as_compose_v2_does
     assert (r.returncode == 0) is accepted, r
 
 
+V2_FORMS = {
+    "gpus": "    gpus: [{device_ids: ['3', '1']}]",
+    "devices-cdi": "    devices: ['nvidia.com/gpu=3', 'nvidia.com/gpu=GPU-95c6a38a-fc69-47e6-82a4-2cdea89770cb']",
+    "driver-cdi": CDI_DEPLOY % "'nvidia.com/gpu=gpu3', 'nvidia.com/gpu=1'",
+}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("form", list(V2_FORMS))
+def test_compose_v2_gpu_forms_render_to_files_each_engines_compose_runs(
+        mixed4_sandbox: Sandbox, tmp_path: Path, form: str) -> None:
+    src = tmp_path / "v2.yml"
+    src.write_text(f"services:\n  trainer:\n    image: {TEST_IMAGE}\n{V2_FORMS[form]}\n")
+    r = hostagent("compose", "check", str(src), docker_host=mixed4_sandbox.host)
+    # Read, never "0 service(s) with GPUs": the index `3` is flagged as the card it names today, which render pins.
+    assert r.returncode == 64 and f" 3 is an NVML index: today it is {A800C} (index 3" in r.stdout, r
+    run = ComposeRun(mixed4_sandbox, rendered_file(src, tmp_path, mixed4_sandbox.host))
+    try:
+        run.up()
+        code, out, err = run.logs("trainer")
+        assert code == 0 and out.splitlines() == [
+            f"cuda:0 = {A800C} at 00000000:AF:00.0 (NVIDIA A800-SXM4-80GB), as expected",
+            f"cuda:1 = {RTX} at 00000000:3B:00.0 (NVIDIA GeForce RTX 4090), as expected"], (out, err)
+        assert "expectation from GPUPIN_EXPECT" in err
+    finally:
+        run.down()
+
+
+@pytest.mark.docker
+def test_what_older_compose_does_with_the_compose_v2_forms_as_written(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
+    """Measured, as the warnings of `check` say: compose v2.26 starts a `gpus:` service with no GPU at all and
+    docker-compose 1.29 refuses the file; both pass a CDI name in `devices:` to the daemon as a device file."""
+    sb = mixed4_sandbox
+    src = tmp_path / "gpus.yml"
+    src.write_text(f"services:\n  trainer:\n    image: {TEST_IMAGE}\n{V2_FORMS['gpus']}\n")
+    if sb.engine == "20.10":
+        r = sb.compose("-f", str(src), "config")
+        assert r.returncode != 0 and "Unsupported config option for services.trainer: 'gpus'" in r.stderr, r
+    else:
+        run = ComposeRun(sb, src)
+        try:
+            run.compose("up", "--no-color")
+            cid = run.compose("ps", "-a", "-q", "trainer").stdout.strip()
+            info = json.loads(sb.docker("inspect", cid, check=True).stdout)[0]
+            assert not info["HostConfig"]["DeviceRequests"]  # the request was dropped: no GPU
+        finally:
+            run.down()
+    src.write_text(f"services:\n  trainer:\n    image: {TEST_IMAGE}\n{V2_FORMS['devices-cdi']}\n")
+    run = ComposeRun(sb, src)
+    try:
+        r = run.compose("up", "--no-color")
+        assert r.returncode != 0 and "error gathering device information while adding custom device" in (
+            r.stdout + r.stderr), r
+    finally:
+        run.down()
+
+
 @pytest.mark.docker
 def test_render_and_check_see_the_cards_running_pinned_containers_hold(
         mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
@@ -896,7 +1053,11 @@ def test_render_and_check_see_the_cards_running_pinned_containers_hold(
         counted.write_text("services:\n  a:\n    image: i\n    x-gpupin: {count: 3}\n")
         r = hostagent("compose", "render", str(counted), docker_host=sb.host)
         assert r.returncode == 0, r
-        assert devices(parse(r.stdout)["services"]["a"])[0]["device_ids"] == [A800, A800C, A800B]
+        entry = devices(parse(r.stdout)["services"]["a"])[0]
+        # Engine 26 serves the cards by CDI (its spec names them by UUID): render pins through it, as run does.
+        way = "cdi" if sb.engine == "26" else "nvidia"
+        prefix = "nvidia.com/gpu=" if way == "cdi" else ""
+        assert entry["driver"] == way and entry["device_ids"] == [prefix + u for u in (A800, A800C, A800B)]
     finally:
         sb.docker("rm", "-f", name)
 

@@ -11,6 +11,7 @@ the environment the entrypoint set), so the tests check what a job would really 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENTRYPOINT, TEST_IMAGE, Sandbox, engines_under_test, gpu_uuids, simhost_env
+from tests.conftest import ENTRYPOINT, TEST_IMAGE, Sandbox, engines_under_test, gpu_uuids, saw, simhost_env
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
 
@@ -152,6 +153,45 @@ def test_a_swarm_task_that_sees_more_cards_than_it_reserved_is_refused(ep: Entry
     r = ep.run("sh", "-c", "echo ran", env=dict(env, GPUPIN_EXPECT=A800C), gpus="all")
     assert (r.rc, r.out) == (0, "ran\n"), r
     assert "expectation from GPUPIN_EXPECT" in r.err and "NVML sees 4 cards" in r.err
+
+
+def test_nvidia_visible_devices_indices_are_the_expectation(ep: Entrypoint) -> None:
+    """`--gpus device=3,1` gives the container NVIDIA_VISIBLE_DEVICES=3,1 and the two cards, renumbered 0 and 1 in
+    bus order; on the host the indices are NVML's own. Either way cuda:0 is index 3 and cuda:1 index 1."""
+    env = {} if ep.mode == "container" else {"NVIDIA_VISIBLE_DEVICES": "3,1"}
+    r = ep.run("{py}", "-m", "gpupin.entrypoint", env=env, gpus=device("3", "1"))
+    assert r.rc == 0 and saw(r.out) == [A800C, RTX], r
+    how = "renumbered by the runtime" if ep.mode == "container" else "as NVML numbers this host's cards"
+    assert "expectation from NVIDIA_VISIBLE_DEVICES=3,1 (indices " in r.err and how in r.err
+
+
+@pytest.mark.parametrize("ids", [(A800C, RTX), ("3", "1")], ids=["uuid-strategy", "index-strategy"])
+def test_the_device_plugins_volume_mounts_are_the_expectation(ep: Entrypoint, tmp_path: Path,
+                                                              ids: tuple[str, str]) -> None:
+    """The Kubernetes device plugin's volume-mounts strategy, as the plugin sets it up: NVIDIA_VISIBLE_DEVICES
+    names the folder and /dev/null is mounted there under each device id; the runtime (the fake toolkit, with
+    accept-nvidia-visible-devices-as-volume-mounts) exposes those devices."""
+    folder = "/var/run/nvidia-container-devices"
+    env = {"NVIDIA_VISIBLE_DEVICES": folder}
+    docker_args: tuple[str, ...] = ()
+    if ep.mode == "container":
+        docker_args = ("--runtime", "nvidia", *(a for i in ids for a in ("-v", f"/dev/null:{folder}/{i}")))
+    else:  # the folder moved (GPUPIN_DEVICE_LIST_DIR): tests never write to the host's /var/run
+        folder = str(tmp_path / "nvidia-container-devices")
+        os.mkdir(folder)
+        for i in ids:
+            Path(folder, i).touch()
+        env["GPUPIN_DEVICE_LIST_DIR"] = folder
+    r = ep.run("{py}", "-m", "gpupin.entrypoint", env=env, gpus=None, docker_args=docker_args)
+    assert r.rc == 0 and saw(r.out) == [RTX, A800C], r  # a folder has no order: the cards' bus order
+    assert f"expectation from {folder}" in r.err
+
+
+def test_swarm_generic_resources_are_the_expectation(ep: Entrypoint) -> None:
+    r = ep.run("{py}", "-m", "gpupin.entrypoint", env={"DOCKER_RESOURCE_GPU": A800C[:12]}, gpus="all")
+    assert r.rc == 0, r
+    assert "expectation from DOCKER_RESOURCE_GPU" in r.err
+    assert r.out.startswith(f"cuda:0 = {A800C} at 00000000:AF:00.0")
 
 
 def test_without_an_expectation_it_sets_the_order_reports_and_runs(ep: Entrypoint) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +13,8 @@ from gpupin.entrypoint.errors import ExpectationError
 from gpupin.entrypoint.expectation import ExpectedCard, format_expect, parse_expect
 from gpupin.entrypoint.identity import BusId
 from gpupin.entrypoint.sources import find, from_environ
+from tests.cards import cards as scenario_cards
+from tests.conftest import gpu_uuids
 
 U1 = "GPU-b7f5fec9-b46a-cafb-c72e-03faa22cc009"
 U2 = "GPU-bd66e15d-bea0-a04a-ba15-aa76757c09e1"
@@ -67,9 +72,99 @@ def test_sources_in_order() -> None:
     assert e is not None and e.source == "DOCKER_RESOURCE_NVIDIA-GPU"
 
 
-@pytest.mark.parametrize("nvd", ["all", "none", "void", "", "0", "0,1", f"{U1},1", "GPU-b7f5"])
-def test_nvidia_visible_devices_without_full_uuids_names_no_card(nvd: str) -> None:
-    assert from_environ({"NVIDIA_VISIBLE_DEVICES": nvd}) is None
+@pytest.mark.parametrize("nvd", ["all", "none", "void", "", f"{U1},1", "GPU-b7f5", "/some/path", "0,0", "x"])
+def test_nvidia_visible_devices_without_cards_it_can_name_names_no_card(nvd: str) -> None:
+    assert find({"NVIDIA_VISIBLE_DEVICES": nvd}, cards=lambda: scenario_cards("mixed-4")).expectation is None
+
+
+MIXED = scenario_cards("mixed-4")  # NVML order: A800 1B, RTX 3B, A800 86, A800 AF
+A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
+
+
+def expected(value: str, cards: list[Any], **env: str) -> tuple[list[str], str | None]:
+    e = find({"NVIDIA_VISIBLE_DEVICES": value, **env}, cards=lambda: cards).expectation
+    assert e is not None and e.source == "NVIDIA_VISIBLE_DEVICES"
+    return [str(c) for c in e.cards], e.detail
+
+
+def at(card: Any, mig: Any = None) -> str:
+    return f"{mig.uuid if mig else card.uuid}@{card.bus_id}"
+
+
+def test_indices_where_every_card_is_seen_are_nvmls_numbers() -> None:
+    cards, detail = expected("3,1", MIXED)
+    assert cards == [at(MIXED[3]), at(MIXED[1])]  # in the order listed: the local-rank order
+    assert detail == "NVIDIA_VISIBLE_DEVICES=3,1 (indices as NVML numbers this host's cards)"
+
+
+def test_indices_in_a_container_given_just_those_cards_are_the_runtimes_renumbering() -> None:
+    """`--gpus device=3,1` (or the device plugin's index strategy): the container sees two cards, numbered 0 and 1
+    in bus order, so 1 is the first of them and 3 the second."""
+    given = [MIXED[1], MIXED[3]]
+    cards, detail = expected("3,1", given)
+    assert cards == [at(MIXED[3]), at(MIXED[1])]
+    assert detail is not None and "renumbered by the runtime: the 2 device(s) it exposed" in detail
+    assert expected("2", [MIXED[2]])[0] == [at(MIXED[2])]
+
+
+def test_mig_pairs_are_read_like_indices() -> None:
+    mig = scenario_cards("mig")  # A100 at 07 in MIG mode (MIG devices 0 and 1), A100 at 0F
+    a100, whole = mig
+    assert expected("0:1", mig)[0] == [at(a100, a100.mig_devices[1])]  # every device seen: NVML's numbers
+    only = [a100]  # a container given MIG device 0:1 sees its parent with that MIG device alone
+    only[0] = type(a100)(a100.index, a100.uuid, a100.bus_id, a100.name)
+    only[0].mig_mode, only[0].mig_devices = True, [a100.mig_devices[1]]
+    assert expected("0:1", only)[0] == [at(a100, a100.mig_devices[1])]
+    assert expected("1,0:0", mig)[0] == [at(whole), at(a100, a100.mig_devices[0])]
+    why = find({"NVIDIA_VISIBLE_DEVICES": "0"}, cards=lambda: only).why_unpinned()
+    assert "names a whole card where this container sees a MIG device" in why
+
+
+def test_an_index_is_only_a_fallback_a_source_naming_cards_wins() -> None:
+    """An index orders what the runtime was told to give; a later source that names cards decides (and, for
+    Slurm, proves the runtime gave them: tests/test_slurm.py passes Slurm's numbers as --gpus device=0,1)."""
+    e = find({"NVIDIA_VISIBLE_DEVICES": "0", "DOCKER_RESOURCE_GPU": A800C}, cards=lambda: MIXED).expectation
+    assert e is not None and e.source == "DOCKER_RESOURCE_GPU" and [c.uuid for c in e.cards] == [A800C]
+    e = find({"NVIDIA_VISIBLE_DEVICES": "0", "DOCKER_RESOURCE_FPGA": "x"}, cards=lambda: MIXED).expectation
+    assert e is not None and e.source == "NVIDIA_VISIBLE_DEVICES" and [c.uuid for c in e.cards] == [A800]
+
+
+def test_indices_that_cannot_be_known_say_why() -> None:
+    found = find({"NVIDIA_VISIBLE_DEVICES": "2,3"}, cards=lambda: MIXED[:3])
+    assert found.expectation is None and "names devices by host index, which the 3 device(s) NVML sees here " \
+        "cannot resolve" in found.why_unpinned()
+
+
+def test_the_device_plugins_volume_mounts_folder(tmp_path: Path) -> None:
+    """NVIDIA/k8s-device-plugin's volume-mounts strategy: NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices
+    and /dev/null mounted at that folder + "/" + each device id (a UUID, or an index); IMEX channels in imex/."""
+    folder = tmp_path / "nvidia-container-devices"
+    folder.mkdir()
+    env = {"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices", "GPUPIN_DEVICE_LIST_DIR": str(folder)}
+    found = find(env, cards=lambda: MIXED)
+    assert found.expectation is None and f"{folder} (the device plugin's volume-mounts list) names no device" in \
+        found.why_unpinned() and "NVIDIA_VISIBLE_DEVICES," not in found.why_unpinned()
+    for name in (A800C, RTX):
+        (folder / name).touch()
+    (folder / "imex").mkdir()
+    (folder / "imex" / "0").touch()
+    e = find(env, cards=lambda: MIXED).expectation
+    assert e is not None and e.source == str(folder)
+    assert [c.uuid for c in e.cards] == [RTX, A800C]  # no order in a folder: NVML's
+    for p in folder.iterdir():
+        if p.is_file():
+            p.unlink()
+    (folder / "1").touch()
+    (folder / "3").touch()
+    e = find(env, cards=lambda: [MIXED[1], MIXED[3]]).expectation
+    assert e is not None and [c.uuid for c in e.cards] == [RTX, A800C]
+    missing = {**env, "GPUPIN_DEVICE_LIST_DIR": str(tmp_path / "none")}
+    assert "which cannot be read (No such file or directory)" in find(missing, cards=lambda: MIXED).why_unpinned()
+    # A folder but no variable naming it (never the plugin's way, still a deliberate mount): read all the same.
+    e = find({"GPUPIN_DEVICE_LIST_DIR": str(folder)}, cards=lambda: [MIXED[1], MIXED[3]]).expectation
+    assert e is not None and e.source == str(folder)
+    assert find({"GPUPIN_DEVICE_LIST_DIR": str(tmp_path / "none")}, cards=lambda: MIXED).why_unpinned() == (
+        "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_*, SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")
 
 
 def test_set_but_malformed_expect_is_never_a_silent_fallback() -> None:
@@ -80,8 +175,8 @@ def test_set_but_malformed_expect_is_never_a_silent_fallback() -> None:
 def test_the_unpinned_line_says_why_each_source_named_no_card() -> None:
     found = find({"NVIDIA_VISIBLE_DEVICES": "void", "DOCKER_RESOURCE_FPGA": "fpga0"}, cards=list)
     assert found.expectation is None
-    assert found.why_unpinned() == ("NVIDIA_VISIBLE_DEVICES=void names no card (CDI or no GPU request); "
-                                    "DOCKER_RESOURCE_FPGA name(s) no GPU UUID; GPUPIN_EXPECT, "
+    assert found.why_unpinned() == ("NVIDIA_VISIBLE_DEVICES=void: the cards came through CDI, which names none "
+                                    "inside the container; DOCKER_RESOURCE_FPGA name(s) no GPU UUID; GPUPIN_EXPECT, "
                                     "SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")
     assert find({}, cards=list).why_unpinned() == (
         "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_*, SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_IMAGE, Agent, gpu_uuids, saw
+from tests.conftest import TEST_IMAGE, Agent, gpu_uuids, saw, serves_cdi
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
 
@@ -76,10 +76,15 @@ def test_detach_prints_the_id_and_the_container_carries_the_pin(agent: Agent) ->
     info = json.loads(agent.sandbox.docker("inspect", cid, check=True).stdout)[0]
     assert info["Config"]["Labels"]["gpupin.devices"] == f"{RTX},{A800}"
     env = dict(e.split("=", 1) for e in info["Config"]["Env"])
-    assert env["GPUPIN_EXPECT"] == f"{RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0"
-    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{RTX},{A800}" and env["GPUPIN_VERIFY"] == "nvml"
-    assert info["HostConfig"]["DeviceRequests"] == [
-        {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800], "Capabilities": [["gpu"]], "Options": {}}]
+    assert env["GPUPIN_EXPECT"] == f"{RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0" and env["GPUPIN_VERIFY"] == "nvml"
+    if serves_cdi(agent.sandbox):  # the spec sets NVIDIA_VISIBLE_DEVICES=void: the pin sets none
+        assert "NVIDIA_VISIBLE_DEVICES" not in env
+        assert info["HostConfig"]["DeviceRequests"] == [{"Driver": "cdi", "Count": 0, "DeviceIDs": [
+            f"nvidia.com/gpu={RTX}", f"nvidia.com/gpu={A800}"], "Capabilities": [], "Options": {}}]
+    else:
+        assert env["NVIDIA_VISIBLE_DEVICES"] == f"{RTX},{A800}"
+        assert info["HostConfig"]["DeviceRequests"] == [
+            {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800], "Capabilities": [["gpu"]], "Options": {}}]
     assert info["State"]["Running"]
 
 
@@ -117,11 +122,14 @@ def test_a_daemon_that_is_down_is_69_and_nothing_is_created(agent: Agent, tmp_pa
 def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> None:
     r = agent("run", "--dry-run", "--gpu", "1", "--rm", TEST_IMAGE, "python3", "train.py")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"docker run --rm --gpus '\"device={RTX}\"' -e NVIDIA_VISIBLE_DEVICES={RTX} ")
+    cdi = serves_cdi(agent.sandbox)
+    assert r.stdout.startswith(f"docker run --rm --device nvidia.com/gpu={RTX} -e GPUPIN_EXPECT=" if cdi else
+                               f"docker run --rm --gpus '\"device={RTX}\"' -e NVIDIA_VISIBLE_DEVICES={RTX} ")
     assert r.stdout.rstrip().endswith(f"{TEST_IMAGE} python3 train.py")
     r = agent("run", "--dry-run", "--json", "--gpu", "1", TEST_IMAGE)
     payload = json.loads(r.stdout)
-    assert payload["config"]["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [RTX]
+    assert payload["config"]["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [
+        f"nvidia.com/gpu={RTX}" if cdi else RTX]
     assert agent.containers() == []
 
 

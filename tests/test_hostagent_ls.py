@@ -30,7 +30,18 @@ from typing import Any
 import pytest
 
 from gpupin.hostagent import lsformat, procs
-from tests.conftest import HOSTAGENT, REPO, SCENARIOS, TEST_IMAGE, Sandbox, gpu_uuids, simhost_env, topology
+from tests.conftest import (
+    ENGINES,
+    HOSTAGENT,
+    REPO,
+    SCENARIOS,
+    TEST_IMAGE,
+    Sandbox,
+    gpu_uuids,
+    serves_cdi,
+    simhost_env,
+    topology,
+)
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
 GOLDEN = REPO / "tests" / "golden"
@@ -439,15 +450,18 @@ def test_holders_pinned_and_foreign(mixed4_sandbox: Sandbox, tagged: str) -> Non
     r = ls("--json", DOCKER_HOST=sb.host)
     assert r.returncode == 0, r.stderr
     cards = by_uuid(json.loads(r.stdout))
-    who = {u: sorted((h["name"], h["state"], h["how"], h["holds"]) for h in g["holders"]) for u, g in cards.items()}
-    assert who[RTX] == [(f"pinned-{tagged}", "running", "gpupin", True)]
-    assert who[A800] == [(f"legacy-{tagged}", "running", "--gpus 1", True)]
-    assert who[A800B] == [(f"bydevice-{tagged}", "running", "--gpus device=2", True)]
-    assert who[A800C] == [(f"done-{tagged}", "exited", "gpupin", False)]
+    who = {u: sorted((h["name"], h["state"], h["how"], h["via"], h["holds"]) for h in g["holders"])
+           for u, g in cards.items()}
+    way = "CDI" if serves_cdi(sb) else "--gpus"  # which way the daemon gave hostagent's containers their cards
+    assert who[RTX] == [(f"pinned-{tagged}", "running", "gpupin", way, True)]
+    assert who[A800] == [(f"legacy-{tagged}", "running", "--gpus 1", "--gpus", True)]
+    assert who[A800B] == [(f"bydevice-{tagged}", "running", "--gpus device=2", "--gpus", True)]
+    assert who[A800C] == [(f"done-{tagged}", "exited", "gpupin", way, False)]
     assert [cards[u]["held"] for u in (A800, RTX, A800B, A800C)] == [True, True, True, False]
     assert cards[RTX]["holders"][0]["id"] == pinned
     table = ls(DOCKER_HOST=sb.host).stdout
-    assert re.search(rf"^    held by +pinned-{tagged}  {pinned[:12]}  running  gpupin$", table, re.M), table
+    assert re.search(rf"^    held by +pinned-{tagged}  {pinned[:12]}  running  gpupin via {re.escape(way)}$", table,
+                     re.M), table
     assert re.search(rf"^    held by +legacy-{tagged}  \w{{12}}  running  --gpus 1$", table, re.M), table
     assert re.search(rf"^    not holding  done-{tagged} \(exited\)$", table, re.M), table
 
@@ -496,14 +510,15 @@ def test_golden_holders(mixed4_sandbox: Sandbox, tagged: str, request: pytest.Fi
         text = shown(r)
         for n, name in enumerate(names):
             text = text.replace(ids[name][:12], f"<id-{n}>".ljust(12, "-"))
-        check_golden(request, f"ls-holders{'-color' if color else ''}.txt", text)
+        # The way hostagent pins differs by engine (--gpus on 20.10, CDI on 26): a golden file each.
+        check_golden(request, f"ls-holders-{sb.engine}{'-color' if color else ''}.txt", text)
 
 
 # Last, so that `make golden` has written every file before these read them.
 def test_golden_files_are_all_for_shipped_scenarios() -> None:
     """A golden file of a scenario that is gone is stale, not a check."""
     names = {p.name for p in GOLDEN.glob("ls-*.txt")}
-    expected = {f"ls-{s}{c}.txt" for s in [*SHIPPED, "holders"] for c in ("", "-color")}
+    expected = {f"ls-{s}{c}.txt" for s in [*SHIPPED, *(f"holders-{e}" for e in ENGINES)] for c in ("", "-color")}
     assert names == expected
 
 

@@ -103,7 +103,7 @@ def request(environ: dict[str, str] | None = None, **kw: object) -> RunRequest:
 def test_the_container_spec_pins_by_uuid_everywhere() -> None:
     picks = resolve_specs(["1", "0"], mixed4())
     spec = ContainerSpec(request(env=["A=1", "HOME_DIR", "B"], rm=True, name="job", verify="torch",
-                                 labels=["team=ml"], environ={"HOME_DIR": "/home/x"}), picks)
+                                 labels=["team=ml"], environ={"HOME_DIR": "/home/x"}), picks, "nvidia")
     assert spec.env == {"A": "1", "HOME_DIR": "/home/x", "NVIDIA_VISIBLE_DEVICES": f"{RTX},{A800}",
                         "GPUPIN_EXPECT": f"{RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0",
                         "GPUPIN_VERIFY": "torch"}
@@ -124,7 +124,8 @@ def test_the_container_spec_pins_by_uuid_everywhere() -> None:
 def test_dry_run_json_is_the_create_payload_field_for_field() -> None:
     # One builder: --shm-size, --entrypoint and the rest land in the payload the create call sends.
     spec = ContainerSpec(request(shm_size="8g", entrypoint="", ipc="host", workdir="/w", user="1000:1000",
-                                 volumes=["/data:/data:ro"], stop_timeout="30"), resolve_specs(["1"], mixed4()))
+                                 volumes=["/data:/data:ro"], stop_timeout="30"), resolve_specs(["1"], mixed4()),
+                         "nvidia")
     c = spec.config("1.41")
     assert c["HostConfig"]["ShmSize"] == 8 * 1024 ** 3 and c["HostConfig"]["IpcMode"] == "host"
     assert c["HostConfig"]["Binds"] == ["/data:/data:ro"] and c["Entrypoint"] == [""]
@@ -137,7 +138,7 @@ def test_env_file_then_e_as_docker_orders_them(tmp_path: Path) -> None:
     f = tmp_path / "job.env"
     f.write_text("# comment\nLR=0.1\n\nEPOCHS=3\nFROM_SHELL\n")
     spec = ContainerSpec(request(env_files=[str(f)], env=["LR=0.2"], environ={"FROM_SHELL": "yes"}),
-                         resolve_specs(["1"], mixed4()))
+                         resolve_specs(["1"], mixed4()), "nvidia")
     assert [spec.env[k] for k in ("LR", "EPOCHS", "FROM_SHELL")] == ["0.2", "3", "yes"]
     f.write_text("BAD LINE=1\n")
     with pytest.raises(UsageError, match="is not KEY=VALUE"):

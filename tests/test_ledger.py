@@ -59,7 +59,7 @@ def gpus(ids: list[str] | None = None, count: int = 0, driver: str = "",
 
 def test_the_table_names_each_form_once() -> None:
     names = [f.name for f in FORMS]
-    assert names == ["device-request", "nvidia-runtime", "swarm-resource", "device-file", "privileged"]
+    assert names == ["device-request", "cdi", "nvidia-runtime", "swarm-resource", "device-file", "privileged"]
     assert len(set(names)) == len(names)
 
 
@@ -83,9 +83,50 @@ def test_device_requests_as_the_daemon_hands_them_out(requests: list[dict[str, A
 def test_requests_for_other_drivers_and_unknown_ids() -> None:
     host = mig_host()
     assert ledger.grants(container(requests=gpus(count=-1, caps=[["tpu"]])), host) == []
-    assert ledger.grants(container(requests=gpus(["1"], driver="cdi")), host) == []
+    assert ledger.grants(container(requests=gpus(["vendor.com/fpga=1"], driver="cdi")), host) == []
     g = ledger.grants(container(requests=gpus(["7", "1"])), host)[0]
     assert (list(g.uuids), list(g.unknown)) == ([RTX], ["7"])
+
+
+def cdi(*ids: str) -> list[dict[str, Any]]:
+    """A CDI device request as `docker run --device nvidia.com/gpu=...` sends it (measured on Engine 26)."""
+    return [{"Driver": "cdi", "Count": 0, "DeviceIDs": list(ids), "Capabilities": None, "Options": None}]
+
+
+@pytest.mark.parametrize(("ids", "want"), [
+    (["nvidia.com/gpu=2"], [A800B]),
+    ([f"nvidia.com/gpu={A800C}", "nvidia.com/gpu=1"], [A800C, RTX]),
+    (["nvidia.com/gpu=0:1"], [MIG_B]),
+    ([f"nvidia.com/gpu={MIG_A}"], [MIG_A]),
+    (["nvidia.com/gpu=all"], ALL),
+    (["nvidia.com/gpu=gpu3", "nvidia.com/gpu=mig0:0"], [A800C, MIG_A]),  # the type-index name strategy
+    (["nvidia.com/gpu=1", "vendor.com/fpga=0", "nvidia.com/nic=1"], [RTX]),  # other kinds name no GPU
+])
+def test_cdi_device_requests_as_nvidias_spec_names_the_cards(ids: list[str], want: list[str]) -> None:
+    got = ledger.grants(container(requests=cdi(*ids)), mig_host())
+    gpu_ids = [i for i in ids if i.startswith("nvidia.com/gpu=")]
+    assert [(g.form, list(g.uuids), g.how) for g in got] == [("cdi", want, " ".join(f"--device {i}" for i in gpu_ids))]
+
+
+def test_cdi_names_the_host_has_no_card_for_stay_unknown_and_device_paths_count_too() -> None:
+    host = mig_host()
+    (g,) = ledger.grants(container(requests=cdi("nvidia.com/gpu=7", "nvidia.com/gpu=1")), host)
+    assert (list(g.uuids), list(g.unknown)) == ([RTX], ["7"])
+    # An engine that takes a CDI name among the device paths (compose's `devices:`) injects it as well.
+    got = ledger.grants(container(devices=["nvidia.com/gpu=3", "/dev/null"]), host)
+    assert [(g.form, list(g.uuids)) for g in got] == [("cdi", [A800C])]
+    assert ledger.grants(container(requests=cdi("vendor.com/fpga=0")), host) == []
+
+
+def test_a_cdi_gpu_voids_the_images_variable_under_the_nvidia_runtime() -> None:
+    """NVIDIA's spec sets NVIDIA_VISIBLE_DEVICES=void, over the image's `all`: the runtime then gives nothing."""
+    host = mig_host()
+    got = ledger.grants(container(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"], requests=cdi(
+        "nvidia.com/gpu=1")), host)
+    assert [(g.form, list(g.uuids)) for g in got] == [("cdi", [RTX])]
+    other = ledger.grants(container(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=2"], requests=cdi(
+        "vendor.com/fpga=0")), host)
+    assert [(g.form, list(g.uuids)) for g in other] == [("nvidia-runtime", [A800B])]
 
 
 @pytest.mark.parametrize(("env", "want"), [
@@ -150,9 +191,11 @@ def test_device_files_name_cards_by_minor_number() -> None:
 def test_privileged_with_the_nvidia_toolkit_holds_every_card() -> None:
     host = mig_host()
     for c in (container(privileged=True, runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=1"]),
-              container(privileged=True, requests=gpus(["1"]))):
+              container(privileged=True, requests=gpus(["1"])),
+              container(privileged=True, requests=cdi("nvidia.com/gpu=1"))):
         assert sorted({u for g in ledger.grants(c, host) for u in g.uuids}) == sorted(ALL)
     assert ledger.grants(container(privileged=True), host) == []  # no driver put in: no card
+    assert ledger.grants(container(privileged=True, requests=cdi("vendor.com/fpga=0")), host) == []
 
 
 # --- when it holds ---------------------------------------------------------------------------------------------
@@ -187,6 +230,10 @@ def test_the_engine_decides_what_a_labelled_container_holds() -> None:
     host = mig_host()
     honest = holder(container(requests=gpus([RTX], driver="nvidia"), labels={"gpupin.devices": RTX}), host)
     assert honest is not None and honest.how == "gpupin" and not honest.mismatch and honest.uuids == (RTX,)
+    assert honest.via == "--gpus" and honest.describe() == "job (cccccccccccc, running, gpupin via --gpus)"
+    by_cdi = holder(container(requests=cdi(f"nvidia.com/gpu={RTX}"), labels={"gpupin.devices": RTX}), host)
+    assert by_cdi is not None and by_cdi.how == "gpupin" and not by_cdi.mismatch and by_cdi.via == "CDI"
+    assert by_cdi.describe() == "job (cccccccccccc, running, gpupin via CDI)" and by_cdi.to_dict()["via"] == "CDI"
     liar = holder(container(requests=gpus(["2"]), labels={"gpupin.devices": RTX}), host)
     assert liar is not None and liar.uuids == (A800B,) and liar.label == (RTX,) and liar.mismatch
     assert held([liar]) == {A800B: [liar]}  # the card it really has, not the one its label names

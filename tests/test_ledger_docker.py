@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from gpupin.hostagent import engine, lease, lock
-from tests.conftest import REPO, TEST_IMAGE, Agent, Sandbox, gpu_uuids, saw, simhost_env
+from tests.conftest import REPO, TEST_IMAGE, Agent, Sandbox, gpu_uuids, saw, serves_cdi, simhost_env
 from tests.test_hostagent_docker import WORK, _intervals, _never_two_at_once
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
@@ -85,6 +85,11 @@ FORMS: dict[str, tuple[list[str], str | None, str]] = {
     # (it is running or restarting whenever it is looked at: both hold)
     "restarting": (["--restart", "always", "--gpus", "device=2", TEST_IMAGE, "--quiet", "sh", "-c", "exit 3"],
                    "restarting", "--gpus device=2"),
+    # CDI (Engine 26; on 20.10 the CLI takes no CDI name and nothing runs, so nothing is held)
+    "cdi-index": (["--device", "nvidia.com/gpu=2", *SLEEP], None, "--device nvidia.com/gpu=2"),
+    "cdi-uuid": (["--device", f"nvidia.com/gpu={A800B}", *SLEEP], None, f"--device nvidia.com/gpu={A800B}"),
+    "cdi-restart-always-stopped": (["--restart", "always", "--device", "nvidia.com/gpu=2", *SLEEP], "stop",
+                                   "stopped, restart=always"),
 }
 
 
@@ -96,6 +101,12 @@ def test_each_holding_form_blocks_its_card_and_ls_shows_it(agent: Agent, form: s
         subprocess.run(["mknod", str(tmp_path / "nvidia2"), "c", "195", "2"], check=True)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     says = says.replace("{tmp}", str(tmp_path))
+    if form.startswith("cdi") and not serves_cdi(agent.sandbox):
+        r = agent.sandbox.docker("run", "-d", "--label", f"gpupin.test={agent.tag}", *args)
+        assert r.returncode != 0, r  # the 20.10 CLI reads a CDI name as a device path, and refuses it
+        ok = agent("run", "--rm", "--gpu", "2", TEST_IMAGE)
+        assert ok.returncode == 0 and saw(ok.stdout) == [A800B], ok.stderr
+        return
     cid = docker_run(agent, *args)
     if then == "stop":
         agent.sandbox.docker("stop", "-t", "1", cid, check=True)
@@ -140,7 +151,10 @@ def test_mig_devices_held_by_index_pair(sandbox: Sandbox, tmp_path: Path) -> Non
     a.env = simhost_env("mig", DOCKER_HOST=sandbox.host)
     mig0, mig1 = "MIG-22360576-fd7b-5ba8-a97d-b15d8128fe16", "MIG-43379410-e4be-536c-abb1-0536d523b252"
     try:
-        for how in (["--gpus", "device=0:1"], ["--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=0:1"]):
+        hows = [["--gpus", "device=0:1"], ["--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=0:1"]]
+        if serves_cdi(sandbox):
+            hows.append(["--device", "nvidia.com/gpu=0:1"])
+        for how in hows:
             cid = docker_run(a, *how, *SLEEP)
             error = held_error(a("run", "--rm", "--gpu", "0:1", TEST_IMAGE))
             assert f"{mig1} is held by h-" in error and "0:1" in error
@@ -289,7 +303,7 @@ def test_a_container_being_started_holds_and_one_abandoned_is_removed(agent: Age
 
     live = create(str(lease.me()), lease.LEASE_S, f"starting-{agent.tag}", RTX)  # this test is its owner
     error = held_error(agent("run", "--rm", "--gpu", "1", TEST_IMAGE))
-    assert f"starting-{agent.tag} ({live[:12]}, created, being started by hostagent)" in error
+    assert f"starting-{agent.tag} ({live[:12]}, created, gpupin via --gpus, being started by hostagent)" in error
     dead = create(dead_owner(), lease.MAX_LEASE_S, f"abandoned-{agent.tag}", A800C)
     remote = create("host=far pid=1 start=1 boot=elsewhere pidns=1", 1, f"remote-{agent.tag}", A800)
     time.sleep(2.1)  # the remote one's lease is up

@@ -152,5 +152,6 @@ def test_the_help_lists_slurm_as_a_source() -> None:
 
     sources = HELP.split("comes from, in this order:")[1].split("The workload gets")[0]
     assert [line.split()[0] for line in sources.splitlines() if line[:3].strip()] == [
-        "GPUPIN_EXPECT", "NVIDIA_VISIBLE_DEVICES", "DOCKER_RESOURCE_*", "SLURM_STEP_GPUS"]
+        "GPUPIN_EXPECT", "NVIDIA_VISIBLE_DEVICES", "/var/run/nvidia-container-devices", "DOCKER_RESOURCE_*",
+        "SLURM_STEP_GPUS"]
     assert "SLURM_JOB_GPUS in a batch script" in sources and "refused (78)" in sources

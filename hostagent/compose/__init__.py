@@ -8,14 +8,16 @@ A service asks for cards with the extension key `x-gpupin` (the compose spec let
       share: true             # optional: may share its cards with other services or running pinned containers
       verify: cuda            # optional: GPUPIN_VERIFY for the entrypoint (nvml, cuda, torch)
 
-or with the standard `deploy.resources.reservations.devices` (`device_ids` or `count`), or the legacy
-`runtime: nvidia` with NVIDIA_VISIBLE_DEVICES. `render` resolves every request against this host's cards (NVML)
-and the ledger (running containers) and writes a plain compose file pinned by UUID (hostagent.pin); `check`
+or in any form docker compose takes: `deploy.resources.reservations.devices` (`driver: nvidia` with `device_ids`
+or `count`, or `driver: cdi` with `nvidia.com/gpu=...` names), CDI names in `devices:` and the service-level
+`gpus:` (compose v2.30+), or the legacy `runtime: nvidia` with NVIDIA_VISIBLE_DEVICES. `render` resolves every
+request against this host's cards (NVML) and the ledger (running containers) and writes a plain compose file
+pinned by UUID (hostagent.pin: through CDI where the daemon serves the cards so, else the nvidia driver); `check`
 reports what would land a job on the wrong card or double-book one. Both run the same rules.
 
 The modules, in the order a file goes through them:
     load      bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
-    request   what one service asks for: one reader per form (x-gpupin, deploy devices, runtime: nvidia)
+    request   what one service asks for: one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime)
     rules     every check, each written once; `examine` runs them all (and placement) for both commands
     place     the booking rule and the placement of counts on free cards
     render    the rules + placement + the pin, written into a copy of the document
@@ -34,11 +36,13 @@ from __future__ import annotations
 # The --help texts (hostagent.cli builds its parser with them; importing this package loads nothing else).
 RENDER_DESCRIPTION = """\
 Write FILE as a standard compose file in which every service that asks for GPUs (x-gpupin, a deploy
-device request, or runtime: nvidia with NVIDIA_VISIBLE_DEVICES) is pinned to physical cards by UUID:
-the device request, NVIDIA_VISIBLE_DEVICES, GPUPIN_EXPECT (proved inside the container by
-gpupin-entrypoint) and the ledger labels. Counts go to the best free cards; cards that running
-containers hold are not given, unless shared. A problem the rendered file would still have is
-refused, one line each, and nothing is written: the same lines `hostagent compose check` prints."""
+device request of the nvidia or the cdi driver, CDI names in devices:, gpus:, or runtime: nvidia with
+NVIDIA_VISIBLE_DEVICES) is pinned to physical cards by UUID: the device request (driver: cdi where the
+daemon serves the cards by CDI, else driver: nvidia with NVIDIA_VISIBLE_DEVICES; --via decides instead),
+GPUPIN_EXPECT (proved inside the container by gpupin-entrypoint) and the ledger labels. Counts go
+to the best free cards; cards that running containers hold are not given, unless shared. A problem
+the rendered file would still have is refused, one line each, and nothing is written: the same lines
+`hostagent compose check` prints."""
 RENDER_EPILOG = """\
 -o OUT is written all at once (a temporary file beside it, then renamed over it); OUT may not be a
 directory or FILE itself. Without -o (or with -o -) the file goes to stdout.
@@ -66,14 +70,15 @@ problem of the file as written that `hostagent compose render` removes.
 exit: 0 no error (warnings may be printed); 64 an error; 69 NVML unusable."""
 
 
-def render_command(file: str, output: str | None, swarm: bool = False, kind: str | None = None) -> int:
+def render_command(file: str, output: str | None, swarm: bool = False, kind: str | None = None,
+                   via: str | None = None) -> int:
     from gpupin.hostagent.compose import command
 
     if swarm:
         from gpupin.hostagent.swarm import DEFAULT_KIND
 
         return command.stack_command(file, output, kind or DEFAULT_KIND)
-    return command.render_command(file, output)
+    return command.render_command(file, output, via)
 
 
 def check_command(file: str, as_json: bool) -> int:

@@ -17,9 +17,10 @@ import sys
 import tempfile
 
 from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
+from gpupin.hostagent import cdi
 from gpupin.hostagent.compose import load
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
-from gpupin.hostagent.compose.render import header, render
+from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine
 
 TYPE_CHECKING = False
@@ -65,30 +66,42 @@ def own_container_ids(summaries: Iterable[Mapping[str, Any]], projects: set[str]
     return out
 
 
-def read_busy(cards: Sequence[Card], projects: set[str], service_names: set[str]) -> dict[str, list[Holder]]:
-    """The ledger (card UUID -> running holders), without this project's containers; when Docker cannot be
-    reached, say so and count every card as free."""
+class Daemon:
+    """What the daemon says for a render or a check: the ledger (card UUID -> running holders, without this
+    project's own containers) and whether it serves the cards by CDI (gpupin.hostagent.cdi)."""
+
+    def __init__(self, busy: dict[str, list[Holder]], detection: cdi.Detection) -> None:
+        self.busy = busy
+        self.detection = detection
+
+
+def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[str], cdi_too: bool = True) -> Daemon:
+    """The ledger, and (`cdi_too`) what the daemon serves by CDI; when Docker cannot be reached, say so, count
+    every card as free and pin through the nvidia driver."""
     from gpupin.hostagent import engine, ledger
 
     try:
         api = engine.connect(timeout=10)
-        holders = engine.read_holders(api, cards)
+        daemon_info = engine.info(api) if cdi_too and engine.may_serve_cdi(api) else None
+        holders = engine.read_holders(api, cards, daemon_info)
         own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects,
                                 service_names)
     except Exception as err:
         _say(f"warning: the ledger was not read (Docker at {engine.docker_host()}: {getattr(err, 'message', err)}): "
-             "cards held by running containers are not taken into account")
-        return {}
-    return ledger.held(h for h in holders if h.id not in own)
+             "cards held by running containers are not taken into account" + (
+                 "; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else ""))
+        return Daemon({}, NOT_ASKED)
+    detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
+    return Daemon(ledger.held(h for h in holders if h.id not in own), detection)
 
 
-def _host(doc: Any, paths: Sequence[str]) -> tuple[list[Card], dict[str, list[Holder]]]:
+def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Daemon]:
     from gpupin.entrypoint import nvml
 
     cards = nvml.list_cards(detail=True, mig=True, tolerate_lost=True)
     svcs = doc.get("services") if isinstance(doc, dict) else None
     names = {str(k) for k in svcs} if isinstance(svcs, dict) else set()
-    return cards, read_busy(cards, project_names(doc, paths, os.environ), names)
+    return cards, read_daemon(cards, project_names(doc, paths, os.environ), names, cdi_too)
 
 
 # --- the output file ------------------------------------------------------------------------------------------
@@ -181,8 +194,9 @@ def _emit(text: str, file: str, output: str | None, target: str | None) -> int:
     return 0
 
 
-def render_command(file: str, output: str | None) -> int:
-    """`hostagent compose render FILE [-o OUT]`: 0 and the pinned file; 64/75/69 with one line per problem."""
+def render_command(file: str, output: str | None, via: str | None = None) -> int:
+    """`hostagent compose render FILE [-o OUT] [--via cdi|nvidia]`: 0 and the pinned file; 64/75/69 with one line
+    per problem."""
     target = output_path(output, file)
     name = printable(file)
     try:
@@ -190,9 +204,9 @@ def render_command(file: str, output: str | None) -> int:
     except ServiceError as err:
         _say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
-    cards, busy = _host(doc, [file] + ([output] if output else []))
+    cards, daemon = _host(doc, [file] + ([output] if output else []), cdi_too=via is None)
     try:
-        rendered, exam = render(doc, cards, busy)
+        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
     except RenderRefused as refused:
         for p in refused.problems:
             _say(f"ERROR: {p.line(name)}")
@@ -254,7 +268,8 @@ def check_command(file: str, as_json: bool) -> int:
     except ServiceError as err:
         exam = Examination([err.problem()])
     else:
-        exam = examine(doc, *_host(doc, [file]))
+        cards, daemon = _host(doc, [file], cdi_too=False)
+        exam = examine(doc, cards, daemon.busy)
     if as_json:
         sys.stdout.write(json.dumps([p.to_dict() for p in exam.problems], indent=2) + "\n")
     else:

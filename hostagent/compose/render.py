@@ -1,9 +1,12 @@
 """`render`: the rules, the placement, and the pin (hostagent.pin) written into each service that asks for GPUs.
 
-Per service: the device request by UUID where its form asked (hostagent.compose.request.Form.write), the pin's
-environment (NVIDIA_VISIBLE_DEVICES, GPUPIN_EXPECT in local-rank order, GPUPIN_VERIFY when asked) and labels
-(gpupin.devices, gpupin.shared), kept in the list or mapping spelling the user wrote. Everything else is kept;
-`x-gpupin` is removed. Pure over the document, the cards and the ledger.
+Per service: the device request by UUID (hostagent.compose.request.Form.write), through CDI (`driver: cdi`,
+`nvidia.com/gpu=UUID`) where the daemon serves the cards by CDI, else through the nvidia driver (`driver:
+nvidia`), as `hostagent run` pins (gpupin.hostagent.cdi; `--via` decides instead); the pin's environment
+(GPUPIN_EXPECT in local-rank order, NVIDIA_VISIBLE_DEVICES for the nvidia driver, GPUPIN_VERIFY when asked) and
+labels (gpupin.devices, gpupin.shared), kept in the list or mapping spelling the user wrote. Everything else is
+kept; `x-gpupin` and the forms only newer compose versions read (`gpus:`, CDI names in `devices:`) become the
+device entry. Pure over the document, the cards, the ledger and what the daemon serves.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import copy
 import os
 
-from gpupin.hostagent.compose.problems import RenderRefused, printable
+from gpupin.entrypoint.sources import NVD_VAR
+from gpupin.hostagent import cdi
+from gpupin.hostagent.compose.problems import Problem, RenderRefused, printable
 from gpupin.hostagent.compose.rules import Examination, examine
 from gpupin.hostagent.pin import Pin
 
@@ -45,13 +50,32 @@ def set_entries(svc: dict[str, Any], key: str, values: Mapping[str, str]) -> Non
         entries.update(values)
 
 
-def pinned(doc: Mapping[str, Any], exam: Examination) -> dict[str, Any]:
-    """A copy of the document with every service that asks for GPUs pinned to the cards of the plan."""
+def _unset(svc: dict[str, Any], key: str, names: set[str]) -> None:
+    """Remove entries of `environment` or `labels` in either spelling."""
+    entries = svc.get(key)
+    if isinstance(entries, list):
+        entries[:] = [x for x in entries if str(x).partition("=")[0] not in names]
+    elif isinstance(entries, dict):
+        for name in names:
+            entries.pop(name, None)
+
+
+NOT_ASKED = cdi.Detection(False, "the daemon was not asked")
+
+
+def pinned(doc: Mapping[str, Any], exam: Examination, detection: cdi.Detection = NOT_ASKED,
+           via: str | None = None) -> dict[str, Any]:
+    """A copy of the document with every service that asks for GPUs pinned to the cards of the plan, through CDI
+    or the nvidia driver (`via`, else as `detection` finds the daemon serves each service's cards)."""
     out: dict[str, Any] = copy.deepcopy(dict(doc))
     for req in exam.requests:
-        pin = Pin(exam.plan[req.service], share=req.share, verify=req.verify)
+        targets = exam.plan[req.service]
+        way = detection.via([t.uuid for t in targets], via, req.capabilities)
+        pin = Pin(targets, share=req.share, verify=req.verify, via=way)
         svc = out["services"][req.service]
         req.form.write(svc, req, pin)
+        if way == cdi.CDI:  # the spec sets it (void); one the file kept from another way would only mislead
+            _unset(svc, "environment", {NVD_VAR})
         set_entries(svc, "environment", pin.env())
         set_entries(svc, "labels", pin.labels())
     return out
@@ -67,11 +91,15 @@ def header(file: str, exam: Examination) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]]
-           ) -> tuple[dict[str, Any], Examination]:
+def render(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]],
+           detection: cdi.Detection = NOT_ASKED, via: str | None = None) -> tuple[dict[str, Any], Examination]:
     """The pinned document and what `examine` found; RenderRefused with every refusal when there is one."""
     exam = examine(doc, cards, busy)
     refusals = exam.refusals
+    if via == cdi.CDI:  # as `hostagent run --via cdi --gpu-capabilities`: a CDI request carries no capabilities
+        refusals += [Problem(r.service, f"asks for the driver capabilities {', '.join(r.capabilities)}, which a CDI "
+                             "device request cannot carry (its spec decides them)", "render without --via cdi, or "
+                             "drop them from `capabilities:`") for r in exam.requests if r.capabilities]
     if refusals:
         raise RenderRefused(refusals)
-    return pinned(doc, exam), exam
+    return pinned(doc, exam, detection, via), exam

@@ -2,18 +2,22 @@
 
     x-gpupin: {gpus: [SPEC, ...] | count: N, share: BOOL, verify: LEVEL}     gpupin's own (compose ignores x- keys)
     deploy.resources.reservations.devices: [{driver: nvidia, device_ids: [...] | count: N|all, capabilities: [gpu]}]
+    deploy.resources.reservations.devices: [{driver: cdi, device_ids: [nvidia.com/gpu=ID, ...], capabilities: [gpu]}]
+    gpus: all | [{driver: nvidia, device_ids: [...] | count: N}]             compose v2.30+, as `docker run --gpus`
+    devices: [nvidia.com/gpu=ID, ...]                                         CDI names, compose v2.30+
     runtime: nvidia + environment NVIDIA_VISIBLE_DEVICES=...                  the legacy nvidia-docker form
 
 Each form is a `Form`: `read` turns a service into a GpuRequest (or None), `write` puts the pin's device request
-where the form was. Compose v2's service-level `gpus:` and CDI requests are not read yet: NotReadYet refuses
-them by name (a service that asks for GPUs is never taken for one that does not). Reading one is one more class
-in FORMS, and one fewer case in NotReadYet. The service's other parts that the rules read (environment, labels,
-replicas) are read here too, in both of compose's spellings (list or mapping).
+where the form was (a `deploy` device entry, which every compose version reads); `older_compose` says what a
+compose older than the form does with it. A CDI name is read as NVIDIA's spec names the cards (gpupin.hostagent.cdi:
+index, UUID, MIG device, `all`); other CDI kinds are no GPU. The service's other parts that the rules read
+(environment, labels, replicas) are read here too, in both of compose's spellings (list or mapping).
 """
 
 from __future__ import annotations
 
 from gpupin.entrypoint.sources import NVD_VAR
+from gpupin.hostagent import cdi
 from gpupin.hostagent.compose.problems import ServiceError, shown
 from gpupin.hostagent.pin import SHARED_LABEL, VERIFY_LEVELS
 
@@ -36,10 +40,11 @@ _DEVICES = "deploy.resources.reservations.devices"
 class GpuRequest:
     """What one service asks for: cards by spec (in local-rank order) or a count, and how it was written."""
 
-    __slots__ = ("count", "device_index", "form", "service", "share", "specs", "verify")
+    __slots__ = ("capabilities", "count", "device_index", "form", "service", "share", "specs", "verify")
 
     def __init__(self, service: str, form: Form, specs: Sequence[str] = (), count: int | None = None,
-                 share: bool = False, verify: str | None = None, device_index: int | None = None) -> None:
+                 share: bool = False, verify: str | None = None, device_index: int | None = None,
+                 capabilities: Sequence[str] = ()) -> None:
         self.service = service
         self.form = form
         self.specs = list(specs)
@@ -47,6 +52,8 @@ class GpuRequest:
         self.share = share
         self.verify = verify
         self.device_index = device_index  # deploy: which device entry is the GPU one
+        # NVIDIA driver capabilities asked beside `gpu` (utility, ...): only the nvidia driver's request carries them
+        self.capabilities = list(capabilities)
 
     def describe_count(self) -> str:
         return "every card" if self.count == ALL else f"count: {self.count}"
@@ -143,6 +150,10 @@ class Form:
     share_how = f"the label {SHARED_LABEL}=true"  # how a service in this form says it shares its cards
     spec_name = "device id"  # how a message names one of its specs
     env_var: str | None = None  # the variable the request is read from, if any
+    # What the NVIDIA stack does with a spec that is not a full UUID, an index or `i:j` (a prefix, a short bus id).
+    not_taken = "which the NVIDIA container runtime does not accept"
+    # What compose before the version that reads the form does with it (None: every compose version reads it).
+    older_compose: str | None = None
 
     def by_uuid(self, uuid: str) -> str:
         """How this form names a card by UUID, for a hint."""
@@ -216,16 +227,79 @@ class XGpupin(Form):
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
         svc.pop(KEY, None)
-        device_list(svc, create=True).append(pin.compose_device())
+        _write_device(svc, req, pin)
+
+
+def _capabilities(entry: Mapping[str, Any]) -> list[str]:
+    caps = entry.get("capabilities")
+    return [str(c) for c in caps if c != "gpu"] if isinstance(caps, list) else []
+
+
+def _device_entry(form: Form, service: str, entry: Mapping[str, Any], where: str, share: bool,
+                  index: int | None = None) -> GpuRequest:
+    """One nvidia device request (a deploy device entry, or a `gpus:` entry): ids or a count, not both; neither
+    is every card, as `--gpus all` (the compose specification's default)."""
+    ids, count = entry.get("device_ids"), entry.get("count")
+    if ids is not None and count is not None:
+        raise ServiceError(service, f"a GPU {where} has both `count` and `device_ids`",
+                           "Docker refuses that: keep device_ids (by UUID), or better, use x-gpupin and render")
+    caps = _capabilities(entry)
+    if ids is not None:
+        return GpuRequest(service, form, _spec_list(ids, service, "device_ids"), share=share, device_index=index,
+                          capabilities=caps)
+    if count is None or count == "all" or count == ALL:
+        return GpuRequest(service, form, count=ALL, share=share, device_index=index, capabilities=caps)
+    return GpuRequest(service, form, count=_count(count, service, f"{where} count", "give a whole number or `all`"),
+                      share=share, device_index=index, capabilities=caps)
+
+
+def _cdi_gpu_names(service: str, names: Sequence[str], where: str) -> list[str]:
+    """The nvidia.com/gpu device names of a list of CDI names (each in NVIDIA's spec naming, as specs)."""
+    devices = [cdi.gpu_device(n) for n in names]
+    if any(d is None for d in devices):
+        other = next(n for n, d in zip(names, devices) if d is None)
+        raise ServiceError(service, f"{where} mixes {shown(other)} with {cdi.KIND} devices",
+                           "give other CDI kinds a device request of their own; this one is the GPUs'")
+    return [cdi.as_spec(d) for d in devices if d is not None]
+
+
+def _cdi_request(form: Form, service: str, names: Sequence[str], where: str, share: bool,
+                 index: int | None = None) -> GpuRequest:
+    specs = _cdi_gpu_names(service, names, where)
+    if "all" in specs:
+        if len(specs) > 1:
+            raise ServiceError(service, f"{where} names {cdi.name('all')} beside other cards",
+                               f"keep {cdi.name('all')} alone, or name the cards")
+        return GpuRequest(service, form, count=ALL, share=share, device_index=index)
+    if not specs:
+        raise ServiceError(service, f"{where} is empty", f"name the cards, e.g. {cdi.name('GPU-...')}")
+    return GpuRequest(service, form, specs, share=share, device_index=index)
+
+
+def _write_device(svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+    """The pin's device entry in place of the request's own (deploy), else added (every other form)."""
+    devices = device_list(svc, create=True)
+    entry = pin.compose_device()
+    if req.device_index is None:
+        devices.append(entry)
+        return
+    old = devices[req.device_index]
+    caps = old.get("capabilities")
+    if isinstance(caps, list) and "gpu" in caps:
+        entry["capabilities"] = caps  # keep e.g. [gpu, utility] as the user wrote it
+    if old.get("options"):
+        entry["options"] = old["options"]
+    devices[req.device_index] = entry
 
 
 class DeployDevices(Form):
+    """`deploy.resources.reservations.devices` entries of the nvidia driver (or of none, asking for `gpu`)."""
+
     name = "deploy device request"
 
-    @staticmethod
-    def is_gpu(entry: Mapping[str, Any]) -> bool:
+    def is_gpu(self, entry: Mapping[str, Any]) -> bool:
         caps = entry.get("capabilities")
-        return entry.get("driver") == "nvidia" or (entry.get("driver") != "cdi" and isinstance(caps, list)
+        return entry.get("driver") == "nvidia" or (entry.get("driver") != cdi.CDI and isinstance(caps, list)
                                                    and "gpu" in caps)
 
     def entries(self, svc: Mapping[str, Any], service: str) -> list[tuple[int, dict[str, Any]]]:
@@ -249,30 +323,119 @@ class DeployDevices(Form):
             raise ServiceError(service, f"has {len(entries)} GPU device requests",
                                "put every card in one request's device_ids, in local-rank order")
         index, entry = entries[0]
-        share = self.shared(svc, service)
-        ids, count = entry.get("device_ids"), entry.get("count")
-        if ids is not None and count is not None:
-            raise ServiceError(service, "a GPU device request has both `count` and `device_ids`",
-                               "Docker refuses that: keep device_ids (by UUID), or better, use x-gpupin and render")
-        if ids is not None:
-            return GpuRequest(service, self, _spec_list(ids, service, "device_ids"), share=share, device_index=index)
-        if count is None or count == "all" or count == ALL:
-            # No count and no ids is every card, as `--gpus all` (the compose specification's default).
-            return GpuRequest(service, self, count=ALL, share=share, device_index=index)
-        return GpuRequest(service, self, count=_count(count, service, "device request count", "give a whole number "
-                                                      "or `all`"), share=share, device_index=index)
+        return self.request(service, entry, index, self.shared(svc, service))
+
+    def request(self, service: str, entry: Mapping[str, Any], index: int, share: bool) -> GpuRequest:
+        return _device_entry(self, service, entry, "device request", share, index)
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
-        devices = device_list(svc)
-        assert req.device_index is not None
-        old = devices[req.device_index]
-        entry = pin.compose_device()
-        caps = old.get("capabilities")
-        if isinstance(caps, list) and "gpu" in caps:
-            entry["capabilities"] = caps  # keep e.g. [gpu, utility] as the user wrote it
-        if old.get("options"):
-            entry["options"] = old["options"]
-        devices[req.device_index] = entry
+        _write_device(svc, req, pin)
+
+
+class CdiDeployDevices(DeployDevices):
+    """`deploy.resources.reservations.devices` entries of the CDI driver naming nvidia.com/gpu devices (compose v2
+    passes them on as the daemon's CDI request; measured on v2.26)."""
+
+    name = "CDI device request (driver: cdi)"
+    spec_name = "CDI device"
+    not_taken = "which NVIDIA's CDI spec does not name (it names cards by index, UUID and MIG device)"
+
+    def by_uuid(self, uuid: str) -> str:
+        return f"device_ids: [{cdi.name(uuid)}]"
+
+    def is_gpu(self, entry: Mapping[str, Any]) -> bool:
+        """An nvidia.com/gpu name among its ids, or no ids and the `gpu` capability (malformed, but meant so)."""
+        ids, caps = entry.get("device_ids"), entry.get("capabilities")
+        if entry.get("driver") != cdi.CDI:
+            return False
+        if isinstance(ids, list) and ids:
+            return any(cdi.gpu_device(str(i)) is not None for i in ids)
+        return isinstance(caps, list) and "gpu" in caps
+
+    def request(self, service: str, entry: Mapping[str, Any], index: int, share: bool) -> GpuRequest:
+        if entry.get("count") is not None:
+            raise ServiceError(service, "a CDI device request has a `count`: the CDI driver hands out the devices "
+                               "it is given by name, never a number of them", "name the cards in device_ids, "
+                               "or use x-gpupin: {count: N} and render")
+        ids = [str(i) for i in entry.get("device_ids") or []]
+        return _cdi_request(self, service, ids, "the CDI device request", share, index)
+
+
+class GpusKey(Form):
+    """Service-level `gpus:` (compose v2.30, docker/compose#12197: as `docker run --gpus`): `all`, or a list of
+    device requests with the `gpu` capability implied."""
+
+    name = "service-level `gpus:`"
+    spec_name = "gpus device id"
+    older_compose = ("compose before v2.30 does not read it: measured, compose v2.26 starts the service without "
+                     "any GPU and docker-compose 1.29 refuses the file")
+
+    def by_uuid(self, uuid: str) -> str:
+        return f"gpus: [{{device_ids: [{uuid}]}}]"
+
+    def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
+        value = svc.get("gpus")
+        if value is None:
+            return None
+        share = self.shared(svc, service)
+        if value == "all":
+            return GpuRequest(service, self, count=ALL, share=share)
+        hint = "write `gpus: all`, or a list of one request: gpus: [{device_ids: [UUID, ...]}] (or {count: N})"
+        if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+            raise ServiceError(service, f"`gpus: {shown(value, 40)}` is neither `all` nor a list of requests", hint)
+        if len(value) != 1:
+            raise ServiceError(service, f"`gpus:` has {len(value)} requests", "put every card in one request's "
+                               "device_ids, in local-rank order" if value else hint)
+        entry = value[0]
+        if entry.get("driver") not in (None, "nvidia"):
+            raise ServiceError(service, f"`gpus:` asks the driver {shown(entry.get('driver'))}, not nvidia's",
+                               f"use `driver: nvidia` (or none); CDI devices go in {_DEVICES} with driver: cdi")
+        return _device_entry(self, service, entry, "`gpus:` request", share)
+
+    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+        svc.pop("gpus", None)  # the deploy device entry replaces it: every compose version reads that
+        _write_device(svc, req, pin)
+
+
+class CdiNames(Form):
+    """CDI names of nvidia.com/gpu in the service's `devices:` (compose v2.30, docker/compose#12184, turns them
+    into a CDI device request, as `docker run --device` does)."""
+
+    name = "CDI names in `devices:`"
+    spec_name = "CDI device"
+    not_taken = CdiDeployDevices.not_taken
+    older_compose = ("compose before v2.30 passes a CDI name to the daemon as a device file: measured, compose v2.26 "
+                     "and docker-compose 1.29 fail with \"error gathering device information while adding custom "
+                     "device\"")
+
+    def by_uuid(self, uuid: str) -> str:
+        return f"devices: [{cdi.name(uuid)}]"
+
+    @staticmethod
+    def names(svc: Mapping[str, Any]) -> list[tuple[int, str]]:
+        """(position, CDI name) of every CDI name in `devices:` (short syntax, or the long one's `source`)."""
+        devices = svc.get("devices")
+        out = []
+        for i, item in enumerate(devices if isinstance(devices, list) else []):
+            text = item.get("source") if isinstance(item, dict) else item
+            if isinstance(text, str) and cdi.parse(text) is not None:
+                out.append((i, text))
+        return out
+
+    def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
+        gpus = [n for _, n in self.names(svc) if cdi.gpu_device(n) is not None]
+        if not gpus:
+            return None
+        return _cdi_request(self, service, gpus, "`devices:`", self.shared(svc, service))
+
+    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+        gone = {i for i, n in self.names(svc) if cdi.gpu_device(n) is not None}
+        kept = [d for i, d in enumerate(svc["devices"]) if i not in gone]
+        if kept:
+            svc["devices"] = kept
+        else:
+            svc.pop("devices")
+        _write_device(svc, req, pin)
 
 
 class RuntimeEnv(Form):
@@ -297,37 +460,11 @@ class RuntimeEnv(Form):
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
         svc.pop("runtime", None)  # the device request replaces `runtime: nvidia`
-        device_list(svc, create=True).append(pin.compose_device())
+        _write_device(svc, req, pin)
 
 
-class NotReadYet(Form):
-    """The GPU forms compose v2 takes that hostagent compose does not read yet: service-level `gpus:`, CDI device
-    requests (`driver: cdi`) and CDI names in `devices:`. Refused by name, never passed as "no GPU"."""
-
-    name = "a compose v2 GPU form"
-
-    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
-        raise AssertionError("never read, so never written")
-
-    def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
-        found = []
-        if svc.get("gpus") is not None:
-            found.append("service-level `gpus:`")
-        if any(isinstance(d, dict) and d.get("driver") == "cdi" for d in device_list(dict(svc))):
-            found.append("a CDI device request (`driver: cdi`)")
-        devices = svc.get("devices")
-        if isinstance(devices, list) and any(isinstance(d, str) and d.startswith(_CDI_GPU) for d in devices):
-            found.append(f"a CDI device name in `devices:` ({_CDI_GPU}...)")
-        if found:
-            raise ServiceError(service, f"asks for GPUs with {' and '.join(found)}, which hostagent compose does not "
-                               "read yet", f"write the request as `{KEY}` (or a deploy device request with driver: "
-                               "nvidia) and let render pin it")
-        return None
-
-
-_CDI_GPU = "nvidia.com/gpu="
-# In the order they are read: what is refused first, the legacy runtime form last (it yields to the others).
-FORMS: tuple[Form, ...] = (NotReadYet(), XGpupin(), DeployDevices(), RuntimeEnv())
+# In the order they are read; the legacy runtime form last (it yields to the others).
+FORMS: tuple[Form, ...] = (XGpupin(), DeployDevices(), CdiDeployDevices(), GpusKey(), CdiNames(), RuntimeEnv())
 
 
 def gpu_request(service: str, svc: Any) -> GpuRequest | None:

@@ -123,7 +123,7 @@ def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target],
         good.append(spec)
         if not req.form.standard:
             continue
-        what, refused = f"{req.form.spec_name} {spec}", "which the NVIDIA container runtime does not accept"
+        what, refused = f"{req.form.spec_name} {spec}", req.form.not_taken
         fix = f"write the card's UUID {target.uuid}, or let {_RENDER} pin it"
         written = form(spec)
         if written == INDEX:
@@ -142,6 +142,15 @@ def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target],
         problems.append(Problem(req.service, err.message, err.hint, exit_code=err.exit_code))
         return [], problems, False
     return targets, problems, len(good) == len(req.specs)
+
+
+def compose_version_rules(req: GpuRequest) -> list[Problem]:
+    """A form that only newer compose versions read: what an older one does with the file as written."""
+    if req.form.older_compose is None:
+        return []
+    return [Problem(req.service, f"asks for GPUs with {req.form.name}: {req.form.older_compose}",
+                    f"let {_RENDER} write the device request, which every compose version reads", WARNING,
+                    render_fixes=True)]
 
 
 def every_card(cards: Sequence[Card]) -> list[Target]:
@@ -282,6 +291,7 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
                                     "same cards", "make one service per replica, each with its own cards (on a "
                                     "Docker Swarm, `hostagent compose render --swarm` gives each replica its own)"))
         problems.extend(owned_rules(req, env, labels))
+        problems.extend(compose_version_rules(req))
         if req.count is None or req.count == ALL:
             if req.count is None:
                 targets, found, complete = resolve_named(req, cards)

@@ -18,7 +18,13 @@ The config file is FAKEGPU_TOOLKIT_CONFIG (a fake-only override; the real hook r
 /etc/nvidia-container-runtime/config.toml); a missing file means the toolkit's defaults (no
 swarm-resource), a malformed one fails the container as the real hook does.
 
+The Kubernetes device plugin's volume-mounts strategy: NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices and
+/dev/null mounted at /var/run/nvidia-container-devices/<device id> for each device; the devices are those ids, as
+the toolkit reads them (getDevicesFromMounts) with `accept-nvidia-visible-devices-as-volume-mounts = true`, the
+setting the device plugin's documentation asks for.
+
 Deliberate differences from the real tool chain:
+- the volume-mounts list is read whatever the toolkit config says of accept-nvidia-visible-devices-as-volume-mounts;
 - a lost card does not make container creation fail (nvidia-container-cli would refuse while
   enumerating); it is passed through, as if it fell off the bus after the container started;
 - faults.nvml_init does not affect the hook itself; it is passed into the container.
@@ -46,6 +52,7 @@ from typing import IO, Any, Optional
 DEFAULT_TOPOLOGY = "/etc/fakegpu/topology.json"
 DEFAULT_TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"  # the device plugin's volume-mounts strategy
 CONTAINER_TOPOLOGY = "etc/fakegpu/topology.json"
 LIBRARIES = ("libnvidia-ml.so.1", "libcuda.so.1")
 CLI = "nvidia-container-cli"
@@ -423,6 +430,18 @@ def requested_devices(env_list: Sequence[str], swarm_vars: Sequence[str]) -> tup
     return ",".join(present), ",".join(e for e in entries if e)
 
 
+def volume_mount_devices(config: Mapping[str, Any]) -> list[str]:
+    """The device ids of the volume-mounts strategy: /dev/null mounted right under DEVICE_LIST_DIR (not in its
+    subfolders, such as imex/)."""
+    out = []
+    for m in config.get("mounts") or []:
+        dest = str(m.get("destination") or "").rstrip("/")
+        folder, _, name = dest.rpartition("/")
+        if folder == DEVICE_LIST_DIR and name and m.get("source") == "/dev/null":
+            out.append(name)
+    return out
+
+
 def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
     """Runs the prestart hook; returns the exit status. `env` is the hook's own environment."""
     record: dict[str, Any] = {"time": time.time(), "command": "prestart"}
@@ -432,6 +451,8 @@ def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
         env_list = (bundle.config.get("process") or {}).get("env") or []
         swarm_vars = swarm_resource_envvars(env)
         source, visible = requested_devices(env_list, swarm_vars)
+        if visible == DEVICE_LIST_DIR:
+            source, visible = DEVICE_LIST_DIR, ",".join(volume_mount_devices(bundle.config)) or "void"
         record["swarm_resource"], record["source"], record["asked"] = swarm_vars, source, visible
         if visible is None or visible in ("", "void"):
             record["status"] = "void"

@@ -1,0 +1,213 @@
+"""CDI, the Container Device Interface: the names NVIDIA's spec gives the cards, and whether a daemon serves them.
+
+A CDI device is named `VENDOR/CLASS=NAME`. The NVIDIA Container Toolkit's spec (`nvidia-ctk cdi generate`) is of
+kind `nvidia.com/gpu` and names each card by its index (`0`) and its UUID, each MIG device by `i:j` and its MIG
+UUID (the default `index` and `uuid` name strategies; `type-index` writes `gpu0`, `mig0:1`), and every card `all`.
+Docker takes them as device requests of the `cdi` driver (`docker run --device nvidia.com/gpu=GPU-...`, CLI 25+;
+compose's `driver: cdi`); the spec's common edits set NVIDIA_VISIBLE_DEVICES=void, so that the runtime hook does
+nothing of its own.
+
+Whether the daemon serves `nvidia.com/gpu` devices is asked of the daemon on every run (a spec can be regenerated,
+CDI switched on or off, between two runs; nothing here is kept), from one `GET /info`:
+ 1. `DiscoveredDevices` (Engine API 1.50+): the CDI devices the daemon itself found; the `nvidia.com/gpu` ones
+    are what it serves.
+ 2. Else `CDISpecDirs` (API 1.44+, empty while CDI is off): when the daemon runs on this host (a unix socket),
+    the spec files there (`*.json`, `*.yaml`, as the CDI library scans them) are read for the kind and its
+    device names. A daemon reached over TCP or ssh whose /info does not list its devices cannot be looked into.
+ 3. Else (API < 1.44, or CDI off): no CDI.
+`hostagent run --via cdi|nvidia` overrides the answer; `--gpu-capabilities` has no CDI meaning (the spec decides
+which driver libraries a container gets), so asking for capabilities pins with the nvidia driver.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
+
+KIND = "nvidia.com/gpu"
+CDI = "cdi"  # the Engine's device driver for CDI names, and the `via` that pins through it
+NVIDIA = "nvidia"  # the Engine's nvidia device driver (`--gpus`): the `via` of every engine without CDI
+VIAS = (CDI, NVIDIA)
+MIN_API = "1.44"  # CDISpecDirs in /info (Engine 25): an older daemon has no CDI
+# The CDI library's rules: vendor and class of letters, digits, '.', '-', '_'; names add ':'.
+_QUALIFIED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)=([A-Za-z0-9_.:-]+)")
+_TYPE_INDEX = re.compile(r"(?:gpu([0-9]+)|mig([0-9]+:[0-9]+))")
+
+
+def name(device: str) -> str:
+    """The fully qualified CDI name of an NVIDIA device (a UUID, an index, `i:j`, `all`)."""
+    return f"{KIND}={device}"
+
+
+def parse(text: str) -> tuple[str, str] | None:
+    """(kind, device name) of a qualified CDI name, or None for text that is not one (a path, a bare id)."""
+    m = _QUALIFIED.fullmatch(text.strip())
+    return (f"{m.group(1)}/{m.group(2)}", m.group(3)) if m else None
+
+
+def gpu_device(text: str) -> str | None:
+    """The device name of an `nvidia.com/gpu=NAME` CDI name, None for any other text or kind (which names no GPU).
+    """
+    parsed = parse(text)
+    return parsed[1] if parsed is not None and parsed[0] == KIND else None
+
+
+def as_spec(device: str) -> str:
+    """A device name of NVIDIA's spec as a GPU spec gpupin.entrypoint.resolve reads: the `type-index` strategy's
+    `gpu2` and `mig0:1` are the index `2` and the MIG pair `0:1`; every other name is one already."""
+    m = _TYPE_INDEX.fullmatch(device)
+    return (m.group(1) or m.group(2)) if m else device
+
+
+class Detection:
+    """Whether the daemon serves `nvidia.com/gpu` CDI devices, the device names it serves (None: not known, e.g.
+    a remote daemon), and how that was found (for --dry-run and messages)."""
+
+    __slots__ = ("names", "served", "why")
+
+    def __init__(self, served: bool, why: str, names: Iterable[str] | None = None) -> None:
+        self.served = served
+        self.why = why
+        self.names = frozenset(names) if names is not None else None
+
+    def via(self, uuids: Sequence[str], asked: str | None = None, capabilities: Sequence[str] = ()) -> str:
+        """The way to pin these cards: `asked` when given; else CDI where the daemon serves every one of them by
+        UUID and no driver capability is asked; else the nvidia driver."""
+        if asked is not None:
+            return asked
+        if not self.served or capabilities:
+            return NVIDIA
+        if self.names is not None and not all(u in self.names for u in uuids):
+            return NVIDIA  # a spec without UUID names (the `index` strategy alone): an index is no pin
+        return CDI
+
+    def __repr__(self) -> str:
+        return f"Detection(served={self.served}, {self.why})"
+
+
+_TOP_KEY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):(.*)")
+_ITEM_NAME = re.compile(r"(?:- +)?name: *(.*)")
+
+
+def _scalar(text: str) -> str:
+    """A plain, single- or double-quoted YAML scalar on one line (CDI names need no escapes), comment dropped."""
+    t = text.strip()
+    if t[:1] in ("'", '"'):
+        end = t.find(t[0], 1)
+        return t[1:end] if end > 0 else t[1:]
+    return t.split(" #", 1)[0].strip()
+
+
+def _block_names(text: str) -> tuple[str, list[str]] | None:
+    """(kind, device names) of a spec written in block style, as `nvidia-ctk cdi generate` writes YAML (both the
+    `devices:` list indented and not); None when the text is in any other shape, which PyYAML then reads. Reading
+    the two keys by line spares the run path PyYAML's import (15 ms on a 2-core machine)."""
+    kind = ""
+    names: list[str] = []
+    in_devices = False
+    item_col = -1
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#") or line in ("---", "..."):
+            continue
+        if not line[0].isspace() and not line.startswith("-"):  # a top-level key
+            m = _TOP_KEY.fullmatch(line)
+            if m is None:
+                return None
+            in_devices = m.group(1) == "devices"
+            if m.group(1) == "kind":
+                kind = _scalar(m.group(2))
+            elif in_devices and m.group(2).strip():
+                return None  # `devices: [...]`: flow style
+            continue
+        if not in_devices:
+            continue
+        stripped = line.lstrip()
+        col = len(line) - len(stripped)
+        if stripped.startswith("- "):  # a list item: its first key's column; the first item's is every device's
+            rest = stripped[2:].lstrip()
+            if item_col < 0:
+                item_col = len(line) - len(rest)
+            if len(line) - len(rest) == item_col:
+                stripped, col = rest, item_col
+        if col == item_col:
+            m = _ITEM_NAME.fullmatch(stripped)
+            if m is not None:
+                names.append(_scalar(m.group(1)))
+    return (kind, names) if kind and names else None
+
+
+def _spec_names(path: str) -> tuple[str, list[str]] | None:
+    """(kind, device names) of one spec file, None when it cannot be read as one (the daemon skips it too)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(8 << 20)
+    except OSError:
+        return None
+    if KIND.encode() not in data:  # most spec folders hold NVIDIA's specs only; skip the others unparsed
+        return None
+    spec: Any
+    try:
+        if path.endswith(".json"):
+            import json
+
+            spec = json.loads(data)
+        else:
+            fast = _block_names(data.decode("utf-8"))
+            if fast is not None:
+                return fast
+            import yaml
+
+            spec = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except Exception:  # a broken spec: the daemon's CDI cache refuses it as well
+        return None
+    if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
+        return None
+    names = [str(d["name"]) for d in spec["devices"] if isinstance(d, dict) and d.get("name") is not None]
+    return str(spec.get("kind") or ""), names
+
+
+def read_spec_dirs(dirs: Sequence[str]) -> dict[str, list[str]]:
+    """The device names of `nvidia.com/gpu` in the spec files of these folders: file -> names (subfolders are
+    skipped, as the CDI library skips them)."""
+    out: dict[str, list[str]] = {}
+    for folder in dirs:
+        try:
+            entries = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.endswith((".json", ".yaml")):
+                continue
+            path = os.path.join(folder, entry)
+            found = _spec_names(path) if os.path.isfile(path) else None
+            if found is not None and found[0] == KIND:
+                out[path] = found[1]
+    return out
+
+
+def detect(info: Mapping[str, Any], local: bool) -> Detection:
+    """What a daemon's `GET /info` (and, for a daemon on this host, its spec folders) says of nvidia.com/gpu."""
+    discovered = info.get("DiscoveredDevices")
+    if isinstance(discovered, list):
+        names = [dev for d in discovered if isinstance(d, dict) and str(d.get("Source") or "") == CDI
+                 for dev in [gpu_device(str(d.get("ID") or ""))] if dev is not None]
+        if names:
+            return Detection(True, f"the daemon discovered {len(names)} {KIND} CDI device(s)", names)
+        return Detection(False, f"the daemon discovered no {KIND} CDI device", ())
+    dirs = [str(d) for d in info.get("CDISpecDirs") or []]
+    if not dirs:
+        return Detection(False, "the daemon has CDI off (Engine API < 1.44, or no CDISpecDirs)")
+    if not local:
+        return Detection(False, f"the daemon has CDI on ({', '.join(dirs)}), but it is not on this host and does "
+                                "not list its devices (Engine API < 1.50): its specs cannot be read from here")
+    specs = read_spec_dirs(dirs)
+    if not specs:
+        return Detection(False, f"no {KIND} CDI spec in {', '.join(dirs)} (`nvidia-ctk cdi generate` writes one)",
+                         ())
+    names = [n for found in specs.values() for n in found]
+    return Detection(True, f"{', '.join(specs)} names {len(names)} {KIND} device(s)", names)
