@@ -187,13 +187,6 @@ def test_the_device_plugins_volume_mounts_are_the_expectation(ep: Entrypoint, tm
     assert f"expectation from {folder}" in r.err
 
 
-def test_swarm_generic_resources_are_the_expectation(ep: Entrypoint) -> None:
-    r = ep.run("{py}", "-m", "gpupin.entrypoint", env={"DOCKER_RESOURCE_GPU": A800C[:12]}, gpus="all")
-    assert r.rc == 0, r
-    assert "expectation from DOCKER_RESOURCE_GPU" in r.err
-    assert r.out.startswith(f"cuda:0 = {A800C} at 00000000:AF:00.0")
-
-
 def test_without_an_expectation_it_sets_the_order_reports_and_runs(ep: Entrypoint) -> None:
     r = ep.run("sh", "-c", "echo ran; echo ORDER=$CUDA_DEVICE_ORDER", gpus="all")
     assert r.rc == 0, r
