@@ -20,7 +20,17 @@ from pathlib import Path
 import pytest
 
 from tests.cards import cards
-from tests.conftest import ENTRYPOINT, REPO, TEST_IMAGE, Sandbox, docker_required, scenario, topology
+from tests.conftest import (
+    ENTRYPOINT,
+    REPO,
+    TEST_IMAGE,
+    Sandbox,
+    Sandboxes,
+    docker_required,
+    engines_under_test,
+    scenario,
+    topology,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -386,3 +396,23 @@ def test_autodetect_nvml_numbers_the_cards_in_nvml_order(slurm_cluster: Slurm,
     assert done.returncode == 0, done.stderr
     assert by_rank(done.stdout)["0"]["cuda"] == [by_index[0].uuid, by_index[1].uuid]  # minors 1 and 3
     assert "GPU numbers in NVML's order (AutoDetect=nvml in " in done.stderr
+
+
+def test_inside_a_container_given_the_nodes_gres_conf(slurm_cluster: Slurm, sandboxes: Sandboxes) -> None:
+    # Every card in, Slurm's variables and the node's gres.conf in (as docs/slurm.md says): the container has none
+    # of the node's device files, so each file's minor number comes from its name, and the cards Slurm gave are
+    # proven. One engine is enough: what is tested is the entrypoint's reading, not the engine.
+    sandbox = sandboxes.get(engines_under_test()[0]).use("slurm-gres-order")
+    slurm_cluster.up("slurm-gres-order")
+    etc = slurm_cluster.run_dir / "etc"
+    run = (f"exec {sandbox.docker_cli} run --rm --gpus all -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES -e SLURM_LOCALID "
+           f'-e SLURM_CONF -e SLURMD_NODENAME -v {etc}:{etc}:ro {TEST_IMAGE} "$@"')
+    try:
+        done = slurm_cluster.run("srun", "--gres=gpu:2", "sh", "-c", run, "sh", "python3", "-c", PROVE,
+                                 DOCKER_HOST=sandbox.host)
+        assert done.returncode == 0, done.stderr
+        assert by_rank(done.stdout)["0"]["cuda"] == [GRES_ORDER[7], GRES_ORDER[3]]
+        assert (f"Slurm's GPU 0 = {slurm_cluster.run_dir}/dev/nvidia7 (minor number from its name: no such file or "
+                "directory here)") in done.stderr
+    finally:
+        sandbox.use("mixed-4")
