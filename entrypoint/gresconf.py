@@ -50,7 +50,7 @@ GPU = "gpu"
 _PAIR = re.compile(r'\s*([A-Za-z0-9_.]+)\s*[-*+/]?=\s*(?:"([^"]*)"|(\S+))(?=\s|$)')
 _INCLUDE = re.compile(r"include\s+(\S+)", re.IGNORECASE)
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-_TRAILING_NUMBER = re.compile(r"nvidia([0-9]+)$")
+_NVIDIA_N = re.compile(r"nvidia([0-9]+)")
 _MAX_INCLUDE_DEPTH = 16
 
 
@@ -196,6 +196,14 @@ def expand(hostlist: str) -> list[str]:
     return names
 
 
+def _names(hostlist: str, node: str) -> bool:
+    """Whether a NodeName= host list names this node; one Slurm cannot parse names none (hostlist_find)."""
+    try:
+        return node in expand(hostlist)
+    except GresConfError:
+        return False
+
+
 # --- gres.conf ---
 
 class GresRecord:
@@ -265,7 +273,7 @@ def parse_gres_conf(path: str, node: str) -> GresConf:
         elif key == "name":
             by_name.append(_record(rest, value))
         elif key == "nodename":
-            if node not in expand(value):
+            if not _names(value, node):
                 continue
             values = dict(rest)
             if "autodetect" in values:
@@ -296,7 +304,7 @@ def node_gpu_types(slurm_conf: str, node: str) -> list[tuple[str | None, int]]:
         values = dict(items[1:])
         if items[0][1].lower() == "default":
             default = values.get("gres", default)
-        elif node in expand(items[0][1]):
+        elif _names(items[0][1], node):
             gres = values.get("gres", default)
             found = True
             break
@@ -396,7 +404,7 @@ def minor_of(path: str) -> tuple[int | None, str]:
     try:
         st = os.stat(path)
     except OSError as err:
-        m = _TRAILING_NUMBER.search(path)
+        m = _NVIDIA_N.fullmatch(os.path.basename(path))
         if m:
             return int(m.group(1)), f"minor number from its name: {(err.strerror or 'error').lower()} here"
         return None, f"{path} is not here ({err.strerror}) and its name gives no minor number"

@@ -224,6 +224,7 @@ def test_only_this_nodes_records_and_only_gpu_make_devices(tmp_path: Path) -> No
                              "NodeName=node[5-8] Name=gpu File={dev}/nvidia[0-3]\n"
                              "NodeName=node3,login1 Name=gpu File={dev}/nvidia0\n"
                              "NodeName=node3 Name=mps Count=200 File={dev}/nvidia[0-1]\n"
+                             "NodeName=node[9-1] Name=gpu File={dev}/nvidia5\n"  # a host list naming no node
                              "Name=shard Count=8\n")
     assert files(env) == ["nvidia3", "nvidia1", "nvidia0"]
     env["SLURMD_NODENAME"] = "node6"
@@ -301,6 +302,8 @@ def test_a_gres_conf_slurm_could_not_read_is_a_reason(tmp_path: Path) -> None:
 def test_the_minor_number_is_stat_ed_else_read_from_the_name(tmp_path: Path) -> None:
     assert gresconf.minor_of(str(tmp_path / "nvidia12")) == (12, "minor number from its name: no such file or "
                                                                   "directory here")
+    assert gresconf.minor_of(str(tmp_path / "gpu0")) == (None, f"{tmp_path}/gpu0 is not here (No such file or "
+                                                               "directory) and its name gives no minor number")
     assert gresconf.minor_of("/dev/null") == (None, "/dev/null is device 1:3, not an NVIDIA GPU (195:N)")
     assert gresconf.minor_of(str(tmp_path)) == (None, f"{tmp_path} is not a character device")
     if os.geteuid() != 0:
