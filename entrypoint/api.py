@@ -14,7 +14,8 @@ one SLURM_LOCALID but has its own LOCAL_RANK: the card a child uses is cuda:LOCA
 per Slurm task (--gpus-per-task), each task's card is cuda:0, whatever its SLURM_LOCALID.
 
 It initialises CUDA in the calling process, which is where the workload runs anyway; NVML is asked only when the
-expectation comes from Slurm's allocation (minor numbers), i.e. when no gpupin-entrypoint ran before.
+expectation comes from Slurm's allocation (read through the node's gres.conf), i.e. when no gpupin-entrypoint ran
+before.
 """
 
 from __future__ import annotations

@@ -37,8 +37,10 @@ The expectation (which cards, in local-rank order) comes from, in this order:
   /var/run/nvidia-container-devices   the Kubernetes device plugin's volume-mounts list (one file per device)
   DOCKER_RESOURCE_*        Swarm generic resources naming GPU UUIDs: the cards the task reserved, so a task
                            that sees more is refused (78: the node's runtime did not read the variable)
-  SLURM_STEP_GPUS          Slurm's allocation (SLURM_JOB_GPUS in a batch script): minor numbers, in the order of
-                           Slurm's CUDA_VISIBLE_DEVICES for this task; refused (78) when the job changed
+  SLURM_STEP_GPUS          Slurm's allocation (SLURM_JOB_GPUS in a batch script): each number is a card's place
+                           in the node's gres.conf (read beside $SLURM_CONF; where it cannot be read, the number
+                           is taken as the minor number, and the report says so), in the order of Slurm's
+                           CUDA_VISIBLE_DEVICES for this task; refused (78) when the job changed
                            CUDA_VISIBLE_DEVICES to a card outside it (`srun gpupin-entrypoint CMD`)
 The workload gets CUDA_DEVICE_ORDER=PCI_BUS_ID and the CUDA_VISIBLE_DEVICES that puts expectation k at cuda:k
 (an inherited value that differs is overridden and reported).

@@ -23,7 +23,7 @@ _EXPECT_HINT = (
 class ExpectedCard:
     """One expected card: a UUID (full, or a unique prefix when written by hand) and maybe its bus id.
 
-    `note` says, for the report, how the source named it (Slurm: the local rank and the minor number); it is not
+    `note` says, for the report, how the source named it (Slurm: the local rank and the device file); it is not
     part of the card's identity.
     """
 

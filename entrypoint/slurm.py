@@ -5,21 +5,32 @@ environment (gres/gpu, src/plugins/gres/common/gres_common.c; measured on Debian
 tests/test_slurm.py and docs/slurm.md):
 
 - SLURM_STEP_GPUS (a step's tasks, srun) or SLURM_JOB_GPUS (the batch script, salloc's shell): the allocated
-  GPUs, ascending, each as its position among gres.conf's gpu `File=` records. With the usual
-  `File=/dev/nvidia[0-N]` that position is the device file's minor number, which is how it is read here (NVML's
-  minor number, the N of /dev/nvidiaN; never the NVML index, which follows the PCI bus).
+  GPUs, ascending, each as its number in the node's list of gpu device files (`gres_device->index`): the order of
+  gres.conf's File= records as slurmd reads them (gpupin.entrypoint.gresconf), not the minor number. Only a
+  gres.conf that lists `/dev/nvidia[0-N]` in order makes the two the same.
 - CUDA_VISIBLE_DEVICES: the same numbers in the same order; with ConstrainDevices=yes (task/cgroup) it is 0..n-1
   instead, positions in the allocation, and the task can open only the allocated cards.
 - --gpus-per-task (or --gpu-bind): each task's own SLURM_STEP_GPUS and CUDA_VISIBLE_DEVICES name its cards only.
 - Never CUDA_DEVICE_ORDER: CUDA then numbers FASTEST_FIRST, so `cuda:k` is Slurm's k-th card only by luck.
 
-So the cards are the allocated minor numbers, resolved through NVML, in the order CUDA_VISIBLE_DEVICES gives this
-task. A CUDA_VISIBLE_DEVICES that names a card outside the allocation was changed after Slurm set it (a job script,
-a launcher): that is refused (exit 78), naming the local rank, the minor numbers and both values.
+So the cards are found as slurmd numbers them: through the node's gres.conf, each number's device file, the file's
+minor number (stat; the N of /dev/nvidiaN in a container that lacks the file) and NVML's card with that minor
+number. Under `AutoDetect=nvml` a Slurm built with NVML numbers in NVML's order instead; where gres.conf also lists
+File= records, both orders must name the same cards, as it cannot be seen from a task which Slurm this is. Where
+gres.conf cannot be read here (a container without it), the number is read as the minor number, as the usual
+`File=/dev/nvidia[0-N]` makes it, and the report says so. Every reading that finds no card, or two that disagree,
+is refused (exit 78).
+
+The order is the one CUDA_VISIBLE_DEVICES gives this task. A CUDA_VISIBLE_DEVICES that names a card outside the
+allocation was changed after Slurm set it (a job script, a launcher): that is refused (exit 78), naming the local
+rank, the allocation and both values.
 """
 
 from __future__ import annotations
 
+import re
+
+from gpupin.entrypoint import gresconf
 from gpupin.entrypoint.errors import ExpectationError, GpuSpecError, MisalignedError
 from gpupin.entrypoint.expectation import Expectation, ExpectedCard
 from gpupin.entrypoint.identity import is_uuid_like
@@ -27,7 +38,7 @@ from gpupin.entrypoint.resolve import Target, by_minor, resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from gpupin.entrypoint.nvml import Card
     from gpupin.entrypoint.sources import Answer, Context
@@ -62,12 +73,155 @@ def _minors(cards: Sequence[Card]) -> str:
     return ", ".join(f"/dev/nvidia{c.minor_number} = {c.uuid}" for c in cards if c.minor_number is not None) or "none"
 
 
-def _describe_number(n: int, cards: Sequence[Card]) -> str:
-    card = next((c for c in cards if c.minor_number == n), None)
-    return f"/dev/nvidia{n} ({card.uuid} at {card.bus_id})" if card else f"/dev/nvidia{n}, which is not here"
+_HINT_CONTAINER = ("a container started by the job must get the job's cards: by UUID (--gpus device=UUID), or every "
+                   "card with -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES (and the node's gres.conf, see "
+                   "docs/slurm.md); Slurm's numbers are not NVML indices, so --gpus device=$CUDA_VISIBLE_DEVICES gives "
+                   "other cards (`nvidia-smi -q | grep Minor` lists minor numbers)")
+_HINT_GRES = ("compare the node's gres.conf (and slurmd's log with DebugFlags=Gres, which lists the gpu device "
+              "files in Slurm's order) with what this process sees")
+_HINT_AMBIGUOUS = ("list the node's cards in gres.conf with File= in the order NVML gives them (nvidia-smi's order), "
+                   "or name the cards by UUID in GPUPIN_EXPECT")
 
 
-def _order(numbers: list[int], cvd: str | None, allocated: list[Target], cards: Sequence[Card],
+class Slot:
+    """What one of Slurm's GPU numbers is under one reading: the card (or why there is none) and, for messages,
+    the device file or index it was found by."""
+
+    __slots__ = ("hint", "said", "target", "why")
+
+    def __init__(self, said: str, target: Target | None = None, why: str = "", hint: str = _HINT_GRES) -> None:
+        self.said = said
+        self.target = target
+        self.why = why
+        self.hint = hint
+
+
+class Reading:
+    """One way of reading Slurm's GPU numbers as cards (`how`, for messages), slot by slot."""
+
+    __slots__ = ("how", "minor", "slot")
+
+    def __init__(self, how: str, slot: Callable[[int], Slot], minor: bool = False) -> None:
+        self.how = how
+        self.slot = slot
+        self.minor = minor  # the fallback: the number is the minor number
+
+
+def _by_minor(cards: Sequence[Card]) -> Reading:
+    def slot(n: int) -> Slot:
+        try:
+            return Slot(f"/dev/nvidia{n}", by_minor(n, cards))
+        except GpuSpecError:
+            return Slot(f"/dev/nvidia{n}", why=f"no card this process can see has minor number {n} (cards: "
+                                              f"{_minors(cards)})", hint=_HINT_CONTAINER)
+    return Reading("minor numbers", slot, minor=True)
+
+
+def _by_files(devices: Sequence[gresconf.Device], how: str, where: str, cards: Sequence[Card]) -> Reading:
+    def slot(n: int) -> Slot:
+        if n >= len(devices):
+            return Slot(f"GPU {n}", why=f"{where} gives the node {len(devices)} gpu device file(s), none numbered {n}")
+        files = devices[n].files
+        if len(files) > 1:
+            return Slot(",".join(files), why=f"Slurm's GPU {n} is MultipleFiles={','.join(files)} (a MIG device?), "
+                                              "which gpupin does not read as a card")
+        minor, found = gresconf.minor_of(files[0])
+        said = f"{files[0]} ({found})" if found and minor is not None else files[0]
+        if minor is None:
+            return Slot(said, why=found)
+        try:
+            return Slot(said, by_minor(minor, cards))
+        except GpuSpecError:
+            return Slot(said, why=f"no card this process can see has minor number {minor} ({files[0]}; cards: "
+                                  f"{_minors(cards)})", hint=_HINT_CONTAINER)
+    return Reading(how, slot)
+
+
+def _by_nvml(cards: Sequence[Card]) -> Reading:
+    """The NVML plugin's own list (AutoDetect=nvml, no File= records): every card, by NVML index."""
+    ordered = sorted(cards, key=lambda c: c.index)
+    mig = next((c for c in ordered if c.mig_mode), None)
+
+    def slot(n: int) -> Slot:
+        if mig is not None:
+            return Slot(f"NVML index {n}", why=f"card {mig.index} ({mig.uuid}) is in MIG mode, and Slurm's "
+                                               "AutoDetect then numbers MIG devices, which gpupin does not read")
+        if n >= len(ordered):
+            return Slot(f"NVML index {n}", why=f"this process sees {len(ordered)} card(s), none at NVML index {n}")
+        return Slot(f"NVML index {n}", Target(ordered[n]))
+    return Reading("NVML's order (AutoDetect=nvml)", slot)
+
+
+def _natural(path: str) -> list[tuple[str, int]]:
+    """strnatcmp's order, as Slurm sorts device files: digit runs compare as numbers (nvidia9 before nvidia10)."""
+    return [(text, int(digits) if digits else -1) for text, digits in re.findall(r"([^0-9]*)([0-9]*)", path)]
+
+
+def _nvml_files(devices: Sequence[gresconf.Device], cards: Sequence[Card]) -> list[gresconf.Device]:
+    """The File= records in the order a Slurm built with NVML gives them (gres_gpu.c _merge_system_gres_conf):
+    those NVML detects (its device file is /dev/nvidia<minor of a card>) by NVML index, the rest after them by
+    file name."""
+    detected = {f"/dev/nvidia{c.minor_number}": c.index for c in cards if c.minor_number is not None}
+    found = [d for d in devices if len(d.files) == 1 and d.files[0] in detected]
+    rest = [d for d in devices if d not in found]
+    return (sorted(found, key=lambda d: detected[d.files[0]])
+            + sorted(rest, key=lambda d: _natural(",".join(d.files))))
+
+
+def readings(env: Mapping[str, str], cards: Sequence[Card]) -> tuple[list[Reading], str]:
+    """The ways Slurm's numbers may be read on this node (all must agree) and, for the report, on what basis."""
+    try:
+        conf, devices = gresconf.read(env)
+    except gresconf.GresConfError as err:
+        return [_by_minor(cards)], f"GPU numbers read as minor numbers: {err}"
+    where = conf.path
+    files = _by_files(devices, where, where, cards)
+    if conf.autodetect is None:
+        if not devices:
+            return [_by_minor(cards)], (f"GPU numbers read as minor numbers: {where} lists no gpu File= for node "
+                                        f"{conf.node}")
+        return [files], f"GPU numbers are positions in {where}"
+    auto = f"AutoDetect={conf.autodetect} in {where}"
+    if conf.autodetect == "nvml":
+        if not devices:  # only the NVML plugin can have given device files
+            return [_by_nvml(cards)], f"GPU numbers in NVML's order ({auto})"
+        other = _by_files(_nvml_files(devices, cards), "NVML's order of them (AutoDetect=nvml)", where, cards)
+        return [files, other], f"GPU numbers are positions in {where}, the same in NVML's order ({auto})"
+    if not devices:
+        return [_by_minor(cards)], f"GPU numbers read as minor numbers: {auto} and no gpu File= for {conf.node}"
+    natural = sorted(devices, key=lambda d: _natural(",".join(d.files)))
+    other = _by_files(natural, f"file-name order ({auto})", where, cards)
+    return [files, other], f"GPU numbers are positions in {where}, the same in file-name order ({auto})"
+
+
+def _allocated(numbers: list[int], ways: list[Reading], refuse: str) -> list[Target]:
+    """The cards allocated, read every way; MisalignedError when a reading finds no card or two disagree."""
+    slots = [[way.slot(n) for n in numbers] for way in ways]
+    for i, n in enumerate(numbers):
+        mine = [row[i] for row in slots]
+        failed = next((s for s in mine if s.target is None), None)
+        if len(ways) == 1 and failed is not None:
+            raise MisalignedError(f"{refuse}, but {failed.why}", failed.hint)
+        if failed is not None or len({s.target for s in mine}) > 1:
+            said = "; ".join(f"{way.how}: {s.said} = {s.target.uuid if s.target else s.why}"
+                             for way, s in zip(ways, mine))
+            raise MisalignedError(f"{refuse}, but Slurm's GPU {n} is another card depending on how Slurm was "
+                                  f"built ({said})", _HINT_AMBIGUOUS)
+    targets = [row[0].target for row in zip(*slots)]
+    chosen = [t for t in targets if t is not None]
+    if len(set(chosen)) != len(chosen):
+        raise MisalignedError(f"{refuse}, but two of them are the same card", _HINT_GRES)
+    return chosen
+
+
+def _describe_number(n: int, way: Reading) -> str:
+    slot = way.slot(n)
+    if slot.target is None:
+        return f"{slot.said}, which is not here"
+    return f"{slot.said} ({slot.target.uuid} at {slot.target.bus_id})"
+
+
+def _order(numbers: list[int], cvd: str | None, allocated: list[Target], way: Reading, cards: Sequence[Card],
            refuse: str) -> list[int]:
     """Positions in the allocation, in the order CUDA_VISIBLE_DEVICES gives them; MisalignedError when it names
     anything outside the allocation. `refuse` is the refusal's opening words (rank, allocation)."""
@@ -82,7 +236,7 @@ def _order(numbers: list[int], cvd: str | None, allocated: list[Target], cards: 
     # Local numbering (0..n-1 into the allocation) is Slurm's under ConstrainDevices, and a container runtime's:
     # then the task can see no card beyond the allocation. Where it can, the numbers are Slurm's own.
     digits = [int(e) for e in entries if e.isascii() and e.isdigit()]
-    local = all(c.minor_number in numbers for c in cards) and all(v < len(numbers) for v in digits)
+    local = all(Target(c) in allocated for c in cards) and all(v < len(numbers) for v in digits)
     positions: list[int] = []
     for entry in entries:
         if entry.isascii() and entry.isdigit():
@@ -92,7 +246,7 @@ def _order(numbers: list[int], cvd: str | None, allocated: list[Target], cards: 
             elif v in numbers:
                 positions.append(numbers.index(v))
             else:
-                raise MisalignedError(f"{refuse}, but {said} names {_describe_number(v, cards)}, outside the "
+                raise MisalignedError(f"{refuse}, but {said} names {_describe_number(v, way)}, outside the "
                                       "allocation", _HINT_CHANGED)
         elif is_uuid_like(entry):  # a launcher's UUIDs (or Slurm's own with gres.conf Flags=env_uuid)
             try:
@@ -120,21 +274,20 @@ def read(ctx: Context) -> Answer:
     numbers = _numbers(var, value)
     rank = local_rank(env)
     cvd = env.get(CVD)
-    minors = "minor number" + ("s " if len(numbers) > 1 else " ") + ", ".join(map(str, numbers))
-    refuse = f"{rank} was allocated {minors} ({var}={value})"
     cards = ctx.cards()
-    allocated: list[Target] = []
-    for n in numbers:
-        try:
-            allocated.append(by_minor(n, cards))
-        except GpuSpecError:
-            raise MisalignedError(
-                f"{refuse}, but no card this process can see has minor number {n} (cards: {_minors(cards)})",
-                "a container started by the job must get the job's cards: by UUID (--gpus device=UUID), or every card "
-                "with -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES; Slurm's numbers are not NVML indices, so --gpus "
-                "device=$CUDA_VISIBLE_DEVICES gives other cards (`nvidia-smi -q | grep Minor` lists minor numbers)",
-            ) from None
-    chosen = [allocated[p] for p in _order(numbers, cvd, allocated, cards, refuse)]
+    ways, basis = readings(env, cards)
+    way = ways[0]
+    listed = ", ".join(map(str, numbers))
+    if way.minor:
+        refuse = f"{rank} was allocated minor number{'s' if len(numbers) > 1 else ''} {listed} ({var}={value})"
+    else:
+        files = ", ".join(way.slot(n).said for n in numbers)
+        refuse = (f"{rank} was allocated GPU{'s' if len(numbers) > 1 else ''} {listed} ({var}={value}: {files} "
+                  f"by {way.how})")
+    allocated = _allocated(numbers, ways, refuse)
+    order = _order(numbers, cvd, allocated, way, cards, refuse)
     said = f"{CVD}={cvd}" if cvd is not None else f"{CVD} unset"
-    return Expectation([ExpectedCard(t.uuid, t.bus_id, f"{rank}, minor number {t.card.minor_number}")
-                        for t in chosen], var, f"{var}={value} and {said} ({rank})")
+    notes = [f"{rank}, minor number {allocated[p].card.minor_number}" if way.minor
+             else f"{rank}, Slurm's GPU {numbers[p]} = {way.slot(numbers[p]).said}" for p in order]
+    return Expectation([ExpectedCard(allocated[p].uuid, allocated[p].bus_id, note) for p, note in zip(order, notes)],
+                       var, f"{var}={value} and {said} ({rank}); {basis}")

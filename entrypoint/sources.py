@@ -4,7 +4,7 @@ Each reader looks at one source and answers with an `Expectation` (the source na
 cards by index only: taken when no later source names cards), a reason (the source is set but names no card; the
 reason goes into the one line that says why the workload runs unpinned), None (the source is absent) or ELSEWHERE
 (it points at another source, which says the rest). A reader that needs NVML (a
-source naming cards by index or minor number) asks the `Context`, which reads the cards once, and only then.
+source naming cards by index or device file) asks the `Context`, which reads the cards once, and only then.
 Adding a source is one function and one entry in `READERS`.
 
 What the runtimes and schedulers write (NVIDIA_VISIBLE_DEVICES and the device plugin's folder):
@@ -220,10 +220,11 @@ def _swarm_fallback(key: str, nvd: str | None) -> str:
 
 
 def slurm_allocation(ctx: Context) -> Answer:
-    """Slurm's SLURM_STEP_GPUS / SLURM_JOB_GPUS (minor numbers), in the order of Slurm's CUDA_VISIBLE_DEVICES."""
+    """Slurm's SLURM_STEP_GPUS / SLURM_JOB_GPUS (places in the node's gres.conf), in the order of Slurm's
+    CUDA_VISIBLE_DEVICES."""
     if not any(v in ctx.env for v in SLURM_VARS):
         return None
-    from gpupin.entrypoint import slurm  # only inside a Slurm job: the start-up path stays short elsewhere
+    from gpupin.entrypoint import slurm  # only inside a Slurm job (it reads gres.conf): start-up stays short elsewhere
 
     return slurm.read(ctx)
 

@@ -123,20 +123,34 @@ def minors() -> list[tuple[str, int]]:
 def test_slurms_allocation_is_read_through_the_real_minor_numbers() -> None:
     need(2)
     (u0, m0), (u1, m1) = minors()[:2]
+    # No gres.conf (a host without Slurm, or a container without the node's): Slurm's number is read as the minor
+    # number, as `File=/dev/nvidia[0-N]` makes it. SLURM_CONF keeps a gres.conf this host may have out of it.
     for uuid, minor in ((u0, m0), (u1, m1)):
         r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", SLURM_STEP_GPUS=str(minor),
-                       CUDA_VISIBLE_DEVICES=str(minor), SLURM_LOCALID="0")
+                       CUDA_VISIBLE_DEVICES=str(minor), SLURM_LOCALID="0", SLURM_CONF="/nonexistent/slurm.conf")
         assert r.returncode == 0, r.stderr
         assert saw(r.stdout) == [uuid], r.stdout
         assert f"minor number {minor}" in r.stderr
     # a launcher's reordering within the allocation is followed
     r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", SLURM_STEP_GPUS=f"{m0},{m1}",
-                   CUDA_VISIBLE_DEVICES=f"{m1},{m0}", SLURM_LOCALID="0")
+                   CUDA_VISIBLE_DEVICES=f"{m1},{m0}", SLURM_LOCALID="0", SLURM_CONF="/nonexistent/slurm.conf")
     assert r.returncode == 0 and saw(r.stdout) == [u1, u0], r.stderr
     # a job script that points CUDA_VISIBLE_DEVICES at a card outside the allocation is refused
     r = entrypoint("sh", "-c", "echo WORKLOAD-STARTED", SLURM_STEP_GPUS=str(m1), CUDA_VISIBLE_DEVICES=str(m0),
-                   SLURM_LOCALID="0")
+                   SLURM_LOCALID="0", SLURM_CONF="/nonexistent/slurm.conf")
     assert r.returncode == 78 and "WORKLOAD-STARTED" not in r.stdout, r.stderr
+
+
+def test_slurms_numbers_through_a_gres_conf_that_lists_the_cards_backwards(tmp_path: Any) -> None:
+    # A node whose gres.conf lists the second card first: Slurm's GPU 0 is that card. The device files are the
+    # driver's own /dev/nvidiaN, stat'ed for their minor numbers.
+    need(2)
+    (_, m0), (u1, m1) = minors()[:2]
+    (tmp_path / "gres.conf").write_text(f"Name=gpu File=/dev/nvidia{m1}\nName=gpu File=/dev/nvidia{m0}\n")
+    r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", SLURM_STEP_GPUS="0", CUDA_VISIBLE_DEVICES="0",
+                   SLURM_LOCALID="0", SLURM_CONF=str(tmp_path / "slurm.conf"))
+    assert r.returncode == 0 and saw(r.stdout) == [u1], r.stderr
+    assert f"Slurm's GPU 0 = /dev/nvidia{m1})" in r.stderr and "positions in" in r.stderr
 
 
 def test_sigterm_during_the_cuda_probe_ends_the_entrypoint_promptly() -> None:

@@ -12,7 +12,12 @@
 # The node's tasks see the simulated cards as a real node's tasks see the driver: a TaskProlog (the node's, not
 # the user's environment) exports LD_LIBRARY_PATH=build/fakegpu/lib and FAKEGPU_TOPOLOGY. Slurm itself sets
 # CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS / SLURM_JOB_GPUS from gres.conf, whose File= lines are listed by minor
-# number, as `File=/dev/nvidia[0-7]` is on a real node.
+# number, as `File=/dev/nvidia[0-7]` is on a real node, unless the topology says otherwise: its optional "slurm"
+# object may give gres.conf's lines ("gres_conf": a list; {dev} is the directory of the device files, {node} the
+# node's name) and the node's Gres= in slurm.conf ("node_gres", default gpu:<number of cards>), so that a scenario
+# can list File= records out of minor order, over several lines, with Type= and NodeName=; and "fake_gpus_conf",
+# the lines of the fake_gpus.conf by which Slurm's gres/gpu plugin takes GPUs as if AutoDetect had found them
+# (its own test hook, src/plugins/gres/gpu/gres_gpu.c), so that Slurm's AutoDetect merge runs without a GPU.
 #
 # Environment: FAKEGPU_TOPOLOGY (default: the mixed-4 scenario); GPUPIN_SANDBOX_NAME (one more instance beside the
 # default one, at /run/gpupin-slurm-NAME); GPUPIN_SLURM_RUN (default /run/gpupin-slurm[-NAME]);
@@ -54,8 +59,23 @@ for minor, bus in sorted((g.get("minor_number", i), g["bus_id"]) for i, g in enu
 EOF
 }
 
+# The topology's own gres.conf (written over the default one) and fake_gpus.conf, and its node Gres= (printed;
+# empty when it has none): its optional "slurm" object.
+scenario_gres() {
+    python3 - "$TOPOLOGY" "$RUN/dev" "$NODE" "$RUN/etc" <<'EOF'
+import json, sys
+topology, dev, node, etc = sys.argv[1:]
+slurm = json.load(open(topology)).get("slurm") or {}
+for key, name in (("gres_conf", "gres.conf"), ("fake_gpus_conf", "fake_gpus.conf")):
+    if key in slurm:
+        with open(f"{etc}/{name}", "w") as f:
+            f.write("".join(line.format(dev=dev, node=node) + "\n" for line in slurm[key]))
+print(slurm.get("node_gres", ""))
+EOF
+}
+
 write_config() {
-    local ctld_port=$1 slurmd_port=$2 minor bus n=0
+    local ctld_port=$1 slurmd_port=$2 minor bus n=0 gres
     mkdir -p "$RUN"/{etc,dev,state,spool,log,tmp}
     : >"$RUN/etc/gres.conf"
     while read -r minor bus; do
@@ -63,6 +83,8 @@ write_config() {
         echo "NodeName=$NODE Name=gpu File=$RUN/dev/nvidia$minor  # $bus" >>"$RUN/etc/gres.conf"
         n=$((n + 1))
     done < <(cards_by_minor)
+    gres=$(scenario_gres)
+    gres=${gres:-gpu:$n}
     # The node's own environment for every task (a TaskProlog's `export` lines): where the "driver" is, and the
     # marker by which `down` finds what a killed slurmd or slurmstepd left behind.
     cat >"$RUN/etc/task_prolog.sh" <<EOF
@@ -89,6 +111,8 @@ SlurmctldPidFile=$RUN/slurmctld.own.pid
 SlurmdPidFile=$RUN/slurmd.own.pid
 SlurmctldLogFile=$RUN/log/slurmctld.log
 SlurmdLogFile=$RUN/log/slurmd.log
+DebugFlags=Gres
+SlurmdDebug=verbose
 TmpFS=$RUN/tmp
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -109,7 +133,7 @@ MailProg=/bin/true
 MinJobAge=5
 KillWait=2
 InactiveLimit=0
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS Gres=gpu:$n State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS Gres=$gres State=UNKNOWN
 PartitionName=gpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
 }
