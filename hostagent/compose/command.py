@@ -25,7 +25,7 @@ from gpupin.hostagent.compose.rules import Examination, examine
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
     from gpupin.entrypoint.nvml import Card
@@ -194,26 +194,36 @@ def _emit(text: str, file: str, output: str | None, target: str | None) -> int:
     return 0
 
 
-def render_command(file: str, output: str | None, via: str | None = None) -> int:
-    """`hostagent compose render FILE [-o OUT] [--via cdi|nvidia]`: 0 and the pinned file; 64/75/69 with one line
-    per problem."""
+def _rendered(file: str, output: str | None, make: Callable[[Any], str]) -> int:
+    """Load FILE, `make` the rendered text of it (a RenderRefused names every problem), and write it out: the
+    steps `render` and `render --swarm` share, each problem one line with the file's name."""
     target = output_path(output, file)
     name = printable(file)
     try:
-        doc = load.load(file)
+        text = make(load.load(file))
     except ServiceError as err:
         _say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
-    cards, daemon = _host(doc, [file] + ([output] if output else []), cdi_too=via is None)
-    try:
-        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
     except RenderRefused as refused:
         for p in refused.problems:
             _say(f"ERROR: {p.line(name)}")
         return refused.exit_code
-    if not exam.requests:
-        _say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
-    return _emit(header(file, exam) + load.dump(rendered), file, output, target)
+    return _emit(text, file, output, target)
+
+
+def render_command(file: str, output: str | None, via: str | None = None) -> int:
+    """`hostagent compose render FILE [-o OUT] [--via cdi|nvidia]`: 0 and the pinned file; 64/75/69 with one line
+    per problem."""
+    name = printable(file)
+
+    def make(doc: Any) -> str:
+        cards, daemon = _host(doc, [file] + ([output] if output else []), cdi_too=via is None)
+        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
+        if not exam.requests:
+            _say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
+        return header(file, exam) + load.dump(rendered)
+
+    return _rendered(file, output, make)
 
 
 def read_nodes() -> list[Node] | None:
@@ -238,26 +248,19 @@ def stack_command(file: str, output: str | None, kind: str) -> int:
     from gpupin.hostagent.swarm import check_kind
 
     check_kind(kind)
-    target = output_path(output, file)
     name = printable(file)
-    try:
-        doc = load.load(file)
-    except ServiceError as err:
-        _say(f"ERROR: {err.problem().line(name)}")
-        return err.exit_code
-    try:
+
+    def make(doc: Any) -> str:
         rendered, exam = stack.render(doc, kind, read_nodes())
-    except RenderRefused as refused:
-        for p in refused.problems:
-            _say(f"ERROR: {p.line(name)}")
-        return refused.exit_code
-    for p in exam.warnings:
-        _say(p.line(name))
-    for note in exam.notes:
-        _say(f"note: {name}: {note}")
-    if not exam.reserving:
-        _say(f"note: {name}: no service asks for GPUs")
-    return _emit(stack.header(file, exam) + load.dump(rendered), file, output, target)
+        for p in exam.warnings:
+            _say(p.line(name))
+        for note in exam.notes:
+            _say(f"note: {name}: {note}")
+        if not exam.reserving:
+            _say(f"note: {name}: no service asks for GPUs")
+        return stack.header(file, exam) + load.dump(rendered)
+
+    return _rendered(file, output, make)
 
 
 def check_command(file: str, as_json: bool) -> int:
