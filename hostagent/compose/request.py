@@ -171,21 +171,34 @@ class Form:
         return label_entries(svc, service).get(SHARED_LABEL, "").lower() == "true"
 
 
-def device_list(svc: dict[str, Any], create: bool = False) -> list[Any]:
-    """deploy.resources.reservations.devices, created on the way when asked."""
+def reservations(svc: Mapping[str, Any], service: str) -> dict[Any, Any]:
+    """deploy.resources.reservations as written: each level a mapping (absent: empty), or ServiceError."""
+    deploy = mapping(svc.get("deploy"), service, "deploy")
+    resources = mapping(deploy.get("resources"), service, "deploy.resources")
+    return mapping(resources.get("reservations"), service, "deploy.resources.reservations")
+
+
+def reserved_list(svc: dict[str, Any], key: str, create: bool = False) -> list[Any]:
+    """deploy.resources.reservations.KEY (devices, generic_resources) for writing, created on the way when asked
+    (a level that is not a mapping is replaced: the rules refused such a service before anything is written)."""
     node = svc
-    for key in ("deploy", "resources", "reservations"):
-        if not isinstance(node.get(key), dict):
+    for level in ("deploy", "resources", "reservations"):
+        if not isinstance(node.get(level), dict):
             if not create:
                 return []
-            node[key] = {}
-        node = node[key]
-    if not isinstance(node.get("devices"), list):
+            node[level] = {}
+        node = node[level]
+    if not isinstance(node.get(key), list):
         if not create:
             return []
-        node["devices"] = []
-    devices: list[Any] = node["devices"]
-    return devices
+        node[key] = []
+    found: list[Any] = node[key]
+    return found
+
+
+def device_list(svc: dict[str, Any], create: bool = False) -> list[Any]:
+    """deploy.resources.reservations.devices, created on the way when asked."""
+    return reserved_list(svc, "devices", create)
 
 
 class XGpupin(Form):
@@ -303,10 +316,7 @@ class DeployDevices(Form):
                                                    and "gpu" in caps)
 
     def entries(self, svc: Mapping[str, Any], service: str) -> list[tuple[int, dict[str, Any]]]:
-        deploy = mapping(svc.get("deploy"), service, "deploy")
-        resources = mapping(deploy.get("resources"), service, "deploy.resources")
-        reservations = mapping(resources.get("reservations"), service, "deploy.resources.reservations")
-        devices = reservations.get("devices")
+        devices = reservations(svc, service).get("devices")
         if devices is None:
             return []
         if not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):

@@ -46,6 +46,8 @@ from gpupin.hostagent.compose.request import (
     label_entries,
     mapping,
     replicas,
+    reservations,
+    reserved_list,
 )
 from gpupin.hostagent.compose.rules import name_problems, owned_rules, services
 from gpupin.hostagent.pin import Reservation
@@ -132,10 +134,7 @@ def version_rule(doc: dict[str, Any]) -> tuple[str | None, list[str], list[Probl
 
 def _generic(svc: Any, service: str) -> list[Any]:
     """deploy.resources.reservations.generic_resources as written (a list, or ServiceError)."""
-    deploy = mapping(svc.get("deploy"), service, "deploy")
-    resources = mapping(deploy.get("resources"), service, "deploy.resources")
-    reservations = mapping(resources.get("reservations"), service, "deploy.resources.reservations")
-    found = reservations.get("generic_resources")
+    found = reservations(svc, service).get("generic_resources")
     if found is None:
         return []
     if not isinstance(found, list):
@@ -302,14 +301,7 @@ def _apply(svc: dict[str, Any], s: StackService) -> None:
         if not devices:
             del svc["deploy"]["resources"]["reservations"]["devices"]
     if not s.written:
-        node = svc
-        for key in ("deploy", "resources", "reservations"):
-            if not isinstance(node.get(key), dict):
-                node[key] = {}
-            node = node[key]
-        if not isinstance(node.get("generic_resources"), list):
-            node["generic_resources"] = []
-        node["generic_resources"].append(s.reservation.generic_resource())
+        reserved_list(svc, "generic_resources", create=True).append(s.reservation.generic_resource())
     set_entries(svc, "environment", s.reservation.env())
 
 
