@@ -125,11 +125,37 @@ def _device(value: str) -> str:
     return value
 
 
+def _port_range(text: str, what: str, lowest: int) -> None:
+    lo, dash, hi = text.partition("-")
+    if not all(p.isascii() and p.isdigit() for p in ((lo, hi) if dash else (lo,))):
+        raise ValueError(f"invalid {what} {text!r}")
+    first, last = int(lo), int(hi) if dash else int(lo)
+    if not lowest <= first <= last <= 65535:
+        raise ValueError(f"invalid {what} {text!r}: ports are {lowest} to 65535, a range low-high")
+
+
+def _check_port(spec: str) -> None:
+    """What the SDK's split_port lets through and docker run refuses (go-connections' ParsePortSpec): ports
+    beyond 65535 and reversed ranges (the SDK then publishes nothing, silently). The shape, the protocol and
+    ranges of different lengths the SDK checks itself."""
+    rest = spec.partition("/")[0]
+    if rest.startswith("["):  # [IPv6]:HOST:CONTAINER
+        rest = rest.partition("]:")[2]
+    parts = rest.split(":")
+    _port_range(parts[-1], "container port", 1)
+    if len(parts) >= 2 and parts[-2]:
+        _port_range(parts[-2], "host port", 0)
+
+
 def _publish(values: Sequence[str]) -> dict[str, Any]:
     from docker.utils.ports import build_port_bindings, split_port
 
     for v in values:
-        split_port(v)  # raises ValueError on bad text
+        try:
+            split_port(v)  # raises ValueError on bad text
+            _check_port(v)
+        except ValueError as err:  # named by the one value, not the option's whole list
+            raise UsageError(f"--publish {v!r}: {err}", "see `hostagent run --help` (--publish)") from None
     return dict(build_port_bindings(list(values)))
 
 

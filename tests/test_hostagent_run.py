@@ -150,6 +150,7 @@ def test_every_docker_run_option_lands_in_the_created_container(agent: Agent) ->
     (["--gpu-capabilities", "compute,telepathy"], "unknown capability telepathy"),
     (["--mount", "type=bind,colour=red,target=/x"], "unknown key 'colour'"),
     (["-p", "eighty"], "-p"),
+    (["-p", "80-70:80-70"], "--publish '80-70:80-70': invalid container port"),
     (["--nmae", "x"], "did you mean --name?"),
 ])
 def test_options_that_would_escape_the_pin_or_make_no_sense_are_refused(agent: Agent, args: list[str],

@@ -213,3 +213,25 @@ def test_malformed_image_references_are_refused_before_any_io(image: str) -> Non
                                    "nvcr.io/nvidia/pytorch:24.05-py3", "img@sha256:" + "a" * 64, "3f2a9c01b7d4"])
 def test_image_references_docker_takes(image: str) -> None:
     assert RunRequest(image, gpus=["1"]).image == image
+
+
+@pytest.mark.parametrize(("port", "says"), [
+    ("99999:80", "invalid host port '99999'"),
+    ("80:70000", "invalid container port '70000'"),
+    ("80-70:80-70", "invalid container port '80-70'"),  # the SDK alone publishes nothing for it, silently
+    ("8000-8001:80-82", "don't match in length"),
+    ("80/icmp", "Invalid port"),
+])
+def test_published_ports_docker_run_refuses_are_refused(port: str, says: str) -> None:
+    with pytest.raises(UsageError, match=f"--publish '{port}': .*{says}"):
+        ContainerSpec(request(publish=["9000", port]), resolve_specs(["1"], mixed4()), "nvidia").config("1.41")
+
+
+def test_published_ports_land_in_the_payload() -> None:
+    spec = ContainerSpec(request(publish=["127.0.0.1:18080:80/tcp", "8000-8002:90-92", "[::1]:53:53/udp", "0:7"]),
+                         resolve_specs(["1"], mixed4()), "nvidia")
+    bindings = spec.config("1.41")["HostConfig"]["PortBindings"]
+    assert bindings["80/tcp"] == [{"HostIp": "127.0.0.1", "HostPort": "18080"}]
+    assert [bindings[f"{p}/tcp"] for p in (90, 91, 92)] == [[{"HostIp": "", "HostPort": str(h)}]
+                                                            for h in (8000, 8001, 8002)]
+    assert bindings["53/udp"] == [{"HostIp": "::1", "HostPort": "53"}] and "7/tcp" in bindings
