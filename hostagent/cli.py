@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 from gpupin.entrypoint import __version__
@@ -105,6 +106,10 @@ def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tupl
     return list(argv), None, []
 
 
+# argparse's wording (3.11: quoted choices; 3.12.8 and later: bare ones).
+_INVALID_CHOICE = re.compile(r"argument (?P<arg>\S+): invalid choice: (?P<word>.*) \(choose from (?P<choices>.*)\)$")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one `ERROR: ... HINT: ...` line and exit 64, like every other refusal."""
 
@@ -127,6 +132,17 @@ class _Parser(argparse.ArgumentParser):
         command = next((a for a in self.argv if a in self._subcommands()), None) if self.prog == PROG else None
         where = f"{PROG} {command}" if command else self.prog
         hint = f"see `{where} --help`"
+        choice = _INVALID_CHOICE.match(message)
+        if choice:  # a mistyped command or choice: the visible choices, and the nearest one
+            import difflib
+
+            word = choice["word"].strip("'\"")
+            names = [c.strip().strip("'\"") for c in choice["choices"].split(",")]
+            names = [c for c in names if not c.startswith("__")]  # __complete is completion's, not a user's
+            message = f"argument {choice['arg']}: invalid choice: {word!r} (choose from {', '.join(names)})"
+            close = difflib.get_close_matches(word, names, n=1)
+            if close:
+                hint = f"did you mean {close[0]}? {hint}"
         if message.startswith("unrecognized arguments: "):
             import difflib
 
