@@ -433,6 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name = word.split("=", 1)[0]
                 if name in runopts.REFUSED:
                     _Parser.refuse(f"hostagent run does not take {name}", runopts.REFUSED[name])
+                if name in runopts.NOT_TAKEN:
+                    _Parser.refuse(f"hostagent run does not take docker run's {name}", runopts.NOT_TAKEN_HINT)
             args = parser.parse_args([*raw[:run_at + 1], *options])
             args.image, args.cmd = image, cmd
         else:

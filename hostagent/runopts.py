@@ -8,7 +8,9 @@ a meaning of their own in hostagent (`-e`, `--env-file`, `--label`, which meet t
 `-i`, `-t`, `--sig-proxy`) are rows too, with no payload keyword: the request reads them itself.
 
 Options that would hand the container other GPUs than the pinned ones are refused by name: `--gpus` (the pin is
-hostagent's), `--privileged` (every device), `--device` or `--mount` of /dev/nvidia* device files.
+hostagent's), `--privileged` (every device), `--device` or `--mount` of /dev/nvidia* device files. The rest of
+docker run's options are refused by name too (NOT_TAKEN): a user learns that hostagent does not pass that docker
+option, not that it looks like one of hostagent's own.
 """
 
 from __future__ import annotations
@@ -159,6 +161,28 @@ def _publish(values: Sequence[str]) -> dict[str, Any]:
     return dict(build_port_bindings(list(values)))
 
 
+def _integer(low: int, high: int, what: str) -> Callable[[str], int]:
+    def convert(value: str) -> int:
+        digits = value[1:] if value[:1] == "-" else value
+        if not digits.isascii() or not digits.isdigit() or not low <= int(value) <= high:
+            raise ValueError(f"give {what}, a whole number from {low} to {high}")
+        return int(value)
+    return convert
+
+
+def _key_values(what: str) -> Callable[[Sequence[str]], dict[str, str]]:
+    """KEY=VALUE options given again and again (--sysctl, --storage-opt, --log-opt) as the API's mapping."""
+    def convert(values: Sequence[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for v in values:
+            key, eq, val = v.partition("=")
+            if not key or not eq:
+                raise ValueError(f"{v!r} is not {what}=VALUE")
+            out[key] = val
+        return out
+    return convert
+
+
 def _exposed(bindings: dict[str, Any]) -> list[Any]:
     """ContainerConfig's `ports` (ExposedPorts) for the published ports, as docker run sets them."""
     out: list[Any] = []
@@ -270,7 +294,7 @@ OPTIONS: Sequence[Option] = (
            "KEY[=VALUE]"),
     Option(("--env-file",), "read environment variables from a file (KEY=VALUE lines)", APPEND, "FILE",
            dest="env_files"),
-    Option(("--label",), "set a label on the container", APPEND, "KEY=VALUE", dest="labels"),
+    Option(("-l", "--label"), "set a label on the container", APPEND, "KEY=VALUE", dest="labels"),
     Option(("-v", "--volume"), "bind mount a volume", APPEND, "SRC:DST[:OPTS]", where=HOST, keyword="binds",
            each=_volume, dest="volumes"),
     Option(("--mount",), "attach a mount (type=bind|volume|tmpfs,source=...,target=...[,readonly])", APPEND,
@@ -293,9 +317,33 @@ OPTIONS: Sequence[Option] = (
            where=HOST, keyword="init"),
     Option(("-p", "--publish"), "publish a container's port to the host ([IP:][HOST-PORT:]PORT[/PROTO])", APPEND,
            "PORT", where=HOST, keyword="port_bindings", convert=_publish, dest="publish"),
+    Option(("-P", "--publish-all"), "publish every port the image exposes, each to a random host port", FLAG,
+           where=HOST, keyword="publish_all_ports"),
     Option(("--network",), "connect the container to a network", where=HOST, keyword="network_mode",
            metavar="NETWORK"),
     Option(("--ipc",), "IPC mode to use (e.g. host)", where=HOST, keyword="ipc_mode", metavar="MODE"),
+    Option(("--pid",), "PID namespace to use (e.g. host)", where=HOST, keyword="pid_mode", metavar="MODE"),
+    Option(("--uts",), "UTS namespace to use: host", where=HOST, keyword="uts_mode", choices=("host",),
+           metavar="MODE"),
+    Option(("--userns",), "user namespace to use: host (when the daemon remaps users)", where=HOST,
+           keyword="userns_mode", choices=("host",), metavar="MODE"),
+    Option(("--cgroupns",), "cgroup namespace to use: host or private", where=HOST, keyword="cgroupns",
+           choices=("host", "private"), metavar="MODE"),
+    Option(("--cgroup-parent",), "the cgroup the container's cgroup is made under", where=HOST,
+           keyword="cgroup_parent", metavar="CGROUP"),
+    Option(("--dns",), "a DNS server", APPEND, "IP", where=HOST, keyword="dns"),
+    Option(("--dns-search",), "a DNS search domain", APPEND, "DOMAIN", where=HOST, keyword="dns_search"),
+    Option(("--dns-option",), "a DNS option", APPEND, "OPT", where=HOST, keyword="dns_opt", dest="dns_options"),
+    Option(("--domainname",), "the container's NIS domain name", where=CONTAINER, keyword="domainname",
+           metavar="NAME"),
+    Option(("--sysctl",), "a namespaced kernel parameter (KEY=VALUE, e.g. net.core.somaxconn=1024)", APPEND,
+           "KEY=VALUE", where=HOST, keyword="sysctls", convert=_key_values("KEY"), dest="sysctls"),
+    Option(("--storage-opt",), "a storage driver option for the container (e.g. size=120G)", APPEND, "OPT",
+           where=HOST, keyword="storage_opt", convert=_key_values("OPTION"), dest="storage_opts"),
+    Option(("--log-driver",), "the logging driver for the container (e.g. json-file, local, none)",
+           metavar="DRIVER"),
+    Option(("--log-opt",), "a logging driver option (e.g. max-size=100m)", APPEND, "KEY=VALUE",
+           convert=_key_values("KEY"), dest="log_opts"),
     Option(("--shm-size",), "size of /dev/shm (e.g. 8g)", where=HOST, keyword="shm_size", convert=_size,
            metavar="SIZE"),
     Option(("--cpus",), "number of CPUs (e.g. 1.5)", where=HOST, keyword="nano_cpus", convert=_cpus,
@@ -304,6 +352,26 @@ OPTIONS: Sequence[Option] = (
            metavar="SIZE"),
     Option(("--memory-swap",), "memory plus swap limit (-1: unlimited swap)", where=HOST,
            keyword="memswap_limit", convert=_memory_swap, metavar="SIZE"),
+    Option(("--memory-reservation",), "memory soft limit (e.g. 32g)", where=HOST, keyword="mem_reservation",
+           convert=_size, metavar="SIZE"),
+    Option(("--memory-swappiness",), "how readily the container's memory is swapped (0 to 100)", where=HOST,
+           keyword="mem_swappiness", convert=_integer(0, 100, "a swappiness"), metavar="N"),
+    Option(("--oom-kill-disable",), "do not OOM-kill the container's processes (with --memory only)", FLAG,
+           where=HOST, keyword="oom_kill_disable"),
+    Option(("--oom-score-adj",), "the OOM killer's preference for the container (-1000 to 1000)", where=HOST,
+           keyword="oom_score_adj", convert=_integer(-1000, 1000, "an OOM score adjustment"), metavar="N"),
+    Option(("--pids-limit",), "the most processes the container may have (-1: unlimited)", where=HOST,
+           keyword="pids_limit", convert=_integer(-1, 2 ** 63 - 1, "a process count"), metavar="N"),
+    Option(("--cpuset-cpus",), "the CPUs the container may use (e.g. 0-3,8)", where=HOST, keyword="cpuset_cpus",
+           metavar="CPUS"),
+    Option(("--cpuset-mems",), "the NUMA memory nodes it may use (e.g. 0,1)", where=HOST, keyword="cpuset_mems",
+           metavar="MEMS"),
+    Option(("-c", "--cpu-shares"), "CPU shares (relative weight)", where=HOST, keyword="cpu_shares",
+           convert=_integer(0, 2 ** 63 - 1, "a weight"), metavar="N"),
+    Option(("--cpu-period",), "the CPU CFS period in microseconds", where=HOST, keyword="cpu_period",
+           convert=_integer(0, 1_000_000, "a period"), metavar="US"),
+    Option(("--cpu-quota",), "the CPU CFS quota in microseconds per period (-1: none)", where=HOST,
+           keyword="cpu_quota", convert=_integer(-1, 2 ** 63 - 1, "a quota"), metavar="US"),
     Option(("--ulimit",), "a ulimit (NAME=SOFT[:HARD], e.g. memlock=-1)", APPEND, "ULIMIT", where=HOST,
            keyword="ulimits", each=_ulimit, dest="ulimits"),
     Option(("--device",), "add a host device (not /dev/nvidia*: the pin gives the GPUs)", APPEND, "DEVICE",
@@ -321,6 +389,8 @@ OPTIONS: Sequence[Option] = (
     Option(("--pull",), "pull the image: missing (default), never or always", choices=("missing", "never",
                                                                                         "always"),
            metavar="POLICY"),
+    Option(("--stop-signal",), "the signal that stops the container (e.g. SIGINT; default the image's, else "
+           "SIGTERM)", where=CONTAINER, keyword="stop_signal", metavar="SIGNAL"),
     Option(("--stop-timeout",), "seconds to wait for the container to stop (after Ctrl-C or SIGTERM too) before "
            "killing it (default 10)", where=CONTAINER, keyword="stop_timeout", convert=_seconds,
            metavar="SECONDS"),
@@ -339,7 +409,23 @@ REFUSED = {
     "--device-cgroup-rule": "it could open other GPUs' device files; ask for the cards with --uuid/--gpu",
     "--volumes-from": "not supported by hostagent run; use -v or --mount",
     "--link": "legacy links are not supported; use --network",
+    "--label-file": "labels meet the pin (gpupin.devices is the ledger): give each with --label",
 }
+
+# The rest of docker run's options (Docker 28's `docker run --help`), which hostagent does not pass: refused by
+# name, not as a typo of one of its own.
+NOT_TAKEN = frozenset({
+    "-a", "--attach", "--annotation", "--blkio-weight", "--blkio-weight-device", "--cidfile", "--cpu-count",
+    "--cpu-percent", "--cpu-rt-period", "--cpu-rt-runtime", "--detach-keys", "--device-read-bps",
+    "--device-read-iops", "--device-write-bps", "--device-write-iops", "--disable-content-trust", "--expose",
+    "--health-cmd", "--health-interval", "--health-retries", "--health-start-interval", "--health-start-period",
+    "--health-timeout", "--io-maxbandwidth", "--io-maxiops", "--ip", "--ip6", "--isolation", "--kernel-memory",
+    "--link-local-ip", "--mac-address", "--network-alias", "--no-healthcheck", "-q", "--quiet", "--use-api-socket",
+    "--volume-driver",
+})
+NOT_TAKEN_HINT = ("`hostagent run --help` lists the docker run options it passes; for another, add it to the "
+                  "docker run line that `hostagent run --dry-run` prints (a start the ledger's lock does not "
+                  "guard against a concurrent one)")
 
 
 def payload(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -354,4 +440,8 @@ def payload(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
             out[opt.where][opt.keyword] = converted
         if opt.dest == "publish":  # docker run exposes what it publishes
             out[CONTAINER]["ports"] = _exposed(out[HOST]["port_bindings"])
+    driver, log_opts = values.get("log_driver"), values.get("log_opts")
+    if driver or log_opts:  # one LogConfig from both; no driver: the daemon's default one, with these options
+        out[HOST]["log_config"] = {"type": driver or "",
+                                   "config": BY_DEST["log_opts"].sdk_value(log_opts) if log_opts else {}}
     return out

@@ -136,6 +136,34 @@ def test_every_docker_run_option_lands_in_the_created_container(agent: Agent) ->
     assert (config["Hostname"], config["StopTimeout"]) == ("trainer", 7)
 
 
+def test_namespace_resource_and_logging_options_land_in_the_created_container(agent: Agent) -> None:
+    r = agent("run", "-d", "--gpu", "1", "--pid", "host", "--userns", "host", "--cgroupns", "private",
+              "--dns", "10.0.0.2", "--dns-search", "example.test", "--dns-option", "ndots:2",
+              "--domainname", "example.test", "--sysctl", "net.core.somaxconn=1024", "--log-driver", "json-file",
+              "--log-opt", "max-size=10m", "--log-opt", "max-file=2", "--cpuset-cpus", "0", "-c", "512",
+              "--cpu-period", "100000", "--cpu-quota", "50000", "-m", "256m", "--memory-reservation", "128m",
+              "--oom-score-adj", "100", "--pids-limit", "64", "--stop-signal", "SIGINT", "-P", "-l", "team=ml",
+              TEST_IMAGE, "sleep", "60")
+    assert r.returncode == 0, r.stderr
+    cid = r.stdout.strip()
+    try:
+        info = inspect(agent, cid)
+        inside = agent.sandbox.docker("exec", cid, "sh", "-c", "cat /etc/resolv.conf /proc/sys/net/core/somaxconn",
+                                      check=True).stdout
+    finally:
+        agent.sandbox.docker("rm", "-f", cid)
+    host, config = info["HostConfig"], info["Config"]
+    assert (host["PidMode"], host["UsernsMode"], host["CgroupnsMode"]) == ("host", "host", "private")
+    assert (host["Dns"], host["DnsSearch"], host["DnsOptions"]) == (["10.0.0.2"], ["example.test"], ["ndots:2"])
+    assert host["Sysctls"] == {"net.core.somaxconn": "1024"}
+    assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}}
+    assert (host["CpusetCpus"], host["CpuShares"], host["CpuPeriod"], host["CpuQuota"]) == ("0", 512, 100000, 50000)
+    assert (host["Memory"], host["MemoryReservation"]) == (256 << 20, 128 << 20)
+    assert (host["OomScoreAdj"], host["PidsLimit"], host["PublishAllPorts"]) == (100, 64, True)
+    assert (config["Domainname"], config["StopSignal"], config["Labels"]["team"]) == ("example.test", "SIGINT", "ml")
+    assert "nameserver 10.0.0.2" in inside and "options ndots:2" in inside and inside.rstrip().endswith("1024")
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--gpus", "all"], "hostagent run does not take --gpus"),
     (["--privileged"], "hostagent run does not take --privileged"),
@@ -151,6 +179,11 @@ def test_every_docker_run_option_lands_in_the_created_container(agent: Agent) ->
     (["--mount", "type=bind,colour=red,target=/x"], "unknown key 'colour'"),
     (["-p", "eighty"], "-p"),
     (["-p", "80-70:80-70"], "--publish '80-70:80-70': invalid container port"),
+    (["--ip", "10.0.0.9"], "hostagent run does not take docker run's --ip"),
+    (["--label-file", "labels.txt"], "hostagent run does not take --label-file"),
+    (["--userns", "remap"], "--userns remap: not one of host"),
+    (["--sysctl", "net.core.somaxconn"], "--sysctl 'net.core.somaxconn': 'net.core.somaxconn' is not KEY=VALUE"),
+    (["--oom-score-adj", "5000"], "a whole number from -1000 to 1000"),
     (["--nmae", "x"], "did you mean --name?"),
 ])
 def test_options_that_would_escape_the_pin_or_make_no_sense_are_refused(agent: Agent, args: list[str],

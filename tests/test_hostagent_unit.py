@@ -250,3 +250,9 @@ def test_a_mistyped_command_or_choice_gets_the_nearest_and_no_hidden_one(argv: l
     assert main(argv) == 64
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err and "__complete" not in err, err
+
+
+def test_log_options_without_a_driver_keep_the_daemons_default_driver() -> None:
+    spec = ContainerSpec(request(log_opts=["max-size=10m"]), resolve_specs(["1"], mixed4()), "nvidia")
+    assert spec.config("1.41")["HostConfig"]["LogConfig"] == {"Type": "", "Config": {"max-size": "10m"}}
+    assert "--log-opt max-size=10m" in spec.docker_run_line() and "--log-driver" not in spec.docker_run_line()
