@@ -785,13 +785,38 @@ def test_cli_render_refuses_an_output_it_cannot_or_must_not_write(fakegpu: Path,
     assert listing(tmp_path) == before and not os.path.exists("/nonexistent")
 
 
+def test_cli_render_elsewhere_notes_the_relative_paths_compose_would_resolve_there(fakegpu: Path,
+                                                                                     tmp_path: Path) -> None:
+    src = tmp_path / "app" / "train.yml"
+    src.parent.mkdir()
+    src.write_text("services:\n"
+                   "  trainer:\n"
+                   "    build: ./trainer\n"
+                   "    env_file: ./trainer.env\n"
+                   "    volumes: [\"named:/cache\", \"./data:/data\"]\n"
+                   "    x-gpupin: {gpus: ['1']}\n"
+                   "  evaluator:\n"
+                   "    image: gpupin:test\n"
+                   "    volumes: [{type: bind, source: ../shared, target: /shared}, \"/abs:/abs\"]\n"
+                   "    x-gpupin: {gpus: ['3']}\n")
+    r = hostagent("compose", "render", str(src), "-o", str(tmp_path / "pinned.yml"))
+    assert r.returncode == 0, r
+    notes = [ln for ln in r.stderr.splitlines() if "relative paths" in ln]
+    assert len(notes) == 1 and notes[0].startswith(
+        "hostagent: note: trainer's build, trainer's env_file, trainer's volumes, evaluator's volumes: relative "
+        "paths, which compose resolves against"), r.stderr
+    shutil.copy(EXAMPLES / "two-services.yml", src)  # no relative path in it: nothing to say
+    r = hostagent("compose", "render", str(src), "-o", str(tmp_path / "pinned.yml"))
+    assert r.returncode == 0 and "relative paths" not in r.stderr, r
+
+
 def test_cli_render_to_a_bare_name_writes_its_temporary_file_in_the_cwd(fakegpu: Path, tmp_path: Path) -> None:
     src = tmp_path / "two-services.yml"
     shutil.copy(EXAMPLES / "two-services.yml", src)
     r = hostagent("compose", "render", "two-services.yml", "-o", "pinned.yml", cwd=tmp_path)
     assert r.returncode == 0, r
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pinned.yml", "two-services.yml"]
-    assert "note: compose resolves relative paths" not in r.stderr  # beside the source: no note
+    assert "relative paths" not in r.stderr  # beside the source: no note
     r = hostagent("compose", "render", "two-services.yml", "-o", "/dev/null", cwd=tmp_path)
     assert r.returncode == 0 and stat.S_ISCHR(os.stat("/dev/null").st_mode), r
     r = hostagent("compose", "render", "two-services.yml", "-o", "-", cwd=tmp_path)

@@ -181,15 +181,57 @@ def _stdout(text: str) -> None:
 
 # --- the commands ---------------------------------------------------------------------------------------------
 
-def _emit(text: str, file: str, output: str | None, target: str | None) -> int:
-    """The rendered file to stdout or, all at once, to `target` (what output_path made of `-o`)."""
+def _relative(path: Any) -> bool:
+    return isinstance(path, str) and bool(path) and not path.startswith(("/", "~"))
+
+
+def relative_paths(doc: Any) -> list[str]:
+    """Where the document names a path that compose resolves against the file's own folder: build contexts,
+    env_file, bind-mount sources, extends.file, include, and the files of configs and secrets."""
+    found: list[str] = []
+    if not isinstance(doc, dict):
+        return found
+    for name, svc in (doc.get("services") or {}).items() if isinstance(doc.get("services"), dict) else ():
+        if not isinstance(svc, dict):
+            continue
+        build = svc.get("build")
+        context = build.get("context", ".") if isinstance(build, dict) else build
+        if build is not None and _relative(context) and "://" not in str(context):
+            found.append(f"{name}'s build")
+        env_file = svc.get("env_file")
+        for entry in env_file if isinstance(env_file, list) else [env_file]:
+            if _relative(entry.get("path") if isinstance(entry, dict) else entry):
+                found.append(f"{name}'s env_file")
+                break
+        for volume in svc.get("volumes") or () if isinstance(svc.get("volumes"), list) else ():
+            source = volume.get("source") if isinstance(volume, dict) else str(volume).partition(":")[0]
+            if isinstance(source, str) and (source in (".", "..") or source.startswith(("./", "../"))
+                                            or (isinstance(volume, dict) and volume.get("type") == "bind"
+                                                and _relative(source))):
+                found.append(f"{name}'s volumes")
+                break
+        extends = svc.get("extends")
+        if isinstance(extends, dict) and _relative(extends.get("file")):
+            found.append(f"{name}'s extends")
+    for top in ("configs", "secrets"):
+        for key, item in (doc.get(top) or {}).items() if isinstance(doc.get(top), dict) else ():
+            if isinstance(item, dict) and _relative(item.get("file")):
+                found.append(f"{top}.{key}")
+    if doc.get("include"):
+        found.append("include")
+    return found
+
+
+def _emit(text: str, file: str, output: str | None, target: str | None, relative: Sequence[str] = ()) -> int:
+    """The rendered file to stdout or, all at once, to `target` (what output_path made of `-o`); a note when the
+    file lands in another folder than its source and names paths that compose resolves against its folder."""
     if target is None:
         _stdout(text)
         return 0
     assert output is not None
     write_output(target, text, printable(output))
-    if os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
-        _say(f"note: compose resolves relative paths (build, volumes, env_file) against {printable(output)}'s "
+    if relative and os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
+        _say(f"note: {', '.join(relative)}: relative paths, which compose resolves against {printable(output)}'s "
              "directory; write it beside the source, or run compose with --project-directory")
     return 0
 
@@ -200,7 +242,8 @@ def _rendered(file: str, output: str | None, make: Callable[[Any], str]) -> int:
     target = output_path(output, file)
     name = printable(file)
     try:
-        text = make(load.load(file))
+        doc = load.load(file)
+        text = make(doc)
     except ServiceError as err:
         _say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
@@ -208,7 +251,7 @@ def _rendered(file: str, output: str | None, make: Callable[[Any], str]) -> int:
         for p in refused.problems:
             _say(f"ERROR: {p.line(name)}")
         return refused.exit_code
-    return _emit(text, file, output, target)
+    return _emit(text, file, output, target, relative_paths(doc))
 
 
 def render_command(file: str, output: str | None, via: str | None = None) -> int:
