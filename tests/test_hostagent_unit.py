@@ -256,3 +256,17 @@ def test_log_options_without_a_driver_keep_the_daemons_default_driver() -> None:
     spec = ContainerSpec(request(log_opts=["max-size=10m"]), resolve_specs(["1"], mixed4()), "nvidia")
     assert spec.config("1.41")["HostConfig"]["LogConfig"] == {"Type": "", "Config": {"max-size": "10m"}}
     assert "--log-opt max-size=10m" in spec.docker_run_line() and "--log-driver" not in spec.docker_run_line()
+
+
+def test_options_the_sandbox_cannot_apply_still_land_in_the_payload() -> None:
+    # --uts host conflicts with the live test's --domainname; swappiness and the OOM switch need cgroup v1; a
+    # storage quota needs xfs with pquota: checked in the create payload, as the daemon would get them.
+    spec = ContainerSpec(request(uts="host", cgroup_parent="gpupin.slice", cpuset_mems="0", memory_swappiness="10",
+                                 oom_kill_disable=True, storage_opts=["size=20G"]),
+                         resolve_specs(["1"], mixed4()), "nvidia")
+    host = spec.config("1.41")["HostConfig"]
+    assert (host["UTSMode"], host["CgroupParent"], host["CpusetMems"]) == ("host", "gpupin.slice", "0")
+    assert (host["MemorySwappiness"], host["OomKillDisable"], host["StorageOpt"]) == (10, True, {"size": "20G"})
+    line = spec.docker_run_line()
+    assert all(f in line for f in ("--uts host", "--cgroup-parent gpupin.slice", "--memory-swappiness 10",
+                                   "--oom-kill-disable", "--storage-opt size=20G"))
