@@ -797,7 +797,7 @@ def test_cli_render_elsewhere_notes_the_relative_paths_compose_would_resolve_the
                    "    x-gpupin: {gpus: ['1']}\n"
                    "  evaluator:\n"
                    "    image: gpupin:test\n"
-                   "    volumes: [{type: bind, source: ../shared, target: /shared}, \"/abs:/abs\"]\n"
+                   "    volumes: [{type: bind, source: ../datasets, target: /datasets}, \"/abs:/abs\"]\n"
                    "    x-gpupin: {gpus: ['3']}\n")
     r = hostagent("compose", "render", str(src), "-o", str(tmp_path / "pinned.yml"))
     assert r.returncode == 0, r
