@@ -18,7 +18,7 @@ import socket
 import sys
 import threading
 
-from gpupin.hostagent import engine
+from gpupin.hostagent import background, engine
 from gpupin.hostagent.errors import DockerUnavailableError
 from gpupin.hostagent.trace import mark
 
@@ -66,8 +66,7 @@ class Attachment:
             except Exception as err:  # reported by follow(), which then asks the daemon itself
                 self.result["Error"] = {"Message": str(err)}
 
-        self._waiter = threading.Thread(target=wait, name="hostagent-wait", daemon=True)
-        self._waiter.start()
+        self._waiter = background.start(wait, "hostagent-wait")
 
     # --- the streams ----------------------------------------------------------------------------------------
 
@@ -132,7 +131,7 @@ class Attachment:
                 else:
                     control.kill(self.cid)
 
-        threading.Thread(target=act, daemon=True).start()
+        background.start(act, f"hostagent-{action}")
 
     # --- following -------------------------------------------------------------------------------------------
 
@@ -149,7 +148,7 @@ class Attachment:
                 handlers[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda _s, _f: self._resize())
                 self._resize()
             if self.req.interactive:
-                threading.Thread(target=self._pump_stdin, name="hostagent-stdin", daemon=True).start()
+                background.start(self._pump_stdin, "hostagent-stdin")
             try:
                 for stream, data in self._output():
                     fh = sys.stderr if stream == STDERR else sys.stdout

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from gpupin.hostagent import engine, lease
+from gpupin.hostagent import background, engine, lease
 from gpupin.hostagent.errors import CardHeldError, DockerRefusedError
 
 TYPE_CHECKING = False
@@ -294,8 +294,7 @@ class LedgerLock:
         # Not a daemon thread: the interpreter waits for it at exit, so a detached run leaves no lock behind. Its
         # own client: the main thread goes on with attach and start on this one.
         api = engine.connect(version=self.daemon.api.api_version)
-        self._released = threading.Thread(target=self._release, args=(api,), name="hostagent-unlock")
-        self._released.start()
+        self._released = background.start(self._release, "hostagent-unlock", (api,), daemon=False)
 
     def _release(self, api: Any = None) -> None:
         try:

@@ -69,9 +69,14 @@ def test_an_interactive_shell_in_a_pinned_container(agent: Agent) -> None:
         assert term.expect(b"sum=42 0"), term.seen
         assert b"33 101" in term.seen
         term.set_size(40, 120)  # the kernel signals SIGWINCH to hostagent, which resizes the container's TTY
-        time.sleep(0.5)
-        term.type("stty size\r")
-        assert term.expect(b"40 120"), term.seen
+        # The daemon applies a resize when it gets to it (a busy one took over 0.5 s once in CI): ask until it has.
+        resized = False
+        for _ in range(20):
+            term.type("stty size\r")
+            if term.expect(b"40 120", timeout=0.5):
+                resized = True
+                break
+        assert resized, term.seen
         term.type("exit 3\r")
         assert term.proc.wait(30) == 3
     finally:
@@ -94,6 +99,29 @@ def test_it_without_a_terminal_is_refused_before_anything_is_created(agent: Agen
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 64 and "the input is not a TTY" in r.stderr
     assert agent.containers() == []
+
+
+def _blocked(pid: int, tid: int) -> int:
+    with open(f"/proc/{pid}/task/{tid}/status", encoding="ascii") as fh:
+        return int(next(ln.split()[1] for ln in fh if ln.startswith("SigBlk:")), 16)
+
+
+def test_only_the_main_thread_takes_the_signals_hostagent_handles(agent: Agent) -> None:
+    # Python runs handlers in the main thread, when it wakes: a Ctrl-C or a resize that the kernel handed to a
+    # helper thread would wait for the container's next output. So every helper blocks them.
+    term = Terminal(agent, "-it", "--rm", "--gpu", "1", TEST_IMAGE, "bash", "--norc", "-i")
+    try:
+        assert term.expect(b"# "), term.seen
+        pid = term.proc.pid
+        handled = sum(1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGWINCH))
+        helpers = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+        assert len(helpers) >= 2, helpers  # at least the exit waiter and the stdin pump
+        assert _blocked(pid, pid) & handled == 0
+        assert all(_blocked(pid, tid) & handled == handled for tid in helpers)
+        term.type("exit 0\r")
+        assert term.proc.wait(30) == 0
+    finally:
+        term.close()
 
 
 def inspect(agent: Agent, cid: str) -> dict[str, Any]:
