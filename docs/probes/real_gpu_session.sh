@@ -3,17 +3,10 @@
 # with two NVIDIA GPUs and no Docker. Run from the repository root, with the gpupin and docker wheels in .whl/
 # (`make wheels`, then `pip download --no-deps docker==7.1.0 -d .whl`):
 #   bash docs/probes/real_gpu_session.sh 2>&1 | tee real-gpu.log
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-python3 -m compileall -q /tmp/site   # as a normal `pip install` leaves it
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-show() { printf '\n$ %s\n' "$*"; "$@"; printf '(exit %s)\n' "$?"; }
+. "$(dirname "$0")/host.sh"   # set -u, the wheels installed, show, U0/B0 U1/B1
 
 show nvidia-smi --query-gpu=index,uuid,pci.bus_id,name --format=csv
 python3 -c 'import importlib.metadata as m; print("nvidia-ml-py", m.version("nvidia-ml-py"), "torch", m.version("torch"))'
-mapfile -t ROWS < <(nvidia-smi --query-gpu=uuid,pci.bus_id --format=csv,noheader | tr -d ' ')
-U0=${ROWS[0]%,*} B0=${ROWS[0]#*,} U1=${ROWS[1]%,*} B1=${ROWS[1]#*,}
 WHO='import torch; [print(f"workload: cuda:{k} = GPU-{torch.cuda.get_device_properties(k).uuid}") for k in range(torch.cuda.device_count())]'
 
 echo; echo "### 1. aligned: the second card, by UUID and bus id"

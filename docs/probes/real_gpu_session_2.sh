@@ -3,17 +3,10 @@
 # NVIDIA GPUs and no Docker. Run from the repository root with the wheels in .whl/ (`make wheels`, then the
 # docker SDK's: `pip download --no-deps docker==7.1.0 requests urllib3 idna charset-normalizer certifi -d .whl`):
 #   bash docs/probes/real_gpu_session_2.sh 2>&1 | tee real-gpu-2.log
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-python3 -m compileall -q /tmp/site
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-show() { printf '\n$ %s\n' "$*"; "$@"; printf '(exit %s)\n' "$?"; }
+. "$(dirname "$0")/host.sh"   # set -u, the wheels installed, show, U0/B0 U1/B1
 
 show nvidia-smi --query-gpu=index,uuid,pci.bus_id,name,driver_version --format=csv
 python3 -c 'import pynvml as n; n.nvmlInit(); [print("minor", n.nvmlDeviceGetMinorNumber(n.nvmlDeviceGetHandleByIndex(i)), n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i))) for i in range(n.nvmlDeviceGetCount())]'
-mapfile -t ROWS < <(nvidia-smi --query-gpu=uuid,pci.bus_id --format=csv,noheader | tr -d ' ')
-U0=${ROWS[0]%,*} B0=${ROWS[0]#*,} U1=${ROWS[1]%,*} B1=${ROWS[1]#*,}
 
 echo; echo "### 1. aligned, reversed, misaligned (the hardened entrypoint)"
 show env GPUPIN_EXPECT="$U1@$B1" gpupin-entrypoint python3 -m gpupin.entrypoint

@@ -3,14 +3,7 @@
 # NVML (temperature, power, processes with user), --format, and the entrypoint's start-up against its floor.
 # Run from the repository root with the wheels in .whl/ (as real_gpu_session_2.sh):
 #   bash docs/probes/real_gpu_session_3.sh 2>&1 | tee real-gpu-3.log
-set -u
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-python3 -m compileall -q /tmp/site
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-show() { printf '\n$ %s\n' "$*"; "$@"; printf '(exit %s)\n' "$?"; }
-mapfile -t ROWS < <(nvidia-smi --query-gpu=uuid,pci.bus_id --format=csv,noheader | tr -d ' ')
-U0=${ROWS[0]%,*} B0=${ROWS[0]#*,} U1=${ROWS[1]%,*} B1=${ROWS[1]#*,}
+. "$(dirname "$0")/host.sh"   # set -u, the wheels installed, show, U0/B0 U1/B1
 
 echo "### 1. the real-GPU tests"
 show python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_real_gpu.py

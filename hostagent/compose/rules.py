@@ -260,16 +260,22 @@ def _not_a_pin(req: GpuRequest, given: Sequence[Target]) -> Problem:
 
 # --- the whole file ---------------------------------------------------------------------------------------------
 
-def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]]) -> Examination:
-    """Every problem with a compose file's GPUs on this host, and the cards render gives each service; pure over
-    the cards and the ledger (card UUID -> the running containers that hold it)."""
+def checked_services(doc: Any) -> tuple[dict[str, Any], list[Problem]]:
+    """The document's services, or the problems that stop every further check (no services mapping, names
+    compose would refuse): the first step of check, render and render --swarm alike."""
     try:
         svcs = services(doc)
     except ServiceError as err:
-        return Examination([err.problem()])
-    names = name_problems(svcs)
-    if names:
-        return Examination(names)
+        return {}, [err.problem()]
+    return svcs, name_problems(svcs)
+
+
+def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]]) -> Examination:
+    """Every problem with a compose file's GPUs on this host, and the cards render gives each service; pure over
+    the cards and the ledger (card UUID -> the running containers that hold it)."""
+    svcs, stop = checked_services(doc)
+    if stop:
+        return Examination(stop)
     problems: list[Problem] = []
     requests: list[GpuRequest] = []
     named: list[Assignment] = []

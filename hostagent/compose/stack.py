@@ -49,7 +49,7 @@ from gpupin.hostagent.compose.request import (
     reservations,
     reserved_list,
 )
-from gpupin.hostagent.compose.rules import name_problems, owned_rules, services
+from gpupin.hostagent.compose.rules import checked_services, owned_rules
 from gpupin.hostagent.pin import Reservation
 from gpupin.hostagent.swarm import Constraint, gpu_kinds
 
@@ -265,13 +265,9 @@ def placement_rules(s: StackService, nodes: Sequence[Node]) -> list[Problem]:
 def examine(doc: Any, kind: str, nodes: Sequence[Node] | None) -> StackExamination:
     """Every problem with a stack's GPU reservations, and the services that make them; `nodes` None: the swarm
     was not read, so what it can place is not checked."""
-    try:
-        svcs = services(doc)
-    except ServiceError as err:
-        return StackExamination([err.problem()])
-    problems = name_problems(svcs)
-    if problems:
-        return StackExamination(problems)
+    svcs, stop = checked_services(doc)
+    if stop:
+        return StackExamination(stop)
     version, notes, problems = version_rule(doc)
     reserving: list[StackService] = []
     for name, svc in svcs.items():
