@@ -130,10 +130,9 @@ golden: test-tools image-test
 test-unit: test-tools fakegpu
 	@export $(SIMHOST); $(call PYTEST,-m "not docker and not gpu and not slurm" $(PYTEST_ARGS))
 
-# mypy reads the packages through a link tree named as they are imported (gpupin.entrypoint, gpupin.hostagent).
+# mypy reads the packages through a link tree named as they are imported (gpupin.core, .entrypoint, .hostagent).
 lint: setup
-	@mkdir -p build/typing/gpupin && ln -sfn ../../../entrypoint build/typing/gpupin/entrypoint && \
-	  ln -sfn ../../../hostagent build/typing/gpupin/hostagent
+	@mkdir -p build/typing/gpupin && for p in core entrypoint hostagent; do ln -sfn ../../../$$p build/typing/gpupin/$$p; done
 	$(VPY) -m ruff check .
 	$(VPY) -m mypy
 

@@ -1,15 +1,15 @@
-"""gpupin's in-container side and GPU-identity core.
+"""gpupin's in-container side.
 
 `gpupin-entrypoint` (gpupin.entrypoint.cli) proves that every `cuda:k` a workload will see is the physical card that was
 asked for, then execs the workload. `assert_pinned` (gpupin.entrypoint.api) does the same check from inside a running
-Python workload. The host side (`hostagent`) imports the identity core from here, never the other way.
+Python workload. Both this side and the host
+side (`hostagent`) import the GPU-identity core, gpupin.core, and never each other.
 
 Importing this package is cheap on purpose: it is the first thing the entrypoint's hot path does.
 """
 
-# No `from __future__ import annotations`: see gpupin.entrypoint.errors (imported before the workload's paths leave
+# No `from __future__ import annotations`: see gpupin.core.errors (imported before the workload's paths leave
 # sys.path).
-__version__ = "0.1.0"
 
 # Not `from typing import TYPE_CHECKING`: importing typing alone costs ~2 ms of every container start.
 TYPE_CHECKING = False
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from gpupin.entrypoint.api import assert_pinned as assert_pinned
 
-__all__ = ["__version__", "assert_pinned"]
+__all__ = ["assert_pinned"]
 
 
 def __getattr__(name: str) -> "Any":

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import sys
 
+from gpupin.core.errors import GpupinError
+from gpupin.core.identity import uuid_from_bytes
 from gpupin.entrypoint.api import assert_pinned, devices
-from gpupin.entrypoint.errors import GpupinError
-from gpupin.entrypoint.identity import uuid_from_bytes
 from gpupin.entrypoint.sources import from_environ
 
 

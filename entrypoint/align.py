@@ -8,24 +8,24 @@ expectation k, by UUID and by PCI bus id parsed to integers.
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import ExpectationError, GpuSpecError, MisalignedError
-from gpupin.entrypoint.identity import BusId
-from gpupin.entrypoint.resolve import resolve
+from gpupin.core.errors import ExpectationError, GpuSpecError, MisalignedError
+from gpupin.core.identity import BusId
+from gpupin.core.resolve import resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from gpupin.entrypoint.expectation import Expectation, ExpectedCard
-    from gpupin.entrypoint.nvml import Card
+    from gpupin.core.expectation import Expectation, ExpectedCard
+    from gpupin.core.nvml import Card
 
 
 def uuid_hex(uuid: str) -> str | None:
     """The hex digits of a UUID (32, or fewer for a prefix) whatever its tag: what CUDA and torch report.
 
     None for the old MIG form `MIG-GPU-<uuid>/<gi>/<ci>`, whose digits are its parent card's and so name no MIG
-    device (gpupin.entrypoint.resolve turns it into the device's own UUID through NVML), and for a tag without
+    device (gpupin.core.resolve turns it into the device's own UUID through NVML), and for a tag without
     digits. Never "": the empty string is a prefix of every UUID, and would match any card.
     """
     t = uuid.strip()

@@ -23,10 +23,10 @@ from __future__ import annotations
 import os
 import sys
 
+from gpupin.core.errors import ExpectationError, GpuSpecError, GpuUnavailableError, MisalignedError
+from gpupin.core.expectation import Expectation, ExpectedCard, parse_expect
+from gpupin.core.identity import BusId, uuid_from_bytes
 from gpupin.entrypoint import align
-from gpupin.entrypoint.errors import ExpectationError, GpuSpecError, GpuUnavailableError, MisalignedError
-from gpupin.entrypoint.expectation import Expectation, ExpectedCard, parse_expect
-from gpupin.entrypoint.identity import BusId, uuid_from_bytes
 from gpupin.entrypoint.sources import find
 
 TYPE_CHECKING = False
@@ -67,8 +67,8 @@ def _expected_hex(exp: ExpectedCard, k: int, source: str) -> str:
     want = align.uuid_hex(exp.uuid)
     if want is not None:
         return want
-    from gpupin.entrypoint import nvml
-    from gpupin.entrypoint.resolve import resolve
+    from gpupin.core import nvml
+    from gpupin.core.resolve import resolve
 
     cards = nvml.list_cards(mig=True)
     try:

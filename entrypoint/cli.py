@@ -14,7 +14,9 @@ workload's paths out of sys.path.
 import os
 import sys
 
-from gpupin.entrypoint.errors import GpupinError, StoppedError, UsageError, shorten, shown
+from gpupin.core.contract import DEFAULT_LEVEL, LEVELS, OFF, ON, QUIET_VAR, REQUIRE_VAR, VERIFY_VAR
+from gpupin.core.errors import GpupinError, StoppedError, UsageError
+from gpupin.core.shown import shorten, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,9 +70,6 @@ are (see gpupin.entrypoint.isolation for what is and is not guarded).
 
 EX_NOTFOUND = 127
 EX_NOEXEC = 126
-LEVELS = ("nvml", "cuda", "torch")
-_ON = ("1", "true", "yes", "on")
-_OFF = ("", "0", "false", "no", "off")
 # What ends the entrypoint while it verifies: docker stop (TERM), Ctrl-C (INT), a closed terminal (HUP). As PID 1
 # of a container, it would otherwise ignore them (the kernel drops signals PID 1 has no handler for), and docker
 # stop would wait its 10 s for a SIGKILL while the probe runs on.
@@ -110,9 +109,9 @@ def _level(value: str, given: str, hint: str) -> str:
 
 def _flag(environ: "Mapping[str, str]", name: str) -> bool:
     raw = environ.get(name, "")
-    if raw.strip().lower() in _ON:
+    if raw.strip().lower() in ON:
         return True
-    if raw.strip().lower() in _OFF:
+    if raw.strip().lower() in OFF:
         return False
     raise UsageError(f"{name}={shorten(raw)} is neither on nor off",
                      f"set {name}=1 or {name}=0 (true/false, yes/no, on/off), or unset it")
@@ -164,13 +163,13 @@ def parse_args(argv: "Sequence[str]", opts: "Options | None" = None,
     if opts.help or opts.version:
         return opts
     if opts.level is None:
-        raw = env.get("GPUPIN_VERIFY", "")
-        opts.level = _level(raw, "GPUPIN_VERIFY", "set GPUPIN_VERIFY to nvml, cuda or torch, or unset it for cuda"
-                            ) if raw.strip() else "cuda"
+        raw = env.get(VERIFY_VAR, "")
+        opts.level = _level(raw, VERIFY_VAR, f"set {VERIFY_VAR} to {', '.join(LEVELS)}, or unset it for "
+                            f"{DEFAULT_LEVEL}") if raw.strip() else DEFAULT_LEVEL
     if opts.require is None:
-        opts.require = _flag(env, "GPUPIN_REQUIRE")
+        opts.require = _flag(env, REQUIRE_VAR)
     if opts.quiet is None:
-        opts.quiet = _flag(env, "GPUPIN_QUIET")
+        opts.quiet = _flag(env, QUIET_VAR)
     if opts.cmd and not opts.cmd[0]:
         raise CommandError(EX_NOTFOUND, "cannot run '': the command name is empty",
                            "give the command after the options; an empty CMD or ENTRYPOINT entry in the image, "
@@ -257,7 +256,7 @@ def run(argv: "Sequence[str]", opts: Options) -> int:
         sys.stdout.write(HELP)
         return 0
     if opts.version:
-        from gpupin.entrypoint import __version__
+        from gpupin.core import __version__
 
         sys.stdout.write(f"{PROG} {__version__}\n")
         return 0

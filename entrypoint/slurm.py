@@ -30,17 +30,17 @@ from __future__ import annotations
 
 import re
 
+from gpupin.core.errors import ExpectationError, GpuSpecError, MisalignedError
+from gpupin.core.expectation import Expectation, ExpectedCard
+from gpupin.core.identity import is_uuid_like
+from gpupin.core.resolve import Target, by_minor, resolve
 from gpupin.entrypoint import gresconf
-from gpupin.entrypoint.errors import ExpectationError, GpuSpecError, MisalignedError
-from gpupin.entrypoint.expectation import Expectation, ExpectedCard
-from gpupin.entrypoint.identity import is_uuid_like
-from gpupin.entrypoint.resolve import Target, by_minor, resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from gpupin.entrypoint.nvml import Card
+    from gpupin.core.nvml import Card
     from gpupin.entrypoint.sources import Answer, Context
 
 STEP_VAR = "SLURM_STEP_GPUS"

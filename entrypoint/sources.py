@@ -26,25 +26,32 @@ from __future__ import annotations
 
 import os
 
-from gpupin.entrypoint.errors import GpupinError, shorten, shown
-from gpupin.entrypoint.expectation import EXPECT_VAR, Expectation, ExpectedCard, parse_expect
-from gpupin.entrypoint.identity import is_full_uuid, is_uuid_like
+from gpupin.core.contract import (
+    DEVICE_LIST_DIR,
+    DEVICE_LIST_DIR_VAR,
+    EXPECT_VAR,
+    NVD_VAR,
+    SWARM_PREFIX,
+    VOID,
+    nvd_keyword,
+)
+from gpupin.core.errors import GpupinError
+from gpupin.core.expectation import Expectation, ExpectedCard, parse_expect
+from gpupin.core.identity import is_full_uuid, is_uuid_like
+from gpupin.core.shown import shorten, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Union
 
-    from gpupin.entrypoint.nvml import Card
-    from gpupin.entrypoint.resolve import Target
+    from gpupin.core.nvml import Card
+    from gpupin.core.resolve import Target
 
     Answer = Union[Expectation, "Fallback", str, None, "_Elsewhere"]
 
-NVD_VAR = "NVIDIA_VISIBLE_DEVICES"
-# The Kubernetes device plugin's volume-mounts strategy: NVIDIA_VISIBLE_DEVICES names this folder, which holds an
-# empty file per device, named by its id. GPUPIN_DEVICE_LIST_DIR moves it (for tests; never needed in a pod).
-DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
-DEVICE_LIST_DIR_VAR = "GPUPIN_DEVICE_LIST_DIR"
+# The Kubernetes device plugin's volume-mounts strategy: NVIDIA_VISIBLE_DEVICES names DEVICE_LIST_DIR, which holds
+# an empty file per device, named by its id. GPUPIN_DEVICE_LIST_DIR moves it (for tests; never needed in a pod).
 
 
 class _Elsewhere:
@@ -61,7 +68,6 @@ class Fallback:
 
     def __init__(self, expectation: Expectation) -> None:
         self.expectation = expectation
-SWARM_PREFIX = "DOCKER_RESOURCE_"
 SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")  # gpupin.entrypoint.slurm reads them
 
 
@@ -78,7 +84,7 @@ class Context:
     def cards(self) -> list[Card]:
         if self._cards is None:
             if self._read_cards is None:
-                from gpupin.entrypoint import nvml
+                from gpupin.core import nvml
 
                 self._cards = nvml.list_cards(mig=True)
             else:
@@ -115,7 +121,7 @@ def _index_key(entry: str) -> tuple[int, int] | None:
 
 def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], source: str, said: str) -> Answer:
     """Cards named by host NVML index or MIG `i:j`, as far as they can be known here (the module's docstring)."""
-    from gpupin.entrypoint.resolve import Target, resolve
+    from gpupin.core.resolve import Target, resolve
 
     cards = ctx.cards()
     seen = [Target(c, m) for c in cards for m in (c.mig_devices if c.mig_mode else [None])]
@@ -161,14 +167,14 @@ def nvidia_visible_devices(ctx: Context) -> Answer:
     value = ctx.env.get(NVD_VAR)
     if value is None:
         return None
-    v = value.strip()
-    if v == "void":
+    v = nvd_keyword(value)
+    if v == VOID:
         return f"{NVD_VAR}=void: the cards came through CDI, which names none inside the container"
     if v == "":
         return f"{NVD_VAR} is empty: no GPU was asked for"
-    if v in ("all", "none"):
+    if v is not None:
         return f"{NVD_VAR}={v} names no particular card"
-    if v in (DEVICE_LIST_DIR, ctx.env.get(DEVICE_LIST_DIR_VAR)):
+    if value.strip() in (DEVICE_LIST_DIR, ctx.env.get(DEVICE_LIST_DIR_VAR)):
         return ELSEWHERE  # the device plugin's folder: its reader reads it
     entries = [e.strip() for e in value.split(",")]
     said = f"{NVD_VAR}={shown(value)}"

@@ -10,16 +10,17 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from gpupin.core.contract import EXPECT_VAR, LEVELS, PROBE_TIMEOUT_VAR
+from gpupin.core.errors import GpuUnavailableError, MisalignedError, UsageError
+from gpupin.core.expectation import ExpectedCard, format_expect
+from gpupin.core.shown import shorten
 from gpupin.entrypoint import align, sources
-from gpupin.entrypoint.errors import GpuUnavailableError, MisalignedError, UsageError, shorten
-from gpupin.entrypoint.expectation import EXPECT_VAR, ExpectedCard, format_expect
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-LEVELS = ("nvml", "cuda", "torch")
 # The entrypoint runs in containers and on bare hosts alike: each hint says what to do in either place.
 _CUDA_HINTS = {
     -1: "no CUDA driver library (libcuda.so.1) is visible here: in a container, start it with a GPU and the "
@@ -33,7 +34,6 @@ _CUDA_HINTS = {
     34: "the CUDA toolkit's stub libcuda.so is first on the library path: remove it from LD_LIBRARY_PATH",
     999: "the CUDA driver failed in an unknown way: check `nvidia-smi` and the host's `dmesg`",
 }
-PROBE_TIMEOUT_VAR = "GPUPIN_PROBE_TIMEOUT"
 PROBE_TIMEOUT_DEFAULT = 120.0
 PROBE_TIMEOUT_MAX = 86400.0  # a day: beyond it a hung driver is no longer told apart from a slow one
 

@@ -14,12 +14,11 @@ import os
 import re
 import sys
 
-from gpupin.entrypoint import __version__
-from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
-from gpupin.hostagent import runopts
-from gpupin.hostagent.cdi import VIAS
-from gpupin.hostagent.errors import InternalError
-from gpupin.hostagent.pin import VERIFY_LEVELS
+from gpupin.core import __version__
+from gpupin.core.contract import LEVELS as VERIFY_LEVELS
+from gpupin.core.errors import EX_USAGE, GpupinError, InternalError, UsageError
+from gpupin.hostagent.engine.cdi import VIAS
+from gpupin.hostagent.run import options as runopts
 from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
@@ -161,7 +160,7 @@ def build_parser() -> _Parser:
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    from gpupin.hostagent import lsformat  # the fields' table; a light module
+    from gpupin.hostagent.ls import template as lsformat  # the fields' table; a light module
 
     ls = sub.add_parser("ls", help="list the cards, their load, and who holds them",
                         description=LS_DESCRIPTION, epilog=LS_EPILOG + lsformat.fields_help(),
@@ -246,7 +245,7 @@ def build_parser() -> _Parser:
     s = sub.add_parser("swarm", help="GPU nodes of a Docker Swarm",
                        description="Configure and check the GPU nodes of a Docker Swarm.")
     ssub = s.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND")
-    from gpupin.hostagent import swarm as sw  # constants; a light module (no NVML, no docker SDK)
+    from gpupin.hostagent.swarm import cluster as sw  # constants; a light module (no NVML, no docker SDK)
 
     sn = ssub.add_parser("node-config", help="the generic resources and runtime settings of this node (--check: "
                          "diagnose them)", description="What this GPU node must advertise to Docker Swarm, and "
@@ -327,17 +326,17 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     if getattr(args, "swarm", False):
         if args.format is not None or args.watch is not None:
             raise UsageError("ls --swarm takes --json only (not --format or --watch)", "hostagent ls --swarm [--json]")
-        from gpupin.hostagent import swarmls
+        from gpupin.hostagent.swarm import ls as swarmls
 
         return swarmls.command(args.json)
-    from gpupin.hostagent import listing
+    from gpupin.hostagent.ls import listing
 
     return listing.command(args.json, args.format, args.color, args.watch)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gpupin.hostagent import launch
-    from gpupin.hostagent.request import ContainerSpec, RunRequest
+    from gpupin.hostagent.run import launch
+    from gpupin.hostagent.run.request import ContainerSpec, RunRequest
 
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a running container's output is its own)")
@@ -377,7 +376,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
 
 def _cmd_swarm(args: argparse.Namespace) -> int:
     if args.swarm_command == "node-config":
-        from gpupin.hostagent import nodeconfig
+        from gpupin.hostagent.swarm import nodeconfig
 
         return nodeconfig.command(args.kind, args.json, args.check, args.daemon_json, args.toolkit_config,
                                   args.runtime_path)

@@ -117,7 +117,7 @@ def zsh(parser: argparse.ArgumentParser) -> str:
 
 def gpu_specs() -> list[str]:
     """What --gpu accepts on this host, for completion: indices, UUIDs, bus ids, MIG devices."""
-    from gpupin.entrypoint import nvml
+    from gpupin.core import nvml
 
     try:
         cards = nvml.list_cards(mig=True, tolerate_lost=True)

@@ -9,9 +9,9 @@ and as JSON for scripts.
 
 from __future__ import annotations
 
-import re
-
-from gpupin.entrypoint.errors import EX_USAGE
+from gpupin.core.errors import EX_USAGE
+from gpupin.core.shown import printable as printable
+from gpupin.core.shown import quoted as quoted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,21 +19,6 @@ if TYPE_CHECKING:
 
 ERROR = "error"
 WARNING = "warning"
-# Anything that would break "one line per problem" or a terminal: control characters (newlines included) and
-# lone surrogates, which YAML's "\uD800" escape can put into a string.
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """Text with control characters and lone surrogates written as escapes, so that it stays on one line."""
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
-
-
-def shown(value: Any, limit: int = 60) -> str:
-    """A value from the input as a message shows it: its repr, on one line, cut short."""
-    text = printable(repr(value))
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
 
 class Finding:
     """One problem: what it is about (`about`: a file's path here; None: the whole input), what is wrong, what to

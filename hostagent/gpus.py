@@ -1,20 +1,20 @@
-"""Which physical cards a request gets: the cards `--uuid`/`--gpu SPEC` name (resolved by gpupin.entrypoint.resolve)
+"""Which physical cards a request gets: the cards `--uuid`/`--gpu SPEC` name (resolved by gpupin.core.resolve)
 when they can be handed out, and `--count N` placement.
 
-Pure over the cards NVML reported (gpupin.entrypoint.nvml.Card) and the set of cards the ledger says are held, so
+Pure over the cards NVML reported (gpupin.core.nvml.Card) and the set of cards the ledger says are held, so
 that every rule is tested without hardware. A request that names no card, or more than one, is a GpuSpecError (64).
 """
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import GpuSpecError, GpuUnavailableError
-from gpupin.entrypoint.resolve import SPEC_HINT, Target, resolve, resolve_all
+from gpupin.core.errors import GpuSpecError, GpuUnavailableError
+from gpupin.core.resolve import SPEC_HINT, Target, resolve, resolve_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from gpupin.entrypoint.nvml import Card
+    from gpupin.core.nvml import Card
 
 def _usable(target: Target, spec: str) -> Target:
     card = target.card
@@ -28,7 +28,7 @@ def _usable(target: Target, spec: str) -> Target:
 
 
 def resolve_spec(spec: str, cards: Sequence[Card]) -> Target:
-    """One `--gpu` SPEC (any form gpupin.entrypoint.resolve reads), on a card that can be handed out."""
+    """One `--gpu` SPEC (any form gpupin.core.resolve reads), on a card that can be handed out."""
     return _usable(resolve(spec, cards), spec)
 
 

@@ -14,29 +14,24 @@ A request that sets any of these by hand would defeat the pin, so they are owned
 A Swarm service gets its part of the pin from `Reservation`: Swarm picks each task's cards as it places it, so
 no card is named here; the task's own DOCKER_RESOURCE_<KIND> is the expectation.
 
-Which way a daemon takes is gpupin.hostagent.cdi's question.
+Which way a daemon takes is gpupin.hostagent.engine.cdi's question.
 """
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import UsageError
-from gpupin.entrypoint.expectation import EXPECT_VAR
-from gpupin.entrypoint.sources import NVD_VAR
-from gpupin.hostagent.cdi import CDI, NVIDIA, VIAS
-from gpupin.hostagent.cdi import name as cdi_name
+from gpupin.core.contract import EXPECT_VAR, LABEL, LEVELS, NVD_VAR, REQUIRE_VAR, SHARED_LABEL, VERIFY_VAR
+from gpupin.core.errors import UsageError
+from gpupin.hostagent.engine.cdi import CDI, NVIDIA, VIAS
+from gpupin.hostagent.engine.cdi import name as cdi_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from gpupin.entrypoint.resolve import Target
+    from gpupin.core.resolve import Target
 
-LABEL = "gpupin.devices"
-SHARED_LABEL = "gpupin.shared"
-VERIFY_VAR = "GPUPIN_VERIFY"
-REQUIRE_VAR = "GPUPIN_REQUIRE"
-VERIFY_LEVELS = ("nvml", "cuda", "torch")
+VERIFY_LEVELS = LEVELS
 OWNED_VARS = (EXPECT_VAR, NVD_VAR)
 OWNED_LABELS = (LABEL, SHARED_LABEL)
 

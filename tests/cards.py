@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpupin.entrypoint.identity import BusId
-from gpupin.entrypoint.nvml import Card, MigDevice, Process
+from gpupin.core.identity import BusId
+from gpupin.core.nvml import Card, MigDevice, Process
 
 SCENARIOS = Path(__file__).resolve().parent / "fakegpu" / "scenarios"
 MIB = 1024 * 1024
@@ -23,7 +23,7 @@ def topology(name: str) -> dict[str, Any]:
 
 
 def cards(name: str = "mixed-4") -> list[Card]:
-    """The scenario's cards as gpupin.entrypoint.nvml.list_cards(detail=True, mig=True) reports them."""
+    """The scenario's cards as gpupin.core.nvml.list_cards(detail=True, mig=True) reports them."""
     raw = topology(name)["gpus"]
     for position, g in enumerate(raw):
         g.setdefault("minor_number", position)

@@ -63,7 +63,7 @@ def topology(name: str) -> dict[str, Any]:
 
 def gpu_uuids(name: str) -> list[str]:
     """The scenario's card UUIDs in NVML order (by bus id), as NVML would list them."""
-    from gpupin.entrypoint.identity import BusId
+    from gpupin.core.identity import BusId
 
     gpus = sorted(topology(name)["gpus"], key=lambda g: BusId.parse(g["bus_id"]).key())
     return [g["uuid"] for g in gpus]

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpupin.core.errors import ExpectationError, MisalignedError
+from gpupin.core.expectation import Expectation, parse_expect
+from gpupin.core.identity import BusId
+from gpupin.core.nvml import Card, MigDevice
 from gpupin.entrypoint import cudaprobe
 from gpupin.entrypoint.align import CudaDevice, check_devices, check_sole, plan, uuid_hex
-from gpupin.entrypoint.errors import ExpectationError, MisalignedError
-from gpupin.entrypoint.expectation import Expectation, parse_expect
-from gpupin.entrypoint.identity import BusId
-from gpupin.entrypoint.nvml import Card, MigDevice
 from gpupin.entrypoint.sources import from_environ
 from tests.cards import cards
 from tests.conftest import FAKEGPU, scenario

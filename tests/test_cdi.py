@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupin.entrypoint.errors import UsageError
-from gpupin.entrypoint.resolve import Target
-from gpupin.hostagent import cdi, engine, lease
+from gpupin.core.errors import UsageError
+from gpupin.core.resolve import Target
+from gpupin.hostagent import engine
+from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.pin import Pin
-from gpupin.hostagent.request import RunRequest
+from gpupin.hostagent.run.request import RunRequest
 from tests.cards import cards as scenario_cards
 from tests.conftest import FAKEGPU, TEST_IMAGE, Agent, Sandbox, gpu_uuids, saw, scenario, serves_cdi
 

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupin.hostagent import cdi
 from gpupin.hostagent.compose import command, load
 from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError
 from gpupin.hostagent.compose.render import render as render_core
 from gpupin.hostagent.compose.request import gpu_request
 from gpupin.hostagent.compose.rules import Examination, examine
-from gpupin.hostagent.ledger import Holder, held
+from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.ledger.holders import Holder, held
 from tests.cards import cards as scenario_cards
 from tests.conftest import HOSTAGENT, REPO, TEST_IMAGE, Sandbox, docker_required, gpu_uuids, simhost_env
 
@@ -1094,6 +1094,9 @@ def test_every_package_folder_is_in_the_distribution() -> None:
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {f"gpupin.{p.parent.relative_to(REPO).as_posix().replace('/', '.')}"
-               for top in ("entrypoint", "hostagent") for p in (REPO / top).rglob("__init__.py")}
+               for top in ("core", "entrypoint", "hostagent") for p in (REPO / top).rglob("__init__.py")}
     assert folders == set(config["packages"])
-    assert all((REPO / config["package-dir"][p]).is_dir() for p in config["packages"])
+    roots = config["package-dir"]  # a subpackage lies under its top package's folder, as setuptools finds it
+    for p in config["packages"]:
+        top = ".".join(p.split(".")[:2])
+        assert (REPO / roots[top] / "/".join(p.split(".")[2:])).is_dir(), p

@@ -22,7 +22,7 @@ from gpupin.hostagent.compose import load
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError
 from gpupin.hostagent.compose.render import render
 from gpupin.hostagent.compose.rules import examine
-from gpupin.hostagent.ledger import Holder, held
+from gpupin.hostagent.ledger.holders import Holder, held
 from tests.cards import cards as scenario_cards
 from tests.conftest import simhost_env
 

@@ -540,9 +540,16 @@ argvs = st.tuples(st.lists(st.sampled_from(OWN_OPTIONS), max_size=5), commands)
 def own_debug(options: list[str]) -> bool:
     """Whether the entrypoint itself was given --debug: only options before CMD count, and parsing stops at the
     first word that is not an option, at `--`, or at the first bad option."""
+    value_next = False
     for arg in options:
+        if value_next:  # --verify's value (`--verify nvml`), never a word that ends the options
+            value_next = False
+            continue
         if arg == "--debug":
             return True
+        if arg == "--verify":
+            value_next = True
+            continue
         if arg in ("--", "-", "nvml", "--bogus", "--json=1", "-x", "--verify=fast") or not arg.startswith("-"):
             return False
     return False

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupin.entrypoint.errors import ExpectationError
-from gpupin.entrypoint.expectation import ExpectedCard, format_expect, parse_expect
-from gpupin.entrypoint.identity import BusId
+from gpupin.core.errors import ExpectationError
+from gpupin.core.expectation import ExpectedCard, format_expect, parse_expect
+from gpupin.core.identity import BusId
 from gpupin.entrypoint.sources import find, from_environ
 from tests.cards import cards as scenario_cards
 from tests.conftest import gpu_uuids

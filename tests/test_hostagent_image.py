@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.errors import DockerRefusedError
-from gpupin.hostagent.image import render
+from gpupin.core.errors import DockerRefusedError
+from gpupin.hostagent.run.image import render
 from tests.conftest import TEST_IMAGE, Agent
 
 STREAM = Path(__file__).parent / "data" / "pull-stream-docker-20.10.jsonl"

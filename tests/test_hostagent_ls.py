@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent import lsformat, procs
+from gpupin.hostagent.ls import procs
+from gpupin.hostagent.ls import template as lsformat
 from tests.conftest import (
     ENGINES,
     HOSTAGENT,
@@ -177,11 +178,11 @@ SLOTS = ("index", "uuid", "name", "memory_total", "memory_used", "utilization_gp
 
 @pytest.mark.parametrize("name", ["mixed-4", "dgx-8", "mig", "mig-shared-prefix", "slurm-shuffled"])
 def test_the_nvml_adapter_reads_what_the_scenario_says(fakegpu: Path, name: str) -> None:
-    """gpupin.entrypoint.nvml over the fake NVML gives the cards tests/cards.py reads from the same file (what the
+    """gpupin.core.nvml over the fake NVML gives the cards tests/cards.py reads from the same file (what the
     pure tests take as the truth): every field, MIG devices and processes included."""
     code = f"""
 import json
-from gpupin.entrypoint import nvml
+from gpupin.core import nvml
 def card(c):
     return {{**{{s: getattr(c, s) for s in {SLOTS!r}}}, "bus_id": str(c.bus_id),
             "procs": [[p.pid, p.used_memory, p.gpu_instance_id, p.compute_instance_id] for p in c.process_list],
@@ -206,8 +207,8 @@ print(json.dumps([card(c) for c in nvml.list_cards(detail=True)]))
 def test_a_mig_devices_holders_and_processes_are_shown_under_it(fakegpu: Path, tmp_path: Path) -> None:
     """The table from the mig scenario's real data, with the ledger's holders of one MIG device and of the whole
     card put in (the sandbox's hook exposes no MIG device by UUID to a container of mixed-4)."""
-    from gpupin.hostagent import lsview
-    from gpupin.hostagent.ledger import Holder
+    from gpupin.hostagent.ledger.holders import Holder
+    from gpupin.hostagent.ls import view as lsview
 
     data = json.loads(ls("--json", scenario_name="mig", DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout)
     card = data["gpus"][0]
@@ -409,8 +410,8 @@ def test_ls_json_stays_on_the_fast_path(fakegpu: Path, tmp_path: Path) -> None:
     """`ls --json` (benchmarked against `docker ps`) builds no parser and loads neither the docker SDK nor the
     table's or the templates' modules."""
     code = ("import sys\nfrom gpupin.hostagent import cli\nrc = cli.main(['ls', '--json'])\n"
-            "sys.stderr.write(repr(sorted(m for m in ('docker', 'gpupin.hostagent.lsview', "
-            "'gpupin.hostagent.lsformat', 'difflib', 'requests') if m in sys.modules)))\n")
+            "sys.stderr.write(repr(sorted(m for m in ('docker', 'gpupin.hostagent.ls.view', "
+            "'gpupin.hostagent.ls.template', 'difflib', 'requests') if m in sys.modules)))\n")
     r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
                        env=simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock"), timeout=60)
     assert r.stderr.splitlines()[-1] == "[]" and json.loads(r.stdout)["gpus"]

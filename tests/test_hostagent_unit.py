@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from gpupin.entrypoint.errors import GpuSpecError, GpuUnavailableError, UsageError
-from gpupin.entrypoint.identity import BusId
-from gpupin.entrypoint.nvml import Card, MigDevice
+from gpupin.core.errors import GpuSpecError, GpuUnavailableError, UsageError
+from gpupin.core.identity import BusId
+from gpupin.core.nvml import Card, MigDevice
 from gpupin.hostagent.cli import _subparser, build_parser, main, split_run_argv
 from gpupin.hostagent.gpus import choose_free, free_cards, resolve_spec, resolve_specs
-from gpupin.hostagent.request import ContainerSpec, RunRequest
+from gpupin.hostagent.run.request import ContainerSpec, RunRequest
 
 A800 = "GPU-6c39be0e-975a-4001-aa66-fb43d08d0e16"
 RTX = "GPU-95c6a38a-fc69-47e6-82a4-2cdea89770cb"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpupin.entrypoint.errors import GpuSpecError, UsageError
-from gpupin.entrypoint.identity import (
+from gpupin.core.errors import GpuSpecError, UsageError
+from gpupin.core.identity import (
     BusId,
     is_full_uuid,
     is_uuid_like,

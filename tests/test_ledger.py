@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from gpupin.entrypoint.errors import UsageError
-from gpupin.entrypoint.nvml import MigDevice
-from gpupin.hostagent import engine, lease, ledger, lock
-from gpupin.hostagent.errors import DockerUnavailableError
-from gpupin.hostagent.ledger import FORMS, Holder, Host, blocking, held, holder, holding
+from gpupin.core.errors import DockerUnavailableError, UsageError
+from gpupin.core.nvml import MigDevice
+from gpupin.hostagent import engine
+from gpupin.hostagent.engine import address
+from gpupin.hostagent.ledger import holders as ledger
+from gpupin.hostagent.ledger import lease, lock
+from gpupin.hostagent.ledger.holders import FORMS, Holder, Host, blocking, held, holder, holding
 from tests.test_hostagent_unit import A800, A800B, A800C, RTX, mixed4
 
 MIG_A = "MIG-11111111-2222-3333-4444-555555555555"
@@ -361,7 +363,7 @@ def test_the_address_is_read_as_docker_reads_it(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("HOME", str(tmp_path))
 
     def read() -> engine.Endpoint:
-        monkeypatch.setattr(engine, "_ENDPOINT", None)
+        monkeypatch.setattr(address, "_ENDPOINT", None)
         return engine.endpoint()
 
     assert (read().url, read().origin) == ("unix:///var/run/docker.sock", "default")
@@ -393,8 +395,8 @@ def test_the_daemons_clock_is_parsed_exactly() -> None:
 
 def _refusal(specs: list[str] | None, count: int | None, holders: list[Holder], share: bool = False) -> Any:
     from gpupin.hostagent import gpus as placement
-    from gpupin.hostagent import launch
-    from gpupin.hostagent.request import RunRequest
+    from gpupin.hostagent.run import launch
+    from gpupin.hostagent.run.request import RunRequest
 
     cards = mixed4()
     req = RunRequest("img", gpus=specs or [], count=count, share=share)

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent import engine, lease, lock
+from gpupin.hostagent import engine
+from gpupin.hostagent.ledger import lease, lock
 from tests.conftest import REPO, TEST_IMAGE, Agent, Sandbox, gpu_uuids, saw, serves_cdi, simhost_env
 from tests.test_hostagent_docker import WORK, _intervals, _never_two_at_once
 

@@ -1,4 +1,4 @@
-"""GPU spec resolution, the one rule every side uses (gpupin.entrypoint.resolve), on the shipped scenarios."""
+"""GPU spec resolution, the one rule every side uses (gpupin.core.resolve), on the shipped scenarios."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupin.entrypoint.errors import GpuSpecError
-from gpupin.entrypoint.resolve import BUS_ID, INDEX, MIG_LEGACY, MIG_PAIR, UUID, by_minor, form, resolve, resolve_all
+from gpupin.core.errors import GpuSpecError
+from gpupin.core.resolve import BUS_ID, INDEX, MIG_LEGACY, MIG_PAIR, UUID, by_minor, form, resolve, resolve_all
 from tests.cards import cards, topology
 
 MIXED4 = cards("mixed-4")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from gpupin.core.errors import ExpectationError, MisalignedError
+from gpupin.core.expectation import Expectation
+from gpupin.core.nvml import Card
 from gpupin.entrypoint import gresconf
-from gpupin.entrypoint.errors import ExpectationError, MisalignedError
-from gpupin.entrypoint.expectation import Expectation
-from gpupin.entrypoint.nvml import Card
 from gpupin.entrypoint.sources import find
 from tests.cards import cards
 

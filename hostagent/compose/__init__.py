@@ -75,7 +75,7 @@ def render_command(file: str, output: str | None, swarm: bool = False, kind: str
     from gpupin.hostagent.compose import command
 
     if swarm:
-        from gpupin.hostagent.swarm import DEFAULT_KIND
+        from gpupin.hostagent.swarm.cluster import DEFAULT_KIND
 
         return command.stack_command(file, output, kind or DEFAULT_KIND)
     return command.render_command(file, output, via)

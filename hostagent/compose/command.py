@@ -16,21 +16,21 @@ import re
 import sys
 import tempfile
 
-from gpupin.entrypoint.errors import EX_USAGE, GpupinError, UsageError
-from gpupin.hostagent import cdi
+from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent.compose import load
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine
+from gpupin.hostagent.engine import cdi
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card
-    from gpupin.hostagent.ledger import Holder
-    from gpupin.hostagent.swarm import Node
+    from gpupin.core.nvml import Card
+    from gpupin.hostagent.ledger.holders import Holder
+    from gpupin.hostagent.swarm.cluster import Node
 
 _COMPOSE_PROJECT = "com.docker.compose.project"
 _COMPOSE_SERVICE = "com.docker.compose.service"
@@ -68,7 +68,7 @@ def own_container_ids(summaries: Iterable[Mapping[str, Any]], projects: set[str]
 
 class Daemon:
     """What the daemon says for a render or a check: the ledger (card UUID -> running holders, without this
-    project's own containers) and whether it serves the cards by CDI (gpupin.hostagent.cdi)."""
+    project's own containers) and whether it serves the cards by CDI (gpupin.hostagent.engine.cdi)."""
 
     def __init__(self, busy: dict[str, list[Holder]], detection: cdi.Detection) -> None:
         self.busy = busy
@@ -78,12 +78,14 @@ class Daemon:
 def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[str], cdi_too: bool = True) -> Daemon:
     """The ledger, and (`cdi_too`) what the daemon serves by CDI; when Docker cannot be reached, say so, count
     every card as free and pin through the nvidia driver."""
-    from gpupin.hostagent import engine, ledger
+    from gpupin.hostagent import engine
+    from gpupin.hostagent.ledger import holders as ledger
+    from gpupin.hostagent.ledger import read as ledger_read
 
     try:
         api = engine.connect(timeout=10)
         daemon_info = engine.info(api) if cdi_too and engine.may_serve_cdi(api) else None
-        holders = engine.read_holders(api, cards, daemon_info)
+        holders = ledger_read.read_holders(api, cards, daemon_info)
         own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects,
                                 service_names)
     except Exception as err:
@@ -96,7 +98,7 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
 
 
 def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Daemon]:
-    from gpupin.entrypoint import nvml
+    from gpupin.core import nvml
 
     cards = nvml.list_cards(detail=True, mig=True, tolerate_lost=True)
     svcs = doc.get("services") if isinstance(doc, dict) else None
@@ -111,33 +113,33 @@ def output_path(output: str | None, source: str) -> str | None:
     write, before anything else is done."""
     if output is None or output == "-":
         return None
-    shown = printable(output)
+    quoted = printable(output)
     if not output:
         raise UsageError("-o '' names no file", "give a file name, or leave -o out to write to stdout")
     if os.path.isdir(output):
-        raise UsageError(f"-o {shown} is a directory", f"name the file to write, e.g. -o {shown.rstrip('/')}/"
+        raise UsageError(f"-o {quoted} is a directory", f"name the file to write, e.g. -o {quoted.rstrip('/')}/"
                          "pinned.yml")
     if (os.path.exists(source) and os.path.exists(output) and os.path.samefile(source, output)) or \
             os.path.abspath(output) == os.path.abspath(source):
-        raise UsageError(f"-o {shown} is the file being rendered: the rendered file replaces each request "
+        raise UsageError(f"-o {quoted} is the file being rendered: the rendered file replaces each request "
                          "(x-gpupin, an index, a count) with the cards picked today, so the source is kept",
                          "write it beside the source, e.g. -o NAME.pinned.yml")
     real = os.path.realpath(output)
     if os.path.exists(real) and not os.path.isfile(real):  # a device or a pipe: written in place, as `>` does
         if not os.access(real, os.W_OK):
-            raise UsageError(f"-o {shown} is not writable by this user", "write elsewhere")
+            raise UsageError(f"-o {quoted} is not writable by this user", "write elsewhere")
         return real
     directory = os.path.dirname(real)
     if not os.path.isdir(directory):
-        raise UsageError(f"-o {shown}: the directory {printable(directory)} does not exist",
+        raise UsageError(f"-o {quoted}: the directory {printable(directory)} does not exist",
                          "create it first, or write elsewhere")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"-o {shown}: the directory {printable(directory)} is not writable by this user",
+        raise UsageError(f"-o {quoted}: the directory {printable(directory)} is not writable by this user",
                          "write elsewhere")
     return real
 
 
-def write_output(path: str, text: str, shown: str) -> None:
+def write_output(path: str, text: str, quoted: str) -> None:
     """All or nothing: a temporary file in the target's directory, renamed over it (the mode of a file it
     replaces is kept; a new one gets 0666 less the umask, as the shell's `>` gives)."""
     data = text.encode("utf-8")
@@ -162,7 +164,7 @@ def write_output(path: str, text: str, shown: str) -> None:
             os.unlink(tmp)
             raise
     except OSError as err:
-        raise UsageError(f"-o {shown}: cannot write it: {err.strerror or err}", "write elsewhere") from None
+        raise UsageError(f"-o {quoted}: cannot write it: {err.strerror or err}", "write elsewhere") from None
 
 
 def _stdout(text: str) -> None:
@@ -272,7 +274,8 @@ def render_command(file: str, output: str | None, via: str | None = None) -> int
 def read_nodes() -> list[Node] | None:
     """The swarm's nodes, from the manager DOCKER_HOST names; when they cannot be read, say so and return None
     (what Swarm can place is then not checked)."""
-    from gpupin.hostagent import engine, swarm
+    from gpupin.hostagent import engine
+    from gpupin.hostagent.swarm import cluster as swarm
 
     try:
         return swarm.read(engine.reader(timeout=10), tasks=False).nodes
@@ -288,7 +291,7 @@ def stack_command(file: str, output: str | None, kind: str) -> int:
     """`hostagent compose render --swarm [--kind KIND] FILE [-o OUT]`: 0 and the stack; 64 with one line per
     problem."""
     from gpupin.hostagent.compose import stack
-    from gpupin.hostagent.swarm import check_kind
+    from gpupin.hostagent.swarm.cluster import check_kind
 
     check_kind(kind)
     name = printable(file)

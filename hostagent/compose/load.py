@@ -29,8 +29,8 @@ from __future__ import annotations
 import errno
 import os
 
-from gpupin.entrypoint.errors import UsageError
-from gpupin.hostagent.compose.problems import ServiceError, shown
+from gpupin.core.errors import UsageError
+from gpupin.hostagent.compose.problems import ServiceError, quoted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def _loader() -> Any:
                     hint = "merge several anchors with one key: `<<: [*a, *b]`" if key.value == "<<" else \
                         "keep one of them"
                     raise _refuse(
-                        f"the key {shown(key.value)} is given twice in one mapping (at {_where(first.start_mark)} "
+                        f"the key {quoted(key.value)} is given twice in one mapping (at {_where(first.start_mark)} "
                         f"and {_where(key.start_mark)}): compose v2 refuses that, and docker-compose 1.x silently "
                         "keeps the last one", hint)
             return node
@@ -152,7 +152,7 @@ def _loader() -> Any:
         if tag in ("!reset", "!override"):
             hint = f"{tag} is compose v2's way of merging several files, which hostagent compose does not do: " \
                    "render one file without it"
-        raise _refuse(f"the YAML tag {shown(tag)} (at {_where(node.start_mark)}) is not one compose files use", hint)
+        raise _refuse(f"the YAML tag {quoted(tag)} (at {_where(node.start_mark)}) is not one compose files use", hint)
 
     Loader.yaml_constructors = {t: c for t, c in SafeConstructor.yaml_constructors.items()
                                 if t is not None and t.rsplit(":", 1)[-1] in _TAGS}

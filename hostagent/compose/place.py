@@ -1,27 +1,27 @@
 """Which cards each service gets: the booking rule (one card, one service, unless all of them share it; never a
 card a running container holds, unless shared) and the placement of counts onto the best free cards.
 
-Pure over the cards (gpupin.entrypoint.nvml.Card), the requests, and the ledger's holders (card UUID -> running
+Pure over the cards (gpupin.core.nvml.Card), the requests, and the ledger's holders (card UUID -> running
 holders); the choice of free cards is hostagent.gpus's, as for `hostagent run --count`.
 """
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import EX_TEMPFAIL, GpuSpecError
+from gpupin.core.contract import SHARED_LABEL
+from gpupin.core.errors import EX_TEMPFAIL, GpuSpecError
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose.problems import Problem
 from gpupin.hostagent.compose.request import KEY
-from gpupin.hostagent.ledger import blocking
-from gpupin.hostagent.pin import SHARED_LABEL
+from gpupin.hostagent.ledger.holders import blocking
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from gpupin.entrypoint.nvml import Card
-    from gpupin.entrypoint.resolve import Target
+    from gpupin.core.nvml import Card
+    from gpupin.core.resolve import Target
     from gpupin.hostagent.compose.request import GpuRequest
-    from gpupin.hostagent.ledger import Holder
+    from gpupin.hostagent.ledger.holders import Holder
 
 _SHARE = f"mark every service that shares it `{KEY}: {{share: true}}` (or, in the standard forms, label " \
          f"{SHARED_LABEL}=true)"

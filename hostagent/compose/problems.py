@@ -10,14 +10,14 @@ when it refuses: 64, or 75 when only running containers stand in the way.
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import EX_USAGE, GpupinError
-from gpupin.hostagent.findings import ERROR, WARNING, Finding, printable, shown
+from gpupin.core.errors import EX_USAGE, GpupinError
+from gpupin.hostagent.findings import ERROR, WARNING, Finding, printable, quoted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["ERROR", "WARNING", "Problem", "RenderRefused", "ServiceError", "printable", "shown"]
+__all__ = ["ERROR", "WARNING", "Problem", "RenderRefused", "ServiceError", "printable", "quoted"]
 
 
 class Problem(Finding):

@@ -2,7 +2,7 @@
 
 Per service: the device request by UUID (hostagent.compose.request.Form.write), through CDI (`driver: cdi`,
 `nvidia.com/gpu=UUID`) where the daemon serves the cards by CDI, else through the nvidia driver (`driver:
-nvidia`), as `hostagent run` pins (gpupin.hostagent.cdi; `--via` decides instead); the pin's environment
+nvidia`), as `hostagent run` pins (gpupin.hostagent.engine.cdi; `--via` decides instead); the pin's environment
 (GPUPIN_EXPECT in local-rank order, NVIDIA_VISIBLE_DEVICES for the nvidia driver, GPUPIN_VERIFY when asked) and
 labels (gpupin.devices, gpupin.shared), kept in the list or mapping spelling the user wrote. Everything else is
 kept; `x-gpupin` and the forms only newer compose versions read (`gpus:`, CDI names in `devices:`) become the
@@ -14,10 +14,10 @@ from __future__ import annotations
 import copy
 import os
 
-from gpupin.entrypoint.sources import NVD_VAR
-from gpupin.hostagent import cdi
+from gpupin.core.contract import NVD_VAR
 from gpupin.hostagent.compose.problems import Problem, RenderRefused, printable
 from gpupin.hostagent.compose.rules import Examination, examine
+from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.pin import Pin
 
 TYPE_CHECKING = False
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card
-    from gpupin.hostagent.ledger import Holder
+    from gpupin.core.nvml import Card
+    from gpupin.hostagent.ledger.holders import Holder
 
 
 def set_entries(svc: dict[str, Any], key: str, values: Mapping[str, str]) -> None:

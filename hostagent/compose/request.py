@@ -9,17 +9,18 @@
 
 Each form is a `Form`: `read` turns a service into a GpuRequest (or None), `write` puts the pin's device request
 where the form was (a `deploy` device entry, which every compose version reads); `older_compose` says what a
-compose older than the form does with it. A CDI name is read as NVIDIA's spec names the cards (gpupin.hostagent.cdi:
+compose older than the form does with it. A CDI name is read as NVIDIA's spec names the cards (engine.cdi:
 index, UUID, MIG device, `all`); other CDI kinds are no GPU. The service's other parts that the rules read
 (environment, labels, replicas) are read here too, in both of compose's spellings (list or mapping).
 """
 
 from __future__ import annotations
 
-from gpupin.entrypoint.sources import NVD_VAR
-from gpupin.hostagent import cdi
-from gpupin.hostagent.compose.problems import ServiceError, shown
-from gpupin.hostagent.pin import SHARED_LABEL, VERIFY_LEVELS
+from gpupin.core.contract import ALL as ALL_KEYWORD
+from gpupin.core.contract import LEVELS as VERIFY_LEVELS
+from gpupin.core.contract import NONE, NVD_VAR, SHARED_LABEL, VOID, nvd_keyword
+from gpupin.hostagent.compose.problems import ServiceError, quoted
+from gpupin.hostagent.engine import cdi
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def mapping(value: Any, service: str, where: str) -> dict[Any, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ServiceError(service, f"`{where}` is not a mapping (it is {shown(value, 30)})",
+        raise ServiceError(service, f"`{where}` is not a mapping (it is {quoted(value, 30)})",
                            f"write {where} as a mapping of keys, as the compose specification has it")
     return value
 
@@ -85,12 +86,12 @@ def env_entries(svc: Mapping[str, Any], service: str) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         for item in env:
             if not isinstance(item, str):
-                raise ServiceError(service, f"environment entry {shown(item)} is not KEY=VALUE",
+                raise ServiceError(service, f"environment entry {quoted(item)} is not KEY=VALUE",
                                    "write environment entries as KEY=VALUE strings, or as a mapping")
             key, eq, value = item.partition("=")
             out[key] = value if eq else None
         return out
-    raise ServiceError(service, f"`environment` is neither a list nor a mapping (it is {shown(env, 30)})",
+    raise ServiceError(service, f"`environment` is neither a list nor a mapping (it is {quoted(env, 30)})",
                        "write it as a list of KEY=VALUE, or as a mapping of KEY: VALUE")
 
 
@@ -102,7 +103,7 @@ def label_entries(svc: Mapping[str, Any], service: str) -> dict[str, str]:
         return {str(k): "" if v is None else str(v) for k, v in labels.items()}
     if isinstance(labels, list):
         return dict(str(item).partition("=")[::2] for item in labels)
-    raise ServiceError(service, f"`labels` is neither a list nor a mapping (it is {shown(labels, 30)})",
+    raise ServiceError(service, f"`labels` is neither a list nor a mapping (it is {quoted(labels, 30)})",
                        "write it as a list of KEY=VALUE, or as a mapping of KEY: VALUE")
 
 
@@ -113,7 +114,7 @@ def replicas(svc: Mapping[str, Any], service: str) -> int:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ServiceError(service, f"`{key}: {shown(value)}` is not a number of containers",
+            raise ServiceError(service, f"`{key}: {quoted(value)}` is not a number of containers",
                                "give a whole number >= 0")
         return value
     return 1
@@ -124,7 +125,7 @@ def _spec_list(value: Any, service: str, key: str) -> list[str]:
     out: list[str] = []
     for item in value if isinstance(value, list) else [value]:
         if isinstance(item, bool) or not isinstance(item, (str, int)):
-            raise ServiceError(service, f"{key}: {shown(item)} is not a GPU spec", _SPEC_HINT)
+            raise ServiceError(service, f"{key}: {quoted(item)} is not a GPU spec", _SPEC_HINT)
         out.extend(p.strip() for p in str(item).split(","))
     if not out:
         raise ServiceError(service, f"{key} is empty", "list one spec per card")
@@ -135,7 +136,7 @@ def _spec_list(value: Any, service: str, key: str) -> list[str]:
 
 def _count(value: Any, service: str, key: str, hint: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ServiceError(service, f"{key}: {shown(value)} is not a number of cards >= 1", hint)
+        raise ServiceError(service, f"{key}: {quoted(value)} is not a number of cards >= 1", hint)
     return value
 
 
@@ -216,7 +217,7 @@ class XGpupin(Form):
             return None
         if not isinstance(x, dict):
             raise ServiceError(service, f"`{KEY}` is not a mapping", X_HINT)
-        unknown = [shown(k) for k in x if k not in _X_KEYS]
+        unknown = [quoted(k) for k in x if k not in _X_KEYS]
         if unknown:
             raise ServiceError(service, f"`{KEY}` has unknown key(s) {', '.join(unknown)}", X_HINT)
         has_gpus, has_count = x.get("gpus") is not None, x.get("count") is not None
@@ -224,10 +225,10 @@ class XGpupin(Form):
             raise ServiceError(service, f"`{KEY}` needs `gpus` or `count`, not both and not neither", X_HINT)
         share = x.get("share", False)
         if not isinstance(share, bool):
-            raise ServiceError(service, f"{KEY}.share: {shown(share)} is not true or false", X_HINT)
+            raise ServiceError(service, f"{KEY}.share: {quoted(share)} is not true or false", X_HINT)
         verify = x.get("verify")
         if verify is not None and verify not in VERIFY_LEVELS:
-            raise ServiceError(service, f"{KEY}.verify: unknown level {shown(verify)}",
+            raise ServiceError(service, f"{KEY}.verify: unknown level {quoted(verify)}",
                                f"use {', '.join(VERIFY_LEVELS)}")
         if has_count:
             return GpuRequest(service, self, count=_count(x["count"], service, f"{KEY}.count", X_HINT), share=share,
@@ -271,7 +272,7 @@ def _cdi_gpu_names(service: str, names: Sequence[str], where: str) -> list[str]:
     devices = [cdi.gpu_device(n) for n in names]
     if any(d is None for d in devices):
         other = next(n for n, d in zip(names, devices) if d is None)
-        raise ServiceError(service, f"{where} mixes {shown(other)} with {cdi.KIND} devices",
+        raise ServiceError(service, f"{where} mixes {quoted(other)} with {cdi.KIND} devices",
                            "give other CDI kinds a device request of their own; this one is the GPUs'")
     return [cdi.as_spec(d) for d in devices if d is not None]
 
@@ -392,13 +393,13 @@ class GpusKey(Form):
             return GpuRequest(service, self, count=ALL, share=share)
         hint = "write `gpus: all`, or a list of one request: gpus: [{device_ids: [UUID, ...]}] (or {count: N})"
         if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
-            raise ServiceError(service, f"`gpus: {shown(value, 40)}` is neither `all` nor a list of requests", hint)
+            raise ServiceError(service, f"`gpus: {quoted(value, 40)}` is neither `all` nor a list of requests", hint)
         if len(value) != 1:
             raise ServiceError(service, f"`gpus:` has {len(value)} requests", "put every card in one request's "
                                "device_ids, in local-rank order" if value else hint)
         entry = value[0]
         if entry.get("driver") not in (None, "nvidia"):
-            raise ServiceError(service, f"`gpus:` asks the driver {shown(entry.get('driver'))}, not nvidia's",
+            raise ServiceError(service, f"`gpus:` asks the driver {quoted(entry.get('driver'))}, not nvidia's",
                                f"use `driver: nvidia` (or none); CDI devices go in {_DEVICES} with driver: cdi")
         return _device_entry(self, service, entry, "`gpus:` request", share)
 
@@ -461,10 +462,11 @@ class RuntimeEnv(Form):
         if svc.get("runtime") != "nvidia":
             return None
         nvd = env_entries(svc, service).get(NVD_VAR)
-        if not nvd or nvd.strip().lower() in ("void", "none"):
+        keyword = nvd_keyword(nvd) if nvd else ""
+        if keyword in ("", VOID, NONE):
             return None
         share = self.shared(svc, service)
-        if nvd.strip().lower() == "all":
+        if keyword == ALL_KEYWORD:
             return GpuRequest(service, self, count=ALL, share=share)
         return GpuRequest(service, self, _spec_list(nvd, service, NVD_VAR), share=share)
 

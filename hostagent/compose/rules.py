@@ -16,24 +16,24 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import GpupinError
-from gpupin.entrypoint.expectation import EXPECT_VAR, parse_expect
-from gpupin.entrypoint.identity import is_full_uuid, match_uuid
-from gpupin.entrypoint.resolve import BUS_ID, INDEX, UUID, Target, form
-from gpupin.entrypoint.sources import NVD_VAR
+from gpupin.core.contract import EXPECT_VAR, LABEL, NVD_VAR, SHARED_LABEL, VERIFY_VAR
+from gpupin.core.errors import GpupinError
+from gpupin.core.expectation import parse_expect
+from gpupin.core.identity import is_full_uuid, match_uuid
+from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose.place import Assignment, bookings, describe, place
-from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, shown
+from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, quoted
 from gpupin.hostagent.compose.request import ALL, KEY, GpuRequest, env_entries, gpu_request, label_entries, replicas
-from gpupin.hostagent.pin import LABEL, OWNED_LABELS, OWNED_VARS, SHARED_LABEL, VERIFY_VAR
+from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card
-    from gpupin.hostagent.ledger import Holder
+    from gpupin.core.nvml import Card
+    from gpupin.hostagent.ledger.holders import Holder
 
 # The service names compose accepts (the compose specification's and docker-compose 1.29's pattern).
 SERVICE_NAME = re.compile(r"[a-zA-Z0-9._-]+")
@@ -97,10 +97,10 @@ def name_problems(svcs: Mapping[Any, Any]) -> list[Problem]:
         if name is None:
             problems.append(Problem(None, "a service has no name (its key is empty or null)", "give it a name"))
         elif not isinstance(name, str):
-            problems.append(Problem(None, f"the service name {shown(name)} is not a string (YAML reads it as "
-                                    f"{_kind(name)})", f"quote it: '{shown(name, 40)}'"))
+            problems.append(Problem(None, f"the service name {quoted(name)} is not a string (YAML reads it as "
+                                    f"{_kind(name)})", f"quote it: '{quoted(name, 40)}'"))
         elif not SERVICE_NAME.fullmatch(name):
-            problems.append(Problem(None, f"the service name {shown(name)} has characters compose does not allow",
+            problems.append(Problem(None, f"the service name {quoted(name)} has characters compose does not allow",
                                     "use letters, digits, '.', '_' and '-'"))
     return problems
 
@@ -181,7 +181,7 @@ def owned_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[
                 f"{fix} (it is the ledger)"
             problems.append(Problem(req.service, f"sets the label {label} by hand {beside}", hint))
     if req.verify is not None and env.get(VERIFY_VAR) not in (None, req.verify):
-        problems.append(Problem(req.service, f"environment sets {VERIFY_VAR}={shown(env[VERIFY_VAR])} but "
+        problems.append(Problem(req.service, f"environment sets {VERIFY_VAR}={quoted(env[VERIFY_VAR])} but "
                                 f"{KEY}.verify is {req.verify}",
                                 f"keep one: {KEY}.verify (render writes {VERIFY_VAR} from it)"))
     return problems
@@ -235,7 +235,7 @@ def agreement_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapp
     ledger = labels.get(LABEL)
     if ledger is not None and {u.strip() for u in ledger.split(",") if u.strip()} != {t.uuid for t in targets}:
         problems.append(Problem(
-            req.service, f"the label {LABEL}={shown(ledger)} is not the cards the service is given, so the ledger "
+            req.service, f"the label {LABEL}={quoted(ledger)} is not the cards the service is given, so the ledger "
             "would be wrong about who holds which card", f"let {_RENDER} write it, or make it {want}"))
     nvd = env.get(NVD_VAR)
     if nvd is not None and req.form.env_var != NVD_VAR:  # the runtime form's NVIDIA_VISIBLE_DEVICES is its request
@@ -244,7 +244,7 @@ def agreement_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapp
         except GpupinError:
             named = set()
         if named != {t.uuid for t in targets}:
-            problems.append(Problem(req.service, f"environment sets {NVD_VAR}={shown(nvd)}, which disagrees with "
+            problems.append(Problem(req.service, f"environment sets {NVD_VAR}={quoted(nvd)}, which disagrees with "
                                     "the device request", f"remove it ({_RENDER} writes it), or make it {want}"))
     return targets, problems
 

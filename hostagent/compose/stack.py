@@ -31,8 +31,8 @@ import copy
 import os
 import re
 
-from gpupin.entrypoint.errors import GpupinError
-from gpupin.hostagent.compose.problems import WARNING, Problem, RenderRefused, ServiceError, printable, shown
+from gpupin.core.errors import GpupinError
+from gpupin.hostagent.compose.problems import WARNING, Problem, RenderRefused, ServiceError, printable, quoted
 from gpupin.hostagent.compose.render import set_entries
 from gpupin.hostagent.compose.request import (
     ALL,
@@ -51,14 +51,14 @@ from gpupin.hostagent.compose.request import (
 )
 from gpupin.hostagent.compose.rules import checked_services, owned_rules
 from gpupin.hostagent.pin import Reservation
-from gpupin.hostagent.swarm import Constraint, gpu_kinds
+from gpupin.hostagent.swarm.cluster import Constraint, gpu_kinds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from gpupin.hostagent.swarm import Node
+    from gpupin.hostagent.swarm.cluster import Node
 
 DEFAULT_VERSION = "3.8"  # the newest format Docker 19.03's CLI takes; Debian 12's 20.10 takes it too
 MIN_VERSION = (3, 5)  # deploy.resources.reservations.generic_resources arrived in format 3.5
@@ -117,11 +117,11 @@ def version_rule(doc: dict[str, Any]) -> tuple[str | None, list[str], list[Probl
                                  "deploy` needs (Docker 20.10's CLI reads a file without one as format 1)"], []
     m = re.fullmatch(r"\s*([0-9]+)(?:\.([0-9]+))?\s*", str(raw))
     if m is None:
-        return None, [], [Problem(None, f"`version: {shown(raw)}` is no compose file format",
+        return None, [], [Problem(None, f"`version: {quoted(raw)}` is no compose file format",
                                   f"write version: '{DEFAULT_VERSION}'")]
     found = (int(m.group(1)), int(m.group(2) or 0))
     if found[0] < 3:
-        return None, [], [Problem(None, f"`version: {shown(raw)}` is a format {found[0]} file, which `docker stack "
+        return None, [], [Problem(None, f"`version: {quoted(raw)}` is a format {found[0]} file, which `docker stack "
                                   "deploy` does not take", f"make it version: '{DEFAULT_VERSION}' (format 3 moves "
                                   "limits and reservations under deploy.resources)")]
     if found < MIN_VERSION:
@@ -152,7 +152,7 @@ def _written_counts(svc: Any, service: str, kind: str) -> list[int]:
             continue
         value = spec.get("value")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ServiceError(service, f"{_GENERIC} reserves {kind} {shown(value)}, which is not a number of "
+            raise ServiceError(service, f"{_GENERIC} reserves {kind} {quoted(value)}, which is not a number of "
                                "cards >= 1", "give a whole number")
         counts.append(value)
     return counts
@@ -174,7 +174,7 @@ def _constraints(svc: Any, service: str) -> list[Constraint]:
 def _global(svc: Any, service: str) -> bool:
     mode = mapping(svc.get("deploy"), service, "deploy").get("mode", "replicated")
     if mode not in ("replicated", "global"):
-        raise ServiceError(service, f"`deploy.mode: {shown(mode)}` is neither replicated nor global",
+        raise ServiceError(service, f"`deploy.mode: {quoted(mode)}` is neither replicated nor global",
                            "Swarm places replicated services (deploy.replicas) or one task per node (global)")
     return bool(mode == "global")
 

@@ -2,12 +2,12 @@
 
 The cards come from NVML; the holders from Docker, through the ledger (what the engine gives each container;
 a ledger label that disagrees is shown as a MISMATCH under both cards); the users and containers of the cards'
-processes from /proc (gpupin.hostagent.procs). When Docker cannot be reached the cards are still listed, the JSON
+processes from /proc (gpupin.hostagent.ls.procs). When Docker cannot be reached the cards are still listed, the JSON
 says so and stderr says so (stdout is the listing only); a card NVML cannot read is shown as such, and a reading a
 card does not give (temperature, power, ...) is null in the JSON and N/A in the table.
 
-`gather()` is the data (`--json` prints it as is); the table (gpupin.hostagent.lsview) and `--format` lines
-(gpupin.hostagent.lsformat) are read from it alone.
+`gather()` is the data (`--json` prints it as is); the table (gpupin.hostagent.ls.view) and `--format` lines
+(gpupin.hostagent.ls.template) are read from it alone.
 """
 
 from __future__ import annotations
@@ -15,17 +15,19 @@ from __future__ import annotations
 import os
 import sys
 
-from gpupin.entrypoint import nvml
-from gpupin.entrypoint.errors import GpupinError, UsageError
-from gpupin.hostagent import engine, procs
-from gpupin.hostagent.ledger import Holder
+from gpupin.core import nvml
+from gpupin.core.errors import GpupinError, UsageError
+from gpupin.hostagent import engine
+from gpupin.hostagent.ledger import read as ledger_read
+from gpupin.hostagent.ledger.holders import Holder
+from gpupin.hostagent.ls import procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card, MigDevice, Process
+    from gpupin.core.nvml import Card, MigDevice, Process
 
 MIB = 1024 * 1024
 
@@ -45,7 +47,7 @@ def gather(warn: bool = True) -> dict[str, Any]:
     holders: list[Holder] = []
     try:
         docker["host"] = engine.docker_host()
-        holders = engine.read_holders(engine.reader(timeout=10), cards)
+        holders = ledger_read.read_holders(engine.reader(timeout=10), cards)
     except GpupinError as err:
         docker.update(available=False, error=err.message)
     except Exception as err:
@@ -128,7 +130,7 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
                          f"{'--json' if as_json else '--format'}",
                          "scripts poll `hostagent ls --json` (or --format) at their own pace")
     if template is not None:
-        from gpupin.hostagent import lsformat
+        from gpupin.hostagent.ls import template as lsformat
 
         compiled = lsformat.Template(template)  # refused before anything is read
         sys.stdout.write(compiled.render(gather()))
@@ -141,7 +143,7 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
         sys.stdout.write(json.dumps(gather()) + "\n")
         sys.stdout.flush()
         return 0
-    from gpupin.hostagent import lsview
+    from gpupin.hostagent.ls import view as lsview
 
     paint = lsview.use_color(color, sys.stdout)
     if watch is not None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import GpuSpecError, UsageError, shorten
+from gpupin.core.errors import GpuSpecError, UsageError
+from gpupin.core.shown import shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 Order matters for "nothing started or lost on refusal": the request, the GPUs and the image are checked before
 anything is created; a container that was created but could not be started is removed; a hostagent interrupted
 between create and start removes what it created. One killed outright leaves a created, never-started container
-whose lease is dead: it holds nothing, and the next run removes it (gpupin.hostagent.lease, .ledger, .lock).
+whose lease is dead: it holds nothing, and the next run removes it (gpupin.hostagent.ledger.lease, .ledger, .lock).
 """
 
 from __future__ import annotations
@@ -15,12 +15,16 @@ import signal
 import sys
 import time
 
-from gpupin.entrypoint import nvml
-from gpupin.entrypoint.errors import UsageError
-from gpupin.hostagent import cdi, engine, gpus, image, lease, ledger, lock
-from gpupin.hostagent.attach import Attachment
-from gpupin.hostagent.errors import CardHeldError, DockerRefusedError, DockerUnavailableError
-from gpupin.hostagent.request import ContainerSpec, RunRequest
+from gpupin.core import nvml
+from gpupin.core.errors import CardHeldError, DockerRefusedError, DockerUnavailableError, UsageError
+from gpupin.hostagent import engine, gpus
+from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.ledger import holders as ledger
+from gpupin.hostagent.ledger import lease, lock
+from gpupin.hostagent.ledger import read as ledger_read
+from gpupin.hostagent.run import image
+from gpupin.hostagent.run.attach import Attachment
+from gpupin.hostagent.run.request import ContainerSpec, RunRequest
 from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
@@ -28,8 +32,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card
-    from gpupin.entrypoint.resolve import Target
+    from gpupin.core.nvml import Card
+    from gpupin.core.resolve import Target
 
 POLL_S = 0.5  # how often a --wait request looks at the ledger again
 NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
@@ -176,7 +180,7 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
         raise
 
 
-def _remove_orphans(api: Any, book: engine.Book) -> None:
+def _remove_orphans(api: Any, book: ledger_read.Book) -> None:
     """Containers a hostagent created and never started, whose lease is dead or expired: they hold nothing and
     would keep their names forever. Removed by ID, under the ledger lock."""
     for s in book.orphans:
@@ -225,7 +229,7 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
             with guard:
                 mark("locked")
                 _failpoint("after-lock")
-                book = engine.read_ledger(api, cards, daemon_info)
+                book = ledger_read.read_ledger(api, cards, daemon_info)
                 mark("looked")
                 _remove_orphans(api, book)
                 chosen, refusal = _choose(req, cards, picks, ledger.held(book.holders))
@@ -262,7 +266,7 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:
-    """How to pin: --via as asked, else as the daemon serves these cards (gpupin.hostagent.cdi)."""
+    """How to pin: --via as asked, else as the daemon serves these cards (gpupin.hostagent.engine.cdi)."""
     return detection.via([t.uuid for t in targets], req.via, req.capabilities)
 
 
@@ -277,7 +281,7 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
             daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
             detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
             if picks is None:
-                busy = ledger.held(engine.read_holders(api, cards, daemon_info))
+                busy = ledger.held(ledger_read.read_holders(api, cards, daemon_info))
         except Exception as err:
             missed = ["every card counts as free"] if picks is None else []
             if req.via is None:

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import sys
 
-from gpupin.entrypoint.errors import GpupinError
-from gpupin.hostagent.swarm import GenericResource, describe, lookup, names_a_gpu
+from gpupin.core.errors import GpupinError
+from gpupin.hostagent.swarm.cluster import GenericResource, describe, lookup, names_a_gpu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card
-    from gpupin.hostagent.swarm import Cluster, Node, Task
+    from gpupin.core.nvml import Card
+    from gpupin.hostagent.swarm.cluster import Cluster, Node, Task
 
 
 def _task(t: Task, cluster: Cluster, nodes: dict[str, Node]) -> dict[str, Any]:
@@ -139,7 +139,7 @@ def local_node(cluster: Cluster) -> tuple[str, list[Card]] | None:
                                                       for r in n.resources if not r.discrete):
         return None
     try:
-        from gpupin.entrypoint import nvml
+        from gpupin.core import nvml
 
         cards = nvml.list_cards(mig=True, tolerate_lost=True)
     except Exception:
@@ -155,7 +155,8 @@ def command(as_json: bool) -> int:
     """`hostagent ls --swarm [--json]`."""
     import json
 
-    from gpupin.hostagent import engine, swarm
+    from gpupin.hostagent import engine
+    from gpupin.hostagent.swarm import cluster as swarm
 
     try:
         cluster = swarm.read(engine.reader(timeout=10))

@@ -9,8 +9,8 @@ cannot read becomes a `Card` with `error` set, so a listing survives it.
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import GpuUnavailableError
-from gpupin.entrypoint.identity import BusId
+from gpupin.core.errors import GpuUnavailableError
+from gpupin.core.identity import BusId
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

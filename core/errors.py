@@ -1,30 +1,24 @@
-"""The exception tree shared by both sides: each class carries the exit code DESIGN.md gives it.
+"""The exception tree of both sides: each class carries its exit code (docs/design.md, "Exit codes").
 
 A CLI catches `GpupinError`, prints `ERROR: <message>` and, when there is one, `HINT: <hint>`, and exits with
 `exit_code`. Messages say what was asked and what was found; hints say what to do.
 
-No `from __future__ import annotations` here (nor in gpupin.entrypoint, .cli, .isolation): those are imported
-before the entrypoint takes the workload's paths out of sys.path, and `__future__` is a module like any other.
+No `from __future__ import annotations` here (nor in gpupin.core, gpupin.entrypoint, .cli, .isolation): those are
+imported before the entrypoint takes the workload's paths out of sys.path, and `__future__` is a module like any
+other.
 """
 
+EX_SOFTWARE = 70  # an internal error, i.e. a bug (sysexits)
 EX_USAGE = 64  # bad usage or a malformed request / expectation
 EX_UNAVAILABLE = 69  # no usable GPU (NVML or the CUDA driver), or the Docker daemon unavailable
-EX_TEMPFAIL = 75  # hostagent: the card is held by another pinned container
+EX_TEMPFAIL = 75  # hostagent: the card is held (by a container or a process), and no --wait
 EX_MISALIGNED = 78  # the entrypoint refuses: cuda:k is not the card that was asked for
+# As `docker run`: the daemon refused the container (no image, bad option, conflict); the command cannot be invoked;
+# the command was not found. gpupin-entrypoint uses 126 and 127 as Docker does.
+EX_DOCKER_REFUSED = 125
+EX_CANNOT_INVOKE = 126
+EX_NOT_FOUND = 127
 EX_SIGNAL_BASE = 128  # a signal N stopped it before the workload started: 128 + N, as a shell reports it
-
-
-def shorten(value: str, limit: int = 120) -> str:
-    """`repr(value)`, cut to `limit` characters with the full length said: one refusal line stays one line that a
-    person can read, even for a megabyte of environment."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}... ({len(value)} characters)"
-
-
-def shown(value: str, limit: int = 120) -> str:
-    """`value` as it is when it prints on one line as itself, else as `shorten` writes it."""
-    return value if len(value) <= limit and value.isprintable() else shorten(value, limit)
 
 
 class GpupinError(Exception):
@@ -77,3 +71,34 @@ class StoppedError(GpupinError):
     def __init__(self, signum: int, name: str, doing: str) -> None:
         super().__init__(f"stopped by {name} while {doing}; the workload was not started")
         self.exit_code = EX_SIGNAL_BASE + signum
+
+
+class InternalError(GpupinError):
+    """Anything unexpected: one line like every refusal, never a bare traceback (exit 70)."""
+
+    exit_code = EX_SOFTWARE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "this is a bug in hostagent: run again with --debug and report the traceback")
+
+
+class CardHeldError(GpupinError):
+    """The asked card is held by another pinned container, and no --wait (exit 75)."""
+
+    exit_code = EX_TEMPFAIL
+
+
+class DockerUnavailableError(GpupinError):
+    """The docker SDK is missing or the Docker daemon does not answer (exit 69)."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+class DockerRefusedError(GpupinError):
+    """The daemon refused to create or start the container (exit 125, 126 or 127, as `docker run`)."""
+
+    exit_code = EX_DOCKER_REFUSED
+
+    def __init__(self, message: str, hint: "str | None" = None, exit_code: int = EX_DOCKER_REFUSED) -> None:
+        super().__init__(message, hint)
+        self.exit_code = exit_code

@@ -4,7 +4,7 @@ address reached it, local or remote (DESIGN.md, "The ledger").
 The daemon arbitrates. Container names are unique per daemon and taken atomically, so the lock is a container
 named `gpupin-ledger-lock`: made from the image being run (its create doubles as the check that the image is
 there; when it is not, the image is pulled or the run refused first), never started, signed with a lease
-(gpupin.hostagent.lease), and removed by its ID when done. A 409 on create means someone holds it. A holder that
+(gpupin.hostagent.ledger.lease), and removed by its ID when done. A 409 on create means someone holds it. A holder that
 is a dead process of this host is broken at once; any other, once its lease is up by the daemon's clock.
 Breaking removes that very lock by ID, never by name, so it cannot remove a newer one.
 
@@ -33,8 +33,9 @@ import sys
 import threading
 import time
 
-from gpupin.hostagent import background, engine, lease
-from gpupin.hostagent.errors import CardHeldError, DockerRefusedError
+from gpupin.core.errors import CardHeldError, DockerRefusedError
+from gpupin.hostagent import background, engine
+from gpupin.hostagent.ledger import lease
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

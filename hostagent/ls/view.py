@@ -260,7 +260,7 @@ def watch(interval: float, color: bool) -> int:
     import signal
     import time
 
-    from gpupin.hostagent import listing
+    from gpupin.hostagent.ls import listing
 
     stream = sys.stdout
     tty = _isatty(stream)

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import GpuSpecError, UsageError
-from gpupin.entrypoint.identity import is_full_uuid, is_uuid_like
-from gpupin.entrypoint.resolve import Target, resolve
+from gpupin.core.errors import GpuSpecError, UsageError
+from gpupin.core.identity import is_full_uuid, is_uuid_like
+from gpupin.core.resolve import Target, resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card
+    from gpupin.core.nvml import Card
 
 DEFAULT_KIND = "GPU"
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -380,8 +380,8 @@ class Cluster:
 def _not_a_manager(api: Any) -> None:
     """Raise the one line that says what the daemon is, when it is no manager (its /info: ~40 ms, so asked only
     after a list was refused; `docker node ls` asks it every time)."""
+    from gpupin.core.errors import DockerUnavailableError
     from gpupin.hostagent import engine
-    from gpupin.hostagent.errors import DockerUnavailableError
 
     swarm = engine.fetch(api, "/info")[0].get("Swarm") or {}
     state = swarm.get("LocalNodeState") or "inactive"
@@ -396,8 +396,8 @@ def _not_a_manager(api: Any) -> None:
 def read(api: Any, tasks: bool = True) -> Cluster:
     """The swarm as the manager behind `api` (hostagent.engine.reader) describes it; DockerUnavailableError (69)
     when that daemon is no manager, in one line that says what it is."""
+    from gpupin.core.errors import DockerUnavailableError
     from gpupin.hostagent import engine
-    from gpupin.hostagent.errors import DockerUnavailableError
 
     try:
         raw = engine.fetch(api, "/nodes")[0]

@@ -11,7 +11,7 @@ a mismatch. There is no state file: a container that is gone holds nothing.
 When a container holds (`holding`): while running, paused or restarting; when stopped but the daemon will start it
 again on its own restart (restart policy `always`, `unless-stopped`, or `on-failure` after a failure with retries
 left: moby's restore rule, daemon/daemon.go and restartmanager); and, created but not yet started, while a
-hostagent that made it is still at work on it (its lease, gpupin.hostagent.lease). Pure functions over inspect
+hostagent that made it is still at work on it (its lease, gpupin.hostagent.ledger.lease). Pure functions over inspect
 data and the cards NVML reported.
 """
 
@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import GpupinError
-from gpupin.entrypoint.identity import is_uuid_like
-from gpupin.entrypoint.resolve import by_minor, resolve
-from gpupin.hostagent import cdi, lease
-from gpupin.hostagent.pin import LABEL as LABEL  # the ledger reads the labels the pin writes
-from gpupin.hostagent.pin import SHARED_LABEL as SHARED_LABEL
+from gpupin.core.contract import ALL, NONE, VOID, nvd_keyword
+from gpupin.core.contract import LABEL as LABEL  # the ledger reads the labels the pin writes
+from gpupin.core.contract import SHARED_LABEL as SHARED_LABEL
+from gpupin.core.errors import GpupinError
+from gpupin.core.identity import is_uuid_like
+from gpupin.core.resolve import by_minor, resolve
+from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.ledger import lease
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card
+    from gpupin.core.nvml import Card
 
 LIVE_STATES = frozenset({"running", "paused", "restarting"})
 # The capabilities moby's nvidia device driver answers to (daemon/nvidia_linux.go): a request with no driver
@@ -89,7 +91,7 @@ def _ids(specs: Iterable[str], host: Host) -> tuple[list[str], list[str]]:
         spec = raw.strip()
         if not spec:
             continue
-        if spec.lower() == "all":
+        if nvd_keyword(spec) == ALL:
             uuids += host.every_card()
             continue
         try:
@@ -186,7 +188,7 @@ def _runtime_env(c: Mapping[str, Any], host: Host) -> list[Grant]:
     if not host.is_nvidia_runtime(runtime) or _nvidia_requests(c) or _cdi_gpus(c):
         return []
     value = _env(c, "NVIDIA_VISIBLE_DEVICES")
-    if value is None or value.strip().lower() in ("", "void", "none"):
+    if value is None or nvd_keyword(value) in ("", VOID, NONE):
         return []
     uuids, unknown = _ids(value.split(","), host)
     return [Grant("nvidia-runtime", f"--runtime {runtime} NVIDIA_VISIBLE_DEVICES={value}", uuids, unknown)]

@@ -11,7 +11,7 @@ compose, and the entrypoint (its expectation). The forms (DESIGN.md, "GPU identi
     2                                  an NVML index, as nvidia-smi numbers the cards (ASCII digits only)
     minor number 3                     /dev/nvidia3 (asked for explicitly: `by_minor`, never guessed from digits)
 
-Pure over the cards NVML reported (`gpupin.entrypoint.nvml.Card`); a spec that names no card, or more than one, is
+Pure over the cards NVML reported (`gpupin.core.nvml.Card`); a spec that names no card, or more than one, is
 a GpuSpecError (exit 64) that says what there is.
 """
 
@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import GpuSpecError, UsageError, shorten
-from gpupin.entrypoint.identity import BusId, is_full_uuid, is_mig, is_uuid_like, match_uuid, mig_legacy_parts
+from gpupin.core.errors import GpuSpecError, UsageError
+from gpupin.core.identity import BusId, is_full_uuid, is_mig, is_uuid_like, match_uuid, mig_legacy_parts
+from gpupin.core.shown import shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from gpupin.entrypoint.nvml import Card, MigDevice
+    from gpupin.core.nvml import Card, MigDevice
 
 SPEC_HINT = ("name a card by UUID (or a unique prefix: GPU-1c5e), NVML index (0), bus id (3b:00.0) or MIG device "
              "(MIG-..., or card:device like 0:1); `hostagent ls` lists them")

@@ -58,7 +58,7 @@ def gpu_device(text: str) -> str | None:
 
 
 def as_spec(device: str) -> str:
-    """A device name of NVIDIA's spec as a GPU spec gpupin.entrypoint.resolve reads: the `type-index` strategy's
+    """A device name of NVIDIA's spec as a GPU spec gpupin.core.resolve reads: the `type-index` strategy's
     `gpu2` and `mig0:1` are the index `2` and the MIG pair `0:1`; every other name is one already."""
     m = _TYPE_INDEX.fullmatch(device)
     return (m.group(1) or m.group(2)) if m else device

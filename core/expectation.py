@@ -6,14 +6,15 @@ from when GPUPIN_EXPECT is unset (NVIDIA_VISIBLE_DEVICES, Swarm, ...) is gpupin.
 
 from __future__ import annotations
 
-from gpupin.entrypoint.errors import ExpectationError, UsageError, shorten
-from gpupin.entrypoint.identity import BusId, is_full_uuid, is_uuid_like, normalize_uuid
+from gpupin.core.contract import EXPECT_VAR
+from gpupin.core.errors import ExpectationError, UsageError
+from gpupin.core.identity import BusId, is_full_uuid, is_uuid_like, normalize_uuid
+from gpupin.core.shown import shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-EXPECT_VAR = "GPUPIN_EXPECT"
 _EXPECT_HINT = (
     "GPUPIN_EXPECT is a comma-separated list, in local-rank order, of UUID[@BUSID], e.g. "
     "GPU-1c5e8f3a-4b2d-4f0e-9a7c-2d3e4f5a6b7c@00000000:3B:00.0"

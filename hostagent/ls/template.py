@@ -12,7 +12,7 @@ import difflib
 import re
 import string
 
-from gpupin.entrypoint.errors import UsageError
+from gpupin.core.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

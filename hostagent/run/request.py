@@ -14,16 +14,18 @@ import os
 import re
 import shlex
 
-from gpupin.entrypoint.errors import UsageError
-from gpupin.hostagent import runopts
-from gpupin.hostagent.pin import LABEL, OWNED_LABELS, OWNED_VARS, VERIFY_LEVELS, Pin, check_via
+from gpupin.core.contract import LABEL
+from gpupin.core.contract import LEVELS as VERIFY_LEVELS
+from gpupin.core.errors import UsageError
+from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS, Pin, check_via
+from gpupin.hostagent.run import options as runopts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpupin.entrypoint.resolve import Target
+    from gpupin.core.resolve import Target
 
 # An image reference as the Engine reads it: [registry[:port]/]path[:tag][@digest], lower-case path components.
 _REFERENCE = re.compile(r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -49,7 +51,7 @@ class RunRequest:
         self.wait = wait
         self.verify = verify
         self.dry_run = dry_run
-        self.via = via  # cdi or nvidia as asked (--via); None: as the daemon serves (gpupin.hostagent.cdi)
+        self.via = via  # cdi or nvidia as asked (--via); None: as the daemon serves (gpupin.hostagent.engine.cdi)
         unknown = set(options) - set(runopts.BY_DEST)
         if unknown:
             raise TypeError(f"unknown docker run option(s): {', '.join(sorted(unknown))}")

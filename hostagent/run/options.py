@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from gpupin.entrypoint.errors import UsageError
+from gpupin.core.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ import socket
 import sys
 import threading
 
+from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent import background, engine
-from gpupin.hostagent.errors import DockerUnavailableError
 from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-    from gpupin.hostagent.request import RunRequest
+    from gpupin.hostagent.run.request import RunRequest
 
 STDOUT, STDERR = 1, 2
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 import os
 import sys
 
+from gpupin.core.errors import DockerRefusedError
 from gpupin.hostagent import engine
-from gpupin.hostagent.errors import DockerRefusedError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any, TextIO
 
-    from gpupin.hostagent.request import RunRequest
+    from gpupin.hostagent.run.request import RunRequest
 
 
 class Progress:

@@ -21,11 +21,11 @@ import os
 import shutil
 import sys
 
-from gpupin.entrypoint import nvml
-from gpupin.entrypoint.errors import EX_USAGE, GpuUnavailableError, UsageError
-from gpupin.entrypoint.identity import is_full_uuid
+from gpupin.core import nvml
+from gpupin.core.errors import EX_USAGE, GpuUnavailableError, UsageError
+from gpupin.core.identity import is_full_uuid
 from gpupin.hostagent.findings import WARNING, Finding
-from gpupin.hostagent.swarm import (
+from gpupin.hostagent.swarm.cluster import (
     DAEMON_JSON,
     DEFAULT_KIND,
     RUNTIME_PATH,
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from gpupin.entrypoint.nvml import Card
-    from gpupin.entrypoint.resolve import Target
+    from gpupin.core.nvml import Card
+    from gpupin.core.resolve import Target
 
 RUNTIME_NAME = "nvidia"
 SWARM_RESOURCE = "swarm-resource"

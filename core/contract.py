@@ -1,0 +1,50 @@
+"""The contract between the host side and the container side: the names and values both read and write.
+
+docs/design.md describes it for people; this module is where the code reads it. Exit codes live with the error tree
+(gpupin.core.errors), which gives each failure its code.
+"""
+
+# The expectation: comma-separated, in local-rank order, each UUID[@BUSID] (gpupin.core.expectation's grammar).
+EXPECT_VAR = "GPUPIN_EXPECT"
+# The entrypoint's switches, each also a command-line option of gpupin-entrypoint.
+VERIFY_VAR = "GPUPIN_VERIFY"
+REQUIRE_VAR = "GPUPIN_REQUIRE"
+QUIET_VAR = "GPUPIN_QUIET"
+WATCH_VAR = "GPUPIN_WATCH"
+PROBE_TIMEOUT_VAR = "GPUPIN_PROBE_TIMEOUT"
+DEVICE_LIST_DIR_VAR = "GPUPIN_DEVICE_LIST_DIR"
+# Verification levels, weakest first; `cuda` when none is asked for.
+LEVELS = ("nvml", "cuda", "torch")
+DEFAULT_LEVEL = "cuda"
+# A switch's values: on, or off (empty is off).
+ON = ("1", "true", "yes", "on")
+OFF = ("", "0", "false", "no", "off")
+
+# What the NVIDIA runtime reads to pick the cards it exposes.
+NVD_VAR = "NVIDIA_VISIBLE_DEVICES"
+# The Kubernetes device plugin's volume-mounts strategy: one file per device id in this folder.
+DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+# Swarm's generic resources reach a task as DOCKER_RESOURCE_<KIND>; the toolkit reads the one its config names.
+SWARM_PREFIX = "DOCKER_RESOURCE_"
+
+# The ledger's labels on every container hostagent pins: the UUIDs it holds, and whether others may share them.
+LABEL = "gpupin.devices"
+SHARED_LABEL = "gpupin.shared"
+LABEL_PREFIX = "gpupin."
+
+# NVIDIA_VISIBLE_DEVICES values that name no particular card, as libnvidia-container reads them: `all` in any case
+# (it compares case-insensitively), `none`, `void` and empty exactly.
+ALL = "all"
+NONE = "none"
+VOID = "void"
+
+
+def nvd_keyword(value: str) -> "str | None":
+    """ALL, NONE, VOID or "" when an NVIDIA_VISIBLE_DEVICES value names no particular card; None when it lists
+    devices."""
+    v = value.strip()
+    if v.lower() == ALL:
+        return ALL
+    if v in ("", NONE, VOID):
+        return v
+    return None

@@ -1,0 +1,48 @@
+"""The Docker Engine adapter, by responsibility: where the daemon is (address), its failures as hostagent's errors
+(failures), the SDK's client (client), reads with the daemon's clock (reader), what the daemon says of itself (info)
+and how it serves CDI (cdi). The ledger read from the daemon is gpupin.hostagent.ledger.read.
+
+Callers write `engine.connect()`, `engine.fetch(...)`: the names below are the adapter's surface.
+"""
+
+from gpupin.hostagent.engine.address import DAEMON_HINT, DEFAULT_HOST, Endpoint, docker_host, endpoint
+from gpupin.hostagent.engine.client import MIN_API, connect
+from gpupin.hostagent.engine.failures import (
+    EngineNotFound,
+    failure,
+    is_api_error,
+    is_conflict,
+    is_daemon_failure,
+    is_not_found,
+    is_sdk_error,
+    refused,
+)
+from gpupin.hostagent.engine.info import cdi_detection, info, may_serve_cdi, runtimes
+from gpupin.hostagent.engine.reader import EngineReader, created_time, fetch, http_date, reader
+
+__all__ = [
+    "DAEMON_HINT",
+    "DEFAULT_HOST",
+    "MIN_API",
+    "Endpoint",
+    "EngineNotFound",
+    "EngineReader",
+    "cdi_detection",
+    "connect",
+    "created_time",
+    "docker_host",
+    "endpoint",
+    "failure",
+    "fetch",
+    "http_date",
+    "info",
+    "is_api_error",
+    "is_conflict",
+    "is_daemon_failure",
+    "is_not_found",
+    "is_sdk_error",
+    "may_serve_cdi",
+    "reader",
+    "refused",
+    "runtimes",
+]

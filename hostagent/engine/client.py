@@ -1,0 +1,73 @@
+"""The docker SDK's low-level client (docker.APIClient), imported only when needed: with requests under it, it
+costs 60 to 90 ms on a 2-core machine, more than `docker ps` takes to list 500 containers."""
+
+from __future__ import annotations
+
+from gpupin.core.errors import DockerUnavailableError
+from gpupin.hostagent.engine.address import DAEMON_HINT, docker_host, endpoint
+from gpupin.hostagent.engine.failures import unavailable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# Device requests (--gpus) arrived in Engine API 1.40 (Docker 19.03).
+MIN_API = "1.40"
+
+
+def _keep_daemon_ca(api: Any) -> None:
+    """The daemon's CA (DOCKER_CERT_PATH, or a context's) is the one to verify it with, as in the docker CLI.
+    requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE replace a session's `verify` (psf/requests#3829, open since
+    2017), which would check the daemon against the system's CAs instead."""
+    merge = api.merge_environment_settings
+
+    def merged(url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+        settings = merge(url, proxies, stream, verify, cert)
+        if verify is None:  # nothing asked for this request: the session's setting, not the environment's
+            settings["verify"] = api.verify
+        return settings
+
+    api.merge_environment_settings = merged
+
+
+def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
+    """A docker.APIClient talking to the daemon, or DockerUnavailableError (69) with the address and a hint.
+
+    The API version is negotiated as the docker CLI does it, from `GET /_ping`'s API-Version header: the SDK's
+    "auto" asks `GET /version`, which makes the daemon query containerd and runc and costs ~8 ms a call.
+    """
+    ep = endpoint()
+    try:
+        import docker
+        from docker.constants import DEFAULT_DOCKER_API_VERSION
+        from docker.utils import version_lt
+    except ImportError:
+        raise DockerUnavailableError(
+            "the docker SDK is not installed", "install the host side: pip install 'gpupin[host]'") from None
+
+    def client(v: str) -> Any:
+        # ssh:// as the docker CLI does it (the ssh binary, `docker system dial-stdio` on the far side).
+        api = docker.APIClient(base_url=ep.url, tls=ep.tls or False, version=v, timeout=timeout,
+                               use_ssh_client=ep.url.startswith("ssh://"))
+        if ep.tls:
+            _keep_daemon_ca(api)
+        return api
+
+    try:
+        api = client(version or MIN_API)
+        if version is not None:
+            return api
+        ping = api.get(api.base_url + "/_ping", timeout=timeout)  # APIClient is a requests.Session
+    except Exception as err:  # the SDK's, requests' and the socket's errors alike
+        raise unavailable(err) from None
+    server = ping.headers.get("Api-Version") or ""
+    if ping.status_code != 200 or not server:
+        raise DockerUnavailableError(f"the Docker daemon at {docker_host()} answered /_ping with "
+                                     f"{ping.status_code} and no API version", DAEMON_HINT)
+    if version_lt(server, MIN_API):
+        raise DockerUnavailableError(f"the Docker daemon at {docker_host()} speaks API {server}; device requests "
+                                     f"(--gpus) need {MIN_API} (Docker 19.03) or newer", "upgrade Docker")
+    agreed = DEFAULT_DOCKER_API_VERSION if version_lt(DEFAULT_DOCKER_API_VERSION, server) else server
+    api = client(agreed)
+    api.gpupin_server_version = server  # the daemon's own API version (the agreed one may be the SDK's, lower)
+    return api

@@ -1,0 +1,84 @@
+"""The daemon's and the SDK's failures turned into hostagent's one-line errors, with docker run's exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+from gpupin.core.errors import EX_CANNOT_INVOKE, EX_NOT_FOUND, DockerRefusedError, DockerUnavailableError, GpupinError
+from gpupin.hostagent.engine.address import DAEMON_HINT, docker_host
+
+
+def _short(err: BaseException) -> str:
+    text = str(getattr(err, "explanation", None) or err)
+    return text.strip().splitlines()[-1] if text.strip() else type(err).__name__
+
+
+def unavailable(err: BaseException) -> DockerUnavailableError:
+    return DockerUnavailableError(f"the Docker daemon at {docker_host()} does not answer: {_short(err)}",
+                                  DAEMON_HINT + " (`make sandbox-up` prints the sandbox's)")
+
+
+def refused(err: BaseException, doing: str) -> DockerRefusedError:
+    """A daemon refusal, coded as `docker run` codes it: 127 command not found, 126 not runnable, else 125."""
+    text = _short(err)
+    code = 125
+    low = text.lower()
+    if "executable file not found" in low or ("no such file or directory" in low and "exec" in low):
+        code = EX_NOT_FOUND
+    elif "permission denied" in low and "exec" in low:
+        code = EX_CANNOT_INVOKE
+    hint = {EX_NOT_FOUND: "check the command's name (or --entrypoint), or give its full path",
+            EX_CANNOT_INVOKE: "the command must be an executable file in the image"}.get(
+        code, "fix what the daemon names above; `hostagent run --dry-run` prints the equivalent docker run line")
+    return DockerRefusedError(f"{doing}: {text}", hint, code)
+
+
+def _status(err: BaseException) -> int | None:
+    code = getattr(err, "status_code", None)
+    if code is None:
+        code = getattr(getattr(err, "response", None), "status_code", None)
+    return int(code) if isinstance(code, int) else None
+
+
+def failure(err: BaseException, doing: str) -> GpupinError:
+    """Any failure of a daemon call as one line: the daemon's own errors (5xx) and a daemon that cannot be
+    reached or drops the connection are 69; what it refuses (4xx) is 125, as `docker run` has it."""
+    if isinstance(err, GpupinError):
+        return err
+    status = _status(err)
+    if status is not None and status < 500:
+        return refused(err, doing)
+    if status is not None:
+        return DockerUnavailableError(f"{doing}: the Docker daemon at {docker_host()} failed ({status}): "
+                                      f"{_short(err)}", "see the daemon's log (journalctl -u docker), then retry")
+    return unavailable(err)
+
+
+def is_daemon_failure(err: BaseException) -> bool:
+    """An error of the daemon or of the way to it (the SDK's, requests', urllib3's, a socket's), not a bug here."""
+    return isinstance(err, OSError) or type(err).__module__.split(".")[0] in ("docker", "requests", "urllib3")
+
+
+def is_api_error(err: BaseException) -> bool:
+    errors = sys.modules.get("docker.errors")
+    return errors is not None and isinstance(err, errors.APIError)
+
+
+def is_sdk_error(err: BaseException) -> bool:
+    errors = sys.modules.get("docker.errors")
+    return errors is not None and isinstance(err, errors.DockerException)
+
+
+class EngineNotFound(Exception):
+    """A 404 from a read (the SDK raises docker.errors.NotFound)."""
+
+
+def is_not_found(err: BaseException) -> bool:
+    if isinstance(err, EngineNotFound):
+        return True
+    errors = sys.modules.get("docker.errors")  # never import the SDK just to classify an error
+    return errors is not None and isinstance(err, errors.NotFound)
+
+
+def is_conflict(err: BaseException) -> bool:
+    return _status(err) == 409
