@@ -1,0 +1,110 @@
+"""`gpupin-entrypoint --watch SECONDS`: keep proving the pin while the workload runs.
+
+Once the pin is proven, the entrypoint stays as the workload's supervising parent (gpupin.entrypoint.supervise) and,
+every SECONDS, asks NVML (the session the verification opened) whether each pinned card is still there, at its bus
+id. When NVML stops answering ("Unknown Error" after a `systemctl daemon-reload` took the container's device nodes
+away) or a card is lost (fallen off the bus), it prints one line, stops the workload (SIGTERM, then SIGKILL after
+GPUPIN_WATCH_GRACE seconds, 10 by default, as `docker stop`) and ends with EX_CARD_LOST (79), so that a restart
+policy starts the container again on a card that works (docs/design.md, "Exit codes").
+
+No `from __future__ import annotations` here (see gpupin.core.errors).
+"""
+
+import sys
+
+from gpupin.core import nvml
+from gpupin.core.contract import WATCH_GRACE_VAR, WATCH_VAR
+from gpupin.core.errors import CardLostError, GpuUnavailableError, UsageError
+from gpupin.core.shown import shorten
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from gpupin.core.identity import BusId
+    from gpupin.entrypoint.verify import Verification
+
+INTERVAL_MAX = 86400.0  # a day: a longer interval watches nothing a user would wait for
+GRACE_DEFAULT = 10.0  # as `docker stop`
+GRACE_MAX = 3600.0
+
+
+def interval(value: str, given: str) -> float:
+    """The seconds between checks: a number in (0, a day]; 0, a negative number, nan, inf or text is refused."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= INTERVAL_MAX:  # nan fails every comparison
+        unset = f", or unset {WATCH_VAR} to run without watching" if given == WATCH_VAR else ""
+        shown = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
+        raise UsageError(f"{shown} is not a number of seconds between 0 and {INTERVAL_MAX:.0f}",
+                         f"give the seconds between checks of the pinned cards, like --watch 5{unset}")
+    return seconds
+
+
+def grace(environ: "Mapping[str, str]") -> float:
+    """GPUPIN_WATCH_GRACE: how long a workload stopped for a lost card has between SIGTERM and SIGKILL."""
+    raw = environ.get(WATCH_GRACE_VAR, "")
+    if not raw.strip():
+        return GRACE_DEFAULT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 <= seconds <= GRACE_MAX:
+        raise UsageError(f"{WATCH_GRACE_VAR}={shorten(raw)} is not a number of seconds between 0 and "
+                         f"{GRACE_MAX:.0f}",
+                         f"unset it for {GRACE_DEFAULT:.0f} s, or give one like {WATCH_GRACE_VAR}=30")
+    return seconds
+
+
+def watched(ver: "Verification") -> "list[tuple[str, BusId | None]]":
+    """The physical cards the workload was given (a MIG device's parent card), once each, in local-rank order."""
+    cards: list[tuple[str, BusId | None]] = []
+    for b in ver.plan.bindings:
+        card = (b.card.uuid or b.uuid, b.card.bus_id) if b.card is not None else (b.uuid, b.bus_id)
+        if card not in cards:
+            cards.append(card)
+    return cards
+
+
+def checker(cards: "Sequence[tuple[str, BusId | None]]") -> "Callable[[], str | None]":
+    """One check of every watched card: None while all are fine, else what went wrong with the first that is not."""
+    def check() -> "str | None":
+        for uuid, bus_id in cards:
+            problem = nvml.card_problem(uuid, bus_id)
+            if problem is not None:
+                return problem
+        return None
+
+    return check
+
+
+def lost(what: str, grace_s: float) -> CardLostError:
+    return CardLostError(
+        f"a pinned card was lost while the workload ran: {what}; the workload was stopped (SIGTERM, SIGKILL after "
+        f"{grace_s:g} s)",
+        "start the container again, on a card that works: a restart policy does it (`docker run --restart "
+        "on-failure`, `hostagent run --restart on-failure`); run `hostagent doctor` on the host to find the cause "
+        "(a daemon-reload without /dev/char links, an Xid in `dmesg`)")
+
+
+def run_watched(cmd: "Sequence[str]", env: "dict[str, str]", ver: "Verification", every: float, grace_s: float,
+                run: "Callable[[Sequence[str], dict[str, str]], int]", prog: str) -> int:
+    """Run CMD under the supervising parent, checking the verified cards every `every` seconds."""
+    from gpupin.entrypoint.supervise import Watch, supervise
+
+    check = checker(watched(ver))
+    gone = check()  # the first check, and every import one needs, before the workload starts
+    if gone is not None:
+        raise GpuUnavailableError(f"a card verified a moment ago is already gone: {gone}",
+                                  "check `nvidia-smi` and the host's `dmesg`; run `hostagent doctor` on the host")
+
+    def on_loss(what: str) -> int:
+        err = lost(what, grace_s)
+        sys.stderr.write(err.line(prog))
+        sys.stderr.flush()
+        return err.exit_code
+
+    return supervise(cmd, env, Watch(every, check, on_loss, grace_s), run, prog)
