@@ -290,3 +290,23 @@ def list_cards(detail: bool = False, mig: bool = False, tolerate_lost: bool = Fa
                 raise unavailable(err, f"NVML could not read the card at index {index}") from None
             cards.append(Card(index, error=str(err)))
     return cards
+
+
+def persistence_modes(cards: list[Card]) -> dict[int, bool | None]:
+    """Each card's persistence mode (nvidia-smi --query-gpu=persistence_mode), by index; None where NVML cannot
+    say. Off, the driver tears the card down when its last client leaves, so every start pays the init again."""
+    from functools import partial
+
+    nv = _module()
+    out: dict[int, bool | None] = {}
+    for card in cards:
+        if card.error is not None:
+            out[card.index] = None
+            continue
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(card.index)
+            mode = _optional(partial(nv.nvmlDeviceGetPersistenceMode, handle))
+        except nv.NVMLError:  # lost since it was listed: unknown, which is not "off"
+            mode = None
+        out[card.index] = bool(mode) if mode is not None else None
+    return out

@@ -214,6 +214,16 @@ def build_parser() -> _Parser:
     o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
     o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
 
+    doc = sub.add_parser("doctor", help="check this GPU host for the traps that break pins",
+                         description="Check this GPU host for the traps that break pins: /dev/char links missing "
+                                     "under the systemd cgroup driver, persistence mode off, a CDI spec whose cards "
+                                     "differ from NVML's, the NVIDIA hook or runtime missing, a Swarm node's default "
+                                     "runtime and the toolkit's swarm-resource. One line per finding, each with a "
+                                     "HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage.")
+    doc.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    doc.add_argument("--root", default="/", metavar="DIR",
+                     help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /")
+
     comp = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
                           description="Print the shell completion script: eval \"$(hostagent completion bash)\" in "
                                       "~/.bashrc, or eval \"$(hostagent completion zsh)\" in ~/.zshrc after compinit.")
@@ -444,6 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "ls":
             return _cmd_ls(args)
+        if args.command == "doctor":
+            from gpupin.hostagent import doctor
+
+            return doctor.command(args.root, args.json)
         if args.command == "run":
             mark("parsed")
             code = _cmd_run(args)

@@ -19,8 +19,7 @@ import yaml
 from gpupin.core.errors import UsageError
 from gpupin.core.resolve import Target
 from gpupin.hostagent import engine
-from gpupin.hostagent.engine import address
-from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.engine import address, cdi
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.pin import Pin
 from gpupin.hostagent.run.request import RunRequest
