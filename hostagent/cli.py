@@ -1,7 +1,7 @@
 """`hostagent`: pin containers to physical GPUs through the Docker Engine, and never double-book a card.
 
 Results go to stdout, diagnostics to stderr as `hostagent: ERROR: ... HINT: ...` (a traceback only with --debug);
-each kind of failure has its exit code (DESIGN.md): 64 bad request, 69 NVML or Docker unavailable, 75 the card is
+each kind of failure has its exit code (docs/exit-codes.md): 64 bad request, 69 NVML/Docker unavailable, 75 the card is
 held, 125 Docker refused the container; `run` otherwise returns the container's own exit code.
 """
 
