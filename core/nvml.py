@@ -309,3 +309,24 @@ def card_problem(uuid: str, bus_id: BusId | None) -> str | None:
     if bus_id is not None and found != bus_id:
         return f"{uuid} is now at {found}, not at {bus_id}"
     return None
+
+
+def persistence_modes(cards: list[Card]) -> dict[int, bool | None]:
+    """Each card's persistence mode (nvidia-smi --query-gpu=persistence_mode), by index; None where NVML cannot
+    say. Off, the driver tears the card down when its last client leaves, so every start pays the init again."""
+    from functools import partial
+
+    nv = _module()
+    out: dict[int, bool | None] = {}
+    for card in cards:
+        if card.error is not None:
+            out[card.index] = None
+            continue
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(card.index)
+            mode = _optional(partial(nv.nvmlDeviceGetPersistenceMode, handle))
+        except nv.NVMLError:  # lost since it was listed: unknown, which is not "off"
+            mode = None
+        out[card.index] = bool(mode) if mode is not None else None
+    return out
+

@@ -1,7 +1,7 @@
 """GPU spec resolution: the one place that turns what a person, a runtime or a scheduler wrote into a card.
 
 Every side uses it: `hostagent run --gpu`, the ledger (what a container's device request or device files hold),
-compose, and the entrypoint (its expectation). The forms (DESIGN.md, "GPU identity"):
+compose, and the entrypoint (its expectation). The forms (docs/design.md, "GPU identity"):
 
     GPU-1c5e8f3a-...  GPU-1c5e         a GPU UUID, or a unique prefix of one (as CUDA allows)
     MIG-22360576-...  MIG-2236         a MIG device's UUID (R470+ drivers), or a unique prefix

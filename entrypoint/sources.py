@@ -1,4 +1,4 @@
-"""Where the expectation comes from: small readers tried in DESIGN.md's order; the first that names cards wins.
+"""Where the expectation comes from: readers tried in order (docs/design.md, Expectation sources); the first wins.
 
 Each reader looks at one source and answers with an `Expectation` (the source names cards), a `Fallback` (it names
 cards by index only: taken when no later source names cards), a reason (the source is set but names no card; the
@@ -235,7 +235,7 @@ def slurm_allocation(ctx: Context) -> Answer:
     return slurm.read(ctx)
 
 
-# (what the unpinned line calls the source when it is absent, its reader), in DESIGN.md's order.
+# (what the unpinned line calls the source when it is absent, its reader): docs/design.md, Expectation sources.
 READERS: Sequence[tuple[str, Callable[[Context], Answer]]] = (
     (EXPECT_VAR, gpupin_expect),
     (NVD_VAR, nvidia_visible_devices),

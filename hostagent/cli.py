@@ -1,7 +1,7 @@
 """`hostagent`: pin containers to physical GPUs through the Docker Engine, and never double-book a card.
 
 Results go to stdout, diagnostics to stderr as `hostagent: ERROR: ... HINT: ...` (a traceback only with --debug);
-each kind of failure has its exit code (DESIGN.md): 64 bad request, 69 NVML or Docker unavailable, 75 the card is
+each kind of failure has its exit code (docs/exit-codes.md): 64 bad request, 69 NVML/Docker unavailable, 75 the card is
 held, 125 Docker refused the container; `run` otherwise returns the container's own exit code.
 """
 
@@ -213,6 +213,16 @@ def build_parser() -> _Parser:
     o = r.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
     o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
+
+    doc = sub.add_parser("doctor", help="check this GPU host for the traps that break pins",
+                         description="Check this GPU host for the traps that break pins: /dev/char links missing "
+                                     "under the systemd cgroup driver, persistence mode off, a CDI spec whose cards "
+                                     "differ from NVML's, the NVIDIA hook or runtime missing, a Swarm node's default "
+                                     "runtime and the toolkit's swarm-resource. One line per finding, each with a "
+                                     "HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage.")
+    doc.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    doc.add_argument("--root", default="/", metavar="DIR",
+                     help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /")
 
     comp = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
                           description="Print the shell completion script: eval \"$(hostagent completion bash)\" in "
@@ -444,6 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "ls":
             return _cmd_ls(args)
+        if args.command == "doctor":
+            from gpupin.hostagent import doctor
+
+            return doctor.command(args.root, args.json)
         if args.command == "run":
             mark("parsed")
             code = _cmd_run(args)

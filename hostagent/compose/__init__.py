@@ -25,7 +25,7 @@ The modules, in the order a file goes through them:
     command   the two CLI adapters: NVML, the ledger, `-o`
     problems  the one Problem type both commands print, one line each
 
-Exit codes (DESIGN.md): 64 a malformed file or a request that cannot mean one card (unknown, ambiguous, a card
+Exit codes (docs/exit-codes.md): 64 a malformed file or a request that cannot mean one card (unknown, ambiguous, a card
 given to two services, more cards than the host has, replicas > 1, hand-set pin variables), or a bad `-o`; 75 a
 render that cannot place a service only because running containers hold the cards it needs (they are named); 69
 NVML unusable. `check` exits 64 when it finds an error, else 0 (warnings alone do not fail it).

@@ -1,4 +1,4 @@
-"""The ledger: who holds which card, read from what the Docker Engine gives each container (DESIGN.md, "The ledger").
+"""The ledger: who holds which card, read from what the engine gives each container (docs/design.md, "The ledger").
 
 What a container holds is what the engine gives it. `FORMS` is the one table of the ways a container can hold a
 card, each row read from the container's `docker inspect` data; `hostagent run`'s conflict check, `hostagent ls`

@@ -457,6 +457,18 @@ API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned *power)
     return reading(m, g->power_draw_mw, power);
 }
 
+/* Persistence mode (0 off, 1 on): a card's setting, so a MIG handle is refused as the real driver refuses it. */
+API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned *mode)
+{
+    RESOLVE(device);
+    if (!mode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *mode = (unsigned)g->persistence_mode;
+    return NVML_SUCCESS;
+}
+
 /* The fake has one limit: the enforced one is the management one (no external cap). */
 API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned *limit)
 {

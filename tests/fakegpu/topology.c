@@ -738,8 +738,11 @@ static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg
     g->utilization_memory = (unsigned)x;
     if (get_reading(sc, o, "temperature_gpu", where, 200, &g->temperature_c) < 0 ||
         get_reading(sc, o, "power_draw_mw", where, 10000000, &g->power_draw_mw) < 0 ||
-        get_reading(sc, o, "power_limit_mw", where, 10000000, &g->power_limit_mw) < 0)
+        get_reading(sc, o, "power_limit_mw", where, 10000000, &g->power_limit_mw) < 0 ||
+        get_reading(sc, o, "persistence_mode", where, 1, &g->persistence_mode) < 0)
         return -1;
+    if (g->persistence_mode == FG_UNSUPPORTED)
+        g->persistence_mode = 1;
     if (get_uint(sc, o, "minor_number", where, 0xFFFFFFFFull, idx, &x) < 0)
         return -1;
     g->minor_number = (unsigned)x;

@@ -51,6 +51,7 @@ struct fg_gpu {
     unsigned utilization_gpu, utilization_memory;
     long long temperature_c;                /* FG_UNSUPPORTED when absent */
     long long power_draw_mw, power_limit_mw; /* FG_UNSUPPORTED when absent */
+    long long persistence_mode;              /* 1 (on, as a tuned host has it) when absent */
     unsigned pci_device_id, pci_subsystem_id;
     int multiprocessor_count;
     unsigned minor_number; /* position in the file's "gpus" array unless "minor_number" is given */

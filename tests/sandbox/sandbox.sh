@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sandboxed Docker daemon of the simulated GPU host (DESIGN.md): its own containerd, socket, data root, exec
+# The sandboxed Docker daemon (docs/design.md, The simulated host): its own containerd, socket, data root, exec
 # root and pid files; no bridge, no iptables; the fake nvidia-container-runtime-hook first on its PATH so that it
 # accepts --gpus. It never talks to the system daemon or the system containerd.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A three-node Docker Swarm on the simulated GPU host (DESIGN.md, Clusters): one manager and two workers, each a
+# A three-node Docker Swarm (docs/design.md, The simulated host): one manager and two workers, each a
 # containerd + dockerd of its own in a network namespace of its own, each with its own simulated cards, joined
 # into one swarm over a bridge that lives in a namespace too. The addresses exist only inside those namespaces:
 # no traffic reaches any other network, and the system daemon is never touched.
