@@ -10,6 +10,7 @@ policy starts the container again on a card that works (docs/design.md, "Exit co
 No `from __future__ import annotations` here (see gpupin.core.errors).
 """
 
+import os
 import sys
 
 from gpupin.core import nvml
@@ -69,16 +70,45 @@ def watched(ver: "Verification") -> "list[tuple[str, BusId | None]]":
     return cards
 
 
-def checker(cards: "Sequence[tuple[str, BusId | None]]") -> "Callable[[], str | None]":
-    """One check of every watched card: None while all are fine, else what went wrong with the first that is not."""
-    def check() -> "str | None":
-        for uuid, bus_id in cards:
+# The control node every NVML session opens first. A `systemctl daemon-reload` on a host whose Docker uses the
+# systemd cgroup driver takes the container's NVIDIA devices out of its device cgroup: the open files (the
+# workload's, this NVML session's) keep working, but no new one opens, so every new NVML session fails with
+# "Unknown Error" (NVIDIA/nvidia-container-toolkit#48). Opening it is the cheapest sign of that (2 us on an H200,
+# against 5 ms of CPU for a new NVML session: docs/records/watch-costs-H200-2026-12-01.jsonl).
+CONTROL_NODE = "/dev/nvidiactl"
+
+
+def _cannot_open(path: str) -> "str | None":
+    """Why `path` does not open for reading and writing, or None when it does."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
+class Checks:
+    """One check of the pinned cards, set up before the workload starts: None while all is well, else what was
+    lost, in words. The device node is checked only where it opened at the start (a simulated host has none)."""
+
+    __slots__ = ("cards", "nodes")
+
+    def __init__(self, cards: "Sequence[tuple[str, BusId | None]]", nodes: "Sequence[str]" = (CONTROL_NODE,)) -> None:
+        self.cards = list(cards)
+        self.nodes = [n for n in nodes if _cannot_open(n) is None]
+
+    def __call__(self) -> "str | None":
+        for node in self.nodes:
+            why = _cannot_open(node)
+            if why is not None:
+                return (f"{node} no longer opens here ({why}), so every new NVML session fails with \"Unknown "
+                        "Error\": the container lost its GPU devices (a `systemctl daemon-reload` on the host does "
+                        "this)")
+        for uuid, bus_id in self.cards:
             problem = nvml.card_problem(uuid, bus_id)
             if problem is not None:
                 return problem
         return None
-
-    return check
 
 
 def lost(what: str, grace_s: float) -> CardLostError:
@@ -95,7 +125,7 @@ def run_watched(cmd: "Sequence[str]", env: "dict[str, str]", ver: "Verification"
     """Run CMD under the supervising parent, checking the verified cards every `every` seconds."""
     from gpupin.entrypoint.supervise import Watch, supervise
 
-    check = checker(watched(ver))
+    check = Checks(watched(ver))
     gone = check()  # the first check, and every import one needs, before the workload starts
     if gone is not None:
         raise GpuUnavailableError(f"a card verified a moment ago is already gone: {gone}",

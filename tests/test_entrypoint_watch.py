@@ -9,6 +9,7 @@ that a lost card stops the workload with 79 and one line.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -58,16 +59,18 @@ class Running:
     (to its process on the host, through `docker kill` in a container)."""
 
     def __init__(self, ep: Entrypoint, *args: str, env: dict[str, str] | None = None,
-                 watch: tuple[str, ...] = WATCH) -> None:
+                 watch: tuple[str, ...] = WATCH, docker_args: tuple[str, ...] = ()) -> None:
         self.ep = ep
-        argv, penv = ep.argv([*watch, *args], env or PIN, device(RTX), detach=True)
+        argv, penv = ep.argv([*watch, *args], env or PIN, device(RTX), detach=True, docker_args=docker_args)
         self.out: list[str] = []
         self.err: list[str] = []
         if ep.mode == "host":
             self.proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             self.cid = ""
-            for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-                threading.Thread(target=lambda s=stream, ls=lines: ls.extend(s), daemon=True).start()
+            self.readers = [threading.Thread(target=lambda s=stream, ls=lines: ls.extend(s), daemon=True)
+                            for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+            for t in self.readers:
+                t.start()
         else:
             self.cid = subprocess.run(argv, env=penv, capture_output=True, text=True, check=True).stdout.strip()
 
@@ -93,7 +96,10 @@ class Running:
 
     def wait(self, timeout: float = 60) -> int:
         if self.ep.mode == "host":
-            return self.proc.wait(timeout=timeout)
+            code = self.proc.wait(timeout=timeout)
+            for t in self.readers:  # everything it printed, read
+                t.join(timeout=10)
+            return code
         assert self.ep.sandbox is not None
         return int(self.ep.sandbox.docker("wait", self.cid, check=True, timeout=timeout).stdout.strip())
 
@@ -121,8 +127,8 @@ def running(ep: Entrypoint) -> Iterator[list[Running]]:
 
 
 def start(ep: Entrypoint, started: list[Running], *args: str, env: dict[str, str] | None = None,
-          watch: tuple[str, ...] = WATCH) -> Running:
-    r = Running(ep, *args, env=env, watch=watch)
+          watch: tuple[str, ...] = WATCH, docker_args: tuple[str, ...] = ()) -> Running:
+    r = Running(ep, *args, env=env, watch=watch, docker_args=docker_args)
     started.append(r)
     return r
 
@@ -298,3 +304,100 @@ def test_a_bad_grace_is_64_with_one_line(value: str, fakegpu: Path) -> None:
     p = subprocess.run([ENTRYPOINT, "--watch", "1", "true"], env=simhost_env(GPUPIN_WATCH_GRACE=value, **PIN),
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 64 and "GPUPIN_WATCH_GRACE=" in one_error_line(p.stderr), p
+
+
+# --- a card lost mid-run ----------------------------------------------------------------------------------------
+
+class Faults:
+    """The fake NVML's fault file (FAKEGPU_FAULTS, re-read at every call), in a folder a container sees too."""
+
+    MOUNT = "/fakegpu-faults"
+
+    def __init__(self, ep: Entrypoint, tmp_path: Path) -> None:
+        self.dir = tmp_path / "faults"
+        self.dir.mkdir()
+        self.path = self.dir / "faults.json"
+        inside = self.path if ep.mode == "host" else Path(self.MOUNT, self.path.name)
+        self.env = {**PIN, "FAKEGPU_FAULTS": str(inside)}
+        # The folder, not the file: a file replaced under a bind mount would not be seen through it.
+        self.docker_args = () if ep.mode == "host" else ("-v", f"{self.dir}:{self.MOUNT}:ro")
+
+    def plant(self, faults: dict[str, object]) -> float:
+        """Write the faults atomically; return when (time.monotonic())."""
+        tmp = self.dir / ".faults.json.tmp"
+        tmp.write_text(json.dumps(faults))
+        os.replace(tmp, self.path)
+        return time.monotonic()
+
+
+LOOPING = "trap 'echo workload got TERM; exit 5' TERM; echo ready; while :; do sleep 0.05; done"
+
+
+def loss_line(err: str) -> str:
+    line = one_error_line(err)
+    assert line.startswith("gpupin-entrypoint: ERROR: a pinned card was lost while the workload ran: "), line
+    assert "HINT: start the container again" in line and "--restart on-failure" in line, line
+    assert "`hostagent doctor`" in line, line
+    return line
+
+
+@pytest.mark.parametrize("fault, says", [
+    ({"lost": True}, f"{RTX} is lost to NVML (GPU is lost: it fell off the bus)"),
+])
+def test_a_card_lost_mid_run_stops_the_workload_with_79(ep: Entrypoint, running: list[Running], tmp_path: Path,
+                                                        fault: dict[str, object], says: str) -> None:
+    """The fault is planted under the running workload; within the interval (0.2 s) plus a second, the workload
+    gets SIGTERM, and the entrypoint exits 79 with one line that says what was lost and what to do."""
+    faults = Faults(ep, tmp_path)
+    r = start(ep, running, "sh", "-c", LOOPING, env=faults.env, docker_args=faults.docker_args)
+    r.wait_for("ready")
+    planted = faults.plant({"cards": {RTX: fault}})
+    r.wait_for("workload got TERM")
+    assert time.monotonic() - planted < 0.2 + 1 + (1 if ep.mode == "container" else 0)  # docker logs' own delay
+    assert r.wait() == 79
+    assert says in loss_line(r.stderr())
+
+
+def test_a_workload_that_ignores_sigterm_is_killed_after_the_grace(ep: Entrypoint, running: list[Running],
+                                                                  tmp_path: Path) -> None:
+    faults = Faults(ep, tmp_path)
+    env = {**faults.env, "GPUPIN_WATCH_GRACE": "0.5"}
+    r = start(ep, running, "sh", "-c", "trap 'echo ignored TERM' TERM; echo ready; while :; do sleep 0.05; done",
+              env=env, docker_args=faults.docker_args)
+    r.wait_for("ready")
+    planted = faults.plant({"cards": {RTX: {"lost": True}}})
+    assert r.wait() == 79
+    assert time.monotonic() - planted < 0.2 + 0.5 + 5
+    assert "ignored TERM" in r.output()
+    assert "SIGKILL after 0.5 s" in loss_line(r.stderr())
+
+
+def test_a_card_of_another_container_lost_does_not_stop_this_one(ep: Entrypoint, running: list[Running],
+                                                                 tmp_path: Path) -> None:
+    """Only the pinned cards are watched: another card of the host falling off the bus is not this workload's."""
+    faults = Faults(ep, tmp_path)
+    r = start(ep, running, "sh", "-c", "echo ready; sleep 1; exit 3", env=faults.env,
+              docker_args=faults.docker_args, watch=("--quiet", "--watch", "0.05"))
+    r.wait_for("ready")
+    faults.plant({"cards": {A800: {"lost": True}}})
+    assert r.wait() == 3
+    assert r.stderr() == ""
+
+
+def test_a_daemon_reload_that_takes_the_devices_away_is_a_loss(container: Entrypoint, running: list[Running]
+                                                                ) -> None:
+    """What `systemctl daemon-reload` does to a container under the systemd cgroup driver (cgroup v1), done by hand:
+    its device cgroup stops allowing the NVIDIA nodes. Open files keep working, so NVML's session answers on, but
+    a new session would fail with "Unknown Error"; the watcher sees /dev/nvidiactl no longer open. (The simulated
+    GPUs have no device nodes: /dev/full stands in for /dev/nvidiactl.)"""
+    assert container.sandbox is not None
+    r = start(container, running, "sh", "-c", LOOPING, docker_args=("--device", "/dev/full:/dev/nvidiactl"))
+    r.wait_for("ready")
+    pid = container.sandbox.docker("inspect", "-f", "{{.State.Pid}}", r.cid, check=True).stdout.strip()
+    cgroup = next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                  if line.split(":")[1] == "devices")
+    Path(f"/sys/fs/cgroup/devices{cgroup}/devices.deny").write_text("c 1:7 rwm")
+    assert r.wait() == 79
+    assert "workload got TERM" in r.output()
+    line = loss_line(r.stderr())
+    assert "/dev/nvidiactl no longer opens here (Operation not permitted)" in line and "Unknown Error" in line, line
