@@ -11,7 +11,8 @@ chosen.
 from __future__ import annotations
 
 from gpupin.core import health
-from gpupin.core.errors import CardUnhealthyError, GpuSpecError, GpuUnavailableError
+from gpupin.core.errors import CardUnhealthyError, GpupinError, GpuSpecError, GpuUnavailableError
+from gpupin.core.identity import is_full_uuid
 from gpupin.core.resolve import SPEC_HINT, Target, resolve, resolve_all
 
 TYPE_CHECKING = False
@@ -47,14 +48,35 @@ def _usable(target: Target, spec: str) -> Target:
     return target
 
 
+def _lost_maybe(err: GpuSpecError, specs: Sequence[str], cards: Sequence[Card]) -> GpupinError:
+    """A full UUID that names no card while a card is lost (NVML no longer gives its UUID): most likely that one,
+    so say so (69) rather than "no such card" (64)."""
+    lost = [c for c in cards if c.lost]
+    known = {u.lower() for c in cards for u in (c.uuid, *(m.uuid for m in c.mig_devices)) if u}
+    missing = [s for s in specs if is_full_uuid(s) and s.strip().lower() not in known]
+    if not lost or not missing:
+        return err
+    where = ", ".join(str(c.index) for c in lost)
+    return CardUnhealthyError(f"{missing[0]!r} names no card NVML can read, and the card at index {where} is "
+                              f"{health.LOST}: most likely that one", health.hint(lost[0].index))
+
+
 def resolve_spec(spec: str, cards: Sequence[Card]) -> Target:
     """One `--gpu` SPEC (any form gpupin.core.resolve reads), on a card that can be handed out."""
-    return _usable(resolve(spec, cards), spec)
+    try:
+        target = resolve(spec, cards)
+    except GpuSpecError as err:
+        raise _lost_maybe(err, [spec], cards) from None
+    return _usable(target, spec)
 
 
 def resolve_specs(specs: Sequence[str], cards: Sequence[Card]) -> list[Target]:
     """Every spec, in the order asked (that order is the local-rank order); a card twice is an error."""
-    return [_usable(t, s) for s, t in zip(specs, resolve_all(specs, cards))]
+    try:
+        targets = resolve_all(specs, cards)
+    except GpuSpecError as err:
+        raise _lost_maybe(err, specs, cards) from None
+    return [_usable(t, s) for s, t in zip(specs, targets)]
 
 
 def free_cards(cards: Sequence[Card], held: Iterable[str]) -> list[Card]:
