@@ -9,13 +9,17 @@ cannot read becomes a `Card` with `error` set, so a listing survives it.
 
 from __future__ import annotations
 
+import contextlib
+
 from gpupin.core.errors import GpuUnavailableError
 from gpupin.core.identity import BusId
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Any, TypeVar
+
+    from gpupin.core.health import Health
 
     T = TypeVar("T")
 
@@ -94,7 +98,7 @@ class Card:
     utilization.gpu, mig.mode.current, compute_cap, temperature.gpu, power.draw, enforced.power.limit.
     """
 
-    __slots__ = ("bus_id", "compute_capability", "error", "index", "memory_total", "memory_used",
+    __slots__ = ("bus_id", "compute_capability", "error", "health", "index", "lost", "memory_total", "memory_used",
                  "mig_devices", "mig_mode", "minor_number", "name", "power_draw", "power_limit", "process_list",
                  "processes", "temperature", "utilization_gpu", "uuid")
 
@@ -117,6 +121,8 @@ class Card:
         self.temperature: int | None = None  # degrees C
         self.power_draw: int | None = None  # milliwatts
         self.power_limit: int | None = None  # milliwatts, the enforced limit
+        self.lost = False  # NVML answered GPU_IS_LOST (the card fell off the bus)
+        self.health: Health | None = None  # gpupin.core.health.assess fills it in
 
     @property
     def memory_free(self) -> int | None:
@@ -288,27 +294,10 @@ def list_cards(detail: bool = False, mig: bool = False, tolerate_lost: bool = Fa
         except nv.NVMLError as err:
             if not tolerate_lost:
                 raise unavailable(err, f"NVML could not read the card at index {index}") from None
-            cards.append(Card(index, error=str(err)))
+            card = Card(index, error=str(err))
+            card.lost = _code(err) == _GPU_IS_LOST
+            cards.append(card)
     return cards
-
-
-def card_problem(uuid: str, bus_id: BusId | None) -> str | None:
-    """What is wrong with a pinned card now (gpupin-entrypoint --watch): None while NVML answers and finds it at
-    `bus_id`; else what NVML said, in words. Two cheap calls on the session already open (20 us each on an H200):
-    no initialisation, no enumeration."""
-    nv = _module()
-    try:
-        found = _bus_id(nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByUUID(uuid)))
-    except nv.NVMLError as err:
-        code = _code(err)
-        if code == _GPU_IS_LOST:
-            return f"{uuid} is lost to NVML ({err}: it fell off the bus)"
-        if code == _NOT_FOUND:
-            return f"{uuid} is no longer among the cards NVML sees"
-        return f"NVML no longer answers about {uuid} ({err})"
-    if bus_id is not None and found != bus_id:
-        return f"{uuid} is now at {found}, not at {bus_id}"
-    return None
 
 
 def persistence_modes(cards: list[Card]) -> dict[int, bool | None]:
@@ -330,3 +319,81 @@ def persistence_modes(cards: list[Card]) -> dict[int, bool | None]:
         out[card.index] = bool(mode) if mode is not None else None
     return out
 
+
+# --- health readings (gpupin.core.health reads them into reasons) -----------------------------------------------
+
+_MEMORY_ERROR_UNCORRECTED = 1  # nvmlMemoryErrorType_t
+_VOLATILE_ECC = 0  # nvmlEccCounterType_t: since the driver loaded (or the card was reset)
+_XID_CRITICAL_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+
+
+class MemoryHealth:
+    """A card's memory-error readings (`nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`). None: the card does
+    not report it (no ECC, ECC off, page retirement on a card that remaps rows and the reverse). `error`: why NVML
+    could not read one (the others are then unknown too); `lost`: NVML answered GPU_IS_LOST."""
+
+    __slots__ = ("ecc_uncorrected", "error", "lost", "remap_failure", "remap_pending", "retired_pending")
+
+    def __init__(self) -> None:
+        self.ecc_uncorrected: int | None = None  # volatile uncorrectable ECC errors
+        self.retired_pending: bool | None = None
+        self.remap_pending: bool | None = None
+        self.remap_failure: bool | None = None
+        self.error: str | None = None
+        self.lost = False
+
+
+def memory_health(index: int) -> MemoryHealth:
+    """The memory-error readings of the card at NVML index `index`."""
+    nv = _module()
+    out = MemoryHealth()
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        out.ecc_uncorrected = _optional(lambda: int(nv.nvmlDeviceGetTotalEccErrors(
+            handle, _MEMORY_ERROR_UNCORRECTED, _VOLATILE_ECC)))
+        pending = _optional(lambda: int(nv.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
+        out.retired_pending = None if pending is None else bool(pending)
+        rows = _optional(lambda: nv.nvmlDeviceGetRemappedRows(handle))
+        if rows is not None:
+            out.remap_pending, out.remap_failure = bool(rows[2]), bool(rows[3])
+    except nv.NVMLError as err:
+        out.lost = _code(err) == _GPU_IS_LOST
+        out.error = str(err)
+    return out
+
+
+class XidEvents:
+    """NVML's critical-XID events of some cards, from registration on: NVML delivers only the events that occur
+    after it (an XID from before is in the host's kernel log, not here). Cards that cannot register (no event
+    support, lost) are skipped."""
+
+    def __init__(self, indices: Iterable[int]) -> None:
+        nv = _module()
+        self._set: Any = nv.nvmlEventSetCreate()
+        self.watched: list[int] = []
+        for index in indices:
+            try:
+                nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(index), _XID_CRITICAL_EVENT, self._set)
+            except nv.NVMLError:
+                continue
+            self.watched.append(index)
+
+    def drain(self, timeout_ms: int = 0) -> list[tuple[int, int]]:
+        """(card index, XID) for each event pending, waiting up to `timeout_ms` for the first; stops at the first
+        error (a lost card: its own reading says so)."""
+        nv = _module()
+        events: list[tuple[int, int]] = []
+        while self.watched:
+            try:
+                event = nv.nvmlEventSetWait_v2(self._set, timeout_ms if not events else 0)
+                index = int(nv.nvmlDeviceGetIndex(event.device))
+            except nv.NVMLError:
+                break
+            if int(event.eventType) & _XID_CRITICAL_EVENT:
+                events.append((index, int(event.eventData)))
+        return events
+
+    def close(self) -> None:
+        nv = _module()
+        with contextlib.suppress(nv.NVMLError):  # a set NVML already dropped (its last shutdown)
+            nv.nvmlEventSetFree(self._set)

@@ -13,16 +13,16 @@ No `from __future__ import annotations` here (see gpupin.core.errors).
 import os
 import sys
 
-from gpupin.core import nvml
+from gpupin.core import health, nvml
 from gpupin.core.contract import WATCH_GRACE_VAR, WATCH_VAR
-from gpupin.core.errors import CardLostError, GpuUnavailableError, UsageError
+from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError, UsageError
 from gpupin.core.shown import shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from gpupin.core.identity import BusId
+    from gpupin.core.nvml import Card
     from gpupin.entrypoint.verify import Verification
 
 INTERVAL_MAX = 86400.0  # a day: a longer interval watches nothing a user would wait for
@@ -60,13 +60,12 @@ def grace(environ: "Mapping[str, str]") -> float:
     return seconds
 
 
-def watched(ver: "Verification") -> "list[tuple[str, BusId | None]]":
+def watched(ver: "Verification") -> "list[Card]":
     """The physical cards the workload was given (a MIG device's parent card), once each, in local-rank order."""
-    cards: list[tuple[str, BusId | None]] = []
+    cards: list[Card] = []
     for b in ver.plan.bindings:
-        card = (b.card.uuid or b.uuid, b.card.bus_id) if b.card is not None else (b.uuid, b.bus_id)
-        if card not in cards:
-            cards.append(card)
+        if b.card is not None and all(c.index != b.card.index for c in cards):
+            cards.append(b.card)
     return cards
 
 
@@ -89,13 +88,22 @@ def _cannot_open(path: str) -> "str | None":
 
 class Checks:
     """One check of the pinned cards, set up before the workload starts: None while all is well, else what was
-    lost, in words. The device node is checked only where it opened at the start (a simulated host has none)."""
+    lost, in words. Each check, in the order a cause comes before its effects:
+    - the device node still opens (only where it opened at the start: a simulated host has none);
+    - NVML still answers, and finds each card at its NVML index, by its UUID, at its bus id, not lost;
+    - each card is not unhealthy for a reason it did not have at the start (gpupin.core.health): a critical XID
+      (NVML events, registered here, drained at each check), uncorrectable ECC errors, memory repair pending or
+      failed.
+    Each is a few NVML calls of the open session: microseconds (docs/records/watch-costs-H200-2026-12-01.jsonl)."""
 
-    __slots__ = ("cards", "nodes")
+    __slots__ = ("baseline", "cards", "events", "nodes")
 
-    def __init__(self, cards: "Sequence[tuple[str, BusId | None]]", nodes: "Sequence[str]" = (CONTROL_NODE,)) -> None:
+    def __init__(self, cards: "Sequence[Card]", nodes: "Sequence[str]" = (CONTROL_NODE,)) -> None:
         self.cards = list(cards)
         self.nodes = [n for n in nodes if _cannot_open(n) is None]
+        self.events = nvml.XidEvents(c.index for c in self.cards)
+        # What a card already had before the workload started: the workload was started on it all the same.
+        self.baseline = {c.index: set(health.judge(nvml.memory_health(c.index)).reasons) for c in self.cards}
 
     def __call__(self) -> "str | None":
         for node in self.nodes:
@@ -104,10 +112,25 @@ class Checks:
                 return (f"{node} no longer opens here ({why}), so every new NVML session fails with \"Unknown "
                         "Error\": the container lost its GPU devices (a `systemctl daemon-reload` on the host does "
                         "this)")
-        for uuid, bus_id in self.cards:
-            problem = nvml.card_problem(uuid, bus_id)
-            if problem is not None:
-                return problem
+        try:
+            now = {c.index: c for c in nvml.list_cards(tolerate_lost=True)}
+        except GpupinError as err:
+            return f"NVML no longer answers ({err.message})"
+        xids = self.events.drain()
+        for card in self.cards:
+            seen = now.get(card.index)
+            where = f"{card.uuid} at {card.bus_id}"
+            if seen is not None and seen.lost:
+                return f"{where} is {health.LOST} ({seen.error}: fallen off the bus)"
+            if seen is None or seen.uuid != card.uuid:
+                why = f" ({seen.error})" if seen is not None and seen.error else ""
+                return f"{where} is no longer among the cards NVML sees{why}"
+            if seen.bus_id != card.bus_id:
+                return f"{card.uuid} is now at {seen.bus_id}, not at {card.bus_id}"
+            state = health.judge(nvml.memory_health(card.index), [x for i, x in xids if i == card.index])
+            new = [r for r in state.reasons if r not in self.baseline[card.index]]
+            if state.healthy is False and new:
+                return f"{where} is unhealthy: {'; '.join(new)}"
         return None
 
 

@@ -119,7 +119,7 @@ class Running:
 
 
 @pytest.fixture
-def running(ep: Entrypoint) -> Iterator[list[Running]]:
+def running() -> Iterator[list[Running]]:
     started: list[Running] = []
     yield started
     for r in started:
@@ -341,9 +341,16 @@ def loss_line(err: str) -> str:
     return line
 
 
+AT = f"{RTX} at 00000000:3B:00.0"
+
+
 @pytest.mark.parametrize("fault, says", [
-    ({"lost": True}, f"{RTX} is lost to NVML (GPU is lost: it fell off the bus)"),
-])
+    ({"lost": True}, f"{AT} is lost to NVML (GPU is lost: fallen off the bus)"),
+    ({"xid": [79]}, f"{AT} is unhealthy: XID 79 (fallen off the bus)"),
+    ({"xid": [13, 48]}, f"{AT} is unhealthy: XID 48 (double-bit ECC error)"),
+    ({"ecc": {"volatile_uncorrected": 2}}, f"{AT} is unhealthy: 2 volatile uncorrectable ECC errors"),
+    ({"remap": {"failure": True}}, f"{AT} is unhealthy: row remapping failed"),
+], ids=["lost", "xid-79", "xid-48", "ecc", "remap-failure"])
 def test_a_card_lost_mid_run_stops_the_workload_with_79(ep: Entrypoint, running: list[Running], tmp_path: Path,
                                                         fault: dict[str, object], says: str) -> None:
     """The fault is planted under the running workload; within the interval (0.2 s) plus a second, the workload
@@ -355,7 +362,20 @@ def test_a_card_lost_mid_run_stops_the_workload_with_79(ep: Entrypoint, running:
     r.wait_for("workload got TERM")
     assert time.monotonic() - planted < 0.2 + 1 + (1 if ep.mode == "container" else 0)  # docker logs' own delay
     assert r.wait() == 79
-    assert says in loss_line(r.stderr())
+    assert f": {says}; the workload was stopped" in loss_line(r.stderr())
+
+
+def test_an_application_xid_does_not_stop_the_workload(ep: Entrypoint, running: list[Running],
+                                                        tmp_path: Path) -> None:
+    """XID 13 (graphics engine exception) and 31 (memory page fault) are the application's own errors: NVIDIA's
+    catalog says restart the application, the card is fine. The watch leaves that to the workload."""
+    faults = Faults(ep, tmp_path)
+    r = start(ep, running, "sh", "-c", "echo ready; sleep 1; exit 3", env=faults.env,
+              docker_args=faults.docker_args, watch=("--quiet", "--watch", "0.05"))
+    r.wait_for("ready")
+    faults.plant({"cards": {RTX: {"xid": [13, 31]}}})
+    assert r.wait() == 3
+    assert r.stderr() == ""
 
 
 def test_a_workload_that_ignores_sigterm_is_killed_after_the_grace(ep: Entrypoint, running: list[Running],

@@ -312,3 +312,12 @@ def test_readme_fault_file_example(tmp_path: Path) -> None:
         {"FAKEGPU_FAULTS": str(faults)},
     )
     assert lost.value == ["NVMLError_GpuIsLost", 15, "GPU is lost"]
+
+
+def test_memory_query_error(tmp_path: Path) -> None:
+    """Health NVML cannot tell: the memory-error calls answer the given code, the card's other calls work."""
+    faults = write_json(tmp_path / "f.json", {"cards": {"0": {"memory_query_error": 999}}})
+    unknown = "NVMLError_Unknown"
+    res = run_py(READINGS, h200_host(tmp_path), {"FAKEGPU_FAULTS": str(faults)}).value
+    assert res[0] == [unknown, [unknown] * 4, unknown, unknown]
+    assert res[1] == [[1, 1], [0, 0, 0, 0], "NVMLError_NotSupported", [0, 0, 0, 0]]

@@ -724,7 +724,9 @@ API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned *i
     (void)g;                                                        \
     (void)m;                                                        \
     if (rc_ != NVML_SUCCESS)                                        \
-        return rc_
+        return rc_;                                                 \
+    if (h.memory_query_error)                                       \
+        return (nvmlReturn_t)h.memory_query_error
 
 API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending)
 {

@@ -672,6 +672,10 @@ static int load_health(struct schema *sc, const struct jv *o, const char *where,
         get_flag(sc, o, "row_remapping", where, &h->row_remapping) < 0 ||
         get_flag(sc, o, "retired_pages_pending", where, &h->retired_pages_pending) < 0)
         return -1;
+    if (get_count32(sc, o, "memory_query_error", where, &h->memory_query_error) < 0)
+        return -1;
+    if (h->memory_query_error > 999)
+        return sfail(sc, where, "memory_query_error is an nvmlReturn_t (0..999)");
     v = jget(o, "ecc");
     snprintf(w, sizeof(w), "%.100s.ecc", where);
     if (v && v->t == JT_NULL) {

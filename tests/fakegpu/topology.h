@@ -38,6 +38,7 @@ struct fg_health {
     int row_remapping;               /* 1: remapped rows answered, retired pages NOT_SUPPORTED; 0: the reverse */
     unsigned remap_corrected, remap_uncorrected, remap_pending, remap_failure;
     int retired_pages_pending;
+    unsigned memory_query_error;     /* nvmlReturn_t of the ECC, retired-pages and remapped-rows calls, 0 = none */
     unsigned xid[FG_MAX_XID];        /* critical XIDs, each delivered once to every event set registered for them */
     int nxid;
 };
