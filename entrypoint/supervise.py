@@ -89,11 +89,16 @@ def _exec_child(cmd: "Sequence[str]", env: "dict[str, str]", mask: "set[int]",
     """In the forked child: a process group of its own, the terminal's foreground, default signals, then exec."""
     code = EX_SOFTWARE
     try:
-        os.setpgid(0, 0)
-        # SIGTTOU is still ignored (inherited), so taking the foreground from the background cannot stop us. No
-        # terminal (ENOTTY), or none of ours (ENXIO): nothing to hand over.
+        # The terminal is handed over only if the entrypoint held it: one started in the background (`... &`)
+        # must not take it from the shell. No terminal (ENOTTY), or none of ours (ENXIO): nothing to hand over.
+        foreground = False
         with contextlib.suppress(OSError):
-            os.tcsetpgrp(0, os.getpgrp())
+            foreground = os.tcgetpgrp(0) == os.getpgrp()
+        os.setpgid(0, 0)
+        if foreground:
+            # SIGTTOU is still ignored (inherited): taking the foreground from a background group cannot stop us.
+            with contextlib.suppress(OSError):
+                os.tcsetpgrp(0, os.getpgrp())
         # A handler of the parent's (Python's own for SIGINT, the entrypoint's for SIGTERM) must not run here if a
         # signal is pending when the mask is lifted: reset them while everything is still blocked.
         for num in forwarded_signals():

@@ -233,12 +233,38 @@ def test_the_workload_holds_the_terminal(ep: Entrypoint) -> None:
             os.waitpid(pid, 0)
 
 
-def _spawn_in_pty(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
+def test_a_background_entrypoint_leaves_the_terminal_alone(fakegpu: Path) -> None:
+    """Started in the background of a terminal (`gpupin-entrypoint --watch 5 CMD &`), it must not take the terminal
+    from the shell: the workload's group stays in the background."""
+    script = ("read -r _ _ _ _ pgrp _ _ tpgid _ < /proc/self/stat; echo pgrp=$pgrp tpgid=$tpgid ppid=$PPID; "
+              "exec sleep 1000")
+    pid, fd = _spawn_in_pty([ENTRYPOINT, *WATCH, "sh", "-c", script], simhost_env(**PIN), background=True)
+    try:
+        out = _read_until(fd, "ppid=")
+        fields = dict(f.split("=") for f in out[out.index("pgrp="):].split())
+        assert fields["pgrp"] != fields["tpgid"] and int(fields["tpgid"]) == pid, out
+        os.kill(int(fields["ppid"]), signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
+    finally:
+        os.close(fd)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def _spawn_in_pty(argv: list[str], env: dict[str, str], background: bool = False) -> tuple[int, int]:
+    """Run argv on a new terminal (its session's leader), or, `background`, in a background group of its session
+    (as a shell's `&` does) under a leader that waits for it and exits with its code."""
     import pty
 
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs
         try:
+            if background and (job := os.fork()):
+                os._exit(os.waitstatus_to_exitcode(os.waitpid(job, 0)[1]) & 0xFF)
+            if background:
+                os.setpgid(0, 0)
             os.execvpe(argv[0], argv, env)
         finally:
             os._exit(127)
