@@ -56,8 +56,9 @@ options:
                   (env: GPUPIN_VERIFY)
   --require       refuse to start when there is no expectation at all (env: GPUPIN_REQUIRE=1)
   --watch SECONDS stay as CMD's parent (as tini: signals passed on to its process group, zombies reaped, its exit
-                  code passed through) and every SECONDS check that NVML answers and finds each pinned card at its
-                  bus id; when a card is lost, say so in one line, stop CMD (SIGTERM, SIGKILL after
+                  code passed through) and every SECONDS check that the GPU device nodes still open, that NVML
+                  answers and finds each pinned card at its bus id, and that no card turned unhealthy (a critical
+                  XID, uncorrectable ECC errors); on a loss, say so in one line, stop CMD (SIGTERM, SIGKILL after
                   GPUPIN_WATCH_GRACE seconds, default 10) and exit 79 (env: GPUPIN_WATCH=SECONDS)
   --quiet         print nothing on success; a refusal is never quiet (env: GPUPIN_QUIET=1)
   --json          print the report as one JSON object (stdout without CMD, stderr with one)

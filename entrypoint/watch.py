@@ -1,11 +1,13 @@
 """`gpupin-entrypoint --watch SECONDS`: keep proving the pin while the workload runs.
 
 Once the pin is proven, the entrypoint stays as the workload's supervising parent (gpupin.entrypoint.supervise) and,
-every SECONDS, asks NVML (the session the verification opened) whether each pinned card is still there, at its bus
-id. When NVML stops answering ("Unknown Error" after a `systemctl daemon-reload` took the container's device nodes
-away) or a card is lost (fallen off the bus), it prints one line, stops the workload (SIGTERM, then SIGKILL after
-GPUPIN_WATCH_GRACE seconds, 10 by default, as `docker stop`) and ends with EX_CARD_LOST (79), so that a restart
-policy starts the container again on a card that works (docs/design.md, "Exit codes").
+every SECONDS, runs `Checks`: the GPU device nodes still open (a `systemctl daemon-reload` under the systemd cgroup
+driver takes them away, and every new NVML session then fails with "Unknown Error"), NVML (the session the
+verification opened) still finds each pinned card at its bus id, not lost, and no card turned unhealthy
+(gpupin.core.health: a critical XID, uncorrectable ECC errors, memory repair pending or failed). On a loss it prints
+one line, stops the workload (SIGTERM, then SIGKILL after GPUPIN_WATCH_GRACE seconds, 10 by default, as `docker
+stop`) and ends with EX_CARD_LOST (79), so that a restart policy starts the container again on a card that works
+(docs/entrypoint.md, "Watching the cards"; docs/exit-codes.md).
 
 No `from __future__ import annotations` here (see gpupin.core.errors).
 """
