@@ -70,7 +70,7 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return wheel[0], sdist[0]
 
 
-def test_wheel_carries_the_license_and_the_typing_markers(dists: tuple[Path, Path]) -> None:
+def test_wheel_carries_every_module_the_license_and_the_typing_markers(dists: tuple[Path, Path]) -> None:
     wheel, _ = dists
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
@@ -79,6 +79,11 @@ def test_wheel_carries_the_license_and_the_typing_markers(dists: tuple[Path, Pat
     assert license_text == (REPO / "LICENSE").read_text()
     assert "License-Expression: Apache-2.0" in meta.splitlines()
     assert {f"gpupin/{p}/py.typed" for p in ("core", "entrypoint", "hostagent")} <= names
+    # Every module of the checkout, under its import name (a subpackage missing from pyproject's list would be
+    # absent here, though the editable install finds it).
+    modules = {f"gpupin/{p.relative_to(REPO).as_posix()}" for top in ("core", "entrypoint", "hostagent")
+               for p in (REPO / top).rglob("*.py")}
+    assert {n for n in names if n.endswith(".py")} == modules
     assert not any(n.startswith("tests/") for n in names)
 
 
