@@ -144,6 +144,16 @@ def test_fault_file_changes_between_runs(fakegpu: Path, tmp_path: Path) -> None:
     assert chosen(cli("run", "--dry-run", "--count", "1", TEST_IMAGE, faults=faults)) == A800
 
 
+def test_compose_counts_skip_unhealthy_cards(fakegpu: Path, tmp_path: Path) -> None:
+    compose = tmp_path / "compose.yml"
+    compose.write_text("services:\n  train:\n    image: img\n    x-gpupin: {count: 4}\n")
+    assert cli("compose", "check", str(compose)).returncode == 0
+    r = cli("compose", "check", str(compose), faults=fault_file(tmp_path, {"0": {"xid": [79]}}))
+    assert r.returncode == 64  # check's code for a file with errors
+    assert ("service train: count: 4: only 3 of the 4 whole card(s) are fit for use (unhealthy or of unknown "
+            "health: 0: XID 79 (fallen off the bus))") in r.stdout + r.stderr
+
+
 @pytest.mark.parametrize(
     ("memory", "xids", "expected"),
     [
