@@ -327,13 +327,23 @@ def memory_health(index: int) -> MemoryHealth:
     """The memory-error readings of the card at NVML index `index`."""
     nv = _module()
     out = MemoryHealth()
+
+    def applicable(call: Callable[[], T]) -> T | None:
+        # Only "the card has no such thing" is None: a refusal (no permission) leaves the health unknown.
+        try:
+            return call()
+        except nv.NVMLError as err:
+            if _code(err) in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
+                return None
+            raise
+
     try:
         handle = nv.nvmlDeviceGetHandleByIndex(index)
-        out.ecc_uncorrected = _optional(lambda: int(nv.nvmlDeviceGetTotalEccErrors(
+        out.ecc_uncorrected = applicable(lambda: int(nv.nvmlDeviceGetTotalEccErrors(
             handle, _MEMORY_ERROR_UNCORRECTED, _VOLATILE_ECC)))
-        pending = _optional(lambda: int(nv.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
+        pending = applicable(lambda: int(nv.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
         out.retired_pending = None if pending is None else bool(pending)
-        rows = _optional(lambda: nv.nvmlDeviceGetRemappedRows(handle))
+        rows = applicable(lambda: nv.nvmlDeviceGetRemappedRows(handle))
         if rows is not None:
             out.remap_pending, out.remap_failure = bool(rows[2]), bool(rows[3])
     except nv.NVMLError as err:
@@ -349,8 +359,12 @@ class XidEvents:
 
     def __init__(self, indices: Iterable[int]) -> None:
         nv = _module()
-        self._set: Any = nv.nvmlEventSetCreate()
+        self._set: Any = None
         self.watched: list[int] = []
+        try:
+            self._set = nv.nvmlEventSetCreate()
+        except nv.NVMLError:  # a driver without events: no XID is seen, the other readings stand
+            return
         for index in indices:
             try:
                 nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(index), _XID_CRITICAL_EVENT, self._set)
@@ -375,5 +389,7 @@ class XidEvents:
 
     def close(self) -> None:
         nv = _module()
-        with contextlib.suppress(nv.NVMLError):  # a set NVML already dropped (its last shutdown)
-            nv.nvmlEventSetFree(self._set)
+        if self._set is not None:
+            with contextlib.suppress(nv.NVMLError):  # a set NVML already dropped (its last shutdown)
+                nv.nvmlEventSetFree(self._set)
+            self._set = None
