@@ -174,11 +174,17 @@ def test_judge(memory: dict[str, Any], xids: list[int], expected: tuple[bool | N
     assert (h.healthy, h.reasons) == expected
 
 
-def test_no_scenario_ships_an_unhealthy_card() -> None:
-    """Health faults are planted by the tests that need them: every shipped scenario is healthy."""
-    for path in sorted(scenario("mixed-4").parent.glob("*.json")):
-        for gpu in json.loads(path.read_text())["gpus"]:
-            assert not {"xid", "ecc", "remap", "retired_pages_pending", "memory_query_error"} & set(gpu), path
+def test_the_shipped_health_scenario(fakegpu: Path) -> None:
+    """fault-health: ECC errors on 1B, ECC off on the 4090 (healthy: nothing to count), a failed row remap on 86,
+    health unknown on AF; only the 4090 is fit for --count (its golden table: tests/golden/ls-fault-health.txt)."""
+    topo = scenario("fault-health")
+    assert [(g["health"]["healthy"], g["health"]["reasons"]) for g in listing(topo=topo)] == [
+        (False, ["2 volatile uncorrectable ECC errors"]),
+        (True, []),
+        (False, ["row remapping failed"]),
+        (None, ["NVML could not read its memory errors: Unknown Error"]),
+    ]
+    assert chosen(cli("run", "--dry-run", "--count", "1", TEST_IMAGE, topo=topo)) == RTX
 
 
 # --- the sandbox ------------------------------------------------------------------------------------------------
