@@ -13,7 +13,8 @@ Unknown is never shown as healthy.
 
 XIDs come as NVML events, and only as they happen: a one-shot reader (`hostagent run`, `hostagent ls`) registers
 for them and reads those that arrive while it reads the cards (milliseconds); an XID from before is in the host's
-kernel log (`dmesg`), out of NVML's reach. `gpupin-entrypoint --watch` holds the registration and sees each one.
+kernel log (`dmesg`), out of NVML's reach. A long-lived reader keeps one registration (`nvml.XidEvents`) and
+sees each XID as it comes.
 The other readings are state, true whenever they are read. NVML gives no time for them: `since` is known only for
 an XID, as the moment this reader received it.
 """

@@ -4,7 +4,8 @@ NVML numbers cards by PCI bus id and ignores CUDA_VISIBLE_DEVICES, which is what
 both sides. `pynvml` is imported and NVML initialised lazily, on first use, so importing gpupin never fails for
 want of a driver; every NVML failure that makes cards unusable becomes one `GpuUnavailableError` (exit 69) with a
 cause and a hint, never a traceback. Optional fields that a card does not support become None; a card that NVML
-cannot read becomes a `Card` with `error` set, so a listing survives it.
+cannot read becomes a `Card` with `error` set, so a listing survives it. It also reads what gpupin.core.health
+judges: a card's memory errors (`memory_health`) and critical-XID events (`XidEvents`).
 """
 
 from __future__ import annotations
