@@ -13,7 +13,8 @@ Unknown is never shown as healthy.
 
 XIDs come as NVML events, and only as they happen: a one-shot reader (`hostagent run`, `hostagent ls`) registers
 for them and reads those that arrive while it reads the cards (milliseconds); an XID from before is in the host's
-kernel log (`dmesg`), out of NVML's reach. `gpupin-entrypoint --watch` holds the registration and sees each one.
+kernel log (`dmesg`), out of NVML's reach. A long-lived reader keeps one registration (`readings.XidEvents`) and
+sees each XID as it comes.
 The other readings are state, true whenever they are read. NVML gives no time for them: `since` is known only for
 an XID, as the moment this reader received it.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import time
 
-from gpupin.core import nvml
+from gpupin.core import readings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _memory_reasons(m: nvml.MemoryHealth) -> list[str]:
+def _memory_reasons(m: readings.MemoryHealth) -> list[str]:
     reasons = []
     if m.ecc_uncorrected:
         reasons.append(f"{m.ecc_uncorrected} volatile uncorrectable ECC error{'s' if m.ecc_uncorrected > 1 else ''}")
@@ -118,7 +119,7 @@ def _memory_reasons(m: nvml.MemoryHealth) -> list[str]:
     return reasons
 
 
-def judge(memory: nvml.MemoryHealth | None, xids: Iterable[int] = (), seen: str | None = None,
+def judge(memory: readings.MemoryHealth | None, xids: Iterable[int] = (), seen: str | None = None,
           lost: bool = False) -> Health:
     """The health that these readings make: `memory` (None: not read), the XIDs received (at `seen`), `lost`."""
     if lost or (memory is not None and memory.lost):
@@ -140,9 +141,9 @@ def assess(cards: Sequence[Card]) -> None:
     first, drained last), then each card's memory-error readings. A card NVML could not read at all is lost or of
     unknown health."""
     readable = [c for c in cards if c.error is None]
-    events = nvml.XidEvents(c.index for c in readable) if readable else None
+    events = readings.XidEvents(c.index for c in readable) if readable else None
     try:
-        memory = {c.index: nvml.memory_health(c.index) for c in readable}
+        memory = {c.index: readings.memory_health(c.index) for c in readable}
         arrived = events.drain() if events is not None else []
     finally:
         if events is not None:

@@ -4,19 +4,18 @@ NVML numbers cards by PCI bus id and ignores CUDA_VISIBLE_DEVICES, which is what
 both sides. `pynvml` is imported and NVML initialised lazily, on first use, so importing gpupin never fails for
 want of a driver; every NVML failure that makes cards unusable becomes one `GpuUnavailableError` (exit 69) with a
 cause and a hint, never a traceback. Optional fields that a card does not support become None; a card that NVML
-cannot read becomes a `Card` with `error` set, so a listing survives it.
+cannot read becomes a `Card` with `error` set, so a listing survives it. It also reads what gpupin.core.health
+judges: a card's memory errors (`memory_health`) and critical-XID events (`XidEvents`).
 """
 
 from __future__ import annotations
-
-import contextlib
 
 from gpupin.core.errors import GpuUnavailableError
 from gpupin.core.identity import BusId
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
     from typing import Any, TypeVar
 
     from gpupin.core.health import Health
@@ -298,102 +297,3 @@ def list_cards(detail: bool = False, mig: bool = False, tolerate_lost: bool = Fa
             card.lost = _code(err) == _GPU_IS_LOST
             cards.append(card)
     return cards
-
-
-def persistence_modes(cards: list[Card]) -> dict[int, bool | None]:
-    """Each card's persistence mode (nvidia-smi --query-gpu=persistence_mode), by index; None where NVML cannot
-    say. Off, the driver tears the card down when its last client leaves, so every start pays the init again."""
-    from functools import partial
-
-    nv = _module()
-    out: dict[int, bool | None] = {}
-    for card in cards:
-        if card.error is not None:
-            out[card.index] = None
-            continue
-        try:
-            handle = nv.nvmlDeviceGetHandleByIndex(card.index)
-            mode = _optional(partial(nv.nvmlDeviceGetPersistenceMode, handle))
-        except nv.NVMLError:  # lost since it was listed: unknown, which is not "off"
-            mode = None
-        out[card.index] = bool(mode) if mode is not None else None
-    return out
-
-
-# --- health readings (gpupin.core.health reads them into reasons) -----------------------------------------------
-
-_MEMORY_ERROR_UNCORRECTED = 1  # nvmlMemoryErrorType_t
-_VOLATILE_ECC = 0  # nvmlEccCounterType_t: since the driver loaded (or the card was reset)
-_XID_CRITICAL_EVENT = 0x8  # nvmlEventTypeXidCriticalError
-
-
-class MemoryHealth:
-    """A card's memory-error readings (`nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`). None: the card does
-    not report it (no ECC, ECC off, page retirement on a card that remaps rows and the reverse). `error`: why NVML
-    could not read one (the others are then unknown too); `lost`: NVML answered GPU_IS_LOST."""
-
-    __slots__ = ("ecc_uncorrected", "error", "lost", "remap_failure", "remap_pending", "retired_pending")
-
-    def __init__(self) -> None:
-        self.ecc_uncorrected: int | None = None  # volatile uncorrectable ECC errors
-        self.retired_pending: bool | None = None
-        self.remap_pending: bool | None = None
-        self.remap_failure: bool | None = None
-        self.error: str | None = None
-        self.lost = False
-
-
-def memory_health(index: int) -> MemoryHealth:
-    """The memory-error readings of the card at NVML index `index`."""
-    nv = _module()
-    out = MemoryHealth()
-    try:
-        handle = nv.nvmlDeviceGetHandleByIndex(index)
-        out.ecc_uncorrected = _optional(lambda: int(nv.nvmlDeviceGetTotalEccErrors(
-            handle, _MEMORY_ERROR_UNCORRECTED, _VOLATILE_ECC)))
-        pending = _optional(lambda: int(nv.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
-        out.retired_pending = None if pending is None else bool(pending)
-        rows = _optional(lambda: nv.nvmlDeviceGetRemappedRows(handle))
-        if rows is not None:
-            out.remap_pending, out.remap_failure = bool(rows[2]), bool(rows[3])
-    except nv.NVMLError as err:
-        out.lost = _code(err) == _GPU_IS_LOST
-        out.error = str(err)
-    return out
-
-
-class XidEvents:
-    """NVML's critical-XID events of some cards, from registration on: NVML delivers only the events that occur
-    after it (an XID from before is in the host's kernel log, not here). Cards that cannot register (no event
-    support, lost) are skipped."""
-
-    def __init__(self, indices: Iterable[int]) -> None:
-        nv = _module()
-        self._set: Any = nv.nvmlEventSetCreate()
-        self.watched: list[int] = []
-        for index in indices:
-            try:
-                nv.nvmlDeviceRegisterEvents(nv.nvmlDeviceGetHandleByIndex(index), _XID_CRITICAL_EVENT, self._set)
-            except nv.NVMLError:
-                continue
-            self.watched.append(index)
-
-    def drain(self, timeout_ms: int = 0) -> list[tuple[int, int]]:
-        """(card index, XID) for each event pending, waiting up to `timeout_ms` for the first; stops at the first
-        error (a lost card: its own reading says so)."""
-        nv = _module()
-        events: list[tuple[int, int]] = []
-        while self.watched:
-            try:
-                event = nv.nvmlEventSetWait_v2(self._set, timeout_ms if not events else 0)
-                index = int(nv.nvmlDeviceGetIndex(event.device))
-            except nv.NVMLError:
-                break
-            if int(event.eventType) & _XID_CRITICAL_EVENT:
-                events.append((index, int(event.eventData)))
-        return events
-
-    def close(self) -> None:
-        nv = _module()
-        with contextlib.suppress(nv.NVMLError):  # a set NVML already dropped (its last shutdown)
-            nv.nvmlEventSetFree(self._set)

@@ -10,6 +10,7 @@ free and `ls` lists the cards without holders, so what changes is health alone.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpupin.core import health
-from gpupin.core.nvml import MemoryHealth
+from gpupin.core.readings import MemoryHealth
 from tests.conftest import HOSTAGENT, TEST_IMAGE, Agent, gpu_uuids, saw, scenario, simhost_env, topology
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # --count 1 takes A800 (index 0) on a healthy mixed-4
@@ -86,8 +87,10 @@ def test_each_fault_is_skipped_refused_and_shown(fakegpu: Path, tmp_path: Path, 
         assert "[0] UNHEALTHY: lost to NVML (GPU is lost)" in table
     else:
         assert table[1].startswith("[0] NVIDIA A800-SXM4-80GB") and table[1].endswith("UNHEALTHY")
-        assert table[3].split(None, 1) == ["UNHEALTHY", reason + (f"  since {card['health']['since']}"
-                                                                   if kind.startswith("xid") else "")]
+        # An XID's time is when this run saw it (the table's run is not the JSON's).
+        label, shown = table[3].split(None, 1)
+        since = r"  since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ" if kind.startswith("xid") else ""
+        assert label == "UNHEALTHY" and re.fullmatch(re.escape(reason) + since, shown), shown
     r = cli("ls", "--format", "{index}|{healthy}|{health_reasons}", faults=faults)
     assert r.stdout.splitlines() == [f"0|false|{reason}", "1|true|", "2|true|", "3|true|"]
 
@@ -141,6 +144,16 @@ def test_fault_file_changes_between_runs(fakegpu: Path, tmp_path: Path) -> None:
     assert chosen(cli("run", "--dry-run", "--count", "1", TEST_IMAGE, faults=faults)) == A800
 
 
+def test_compose_counts_skip_unhealthy_cards(fakegpu: Path, tmp_path: Path) -> None:
+    compose = tmp_path / "compose.yml"
+    compose.write_text("services:\n  train:\n    image: img\n    x-gpupin: {count: 4}\n")
+    assert cli("compose", "check", str(compose)).returncode == 0
+    r = cli("compose", "check", str(compose), faults=fault_file(tmp_path, {"0": {"xid": [79]}}))
+    assert r.returncode == 64  # check's code for a file with errors
+    assert ("service train: count: 4: only 3 of the 4 whole card(s) are fit for use (unhealthy or of unknown "
+            "health: 0: XID 79 (fallen off the bus))") in r.stdout + r.stderr
+
+
 @pytest.mark.parametrize(
     ("memory", "xids", "expected"),
     [
@@ -161,11 +174,17 @@ def test_judge(memory: dict[str, Any], xids: list[int], expected: tuple[bool | N
     assert (h.healthy, h.reasons) == expected
 
 
-def test_no_scenario_ships_an_unhealthy_card() -> None:
-    """Health faults are planted by the tests that need them: every shipped scenario is healthy."""
-    for path in sorted(scenario("mixed-4").parent.glob("*.json")):
-        for gpu in json.loads(path.read_text())["gpus"]:
-            assert not {"xid", "ecc", "remap", "retired_pages_pending", "memory_query_error"} & set(gpu), path
+def test_the_shipped_health_scenario(fakegpu: Path) -> None:
+    """fault-health: ECC errors on 1B, ECC off on the 4090 (healthy: nothing to count), a failed row remap on 86,
+    health unknown on AF; only the 4090 is fit for --count (its golden table: tests/golden/ls-fault-health.txt)."""
+    topo = scenario("fault-health")
+    assert [(g["health"]["healthy"], g["health"]["reasons"]) for g in listing(topo=topo)] == [
+        (False, ["2 volatile uncorrectable ECC errors"]),
+        (True, []),
+        (False, ["row remapping failed"]),
+        (None, ["NVML could not read its memory errors: Unknown Error"]),
+    ]
+    assert chosen(cli("run", "--dry-run", "--count", "1", TEST_IMAGE, topo=topo)) == RTX
 
 
 # --- the sandbox ------------------------------------------------------------------------------------------------
