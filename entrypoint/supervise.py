@@ -38,6 +38,7 @@ _JOB_CONTROL = {signal.SIGTTIN, signal.SIGTTOU}
 # After SIGKILL, how long to wait for the workload before giving up on it: a process in uninterruptible sleep in
 # the driver of a lost card may never die, and the container must still end so that its restart policy acts.
 KILL_WAIT = 5.0
+UNWATCHED = 30 * 86400.0  # the interval once the checks failed: the parent still reaps and passes signals on
 
 
 def forwarded_signals() -> "set[int]":
@@ -173,7 +174,13 @@ def supervise(cmd: "Sequence[str]", env: "dict[str, str]", watch: Watch,
             killed = True
             until = now + KILL_WAIT
             continue
-        what = watch.check()
+        try:
+            what = watch.check()
+        except Exception as err:  # a bug in a check must neither end the workload nor leave it without its parent
+            sys.stderr.write(f"{prog}: WARNING: the card checks failed ({type(err).__name__}: {err}); the workload "
+                             "runs on, unwatched\n")
+            sys.stderr.flush()
+            watch.interval, what = UNWATCHED, None
         if what is None:
             # The next check is a whole interval after the one due, or after now if that one ran late.
             until = max(until + watch.interval, now)

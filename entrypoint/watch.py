@@ -15,7 +15,7 @@ No `from __future__ import annotations` here (see gpupin.core.errors).
 import os
 import sys
 
-from gpupin.core import health, nvml
+from gpupin.core import health, nvml, readings
 from gpupin.core.contract import WATCH_GRACE_VAR, WATCH_VAR
 from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError, UsageError
 from gpupin.core.shown import shorten
@@ -103,9 +103,9 @@ class Checks:
     def __init__(self, cards: "Sequence[Card]", nodes: "Sequence[str]" = (CONTROL_NODE,)) -> None:
         self.cards = list(cards)
         self.nodes = [n for n in nodes if _cannot_open(n) is None]
-        self.events = nvml.XidEvents(c.index for c in self.cards)
+        self.events = readings.XidEvents(c.index for c in self.cards)
         # What a card already had before the workload started: the workload was started on it all the same.
-        self.baseline = {c.index: set(health.judge(nvml.memory_health(c.index)).reasons) for c in self.cards}
+        self.baseline = {c.index: set(health.judge(readings.memory_health(c.index)).reasons) for c in self.cards}
 
     def __call__(self) -> "str | None":
         for node in self.nodes:
@@ -129,7 +129,7 @@ class Checks:
                 return f"{where} is no longer among the cards NVML sees{why}"
             if seen.bus_id != card.bus_id:
                 return f"{card.uuid} is now at {seen.bus_id}, not at {card.bus_id}"
-            state = health.judge(nvml.memory_health(card.index), [x for i, x in xids if i == card.index])
+            state = health.judge(readings.memory_health(card.index), [x for i, x in xids if i == card.index])
             new = [r for r in state.reasons if r not in self.baseline[card.index]]
             if state.healthy is False and new:
                 return f"{where} is unhealthy: {'; '.join(new)}"

@@ -14,6 +14,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -447,3 +448,20 @@ def test_a_daemon_reload_that_takes_the_devices_away_is_a_loss(container: Entryp
     assert "workload got TERM" in r.output()
     line = loss_line(r.stderr())
     assert "/dev/nvidiactl no longer opens here (Operation not permitted)" in line and "Unknown Error" in line, line
+
+
+def test_a_check_that_fails_leaves_the_workload_running_under_its_parent() -> None:
+    """A bug in a check (an exception no check expects) must neither stop the workload nor leave it without its
+    parent: one warning, then the workload runs on, still supervised, and its code is passed through."""
+    code = ("import sys\n"
+            "from gpupin.entrypoint.cli import run_workload\n"
+            "from gpupin.entrypoint.supervise import Watch, supervise\n"
+            "def check():\n"
+            "    raise RuntimeError('boom')\n"
+            "watch = Watch(0.05, check, lambda what: 79, 1.0)\n"
+            "sys.exit(supervise(['sh', '-c', 'sleep 0.5; exit 4'], {'PATH': '/usr/bin:/bin'}, watch, run_workload,"
+            " 'gpupin-entrypoint'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 4, p
+    assert p.stderr == ("gpupin-entrypoint: WARNING: the card checks failed (RuntimeError: boom); the workload runs "
+                        "on, unwatched\n"), p
