@@ -16,19 +16,21 @@ pinned by UUID (hostagent.pin: through CDI where the daemon serves the cards so,
 reports what would land a job on the wrong card or double-book one. Both run the same rules.
 
 The modules, in the order a file goes through them:
-    load      bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
-    request   what one service asks for: one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime)
-    rules     every check, each written once; `examine` runs them all (and placement) for both commands
-    place     the booking rule and the placement of counts on free cards
-    render    the rules + placement + the pin, written into a copy of the document
-    stack     `render --swarm`: the same requests as Swarm reservations (Swarm places; render only reserves)
-    command   the two CLI adapters: NVML, the ledger, `-o`
-    problems  the one Problem type both commands print, one line each
+    load        bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
+    gpurequest  what one service asks for (GpuRequest), and what the forms of asking share (Form)
+    forms       one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime): gpu_request
+    service     the service's other parts the rules read (environment, labels, replicas, reservations)
+    rules       every check, each written once; `examine` runs them all (and placement) for both commands
+    place       the booking rule and the placement of counts on free cards
+    render      the rules + placement + the pin, written into a copy of the document
+    stack       `render --swarm`: the same requests as Swarm reservations (Swarm places; render only reserves)
+    command     the two CLI adapters: NVML, the ledger, `-o`
+    problems    the one Problem type both commands print, one line each
 
-Exit codes (DESIGN.md): 64 a malformed file or a request that cannot mean one card (unknown, ambiguous, a card
-given to two services, more cards than the host has, replicas > 1, hand-set pin variables), or a bad `-o`; 75 a
-render that cannot place a service only because running containers hold the cards it needs (they are named); 69
-NVML unusable. `check` exits 64 when it finds an error, else 0 (warnings alone do not fail it).
+Exit codes (docs/design.md, Exit codes): 64 a malformed file or a request that cannot mean one card (unknown,
+ambiguous, a card given to two services, more cards than the host has, replicas > 1, hand-set pin variables), or a
+bad `-o`; 75 a render that cannot place a service only because running containers hold the cards it needs (they are
+named); 69 NVML unusable. `check` exits 64 when it finds an error, else 0 (warnings alone do not fail it).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from __future__ import annotations
 from gpupin.core.contract import SHARED_LABEL
 from gpupin.core.errors import EX_TEMPFAIL, GpuSpecError
 from gpupin.hostagent import gpus
+from gpupin.hostagent.compose.gpurequest import KEY
 from gpupin.hostagent.compose.problems import Problem
-from gpupin.hostagent.compose.request import KEY
 from gpupin.hostagent.ledger.holders import blocking
 
 TYPE_CHECKING = False
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card
     from gpupin.core.resolve import Target
-    from gpupin.hostagent.compose.request import GpuRequest
+    from gpupin.hostagent.compose.gpurequest import GpuRequest
     from gpupin.hostagent.ledger.holders import Holder
 
 _SHARE = f"mark every service that shares it `{KEY}: {{share: true}}` (or, in the standard forms, label " \
