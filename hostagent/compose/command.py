@@ -291,7 +291,7 @@ def stack_command(file: str, output: str | None, kind: str) -> int:
     """`hostagent compose render --swarm [--kind KIND] FILE [-o OUT]`: 0 and the stack; 64 with one line per
     problem."""
     from gpupin.hostagent.compose import stack
-    from gpupin.hostagent.swarm.cluster import check_kind
+    from gpupin.hostagent.swarm.resources import check_kind
 
     check_kind(kind)
     name = printable(file)

@@ -47,7 +47,8 @@ from gpupin.hostagent.compose.service import (
     reserved_list,
 )
 from gpupin.hostagent.pin import Reservation
-from gpupin.hostagent.swarm.cluster import Constraint, gpu_kinds
+from gpupin.hostagent.swarm.cluster import Constraint
+from gpupin.hostagent.swarm.resources import gpu_kinds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

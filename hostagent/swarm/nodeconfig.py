@@ -25,7 +25,7 @@ from gpupin.core import nvml
 from gpupin.core.errors import EX_USAGE, GpuUnavailableError, UsageError
 from gpupin.core.identity import is_full_uuid
 from gpupin.hostagent.findings import WARNING, Finding
-from gpupin.hostagent.swarm.cluster import (
+from gpupin.hostagent.swarm.resources import (
     DAEMON_JSON,
     DEFAULT_KIND,
     RUNTIME_PATH,
