@@ -19,6 +19,7 @@ from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS, Pin, check_via
 from gpupin.hostagent.run import options as runopts
+from gpupin.hostagent.run import values
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class RunRequest:
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
         runopts.payload(self.options)  # every conversion is a check: bad text is refused here, by option name
-        self.capabilities = runopts.gpu_capabilities(self.options["gpu_capabilities"])
+        self.capabilities = values.gpu_capabilities(self.options["gpu_capabilities"])
         if self.via is not None:
             check_via(self.via, self.capabilities)
         restart = self.options["restart"]
