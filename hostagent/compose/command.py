@@ -4,7 +4,7 @@ file come from.
 
 `-o OUT` is checked before anything is read (not a directory, its directory exists and is writable, not the file
 being rendered), and written all at once: a temporary file beside it, renamed over it, so that a refused or
-interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as DESIGN.md
+interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as docs/design.md
 gives hostagent's codes (64, 69, 75) and every other bad argument gets it.
 """
 
