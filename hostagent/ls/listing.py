@@ -147,7 +147,8 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
 
     paint = lsview.use_color(color, sys.stdout)
     if watch is not None:
-        return lsview.watch(watch, paint)
+        # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
+        return lsview.watch(watch, paint, lambda: gather(warn=False))
     sys.stdout.write(lsview.render(gather(), paint))
     sys.stdout.flush()
     return 0
