@@ -15,6 +15,7 @@ PROBE_TIMEOUT_VAR = "GPUPIN_PROBE_TIMEOUT"
 DEVICE_LIST_DIR_VAR = "GPUPIN_DEVICE_LIST_DIR"
 # Verification levels, weakest first; `cuda` when none is asked for.
 LEVELS = ("nvml", "cuda", "torch")
+LEVELS_SAID = f"{', '.join(LEVELS[:-1])} or {LEVELS[-1]}"  # as a hint lists them: "nvml, cuda or torch"
 DEFAULT_LEVEL = "cuda"
 # A switch's values: on, or off (empty is off).
 ON = ("1", "true", "yes", "on")

@@ -72,6 +72,10 @@ class Target:
     def name(self) -> str:
         return (self.mig.name if self.mig is not None and self.mig.name else self.card.name) or "?"
 
+    def describe(self) -> str:
+        """How a message names it: UUID (index, bus id, name)."""
+        return f"{self.uuid} (index {self.card.index}, {self.card.bus_id}, {self.name})"
+
     def expect_entry(self) -> str:
         """Its GPUPIN_EXPECT entry: UUID@BUSID."""
         return f"{self.uuid}@{self.bus_id}"

@@ -18,7 +18,7 @@ import sys
 
 from gpupin.core import __version__
 from gpupin.core.errors import EX_USAGE, GpupinError, InternalError
-from gpupin.hostagent import completion
+from gpupin.hostagent import PROG, completion
 from gpupin.hostagent.compose import args as compose_args
 from gpupin.hostagent.ls import args as ls_args
 from gpupin.hostagent.run import args as run_args
@@ -29,9 +29,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import NoReturn
-
-PROG = "hostagent"
-
 
 # argparse's wording (3.11: quoted choices; 3.12.8 and later: bare ones).
 _INVALID_CHOICE = re.compile(r"argument (?P<arg>\S+): invalid choice: (?P<word>.*) \(choose from (?P<choices>.*)\)$")

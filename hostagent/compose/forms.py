@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 _X_KEYS = ("gpus", "count", "share", "verify")
 X_HINT = f"write `{KEY}: {{gpus: [UUID-or-SPEC, ...]}}` or `{KEY}: {{count: N}}`, optionally with share: true " \
-         "and verify: nvml|cuda|torch"
+         f"and verify: {'|'.join(VERIFY_LEVELS)}"
 _DEVICES = "deploy.resources.reservations.devices"
 
 

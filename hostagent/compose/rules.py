@@ -24,7 +24,7 @@ from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose.forms import gpu_request
 from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
-from gpupin.hostagent.compose.place import Assignment, bookings, describe, place
+from gpupin.hostagent.compose.place import Assignment, bookings, place
 from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, quoted
 from gpupin.hostagent.compose.service import env_entries, label_entries, replicas
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS
@@ -129,7 +129,7 @@ def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target],
         fix = f"write the card's UUID {target.uuid}, or let {_RENDER} pin it"
         written = form(spec)
         if written == INDEX:
-            problems.append(Problem(req.service, f"{what} is an NVML index: today it is {describe(target)}, but "
+            problems.append(Problem(req.service, f"{what} is an NVML index: today it is {target.describe()}, but "
                                     "indices follow PCI bus order and name another card after a card is added, "
                                     "removed or lost", f"pin it by UUID: {req.form.by_uuid(target.uuid)} (or "
                                     f"`{KEY}: {{gpus: [{target.uuid}]}}` and render)", render_fixes=True))

@@ -17,7 +17,7 @@ import sys
 
 from gpupin.core import nvml
 from gpupin.core.errors import GpupinError, UsageError
-from gpupin.hostagent import engine
+from gpupin.hostagent import engine, say
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
 from gpupin.hostagent.ls import procs
@@ -57,8 +57,7 @@ def gather(warn: bool = True) -> dict[str, Any]:
     if not docker["available"]:
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
-            sys.stderr.write(f"hostagent: WARNING: Docker unavailable at {docker['host']} ({docker['error']}): "
-                             "who holds which card is unknown\n")
+            say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
     names = {h.id: h.name for h in holders}
     users: dict[int, str] = {}
     return {"hostname": os.uname().nodename, "driver_version": nvml.driver_version(),

@@ -22,6 +22,7 @@ import shutil
 import sys
 
 from gpupin.core import nvml
+from gpupin.core.contract import SWARM_PREFIX
 from gpupin.core.errors import EX_USAGE, GpuUnavailableError, UsageError
 from gpupin.core.identity import is_full_uuid
 from gpupin.hostagent.findings import WARNING, Finding
@@ -33,8 +34,8 @@ from gpupin.hostagent.swarm.resources import (
     GenericResource,
     GenericResourceError,
     advertisable,
+    as_json,
     check_kind,
-    describe,
     env_var,
     gpu_kinds,
     lookup,
@@ -73,7 +74,7 @@ def render(cards: Sequence[Card], kind: str = DEFAULT_KIND, runtime_path: str = 
     return {
         "kind": kind,
         "variable": env_var(kind),
-        "resources": [dict(describe(a), term=t) for a, t in zip(adverts, terms)],
+        "resources": [dict(as_json(a), term=t) for a, t in zip(adverts, terms)],
         "skipped": [{"index": c.index, "uuid": c.uuid, "why": why} for c, why in skipped],
         "daemon_json": {"node-generic-resources": terms, "default-runtime": RUNTIME_NAME,
                         "runtimes": {RUNTIME_NAME: {"path": runtime_path}}},
@@ -162,10 +163,6 @@ def read_toolkit_config(path: str = TOOLKIT_CONFIG) -> NodeFile:
     return NodeFile(path, data)
 
 
-def _where(t: Target) -> str:
-    return f"{t.uuid} (index {t.card.index}, {t.card.bus_id}, {t.name})"
-
-
 def _check_resources(dj: NodeFile, resources: Sequence[GenericResource], cards: Sequence[Card],
                      kind: str) -> list[Finding]:
     out: list[Finding] = []
@@ -214,7 +211,7 @@ def _check_resources(dj: NodeFile, resources: Sequence[GenericResource], cards: 
     adverts, skipped = advertisable(cards)
     for a in adverts:
         if a.uuid not in given:
-            out.append(Finding(dj.path, f"{_where(a)} is not advertised: Swarm never gives it to a task",
+            out.append(Finding(dj.path, f"{a.describe()} is not advertised: Swarm never gives it to a task",
                                f'add "{kinds[0] if kinds else kind}={a.uuid}" unless it is kept out on purpose',
                                WARNING))
     for card, why in skipped:
@@ -286,7 +283,7 @@ def _check_toolkit(tk: NodeFile, kinds: Sequence[str]) -> list[Finding]:
             out.append(Finding(tk.path, f"{SWARM_RESOURCE} is {state}: {fallback}",
                                f'set {SWARM_RESOURCE} = "{var}" at the top of the file'))
         else:
-            named = [r[len("DOCKER_RESOURCE_"):] for r in read if r.startswith("DOCKER_RESOURCE_")]
+            named = [r[len(SWARM_PREFIX):] for r in read if r.startswith(SWARM_PREFIX)]
             alt = f'advertise the kind it reads ("{named[0]}=<UUID>") or ' if named else ""
             out.append(Finding(tk.path, f'{SWARM_RESOURCE} = "{raw}", but this node advertises its cards as {k} '
                                f"(tasks get {var}): {fallback}", f'{alt}set {SWARM_RESOURCE} = "{var}"'))
@@ -321,7 +318,7 @@ class CheckResult:
     def to_dict(self) -> dict[str, Any]:
         def card(r: GenericResource) -> dict[str, Any] | None:
             a = None if r.discrete else lookup(r.value, self.cards)
-            return describe(a) if a is not None else None
+            return as_json(a) if a is not None else None
 
         return {"ok": self.ok, "kind": self.kind,
                 "paths": {"daemon_json": self.daemon_json.path, "toolkit_config": self.toolkit_config.path},

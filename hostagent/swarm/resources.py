@@ -131,7 +131,7 @@ def from_engine(resources: Iterable[Mapping[str, Any]] | None) -> list[GenericRe
     return out
 
 
-def describe(target: Target) -> dict[str, Any]:
+def as_json(target: Target) -> dict[str, Any]:
     """A card or MIG device as the JSON outputs show it."""
     return {"uuid": target.uuid, "index": target.card.index, "bus_id": str(target.card.bus_id),
             "name": target.name, "parent": target.card.uuid if target.mig is not None else None}
