@@ -17,7 +17,7 @@ import re
 import sys
 
 from gpupin.core import __version__
-from gpupin.core.errors import EX_USAGE, GpupinError, InternalError
+from gpupin.core.errors import GpupinError, InternalError, UsageError
 from gpupin.hostagent import PROG, completion
 from gpupin.hostagent.compose import args as compose_args
 from gpupin.hostagent.ls import args as ls_args
@@ -41,8 +41,9 @@ class _Parser(argparse.ArgumentParser):
 
     @staticmethod
     def refuse(message: str, hint: str) -> NoReturn:
-        sys.stderr.write(f"{PROG}: ERROR: {message}. HINT: {hint}\n")
-        sys.exit(EX_USAGE)
+        err = UsageError(message, hint)
+        sys.stderr.write(err.line(PROG))
+        sys.exit(err.exit_code)
 
     def error(self, message: str) -> NoReturn:
         # argparse reports a subcommand's unknown options from the top parser: suggest from, and point to, the
@@ -100,6 +101,11 @@ def _error(err: GpupinError, debug: bool) -> int:
     return err.exit_code
 
 
+def _internal(err: Exception) -> InternalError:
+    """A bug: still one line (the traceback with --debug), and a code of its own."""
+    return InternalError(f"internal error: {type(err).__name__}: {err}")
+
+
 def _exit_now(code: int) -> None:
     """End `hostagent run` (the program, not a call of main()) without the interpreter's teardown: tearing down the
     docker SDK's and requests' modules costs ~25 ms after the container has already ended (`make bench`'s phase
@@ -128,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except GpupinError as err:
             return _error(err, fast.debug)
         except Exception as err:
-            return _error(InternalError(f"internal error: {type(err).__name__}: {err}"), fast.debug)
+            return _error(_internal(err), fast.debug)
     parser = build_parser()
     parser.argv = raw
     try:
@@ -171,8 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(err, debug)
     except KeyboardInterrupt:
         return 130
-    except Exception as err:  # a bug: still one line (the traceback with --debug), and a code of its own
-        return _error(InternalError(f"internal error: {type(err).__name__}: {err}"), debug)
+    except Exception as err:  # a bug
+        return _error(_internal(err), debug)
 
 
 if __name__ == "__main__":
