@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 
 from gpupin.core.errors import GpupinError
-from gpupin.hostagent.swarm.resources import GenericResource, as_json, lookup, names_a_gpu
+from gpupin.hostagent.swarm.resources import GenericResource, card_json, lookup, names_a_gpu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def _task(t: Task, cluster: Cluster, nodes: dict[str, Node]) -> dict[str, Any]:
 def _resource(r: GenericResource, holder: dict[str, Any] | None, cards: Sequence[Card] | None,
               advertised: bool = True) -> dict[str, Any]:
     found = lookup(r.value, cards) if cards else None
-    return {"kind": r.kind, "value": r.value, "card": as_json(found) if found is not None else None,
+    return {"kind": r.kind, "value": r.value, "card": card_json(found) if found is not None else None,
             "held_by": holder, "advertised": advertised}
 
 

@@ -35,6 +35,8 @@ DEFAULT_KIND = "GPU"
 DAEMON_JSON = "/etc/docker/daemon.json"
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 RUNTIME_PATH = "nvidia-container-runtime"  # what `nvidia-ctk runtime configure --runtime=docker` writes
+RUNTIME_NAME = "nvidia"  # the runtime daemon.json names, as its default-runtime
+SWARM_RESOURCE = "swarm-resource"  # the toolkit's setting that names the variable its hook reads
 # What `docker service create --generic-resource` and daemon.json accept as a kind without surprises: no `=`
 # or `,` (the separators), no blanks (trimmed away), nothing a shell or an env file would mangle.
 _KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -131,7 +133,7 @@ def from_engine(resources: Iterable[Mapping[str, Any]] | None) -> list[GenericRe
     return out
 
 
-def as_json(target: Target) -> dict[str, Any]:
+def card_json(target: Target) -> dict[str, Any]:
     """A card or MIG device as the JSON outputs show it."""
     return {"uuid": target.uuid, "index": target.card.index, "bus_id": str(target.card.bus_id),
             "name": target.name, "parent": target.card.uuid if target.mig is not None else None}
