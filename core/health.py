@@ -23,14 +23,10 @@ from __future__ import annotations
 
 import time
 
-from gpupin.core import readings
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from typing import Any
-
-    from gpupin.core.nvml import Card
 
 # The critical XIDs and what each means. Source: NVIDIA's Xid catalog for Ampere and later
 # (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), column "Resolution Bucket (Immediate Action)":
@@ -102,11 +98,27 @@ class Health:
         return f"Health({self.healthy}, {self.reasons!r}, since={self.since!r})"
 
 
-def _stamp() -> str:
+class MemoryHealth:
+    """A card's memory-error readings (`nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`). None: the card does
+    not report it (no ECC, ECC off, page retirement on a card that remaps rows and the reverse). `error`: why NVML
+    could not read one (the others are then unknown too); `lost`: NVML answered GPU_IS_LOST."""
+
+    __slots__ = ("ecc_uncorrected", "error", "lost", "remap_failure", "remap_pending", "retired_pending")
+
+    def __init__(self) -> None:
+        self.ecc_uncorrected: int | None = None  # volatile uncorrectable ECC errors
+        self.retired_pending: bool | None = None
+        self.remap_pending: bool | None = None
+        self.remap_failure: bool | None = None
+        self.error: str | None = None
+        self.lost = False
+
+
+def stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _memory_reasons(m: readings.MemoryHealth) -> list[str]:
+def _memory_reasons(m: MemoryHealth) -> list[str]:
     reasons = []
     if m.ecc_uncorrected:
         reasons.append(f"{m.ecc_uncorrected} volatile uncorrectable ECC error{'s' if m.ecc_uncorrected > 1 else ''}")
@@ -119,7 +131,7 @@ def _memory_reasons(m: readings.MemoryHealth) -> list[str]:
     return reasons
 
 
-def judge(memory: readings.MemoryHealth | None, xids: Iterable[int] = (), seen: str | None = None,
+def judge(memory: MemoryHealth | None, xids: Iterable[int] = (), seen: str | None = None,
           lost: bool = False) -> Health:
     """The health that these readings make: `memory` (None: not read), the XIDs received (at `seen`), `lost`."""
     if lost or (memory is not None and memory.lost):
@@ -135,23 +147,3 @@ def judge(memory: readings.MemoryHealth | None, xids: Iterable[int] = (), seen: 
         return Health(None, [f"NVML could not read its memory errors: {why}"])
     return Health(True)
 
-
-def assess(cards: Sequence[Card]) -> None:
-    """Reads every card's health into `card.health`: the XIDs that arrive while the cards are read (registered
-    first, drained last), then each card's memory-error readings. A card NVML could not read at all is lost or of
-    unknown health."""
-    readable = [c for c in cards if c.error is None]
-    events = readings.XidEvents(c.index for c in readable) if readable else None
-    try:
-        memory = {c.index: readings.memory_health(c.index) for c in readable}
-        arrived = events.drain() if events is not None else []
-    finally:
-        if events is not None:
-            events.close()
-    seen = _stamp() if arrived else None
-    for card in cards:
-        if card.error is not None:
-            card.health = (Health(False, [LOST]) if card.lost
-                           else Health(None, [f"NVML could not read the card: {card.error}"]))
-            continue
-        card.health = judge(memory[card.index], [x for i, x in arrived if i == card.index], seen)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import sys
 
-from gpupin.core import health, nvml
+from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
-from gpupin.hostagent import engine
+from gpupin.hostagent import engine, say
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
 from gpupin.hostagent.ls import procs
@@ -44,7 +44,7 @@ def _watts(milliwatts: int | None) -> float | None:
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
     cards = nvml.list_cards(detail=True, tolerate_lost=True)
-    health.assess(cards)
+    readings.assess(cards)
     docker: dict[str, Any] = {"host": None, "available": True, "error": None}
     holders: list[Holder] = []
     try:
@@ -59,8 +59,7 @@ def gather(warn: bool = True) -> dict[str, Any]:
     if not docker["available"]:
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
-            sys.stderr.write(f"hostagent: WARNING: Docker unavailable at {docker['host']} ({docker['error']}): "
-                             "who holds which card is unknown\n")
+            say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
     names = {h.id: h.name for h in holders}
     users: dict[int, str] = {}
     return {"hostname": os.uname().nodename, "driver_version": nvml.driver_version(),
@@ -150,7 +149,8 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
 
     paint = lsview.use_color(color, sys.stdout)
     if watch is not None:
-        return lsview.watch(watch, paint)
+        # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
+        return lsview.watch(watch, paint, lambda: gather(warn=False))
     sys.stdout.write(lsview.render(gather(), paint))
     sys.stdout.flush()
     return 0
