@@ -177,9 +177,10 @@ def supervise(cmd: "Sequence[str]", env: "dict[str, str]", watch: Watch,
         try:
             what = watch.check()
         except Exception as err:  # a bug in a check must neither end the workload nor leave it without its parent
-            sys.stderr.write(f"{prog}: WARNING: the card checks failed ({type(err).__name__}: {err}); the workload "
-                             "runs on, unwatched\n")
-            sys.stderr.flush()
+            with contextlib.suppress(OSError, ValueError):  # stderr gone: the workload runs on all the same
+                sys.stderr.write(f"{prog}: WARNING: the card checks failed ({type(err).__name__}: {err}); the "
+                                 "workload runs on, unwatched\n")
+                sys.stderr.flush()
             watch.interval, what = UNWATCHED, None
         if what is None:
             # The next check is a whole interval after the one due, or after now if that one ran late.

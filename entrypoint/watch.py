@@ -158,8 +158,11 @@ def run_watched(cmd: "Sequence[str]", env: "dict[str, str]", ver: "Verification"
 
     def on_loss(what: str) -> int:
         err = lost(what, grace_s)
-        sys.stderr.write(err.line(prog))
-        sys.stderr.flush()
+        try:
+            sys.stderr.write(err.line(prog))
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr gone (a reader that left): the workload is stopped all the same
+            pass
         return err.exit_code
 
     return supervise(cmd, env, Watch(every, check, on_loss, grace_s), run, prog)
