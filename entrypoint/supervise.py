@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 
 from gpupin.core.errors import EX_SIGNAL_BASE, EX_SOFTWARE, GpupinError
 
@@ -149,7 +150,12 @@ def supervise(cmd: "Sequence[str]", env: "dict[str, str]", watch: Watch,
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # The real NVML runs threads of its own (its event set's, measured on an H200), and Python 3.12 warns about
+        # forking then; under PYTHONWARNINGS=error that warning would end the parent after the child exists. The
+        # child only sets its group, signals and mask, then execs: it never touches NVML or another lock.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         _exec_child(cmd, env, mask, saved, run, prog)
     child = Child(pid)
