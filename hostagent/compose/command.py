@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
-from gpupin.hostagent.compose import load
+from gpupin.hostagent.compose import load, roundtrip
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine
@@ -238,14 +238,17 @@ def _emit(text: str, file: str, output: str | None, target: str | None, relative
     return 0
 
 
-def _rendered(file: str, output: str | None, make: Callable[[Any], str]) -> int:
-    """Load FILE, `make` the rendered text of it (a RenderRefused names every problem), and write it out: the
-    steps `render` and `render --swarm` share, each problem one line with the file's name."""
+def _rendered(file: str, output: str | None, make: Callable[[Any], tuple[str, Any]]) -> int:
+    """Load FILE, `make` the header and the rendered tree of it (a RenderRefused names every problem), and write
+    the source text with only what the render changed (hostagent.compose.roundtrip): the steps `render` and
+    `render --swarm` share, each problem one line with the file's name."""
     target = output_path(output, file)
     name = printable(file)
     try:
-        doc = load.load(file)
-        text = make(doc)
+        source = roundtrip.without_header(load.decode(load.read(file)))
+        doc = load.parse(source)
+        top, rendered = make(doc)
+        text = top + "\n" + roundtrip.edit(source, doc, rendered)  # the empty line ends the header
     except ServiceError as err:
         _say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
@@ -261,12 +264,12 @@ def render_command(file: str, output: str | None, via: str | None = None) -> int
     per problem."""
     name = printable(file)
 
-    def make(doc: Any) -> str:
+    def make(doc: Any) -> tuple[str, Any]:
         cards, daemon = _host(doc, [file] + ([output] if output else []), cdi_too=via is None)
         rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
         if not exam.requests:
             _say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
-        return header(file, exam) + load.dump(rendered)
+        return header(file, exam), rendered
 
     return _rendered(file, output, make)
 
@@ -296,7 +299,7 @@ def stack_command(file: str, output: str | None, kind: str) -> int:
     check_kind(kind)
     name = printable(file)
 
-    def make(doc: Any) -> str:
+    def make(doc: Any) -> tuple[str, Any]:
         rendered, exam = stack.render(doc, kind, read_nodes())
         for p in exam.warnings:
             _say(p.line(name))
@@ -304,7 +307,7 @@ def stack_command(file: str, output: str | None, kind: str) -> int:
             _say(f"note: {name}: {note}")
         if not exam.reserving:
             _say(f"note: {name}: no service asks for GPUs")
-        return stack.header(file, exam) + load.dump(rendered)
+        return stack.header(file, exam), rendered
 
     return _rendered(file, output, make)
 
