@@ -239,7 +239,7 @@ def build_parser() -> _Parser:
     raw = argparse.RawDescriptionHelpFormatter
     cr = csub.add_parser("render", help="write a standard compose file with every GPU pinned by UUID",
                          description=compose.RENDER_DESCRIPTION, epilog=compose.RENDER_EPILOG, formatter_class=raw)
-    cr.add_argument("file", metavar="FILE", help="the compose file to render (it is never overwritten)")
+    compose.add_project_arguments(cr, "render (it is never overwritten)")
     cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
     cr.add_argument("--swarm", action="store_true", help="write a Docker Swarm stack: each task reserves its cards "
                     "as generic resources (see below)")
@@ -249,7 +249,7 @@ def build_parser() -> _Parser:
                     "nvidia); default: CDI where the daemon serves the cards by CDI")
     cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs",
                          description=compose.CHECK_DESCRIPTION, epilog=compose.CHECK_EPILOG, formatter_class=raw)
-    cc.add_argument("file", metavar="FILE", help="the compose file to check")
+    compose.add_project_arguments(cc, "check")
     cc.add_argument("--json", action="store_true", help="the problems as a JSON list")
 
     s = sub.add_parser("swarm", help="GPU nodes of a Docker Swarm",
@@ -378,9 +378,9 @@ def _cmd_compose(args: argparse.Namespace) -> int:
         if args.via is not None and args.swarm:
             raise UsageError("--via goes without --swarm", "a --swarm render reserves generic resources; the "
                              "nodes' runtime decides how the cards reach the task")
-        return compose.render_command(args.file, args.output, args.swarm, args.kind, args.via)
+        return compose.render_command(compose.project_options(args), args.output, args.swarm, args.kind, args.via)
     if args.compose_command == "check":
-        return compose.check_command(args.file, args.json)
+        return compose.check_command(compose.project_options(args), args.json)
     raise UsageError("hostagent compose needs a subcommand", "hostagent compose render FILE | check FILE")
 
 

@@ -33,6 +33,12 @@ NVML unusable. `check` exits 64 when it finds an error, else 0 (warnings alone d
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from gpupin.hostagent.compose.project import Options
+
 # The --help texts (hostagent.cli builds its parser with them; importing this package loads nothing else).
 RENDER_DESCRIPTION = """\
 Write FILE as a standard compose file in which every service that asks for GPUs (x-gpupin, a deploy
@@ -70,18 +76,39 @@ problem of the file as written that `hostagent compose render` removes.
 exit: 0 no error (warnings may be printed); 64 an error; 69 NVML unusable."""
 
 
-def render_command(file: str, output: str | None, swarm: bool = False, kind: str | None = None,
+def add_project_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """The project's files and what compose reads with them, spelt as `docker compose` spells them."""
+    parser.add_argument("file", metavar="FILE", nargs="?", help=f"the compose file to {what} (as -f FILE)")
+    parser.add_argument("-f", "--file", dest="files", metavar="FILE", action="append", default=[],
+                        help="a compose file; several are merged in order, as docker compose -f does (default: "
+                        "compose.yaml or docker-compose.yml here, with its override file)")
+    parser.add_argument("--profile", dest="profiles", metavar="NAME", action="append", default=[],
+                        help="a profile to enable (several allowed; COMPOSE_PROFILES too)")
+    parser.add_argument("--env-file", dest="env_files", metavar="PATH", action="append", default=[],
+                        help="the variables file (default: .env in the project directory)")
+    parser.add_argument("--project-directory", metavar="DIR",
+                        help="the project directory (default: the first file's directory)")
+
+
+def project_options(args: argparse.Namespace) -> Options:
+    from gpupin.hostagent.compose.project import Options
+
+    files = ([args.file] if args.file else []) + list(args.files)
+    return Options(files, args.project_directory, args.env_files, args.profiles)
+
+
+def render_command(options: Options, output: str | None, swarm: bool = False, kind: str | None = None,
                    via: str | None = None) -> int:
     from gpupin.hostagent.compose import command
 
     if swarm:
         from gpupin.hostagent.swarm.cluster import DEFAULT_KIND
 
-        return command.stack_command(file, output, kind or DEFAULT_KIND)
-    return command.render_command(file, output, via)
+        return command.stack_command(options, output, kind or DEFAULT_KIND)
+    return command.render_command(options, output, via)
 
 
-def check_command(file: str, as_json: bool) -> int:
+def check_command(options: Options, as_json: bool) -> int:
     from gpupin.hostagent.compose.command import check_command
 
-    return check_command(file, as_json)
+    return check_command(options, as_json)
