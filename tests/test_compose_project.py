@@ -23,7 +23,7 @@ from gpupin.hostagent.compose.request import gpu_request
 from gpupin.hostagent.compose.rules import examine
 from tests.cards import cards
 from tests.conftest import HOSTAGENT, REPO, gpu_uuids, simhost_env
-from tests.test_compose_render import V2, strip_gpu, tool
+from tests.test_compose_render import FILES, V2, strip_gpu, tool
 
 PROJECTS_DIR = REPO / "tests" / "data" / "compose-projects"
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # NVML order: 1B, 3B, 86, AF
@@ -79,6 +79,29 @@ def test_the_models_agree_outside_the_gpu_parts_too(name: str, options: Options)
         return {n: {k: {e: None if v is None else str(v) for e, v in (as_mapping(s.get(k)) or {}).items()}
                     for k in ("environment", "labels")} for n, s in doc["services"].items()}
     assert view(own(name, options)) == view(compose(name, options))
+
+
+@pytest.mark.parametrize("src", FILES, ids=[f.stem for f in FILES])
+def test_hostagent_and_compose_v2_read_each_corpus_file_alike(src: Path) -> None:
+    """The single files of the render corpus (test_compose_render.py): scalars, anchors, merge keys, $$."""
+    mine = build(Options([src.name]), {}, cwd=str(src.parent))
+    assert mine.editable is not None
+    assert gpu_view(mine.doc) == gpu_view(native.config(tool(V2), Options([src.name]), cwd=str(src.parent)))
+
+
+def test_reset_and_override_in_one_file_mean_what_compose_says(tmp_path: Path) -> None:
+    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: i\n    ports: !reset []\n"
+                                          "    x-gpupin: !override {gpus: ['1']}\n")
+    project = build(Options(), {}, cwd=str(tmp_path))
+    assert project.doc["services"]["a"] == {"image": "i", "x-gpupin": {"gpus": ["1"]}}
+    assert project.editable is None  # written as one merged file: the tags are gone
+
+
+def test_an_include_cycle_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "compose.yaml").write_text("include: [b.yml]\nservices: {a: {image: i}}\n")
+    (tmp_path / "b.yml").write_text("include: [compose.yaml]\nservices: {b: {image: i}}\n")
+    with pytest.raises(ServiceError, match="includes it back"):
+        build(Options(), {}, cwd=str(tmp_path))
 
 
 def test_the_override_file_is_read_only_without_f() -> None:

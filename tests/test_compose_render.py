@@ -88,8 +88,14 @@ def config(command: list[str], path: Path) -> tuple[bool, Any]:
     return True, strip_gpu(json.loads(r.stdout) if command[0] == str(V2) else yaml.safe_load(r.stdout))
 
 
+# The files a compose refuses, source and rendered alike: docker-compose 1.29 reads `DEBUG: yes` as a boolean
+# (YAML 1.1) and refuses booleans in `environment`; compose v2 reads the text "yes".
+REFUSED = {str(V2): set(), str(V1): {"env-scalars.yml"}}
+
+
 def differences(command: list[str], tmp_path: Path) -> dict[str, tuple[Any, Any]]:
-    """Corpus file -> (compose's view of the source, of the rendered file), for each file where they differ."""
+    """Corpus file -> (compose's view of the source, of the rendered file), for each file where they differ or
+    that compose refuses though REFUSED does not say so."""
     found: dict[str, tuple[Any, Any]] = {}
     for src in FILES:
         folder = tmp_path / src.stem
@@ -97,7 +103,7 @@ def differences(command: list[str], tmp_path: Path) -> dict[str, tuple[Any, Any]
         (folder / "source.yml").write_text(src.read_text())
         (folder / "rendered.yml").write_text(rendered(src.read_text()))
         before, after = config(command, folder / "source.yml"), config(command, folder / "rendered.yml")
-        if before != after:
+        if before != after or (not before[0]) != (src.name in REFUSED[command[0]]):
             found[src.name] = (before, after)
     return found
 
@@ -129,7 +135,7 @@ def test_the_old_pyyaml_render_was_a_difference_for_compose_v2(tmp_path: Path) -
     """What the issue found: PyYAML's dump writes `DEBUG: yes` as `true`, which compose v2 reads as "true"."""
     src, dumped = tmp_path / "s.yml", tmp_path / "d.yml"
     src.write_text("services:\n  a:\n    image: busybox\n    environment:\n      DEBUG: yes\n")
-    dumped.write_text(load.dump(load.parse(src.read_text())))
+    dumped.write_text(yaml.safe_dump(yaml.safe_load(src.read_text()), sort_keys=False))  # what render did
     before, after = config(tool(V2), src), config(tool(V2), dumped)
     assert before[1]["services"]["a"]["environment"] == {"DEBUG": "yes"}
     assert after[1]["services"]["a"]["environment"] == {"DEBUG": "true"}
@@ -138,7 +144,7 @@ def test_the_old_pyyaml_render_was_a_difference_for_compose_v2(tmp_path: Path) -
 def test_the_rendered_text_keeps_comments_quotes_anchors_and_block_scalars() -> None:
     text = (CORPUS / "comments-multiline.yml").read_text()
     out = rendered(text)
-    for kept in ("# A notebook and a server.", "name: lab   # the project name", "  # the notebook: one card",
+    for kept in ("# A notebook and a server.", "x-project: lab   # the project name", "  # the notebook: one card",
                  "    command: >\n      start-notebook.sh\n", "    entrypoint: |\n      #!/bin/sh\n",
                  '      - "8888:8888"   # browser', "    healthcheck: {test: [\"CMD\", \"curl\""):
         assert kept in out, kept

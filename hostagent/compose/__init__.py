@@ -16,11 +16,16 @@ pinned by UUID (hostagent.pin: through CDI where the daemon serves the cards so,
 reports what would land a job on the wrong card or double-book one. Both run the same rules.
 
 The modules, in the order a file goes through them:
+    model     which model the commands read (project's, or compose v2's own), and what render writes
+    project   the project as compose builds it: -f files, the override file, include, extends, profiles,
+              !reset/!override; native asks compose v2 (`docker compose config`) for the same model
+    interpolate  .env files and ${VAR} in every value
     load      bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
     request   what one service asks for: one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime)
     rules     every check, each written once; `examine` runs them all (and placement) for both commands
     place     the booking rule and the placement of counts on free cards
     render    the rules + placement + the pin, written into a copy of the document
+    roundtrip the source text edited where the pin changed the document, and nowhere else (ruamel.yaml)
     stack     `render --swarm`: the same requests as Swarm reservations (Swarm places; render only reserves)
     command   the two CLI adapters: NVML, the ledger, `-o`
     problems  the one Problem type both commands print, one line each
@@ -41,7 +46,8 @@ if TYPE_CHECKING:
 
 # The --help texts (hostagent.cli builds its parser with them; importing this package loads nothing else).
 RENDER_DESCRIPTION = """\
-Write FILE as a standard compose file in which every service that asks for GPUs (x-gpupin, a deploy
+Write the project (FILE, or -f files as docker compose takes them: default compose.yaml with its
+override file) as a standard compose file in which every service that asks for GPUs (x-gpupin, a deploy
 device request of the nvidia or the cdi driver, CDI names in devices:, gpus:, or runtime: nvidia with
 NVIDIA_VISIBLE_DEVICES) is pinned to physical cards by UUID: the device request (driver: cdi where the
 daemon serves the cards by CDI, else driver: nvidia with NVIDIA_VISIBLE_DEVICES; --via decides instead),
@@ -50,8 +56,14 @@ to the best free cards; cards that running containers hold are not given, unless
 the rendered file would still have is refused, one line each, and nothing is written: the same lines
 `hostagent compose check` prints."""
 RENDER_EPILOG = """\
+One plain file is edited in place of its GPU keys only: comments, quoting, anchors, merge keys, block
+scalars and ${VAR} stay as written. A project of several parts (several -f, an override file, include,
+extends, !reset/!override, profiles that leave services out) is written as one merged, self-contained
+file that `docker compose -f OUT up` runs alone: compose v2's own `config` where it is installed
+(GPUPIN_COMPOSE=none: hostagent's reading of compose's rules), variables substituted.
+
 -o OUT is written all at once (a temporary file beside it, then renamed over it); OUT may not be a
-directory or FILE itself. Without -o (or with -o -) the file goes to stdout.
+directory or one of the source files. Without -o (or with -o -) the file goes to stdout.
 
 --swarm writes a Docker Swarm stack instead (docker stack deploy -c OUT STACK): Swarm, not render, picks
 the cards when it places each task, so each service that asks for `count: N` (x-gpupin, or a deploy
@@ -65,9 +77,10 @@ needed.
 exit: 0 written; 64 a malformed file, a request this host (or swarm) cannot meet, or a bad -o; 69 NVML
 unusable; 75 running containers hold the cards it needs (they are named)."""
 CHECK_DESCRIPTION = """\
-Report what would land a job on the wrong card or double-book one, as docker compose would run FILE
-(an index, a count on the first cards, a UUID prefix the runtime refuses) and as render would pin it
-(unknown or ambiguous cards, a card given twice, replicas, hand-set pin variables that disagree).
+Report what would land a job on the wrong card or double-book one, as docker compose would run the
+project (FILE, or -f files with the override file, include, extends, profiles and .env as compose reads
+them): an index, a count on the first cards, a UUID prefix the runtime refuses; and as render would pin
+it: unknown or ambiguous cards, a card given twice, replicas, hand-set pin variables that disagree.
 One line per problem: FILE: service NAME: what. HINT: what to do."""
 CHECK_EPILOG = """\
 --json prints a list of {service, problem, hint, severity, render_fixes}; render_fixes marks a

@@ -259,7 +259,7 @@ def _rendered(options: Options, output: str | None, make: Callable[[Project], tu
         for p in refused.problems:
             _say(f"ERROR: {p.line(name)}")
         return refused.exit_code
-    return _emit(text, project.files[0], output, targets[0], relative_paths(project.doc) if project.editable else ())
+    return _emit(text, project.files[0], output, targets[0], relative_paths(project.doc))
 
 
 def render_command(options: Options, output: str | None, via: str | None = None) -> int:

@@ -313,7 +313,15 @@ def load(path: str) -> Any:
 
 
 def dump(doc: Any) -> str:
-    """The tree as YAML both compose versions read alike (base-60-looking text is quoted, keys keep their order)."""
+    """The tree as YAML both compose versions read alike: text that either YAML 1.1 (docker-compose 1.x) or YAML
+    1.2 (compose v2) would read as something else is quoted (`yes`, `1e3`, `22:22`); keys keep their order."""
     yaml = _yaml()
-    text: str = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)
+
+    class Dumper(yaml.SafeDumper):  # type: ignore[name-defined,misc]
+        pass
+
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
+    text: str = yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                          width=4096)
     return text

@@ -160,6 +160,7 @@ class _Reader:
         self.texts: dict[str, str] = {}
         self.followed = False  # include or extends met: the model is more than one file as written
         self.marked = False  # !reset or !override met
+        self.including: list[str] = []  # the include chain, to refuse a file that includes itself
 
     def file(self, path: str, variables: Mapping[str, str]) -> dict[str, Any]:
         try:
@@ -194,11 +195,17 @@ class _Reader:
         if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
             raise _refuse(f"{printable(path)}: an `include` entry names no file", "write include: [FILE, ...]")
         paths = [os.path.join(folder, p) for p in paths]
+        real = [os.path.realpath(p) for p in paths]
+        if set(real) & set(self.including):
+            raise _refuse(f"{printable(path)} includes {printable(paths[0])}, which includes it back",
+                          "break the include cycle")
         home = os.path.join(folder, spec["project_directory"]) if spec.get("project_directory") else \
             os.path.dirname(paths[0])
         env_files = spec.get("env_file") or []
         env_files = [os.path.join(folder, e) for e in ([env_files] if isinstance(env_files, str) else env_files)]
+        self.including.append(os.path.realpath(path))
         sub = self.project(paths, variables(env_files, home, self.environ))
+        self.including.pop()
         for top in ("services", "networks", "volumes", "configs", "secrets"):
             for name, item in (sub.get(top) or {}).items():
                 mine = doc.setdefault(top, {})

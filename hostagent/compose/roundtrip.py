@@ -181,7 +181,8 @@ def _same(a: Any, b: Any) -> bool:
 
 def _scalar(value: Any) -> Any:
     """A new scalar that both compose versions read as the plain tree has it: text that YAML 1.1 or 1.2 would
-    read as something else (`yes`, `0777`, `1e3`, `12:30`, a bus id) is quoted."""
+    read as something else (`yes`, `0777`, `1e3`, base-60 `12:30`) is quoted (ruamel quotes what YAML's syntax
+    needs)."""
     if not isinstance(value, str):
         return value
     import yaml
@@ -193,7 +194,7 @@ def _scalar(value: Any) -> Any:
         return DoubleQuotedScalarString(value)
     looks_12 = re.fullmatch(r"[-+]?(\.inf|\.nan|[0-9][0-9_]*(\.[0-9]*)?([eE][-+]?[0-9]+)?|0o[0-7]+|0x[0-9a-fA-F]+)"
                             r"|true|false|null|~", value, re.IGNORECASE)
-    if plain_11 != value or looks_12 or ":" in value or value != value.strip():
+    if plain_11 != value or looks_12 or value != value.strip():
         return DoubleQuotedScalarString(value)
     return value
 
