@@ -176,3 +176,40 @@ def test_each_service_sharing_an_anchor_gets_its_own_cards() -> None:
     assert two["labels"]["team"] == "audio" and one["labels"]["team"] == "vision"
     assert "x-gpupin" not in one and "x-gpupin" not in two
     assert out["x-gpu-service"]["x-gpupin"] == {"count": 1}  # the anchor's source is not a service: kept
+
+
+def test_the_edited_text_reads_back_as_exactly_the_pinned_document() -> None:
+    """What the rules pinned (the plain tree) is what the written text holds, to the last key."""
+    for src in FILES:
+        doc = load.parse(src.read_text())
+        out, _ = render_core(doc, cards("mixed-4"), {})
+        assert load.parse(roundtrip.edit(src.read_text(), doc, out)) == out, src.name
+
+
+# Anchors, aliases and merge keys around the keys the pin changes: each reads back as exactly the pinned document.
+SHARED = {
+    "a service merged into another": "services:\n  a: &a\n    image: i\n    x-gpupin: {gpus: ['0']}\n"
+                                     "    environment: {K: v}\n  b:\n    <<: *a\n    x-gpupin: {gpus: ['1']}\n",
+    "a service aliased whole": "services:\n  a: &a\n    image: i\n    environment: [K=v]\n    deploy: {resources: "
+                               "{reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
+                               "  b: *a\n",
+    "one deploy for two services": "x-dep: &dep\n  resources:\n    reservations:\n      devices:\n"
+                                   "        - driver: nvidia\n          count: 1\n          capabilities: [gpu]\n"
+                                   "services:\n  a: {image: i, deploy: *dep}\n  b: {image: i, deploy: *dep, labels: [x=1]}\n",
+    "one environment list for two": "services:\n  a:\n    image: i\n    environment: &e\n      - K=v\n    x-gpupin: "
+                                    "{count: 1}\n  b:\n    image: i\n    environment: *e\n",
+    "a chain of merges": "x-base: &base\n  image: i\nx-gpu: &gpu\n  <<: *base\n  x-gpupin: {count: 1}\nservices:\n"
+                         "  a:\n    <<: *gpu\n  b:\n    <<: *gpu\n    environment: {B: '1'}\n",
+    "a device entry from a merge": "x-dev: &dev\n  driver: nvidia\n  count: 1\n  capabilities: [gpu]\n"
+                                   "services:\n  a:\n    image: i\n"
+                                   "    deploy: {resources: {reservations: {devices: [{<<: *dev}]}}}\n",
+}
+
+
+@pytest.mark.parametrize("text", list(SHARED.values()), ids=list(SHARED))
+def test_shared_nodes_are_copied_before_the_pin_changes_them(text: str) -> None:
+    doc = load.parse(text)
+    out, _ = render_core(doc, cards("mixed-4"), {})
+    edited = roundtrip.edit(text, doc, out)
+    assert load.parse(edited) == out
+    assert load.parse(rendered(edited).split("\n\n", 1)[1]) == out  # and renders to itself

@@ -246,8 +246,8 @@ class _Editor:
     def prepare(self, node: Any, old: dict[Any, Any], new: dict[Any, Any]) -> None:
         """Before any edit: the keys this mapping changes become its own, private nodes."""
         own = _own_keys(node)
-        for key in old:
-            if key not in new and key in node and key not in own:
+        for key in old:  # a key to drop that a `<<:` brings would still be read through it
+            if key not in new and key in node and (key not in own or any(key in m for m in _merged(node))):
                 self.unmerge(node)
                 break
         for key in set(old) | set(new):
@@ -260,6 +260,8 @@ class _Editor:
             return node
         if isinstance(node, dict) and isinstance(old, dict) and isinstance(new, dict):
             for key in [k for k in old if k not in new]:
+                if any(key in m for m in _merged(node)):
+                    self.unmerge(node)
                 if key in node:
                     del node[key]
             for key, value in new.items():
