@@ -195,7 +195,8 @@ SHARED = {
                                "  b: *a\n",
     "one deploy for two services": "x-dep: &dep\n  resources:\n    reservations:\n      devices:\n"
                                    "        - driver: nvidia\n          count: 1\n          capabilities: [gpu]\n"
-                                   "services:\n  a: {image: i, deploy: *dep}\n  b: {image: i, deploy: *dep, labels: [x=1]}\n",
+                                   "services:\n  a: {image: i, deploy: *dep}\n"
+                                   "  b: {image: i, deploy: *dep, labels: [x=1]}\n",
     "one environment list for two": "services:\n  a:\n    image: i\n    environment: &e\n      - K=v\n    x-gpupin: "
                                     "{count: 1}\n  b:\n    image: i\n    environment: *e\n",
     "a chain of merges": "x-base: &base\n  image: i\nx-gpu: &gpu\n  <<: *base\n  x-gpupin: {count: 1}\nservices:\n"
