@@ -50,6 +50,6 @@ def written(project: Project, top: str, rendered: dict[str, Any]) -> str:
         source = roundtrip.without_header(project.texts[project.editable])
         return top + "\n" + roundtrip.edit(source, project.doc, rendered)  # the empty line ends the header
     how = "compose v2's `config`" if project.by_compose else "hostagent's reading of compose's rules"
-    merged = [f"# Merged from {', '.join(printable(os.path.basename(f)) for f in project.files)} by {how}: "
-              "run it alone (docker compose -f THIS_FILE up),", "# without the source files or an override file."]
+    merged = [f"# Merged from {', '.join(printable(os.path.basename(f)) for f in project.files)} by {how}:",
+              "# use it alone (-f THIS_FILE), without the source files or an override file."]
     return top + "\n".join(merged) + "\n\n" + load.dump(interpolate.escaped(rendered))
