@@ -7,7 +7,9 @@ simulated host. No daemon is needed.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -200,3 +202,30 @@ def test_check_says_the_same_with_either_model(name: str, options: Options) -> N
     assert (mine.returncode, mine.stdout) == (theirs.returncode, theirs.stdout)
     # a card booked twice (extends), device ids that are NVML indices (reset-override): errors of the files
     assert mine.returncode == (64 if name in ("extends-same", "reset-override") else 0), mine.stdout
+
+
+@pytest.mark.parametrize("compose_v2", [False, True], ids=["own-model", "compose-v2-model"])
+@pytest.mark.parametrize(("name", "options"), [(n, o) for n, o, _ in PROJECTS], ids=IDS)
+def test_compose_reads_the_merged_render_as_the_project_outside_the_gpu_parts(
+        name: str, options: Options, compose_v2: bool, tmp_path: Path) -> None:
+    """The differential of test_compose_render.py for projects: compose v2's `config` of the project (its -f
+    files, override file, include, extends, profiles, .env) and of the one file render wrote."""
+    folder = tmp_path / name
+    shutil.copytree(PROJECTS_DIR / name, folder)  # the rendered file beside the sources, as docs/compose.md asks
+    out = folder / "pinned.yml"
+    profiles = [a for p in options.profiles for a in ("--profile", p)]
+    args = [a for f in options.files for a in ("-f", f)] + profiles
+    r = hostagent(folder, "compose", "render", *args, "--via", "nvidia", "-o", str(out), compose_v2=compose_v2)
+    if name == "extends-same":
+        assert r.returncode == 64 and "is also given to service base" in r.stderr  # a card booked twice
+        return
+    assert r.returncode == 0, r.stderr
+
+    def config(cwd: Path, *argv: str) -> Any:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
+        ran = subprocess.run([*tool(V2), "-p", "x", *argv, "config", "--format", "json"], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        return strip_gpu(json.loads(ran.stdout))
+
+    assert config(folder, "-f", out.name, *profiles) == config(folder, *args)
