@@ -94,10 +94,11 @@ def _reader(text: str) -> Any:
 
 
 def _merged(node: Any) -> list[Any]:
-    """The mappings a `<<:` of this mapping brings, in order."""
-    from ruamel.yaml.mergevalue import merge_attrib
+    """The mappings a `<<:` of this mapping brings, in order (ruamel.yaml before 0.18.7 keeps (position, mapping)
+    pairs, later ones a MergeValue)."""
+    from ruamel.yaml.comments import merge_attrib
 
-    return list(getattr(node, merge_attrib, None) or ())
+    return [m[1] if isinstance(m, tuple) else m for m in getattr(node, merge_attrib, None) or ()]
 
 
 def _own_keys(node: Any) -> set[Any]:
@@ -145,21 +146,19 @@ def _keep_anchors(root: Any) -> None:
 def _private(node: Any) -> Any:
     """A copy that shares no mapping or list with the tree and defines no anchor (a second definition would
     rebind the aliases after it); comments and styles come along, `<<:` sources stay the shared originals."""
-    from ruamel.yaml.comments import Comment, CommentedMap, CommentedSeq, Format, LineCol
-    from ruamel.yaml.mergevalue import MergeValue, merge_attrib
-    from ruamel.yaml.tag import Tag
+    from ruamel.yaml.comments import Comment, CommentedMap, CommentedSeq, Format, LineCol, merge_attrib
+    try:
+        from ruamel.yaml.tag import Tag
+    except ImportError:  # ruamel.yaml before 0.17.22
+        from ruamel.yaml.comments import Tag  # type: ignore[attr-defined,no-redef,unused-ignore]
 
     if isinstance(node, CommentedMap):
         out: Any = CommentedMap()
         for key, value in node.non_merged_items():
             out[key] = _private(value)
         sources = getattr(node, merge_attrib, None)
-        if sources:
-            merge = MergeValue()
-            merge.extend(list(sources))
-            merge.merge_pos = sources.merge_pos
-            merge.sequence = sources.sequence
-            out.add_yaml_merge(merge)
+        if sources:  # the same sources (never edited), in a merge of the copy's own
+            out.add_yaml_merge(copy.copy(sources))
     elif isinstance(node, CommentedSeq):
         out = CommentedSeq(_private(v) for v in node)
     else:
@@ -235,7 +234,7 @@ class _Editor:
 
     def unmerge(self, node: Any) -> None:
         """Write the keys `<<:` brings as the mapping's own, and drop the `<<:`."""
-        from ruamel.yaml.mergevalue import merge_attrib
+        from ruamel.yaml.comments import merge_attrib
 
         own = _own_keys(node)
         for key in list(node):
