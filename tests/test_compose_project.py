@@ -19,8 +19,7 @@ import yaml
 
 from gpupin.hostagent.compose import native
 from gpupin.hostagent.compose.problems import ServiceError
-from gpupin.hostagent.compose.project import Options, build
-from gpupin.hostagent.compose.project import _as_mapping as as_mapping
+from gpupin.hostagent.compose.project import Options, as_mapping, build
 from gpupin.hostagent.compose.request import gpu_request
 from gpupin.hostagent.compose.rules import examine
 from tests.cards import cards

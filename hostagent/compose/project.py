@@ -113,7 +113,8 @@ def clean(value: Any) -> Any:
     return value
 
 
-def _as_mapping(value: Any) -> dict[Any, Any] | None:
+def as_mapping(value: Any) -> dict[Any, Any] | None:
+    """A KEY=VALUE list (`environment`, `labels`...) or mapping as a mapping (KEY alone: None); else None."""
     if isinstance(value, dict):
         return dict(value)
     if isinstance(value, list) and all(isinstance(x, str) for x in value):
@@ -135,7 +136,7 @@ def merge(base: Any, over: Any, key: str = "") -> Any:
     if key in _REPLACED or key.startswith("x-"):
         return clean(over)
     if key in _AS_MAPPING:
-        a, b = _as_mapping(base), _as_mapping(clean(over))
+        a, b = as_mapping(base), as_mapping(clean(over))
         if a is not None and b is not None:
             return {**a, **b}
     if isinstance(base, dict) and isinstance(over, dict):
