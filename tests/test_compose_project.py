@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from gpupin.hostagent.compose import native
+from gpupin.hostagent.compose.forms import gpu_request
 from gpupin.hostagent.compose.problems import ServiceError
 from gpupin.hostagent.compose.project import Options, as_mapping, build
-from gpupin.hostagent.compose.request import gpu_request
 from gpupin.hostagent.compose.rules import examine
 from tests.cards import cards
 from tests.conftest import HOSTAGENT, REPO, gpu_uuids, simhost_env

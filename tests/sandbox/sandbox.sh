@@ -21,7 +21,8 @@
 # instance of a name is NAME-26, so both engines run at once); GPUPIN_SANDBOX_STATE (default
 # /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]), each + -26 for Engine 26;
 # GPUPIN_CACHE (default /var/cache/gpupin: the debootstrap root file system, built once for every sandbox);
-# DEBOOTSTRAP_MIRROR (also the mirror Engine 26 comes from).
+# DEBOOTSTRAP_MIRROR (the Debian mirror of the root file system and of Engine 26; default: this machine's own, the
+# first main-archive entry of its apt sources).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
