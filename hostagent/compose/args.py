@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from gpupin.core.errors import UsageError
+from gpupin.hostagent.completion import FILES, offer
 from gpupin.hostagent.engine.cdi import VIAS
 
 TYPE_CHECKING = False
@@ -56,8 +57,8 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     cr = csub.add_parser("render", help="write a standard compose file with every GPU pinned by UUID",
                          description=RENDER_DESCRIPTION, epilog=RENDER_EPILOG, formatter_class=raw)
-    cr.add_argument("file", metavar="FILE", help="the compose file to render (it is never overwritten)")
-    cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
+    offer(cr.add_argument("file", metavar="FILE", help="the compose file to render (it is never overwritten)"), FILES)
+    offer(cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout"), FILES)
     cr.add_argument("--swarm", action="store_true", help="write a Docker Swarm stack: each task reserves its cards "
                     "as generic resources (see below)")
     cr.add_argument("--kind", metavar="KIND", help="with --swarm: the generic resource kind to reserve (default GPU, "
@@ -66,7 +67,7 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
                     "nvidia); default: CDI where the daemon serves the cards by CDI")
     cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs",
                          description=CHECK_DESCRIPTION, epilog=CHECK_EPILOG, formatter_class=raw)
-    cc.add_argument("file", metavar="FILE", help="the compose file to check")
+    offer(cc.add_argument("file", metavar="FILE", help="the compose file to check"), FILES)
     cc.add_argument("--json", action="store_true", help="the problems as a JSON list")
 
 
