@@ -6,8 +6,13 @@ specs from the simulated host's NVML after --gpu; and nothing of hostagent's aft
 from __future__ import annotations
 
 import os
+import pty
+import re
+import select
+import shlex
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -46,10 +51,13 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def bash(script: Path, *words: str, cwd: Path | None = None, scenario: str = "mixed-4") -> list[str]:
-    """COMPREPLY for `hostagent WORDS...` with the cursor on the last word (bash's split of the line)."""
-    quoted = " ".join("'" + w.replace("'", "'\\''") + "'" for w in words)
-    code = (f'source {script}; COMP_WORDS=(hostagent {quoted}); COMP_CWORD={len(words)}; _hostagent; '
+def bash(script: Path, line: str, cwd: Path | None = None, scenario: str = "mixed-4") -> list[str]:
+    """COMPREPLY for `hostagent LINE` with the cursor at its end, given as bash gives it: COMP_LINE, COMP_POINT,
+    and COMP_WORDS split at blanks and at bash's word breaks `:` and `=` (each run of them a word of its own)."""
+    full = f"hostagent {line}"
+    words = [w for token in full.split(" ") for w in re.findall(r"[:=]+|[^:=]+", token) or [""]]
+    code = (f"source {script}; COMP_LINE={shlex.quote(full)}; COMP_POINT={len(full)}; "
+            f"COMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); COMP_CWORD={len(words) - 1}; _hostagent; "
             'printf "%s\\n" "${COMPREPLY[@]}"')
     r = subprocess.run([_shell("bash"), "--norc", "-c", code], env=_env(scenario), capture_output=True, text=True,
                        timeout=60, cwd=cwd)
@@ -76,8 +84,7 @@ def fish(script: Path, line: str, cwd: Path | None = None) -> list[str]:
 def complete(shell: str, scripts: dict[str, Path], line: str, cwd: Path | None = None) -> set[str]:
     """What SHELL offers for `hostagent LINE` (the cursor at its end; a trailing space starts a new word)."""
     if shell == "bash":
-        words = line.split(" ")
-        return set(bash(scripts["bash"], *words, cwd=cwd))
+        return set(bash(scripts["bash"], line, cwd=cwd))
     full = f"hostagent {line}"
     return set(zsh(scripts["zsh"], full, cwd) if shell == "zsh" else fish(scripts["fish"], full, cwd))
 
@@ -116,8 +123,13 @@ def test_gpu_specs_come_from_nvml(shell: str, scripts: dict[str, Path]) -> None:
     assert rtx in complete(shell, scripts, "run --uuid ")
 
 
-def test_bash_completes_mig_devices_by_index_pair(scripts: dict[str, Path]) -> None:
-    assert set(bash(scripts["bash"], "run", "--gpu", "0:", scenario="mig")) == {"0:0", "0:1"}
+def test_bash_completes_specs_with_colons_as_one_word(scripts: dict[str, Path]) -> None:
+    """bash breaks words at `:`: the reply is what replaces the part after the last one."""
+    assert set(bash(scripts["bash"], "run --gpu 0:", scenario="mig")) == {":0", ":1"}  # the word is `:`
+    assert set(bash(scripts["bash"], "run --gpu 0:0", scenario="mig")) == {"0"}
+    assert bash(scripts["bash"], "run --gpu 00000000:3") == ["3B:00.0"]
+    assert set(bash(scripts["bash"], "run --gpu 00000000:3B:00.0 --r")) == {"--read-only", "--restart", "--rm",
+                                                                             "--runtime"}
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -137,15 +149,17 @@ def test_after_the_image_the_words_are_the_containers(shell: str, scripts: dict[
 
 
 def test_bash_reads_option_values_given_with_an_equals_sign(scripts: dict[str, Path]) -> None:
-    # bash splits `--restart=al` at the `=` (COMP_WORDBREAKS): words `--restart`, `=`, `al`
-    assert bash(scripts["bash"], "run", "--restart", "=", "al") == ["always"]
-    assert "--rm" in bash(scripts["bash"], "run", "--name", "=", "job", "--r")
+    # bash breaks `--restart=al` at the `=`: its current word is `al` (or `=` right after it)
+    assert bash(scripts["bash"], "run --restart=al") == ["always"]
+    assert set(bash(scripts["bash"], "run --via=")) == {"=cdi", "=nvidia"}
+    assert "--rm" in bash(scripts["bash"], "run --name=job --r")
+    assert bash(scripts["bash"], "run --name=job img --r") == []  # img is the IMAGE: --name took its value
 
 
 def test_a_value_with_nothing_to_offer_offers_no_options(scripts: dict[str, Path]) -> None:
     """The issue's bug: after `--name` (or any option that takes a value) bash offered hostagent's options."""
-    assert bash(scripts["bash"], "run", "--name", "") == []
-    assert bash(scripts["bash"], "compose", "render", "--kind", "") == []
+    assert bash(scripts["bash"], "run --name ") == []
+    assert bash(scripts["bash"], "compose render --kind ") == []
 
 
 def test_every_value_the_parser_knows_is_offered_by_bash_and_fish(scripts: dict[str, Path]) -> None:
@@ -156,7 +170,55 @@ def test_every_value_the_parser_knows_is_offered_by_bash_and_fish(scripts: dict[
             if option.values is None:
                 continue
             line = f"{command.path} {option.flags[-1]} ".lstrip()
-            assert set(bash(scripts["bash"], *line.split(" "))) == set(option.values), line
+            assert set(bash(scripts["bash"], line)) == set(option.values), line
             assert set(fish(scripts["fish"], f"hostagent {line}")) == set(option.values), line
             checked += 1
     assert checked >= 8  # --via (run, render), --verify, --color, --pull, --sig-proxy, --restart, --gpu-capabilities
+
+
+class Terminal:
+    """An interactive bash on a pseudo-terminal, for what only readline shows: the line after a TAB."""
+
+    def __init__(self, script: Path, cwd: Path) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: an interactive bash without the user's files
+            os.chdir(cwd)
+            os.execve(_shell("bash"), ["bash", "--norc", "--noprofile", "-i"], _env())
+        self.screen = ""
+        self.type(f"PS1='READY''> '; source {script}; bind 'set show-all-if-ambiguous on'\n")
+        self.wait_for("READY> ")
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def wait_for(self, text: str, timeout: float = 20) -> str:
+        """The output up to `text` (a condition, not a sleep: it returns as soon as it shows)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.screen and time.monotonic() < deadline:
+            if select.select([self.fd], [], [], 0.2)[0]:
+                self.screen += os.read(self.fd, 4096).decode(errors="replace")
+        assert text in self.screen, f"{text!r} never showed: {self.screen[-300:]!r}"
+        shown, self.screen = self.screen.split(text, 1)
+        return shown
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.kill(self.pid, 9)
+        os.waitpid(self.pid, 0)
+
+
+@pytest.mark.parametrize(("typed", "line"), [
+    ("hostagent run --gpu 00000000:3", "hostagent run --gpu 00000000:3B:00.0 "),
+    ("hostagent run --restart=al", "hostagent run --restart=always "),
+    ("hostagent compose render tr", "hostagent compose render train.yml "),
+])
+def test_readline_completes_the_line_in_place(scripts: dict[str, Path], tmp_path: Path, typed: str,
+                                              line: str) -> None:
+    """bash itself, as a user meets it: the words bash breaks at `:` and `=` come back whole."""
+    (tmp_path / "train.yml").write_text("services: {}\n")
+    term = Terminal(scripts["bash"], tmp_path)
+    try:
+        term.type(typed + "\t")
+        term.wait_for(line)
+    finally:
+        term.close()

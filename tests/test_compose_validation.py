@@ -165,9 +165,19 @@ def test_control_files_and_cdi_names_hold_no_card() -> None:
     assert errors(file(f"    devices: {devices}", "    x-gpupin: {gpus: ['1']}")) == []
 
 
+def test_a_long_syntax_device_without_source_is_refused_as_compose_refuses_it() -> None:
+    found = errors(file("    devices: [{target: /dev/nvidia1}]"))
+    assert len(found) == 1 and "services.a.devices.0 source is required" in found[0], found
+
+
 def test_a_device_file_no_card_has_is_refused() -> None:
     found = errors(file("    devices: [/dev/nvidia9]"))
     assert len(found) == 1 and "service a: devices: /dev/nvidia9: no card has the minor number 9" in found[0]
+
+
+def test_replicas_of_a_device_file_holder_share_its_card() -> None:
+    found = errors(file("    devices: [/dev/nvidia1]\n    deploy: {replicas: 2}"))
+    assert len(found) == 1 and "2 replicas, and its device files give every replica the same cards" in found[0]
 
 
 def test_sharing_device_file_holders_may_share_on_purpose() -> None:

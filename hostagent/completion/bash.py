@@ -1,8 +1,8 @@
 """The bash completion script, written from the commands (gpupin.hostagent.completion).
 
-`_hostagent` walks the words before the cursor as argparse would: a word that is a subcommand of the command so
-far goes down a level, an option that takes a value skips it (`--opt=value` too: bash splits at `=`), anything
-else is a positional; at `run`'s COMMAND the words are the container's (bash's default completion). Then the
+`_hostagent_reply` walks the words before the cursor (split at blanks only) as argparse would: a word that is a
+subcommand of the command so far goes down a level, an option that takes a value skips it, anything else is a
+positional; at `run`'s COMMAND the words are the container's (bash's default completion). Then the
 cursor's word is completed: a value after its option (`_hostagent_value PATH OPTION`), a positional's value
 (`_hostagent_value PATH '#N'`), else options and subcommands.
 """
@@ -64,18 +64,19 @@ _hostagent_value() {{  # complete $3 as the value of option $2 (or of the positi
         *) return 1 ;;
     esac
 }}
-_hostagent() {{
-    local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}} path="" w i n=0 subs opts takes maybe stop
-    [[ $prev == = && $COMP_CWORD -ge 2 ]] && prev=${{COMP_WORDS[COMP_CWORD-2]}}
+_hostagent_reply() {{  # COMPREPLY for the words before the cursor ($@, split at blanks; the last is the cursor's)
+    local words=("$@") cur prev path="" w i n=0 subs opts takes maybe stop
+    cur=${{words[$#-1]}} prev=${{words[$#-2]}}
+    [[ $cur == -*=* ]] && {{ prev=${{cur%%=*}}; cur=${{cur#*=}}; }}  # --opt=value
     _hostagent_command ""
-    for ((i = 1; i < COMP_CWORD; i++)); do
+    for ((i = 1; i < $# - 1; i++)); do
         [[ -n $stop && $n -ge $stop ]] && break
-        w=${{COMP_WORDS[i]}}
+        w=${{words[i]}}
         case "$w" in
-            =) ;;
+            -*=*) ;;
             -*) if [[ " $takes " == *" $w "* ]]; then
-                    ((i++)); [[ ${{COMP_WORDS[i]}} == = ]] && ((i++))
-                elif [[ " $maybe " == *" $w "* && ${{COMP_WORDS[i+1]}} =~ ^[0-9.]+$ ]]; then
+                    ((i++))
+                elif [[ " $maybe " == *" $w "* && ${{words[i+1]}} =~ ^[0-9.]+$ ]]; then
                     ((i++))
                 fi ;;
             *) if [[ " $subs " == *" $w "* ]]; then
@@ -92,6 +93,20 @@ _hostagent() {{
     fi
     if [[ $cur != -* ]] && _hostagent_value "$path" "#$n" "$cur"; then return; fi
     COMPREPLY=($(compgen -W "$subs $opts" -- "$cur"))
+}}
+_hostagent() {{
+    # The line is split at blanks, not as bash splits it (COMP_WORDBREAKS: `:` and `=` too), so that a bus id
+    # (00000000:3B:00.0), a MIG pair (0:1) or --opt=value is one word; each reply is then cut to the part that
+    # replaces bash's own current word.
+    local line=${{COMP_LINE:0:COMP_POINT}} words tok word=${{COMP_WORDS[COMP_CWORD]}} keep lead r i
+    read -ra words <<< "$line"
+    [[ -z $line || $line == *[[:space:]] ]] && words+=("")
+    tok=${{words[${{#words[@]}}-1]}}
+    _hostagent_reply "${{words[@]}}"
+    [[ $tok == *"$word" ]] || return 0
+    keep=${{tok:0:${{#tok}}-${{#word}}}} lead=""
+    [[ $tok == -*=* ]] && lead=${{tok%%=*}}=
+    for i in "${{!COMPREPLY[@]}}"; do r=$lead${{COMPREPLY[i]}}; COMPREPLY[i]=${{r:${{#keep}}}}; done
 }}
 complete -F _hostagent hostagent
 """

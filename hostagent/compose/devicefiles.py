@@ -52,7 +52,11 @@ def held(svc: Mapping[str, Any], service: str, cards: Sequence[Card]) -> list[Ta
     no card has (compose fails to start the service: the file does not exist)."""
     devices = svc.get("devices")
     out: list[Target] = []
-    for item in devices if isinstance(devices, list) else []:
+    for i, item in enumerate(devices if isinstance(devices, list) else []):
+        if isinstance(item, dict) and "source" not in item:
+            raise ServiceError(service, f"devices entry {i} has no `source`: compose refuses it (services.{service}."
+                               f"devices.{i} source is required)", "give the host's path: {source: /dev/..., "
+                               "target: ...}")
         path = _source(item)
         if path is None:
             continue

@@ -291,6 +291,10 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
             by_file = devicefiles.assignment(svc, name, cards)
             if by_file is not None:
                 named.append(by_file)
+                if req is None and replicas(svc, name) > 1:
+                    problems.append(Problem(name, f"asks for {replicas(svc, name)} replicas, and its device files "
+                                            "give every replica the same cards", "make one service per replica, "
+                                            "each with device files of its own"))
             if req is None:
                 continue
             requests.append(req)
