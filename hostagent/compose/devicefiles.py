@@ -44,7 +44,7 @@ def _source(item: Any) -> str | None:
     text = item.get("source") if isinstance(item, dict) else item
     if not isinstance(text, str) or not text.startswith("/"):
         return None
-    return posixpath.normpath(text.split(":", 1)[0] if not isinstance(item, dict) else text)
+    return posixpath.normpath(text if isinstance(item, dict) else text.split(":", 1)[0])
 
 
 def held(svc: Mapping[str, Any], service: str, cards: Sequence[Card]) -> list[Target]:
