@@ -117,10 +117,12 @@ image-test: wheels fakegpu
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# Tools some tests drive besides Docker: zsh (the completion script).
+# Tools some tests drive besides Docker: zsh and fish (the completion scripts, completed by the shells themselves).
+TEST_TOOLS := zsh fish
 test-tools:
-	@command -v zsh >/dev/null || { echo "make: installing zsh"; apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zsh >/dev/null; }
+	@missing=$$(for t in $(TEST_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then echo "make: installing" $$missing; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # Every test; tests that need the daemon fail (not skip) here.
 test: test-tools image-test

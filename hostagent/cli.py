@@ -81,10 +81,11 @@ def build_parser() -> _Parser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     ls_args.add(sub)
     run_args.add(sub)
-    comp = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
+    comp = sub.add_parser("completion", help="print the shell completion script for bash, zsh or fish",
                           description="Print the shell completion script: eval \"$(hostagent completion bash)\" in "
-                                      "~/.bashrc, or eval \"$(hostagent completion zsh)\" in ~/.zshrc after compinit.")
-    comp.add_argument("shell", choices=["bash", "zsh"], help="the shell")
+                                      "~/.bashrc, eval \"$(hostagent completion zsh)\" in ~/.zshrc after compinit, "
+                                      "or hostagent completion fish | source in ~/.config/fish/config.fish.")
+    comp.add_argument("shell", choices=list(completion.SHELLS), help="the shell")
     hidden = sub.add_parser("__complete")  # what completion asks at completion time (no help: not listed)
     hidden.add_argument("what", choices=["gpus"])
     compose_args.add(sub)

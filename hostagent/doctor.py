@@ -27,6 +27,7 @@ import sys
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.core.shown import quoted
+from gpupin.hostagent.completion import DIRS, offer
 from gpupin.hostagent.findings import ERROR, WARNING, Finding
 
 TYPE_CHECKING = False
@@ -193,8 +194,8 @@ def add(sub: Any) -> None:
     """`hostagent doctor`'s parser, under the top parser's subcommands."""
     doc = sub.add_parser("doctor", help="check this GPU host for the traps that break pins", description=DESCRIPTION)
     doc.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
-    doc.add_argument("--root", default="/", metavar="DIR",
-                     help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /")
+    offer(doc.add_argument("--root", default="/", metavar="DIR",
+                           help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /"), DIRS)
 
 class Report:
     def __init__(self, findings: list[Finding], summary: str) -> None:

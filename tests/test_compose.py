@@ -311,11 +311,11 @@ def test_every_refusal_is_collected_and_any_usage_error_makes_it_64() -> None:
      "GPUPIN_VERIFY='cuda' but x-gpupin.verify is nvml"),
     ("    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}",
      "asks for GPUs twice"),
-    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, device_ids: ['0']}]}}}",
-     "both `count` and `device_ids`"),
-    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, device_ids: ['1', '1']}]}}}",
-     "already asked for"),  # the case: check passed it, render refused it
-    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1}]}}}\n"
+    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, device_ids: ['0'], "
+     "capabilities: [gpu]}]}}}", "both `count` and `device_ids`"),
+    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, device_ids: ['1', GPU-95c6], "
+     "capabilities: [gpu]}]}}}", "already asked for"),  # the case: check passed it, render refused it
+    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
      "    environment: [GPUPIN_EXPECT=x]", "sets GPUPIN_EXPECT by hand beside a count: 1, which names no card"),
     ("    environment: 7\n    x-gpupin: {count: 1}", "neither a list nor a mapping"),
     ("    labels: 7\n    x-gpupin: {count: 1}", "`labels` is neither a list nor a mapping"),
@@ -491,7 +491,7 @@ def test_a_card_held_by_a_running_container_is_flagged_unless_both_share() -> No
 
 def test_a_count_as_written_on_a_held_card_is_flagged_and_render_places_it_elsewhere() -> None:
     text = "services:\n  a:\n    image: i\n    deploy: {resources: {reservations: {devices: [{driver: nvidia, " \
-           "count: 1}]}}}\n"
+           "count: 1, capabilities: [gpu]}]}}}\n"
     (err,) = errors_of(check(text, holding(A800, name="job7")))
     assert err.render_fixes and "as written, count: 1 gets" in err.problem and "job7" in err.problem
     assert devices(render(text, holding(A800))["services"]["a"])[0]["device_ids"] == [A800C]
@@ -500,7 +500,7 @@ def test_a_count_as_written_on_a_held_card_is_flagged_and_render_places_it_elsew
 def test_replicas_and_count_with_device_ids_are_errors() -> None:
     result = check(f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}    scale: 3\n"
                    "  b:\n    image: i\n    deploy: {resources: {reservations: {devices: "
-                   "[{driver: nvidia, count: 1, device_ids: ['0']}]}}}\n")
+                   "[{driver: nvidia, count: 1, device_ids: ['0'], capabilities: [gpu]}]}}}\n")
     assert [(p.service, p.severity) for p in result.problems] == [("a", "error"), ("b", "error")]
     assert "3 replicas" in result.problems[0].problem and "both `count` and `device_ids`" in \
         result.problems[1].problem
@@ -696,7 +696,8 @@ def test_gpu_request_reads_each_form() -> None:
     r = gpu_request("s", parse("image: i\ndeploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}\n"))
     assert r is not None and r.count == -1  # no count and no ids: every card, as `--gpus all`
     r = gpu_request("s", parse("image: i\nruntime: nvidia\nenvironment: {NVIDIA_VISIBLE_DEVICES: '1'}\n"
-                               "deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1}]}}}\n"))
+                               "deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, "
+                               "capabilities: [gpu]}]}}}\n"))
     assert r is not None and r.form.name == "deploy device request"  # the runtime form yields to a device request
     assert gpu_request("s", parse("image: i\n")) is None
 

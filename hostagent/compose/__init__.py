@@ -24,6 +24,8 @@ The modules, in the order a file goes through them:
     load        bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
     gpurequest  what one service asks for (GpuRequest), and what the forms of asking share (Form)
     forms       one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime): gpu_request
+    devicerequest  a device request's keys, capabilities, count and device_ids, as compose-go reads them
+    devicefiles the cards a service holds by device file (/dev/nvidiaN, or a folder above it)
     service     the service's other parts the rules read (environment, labels, replicas, reservations)
     rules       every check, each written once; `examine` runs them all (and placement) for both commands
     place       the booking rule and the placement of counts on free cards

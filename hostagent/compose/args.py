@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from gpupin.core.errors import UsageError
+from gpupin.hostagent.completion import FILES, FOLDERS, offer
 from gpupin.hostagent.engine.cdi import VIAS
 
 TYPE_CHECKING = False
@@ -60,16 +61,17 @@ exit: 0 no error (warnings may be printed); 64 an error; 69 NVML unusable."""
 
 def add_project_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     """The project's files and what compose reads with them, spelt as `docker compose` spells them."""
-    parser.add_argument("file", metavar="FILE", nargs="?", help=f"the compose file to {what} (as -f FILE)")
-    parser.add_argument("-f", "--file", dest="files", metavar="FILE", action="append", default=[],
-                        help="a compose file; several are merged in order, as docker compose -f does (default: "
-                        "compose.yaml or docker-compose.yml here, with its override file)")
+    offer(parser.add_argument("file", metavar="FILE", nargs="?", help=f"the compose file to {what} (as -f FILE)"),
+          FILES)
+    offer(parser.add_argument("-f", "--file", dest="files", metavar="FILE", action="append", default=[],
+                              help="a compose file; several are merged in order, as docker compose -f does "
+                              "(default: compose.yaml or docker-compose.yml here, with its override file)"), FILES)
     parser.add_argument("--profile", dest="profiles", metavar="NAME", action="append", default=[],
                         help="a profile to enable (several allowed; COMPOSE_PROFILES too)")
-    parser.add_argument("--env-file", dest="env_files", metavar="PATH", action="append", default=[],
-                        help="the variables file (default: .env in the project directory)")
-    parser.add_argument("--project-directory", metavar="DIR",
-                        help="the project directory (default: the first file's directory)")
+    offer(parser.add_argument("--env-file", dest="env_files", metavar="PATH", action="append", default=[],
+                              help="the variables file (default: .env in the project directory)"), FILES)
+    offer(parser.add_argument("--project-directory", metavar="DIR",
+                              help="the project directory (default: the first file's directory)"), FOLDERS)
 
 
 def project_options(args: argparse.Namespace) -> Options:
@@ -89,7 +91,7 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
     cr = csub.add_parser("render", help="write a standard compose file with every GPU pinned by UUID",
                          description=RENDER_DESCRIPTION, epilog=RENDER_EPILOG, formatter_class=raw)
     add_project_arguments(cr, "render (it is never overwritten)")
-    cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
+    offer(cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout"), FILES)
     cr.add_argument("--swarm", action="store_true", help="write a Docker Swarm stack: each task reserves its cards "
                     "as generic resources (see below)")
     cr.add_argument("--kind", metavar="KIND", help="with --swarm: the generic resource kind to reserve (default GPU, "

@@ -18,9 +18,11 @@ from __future__ import annotations
 from gpupin.core.contract import ALL as ALL_KEYWORD
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.contract import NONE, NVD_VAR, VOID, nvd_keyword
+from gpupin.hostagent.compose import devicerequest
 from gpupin.hostagent.compose.gpurequest import (
     ALL,
     KEY,
+    RESERVATIONS_AT,
     Form,
     GpuRequest,
     cdi_request,
@@ -106,6 +108,8 @@ class DeployDevices(Form):
             raise ServiceError(service, f"`{_DEVICES}` is not a list of mappings",
                                "each device request is a mapping: {driver: nvidia, device_ids: [...], "
                                "capabilities: [gpu]}")
+        for i, d in enumerate(devices):  # compose refuses the whole file for any malformed entry, GPU or not
+            devicerequest.schema(d, service, f"{RESERVATIONS_AT.format(service=service)}.{i}", needs_capabilities=True)
         return [(i, d) for i, d in enumerate(devices) if self.is_gpu(d)]
 
     def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
@@ -119,7 +123,7 @@ class DeployDevices(Form):
         return self.request(service, entry, index, self.shared(svc, service))
 
     def request(self, service: str, entry: Mapping[str, Any], index: int, share: bool) -> GpuRequest:
-        return device_entry(self, service, entry, "device request", share, index)
+        return device_entry(self, service, entry, share, index)
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
         write_device(svc, req, pin)
@@ -183,7 +187,7 @@ class GpusKey(Form):
         if entry.get("driver") not in (None, "nvidia"):
             raise ServiceError(service, f"`gpus:` asks the driver {quoted(entry.get('driver'))}, not nvidia's",
                                f"use `driver: nvidia` (or none); CDI devices go in {_DEVICES} with driver: cdi")
-        return device_entry(self, service, entry, "`gpus:` request", share)
+        return device_entry(self, service, entry, share)
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
         svc.pop("gpus", None)  # the deploy device entry replaces it: every compose version reads that

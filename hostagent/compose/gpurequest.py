@@ -10,6 +10,7 @@ CDI names, and the writing of the pin's device entry.
 from __future__ import annotations
 
 from gpupin.core.contract import SHARED_LABEL
+from gpupin.hostagent.compose import devicerequest
 from gpupin.hostagent.compose.problems import ServiceError, quoted
 from gpupin.hostagent.compose.service import device_list, label_entries
 from gpupin.hostagent.engine import cdi
@@ -22,7 +23,9 @@ if TYPE_CHECKING:
     from gpupin.hostagent.pin import Pin
 
 KEY = "x-gpupin"
-ALL = -1  # a count of every card: `count: all`, `count: -1`, a device entry with neither count nor ids
+# Where compose-go says a deploy device request is, in its messages.
+RESERVATIONS_AT = "services.{service}.deploy.resources.reservations.devices"
+ALL = devicerequest.EVERY  # a count of every card: `count: all`, `-1`, a device entry with neither count nor ids
 _SPEC_HINT = "give UUIDs (GPU-1c5e...), unique prefixes, NVML indices or bus ids (quoted: '3b:00.0')"
 
 
@@ -110,22 +113,18 @@ def _capabilities(entry: Mapping[str, Any]) -> list[str]:
     return [str(c) for c in caps if c != "gpu"] if isinstance(caps, list) else []
 
 
-def device_entry(form: Form, service: str, entry: Mapping[str, Any], where: str, share: bool,
-                  index: int | None = None) -> GpuRequest:
-    """One nvidia device request (a deploy device entry, or a `gpus:` entry): ids or a count, not both; neither
-    is every card, as `--gpus all` (the compose specification's default)."""
-    ids, count = entry.get("device_ids"), entry.get("count")
-    if ids is not None and count is not None:
-        raise ServiceError(service, f"a GPU {where} has both `count` and `device_ids`",
-                           "Docker refuses that: keep device_ids (by UUID), or better, use x-gpupin and render")
+def device_entry(form: Form, service: str, entry: Mapping[str, Any], share: bool,
+                 index: int | None = None) -> GpuRequest:
+    """One nvidia device request (a deploy device entry at `index`, or a `gpus:` entry), checked as compose-go
+    checks it (hostagent.compose.devicerequest): ids or a count, not both; neither is every card, as `--gpus all`
+    (the compose specification's default)."""
+    at = f"services.{service}.gpus.0" if index is None else f"{RESERVATIONS_AT.format(service=service)}.{index}"
+    count = devicerequest.schema(entry, service, at, needs_capabilities=index is not None)
     caps = _capabilities(entry)
-    if ids is not None:
-        return GpuRequest(service, form, spec_list(ids, service, "device_ids"), share=share, device_index=index,
-                          capabilities=caps)
-    if count is None or count == "all" or count == ALL:
-        return GpuRequest(service, form, count=ALL, share=share, device_index=index, capabilities=caps)
-    return GpuRequest(service, form, count=count_of(count, service, f"{where} count", "give a whole number or `all`"),
-                      share=share, device_index=index, capabilities=caps)
+    if count is None:
+        return GpuRequest(service, form, spec_list(entry["device_ids"], service, "device_ids"), share=share,
+                          device_index=index, capabilities=caps)
+    return GpuRequest(service, form, count=count, share=share, device_index=index, capabilities=caps)
 
 
 def _cdi_gpu_names(service: str, names: Sequence[str], where: str) -> list[str]:

@@ -30,14 +30,17 @@ _RENDER_PLACES = "`hostagent compose render` places each count on a free card of
 
 class Assignment:
     """Cards given to a service: named ones, or (as_written) the first cards by index that Docker gives a count
-    in the file as written, which render places elsewhere."""
+    in the file as written, which render places elsewhere. Cards a service holds by device file are booked like
+    named ones, but are no pin (pinned False: render writes no device request for them)."""
 
-    __slots__ = ("as_written", "req", "targets")
+    __slots__ = ("as_written", "pinned", "req", "targets")
 
-    def __init__(self, req: GpuRequest, targets: Sequence[Target], as_written: bool = False) -> None:
+    def __init__(self, req: GpuRequest, targets: Sequence[Target], as_written: bool = False,
+                 pinned: bool = True) -> None:
         self.req = req
         self.targets = list(targets)
         self.as_written = as_written
+        self.pinned = pinned
 
 
 def keys(target: Target) -> list[str]:
@@ -62,12 +65,14 @@ def bookings(assignments: Sequence[Assignment], busy: Mapping[str, Sequence[Hold
     given: dict[str, list[Assignment]] = {}
     for a in assignments:
         service = a.req.service
-        lead = f"as written, {a.req.describe_count()} gets " if a.as_written else ""
+        lead = f"as written, {a.req.describe_count()} gets " if a.as_written else \
+            "" if a.pinned else "its device file gives it "
         for t in a.targets:
             prior = list({id(b): b for k in keys(t) for b in given.get(k, []) if b.req.service != service}.values())
             if prior and not (a.req.share and all(b.req.share for b in prior)):
                 fixes = a.as_written or any(b.as_written for b in prior)
-                others = ", ".join(dict.fromkeys(b.req.service for b in prior))
+                others = ", ".join(dict.fromkeys(b.req.service + ("" if b.pinned else " (by device file)")
+                                                 for b in prior))
                 hint = _RENDER_PLACES if fixes else "give each service its own card (name another, or ask for a " \
                     f"`count` and let render place it), or {_SHARE}"
                 problems.append(Problem(service, f"{lead}{t.describe()}{', which' if lead else ''} is also given to "
@@ -91,10 +96,11 @@ def bookings(assignments: Sequence[Assignment], busy: Mapping[str, Sequence[Hold
 
 def place(named: Sequence[Assignment], counted: Sequence[GpuRequest], cards: Sequence[Card],
           busy: Mapping[str, Sequence[Holder]]) -> tuple[dict[str, list[Target]], list[Problem]]:
-    """The cards of every service: the named ones (checked by the booking rule), then each count (file order) on
-    the best cards no other service and no running container has. Returns the plan and every problem found."""
+    """The cards of every service: the named ones (checked by the booking rule; in file order, those held by
+    device file too), then each count (file order) on the best cards no other service and no running container
+    has. Returns the plan (the pinned cards) and every problem found."""
     problems = bookings(named, busy)
-    plan = {a.req.service: a.targets for a in named}
+    plan = {a.req.service: a.targets for a in named if a.pinned}
     in_file = {k for a in named for t in a.targets for k in keys(t)}
     for req in counted:
         held = set(blocking(busy, req.share))

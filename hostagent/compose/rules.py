@@ -8,8 +8,9 @@ index names another card after a hot-plug, the runtime refuses a UUID prefix), a
 The rules, per service: the request is well-formed (hostagent.compose.forms); replicas <= 1; the variables and
 labels the pin owns (GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, gpupin.devices, gpupin.shared) are not set beside
 `x-gpupin` or a count, and agree with the cards where a standard form names them; each spec names one card that
-can be handed out, once. Across services (hostagent.compose.place): no card is given twice or held by a running
-container unless shared, and every count finds enough free cards.
+can be handed out, once. Across services (hostagent.compose.place): no card is given twice (cards held by device
+file included: hostagent.compose.devicefiles) or held by a running container unless shared, and every count finds
+enough free cards.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gpupin.core.expectation import parse_expect
 from gpupin.core.identity import is_full_uuid, match_uuid
 from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form, resolve
 from gpupin.hostagent import gpus
+from gpupin.hostagent.compose import devicefiles
 from gpupin.hostagent.compose.forms import gpu_request
 from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
 from gpupin.hostagent.compose.place import Assignment, bookings, place
@@ -286,6 +288,13 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
     for name, svc in svcs.items():
         try:
             req = gpu_request(name, svc)
+            by_file = devicefiles.assignment(svc, name, cards)
+            if by_file is not None:
+                named.append(by_file)
+                if req is None and replicas(svc, name) > 1:
+                    problems.append(Problem(name, f"asks for {replicas(svc, name)} replicas, and its device files "
+                                            "give every replica the same cards", "make one service per replica, "
+                                            "each with device files of its own"))
             if req is None:
                 continue
             requests.append(req)
@@ -323,5 +332,5 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
     written = sorted([*named, *as_written], key=lambda a: order[a.req.service])
     problems.extend(p for p in bookings(written, busy) if p.render_fixes)  # the rest came from place()
     problems.sort(key=lambda p: order.get(p.service, -1) if p.service is not None else -1)
-    return Examination(problems, requests, plan, len({t.uuid for a in named for t in a.targets}),
+    return Examination(problems, requests, plan, len({t.uuid for a in named if a.pinned for t in a.targets}),
                        sum(r.count or 0 for r in counted))

@@ -10,6 +10,7 @@ import sys
 
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
+from gpupin.hostagent.completion import COMMAND, GPUS, offer
 from gpupin.hostagent.engine.cdi import VIAS
 from gpupin.hostagent.run import options as runopts
 
@@ -61,13 +62,14 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     # IMAGE and COMMAND are split off by split_run_argv (as docker run does); these two lines document them.
     r.add_argument("image", metavar="IMAGE", nargs="?", help="the image to run (pulled when missing, see --pull)")
-    r.add_argument("cmd", metavar="COMMAND", nargs="*",
-                   help="the command and its arguments (default: the image's CMD), passed untouched")
+    offer(r.add_argument("cmd", metavar="COMMAND", nargs="*",
+                         help="the command and its arguments (default: the image's CMD), passed untouched"), COMMAND)
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print a traceback with an error")
     g = r.add_argument_group("which GPUs")
-    g.add_argument("--uuid", dest="gpus", action="append", metavar="UUID", default=[], help="a card by UUID")
-    g.add_argument("--gpu", dest="gpus", action="append", metavar="SPEC", default=[],
-                   help="a card by UUID, prefix, index, bus id or MIG device (see below)")
+    offer(g.add_argument("--uuid", dest="gpus", action="append", metavar="UUID", default=[], help="a card by UUID"),
+          GPUS)
+    offer(g.add_argument("--gpu", dest="gpus", action="append", metavar="SPEC", default=[],
+                         help="a card by UUID, prefix, index, bus id or MIG device (see below)"), GPUS)
     g.add_argument("--count", type=int, metavar="N",
                    help="N healthy cards no one holds: the most free memory first, then the least utilization")
     g.add_argument("--share", action="store_true", help="allow cards another pinned container holds")
@@ -85,7 +87,9 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
             kw["metavar"] = opt.metavar or opt.dest.upper()
             if opt.kind == runopts.APPEND:
                 kw.update(action="append", default=[])
-        d.add_argument(*opt.flags, **kw)
+        action = d.add_argument(*opt.flags, **kw)
+        if opt.complete:
+            offer(action, opt.complete)
     o = r.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
     o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")

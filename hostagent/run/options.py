@@ -17,6 +17,7 @@ option, not that it looks like one of hostagent's own.
 from __future__ import annotations
 
 from gpupin.core.errors import UsageError
+from gpupin.hostagent.completion import FILES
 from gpupin.hostagent.run import values
 
 TYPE_CHECKING = False
@@ -36,12 +37,13 @@ CREATE = "create"  # APIClient.create_container_from_config keyword (platform)
 class Option:
     """One docker run option: its spellings, help, how many values, and where its value goes."""
 
-    __slots__ = ("choices", "convert", "dest", "each", "flags", "help", "keyword", "kind", "metavar", "where")
+    __slots__ = ("choices", "complete", "convert", "dest", "each", "flags", "help", "keyword", "kind", "metavar",
+                 "where")
 
     def __init__(self, flags: Sequence[str], help: str, kind: str = VALUE, metavar: str | None = None,
                  where: str | None = None, keyword: str | None = None, convert: Callable[[Any], Any] | None = None,
                  choices: Sequence[str] | None = None, dest: str | None = None,
-                 each: Callable[[str], Any] | None = None) -> None:
+                 each: Callable[[str], Any] | None = None, complete: str | Sequence[str] | None = None) -> None:
         self.flags = tuple(flags)
         self.help = help
         self.kind = kind
@@ -52,6 +54,8 @@ class Option:
         self.each = each  # or: each value of an APPEND option -> one item of the API's list
         self.choices = tuple(choices) if choices else None
         self.dest = dest or self.flags[-1].lstrip("-").replace("-", "_")
+        # what shell completion offers for the value (hostagent.completion.offer): the choices, else this
+        self.complete = self.choices or complete
 
     @property
     def name(self) -> str:
@@ -96,10 +100,10 @@ OPTIONS: Sequence[Option] = (
     Option(("-e", "--env"), "set an environment variable (KEY=VALUE, or KEY to pass this shell's value)", APPEND,
            "KEY[=VALUE]"),
     Option(("--env-file",), "read environment variables from a file (KEY=VALUE lines)", APPEND, "FILE",
-           dest="env_files"),
+           dest="env_files", complete=FILES),
     Option(("-l", "--label"), "set a label on the container", APPEND, "KEY=VALUE", dest="labels"),
     Option(("-v", "--volume"), "bind mount a volume", APPEND, "SRC:DST[:OPTS]", where=HOST, keyword="binds",
-           each=values.volume, dest="volumes"),
+           each=values.volume, dest="volumes", complete=FILES),
     Option(("--mount",), "attach a mount (type=bind|volume|tmpfs,source=...,target=...[,readonly])", APPEND,
            "SPEC", where=HOST, keyword="mounts", each=values.mount, dest="mounts"),
     Option(("--tmpfs",), "mount a tmpfs (PATH[:OPTIONS])", APPEND, "PATH", where=HOST, keyword="tmpfs",
@@ -178,7 +182,7 @@ OPTIONS: Sequence[Option] = (
     Option(("--ulimit",), "a ulimit (NAME=SOFT[:HARD], e.g. memlock=-1)", APPEND, "ULIMIT", where=HOST,
            keyword="ulimits", each=values.ulimit, dest="ulimits"),
     Option(("--device",), "add a host device (not /dev/nvidia*: the pin gives the GPUs)", APPEND, "DEVICE",
-           where=HOST, keyword="devices", each=values.device, dest="devices"),
+           where=HOST, keyword="devices", each=values.device, dest="devices", complete=FILES),
     Option(("--cap-add",), "add a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_add"),
     Option(("--cap-drop",), "drop a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_drop"),
     Option(("--security-opt",), "a security option (e.g. seccomp=unconfined)", APPEND, "OPT", where=HOST,
@@ -187,7 +191,7 @@ OPTIONS: Sequence[Option] = (
            where=HOST, keyword="runtime"),
     Option(("--restart",), "restart policy: no, always, unless-stopped, on-failure[:N] (a container the daemon "
            "will restart keeps its cards in the ledger while stopped)", where=HOST, keyword="restart_policy",
-           convert=values.restart, metavar="POLICY"),
+           convert=values.restart, metavar="POLICY", complete=values.RESTART_POLICIES),
     Option(("--platform",), "platform of the image (e.g. linux/amd64)", where=CREATE, keyword="platform"),
     Option(("--pull",), "pull the image: missing (default), never or always", choices=("missing", "never",
                                                                                         "always"),
@@ -199,7 +203,8 @@ OPTIONS: Sequence[Option] = (
            metavar="SECONDS"),
     Option(("--gpu-capabilities",), "NVIDIA driver capabilities the cards come with: all, or a comma list of "
            "compute, utility, graphics, video, display, compat32 (default: the image's NVIDIA_DRIVER_CAPABILITIES; "
-           "the nvidia driver's request carries them, so they pin through it, never CDI)", metavar="LIST"),
+           "the nvidia driver's request carries them, so they pin through it, never CDI)", metavar="LIST",
+           complete=("all", *values.GPU_CAPABILITIES)),
 )
 
 BY_FLAG = {flag: opt for opt in OPTIONS for flag in opt.flags}

@@ -128,12 +128,12 @@ def ulimit(value: str) -> Any:
     return Ulimit(name=name, soft=int(soft), hard=int(hard or soft))
 
 
-_RESTART = ("no", "always", "unless-stopped", "on-failure")
+RESTART_POLICIES = ("no", "always", "unless-stopped", "on-failure")
 
 
 def restart(value: str) -> dict[str, Any]:
     name, _, count = value.partition(":")
-    if name not in _RESTART or (count and (name != "on-failure" or not count.isdigit())):
+    if name not in RESTART_POLICIES or (count and (name != "on-failure" or not count.isdigit())):
         raise ValueError("give no, always, unless-stopped or on-failure[:MAX-RETRIES]")
     return {"Name": "" if name == "no" else name, "MaximumRetryCount": int(count or 0)}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from gpupin.core.errors import UsageError
+from gpupin.hostagent.completion import FILES, offer
 from gpupin.hostagent.swarm.resources import DAEMON_JSON, RUNTIME_PATH, TOOLKIT_CONFIG
 
 TYPE_CHECKING = False
@@ -41,12 +42,12 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
                     "with --check: the kind the node advertises)")
     sn.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
     sn.add_argument("--check", action="store_true", help="diagnose this node's daemon.json and toolkit config")
-    sn.add_argument("--daemon-json", default=DAEMON_JSON, metavar="PATH",
-                    help=f"dockerd's configuration (default {DAEMON_JSON})")
-    sn.add_argument("--toolkit-config", default=TOOLKIT_CONFIG, metavar="PATH",
-                    help=f"the NVIDIA Container Toolkit's configuration (default {TOOLKIT_CONFIG})")
-    sn.add_argument("--runtime-path", metavar="PATH", help=f"the nvidia runtime's path to print in daemon.json "
-                    f"(default {RUNTIME_PATH}, as nvidia-ctk writes it)")
+    offer(sn.add_argument("--daemon-json", default=DAEMON_JSON, metavar="PATH",
+                          help=f"dockerd's configuration (default {DAEMON_JSON})"), FILES)
+    offer(sn.add_argument("--toolkit-config", default=TOOLKIT_CONFIG, metavar="PATH",
+                          help=f"the NVIDIA Container Toolkit's configuration (default {TOOLKIT_CONFIG})"), FILES)
+    offer(sn.add_argument("--runtime-path", metavar="PATH", help=f"the nvidia runtime's path to print in daemon.json "
+                          f"(default {RUNTIME_PATH}, as nvidia-ctk writes it)"), FILES)
 
 
 def command(args: argparse.Namespace) -> int:
