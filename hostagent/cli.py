@@ -176,6 +176,13 @@ def build_parser() -> _Parser:
                     help="redraw the table in place every SECONDS (default 2) until Ctrl-C")
     ls.add_argument("--swarm", action="store_true", help="every node of the swarm (from a manager): each card, "
                     "the task that holds it, the free ones, and the tasks waiting for cards (with --json or alone)")
+    ls.add_argument("--host", action="append", metavar="URL", help="read a resident agent's view instead "
+                    "(http://HOST:PORT, HOST:PORT or unix://SOCKET; `hostagent serve`); several: one table, the "
+                    "host in each row (--json: a list)")
+
+    from gpupin.hostagent.serve import args as serve_args
+
+    serve_args.add(sub)
 
     r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False,
                        usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
@@ -333,6 +340,13 @@ def _error(err: GpupinError, debug: bool) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
+    if getattr(args, "host", None):
+        if args.swarm or args.format is not None or args.watch is not None:
+            raise UsageError("ls --host takes --json and --color only (not --swarm, --format or --watch)",
+                             "hostagent ls --host URL [--host URL ...] [--json]")
+        from gpupin.hostagent.ls import hosts
+
+        return hosts.command(args.host, args.json, args.color)
     if getattr(args, "swarm", False):
         if args.format is not None or args.watch is not None:
             raise UsageError("ls --swarm takes --json only (not --format or --watch)", "hostagent ls --swarm [--json]")
@@ -469,6 +483,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_compose(args)
         if args.command == "swarm":
             return _cmd_swarm(args)
+        if args.command == "serve":
+            from gpupin.hostagent.serve import args as serve_args
+
+            return serve_args.command(args)
         if args.command == "completion":
             from gpupin.hostagent import completion
 

@@ -43,6 +43,13 @@ def _watts(milliwatts: int | None) -> float | None:
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
     cards = nvml.list_cards(detail=True, tolerate_lost=True)
+    docker, holders = read_ledger(cards, warn)
+    return assemble(cards, docker, holders)
+
+
+def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], list[Holder]]:
+    """Where Docker is and whether it answered (the listing's `docker` object), and the holders it gave. The
+    resident agent (gpupin.hostagent.serve) calls this only when the daemon reports a change."""
     docker: dict[str, Any] = {"host": None, "available": True, "error": None}
     holders: list[Holder] = []
     try:
@@ -59,6 +66,11 @@ def gather(warn: bool = True) -> dict[str, Any]:
         if warn:
             sys.stderr.write(f"hostagent: WARNING: Docker unavailable at {docker['host']} ({docker['error']}): "
                              "who holds which card is unknown\n")
+    return docker, holders
+
+
+def assemble(cards: Sequence[Card], docker: dict[str, Any], holders: Sequence[Holder]) -> dict[str, Any]:
+    """The listing from NVML's cards and the ledger's holders (the users and containers of processes from /proc)."""
     names = {h.id: h.name for h in holders}
     users: dict[int, str] = {}
     return {"hostname": os.uname().nodename, "driver_version": nvml.driver_version(),
@@ -86,6 +98,9 @@ def _card(c: Card, holders: Sequence[Holder], names: dict[str, str], users: dict
         "temperature_c": c.temperature, "power_draw_w": _watts(c.power_draw),
         "power_limit_w": _watts(c.power_limit),
         "processes": [_process(p, c.mig_devices, names, users) for p in c.process_list],
+        # How long the held card has shown 0% utilization, and whether that passed the agent's --idle-after: one
+        # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.idle) fills them in.
+        "idle_seconds": None, "idle": None,
     }
 
 

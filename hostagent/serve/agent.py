@@ -1,0 +1,176 @@
+"""The agent's live view: NVML re-read every `interval`, the ledger re-read when the daemon reports a container
+event (and every `resync` seconds, in case an event was lost), both through the code `hostagent ls` uses
+(gpupin.hostagent.ls.listing), with idle holders filled in (gpupin.hostagent.serve.idle).
+
+Readers (the HTTP API, the metrics, the dashboard's event stream) take `snapshot()`; waiters block in
+`wait_change()` until the view differs from the one they have. What cannot be read is unknown, never stale: when
+NVML fails the view is withdrawn (its error is served instead) and NVML is opened again at the next refresh; when
+the daemon does not answer the listing says so (docker.available false) and the event stream reconnects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+
+from gpupin.core import nvml
+from gpupin.core.errors import GpupinError
+from gpupin.hostagent.ls import listing
+from gpupin.hostagent.serve.idle import IdleTracker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpupin.hostagent.engine.events import EventStream
+    from gpupin.hostagent.ledger.holders import Holder
+
+RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
+
+
+def say(text: str) -> None:
+    """One line of the agent's log (stderr: journald keeps it under the unit)."""
+    sys.stderr.write(f"hostagent serve: {text}\n")
+    sys.stderr.flush()
+
+
+class Snapshot:
+    """The view at one refresh: the listing (None while NVML cannot be read), the error that withdrew it, a
+    version that grows with every change, and when it was read (seconds since the epoch)."""
+
+    __slots__ = ("error", "listing", "read_at", "version")
+
+    def __init__(self, version: int, listing: dict[str, Any] | None, error: str | None, read_at: float) -> None:
+        self.version = version
+        self.listing = listing
+        self.error = error
+        self.read_at = read_at
+
+
+class Agent:
+    def __init__(self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0) -> None:
+        self.interval = interval
+        self.resync = resync
+        self.idle = IdleTracker(idle_after)
+        self.started = time.time()
+        self.stopping = threading.Event()
+        self._wake = threading.Event()  # a container event: refresh now, not at the next tick
+        self._dirty = threading.Event()  # the ledger must be read again
+        self._changed = threading.Condition()
+        self._snapshot = Snapshot(0, None, "not read yet", 0.0)
+        self._docker: dict[str, Any] | None = None
+        self._holders: list[Holder] = []
+        self._cards_key: tuple[str | None, ...] | None = None
+        self._ledger_at = 0.0
+        self._stream: EventStream | None = None
+        self._threads: list[threading.Thread] = []
+
+    # --- readers ---
+
+    def snapshot(self) -> Snapshot:
+        with self._changed:
+            return self._snapshot
+
+    def wait_change(self, version: int, timeout: float) -> Snapshot:
+        """The first snapshot newer than `version`, or the current one after `timeout` seconds or at stop."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._snapshot.version != version or self.stopping.is_set(), timeout)
+            return self._snapshot
+
+    # --- the refresh ---
+
+    def refresh(self) -> None:
+        """Read NVML (and the ledger when it may have changed) and publish the view."""
+        try:
+            cards = nvml.list_cards(detail=True, tolerate_lost=True)
+        except GpupinError as err:
+            self._publish(None, err.message)
+            with contextlib.suppress(Exception):  # opened afresh at the next refresh: a reloaded driver
+                nvml.shutdown()                   # needs a new session
+            return
+        key = tuple(c.uuid for c in cards)
+        mono = time.monotonic()
+        if (self._dirty.is_set() or key != self._cards_key or self._docker is None
+                or not self._docker["available"] or mono - self._ledger_at >= self.resync):
+            self._dirty.clear()
+            was = self._docker["available"] if self._docker else None
+            self._docker, self._holders = listing.read_ledger(cards, warn=False)
+            self._cards_key, self._ledger_at = key, mono
+            if was is not None and was != self._docker["available"]:
+                say(f"Docker at {self._docker['host']} " + ("answers again" if self._docker["available"] else
+                                                            f"unavailable ({self._docker['error']})"))
+        view = listing.assemble(cards, self._docker, self._holders)
+        self.idle.annotate(view, mono)
+        self._publish(view, None)
+
+    def _publish(self, view: dict[str, Any] | None, error: str | None) -> None:
+        with self._changed:
+            old = self._snapshot
+            if error is not None and error != old.error:
+                say(f"NVML unavailable: {error}")
+            elif error is None and old.error is not None and old.version > 0:
+                say("NVML answers again")
+            changed = view != old.listing or error != old.error
+            self._snapshot = Snapshot(old.version + changed, view, error, time.time())
+            if changed:
+                self._changed.notify_all()
+
+    def container_changed(self) -> None:
+        self._dirty.set()
+        self._wake.set()
+
+    # --- threads ---
+
+    def _tick(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.refresh()
+            except Exception as err:  # a bug must not stop the view: say it, keep the last one, retry
+                say(f"internal error while refreshing: {type(err).__name__}: {err}")
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def _follow(self) -> None:
+        from gpupin.hostagent.engine.events import EventStream
+
+        delay = 0.5
+        while not self.stopping.is_set():
+            try:
+                stream = EventStream()
+            except GpupinError:
+                self.stopping.wait(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+                continue
+            self._stream = stream
+            if self.stopping.is_set():  # stop() ran before the stream was kept: close it here
+                stream.close()
+                break
+            delay = 0.5
+            self.container_changed()  # what happened while no stream was open
+            try:
+                for _event in stream:
+                    self.container_changed()
+            except GpupinError:
+                pass
+            self.container_changed()  # the daemon ended the stream: it restarts, or is gone (the view says so)
+            stream.close()
+
+    def start(self) -> None:
+        self.refresh()
+        for target, name in ((self._tick, "refresh"), (self._follow, "docker-events")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.stopping.set()
+        self._wake.set()
+        stream = self._stream
+        if stream is not None:
+            stream.close()
+        with self._changed:
+            self._changed.notify_all()
+        for t in self._threads:
+            t.join(timeout)
