@@ -117,10 +117,13 @@ image-test: wheels fakegpu
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# Tools some tests drive besides Docker: zsh (the completion script).
+# Tools some tests drive besides Docker: zsh (the completion script), Debian's chromium (the agent's dashboard, driven
+# by Playwright from the dev extra: its own browser download is never used).
 test-tools:
 	@command -v zsh >/dev/null || { echo "make: installing zsh"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zsh >/dev/null; }
+	@command -v chromium >/dev/null || { echo "make: installing chromium"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
 # Every test; tests that need the daemon fail (not skip) here.
 test: test-tools image-test

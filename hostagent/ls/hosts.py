@@ -104,7 +104,8 @@ def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], col
     def na(value: object, suffix: str = "") -> str:
         return NA if value is None else f"{value}{suffix}"
 
-    header = [Cell(t, DIM) for t in ("HOST", "GPU", "NAME", "UTIL", "MEMORY", "STATE", "IDLE", "HELD BY")]
+    header = [Cell(t, DIM, right=t in ("UTIL", "MEMORY"))
+              for t in ("HOST", "GPU", "NAME", "UTIL", "MEMORY", "STATE", "IDLE", "HELD BY")]
     rows = [header]
     for url, data, error in results:
         if data is None:

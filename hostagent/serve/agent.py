@@ -57,6 +57,8 @@ class Agent:
         self.started = time.time()
         self.stopping = threading.Event()
         self._wake = threading.Event()  # a container event: refresh now, not at the next tick
+        self._retry = threading.Event()  # the daemon answers again: reconnect its event stream now
+        self.following = False  # whether the daemon's event stream is open
         self._dirty = threading.Event()  # the ledger must be read again
         self._changed = threading.Condition()
         self._snapshot = Snapshot(0, None, "not read yet", 0.0)
@@ -98,6 +100,8 @@ class Agent:
             was = self._docker["available"] if self._docker else None
             self._docker, self._holders = listing.read_ledger(cards, warn=False)
             self._cards_key, self._ledger_at = key, mono
+            if self._docker["available"] and not self.following:
+                self._retry.set()
             if was is not None and was != self._docker["available"]:
                 say(f"Docker at {self._docker['host']} " + ("answers again" if self._docker["available"] else
                                                             f"unavailable ({self._docker['error']})"))
@@ -137,13 +141,15 @@ class Agent:
 
         delay = 0.5
         while not self.stopping.is_set():
+            self._retry.clear()
             try:
                 stream = EventStream()
             except GpupinError:
-                self.stopping.wait(delay)
+                self._retry.wait(delay)  # or at once when a ledger read reaches the daemon again
                 delay = min(delay * 2, RECONNECT_MAX)
                 continue
             self._stream = stream
+            self.following = True
             if self.stopping.is_set():  # stop() ran before the stream was kept: close it here
                 stream.close()
                 break
@@ -154,6 +160,7 @@ class Agent:
                     self.container_changed()
             except GpupinError:
                 pass
+            self.following = False
             self.container_changed()  # the daemon ended the stream: it restarts, or is gone (the view says so)
             stream.close()
 
@@ -167,6 +174,7 @@ class Agent:
     def stop(self, timeout: float = 2.0) -> None:
         self.stopping.set()
         self._wake.set()
+        self._retry.set()
         stream = self._stream
         if stream is not None:
             stream.close()

@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 KEEPALIVE = 15.0  # seconds between two comment lines on an idle event stream (proxies drop silent connections)
 
 
-def _static(name: str) -> bytes:
+def _dashboard() -> bytes:
     from importlib.resources import files
 
-    return (files("gpupin.hostagent.serve") / "static" / name).read_bytes()
+    return (files("gpupin.hostagent.serve") / "dashboard.html").read_bytes()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -78,7 +78,7 @@ class Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
 
     def _dashboard(self) -> None:
-        self._send(200, _static("index.html"), "text/html; charset=utf-8")
+        self._send(200, _dashboard(), "text/html; charset=utf-8")
 
     def _ls(self) -> None:
         snap = self.agent.snapshot()
@@ -94,6 +94,7 @@ class Handler(BaseHTTPRequestHandler):
                          "interval_s": self.agent.interval, "idle_after_s": self.agent.idle.idle_after,
                          "read_at": snap.read_at, "view_version": snap.version,
                          "nvml": {"available": view is not None, "error": snap.error},
+                         "events_followed": self.agent.following,
                          "docker": view["docker"] if view is not None else None})
 
     def _metrics(self) -> None:

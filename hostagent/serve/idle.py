@@ -29,7 +29,7 @@ class IdleTracker:
             uuid = card.get("uuid")
             holders = frozenset(h["id"] for h in card.get("holders", ()) if h.get("holds"))
             util = card.get("utilization_gpu")
-            if not uuid or not holders or util is None or util > 0 or card.get("error"):
+            if not docker_known or not uuid or not holders or util is None or util > 0 or card.get("error"):
                 # Not held (nothing to reclaim), unknown or busy: no stretch, and an unknown reading is no claim.
                 known = docker_known and uuid and not card.get("error") and (not holders or util is not None)
                 card["idle_seconds"] = 0.0 if known and holders else None
