@@ -137,7 +137,7 @@ class Agent:
             self._wake.clear()
 
     def _follow(self) -> None:
-        from gpupin.hostagent.engine.events import EventStream
+        from gpupin.hostagent.engine import EventStream
 
         delay = 0.5
         while not self.stopping.is_set():
