@@ -180,10 +180,6 @@ def build_parser() -> _Parser:
                     "(http://HOST:PORT, HOST:PORT or unix://SOCKET; `hostagent serve`); several: one table, the "
                     "host in each row (--json: a list)")
 
-    from gpupin.hostagent.serve import args as serve_args
-
-    serve_args.add(sub)
-
     r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False,
                        usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
                              "[COMMAND [ARG...]]",
@@ -230,6 +226,10 @@ def build_parser() -> _Parser:
     doc.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
     doc.add_argument("--root", default="/", metavar="DIR",
                      help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /")
+
+    from gpupin.hostagent.serve import args as serve_args
+
+    serve_args.add(sub)
 
     comp = sub.add_parser("completion", help="print the shell completion script for bash or zsh",
                           description="Print the shell completion script: eval \"$(hostagent completion bash)\" in "
