@@ -32,7 +32,7 @@ def _split(url: str) -> tuple[str, str | None, str, int]:
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit():
         raise UsageError(f"--host {url}: no port (the agent listens on HOST:PORT, 9417 by default)", HINT)
-    return "http", None, host.strip("[]"), int(port)
+    return "http", None, host.strip("[]") or "127.0.0.1", int(port)
 
 
 def fetch(url: str) -> dict[str, Any]:

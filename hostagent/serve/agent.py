@@ -92,6 +92,8 @@ class Agent:
             with contextlib.suppress(Exception):  # opened afresh at the next refresh: a reloaded driver
                 nvml.shutdown()                   # needs a new session
             return
+        # Health: where the listing reads it (gpupin.core.health), an XID reaches a one-shot reader only while it
+        # reads; the agent's place to hold one XID registration across refreshes, and keep what arrived, is here.
         key = tuple(c.uuid for c in cards)
         mono = time.monotonic()
         if (self._dirty.is_set() or key != self._cards_key or self._docker is None

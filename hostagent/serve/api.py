@@ -123,6 +123,12 @@ class TcpServer(socketserver.ThreadingMixIn, HTTPServer):
     daemon_threads = True  # an open event stream never holds the agent's exit
     allow_reuse_address = True
 
+    def server_bind(self) -> None:
+        # HTTPServer's own looks its address up (socket.getfqdn), which can hang on a host without DNS.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
 
 class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
