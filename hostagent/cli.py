@@ -37,7 +37,8 @@ by CDI (its /info and CDI spec; --via cdi|nvidia decides instead), else through 
 device=UUID, with NVIDIA_VISIBLE_DEVICES); GPUPIN_EXPECT=UUID@BUSID,... (which an image whose ENTRYPOINT is
 gpupin-entrypoint verifies) and the ledger label gpupin.devices either way.
 
-exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable; 75 the card is held (no --wait);
+exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable, or the card is unhealthy; 75 the
+card is held (no --wait);
 125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run);
 70 an internal error (a bug in hostagent: run again with --debug and report the traceback).
 """
@@ -196,7 +197,7 @@ def build_parser() -> _Parser:
     g.add_argument("--gpu", dest="gpus", action="append", metavar="SPEC", default=[],
                    help="a card by UUID, prefix, index, bus id or MIG device (see below)")
     g.add_argument("--count", type=int, metavar="N",
-                   help="N cards no one holds: the most free memory first, then the least utilization")
+                   help="N healthy cards no one holds: the most free memory first, then the least utilization")
     g.add_argument("--share", action="store_true", help="allow cards another pinned container holds")
     g.add_argument("--wait", type=_wait_value, metavar="SECONDS", nargs="?", const=math.inf,
                    help="wait for held cards (forever, or at most SECONDS) instead of exiting 75")
@@ -287,7 +288,10 @@ Per card: its index, name, temperature, utilization, memory and power (N/A: the 
 UUID and bus id, its MIG devices, the containers that hold it (short id, state, how the engine gives it the card,
 `shared` for --share, MISMATCH where the gpupin.devices label says otherwise) and the processes on it (pid, user,
 memory, command, container). A card is free, held, or shared: held only by containers started with --share, which
-`hostagent run --share` may join."""
+`hostagent run --share` may join. A card is UNHEALTHY, with the reason under it, on a critical XID, volatile
+uncorrectable ECC errors, page retirement or row remapping pending or failed, or when NVML has lost it; `run` never
+takes it. XIDs are NVML events: ls sees those that arrive while it reads the cards (the host's dmesg keeps older
+ones)."""
 
 LS_EPILOG = """When Docker cannot be reached the cards are still listed (holders unknown) and stderr says why.
 exit: 0 listed; 64 bad usage; 69 NVML unavailable.

@@ -24,7 +24,7 @@ import os
 import stat
 import sys
 
-from gpupin.core import nvml
+from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.core.shown import quoted
 from gpupin.hostagent.findings import ERROR, WARNING, Finding
@@ -198,7 +198,7 @@ def examine(host: Host) -> Report:
     cards: list[Card] = []
     try:
         cards = nvml.list_cards(mig=True, tolerate_lost=True)
-        findings += check_persistence(cards, nvml.persistence_modes(cards))
+        findings += check_persistence(cards, readings.persistence_modes(cards))
     except GpupinError as err:
         findings.append(Finding("NVML", err.message, err.hint or "check `nvidia-smi`"))
     from gpupin.hostagent import engine

@@ -98,9 +98,10 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
 
 
 def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Daemon]:
-    from gpupin.core import nvml
+    from gpupin.core import health, nvml
 
     cards = nvml.list_cards(detail=True, mig=True, tolerate_lost=True)
+    health.assess(cards)  # counts never take an unhealthy card; a named one is refused (gpupin.hostagent.gpus)
     svcs = doc.get("services") if isinstance(doc, dict) else None
     names = {str(k) for k in svcs} if isinstance(svcs, dict) else set()
     return cards, read_daemon(cards, project_names(doc, paths, os.environ), names, cdi_too)

@@ -8,7 +8,7 @@ holders); the choice of free cards is hostagent.gpus's, as for `hostagent run --
 from __future__ import annotations
 
 from gpupin.core.contract import SHARED_LABEL
-from gpupin.core.errors import EX_TEMPFAIL, GpuSpecError
+from gpupin.core.errors import EX_TEMPFAIL, CardUnhealthyError, GpuSpecError
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose.problems import Problem
 from gpupin.hostagent.compose.request import KEY
@@ -105,9 +105,11 @@ def place(named: Sequence[Assignment], counted: Sequence[GpuRequest], cards: Seq
         assert req.count is not None
         try:
             chosen = gpus.choose_free(req.count, cards, held | in_file)
-        except GpuSpecError as err:  # more than the host has: "--count N: ..." is hostagent run's wording
+        except (GpuSpecError, CardUnhealthyError) as err:  # more than the host has (fit for use): "--count N: ..."
+            # is hostagent run's wording
             problems.append(Problem(req.service, f"{req.describe_count()}: {err.message.split(': ', 1)[-1]}",
-                                    "ask for fewer cards, or split the work"))
+                                    "ask for fewer cards, or split the work" if isinstance(err, GpuSpecError)
+                                    else err.hint, exit_code=err.exit_code))
             continue
         if chosen is None:
             left = len(gpus.free_cards(cards, in_file))

@@ -20,7 +20,7 @@ from gpupin.core.contract import EXPECT_VAR, LABEL, NVD_VAR, SHARED_LABEL, VERIF
 from gpupin.core.errors import GpupinError
 from gpupin.core.expectation import parse_expect
 from gpupin.core.identity import is_full_uuid, match_uuid
-from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form
+from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form, resolve
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose.place import Assignment, bookings, describe, place
 from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, quoted
@@ -207,7 +207,7 @@ def _expectation(req: GpuRequest, value: str, targets: list[Target], cards: Sequ
             problems.append(Problem(req.service, f"{EXPECT_VAR} names {e.uuid}: {err.message}", fix))
             continue
         named.append(uuid)
-        at = gpus.resolve_spec(uuid, cards).bus_id
+        at = resolve(uuid, cards).bus_id  # where it is, whatever its state (resolve_named judged that)
         if e.bus_id is not None and e.bus_id != at:
             problems.append(Problem(req.service, f"{EXPECT_VAR} puts {uuid} at {e.bus_id}, but it is at {at}: "
                                     "the entrypoint will refuse to start (78)", fix))

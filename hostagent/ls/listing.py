@@ -6,8 +6,9 @@ processes from /proc (gpupin.hostagent.ls.procs). When Docker cannot be reached 
 says so and stderr says so (stdout is the listing only); a card NVML cannot read is shown as such, and a reading a
 card does not give (temperature, power, ...) is null in the JSON and N/A in the table.
 
-`gather()` is the data (`--json` prints it as is); the table (gpupin.hostagent.ls.view) and `--format` lines
-(gpupin.hostagent.ls.template) are read from it alone.
+Each card's health (gpupin.core.health) is `"health": {"healthy": ..., "reasons": [...], "since": ...}`, with
+`healthy` null where NVML cannot say (never shown as healthy). `gather()` is the data (`--json` prints it as is);
+the table (gpupin.hostagent.ls.view) and `--format` lines (gpupin.hostagent.ls.template) are read from it alone.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpupin.core import nvml
+from gpupin.core import health, nvml
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.hostagent import engine
 from gpupin.hostagent.ledger import read as ledger_read
@@ -42,9 +43,16 @@ def _watts(milliwatts: int | None) -> float | None:
 
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
-    cards = nvml.list_cards(detail=True, tolerate_lost=True)
+    cards = read_cards()
     docker, holders = read_ledger(cards, warn)
     return assemble(cards, docker, holders)
+
+
+def read_cards() -> list[Card]:
+    """Every card NVML sees, in detail, with its health (gpupin.core.health)."""
+    cards = nvml.list_cards(detail=True, tolerate_lost=True)
+    health.assess(cards)
+    return cards
 
 
 def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], list[Holder]]:
@@ -90,6 +98,7 @@ def _card(c: Card, holders: Sequence[Holder], names: dict[str, str], users: dict
         "memory_free_mib": _mib(c.memory_free), "utilization_gpu": c.utilization_gpu, "mig_mode": c.mig_mode,
         "mig_devices": [_mig(m, holding) for m in c.mig_devices],
         "compute_processes": c.processes, "compute_capability": c.compute_capability, "error": c.error,
+        "health": c.health.to_dict() if c.health is not None else None,
         "held": bool(holding),
         # Held, but only by containers that let --share requests in (every holder started with --share).
         "shared": bool(holding) and all(h.shared for h in holding),

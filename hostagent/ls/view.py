@@ -1,7 +1,8 @@
 """How `hostagent ls` looks on a terminal: the table, its colours, and `--watch`'s redraw in place.
 
 One block per card, as gpustat lays it out: a line with the index, name, temperature, utilization, memory, power
-and whether the card is free, held or shared; the card's UUID and bus id; its MIG devices; then who holds it (one
+and whether the card is free, held, shared or UNHEALTHY; the card's UUID and bus id; why it is unhealthy (or its
+health unknown); its MIG devices; then who holds it (one
 container a line, each with its short id, state, how the engine gives it the card, `shared`, a MISMATCH), the
 containers labelled for it that hold something else, the pinned containers that hold nothing now, and the
 processes running on it (pid, user, memory, command, container). Plain ASCII, so the table reads the same under
@@ -124,7 +125,10 @@ def _temperature_style(t: int | None) -> str:
 
 
 def _state(item: dict[str, Any], docker_ok: bool) -> Cell:
-    """free, held or shared (a card or a MIG device); unknown when Docker could not be read."""
+    """free, held or shared (a card or a MIG device); unknown when Docker could not be read; UNHEALTHY before all
+    (a card that is not fit for use is not free, whoever holds it: its holders are listed under it)."""
+    if (item.get("health") or {}).get("healthy") is False:
+        return Cell("UNHEALTHY", f"{BOLD};{RED}")
     if not docker_ok:
         return Cell("unknown", DIM)
     if not item["held"]:
@@ -201,12 +205,24 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+def _health(g: dict[str, Any], color: bool, indent: str) -> list[str]:
+    """Why a card is unhealthy (and since when, where known), or why its health is unknown; nothing when healthy."""
+    h = g.get("health") or {"healthy": None, "reasons": ["not read"]}
+    if h["healthy"] is True:
+        return []
+    why = "; ".join(h["reasons"]) + (f"  since {h['since']}" if h.get("since") else "")
+    if h["healthy"] is False:
+        return _section("UNHEALTHY", [[Cell(why)]], color, indent, f"{BOLD};{RED}")
+    return _section("health", [[Cell(f"unknown: {why}")]], color, indent, YELLOW)
+
+
 def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> list[str]:
     lines = [head]
     ident = [g["uuid"], _paint(g["bus_id"] or "", DIM, color)]
     if g["mig_mode"]:
         ident.append("MIG on")
     lines.append("    " + "  ".join(ident))
+    lines += _health(g, color, "    ")
     if g.get("idle"):  # filled in by the resident agent only (hostagent ls --host)
         idle = f"IDLE: 0% utilization for {_duration(g['idle_seconds'])}"
         lines.append("    " + _paint(idle, f"{BOLD};{RED}", color))
@@ -246,7 +262,9 @@ def render(listing: dict[str, Any], color: bool = False, now: str | None = None)
     for g in gpus:
         if g["error"]:
             # A card NVML cannot read: what is known of it, in red.
-            what = f"[{g['index']}] ERROR: {g['error']}"
+            h = g.get("health") or {}
+            what = (f"[{g['index']}] UNHEALTHY: {'; '.join(h['reasons'])} ({g['error']})" if h.get("healthy") is False
+                    else f"[{g['index']}] ERROR: {g['error']}")
             out.append(_paint(what, f"{BOLD};{RED}", color))
             continue
         out += _card_block(g, next(heads), color, docker_ok)

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from gpupin.core import nvml
+from gpupin.core import health, nvml
 from gpupin.core.errors import CardHeldError, DockerRefusedError, DockerUnavailableError, UsageError
 from gpupin.hostagent import engine, gpus
 from gpupin.hostagent.engine import cdi
@@ -111,8 +111,10 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
         chosen = gpus.choose_free(req.count, cards, blocked)
         if chosen is not None:
             return chosen, None
+        bad = gpus.unhealthy(cards)
+        unfit = f"; unhealthy: {', '.join(str(c.index) for c in bad)}" if bad else ""
         why = [f"--count {req.count}: {len(free)} of {len(cards)} card(s) are free "
-               f"(held: {', '.join(sorted(blocked)) or 'none'})"]
+               f"(held: {', '.join(sorted(blocked)) or 'none'}{unfit})"]
         if free:
             return None, _Refusal(why, f"ask for at most {len(free)} (--count {len(free)}), or wait for more with "
                                        "--wait [SECONDS]")
@@ -205,8 +207,12 @@ LEASE_RETRIES = 3  # looks that ran past their lease before the run gives up (a 
 def launch(req: RunRequest) -> Launched | ContainerSpec:
     """Everything up to a started container (or, with --dry-run, up to its spec)."""
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
+    health.assess(cards)
     mark("cards")
     picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
+    for p in picks or ():
+        if p.card.health is not None and p.card.health.healthy is None:  # asked for by name: warned, not refused
+            _say(f"warning: the health of {p.uuid} is unknown ({p.card.health.why})")
     if req.dry_run:
         return _dry_run_spec(req, cards, picks)
     api = engine.connect()

@@ -86,7 +86,7 @@ class Agent:
     def refresh(self) -> None:
         """Read NVML (and the ledger when it may have changed) and publish the view."""
         try:
-            cards = nvml.list_cards(detail=True, tolerate_lost=True)
+            cards = listing.read_cards()
         except GpupinError as err:
             self._publish(None, err.message)
             with contextlib.suppress(Exception):  # opened afresh at the next refresh: a reloaded driver

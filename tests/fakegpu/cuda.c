@@ -91,7 +91,7 @@ static int cuda_enumerate(struct fg_topology *t, const char *order, const char *
 
     for (i = 0; i < t->ngpus; i++) {
         struct fg_gpu *g = &t->gpus[i];
-        if (g->lost)
+        if (g->health.lost)
             continue;
         if (g->mig_mode == 1) {
             for (j = 0; j < g->nmig; j++)
