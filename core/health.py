@@ -21,6 +21,7 @@ an XID, as the moment this reader received it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from gpupin.core import readings
@@ -136,12 +137,44 @@ def judge(memory: readings.MemoryHealth | None, xids: Iterable[int] = (), seen: 
     return Health(True)
 
 
-def assess(cards: Sequence[Card]) -> None:
+class XidLog:
+    """Critical XIDs for a long-lived reader (the resident agent): one NVML registration held from one read to the
+    next, so that an XID arriving between two reads is not missed, and each card's XIDs kept (by UUID, with when
+    the first arrived) for as long as the log lives: NVML does not say when a reset has cleared them."""
+
+    def __init__(self) -> None:
+        self._events: readings.XidEvents | None = None
+        self._watched: tuple[int, ...] = ()
+        self.xids: dict[str, list[int]] = {}
+        self.since: dict[str, str] = {}
+
+    def update(self, cards: Sequence[Card]) -> None:
+        """Register the readable cards (again when they changed) and keep what arrived since the last update."""
+        readable = tuple(c.index for c in cards if c.error is None)
+        if self._events is None or readable != self._watched:
+            self.release()
+            self._events, self._watched = readings.XidEvents(readable), readable
+        uuids = {c.index: c.uuid for c in cards}
+        for index, xid in self._events.drain():
+            uuid = uuids.get(index)
+            if uuid:
+                self.xids.setdefault(uuid, []).append(xid)
+                self.since.setdefault(uuid, _stamp())
+
+    def release(self) -> None:
+        """Drop the registration (before NVML is shut down); what arrived is kept."""
+        if self._events is not None:
+            with contextlib.suppress(Exception):  # NVML may be gone already, and the set with it
+                self._events.close()
+            self._events = None
+
+
+def assess(cards: Sequence[Card], log: XidLog | None = None) -> None:
     """Reads every card's health into `card.health`: the XIDs that arrive while the cards are read (registered
-    first, drained last), then each card's memory-error readings. A card NVML could not read at all is lost or of
-    unknown health."""
+    first, drained last), or with `log` every XID it has kept, then each card's memory-error readings. A card NVML
+    could not read at all is lost or of unknown health."""
     readable = [c for c in cards if c.error is None]
-    events = readings.XidEvents(c.index for c in readable) if readable else None
+    events = readings.XidEvents(c.index for c in readable) if readable and log is None else None
     try:
         memory = {c.index: readings.memory_health(c.index) for c in readable}
         arrived = events.drain() if events is not None else []
@@ -149,9 +182,14 @@ def assess(cards: Sequence[Card]) -> None:
         if events is not None:
             events.close()
     seen = _stamp() if arrived else None
+    if log is not None:
+        log.update(cards)
     for card in cards:
         if card.error is not None:
             card.health = (Health(False, [LOST]) if card.lost
                            else Health(None, [f"NVML could not read the card: {card.error}"]))
             continue
-        card.health = judge(memory[card.index], [x for i, x in arrived if i == card.index], seen)
+        if log is not None:
+            card.health = judge(memory[card.index], log.xids.get(card.uuid or "", ()), log.since.get(card.uuid or ""))
+        else:
+            card.health = judge(memory[card.index], [x for i, x in arrived if i == card.index], seen)

@@ -18,7 +18,7 @@ from gpupin.hostagent.ls import hosts
 from gpupin.hostagent.serve.args import duration
 from gpupin.hostagent.serve.idle import IdleTracker
 from gpupin.hostagent.serve.listen import http_address
-from tests.conftest import HOSTAGENT, scenario, simhost_env, topology
+from tests.conftest import HOSTAGENT, gpu_uuids, scenario, simhost_env, topology
 from tests.resident import Resident, wait_for
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"
@@ -133,3 +133,33 @@ def test_merged_table_has_the_host_in_each_row() -> None:
         "gpu-a          [1]  A800    0%  1 / 80 MiB  free",
         "http://b:9417  unreachable: no agent answers",
     ]
+
+
+def test_an_xid_between_two_reads_is_kept_by_the_agent(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.json"  # absent: no fault yet (the fake re-reads it at every call)
+    env = simhost_env(DOCKER_HOST=NO_DOCKER, FAKEGPU_FAULTS=str(faults))
+    agent = Resident(env, "--interval", "0.2")
+    last = gpu_uuids("mixed-4")[3]
+    try:
+        assert agent.card(last)["health"]["healthy"] is True
+        (tmp_path / "new.json").write_text(json.dumps({"cards": {last: {"xid": [79]}}}))
+        os.replace(tmp_path / "new.json", faults)
+        card = wait_for("the XID", lambda: (c := agent.card(last))["health"]["healthy"] is False and c)
+        assert card["health"]["reasons"] == ["XID 79 (fallen off the bus)"] and card["health"]["since"]
+        os.unlink(faults)  # the event has been delivered; the driver has nothing more to say of it
+        states = {lab["state"]: v for lab, v in metric(agent, "gpupin_gpu_state") if lab["UUID"] == last}
+        health = {lab["health"]: v for lab, v in metric(agent, "gpupin_gpu_health") if lab["UUID"] == last}
+        assert (states["unhealthy"], health["unhealthy"], health["healthy"]) == (1, 1, 0)
+        # A one-shot ls registers too late to see it; the agent, registered all along, keeps it.
+        once = subprocess.run([HOSTAGENT, "ls", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        assert [g["health"]["healthy"] for g in json.loads(once.stdout)["gpus"]] == [True] * 4
+        assert agent.card(last)["health"]["healthy"] is False
+    finally:
+        agent.close()
+
+
+def metric(agent: Resident, name: str) -> list[tuple[dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = agent.get("/metrics")[1].decode()
+    return [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]

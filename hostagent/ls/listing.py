@@ -48,10 +48,11 @@ def gather(warn: bool = True) -> dict[str, Any]:
     return assemble(cards, docker, holders)
 
 
-def read_cards() -> list[Card]:
-    """Every card NVML sees, in detail, with its health (gpupin.core.health)."""
+def read_cards(xids: health.XidLog | None = None) -> list[Card]:
+    """Every card NVML sees, in detail, with its health (gpupin.core.health); `xids`: a long-lived reader's log of
+    the XIDs it has received (the resident agent's), else those that arrive while the cards are read."""
     cards = nvml.list_cards(detail=True, tolerate_lost=True)
-    health.assess(cards)
+    health.assess(cards, xids)
     return cards
 
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from gpupin.core import nvml
+from gpupin.core import health, nvml
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import listing
 from gpupin.hostagent.serve.idle import IdleTracker
@@ -54,6 +54,8 @@ class Agent:
         self.interval = interval
         self.resync = resync
         self.idle = IdleTracker(idle_after)
+        # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
+        self.xids = health.XidLog()
         self.started = time.time()
         self.stopping = threading.Event()
         self._wake = threading.Event()  # a container event: refresh now, not at the next tick
@@ -86,14 +88,13 @@ class Agent:
     def refresh(self) -> None:
         """Read NVML (and the ledger when it may have changed) and publish the view."""
         try:
-            cards = listing.read_cards()
+            cards = listing.read_cards(self.xids)
         except GpupinError as err:
             self._publish(None, err.message)
+            self.xids.release()
             with contextlib.suppress(Exception):  # opened afresh at the next refresh: a reloaded driver
                 nvml.shutdown()                   # needs a new session
             return
-        # Health: where the listing reads it (gpupin.core.health), an XID reaches a one-shot reader only while it
-        # reads; the agent's place to hold one XID registration across refreshes, and keep what arrived, is here.
         key = tuple(c.uuid for c in cards)
         mono = time.monotonic()
         if (self._dirty.is_set() or key != self._cards_key or self._docker is None
@@ -184,3 +185,4 @@ class Agent:
             self._changed.notify_all()
         for t in self._threads:
             t.join(timeout)
+        self.xids.release()
