@@ -21,17 +21,12 @@ an XID, as the moment this reader received it.
 
 from __future__ import annotations
 
-import contextlib
 import time
-
-from gpupin.core import readings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from typing import Any
-
-    from gpupin.core.nvml import Card
 
 # The critical XIDs and what each means. Source: NVIDIA's Xid catalog for Ampere and later
 # (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), column "Resolution Bucket (Immediate Action)":
@@ -103,11 +98,27 @@ class Health:
         return f"Health({self.healthy}, {self.reasons!r}, since={self.since!r})"
 
 
-def _stamp() -> str:
+class MemoryHealth:
+    """A card's memory-error readings (`nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`). None: the card does
+    not report it (no ECC, ECC off, page retirement on a card that remaps rows and the reverse). `error`: why NVML
+    could not read one (the others are then unknown too); `lost`: NVML answered GPU_IS_LOST."""
+
+    __slots__ = ("ecc_uncorrected", "error", "lost", "remap_failure", "remap_pending", "retired_pending")
+
+    def __init__(self) -> None:
+        self.ecc_uncorrected: int | None = None  # volatile uncorrectable ECC errors
+        self.retired_pending: bool | None = None
+        self.remap_pending: bool | None = None
+        self.remap_failure: bool | None = None
+        self.error: str | None = None
+        self.lost = False
+
+
+def stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _memory_reasons(m: readings.MemoryHealth) -> list[str]:
+def _memory_reasons(m: MemoryHealth) -> list[str]:
     reasons = []
     if m.ecc_uncorrected:
         reasons.append(f"{m.ecc_uncorrected} volatile uncorrectable ECC error{'s' if m.ecc_uncorrected > 1 else ''}")
@@ -120,7 +131,7 @@ def _memory_reasons(m: readings.MemoryHealth) -> list[str]:
     return reasons
 
 
-def judge(memory: readings.MemoryHealth | None, xids: Iterable[int] = (), seen: str | None = None,
+def judge(memory: MemoryHealth | None, xids: Iterable[int] = (), seen: str | None = None,
           lost: bool = False) -> Health:
     """The health that these readings make: `memory` (None: not read), the XIDs received (at `seen`), `lost`."""
     if lost or (memory is not None and memory.lost):
@@ -136,60 +147,3 @@ def judge(memory: readings.MemoryHealth | None, xids: Iterable[int] = (), seen: 
         return Health(None, [f"NVML could not read its memory errors: {why}"])
     return Health(True)
 
-
-class XidLog:
-    """Critical XIDs for a long-lived reader (the resident agent): one NVML registration held from one read to the
-    next, so that an XID arriving between two reads is not missed, and each card's XIDs kept (by UUID, with when
-    the first arrived) for as long as the log lives: NVML does not say when a reset has cleared them."""
-
-    def __init__(self) -> None:
-        self._events: readings.XidEvents | None = None
-        self._watched: tuple[int, ...] = ()
-        self.xids: dict[str, list[int]] = {}
-        self.since: dict[str, str] = {}
-
-    def update(self, cards: Sequence[Card]) -> None:
-        """Register the readable cards (again when they changed) and keep what arrived since the last update."""
-        readable = tuple(c.index for c in cards if c.error is None)
-        if self._events is None or readable != self._watched:
-            self.release()
-            self._events, self._watched = readings.XidEvents(readable), readable
-        uuids = {c.index: c.uuid for c in cards}
-        for index, xid in self._events.drain():
-            uuid = uuids.get(index)
-            if uuid:
-                self.xids.setdefault(uuid, []).append(xid)
-                self.since.setdefault(uuid, _stamp())
-
-    def release(self) -> None:
-        """Drop the registration (before NVML is shut down); what arrived is kept."""
-        if self._events is not None:
-            with contextlib.suppress(Exception):  # NVML may be gone already, and the set with it
-                self._events.close()
-            self._events = None
-
-
-def assess(cards: Sequence[Card], log: XidLog | None = None) -> None:
-    """Reads every card's health into `card.health`: the XIDs that arrive while the cards are read (registered
-    first, drained last), or with `log` every XID it has kept, then each card's memory-error readings. A card NVML
-    could not read at all is lost or of unknown health."""
-    readable = [c for c in cards if c.error is None]
-    events = readings.XidEvents(c.index for c in readable) if readable and log is None else None
-    try:
-        memory = {c.index: readings.memory_health(c.index) for c in readable}
-        arrived = events.drain() if events is not None else []
-    finally:
-        if events is not None:
-            events.close()
-    seen = _stamp() if arrived else None
-    if log is not None:
-        log.update(cards)
-    for card in cards:
-        if card.error is not None:
-            card.health = (Health(False, [LOST]) if card.lost
-                           else Health(None, [f"NVML could not read the card: {card.error}"]))
-            continue
-        if log is not None:
-            card.health = judge(memory[card.index], log.xids.get(card.uuid or "", ()), log.since.get(card.uuid or ""))
-        else:
-            card.health = judge(memory[card.index], [x for i, x in arrived if i == card.index], seen)

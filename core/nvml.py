@@ -121,7 +121,7 @@ class Card:
         self.power_draw: int | None = None  # milliwatts
         self.power_limit: int | None = None  # milliwatts, the enforced limit
         self.lost = False  # NVML answered GPU_IS_LOST (the card fell off the bus)
-        self.health: Health | None = None  # gpupin.core.health.assess fills it in
+        self.health: Health | None = None  # gpupin.core.readings.assess fills it in
 
     @property
     def memory_free(self) -> int | None:

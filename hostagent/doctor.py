@@ -166,11 +166,11 @@ def check_swarm_resource(info: Mapping[str, Any], host: Host, cards: Sequence[Ca
     """On a Swarm node: node-config --check's findings (generic resources, runtime, the toolkit's swarm-resource)."""
     if str(((info.get("Swarm") or {}).get("LocalNodeState")) or "") != "active":
         return []
-    from gpupin.hostagent.swarm import nodeconfig
-    from gpupin.hostagent.swarm.cluster import DAEMON_JSON, TOOLKIT_CONFIG
+    from gpupin.hostagent.swarm import nodecheck
+    from gpupin.hostagent.swarm.resources import DAEMON_JSON, TOOLKIT_CONFIG
 
-    result = nodeconfig.check(nodeconfig.read_daemon_json(host.path(DAEMON_JSON)),
-                              nodeconfig.read_toolkit_config(host.path(TOOLKIT_CONFIG)), cards)
+    result = nodecheck.check(nodecheck.read_daemon_json(host.path(DAEMON_JSON)),
+                             nodecheck.read_toolkit_config(host.path(TOOLKIT_CONFIG)), cards)
     return [f for f in result.findings if "default runtime" not in f.problem]  # said once, by check_runtime
 
 
@@ -182,6 +182,19 @@ def cgroup_line(info: Mapping[str, Any] | None, host: Host) -> str:
 
 
 # --- the command ----------------------------------------------------------------------------------------------
+
+DESCRIPTION = ("Check this GPU host for the traps that break pins: /dev/char links missing under the systemd cgroup "
+               "driver, persistence mode off, a CDI spec whose cards differ from NVML's, the NVIDIA hook or runtime "
+               "missing, a Swarm node's default runtime and the toolkit's swarm-resource. One line per finding, each "
+               "with a HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage.")
+
+
+def add(sub: Any) -> None:
+    """`hostagent doctor`'s parser, under the top parser's subcommands."""
+    doc = sub.add_parser("doctor", help="check this GPU host for the traps that break pins", description=DESCRIPTION)
+    doc.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    doc.add_argument("--root", default="/", metavar="DIR",
+                     help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /")
 
 class Report:
     def __init__(self, findings: list[Finding], summary: str) -> None:

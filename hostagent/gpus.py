@@ -1,7 +1,7 @@
 """Which physical cards a request gets: the cards `--uuid`/`--gpu SPEC` name (resolved by gpupin.core.resolve)
 when they can be handed out, and `--count N` placement.
 
-Pure over the cards NVML reported (gpupin.core.nvml.Card, with the health gpupin.core.health.assess read into
+Pure over the cards NVML reported (gpupin.core.nvml.Card, with the health gpupin.core.readings.assess read into
 them) and the set of cards the ledger says are held, so that every rule is tested without hardware. A request that
 names no card, or more than one, is a GpuSpecError (64); one that names an unhealthy card a CardUnhealthyError (69).
 `--count` takes only cards known to be healthy: an unhealthy card, or one whose health NVML cannot tell, is never

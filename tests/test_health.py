@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpupin.core import health
-from gpupin.core.readings import MemoryHealth
+from gpupin.core.health import MemoryHealth
 from tests.conftest import HOSTAGENT, TEST_IMAGE, Agent, gpu_uuids, saw, scenario, simhost_env, topology
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # --count 1 takes A800 (index 0) on a healthy mixed-4

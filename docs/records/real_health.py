@@ -10,7 +10,7 @@ import time
 
 import pynvml
 
-from gpupin.core import health, nvml, readings
+from gpupin.core import nvml, readings
 
 
 def out(**fact: object) -> None:
@@ -18,7 +18,7 @@ def out(**fact: object) -> None:
 
 
 cards = nvml.list_cards(detail=True, mig=True, tolerate_lost=True)
-health.assess(cards)
+readings.assess(cards)
 for c in cards:
     m = readings.memory_health(c.index)
     h = pynvml.nvmlDeviceGetHandleByIndex(c.index)
@@ -30,7 +30,7 @@ for c in cards:
 times = []
 for _ in range(20):
     t = time.perf_counter()
-    health.assess(cards)
+    readings.assess(cards)
     times.append((time.perf_counter() - t) * 1000)
 out(what="health.assess on every card, ms", median=round(statistics.median(times), 3), max=round(max(times), 3))
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import sys
 
-from gpupin.core import health, nvml
+from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
-from gpupin.hostagent import engine
+from gpupin.hostagent import engine, say
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
 from gpupin.hostagent.ls import procs
@@ -48,11 +48,11 @@ def gather(warn: bool = True) -> dict[str, Any]:
     return assemble(cards, docker, holders)
 
 
-def read_cards(xids: health.XidLog | None = None) -> list[Card]:
+def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
     """Every card NVML sees, in detail, with its health (gpupin.core.health); `xids`: a long-lived reader's log of
     the XIDs it has received (the resident agent's), else those that arrive while the cards are read."""
     cards = nvml.list_cards(detail=True, tolerate_lost=True)
-    health.assess(cards, xids)
+    readings.assess(cards, xids)
     return cards
 
 
@@ -73,8 +73,7 @@ def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any
     if not docker["available"]:
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
-            sys.stderr.write(f"hostagent: WARNING: Docker unavailable at {docker['host']} ({docker['error']}): "
-                             "who holds which card is unknown\n")
+            say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
     return docker, holders
 
 
@@ -172,7 +171,8 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
 
     paint = lsview.use_color(color, sys.stdout)
     if watch is not None:
-        return lsview.watch(watch, paint)
+        # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
+        return lsview.watch(watch, paint, lambda: gather(warn=False))
     sys.stdout.write(lsview.render(gather(), paint))
     sys.stdout.flush()
     return 0

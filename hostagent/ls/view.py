@@ -19,7 +19,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from typing import Any, TextIO
 
 # ANSI SGR codes.
@@ -279,21 +279,19 @@ _ENTER = "\x1b[?1049h\x1b[?25l\x1b[?7l"
 _LEAVE = "\x1b[?7h\x1b[?25h\x1b[?1049l"
 
 
-def watch(interval: float, color: bool) -> int:
-    """Redraw the table every `interval` seconds until Ctrl-C (0) or SIGTERM (143), the terminal restored either
-    way. On a terminal each frame overwrites the last in place (cursor home, each line cleared to its end, the
-    rest of the screen cleared: no flicker); to a pipe or file, frames follow each other, a blank line apart."""
+def watch(interval: float, color: bool, listing: Callable[[], dict[str, Any]]) -> int:
+    """Redraw the table of `listing()` (hostagent.ls.listing.gather) every `interval` seconds until Ctrl-C (0) or
+    SIGTERM (143), the terminal restored either way. On a terminal each frame overwrites the last in place (cursor
+    home, each line cleared to its end, the rest of the screen cleared: no flicker); to a pipe or file, frames
+    follow each other, a blank line apart."""
     import signal
     import time
-
-    from gpupin.hostagent.ls import listing
 
     stream = sys.stdout
     tty = _isatty(stream)
 
     def frame(now: str) -> str:
-        # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
-        return render(listing.gather(warn=False), color, now)
+        return render(listing(), color, now)
 
     def stop(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)

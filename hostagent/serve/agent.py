@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from gpupin.core import health, nvml
+from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import listing
 from gpupin.hostagent.serve.idle import IdleTracker
@@ -55,7 +55,7 @@ class Agent:
         self.resync = resync
         self.idle = IdleTracker(idle_after)
         # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
-        self.xids = health.XidLog()
+        self.xids = readings.XidLog()
         self.started = time.time()
         self.stopping = threading.Event()
         self._wake = threading.Event()  # a container event: refresh now, not at the next tick
