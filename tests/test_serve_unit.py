@@ -3,6 +3,7 @@ NVML failures survived (unknown, then back), SIGTERM with a dashboard attached, 
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import shutil
@@ -79,10 +80,11 @@ def test_bad_options_are_one_line_and_64(tmp_path: Path, args: list[str], says: 
 
 
 def test_socket_is_0660_one_agent_per_socket_and_sigterm_with_a_stream_open() -> None:
-    first = Resident(simhost_env(DOCKER_HOST=NO_DOCKER))
+    first = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), "--group", "nogroup")  # Debian's: every host has it
     try:
-        mode = os.stat(first.socket).st_mode
-        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o660
+        st = os.stat(first.socket)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
+        assert (st.st_uid, st.st_gid) == (0, grp.getgrnam("nogroup").gr_gid)
         second = subprocess.run([HOSTAGENT, "serve", "--socket", first.socket, "--http", "none"],
                                 env=simhost_env(DOCKER_HOST=NO_DOCKER), capture_output=True, text=True, timeout=30)
         assert second.returncode == 75 and f"an agent already listens on {first.socket}" in second.stderr

@@ -11,10 +11,10 @@ the daemon does not answer the listing says so (docker.available false) and the 
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 
+from gpupin import hostagent
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import listing
@@ -31,9 +31,8 @@ RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event 
 
 
 def say(text: str) -> None:
-    """One line of the agent's log (stderr: journald keeps it under the unit)."""
-    sys.stderr.write(f"hostagent serve: {text}\n")
-    sys.stderr.flush()
+    """One line of the agent's log, on stderr as every hostagent line (journald keeps it under the unit)."""
+    hostagent.say(f"serve: {text}")
 
 
 class Snapshot:
@@ -50,6 +49,9 @@ class Snapshot:
 
 
 class Agent:
+    """The live view and the two threads that keep it: `refresh` (NVML every `interval`, the ledger when marked
+    dirty) and `docker-events` (the daemon's stream, which marks it dirty); `start()` reads once, then runs them."""
+
     def __init__(self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0) -> None:
         self.interval = interval
         self.resync = resync
