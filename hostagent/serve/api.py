@@ -106,6 +106,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
+        if self.command == "HEAD":
+            return
         snap = self.agent.snapshot()
         version = -1
         while not self.agent.stopping.is_set():
