@@ -130,8 +130,8 @@ def test_merged_table_has_the_host_in_each_row() -> None:
                                                                              "holders": []}]}
     text = hosts.merged([("http://a:9417", a, None), ("http://b:9417", None, "no agent answers")])
     assert text.splitlines() == [
-        "HOST           GPU  NAME  UTIL      MEMORY  STATE  IDLE      HELD BY",
-        "gpu-a          [0]  A800    0%  1 / 80 MiB  held   IDLE 95s  job",
+        "HOST           GPU  NAME  UTIL      MEMORY  STATE  IDLE        HELD BY",
+        "gpu-a          [0]  A800    0%  1 / 80 MiB  held   IDLE 1m35s  job",
         "gpu-a          [1]  A800    0%  1 / 80 MiB  free",
         "http://b:9417  unreachable: no agent answers",
     ]

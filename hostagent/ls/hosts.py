@@ -99,7 +99,7 @@ def command(urls: Sequence[str], as_json: bool, color: str) -> int:
 
 def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], color: bool = False) -> str:
     """One table of every host's cards: HOST, index, name, utilization, memory, state, idle, holders."""
-    from gpupin.hostagent.ls.view import BOLD, CYAN, DIM, NA, RED, Cell, _lines, _state
+    from gpupin.hostagent.ls.view import BOLD, CYAN, DIM, NA, RED, Cell, _duration, _lines, _state
 
     def na(value: object, suffix: str = "") -> str:
         return NA if value is None else f"{value}{suffix}"
@@ -118,7 +118,8 @@ def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], col
                 rows.append([Cell(host, BOLD), Cell(f"[{g['index']}]", CYAN),
                              Cell("", parts=[(f"ERROR: {g['error']}", f"{BOLD};{RED}")])])
                 continue
-            idle = "" if g.get("idle_seconds") is None else f"{'IDLE ' if g.get('idle') else ''}{g['idle_seconds']}s"
+            # How long a held card has sat at 0% (the agent's samples): IDLE past its --idle-after.
+            idle = f"{'IDLE ' if g.get('idle') else ''}{_duration(g['idle_seconds'])}" if g.get("idle_seconds") else ""
             mem = f"{na(g['memory_used_mib'])} / {na(g['memory_total_mib'])} MiB"
             who = ", ".join(h["name"] for h in g["holders"] if h["holds"])
             rows.append([Cell(host, BOLD), Cell(f"[{g['index']}]", CYAN), Cell(g["name"] or NA),
