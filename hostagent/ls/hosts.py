@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gpupin.core.errors import DockerUnavailableError, UsageError
+from gpupin.core.errors import AgentUnavailableError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def _split(url: str) -> tuple[str, str | None, str, int]:
 
 
 def fetch(url: str) -> dict[str, Any]:
-    """The agent's /api/ls object; DockerUnavailableError (69) when it cannot be read."""
+    """The agent's /api/ls object; AgentUnavailableError (69) when it cannot be read."""
     import http.client
     import socket
 
@@ -51,7 +51,7 @@ def fetch(url: str) -> dict[str, Any]:
             sock.connect(path)
         except OSError as err:
             sock.close()
-            raise DockerUnavailableError(f"no agent answers at {url}: {err.strerror or err}", HINT) from None
+            raise AgentUnavailableError(f"no agent answers at {url}: {err.strerror or err}", HINT) from None
     else:
         conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
     try:
@@ -59,17 +59,17 @@ def fetch(url: str) -> dict[str, Any]:
         res = conn.getresponse()
         body = res.read()
     except OSError as err:
-        raise DockerUnavailableError(f"no agent answers at {url}: {getattr(err, 'strerror', None) or err}",
+        raise AgentUnavailableError(f"no agent answers at {url}: {getattr(err, 'strerror', None) or err}",
                                      HINT) from None
     finally:
         conn.close()
     try:
         data = json.loads(body)
     except ValueError:
-        raise DockerUnavailableError(f"{url} answered {res.status} with no agent's JSON", HINT) from None
+        raise AgentUnavailableError(f"{url} answered {res.status} with no agent's JSON", HINT) from None
     if res.status != 200 or not isinstance(data, dict) or "gpus" not in data:
         error = data.get("error") if isinstance(data, dict) else None
-        raise DockerUnavailableError(f"the agent at {url} answered {res.status}: {error or 'no listing'}",
+        raise AgentUnavailableError(f"the agent at {url} answered {res.status}: {error or 'no listing'}",
                                      "see the agent's log (journalctl -u gpupin-hostagent)")
     return data
 
@@ -87,14 +87,14 @@ def command(urls: Sequence[str], as_json: bool, color: str) -> int:
     for url in urls:
         try:
             results.append((url, fetch(url), None))
-        except DockerUnavailableError as err:
+        except AgentUnavailableError as err:
             sys.stderr.write(f"hostagent: WARNING: {err.message}\n")
             results.append((url, None, err.message))
     if as_json:
         sys.stdout.write(json.dumps([d if d is not None else {"url": u, "error": e} for u, d, e in results]) + "\n")
     else:
         sys.stdout.write(merged(results, view.use_color(color, sys.stdout)))
-    return 0 if any(d is not None for _, d, _ in results) else DockerUnavailableError.exit_code
+    return 0 if any(d is not None for _, d, _ in results) else AgentUnavailableError.exit_code
 
 
 def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], color: bool = False) -> str:

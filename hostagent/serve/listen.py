@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
-from gpupin.core.errors import GpupinError, UsageError
+from gpupin.core.errors import AgentBusyError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,12 +16,6 @@ DEFAULT_SOCKET = "/run/gpupin/hostagent.sock"
 DEFAULT_GROUP = "gpupin"
 DEFAULT_HTTP = "127.0.0.1:9417"
 SOCKET_MODE = 0o660
-
-
-class AgentBusyError(GpupinError):
-    """Another agent already listens where this one was asked to (exit 75, as a held card: try later)."""
-
-    exit_code = 75
 
 
 def http_address(text: str, public: bool) -> tuple[str, int] | None:
