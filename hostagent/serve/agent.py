@@ -92,10 +92,7 @@ class Agent:
         try:
             cards = listing.read_cards(self.xids)
         except GpupinError as err:
-            self._publish(None, err.message)
-            self.xids.release()
-            with contextlib.suppress(Exception):  # opened afresh at the next refresh: a reloaded driver
-                nvml.shutdown()                   # needs a new session
+            self._withdraw("NVML unavailable", err.message)
             return
         key = tuple(c.uuid for c in cards)
         mono = time.monotonic()
@@ -110,16 +107,28 @@ class Agent:
             if was is not None and was != self._docker["available"]:
                 say(f"Docker at {self._docker['host']} " + ("answers again" if self._docker["available"] else
                                                             f"unavailable ({self._docker['error']})"))
-        view = listing.assemble(cards, self._docker, self._holders)
+        try:
+            view = listing.assemble(cards, self._docker, self._holders)
+        except Exception as err:  # an NVML reading that failed otherwise than "not supported": unknown, not stale
+            self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
+            return
         self.idle.annotate(view, mono)
         self._publish(view, None)
+
+    def _withdraw(self, what: str, error: str) -> None:
+        """Serve the error instead of a view (said once in the log), and open NVML afresh at the next refresh (a
+        reloaded driver needs a new session)."""
+        if error != self.snapshot().error:
+            say(f"{what}: {error}")
+        self._publish(None, error)
+        self.xids.release()
+        with contextlib.suppress(Exception):
+            nvml.shutdown()
 
     def _publish(self, view: dict[str, Any] | None, error: str | None) -> None:
         with self._changed:
             old = self._snapshot
-            if error is not None and error != old.error:
-                say(f"NVML unavailable: {error}")
-            elif error is None and old.error is not None and old.version > 0:
+            if error is None and old.error is not None and old.version > 0:
                 say("NVML answers again")
             changed = view != old.listing or error != old.error
             self._snapshot = Snapshot(old.version + changed, view, error, time.time())
@@ -136,8 +145,8 @@ class Agent:
         while not self.stopping.is_set():
             try:
                 self.refresh()
-            except Exception as err:  # a bug must not stop the view: say it, keep the last one, retry
-                say(f"internal error while refreshing: {type(err).__name__}: {err}")
+            except Exception as err:  # a bug must not stop the agent: the view is withdrawn, the next tick retries
+                self._withdraw("internal error while refreshing", f"{type(err).__name__}: {err}")
             self._wake.wait(self.interval)
             self._wake.clear()
 

@@ -42,9 +42,6 @@ def run(socket_path: str, group: str | None, http: str, public: bool, idle_after
             running.append(server)
         where = [f"unix://{socket_path}"] + ([f"http://{_shown(address)}"] if address else [])
         say(f"listening on {' and '.join(where)} (pid {os.getpid()}, idle after {idle_after:g}s)")
-        snap = agent.snapshot()
-        if snap.listing is None:
-            say(f"NVML unavailable: {snap.error}; retrying every {interval:g}s")
         while not stop.wait(0.5):
             pass
         say("stopping")
