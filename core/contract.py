@@ -11,6 +11,7 @@ VERIFY_VAR = "GPUPIN_VERIFY"
 REQUIRE_VAR = "GPUPIN_REQUIRE"
 QUIET_VAR = "GPUPIN_QUIET"
 WATCH_VAR = "GPUPIN_WATCH"
+WATCH_GRACE_VAR = "GPUPIN_WATCH_GRACE"  # how long a workload stopped by --watch has between SIGTERM and SIGKILL
 PROBE_TIMEOUT_VAR = "GPUPIN_PROBE_TIMEOUT"
 DEVICE_LIST_DIR_VAR = "GPUPIN_DEVICE_LIST_DIR"
 # Verification levels, weakest first; `cuda` when none is asked for.

@@ -118,7 +118,7 @@ def load_error(tmp_path: Path, content: bytes | str, name: str = "f.yml") -> Ser
     ("".join(f"a{i}: &a{i} " + "[" * 40 + (f"*a{i - 1}" if i else "1") + "]" * 40 + "\n" for i in range(3)).encode(),
      "its YAML aliases nest it deeper than 64 levels", "not aliases of aliases"),
     (b"services: !!set {a, b}\n", "the YAML tag '!!set'", "remove it"),
-    (b"services:\n  a:\n    ports: !reset []\n", "the YAML tag '!reset'", "merging several files"),
+    (b"services:\n  a:\n    ports: !custom []\n", "the YAML tag '!custom'", "compose v2 reads !reset"),
     (b"services: {a: {image: i}}\n---\nservices: {}\n", "more than one YAML document", "docker compose"),
 ])
 def test_bad_files_are_one_problem_naming_the_place(tmp_path: Path, content: bytes, says: str, hint: str) -> None:

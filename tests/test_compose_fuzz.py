@@ -2,7 +2,8 @@
 
 For every input: never a traceback, always a documented exit code, one line per problem; `render` refuses on
 exactly the errors `check` reports that the rendered file would still have, with the same lines; a rendered file
-checks clean and renders to itself; and a refused render writes nothing (the `-o` target and its directory stay
+checks clean and renders to itself, and the text render writes (the source edited in place, or a merged file)
+reads back as the rendered document; and a refused render writes nothing (the `-o` target and its directory stay
 as they were).
 """
 
@@ -18,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupin.hostagent.compose import load
+from gpupin.hostagent.compose import load, roundtrip
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError
 from gpupin.hostagent.compose.render import render
 from gpupin.hostagent.compose.rules import examine
@@ -174,7 +175,8 @@ def test_render_refuses_exactly_what_check_calls_an_error_the_render_would_keep(
     again = examine(rendered, cards, ledger)
     assert again.ok and again.problems == [], again.problems
     assert render(rendered, cards, ledger)[0] == rendered  # idempotent: a rendered file renders to itself
-    assert load.parse(load.dump(rendered)) == rendered  # what is written reads back as rendered
+    assert load.parse(load.dump(rendered)) == rendered  # a merged file reads back as rendered
+    assert load.parse(roundtrip.edit(text_of(doc), tree, rendered)) == rendered  # and so does an edited one
 
 
 # --- the loader over raw input ----------------------------------------------------------------------------------

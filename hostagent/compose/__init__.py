@@ -17,6 +17,10 @@ reports what would land a job on the wrong card or double-book one. Both run the
 
 The modules, in the order a file goes through them:
     args        the command line of `hostagent compose`: its parsers, help texts, and checks of the options
+    model       which model the commands read (project's, or compose v2's own), and what render writes
+    project     the project as compose builds it: -f files, the override file, include, extends, profiles,
+                !reset/!override; native asks compose v2 (`docker compose config`) for the same model
+    interpolate .env files and ${VAR} in every value
     load        bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
     gpurequest  what one service asks for (GpuRequest), and what the forms of asking share (Form)
     forms       one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime): gpu_request
@@ -24,6 +28,7 @@ The modules, in the order a file goes through them:
     rules       every check, each written once; `examine` runs them all (and placement) for both commands
     place       the booking rule and the placement of counts on free cards
     render      the rules + placement + the pin, written into a copy of the document
+    roundtrip   the source text edited where the pin changed the document, and nowhere else (ruamel.yaml)
     stack       `render --swarm`: the same requests as Swarm reservations (Swarm places; render only reserves)
     command     the two CLI adapters: NVML, the ledger, `-o`
     problems    the one Problem type both commands print, one line each

@@ -18,7 +18,7 @@ import tempfile
 
 from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
-from gpupin.hostagent.compose import load
+from gpupin.hostagent.compose import model
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
+    from gpupin.hostagent.compose.project import Options, Project
     from gpupin.hostagent.ledger.holders import Holder
     from gpupin.hostagent.swarm.cluster import Node
 
@@ -236,14 +237,19 @@ def _emit(text: str, file: str, output: str | None, target: str | None, relative
     return 0
 
 
-def _rendered(file: str, output: str | None, make: Callable[[Any], str]) -> int:
-    """Load FILE, `make` the rendered text of it (a RenderRefused names every problem), and write it out: the
-    steps `render` and `render --swarm` share, each problem one line with the file's name."""
-    target = output_path(output, file)
-    name = printable(file)
+def _rendered(options: Options, output: str | None, make: Callable[[Project], tuple[str, Any]]) -> int:
+    """Read the project, `make` the header and the rendered model of it (a RenderRefused names every problem), and
+    write it out (hostagent.compose.model.written): the steps `render` and `render --swarm` share, each problem one
+    line with the project's name."""
+    name = "+".join(printable(f) for f in options.files) or "compose"
     try:
-        doc = load.load(file)
-        text = make(doc)
+        targets = [output_path(output, f) for f in options.files] or [output_path(output, "")]
+        project = model.read(options)
+        name = model.name(project)
+        if not options.files:
+            targets = [output_path(output, f) for f in project.files]
+        top, rendered = make(project)
+        text = model.written(project, top, rendered)
     except ServiceError as err:
         say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
@@ -251,22 +257,22 @@ def _rendered(file: str, output: str | None, make: Callable[[Any], str]) -> int:
         for p in refused.problems:
             say(f"ERROR: {p.line(name)}")
         return refused.exit_code
-    return _emit(text, file, output, target, relative_paths(doc))
+    return _emit(text, project.files[0], output, targets[0], relative_paths(project.doc))
 
 
-def render_command(file: str, output: str | None, via: str | None = None) -> int:
-    """`hostagent compose render FILE [-o OUT] [--via cdi|nvidia]`: 0 and the pinned file; 64/75/69 with one line
-    per problem."""
-    name = printable(file)
+def render_command(options: Options, output: str | None, via: str | None = None) -> int:
+    """`hostagent compose render [FILE] [-f FILE...] [-o OUT] [--via cdi|nvidia]`: 0 and the pinned file; 64/75/69
+    with one line per problem."""
 
-    def make(doc: Any) -> str:
-        cards, daemon = _host(doc, [file] + ([output] if output else []), cdi_too=via is None)
+    def make(project: Project) -> tuple[str, Any]:
+        doc = project.doc
+        cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
         rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
         if not exam.requests:
-            say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
-        return header(file, exam) + load.dump(rendered)
+            say(f"note: {model.name(project)}: no service asks for GPUs; the file is written unchanged")
+        return header(project.files[0], exam), rendered
 
-    return _rendered(file, output, make)
+    return _rendered(options, output, make)
 
 
 def read_nodes() -> list[Node] | None:
@@ -285,38 +291,40 @@ def read_nodes() -> list[Node] | None:
         return None
 
 
-def stack_command(file: str, output: str | None, kind: str) -> int:
+def stack_command(options: Options, output: str | None, kind: str) -> int:
     """`hostagent compose render --swarm [--kind KIND] FILE [-o OUT]`: 0 and the stack; 64 with one line per
     problem."""
     from gpupin.hostagent.compose import stack
     from gpupin.hostagent.swarm.resources import check_kind
 
     check_kind(kind)
-    name = printable(file)
 
-    def make(doc: Any) -> str:
-        rendered, exam = stack.render(doc, kind, read_nodes())
+    def make(project: Project) -> tuple[str, Any]:
+        name = model.name(project)
+        rendered, exam = stack.render(project.doc, kind, read_nodes())
         for p in exam.warnings:
             say(p.line(name))
         for note in exam.notes:
             say(f"note: {name}: {note}")
         if not exam.reserving:
             say(f"note: {name}: no service asks for GPUs")
-        return stack.header(file, exam) + load.dump(rendered)
+        return stack.header(project.files[0], exam), rendered
 
-    return _rendered(file, output, make)
+    return _rendered(options, output, make)
 
 
-def check_command(file: str, as_json: bool) -> int:
-    """`hostagent compose check FILE [--json]`: 0 when clean (warnings allowed), 64 with one line per problem."""
-    name = printable(file)
+def check_command(options: Options, as_json: bool) -> int:
+    """`hostagent compose check [FILE] [-f FILE...] [--json]`: 0 when clean (warnings allowed), 64 with one line
+    per problem."""
+    name = "+".join(printable(f) for f in options.files) or "compose"
     try:
-        doc = load.load(file)
+        project = model.read(options)
     except ServiceError as err:
         exam = Examination([err.problem()])
     else:
-        cards, daemon = _host(doc, [file], cdi_too=False)
-        exam = examine(doc, cards, daemon.busy)
+        name = model.name(project)
+        cards, daemon = _host(project.doc, project.files, cdi_too=False)
+        exam = examine(project.doc, cards, daemon.busy)
     if as_json:
         sys.stdout.write(json.dumps([p.to_dict() for p in exam.problems], indent=2) + "\n")
     else:
