@@ -117,8 +117,10 @@ image-test: wheels fakegpu
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# Tools some tests drive besides Docker: zsh and fish (the completion scripts, completed by the shells themselves).
-TEST_TOOLS := zsh fish
+# Tools some tests drive besides Docker: zsh and fish (the completion scripts, completed by the shells themselves),
+# Debian's chromium (the agent's dashboard, driven by Playwright from the dev extra: its own browser download is never
+# used).
+TEST_TOOLS := zsh fish chromium
 test-tools:
 	@missing=$$(for t in $(TEST_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
 	if [ -n "$$missing" ]; then echo "make: installing" $$missing; apt-get update -qq && \

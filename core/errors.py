@@ -110,6 +110,18 @@ class DockerUnavailableError(GpupinError):
     exit_code = EX_UNAVAILABLE
 
 
+class AgentUnavailableError(GpupinError):
+    """No resident agent (`hostagent serve`) answers at the address asked (`ls --host`; exit 69)."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+class AgentBusyError(GpupinError):
+    """Another resident agent already listens on the socket asked for (exit 75, as a held card: try later)."""
+
+    exit_code = EX_TEMPFAIL
+
+
 class DockerRefusedError(GpupinError):
     """The daemon refused to create or start the container (exit 125, 126 or 127, as `docker run`)."""
 

@@ -115,12 +115,44 @@ def persistence_modes(cards: list[Card]) -> dict[int, bool | None]:
     return out
 
 
-def assess(cards: Sequence[Card]) -> None:
+class XidLog:
+    """Critical XIDs for a long-lived reader (the resident agent): one registration held from one read to the
+    next, so that an XID arriving between two reads is not missed, and each card's XIDs kept (by UUID, with when
+    the first arrived) for as long as the log lives: NVML does not say when a reset has cleared them."""
+
+    def __init__(self) -> None:
+        self._events: XidEvents | None = None
+        self._watched: tuple[int, ...] = ()
+        self.xids: dict[str, list[int]] = {}
+        self.since: dict[str, str] = {}
+
+    def update(self, cards: Sequence[Card]) -> None:
+        """Register the readable cards (again when they changed) and keep what arrived since the last update."""
+        readable = tuple(c.index for c in cards if c.error is None)
+        if self._events is None or readable != self._watched:
+            self.release()
+            self._events, self._watched = XidEvents(readable), readable
+        uuids = {c.index: c.uuid for c in cards}
+        for index, xid in self._events.drain():
+            uuid = uuids.get(index)
+            if uuid:
+                self.xids.setdefault(uuid, []).append(xid)
+                self.since.setdefault(uuid, health.stamp())
+
+    def release(self) -> None:
+        """Drop the registration (before NVML is shut down); what arrived is kept."""
+        if self._events is not None:
+            with contextlib.suppress(Exception):  # NVML may be gone already, and the set with it
+                self._events.close()
+            self._events = None
+
+
+def assess(cards: Sequence[Card], log: XidLog | None = None) -> None:
     """Reads every card's health into `card.health`: the XIDs that arrive while the cards are read (registered
-    first, drained last), then each card's memory-error readings. A card NVML could not read at all is lost or of
-    unknown health."""
+    first, drained last), or with `log` every XID it has kept, then each card's memory-error readings. A card NVML
+    could not read at all is lost or of unknown health."""
     readable = [c for c in cards if c.error is None]
-    events = XidEvents(c.index for c in readable) if readable else None
+    events = XidEvents(c.index for c in readable) if readable and log is None else None
     try:
         memory = {c.index: memory_health(c.index) for c in readable}
         arrived = events.drain() if events is not None else []
@@ -128,9 +160,15 @@ def assess(cards: Sequence[Card]) -> None:
         if events is not None:
             events.close()
     seen = health.stamp() if arrived else None
+    if log is not None:
+        log.update(cards)
     for card in cards:
         if card.error is not None:
             card.health = (health.Health(False, [health.LOST]) if card.lost
                            else health.Health(None, [f"NVML could not read the card: {card.error}"]))
             continue
-        card.health = health.judge(memory[card.index], [x for i, x in arrived if i == card.index], seen)
+        if log is not None:
+            key = card.uuid or ""
+            card.health = health.judge(memory[card.index], log.xids.get(key, ()), log.since.get(key))
+        else:
+            card.health = health.judge(memory[card.index], [x for i, x in arrived if i == card.index], seen)

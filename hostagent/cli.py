@@ -6,7 +6,7 @@ card is held, 125 Docker refused the container; `run` otherwise returns the cont
 
 This module is the entry point: the top-level parser, and the dispatch to each command. Each command's own parser,
 help and checks of its options are beside it, in its package: hostagent.ls.args, hostagent.run.args (with the
-split of `run`'s ARGV), hostagent.compose.args, hostagent.swarm.args, and hostagent.doctor.
+split of `run`'s ARGV), hostagent.compose.args, hostagent.swarm.args, hostagent.doctor and hostagent.serve.args.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gpupin.hostagent import PROG, completion, doctor
 from gpupin.hostagent.compose import args as compose_args
 from gpupin.hostagent.ls import args as ls_args
 from gpupin.hostagent.run import args as run_args
+from gpupin.hostagent.serve import args as serve_args
 from gpupin.hostagent.swarm import args as swarm_args
 from gpupin.hostagent.trace import mark
 
@@ -91,6 +92,7 @@ def build_parser() -> _Parser:
     compose_args.add(sub)
     swarm_args.add(sub)
     doctor.add(sub)
+    serve_args.add(sub)
     return p
 
 
@@ -170,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return swarm_args.command(args)
         if args.command == "doctor":
             return doctor.command(args.root, args.json)
+        if args.command == "serve":
+            return serve_args.command(args)
         if args.command == "completion":
             return completion.main(args.shell, parser)
         if args.command == "__complete":

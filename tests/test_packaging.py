@@ -23,7 +23,7 @@ from gpupin.core import __version__
 REPO = Path(__file__).resolve().parents[1]
 MODULES = "gpupin.core, gpupin.entrypoint, gpupin.hostagent.run.launch"
 # What the host extra brings and the image must not carry (the docker SDK and what only it needs).
-HOST_ONLY = ("docker", "yaml", "requests")
+HOST_ONLY = ("docker", "yaml", "requests", "prometheus_client")
 
 
 def run(argv: Sequence[str | Path], cwd: Path, timeout: float = 300) -> str:
@@ -79,6 +79,7 @@ def test_wheel_carries_every_module_the_license_and_the_typing_markers(dists: tu
     assert license_text == (REPO / "LICENSE").read_text()
     assert "License-Expression: Apache-2.0" in meta.splitlines()
     assert {f"gpupin/{p}/py.typed" for p in ("core", "entrypoint", "hostagent")} <= names
+    assert "gpupin/hostagent/serve/dashboard.html" in names  # `hostagent serve` answers GET / from it
     # Every module of the checkout, under its import name (a subpackage missing from pyproject's list would be
     # absent here, though the editable install finds it).
     modules = {f"gpupin/{p.relative_to(REPO).as_posix()}" for top in ("core", "entrypoint", "hostagent")
@@ -93,7 +94,8 @@ def test_sdist_carries_what_the_build_and_a_reader_need(dists: tuple[Path, Path]
     with tarfile.open(sdist) as t:
         names = {n.removeprefix(f"{root}/") for n in t.getnames()}
     assert {"pyproject.toml", "README.md", "LICENSE", "core/__init__.py", "hostagent/run/launch.py",
-            "entrypoint/cli.py", "docs/slurm.md"} <= names
+            "entrypoint/cli.py", "docs/slurm.md", "hostagent/serve/dashboard.html",
+            "contrib/systemd/gpupin-hostagent.service"} <= names
     # Every page README.md links to travels with it.
     readme = (REPO / "README.md").read_text()
     for doc in (REPO / "docs").glob("*.md"):

@@ -31,5 +31,6 @@ wall = end - t0
 steady = ""
 if settled is not None:
     span = end - settled[0]
-    steady = f" steady_cpu_s={cpu - settled[1]:.3f} over {span:.1f} s = {100 * (cpu - settled[1]) / span:.4f}% of a core"
+    used = cpu - settled[1]
+    steady = f" steady_cpu_s={used:.3f} over {span:.1f} s = {100 * used / span:.4f}% of a core"
 print(f"watched {out} rc={p.returncode} entrypoint_cpu_s={cpu:.3f} wall_s={wall:.1f}{steady}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from gpupin.core.errors import UsageError
-from gpupin.hostagent.completion import FILES, FOLDERS, offer
+from gpupin.hostagent.completion import DIRS, FILES, offer
 from gpupin.hostagent.engine.cdi import VIAS
 
 TYPE_CHECKING = False
@@ -71,7 +71,7 @@ def add_project_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     offer(parser.add_argument("--env-file", dest="env_files", metavar="PATH", action="append", default=[],
                               help="the variables file (default: .env in the project directory)"), FILES)
     offer(parser.add_argument("--project-directory", metavar="DIR",
-                              help="the project directory (default: the first file's directory)"), FOLDERS)
+                              help="the project directory (default: the first file's directory)"), DIRS)
 
 
 def project_options(args: argparse.Namespace) -> Options:

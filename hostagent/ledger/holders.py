@@ -27,6 +27,7 @@ from gpupin.core.identity import is_uuid_like
 from gpupin.core.resolve import by_minor, resolve
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.ledger.proof import verified
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -310,12 +311,13 @@ class Holder:
     """A container that holds (or, pinned by hostagent, once held) cards: what the engine gives it, what its
     label says, and why it holds now (`why`; None: it does not)."""
 
-    __slots__ = ("grants", "holds", "how", "id", "inspected", "label", "name", "pinned", "shared", "state", "uuids",
-                 "via", "why")
+    __slots__ = ("grants", "holds", "how", "id", "image", "inspected", "label", "name", "pinned", "shared", "state",
+                 "uuids", "verified", "via", "why")
 
     def __init__(self, id: str, name: str, state: str, uuids: Sequence[str], pinned: bool, how: str,
                  shared: bool = False, *, why: str | None = FROM_STATE, label: Sequence[str] | None = None,
-                 grants: Sequence[Grant] = (), inspected: bool = False) -> None:
+                 grants: Sequence[Grant] = (), inspected: bool = False, image: str | None = None,
+                 verified: bool | None = None) -> None:
         self.id = id
         self.name = name
         self.state = state
@@ -330,6 +332,8 @@ class Holder:
         self.inspected = inspected  # read in full: `uuids` is what the engine gives, not what a label says
         # Which way the engine gives them, a word per FORMS row (CDI, --gpus, ...); None: not read in full.
         self.via = "+".join(dict.fromkeys(_WAY[g.form] for g in self.grants)) or None
+        self.image = image  # as the container was created from it (a name, or an id)
+        self.verified = verified  # gpupin.hostagent.ledger.proof: None where the container does not say
 
     @property
     def mismatch(self) -> bool:
@@ -352,7 +356,8 @@ class Holder:
         return {"id": self.id, "name": self.name, "state": self.state, "pinned": self.pinned, "how": self.how,
                 "via": self.via, "shared": self.shared, "holds": self.holds, "why": self.why, "uuids": list(self.uuids),
                 "label": list(self.label) if self.label is not None else None, "mismatch": self.mismatch,
-                "grants": [g.to_dict() for g in self.grants], "describe": self.describe()}
+                "grants": [g.to_dict() for g in self.grants], "describe": self.describe(),
+                "image": self.image, "verified": self.verified}
 
     def __repr__(self) -> str:
         return f"Holder({self.describe()}: {','.join(self.uuids)})"
@@ -389,7 +394,8 @@ def holder(inspect: Mapping[str, Any], host: Host, lease_state: str | None = Non
         how = "gpupin"
     return Holder(str(inspect["Id"]), _name(inspect), str((inspect.get("State") or {}).get("Status") or "unknown"),
                   uuids, label is not None, how, labels.get(SHARED_LABEL, "") == "true",
-                  why=holding(inspect, lease_state), label=label, grants=given, inspected=True)
+                  why=holding(inspect, lease_state), label=label, grants=given, inspected=True,
+                  image=(inspect.get("Config") or {}).get("Image"), verified=verified(inspect))
 
 
 def label_holder(summary: Mapping[str, Any], cards: Sequence[Card]) -> Holder | None:
@@ -400,7 +406,8 @@ def label_holder(summary: Mapping[str, Any], cards: Sequence[Card]) -> Holder | 
         return None
     uuids = _label_uuids(labels[LABEL], cards)
     return Holder(str(summary["Id"]), _name(summary), str(summary.get("State") or "unknown"), uuids, True,
-                  "gpupin", labels.get(SHARED_LABEL, "") == "true", why=None, label=uuids)
+                  "gpupin", labels.get(SHARED_LABEL, "") == "true", why=None, label=uuids,
+                  image=summary.get("Image"))
 
 
 def held(holders: Iterable[Holder]) -> dict[str, list[Holder]]:

@@ -57,6 +57,9 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
                     help="redraw the table in place every SECONDS (default 2) until Ctrl-C")
     ls.add_argument("--swarm", action="store_true", help="every node of the swarm (from a manager): each card, "
                     "the task that holds it, the free ones, and the tasks waiting for cards (with --json or alone)")
+    ls.add_argument("--host", action="append", metavar="URL", help="read a resident agent's view instead "
+                    "(http://HOST:PORT, HOST:PORT or unix://SOCKET; `hostagent serve`); several: one table, the "
+                    "host in each row (--json: a list)")
 
 
 def fast(raw: list[str]) -> argparse.Namespace | None:
@@ -65,10 +68,17 @@ def fast(raw: list[str]) -> argparse.Namespace | None:
     if not raw or raw[0] != "ls" or not set(raw[1:]) <= {"--json", "--swarm", "--debug"}:
         return None
     return argparse.Namespace(command="ls", json="--json" in raw, swarm="--swarm" in raw, debug="--debug" in raw,
-                              format=None, color="auto", watch=None)
+                              format=None, color="auto", watch=None, host=None)
 
 
 def command(args: argparse.Namespace) -> int:
+    if args.host:
+        if args.swarm or args.format is not None or args.watch is not None:
+            raise UsageError("ls --host takes --json and --color only (not --swarm, --format or --watch)",
+                             "hostagent ls --host URL [--host URL ...] [--json]")
+        from gpupin.hostagent.ls import hosts
+
+        return hosts.command(args.host, args.json, args.color)
     if getattr(args, "swarm", False):
         if args.format is not None or args.watch is not None:
             raise UsageError("ls --swarm takes --json only (not --format or --watch)", "hostagent ls --swarm [--json]")

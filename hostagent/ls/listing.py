@@ -43,8 +43,22 @@ def _watts(milliwatts: int | None) -> float | None:
 
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
+    cards = read_cards()
+    docker, holders = read_ledger(cards, warn)
+    return assemble(cards, docker, holders)
+
+
+def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
+    """Every card NVML sees, in detail, with its health (gpupin.core.health); `xids`: a long-lived reader's log of
+    the XIDs it has received (the resident agent's), else those that arrive while the cards are read."""
     cards = nvml.list_cards(detail=True, tolerate_lost=True)
-    readings.assess(cards)
+    readings.assess(cards, xids)
+    return cards
+
+
+def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], list[Holder]]:
+    """Where Docker is and whether it answered (the listing's `docker` object), and the holders it gave. The
+    resident agent (gpupin.hostagent.serve) calls this only when the daemon reports a change."""
     docker: dict[str, Any] = {"host": None, "available": True, "error": None}
     holders: list[Holder] = []
     try:
@@ -60,6 +74,11 @@ def gather(warn: bool = True) -> dict[str, Any]:
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
             say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
+    return docker, holders
+
+
+def assemble(cards: Sequence[Card], docker: dict[str, Any], holders: Sequence[Holder]) -> dict[str, Any]:
+    """The listing from NVML's cards and the ledger's holders (the users and containers of processes from /proc)."""
     names = {h.id: h.name for h in holders}
     users: dict[int, str] = {}
     return {"hostname": os.uname().nodename, "driver_version": nvml.driver_version(),
@@ -88,6 +107,9 @@ def _card(c: Card, holders: Sequence[Holder], names: dict[str, str], users: dict
         "temperature_c": c.temperature, "power_draw_w": _watts(c.power_draw),
         "power_limit_w": _watts(c.power_limit),
         "processes": [_process(p, c.mig_devices, names, users) for p in c.process_list],
+        # How long the held card has shown 0% utilization, and whether that passed the agent's --idle-after: one
+        # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.idle) fills them in.
+        "idle_seconds": None, "idle": None,
     }
 
 

@@ -200,6 +200,11 @@ def _who(holders: Iterable[dict[str, Any]], processes: Sequence[dict[str, Any]],
             + _processes(processes, color, indent) + _idle([h for h in ordered if not h["holds"]], color, indent))
 
 
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
 def _health(g: dict[str, Any], color: bool, indent: str) -> list[str]:
     """Why a card is unhealthy (and since when, where known), or why its health is unknown; nothing when healthy."""
     h = g.get("health") or {"healthy": None, "reasons": ["not read"]}
@@ -218,6 +223,9 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
         ident.append("MIG on")
     lines.append("    " + "  ".join(ident))
     lines += _health(g, color, "    ")
+    if g.get("idle"):  # filled in by the resident agent only (hostagent ls --host)
+        idle = f"IDLE: 0% utilization for {_duration(g['idle_seconds'])}"
+        lines.append("    " + _paint(idle, f"{BOLD};{RED}", color))
     if g["mig_devices"]:
         mem = _figures([(m["memory_used_mib"], m["memory_total_mib"]) for m in g["mig_devices"]], "MiB")
         rows = [[Cell(f"MIG {m['index']}", CYAN), Cell(_short(m["name"], g["name"])), Cell(m["uuid"]),
