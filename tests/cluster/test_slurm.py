@@ -22,6 +22,7 @@ import pytest
 from tests.support.host import ENTRYPOINT, REPO, required
 from tests.support.sandbox import TEST_IMAGE, Sandbox, Sandboxes, engines_under_test
 from tests.support.scenarios import cards, scenario, topology
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -68,11 +69,8 @@ class Slurm:
     def settle(self) -> None:
         """Wait for the jobs that just ended to leave the node: a job submitted while the last one is still
         completing waits for Slurm's next scheduling pass (2.5 s here), not for the cards."""
-        for _ in range(100):
-            done = subprocess.run(["squeue", "-h", "-t", "CG"], env=self.env, capture_output=True, text=True)
-            if not done.stdout.strip():
-                return
-            time.sleep(0.05)
+        wait_for(lambda: not subprocess.run(["squeue", "-h", "-t", "CG"], env=self.env, capture_output=True,
+                                            text=True).stdout.strip(), 60, "the jobs that ended to leave the node")
 
     def hold(self, gpus: int) -> str:
         """Allocate `gpus` cards and keep them (salloc --no-shell); Slurm gives the lowest free gres first."""
@@ -85,10 +83,8 @@ class Slurm:
     def release(self, job: str) -> None:
         self.run("scancel", job)
         self.held.remove(job)
-        for _ in range(100):  # until Slurm has taken the cards back
-            if not self.run("squeue", "-h", "-j", job, "-t", "R").stdout.strip():
-                break
-            time.sleep(0.05)
+        wait_for(lambda: not self.run("squeue", "-h", "-j", job, "-t", "R").stdout.strip(), 60,
+                 f"Slurm to take the cards of job {job} back")
         self.settle()
 
     def release_all(self) -> None:

@@ -487,7 +487,8 @@ def test_a_drained_then_stopped_worker_and_a_stopped_one_never_put_two_tasks_on_
             last = sum(1 for r in listing[other]["resources"] if r["held_by"])
             stale = [ln for ln in swarm.hostagent("ls", "--swarm").stdout.splitlines() if "[node down" in ln]
             assert len(stale) == last <= on_other, stale
-            time.sleep(1)
+            since = time.time()  # and the manager's four go on holding their cards, each its own
+            wait_for(lambda: sum(1 for h in holds(folder) if h.end > since) == 4, 60, "the 4 tasks to hold on")
     finally:
         for node in stopped:
             swarm.node_op("start-node", node)

@@ -144,7 +144,7 @@ def test_a_held_card_is_75_naming_the_holder(agent: Agent) -> None:
     assert r.returncode == 75, r.stderr
     assert f"{RTX} is held by holder-{agent.tag}" in r.stderr and "--wait" in r.stderr
     assert len(agent.containers()) == 1
-    # --share shares with sharers only: this holder was started without it (tests/test_ledger_docker.py shares)
+    # --share shares with sharers only: this holder was started without it (tests/docker/test_ledger_docker.py shares)
     shared = agent("run", "--rm", "--share", "--gpu", "1", TEST_IMAGE)
     assert shared.returncode == 75 and f"{RTX} is held by holder-{agent.tag}" in shared.stderr, shared.stderr
     # a foreign container given every card with plain --gpus all holds them too

@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
+from tests.support.wait import wait_for
 
 RTX = uuids("mixed-4")[1]
 
@@ -247,8 +248,8 @@ def test_a_signal_is_forwarded_to_the_workload(agent: Agent, sig: signal.Signals
 def test_a_second_signal_stops_a_workload_that_ignores_the_first(agent: Agent) -> None:
     p = _started(agent, "--stop-timeout", "1", TEST_IMAGE, "--quiet", "sh", "-c", IGNORE)
     p.send_signal(signal.SIGINT)
-    time.sleep(1)
-    assert p.poll() is None  # forwarded and ignored: still running
+    time.sleep(1)  # a second to see that nothing happens: forwarded and ignored, it is still running
+    assert p.poll() is None
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 137 and "stopping" in err, err  # SIGTERM ignored too: killed after the stop timeout
@@ -264,9 +265,6 @@ def test_without_sig_proxy_the_first_signal_stops_the_container(agent: Agent) ->
 
 
 def _gone(agent: Agent) -> None:
-    deadline = time.monotonic() + 10
-    while agent.containers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert agent.containers() == []
+    wait_for(lambda: agent.containers() == [], 10, "the container to be removed (--rm)")
 
 

@@ -28,6 +28,7 @@ from gpupin.hostagent.ledger import lease, lock
 from tests.support.host import REPO, saw, simhost_env
 from tests.support.sandbox import TEST_IMAGE, WORK, Agent, Sandbox, intervals, never_two_at_once, serves_cdi
 from tests.support.scenarios import uuids
+from tests.support.wait import wait_for
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 PROXY = [sys.executable, str(REPO / "tests" / "support" / "daemon_proxy.py")]
@@ -59,12 +60,8 @@ def docker_run(agent: Agent, *args: str, name: str | None = None) -> str:
 
 
 def wait_state(agent: Agent, cid: str, state: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if agent.sandbox.docker("inspect", "-f", "{{.State.Status}}", cid).stdout.strip() == state:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{cid[:12]} never reached {state}")
+    wait_for(lambda: agent.sandbox.docker("inspect", "-f", "{{.State.Status}}", cid).stdout.strip() == state,
+             timeout, f"{cid[:12]} to be {state}")
 
 
 # --- every way to hold a card ----------------------------------------------------------------------------------
@@ -225,9 +222,7 @@ def test_nothing_planted_in_a_world_writable_place_is_followed_or_trusted(agent:
             subprocess.run(as_nobody("ln", "-s", str(victim), str(shared / name)), check=True)
         else:
             holder = subprocess.Popen(as_nobody("flock", str(shared / name), "sleep", "300"))
-            deadline = time.monotonic() + 10
-            while not (shared / name).exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for((shared / name).exists, 10, "nobody's flock to create the lock file")
         before = {p.name: p.lstat() for p in shared.iterdir()}
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(lambda _: agent("run", "--rm", "--count", "1", TEST_IMAGE, "--quiet", "sh", "-c",
@@ -308,7 +303,9 @@ def test_a_container_being_started_holds_and_one_abandoned_is_removed(agent: Age
     assert f"starting-{agent.tag} ({live[:12]}, created, gpupin via --gpus, being started by hostagent)" in error
     dead = create(dead_owner(), lease.MAX_LEASE_S, f"abandoned-{agent.tag}", A800C)
     remote = create("host=far pid=1 start=1 boot=elsewhere pidns=1", 1, f"remote-{agent.tag}", A800)
-    time.sleep(2.1)  # the remote one's lease is up
+    wait_for(lambda: not any(h["name"] == f"remote-{agent.tag}" and h["holds"]
+                             for g in json.loads(agent("ls", "--json").stdout)["gpus"] for h in g["holders"]),
+             30, "the remote one's lease to be up by the daemon's clock")
     r = agent("run", "--rm", "--name", f"abandoned-{agent.tag}", "--gpu", "3", TEST_IMAGE)
     assert r.returncode == 0 and saw(r.stdout) == [A800C], r.stderr
     for name, cid in ((f"abandoned-{agent.tag}", dead), (f"remote-{agent.tag}", remote)):
@@ -478,10 +475,8 @@ def test_daemon_failures_are_one_line_and_leave_nothing(agent: Agent, tmp_path: 
         errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
         assert r.returncode == code and len(errors) == 1 and says in errors[0], r.stderr
         assert "Traceback" not in r.stderr and "HINT:" in errors[0]
-        deadline = time.monotonic() + 10  # the lock is let go in the background
-        while len(agent.containers()) > 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(agent.containers()) == 1 and agent.sandbox.docker("inspect", lock.LOCK_NAME).returncode != 0
+        wait_for(lambda: len(agent.containers()) == 1, 10, "the lock to be let go (in the background)")
+        assert agent.sandbox.docker("inspect", lock.LOCK_NAME).returncode != 0
         ls = agent("ls", DOCKER_HOST=f"unix://{tmp_path}/d.sock")
         assert ls.returncode == 0 and "Traceback" not in ls.stderr
         if "GET /containers" in fault[1] and "[0-9a-f]" not in fault[1]:

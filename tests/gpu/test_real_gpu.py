@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.host import REPO, real_gpu_count
+from tests.support.host import REPO, children_of, real_gpu_count
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.gpu
 CARDS = real_gpu_count()
@@ -36,7 +37,7 @@ def real_env(**extra: str) -> dict[str, str]:
 
 def cards() -> list[tuple[str, str]]:
     out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,pci.bus_id", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, env=real_env()).stdout
     return [tuple(x.strip() for x in line.split(",")) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
 
 
@@ -162,7 +163,7 @@ def test_sigterm_during_the_cuda_probe_ends_the_entrypoint_promptly() -> None:
     p = subprocess.Popen([sys.executable, "-m", "gpupin.entrypoint.cli", "sh", "-c", "echo WORKLOAD-STARTED"],
                          env=real_env(GPUPIN_EXPECT=expect), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    time.sleep(0.15)  # past start-up, inside the CUDA probe (cuInit takes 0.2 s a card here)
+    wait_for(lambda: children_of(p.pid), 60, "the CUDA probe to start", interval=0.005)  # SIGTERM lands in it
     sent = time.monotonic()
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=60)

@@ -51,9 +51,25 @@ def saw(out: str) -> list[str]:
 
 
 def real_gpu_count() -> int:
-    """Cards on a real NVIDIA host (0 here: the fakes are never on the default library path)."""
+    """Cards on a real NVIDIA host, as its own driver lists them (0 here: the fakes are never on the default library
+    path, and are taken off it here when `make test` put them there)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH" and not k.startswith("FAKEGPU_")}
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids of the process's children (from /proc): a probe it started, say."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out

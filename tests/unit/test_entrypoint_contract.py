@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from tests.support.entrypoint import Entrypoint, Result, device, one_error_line
 from tests.support.host import ENTRYPOINT, saw, simhost_env
 from tests.support.scenarios import topology, uuids
+from tests.support.wait import wait_for
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 
@@ -67,7 +67,7 @@ def test_nvidia_visible_devices_uuids_are_the_expectation(ep: Entrypoint) -> Non
 def test_a_swarm_task_that_sees_more_cards_than_it_reserved_is_refused(ep: Entrypoint) -> None:
     """The NVIDIA-GPU trap: the runtime ignored DOCKER_RESOURCE_NVIDIA-GPU and exposed every card. The task is
     refused, with why; GPUPIN_EXPECT beside it (bare metal, `--gpus all`) keeps selecting the card instead. (A task
-    that sees just its card runs: tests/test_swarm.py, on a real swarm, where nothing else names the card.)"""
+    that sees just its card runs: tests/cluster/test_swarm.py, on a real swarm, where nothing else names the card.)"""
     env = {"DOCKER_RESOURCE_NVIDIA-GPU": A800C, "NVIDIA_VISIBLE_DEVICES": "all"}
     r = ep.run("sh", "-c", "echo ran", env=env, gpus="all")
     assert (r.rc, r.out) == (78, ""), r
@@ -224,10 +224,8 @@ def test_a_signal_reaches_the_workload(ep: Entrypoint, tmp_path: Path) -> None:
     argv, env = ep.argv(["--quiet", "sh", "-c", trap], {"GPUPIN_EXPECT": RTX}, device(RTX), detach=True)
     cid = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip()
     try:
-        deadline = time.monotonic() + 30
-        while "ready" not in ep.sandbox.docker("logs", cid).stdout:
-            assert time.monotonic() < deadline, "the workload never started"
-            time.sleep(0.1)
+        sb = ep.sandbox
+        wait_for(lambda: "ready" in sb.docker("logs", cid).stdout, 30, "the workload to start")
         ep.sandbox.docker("kill", "-s", "TERM", cid, check=True)
         assert ep.sandbox.docker("wait", cid, check=True).stdout.strip() == "42"
     finally:

@@ -3,8 +3,9 @@ values in every variable and option it reads, signals while it verifies, and gen
 
 The promise under test: a refusal is one line and a documented exit code (64 bad usage, 69 no usable GPU, 78
 misaligned, 126/127 CMD cannot run, 128+N stopped by a signal), the workload never starts on a refusal, and there
-is never a traceback unless the entrypoint's own --debug asked for one. Host and container modes as in
-tests/test_entrypoint_contract.py (its `ep` fixture).
+is never a traceback unless the entrypoint's own --debug asked for one. Here on the simulated host;
+the tests that take `ep`, `on_mig` or `on_shared_prefix` run again in a container on each engine
+(tests/docker/test_entrypoint_hostile.py), as the contract's do.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.support.entrypoint import STARTED, Entrypoint, device, hung_driver, one_error_line, only_error_line, plant
-from tests.support.host import ENTRYPOINT, simhost_env
+from tests.support.host import ENTRYPOINT, children_of, simhost_env
 from tests.support.scenarios import topology, uuids
+from tests.support.wait import wait_for
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 DOCUMENTED = {0, 64, 69, 78, 126, 127}
@@ -236,19 +238,6 @@ def test_very_long_values_give_one_short_line(ep: Entrypoint) -> None:
 
 # --- signals while the probe runs -------------------------------------------------------------------------------
 
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
 @pytest.mark.parametrize(("sig", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT"),
                                            (signal.SIGHUP, "SIGHUP")])
 def test_a_signal_during_the_probe_ends_the_entrypoint_and_its_probe(
@@ -256,10 +245,7 @@ def test_a_signal_during_the_probe_ends_the_entrypoint_and_its_probe(
     env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX, FAKEGPU_TOPOLOGY=str(hung_driver(tmp_path)))
     p = subprocess.Popen([ENTRYPOINT, *STARTED], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not (probes := children_of(p.pid)):
-            assert p.poll() is None and time.monotonic() < deadline, "the CUDA probe never started"
-            time.sleep(0.05)
+        probes = wait_for(lambda: children_of(p.pid) if p.poll() is None else [], 30, "the CUDA probe to start")
         t0 = time.monotonic()
         p.send_signal(sig)
         out, err = p.communicate(timeout=20)

@@ -122,7 +122,7 @@ def test_mig_pairs_are_read_like_indices() -> None:
 
 def test_an_index_is_only_a_fallback_a_source_naming_cards_wins() -> None:
     """An index orders what the runtime was told to give; a later source that names cards decides (and, for
-    Slurm, proves the runtime gave them: tests/test_slurm.py passes Slurm's numbers as --gpus device=0,1)."""
+    Slurm, proves the runtime gave them: tests/cluster/test_slurm.py passes Slurm's numbers as --gpus device=0,1)."""
     e = find({"NVIDIA_VISIBLE_DEVICES": "0", "DOCKER_RESOURCE_GPU": A800C}, cards=lambda: MIXED).expectation
     assert e is not None and e.source == "DOCKER_RESOURCE_GPU" and [c.uuid for c in e.cards] == [A800C]
     e = find({"NVIDIA_VISIBLE_DEVICES": "0", "DOCKER_RESOURCE_FPGA": "x"}, cards=lambda: MIXED).expectation

@@ -123,8 +123,8 @@ SLOTS = ("index", "uuid", "name", "memory_total", "memory_used", "utilization_gp
 
 @pytest.mark.parametrize("name", ["mixed-4", "dgx-8", "mig", "mig-shared-prefix", "slurm-shuffled"])
 def test_the_nvml_adapter_reads_what_the_scenario_says(fakegpu: Path, name: str) -> None:
-    """gpupin.core.nvml over the fake NVML gives the cards tests/cards.py reads from the same file (what the
-    pure tests take as the truth): every field, MIG devices and processes included."""
+    """gpupin.core.nvml over the fake NVML gives the cards tests/support/scenarios.py reads from the same file (what
+    the pure tests take as the truth): every field, MIG devices and processes included."""
     code = f"""
 import json
 from gpupin.core import nvml

@@ -1,6 +1,6 @@
 """The ledger's pure parts: the table of the ways a container holds cards (read from inspect data as the Engine API
 gives it), when a container holds, holders and sharing, leases, the local lock's trust rules, and the engine's
-address and clock parsing. No daemon here; tests/test_ledger_docker.py runs the same rules against one."""
+address and clock parsing. No daemon here; tests/docker/test_ledger_docker.py runs the same rules against one."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Slurm's allocation as the expectation (gpupin.entrypoint.slurm), pure: the environments Slurm 22.05 writes
-(measured by tests/test_slurm.py), and what a job script or launcher makes of them, over the slurm-shuffled box
+(measured by tests/cluster/test_slurm.py), and what a job script or launcher makes of them, over the slurm-shuffled box
 (minor numbers neither in PCI nor in FASTEST_FIRST order); and the node's gres.conf as slurmd reads it
 (gpupin.entrypoint.gresconf), which says which card each of Slurm's GPU numbers is.
 
@@ -171,7 +171,7 @@ def test_the_help_lists_slurm_as_a_source() -> None:
     assert "SLURM_JOB_GPUS in a batch script" in sources and "refused (78)" in sources
 
 
-# --- gres.conf as slurmd reads it (gpupin.entrypoint.gresconf); tests/test_slurm.py checks each rule against slurmd --
+# --- gres.conf as slurmd reads it (gpupin.entrypoint.gresconf; tests/cluster/test_slurm.py asks slurmd itself) --
 
 
 def gres_env(tmp: Path, gres: str, slurm_conf: str | None = None, node: str = "node3") -> dict[str, str]:

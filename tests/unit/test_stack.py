@@ -1,7 +1,7 @@
 """`hostagent compose render --swarm` and `hostagent ls --swarm` over documents and swarms described as the
 Engine describes them (no daemon): the reservations a stack gets, what Swarm could never place, placement
 constraints as swarmkit reads them, and the listing of nodes, cards, holders and waiting tasks. The same commands
-against a real three-node swarm are in tests/test_swarm.py."""
+against a real three-node swarm are in tests/cluster/test_swarm.py."""
 
 from __future__ import annotations
 
