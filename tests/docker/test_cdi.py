@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpupin.hostagent import engine
+from gpupin.hostagent.engine import address
 from gpupin.hostagent.ledger import lease
 from tests.support.host import FAKEGPU, saw
 from tests.support.sandbox import TEST_IMAGE, Agent, Sandbox, serves_cdi
@@ -28,7 +29,7 @@ NAMES = ["0", A800, "1", RTX, "2", A800B, "3", A800C, "all"]
 
 def test_each_engine_says_whether_it_serves_the_cards_by_cdi(mixed4_sandbox: Sandbox,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_ENDPOINT", engine.Endpoint(mixed4_sandbox.host, None, "DOCKER_HOST"))
+    monkeypatch.setattr(address, "_ENDPOINT", engine.Endpoint(mixed4_sandbox.host, None, "DOCKER_HOST"))
     api = engine.connect(timeout=30)
     d = engine.cdi_detection(engine.info(api))
     if serves_cdi(mixed4_sandbox):

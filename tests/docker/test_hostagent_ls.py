@@ -17,6 +17,7 @@ from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.ls import by_uuid, check_golden, ls, ls_on_golden_host, shown, write_topology
 from tests.support.sandbox import TEST_IMAGE, Sandbox, serves_cdi
 from tests.support.scenarios import uuids
+from tests.support.wait import wait_for
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 
@@ -71,6 +72,8 @@ def test_a_containers_process_names_its_container(mixed4_sandbox: Sandbox, tagge
                           "--gpu", "1", TEST_IMAGE, "sleep", "60"], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
     pid = int(sb.docker("inspect", "-f", "{{.State.Pid}}", cid, check=True).stdout)
+    # `run -d` returns once the container started: its entrypoint may still be verifying before it execs the workload.
+    wait_for(lambda: Path(f"/proc/{pid}/comm").read_text().strip() == "sleep", 30, "the workload (sleep) to start")
     topo = write_topology(tmp_path, "mixed-4", pid)
     data = json.loads(ls("--json", FAKEGPU_TOPOLOGY=str(topo), DOCKER_HOST=sb.host).stdout)
     (proc,) = by_uuid(data)[RTX]["processes"]
