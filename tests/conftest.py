@@ -87,7 +87,9 @@ def tier_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test with its tier (docker, swarm, slurm, gpu; none for unit) and refuse a test filed in another
     tier's folder: `make test-unit` must never need a daemon, `make test-docker` never a cluster."""
-    misplaced = []
+    # A test module outside the tier folders is never collected (pyproject's testpaths): refuse it instead.
+    misplaced = [f"{p.relative_to(TESTS.parent)} is in no tier's folder: move it to the tier of what it needs"
+                 for p in sorted(TESTS.glob("test_*.py"))]
     for item in items:
         tier = tier_of(item)
         folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
