@@ -22,10 +22,6 @@ from tests.support.scenarios import uuids
 
 A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
 EXAMPLES = REPO / "compose"
-# A "billion laughs" alias bomb of about the size (461 bytes there): 9**8 strings once expanded, which is
-# gigabytes in any copy, dump or repr of it.
-ALIAS_BOMB = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
-              + "".join(f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")))
 
 
 # --- on the sandbox: docker-compose runs the rendered files ---------------------------------------------------
@@ -152,7 +148,7 @@ def test_files_compose_refuses_are_refused_and_duplicate_keys_as_compose_v2_does
 
 V2_FORMS = {
     "gpus": "    gpus: [{device_ids: ['3', '1']}]",
-    "devices-cdi": "    devices: ['nvidia.com/gpu=3', 'nvidia.com/gpu=GPU-95c6a38a-fc69-47e6-82a4-2cdea89770cb']",
+    "devices-cdi": f"    devices: ['nvidia.com/gpu=3', 'nvidia.com/gpu={RTX}']",
     "driver-cdi": CDI_DEPLOY % "'nvidia.com/gpu=gpu3', 'nvidia.com/gpu=1'",
 }
 

@@ -27,7 +27,7 @@ from gpupin.hostagent import engine
 from gpupin.hostagent.ledger import lease, lock
 from tests.support.host import REPO, saw, simhost_env
 from tests.support.sandbox import TEST_IMAGE, WORK, Agent, Sandbox, intervals, never_two_at_once, serves_cdi
-from tests.support.scenarios import uuids
+from tests.support.scenarios import mig_devices, uuids
 from tests.support.wait import wait_for
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
@@ -148,7 +148,7 @@ def test_mig_devices_held_by_index_pair(sandbox: Sandbox, tmp_path: Path) -> Non
     sandbox.restart("mig")
     a = Agent(sandbox, uuid.uuid4().hex[:12])
     a.env = simhost_env("mig", DOCKER_HOST=sandbox.host)
-    mig0, mig1 = "MIG-22360576-fd7b-5ba8-a97d-b15d8128fe16", "MIG-43379410-e4be-536c-abb1-0536d523b252"
+    mig0, mig1 = mig_devices("mig")
     try:
         hows = [["--gpus", "device=0:1"], ["--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=0:1"]]
         if serves_cdi(sandbox):

@@ -54,6 +54,11 @@ def names(name: str = "mixed-4") -> list[str]:
     return [g.get("name", "NVIDIA Graphics Device") for g in gpus(name)]
 
 
+def mig_devices(name: str) -> list[str]:
+    """The UUIDs of the MIG devices of the scenario's cards in MIG mode, card by card in NVML order."""
+    return [d["uuid"] for g in gpus(name) if (g.get("mig") or {}).get("mode") == 1 for d in g["mig"]["devices"]]
+
+
 def swarm_resources(name: str) -> list[str]:
     """What a Swarm node with this box advertises (`hostagent swarm node-config`): in NVML order, each whole card,
     or the MIG devices of a card in MIG mode."""

@@ -25,6 +25,7 @@ from gpupin.hostagent.compose.rules import examine
 from gpupin.hostagent.ledger.holders import Holder, held
 from tests.support.host import simhost_env
 from tests.support.scenarios import cards as scenario_cards
+from tests.support.scenarios import mig_devices
 
 MIXED4 = scenario_cards("mixed-4")
 MIG = scenario_cards("mig")
@@ -45,7 +46,7 @@ junk = st.recursive(st.none() | st.booleans() | st.integers(-3, 9) | st.floats(a
                                                                                 max_size=3),
                     max_leaves=6)
 good_spec = st.sampled_from([*UUIDS, "GPU-95c6", "GPU-e218", "0", "1", "3", "3b:00.0", "0000:86:00.0",
-                             "00000000:AF:00.0", "MIG-22360576-fd7b-5ba8-a97d-b15d8128fe16", "0:1"]) | st.integers(0, 3)
+                             "00000000:AF:00.0", mig_devices("mig")[0], "0:1"]) | st.integers(0, 3)
 bad_spec = st.sampled_from(["GPU-6c", "7", "cuda:0", "GPU-zz", "", " 1 ", "all", "none"]) | st.integers(-1, 5) | junk
 spec = mostly(good_spec, bad_spec)
 specs = mostly(st.lists(spec, min_size=1, max_size=3), spec | st.just("1,3") | st.lists(spec, max_size=0) | junk, 25)

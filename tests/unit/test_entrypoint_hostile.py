@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests.support.entrypoint import STARTED, Entrypoint, device, hung_driver, one_error_line, only_error_line, plant
 from tests.support.host import ENTRYPOINT, children_of, simhost_env
-from tests.support.scenarios import topology, uuids
+from tests.support.scenarios import mig_devices, topology, uuids
 from tests.support.wait import wait_for
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
@@ -271,7 +271,7 @@ def test_a_signal_the_caller_ignores_stays_ignored(fakegpu: Path, tmp_path: Path
 # --- MIG on bare metal: CUDA shows a MIG-mode card as its MIG devices -------------------------------------------
 
 MIG_CARD, WHOLE = uuids("mig")
-MIG_GI1, MIG_GI2 = (d["uuid"] for d in next(g for g in topology("mig")["gpus"] if g.get("mig"))["mig"]["devices"])
+MIG_GI1, MIG_GI2 = mig_devices("mig")
 
 
 @pytest.mark.parametrize("level", ["nvml", "cuda"])
@@ -378,7 +378,7 @@ def run_main_in_fork(argv: list[str], env: dict[str, str]) -> tuple[int, str, st
                 err.read().decode(errors="replace"))
 
 
-UUIDS = [*uuids("mixed-4"), "GPU-00000000-1111-2222-3333-444444444444", "MIG-22360576-fd7b-5ba8-a97d-b15d8128fe16"]
+UUIDS = [*uuids("mixed-4"), "GPU-00000000-1111-2222-3333-444444444444", mig_devices("mig")[0]]
 # Values as a process can receive them: any bytes but NUL, decoded as Python decodes the environment and argv.
 raw_text = st.binary(max_size=24).filter(lambda b: b"\0" not in b).map(os.fsdecode)
 odd_text = st.one_of(raw_text, st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\0"),

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import pytest
 
 from tests.support.host import REPO
-from tests.support.scenarios import SCENARIOS, gpus, names, uuids
+from tests.support.scenarios import SCENARIOS, gpus, mig_devices, names, uuids
 
 SRC = REPO / "tests" / "fakegpu"
 BUILD = REPO / "build" / "fakegpu"
@@ -41,7 +41,7 @@ A800, RTX = names("mixed-4")[:2]
 
 # mig.json: an A100 in MIG mode at 07, a whole A100 at 0F.
 MIG_PARENT, A100_0F = uuids("mig")
-MIG_GI1, MIG_GI2 = (d["uuid"] for d in gpus("mig")[0]["mig"]["devices"])
+MIG_GI1, MIG_GI2 = mig_devices("mig")
 MIG_NAME = gpus("mig")[0]["mig"]["devices"][0]["name"]
 
 # A copy of the real 2xH200 host on which the CUDA_VISIBLE_DEVICES facts were recorded.
