@@ -254,7 +254,7 @@ form_swarm() {
 # Every node Ready and advertising exactly what its daemon.json lists, read as hostagent reads a node.
 READY_PY=$(cat <<'EOF'
 import json, sys
-from gpupin.hostagent.swarm import from_engine, parse_terms
+from gpupin.hostagent.swarm.cluster import from_engine, parse_terms
 for node in json.load(sys.stdin):
     with open(f"{sys.argv[1]}/{node['Description']['Hostname']}/daemon.json") as f:
         want = parse_terms(json.load(f)["node-generic-resources"])
