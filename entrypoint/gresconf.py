@@ -3,8 +3,8 @@
 Slurm numbers a node's GPUs by their position in its list of gpu device files (`gres_device->index`), not by
 minor number: with gres.conf listing nvidia7, nvidia3, nvidia5, nvidia1, `srun --gres=gpu:2` gets nvidia7 and
 nvidia3 as SLURM_STEP_GPUS=0,1. This module rebuilds that list the way Slurm 22.05 does (read in its source,
-slurm-wlm 22.05.8; each rule checked against the real slurmd by tests/test_slurm.py, which compares with the list
-slurmd logs under DebugFlags=Gres):
+slurm-wlm 22.05.8; each rule checked against the real slurmd by tests/cluster/test_slurm.py, which compares with the
+list slurmd logs under DebugFlags=Gres):
 
 - gres.conf is the file of that name beside slurm.conf, in Slurm's config syntax (gpupin.entrypoint.slurmconf:
   where, the syntax, host lists). A line starts with `Name=`, `NodeName=` or `AutoDetect=`.

@@ -2,7 +2,7 @@
 
 Imported only when a SLURM_*_GPUS variable is present (gpupin.entrypoint.sources). What Slurm writes into a task's
 environment (gres/gpu, src/plugins/gres/common/gres_common.c; measured on Debian's slurm-wlm 22.05.8 by
-tests/test_slurm.py and docs/slurm.md):
+tests/cluster/test_slurm.py and docs/slurm.md):
 
 - SLURM_STEP_GPUS (a step's tasks, srun) or SLURM_JOB_GPUS (the batch script, salloc's shell): the allocated
   GPUs, ascending, each as its number in the node's list of gpu device files (`gres_device->index`): the order of

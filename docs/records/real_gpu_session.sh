@@ -39,4 +39,4 @@ show hostagent run --dry-run --gpu 1 --rm my-train:latest python3 train.py
 show hostagent run --dry-run --json --gpu 1 my-train:latest
 
 echo; echo "### 9. the real-GPU tests"
-show python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_real_gpu.py
+show python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_real_gpu.py

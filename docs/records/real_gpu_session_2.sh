@@ -43,4 +43,4 @@ show hostagent __complete gpus
 show hostagent run --gpu 1 my-train:latest
 
 echo; echo "### 7. the real-GPU tests"
-show python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_real_gpu.py
+show python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/gpu/test_real_gpu.py

@@ -6,7 +6,7 @@
 . "$(dirname "$0")/host.sh"   # set -u, the wheels installed, show, U0/B0 U1/B1
 
 echo "### 1. the real-GPU tests"
-show python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_real_gpu.py
+show python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/gpu/test_real_gpu.py
 
 echo; echo "### 2. hostagent ls on real NVML, with a process on card 1"
 python3 -c 'import torch, time; x = torch.empty(4 << 30, dtype=torch.uint8, device="cuda:1"); time.sleep(20)' &
