@@ -52,3 +52,18 @@ def nvd_keyword(value: str) -> "str | None":
     if v in ("", NONE, VOID):
         return v
     return None
+
+
+def seconds(raw: str, said: str, most: float, hint: str, zero: bool = False) -> float:
+    """A switch's number of seconds, in (0, most] ([0, most] with `zero`): text, nan, inf or a value out of range
+    is refused (UsageError, 64), so that a typo never becomes no limit, or a limit nobody asked for. `said` is how
+    the message names the value (`GPUPIN_WATCH='x'`, `--watch 'x'`)."""
+    from gpupin.core.errors import UsageError
+
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not ((value >= 0) if zero else (value > 0)) or not value <= most:  # nan fails every comparison
+        raise UsageError(f"{said} is not a number of seconds between 0 and {most:.0f}", hint)
+    return value

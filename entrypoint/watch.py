@@ -16,8 +16,8 @@ import os
 import sys
 
 from gpupin.core import health, nvml, readings
-from gpupin.core.contract import WATCH_GRACE_VAR, WATCH_VAR
-from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError, UsageError
+from gpupin.core.contract import WATCH_GRACE_VAR, WATCH_VAR, seconds
+from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError
 from gpupin.core.shown import shorten
 
 TYPE_CHECKING = False
@@ -34,16 +34,10 @@ GRACE_MAX = 3600.0
 
 def interval(value: str, given: str) -> float:
     """The seconds between checks: a number in (0, a day]; 0, a negative number, nan, inf or text is refused."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds <= INTERVAL_MAX:  # nan fails every comparison
-        unset = f", or unset {WATCH_VAR} to run without watching" if given == WATCH_VAR else ""
-        shown = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
-        raise UsageError(f"{shown} is not a number of seconds between 0 and {INTERVAL_MAX:.0f}",
-                         f"give the seconds between checks of the pinned cards, like --watch 5{unset}")
-    return seconds
+    unset = f", or unset {WATCH_VAR} to run without watching" if given == WATCH_VAR else ""
+    said = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
+    return seconds(value, said, INTERVAL_MAX, f"give the seconds between checks of the pinned cards, like --watch 5"
+                   f"{unset}")
 
 
 def grace(environ: "Mapping[str, str]") -> float:
@@ -51,15 +45,8 @@ def grace(environ: "Mapping[str, str]") -> float:
     raw = environ.get(WATCH_GRACE_VAR, "")
     if not raw.strip():
         return GRACE_DEFAULT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 <= seconds <= GRACE_MAX:
-        raise UsageError(f"{WATCH_GRACE_VAR}={shorten(raw)} is not a number of seconds between 0 and "
-                         f"{GRACE_MAX:.0f}",
-                         f"unset it for {GRACE_DEFAULT:.0f} s, or give one like {WATCH_GRACE_VAR}=30")
-    return seconds
+    return seconds(raw, f"{WATCH_GRACE_VAR}={shorten(raw)}", GRACE_MAX,
+                   f"unset it for {GRACE_DEFAULT:.0f} s, or give one like {WATCH_GRACE_VAR}=30", zero=True)
 
 
 def watched(ver: "Verification") -> "list[Card]":
