@@ -26,6 +26,15 @@ NVD_VAR = "NVIDIA_VISIBLE_DEVICES"
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 # Swarm's generic resources reach a task as DOCKER_RESOURCE_<KIND>; the toolkit reads the one its config names.
 SWARM_PREFIX = "DOCKER_RESOURCE_"
+# Every variable the NVIDIA toolkit reads to pick the devices it puts in a container: the cards (NVD_VAR, or a
+# DOCKER_RESOURCE_<KIND> that its swarm-resource setting names, read before NVD_VAR), the MIG config and monitor
+# capabilities of given cards, and the IMEX channels.
+DEVICE_VARS = (NVD_VAR, "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES", "NVIDIA_IMEX_CHANNELS")
+
+
+def picks_devices(name: str) -> bool:
+    """Whether the NVIDIA toolkit reads this environment variable to pick devices (DEVICE_VARS, SWARM_PREFIX)."""
+    return name in DEVICE_VARS or name.startswith(SWARM_PREFIX)
 
 # The ledger's labels on every container hostagent pins: the UUIDs it holds, and whether others may share them.
 LABEL = "gpupin.devices"

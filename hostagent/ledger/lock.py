@@ -185,7 +185,8 @@ class DaemonLock:
         labels = (info.get("Config") or {}).get("Labels") or {}
         if LOCK_LABEL not in labels:
             return "squatted", info
-        return lease.state(labels, engine.created_time(str(info.get("Created"))), now or time.time()), info
+        return lease.state(labels, engine.created_time(str(info.get("Created"))), now or time.time(),
+                           owner_alive_holds=False), info
 
     def _break(self, lock_id: str) -> None:
         try:

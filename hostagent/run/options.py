@@ -8,16 +8,21 @@ a meaning of their own in hostagent (`-e`, `--env-file`, `--label`, which meet t
 `-i`, `-t`, `--sig-proxy`) are rows too, with no payload keyword: the request reads them itself.
 
 Options that would hand the container other GPUs than the pinned ones are refused by name: `--gpus` (the pin is
-hostagent's), `--privileged` (every device), `--device` or `--mount` of /dev/nvidia* device files. The rest of
+hostagent's), `--privileged` (every device), `--device-cgroup-rule`; so is a `--device`, `-v` or `--mount` whose
+host path reaches an NVIDIA device node, normalised and, on a daemon of this host, through its symlinks and device
+numbers (gpupin.hostagent.ledger.nodes). The rest of
 docker run's options are refused by name too (NOT_TAKEN): a user learns that hostagent does not pass that docker
 option, not that it looks like one of hostagent's own.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 from gpupin.core.errors import UsageError
+from gpupin.core.shown import shown
+from gpupin.hostagent.ledger import nodes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,7 +37,6 @@ CONTAINER = "container"  # docker.types.ContainerConfig keyword
 HOST = "host"  # docker.types.HostConfig keyword
 CREATE = "create"  # APIClient.create_container_from_config keyword (platform)
 
-_NVIDIA_DEVICE = re.compile(r"/dev/nvidia(\d+|ctl|-uvm.*|-modeset|-caps.*)?(:|$|/)")
 _SIZE = re.compile(r"[0-9]+(\.[0-9]+)?[bkmgBKMG]?")
 
 
@@ -114,16 +118,33 @@ def _seconds(value: str) -> int:
     return int(value)
 
 
-def _not_a_gpu_device(path: str, option: str) -> None:
-    if _NVIDIA_DEVICE.match(path):
-        raise UsageError(f"{option} {path}: an NVIDIA device file would give the container GPUs outside its pin",
+def _local_daemon() -> bool:
+    """Whether the daemon's host paths are this machine's (a unix socket): then they are resolved here."""
+    from gpupin.core.errors import GpupinError
+    from gpupin.hostagent.engine.address import endpoint
+
+    try:
+        return endpoint().unix_path is not None
+    except GpupinError:
+        return False  # an address that cannot be read: the run is refused for it later, by the connect
+
+
+def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> None:
+    """Refuse a host path that reaches an NVIDIA device node (a `--device` folder is walked, as docker walks it)."""
+    local = _local_daemon()
+    if nodes.reaches(host_path, local=local, deep=deep):
+        path = nodes.normalised(host_path)
+        real = os.path.realpath(path) if local else path
+        what = shown(path) if real == path else f"{shown(path)} (a link to {shown(real)})"
+        raise UsageError(f"{option} {shown(value)}: the host path {what} reaches an NVIDIA device node, which "
+                         "would give the container GPUs outside its pin",
                          "ask for the cards with --uuid/--gpu/--count; hostagent exposes exactly those")
 
 
 def _device(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError("give HOST-PATH[:CONTAINER-PATH[:PERMISSIONS]], an absolute path")
-    _not_a_gpu_device(value, "--device")
+    _not_a_gpu_device(value, value.split(":", 1)[0], "--device", deep=True)
     return value
 
 
@@ -238,8 +259,8 @@ def _mount(value: str) -> Any:
     source = fields.get("source") or fields.get("src")
     if not target:
         raise ValueError("a mount needs target=PATH")
-    if source:
-        _not_a_gpu_device(source, "--mount")
+    if source and kind == "bind":
+        _not_a_gpu_device(value, source, "--mount", deep=False)
     readonly = (fields.get("readonly") or fields.get("ro") or "false").lower() in ("true", "1")
     size = fields.get("tmpfs-size")
     return Mount(target, source, type=kind, read_only=readonly, propagation=fields.get("bind-propagation"),
@@ -259,7 +280,9 @@ def _tmpfs(values: Sequence[str]) -> dict[str, str]:
 
 
 def _volume(value: str) -> str:
-    _not_a_gpu_device(value, "-v")
+    source = value.split(":", 1)[0]
+    if source.startswith("/"):  # else a named volume
+        _not_a_gpu_device(value, source, "-v", deep=False)
     return value
 
 
@@ -374,8 +397,8 @@ OPTIONS: Sequence[Option] = (
            keyword="cpu_quota", convert=_integer(-1, 2 ** 63 - 1, "a quota"), metavar="US"),
     Option(("--ulimit",), "a ulimit (NAME=SOFT[:HARD], e.g. memlock=-1)", APPEND, "ULIMIT", where=HOST,
            keyword="ulimits", each=_ulimit, dest="ulimits"),
-    Option(("--device",), "add a host device (not /dev/nvidia*: the pin gives the GPUs)", APPEND, "DEVICE",
-           where=HOST, keyword="devices", each=_device, dest="devices"),
+    Option(("--device",), "add a host device (none that reaches an NVIDIA node: the pin gives the GPUs)", APPEND,
+           "DEVICE", where=HOST, keyword="devices", each=_device, dest="devices"),
     Option(("--cap-add",), "add a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_add"),
     Option(("--cap-drop",), "drop a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_drop"),
     Option(("--security-opt",), "a security option (e.g. seccomp=unconfined)", APPEND, "OPT", where=HOST,
