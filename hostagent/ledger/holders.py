@@ -45,7 +45,7 @@ def holding(inspect: Mapping[str, Any], lease_state: str | None = None) -> str |
     if status in LIVE_STATES:
         return status
     if status == "created":
-        return "being started by hostagent" if lease_state == lease.LIVE else None
+        return STARTING if lease_state == lease.LIVE else None
     if status != "exited" or str(st.get("StartedAt") or _NEVER_STARTED).startswith("0001-"):
         return None  # dead, removing, or never started: the daemon's restore starts none of them
     policy = (inspect.get("HostConfig") or {}).get("RestartPolicy") or {}
@@ -166,6 +166,20 @@ def label_holder(summary: Mapping[str, Any], cards: Sequence[Card],
     uuids = _label_uuids(labels[LABEL], cards)
     return Holder(str(summary["Id"]), _name(summary), str(summary.get("State") or "unknown"), uuids, True,
                   "gpupin", labels.get(SHARED_LABEL, "") == "true", why=None, label=uuids)
+
+
+STARTING = "being started by hostagent"
+
+
+def starting_holder(summary: Mapping[str, Any], host: Host, labels: Mapping[str, str]) -> Holder:
+    """A container in the middle of its start, which the daemon does not let be inspected until the start ends
+    (the NVIDIA hook runs there): it holds what the label of the hostagent that starts it says, or, without one,
+    every card (what it will be given is not known until then)."""
+    label = _label_uuids(labels[LABEL], host.cards) if labels.get(LABEL) else None
+    how = "gpupin" if label is not None else "its devices are not known until its start ends"
+    return Holder(str(summary["Id"]), _name(summary), str(summary.get("State") or "created"),
+                  label if label is not None else host.every_card(), label is not None, how,
+                  labels.get(SHARED_LABEL, "") == "true", why=STARTING, label=label)
 
 
 def held(holders: Iterable[Holder]) -> dict[str, list[Holder]]:

@@ -3,6 +3,7 @@ image of each container that carries a gpupin label (its own or inherited: gpupi
 
 from __future__ import annotations
 
+from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent.engine.address import endpoint
 from gpupin.hostagent.engine.failures import EngineNotFound
 from gpupin.hostagent.engine.info import info, runtimes
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
+
+
+STARTING_INSPECT_S = 2.0  # how long the inspect of a container in the middle of its start may take
 
 
 class Book:
@@ -59,10 +63,18 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
                 orphans.append(s)
         h: ledger.Holder | None
         if ledger.worth_inspecting(state, lease_state):
+            # A container being started cannot be inspected until its start ends (the daemon holds it meanwhile,
+            # and the NVIDIA hook can take a minute): asked briefly, then read from its list summary.
+            starting = lease_state == lease.LIVE
             try:
-                h = ledger.holder(fetch(api, f"/containers/{s['Id']}/json")[0], host, lease_state, labels)
+                data = fetch(api, f"/containers/{s['Id']}/json", timeout=STARTING_INSPECT_S if starting else None)[0]
+                h = ledger.holder(data, host, lease_state, labels)
             except EngineNotFound:
                 continue  # it went away between the list and the inspect
+            except DockerUnavailableError:
+                if not starting:
+                    raise
+                h = ledger.starting_holder(s, host, labels)
         else:
             h = ledger.label_holder(s, cards, labels)
         if h is not None:
