@@ -206,7 +206,7 @@ def test_namespace_resource_and_logging_options_land_in_the_created_container(ag
     (["--device", "/dev/../dev/nvidia1"], "--device /dev/../dev/nvidia1: the host path /dev/nvidia1 reaches"),
     (["--device", "/dev:/hostdev"], "--device /dev:/hostdev: the host path /dev reaches"),
     (["--device", "/dev/"], "--device /dev/: the host path /dev reaches"),
-    (["--device", "/dev/char/195:1"], "--device /dev/char/195:1: the host path /dev/char/195:1 reaches"),
+    (["--device", "/dev/char/195:1"], "--device /dev/char/195:1: the host path /dev/char/195 reaches"),  # HOST:CTR
     (["--device", "/dev/nvidia-caps/nvidia-cap1"], "the host path /dev/nvidia-caps/nvidia-cap1 reaches"),
     (["-v", "/dev:/dev"], "-v /dev:/dev: the host path /dev reaches"),
     (["-v", "/:/host"], "-v /:/host: the host path / reaches"),
