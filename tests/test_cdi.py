@@ -19,7 +19,7 @@ import yaml
 from gpupin.core.errors import UsageError
 from gpupin.core.resolve import Target
 from gpupin.hostagent import engine
-from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.engine import address, cdi
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.pin import Pin
 from gpupin.hostagent.run.request import RunRequest
@@ -133,7 +133,7 @@ def test_a_way_to_pin_that_cannot_be_is_refused_before_any_io() -> None:
 
 def test_each_engine_says_whether_it_serves_the_cards_by_cdi(mixed4_sandbox: Sandbox,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_ENDPOINT", engine.Endpoint(mixed4_sandbox.host, None, "DOCKER_HOST"))
+    monkeypatch.setattr(address, "_ENDPOINT", engine.Endpoint(mixed4_sandbox.host, None, "DOCKER_HOST"))
     api = engine.connect(timeout=30)
     d = engine.cdi_detection(engine.info(api))
     if serves_cdi(mixed4_sandbox):
