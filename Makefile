@@ -33,6 +33,7 @@ help:
 	@echo "make golden        rewrite tests/golden (hostagent ls output) after a change that is meant"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make bench-swarm   hostagent ls --swarm against docker node ls + service ps, on the three-node swarm"
+	@echo "make dist          the sdist and the wheel into dist/"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
@@ -83,13 +84,21 @@ swarm-up: image-test
 swarm-down:
 	@$(SWARM) down
 
-# Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK).
+# Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK). The wheel is built
+# in build isolation (setuptools from [build-system]), so the venv needs no setuptools or wheel of its own.
 wheels: setup
 	# setuptools reuses build/lib: a stale tree there would slip old modules into the wheel.
 	rm -rf build/wheels build/lib build/bdist.* && mkdir -p build/wheels
-	$(VPY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheels .
+	$(VPY) -m build -q --wheel -o build/wheels .
 	$(VPY) -m pip download -q --no-deps --only-binary=:all: -d build/wheels \
 	  "nvidia-ml-py==$$($(VPY) -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')"
+
+# The sdist and the wheel, the wheel built from the unpacked sdist (so a file the sdist lacks fails here).
+.PHONY: dist
+dist: setup
+	rm -rf dist
+	$(VPY) -m build -q -o dist .
+	@ls dist
 
 BASE ?=
 image: wheels
@@ -161,4 +170,4 @@ demo: image-test
 	@$(SIMHOST) tests/sandbox/demo.sh
 
 clean:
-	rm -rf build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache

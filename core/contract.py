@@ -15,6 +15,7 @@ PROBE_TIMEOUT_VAR = "GPUPIN_PROBE_TIMEOUT"
 DEVICE_LIST_DIR_VAR = "GPUPIN_DEVICE_LIST_DIR"
 # Verification levels, weakest first; `cuda` when none is asked for.
 LEVELS = ("nvml", "cuda", "torch")
+LEVELS_SAID = f"{', '.join(LEVELS[:-1])} or {LEVELS[-1]}"  # as a hint lists them: "nvml, cuda or torch"
 DEFAULT_LEVEL = "cuda"
 # A switch's values: on, or off (empty is off).
 ON = ("1", "true", "yes", "on")
@@ -26,6 +27,8 @@ NVD_VAR = "NVIDIA_VISIBLE_DEVICES"
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 # Swarm's generic resources reach a task as DOCKER_RESOURCE_<KIND>; the toolkit reads the one its config names.
 SWARM_PREFIX = "DOCKER_RESOURCE_"
+# Slurm's GPU allocation in a task: a step's (srun), else the job's (the batch script, salloc's shell).
+SLURM_GPU_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 # Every variable the NVIDIA toolkit reads to pick the devices it puts in a container: the cards (NVD_VAR, or a
 # DOCKER_RESOURCE_<KIND> that its swarm-resource setting names, read before NVD_VAR), the MIG config and monitor
 # capabilities of given cards, and the IMEX channels.
@@ -35,6 +38,7 @@ DEVICE_VARS = (NVD_VAR, "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES
 def picks_devices(name: str) -> bool:
     """Whether the NVIDIA toolkit reads this environment variable to pick devices (DEVICE_VARS, SWARM_PREFIX)."""
     return name in DEVICE_VARS or name.startswith(SWARM_PREFIX)
+
 
 # The ledger's labels on every container hostagent pins: the UUIDs it holds, and whether others may share them.
 LABEL = "gpupin.devices"

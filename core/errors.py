@@ -59,6 +59,11 @@ class GpuUnavailableError(GpupinError):
     exit_code = EX_UNAVAILABLE
 
 
+class CardUnhealthyError(GpuUnavailableError):
+    """The asked card is unhealthy: a critical XID, uncorrectable ECC errors, memory repair pending or failed, or
+    lost (exit 69; gpupin.core.health says why)."""
+
+
 class MisalignedError(GpupinError):
     """A cuda:k that is not the expected card, or an expected card that is not there (exit 78)."""
 

@@ -14,7 +14,7 @@ workload's paths out of sys.path.
 import os
 import sys
 
-from gpupin.core.contract import DEFAULT_LEVEL, LEVELS, OFF, ON, QUIET_VAR, REQUIRE_VAR, VERIFY_VAR
+from gpupin.core.contract import DEFAULT_LEVEL, LEVELS, LEVELS_SAID, OFF, ON, QUIET_VAR, REQUIRE_VAR, VERIFY_VAR
 from gpupin.core.errors import GpupinError, StoppedError, UsageError
 from gpupin.core.shown import shorten, shown
 
@@ -138,9 +138,9 @@ def parse_args(argv: "Sequence[str]", opts: "Options | None" = None,
             if not eq:
                 i += 1
                 if i >= len(argv):
-                    raise UsageError("--verify needs a level", "use --verify nvml, cuda or torch")
+                    raise UsageError("--verify needs a level", f"use --verify {LEVELS_SAID}")
                 value = argv[i]
-            opts.level = _level(value, "--verify", "use --verify nvml, cuda or torch")
+            opts.level = _level(value, "--verify", f"use --verify {LEVELS_SAID}")
         elif eq:
             raise UsageError(f"option {shorten(name)} takes no value", f"see `{PROG} --help`")
         elif arg == "--require":

@@ -19,11 +19,17 @@ GPU_OPTIONS = ("--gpu", "--uuid")
 FILE_OPTIONS = ("--env-file", "-o", "--output", "--daemon-json", "--toolkit-config", "--runtime-path")
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands of a parser by name (hidden ones, such as `__complete`, included), or {} when it has none."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return {name: p for name, p in action.choices.items() if not name.startswith("_")}
+            return dict(action.choices)
     return {}
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands a user is offered (not the hidden `__complete`)."""
+    return {name: p for name, p in subcommands(parser).items() if not name.startswith("_")}
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> Iterator[tuple[str, argparse.ArgumentParser]]:

@@ -1,4 +1,4 @@
-"""GPUPIN_EXPECT parsing and the expectation sources, in DESIGN.md's order."""
+"""GPUPIN_EXPECT parsing and the expectation sources, in the order of docs/design.md, "Expectation sources"."""
 
 from __future__ import annotations
 

@@ -152,7 +152,9 @@ def test_a_lost_card_is_shown_not_a_crash(fakegpu: Path, tmp_path: Path) -> None
     gpus = json.loads(r.stdout)["gpus"]
     assert [g["error"] for g in gpus] == [None, None, "GPU is lost", None]
     assert gpus[2]["temperature_c"] is None and gpus[2]["processes"] == []
-    assert "[2] ERROR: GPU is lost" in ls(scenario_name="fault-lost", DOCKER_HOST=f"unix://{tmp_path}/n.sock").stdout
+    assert gpus[2]["health"] == {"healthy": False, "reasons": ["lost to NVML"], "since": None}
+    table = ls(scenario_name="fault-lost", DOCKER_HOST=f"unix://{tmp_path}/n.sock").stdout
+    assert "[2] UNHEALTHY: lost to NVML (GPU is lost)" in table
 
 
 def test_nvml_unusable_is_69(fakegpu: Path) -> None:

@@ -9,8 +9,10 @@ import pytest
 from gpupin.core.errors import GpuSpecError, GpuUnavailableError, UsageError
 from gpupin.core.identity import BusId
 from gpupin.core.nvml import Card, MigDevice
-from gpupin.hostagent.cli import _subparser, build_parser, main, split_run_argv
+from gpupin.hostagent.cli import build_parser, main
+from gpupin.hostagent.completion import subcommands
 from gpupin.hostagent.gpus import choose_free, free_cards, resolve_spec, resolve_specs
+from gpupin.hostagent.run.args import split_run_argv
 from gpupin.hostagent.run.request import ContainerSpec, RunRequest
 
 A800 = "GPU-6c39be0e-975a-4001-aa66-fb43d08d0e16"
@@ -172,7 +174,7 @@ def test_owned_variables_cannot_be_set_by_hand() -> None:
 
 
 def _split(*argv: str) -> tuple[list[str], str | None, list[str]]:
-    return split_run_argv(list(argv), _subparser(build_parser(), "run"))
+    return split_run_argv(list(argv), subcommands(build_parser())["run"])
 
 
 def test_wait_takes_an_optional_number_without_swallowing_the_image() -> None:
@@ -238,12 +240,12 @@ def test_published_ports_land_in_the_payload() -> None:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["rn"], "invalid choice: 'rn' (choose from ls, run, completion, compose, swarm). HINT: did you mean run? "
+    (["rn"], "invalid choice: 'rn' (choose from ls, run, completion, compose, swarm, doctor). HINT: did you mean run? "
              "see `hostagent --help`"),
     (["compose", "rendr", "x.yml"], "HINT: did you mean render? see `hostagent compose --help`"),
     (["swarm", "nodeconfig"], "HINT: did you mean node-config? see `hostagent swarm --help`"),
     (["run", "--verify", "cdua", "--gpu", "0", "img"], "HINT: did you mean cuda? see `hostagent run --help`"),
-    (["xyzzy"], "(choose from ls, run, completion, compose, swarm). HINT: see `hostagent --help`"),
+    (["xyzzy"], "(choose from ls, run, completion, compose, swarm, doctor). HINT: see `hostagent --help`"),
 ])
 def test_a_mistyped_command_or_choice_gets_the_nearest_and_no_hidden_one(argv: list[str], says: str,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,7 @@ import pytest
 from gpupin.core.errors import ExpectationError, MisalignedError
 from gpupin.core.expectation import Expectation
 from gpupin.core.nvml import Card
-from gpupin.entrypoint import gresconf
+from gpupin.entrypoint import gresconf, slurmconf
 from gpupin.entrypoint.sources import find
 from tests.cards import cards
 
@@ -198,13 +198,13 @@ def files(env: dict[str, str]) -> list[str]:
     ("plain", ["plain"]),
 ])
 def test_host_lists_expand_in_the_order_written(hostlist: str, names: list[str]) -> None:
-    assert gresconf.expand(hostlist) == names
+    assert slurmconf.expand(hostlist) == names
 
 
 @pytest.mark.parametrize("bad", ["/dev/nvidia[3-1]", "/dev/nvidia[a]", "/dev/nvidia[1]x", "/dev/nvidia[1"])
 def test_a_malformed_host_list_is_an_error(bad: str) -> None:
-    with pytest.raises(gresconf.GresConfError):
-        gresconf.expand(bad)
+    with pytest.raises(slurmconf.GresConfError):
+        slurmconf.expand(bad)
 
 
 def test_slurms_config_syntax_comments_continuations_quotes_escapes_and_include(tmp_path: Path) -> None:
@@ -256,7 +256,7 @@ def test_several_types_follow_slurm_confs_type_order_each_cut_at_its_count(tmp_p
     (tmp_path / "slurm.conf").write_text("NodeName=node3 Gres=gpu:8\n")
     assert files(env) == ["nvidia7", "nvidia3", "nvidia5", "nvidia1", "nvidia0", "nvidia2", "nvidia4", "nvidia6"]
     (tmp_path / "slurm.conf").unlink()
-    with pytest.raises(gresconf.GresConfError, match=r"several Type=s, whose order slurm\.conf gives"):
+    with pytest.raises(slurmconf.GresConfError, match=r"several Type=s, whose order slurm\.conf gives"):
         gresconf.read(env)
 
 
@@ -285,18 +285,18 @@ def test_autodetect_node_local_wins_over_global(tmp_path: Path, gres: str, autod
 
 def test_a_missing_or_unreadable_gres_conf_is_a_reason_not_an_error(tmp_path: Path) -> None:
     env = {"SLURM_CONF": str(tmp_path / "slurm.conf")}
-    with pytest.raises(gresconf.GresConfError, match=f"no readable {tmp_path}/gres.conf here .No such file"):
+    with pytest.raises(slurmconf.GresConfError, match=f"no readable {tmp_path}/gres.conf here .No such file"):
         gresconf.read(env)
     (tmp_path / "gres.conf").mkdir()
-    with pytest.raises(gresconf.GresConfError, match="Is a directory"):
+    with pytest.raises(slurmconf.GresConfError, match="Is a directory"):
         gresconf.read(env)
-    assert gresconf.conf_path({}, "gres.conf") == "/etc/slurm/gres.conf"
+    assert slurmconf.conf_path({}, "gres.conf") == "/etc/slurm/gres.conf"
 
 
 def test_a_gres_conf_slurm_could_not_read_is_a_reason(tmp_path: Path) -> None:
-    with pytest.raises(gresconf.GresConfError, match="bad range"):
+    with pytest.raises(slurmconf.GresConfError, match="bad range"):
         gresconf.read(gres_env(tmp_path, "Name=gpu File={dev}/nvidia[3-1]\n"))
-    with pytest.raises(gresconf.GresConfError, match="cannot read"):
+    with pytest.raises(slurmconf.GresConfError, match="cannot read"):
         gresconf.read(gres_env(tmp_path, "Name=gpu File={dev}/nvidia0 = oops\n"))
 
 

@@ -17,7 +17,8 @@ from gpupin.hostagent.compose import load
 from gpupin.hostagent.compose.problems import RenderRefused
 from gpupin.hostagent.compose.stack import examine, render
 from gpupin.hostagent.swarm import ls as swarmls
-from gpupin.hostagent.swarm.cluster import Cluster, Constraint, GenericResource, Node, Task, parse_terms
+from gpupin.hostagent.swarm.cluster import Cluster, Constraint, Node, Task
+from gpupin.hostagent.swarm.resources import GenericResource, parse_terms
 from tests.cards import cards
 from tests.conftest import HOSTAGENT, REPO, simhost_env
 

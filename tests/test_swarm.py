@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gpupin.core.identity import BusId
-from gpupin.hostagent.swarm.cluster import GenericResourceError, env_var, from_engine, parse_terms
+from gpupin.hostagent.swarm.resources import GenericResourceError, env_var, from_engine, parse_terms
 from tests.conftest import HOSTAGENT, REPO, TEST_IMAGE, Sandboxes, simhost_env, topology
 
 SWARM_SCRIPT = REPO / "tests" / "sandbox" / "swarm.sh"

@@ -4,7 +4,7 @@ file come from.
 
 `-o OUT` is checked before anything is read (not a directory, its directory exists and is writable, not the file
 being rendered), and written all at once: a temporary file beside it, renamed over it, so that a refused or
-interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as DESIGN.md
+interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as docs/exit-codes.md
 gives hostagent's codes (64, 69, 75) and every other bad argument gets it.
 """
 
@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
+from gpupin.hostagent import say
 from gpupin.hostagent.compose import load
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
@@ -34,10 +35,6 @@ if TYPE_CHECKING:
 
 _COMPOSE_PROJECT = "com.docker.compose.project"
 _COMPOSE_SERVICE = "com.docker.compose.service"
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"hostagent: {msg}\n")
 
 
 # --- the cards and the ledger, minus this project's own containers --------------------------------------------
@@ -89,7 +86,7 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
         own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects,
                                 service_names)
     except Exception as err:
-        _say(f"warning: the ledger was not read (Docker at {engine.docker_host()}: {getattr(err, 'message', err)}): "
+        say(f"warning: the ledger was not read (Docker at {engine.docker_host()}: {getattr(err, 'message', err)}): "
              "cards held by running containers are not taken into account" + (
                  "; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else ""))
         return Daemon({}, NOT_ASKED)
@@ -98,9 +95,10 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
 
 
 def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Daemon]:
-    from gpupin.core import nvml
+    from gpupin.core import nvml, readings
 
     cards = nvml.list_cards(detail=True, mig=True, tolerate_lost=True)
+    readings.assess(cards)  # counts never take an unhealthy card; a named one is refused (gpupin.hostagent.gpus)
     svcs = doc.get("services") if isinstance(doc, dict) else None
     names = {str(k) for k in svcs} if isinstance(svcs, dict) else set()
     return cards, read_daemon(cards, project_names(doc, paths, os.environ), names, cdi_too)
@@ -233,7 +231,7 @@ def _emit(text: str, file: str, output: str | None, target: str | None, relative
     assert output is not None
     write_output(target, text, printable(output))
     if relative and os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
-        _say(f"note: {', '.join(relative)}: relative paths, which compose resolves against {printable(output)}'s "
+        say(f"note: {', '.join(relative)}: relative paths, which compose resolves against {printable(output)}'s "
              "directory; write it beside the source, or run compose with --project-directory")
     return 0
 
@@ -247,11 +245,11 @@ def _rendered(file: str, output: str | None, make: Callable[[Any], str]) -> int:
         doc = load.load(file)
         text = make(doc)
     except ServiceError as err:
-        _say(f"ERROR: {err.problem().line(name)}")
+        say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
     except RenderRefused as refused:
         for p in refused.problems:
-            _say(f"ERROR: {p.line(name)}")
+            say(f"ERROR: {p.line(name)}")
         return refused.exit_code
     return _emit(text, file, output, target, relative_paths(doc))
 
@@ -265,7 +263,7 @@ def render_command(file: str, output: str | None, via: str | None = None) -> int
         cards, daemon = _host(doc, [file] + ([output] if output else []), cdi_too=via is None)
         rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
         if not exam.requests:
-            _say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
+            say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
         return header(file, exam) + load.dump(rendered)
 
     return _rendered(file, output, make)
@@ -282,7 +280,7 @@ def read_nodes() -> list[Node] | None:
     except Exception as err:
         if not (isinstance(err, GpupinError) or engine.is_daemon_failure(err)):
             raise
-        _say(f"warning: the swarm's nodes were not read ({getattr(err, 'message', err)}): whether Swarm can place "
+        say(f"warning: the swarm's nodes were not read ({getattr(err, 'message', err)}): whether Swarm can place "
              "each task is not checked")
         return None
 
@@ -291,7 +289,7 @@ def stack_command(file: str, output: str | None, kind: str) -> int:
     """`hostagent compose render --swarm [--kind KIND] FILE [-o OUT]`: 0 and the stack; 64 with one line per
     problem."""
     from gpupin.hostagent.compose import stack
-    from gpupin.hostagent.swarm.cluster import check_kind
+    from gpupin.hostagent.swarm.resources import check_kind
 
     check_kind(kind)
     name = printable(file)
@@ -299,11 +297,11 @@ def stack_command(file: str, output: str | None, kind: str) -> int:
     def make(doc: Any) -> str:
         rendered, exam = stack.render(doc, kind, read_nodes())
         for p in exam.warnings:
-            _say(p.line(name))
+            say(p.line(name))
         for note in exam.notes:
-            _say(f"note: {name}: {note}")
+            say(f"note: {name}: {note}")
         if not exam.reserving:
-            _say(f"note: {name}: no service asks for GPUs")
+            say(f"note: {name}: no service asks for GPUs")
         return stack.header(file, exam) + load.dump(rendered)
 
     return _rendered(file, output, make)

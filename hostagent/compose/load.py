@@ -30,6 +30,7 @@ import errno
 import os
 
 from gpupin.core.errors import UsageError
+from gpupin.hostagent import INSTALL_HINT
 from gpupin.hostagent.compose.problems import ServiceError, quoted
 
 TYPE_CHECKING = False
@@ -47,7 +48,7 @@ def _yaml() -> Any:
     try:
         import yaml
     except ImportError:
-        raise UsageError("PyYAML is not installed", "install the host side: pip install 'gpupin[host]'") from None
+        raise UsageError("PyYAML is not installed", INSTALL_HINT) from None
     return yaml
 
 

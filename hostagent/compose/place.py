@@ -8,10 +8,10 @@ holders); the choice of free cards is hostagent.gpus's, as for `hostagent run --
 from __future__ import annotations
 
 from gpupin.core.contract import SHARED_LABEL
-from gpupin.core.errors import EX_TEMPFAIL, GpuSpecError
+from gpupin.core.errors import EX_TEMPFAIL, CardUnhealthyError, GpuSpecError
 from gpupin.hostagent import gpus
+from gpupin.hostagent.compose.gpurequest import KEY
 from gpupin.hostagent.compose.problems import Problem
-from gpupin.hostagent.compose.request import KEY
 from gpupin.hostagent.ledger.holders import blocking
 
 TYPE_CHECKING = False
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card
     from gpupin.core.resolve import Target
-    from gpupin.hostagent.compose.request import GpuRequest
+    from gpupin.hostagent.compose.gpurequest import GpuRequest
     from gpupin.hostagent.ledger.holders import Holder
 
 _SHARE = f"mark every service that shares it `{KEY}: {{share: true}}` (or, in the standard forms, label " \
@@ -50,10 +50,6 @@ def keys(target: Target) -> list[str]:
     return out
 
 
-def describe(target: Target) -> str:
-    return f"{target.uuid} (index {target.card.index}, {target.bus_id}, {target.name})"
-
-
 def holders_of(target: Target, busy: Mapping[str, Sequence[Holder]]) -> list[Holder]:
     found = {h.id: h for k in keys(target) for h in busy.get(k, [])}
     return list(found.values())
@@ -74,18 +70,18 @@ def bookings(assignments: Sequence[Assignment], busy: Mapping[str, Sequence[Hold
                 others = ", ".join(dict.fromkeys(b.req.service for b in prior))
                 hint = _RENDER_PLACES if fixes else "give each service its own card (name another, or ask for a " \
                     f"`count` and let render place it), or {_SHARE}"
-                problems.append(Problem(service, f"{lead}{describe(t)}{', which' if lead else ''} is also given to "
+                problems.append(Problem(service, f"{lead}{t.describe()}{', which' if lead else ''} is also given to "
                                         f"service {others}: both would run on one card", hint, render_fixes=fixes))
             # A sharing service may join holders that share; an exclusive holder keeps its card (the ledger's rule).
             holders = holders_of(t, blocking(busy, a.req.share))
             if holders:
                 who = ", ".join(h.describe() for h in holders)
                 if a.as_written:
-                    problems.append(Problem(service, f"{lead}{describe(t)}, which running container {who} holds",
+                    problems.append(Problem(service, f"{lead}{t.describe()}, which running container {who} holds",
                                             _RENDER_PLACES, exit_code=EX_TEMPFAIL, render_fixes=True))
                 else:
                     problems.append(Problem(
-                        service, f"{describe(t)} is held by running container {who}",
+                        service, f"{t.describe()} is held by running container {who}",
                         "stop it, pick a free card (`hostagent ls`), ask for a `count` instead, or share it on "
                         f"purpose with {a.req.form.share_how}", exit_code=EX_TEMPFAIL))
         for t in a.targets:
@@ -105,9 +101,11 @@ def place(named: Sequence[Assignment], counted: Sequence[GpuRequest], cards: Seq
         assert req.count is not None
         try:
             chosen = gpus.choose_free(req.count, cards, held | in_file)
-        except GpuSpecError as err:  # more than the host has: "--count N: ..." is hostagent run's wording
+        except (GpuSpecError, CardUnhealthyError) as err:  # more than the host has (fit for use): "--count N: ..."
+            # is hostagent run's wording
             problems.append(Problem(req.service, f"{req.describe_count()}: {err.message.split(': ', 1)[-1]}",
-                                    "ask for fewer cards, or split the work"))
+                                    "ask for fewer cards, or split the work" if isinstance(err, GpuSpecError)
+                                    else err.hint, exit_code=err.exit_code))
             continue
         if chosen is None:
             left = len(gpus.free_cards(cards, in_file))

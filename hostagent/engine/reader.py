@@ -10,7 +10,7 @@ import socket
 from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent.engine.address import docker_host, endpoint
 from gpupin.hostagent.engine.client import connect
-from gpupin.hostagent.engine.failures import EngineNotFound, unavailable
+from gpupin.hostagent.engine.failures import LOG_HINT, EngineNotFound, unavailable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def _decode(path: str, status: int, body: bytes) -> Any:
     if status != 200:
         raise DockerUnavailableError(f"GET {path} on {docker_host()} answered {status or 'nonsense'}: "
                                      f"{body.decode(errors='replace').strip()[:200]}",
-                                     "see the daemon's log (journalctl -u docker), then retry")
+                                     LOG_HINT)
     try:
         return json.loads(body)
     except ValueError:

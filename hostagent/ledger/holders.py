@@ -1,5 +1,4 @@
-"""The ledger: who holds which card, read from what the Docker Engine gives each container (docs/design.md, "The
-ledger").
+"""The ledger: who holds which card, read from what the engine gives each container (docs/design.md, "The ledger").
 
 What a container holds is what the engine gives it: the rows of one table (gpupin.hostagent.ledger.forms.FORMS),
 read from the container's `docker inspect` data. Containers that hostagent starts also carry the label

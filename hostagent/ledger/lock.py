@@ -1,5 +1,5 @@
 """The ledger lock: "look, then create" is mutually exclusive among every client of one Docker daemon, whatever
-address reached it, local or remote (DESIGN.md, "The ledger").
+address reached it, local or remote (docs/design.md, "The lock").
 
 The daemon arbitrates. Container names are unique per daemon and taken atomically, so the lock is a container
 named `gpupin-ledger-lock`: made from the image being run (its create doubles as the check that the image is

@@ -6,8 +6,9 @@ processes from /proc (gpupin.hostagent.ls.procs). When Docker cannot be reached 
 says so and stderr says so (stdout is the listing only); a card NVML cannot read is shown as such, and a reading a
 card does not give (temperature, power, ...) is null in the JSON and N/A in the table.
 
-`gather()` is the data (`--json` prints it as is); the table (gpupin.hostagent.ls.view) and `--format` lines
-(gpupin.hostagent.ls.template) are read from it alone.
+Each card's health (gpupin.core.health) is `"health": {"healthy": ..., "reasons": [...], "since": ...}`, with
+`healthy` null where NVML cannot say (never shown as healthy). `gather()` is the data (`--json` prints it as is);
+the table (gpupin.hostagent.ls.view) and `--format` lines (gpupin.hostagent.ls.template) are read from it alone.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 import os
 import sys
 
-from gpupin.core import nvml
+from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
-from gpupin.hostagent import engine
+from gpupin.hostagent import engine, say
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
 from gpupin.hostagent.ls import procs
@@ -43,6 +44,7 @@ def _watts(milliwatts: int | None) -> float | None:
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
     cards = nvml.list_cards(detail=True, tolerate_lost=True)
+    readings.assess(cards)
     docker: dict[str, Any] = {"host": None, "available": True, "error": None}
     holders: list[Holder] = []
     try:
@@ -57,8 +59,7 @@ def gather(warn: bool = True) -> dict[str, Any]:
     if not docker["available"]:
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
-            sys.stderr.write(f"hostagent: WARNING: Docker unavailable at {docker['host']} ({docker['error']}): "
-                             "who holds which card is unknown\n")
+            say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
     names = {h.id: h.name for h in holders}
     users: dict[int, str] = {}
     return {"hostname": os.uname().nodename, "driver_version": nvml.driver_version(),
@@ -78,6 +79,7 @@ def _card(c: Card, holders: Sequence[Holder], names: dict[str, str], users: dict
         "memory_free_mib": _mib(c.memory_free), "utilization_gpu": c.utilization_gpu, "mig_mode": c.mig_mode,
         "mig_devices": [_mig(m, holding) for m in c.mig_devices],
         "compute_processes": c.processes, "compute_capability": c.compute_capability, "error": c.error,
+        "health": c.health.to_dict() if c.health is not None else None,
         "held": bool(holding),
         # Held, but only by containers that let --share requests in (every holder started with --share).
         "shared": bool(holding) and all(h.shared for h in holding),
@@ -147,7 +149,8 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
 
     paint = lsview.use_color(color, sys.stdout)
     if watch is not None:
-        return lsview.watch(watch, paint)
+        # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
+        return lsview.watch(watch, paint, lambda: gather(warn=False))
     sys.stdout.write(lsview.render(gather(), paint))
     sys.stdout.flush()
     return 0

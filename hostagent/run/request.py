@@ -14,12 +14,13 @@ import os
 import re
 import shlex
 
-from gpupin.core.contract import LABEL, picks_devices
+from gpupin.core.contract import LABEL, LEVELS_SAID, picks_devices
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
 from gpupin.core.shown import shown
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS, Pin, check_via
 from gpupin.hostagent.run import options as runopts
+from gpupin.hostagent.run import values
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,6 +33,12 @@ if TYPE_CHECKING:
 _REFERENCE = re.compile(r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
                         r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[\w][\w.-]{0,127})?"
                         r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def bad_option(err: BaseException) -> UsageError:
+    """An option value the docker SDK refuses (it checks some itself: sizes, modes), when building the payload or
+    creating the container."""
+    return UsageError(f"bad option: {err}", "see `hostagent run --help`")
 
 
 def _default(opt: runopts.Option) -> Any:
@@ -114,11 +121,11 @@ class RunRequest:
         if self.count is not None and self.count < 1:
             raise UsageError(f"--count {self.count}: ask for at least one card")
         if self.verify is not None and self.verify not in VERIFY_LEVELS:
-            raise UsageError(f"unknown --verify level {self.verify!r}", "use nvml, cuda or torch")
+            raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_SAID}")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
         runopts.payload(self.options)  # every conversion is a check: bad text is refused here, by option name
-        self.capabilities = runopts.gpu_capabilities(self.options["gpu_capabilities"])
+        self.capabilities = values.gpu_capabilities(self.options["gpu_capabilities"])
         if self.via is not None:
             check_via(self.via, self.capabilities)
         restart = self.options["restart"]
@@ -222,7 +229,7 @@ class ContainerSpec:
                 version, r.image, r.command or None, detach=r.detach, environment=self.env, labels=self.labels,
                 host_config=host_config, **kw[runopts.CONTAINER])
         except (DockerException, ValueError, TypeError) as err:
-            raise UsageError(f"bad option: {err}", "see `hostagent run --help`") from None
+            raise bad_option(err) from None
         return config
 
     def create_args(self) -> dict[str, Any]:
