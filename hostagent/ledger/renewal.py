@@ -59,9 +59,9 @@ class Renewal:
         api = None
         n = 0
         while not self._done.wait(EVERY_S):
-            api = api or engine.connect(version=self.api.api_version)
             n += 1
             try:
+                api = api or engine.connect(version=self.api.api_version)
                 api.create_volume(_name(self.cid, n), labels={OF_LABEL: self.cid, **lease.claim()})
                 self._made = True
                 if n > 1:
