@@ -44,6 +44,8 @@ def picks_devices(name: str) -> bool:
 LABEL = "gpupin.devices"
 SHARED_LABEL = "gpupin.shared"
 LABEL_PREFIX = "gpupin."
+# The label of the ledger lock's container (gpupin.hostagent.ledger.lock).
+LOCK_LABEL = "gpupin.lock"
 
 # NVIDIA_VISIBLE_DEVICES values that name no particular card, as libnvidia-container reads them: `all` in any case
 # (it compares case-insensitively), `none`, `void` and empty exactly.

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 
+from gpupin.core.contract import LOCK_LABEL as LOCK_LABEL
 from gpupin.core.errors import CardHeldError, DockerRefusedError
 from gpupin.hostagent import background, engine
 from gpupin.hostagent.ledger import lease
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 LOCK_NAME = "gpupin-ledger-lock"
-LOCK_LABEL = "gpupin.lock"
 WAIT_S = 2 * lease.LEASE_S  # how long a run waits for the lock before it gives up (75)
 CHECK_S = 0.5  # how often a waiting client looks at who holds the lock
 

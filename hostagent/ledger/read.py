@@ -3,6 +3,7 @@ image of each container that carries a gpupin label (its own or inherited: gpupi
 
 from __future__ import annotations
 
+from gpupin.core.contract import LOCK_LABEL
 from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent.engine.address import endpoint
 from gpupin.hostagent.engine.failures import EngineNotFound
@@ -52,7 +53,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
     for s in summaries:
         state = str(s.get("State") or "")
         labels = s.get("Labels") or {}
-        if own_labels.gpupin_labels(labels):
+        if own_labels.gpupin_labels(labels) and LOCK_LABEL not in labels:  # the lock is made by hostagent alone
             labels = own_labels.own(labels, _image_labels(api, str(s.get("ImageID") or ""), images))
         lease_state = None
         if state == "created" and lease.OWNER_LABEL in labels:
