@@ -30,11 +30,23 @@ DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 SWARM_PREFIX = "DOCKER_RESOURCE_"
 # Slurm's GPU allocation in a task: a step's (srun), else the job's (the batch script, salloc's shell).
 SLURM_GPU_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
+# Every variable the NVIDIA toolkit reads to pick the devices it puts in a container: the cards (NVD_VAR, or a
+# DOCKER_RESOURCE_<KIND> that its swarm-resource setting names, read before NVD_VAR), the MIG config and monitor
+# capabilities of given cards, and the IMEX channels.
+DEVICE_VARS = (NVD_VAR, "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES", "NVIDIA_IMEX_CHANNELS")
+
+
+def picks_devices(name: str) -> bool:
+    """Whether the NVIDIA toolkit reads this environment variable to pick devices (DEVICE_VARS, SWARM_PREFIX)."""
+    return name in DEVICE_VARS or name.startswith(SWARM_PREFIX)
+
 
 # The ledger's labels on every container hostagent pins: the UUIDs it holds, and whether others may share them.
 LABEL = "gpupin.devices"
 SHARED_LABEL = "gpupin.shared"
 LABEL_PREFIX = "gpupin."
+# The label of the ledger lock's container (gpupin.hostagent.ledger.lock).
+LOCK_LABEL = "gpupin.lock"
 
 # NVIDIA_VISIBLE_DEVICES values that name no particular card, as libnvidia-container reads them: `all` in any case
 # (it compares case-insensitively), `none`, `void` and empty exactly.

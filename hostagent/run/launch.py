@@ -20,7 +20,7 @@ from gpupin.core.errors import CardHeldError, DockerRefusedError, DockerUnavaila
 from gpupin.hostagent import engine, gpus, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import holders as ledger
-from gpupin.hostagent.ledger import lease, lock
+from gpupin.hostagent.ledger import lease, lock, renewal
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.run import image
 from gpupin.hostagent.run.attach import Attachment
@@ -162,11 +162,14 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
         if on_created is not None:
             on_created(cid)  # the ledger lock's commit: raises lock.LeaseLost when it ran past its lease
         attachment = None
-        if foreground:
-            attachment = Attachment(cid, spec.req, api.api_version)
-            attachment.open()
-            mark("attached")
-        api.start(cid)
+        # Renewed on the daemon while it starts, however long the NVIDIA hook takes, for the clients that cannot
+        # see this process (gpupin.hostagent.ledger.renewal); those that can see it alive leave it alone.
+        with renewal.Renewal(api, cid):
+            if foreground:
+                attachment = Attachment(cid, spec.req, api.api_version)
+                attachment.open()
+                mark("attached")
+            api.start(cid)
         mark("started")
         return Launched(cid, spec, attachment)
     except BaseException as err:
@@ -193,6 +196,7 @@ def _remove_orphans(api: Any, book: ledger_read.Book) -> None:
             say(f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
                  f"{engine.failure(err, 'remove').message}")
             continue
+        renewal.forget(api, str(s["Id"]))
         say(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
 
 

@@ -9,7 +9,8 @@ any I/O. Options with a meaning of their own in hostagent (`-e`, `--env-file`, `
 itself.
 
 Options that would hand the container other GPUs than the pinned ones are refused by name: `--gpus` (the pin is
-hostagent's), `--privileged` (every device), `--device` or `--mount` of /dev/nvidia* device files. The rest of
+hostagent's), `--privileged` (every device), `--device-cgroup-rule`; so is a `--device`, `-v` or `--mount` whose
+host path reaches an NVIDIA device node (hostagent.run.values). The rest of
 docker run's options are refused by name too (NOT_TAKEN): a user learns that hostagent does not pass that docker
 option, not that it looks like one of hostagent's own.
 """
@@ -181,8 +182,8 @@ OPTIONS: Sequence[Option] = (
            keyword="cpu_quota", convert=values.integer(-1, 2 ** 63 - 1, "a quota"), metavar="US"),
     Option(("--ulimit",), "a ulimit (NAME=SOFT[:HARD], e.g. memlock=-1)", APPEND, "ULIMIT", where=HOST,
            keyword="ulimits", each=values.ulimit, dest="ulimits"),
-    Option(("--device",), "add a host device (not /dev/nvidia*: the pin gives the GPUs)", APPEND, "DEVICE",
-           where=HOST, keyword="devices", each=values.device, dest="devices", complete=FILES),
+    Option(("--device",), "add a host device (none that reaches an NVIDIA node: the pin gives the GPUs)", APPEND,
+           "DEVICE", where=HOST, keyword="devices", each=values.device, dest="devices", complete=FILES),
     Option(("--cap-add",), "add a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_add"),
     Option(("--cap-drop",), "drop a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_drop"),
     Option(("--security-opt",), "a security option (e.g. seccomp=unconfined)", APPEND, "OPT", where=HOST,

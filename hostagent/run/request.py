@@ -14,9 +14,10 @@ import os
 import re
 import shlex
 
-from gpupin.core.contract import LABEL, LEVELS_SAID
+from gpupin.core.contract import LABEL, LEVELS_SAID, picks_devices
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
+from gpupin.core.shown import shown
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS, Pin, check_via
 from gpupin.hostagent.run import options as runopts
 from gpupin.hostagent.run import values
@@ -166,23 +167,34 @@ def _read_env_file(path: str, environ: Mapping[str, str]) -> list[tuple[str, str
     return out
 
 
+def _owned(key: str, value: str, given: str) -> None:
+    """Refuse a variable that the pin owns or that the NVIDIA toolkit reads to pick devices (`given`: how)."""
+    if key in OWNED_VARS:
+        raise UsageError(f"{given}: hostagent sets {key} itself from the GPUs asked",
+                         "ask for the GPUs with --uuid/--gpu/--count instead")
+    if picks_devices(key):
+        raise UsageError(f"{given}: the NVIDIA runtime reads {key} to pick the devices it exposes, which would "
+                         f"give the container devices outside its pin ({shown(key + '=' + value)})",
+                         "ask for the GPUs with --uuid/--gpu/--count; hostagent exposes exactly those")
+
+
 def user_environment(req: RunRequest, environ: Mapping[str, str]) -> dict[str, str]:
-    """--env-file, then -e (as docker orders them); the variables the pin owns are refused."""
+    """--env-file, then -e (as docker orders them); the variables the pin owns, and those the NVIDIA toolkit reads
+    to pick devices, are refused, naming where they were given."""
     env: dict[str, str] = {}
     for path in req.options["env_files"]:
-        env.update(_read_env_file(path, environ))
+        for key, value in _read_env_file(path, environ):
+            _owned(key, value, f"--env-file {shown(path)}: {shown(key)}")
+            env[key] = value
     for spec in req.options["env"]:
         key, eq, value = spec.partition("=")
         if not key:
             raise UsageError(f"malformed -e {spec!r}", "use -e KEY=VALUE, or -e KEY to pass this shell's value")
-        if eq:
-            env[key] = value
-        elif key in environ:
-            env[key] = environ[key]
-    for key in OWNED_VARS:
-        if key in env:
-            raise UsageError(f"-e {key}: hostagent sets {key} itself from the GPUs asked",
-                             "ask for the GPUs with --uuid/--gpu/--count instead")
+        if not eq and key not in environ:
+            continue
+        value = value if eq else environ[key]
+        _owned(key, value, f"-e {shown(key)}")
+        env[key] = value
     return env
 
 

@@ -2,22 +2,25 @@
 the Engine API's value (hostagent.run.options attaches each to its option, as docker/cli's opts.go does).
 
 A conversion raises ValueError (or UsageError) on text docker run would refuse; the option's row turns that into
-one line naming the option, before any I/O. The ones that take a path refuse NVIDIA device files: they would give
-the container GPUs outside its pin.
+one line naming the option, before any I/O but the file system's. The ones that take a host path refuse one that
+reaches an NVIDIA device node, normalised and, on a daemon of this host, through its symlinks and device numbers
+(gpupin.hostagent.ledger.nodes): it would give the container GPUs outside its pin.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
-from gpupin.core.errors import UsageError
+from gpupin.core.errors import GpupinError, UsageError
+from gpupin.core.shown import shown
+from gpupin.hostagent.ledger import nodes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-_NVIDIA_DEVICE = re.compile(r"/dev/nvidia(\d+|ctl|-uvm.*|-modeset|-caps.*)?(:|$|/)")
 _SIZE = re.compile(r"[0-9]+(\.[0-9]+)?[bkmgBKMG]?")
 
 
@@ -49,16 +52,32 @@ def seconds(value: str) -> int:
     return int(value)
 
 
-def _not_a_gpu_device(path: str, option: str) -> None:
-    if _NVIDIA_DEVICE.match(path):
-        raise UsageError(f"{option} {path}: an NVIDIA device file would give the container GPUs outside its pin",
+def _local_daemon() -> bool:
+    """Whether the daemon's host paths are this machine's (a unix socket): then they are resolved here."""
+    from gpupin.hostagent.engine.address import endpoint
+
+    try:
+        return endpoint().unix_path is not None
+    except GpupinError:
+        return False  # an address that cannot be read: the run is refused for it later, by the connect
+
+
+def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> None:
+    """Refuse a host path that reaches an NVIDIA device node (a `--device` folder is walked, as docker walks it)."""
+    local = _local_daemon()
+    if nodes.reaches(host_path, local=local, deep=deep):
+        path = nodes.normalised(host_path)
+        real = os.path.realpath(path) if local else path
+        what = shown(path) if real == path else f"{shown(path)} (a link to {shown(real)})"
+        raise UsageError(f"{option} {shown(value)}: the host path {what} reaches an NVIDIA device node, which "
+                         "would give the container GPUs outside its pin",
                          "ask for the cards with --uuid/--gpu/--count; hostagent exposes exactly those")
 
 
 def device(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError("give HOST-PATH[:CONTAINER-PATH[:PERMISSIONS]], an absolute path")
-    _not_a_gpu_device(value, "--device")
+    _not_a_gpu_device(value, value.split(":", 1)[0], "--device", deep=True)
     return value
 
 
@@ -164,8 +183,8 @@ def mount(value: str) -> Any:
     source = fields.get("source") or fields.get("src")
     if not target:
         raise ValueError("a mount needs target=PATH")
-    if source:
-        _not_a_gpu_device(source, "--mount")
+    if source and kind == "bind":
+        _not_a_gpu_device(value, source, "--mount", deep=False)
     readonly = (fields.get("readonly") or fields.get("ro") or "false").lower() in ("true", "1")
     tmpfs_size = fields.get("tmpfs-size")
     return Mount(target, source, type=kind, read_only=readonly, propagation=fields.get("bind-propagation"),
@@ -185,7 +204,9 @@ def tmpfs(values: Sequence[str]) -> dict[str, str]:
 
 
 def volume(value: str) -> str:
-    _not_a_gpu_device(value, "-v")
+    source = value.split(":", 1)[0]
+    if source.startswith("/"):  # else a named volume
+        _not_a_gpu_device(value, source, "-v", deep=False)
     return value
 
 

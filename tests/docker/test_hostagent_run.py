@@ -197,10 +197,29 @@ def test_namespace_resource_and_logging_options_land_in_the_created_container(ag
 @pytest.mark.parametrize(("args", "says"), [
     (["--gpus", "all"], "hostagent run does not take --gpus"),
     (["--privileged"], "hostagent run does not take --privileged"),
-    (["--device", "/dev/nvidia1"], "--device /dev/nvidia1: an NVIDIA device file would give the container GPUs"),
+    (["--device", "/dev/nvidia1"], "--device /dev/nvidia1: the host path /dev/nvidia1 reaches an NVIDIA device "
+                                   "node, which would give the container GPUs outside its pin"),
     (["--device=/dev/nvidiactl"], "--device /dev/nvidiactl"),
-    (["--mount", "type=bind,source=/dev/nvidia0,target=/dev/nvidia0"], "--mount /dev/nvidia0"),
+    (["--mount", "type=bind,source=/dev/nvidia0,target=/dev/nvidia0"], "--mount type=bind,source=/dev/nvidia0"),
     (["-v", "/dev/nvidia2:/dev/nvidia2"], "-v /dev/nvidia2:/dev/nvidia2"),
+    # every spelling of a path to a node, and the folders that hold them (tests/test_ledger_docker.py: on disk)
+    (["--device", "/dev//nvidia1"], "--device /dev//nvidia1: the host path /dev/nvidia1 reaches"),
+    (["--device", "/dev/./nvidia1"], "--device /dev/./nvidia1: the host path /dev/nvidia1 reaches"),
+    (["--device", "/dev/../dev/nvidia1"], "--device /dev/../dev/nvidia1: the host path /dev/nvidia1 reaches"),
+    (["--device", "/dev:/hostdev"], "--device /dev:/hostdev: the host path /dev reaches"),
+    (["--device", "/dev/"], "--device /dev/: the host path /dev reaches"),
+    (["--device", "/dev/char/195:1"], "--device /dev/char/195:1: the host path /dev/char/195 reaches"),  # HOST:CTR
+    (["--device", "/dev/nvidia-caps/nvidia-cap1"], "the host path /dev/nvidia-caps/nvidia-cap1 reaches"),
+    (["-v", "/dev:/dev"], "-v /dev:/dev: the host path /dev reaches"),
+    (["-v", "/:/host"], "-v /:/host: the host path / reaches"),
+    (["--mount", "type=bind,src=/dev/,dst=/d"], "--mount type=bind,src=/dev/,dst=/d: the host path /dev reaches"),
+    # the variables a runtime reads to pick devices
+    (["-e", f"DOCKER_RESOURCE_GPU={RTX}"], "-e DOCKER_RESOURCE_GPU: the NVIDIA runtime reads DOCKER_RESOURCE_GPU "
+                                           "to pick the devices it exposes"),
+    (["-e", "NVIDIA_MIG_CONFIG_DEVICES=all"], "-e NVIDIA_MIG_CONFIG_DEVICES: the NVIDIA runtime reads"),
+    (["-e", "NVIDIA_MIG_MONITOR_DEVICES=0"], "-e NVIDIA_MIG_MONITOR_DEVICES: the NVIDIA runtime reads"),
+    (["-e", "NVIDIA_IMEX_CHANNELS=0"], "-e NVIDIA_IMEX_CHANNELS: the NVIDIA runtime reads"),
+    (["-e", "NVIDIA_VISIBLE_DEVICES=2"], "-e NVIDIA_VISIBLE_DEVICES: hostagent sets NVIDIA_VISIBLE_DEVICES itself"),
     (["--restart", "always", "--rm"], "--rm and --restart always conflict"),
     (["--restart", "sometimes"], "--restart 'sometimes'"),
     (["--cpus", "lots"], "--cpus 'lots'"),

@@ -190,7 +190,7 @@ services:
     assert svc["environment"] == {"NVIDIA_VISIBLE_DEVICES": f"{A800C},{RTX}",
                                   "GPUPIN_EXPECT": f"{A800C}@00000000:AF:00.0,{RTX}@00000000:3B:00.0",
                                   "GPUPIN_VERIFY": "nvml"}
-    assert svc["labels"] == {"gpupin.devices": f"{A800C},{RTX}"}
+    assert svc["labels"] == {"gpupin.devices": f"{A800C},{RTX}", "gpupin.shared": "false"}
     assert svc["command"] == ["python3", "train.py"] and svc["restart"] == "no"
     assert svc["volumes"] == ["./data:/data"]
     # YAML 1.1 would read 22:22 as the base-60 number 1342: it stays the text the user meant.

@@ -94,7 +94,7 @@ def test_the_container_spec_pins_by_uuid_everywhere() -> None:
     assert spec.env == {"A": "1", "HOME_DIR": "/home/x", "NVIDIA_VISIBLE_DEVICES": f"{RTX},{A800}",
                         "GPUPIN_EXPECT": f"{RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0",
                         "GPUPIN_VERIFY": "torch"}
-    assert spec.labels == {"team": "ml", "gpupin.devices": f"{RTX},{A800}"}
+    assert spec.labels == {"team": "ml", "gpupin.devices": f"{RTX},{A800}", "gpupin.shared": "false"}
     assert spec.pin.device_request() == {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800],
                                          "Capabilities": [["gpu"]], "Options": {}}
     line = spec.docker_run_line()

@@ -16,9 +16,11 @@ from gpupin.core.errors import DockerUnavailableError, UsageError
 from gpupin.core.nvml import MigDevice
 from gpupin.hostagent import engine
 from gpupin.hostagent.engine import address
-from gpupin.hostagent.ledger import holders as ledger
+from gpupin.hostagent.ledger import forms as ledger
 from gpupin.hostagent.ledger import lease, lock
-from gpupin.hostagent.ledger.holders import FORMS, Holder, Host, blocking, held, holder, holding
+from gpupin.hostagent.ledger.forms import FORMS
+from gpupin.hostagent.ledger.grant import Host
+from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder, holding
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 
@@ -63,7 +65,8 @@ def gpus(ids: list[str] | None = None, count: int = 0, driver: str = "",
 
 def test_the_table_names_each_form_once() -> None:
     names = [f.name for f in FORMS]
-    assert names == ["device-request", "cdi", "nvidia-runtime", "swarm-resource", "device-file", "privileged"]
+    assert names == ["device-request", "cdi", "cdi-annotation", "nvidia-runtime", "swarm-resource", "device-file",
+                     "bind-mount", "device-cgroup", "privileged"]
     assert len(set(names)) == len(names)
 
 
@@ -149,19 +152,23 @@ def test_the_nvidia_runtime_reads_nvidia_visible_devices(env: list[str], want: l
     assert ledger.grants(container(env=env), host) == []
 
 
-def test_a_swarm_task_holds_the_cards_swarm_gave_it() -> None:
-    """Under the nvidia runtime (a GPU node's default), DOCKER_RESOURCE_<KIND> naming UUIDs; a discrete count is
-    no card; an image's NVIDIA_VISIBLE_DEVICES counts too (what the runtime reads when swarm-resource does not
-    name the variable)."""
+def test_docker_resource_holds_in_any_container() -> None:
+    """DOCKER_RESOURCE_<KIND> naming UUIDs (or nvidia.com/gpu CDI names), under any runtime and beside a device
+    request: the toolkit reads it before NVIDIA_VISIBLE_DEVICES where its swarm-resource setting names it; a
+    discrete count is no card; an image's NVIDIA_VISIBLE_DEVICES counts too (what the runtime reads when
+    swarm-resource does not name the variable)."""
     host = mig_host()
     env = [f"DOCKER_RESOURCE_GPU={RTX},{MIG_B}", "DOCKER_RESOURCE_SSD=1"]
     got = ledger.grants(container(runtime="nvidia", env=env), host)
     assert [(g.form, list(g.uuids), g.how) for g in got] == [
-        ("swarm-resource", [RTX, MIG_B], f"Swarm DOCKER_RESOURCE_GPU={RTX},{MIG_B}")]
+        ("swarm-resource", [RTX, MIG_B], f"DOCKER_RESOURCE_GPU={RTX},{MIG_B}")]
     got = ledger.grants(container(runtime="nvidia", env=[f"DOCKER_RESOURCE_NVIDIA-GPU={A800C}",
                                                          "NVIDIA_VISIBLE_DEVICES=all"]), host)
     assert [(g.form, len(g.uuids)) for g in got] == [("nvidia-runtime", 4), ("swarm-resource", 1)]
-    assert ledger.grants(container(env=env), host) == []  # runc exposes no card
+    for c in (container(env=env), container(env=env, requests=gpus(["2"]))):  # runc, a node's default runtime hooks
+        assert [u for g in ledger.grants(c, host) if g.form == "swarm-resource" for u in g.uuids] == [RTX, MIG_B]
+    got = ledger.grants(container(env=["DOCKER_RESOURCE_GPU=nvidia.com/gpu=3"]), host)
+    assert [(g.form, list(g.uuids)) for g in got] == [("swarm-resource", [A800C])]
     unknown = ledger.grants(container(runtime="nvidia", env=["DOCKER_RESOURCE_GPU=GPU-00000000-0000-0000-0000-"
                                                                "000000000000"]), host)
     assert [(list(g.uuids), list(g.unknown)) for g in unknown] == [([], ["GPU-00000000-0000-0000-0000-000000000000"])]
@@ -189,7 +196,7 @@ def test_device_files_name_cards_by_minor_number() -> None:
                                            "/dev/nvidia-caps/nvidia-cap1", "/tmp/x/nvidia3", "/dev/nvidia9"]), host)
     assert [(list(g.uuids), list(g.unknown), g.how) for g in got] == [
         ([A800B], [], "--device /dev/nvidia2"), ([A800C], [], "--device /tmp/x/nvidia3"),
-        ([], ["/dev/nvidia9"], "--device /dev/nvidia9")]
+        ([], ["/dev/nvidia9 (minor 9)"], "--device /dev/nvidia9")]
 
 
 def test_privileged_with_the_nvidia_toolkit_holds_every_card() -> None:
@@ -297,9 +304,24 @@ def test_lease_states_by_the_daemons_clock() -> None:
     mine = lease.claim()
     assert mine[lease.LEASE_LABEL] == str(lease.LEASE_S)
     assert lease.state(mine, created=1000.0, now=1010.0) == lease.LIVE
-    assert lease.state(mine, created=1000.0, now=1000.0 + lease.LEASE_S + 1) == lease.EXPIRED
+    # Its owner (this process) runs: a container's lease never expires; the lock's does, on time.
+    assert lease.state(mine, created=1000.0, now=1000.0 + 100 * lease.LEASE_S) == lease.LIVE
+    assert lease.state(mine, 1000.0, 1000.0 + lease.LEASE_S + 1, owner_alive_holds=False) == lease.EXPIRED
     remote = {lease.OWNER_LABEL: "host=far pid=1 start=1 boot=x pidns=1", lease.LEASE_LABEL: "3"}
     assert lease.state(remote, 1000.0, 1002.0) == lease.LIVE and lease.state(remote, 1000.0, 1004.0) == lease.EXPIRED
+    # An owner that cannot be seen from here renews it on the daemon: live while its last renewal is recent.
+    asked: list[int] = []
+
+    def renewed(at: float | None) -> Any:
+        def when() -> float | None:
+            asked.append(1)
+            return at
+        return when
+
+    assert lease.state(remote, 1000.0, 1002.0, renewed(None)) == lease.LIVE and asked == []  # not asked in time
+    assert lease.state(remote, 1000.0, 1040.0, renewed(1038.0)) == lease.LIVE and asked == [1]
+    assert lease.state(remote, 1000.0, 1040.0, renewed(1036.0)) == lease.EXPIRED
+    assert lease.state(remote, 1000.0, 1040.0, renewed(None)) == lease.EXPIRED
     assert lease.seconds({lease.LEASE_LABEL: "1e9"}) == lease.MAX_LEASE_S
     assert lease.seconds({lease.LEASE_LABEL: "nan"}) == lease.LEASE_S == lease.seconds({})
 
