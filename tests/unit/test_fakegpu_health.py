@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_fakegpu import (
+from tests.unit.test_fakegpu import (
     A800_1B,
     A800_86,
     A800_AF,
