@@ -2,9 +2,8 @@
 
 The tests that take `ep` run here on the simulated host (the console script), and again in
 tests/docker/test_entrypoint_watch.py in the project's image on each engine's sandbox, where the entrypoint is the
-container's PID 1. They check what a
-user depends on: the workload's exit code and signals, its process group and terminal, the reaping of orphans, and
-that a lost card stops the workload with 79 and one line.
+container's PID 1. They check what a user depends on: the workload's exit code and signals, its process group and
+terminal, and that a lost card stops the workload with 79 and one line.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from tests.support.host import ENTRYPOINT, simhost_env
 from tests.support.scenarios import uuids
 from tests.support.watch import LOOPING, PIN, WATCH, Faults, Running, loss_line, start
 
-A800, RTX, A800B, A800C = uuids("mixed-4")
+A800, RTX, A800B, A800C = uuids("mixed-4")  # RTX is the pinned card (watch.PIN)
 
 # A workload that reports each signal it gets, and ends with 42 on SIGTERM (after saying which pid it is).
 REPORTER = (
