@@ -43,8 +43,11 @@ def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(root: Path, mixed4_s
     topo["gpus"][0]["persistence_mode"] = 0
     path = tmp_path_factory.mktemp("topo") / "pm-off.json"
     path.write_text(json.dumps(topo))
-    (root / "etc" / "cdi").mkdir()
-    (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(
+    # Where the daemon reads CDI specs (Engine 26 names its own folders; 20.10 none, and doctor reads /etc/cdi).
+    info = json.loads(mixed4_sandbox.docker("info", "--format", "{{json .}}", check=True).stdout)
+    spec_dir = root / (info.get("CDISpecDirs") or ["/etc/cdi"])[0].lstrip("/")
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "nvidia.json").write_text(json.dumps(
         {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": A800}]}))
     r = doctor_on(root, mixed4_sandbox.host, FAKEGPU_TOPOLOGY=str(path))
     assert r.returncode == doctor.EX_FINDINGS, r
