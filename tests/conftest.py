@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.host import FAKEGPU, REPO
 from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test
+from tests.support.watch import Running
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +59,15 @@ def agent26(sandboxes: Sandboxes) -> Iterator[Agent]:
     if "26" not in engines_under_test():
         pytest.skip("Engine 26 is not among GPUPIN_TEST_ENGINES")
     yield from agent_on(sandboxes.get("26"))
+
+
+@pytest.fixture
+def running() -> Iterator[list[Running]]:
+    """The watched workloads a test started (tests/support/watch.py `start`), ended after it, passed or not."""
+    started: list[Running] = []
+    yield started
+    for r in started:
+        r.close()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

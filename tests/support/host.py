@@ -45,6 +45,13 @@ def hostagent(*args: str, scenario_name: str = "mixed-4", timeout: float = 120,
                           timeout=timeout)
 
 
+def doctor_on(root: Path, docker_host: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`hostagent doctor` on the simulated host's mixed-4, with `root` as the host's root and that daemon."""
+    return subprocess.run([HOSTAGENT, "doctor", "--root", str(root), *args],
+                          env=simhost_env("mixed-4", DOCKER_HOST=docker_host, **env), capture_output=True, text=True,
+                          timeout=60)
+
+
 def saw(out: str) -> list[str]:
     """The UUIDs the workload saw at cuda:0, cuda:1, ... (from `python3 -m gpupin.entrypoint`)."""
     return re.findall(r"^cuda:\d+ = (\S+) at .*, as expected$", out, re.M)

@@ -69,6 +69,13 @@ def swarm_resources(name: str) -> list[str]:
     return out
 
 
+def fault_file(tmp_path: Path, cards: dict[str, Any]) -> Path:
+    """The fake NVML's fault file (FAKEGPU_FAULTS) with those faults per card UUID."""
+    path = tmp_path / "faults.json"
+    path.write_text(json.dumps({"cards": cards}))
+    return path
+
+
 def cards(name: str = "mixed-4") -> list[Card]:
     """The scenario's cards as gpupin.core.nvml.list_cards(detail=True, mig=True) reports them."""
     out: list[Card] = []

@@ -20,11 +20,11 @@ import pytest
 from gpupin.core.contract import LEVELS
 from gpupin.hostagent.cli import build_parser
 from gpupin.hostagent.completion.model import commands
-from tests.support.host import BIN, simhost_env
+from tests.support.host import BIN, REPO, simhost_env
 from tests.support.scenarios import uuids
 
 SHELLS = ("bash", "zsh", "fish")
-ZSH_CAPTURE = Path(__file__).with_name("complete.zsh")
+ZSH_CAPTURE = REPO / "tests" / "support" / "complete.zsh"
 
 
 def _env(scenario: str = "mixed-4") -> dict[str, str]:
@@ -66,7 +66,7 @@ def bash(script: Path, line: str, cwd: Path | None = None, scenario: str = "mixe
 
 
 def zsh(script: Path, line: str, cwd: Path | None = None) -> list[str]:
-    """The matches zsh's completion system offers for LINE<TAB> (tests/complete.zsh)."""
+    """The matches zsh's completion system offers for LINE<TAB> (tests/support/complete.zsh)."""
     r = subprocess.run([_shell("zsh"), "-f", str(ZSH_CAPTURE), str(script), line], env=_env(), capture_output=True,
                        text=True, timeout=60, cwd=cwd)
     assert r.returncode == 0, r.stderr

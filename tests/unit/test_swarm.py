@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.swarm.cluster import GenericResourceError, env_var, from_engine, parse_terms
+from gpupin.hostagent.swarm.resources import GenericResourceError, env_var, from_engine, parse_terms
 from tests.support.host import HOSTAGENT, hostagent, simhost_env
 from tests.support.scenarios import swarm_resources, topology
 

@@ -1,33 +1,30 @@
 """Black-box tests of `gpupin-entrypoint --watch`, the supervising parent, as dumb-init's tests are written.
 
-Every test runs in every mode of tests/test_entrypoint_contract.py: the console script on the simulated host, and
-the project's image on each engine's sandbox, where the entrypoint is the container's PID 1. They check what a
-user depends on: the workload's exit code and signals, its process group and terminal, the reaping of orphans, and
-that a lost card stops the workload with 79 and one line.
+The tests that take `ep` run here on the simulated host (the console script), and again in
+tests/docker/test_entrypoint_watch.py in the project's image on each engine's sandbox, where the entrypoint is the
+container's PID 1. They check what a user depends on: the workload's exit code and signals, its process group and
+terminal, and that a lost card stops the workload with 79 and one line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENTRYPOINT, gpu_uuids, simhost_env
-from tests.test_entrypoint_contract import MODES, Entrypoint, device, entrypoint_in, one_error_line
+from tests.support.entrypoint import Entrypoint, device, one_error_line
+from tests.support.host import ENTRYPOINT, simhost_env
+from tests.support.scenarios import uuids
+from tests.support.watch import LOOPING, PIN, WATCH, Faults, Running, loss_line, start
 
-A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
-PIN = {"GPUPIN_EXPECT": RTX}
-WATCH = ("--quiet", "--watch", "0.2")
+A800, RTX, A800B, A800C = uuids("mixed-4")  # RTX is the pinned card (watch.PIN)
 
 # A workload that reports each signal it gets, and ends with 42 on SIGTERM (after saying which pid it is).
 REPORTER = (
@@ -42,96 +39,6 @@ REPORTER = (
     "print('ready', os.getpid(), os.getppid(), os.getpgrp(), flush=True)\n"
     "while True: signal.pause()\n"
 )
-
-
-@pytest.fixture(params=MODES)
-def ep(request: pytest.FixtureRequest, fakegpu: Path) -> Entrypoint:
-    return entrypoint_in(request)
-
-
-@pytest.fixture(params=[m for m in MODES if m != "host"])
-def container(request: pytest.FixtureRequest, fakegpu: Path) -> Entrypoint:
-    """The entrypoint as a container's PID 1 (the orphans of the whole container are its children)."""
-    return entrypoint_in(request)
-
-
-class Running:
-    """A watched workload started in the background: its output as it comes, and signals sent to the entrypoint
-    (to its process on the host, through `docker kill` in a container)."""
-
-    def __init__(self, ep: Entrypoint, *args: str, env: dict[str, str] | None = None,
-                 watch: tuple[str, ...] = WATCH, docker_args: tuple[str, ...] = ()) -> None:
-        self.ep = ep
-        argv, penv = ep.argv([*watch, *args], env or PIN, device(RTX), detach=True, docker_args=docker_args)
-        self.out: list[str] = []
-        self.err: list[str] = []
-        if ep.mode == "host":
-            self.proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            self.cid = ""
-            self.readers = [threading.Thread(target=lambda s=stream, ls=lines: ls.extend(s), daemon=True)
-                            for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-            for t in self.readers:
-                t.start()
-        else:
-            self.cid = subprocess.run(argv, env=penv, capture_output=True, text=True, check=True).stdout.strip()
-
-    def output(self) -> str:
-        if self.ep.mode == "container":
-            assert self.ep.sandbox is not None
-            return self.ep.sandbox.docker("logs", self.cid).stdout
-        return "".join(self.out)
-
-    def wait_for(self, text: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while text not in (out := self.output()):
-            assert time.monotonic() < deadline, f"never printed {text!r}: {out!r}"
-            time.sleep(0.05)
-        return out
-
-    def send(self, sig: int) -> None:
-        if self.ep.mode == "host":
-            self.proc.send_signal(sig)
-        else:
-            assert self.ep.sandbox is not None
-            self.ep.sandbox.docker("kill", "-s", str(int(sig)), self.cid, check=True)
-
-    def wait(self, timeout: float = 60) -> int:
-        if self.ep.mode == "host":
-            code = self.proc.wait(timeout=timeout)
-            for t in self.readers:  # everything it printed, read
-                t.join(timeout=10)
-            return code
-        assert self.ep.sandbox is not None
-        return int(self.ep.sandbox.docker("wait", self.cid, check=True, timeout=timeout).stdout.strip())
-
-    def stderr(self) -> str:
-        if self.ep.mode == "host":
-            return "".join(self.err)
-        assert self.ep.sandbox is not None
-        return self.ep.sandbox.docker("logs", self.cid).stderr
-
-    def close(self) -> None:
-        if self.ep.mode == "host":
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-        elif self.ep.sandbox is not None:
-            self.ep.sandbox.docker("rm", "-f", self.cid)
-
-
-@pytest.fixture
-def running() -> Iterator[list[Running]]:
-    started: list[Running] = []
-    yield started
-    for r in started:
-        r.close()
-
-
-def start(ep: Entrypoint, started: list[Running], *args: str, env: dict[str, str] | None = None,
-          watch: tuple[str, ...] = WATCH, docker_args: tuple[str, ...] = ()) -> Running:
-    r = Running(ep, *args, env=env, watch=watch, docker_args=docker_args)
-    started.append(r)
-    return r
 
 
 # --- exit codes ------------------------------------------------------------------------------------------------
@@ -202,15 +109,6 @@ def test_sigterm_to_the_parent_ends_an_untrapping_workload_with_143(ep: Entrypoi
     r.wait_for("ready")
     r.send(signal.SIGTERM)
     assert r.wait() == 143
-
-
-def test_orphans_are_reaped_by_the_entrypoint_as_pid_1(container: Entrypoint) -> None:
-    """An orphan of the workload ends as the child of PID 1, which must reap it, or it stays a zombie."""
-    script = ('(sleep 0.2 & echo $! > /tmp/orphan); orphan=$(cat /tmp/orphan); i=0; '
-              'while [ -e /proc/$orphan ] && [ $i -lt 200 ]; do i=$((i+1)); sleep 0.05; done; '
-              '[ -e /proc/$orphan ] && grep State /proc/$orphan/status || echo reaped')
-    r = container.run(*WATCH, "sh", "-c", script, env=PIN, gpus=device(RTX))
-    assert (r.rc, r.out) == (0, "reaped\n"), r
 
 
 def test_the_workload_holds_the_terminal(ep: Entrypoint) -> None:
@@ -335,39 +233,6 @@ def test_a_bad_grace_is_64_with_one_line(value: str, fakegpu: Path) -> None:
 
 # --- a card lost mid-run ----------------------------------------------------------------------------------------
 
-class Faults:
-    """The fake NVML's fault file (FAKEGPU_FAULTS, re-read at every call), in a folder a container sees too."""
-
-    MOUNT = "/fakegpu-faults"
-
-    def __init__(self, ep: Entrypoint, tmp_path: Path) -> None:
-        self.dir = tmp_path / "faults"
-        self.dir.mkdir()
-        self.path = self.dir / "faults.json"
-        inside = self.path if ep.mode == "host" else Path(self.MOUNT, self.path.name)
-        self.env = {**PIN, "FAKEGPU_FAULTS": str(inside)}
-        # The folder, not the file: a file replaced under a bind mount would not be seen through it.
-        self.docker_args = () if ep.mode == "host" else ("-v", f"{self.dir}:{self.MOUNT}:ro")
-
-    def plant(self, faults: dict[str, object]) -> float:
-        """Write the faults atomically; return when (time.monotonic())."""
-        tmp = self.dir / ".faults.json.tmp"
-        tmp.write_text(json.dumps(faults))
-        os.replace(tmp, self.path)
-        return time.monotonic()
-
-
-LOOPING = "trap 'echo workload got TERM; exit 5' TERM; echo ready; while :; do sleep 0.05; done"
-
-
-def loss_line(err: str) -> str:
-    line = one_error_line(err)
-    assert line.startswith("gpupin-entrypoint: ERROR: a pinned card was lost while the workload ran: "), line
-    assert "HINT: start the container again" in line and "--restart on-failure" in line, line
-    assert "`hostagent doctor`" in line, line
-    return line
-
-
 AT = f"{RTX} at 00000000:3B:00.0"
 
 
@@ -429,25 +294,6 @@ def test_a_card_of_another_container_lost_does_not_stop_this_one(ep: Entrypoint,
     faults.plant({"cards": {A800: {"lost": True}}})
     assert r.wait() == 3
     assert r.stderr() == ""
-
-
-def test_a_daemon_reload_that_takes_the_devices_away_is_a_loss(container: Entrypoint, running: list[Running]
-                                                                ) -> None:
-    """What `systemctl daemon-reload` does to a container under the systemd cgroup driver (cgroup v1), done by hand:
-    its device cgroup stops allowing the NVIDIA nodes. Open files keep working, so NVML's session answers on, but
-    a new session would fail with "Unknown Error"; the watcher sees /dev/nvidiactl no longer open. (The simulated
-    GPUs have no device nodes: /dev/full stands in for /dev/nvidiactl.)"""
-    assert container.sandbox is not None
-    r = start(container, running, "sh", "-c", LOOPING, docker_args=("--device", "/dev/full:/dev/nvidiactl"))
-    r.wait_for("ready")
-    pid = container.sandbox.docker("inspect", "-f", "{{.State.Pid}}", r.cid, check=True).stdout.strip()
-    cgroup = next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-                  if line.split(":")[1] == "devices")
-    Path(f"/sys/fs/cgroup/devices{cgroup}/devices.deny").write_text("c 1:7 rwm")
-    assert r.wait() == 79
-    assert "workload got TERM" in r.output()
-    line = loss_line(r.stderr())
-    assert "/dev/nvidiactl no longer opens here (Operation not permitted)" in line and "Unknown Error" in line, line
 
 
 def test_a_check_that_fails_leaves_the_workload_running_under_its_parent() -> None:

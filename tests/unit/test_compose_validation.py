@@ -18,10 +18,11 @@ from gpupin.hostagent.compose import load
 from gpupin.hostagent.compose.gpurequest import ALL
 from gpupin.hostagent.compose.render import render as render_core
 from gpupin.hostagent.compose.rules import examine
-from tests.cards import cards as scenario_cards
-from tests.conftest import HOSTAGENT, REPO, docker_required, gpu_uuids, simhost_env
+from tests.support.compose import V2
+from tests.support.host import HOSTAGENT, required, simhost_env
+from tests.support.scenarios import cards as scenario_cards
+from tests.support.scenarios import uuids
 
-COMPOSE_V2 = REPO / "build/engines/26/root/usr/libexec/docker/cli-plugins/docker-compose"
 DEPLOY = "    deploy: {{resources: {{reservations: {{devices: [{entry}]}}}}}}"
 
 
@@ -124,12 +125,12 @@ def test_a_malformed_device_request_that_is_not_a_gpus_is_refused_too() -> None:
     assert len(found) == 1 and "capabilities is required" in found[0], found
 
 
-@pytest.mark.skipif(not COMPOSE_V2.exists() and not docker_required(), reason="compose v2 is not unpacked")
+@pytest.mark.skipif(not V2.exists() and not required(), reason="compose v2 is not unpacked")
 @pytest.mark.parametrize(("entry", "says", "compose_says"), ENTRIES)
 def test_compose_itself_agrees_with_every_row(tmp_path: Path, entry: str, says: str | None,
                                               compose_says: str | None) -> None:
     (tmp_path / "compose.yaml").write_text(file(deploy(entry)))
-    r = subprocess.run([str(COMPOSE_V2), "-f", "compose.yaml", "config", "-q"], cwd=tmp_path, capture_output=True,
+    r = subprocess.run([str(V2), "-f", "compose.yaml", "config", "-q"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=60, env=dict(os.environ, COMPOSE_PROJECT_NAME="v"))
     if compose_says is None:
         assert r.returncode == 0, r.stderr
@@ -145,7 +146,7 @@ def test_compose_itself_agrees_with_every_row(tmp_path: Path, entry: str, says: 
     "['/dev:/dev']", "[{source: /dev/, target: /dev}]"])
 def test_a_device_file_holds_its_card_in_both_syntaxes(devices: str) -> None:
     found = errors(file(f"    devices: {devices}", "    x-gpupin: {gpus: ['1']}"))
-    assert len(found) == 1 and found[0].startswith("f: service b: ") and gpu_uuids("mixed-4")[1] in found[0], found
+    assert len(found) == 1 and found[0].startswith("f: service b: ") and uuids("mixed-4")[1] in found[0], found
     assert "also given to service a (by device file)" in found[0]
 
 
@@ -191,13 +192,13 @@ def render(text: str) -> dict[str, Any]:
 
 
 def test_render_places_counts_off_the_cards_device_files_hold_and_keeps_the_files() -> None:
-    uuids = gpu_uuids("mixed-4")
+    first = uuids("mixed-4")[0]
     doc = render(file("    devices: ['/dev/nvidia0:/dev/nvidia0']", "    x-gpupin: {count: 1}"))
     assert doc["services"]["a"]["devices"] == ["/dev/nvidia0:/dev/nvidia0"]
     assert "deploy" not in doc["services"]["a"]  # no pin written for a device-file holder
     pinned = doc["services"]["b"]["deploy"]["resources"]["reservations"]["devices"][0]
     given = pinned.get("device_ids") or pinned.get("options", {}).values()
-    assert uuids[0] not in str(given) and uuids[0] not in str(doc["services"]["b"])
+    assert first not in str(given) and first not in str(doc["services"]["b"])
 
 
 def test_check_and_render_on_the_cli_refuse_a_card_two_services_hold(tmp_path: Path) -> None:
@@ -207,5 +208,5 @@ def test_check_and_render_on_the_cli_refuse_a_card_two_services_hold(tmp_path: P
         r = hostagent(tmp_path, *args)
         lines = [x for x in (r.stdout + r.stderr).splitlines() if "service b" in x]
         assert r.returncode == 64 and len(lines) == 1, (args, r.stderr)
-        assert gpu_uuids("mixed-4")[3] in lines[0] and "service a (by device file)" in lines[0]
+        assert uuids("mixed-4")[3] in lines[0] and "service a (by device file)" in lines[0]
     assert not (tmp_path / "out.yml").exists()

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from tests.conftest import TEST_IMAGE, Agent, gpu_uuids
-from tests.resident import Resident
+from tests.support.resident import Resident
+from tests.support.sandbox import TEST_IMAGE, Agent
+from tests.support.scenarios import uuids
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's (make test-tools): Playwright's own browser download is never used
 
@@ -35,7 +36,7 @@ def test_dashboard_shows_every_card_and_a_new_holder_without_reload(agent: Agent
     tab.goto(resident.url + "/")
     tab.wait_for_selector(".card", timeout=10_000)
     shown = tab.eval_on_selector_all(".card", "cards => cards.map(c => c.dataset.uuid)")
-    assert shown == gpu_uuids("mixed-4")
+    assert shown == uuids("mixed-4")
     assert tab.text_content("#hostname") == resident.ls()["hostname"]
     states = tab.eval_on_selector_all(".card", "cards => cards.map(c => c.dataset.state)")
     assert states == ["free", "free", "busy", "free"]
@@ -43,7 +44,7 @@ def test_dashboard_shows_every_card_and_a_new_holder_without_reload(agent: Agent
     name = f"dash-{uuid.uuid4().hex[:8]}"
     res = agent("run", "-d", "--name", name, "--gpu", "3", TEST_IMAGE, "sleep", "300")
     assert res.returncode == 0, res.stderr
-    card3 = f".card[data-uuid='{gpu_uuids('mixed-4')[3]}']"
+    card3 = f".card[data-uuid='{uuids('mixed-4')[3]}']"
     tab.wait_for_selector(f"{card3} .holder[data-name='{name}']", timeout=5_000)
     assert tab.get_attribute(card3, "data-state") == "held"
     assert tab.text_content(f"{card3} .holder td:nth-child(3)") == TEST_IMAGE

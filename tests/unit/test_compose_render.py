@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,14 +18,8 @@ import yaml
 from gpupin.hostagent.compose import load, roundtrip
 from gpupin.hostagent.compose.render import header
 from gpupin.hostagent.compose.render import render as render_core
-from tests.cards import cards
-from tests.conftest import REPO, docker_required
-
-CORPUS = REPO / "tests" / "data" / "compose-corpus"
-FILES = sorted(CORPUS.glob("*.yml"))
-V2 = REPO / "build" / "engines" / "26" / "root" / "usr" / "libexec" / "docker" / "cli-plugins" / "docker-compose"
-V1 = Path(shutil.which("docker-compose") or "/usr/bin/docker-compose")
-GPU_ENV = re.compile(r"GPUPIN_\w*|NVIDIA_VISIBLE_DEVICES")
+from tests.support.compose import CORPUS, FILES, V1, V2, strip_gpu, tool
+from tests.support.scenarios import cards
 
 
 def rendered(text: str) -> str:
@@ -36,45 +28,6 @@ def rendered(text: str) -> str:
     doc = load.parse(source)
     out, exam = render_core(doc, cards("mixed-4"), {})
     return header("f.yml", exam) + "\n" + roundtrip.edit(source, doc, out)
-
-
-def tool(path: Path) -> list[str]:
-    if not path.exists():
-        if docker_required():
-            pytest.fail(f"{path} is needed here (CI): `make engine26` unpacks compose v2, docker-compose is "
-                        "Debian's package", pytrace=False)
-        pytest.skip(f"{path} is not installed")
-    return [str(path)]
-
-
-def strip_gpu(model: Any) -> Any:
-    """compose's model of a file without the parts the pin owns: device requests, `runtime: nvidia`, the pin's
-    environment and labels, x-gpupin (levels left empty go too)."""
-    model.pop("x-gpupin", None)
-    for svc in (model.get("services") or {}).values():
-        svc.pop("x-gpupin", None)
-        svc.pop("gpus", None)
-        if svc.get("runtime") == "nvidia":
-            del svc["runtime"]
-        for key, drop in (("environment", GPU_ENV.fullmatch), ("labels", re.compile(r"gpupin\..*").fullmatch)):
-            entries = svc.get(key)
-            if isinstance(entries, dict):
-                svc[key] = {k: v for k, v in entries.items() if not drop(k)}
-            elif isinstance(entries, list):
-                svc[key] = [e for e in entries if not drop(str(e).partition("=")[0])]
-            if not svc.get(key):
-                svc.pop(key, None)
-        reservations = ((svc.get("deploy") or {}).get("resources") or {}).get("reservations") or {}
-        reservations.pop("devices", None)
-        if (svc.get("deploy") or {}).get("placement") == {}:  # v2 adds it to any deploy
-            del svc["deploy"]["placement"]
-        for path in (("deploy", "resources", "reservations"), ("deploy", "resources"), ("deploy",)):
-            node = svc
-            for level in path[:-1]:
-                node = node.get(level) or {}
-            if path[-1] in node and not node[path[-1]]:
-                del node[path[-1]]
-    return model
 
 
 def config(command: list[str], path: Path) -> tuple[bool, Any]:

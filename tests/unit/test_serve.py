@@ -19,8 +19,10 @@ from gpupin.hostagent.ls import hosts
 from gpupin.hostagent.serve.args import duration
 from gpupin.hostagent.serve.idle import IdleTracker
 from gpupin.hostagent.serve.listen import http_address
-from tests.conftest import HOSTAGENT, gpu_uuids, scenario, simhost_env, topology
-from tests.resident import Resident, wait_for
+from tests.support.host import HOSTAGENT, simhost_env
+from tests.support.resident import Resident
+from tests.support.scenarios import scenario, topology, uuids
+from tests.support.wait import wait_for
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"
 
@@ -114,7 +116,7 @@ def test_nvml_failure_is_unknown_then_recovered(tmp_path: Path) -> None:
         assert "gpupin_agent_nvml_up 0.0" in metrics and "gpupin_gpu_" not in metrics
         shutil.copy(scenario("mixed-4"), tmp_path / "good.json")
         os.replace(tmp_path / "good.json", topo)  # the driver is back: the next refresh opens NVML again
-        wait_for("the cards back", lambda: agent.get("/api/ls")[0] == 200)
+        wait_for(lambda: agent.get("/api/ls")[0] == 200, 10, "the cards back")
         assert len(agent.ls()["gpus"]) == 4
     finally:
         agent.close()
@@ -141,12 +143,12 @@ def test_an_xid_between_two_reads_is_kept_by_the_agent(tmp_path: Path) -> None:
     faults = tmp_path / "faults.json"  # absent: no fault yet (the fake re-reads it at every call)
     env = simhost_env(DOCKER_HOST=NO_DOCKER, FAKEGPU_FAULTS=str(faults))
     agent = Resident(env, "--interval", "0.2")
-    last = gpu_uuids("mixed-4")[3]
+    last = uuids("mixed-4")[3]
     try:
         assert agent.card(last)["health"]["healthy"] is True
         (tmp_path / "new.json").write_text(json.dumps({"cards": {last: {"xid": [79]}}}))
         os.replace(tmp_path / "new.json", faults)
-        card = wait_for("the XID", lambda: (c := agent.card(last))["health"]["healthy"] is False and c)
+        card = wait_for(lambda: c if (c := agent.card(last))["health"]["healthy"] is False else {}, 10, "the XID")
         assert card["health"]["reasons"] == ["XID 79 (fallen off the bus)"] and card["health"]["since"]
         os.unlink(faults)  # the event has been delivered; the driver has nothing more to say of it
         states = {lab["state"]: v for lab, v in metric(agent, "gpupin_gpu_state") if lab["UUID"] == last}

@@ -14,20 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.test_fakegpu import (
-    A800_1B,
-    A800_86,
-    A800_AF,
-    H200_0,
-    H200_1,
-    NVML_INIT,
-    RTX_3B,
-    SRC,
-    make_fakegpu,
-    run_py,
-    scenario,
-    write_json,
-)
+from tests.support.fakegpu import H200_0, H200_1, NVML_INIT, SRC, make_fakegpu, run_py, write_json
+from tests.support.scenarios import topology, uuids
+
+A800_1B, RTX_3B, A800_86, A800_AF = uuids("mixed-4")  # PCI order
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,7 +37,7 @@ def h200_host(tmp_path: Path, **card: Any) -> Path:
 
 def mixed(tmp_path: Path, **cards: Any) -> Path:
     """mixed-4 with health keys added to cards named by UUID."""
-    data = scenario("mixed-4.json")
+    data = topology("mixed-4")
     for gpu in data["gpus"]:
         gpu.update(cards.get(gpu["uuid"], {}))
     return write_json(tmp_path / "mixed.json", data)

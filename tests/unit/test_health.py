@@ -1,7 +1,7 @@
 """Card health end to end: each fault planted on the simulated host (the fault file $FAKEGPU_FAULTS, or the
 topology), read by hostagent's real CLI. `run --count` never takes the card, naming it is 69 with the reason and a
-hint, and `ls` says why (table, --json, --format). Health NVML cannot tell is unknown, never healthy. On the sandbox,
-`run --count 1` starts its container on another card, on both engines.
+hint, and `ls` says why (table, --json, --format). Health NVML cannot tell is unknown, never healthy. On the sandbox:
+tests/docker/test_health.py.
 
 The no-daemon tests point DOCKER_HOST at a socket that does not exist: `run --dry-run` then counts every card as
 free and `ls` lists the cards without holders, so what changes is health alone.
@@ -19,9 +19,11 @@ import pytest
 
 from gpupin.core import health
 from gpupin.core.health import MemoryHealth
-from tests.conftest import HOSTAGENT, TEST_IMAGE, Agent, gpu_uuids, saw, scenario, simhost_env, topology
+from tests.support.host import HOSTAGENT, simhost_env
+from tests.support.sandbox import TEST_IMAGE
+from tests.support.scenarios import fault_file, scenario, topology, uuids
 
-A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # --count 1 takes A800 (index 0) on a healthy mixed-4
+A800, RTX, A800B, A800C = uuids("mixed-4")  # --count 1 takes A800 (index 0) on a healthy mixed-4
 
 # (fault on the card at index 0, the reason hostagent gives)
 FAULTS = {
@@ -43,12 +45,6 @@ def cli(*args: str, faults: Path | None = None, topo: Path | None = None) -> sub
     if faults is not None:
         env["FAKEGPU_FAULTS"] = str(faults)
     return subprocess.run([HOSTAGENT, *args], env=env, capture_output=True, text=True, timeout=60)
-
-
-def fault_file(tmp_path: Path, cards: dict[str, Any]) -> Path:
-    path = tmp_path / "faults.json"
-    path.write_text(json.dumps({"cards": cards}))
-    return path
 
 
 def chosen(r: subprocess.CompletedProcess[str]) -> str:
@@ -185,15 +181,3 @@ def test_the_shipped_health_scenario(fakegpu: Path) -> None:
         (None, ["NVML could not read its memory errors: Unknown Error"]),
     ]
     assert chosen(cli("run", "--dry-run", "--count", "1", TEST_IMAGE, topo=topo)) == RTX
-
-
-# --- the sandbox ------------------------------------------------------------------------------------------------
-
-def test_count_skips_an_unhealthy_card_on_the_daemon(agent: Agent, tmp_path: Path) -> None:
-    faults = fault_file(tmp_path, {A800: {"xid": [79]}})
-    r = agent("run", "--rm", "--count", "1", TEST_IMAGE, FAKEGPU_FAULTS=str(faults))
-    assert r.returncode == 0, r.stderr
-    assert saw(r.stdout) == [A800C]
-    r = agent("run", "--rm", "--uuid", A800, TEST_IMAGE, FAKEGPU_FAULTS=str(faults))
-    assert r.returncode == 69 and "which is unhealthy: XID 79 (fallen off the bus)" in r.stderr, r.stderr
-    assert agent.containers() == []  # refused before anything was created

@@ -14,10 +14,12 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import SANDBOX_SCRIPT, TEST_IMAGE, Agent, gpu_uuids
-from tests.resident import Resident, wait_for
+from tests.support.resident import Resident
+from tests.support.sandbox import SANDBOX_SCRIPT, TEST_IMAGE, Agent
+from tests.support.scenarios import uuids
+from tests.support.wait import wait_for
 
-A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
+A800, RTX, A800B, A800C = uuids("mixed-4")
 
 
 @pytest.fixture
@@ -51,7 +53,7 @@ def samples(r: Resident) -> dict[str, list[tuple[dict[str, str], float]]]:
 def test_api_ls_is_what_ls_json_prints(agent: Agent, resident: Resident) -> None:
     name = f"serve-{uuid.uuid4().hex[:8]}"
     pinned(agent, "0", name)
-    wait_for("the holder in the agent's view", lambda: holders(resident, A800) == [name])
+    wait_for(lambda: holders(resident, A800) == [name], 10, "the holder in the agent's view")
     cli = agent("ls", "--json")
     assert cli.returncode == 0, cli.stderr
     api = resident.ls()
@@ -74,18 +76,18 @@ def test_a_change_reaches_the_view_within_a_second(agent: Agent, resident: Resid
     name = f"serve-{uuid.uuid4().hex[:8]}"
     pinned(agent, "1", name)
     started = time.monotonic()
-    wait_for("the new holder", lambda: holders(resident, RTX) == [name], timeout=1.0, every=0.02)
+    wait_for(lambda: holders(resident, RTX) == [name], 1.0, "the new holder", interval=0.02)
     seen = time.monotonic() - started
     agent.sandbox.docker("rm", "-f", name, check=True)
     removed = time.monotonic()
-    wait_for("the holder gone", lambda: holders(resident, RTX) == [], timeout=1.0, every=0.02)
+    wait_for(lambda: holders(resident, RTX) == [], 1.0, "the holder gone", interval=0.02)
     assert seen < 1.0 and time.monotonic() - removed < 1.0
 
 
 def test_metrics_per_card_and_holder_and_no_stale_series(agent: Agent, resident: Resident) -> None:
     name = f"serve-{uuid.uuid4().hex[:8]}"
     cid = pinned(agent, "0", name)
-    wait_for("the holder's series", lambda: "gpupin_holder_info" in samples(resident))
+    wait_for(lambda: "gpupin_holder_info" in samples(resident), 10, "the holder's series")
     m = samples(resident)
     info = m["gpupin_holder_info"]
     assert [labels for labels, _ in info] == [{
@@ -103,7 +105,7 @@ def test_metrics_per_card_and_holder_and_no_stale_series(agent: Agent, resident:
                      "modelName": "NVIDIA A800-SXM4-80GB", "Hostname": os.uname().nodename}
     assert m["gpupin_agent_docker_up"][0][1] == m["gpupin_agent_nvml_up"][0][1] == 1
     agent.sandbox.docker("rm", "-f", cid, check=True)
-    wait_for("the holder's series gone", lambda: "gpupin_holder_info" not in samples(resident))
+    wait_for(lambda: "gpupin_holder_info" not in samples(resident), 10, "the holder's series gone")
 
 
 def test_idle_holders_are_flagged_and_busy_ones_are_not(agent: Agent, resident: Resident) -> None:
@@ -113,9 +115,9 @@ def test_idle_holders_are_flagged_and_busy_ones_are_not(agent: Agent, resident: 
     agent.sandbox.docker("run", "-d", "--name", f"serve-busy-{uuid.uuid4().hex[:8]}", "--label",
                          f"gpupin.test={agent.tag}", "--gpus", f"device={A800B}", TEST_IMAGE, "sleep", "300",
                          check=True)
-    busy = wait_for("card 2 held", lambda: (c := resident.card(A800B))["held"] and c)
+    busy = wait_for(lambda: (c := resident.card(A800B))["held"] and c, 10, "card 2 held")
     assert (busy["idle"], busy["idle_seconds"]) == (False, 0)
-    card = wait_for("card 0 idle", lambda: (c := resident.card(A800))["idle"] and c, timeout=10)
+    card = wait_for(lambda: (c := resident.card(A800))["idle"] and c, 10, "card 0 idle")
     assert card["idle_seconds"] >= 1
     free = resident.card(RTX)
     assert (free["held"], free["idle"], free["idle_seconds"]) == (False, False, None)
@@ -128,7 +130,7 @@ def test_idle_holders_are_flagged_and_busy_ones_are_not(agent: Agent, resident: 
     agent.sandbox.docker("rm", "-f", idle, check=True)
     removed = time.monotonic()
     pinned(agent, "0", idle + "-next")
-    fresh = wait_for("the new holder", lambda: (c := resident.card(A800))["held"] and c)
+    fresh = wait_for(lambda: (c := resident.card(A800))["held"] and c, 10, "the new holder")
     assert [h["name"] for h in fresh["holders"] if h["holds"]] == [idle + "-next"]
     assert fresh["idle_seconds"] <= time.monotonic() - removed
 
@@ -156,20 +158,20 @@ def test_ls_of_several_hosts_is_one_table(agent: Agent, resident: Resident) -> N
 def test_a_daemon_restart_is_survived(agent: Agent, resident: Resident) -> None:
     name = f"serve-{uuid.uuid4().hex[:8]}"
     pinned(agent, "0", name)
-    wait_for("the holder", lambda: holders(resident, A800) == [name])
+    wait_for(lambda: holders(resident, A800) == [name], 10, "the holder")
     env = dict(os.environ, GPUPIN_SANDBOX_ENGINE=agent.sandbox.engine)
     subprocess.run([str(SANDBOX_SCRIPT), "down"], env=env, check=True, capture_output=True, timeout=120)
     try:
-        view = wait_for("Docker unknown", lambda: not (v := resident.ls())["docker"]["available"] and v)
+        view = wait_for(lambda: {} if (v := resident.ls())["docker"]["available"] else v, 10, "Docker unknown")
         assert all(not g["held"] and g["idle"] is None for g in view["gpus"])
         assert dict((k, v) for k, v in samples(resident).items() if k.startswith("gpupin_agent_docker_up")) == {
             "gpupin_agent_docker_up": [({}, 0.0)]}
     finally:
         subprocess.run([str(SANDBOX_SCRIPT), "up"], env=env, check=True, capture_output=True, timeout=600)
-    wait_for("Docker back", lambda: resident.ls()["docker"]["available"], timeout=30)
-    wait_for("its events followed again", lambda: json.loads(resident.get("/api/agent")[1])["events_followed"])
+    wait_for(lambda: resident.ls()["docker"]["available"], 30, "Docker back")
+    wait_for(lambda: json.loads(resident.get("/api/agent")[1])["events_followed"], 10, "its events followed again")
     # The event stream is followed again: a new holder appears within a second.
     agent.sandbox.docker("rm", "-f", name)
     second = f"serve-{uuid.uuid4().hex[:8]}"
     pinned(agent, "1", second)
-    wait_for("the holder after the restart", lambda: holders(resident, RTX) == [second], timeout=1.0, every=0.02)
+    wait_for(lambda: holders(resident, RTX) == [second], 1.0, "the holder after the restart", interval=0.02)

@@ -1,4 +1,4 @@
-# zsh -f tests/complete.zsh SCRIPT LINE: the matches zsh's own completion offers for LINE<TAB>, one a line.
+# zsh -f tests/support/complete.zsh SCRIPT LINE: the matches zsh's own completion offers for LINE<TAB>, one a line.
 # An interactive zsh on a pseudo-terminal (zpty) loads compinit and SCRIPT, is typed LINE and a TAB, and prints
 # every match as compadd takes it (a wrapper around the builtin), up to a mark its completion prints when done.
 # The marks are written in two pieces, so that the terminal's echo of these lines never matches them.

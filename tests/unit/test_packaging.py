@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from gpupin.core import __version__
+from tests.support.host import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 MODULES = "gpupin.core, gpupin.entrypoint, gpupin.hostagent.run.launch"
 # What the host extra brings and the image must not carry (the docker SDK and what only it needs).
 HOST_ONLY = ("docker", "yaml", "requests", "prometheus_client")

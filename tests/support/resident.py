@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import HOSTAGENT
+from tests.support.host import HOSTAGENT
+from tests.support.wait import wait_for
 
 STOP_LIMIT = 5.0  # seconds SIGTERM may take (docs/serve.md)
 
@@ -24,18 +25,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def wait_for(what: str, check: Any, timeout: float = 10.0, every: float = 0.05) -> Any:
-    """Poll `check()` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)
 
 
 class Resident:
@@ -50,7 +39,7 @@ class Resident:
         self.socket_left = False
         self.stderr = ""  # its log, once stopped
         self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for("the agent to listen", self._up, timeout=30)
+        wait_for(self._up, 30, "the agent to listen")
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:

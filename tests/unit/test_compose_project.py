@@ -22,12 +22,12 @@ from gpupin.hostagent.compose.forms import gpu_request
 from gpupin.hostagent.compose.problems import ServiceError
 from gpupin.hostagent.compose.project import Options, as_mapping, build
 from gpupin.hostagent.compose.rules import examine
-from tests.cards import cards
-from tests.conftest import HOSTAGENT, REPO, gpu_uuids, simhost_env
-from tests.test_compose_render import FILES, V2, strip_gpu, tool
+from tests.support.compose import FILES, V2, strip_gpu, tool
+from tests.support.host import HOSTAGENT, REPO, simhost_env
+from tests.support.scenarios import cards, uuids
 
 PROJECTS_DIR = REPO / "tests" / "data" / "compose-projects"
-A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # NVML order: 1B, 3B, 86, AF
+A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86, AF
 # project folder, the command line's options (files, profiles, env files), what each GPU service gets
 PROJECTS: list[tuple[str, Options, dict[str, list[str]]]] = [
     ("override", Options(), {"train": [RTX]}),

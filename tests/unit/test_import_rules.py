@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.host import REPO
+
 # The import name of each production folder (pyproject.toml's package-dir).
 PACKAGES = {"core": "gpupin.core", "entrypoint": "gpupin.entrypoint", "hostagent": "gpupin.hostagent"}
 CORE, ENTRYPOINT, HOSTAGENT = PACKAGES.values()

@@ -1,5 +1,6 @@
-"""`hostagent doctor`: each trap planted on the simulated host (a root with /dev, /etc planted, a topology, the
-sandbox's daemon) gives one line with a HINT and exit 1; a clean host gives exit 0 and one OK line."""
+"""`hostagent doctor` on the simulated host: each trap planted (a root with /dev, /etc planted, a topology) gives one
+line with a HINT and exit 1, what cannot be asked is a finding, not a traceback. With the sandbox's daemon:
+tests/docker/test_doctor.py."""
 
 from __future__ import annotations
 
@@ -12,17 +13,11 @@ from pathlib import Path
 import pytest
 
 from gpupin.hostagent import doctor
-from tests.cards import cards
-from tests.conftest import HOSTAGENT, Sandbox, gpu_uuids, simhost_env, topology
+from tests.support.host import HOSTAGENT, doctor_on, simhost_env
+from tests.support.scenarios import cards, uuids
 
-A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
+A800, RTX, A800B, A800C = uuids("mixed-4")
 NVIDIA_MAJOR = 195
-
-
-def run_doctor(root: Path, host: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([HOSTAGENT, "doctor", "--root", str(root), *args],
-                          env=simhost_env("mixed-4", DOCKER_HOST=host, **env), capture_output=True, text=True,
-                          timeout=60)
 
 
 def mknod(path: Path, major: int, minor: int) -> None:
@@ -119,40 +114,10 @@ def test_a_swarm_node_without_swarm_resource_in_the_toolkit(root: Path) -> None:
     assert doctor.check_swarm_resource({}, doctor.Host(str(root)), box) == []
 
 
-# --- the command on the simulated host and the sandbox --------------------------------------------------------
-
-def test_a_clean_host_is_exit_0_with_one_ok_line(root: Path, mixed4_sandbox: Sandbox) -> None:
-    (root / "usr" / "bin").mkdir(parents=True)
-    (root / "usr" / "bin" / doctor.HOOK).write_text("")
-    r = run_doctor(root, mixed4_sandbox.host)
-    assert r.returncode == 0, r
-    (line,) = r.stdout.splitlines()
-    assert line.startswith("OK: 4 card(s), cgroup v"), line
-    assert r.stderr == ""
-    data = json.loads(run_doctor(root, mixed4_sandbox.host, "--json").stdout)
-    assert data["ok"] is True and data["findings"] == []
-
-
-def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(root: Path, mixed4_sandbox: Sandbox,
-                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
-    topo = topology("mixed-4")
-    topo["gpus"][0]["persistence_mode"] = 0
-    path = tmp_path_factory.mktemp("topo") / "pm-off.json"
-    path.write_text(json.dumps(topo))
-    (root / "etc" / "cdi").mkdir()
-    (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(
-        {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": A800}]}))
-    r = run_doctor(root, mixed4_sandbox.host, FAKEGPU_TOPOLOGY=str(path))
-    assert r.returncode == doctor.EX_FINDINGS, r
-    lines = r.stdout.splitlines()
-    assert lines[-1].startswith(f"{len(lines) - 1} finding(s): 4 card(s)")
-    assert any("persistence mode: warning: off on card(s)" in ln for ln in lines), lines
-    assert any("nvidia.json" in ln and RTX in ln for ln in lines), lines
-    assert all(" HINT: " in ln for ln in lines[:-1]) and r.stderr == ""
-
+# --- the command on the simulated host --------------------------------------------------------------------
 
 def test_what_cannot_be_asked_is_a_finding_not_a_traceback(root: Path) -> None:
-    r = run_doctor(root, "unix:///nonexistent/docker.sock")
+    r = doctor_on(root, "unix:///nonexistent/docker.sock")
     assert r.returncode == doctor.EX_FINDINGS and "Traceback" not in r.stderr + r.stdout
     assert any(ln.startswith("docker: ") and "HINT:" in ln for ln in r.stdout.splitlines()), r.stdout
     r = subprocess.run([HOSTAGENT, "doctor", "--root", str(root)], capture_output=True, text=True, timeout=60,
