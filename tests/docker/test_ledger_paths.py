@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from gpupin.hostagent.ledger import lease, renewal
-from tests.conftest import TEST_IMAGE, Agent, saw
-from tests.test_ledger_docker import A800, A800B, A800C, RTX, SLEEP, docker_run, held_error, listing
+from tests.docker.test_ledger_docker import A800, A800B, A800C, RTX, SLEEP, docker_run, held_error, listing
+from tests.support.host import saw
+from tests.support.sandbox import TEST_IMAGE, Agent
 
 
 @pytest.fixture

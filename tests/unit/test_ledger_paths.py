@@ -20,8 +20,12 @@ from gpupin.core.errors import UsageError
 from gpupin.hostagent.ledger import forms, labels, lease, nodes
 from gpupin.hostagent.ledger.grant import Host
 from gpupin.hostagent.pin import Pin
-from tests.test_hostagent_unit import A800, A800B, A800C, RTX, mixed4, request
-from tests.test_ledger import container
+from tests.support.scenarios import cards as mixed4
+from tests.support.scenarios import uuids
+from tests.unit.test_hostagent_unit import request
+from tests.unit.test_ledger import container
+
+A800, RTX, A800B, A800C = uuids("mixed-4")
 
 ALL = [A800, RTX, A800B, A800C]
 
