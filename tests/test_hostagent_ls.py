@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.ls import procs
+from gpupin.hostagent.ledger import procs
 from gpupin.hostagent.ls import template as lsformat
 from tests.conftest import (
     ENGINES,

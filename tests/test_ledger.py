@@ -18,7 +18,8 @@ from gpupin.hostagent import engine
 from gpupin.hostagent.engine import address
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease, lock
-from gpupin.hostagent.ledger.holders import FORMS, Holder, Host, blocking, held, holder, holding
+from gpupin.hostagent.ledger.holders import FORMS, Holder, Host, blocking, held, holder
+from gpupin.hostagent.ledger.holding import holding
 from tests.test_hostagent_unit import A800, A800B, A800C, RTX, mixed4
 
 MIG_A = "MIG-11111111-2222-3333-4444-555555555555"

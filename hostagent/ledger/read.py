@@ -7,6 +7,7 @@ from gpupin.hostagent.engine.info import info, runtimes
 from gpupin.hostagent.engine.reader import fetch
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.ledger.holding import worth_inspecting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,14 +19,17 @@ if TYPE_CHECKING:
 
 class Book:
     """One reading of the ledger: the holders, the abandoned containers (created by a hostagent whose lease is
-    dead or expired, never started), and the daemon's clock at the reading."""
+    dead or expired, never started), the name of every container (id -> name: whose a GPU process is) and the
+    daemon's clock at the reading."""
 
-    __slots__ = ("holders", "now", "orphans")
+    __slots__ = ("holders", "names", "now", "orphans")
 
-    def __init__(self, holders: list[ledger.Holder], orphans: list[dict[str, Any]], now: float) -> None:
+    def __init__(self, holders: list[ledger.Holder], orphans: list[dict[str, Any]], now: float,
+                 names: dict[str, str] | None = None) -> None:
         self.holders = holders
         self.orphans = orphans
         self.now = now
+        self.names = names if names is not None else {}
 
 
 def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> Book:
@@ -39,6 +43,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
     host = ledger.Host(cards, lambda: runtimes(daemon_info if daemon_info is not None else info(api)))
     holders: list[ledger.Holder] = []
     orphans: list[dict[str, Any]] = []
+    names = {str(s["Id"]): ledger.name_of(s) for s in summaries}
     for s in summaries:
         state = str(s.get("State") or "")
         labels = s.get("Labels") or {}
@@ -48,7 +53,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             if lease_state != lease.LIVE:
                 orphans.append(s)
         h: ledger.Holder | None
-        if ledger.worth_inspecting(state, lease_state):
+        if worth_inspecting(state, lease_state):
             try:
                 h = ledger.holder(fetch(api, f"/containers/{s['Id']}/json")[0], host, lease_state)
             except EngineNotFound:
@@ -57,7 +62,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             h = ledger.label_holder(s, cards)
         if h is not None:
             holders.append(h)
-    return Book(holders, orphans, now)
+    return Book(holders, orphans, now, names)
 
 
 def read_holders(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None

@@ -26,6 +26,7 @@ struct fg_proc {
     int used_unknown; /* "used_memory_mib": null: NVML reports NVML_VALUE_NOT_AVAILABLE */
     unsigned gpu_instance_id;
     unsigned compute_instance_id;
+    int graphics; /* "kind": "graphics": a graphics client (nvmlDeviceGetGraphicsRunningProcesses) */
 };
 
 struct fg_gpu;
@@ -81,6 +82,11 @@ enum fg_load_status {
 
 /* Reads $FAKEGPU_TOPOLOGY (or /etc/fakegpu/topology.json when unset or empty) into *t. */
 enum fg_load_status fg_topology_load(struct fg_topology *t);
+
+/* The processes that $FAKEGPU_PROCESSES gives the card g or its MIG devices (README.md), re-read on each call:
+ * how many were written to out (at most max), 0 without the variable or the file, or minus the nvmlReturn_t that
+ * the file gives the card, or -999 when the file is malformed (one line on stderr). */
+int fg_file_processes(const struct fg_gpu *g, struct fg_proc *out, int max);
 
 /* Parses a PCI bus id as NVML accepts it (measured: sscanf-like hex fields, nothing after):
  *   domain:bus:device.function | domain:bus:device | bus:device.function
