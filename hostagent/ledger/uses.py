@@ -96,7 +96,7 @@ class Unlisted(Holder):
         self.reason = f"NVML would not list its processes: {card.processes_error}"
 
     def describe(self) -> str:
-        return f"nobody can tell ({self.reason}; run hostagent as root, or use the card anyway with --share)"
+        return f"someone NVML would not name ({self.reason}; run hostagent as root, or use it anyway with --share)"
 
 
 def mig_of(p: Process, card: Card) -> str | None:
