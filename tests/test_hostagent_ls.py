@@ -220,6 +220,7 @@ def test_a_mig_devices_holders_and_processes_are_shown_under_it(fakegpu: Path, t
                        Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all").to_dict()]
     card["held"] = card["mig_devices"][1]["held"] = True
     card["state"], card["mig_devices"][0]["state"], card["mig_devices"][1]["state"] = "held", "free", "held"
+    card["unknown"] = None
     data["docker"]["available"] = True
     lines = lsview.render(data).splitlines()
     at = lines.index(next(ln for ln in lines if ln.startswith("    MIG 1")))
@@ -479,6 +480,10 @@ def test_a_containers_process_names_its_container(mixed4_sandbox: Sandbox, tagge
                           "--gpu", "1", TEST_IMAGE, "sleep", "60"], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
     pid = int(sb.docker("inspect", "-f", "{{.State.Pid}}", cid, check=True).stdout)
+    comm = Path(f"/proc/{pid}/comm")
+    deadline = time.monotonic() + 30
+    while comm.read_text().strip() != "sleep" and time.monotonic() < deadline:  # until the entrypoint has exec'd
+        time.sleep(0.05)
     topo = write_topology(tmp_path, "mixed-4", pid)
     data = json.loads(ls("--json", FAKEGPU_TOPOLOGY=str(topo), DOCKER_HOST=sb.host).stdout)
     (proc,) = by_uuid(data)[RTX]["processes"]

@@ -162,8 +162,8 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
         hint.append(f"pick a free card ({indices}: `hostagent ls`)")
     holders = [h for p in picks for k in _keys(p) for h in busy.get(k, [])]
     if not req.share and holders and all(h.shared or h.process for h in holders):
-        hint.append("share it on purpose with --share" + ("" if any(h.process for h in holders) else
-                                                          " (its holder shares)"))
+        hint.append("share it on purpose with --share" if any(h.process for h in holders) else
+                    "share it with --share (its holder shares)")
     return None, _Refusal(why, ", or ".join(hint))
 
 
