@@ -79,6 +79,23 @@ def fakegpu() -> Path:
     return FAKEGPU
 
 
+def idle_topology(name: str = "mixed-4") -> str:
+    """The scenario with no process on any card (written under build/), for the tests of the ledger and its lock
+    that need every card free: a process is a holder (gpupin.hostagent.ledger.uses), and mixed-4 runs pid 4242 on
+    card 2. The sandbox's hook keeps the scenario itself: the cards are the same."""
+    topo = topology(name)
+    for g in topo["gpus"]:
+        g.pop("processes", None)
+    path = REPO / "build" / "test-topologies" / f"{name}-idle.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(topo)
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)  # whole, for a test running beside this one
+    return str(path)
+
+
 def simhost_env(name: str = "mixed-4", **extra: str) -> dict[str, str]:
     """The environment of a process on the simulated host: the fake libraries, the topology, nothing CUDA."""
     env = {k: v for k, v in os.environ.items()
