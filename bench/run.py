@@ -9,10 +9,10 @@
               says), else `--gpus device=U`. Target: at most 1.25x. And what asking the daemon whether it serves
               CDI costs (its /info, its spec files): `hostagent run` against `hostagent run --via` the same way.
               Target: at most 1.05x.
-  processes   what attributing the cards' processes costs `hostagent run --count 1` (NVML's process lists, each
-              process's container from /proc/PID/cgroup: the phase from `looked` to `attributed`), with 64 real
-              host processes that the fake NVML reports on three of the four cards, against none. Target: at most
-              5 ms more.
+  processes   what the cards' processes cost `hostagent run --count 1` (NVML's process lists, each process a
+              holder: the phase from `looked` to `attributed`; /proc is read only for what a refusal says), with 64
+              real host processes that the fake NVML reports on three of the four cards, against none. Target: at
+              most 5 ms more.
   ls          `hostagent ls --json` with 500 pinned containers (created, not started) against
               `docker ps -a --filter label=gpupin.devices`. Target: at most 1.5x.
   swarm       `hostagent ls --swarm --json` on a swarm manager (DOCKER_HOST; `make bench-swarm` starts the
@@ -218,7 +218,7 @@ def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
 
 
 def bench_processes(n: int, results: dict[str, object], engine: Engine, count: int = 64) -> None:
-    """`run --count 1` with `count` host processes on the cards (FAKEGPU_PROCESSES) against none: the attribution
+    """`run --count 1` with `count` host processes on the cards (FAKEGPU_PROCESSES) against none: the processes
     phase's median each, and the difference."""
     topo = json.loads(Path(os.environ["FAKEGPU_TOPOLOGY"]).read_text())
     others = [g["uuid"] for i, g in enumerate(topo["gpus"]) if i != 1]  # card 1 stays free for the run
@@ -245,9 +245,9 @@ def bench_processes(n: int, results: dict[str, object], engine: Engine, count: i
             f.unlink(missing_ok=True)
     extra = (ours - floor) * 1000
     verdict = "ok" if extra <= 5 else "MISSED"
-    print(f"{engine.prefix + f'run --count 1: attributing {count} processes':<44} {ours * 1000:8.2f} ms vs none "
+    print(f"{engine.prefix + f'run --count 1: {count} processes on the cards':<44} {ours * 1000:8.2f} ms vs none "
           f"{floor * 1000:8.2f} ms   {extra:+.2f} ms (target <= +5 ms) {verdict}", flush=True)
-    results[f"{engine.prefix}run --count 1: attributing {count} processes"] = {
+    results[f"{engine.prefix}run --count 1: {count} processes on the cards"] = {
         "ours_ms": round(ours * 1000, 3), "floor_ms": round(floor * 1000, 3), "extra_ms": round(extra, 3),
         "target_extra_ms": 5, "met": extra <= 5}
 

@@ -29,29 +29,61 @@ _USERS: dict[int, str] = {}  # uid -> user name, for this process's life
 
 
 class Use(Holder):
-    """One process on a card or MIG device (`uuids`: that one), and whose it is.
+    """One process on a card or MIG device (`uuids`: that one), and whose it is, read from /proc when first asked
+    (`run` decides without it: any process on a card keeps an exclusive request off it, since a container given the
+    card holds it anyway; only what a refusal or a listing says needs the owner).
 
     `owner`: HOST, CONTAINER (`container_id`; `container` its name when this daemon knows it) or UNKNOWN.
     `foreign`: no grant of its container explains it (None: cannot be told, the ledger being unread).
     `escape`: a container of this daemon that was not given the card."""
 
-    __slots__ = ("command", "container", "container_id", "escape", "foreign", "kind", "owner", "pid", "used_memory",
-                 "user")
+    __slots__ = ("_given", "_names", "_where", "card_uuid", "command", "kind", "pid", "used_memory", "user")
     process = True
 
-    def __init__(self, p: Process, key: str, where: procs.HostProcess, container: str | None,
-                 foreign: bool | None, escape: bool) -> None:
-        super().__init__(f"pid {p.pid}", container or "", "running", [key], False, "process")
+    def __init__(self, p: Process, key: str, card_uuid: str, given: Mapping[str, set[str]] | None,
+                 names: Mapping[str, str] | None) -> None:
+        super().__init__(f"pid {p.pid}", "", "running", [key], False, "process")
         self.pid = p.pid
         self.kind = p.type
         self.used_memory = p.used_memory
-        self.container_id = where.container_id
-        self.container = container
-        self.owner = UNKNOWN if not where.visible else CONTAINER if where.container_id else HOST
-        self.user = where.user
-        self.command = where.command
-        self.foreign = foreign
-        self.escape = escape
+        self.card_uuid = card_uuid
+        self._given = given  # container id -> the cards its grants name (None: the ledger is unread)
+        self._names = names  # container id -> name, every container of this daemon
+        self._where: procs.HostProcess | None = None
+        self.user: str | None = None
+        self.command: str | None = None
+
+    @property
+    def where(self) -> procs.HostProcess:
+        if self._where is None:
+            self._where = procs.locate(self.pid)
+        return self._where
+
+    @property
+    def container_id(self) -> str | None:
+        return self.where.container_id
+
+    @property
+    def container(self) -> str | None:
+        cid = self.container_id
+        return self._names.get(cid) if self._names is not None and cid is not None else None
+
+    @property
+    def owner(self) -> str:
+        return UNKNOWN if not self.where.visible else CONTAINER if self.container_id else HOST
+
+    @property
+    def foreign(self) -> bool | None:
+        cid = self.container_id
+        if not self.where.visible or cid is None:
+            return True
+        if self._given is None:
+            return None
+        return not ({self.uuids[0], self.card_uuid} & self._given.get(cid, set()))
+
+    @property
+    def escape(self) -> bool:
+        return bool(self.foreign) and self.container is not None
 
     def _read(self) -> None:
         """Its user and command, from /proc, when first asked (only refusals and listings need them)."""
@@ -109,35 +141,26 @@ def mig_of(p: Process, card: Card) -> str | None:
 
 def attribute(cards: Sequence[Card], holders: Iterable[Holder] | None,
               containers: Mapping[str, str] | None) -> list[Use]:
-    """Every process of these cards, attributed. `holders`: the ledger's (None: unread, so whether a container's
-    process is foreign cannot be told); `containers`: id -> name of every container of this daemon."""
-    given: dict[str, set[str]] = {}
-    for h in holders or ():
-        given.setdefault(h.id, set()).update(h.uuids)
-    out = []
-    for card in cards:
-        for p in card.process_list:
-            key = mig_of(p, card) or card.uuid or ""
-            where = procs.locate(p.pid)
-            cid = where.container_id
-            foreign: bool | None
-            if not where.visible or cid is None:
-                foreign = True
-            elif holders is None:
-                foreign = None
-            else:
-                foreign = not ({key, card.uuid} & given.get(cid, set()))
-            name = containers.get(cid) if containers is not None and cid is not None else None
-            out.append(Use(p, key, where, name, foreign, bool(foreign) and name is not None))
-    return out
+    """Every process of these cards, attributed (when asked: Use). `holders`: the ledger's (None: unread, so
+    whether a container's process is foreign cannot be told); `containers`: id -> name of every container of this
+    daemon."""
+    given: dict[str, set[str]] | None = None
+    if holders is not None:
+        given = {}
+        for h in holders:
+            given.setdefault(h.id, set()).update(h.uuids)
+    return [Use(p, mig_of(p, card) or card.uuid or "", card.uuid or "", given, containers)
+            for card in cards for p in card.process_list]
 
 
-def blocking(cards: Sequence[Card], uses: Iterable[Use]) -> dict[str, list[Holder]]:
-    """Card or MIG UUID -> what holds it besides the containers given it: its foreign processes, or the card
-    itself when NVML will not list its processes."""
+def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True) -> dict[str, list[Holder]]:
+    """Card or MIG UUID -> what holds it besides the containers given it: its foreign processes (`attributed`:
+    each process's owner read from /proc; else every process, which decides the same for a request that does not
+    share, as a container given the card holds it anyway), or the card itself when NVML will not list its
+    processes."""
     out: dict[str, list[Holder]] = {}
     for u in uses:
-        if u.foreign is not False:
+        if not attributed or u.foreign is not False:
             out.setdefault(u.uuids[0], []).append(u)
     for card in cards:
         if card.processes_error is not None and card.uuid:

@@ -73,7 +73,9 @@ def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) ->
     for p in picks:
         holders = list({id(h): h for k in _keys(p) for h in busy.get(k, [])}.values())
         containers = list(dict.fromkeys(h.describe() for h in holders if not h.process))
-        processes = list(dict.fromkeys(h.describe() for h in holders if h.process))
+        # A process of the container that holds the card is that container's: said once, as its holder.
+        others = [h for h in holders if h.process and not (isinstance(h, uses.Use) and h.foreign is False)]
+        processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
         parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
             [f"in use by {', '.join(processes)}"] if processes else [])
         if parts:
@@ -96,12 +98,13 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
 
 def _busy(cards: Sequence[Card], picks: Sequence[Target] | None, book: ledger_read.Book
           ) -> dict[str, list[ledger.Holder]]:
-    """Card UUID -> what holds it now: the ledger's containers, and the processes that use the cards this request
-    may get and that no grant explains (gpupin.hostagent.ledger.uses), read from NVML at this look."""
+    """Card UUID -> what holds it now: the ledger's containers, and the processes on the cards this request may
+    get (gpupin.hostagent.ledger.uses), read from NVML at this look."""
     mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
     nvml.read_processes(mine)
     busy = ledger.held(book.holders)
-    for key, hs in uses.blocking(mine, uses.attribute(mine, book.holders, book.names)).items():
+    # Every process counts (no /proc read here): who runs it matters only to what a refusal says.
+    for key, hs in uses.blocking(mine, uses.attribute(mine, book.holders, book.names), attributed=False).items():
         busy.setdefault(key, []).extend(hs)
     mark("attributed")
     return busy
