@@ -25,6 +25,7 @@ import pytest
 
 from gpupin.hostagent.ledger import procs
 from tests.conftest import HOSTAGENT, TEST_IMAGE, Agent, gpu_uuids, saw, simhost_env
+from tests.conftest import topology as topology_of
 
 A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -127,6 +128,21 @@ def test_in_a_pid_namespace_of_its_own_proc_is_not_trusted(fakegpu: Path, tmp_pa
     r = subprocess.run([*enter, HOSTAGENT, "ls", "--json"], env=env, capture_output=True, text=True, timeout=60)
     (p,) = {g["uuid"]: g for g in json.loads(r.stdout)["gpus"]}[RTX]["processes"]
     assert (p["owner"], p["user"], p["foreign"]) == ("unknown", None, True) and "pid namespace" in p["describe"]
+
+
+def test_a_mig_card_that_lists_to_root_only_is_asked_device_by_device(fakegpu: Path, tmp_path: Path,
+                                                                       sleeper: Callable[[], int]) -> None:
+    """NVML lists a MIG card's processes on its own handle to root only: the MIG devices' handles answer anyone."""
+    pid = sleeper()
+    card = gpu_uuids("mig")[0]
+    mig = topology_of("mig")["gpus"][0]["mig"]["devices"]
+    env = simhost_env("mig", DOCKER_HOST=f"unix://{tmp_path}/none.sock",
+                      **on_cards(tmp_path / "p.json", {card: "no_permission", mig[0]["uuid"]: [pid]}))
+    r = subprocess.run([HOSTAGENT, "ls", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    g = {c["uuid"]: c for c in json.loads(r.stdout)["gpus"]}[card]
+    assert sorted((p["pid"], p["mig_uuid"]) for p in g["processes"]) == sorted(
+        [(pid, mig[0]["uuid"]), (5151, mig[1]["uuid"])])  # 5151: the scenario's, in GPU instance 2
+    assert "NVML would not list" not in g["unknown"] and [m["state"] for m in g["mig_devices"]] == ["busy", "busy"]
 
 
 # --- unknown is not free, without a daemon -----------------------------------------------------------------------

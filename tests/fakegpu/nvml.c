@@ -482,7 +482,7 @@ static nvmlReturn_t processes(nvmlDevice_t device, unsigned *infoCount, void *in
     RESOLVE(device);
     if (!infoCount)
         return NVML_ERROR_INVALID_ARGUMENT;
-    nextra = fg_file_processes(g, extra, FG_MAX_PROCS);
+    nextra = fg_file_processes(g, m, extra, FG_MAX_PROCS);
     if (nextra < 0)
         return -nextra;
     for (k = 0; k < g->nprocs + nextra; k++) {

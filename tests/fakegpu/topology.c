@@ -982,9 +982,10 @@ static char *read_small_file(const char *path, size_t *len)
 }
 
 /* The processes file (README.md, "Processes that come and go"): each key a card or MIG UUID, each value its
- * processes (as in the topology) or an error every process query of that card answers. Re-read on each call, so
- * that a test can start and end real processes while a client runs. */
-int fg_file_processes(const struct fg_gpu *g, struct fg_proc *out, int max)
+ * processes (as in the topology) or an error that the process queries on that handle answer (the card's own, or
+ * the MIG device's: a MIG card lists every instance's processes to root only). Re-read on each call, so that a
+ * test can start and end real processes while a client runs. */
+int fg_file_processes(const struct fg_gpu *g, const struct fg_mig *asked, struct fg_proc *out, int max)
 {
     static const struct { const char *name; int code; } errors[] = {
         {"not_supported", 3}, {"no_permission", 4}, {"unknown_error", 999},
@@ -1022,6 +1023,8 @@ int fg_file_processes(const struct fg_gpu *g, struct fg_proc *out, int max)
         if (mig == g->nmig)
             continue; /* another card's */
         if (v->t == JT_STR || v->t == JT_NUM) {
+            if ((mig < 0 ? NULL : &g->mig[mig]) != asked)
+                continue; /* an error of another handle of this card */
             code = v->t == JT_NUM && !strpbrk(v->s, "-.eE") ? atoi(v->s) : 0;
             for (j = 0; v->t == JT_STR && j < (int)(sizeof(errors) / sizeof(errors[0])); j++)
                 if (strcmp(v->s, errors[j].name) == 0)

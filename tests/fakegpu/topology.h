@@ -85,8 +85,9 @@ enum fg_load_status fg_topology_load(struct fg_topology *t);
 
 /* The processes that $FAKEGPU_PROCESSES gives the card g or its MIG devices (README.md), re-read on each call:
  * how many were written to out (at most max), 0 without the variable or the file, or minus the nvmlReturn_t that
- * the file gives the card, or -999 when the file is malformed (one line on stderr). */
-int fg_file_processes(const struct fg_gpu *g, struct fg_proc *out, int max);
+ * the file gives the handle asked (the card's, or its MIG device `asked`), or -999 when the file is malformed (one
+ * line on stderr). */
+int fg_file_processes(const struct fg_gpu *g, const struct fg_mig *asked, struct fg_proc *out, int max);
 
 /* Parses a PCI bus id as NVML accepts it (measured: sscanf-like hex fields, nothing after):
  *   domain:bus:device.function | domain:bus:device | bus:device.function
