@@ -23,16 +23,21 @@ TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
 .PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
-	image-test test-tools test test-unit lint bench demo clean
+	image-test test-tools test test-unit test-docker test-cluster test-gpu lint bench demo clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
-	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test"
-	@echo "make test-unit     the tests that need no Docker daemon (a minute)"
+	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test (CI)"
+	@echo "make test-unit     tests/unit: the pure core, the CLIs on the simulated host, the fakes; no daemon"
+	@echo "make test-docker   tests/docker: on the sandboxed daemons, each test on both engines"
+	@echo "make test-cluster  tests/cluster: the three-node Swarm and the real Slurm"
+	@echo "make test-gpu      tests/gpu: against a real NVIDIA GPU (skipped without one)"
+	@echo "                   (PYTEST_ARGS=... adds pytest arguments; naming a test file runs just it)"
 	@echo "make lint          ruff and mypy"
 	@echo "make golden        rewrite tests/golden (hostagent ls output) after a change that is meant"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make bench-swarm   hostagent ls --swarm against docker node ls + service ps, on the three-node swarm"
+	@echo "make dist          the sdist and the wheel into dist/"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
@@ -66,7 +71,7 @@ sandbox-down:
 sandbox-purge:
 	@for e in $(ENGINES); do GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) purge || exit 1; done
 
-# The single-host Slurm of the simulated host (tests/test_slurm.py starts and stops its own).
+# The single-host Slurm of the simulated host (tests/cluster/test_slurm.py starts and stops its own).
 slurm-up: fakegpu
 	@tests/sandbox/slurm.sh up
 
@@ -83,13 +88,21 @@ swarm-up: image-test
 swarm-down:
 	@$(SWARM) down
 
-# Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK).
+# Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK). The wheel is built
+# in build isolation (setuptools from [build-system]), so the venv needs no setuptools or wheel of its own.
 wheels: setup
 	# setuptools reuses build/lib: a stale tree there would slip old modules into the wheel.
 	rm -rf build/wheels build/lib build/bdist.* && mkdir -p build/wheels
-	$(VPY) -m pip wheel -q --no-deps --no-build-isolation -w build/wheels .
+	$(VPY) -m build -q --wheel -o build/wheels .
 	$(VPY) -m pip download -q --no-deps --only-binary=:all: -d build/wheels \
 	  "nvidia-ml-py==$$($(VPY) -c 'import importlib.metadata as m; print(m.version("nvidia-ml-py"))')"
+
+# The sdist and the wheel, the wheel built from the unpacked sdist (so a file the sdist lacks fails here).
+.PHONY: dist
+dist: setup
+	rm -rf dist
+	$(VPY) -m build -q -o dist .
+	@ls dist
 
 BASE ?=
 image: wheels
@@ -108,27 +121,52 @@ image-test: wheels fakegpu
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# Tools some tests drive besides Docker: zsh (the completion script).
-test-tools:
-	@command -v zsh >/dev/null || { echo "make: installing zsh"; apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zsh >/dev/null; }
+# The tiers (tests/README.md): each one's folder, and the markers that select the same tests (tests/conftest.py
+# marks each test from its folder and fixtures, and refuses one filed in another tier's folder). A tier runs its
+# folder, or the test files PYTEST_ARGS names (one of another tier is deselected: "collected no tests").
+TIER = $(call PYTEST,-m "$(2)" $(if $(findstring tests/,$(PYTEST_ARGS)),,$(1)) $(PYTEST_ARGS))
+UNIT := not docker and not swarm and not slurm and not gpu
+# What the daemon and cluster tiers need: a missing daemon or cluster fails their tests (not skips) here.
+REQUIRED := $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"
 
-# Every test; tests that need the daemon fail (not skip) here.
+# Tools some tests drive besides Docker: zsh and fish (the completion scripts, completed by the shells themselves),
+# Debian's chromium (the agent's dashboard, driven by Playwright from the dev extra: its own browser download is never
+# used).
+TEST_TOOLS := zsh fish chromium
+test-tools:
+	@missing=$$(for t in $(TEST_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then echo "make: installing" $$missing; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+
+# Every tier, in one run (fastest first: pyproject's testpaths), as CI runs it.
 test: test-tools image-test
-	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"; $(call PYTEST,$(PYTEST_ARGS))
+	@export $(REQUIRED); $(call PYTEST,$(PYTEST_ARGS))
+
+# The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no cluster.
+test-unit: test-tools fakegpu
+	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT))
+
+# The sandbox tier: every test on each engine in ENGINES.
+test-docker: test-tools image-test
+	@export $(REQUIRED); $(call TIER,tests/docker,docker)
+
+# The three-node Swarm (its images come from the 20.10 sandbox) and the real Slurm; each test starts its cluster.
+test-cluster: test-tools image-test
+	@export $(REQUIRED); $(call TIER,tests/cluster,swarm or slurm)
+
+# On a real NVIDIA host, with its own driver: none of the fakes on the library path.
+test-gpu: setup
+	@$(call TIER,tests/gpu,gpu)
 
 # `hostagent ls` output as users see it is checked exactly against tests/golden; when a change of it is meant,
 # this rewrites the files from the real CLI (on the simulated host and every engine's sandbox) for review
 # with `git diff tests/golden`. The tests themselves never write them.
 .PHONY: golden
-# Every engine: the holders golden differs by the way hostagent pins there (--gpus, CDI).
+# Every engine: the holders golden differs by the way hostagent pins there (--gpus, CDI). The docker tier's first:
+# the unit tier's check that every golden file is for a shipped scenario or engine reads what it wrote.
 golden: test-tools image-test
-	@export $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"; \
-	  $(call PYTEST,tests/test_hostagent_ls.py -k golden --update-golden -q)
-
-# The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no cluster.
-test-unit: test-tools fakegpu
-	@export $(SIMHOST); $(call PYTEST,-m "not docker and not gpu and not slurm" $(PYTEST_ARGS))
+	@export $(REQUIRED); \
+	  $(call PYTEST,tests/docker/test_hostagent_ls.py tests/unit/test_hostagent_ls.py -k golden --update-golden -q)
 
 # mypy reads the packages through a link tree named as they are imported (gpupin.core, .entrypoint, .hostagent).
 lint: setup
@@ -161,4 +199,4 @@ demo: image-test
 	@$(SIMHOST) tests/sandbox/demo.sh
 
 clean:
-	rm -rf build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache

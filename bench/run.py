@@ -4,6 +4,9 @@
               plus `nvmlInit` (level nvml), plus a bare CUDA-driver probe in a child process under the same
               CUDA_VISIBLE_DEVICES (level cuda).
               Targets: at most 1.3x at nvml, at most 1.2x at cuda.
+  watch       `gpupin-entrypoint --watch 5` over a sleeping workload: the watcher's CPU (at most 0.1% of a core)
+              and, on the simulated host, how long a planted fault takes to be reported (at most the interval + 1 s)
+              (bench/watch_bench.py).
   run         `hostagent run --rm --uuid U IMG true` against `docker run` of the same pin on the same engine: `docker
               run --rm --device nvidia.com/gpu=U IMG true` where hostagent pins through CDI (as its --dry-run line
               says), else `--gpus device=U`. Target: at most 1.25x. And what asking the daemon whether it serves
@@ -22,7 +25,7 @@
 
 Runs alternate (A B B A A B ...) so that drift in the machine's load hits both sides alike; each figure is a median.
 The environment is the simulated host's (the Makefile's SIMHOST); on a real GPU host, run the `entrypoint` part
-with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as docs/real-gpu.md shows. `--engines 20.10 26`
+with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as docs/records/real-gpu.md shows. `--engines 20.10 26`
 runs the docker parts on each engine's sandbox (tests/sandbox/sandbox.sh env: its address and its own docker CLI)
 and prints them side by side; without it they run against DOCKER_HOST with the docker CLI on PATH.
 """
@@ -321,23 +324,31 @@ def side_by_side_table(results: dict[str, object], engines: Sequence[str]) -> No
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("parts", nargs="*", metavar="PART",
-                   help="entrypoint, run, processes, ls (default: these four), swarm")
+                   help="entrypoint, watch, run, processes, ls (default: these five), swarm")
     p.add_argument("-n", type=int, default=30, help="measured runs per side (entrypoint; a third for docker parts)")
     p.add_argument("--expect", help="GPUPIN_EXPECT for the entrypoint part (default: the topology's card 1)")
+    p.add_argument("--watch-interval", type=float, default=5.0, metavar="S", help="the watch part's --watch (5)")
+    p.add_argument("--watch-seconds", type=float, default=60.0, metavar="S",
+                   help="how long the watch part measures the watcher's CPU (60)")
     p.add_argument("--json", metavar="FILE", help="also write the results here")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     p.add_argument("--engines", metavar="'ENGINE ...'",
                    help="run the docker parts on these engines' sandboxes ('20.10 26'), side by side")
     args = p.parse_args(argv)
-    args.parts = args.parts or ["entrypoint", "run", "processes", "ls"]
-    known = {"entrypoint", "run", "processes", "ls", "swarm"}
+    args.parts = args.parts or ["entrypoint", "watch", "run", "processes", "ls"]
+    known = {"entrypoint", "watch", "run", "processes", "ls", "swarm"}
     if set(args.parts) - known:
         p.error(f"unknown part(s): {' '.join(sorted(set(args.parts) - known))}")
     results: dict[str, object] = {}
     print(f"bench: {os.cpu_count()} CPU(s), python {sys.version.split()[0]}, medians of interleaved runs", flush=True)
+    expect = args.expect or (_first_uuid() if os.environ.get("FAKEGPU_TOPOLOGY") else None)
     if "entrypoint" in args.parts:
-        expect = args.expect or (_first_uuid() if os.environ.get("FAKEGPU_TOPOLOGY") else None)
         bench_entrypoint(args.n, results, expect)
+    if "watch" in args.parts:
+        sys.path.insert(0, str(REPO))  # bench/ as a package of the checkout, as mypy reads it
+        from bench.watch_bench import bench_watch
+
+        bench_watch(results, expect, args.watch_interval, args.watch_seconds, max(args.n // 5, 3))
     names = args.engines.replace(",", " ").split() if args.engines else []
     engines = [Engine.sandbox(e) for e in names] if names else [Engine("", dict(os.environ), DOCKER)]
     for engine in engines:

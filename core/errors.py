@@ -13,6 +13,10 @@ EX_USAGE = 64  # bad usage or a malformed request / expectation
 EX_UNAVAILABLE = 69  # no usable GPU (NVML or the CUDA driver), or the Docker daemon unavailable
 EX_TEMPFAIL = 75  # hostagent: the card is held (by a container or a process), and no --wait
 EX_MISALIGNED = 78  # the entrypoint refuses: cuda:k is not the card that was asked for
+# gpupin-entrypoint --watch: a pinned card was lost while the workload ran, and the workload was stopped. Outside
+# sysexits (64-78) and below the shell's 126/127/128+N, so a restart policy or a script tells it from the
+# workload's own failures.
+EX_CARD_LOST = 79
 # As `docker run`: the daemon refused the container (no image, bad option, conflict); the command cannot be invoked;
 # the command was not found. gpupin-entrypoint uses 126 and 127 as Docker does.
 EX_DOCKER_REFUSED = 125
@@ -59,10 +63,22 @@ class GpuUnavailableError(GpupinError):
     exit_code = EX_UNAVAILABLE
 
 
+class CardUnhealthyError(GpuUnavailableError):
+    """The asked card is unhealthy: a critical XID, uncorrectable ECC errors, memory repair pending or failed, or
+    lost (exit 69; gpupin.core.health says why)."""
+
+
 class MisalignedError(GpupinError):
     """A cuda:k that is not the expected card, or an expected card that is not there (exit 78)."""
 
     exit_code = EX_MISALIGNED
+
+
+class CardLostError(GpupinError):
+    """gpupin-entrypoint --watch: NVML stopped answering, or a pinned card went away or turned unhealthy, while
+    the workload ran; the workload was stopped (exit 79)."""
+
+    exit_code = EX_CARD_LOST
 
 
 class StoppedError(GpupinError):
@@ -92,6 +108,18 @@ class DockerUnavailableError(GpupinError):
     """The docker SDK is missing or the Docker daemon does not answer (exit 69)."""
 
     exit_code = EX_UNAVAILABLE
+
+
+class AgentUnavailableError(GpupinError):
+    """No resident agent (`hostagent serve`) answers at the address asked (`ls --host`; exit 69)."""
+
+    exit_code = EX_UNAVAILABLE
+
+
+class AgentBusyError(GpupinError):
+    """Another resident agent already listens on the socket asked for (exit 75, as a held card: try later)."""
+
+    exit_code = EX_TEMPFAIL
 
 
 class DockerRefusedError(GpupinError):

@@ -1,4 +1,5 @@
-"""What names a physical GPU: UUIDs (GPU and MIG), unique prefixes of them, and PCI bus ids.
+"""What names a physical GPU: UUIDs (GPU and MIG), unique prefixes of them, PCI bus ids, and NVML indices (a card's
+`2`, a MIG device's `0:1`).
 
 Pure functions, no driver: both sides use them, and the tests pin them without hardware.
 
@@ -28,6 +29,9 @@ _MIG_LEGACY = re.compile(f"(?i:MIG)-(?i:GPU)-({_UUID_BODY})/([0-9]+)/([0-9]+)")
 # Anything that can only be meant as a (possibly partial) UUID: a tag, then hex digits and dashes, no longer than
 # the 36 characters of a whole UUID (a longer "prefix" is a prefix of nothing).
 _UUID_PREFIX = re.compile(r"(?i:(GPU|MIG(?:-GPU)?))-([0-9a-fA-F-]{0,36})")
+# An NVML index, or a MIG device by index pair: ASCII digits, as the NVIDIA runtime and nvidia-smi write them.
+_INDEX_KEY = re.compile(r"([0-9]+)(?::([0-9]+))?")
+WHOLE = -1  # index_key's MIG device of a whole card
 
 
 class BusId:
@@ -115,6 +119,16 @@ def normalize_uuid(text: str) -> str:
         f"malformed GPU UUID {shorten(text)}",
         "a GPU UUID looks like GPU-1c5e8f3a-4b2d-4f0e-9a7c-2d3e4f5a6b7c (see `nvidia-smi -L`)",
     )
+
+
+def index_key(text: str) -> tuple[int, int] | None:
+    """(card, MIG device) of an NVML index (`2` -> (2, WHOLE)) or a MIG device by index pair (`0:1` -> (0, 1)), in
+    ASCII digits as the NVIDIA runtime and nvidia-smi write them; None for any other text. The keys sort as NVML
+    lists the devices: a card, then its MIG devices."""
+    m = _INDEX_KEY.fullmatch(text)
+    if m is None:
+        return None
+    return int(m.group(1)), WHOLE if m.group(2) is None else int(m.group(2))
 
 
 def is_full_uuid(text: str) -> bool:

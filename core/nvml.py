@@ -4,7 +4,8 @@ NVML numbers cards by PCI bus id and ignores CUDA_VISIBLE_DEVICES, which is what
 both sides. `pynvml` is imported and NVML initialised lazily, on first use, so importing gpupin never fails for
 want of a driver; every NVML failure that makes cards unusable becomes one `GpuUnavailableError` (exit 69) with a
 cause and a hint, never a traceback. Optional fields that a card does not support become None; a card that NVML
-cannot read becomes a `Card` with `error` set, so a listing survives it.
+cannot read becomes a `Card` with `error` set, so a listing survives it. It also reads what gpupin.core.health
+judges: a card's memory errors (`memory_health`) and critical-XID events (`XidEvents`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, TypeVar
+
+    from gpupin.core.health import Health
 
     T = TypeVar("T")
 
@@ -96,7 +99,7 @@ class Card:
     utilization.gpu, mig.mode.current, compute_cap, temperature.gpu, power.draw, enforced.power.limit.
     """
 
-    __slots__ = ("bus_id", "compute_capability", "error", "index", "memory_total", "memory_used",
+    __slots__ = ("bus_id", "compute_capability", "error", "health", "index", "lost", "memory_total", "memory_used",
                  "mig_devices", "mig_mode", "minor_number", "name", "power_draw", "power_limit", "process_list",
                  "processes", "processes_error", "temperature", "utilization_gpu", "uuid")
 
@@ -120,6 +123,8 @@ class Card:
         self.temperature: int | None = None  # degrees C
         self.power_draw: int | None = None  # milliwatts
         self.power_limit: int | None = None  # milliwatts, the enforced limit
+        self.lost = False  # NVML answered GPU_IS_LOST (the card fell off the bus)
+        self.health: Health | None = None  # gpupin.core.readings.assess fills it in
 
     @property
     def memory_free(self) -> int | None:
@@ -335,5 +340,7 @@ def list_cards(detail: bool = False, mig: bool = False, tolerate_lost: bool = Fa
         except nv.NVMLError as err:
             if not tolerate_lost:
                 raise unavailable(err, f"NVML could not read the card at index {index}") from None
-            cards.append(Card(index, error=str(err)))
+            card = Card(index, error=str(err))
+            card.lost = _code(err) == _GPU_IS_LOST
+            cards.append(card)
     return cards

@@ -1,7 +1,7 @@
 """GPU spec resolution: the one place that turns what a person, a runtime or a scheduler wrote into a card.
 
 Every side uses it: `hostagent run --gpu`, the ledger (what a container's device request or device files hold),
-compose, and the entrypoint (its expectation). The forms (DESIGN.md, "GPU identity"):
+compose, and the entrypoint (its expectation). The forms (docs/design.md, "GPU identity"):
 
     GPU-1c5e8f3a-...  GPU-1c5e         a GPU UUID, or a unique prefix of one (as CUDA allows)
     MIG-22360576-...  MIG-2236         a MIG device's UUID (R470+ drivers), or a unique prefix
@@ -17,10 +17,17 @@ a GpuSpecError (exit 64) that says what there is.
 
 from __future__ import annotations
 
-import re
-
 from gpupin.core.errors import GpuSpecError, UsageError
-from gpupin.core.identity import BusId, is_full_uuid, is_mig, is_uuid_like, match_uuid, mig_legacy_parts
+from gpupin.core.identity import (
+    WHOLE,
+    BusId,
+    index_key,
+    is_full_uuid,
+    is_mig,
+    is_uuid_like,
+    match_uuid,
+    mig_legacy_parts,
+)
 from gpupin.core.shown import shorten
 
 TYPE_CHECKING = False
@@ -31,8 +38,6 @@ if TYPE_CHECKING:
 
 SPEC_HINT = ("name a card by UUID (or a unique prefix: GPU-1c5e), NVML index (0), bus id (3b:00.0) or MIG device "
              "(MIG-..., or card:device like 0:1); `hostagent ls` lists them")
-_INDEX = re.compile(r"[0-9]+")
-_MIG_PAIR = re.compile(r"([0-9]+):([0-9]+)")
 
 UUID = "uuid"
 MIG_LEGACY = "mig-legacy"
@@ -67,6 +72,10 @@ class Target:
     def name(self) -> str:
         return (self.mig.name if self.mig is not None and self.mig.name else self.card.name) or "?"
 
+    def describe(self) -> str:
+        """How a message names it: UUID (index, bus id, name)."""
+        return f"{self.uuid} (index {self.card.index}, {self.card.bus_id}, {self.name})"
+
     def expect_entry(self) -> str:
         """Its GPUPIN_EXPECT entry: UUID@BUSID."""
         return f"{self.uuid}@{self.bus_id}"
@@ -92,10 +101,9 @@ def form(spec: str) -> str | None:
         return MIG_LEGACY
     if is_uuid_like(t):
         return UUID
-    if _INDEX.fullmatch(t):
-        return INDEX
-    if _MIG_PAIR.fullmatch(t):
-        return MIG_PAIR
+    key = index_key(t)
+    if key is not None:
+        return INDEX if key[1] == WHOLE else MIG_PAIR
     if ":" in t and t.isascii():
         return BUS_ID
     return None
@@ -140,10 +148,10 @@ def _mig_legacy(spec: str, cards: Sequence[Card]) -> Target:
 
 
 def _mig_pair(spec: str, cards: Sequence[Card]) -> Target:
-    m = _MIG_PAIR.fullmatch(spec.strip())
-    assert m is not None
-    card = _by_index(int(m.group(1)), cards, spec)
-    j = int(m.group(2))
+    key = index_key(spec.strip())
+    assert key is not None
+    card = _by_index(key[0], cards, spec)
+    j = key[1]
     for mig in card.mig_devices:
         if mig.index == j:
             return Target(card, mig)

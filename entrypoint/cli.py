@@ -14,7 +14,17 @@ workload's paths out of sys.path.
 import os
 import sys
 
-from gpupin.core.contract import DEFAULT_LEVEL, LEVELS, OFF, ON, QUIET_VAR, REQUIRE_VAR, VERIFY_VAR
+from gpupin.core.contract import (
+    DEFAULT_LEVEL,
+    LEVELS,
+    LEVELS_SAID,
+    OFF,
+    ON,
+    QUIET_VAR,
+    REQUIRE_VAR,
+    VERIFY_VAR,
+    WATCH_VAR,
+)
 from gpupin.core.errors import GpupinError, StoppedError, UsageError
 from gpupin.core.shown import shorten, shown
 
@@ -26,9 +36,11 @@ if TYPE_CHECKING:
     from gpupin.entrypoint.verify import Verification
 
 PROG = "gpupin-entrypoint"
-HELP = f"""usage: {PROG} [--verify nvml|cuda|torch] [--require] [--quiet] [--json] [--debug] [--] [CMD [ARG...]]
+HELP = f"""usage: {PROG} [--verify nvml|cuda|torch] [--require] [--watch SECONDS] [--quiet] [--json] [--debug]
+                         [--] [CMD [ARG...]]
 
-Prove that every cuda:k this container will see is the physical GPU that was asked for, then exec CMD.
+Prove that every cuda:k this container will see is the physical GPU that was asked for, then exec CMD (with
+--watch: run CMD and keep checking the cards while it runs).
 
 The expectation (which cards, in local-rank order) comes from, in this order:
   GPUPIN_EXPECT            UUID[@BUSID],... as hostagent and `hostagent compose render` write it (through
@@ -53,6 +65,11 @@ options:
                   torch: also ask torch.cuda.get_device_properties in a child process
                   (env: GPUPIN_VERIFY)
   --require       refuse to start when there is no expectation at all (env: GPUPIN_REQUIRE=1)
+  --watch SECONDS stay as CMD's parent (as tini: signals passed on to its process group, zombies reaped, its exit
+                  code passed through) and every SECONDS check that the GPU device nodes still open, that NVML
+                  answers and finds each pinned card at its bus id, and that no card turned unhealthy (a critical
+                  XID, uncorrectable ECC errors); on a loss, say so in one line, stop CMD (SIGTERM, SIGKILL after
+                  GPUPIN_WATCH_GRACE seconds, default 10) and exit 79 (env: GPUPIN_WATCH=SECONDS)
   --quiet         print nothing on success; a refusal is never quiet (env: GPUPIN_QUIET=1)
   --json          print the report as one JSON object (stdout without CMD, stderr with one)
   --debug         print a traceback with a refusal
@@ -63,7 +80,8 @@ long the CUDA and torch probes may take, in seconds (default 120).
 
 Without CMD, only verify and report. Exit codes: CMD's own once it runs; 78 refused (misaligned or no
 expectation with --require); 69 no usable GPU (NVML or CUDA driver); 64 bad usage or a malformed expectation;
-127 CMD not found; 126 CMD not executable; 128+N stopped by signal N (docker stop: 143) before CMD started.
+127 CMD not found; 126 CMD not executable; 128+N stopped by signal N (docker stop: 143) before CMD started;
+with --watch, 128+N also when CMD died of signal N, and 79 when a pinned card was lost and CMD was stopped.
 The entrypoint's own imports ignore PYTHONPATH, the working directory and the user site, which CMD gets as they
 are (see gpupin.entrypoint.isolation for what is and is not guarded).
 """
@@ -79,7 +97,7 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 class Options:
     """The entrypoint's options: its own command line first, then GPUPIN_* for what the command line left unset."""
 
-    __slots__ = ("cmd", "debug", "help", "json", "level", "quiet", "require", "version")
+    __slots__ = ("cmd", "debug", "grace", "help", "json", "level", "quiet", "require", "version", "watch")
 
     def __init__(self) -> None:
         self.level: str | None = None
@@ -89,6 +107,8 @@ class Options:
         self.debug = False
         self.help = False
         self.version = False
+        self.watch: float | None = None  # seconds between checks; None: exec CMD, no watching
+        self.grace = 0.0
         self.cmd: list[str] = []
 
 
@@ -138,9 +158,18 @@ def parse_args(argv: "Sequence[str]", opts: "Options | None" = None,
             if not eq:
                 i += 1
                 if i >= len(argv):
-                    raise UsageError("--verify needs a level", "use --verify nvml, cuda or torch")
+                    raise UsageError("--verify needs a level", f"use --verify {LEVELS_SAID}")
                 value = argv[i]
-            opts.level = _level(value, "--verify", "use --verify nvml, cuda or torch")
+            opts.level = _level(value, "--verify", f"use --verify {LEVELS_SAID}")
+        elif name == "--watch":
+            if not eq:
+                i += 1
+                if i >= len(argv):
+                    raise UsageError("--watch needs a number of seconds", "use --watch 5, say")
+                value = argv[i]
+            from gpupin.entrypoint.watch import interval
+
+            opts.watch = interval(value, "--watch")
         elif eq:
             raise UsageError(f"option {shorten(name)} takes no value", f"see `{PROG} --help`")
         elif arg == "--require":
@@ -170,6 +199,14 @@ def parse_args(argv: "Sequence[str]", opts: "Options | None" = None,
         opts.require = _flag(env, REQUIRE_VAR)
     if opts.quiet is None:
         opts.quiet = _flag(env, QUIET_VAR)
+    if opts.watch is None and env.get(WATCH_VAR, "").strip():
+        from gpupin.entrypoint.watch import interval
+
+        opts.watch = interval(env[WATCH_VAR], WATCH_VAR)
+    if opts.watch is not None:
+        from gpupin.entrypoint.watch import grace
+
+        opts.grace = grace(env)
     if opts.cmd and not opts.cmd[0]:
         raise CommandError(EX_NOTFOUND, "cannot run '': the command name is empty",
                            "give the command after the options; an empty CMD or ENTRYPOINT entry in the image, "
@@ -204,6 +241,13 @@ def report_text(ver: "Verification") -> str:
 
 def run_workload(cmd: "Sequence[str]", env: "dict[str, str]") -> int:
     """exec CMD in place of this process; raise CommandError (127/126, as Docker does) when that fails."""
+    import signal
+
+    # Python ignores these for itself at start-up, and exec would hand that on: `yes | head -1` in CMD would print
+    # "Broken pipe". They go back to their default, as subprocess's restore_signals does.
+    for num in (signal.SIGPIPE, signal.SIGXFSZ):
+        if signal.getsignal(num) is signal.SIG_IGN:
+            signal.signal(num, signal.SIG_DFL)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -273,6 +317,10 @@ def run(argv: "Sequence[str]", opts: Options) -> int:
         sys.stderr.write(report_text(ver))
     if not opts.cmd:
         return 0
+    if opts.watch is not None:
+        from gpupin.entrypoint.watch import run_watched
+
+        return run_watched(opts.cmd, env, ver, opts.watch, opts.grace, run_workload, PROG)
     return run_workload(opts.cmd, env)
 
 

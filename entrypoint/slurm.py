@@ -2,7 +2,7 @@
 
 Imported only when a SLURM_*_GPUS variable is present (gpupin.entrypoint.sources). What Slurm writes into a task's
 environment (gres/gpu, src/plugins/gres/common/gres_common.c; measured on Debian's slurm-wlm 22.05.8 by
-tests/test_slurm.py and docs/slurm.md):
+tests/cluster/test_slurm.py and docs/slurm.md):
 
 - SLURM_STEP_GPUS (a step's tasks, srun) or SLURM_JOB_GPUS (the batch script, salloc's shell): the allocated
   GPUs, ascending, each as its number in the node's list of gpu device files (`gres_device->index`): the order of
@@ -30,21 +30,21 @@ from __future__ import annotations
 
 import re
 
+from gpupin.core.contract import SLURM_GPU_VARS
 from gpupin.core.errors import ExpectationError, GpuSpecError, MisalignedError
 from gpupin.core.expectation import Expectation, ExpectedCard
 from gpupin.core.identity import is_uuid_like
 from gpupin.core.resolve import Target, by_minor, resolve
 from gpupin.entrypoint import gresconf
+from gpupin.entrypoint.slurmconf import GresConfError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from gpupin.core.nvml import Card
-    from gpupin.entrypoint.sources import Answer, Context
 
-STEP_VAR = "SLURM_STEP_GPUS"
-JOB_VAR = "SLURM_JOB_GPUS"
+STEP_VAR, JOB_VAR = SLURM_GPU_VARS
 CVD = "CUDA_VISIBLE_DEVICES"
 _HINT_CHANGED = (f"something in the job (its script, a launcher) changed {CVD} after Slurm set it: leave it to "
                  "Slurm and start the workload as `srun ... gpupin-entrypoint CMD`, which gives cuda:k = the k-th "
@@ -172,7 +172,7 @@ def readings(env: Mapping[str, str], cards: Sequence[Card]) -> tuple[list[Readin
     """The ways Slurm's numbers may be read on this node (all must agree) and, for the report, on what basis."""
     try:
         conf, devices = gresconf.read(env)
-    except gresconf.GresConfError as err:
+    except GresConfError as err:
         return [_by_minor(cards)], f"GPU numbers read as minor numbers: {err}"
     where = conf.path
     files = _by_files(devices, where, where, cards)
@@ -264,9 +264,9 @@ def _order(numbers: list[int], cvd: str | None, allocated: list[Target], way: Re
     return positions
 
 
-def read(ctx: Context) -> Answer:
-    """The expectation from Slurm's allocation for this task (see the module's docstring)."""
-    env = ctx.env
+def read(env: Mapping[str, str], read_cards: Callable[[], Sequence[Card]]) -> Expectation | str:
+    """The expectation from Slurm's allocation for this task (see the module's docstring), or why there is none;
+    the cards NVML sees are read (`read_cards`) only once Slurm's variables name some."""
     var = STEP_VAR if STEP_VAR in env else JOB_VAR
     value = env[var]
     if value.strip() in ("", "NoDevFiles"):
@@ -274,7 +274,7 @@ def read(ctx: Context) -> Answer:
     numbers = _numbers(var, value)
     rank = local_rank(env)
     cvd = env.get(CVD)
-    cards = ctx.cards()
+    cards = read_cards()
     ways, basis = readings(env, cards)
     way = ways[0]
     listed = ", ".join(map(str, numbers))

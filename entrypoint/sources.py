@@ -1,4 +1,4 @@
-"""Where the expectation comes from: small readers tried in DESIGN.md's order; the first that names cards wins.
+"""Where the expectation comes from: readers tried in order (docs/design.md, Expectation sources); the first wins.
 
 Each reader looks at one source and answers with an `Expectation` (the source names cards), a `Fallback` (it names
 cards by index only: taken when no later source names cards), a reason (the source is set but names no card; the
@@ -31,13 +31,14 @@ from gpupin.core.contract import (
     DEVICE_LIST_DIR_VAR,
     EXPECT_VAR,
     NVD_VAR,
+    SLURM_GPU_VARS,
     SWARM_PREFIX,
     VOID,
     nvd_keyword,
 )
 from gpupin.core.errors import GpupinError
 from gpupin.core.expectation import Expectation, ExpectedCard, parse_expect
-from gpupin.core.identity import is_full_uuid, is_uuid_like
+from gpupin.core.identity import WHOLE, index_key, is_full_uuid, is_uuid_like
 from gpupin.core.shown import shorten, shown
 
 TYPE_CHECKING = False
@@ -68,7 +69,6 @@ class Fallback:
 
     def __init__(self, expectation: Expectation) -> None:
         self.expectation = expectation
-SLURM_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")  # gpupin.entrypoint.slurm reads them
 
 
 class Context:
@@ -111,14 +111,6 @@ def gpupin_expect(ctx: Context) -> Answer:
     return None if value is None else parse_expect(value)
 
 
-def _index_key(entry: str) -> tuple[int, int] | None:
-    """An index `2` -> (2, -1), a MIG pair `0:1` -> (0, 1); None for anything else."""
-    card, colon, mig = entry.partition(":")
-    if not (card.isascii() and card.isdigit()) or (colon and not (mig.isascii() and mig.isdigit())):
-        return None
-    return int(card), int(mig) if colon else -1
-
-
 def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], source: str, said: str) -> Answer:
     """Cards named by host NVML index or MIG `i:j`, as far as they can be known here (the module's docstring)."""
     from gpupin.core.resolve import Target, resolve
@@ -132,8 +124,8 @@ def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], sou
         ranked = sorted(keys)
         for key in keys:
             target = seen[ranked.index(key)]
-            if (key[1] >= 0) != (target.mig is not None):
-                return f"{said} names {'a MIG device' if key[1] >= 0 else 'a whole card'} where this container " \
+            if (key[1] != WHOLE) != (target.mig is not None):
+                return f"{said} names {'a MIG device' if key[1] != WHOLE else 'a whole card'} where this container " \
                        f"sees {'a MIG device' if target.mig is not None else 'a whole card'}"
             targets.append(target)
         how = f"indices renumbered by the runtime: the {len(seen)} device(s) it exposed, in bus order"
@@ -155,7 +147,7 @@ def _named(ctx: Context, entries: list[str], source: str, said: str, ordered: bo
             position = {u: i for i, c in enumerate(ctx.cards()) for u in (c.uuid, *(m.uuid for m in c.mig_devices))}
             entries = sorted(entries, key=lambda e: (position.get(e, len(position)), e))
         return parse_expect(",".join(entries), source)
-    keys = [_index_key(e) for e in entries]
+    keys = [index_key(e) for e in entries]
     if entries and all(k is not None for k in keys):
         return _by_index(ctx, entries, [k for k in keys if k is not None], source, said)
     return f"{said} names no card by UUID or index"
@@ -228,20 +220,20 @@ def _swarm_fallback(key: str, nvd: str | None) -> str:
 def slurm_allocation(ctx: Context) -> Answer:
     """Slurm's SLURM_STEP_GPUS / SLURM_JOB_GPUS (places in the node's gres.conf), in the order of Slurm's
     CUDA_VISIBLE_DEVICES."""
-    if not any(v in ctx.env for v in SLURM_VARS):
+    if not any(v in ctx.env for v in SLURM_GPU_VARS):
         return None
     from gpupin.entrypoint import slurm  # only inside a Slurm job (it reads gres.conf): start-up stays short elsewhere
 
-    return slurm.read(ctx)
+    return slurm.read(ctx.env, ctx.cards)
 
 
-# (what the unpinned line calls the source when it is absent, its reader), in DESIGN.md's order.
+# (what the unpinned line calls the source when it is absent, its reader): docs/design.md, Expectation sources.
 READERS: Sequence[tuple[str, Callable[[Context], Answer]]] = (
     (EXPECT_VAR, gpupin_expect),
     (NVD_VAR, nvidia_visible_devices),
     ("", device_list_dir),  # a folder, not a variable: not named among the unset ones
     (SWARM_PREFIX + "*", swarm_resources),
-    ("/".join(SLURM_VARS), slurm_allocation),
+    ("/".join(SLURM_GPU_VARS), slurm_allocation),
 )
 
 

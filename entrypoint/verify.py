@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gpupin.core.contract import EXPECT_VAR, LEVELS, PROBE_TIMEOUT_VAR
+from gpupin.core.contract import EXPECT_VAR, LEVELS, LEVELS_SAID, PROBE_TIMEOUT_VAR, seconds
 from gpupin.core.errors import GpuUnavailableError, MisalignedError, UsageError
 from gpupin.core.expectation import ExpectedCard, format_expect
 from gpupin.core.shown import shorten
@@ -44,15 +44,8 @@ def probe_timeout(environ: Mapping[str, str]) -> float:
     raw = environ.get(PROBE_TIMEOUT_VAR, "")
     if not raw.strip():
         return PROBE_TIMEOUT_DEFAULT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= PROBE_TIMEOUT_MAX:  # nan fails every comparison
-        raise UsageError(f"{PROBE_TIMEOUT_VAR}={shorten(raw)} is not a number of seconds between 0 and "
-                         f"{PROBE_TIMEOUT_MAX:.0f}",
-                         f"unset it for {PROBE_TIMEOUT_DEFAULT:.0f} s, or give one like {PROBE_TIMEOUT_VAR}=300")
-    return value
+    return seconds(raw, f"{PROBE_TIMEOUT_VAR}={shorten(raw)}", PROBE_TIMEOUT_MAX,
+                   f"unset it for {PROBE_TIMEOUT_DEFAULT:.0f} s, or give one like {PROBE_TIMEOUT_VAR}=300")
 
 
 class Verification:
@@ -170,7 +163,7 @@ def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = Fals
            ) -> tuple[dict[str, str], Verification]:
     """Verify that every cuda:k will be expectation k; return the workload's environment and the report."""
     if level not in LEVELS:
-        raise UsageError(f"unknown verification level {shorten(level)}", "use nvml, cuda or torch")
+        raise UsageError(f"unknown verification level {shorten(level)}", f"use {LEVELS_SAID}")
     probe_timeout(environ)  # a malformed limit is refused at every level, before anything runs
     found = sources.find(environ)
     expectation = found.expectation

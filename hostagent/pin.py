@@ -8,7 +8,8 @@ A pinned container gets
   NVIDIA_VISIBLE_DEVICES of its own (the CDI spec sets it to `void`);
 - GPUPIN_EXPECT (UUID@BUSID in local-rank order: what the entrypoint proves, whichever way) and, when asked,
   GPUPIN_VERIFY;
-- the ledger's labels: gpupin.devices (the UUIDs) and gpupin.shared when the cards may be shared.
+- the ledger's labels: gpupin.devices (the UUIDs) and gpupin.shared (`true` when the cards may be shared, else
+  `false`: written always, so that an image's own label, inherited, never speaks for the container).
 A request that sets any of these by hand would defeat the pin, so they are owned here (OWNED_VARS, OWNED_LABELS).
 
 A Swarm service gets its part of the pin from `Reservation`: Swarm picks each task's cards as it places it, so
@@ -82,10 +83,7 @@ class Pin:
         return out
 
     def labels(self) -> dict[str, str]:
-        out = {LABEL: ",".join(self.uuids)}
-        if self.share:
-            out[SHARED_LABEL] = "true"
-        return out
+        return {LABEL: ",".join(self.uuids), SHARED_LABEL: "true" if self.share else "false"}
 
     def _capabilities(self) -> list[list[str]]:
         # The CLI sends a CDI request with no capabilities (measured: `docker run --device nvidia.com/gpu=1` on

@@ -16,72 +16,27 @@ pinned by UUID (hostagent.pin: through CDI where the daemon serves the cards so,
 reports what would land a job on the wrong card or double-book one. Both run the same rules.
 
 The modules, in the order a file goes through them:
-    load      bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
-    request   what one service asks for: one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime)
-    rules     every check, each written once; `examine` runs them all (and placement) for both commands
-    place     the booking rule and the placement of counts on free cards
-    render    the rules + placement + the pin, written into a copy of the document
-    stack     `render --swarm`: the same requests as Swarm reservations (Swarm places; render only reserves)
-    command   the two CLI adapters: NVML, the ledger, `-o`
-    problems  the one Problem type both commands print, one line each
+    args        the command line of `hostagent compose`: its parsers, help texts, and checks of the options
+    model       which model the commands read (project's, or compose v2's own), and what render writes
+    project     the project as compose builds it: -f files, the override file, include, extends, profiles,
+                !reset/!override; native asks compose v2 (`docker compose config`) for the same model
+    interpolate .env files and ${VAR} in every value
+    load        bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
+    gpurequest  what one service asks for (GpuRequest), and what the forms of asking share (Form)
+    forms       one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime): gpu_request
+    devicerequest  a device request's keys, capabilities, count and device_ids, as compose-go reads them
+    devicefiles the cards a service holds by device file (/dev/nvidiaN, or a folder above it)
+    service     the service's other parts the rules read (environment, labels, replicas, reservations)
+    rules       every check, each written once; `examine` runs them all (and placement) for both commands
+    place       the booking rule and the placement of counts on free cards
+    render      the rules + placement + the pin, written into a copy of the document
+    roundtrip   the source text edited where the pin changed the document, and nowhere else (ruamel.yaml)
+    stack       `render --swarm`: the same requests as Swarm reservations (Swarm places; render only reserves)
+    command     the two CLI adapters: NVML, the ledger, `-o`
+    problems    the one Problem type both commands print, one line each
 
-Exit codes (DESIGN.md): 64 a malformed file or a request that cannot mean one card (unknown, ambiguous, a card
+Exit codes (docs/exit-codes.md): 64 a malformed file or a request that cannot mean one card (unknown, ambiguous, a card
 given to two services, more cards than the host has, replicas > 1, hand-set pin variables), or a bad `-o`; 75 a
 render that cannot place a service only because running containers hold the cards it needs (they are named); 69
 NVML unusable. `check` exits 64 when it finds an error, else 0 (warnings alone do not fail it).
 """
-
-from __future__ import annotations
-
-# The --help texts (hostagent.cli builds its parser with them; importing this package loads nothing else).
-RENDER_DESCRIPTION = """\
-Write FILE as a standard compose file in which every service that asks for GPUs (x-gpupin, a deploy
-device request of the nvidia or the cdi driver, CDI names in devices:, gpus:, or runtime: nvidia with
-NVIDIA_VISIBLE_DEVICES) is pinned to physical cards by UUID: the device request (driver: cdi where the
-daemon serves the cards by CDI, else driver: nvidia with NVIDIA_VISIBLE_DEVICES; --via decides instead),
-GPUPIN_EXPECT (proved inside the container by gpupin-entrypoint) and the ledger labels. Counts go
-to the best free cards; cards that running containers hold are not given, unless shared. A problem
-the rendered file would still have is refused, one line each, and nothing is written: the same lines
-`hostagent compose check` prints."""
-RENDER_EPILOG = """\
--o OUT is written all at once (a temporary file beside it, then renamed over it); OUT may not be a
-directory or FILE itself. Without -o (or with -o -) the file goes to stdout.
-
---swarm writes a Docker Swarm stack instead (docker stack deploy -c OUT STACK): Swarm, not render, picks
-the cards when it places each task, so each service that asks for `count: N` (x-gpupin, or a deploy
-device request) reserves N generic resources of KIND (--kind, default GPU) per task, as
-`hostagent swarm node-config` makes the nodes advertise them; replicas each get cards of their own, and
-each task gets GPUPIN_REQUIRE=1 (gpupin-entrypoint proves DOCKER_RESOURCE_<KIND>). Refused: cards named
-or `all` (a task reserves a number, never named cards), share: true, and, when DOCKER_HOST is a swarm
-manager, a KIND no node advertises or more cards per task than any node it may run on has. No NVML is
-needed.
-
-exit: 0 written; 64 a malformed file, a request this host (or swarm) cannot meet, or a bad -o; 69 NVML
-unusable; 75 running containers hold the cards it needs (they are named)."""
-CHECK_DESCRIPTION = """\
-Report what would land a job on the wrong card or double-book one, as docker compose would run FILE
-(an index, a count on the first cards, a UUID prefix the runtime refuses) and as render would pin it
-(unknown or ambiguous cards, a card given twice, replicas, hand-set pin variables that disagree).
-One line per problem: FILE: service NAME: what. HINT: what to do."""
-CHECK_EPILOG = """\
---json prints a list of {service, problem, hint, severity, render_fixes}; render_fixes marks a
-problem of the file as written that `hostagent compose render` removes.
-
-exit: 0 no error (warnings may be printed); 64 an error; 69 NVML unusable."""
-
-
-def render_command(file: str, output: str | None, swarm: bool = False, kind: str | None = None,
-                   via: str | None = None) -> int:
-    from gpupin.hostagent.compose import command
-
-    if swarm:
-        from gpupin.hostagent.swarm.cluster import DEFAULT_KIND
-
-        return command.stack_command(file, output, kind or DEFAULT_KIND)
-    return command.render_command(file, output, via)
-
-
-def check_command(file: str, as_json: bool) -> int:
-    from gpupin.hostagent.compose.command import check_command
-
-    return check_command(file, as_json)

@@ -4,7 +4,7 @@ file come from.
 
 `-o OUT` is checked before anything is read (not a directory, its directory exists and is writable, not the file
 being rendered), and written all at once: a temporary file beside it, renamed over it, so that a refused or
-interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as DESIGN.md
+interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as docs/exit-codes.md
 gives hostagent's codes (64, 69, 75) and every other bad argument gets it.
 """
 
@@ -17,7 +17,8 @@ import sys
 import tempfile
 
 from gpupin.core.errors import EX_UNAVAILABLE, EX_USAGE, GpupinError, UsageError
-from gpupin.hostagent.compose import load
+from gpupin.hostagent import say
+from gpupin.hostagent.compose import model
 from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine
@@ -29,15 +30,12 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
+    from gpupin.hostagent.compose.project import Options, Project
     from gpupin.hostagent.ledger.holders import Holder
     from gpupin.hostagent.swarm.cluster import Node
 
 _COMPOSE_PROJECT = "com.docker.compose.project"
 _COMPOSE_SERVICE = "com.docker.compose.service"
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"hostagent: {msg}\n")
 
 
 # --- the cards and the ledger, minus this project's own containers --------------------------------------------
@@ -93,8 +91,8 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
                                 service_names)
     except Exception as err:
         why = f"Docker at {engine.docker_host()}: {getattr(err, 'message', err)}"
-        _say(f"warning: the ledger was not read ({why}): which cards running containers hold is unknown, and not "
-             "checked" + ("; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else ""))
+        say(f"warning: the ledger was not read ({why}): which cards running containers hold is unknown, and not "
+            "checked" + ("; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else ""))
         return Daemon(uses.blocking(cards, uses.attribute(cards, None, None)), NOT_ASKED,
                       f"the ledger was not read ({why})")
     detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
@@ -105,9 +103,10 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
 
 
 def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Daemon]:
-    from gpupin.core import nvml
+    from gpupin.core import nvml, readings
 
     cards = nvml.list_cards(detail=True, mig=True, tolerate_lost=True)
+    readings.assess(cards)  # counts never take an unhealthy card; a named one is refused (gpupin.hostagent.gpus)
     svcs = doc.get("services") if isinstance(doc, dict) else None
     names = {str(k) for k in svcs} if isinstance(svcs, dict) else set()
     return cards, read_daemon(cards, project_names(doc, paths, os.environ), names, cdi_too)
@@ -240,36 +239,41 @@ def _emit(text: str, file: str, output: str | None, target: str | None, relative
     assert output is not None
     write_output(target, text, printable(output))
     if relative and os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
-        _say(f"note: {', '.join(relative)}: relative paths, which compose resolves against {printable(output)}'s "
+        say(f"note: {', '.join(relative)}: relative paths, which compose resolves against {printable(output)}'s "
              "directory; write it beside the source, or run compose with --project-directory")
     return 0
 
 
-def _rendered(file: str, output: str | None, make: Callable[[Any], str]) -> int:
-    """Load FILE, `make` the rendered text of it (a RenderRefused names every problem), and write it out: the
-    steps `render` and `render --swarm` share, each problem one line with the file's name."""
-    target = output_path(output, file)
-    name = printable(file)
+def _rendered(options: Options, output: str | None, make: Callable[[Project], tuple[str, Any]]) -> int:
+    """Read the project, `make` the header and the rendered model of it (a RenderRefused names every problem), and
+    write it out (hostagent.compose.model.written): the steps `render` and `render --swarm` share, each problem one
+    line with the project's name."""
+    name = "+".join(printable(f) for f in options.files) or "compose"
     try:
-        doc = load.load(file)
-        text = make(doc)
+        targets = [output_path(output, f) for f in options.files] or [output_path(output, "")]
+        project = model.read(options)
+        name = model.name(project)
+        if not options.files:
+            targets = [output_path(output, f) for f in project.files]
+        top, rendered = make(project)
+        text = model.written(project, top, rendered)
     except ServiceError as err:
-        _say(f"ERROR: {err.problem().line(name)}")
+        say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
     except RenderRefused as refused:
         for p in refused.problems:
-            _say(f"ERROR: {p.line(name)}")
+            say(f"ERROR: {p.line(name)}")
         return refused.exit_code
-    return _emit(text, file, output, target, relative_paths(doc))
+    return _emit(text, project.files[0], output, targets[0], relative_paths(project.doc))
 
 
-def render_command(file: str, output: str | None, via: str | None = None) -> int:
-    """`hostagent compose render FILE [-o OUT] [--via cdi|nvidia]`: 0 and the pinned file; 64/75/69 with one line
-    per problem."""
-    name = printable(file)
+def render_command(options: Options, output: str | None, via: str | None = None) -> int:
+    """`hostagent compose render [FILE] [-f FILE...] [-o OUT] [--via cdi|nvidia]`: 0 and the pinned file; 64/75/69
+    with one line per problem."""
 
-    def make(doc: Any) -> str:
-        cards, daemon = _host(doc, [file] + ([output] if output else []), cdi_too=via is None)
+    def make(project: Project) -> tuple[str, Any]:
+        doc = project.doc
+        cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
         rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
         if daemon.unknown is not None and exam.counted:
             raise RenderRefused([Problem(None, f"the file asks for {exam.counted} card(s) by count, which render "
@@ -277,10 +281,10 @@ def render_command(file: str, output: str | None, via: str | None = None) -> int
                                          f"{daemon.unknown}", "start Docker or set DOCKER_HOST, or name the cards",
                                          exit_code=EX_UNAVAILABLE)])
         if not exam.requests:
-            _say(f"note: {name}: no service asks for GPUs; the file is written unchanged")
-        return header(file, exam) + load.dump(rendered)
+            say(f"note: {model.name(project)}: no service asks for GPUs; the file is written unchanged")
+        return header(project.files[0], exam), rendered
 
-    return _rendered(file, output, make)
+    return _rendered(options, output, make)
 
 
 def read_nodes() -> list[Node] | None:
@@ -294,43 +298,45 @@ def read_nodes() -> list[Node] | None:
     except Exception as err:
         if not (isinstance(err, GpupinError) or engine.is_daemon_failure(err)):
             raise
-        _say(f"warning: the swarm's nodes were not read ({getattr(err, 'message', err)}): whether Swarm can place "
+        say(f"warning: the swarm's nodes were not read ({getattr(err, 'message', err)}): whether Swarm can place "
              "each task is not checked")
         return None
 
 
-def stack_command(file: str, output: str | None, kind: str) -> int:
+def stack_command(options: Options, output: str | None, kind: str) -> int:
     """`hostagent compose render --swarm [--kind KIND] FILE [-o OUT]`: 0 and the stack; 64 with one line per
     problem."""
     from gpupin.hostagent.compose import stack
-    from gpupin.hostagent.swarm.cluster import check_kind
+    from gpupin.hostagent.swarm.resources import check_kind
 
     check_kind(kind)
-    name = printable(file)
 
-    def make(doc: Any) -> str:
-        rendered, exam = stack.render(doc, kind, read_nodes())
+    def make(project: Project) -> tuple[str, Any]:
+        name = model.name(project)
+        rendered, exam = stack.render(project.doc, kind, read_nodes())
         for p in exam.warnings:
-            _say(p.line(name))
+            say(p.line(name))
         for note in exam.notes:
-            _say(f"note: {name}: {note}")
+            say(f"note: {name}: {note}")
         if not exam.reserving:
-            _say(f"note: {name}: no service asks for GPUs")
-        return stack.header(file, exam) + load.dump(rendered)
+            say(f"note: {name}: no service asks for GPUs")
+        return stack.header(project.files[0], exam), rendered
 
-    return _rendered(file, output, make)
+    return _rendered(options, output, make)
 
 
-def check_command(file: str, as_json: bool) -> int:
-    """`hostagent compose check FILE [--json]`: 0 when clean (warnings allowed), 64 with one line per problem."""
-    name = printable(file)
+def check_command(options: Options, as_json: bool) -> int:
+    """`hostagent compose check [FILE] [-f FILE...] [--json]`: 0 when clean (warnings allowed), 64 with one line
+    per problem."""
+    name = "+".join(printable(f) for f in options.files) or "compose"
     try:
-        doc = load.load(file)
+        project = model.read(options)
     except ServiceError as err:
         exam = Examination([err.problem()])
     else:
-        cards, daemon = _host(doc, [file], cdi_too=False)
-        exam = examine(doc, cards, daemon.busy)
+        name = model.name(project)
+        cards, daemon = _host(project.doc, project.files, cdi_too=False)
+        exam = examine(project.doc, cards, daemon.busy)
     if as_json:
         sys.stdout.write(json.dumps([p.to_dict() for p in exam.problems], indent=2) + "\n")
     else:

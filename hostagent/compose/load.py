@@ -13,12 +13,14 @@
     defined at line N`; v2.17 and later refuse a second `<<` too). docker-compose 1.x kept the last one
     silently, which could drop the very `x-gpupin` or `environment` the user meant;
   - merge keys (`<<: *base`, `<<: [*a, *b]`) and anchors work as in both compose versions;
-  - scalars that YAML 1.1 reads as base-60 numbers (`86:00.0`, `22:22`) stay text, as compose v2 (YAML 1.2)
-    reads them; bus ids are exactly such text. Other YAML 1.1 readings are kept as docker-compose 1.x has them
-    (`yes` a boolean, `2024-01-01` a date, written back unquoted): measured with compose v2.26, an unquoted date
-    is a timestamp there too, and `yes` text, so no one reading suits both versions;
-  - only the tags compose files use (str, int, float, bool, null, map, seq); `!!set`, `!!binary`, compose v2's
-    `!reset`/`!override` (meant for merging several files) and custom tags are refused by name.
+  - scalars are read as compose v2 reads them (YAML 1.2, go-yaml v3), the tool whose view of a file
+    (`docker compose config`) is the model here: `yes`, `on`, `off` are text (YAML 1.1, and docker-compose
+    1.x, read booleans, which 1.x then refuses in `environment` and `labels`), `1e3` a number, and base-60
+    looking text (`86:00.0`, `22:22`) text, as bus ids must be; `0777` stays 511 and an unquoted date a
+    timestamp, in both (measured with compose v2.26 and docker-compose 1.29);
+  - only the tags compose files use (str, int, float, bool, null, map, seq), and compose v2's `!reset` and
+    `!override` (merging several files: hostagent.compose.project reads them as RESET and Override);
+    `!!set`, `!!binary` and custom tags are refused by name.
 - The result is a tree: every occurrence of an alias is its own copy, so that pinning one service never
   changes another that shared an anchor with it.
 libyaml parses the events when PyYAML has it (about 4 times faster); the composer is PyYAML's own either way.
@@ -28,8 +30,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 
 from gpupin.core.errors import UsageError
+from gpupin.hostagent import INSTALL_HINT
 from gpupin.hostagent.compose.problems import ServiceError, quoted
 
 TYPE_CHECKING = False
@@ -43,11 +47,36 @@ _FIX_YAML = "fix the YAML (`docker compose -f FILE config` shows what compose re
 _TAGS = ("str", "int", "float", "bool", "null", "map", "seq", "merge", "timestamp")  # merge: `<<`
 
 
+class _Reset:
+    """`!reset`: the key is dropped, whatever the files before it said."""
+
+    def __repr__(self) -> str:
+        return "RESET"
+
+
+RESET = _Reset()
+
+
+class Override:
+    """`!override VALUE`: VALUE replaces what the files before it said, instead of being merged into it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Override({self.value!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Override) and other.value == self.value
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def _yaml() -> Any:
     try:
         import yaml
     except ImportError:
-        raise UsageError("PyYAML is not installed", "install the host side: pip install 'gpupin[host]'") from None
+        raise UsageError("PyYAML is not installed", INSTALL_HINT) from None
     return yaml
 
 
@@ -92,12 +121,23 @@ def _loader() -> Any:
             Scanner.__init__(loader)
             Parser.__init__(loader)
 
-    class Loader(*bases, SafeConstructor, Resolver):  # type: ignore[misc]
+    class Resolver12(Resolver):
+        """PyYAML's resolver with YAML 1.2's booleans and floats, as compose v2 reads them."""
+
+    bool_tag, float_tag = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+    Resolver12.yaml_implicit_resolvers = {k: [(tag, r) for tag, r in v if tag not in (bool_tag, float_tag)]
+                                          for k, v in Resolver.yaml_implicit_resolvers.items()}
+    Resolver12.add_implicit_resolver(bool_tag, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    Resolver12.add_implicit_resolver(float_tag, re.compile(
+        r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)|[-+]?[0-9][0-9_]*\.[0-9_]*|[-+]?\.[0-9_]+"
+        r"(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+    class Loader(*bases, SafeConstructor, Resolver12):  # type: ignore[misc]
         def __init__(self, stream: str) -> None:
             events(self, stream)
             Composer.__init__(self)
             SafeConstructor.__init__(self)
-            Resolver.__init__(self)
+            Resolver12.__init__(self)
             self._depth = 0
 
         def compose_node(self, parent: Any, index: Any) -> Any:
@@ -148,10 +188,14 @@ def _loader() -> Any:
 
     def undefined(loader: Any, node: Any) -> Any:
         tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
-        hint = "remove it: compose files hold text, numbers, booleans, lists and mappings"
-        if tag in ("!reset", "!override"):
-            hint = f"{tag} is compose v2's way of merging several files, which hostagent compose does not do: " \
-                   "render one file without it"
+        if tag == "!reset":
+            return RESET
+        if tag == "!override":
+            build = {"mapping": loader.construct_mapping, "sequence": loader.construct_sequence}.get(
+                node.id, lambda n, deep: loader.construct_scalar(n))
+            return Override(build(node, deep=True))
+        hint = "remove it: compose files hold text, numbers, booleans, lists and mappings, and compose v2 " \
+               "reads !reset and !override"
         raise _refuse(f"the YAML tag {quoted(tag)} (at {_where(node.start_mark)}) is not one compose files use", hint)
 
     Loader.yaml_constructors = {t: c for t, c in SafeConstructor.yaml_constructors.items()
@@ -208,6 +252,8 @@ def _tree(value: Any) -> Any:
         return {k: _tree(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_tree(v) for v in value]
+    if isinstance(value, Override):
+        return Override(_tree(value.value))
     return value
 
 
@@ -268,7 +314,15 @@ def load(path: str) -> Any:
 
 
 def dump(doc: Any) -> str:
-    """The tree as YAML both compose versions read alike (base-60-looking text is quoted, keys keep their order)."""
+    """The tree as YAML both compose versions read alike: text that either YAML 1.1 (docker-compose 1.x) or YAML
+    1.2 (compose v2) would read as something else is quoted (`yes`, `1e3`, `22:22`); keys keep their order."""
     yaml = _yaml()
-    text: str = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)
+
+    class Dumper(yaml.SafeDumper):  # type: ignore[name-defined,misc]
+        pass
+
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
+    text: str = yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                          width=4096)
     return text

@@ -10,10 +10,10 @@ holders, and the processes that no grant explains); the choice of free cards is 
 from __future__ import annotations
 
 from gpupin.core.contract import SHARED_LABEL
-from gpupin.core.errors import EX_TEMPFAIL, GpuSpecError
+from gpupin.core.errors import EX_TEMPFAIL, CardUnhealthyError, GpuSpecError
 from gpupin.hostagent import gpus
+from gpupin.hostagent.compose.gpurequest import KEY
 from gpupin.hostagent.compose.problems import Problem
-from gpupin.hostagent.compose.request import KEY
 from gpupin.hostagent.ledger.holders import blocking
 
 TYPE_CHECKING = False
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card
     from gpupin.core.resolve import Target
-    from gpupin.hostagent.compose.request import GpuRequest
+    from gpupin.hostagent.compose.gpurequest import GpuRequest
     from gpupin.hostagent.ledger.holders import Holder
 
 _SHARE = f"mark every service that shares it `{KEY}: {{share: true}}` (or, in the standard forms, label " \
@@ -32,14 +32,17 @@ _RENDER_PLACES = "`hostagent compose render` places each count on a free card of
 
 class Assignment:
     """Cards given to a service: named ones, or (as_written) the first cards by index that Docker gives a count
-    in the file as written, which render places elsewhere."""
+    in the file as written, which render places elsewhere. Cards a service holds by device file are booked like
+    named ones, but are no pin (pinned False: render writes no device request for them)."""
 
-    __slots__ = ("as_written", "req", "targets")
+    __slots__ = ("as_written", "pinned", "req", "targets")
 
-    def __init__(self, req: GpuRequest, targets: Sequence[Target], as_written: bool = False) -> None:
+    def __init__(self, req: GpuRequest, targets: Sequence[Target], as_written: bool = False,
+                 pinned: bool = True) -> None:
         self.req = req
         self.targets = list(targets)
         self.as_written = as_written
+        self.pinned = pinned
 
 
 def keys(target: Target) -> list[str]:
@@ -50,10 +53,6 @@ def keys(target: Target) -> list[str]:
     if target.mig is None:
         out.extend(m.uuid for m in target.card.mig_devices)
     return out
-
-
-def describe(target: Target) -> str:
-    return f"{target.uuid} (index {target.card.index}, {target.bus_id}, {target.name})"
 
 
 def holders_of(target: Target, busy: Mapping[str, Sequence[Holder]]) -> list[Holder]:
@@ -76,26 +75,28 @@ def bookings(assignments: Sequence[Assignment], busy: Mapping[str, Sequence[Hold
     given: dict[str, list[Assignment]] = {}
     for a in assignments:
         service = a.req.service
-        lead = f"as written, {a.req.describe_count()} gets " if a.as_written else ""
+        lead = f"as written, {a.req.describe_count()} gets " if a.as_written else \
+            "" if a.pinned else "its device file gives it "
         for t in a.targets:
             prior = list({id(b): b for k in keys(t) for b in given.get(k, []) if b.req.service != service}.values())
             if prior and not (a.req.share and all(b.req.share for b in prior)):
                 fixes = a.as_written or any(b.as_written for b in prior)
-                others = ", ".join(dict.fromkeys(b.req.service for b in prior))
+                others = ", ".join(dict.fromkeys(b.req.service + ("" if b.pinned else " (by device file)")
+                                                 for b in prior))
                 hint = _RENDER_PLACES if fixes else "give each service its own card (name another, or ask for a " \
                     f"`count` and let render place it), or {_SHARE}"
-                problems.append(Problem(service, f"{lead}{describe(t)}{', which' if lead else ''} is also given to "
+                problems.append(Problem(service, f"{lead}{t.describe()}{', which' if lead else ''} is also given to "
                                         f"service {others}: both would run on one card", hint, render_fixes=fixes))
             # A sharing service may join holders that share; an exclusive holder keeps its card (the ledger's rule).
             holders = holders_of(t, blocking(busy, a.req.share))
             if holders:
                 who = whom(holders)
                 if a.as_written:
-                    problems.append(Problem(service, f"{lead}{describe(t)}, which {who} holds",
+                    problems.append(Problem(service, f"{lead}{t.describe()}, which {who} holds",
                                             _RENDER_PLACES, exit_code=EX_TEMPFAIL, render_fixes=True))
                 else:
                     problems.append(Problem(
-                        service, f"{describe(t)} is held by {who}",
+                        service, f"{t.describe()} is held by {who}",
                         "stop it, pick a free card (`hostagent ls`), ask for a `count` instead, or share it on "
                         f"purpose with {a.req.form.share_how}", exit_code=EX_TEMPFAIL))
         for t in a.targets:
@@ -105,19 +106,22 @@ def bookings(assignments: Sequence[Assignment], busy: Mapping[str, Sequence[Hold
 
 def place(named: Sequence[Assignment], counted: Sequence[GpuRequest], cards: Sequence[Card],
           busy: Mapping[str, Sequence[Holder]]) -> tuple[dict[str, list[Target]], list[Problem]]:
-    """The cards of every service: the named ones (checked by the booking rule), then each count (file order) on
-    the best cards no other service and no running container has. Returns the plan and every problem found."""
+    """The cards of every service: the named ones (checked by the booking rule; in file order, those held by
+    device file too), then each count (file order) on the best cards no other service and no running container
+    has. Returns the plan (the pinned cards) and every problem found."""
     problems = bookings(named, busy)
-    plan = {a.req.service: a.targets for a in named}
+    plan = {a.req.service: a.targets for a in named if a.pinned}
     in_file = {k for a in named for t in a.targets for k in keys(t)}
     for req in counted:
         held = set(blocking(busy, req.share))
         assert req.count is not None
         try:
             chosen = gpus.choose_free(req.count, cards, held | in_file)
-        except GpuSpecError as err:  # more than the host has: "--count N: ..." is hostagent run's wording
+        except (GpuSpecError, CardUnhealthyError) as err:  # more than the host has (fit for use): "--count N: ..."
+            # is hostagent run's wording
             problems.append(Problem(req.service, f"{req.describe_count()}: {err.message.split(': ', 1)[-1]}",
-                                    "ask for fewer cards, or split the work"))
+                                    "ask for fewer cards, or split the work" if isinstance(err, GpuSpecError)
+                                    else err.hint, exit_code=err.exit_code))
             continue
         if chosen is None:
             left = len(gpus.free_cards(cards, in_file))

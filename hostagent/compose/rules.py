@@ -5,11 +5,12 @@ would still have (`Problem.refuses_render`), with the same lines. The rest are p
 which docker compose would act on if it ran the file unrendered (a count lands on the first cards by index, an
 index names another card after a hot-plug, the runtime refuses a UUID prefix), and which render fixes by pinning.
 
-The rules, per service: the request is well-formed (hostagent.compose.request); replicas <= 1; the variables and
+The rules, per service: the request is well-formed (hostagent.compose.forms); replicas <= 1; the variables and
 labels the pin owns (GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, gpupin.devices, gpupin.shared) are not set beside
 `x-gpupin` or a count, and agree with the cards where a standard form names them; each spec names one card that
-can be handed out, once. Across services (hostagent.compose.place): no card is given twice or held by a running
-container unless shared, and every count finds enough free cards.
+can be handed out, once. Across services (hostagent.compose.place): no card is given twice (cards held by device
+file included: hostagent.compose.devicefiles) or held by a running container unless shared, and every count finds
+enough free cards.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from gpupin.core.contract import EXPECT_VAR, LABEL, NVD_VAR, SHARED_LABEL, VERIF
 from gpupin.core.errors import GpupinError
 from gpupin.core.expectation import parse_expect
 from gpupin.core.identity import is_full_uuid, match_uuid
-from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form
+from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form, resolve
 from gpupin.hostagent import gpus
-from gpupin.hostagent.compose.place import Assignment, bookings, describe, place
+from gpupin.hostagent.compose import devicefiles
+from gpupin.hostagent.compose.forms import gpu_request
+from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
+from gpupin.hostagent.compose.place import Assignment, bookings, place
 from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, quoted
-from gpupin.hostagent.compose.request import ALL, KEY, GpuRequest, env_entries, gpu_request, label_entries, replicas
+from gpupin.hostagent.compose.service import env_entries, label_entries, replicas
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS
 
 TYPE_CHECKING = False
@@ -127,7 +131,7 @@ def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target],
         fix = f"write the card's UUID {target.uuid}, or let {_RENDER} pin it"
         written = form(spec)
         if written == INDEX:
-            problems.append(Problem(req.service, f"{what} is an NVML index: today it is {describe(target)}, but "
+            problems.append(Problem(req.service, f"{what} is an NVML index: today it is {target.describe()}, but "
                                     "indices follow PCI bus order and name another card after a card is added, "
                                     "removed or lost", f"pin it by UUID: {req.form.by_uuid(target.uuid)} (or "
                                     f"`{KEY}: {{gpus: [{target.uuid}]}}` and render)", render_fixes=True))
@@ -207,7 +211,7 @@ def _expectation(req: GpuRequest, value: str, targets: list[Target], cards: Sequ
             problems.append(Problem(req.service, f"{EXPECT_VAR} names {e.uuid}: {err.message}", fix))
             continue
         named.append(uuid)
-        at = gpus.resolve_spec(uuid, cards).bus_id
+        at = resolve(uuid, cards).bus_id  # where it is, whatever its state (resolve_named judged that)
         if e.bus_id is not None and e.bus_id != at:
             problems.append(Problem(req.service, f"{EXPECT_VAR} puts {uuid} at {e.bus_id}, but it is at {at}: "
                                     "the entrypoint will refuse to start (78)", fix))
@@ -284,6 +288,13 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
     for name, svc in svcs.items():
         try:
             req = gpu_request(name, svc)
+            by_file = devicefiles.assignment(svc, name, cards)
+            if by_file is not None:
+                named.append(by_file)
+                if req is None and replicas(svc, name) > 1:
+                    problems.append(Problem(name, f"asks for {replicas(svc, name)} replicas, and its device files "
+                                            "give every replica the same cards", "make one service per replica, "
+                                            "each with device files of its own"))
             if req is None:
                 continue
             requests.append(req)
@@ -321,5 +332,5 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
     written = sorted([*named, *as_written], key=lambda a: order[a.req.service])
     problems.extend(p for p in bookings(written, busy) if p.render_fixes)  # the rest came from place()
     problems.sort(key=lambda p: order.get(p.service, -1) if p.service is not None else -1)
-    return Examination(problems, requests, plan, len({t.uuid for a in named for t in a.targets}),
+    return Examination(problems, requests, plan, len({t.uuid for a in named if a.pinned for t in a.targets}),
                        sum(r.count or 0 for r in counted))

@@ -15,7 +15,7 @@ cards it was given, which gpupin-entrypoint proves (and refuses when the task se
 reserve a number of resources, never named ones (swarmkit's genericresource.ValidateTask), so a request that
 names cards, or asks for every card, or shares them, is refused.
 
-What a service asks for is read by the compose package's readers (hostagent.compose.request: x-gpupin's count,
+What a service asks for is read by the compose package's readers (hostagent.compose.forms: x-gpupin's count,
 a deploy device request's count), plus a `generic_resources` reservation of the kind already written; the rules
 that apply to both renders are the compose package's (service names, the pin's variables and labels set by hand).
 When the swarm's nodes can be read (DOCKER_HOST is a manager), what Swarm could never place is refused too: a kind
@@ -32,26 +32,23 @@ import os
 import re
 
 from gpupin.core.errors import GpupinError
+from gpupin.hostagent.compose.forms import DeployDevices, XGpupin, gpu_request
+from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
 from gpupin.hostagent.compose.problems import WARNING, Problem, RenderRefused, ServiceError, printable, quoted
 from gpupin.hostagent.compose.render import set_entries
-from gpupin.hostagent.compose.request import (
-    ALL,
-    KEY,
-    DeployDevices,
-    GpuRequest,
-    XGpupin,
+from gpupin.hostagent.compose.rules import checked_services, owned_rules
+from gpupin.hostagent.compose.service import (
     device_list,
     env_entries,
-    gpu_request,
     label_entries,
     mapping,
     replicas,
     reservations,
     reserved_list,
 )
-from gpupin.hostagent.compose.rules import checked_services, owned_rules
 from gpupin.hostagent.pin import Reservation
-from gpupin.hostagent.swarm.cluster import Constraint, gpu_kinds
+from gpupin.hostagent.swarm.cluster import Constraint
+from gpupin.hostagent.swarm.resources import gpu_kinds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,12 +1,13 @@
 """The Docker Engine adapter, by responsibility: where the daemon is (address), its failures as hostagent's errors
-(failures), the SDK's client (client), reads with the daemon's clock (reader), what the daemon says of itself (info)
-and how it serves CDI (cdi). The ledger read from the daemon is gpupin.hostagent.ledger.read.
+(failures), the SDK's client (client), reads with the daemon's clock (reader), what the daemon says of itself (info),
+how it serves CDI (cdi) and its event stream (events). The ledger read from the daemon is gpupin.hostagent.ledger.read.
 
 Callers write `engine.connect()`, `engine.fetch(...)`: the names below are the adapter's surface.
 """
 
 from gpupin.hostagent.engine.address import DAEMON_HINT, DEFAULT_HOST, Endpoint, docker_host, endpoint
 from gpupin.hostagent.engine.client import MIN_API, connect
+from gpupin.hostagent.engine.events import EventStream
 from gpupin.hostagent.engine.failures import (
     EngineNotFound,
     failure,
@@ -27,6 +28,7 @@ __all__ = [
     "Endpoint",
     "EngineNotFound",
     "EngineReader",
+    "EventStream",
     "cdi_detection",
     "connect",
     "created_time",

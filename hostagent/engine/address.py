@@ -8,6 +8,7 @@ import json
 import os
 
 from gpupin.core.errors import DockerUnavailableError
+from gpupin.hostagent import INSTALL_HINT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,6 +17,11 @@ if TYPE_CHECKING:
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 DAEMON_HINT = "start dockerd, or point DOCKER_HOST (or `docker context use`) at a running one"
+
+
+def sdk_missing() -> DockerUnavailableError:
+    """The error when the docker SDK, which every talk with the daemon goes through, is not installed."""
+    return DockerUnavailableError("the docker SDK is not installed", INSTALL_HINT)
 
 
 class Endpoint:
@@ -63,8 +69,7 @@ def _from_sdk(environ: Mapping[str, str], context: str | None) -> Endpoint:
         from docker.context import ContextAPI
         from docker.utils import kwargs_from_env
     except ImportError:
-        raise DockerUnavailableError("the docker SDK is not installed",
-                                     "install the host side: pip install 'gpupin[host]'") from None
+        raise sdk_missing() from None
     if context is None:
         try:
             params = kwargs_from_env(environment=dict(environ))

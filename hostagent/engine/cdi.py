@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 import re
 
+from gpupin.core.identity import WHOLE, index_key
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -36,7 +38,6 @@ VIAS = (CDI, NVIDIA)
 MIN_API = "1.44"  # CDISpecDirs in /info (Engine 25): an older daemon has no CDI
 # The CDI library's rules: vendor and class of letters, digits, '.', '-', '_'; names add ':'.
 _QUALIFIED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)=([A-Za-z0-9_.:-]+)")
-_TYPE_INDEX = re.compile(r"(?:gpu([0-9]+)|mig([0-9]+:[0-9]+))")
 
 
 def name(device: str) -> str:
@@ -60,8 +61,11 @@ def gpu_device(text: str) -> str | None:
 def as_spec(device: str) -> str:
     """A device name of NVIDIA's spec as a GPU spec gpupin.core.resolve reads: the `type-index` strategy's
     `gpu2` and `mig0:1` are the index `2` and the MIG pair `0:1`; every other name is one already."""
-    m = _TYPE_INDEX.fullmatch(device)
-    return (m.group(1) or m.group(2)) if m else device
+    for prefix, mig in (("gpu", False), ("mig", True)):
+        key = index_key(device[len(prefix):]) if device.startswith(prefix) else None
+        if key is not None and (key[1] != WHOLE) == mig:
+            return device[len(prefix):]
+    return device
 
 
 class Detection:

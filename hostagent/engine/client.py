@@ -4,7 +4,7 @@ costs 60 to 90 ms on a 2-core machine, more than `docker ps` takes to list 500 c
 from __future__ import annotations
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent.engine.address import DAEMON_HINT, docker_host, endpoint
+from gpupin.hostagent.engine.address import DAEMON_HINT, docker_host, endpoint, sdk_missing
 from gpupin.hostagent.engine.failures import unavailable
 
 TYPE_CHECKING = False
@@ -42,8 +42,7 @@ def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
         from docker.constants import DEFAULT_DOCKER_API_VERSION
         from docker.utils import version_lt
     except ImportError:
-        raise DockerUnavailableError(
-            "the docker SDK is not installed", "install the host side: pip install 'gpupin[host]'") from None
+        raise sdk_missing() from None
 
     def client(v: str) -> Any:
         # ssh:// as the docker CLI does it (the ssh binary, `docker system dial-stdio` on the far side).

@@ -7,6 +7,8 @@ import sys
 from gpupin.core.errors import EX_CANNOT_INVOKE, EX_NOT_FOUND, DockerRefusedError, DockerUnavailableError, GpupinError
 from gpupin.hostagent.engine.address import DAEMON_HINT, docker_host
 
+LOG_HINT = "see the daemon's log (journalctl -u docker), then retry"  # a daemon that fails what it was asked
+
 
 def _short(err: BaseException) -> str:
     text = str(getattr(err, "explanation", None) or err)
@@ -50,7 +52,7 @@ def failure(err: BaseException, doing: str) -> GpupinError:
         return refused(err, doing)
     if status is not None:
         return DockerUnavailableError(f"{doing}: the Docker daemon at {docker_host()} failed ({status}): "
-                                      f"{_short(err)}", "see the daemon's log (journalctl -u docker), then retry")
+                                      f"{_short(err)}", LOG_HINT)
     return unavailable(err)
 
 

@@ -10,7 +10,7 @@ import socket
 from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent.engine.address import docker_host, endpoint
 from gpupin.hostagent.engine.client import connect
-from gpupin.hostagent.engine.failures import EngineNotFound, unavailable
+from gpupin.hostagent.engine.failures import LOG_HINT, EngineNotFound, unavailable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def _decode(path: str, status: int, body: bytes) -> Any:
     if status != 200:
         raise DockerUnavailableError(f"GET {path} on {docker_host()} answered {status or 'nonsense'}: "
                                      f"{body.decode(errors='replace').strip()[:200]}",
-                                     "see the daemon's log (journalctl -u docker), then retry")
+                                     LOG_HINT)
     try:
         return json.loads(body)
     except ValueError:
@@ -91,11 +91,12 @@ class EngineReader:
         self.path = path
         self.timeout = timeout
 
-    def get(self, path: str, params: Mapping[str, str] | None = None) -> tuple[Any, float | None]:
-        """The JSON answer and the daemon's clock (its Date header)."""
+    def get(self, path: str, params: Mapping[str, str] | None = None,
+            timeout: float | None = None) -> tuple[Any, float | None]:
+        """The JSON answer and the daemon's clock (its Date header); `timeout` for this call alone."""
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(self.timeout)
+                sock.settimeout(timeout if timeout is not None else self.timeout)
                 sock.connect(self.path)
                 sock.sendall(f"GET {_query(path, params)} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
                 chunks = []
@@ -127,16 +128,17 @@ class EngineReader:
 
 
 def fetch(api: Any, path: str, params: Mapping[str, str] | None = None,
-          versioned: bool = True) -> tuple[Any, float | None]:
+          versioned: bool = True, timeout: float | None = None) -> tuple[Any, float | None]:
     """GET an Engine path through either client: (JSON, the daemon's clock); 404 is EngineNotFound, any other
     failure a one-line DockerUnavailableError. `versioned=False` asks in the daemon's own API version (EngineReader
-    always does), so that fields newer than the client's version are there too."""
+    always does), so that fields newer than the client's version are there too. `timeout`: for this call alone
+    (else the client's)."""
     if isinstance(api, EngineReader):
-        return api.get(path, params)
+        return api.get(path, params, timeout)
     prefix = f"/v{api.api_version}" if versioned else ""
     try:
         res = api.get(f"{api.base_url}{prefix}{_query(path, None)}", params=dict(params or {}),
-                      timeout=api.timeout)
+                      timeout=timeout if timeout is not None else api.timeout)
         body = res.content
     except Exception as err:
         raise unavailable(err) from None

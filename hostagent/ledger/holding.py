@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 LIVE_STATES = frozenset({"running", "paused", "restarting"})
 _NEVER_STARTED = "0001-01-01T00:00:00Z"
+STARTING = "being started by hostagent"  # why a created container holds while its hostagent's lease lives
 
 
 def holding(inspect: Mapping[str, Any], lease_state: str | None = None) -> str | None:
@@ -26,7 +27,7 @@ def holding(inspect: Mapping[str, Any], lease_state: str | None = None) -> str |
     if status in LIVE_STATES:
         return status
     if status == "created":
-        return "being started by hostagent" if lease_state == lease.LIVE else None
+        return STARTING if lease_state == lease.LIVE else None
     if status != "exited" or str(st.get("StartedAt") or _NEVER_STARTED).startswith("0001-"):
         return None  # dead, removing, or never started: the daemon's restore starts none of them
     policy = (inspect.get("HostConfig") or {}).get("RestartPolicy") or {}

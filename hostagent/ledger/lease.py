@@ -2,11 +2,17 @@
 pinned container between its create and its start), so that every other client can tell whether they still count.
 
 A lease is two labels on the object: `gpupin.owner` (who: host name, pid, process start time, boot id and pid
-namespace) and `gpupin.lease` (for how many seconds from the object's creation, by the daemon's clock). It is
-- *live* while its time is not up and its owner may still run;
+namespace) and `gpupin.lease` (for how many seconds from the object's creation, or from its owner's last renewal,
+by the daemon's clock). A container's lease is
+- *live* while its owner runs, however long its start takes (the NVIDIA hook alone takes 2 to 25 s without
+  persistence mode): an owner of this boot and pid namespace is looked up by pid and process start time; one
+  that this process cannot see (another machine, another pid namespace) renews the lease on the daemon while it
+  works (gpupin.hostagent.ledger.renewal), and its lease is live while its time since the last renewal is not up;
 - *dead* at once when its owner was a process of this same boot and pid namespace that is gone (a killed
   hostagent on this host: no one waits for it);
-- *expired* when its time is up, whoever owns it (a client on another machine, a frozen one).
+- *expired* when the time since the last renewal is up and its owner cannot be seen.
+The ledger lock's lease (`owner_alive_holds=False`) expires on time whoever holds it: its holder checks its own
+time and gives up past its lease (gpupin.hostagent.ledger.lock), so a frozen holder blocks no one for long.
 Ages are the daemon's (its `Date` header against the object's `Created`), never this machine's clock.
 """
 
@@ -16,7 +22,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 OWNER_LABEL = "gpupin.owner"
 LEASE_LABEL = "gpupin.lease"
@@ -136,15 +142,22 @@ def seconds(labels: Mapping[str, str]) -> float:
     return min(max(value, 1.0), MAX_LEASE_S) if value == value else float(LEASE_S)
 
 
-def state(labels: Mapping[str, str], created: float, now: float) -> str:
+def state(labels: Mapping[str, str], created: float, now: float,
+          renewed: Callable[[], float | None] | None = None, *, owner_alive_holds: bool = True) -> str:
     """LIVE, DEAD or EXPIRED: a lease on an object created at `created`, seen at `now` (both the daemon's
-    clock, in seconds since the epoch)."""
-    if now - created > seconds(labels):
-        return EXPIRED
+    clock, in seconds since the epoch). `renewed`: when its owner last renewed it (asked only when the owner
+    cannot be seen from here and the time since the creation is up). `owner_alive_holds`: a live owner keeps it
+    live whatever its age (a container's lease; not the lock's)."""
     owner = Owner.parse(labels.get(OWNER_LABEL))
-    if owner is not None and owner.alive() is False:
+    alive = owner.alive() if owner is not None else None
+    if alive is False:
         return DEAD
-    return LIVE
+    if alive and owner_alive_holds:
+        return LIVE
+    if now - created <= seconds(labels):
+        return LIVE
+    last = renewed() if renewed is not None and alive is None else None
+    return LIVE if last is not None and now - last <= seconds(labels) else EXPIRED
 
 
 def holder_of(labels: Mapping[str, str]) -> str:

@@ -1,5 +1,5 @@
 """The ledger lock: "look, then create" is mutually exclusive among every client of one Docker daemon, whatever
-address reached it, local or remote (DESIGN.md, "The ledger").
+address reached it, local or remote (docs/design.md, "The lock").
 
 The daemon arbitrates. Container names are unique per daemon and taken atomically, so the lock is a container
 named `gpupin-ledger-lock`: made from the image being run (its create doubles as the check that the image is
@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 
+from gpupin.core.contract import LOCK_LABEL as LOCK_LABEL
 from gpupin.core.errors import CardHeldError, DockerRefusedError
 from gpupin.hostagent import background, engine
 from gpupin.hostagent.ledger import lease
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 LOCK_NAME = "gpupin-ledger-lock"
-LOCK_LABEL = "gpupin.lock"
 WAIT_S = 2 * lease.LEASE_S  # how long a run waits for the lock before it gives up (75)
 CHECK_S = 0.5  # how often a waiting client looks at who holds the lock
 
@@ -185,7 +185,8 @@ class DaemonLock:
         labels = (info.get("Config") or {}).get("Labels") or {}
         if LOCK_LABEL not in labels:
             return "squatted", info
-        return lease.state(labels, engine.created_time(str(info.get("Created"))), now or time.time()), info
+        return lease.state(labels, engine.created_time(str(info.get("Created"))), now or time.time(),
+                           owner_alive_holds=False), info
 
     def _break(self, lock_id: str) -> None:
         try:

@@ -1,12 +1,18 @@
-"""The ledger as the daemon has it: one list of the containers, an inspect for each that may hold a card."""
+"""The ledger as the daemon has it: one list of the containers, an inspect for each that may hold a card, and the
+image of each container that carries a gpupin label (its own or inherited: gpupin.hostagent.ledger.labels)."""
 
 from __future__ import annotations
 
+from gpupin.core.contract import LOCK_LABEL
+from gpupin.core.errors import DockerUnavailableError
+from gpupin.hostagent.engine.address import endpoint
 from gpupin.hostagent.engine.failures import EngineNotFound
 from gpupin.hostagent.engine.info import info, runtimes
 from gpupin.hostagent.engine.reader import fetch
 from gpupin.hostagent.ledger import holders as ledger
-from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.ledger import labels as own_labels
+from gpupin.hostagent.ledger import lease, renewal
+from gpupin.hostagent.ledger.grant import Host
 from gpupin.hostagent.ledger.holding import worth_inspecting
 
 TYPE_CHECKING = False
@@ -15,6 +21,9 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
+
+
+STARTING_INSPECT_S = 2.0  # how long the inspect of a container in the middle of its start may take
 
 
 class Book:
@@ -40,29 +49,54 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
 
     summaries, now = fetch(api, "/containers/json", {"all": "1"})
     now = now if now is not None else time.time()  # the Go server always sends Date; just in case
-    host = ledger.Host(cards, lambda: runtimes(daemon_info if daemon_info is not None else info(api)))
+    host = Host(cards, lambda: runtimes(daemon_info if daemon_info is not None else info(api)),
+                local=endpoint().unix_path is not None)
+    images: dict[str, dict[str, str]] = {}
     holders: list[ledger.Holder] = []
     orphans: list[dict[str, Any]] = []
     names = {str(s["Id"]): ledger.name_of(s) for s in summaries}
     for s in summaries:
         state = str(s.get("State") or "")
         labels = s.get("Labels") or {}
+        if own_labels.gpupin_labels(labels) and LOCK_LABEL not in labels:  # the lock is made by hostagent alone
+            labels = own_labels.own(labels, _image_labels(api, str(s.get("ImageID") or ""), images))
         lease_state = None
         if state == "created" and lease.OWNER_LABEL in labels:
-            lease_state = lease.state(labels, float(s.get("Created") or 0), now)
+            cid = str(s["Id"])
+            lease_state = lease.state(labels, float(s.get("Created") or 0), now,
+                                      lambda cid=cid: renewal.renewed_at(api, cid))  # type: ignore[misc]
             if lease_state != lease.LIVE:
                 orphans.append(s)
         h: ledger.Holder | None
         if worth_inspecting(state, lease_state):
+            # A container being started cannot be inspected until its start ends (the daemon holds it meanwhile,
+            # and the NVIDIA hook can take a minute): asked briefly, then read from its list summary.
+            starting = lease_state == lease.LIVE
             try:
-                h = ledger.holder(fetch(api, f"/containers/{s['Id']}/json")[0], host, lease_state)
+                data = fetch(api, f"/containers/{s['Id']}/json", timeout=STARTING_INSPECT_S if starting else None)[0]
+                h = ledger.holder(data, host, lease_state, labels)
             except EngineNotFound:
                 continue  # it went away between the list and the inspect
+            except DockerUnavailableError:
+                if not starting:
+                    raise
+                h = ledger.starting_holder(s, host, labels)
         else:
-            h = ledger.label_holder(s, cards)
+            h = ledger.label_holder(s, cards, labels)
         if h is not None:
             holders.append(h)
     return Book(holders, orphans, now, names)
+
+
+def _image_labels(api: Any, image_id: str, seen: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The labels of the container's image (its config's), read once per image; none when it is gone."""
+    if image_id not in seen:
+        try:
+            data = fetch(api, f"/images/{image_id}/json")[0] if image_id else {}
+        except EngineNotFound:
+            data = {}
+        seen[image_id] = dict((data.get("Config") or {}).get("Labels") or {})
+    return seen[image_id]
 
 
 def read_holders(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None

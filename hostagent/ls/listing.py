@@ -9,8 +9,9 @@ busy or unknown. Unknown is not free: when Docker cannot be reached, or NVML wil
 says so (stdout is the listing only). A card NVML cannot read is shown as such, and a reading a card does not give
 (temperature, power, ...) is null in the JSON and N/A in the table.
 
-`gather()` is the data (`--json` prints it as is); the table (gpupin.hostagent.ls.view) and `--format` lines
-(gpupin.hostagent.ls.template) are read from it alone.
+Each card's health (gpupin.core.health) is `"health": {"healthy": ..., "reasons": [...], "since": ...}`, with
+`healthy` null where NVML cannot say (never shown as healthy). `gather()` is the data (`--json` prints it as is);
+the table (gpupin.hostagent.ls.view) and `--format` lines (gpupin.hostagent.ls.template) are read from it alone.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from __future__ import annotations
 import os
 import sys
 
-from gpupin.core import nvml
+from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
-from gpupin.hostagent import engine
+from gpupin.hostagent import engine, say
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger import uses as ledger_uses
 from gpupin.hostagent.ledger.holders import Holder
@@ -46,7 +47,22 @@ def _watts(milliwatts: int | None) -> float | None:
 
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
+    cards = read_cards()
+    docker, book = read_ledger(cards, warn)
+    return assemble(cards, docker, book)
+
+
+def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
+    """Every card NVML sees, in detail, with its health (gpupin.core.health); `xids`: a long-lived reader's log of
+    the XIDs it has received (the resident agent's), else those that arrive while the cards are read."""
     cards = nvml.list_cards(detail=True, tolerate_lost=True)
+    readings.assess(cards, xids)
+    return cards
+
+
+def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], ledger_read.Book | None]:
+    """Where Docker is and whether it answered (the listing's `docker` object), and its reading (None: it did not
+    answer). The resident agent (gpupin.hostagent.serve) calls this only when the daemon reports a change."""
     docker: dict[str, Any] = {"host": None, "available": True, "error": None}
     book: ledger_read.Book | None = None
     try:
@@ -61,8 +77,13 @@ def gather(warn: bool = True) -> dict[str, Any]:
     if not docker["available"]:
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
-            sys.stderr.write(f"hostagent: WARNING: Docker unavailable at {docker['host']} ({docker['error']}): "
-                             "who holds which card is unknown\n")
+            say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
+    return docker, book
+
+
+def assemble(cards: Sequence[Card], docker: dict[str, Any], book: ledger_read.Book | None) -> dict[str, Any]:
+    """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
+    attributed to their containers or the host (gpupin.hostagent.ledger.uses)."""
     holders = book.holders if book is not None else []
     used = ledger_uses.attribute(cards, book.holders if book is not None else None,
                                  book.names if book is not None else None)
@@ -109,6 +130,7 @@ def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str |
         "memory_free_mib": _mib(c.memory_free), "utilization_gpu": c.utilization_gpu, "mig_mode": c.mig_mode,
         "mig_devices": [_mig(m, holding, procs, unknown) for m in c.mig_devices],
         "compute_processes": c.processes, "compute_capability": c.compute_capability, "error": c.error,
+        "health": c.health.to_dict() if c.health is not None else None,
         **occupancy,
         # Held, but only by containers that let --share requests in (every holder started with --share).
         "shared": None if occupancy["held"] is None else occupancy["state"] == "shared",
@@ -117,6 +139,9 @@ def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str |
         "temperature_c": c.temperature, "power_draw_w": _watts(c.power_draw),
         "power_limit_w": _watts(c.power_limit),
         "processes": [_process(u, c) for u in procs],
+        # How long the held card has shown 0% utilization, and whether that passed the agent's --idle-after: one
+        # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.idle) fills them in.
+        "idle_seconds": None, "idle": None,
     }
 
 
@@ -174,7 +199,8 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
 
     paint = lsview.use_color(color, sys.stdout)
     if watch is not None:
-        return lsview.watch(watch, paint)
+        # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
+        return lsview.watch(watch, paint, lambda: gather(warn=False))
     sys.stdout.write(lsview.render(gather(), paint))
     sys.stdout.flush()
     return 0

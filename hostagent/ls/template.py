@@ -45,12 +45,18 @@ FIELDS: dict[str, tuple[str, str]] = {
     "holders": ("list", "names of the containers that hold it"),
     "mislabelled": ("list", "names of containers labelled for it that hold other cards"),
     "error": ("text", "why NVML cannot read it (a lost card), else N/A"),
+    "healthy": ("bool", "fit for use: no critical XID seen, no uncorrectable ECC error, no memory repair pending "
+                "or failed, not lost; N/A when NVML cannot say"),
+    "health_reasons": ("list", "why it is unhealthy (or its health unknown), e.g. XID 79 (fallen off the bus)"),
+    "health_since": ("text", "when it was first seen unhealthy, where known (an XID), else N/A"),
     "hostname": ("text", "this host's name"),
     "driver_version": ("text", "the NVIDIA driver's version"),
     "cuda_driver_version": ("text", "the CUDA version the driver supports"),
 }
 _HOST_FIELDS = ("hostname", "driver_version", "cuda_driver_version")
-_LEDGER_FIELDS = ("holders", "mislabelled")  # what Docker alone tells (held and the others are null when unknown)
+# What Docker alone tells (held and the others are null when who uses the card is unknown).
+_LEDGER_FIELDS = ("holders", "mislabelled")
+_HEALTH_FIELDS = {"healthy": "healthy", "health_reasons": "reasons", "health_since": "since"}  # in card["health"]
 _SAMPLES = {"int": 0, "float": 0.0, "text": "x", "bool": "true", "list": "x"}
 _ESCAPES = {"\\t": "\t", "\\n": "\n", "\\\\": "\\"}
 _GO_TEMPLATE = re.compile(r"\{\{\s*(?:json\s+)?\.")
@@ -139,6 +145,8 @@ class _Formatter(string.Formatter):
 
 def _value(name: str, card: dict[str, Any], listing: dict[str, Any]) -> Any:
     value = listing.get(name) if name in _HOST_FIELDS else card.get(name)
+    if name in _HEALTH_FIELDS:
+        value = (card.get("health") or {}).get(_HEALTH_FIELDS[name])
     kind = FIELDS[name][0]
     if name in _LEDGER_FIELDS and not listing["docker"]["available"]:
         value = None  # unknown, not "free": the JSON says so under "docker"; a line must say so itself
@@ -155,6 +163,8 @@ def _value(name: str, card: dict[str, Any], listing: dict[str, Any]) -> Any:
             items = sorted(h["name"] for h in value)
         elif name == "mig_devices":
             items = [m["uuid"] for m in value]
+        elif name == "health_reasons":
+            items = value
         else:  # processes
             items = [p["pid"] for p in value]
         return ",".join(str(i) for i in items)

@@ -1,12 +1,13 @@
 """How `hostagent ls` looks on a terminal: the table, its colours, and `--watch`'s redraw in place.
 
 One block per card, as gpustat lays it out: a line with the index, name, temperature, utilization, memory, power
-and whether the card is free, held or shared; the card's UUID and bus id; its MIG devices; then who holds it (one
-container a line, each with its short id, state, how the engine gives it the card, `shared`, a MISMATCH), the
-containers labelled for it that hold something else, the pinned containers that hold nothing now, and the
-processes running on it (pid, type, user, memory, command, and whose: a container, ESCAPE when that container was
-not given the card, the host, or unknown). Plain ASCII, so the table reads the same under
-any locale; colour (ANSI SGR) only adds escape codes around the same text.
+and whether the card is free, held, shared, busy, unknown or UNHEALTHY; the card's UUID and bus id; why it is
+unhealthy (or its health unknown); its MIG devices; then who holds it (one container a line, each with its short
+id, state, how the engine gives it the card, `shared`, a MISMATCH), the containers labelled for it that hold
+something else, the pinned containers that hold nothing now, and the processes running on it (pid, type, user,
+memory, command, and whose: a container, ESCAPE when that container was not given the card, the host, or
+unknown). Plain ASCII, so the table reads the same under any locale; colour (ANSI SGR) only adds escape codes
+around the same text.
 
 Colour follows the usual rules (https://no-color.org, `ls --color`, git): `auto` colours when stdout is a terminal,
 NO_COLOR is unset or empty and TERM is not `dumb`; `always` and `never` decide alone.
@@ -19,7 +20,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from typing import Any, TextIO
 
 # ANSI SGR codes.
@@ -129,8 +130,15 @@ _STATES = {"free": GREEN, "shared": f"{BOLD};{CYAN}", "held": f"{BOLD};{YELLOW}"
 
 
 def _state(item: dict[str, Any]) -> Cell:
-    """free, held, shared, busy or unknown (a card or a MIG device; gpupin.hostagent.ls.listing decides)."""
-    return Cell(item["state"], _STATES[item["state"]])
+    """free, held, shared, busy or unknown (a card or a MIG device; gpupin.hostagent.ls.listing decides); UNHEALTHY
+    before all (a card that is not fit for use is not free, whoever holds it: its holders are listed under it)."""
+    if (item.get("health") or {}).get("healthy") is False:
+        return Cell("UNHEALTHY", f"{BOLD};{RED}")
+    state = item.get("state")
+    if state not in _STATES:  # an agent of an earlier version (ls --host): no state of its own
+        state = "unknown" if item.get("held") is None else "free" if not item["held"] else (
+            "shared" if item.get("shared") else "held")
+    return Cell(state, _STATES[state])
 
 
 def _watts(value: float | None) -> int | None:
@@ -210,12 +218,32 @@ def _who(holders: Iterable[dict[str, Any]], processes: Sequence[dict[str, Any]],
             + _processes(processes, color, indent) + _idle([h for h in ordered if not h["holds"]], color, indent))
 
 
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _health(g: dict[str, Any], color: bool, indent: str) -> list[str]:
+    """Why a card is unhealthy (and since when, where known), or why its health is unknown; nothing when healthy."""
+    h = g.get("health") or {"healthy": None, "reasons": ["not read"]}
+    if h["healthy"] is True:
+        return []
+    why = "; ".join(h["reasons"]) + (f"  since {h['since']}" if h.get("since") else "")
+    if h["healthy"] is False:
+        return _section("UNHEALTHY", [[Cell(why)]], color, indent, f"{BOLD};{RED}")
+    return _section("health", [[Cell(f"unknown: {why}")]], color, indent, YELLOW)
+
+
 def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> list[str]:
     lines = [head]
     ident = [g["uuid"], _paint(g["bus_id"] or "", DIM, color)]
     if g["mig_mode"]:
         ident.append("MIG on")
     lines.append("    " + "  ".join(ident))
+    lines += _health(g, color, "    ")
+    if g.get("idle"):  # filled in by the resident agent only (hostagent ls --host)
+        idle = f"IDLE: 0% utilization for {_duration(g['idle_seconds'])}"
+        lines.append("    " + _paint(idle, f"{BOLD};{RED}", color))
     if g["mig_devices"]:
         mem = _figures([(m["memory_used_mib"], m["memory_total_mib"]) for m in g["mig_devices"]], "MiB")
         rows = [[Cell(f"MIG {m['index']}", CYAN), Cell(_short(m["name"], g["name"])), Cell(m["uuid"]),
@@ -254,7 +282,9 @@ def render(listing: dict[str, Any], color: bool = False, now: str | None = None)
     for g in gpus:
         if g["error"]:
             # A card NVML cannot read: what is known of it, in red.
-            what = f"[{g['index']}] ERROR: {g['error']}"
+            h = g.get("health") or {}
+            what = (f"[{g['index']}] UNHEALTHY: {'; '.join(h['reasons'])} ({g['error']})" if h.get("healthy") is False
+                    else f"[{g['index']}] ERROR: {g['error']}")
             out.append(_paint(what, f"{BOLD};{RED}", color))
             continue
         out += _card_block(g, next(heads), color, docker_ok)
@@ -269,21 +299,19 @@ _ENTER = "\x1b[?1049h\x1b[?25l\x1b[?7l"
 _LEAVE = "\x1b[?7h\x1b[?25h\x1b[?1049l"
 
 
-def watch(interval: float, color: bool) -> int:
-    """Redraw the table every `interval` seconds until Ctrl-C (0) or SIGTERM (143), the terminal restored either
-    way. On a terminal each frame overwrites the last in place (cursor home, each line cleared to its end, the
-    rest of the screen cleared: no flicker); to a pipe or file, frames follow each other, a blank line apart."""
+def watch(interval: float, color: bool, listing: Callable[[], dict[str, Any]]) -> int:
+    """Redraw the table of `listing()` (hostagent.ls.listing.gather) every `interval` seconds until Ctrl-C (0) or
+    SIGTERM (143), the terminal restored either way. On a terminal each frame overwrites the last in place (cursor
+    home, each line cleared to its end, the rest of the screen cleared: no flicker); to a pipe or file, frames
+    follow each other, a blank line apart."""
     import signal
     import time
-
-    from gpupin.hostagent.ls import listing
 
     stream = sys.stdout
     tty = _isatty(stream)
 
     def frame(now: str) -> str:
-        # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
-        return render(listing.gather(warn=False), color, now)
+        return render(listing(), color, now)
 
     def stop(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)

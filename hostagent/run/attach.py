@@ -19,7 +19,7 @@ import sys
 import threading
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent import background, engine
+from gpupin.hostagent import background, engine, say
 from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
@@ -30,11 +30,6 @@ if TYPE_CHECKING:
     from gpupin.hostagent.run.request import RunRequest
 
 STDOUT, STDERR = 1, 2
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"hostagent: {msg}\n")
-    sys.stderr.flush()
 
 
 class Attachment:
@@ -116,9 +111,9 @@ class Attachment:
         action = actions[min(len(seen), len(actions)) - 1]
         name = signal.Signals(signum).name
         if action == "stop":
-            _say(f"{name}: stopping {self.cid[:12]} (again: kill it)")
+            say(f"{name}: stopping {self.cid[:12]} (again: kill it)")
         elif action == "kill":
-            _say(f"{name}: killing {self.cid[:12]}")
+            say(f"{name}: killing {self.cid[:12]}")
 
         def act() -> None:
             # It may have exited or gone already: the waiter reports how it ended.

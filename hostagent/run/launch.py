@@ -15,16 +15,16 @@ import signal
 import sys
 import time
 
-from gpupin.core import nvml
-from gpupin.core.errors import CardHeldError, DockerRefusedError, DockerUnavailableError, UsageError
-from gpupin.hostagent import engine, gpus
+from gpupin.core import nvml, readings
+from gpupin.core.errors import CardHeldError, DockerRefusedError, DockerUnavailableError
+from gpupin.hostagent import engine, gpus, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import holders as ledger
-from gpupin.hostagent.ledger import lease, lock, uses
+from gpupin.hostagent.ledger import lease, lock, renewal, uses
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.run import image
 from gpupin.hostagent.run.attach import Attachment
-from gpupin.hostagent.run.request import ContainerSpec, RunRequest
+from gpupin.hostagent.run.request import ContainerSpec, RunRequest, bad_option
 from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
@@ -54,11 +54,6 @@ class Interrupted(Exception):
 
 def _raise_interrupted(signum: int, _frame: object) -> None:
     raise Interrupted(signum)
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"hostagent: {msg}\n")
-    sys.stderr.flush()
 
 
 def _keys(p: Target) -> list[str]:
@@ -149,7 +144,9 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
         chosen = gpus.choose_free(req.count, cards, blocked)
         if chosen is not None:
             return chosen, None
-        why = [f"--count {req.count}: {len(free)} of {len(cards)} card(s) are free ({_taken(blocked)})"]
+        bad = gpus.unhealthy(cards)
+        unfit = f"; unhealthy: {', '.join(str(c.index) for c in bad)}" if bad else ""
+        why = [f"--count {req.count}: {len(free)} of {len(cards)} card(s) are free ({_taken(blocked)}{unfit})"]
         if free:
             return None, _Refusal(why, f"ask for at most {len(free)} (--count {len(free)}), or wait for more with "
                                        "--wait [SECONDS]")
@@ -196,18 +193,21 @@ def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
         if engine.is_api_error(err):
             raise _refused(err, "Docker refused to create the container", spec) from None
         if engine.is_sdk_error(err):  # the SDK checks some options itself (sizes, modes) before sending
-            raise UsageError(f"bad option: {err}", "see `hostagent run --help`") from None
+            raise bad_option(err) from None
         raise
     _failpoint("after-create")
     try:
         if on_created is not None:
             on_created(cid)  # the ledger lock's commit: raises lock.LeaseLost when it ran past its lease
         attachment = None
-        if foreground:
-            attachment = Attachment(cid, spec.req, api.api_version)
-            attachment.open()
-            mark("attached")
-        api.start(cid)
+        # Renewed on the daemon while it starts, however long the NVIDIA hook takes, for the clients that cannot
+        # see this process (gpupin.hostagent.ledger.renewal); those that can see it alive leave it alone.
+        with renewal.Renewal(api, cid):
+            if foreground:
+                attachment = Attachment(cid, spec.req, api.api_version)
+                attachment.open()
+                mark("attached")
+            api.start(cid)
         mark("started")
         return Launched(cid, spec, attachment)
     except BaseException as err:
@@ -231,10 +231,11 @@ def _remove_orphans(api: Any, book: ledger_read.Book) -> None:
                 continue
             if not engine.is_daemon_failure(err):
                 raise
-            _say(f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
+            say(f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
                  f"{engine.failure(err, 'remove').message}")
             continue
-        _say(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
+        renewal.forget(api, str(s["Id"]))
+        say(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
 
 
 LEASE_RETRIES = 3  # looks that ran past their lease before the run gives up (a daemon far too slow)
@@ -243,8 +244,12 @@ LEASE_RETRIES = 3  # looks that ran past their lease before the run gives up (a 
 def launch(req: RunRequest) -> Launched | ContainerSpec:
     """Everything up to a started container (or, with --dry-run, up to its spec)."""
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
+    readings.assess(cards)
     mark("cards")
     picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
+    for p in picks or ():
+        if p.card.health is not None and p.card.health.healthy is None:  # asked for by name: warned, not refused
+            say(f"warning: the health of {p.uuid} is unknown ({p.card.health.why})")
     if req.dry_run:
         return _dry_run_spec(req, cards, picks)
     api = engine.connect()
@@ -298,7 +303,7 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
         if waited >= req.wait:
             raise _held_error(req, refusal, waited)
         if not said_waiting:
-            _say("waiting: " + "; ".join(refusal.why))
+            say("waiting: " + "; ".join(refusal.why))
             said_waiting = True
         time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
 
@@ -327,8 +332,8 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
                 "start Docker or set DOCKER_HOST, or name the cards with --gpu") from None
         if req.via is None:
             detection = cdi.Detection(False, "the daemon was not asked")
-            _say(f"dry run: the daemon was not asked ({getattr(err, 'message', err)}); the nvidia driver's form is "
-                 "shown (--via cdi shows CDI's)")
+            say(f"dry run: the daemon was not asked ({getattr(err, 'message', err)}); the nvidia driver's form is "
+                "shown (--via cdi shows CDI's)")
         book = None
     if picks is None:
         assert book is not None
@@ -345,7 +350,7 @@ def run(req: RunRequest) -> int:
         result = launch(req)
     except (Interrupted, KeyboardInterrupt) as err:
         signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
-        _say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
+        say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
         return 128 + signum
     finally:
         signal.signal(signal.SIGTERM, old_term)

@@ -3,21 +3,23 @@ create payload and the dry-run line alike, so that an option means the same thin
 
 Spellings and meanings are docker run's. Each row says where its value goes in the Engine API: a keyword of the
 docker SDK's ContainerConfig or HostConfig (or of the create call itself), through a conversion where the CLI's text
-is not the API's value. A conversion refuses bad text with one line naming the option, before any I/O. Options with
-a meaning of their own in hostagent (`-e`, `--env-file`, `--label`, which meet the pin; `--name`, `--pull`, `-d`,
-`-i`, `-t`, `--sig-proxy`) are rows too, with no payload keyword: the request reads them itself.
+is not the API's value (hostagent.run.values). A conversion refuses bad text with one line naming the option, before
+any I/O. Options with a meaning of their own in hostagent (`-e`, `--env-file`, `--label`, which meet the pin;
+`--name`, `--pull`, `-d`, `-i`, `-t`, `--sig-proxy`) are rows too, with no payload keyword: the request reads them
+itself.
 
 Options that would hand the container other GPUs than the pinned ones are refused by name: `--gpus` (the pin is
-hostagent's), `--privileged` (every device), `--device` or `--mount` of /dev/nvidia* device files. The rest of
+hostagent's), `--privileged` (every device), `--device-cgroup-rule`; so is a `--device`, `-v` or `--mount` whose
+host path reaches an NVIDIA device node (hostagent.run.values). The rest of
 docker run's options are refused by name too (NOT_TAKEN): a user learns that hostagent does not pass that docker
 option, not that it looks like one of hostagent's own.
 """
 
 from __future__ import annotations
 
-import re
-
 from gpupin.core.errors import UsageError
+from gpupin.hostagent.completion import FILES
+from gpupin.hostagent.run import values
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,19 +34,17 @@ CONTAINER = "container"  # docker.types.ContainerConfig keyword
 HOST = "host"  # docker.types.HostConfig keyword
 CREATE = "create"  # APIClient.create_container_from_config keyword (platform)
 
-_NVIDIA_DEVICE = re.compile(r"/dev/nvidia(\d+|ctl|-uvm.*|-modeset|-caps.*)?(:|$|/)")
-_SIZE = re.compile(r"[0-9]+(\.[0-9]+)?[bkmgBKMG]?")
-
 
 class Option:
     """One docker run option: its spellings, help, how many values, and where its value goes."""
 
-    __slots__ = ("choices", "convert", "dest", "each", "flags", "help", "keyword", "kind", "metavar", "where")
+    __slots__ = ("choices", "complete", "convert", "dest", "each", "flags", "help", "keyword", "kind", "metavar",
+                 "where")
 
     def __init__(self, flags: Sequence[str], help: str, kind: str = VALUE, metavar: str | None = None,
                  where: str | None = None, keyword: str | None = None, convert: Callable[[Any], Any] | None = None,
                  choices: Sequence[str] | None = None, dest: str | None = None,
-                 each: Callable[[str], Any] | None = None) -> None:
+                 each: Callable[[str], Any] | None = None, complete: str | Sequence[str] | None = None) -> None:
         self.flags = tuple(flags)
         self.help = help
         self.kind = kind
@@ -55,6 +55,8 @@ class Option:
         self.each = each  # or: each value of an APPEND option -> one item of the API's list
         self.choices = tuple(choices) if choices else None
         self.dest = dest or self.flags[-1].lstrip("-").replace("-", "_")
+        # what shell completion offers for the value (hostagent.completion.offer): the choices, else this
+        self.complete = self.choices or complete
 
     @property
     def name(self) -> str:
@@ -86,200 +88,6 @@ class Option:
         return [a for v in values for a in (self.flags[0], str(v))]
 
 
-def _entrypoint(value: str) -> list[str]:
-    # docker run: --entrypoint names one executable (never split on spaces); an empty one resets the image's.
-    return [value]
-
-
-def _size(value: str) -> str:
-    if not _SIZE.fullmatch(value):
-        raise ValueError("not a size (bytes, or a number with b, k, m or g)")
-    return value
-
-
-def _memory_swap(value: str) -> str | int:
-    return -1 if value == "-1" else _size(value)
-
-
-def _cpus(value: str) -> int:
-    cpus = float(value)
-    if not 0 < cpus < 1e6 or cpus != cpus:
-        raise ValueError("give a number of CPUs > 0, e.g. 1.5")
-    return round(cpus * 1e9)  # the Engine's NanoCpus
-
-
-def _seconds(value: str) -> int:
-    if not value.isascii() or not value.isdigit():
-        raise ValueError("give a whole number of seconds >= 0")
-    return int(value)
-
-
-def _not_a_gpu_device(path: str, option: str) -> None:
-    if _NVIDIA_DEVICE.match(path):
-        raise UsageError(f"{option} {path}: an NVIDIA device file would give the container GPUs outside its pin",
-                         "ask for the cards with --uuid/--gpu/--count; hostagent exposes exactly those")
-
-
-def _device(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError("give HOST-PATH[:CONTAINER-PATH[:PERMISSIONS]], an absolute path")
-    _not_a_gpu_device(value, "--device")
-    return value
-
-
-def _port_range(text: str, what: str, lowest: int) -> None:
-    lo, dash, hi = text.partition("-")
-    if not all(p.isascii() and p.isdigit() for p in ((lo, hi) if dash else (lo,))):
-        raise ValueError(f"invalid {what} {text!r}")
-    first, last = int(lo), int(hi) if dash else int(lo)
-    if not lowest <= first <= last <= 65535:
-        raise ValueError(f"invalid {what} {text!r}: ports are {lowest} to 65535, a range low-high")
-
-
-def _check_port(spec: str) -> None:
-    """What the SDK's split_port lets through and docker run refuses (go-connections' ParsePortSpec): ports
-    beyond 65535 and reversed ranges (the SDK then publishes nothing, silently). The shape, the protocol and
-    ranges of different lengths the SDK checks itself."""
-    rest = spec.partition("/")[0]
-    if rest.startswith("["):  # [IPv6]:HOST:CONTAINER
-        rest = rest.partition("]:")[2]
-    parts = rest.split(":")
-    _port_range(parts[-1], "container port", 1)
-    if len(parts) >= 2 and parts[-2]:
-        _port_range(parts[-2], "host port", 0)
-
-
-def _publish(values: Sequence[str]) -> dict[str, Any]:
-    from docker.utils.ports import build_port_bindings, split_port
-
-    for v in values:
-        try:
-            split_port(v)  # raises ValueError on bad text
-            _check_port(v)
-        except ValueError as err:  # named by the one value, not the option's whole list
-            raise UsageError(f"--publish {v!r}: {err}", "see `hostagent run --help` (--publish)") from None
-    return dict(build_port_bindings(list(values)))
-
-
-def _integer(low: int, high: int, what: str) -> Callable[[str], int]:
-    def convert(value: str) -> int:
-        digits = value[1:] if value[:1] == "-" else value
-        if not digits.isascii() or not digits.isdigit() or not low <= int(value) <= high:
-            raise ValueError(f"give {what}, a whole number from {low} to {high}")
-        return int(value)
-    return convert
-
-
-def _key_values(what: str) -> Callable[[Sequence[str]], dict[str, str]]:
-    """KEY=VALUE options given again and again (--sysctl, --storage-opt, --log-opt) as the API's mapping."""
-    def convert(values: Sequence[str]) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for v in values:
-            key, eq, val = v.partition("=")
-            if not key or not eq:
-                raise ValueError(f"{v!r} is not {what}=VALUE")
-            out[key] = val
-        return out
-    return convert
-
-
-def _exposed(bindings: dict[str, Any]) -> list[Any]:
-    """ContainerConfig's `ports` (ExposedPorts) for the published ports, as docker run sets them."""
-    out: list[Any] = []
-    for key in bindings:
-        port, _, proto = key.partition("/")
-        out.append((int(port), proto) if proto else int(port))
-    return out
-
-
-def _ulimit(value: str) -> Any:
-    from docker.types import Ulimit
-
-    name, eq, limits = value.partition("=")
-    soft, _, hard = limits.partition(":")
-    if not name or not eq or not soft.lstrip("-").isdigit() or (hard and not hard.lstrip("-").isdigit()):
-        raise ValueError("give NAME=SOFT[:HARD], e.g. nofile=1024:2048 or memlock=-1")
-    return Ulimit(name=name, soft=int(soft), hard=int(hard or soft))
-
-
-_RESTART = ("no", "always", "unless-stopped", "on-failure")
-
-
-def _restart(value: str) -> dict[str, Any]:
-    name, _, count = value.partition(":")
-    if name not in _RESTART or (count and (name != "on-failure" or not count.isdigit())):
-        raise ValueError("give no, always, unless-stopped or on-failure[:MAX-RETRIES]")
-    return {"Name": "" if name == "no" else name, "MaximumRetryCount": int(count or 0)}
-
-
-def _add_host(value: str) -> str:
-    host, sep, ip = value.partition(":")
-    if not host or not sep or not ip:
-        raise ValueError("give HOST:IP")
-    return value
-
-
-_MOUNT_KEYS = {"type", "source", "src", "target", "destination", "dst", "readonly", "ro", "bind-propagation",
-               "volume-nocopy", "tmpfs-size", "tmpfs-mode", "consistency"}
-
-
-def _mount(value: str) -> Any:
-    from docker.types import Mount
-
-    fields: dict[str, str] = {}
-    for part in value.split(","):
-        key, eq, val = part.partition("=")
-        key = key.strip().lower()
-        if key not in _MOUNT_KEYS:
-            raise ValueError(f"unknown key {key!r} (hostagent takes {', '.join(sorted(_MOUNT_KEYS))})")
-        fields[key] = val if eq else "true"
-    kind = fields.get("type", "volume")
-    target = fields.get("target") or fields.get("destination") or fields.get("dst")
-    source = fields.get("source") or fields.get("src")
-    if not target:
-        raise ValueError("a mount needs target=PATH")
-    if source:
-        _not_a_gpu_device(source, "--mount")
-    readonly = (fields.get("readonly") or fields.get("ro") or "false").lower() in ("true", "1")
-    size = fields.get("tmpfs-size")
-    return Mount(target, source, type=kind, read_only=readonly, propagation=fields.get("bind-propagation"),
-                 no_copy=fields.get("volume-nocopy", "false").lower() in ("true", "1"),
-                 tmpfs_size=_size(size) if size else None,
-                 tmpfs_mode=int(fields["tmpfs-mode"], 8) if "tmpfs-mode" in fields else None)
-
-
-def _tmpfs(values: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for v in values:
-        path, _, opts = v.partition(":")
-        if not path.startswith("/"):
-            raise ValueError("give an absolute PATH[:OPTIONS]")
-        out[path] = opts
-    return out
-
-
-def _volume(value: str) -> str:
-    _not_a_gpu_device(value, "-v")
-    return value
-
-
-GPU_CAPABILITIES = ("compute", "utility", "graphics", "video", "display", "compat32")
-
-
-def gpu_capabilities(value: str | None) -> list[str]:
-    """--gpu-capabilities as the list the device request carries (NVIDIA_DRIVER_CAPABILITIES in the container)."""
-    if value is None:
-        return []
-    caps = [c.strip() for c in value.split(",") if c.strip()]
-    if caps == ["all"]:
-        return list(GPU_CAPABILITIES)
-    bad = [c for c in caps if c not in GPU_CAPABILITIES]
-    if bad or not caps:
-        raise UsageError(f"--gpu-capabilities {value!r}: unknown capability {', '.join(bad) or '(none given)'}",
-                         f"use all, or a comma list of {', '.join(GPU_CAPABILITIES)}")
-    return list(dict.fromkeys(caps))
-
-
 OPTIONS: Sequence[Option] = (
     Option(("--name",), "assign a name to the container"),
     Option(("-d", "--detach"), "run in the background and print the container ID", FLAG),
@@ -293,14 +101,14 @@ OPTIONS: Sequence[Option] = (
     Option(("-e", "--env"), "set an environment variable (KEY=VALUE, or KEY to pass this shell's value)", APPEND,
            "KEY[=VALUE]"),
     Option(("--env-file",), "read environment variables from a file (KEY=VALUE lines)", APPEND, "FILE",
-           dest="env_files"),
+           dest="env_files", complete=FILES),
     Option(("-l", "--label"), "set a label on the container", APPEND, "KEY=VALUE", dest="labels"),
     Option(("-v", "--volume"), "bind mount a volume", APPEND, "SRC:DST[:OPTS]", where=HOST, keyword="binds",
-           each=_volume, dest="volumes"),
+           each=values.volume, dest="volumes", complete=FILES),
     Option(("--mount",), "attach a mount (type=bind|volume|tmpfs,source=...,target=...[,readonly])", APPEND,
-           "SPEC", where=HOST, keyword="mounts", each=_mount, dest="mounts"),
+           "SPEC", where=HOST, keyword="mounts", each=values.mount, dest="mounts"),
     Option(("--tmpfs",), "mount a tmpfs (PATH[:OPTIONS])", APPEND, "PATH", where=HOST, keyword="tmpfs",
-           convert=_tmpfs),
+           convert=values.tmpfs),
     Option(("--read-only",), "mount the container's root file system read-only", FLAG, where=HOST,
            keyword="read_only"),
     Option(("-w", "--workdir"), "working directory inside the container", where=CONTAINER, keyword="working_dir",
@@ -310,13 +118,13 @@ OPTIONS: Sequence[Option] = (
     Option(("--group-add",), "add an additional group to join", APPEND, "GROUP", where=HOST, keyword="group_add"),
     Option(("--hostname",), "the container's host name", where=CONTAINER, keyword="hostname"),
     Option(("--add-host",), "add a line to /etc/hosts (HOST:IP)", APPEND, "HOST:IP", where=HOST,
-           keyword="extra_hosts", each=_add_host, dest="add_hosts"),
+           keyword="extra_hosts", each=values.add_host, dest="add_hosts"),
     Option(("--entrypoint",), "override the image's ENTRYPOINT (the pin is proven only by gpupin-entrypoint)",
-           where=CONTAINER, keyword="entrypoint", convert=_entrypoint, metavar="CMD"),
+           where=CONTAINER, keyword="entrypoint", convert=values.entrypoint, metavar="CMD"),
     Option(("--init",), "run an init inside the container that forwards signals and reaps processes", FLAG,
            where=HOST, keyword="init"),
     Option(("-p", "--publish"), "publish a container's port to the host ([IP:][HOST-PORT:]PORT[/PROTO])", APPEND,
-           "PORT", where=HOST, keyword="port_bindings", convert=_publish, dest="publish"),
+           "PORT", where=HOST, keyword="port_bindings", convert=values.publish, dest="publish"),
     Option(("-P", "--publish-all"), "publish every port the image exposes, each to a random host port", FLAG,
            where=HOST, keyword="publish_all_ports"),
     Option(("--network",), "connect the container to a network", where=HOST, keyword="network_mode",
@@ -337,45 +145,45 @@ OPTIONS: Sequence[Option] = (
     Option(("--domainname",), "the container's NIS domain name", where=CONTAINER, keyword="domainname",
            metavar="NAME"),
     Option(("--sysctl",), "a namespaced kernel parameter (KEY=VALUE, e.g. net.core.somaxconn=1024)", APPEND,
-           "KEY=VALUE", where=HOST, keyword="sysctls", convert=_key_values("KEY"), dest="sysctls"),
+           "KEY=VALUE", where=HOST, keyword="sysctls", convert=values.key_values("KEY"), dest="sysctls"),
     Option(("--storage-opt",), "a storage driver option for the container (e.g. size=120G)", APPEND, "OPT",
-           where=HOST, keyword="storage_opt", convert=_key_values("OPTION"), dest="storage_opts"),
+           where=HOST, keyword="storage_opt", convert=values.key_values("OPTION"), dest="storage_opts"),
     Option(("--log-driver",), "the logging driver for the container (e.g. json-file, local, none)",
            metavar="DRIVER"),
     Option(("--log-opt",), "a logging driver option (e.g. max-size=100m)", APPEND, "KEY=VALUE",
-           convert=_key_values("KEY"), dest="log_opts"),
-    Option(("--shm-size",), "size of /dev/shm (e.g. 8g)", where=HOST, keyword="shm_size", convert=_size,
+           convert=values.key_values("KEY"), dest="log_opts"),
+    Option(("--shm-size",), "size of /dev/shm (e.g. 8g)", where=HOST, keyword="shm_size", convert=values.size,
            metavar="SIZE"),
-    Option(("--cpus",), "number of CPUs (e.g. 1.5)", where=HOST, keyword="nano_cpus", convert=_cpus,
+    Option(("--cpus",), "number of CPUs (e.g. 1.5)", where=HOST, keyword="nano_cpus", convert=values.cpus,
            metavar="N"),
-    Option(("-m", "--memory"), "memory limit (e.g. 64g)", where=HOST, keyword="mem_limit", convert=_size,
+    Option(("-m", "--memory"), "memory limit (e.g. 64g)", where=HOST, keyword="mem_limit", convert=values.size,
            metavar="SIZE"),
     Option(("--memory-swap",), "memory plus swap limit (-1: unlimited swap)", where=HOST,
-           keyword="memswap_limit", convert=_memory_swap, metavar="SIZE"),
+           keyword="memswap_limit", convert=values.memory_swap, metavar="SIZE"),
     Option(("--memory-reservation",), "memory soft limit (e.g. 32g)", where=HOST, keyword="mem_reservation",
-           convert=_size, metavar="SIZE"),
+           convert=values.size, metavar="SIZE"),
     Option(("--memory-swappiness",), "how readily the container's memory is swapped (0 to 100)", where=HOST,
-           keyword="mem_swappiness", convert=_integer(0, 100, "a swappiness"), metavar="N"),
+           keyword="mem_swappiness", convert=values.integer(0, 100, "a swappiness"), metavar="N"),
     Option(("--oom-kill-disable",), "do not OOM-kill the container's processes (with --memory only)", FLAG,
            where=HOST, keyword="oom_kill_disable"),
     Option(("--oom-score-adj",), "the OOM killer's preference for the container (-1000 to 1000)", where=HOST,
-           keyword="oom_score_adj", convert=_integer(-1000, 1000, "an OOM score adjustment"), metavar="N"),
+           keyword="oom_score_adj", convert=values.integer(-1000, 1000, "an OOM score adjustment"), metavar="N"),
     Option(("--pids-limit",), "the most processes the container may have (-1: unlimited)", where=HOST,
-           keyword="pids_limit", convert=_integer(-1, 2 ** 63 - 1, "a process count"), metavar="N"),
+           keyword="pids_limit", convert=values.integer(-1, 2 ** 63 - 1, "a process count"), metavar="N"),
     Option(("--cpuset-cpus",), "the CPUs the container may use (e.g. 0-3,8)", where=HOST, keyword="cpuset_cpus",
            metavar="CPUS"),
     Option(("--cpuset-mems",), "the NUMA memory nodes it may use (e.g. 0,1)", where=HOST, keyword="cpuset_mems",
            metavar="MEMS"),
     Option(("-c", "--cpu-shares"), "CPU shares (relative weight)", where=HOST, keyword="cpu_shares",
-           convert=_integer(0, 2 ** 63 - 1, "a weight"), metavar="N"),
+           convert=values.integer(0, 2 ** 63 - 1, "a weight"), metavar="N"),
     Option(("--cpu-period",), "the CPU CFS period in microseconds", where=HOST, keyword="cpu_period",
-           convert=_integer(0, 1_000_000, "a period"), metavar="US"),
+           convert=values.integer(0, 1_000_000, "a period"), metavar="US"),
     Option(("--cpu-quota",), "the CPU CFS quota in microseconds per period (-1: none)", where=HOST,
-           keyword="cpu_quota", convert=_integer(-1, 2 ** 63 - 1, "a quota"), metavar="US"),
+           keyword="cpu_quota", convert=values.integer(-1, 2 ** 63 - 1, "a quota"), metavar="US"),
     Option(("--ulimit",), "a ulimit (NAME=SOFT[:HARD], e.g. memlock=-1)", APPEND, "ULIMIT", where=HOST,
-           keyword="ulimits", each=_ulimit, dest="ulimits"),
-    Option(("--device",), "add a host device (not /dev/nvidia*: the pin gives the GPUs)", APPEND, "DEVICE",
-           where=HOST, keyword="devices", each=_device, dest="devices"),
+           keyword="ulimits", each=values.ulimit, dest="ulimits"),
+    Option(("--device",), "add a host device (none that reaches an NVIDIA node: the pin gives the GPUs)", APPEND,
+           "DEVICE", where=HOST, keyword="devices", each=values.device, dest="devices", complete=FILES),
     Option(("--cap-add",), "add a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_add"),
     Option(("--cap-drop",), "drop a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_drop"),
     Option(("--security-opt",), "a security option (e.g. seccomp=unconfined)", APPEND, "OPT", where=HOST,
@@ -384,7 +192,7 @@ OPTIONS: Sequence[Option] = (
            where=HOST, keyword="runtime"),
     Option(("--restart",), "restart policy: no, always, unless-stopped, on-failure[:N] (a container the daemon "
            "will restart keeps its cards in the ledger while stopped)", where=HOST, keyword="restart_policy",
-           convert=_restart, metavar="POLICY"),
+           convert=values.restart, metavar="POLICY", complete=values.RESTART_POLICIES),
     Option(("--platform",), "platform of the image (e.g. linux/amd64)", where=CREATE, keyword="platform"),
     Option(("--pull",), "pull the image: missing (default), never or always", choices=("missing", "never",
                                                                                         "always"),
@@ -392,11 +200,12 @@ OPTIONS: Sequence[Option] = (
     Option(("--stop-signal",), "the signal that stops the container (e.g. SIGINT; default the image's, else "
            "SIGTERM)", where=CONTAINER, keyword="stop_signal", metavar="SIGNAL"),
     Option(("--stop-timeout",), "seconds to wait for the container to stop (after Ctrl-C or SIGTERM too) before "
-           "killing it (default 10)", where=CONTAINER, keyword="stop_timeout", convert=_seconds,
+           "killing it (default 10)", where=CONTAINER, keyword="stop_timeout", convert=values.seconds,
            metavar="SECONDS"),
     Option(("--gpu-capabilities",), "NVIDIA driver capabilities the cards come with: all, or a comma list of "
            "compute, utility, graphics, video, display, compat32 (default: the image's NVIDIA_DRIVER_CAPABILITIES; "
-           "the nvidia driver's request carries them, so they pin through it, never CDI)", metavar="LIST"),
+           "the nvidia driver's request carries them, so they pin through it, never CDI)", metavar="LIST",
+           complete=("all", *values.GPU_CAPABILITIES)),
 )
 
 BY_FLAG = {flag: opt for opt in OPTIONS for flag in opt.flags}
@@ -426,6 +235,15 @@ NOT_TAKEN = frozenset({
 NOT_TAKEN_HINT = ("`hostagent run --help` lists the docker run options it passes; for another, add it to the "
                   "docker run line that `hostagent run --dry-run` prints (a start the ledger's lock does not "
                   "guard against a concurrent one)")
+
+
+def _exposed(bindings: dict[str, Any]) -> list[Any]:
+    """ContainerConfig's `ports` (ExposedPorts) for the published ports, as docker run sets them."""
+    out: list[Any] = []
+    for key in bindings:
+        port, _, proto = key.partition("/")
+        out.append((int(port), proto) if proto else int(port))
+    return out
 
 
 def payload(values: dict[str, Any]) -> dict[str, dict[str, Any]]:

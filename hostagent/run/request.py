@@ -14,11 +14,13 @@ import os
 import re
 import shlex
 
-from gpupin.core.contract import LABEL
+from gpupin.core.contract import LABEL, LEVELS_SAID, picks_devices
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
+from gpupin.core.shown import shown
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS, Pin, check_via
 from gpupin.hostagent.run import options as runopts
+from gpupin.hostagent.run import values
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,6 +33,12 @@ if TYPE_CHECKING:
 _REFERENCE = re.compile(r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
                         r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[\w][\w.-]{0,127})?"
                         r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def bad_option(err: BaseException) -> UsageError:
+    """An option value the docker SDK refuses (it checks some itself: sizes, modes), when building the payload or
+    creating the container."""
+    return UsageError(f"bad option: {err}", "see `hostagent run --help`")
 
 
 def _default(opt: runopts.Option) -> Any:
@@ -126,11 +134,11 @@ class RunRequest:
                 raise UsageError(f"{flag} {limit:g}: give a percentage from 0 to 100",
                                  f"e.g. {flag} 50 (GPUtil's 0.5)")
         if self.verify is not None and self.verify not in VERIFY_LEVELS:
-            raise UsageError(f"unknown --verify level {self.verify!r}", "use nvml, cuda or torch")
+            raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_SAID}")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
         runopts.payload(self.options)  # every conversion is a check: bad text is refused here, by option name
-        self.capabilities = runopts.gpu_capabilities(self.options["gpu_capabilities"])
+        self.capabilities = values.gpu_capabilities(self.options["gpu_capabilities"])
         if self.via is not None:
             check_via(self.via, self.capabilities)
         restart = self.options["restart"]
@@ -172,23 +180,34 @@ def _read_env_file(path: str, environ: Mapping[str, str]) -> list[tuple[str, str
     return out
 
 
+def _owned(key: str, value: str, given: str) -> None:
+    """Refuse a variable that the pin owns or that the NVIDIA toolkit reads to pick devices (`given`: how)."""
+    if key in OWNED_VARS:
+        raise UsageError(f"{given}: hostagent sets {key} itself from the GPUs asked",
+                         "ask for the GPUs with --uuid/--gpu/--count instead")
+    if picks_devices(key):
+        raise UsageError(f"{given}: the NVIDIA runtime reads {key} to pick the devices it exposes, which would "
+                         f"give the container devices outside its pin ({shown(key + '=' + value)})",
+                         "ask for the GPUs with --uuid/--gpu/--count; hostagent exposes exactly those")
+
+
 def user_environment(req: RunRequest, environ: Mapping[str, str]) -> dict[str, str]:
-    """--env-file, then -e (as docker orders them); the variables the pin owns are refused."""
+    """--env-file, then -e (as docker orders them); the variables the pin owns, and those the NVIDIA toolkit reads
+    to pick devices, are refused, naming where they were given."""
     env: dict[str, str] = {}
     for path in req.options["env_files"]:
-        env.update(_read_env_file(path, environ))
+        for key, value in _read_env_file(path, environ):
+            _owned(key, value, f"--env-file {shown(path)}: {shown(key)}")
+            env[key] = value
     for spec in req.options["env"]:
         key, eq, value = spec.partition("=")
         if not key:
             raise UsageError(f"malformed -e {spec!r}", "use -e KEY=VALUE, or -e KEY to pass this shell's value")
-        if eq:
-            env[key] = value
-        elif key in environ:
-            env[key] = environ[key]
-    for key in OWNED_VARS:
-        if key in env:
-            raise UsageError(f"-e {key}: hostagent sets {key} itself from the GPUs asked",
-                             "ask for the GPUs with --uuid/--gpu/--count instead")
+        if not eq and key not in environ:
+            continue
+        value = value if eq else environ[key]
+        _owned(key, value, f"-e {shown(key)}")
+        env[key] = value
     return env
 
 
@@ -223,7 +242,7 @@ class ContainerSpec:
                 version, r.image, r.command or None, detach=r.detach, environment=self.env, labels=self.labels,
                 host_config=host_config, **kw[runopts.CONTAINER])
         except (DockerException, ValueError, TypeError) as err:
-            raise UsageError(f"bad option: {err}", "see `hostagent run --help`") from None
+            raise bad_option(err) from None
         return config
 
     def create_args(self) -> dict[str, Any]:

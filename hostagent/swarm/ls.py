@@ -1,7 +1,7 @@
 """`hostagent ls --swarm`: every node of a Docker Swarm, every card it advertises, which task of which service holds
 each, the free ones, and the tasks that wait for cards, with Swarm's own reason.
 
-Read from a manager through the Engine API (hostagent.swarm.read: /nodes, /tasks, /services), the way
+Read from a manager through the Engine API (hostagent.swarm.cluster.read: /nodes, /tasks, /services), the way
 `docker node ls` and `docker service ps` read it, in one listing. A card is held by the task Swarm assigned it to
 while that task counts as placed (from pending on a node to running: the scheduler's own rule); a task that
 holds a resource its node no longer advertises is listed under the node too. The tasks of a node that is down
@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 
 from gpupin.core.errors import GpupinError
-from gpupin.hostagent.swarm.cluster import GenericResource, describe, lookup, names_a_gpu
+from gpupin.hostagent.swarm.resources import GenericResource, card_json, lookup, names_a_gpu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def _task(t: Task, cluster: Cluster, nodes: dict[str, Node]) -> dict[str, Any]:
 def _resource(r: GenericResource, holder: dict[str, Any] | None, cards: Sequence[Card] | None,
               advertised: bool = True) -> dict[str, Any]:
     found = lookup(r.value, cards) if cards else None
-    return {"kind": r.kind, "value": r.value, "card": describe(found) if found is not None else None,
+    return {"kind": r.kind, "value": r.value, "card": card_json(found) if found is not None else None,
             "held_by": holder, "advertised": advertised}
 
 

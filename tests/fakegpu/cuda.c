@@ -62,7 +62,7 @@ static const char *cudev_uuid(const struct cudev *d)
 /* ------------------------------------------------------- enumeration ---- */
 
 /* Which devices a process sees, and in what order: the real driver's rules, all in this
- * function. Measured on 2xH200, driver 580.159.04 (tests/fakegpu/probes/, docs/); the MIG
+ * function. Measured on 2xH200, driver 580.159.04 (docs/records/); the MIG
  * parts are not measured. Returns the number of devices, or -1 when cuInit must fail with
  * CUDA_ERROR_INVALID_DEVICE.
  *
@@ -91,7 +91,7 @@ static int cuda_enumerate(struct fg_topology *t, const char *order, const char *
 
     for (i = 0; i < t->ngpus; i++) {
         struct fg_gpu *g = &t->gpus[i];
-        if (g->lost)
+        if (g->health.lost)
             continue;
         if (g->mig_mode == 1) {
             for (j = 0; j < g->nmig; j++)

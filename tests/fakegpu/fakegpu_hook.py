@@ -23,6 +23,10 @@ The Kubernetes device plugin's volume-mounts strategy: NVIDIA_VISIBLE_DEVICES=/v
 the toolkit reads them (getDevicesFromMounts) with `accept-nvidia-visible-devices-as-volume-mounts = true`, the
 setting the device plugin's documentation asks for.
 
+A slow start (the real hook takes 2 to 25 s without persistence mode, longer on a loaded host): the hook sleeps
+`faults.hook_delay_s` of the host's topology, or FAKEGPU_HOOK_DELAY_S of the container's own environment (seconds,
+a fake-only knob that slows one container), before it does anything else.
+
 Deliberate differences from the real tool chain:
 - the volume-mounts list is read whatever the toolkit config says of accept-nvidia-visible-devices-as-volume-mounts;
 - a lost card does not make container creation fail (nvidia-container-cli would refuse while
@@ -442,6 +446,24 @@ def volume_mount_devices(config: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def hook_delay(env_list: Sequence[str], env: Mapping[str, str]) -> None:
+    """Sleep as a slow NVIDIA hook takes: the container's FAKEGPU_HOOK_DELAY_S, else the topology's
+    faults.hook_delay_s (read only when set: a missing topology is the device lookup's error, not this one's)."""
+    value = _last_env(env_list, "FAKEGPU_HOOK_DELAY_S")
+    if value is None:
+        try:
+            faults = load_topology(env.get("FAKEGPU_TOPOLOGY") or DEFAULT_TOPOLOGY).get("faults") or {}
+        except HookError:
+            return
+        value = faults.get("hook_delay_s")
+    try:
+        seconds = float(value) if value is not None else 0.0
+    except ValueError:
+        raise HookError(f"nvidia-container-runtime-hook: FAKEGPU_HOOK_DELAY_S={value!r}: not a number") from None
+    if seconds > 0:
+        time.sleep(seconds)
+
+
 def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
     """Runs the prestart hook; returns the exit status. `env` is the hook's own environment."""
     record: dict[str, Any] = {"time": time.time(), "command": "prestart"}
@@ -449,6 +471,7 @@ def prestart(state_text: str, env: Mapping[str, str], stderr: IO[str]) -> int:
         bundle = load_bundle(state_text, "nvidia-container-runtime-hook")
         record["container_id"] = bundle.container_id
         env_list = (bundle.config.get("process") or {}).get("env") or []
+        hook_delay(env_list, env)
         swarm_vars = swarm_resource_envvars(env)
         source, visible = requested_devices(env_list, swarm_vars)
         if visible == DEVICE_LIST_DIR:

@@ -2,6 +2,7 @@
  * Handles are pointers into the static topology: a struct fg_gpu or a struct fg_mig. */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "topology.h"
 
@@ -18,8 +19,10 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_MEMORY = 20,
     NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -67,7 +70,8 @@ typedef struct {
 
 static struct fg_topology topo;
 static int refcount;
-static char lock_flag; /* fg_lock/fg_unlock: init and shutdown may race across threads */
+static char lock_flag;  /* fg_lock/fg_unlock: init and shutdown may race across threads */
+static char state_lock; /* the fault file's reading and the event sets */
 
 static int initialized(void)
 {
@@ -76,8 +80,31 @@ static int initialized(void)
 
 /* ------------------------------------------------------------- handles ---- */
 
-/* Resolves a handle into its GPU and, for a MIG handle, its MIG device. */
-static nvmlReturn_t resolve(nvmlDevice_t h, struct fg_gpu **gpu, struct fg_mig **mig)
+/* A card's health now: the topology's overlaid by $FAKEGPU_FAULTS, re-read at every call so that a test
+ * can break a card under a running process. UNKNOWN while the fault file is malformed. */
+static nvmlReturn_t health_now(const struct fg_gpu *g, struct fg_health *out)
+{
+    static struct fg_health live[FG_MAX_GPUS];
+    enum fg_load_status st;
+    int nvml_init;
+    fg_lock(&state_lock);
+    st = fg_faults_load(&topo, live, &nvml_init);
+    *out = live[g - topo.gpus];
+    fg_unlock(&state_lock);
+    return st == FG_LOAD_OK ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+/* Whether the card answers: GPU_IS_LOST once it is lost; its health in *health. */
+static nvmlReturn_t reachable(const struct fg_gpu *g, struct fg_health *health)
+{
+    nvmlReturn_t rc = health_now(g, health);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return health->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+}
+
+/* Resolves a handle into its GPU and, for a MIG handle, its MIG device (whose health is its card's). */
+static nvmlReturn_t resolve_health(nvmlDevice_t h, struct fg_gpu **gpu, struct fg_mig **mig, struct fg_health *health)
 {
     const char *p = (const char *)h;
     int i;
@@ -91,13 +118,19 @@ static nvmlReturn_t resolve(nvmlDevice_t h, struct fg_gpu **gpu, struct fg_mig *
         *gpu = g;
         *mig = NULL;
         if (p == (const char *)g)
-            return g->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+            return reachable(g, health);
         if (p >= mig0 && p < (const char *)&g->mig[g->nmig] && (size_t)(p - mig0) % sizeof(g->mig[0]) == 0) {
             *mig = (struct fg_mig *)(void *)p;
-            return g->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+            return reachable(g, health);
         }
     }
     return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+static nvmlReturn_t resolve(nvmlDevice_t h, struct fg_gpu **gpu, struct fg_mig **mig)
+{
+    struct fg_health health;
+    return resolve_health(h, gpu, mig, &health);
 }
 
 #define RESOLVE(h)                                              \
@@ -119,6 +152,20 @@ static nvmlReturn_t copy_str(char *dst, unsigned length, const char *src)
 
 /* ---------------------------------------------------------------- init ---- */
 
+static void reset_event_sets(void);
+
+/* What the fault file's "nvml_init" makes nvmlInit return (UNKNOWN while the file is malformed). */
+static nvmlReturn_t fault_file_init(void)
+{
+    static struct fg_health live[FG_MAX_GPUS];
+    int nvml_init;
+    enum fg_load_status st;
+    fg_lock(&state_lock);
+    st = fg_faults_load(&topo, live, &nvml_init);
+    fg_unlock(&state_lock);
+    return st == FG_LOAD_OK ? nvml_init : NVML_ERROR_UNKNOWN;
+}
+
 API nvmlReturn_t nvmlInitWithFlags(unsigned flags)
 {
     nvmlReturn_t rc = NVML_SUCCESS;
@@ -127,7 +174,7 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned flags)
     if (refcount == 0) {
         switch (fg_topology_load(&topo)) {
         case FG_LOAD_OK:
-            rc = topo.nvml_init_fault;
+            rc = topo.nvml_init_fault ? topo.nvml_init_fault : fault_file_init();
             break;
         case FG_LOAD_MISSING:
             rc = NVML_ERROR_DRIVER_NOT_LOADED;
@@ -137,6 +184,8 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned flags)
             break;
         }
     }
+    if (rc == NVML_SUCCESS && refcount == 0)
+        reset_event_sets(); /* sets do not outlive the last nvmlShutdown */
     if (rc == NVML_SUCCESS)
         __atomic_add_fetch(&refcount, 1, __ATOMIC_RELEASE);
     fg_unlock(&lock_flag);
@@ -259,8 +308,10 @@ API nvmlReturn_t nvmlDeviceGetCount(unsigned *deviceCount)
 
 static nvmlReturn_t give_gpu(struct fg_gpu *g, nvmlDevice_t *device)
 {
-    if (g->lost)
-        return NVML_ERROR_GPU_IS_LOST;
+    struct fg_health health;
+    nvmlReturn_t rc = reachable(g, &health);
+    if (rc != NVML_SUCCESS)
+        return rc;
     *device = (nvmlDevice_t)(void *)g;
     return NVML_SUCCESS;
 }
@@ -293,10 +344,11 @@ API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *devic
             return give_gpu(g, device);
         for (j = 0; j < g->nmig; j++) {
             if (strcmp(g->mig[j].uuid, uuid) == 0) {
-                if (g->lost)
-                    return NVML_ERROR_GPU_IS_LOST;
-                *device = (nvmlDevice_t)(void *)&g->mig[j];
-                return NVML_SUCCESS;
+                struct fg_health health;
+                nvmlReturn_t rc = reachable(g, &health);
+                if (rc == NVML_SUCCESS)
+                    *device = (nvmlDevice_t)(void *)&g->mig[j];
+                return rc;
             }
         }
     }
@@ -455,6 +507,18 @@ API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned *power)
 {
     RESOLVE(device);
     return reading(m, g->power_draw_mw, power);
+}
+
+/* Persistence mode (0 off, 1 on): a card's setting, so a MIG handle is refused as the real driver refuses it. */
+API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned *mode)
+{
+    RESOLVE(device);
+    if (!mode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *mode = (unsigned)g->persistence_mode;
+    return NVML_SUCCESS;
 }
 
 /* The fake has one limit: the enforced one is the management one (no external cap). */
@@ -656,4 +720,244 @@ API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned *i
         return NVML_ERROR_INVALID_ARGUMENT;
     *id = m->compute_instance_id;
     return NVML_SUCCESS;
+}
+
+/* -------------------------------------------------------------- health ---- */
+
+/* The memory-error calls read the card's health (a MIG handle: its card's; not measured). Measured on H200:
+ * ECC [1, 1] and no errors, retired pages NOT_SUPPORTED (Hopper remaps rows), remapped rows (0, 0, 0, 0). */
+#define RESOLVE_HEALTH(dev)                                         \
+    struct fg_gpu *g;                                               \
+    struct fg_mig *m;                                               \
+    struct fg_health h;                                             \
+    nvmlReturn_t rc_ = resolve_health((dev), &g, &m, &h);           \
+    (void)g;                                                        \
+    (void)m;                                                        \
+    if (rc_ != NVML_SUCCESS)                                        \
+        return rc_;                                                 \
+    if (h.memory_query_error)                                       \
+        return (nvmlReturn_t)h.memory_query_error
+
+API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending)
+{
+    RESOLVE_HEALTH(device);
+    if (!current || !pending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!h.ecc_supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = (int)h.ecc_mode;
+    *pending = (int)h.ecc_pending_mode;
+    return NVML_SUCCESS;
+}
+
+/* errorType: 0 corrected, 1 uncorrected; counterType: 0 volatile (since the driver loaded), 1 aggregate. */
+API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
+                                             unsigned long long *eccCounts)
+{
+    RESOLVE_HEALTH(device);
+    if (!eccCounts || errorType < 0 || errorType > 1 || counterType < 0 || counterType > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!h.ecc_supported || h.ecc_mode == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *eccCounts = h.ecc[errorType][counterType];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *isPending)
+{
+    RESOLVE_HEALTH(device);
+    if (!isPending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (h.row_remapping)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = h.retired_pages_pending;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned *corrRows, unsigned *uncRows,
+                                           unsigned *isPending, unsigned *failureOccurred)
+{
+    RESOLVE_HEALTH(device);
+    if (!corrRows || !uncRows || !isPending || !failureOccurred)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!h.row_remapping)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = h.remap_corrected;
+    *uncRows = h.remap_uncorrected;
+    *isPending = h.remap_pending;
+    *failureOccurred = h.remap_failure;
+    return NVML_SUCCESS;
+}
+
+/* -------------------------------------------------------------- events ---- */
+
+#define FG_MAX_EVENT_SETS 64
+#define NVML_EVENT_TYPE_XID_CRITICAL 0x8ull
+#define FG_SUPPORTED_EVENTS 65439ull /* measured on H200: nvmlDeviceGetSupportedEventTypes */
+#define FG_EVENT_POLL_NS 10000000L   /* the fault file is polled every 10 ms while a wait lasts */
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+/* Only XID events are ever delivered: each XID in a card's list once to every set registered for XIDs on it,
+ * in the list's order (a set's cursor counts those delivered; a list shortened by the test rewinds it). */
+struct fg_event_set {
+    int used;
+    unsigned long long types[FG_MAX_GPUS];
+    int delivered[FG_MAX_GPUS];
+};
+typedef struct fg_event_set *nvmlEventSet_t;
+
+static struct fg_event_set event_sets[FG_MAX_EVENT_SETS];
+
+static void reset_event_sets(void)
+{
+    fg_lock(&state_lock);
+    memset(event_sets, 0, sizeof(event_sets));
+    fg_unlock(&state_lock);
+}
+
+static int valid_set(nvmlEventSet_t set)
+{
+    size_t i = (size_t)(set - event_sets);
+    return set && set >= event_sets && i < FG_MAX_EVENT_SETS && set->used;
+}
+
+API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    nvmlReturn_t rc = NVML_ERROR_MEMORY;
+    int i;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fg_lock(&state_lock);
+    for (i = 0; i < FG_MAX_EVENT_SETS; i++) {
+        if (!event_sets[i].used) {
+            memset(&event_sets[i], 0, sizeof(event_sets[i]));
+            event_sets[i].used = 1;
+            *set = &event_sets[i];
+            rc = NVML_SUCCESS;
+            break;
+        }
+    }
+    fg_unlock(&state_lock);
+    return rc;
+}
+
+API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    fg_lock(&state_lock);
+    if (valid_set(set))
+        set->used = 0;
+    else
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    fg_unlock(&state_lock);
+    return rc;
+}
+
+/* A MIG handle: NOT_SUPPORTED (not measured; the events are the card's). */
+API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+{
+    RESOLVE(device);
+    (void)g;
+    if (!eventTypes)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *eventTypes = FG_SUPPORTED_EVENTS;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    RESOLVE(device);
+    if (m || (eventTypes & ~FG_SUPPORTED_EVENTS))
+        return NVML_ERROR_NOT_SUPPORTED;
+    fg_lock(&state_lock);
+    if (!valid_set(set)) {
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    } else {
+        size_t i = (size_t)(g - topo.gpus);
+        if ((eventTypes & NVML_EVENT_TYPE_XID_CRITICAL) && !(set->types[i] & NVML_EVENT_TYPE_XID_CRITICAL))
+            set->delivered[i] = 0;
+        set->types[i] |= eventTypes;
+    }
+    fg_unlock(&state_lock);
+    return rc;
+}
+
+/* The next pending event of the set, GPU_IS_LOST when a card it watches is lost, else TIMEOUT. */
+static nvmlReturn_t next_event(nvmlEventSet_t set, nvmlEventData_t *data)
+{
+    static struct fg_health live[FG_MAX_GPUS];
+    nvmlReturn_t rc = NVML_ERROR_TIMEOUT;
+    int i, nvml_init;
+    fg_lock(&state_lock);
+    if (!valid_set(set)) {
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (fg_faults_load(&topo, live, &nvml_init) != FG_LOAD_OK) {
+        rc = NVML_ERROR_UNKNOWN;
+    } else {
+        for (i = 0; i < topo.ngpus && rc == NVML_ERROR_TIMEOUT; i++) {
+            if (!(set->types[i] & NVML_EVENT_TYPE_XID_CRITICAL))
+                continue;
+            if (set->delivered[i] > live[i].nxid)
+                set->delivered[i] = live[i].nxid;
+            if (set->delivered[i] < live[i].nxid) {
+                data->device = (nvmlDevice_t)(void *)&topo.gpus[i];
+                data->eventType = NVML_EVENT_TYPE_XID_CRITICAL;
+                data->eventData = live[i].xid[set->delivered[i]++];
+                data->gpuInstanceId = data->computeInstanceId = FG_NO_INSTANCE;
+                rc = NVML_SUCCESS;
+            }
+        }
+        for (i = 0; i < topo.ngpus && rc == NVML_ERROR_TIMEOUT; i++)
+            if (set->types[i] && live[i].lost)
+                rc = NVML_ERROR_GPU_IS_LOST;
+    }
+    fg_unlock(&state_lock);
+    return rc;
+}
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Measured on H200: with nothing pending, TIMEOUT after timeoutms. */
+API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeoutms)
+{
+    long long deadline = now_ns() + (long long)timeoutms * 1000000;
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (;;) {
+        struct timespec pause = {0, FG_EVENT_POLL_NS};
+        long long left;
+        nvmlReturn_t rc = next_event(set, data);
+        if (rc != NVML_ERROR_TIMEOUT)
+            return rc;
+        left = deadline - now_ns();
+        if (left <= 0)
+            return NVML_ERROR_TIMEOUT;
+        if (left < pause.tv_nsec)
+            pause.tv_nsec = (long)left;
+        nanosleep(&pause, NULL);
+    }
+}
+
+API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
 }

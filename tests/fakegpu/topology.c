@@ -634,6 +634,117 @@ static int default_sm_count(int major, int minor)
     return 80;
 }
 
+/* A flag read over its current value: absent or null keeps it. */
+static int get_flag(struct schema *sc, const struct jv *obj, const char *key, const char *where, int *out)
+{
+    const struct jv *v = jget(obj, key);
+    if (!v || v->t == JT_NULL)
+        return 0;
+    return get_bool(sc, obj, key, where, out);
+}
+
+/* An unsigned read over its current value. */
+static int get_count(struct schema *sc, const struct jv *obj, const char *key, const char *where,
+                     unsigned long long max, unsigned long long *inout)
+{
+    return get_uint(sc, obj, key, where, max, *inout, inout);
+}
+
+static int get_count32(struct schema *sc, const struct jv *obj, const char *key, const char *where, unsigned *inout)
+{
+    unsigned long long x = *inout;
+    if (get_count(sc, obj, key, where, 0xFFFFFFFFull, &x) < 0)
+        return -1;
+    *inout = (unsigned)x;
+    return 0;
+}
+
+/* The health keys of a card ("lost", "ecc", "row_remapping", "remap", "retired_pages_pending", "xid"), the same in
+ * the topology and the fault file: each key present replaces its value in *h, each absent one keeps it. */
+static int load_health(struct schema *sc, const struct jv *o, const char *where, struct fg_health *h)
+{
+    static const char *const ecc_keys[2][2] = {{"volatile_corrected", "aggregate_corrected"},
+                                               {"volatile_uncorrected", "aggregate_uncorrected"}};
+    const struct jv *v;
+    char w[160];
+    int i, j, flag;
+    if (get_flag(sc, o, "lost", where, &h->lost) < 0 ||
+        get_flag(sc, o, "row_remapping", where, &h->row_remapping) < 0 ||
+        get_flag(sc, o, "retired_pages_pending", where, &h->retired_pages_pending) < 0)
+        return -1;
+    if (get_count32(sc, o, "memory_query_error", where, &h->memory_query_error) < 0)
+        return -1;
+    if (h->memory_query_error > 999)
+        return sfail(sc, where, "memory_query_error is an nvmlReturn_t (0..999)");
+    v = jget(o, "ecc");
+    snprintf(w, sizeof(w), "%.100s.ecc", where);
+    if (v && v->t == JT_NULL) {
+        h->ecc_supported = 0;
+    } else if (v) {
+        if (v->t != JT_OBJ)
+            return sfail(sc, w, "must be an object or null");
+        h->ecc_supported = 1;
+        if (get_count32(sc, v, "mode", w, &h->ecc_mode) < 0)
+            return -1;
+        h->ecc_pending_mode = h->ecc_mode;
+        if (get_count32(sc, v, "pending_mode", w, &h->ecc_pending_mode) < 0)
+            return -1;
+        if (h->ecc_mode > 1 || h->ecc_pending_mode > 1)
+            return sfail(sc, w, "mode and pending_mode must be 0 or 1");
+        for (i = 0; i < 2; i++)
+            for (j = 0; j < 2; j++)
+                if (get_count(sc, v, ecc_keys[i][j], w, 1ull << 48, &h->ecc[i][j]) < 0)
+                    return -1;
+    }
+    v = jget(o, "remap");
+    snprintf(w, sizeof(w), "%.100s.remap", where);
+    if (v && v->t != JT_NULL) {
+        if (v->t != JT_OBJ)
+            return sfail(sc, w, "must be an object");
+        if (get_count32(sc, v, "corrected", w, &h->remap_corrected) < 0 ||
+            get_count32(sc, v, "uncorrected", w, &h->remap_uncorrected) < 0)
+            return -1;
+        flag = (int)h->remap_pending;
+        if (get_flag(sc, v, "pending", w, &flag) < 0)
+            return -1;
+        h->remap_pending = (unsigned)flag;
+        flag = (int)h->remap_failure;
+        if (get_flag(sc, v, "failure", w, &flag) < 0)
+            return -1;
+        h->remap_failure = (unsigned)flag;
+    }
+    v = jget(o, "xid");
+    snprintf(w, sizeof(w), "%.100s.xid", where);
+    if (v && v->t != JT_NULL) {
+        size_t k;
+        if (v->t != JT_ARR)
+            return sfail(sc, w, "must be an array of XID numbers");
+        if (v->n > FG_MAX_XID)
+            return sfail(sc, w, "too many XIDs");
+        for (k = 0; k < v->n; k++) {
+            char *endp;
+            unsigned long long x;
+            const struct jv *e = &v->items[k];
+            if (e->t != JT_NUM || e->s[0] == '-' || strpbrk(e->s, ".eE"))
+                return sfail(sc, w, "must be an array of XID numbers");
+            x = strtoull(e->s, &endp, 10);
+            if (*endp || x == 0 || x > 0xFFFFu)
+                return sfail(sc, w, "an XID is 1..65535");
+            h->xid[k] = (unsigned)x;
+        }
+        h->nxid = (int)v->n;
+    }
+    /* NVML's aggregate counters include the volatile ones. */
+    for (i = 0; i < 2; i++)
+        if (h->ecc[i][1] < h->ecc[i][0])
+            h->ecc[i][1] = h->ecc[i][0];
+    if (!h->row_remapping && (h->remap_corrected || h->remap_uncorrected || h->remap_pending || h->remap_failure))
+        return sfail(sc, where, "remap needs a card that remaps rows (\"row_remapping\": true)");
+    if (h->row_remapping && h->retired_pages_pending)
+        return sfail(sc, where, "retired_pages_pending needs a card that retires pages (\"row_remapping\": false)");
+    return 0;
+}
+
 static int load_mig(struct schema *sc, const struct jv *m, const char *where, struct fg_gpu *g)
 {
     const struct jv *devs;
@@ -768,8 +879,11 @@ static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg
     g->utilization_memory = (unsigned)x;
     if (get_reading(sc, o, "temperature_gpu", where, 200, &g->temperature_c) < 0 ||
         get_reading(sc, o, "power_draw_mw", where, 10000000, &g->power_draw_mw) < 0 ||
-        get_reading(sc, o, "power_limit_mw", where, 10000000, &g->power_limit_mw) < 0)
+        get_reading(sc, o, "power_limit_mw", where, 10000000, &g->power_limit_mw) < 0 ||
+        get_reading(sc, o, "persistence_mode", where, 1, &g->persistence_mode) < 0)
         return -1;
+    if (g->persistence_mode == FG_UNSUPPORTED)
+        g->persistence_mode = 1;
     if (get_uint(sc, o, "minor_number", where, 0xFFFFFFFFull, idx, &x) < 0)
         return -1;
     g->minor_number = (unsigned)x;
@@ -780,7 +894,11 @@ static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg
                  &x) < 0)
         return -1;
     g->multiprocessor_count = (int)x;
-    if (get_bool(sc, o, "lost", where, &g->lost) < 0)
+    /* Measured on H200: ECC on and clean, rows remapped (Ampere and later), page retirement not supported. */
+    g->health.ecc_supported = 1;
+    g->health.ecc_mode = g->health.ecc_pending_mode = 1;
+    g->health.row_remapping = maj >= 8;
+    if (load_health(sc, o, where, &g->health) < 0)
         return -1;
 
     procs = jget(o, "processes");
@@ -806,31 +924,42 @@ static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg
     return 0;
 }
 
-static int load_faults(struct schema *sc, const struct jv *f, struct fg_topology *t)
+/* "nvml_init": a name below or an nvmlReturn_t int: what nvmlInit* returns. */
+static int get_nvml_error(struct schema *sc, const struct jv *obj, const char *where, int *out)
 {
     static const struct { const char *name; int code; } nvml_faults[] = {
         {"unknown_error", 999}, {"driver_not_loaded", 9}, {"no_permission", 4},
         {"lib_rm_version_mismatch", 18},
     };
-    const struct jv *v;
+    const struct jv *v = jget(obj, "nvml_init");
     unsigned long long x;
+    char w[160];
     size_t i;
-    if (f->t != JT_OBJ)
-        return sfail(sc, "faults", "must be an object");
-    v = jget(f, "nvml_init");
+    snprintf(w, sizeof(w), "%s.nvml_init", where);
     if (v && v->t == JT_STR) {
         for (i = 0; i < sizeof(nvml_faults) / sizeof(nvml_faults[0]); i++)
             if (strcmp(v->s, nvml_faults[i].name) == 0)
-                t->nvml_init_fault = nvml_faults[i].code;
-        if (!t->nvml_init_fault)
-            return sfail(sc, "faults.nvml_init",
+                *out = nvml_faults[i].code;
+        if (!*out)
+            return sfail(sc, w,
                          "must be unknown_error, driver_not_loaded, no_permission, "
                          "lib_rm_version_mismatch or an nvmlReturn_t number");
     } else if (v && v->t != JT_NULL) {
-        if (get_uint(sc, f, "nvml_init", "faults", 999, 0, &x) < 0)
+        if (get_uint(sc, obj, "nvml_init", where, 999, 0, &x) < 0)
             return -1;
-        t->nvml_init_fault = (int)x;
+        *out = (int)x;
     }
+    return 0;
+}
+
+static int load_faults(struct schema *sc, const struct jv *f, struct fg_topology *t)
+{
+    const struct jv *v;
+    unsigned long long x;
+    if (f->t != JT_OBJ)
+        return sfail(sc, "faults", "must be an object");
+    if (get_nvml_error(sc, f, "faults", &t->nvml_init_fault) < 0)
+        return -1;
     v = jget(f, "cuda_init");
     if (v && v->t != JT_NULL) {
         if (get_uint(sc, f, "cuda_init", "faults", 999, 0, &x) < 0)
@@ -897,20 +1026,13 @@ static int load_topology(struct schema *sc, const struct jv *root, struct fg_top
 
 /* ---------------------------------------------------------------- load ---- */
 
-enum fg_load_status fg_topology_load(struct fg_topology *t)
+/* Reads the whole file at path into a malloc'd buffer (not NUL-terminated). */
+static enum fg_load_status read_text(const char *path, char **out, size_t *outlen)
 {
-    const char *path = getenv("FAKEGPU_TOPOLOGY");
-    char err[400], *text;
+    char *text;
     size_t len = 0, cap = 65536;
-    struct jv root;
-    struct schema sc;
     FILE *f;
     int rc;
-
-    memset(t, 0, sizeof(*t));
-    if (!path || !*path)
-        path = FG_DEFAULT_PATH;
-    snprintf(t->path, sizeof(t->path), "%s", path);
     f = fopen(path, "re");
     if (!f) {
         if (errno == ENOENT || errno == ENOTDIR)
@@ -943,6 +1065,28 @@ enum fg_load_status fg_topology_load(struct fg_topology *t)
         free(text);
         return FG_LOAD_MALFORMED;
     }
+    *out = text;
+    *outlen = len;
+    return FG_LOAD_OK;
+}
+
+enum fg_load_status fg_topology_load(struct fg_topology *t)
+{
+    const char *path = getenv("FAKEGPU_TOPOLOGY");
+    char err[400], *text = NULL;
+    size_t len = 0;
+    struct jv root;
+    struct schema sc;
+    enum fg_load_status st;
+    int rc;
+
+    memset(t, 0, sizeof(*t));
+    if (!path || !*path)
+        path = FG_DEFAULT_PATH;
+    snprintf(t->path, sizeof(t->path), "%s", path);
+    st = read_text(path, &text, &len);
+    if (st != FG_LOAD_OK)
+        return st;
     rc = jparse(text, len, &root, err, sizeof(err));
     free(text);
     if (rc < 0) {
@@ -961,25 +1105,92 @@ enum fg_load_status fg_topology_load(struct fg_topology *t)
     return FG_LOAD_OK;
 }
 
-/* ------------------------------------------------------ processes file ---- */
+/* ------------------------------------------------------------- faults ---- */
 
-/* Reads a whole small file; NULL with errno set when it cannot. */
-static char *read_small_file(const char *path, size_t *len)
+/* The card a fault file's key names: its exact UUID, or its NVML index in decimal. -1: none of t's. */
+static int card_of_key(const struct fg_topology *t, const char *key)
 {
-    char *text;
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return NULL;
-    text = malloc(FG_MAX_FILE + 1);
-    *len = text ? fread(text, 1, FG_MAX_FILE + 1, f) : 0;
-    if (text && (ferror(f) || *len > FG_MAX_FILE)) {
-        free(text);
-        text = NULL;
-        errno = EFBIG;
-    }
-    fclose(f);
-    return text;
+    char *endp;
+    unsigned long x;
+    int i;
+    for (i = 0; i < t->ngpus; i++)
+        if (strcmp(t->gpus[i].uuid, key) == 0)
+            return i;
+    if (key[0] < '0' || key[0] > '9')
+        return -1;
+    errno = 0;
+    x = strtoul(key, &endp, 10);
+    return errno || *endp || x >= (unsigned long)t->ngpus ? -1 : (int)x;
 }
+
+static int load_fault_file(struct schema *sc, const struct jv *root, const struct fg_topology *t,
+                           struct fg_health live[FG_MAX_GPUS], int *nvml_init)
+{
+    const struct jv *cards;
+    size_t k;
+    if (root->t != JT_OBJ)
+        return sfail(sc, "top level", "must be an object");
+    if (get_nvml_error(sc, root, "top level", nvml_init) < 0)
+        return -1;
+    cards = jget(root, "cards");
+    if (!cards || cards->t == JT_NULL)
+        return 0;
+    if (cards->t != JT_OBJ)
+        return sfail(sc, "cards", "must be an object keyed by UUID or NVML index");
+    for (k = 0; k < cards->n; k++) {
+        char where[160];
+        /* A card this topology lacks is skipped, so one file serves a host and its containers. */
+        int i = card_of_key(t, cards->keys[k]);
+        snprintf(where, sizeof(where), "cards.%.100s", cards->keys[k]);
+        if (cards->items[k].t != JT_OBJ)
+            return sfail(sc, where, "must be an object");
+        if (i >= 0 && load_health(sc, &cards->items[k], where, &live[i]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+enum fg_load_status fg_faults_load(const struct fg_topology *t, struct fg_health live[FG_MAX_GPUS], int *nvml_init)
+{
+    static int reported; /* one stderr line per process, not one per call */
+    const char *path = getenv("FAKEGPU_FAULTS");
+    char err[400], *text = NULL;
+    size_t len = 0;
+    struct jv root;
+    struct schema sc;
+    enum fg_load_status st;
+    int i, rc;
+
+    for (i = 0; i < t->ngpus; i++)
+        live[i] = t->gpus[i].health;
+    *nvml_init = 0;
+    if (!path || !*path)
+        return FG_LOAD_OK;
+    st = read_text(path, &text, &len);
+    if (st == FG_LOAD_MISSING)
+        return FG_LOAD_OK;
+    if (st != FG_LOAD_OK)
+        return st;
+    rc = jparse(text, len, &root, err, sizeof(err));
+    free(text);
+    memset(&sc, 0, sizeof(sc));
+    if (rc == 0) {
+        rc = load_fault_file(&sc, &root, t, live, nvml_init);
+        jfree(&root);
+        snprintf(err, sizeof(err), "%s", sc.err);
+    }
+    if (rc < 0) {
+        if (!__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "fakegpu: %s: %s\n", path, err);
+        for (i = 0; i < t->ngpus; i++)
+            live[i] = t->gpus[i].health;
+        *nvml_init = 0;
+        return FG_LOAD_MALFORMED;
+    }
+    return FG_LOAD_OK;
+}
+
+/* ------------------------------------------------------ processes file ---- */
 
 /* The processes file (README.md, "Processes that come and go"): each key a card or MIG UUID, each value its
  * processes (as in the topology) or an error that the process queries on that handle answer (the card's own, or
@@ -999,12 +1210,13 @@ int fg_file_processes(const struct fg_gpu *g, const struct fg_mig *asked, struct
 
     if (!path || !*path)
         return 0;
-    text = read_small_file(path, &len);
-    if (!text) {
-        if (errno == ENOENT)
-            return 0; /* no file: no process */
-        fprintf(stderr, "fakegpu: %s: cannot read: %s\n", path, strerror(errno));
-        return -999;
+    switch (read_text(path, &text, &len)) {
+    case FG_LOAD_OK:
+        break;
+    case FG_LOAD_MISSING:
+        return 0; /* no file: no process */
+    default:
+        return -999; /* read_text said why on stderr */
     }
     rc = jparse(text, len, &root, err, sizeof(err));
     free(text);

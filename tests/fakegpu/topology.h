@@ -12,6 +12,7 @@
 #define FG_UUID_LEN 40 /* "GPU-" + 36 chars */
 #define FG_NAME_LEN 96
 #define FG_VERSION_LEN 80
+#define FG_MAX_XID 64
 
 #define FG_DEFAULT_DRIVER_VERSION "580.159.04"
 #define FG_DEFAULT_CUDA_VERSION 13000
@@ -27,6 +28,20 @@ struct fg_proc {
     unsigned gpu_instance_id;
     unsigned compute_instance_id;
     int graphics; /* "kind": "graphics": a graphics client (nvmlDeviceGetGraphicsRunningProcesses) */
+};
+
+/* A card's health as NVML reports it: from the topology, overlaid by the fault file ($FAKEGPU_FAULTS). */
+struct fg_health {
+    int lost;                        /* NVML_ERROR_GPU_IS_LOST from its handles */
+    int ecc_supported;               /* "ecc": null -> 0: the ECC calls answer NOT_SUPPORTED */
+    unsigned ecc_mode, ecc_pending_mode;
+    unsigned long long ecc[2][2];    /* [0 corrected, 1 uncorrected][0 volatile, 1 aggregate], nvml.h's enums */
+    int row_remapping;               /* 1: remapped rows answered, retired pages NOT_SUPPORTED; 0: the reverse */
+    unsigned remap_corrected, remap_uncorrected, remap_pending, remap_failure;
+    int retired_pages_pending;
+    unsigned memory_query_error;     /* nvmlReturn_t of the ECC, retired-pages and remapped-rows calls, 0 = none */
+    unsigned xid[FG_MAX_XID];        /* critical XIDs, each delivered once to every event set registered for them */
+    int nxid;
 };
 
 struct fg_gpu;
@@ -52,10 +67,11 @@ struct fg_gpu {
     unsigned utilization_gpu, utilization_memory;
     long long temperature_c;                /* FG_UNSUPPORTED when absent */
     long long power_draw_mw, power_limit_mw; /* FG_UNSUPPORTED when absent */
+    long long persistence_mode;              /* 1 (on, as a tuned host has it) when absent */
     unsigned pci_device_id, pci_subsystem_id;
     int multiprocessor_count;
     unsigned minor_number; /* position in the file's "gpus" array unless "minor_number" is given */
-    int lost;
+    struct fg_health health;
     unsigned mig_mode, mig_pending_mode;
     struct fg_mig mig[FG_MAX_MIG];
     int nmig;
@@ -82,6 +98,11 @@ enum fg_load_status {
 
 /* Reads $FAKEGPU_TOPOLOGY (or /etc/fakegpu/topology.json when unset or empty) into *t. */
 enum fg_load_status fg_topology_load(struct fg_topology *t);
+
+/* The health of every card of t (in t's order) now: the topology's, overlaid by $FAKEGPU_FAULTS (re-read at
+ * each call; absent variable or file: no faults), and the fault file's "nvml_init" (0 when none) in *nvml_init.
+ * FG_LOAD_MALFORMED when the fault file is (one stderr line per process); live then holds the topology's. */
+enum fg_load_status fg_faults_load(const struct fg_topology *t, struct fg_health live[FG_MAX_GPUS], int *nvml_init);
 
 /* The processes that $FAKEGPU_PROCESSES gives the card g or its MIG devices (README.md), re-read on each call:
  * how many were written to out (at most max), 0 without the variable or the file, or minus the nvmlReturn_t that

@@ -6,7 +6,6 @@
 
 CACHE=${GPUPIN_CACHE:-/var/cache/gpupin}
 ROOTFS_TAR=$CACHE/rootfs-bookworm-minbase-python3.tar
-MIRROR=${DEBOOTSTRAP_MIRROR:-http://deb.debian.org/debian}
 
 say() { printf '%s: %s\n' "$SAY_AS" "$*" >&2; }
 die() { printf '%s: ERROR: %s\n' "$SAY_AS" "$*" >&2; exit 1; }
@@ -53,6 +52,20 @@ stop_pid() {
     rm -f "$pidfile"
 }
 
+debian_mirror() {
+    # The Debian archive the root file system and Engine 26 come from: DEBOOTSTRAP_MIRROR, else this machine's own,
+    # as apt itself reads its sources (sources.list and sources.list.d's one-line .list and deb822 .sources files):
+    # the first `deb` entry for the main component of a release proper (no -updates, -security, -backports).
+    if [ -n "${DEBOOTSTRAP_MIRROR:-}" ]; then echo "$DEBOOTSTRAP_MIRROR"; return 0; fi
+    local uri
+    # shellcheck disable=SC2016  # $(...) here are apt's format fields, not the shell's
+    uri=$(apt-get indextargets --no-release-info --format '$(TARGET_OF) $(COMPONENT) $(RELEASE) $(SITE)' 2>/dev/null |
+        awk '$1 == "deb" && $2 == "main" && $3 !~ /[-\/]/ && $4 ~ /^(https?|file):\/\// {print $4; exit}')
+    [ -n "$uri" ] || die "no Debian archive (a deb line for the main component) in this machine's apt sources \
+(/etc/apt/sources.list, /etc/apt/sources.list.d). HINT: set DEBOOTSTRAP_MIRROR to a Debian mirror's URL"
+    echo "$uri"
+}
+
 wait_for() {
     local i
     for i in $(seq 1 150); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
@@ -67,10 +80,12 @@ build_rootfs() {
     exec 8>"$CACHE/.build.lock"
     flock 8
     [ -s "$ROOTFS_TAR" ] && { exec 8>&-; return 0; }
-    say "building the base root file system with debootstrap (bookworm, minbase, python3) from $MIRROR"
+    local mirror
+    mirror=$(debian_mirror) || exit 1
+    say "building the base root file system with debootstrap (bookworm, minbase, python3) from $mirror"
     local root=$CACHE/rootfs.tmp
     rm -rf "$root"
-    debootstrap --variant=minbase --include=python3,python3-pip,procps bookworm "$root" "$MIRROR" \
+    debootstrap --variant=minbase --include=python3,python3-pip,procps bookworm "$root" "$mirror" \
         >"$CACHE/debootstrap.log" 2>&1 || die "debootstrap failed; see $CACHE/debootstrap.log"
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
     tar -C "$root" -cf "$ROOTFS_TAR.tmp" . && mv -f "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
@@ -96,12 +111,14 @@ fetch_engine26() {
     exec 7>"$ENGINE26_DIR/.lock"
     flock 7
     if [ -s "$stamp" ] && [ -x "$ENGINE26_ROOT/usr/sbin/dockerd" ]; then exec 7>&-; return 0; fi
-    say "fetching Engine 26 (${ENGINE26_PACKAGES[*]}) from Debian 13 (trixie) at $MIRROR"
+    local mirror
+    mirror=$(debian_mirror) || exit 1
+    say "fetching Engine 26 (${ENGINE26_PACKAGES[*]}) from Debian 13 (trixie) at $mirror"
     # apt with private sources, lists, cache and preferences: the system's apt state is neither read nor changed.
     local apt=$REPO/build/engines/apt debs=$ENGINE26_DIR/debs
     rm -rf "$debs" && mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources.list.d" \
         "$apt/preferences.d" "$debs"
-    echo "deb [signed-by=$TRIXIE_KEYRING] $MIRROR trixie main" >"$apt/sources.list"
+    echo "deb [signed-by=$TRIXIE_KEYRING] $mirror trixie main" >"$apt/sources.list"
     local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o "Dir::Etc::sourceparts=$apt/sources.list.d"
                 -o "Dir::Etc::preferences=/dev/null" -o "Dir::Etc::preferencesparts=$apt/preferences.d"
                 -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=/dev/null"

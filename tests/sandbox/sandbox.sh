@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sandboxed Docker daemon of the simulated GPU host (DESIGN.md): its own containerd, socket, data root, exec
+# The sandboxed Docker daemon (docs/design.md, The simulated host): its own containerd, socket, data root, exec
 # root and pid files; no bridge, no iptables; the fake nvidia-container-runtime-hook first on its PATH so that it
 # accepts --gpus. It never talks to the system daemon or the system containerd.
 #
@@ -21,7 +21,8 @@
 # instance of a name is NAME-26, so both engines run at once); GPUPIN_SANDBOX_STATE (default
 # /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]), each + -26 for Engine 26;
 # GPUPIN_CACHE (default /var/cache/gpupin: the debootstrap root file system, built once for every sandbox);
-# DEBOOTSTRAP_MIRROR (also the mirror Engine 26 comes from).
+# DEBOOTSTRAP_MIRROR (the Debian mirror of the root file system and of Engine 26; default: this machine's own, the
+# first main-archive entry of its apt sources).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

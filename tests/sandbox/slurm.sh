@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real single-host Slurm for the simulated GPU host (DESIGN.md, "Clusters"): munged, slurmctld and slurmd from
+# A real single-host Slurm (docs/design.md, "The simulated host"): munged, slurmctld and slurmd from
 # Debian's packages (slurm-wlm 22.05), with private ports, config, state, log and munge socket, one node `gpupin`
 # whose GPUs are gres on character devices made with mknod (195:N, the real driver's major) for the topology's
 # cards, named by their minor numbers. Nothing system-wide is touched: no /dev node, no /etc/slurm, no systemd unit.

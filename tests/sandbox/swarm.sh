@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A three-node Docker Swarm on the simulated GPU host (DESIGN.md, Clusters): one manager and two workers, each a
+# A three-node Docker Swarm (docs/design.md, The simulated host): one manager and two workers, each a
 # containerd + dockerd of its own in a network namespace of its own, each with its own simulated cards, joined
 # into one swarm over a bridge that lives in a namespace too. The addresses exist only inside those namespaces:
 # no traffic reaches any other network, and the system daemon is never touched.
@@ -254,7 +254,7 @@ form_swarm() {
 # Every node Ready and advertising exactly what its daemon.json lists, read as hostagent reads a node.
 READY_PY=$(cat <<'EOF'
 import json, sys
-from gpupin.hostagent.swarm import from_engine, parse_terms
+from gpupin.hostagent.swarm.resources import from_engine, parse_terms
 for node in json.load(sys.stdin):
     with open(f"{sys.argv[1]}/{node['Description']['Hostname']}/daemon.json") as f:
         want = parse_terms(json.load(f)["node-generic-resources"])

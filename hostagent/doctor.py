@@ -1,0 +1,249 @@
+"""`hostagent doctor`: check a GPU host for the traps that break pins, one line per finding with a HINT.
+
+The traps, each silent until a workload lands on the wrong card or loses its card mid-run:
+- /dev/char links missing for the NVIDIA device nodes while Docker uses the systemd cgroup driver: after a
+  `systemctl daemon-reload`, systemd rewrites the containers' device rules from /dev/char and drops the GPUs, and the
+  workload sees "Failed to initialize NVML: Unknown Error" (NVIDIA/nvidia-container-toolkit#48);
+- persistence mode off: the driver tears a card down when its last client leaves, so each container start pays the
+  card's init again (seconds under the NVIDIA hook), and slow starts hold the ledger's lock longer;
+- a CDI spec whose cards differ from NVML's (a card added or replaced since `nvidia-ctk cdi generate`): a CDI name
+  then gives another card than it says, or none;
+- `--gpus` with neither the NVIDIA hook nor CDI, and a Swarm node whose default runtime is not nvidia (a service
+  cannot ask for --gpus, so only the default runtime adds the hook to its tasks);
+- the toolkit's `swarm-resource` setting on a Swarm node (gpupin.hostagent.swarm.nodeconfig checks it);
+- the cgroup driver and version, said on the summary line because the first trap depends on them.
+
+Where the files are read: `--root DIR` reads /dev, /sys and /etc under DIR (tests plant a host there); NVML and
+the Docker daemon are asked as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+from gpupin.core import nvml, readings
+from gpupin.core.errors import GpupinError, UsageError
+from gpupin.core.shown import quoted
+from gpupin.hostagent.completion import DIRS, offer
+from gpupin.hostagent.findings import ERROR, WARNING, Finding
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from gpupin.core.nvml import Card
+
+EX_FINDINGS = 1  # the host has at least one trap (as `brew doctor`); 0: clean
+CREATE_DEV_CHAR = "nvidia-ctk system create-dev-char-symlinks --create-all"
+HOOK = "nvidia-container-runtime-hook"
+# The device nodes the NVIDIA driver creates: the cards, the control node, UVM, modeset and the MIG capabilities.
+_NODE_PREFIXES = ("nvidia",)
+_CAPS = "nvidia-caps"
+
+
+class Host:
+    """Where doctor reads the host's files: `root` + /dev, /sys, /etc (the real host when root is "/")."""
+
+    def __init__(self, root: str = "/") -> None:
+        self.root = root
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *[p.lstrip("/") for p in parts])
+
+
+# --- the traps ------------------------------------------------------------------------------------------------
+
+def nvidia_nodes(host: Host) -> list[tuple[str, int, int]]:
+    """The NVIDIA character device nodes under /dev (and /dev/nvidia-caps): (path, major, minor)."""
+    found: list[tuple[str, int, int]] = []
+    dev = host.path("/dev")
+    for folder in (dev, os.path.join(dev, _CAPS)):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            if folder == dev and not name.startswith(_NODE_PREFIXES):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode):
+                found.append((path, os.major(st.st_rdev), os.minor(st.st_rdev)))
+    return found
+
+
+def check_dev_char(host: Host, cgroup_driver: str | None) -> list[Finding]:
+    """The daemon-reload trap: under the systemd cgroup driver every NVIDIA node needs its /dev/char/MAJ:MIN link."""
+    if cgroup_driver != "systemd":
+        return []
+    missing: list[str] = []
+    for path, major, minor in nvidia_nodes(host):
+        try:  # the link must lead to a node of the same numbers (a dangling or stale link is as bad as none)
+            linked = os.stat(host.path("/dev/char", f"{major}:{minor}")).st_rdev == os.makedev(major, minor)
+        except OSError:
+            linked = False
+        if not linked:
+            missing.append(f"{major}:{minor} ({os.path.relpath(path, host.path('/dev'))})")
+    if not missing:
+        return []
+    return [Finding("/dev/char", f"no link for {len(missing)} NVIDIA device node(s) ({', '.join(missing[:6])}"
+                    f"{', ...' if len(missing) > 6 else ''}) while Docker uses the systemd cgroup driver: a "
+                    "`systemctl daemon-reload` takes the GPUs from running containers (NVML: Unknown Error)",
+                    f"run `{CREATE_DEV_CHAR}` (and add it to a udev rule or boot unit so that it survives reboots)")]
+
+
+def check_persistence(cards: Sequence[Card], modes: Mapping[int, bool | None]) -> list[Finding]:
+    off = [c for c in cards if modes.get(c.index) is False]
+    if not off:
+        return []
+    names = ", ".join(f"{c.index} ({c.uuid})" for c in off)
+    return [Finding("persistence mode", f"off on card(s) {names}: each container start pays the card's init "
+                    "again (seconds under the NVIDIA hook), and a slow start holds the card's lock longer",
+                    "start nvidia-persistenced (or `nvidia-smi -pm 1` as root)", WARNING)]
+
+
+def _spec_dirs(host: Host, info: Mapping[str, Any] | None) -> list[str]:
+    dirs = [str(d) for d in (info or {}).get("CDISpecDirs") or []] or ["/etc/cdi", "/var/run/cdi"]
+    return [host.path(d) for d in dirs]
+
+
+def check_cdi(host: Host, info: Mapping[str, Any] | None, cards: Sequence[Card]) -> list[Finding]:
+    """Every nvidia.com/gpu device a CDI spec names must be a card NVML has, and every card must be named."""
+    from gpupin.core.identity import is_uuid_like
+    from gpupin.hostagent.engine import cdi
+
+    findings: list[Finding] = []
+    uuids = {c.uuid for c in cards if c.uuid}
+    migs = {m.uuid for c in cards for m in c.mig_devices if m.uuid}
+    for path, names in cdi.read_spec_dirs(_spec_dirs(host, info)).items():
+        named = [n for n in names if is_uuid_like(n)]
+        unknown = [n for n in named if n not in uuids and n not in migs]
+        indices = [n for n in names if n.isascii() and n.isdigit() and int(n) >= len(cards)]
+        absent = sorted(uuids - set(named))
+        problems = []
+        if unknown or indices:
+            problems.append(f"names {', '.join(unknown + indices)}, which NVML does not have")
+        if absent:
+            problems.append(f"does not name {', '.join(absent)}, which NVML has")
+        if problems:
+            findings.append(Finding(path, f"the {cdi.KIND} spec {' and '.join(problems)}: a CDI name then gives "
+                                    "another card than it says, or none",
+                                    "regenerate it: `nvidia-ctk cdi generate --output=" + path + "`"))
+    return findings
+
+
+def check_runtime(info: Mapping[str, Any], host: Host, cdi_served: bool) -> list[Finding]:
+    findings: list[Finding] = []
+    runtimes = info.get("Runtimes") or {}
+    path = [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin", "/usr/local/bin"]
+    hook = any(os.path.exists(host.path(d, HOOK)) for d in path if d)
+    if not hook and "nvidia" not in runtimes and not cdi_served:
+        findings.append(Finding("docker", "neither the NVIDIA hook nor the nvidia runtime nor a CDI spec is here: "
+                                "`--gpus` fails with \"could not select device driver\"",
+                                "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure "
+                                "--runtime=docker`, or `nvidia-ctk cdi generate` on Engine 25+"))
+    swarm = str(((info.get("Swarm") or {}).get("LocalNodeState")) or "")
+    if swarm == "active":
+        default = str(info.get("DefaultRuntime") or "")
+        if "nvidia" not in runtimes:
+            findings.append(Finding("docker", "this Swarm node has no nvidia runtime: its tasks get no GPU",
+                                    "install the NVIDIA Container Toolkit; `hostagent swarm node-config` prints "
+                                    "the settings"))
+        elif default != "nvidia":
+            findings.append(Finding("docker", f"this Swarm node's default runtime is {default or 'runc'}, not "
+                                    "nvidia: a service cannot ask for --gpus, so its tasks get no GPU",
+                                    'set "default-runtime": "nvidia" in daemon.json and restart dockerd'))
+    return findings
+
+
+def check_swarm_resource(info: Mapping[str, Any], host: Host, cards: Sequence[Card]) -> list[Finding]:
+    """On a Swarm node: node-config --check's findings (generic resources, runtime, the toolkit's swarm-resource)."""
+    if str(((info.get("Swarm") or {}).get("LocalNodeState")) or "") != "active":
+        return []
+    from gpupin.hostagent.swarm import nodecheck
+    from gpupin.hostagent.swarm.resources import DAEMON_JSON, TOOLKIT_CONFIG
+
+    result = nodecheck.check(nodecheck.read_daemon_json(host.path(DAEMON_JSON)),
+                             nodecheck.read_toolkit_config(host.path(TOOLKIT_CONFIG)), cards)
+    return [f for f in result.findings if "default runtime" not in f.problem]  # said once, by check_runtime
+
+
+def cgroup_line(info: Mapping[str, Any] | None, host: Host) -> str:
+    if info is not None and info.get("CgroupDriver"):
+        return f"cgroup v{info.get('CgroupVersion') or '?'} with the {info['CgroupDriver']} driver"
+    v2 = os.path.exists(host.path("/sys/fs/cgroup/cgroup.controllers"))
+    return f"cgroup v{2 if v2 else 1} (the Docker daemon's driver unknown)"
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+DESCRIPTION = ("Check this GPU host for the traps that break pins: /dev/char links missing under the systemd cgroup "
+               "driver, persistence mode off, a CDI spec whose cards differ from NVML's, the NVIDIA hook or runtime "
+               "missing, a Swarm node's default runtime and the toolkit's swarm-resource. One line per finding, each "
+               "with a HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage.")
+
+
+def add(sub: Any) -> None:
+    """`hostagent doctor`'s parser, under the top parser's subcommands."""
+    doc = sub.add_parser("doctor", help="check this GPU host for the traps that break pins", description=DESCRIPTION)
+    doc.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    offer(doc.add_argument("--root", default="/", metavar="DIR",
+                           help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /"), DIRS)
+
+class Report:
+    def __init__(self, findings: list[Finding], summary: str) -> None:
+        self.findings = findings
+        self.summary = summary
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": not self.findings, "summary": self.summary, "findings": [f.to_dict() for f in self.findings]}
+
+
+def examine(host: Host) -> Report:
+    """Every check that can run: NVML and the daemon each missing is a finding, not the end of the check."""
+    findings: list[Finding] = []
+    cards: list[Card] = []
+    try:
+        cards = nvml.list_cards(mig=True, tolerate_lost=True)
+        findings += check_persistence(cards, readings.persistence_modes(cards))
+    except GpupinError as err:
+        findings.append(Finding("NVML", err.message, err.hint or "check `nvidia-smi`"))
+    from gpupin.hostagent import engine
+
+    info: dict[str, Any] | None = None
+    try:
+        info = engine.info(engine.reader(timeout=10))
+    except GpupinError as err:
+        findings.append(Finding("docker", f"{err.message}: the daemon's checks were skipped", err.hint, ERROR))
+    if info is not None:
+        findings += check_dev_char(host, str(info.get("CgroupDriver") or ""))
+        cdi_served = engine.cdi_detection(info).served
+        findings += check_runtime(info, host, cdi_served)
+        findings += check_swarm_resource(info, host, cards)
+    if cards:
+        findings += check_cdi(host, info, cards)
+    summary = f"{len(cards)} card(s), {cgroup_line(info, host)}"
+    return Report(findings, summary)
+
+
+def command(root: str, as_json: bool) -> int:
+    """`hostagent doctor`: 0 when the host is clean, 1 when it has a trap (each one line with a HINT)."""
+    if not os.path.isdir(root):
+        raise UsageError(f"--root {quoted(root)}: not a folder", "give the folder that holds the host's /dev, /sys "
+                         "and /etc (default /)")
+    report = examine(Host(root))
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        for f in report.findings:
+            sys.stdout.write(f.line() + "\n")
+        sys.stdout.write(("OK: " if not report.findings else f"{len(report.findings)} finding(s): ")
+                         + report.summary + "\n")
+    return 0 if not report.findings else EX_FINDINGS

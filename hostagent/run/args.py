@@ -1,0 +1,190 @@
+"""`hostagent run`'s command line: its parser (gpupin's options, then docker run's from hostagent.run.options), the
+split of ARGV into options, IMAGE and COMMAND as docker run splits its own, and the command it runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from gpupin.core.contract import LEVELS as VERIFY_LEVELS
+from gpupin.core.errors import UsageError
+from gpupin.hostagent.completion import COMMAND, GPUS, offer
+from gpupin.hostagent.engine.cdi import VIAS
+from gpupin.hostagent.run import options as runopts
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+EPILOG = """GPU specs (--gpu): a UUID (GPU-1c5e8f3a-...), a unique UUID prefix (GPU-1c5e), a MIG UUID, an NVML
+index as nvidia-smi shows it (2), or a PCI bus id in any form (3b:00.0, 0000:3B:00.0). Several --uuid/--gpu
+options give several cards, in local-rank order: the first is cuda:0 in the container.
+
+The container gets the cards by UUID, through CDI (--device nvidia.com/gpu=UUID) where the daemon serves them
+by CDI (its /info and CDI spec; --via cdi|nvidia decides instead), else through the nvidia driver (--gpus
+device=UUID, with NVIDIA_VISIBLE_DEVICES); GPUPIN_EXPECT=UUID@BUSID,... (which an image whose ENTRYPOINT is
+gpupin-entrypoint verifies) and the ledger label gpupin.devices either way.
+
+A card is free when no container holds it and no other process uses it: a process of the host, or of a container
+that was not given the card, makes it busy (75, naming the pid and user, or the container), and so does a card
+whose processes NVML will not list. --share uses such a card on purpose; --count --max-load/--max-memory PCT takes
+one that is loaded no more than that.
+
+exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable, or the card is unhealthy; 75 the
+card is held or in use by another process (no --wait);
+125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run);
+70 an internal error (a bug in hostagent: run again with --debug and report the traceback).
+"""
+
+
+def _wait_value(text: str) -> float:
+    try:
+        return math.inf if text in ("", "inf", "forever") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
+
+
+def _is_seconds(text: str | None) -> bool:
+    if text is None:
+        return False
+    try:
+        _wait_value(text)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
+
+
+def add(sub: argparse._SubParsersAction[Any]) -> None:
+    """`run` among hostagent's commands."""
+    r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False,
+                       usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
+                             "[COMMAND [ARG...]]",
+                       description="Start a container pinned to physical GPUs, as `docker run` would. Options go "
+                                   "before IMAGE; everything after IMAGE is the container's command, untouched.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # IMAGE and COMMAND are split off by split_run_argv (as docker run does); these two lines document them.
+    r.add_argument("image", metavar="IMAGE", nargs="?", help="the image to run (pulled when missing, see --pull)")
+    offer(r.add_argument("cmd", metavar="COMMAND", nargs="*",
+                         help="the command and its arguments (default: the image's CMD), passed untouched"), COMMAND)
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print a traceback with an error")
+    g = r.add_argument_group("which GPUs")
+    offer(g.add_argument("--uuid", dest="gpus", action="append", metavar="UUID", default=[], help="a card by UUID"),
+          GPUS)
+    offer(g.add_argument("--gpu", dest="gpus", action="append", metavar="SPEC", default=[],
+                         help="a card by UUID, prefix, index, bus id or MIG device (see below)"), GPUS)
+    g.add_argument("--count", type=int, metavar="N",
+                   help="N healthy cards no container holds and no other process uses: the most free memory "
+                        "first, then the least utilization")
+    g.add_argument("--max-load", type=float, metavar="PCT",
+                   help="with --count: also take cards that other processes use, when their GPU utilization is at "
+                        "most PCT percent (as GPUtil's maxLoad, in percent)")
+    g.add_argument("--max-memory", type=float, metavar="PCT",
+                   help="with --count: also take cards that other processes use, when at most PCT percent of their "
+                        "memory is used")
+    g.add_argument("--share", action="store_true",
+                   help="share on purpose: allow cards that containers started with --share hold, and cards that "
+                        "other processes use")
+    g.add_argument("--wait", type=_wait_value, metavar="SECONDS", nargs="?", const=math.inf,
+                   help="wait for held cards (forever, or at most SECONDS) instead of exiting 75")
+    g.add_argument("--verify", choices=list(VERIFY_LEVELS), help="GPUPIN_VERIFY for the entrypoint")
+    g.add_argument("--via", choices=list(VIAS), help="pin through CDI (--device nvidia.com/gpu=UUID) or the nvidia "
+                   "driver (--gpus device=UUID); default: CDI where the daemon serves the cards by CDI")
+    d = r.add_argument_group("as docker run")
+    for opt in runopts.OPTIONS:
+        kw: dict[str, Any] = {"dest": opt.dest, "help": opt.help}
+        if opt.kind == runopts.FLAG:
+            kw["action"] = "store_true"
+        else:
+            kw["metavar"] = opt.metavar or opt.dest.upper()
+            if opt.kind == runopts.APPEND:
+                kw.update(action="append", default=[])
+        action = d.add_argument(*opt.flags, **kw)
+        if opt.complete:
+            offer(action, opt.complete)
+    o = r.add_argument_group("output")
+    o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
+    o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
+
+
+def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tuple[list[str], str | None, list[str]]:
+    """(hostagent's options, IMAGE, COMMAND) of `hostagent run ARGV`, as docker run splits its own: options end at
+    IMAGE (or at `--`), and everything after IMAGE is the command's, untouched (`--` and options included).
+
+    Which options take a value is read from the run parser itself; an unknown option is left for argparse to
+    refuse (with a suggestion). `--wait` takes a value only when the next word is a number of seconds.
+    """
+    takes: dict[str, str | int | None] = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            takes[flag] = action.nargs if action.nargs is not None else (0 if action.const is not None
+                                                                         or action.nargs == 0 else 1)
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            rest = argv[i + 1:]
+            return list(argv[:i]), (rest[0] if rest else None), list(rest[1:])
+        if a.startswith("--"):
+            name, eq, _ = a.partition("=")
+            n = takes.get(name)
+            if eq or not n:
+                i += 1
+            elif n == "?":
+                i += 2 if _is_seconds(argv[i + 1] if i + 1 < len(argv) else None) else 1
+            else:
+                i += 2
+            continue
+        if a.startswith("-") and a != "-":
+            # A cluster of short options (-dit) or a short option with its value attached (-eKEY=1).
+            for j in range(1, len(a)):
+                n = takes.get("-" + a[j])
+                if n is None or n == 0:
+                    if n is None:
+                        break
+                    continue
+                if j + 1 == len(a):
+                    i += 1  # the value is the next word
+                break
+            i += 1
+            continue
+        return list(argv[:i]), a, list(argv[i + 1:])
+    return list(argv), None, []
+
+
+def refusal(options: Sequence[str]) -> tuple[str, str] | None:
+    """(what, hint) for the first docker run option among `options` that hostagent refuses by name, else None."""
+    for word in options:
+        name = word.split("=", 1)[0]
+        if name in runopts.REFUSED:
+            return f"hostagent run does not take {name}", runopts.REFUSED[name]
+        if name in runopts.NOT_TAKEN:
+            return f"hostagent run does not take docker run's {name}", runopts.NOT_TAKEN_HINT
+    return None
+
+
+def command(args: argparse.Namespace) -> int:
+    from gpupin.hostagent.run import launch
+    from gpupin.hostagent.run.request import ContainerSpec, RunRequest
+
+    if args.json and not args.dry_run:
+        raise UsageError("--json goes with --dry-run (a running container's output is its own)")
+    if args.interactive and args.tty and not args.dry_run and not sys.stdin.isatty():
+        raise UsageError("-it needs a terminal, but the input is not a TTY", "drop -t to pipe input with -i")
+    req = RunRequest(args.image, args.cmd, gpus=args.gpus, count=args.count, share=args.share, wait=args.wait,
+                     verify=args.verify, dry_run=args.dry_run, via=args.via, max_load=args.max_load,
+                     max_memory=args.max_memory,
+                     **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS})
+    if req.dry_run:
+        spec = launch.launch(req)
+        assert isinstance(spec, ContainerSpec)
+        if args.json:
+            from docker.constants import DEFAULT_DOCKER_API_VERSION
+
+            sys.stdout.write(json.dumps(spec.to_dict(DEFAULT_DOCKER_API_VERSION), indent=2) + "\n")
+        else:
+            sys.stdout.write(spec.docker_run_line() + "\n")
+        return 0
+    return launch.run(req)

@@ -1,0 +1,199 @@
+"""The agent's live view: NVML re-read every `interval`, the ledger re-read when the daemon reports a container
+event (and every `resync` seconds, in case an event was lost), both through the code `hostagent ls` uses
+(gpupin.hostagent.ls.listing), with idle holders filled in (gpupin.hostagent.serve.idle).
+
+Readers (the HTTP API, the metrics, the dashboard's event stream) take `snapshot()`; waiters block in
+`wait_change()` until the view differs from the one they have. What cannot be read is unknown, never stale: when
+NVML fails the view is withdrawn (its error is served instead) and NVML is opened again at the next refresh; when
+the daemon does not answer the listing says so (docker.available false) and the event stream reconnects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from gpupin import hostagent
+from gpupin.core import nvml, readings
+from gpupin.core.errors import GpupinError
+from gpupin.hostagent.ls import listing
+from gpupin.hostagent.serve.idle import IdleTracker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpupin.hostagent.engine.events import EventStream
+    from gpupin.hostagent.ledger.read import Book
+
+RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
+
+
+def say(text: str) -> None:
+    """One line of the agent's log, on stderr as every hostagent line (journald keeps it under the unit)."""
+    hostagent.say(f"serve: {text}")
+
+
+class Snapshot:
+    """The view at one refresh: the listing (None while NVML cannot be read), the error that withdrew it, a
+    version that grows with every change, and when it was read (seconds since the epoch)."""
+
+    __slots__ = ("error", "listing", "read_at", "version")
+
+    def __init__(self, version: int, listing: dict[str, Any] | None, error: str | None, read_at: float) -> None:
+        self.version = version
+        self.listing = listing
+        self.error = error
+        self.read_at = read_at
+
+
+class Agent:
+    """The live view and the two threads that keep it: `refresh` (NVML every `interval`, the ledger when marked
+    dirty) and `docker-events` (the daemon's stream, which marks it dirty); `start()` reads once, then runs them."""
+
+    def __init__(self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0) -> None:
+        self.interval = interval
+        self.resync = resync
+        self.idle = IdleTracker(idle_after)
+        # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
+        self.xids = readings.XidLog()
+        self.started = time.time()
+        self.stopping = threading.Event()
+        self._wake = threading.Event()  # a container event: refresh now, not at the next tick
+        self._retry = threading.Event()  # the daemon answers again: reconnect its event stream now
+        self.following = False  # whether the daemon's event stream is open
+        self._dirty = threading.Event()  # the ledger must be read again
+        self._changed = threading.Condition()
+        self._snapshot = Snapshot(0, None, "not read yet", 0.0)
+        self._docker: dict[str, Any] | None = None
+        self._book: Book | None = None
+        self._cards_key: tuple[str | None, ...] | None = None
+        self._ledger_at = 0.0
+        self._stream: EventStream | None = None
+        self._threads: list[threading.Thread] = []
+
+    # --- readers ---
+
+    def snapshot(self) -> Snapshot:
+        with self._changed:
+            return self._snapshot
+
+    def wait_change(self, version: int, timeout: float) -> Snapshot:
+        """The first snapshot newer than `version`, or the current one after `timeout` seconds or at stop."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._snapshot.version != version or self.stopping.is_set(), timeout)
+            return self._snapshot
+
+    # --- the refresh ---
+
+    def refresh(self) -> None:
+        """Read NVML (and the ledger when it may have changed) and publish the view."""
+        try:
+            cards = listing.read_cards(self.xids)
+        except GpupinError as err:
+            self._withdraw("NVML unavailable", err.message)
+            return
+        key = tuple(c.uuid for c in cards)
+        mono = time.monotonic()
+        if (self._dirty.is_set() or key != self._cards_key or self._docker is None
+                or not self._docker["available"] or mono - self._ledger_at >= self.resync):
+            self._dirty.clear()
+            was = self._docker["available"] if self._docker else None
+            self._docker, self._book = listing.read_ledger(cards, warn=False)
+            self._cards_key, self._ledger_at = key, mono
+            if self._docker["available"] and not self.following:
+                self._retry.set()
+            if was is not None and was != self._docker["available"]:
+                say(f"Docker at {self._docker['host']} " + ("answers again" if self._docker["available"] else
+                                                            f"unavailable ({self._docker['error']})"))
+        try:
+            view = listing.assemble(cards, self._docker, self._book)
+        except Exception as err:  # an NVML reading that failed otherwise than "not supported": unknown, not stale
+            self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
+            return
+        self.idle.annotate(view, mono)
+        self._publish(view, None)
+
+    def _withdraw(self, what: str, error: str) -> None:
+        """Serve the error instead of a view (said once in the log), and open NVML afresh at the next refresh (a
+        reloaded driver needs a new session)."""
+        if error != self.snapshot().error:
+            say(f"{what}: {error}")
+        self._publish(None, error)
+        self.xids.release()
+        with contextlib.suppress(Exception):
+            nvml.shutdown()
+
+    def _publish(self, view: dict[str, Any] | None, error: str | None) -> None:
+        with self._changed:
+            old = self._snapshot
+            if error is None and old.error is not None and old.version > 0:
+                say("NVML answers again")
+            changed = view != old.listing or error != old.error
+            self._snapshot = Snapshot(old.version + changed, view, error, time.time())
+            if changed:
+                self._changed.notify_all()
+
+    def container_changed(self) -> None:
+        self._dirty.set()
+        self._wake.set()
+
+    # --- threads ---
+
+    def _tick(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.refresh()
+            except Exception as err:  # a bug must not stop the agent: the view is withdrawn, the next tick retries
+                self._withdraw("internal error while refreshing", f"{type(err).__name__}: {err}")
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def _follow(self) -> None:
+        from gpupin.hostagent.engine import EventStream
+
+        delay = 0.5
+        while not self.stopping.is_set():
+            self._retry.clear()
+            try:
+                stream = EventStream()
+            except GpupinError:
+                self._retry.wait(delay)  # or at once when a ledger read reaches the daemon again
+                delay = min(delay * 2, RECONNECT_MAX)
+                continue
+            self._stream = stream
+            self.following = True
+            if self.stopping.is_set():  # stop() ran before the stream was kept: close it here
+                stream.close()
+                break
+            delay = 0.5
+            self.container_changed()  # what happened while no stream was open
+            try:
+                for _event in stream:
+                    self.container_changed()
+            except GpupinError:
+                pass
+            self.following = False
+            self.container_changed()  # the daemon ended the stream: it restarts, or is gone (the view says so)
+            stream.close()
+
+    def start(self) -> None:
+        self.refresh()
+        for target, name in ((self._tick, "refresh"), (self._follow, "docker-events")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.stopping.set()
+        self._wake.set()
+        self._retry.set()
+        stream = self._stream
+        if stream is not None:
+            stream.close()
+        with self._changed:
+            self._changed.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+        self.xids.release()

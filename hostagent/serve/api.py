@@ -1,0 +1,148 @@
+"""The agent's HTTP API, served on two listeners: a unix socket for the CLI (root and the socket's group only,
+as with the Docker socket) and TCP, loopback unless `--http-public` (docs/serve.md, "API").
+
+Routes, the same on both (GET only, for now; the fair queue and the agent-side `run` of a later step go on the unix
+socket alone, where SO_PEERCRED names the caller's uid):
+- `/api/ls`: exactly the object `hostagent ls --json` prints, with the agent's idle fields filled in;
+- `/api/events`: server-sent events, one `ls` event with that object at each change (the dashboard's feed);
+- `/api/agent`: the agent itself (version, pid, start, settings, whether NVML and Docker answer);
+- `/metrics`: Prometheus text (gpupin.hostagent.serve.metrics); `/`: the dashboard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from gpupin.core import __version__
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpupin.hostagent.serve.agent import Agent
+    from gpupin.hostagent.serve.metrics import Exposition
+
+KEEPALIVE = 15.0  # seconds between two comment lines on an idle event stream (proxies drop silent connections)
+
+
+def _dashboard() -> bytes:
+    from importlib.resources import files
+
+    return (files("gpupin.hostagent.serve") / "dashboard.html").read_bytes()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = f"gpupin-hostagent/{__version__}"
+    agent: Agent
+    metrics: Exposition
+
+    def address_string(self) -> str:
+        return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a request log would be one line per scrape and per dashboard: not a service log
+
+    def _send(self, status: int, body: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, (json.dumps(obj) + "\n").encode(), "application/json")
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        route = {"/": self._dashboard, "/index.html": self._dashboard, "/api/ls": self._ls,
+                 "/api/events": self._events, "/api/agent": self._agent, "/metrics": self._metrics}.get(path)
+        if route is None:
+            self._json(404, {"error": f"no such path {path}", "paths": ["/", "/api/ls", "/api/events",
+                                                                      "/api/agent", "/metrics"]})
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client left
+            route()
+
+    do_HEAD = do_GET
+
+    def _refuse(self) -> None:
+        self._json(405, {"error": f"{self.command} is not served: the API is read-only (GET)"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+
+    def _dashboard(self) -> None:
+        self._send(200, _dashboard(), "text/html; charset=utf-8")
+
+    def _ls(self) -> None:
+        snap = self.agent.snapshot()
+        if snap.listing is None:
+            self._json(503, {"error": snap.error})
+        else:
+            self._json(200, snap.listing)
+
+    def _agent(self) -> None:
+        snap = self.agent.snapshot()
+        view = snap.listing
+        self._json(200, {"version": __version__, "pid": os.getpid(), "started": self.agent.started,
+                         "interval_s": self.agent.interval, "idle_after_s": self.agent.idle.idle_after,
+                         "read_at": snap.read_at, "view_version": snap.version,
+                         "nvml": {"available": view is not None, "error": snap.error},
+                         "events_followed": self.agent.following,
+                         "docker": view["docker"] if view is not None else None})
+
+    def _metrics(self) -> None:
+        self._send(200, self.metrics.text(), self.metrics.content_type)
+
+    def _events(self) -> None:
+        """One `ls` event at once and one at each change, until the client leaves or the agent stops."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        snap = self.agent.snapshot()
+        version = -1
+        while not self.agent.stopping.is_set():
+            if snap.version != version:
+                version = snap.version
+                data = json.dumps(snap.listing if snap.listing is not None else {"error": snap.error})
+                self.wfile.write(f"event: ls\nid: {version}\ndata: {data}\n\n".encode())
+            else:
+                self.wfile.write(b": keep-alive\n\n")
+            self.wfile.flush()
+            snap = self.agent.wait_change(version, KEEPALIVE)
+
+
+class TcpServer(socketserver.ThreadingMixIn, HTTPServer):
+    daemon_threads = True  # an open event stream never holds the agent's exit
+    allow_reuse_address = True
+
+    def server_bind(self) -> None:
+        # HTTPServer's own looks its address up (socket.getfqdn), which can hang on a host without DNS.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+
+class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def handler(agent: Agent) -> type[Handler]:
+    from gpupin.hostagent.serve.metrics import Exposition
+
+    return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent)})
+
+
+def serve_in_thread(server: socketserver.BaseServer, name: str) -> threading.Thread:
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True)
+    t.start()
+    return t

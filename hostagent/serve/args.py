@@ -1,0 +1,72 @@
+"""`hostagent serve`'s command line: its parser, its help, and the command it runs (gpupin.hostagent.serve.main)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+DESCRIPTION = """Run the resident host agent in the foreground (for systemd: contrib/systemd/gpupin-hostagent.service).
+
+It keeps NVML and the Docker Engine client open, follows the daemon's container events and re-reads NVML every
+--interval, so that its view of the cards and their holders is current within a second, and serves it:
+  /api/ls       exactly what `hostagent ls --json` prints, with idle holders filled in
+  /api/events   the same object as server-sent events, at each change
+  /metrics      Prometheus text: per card and per holder (docs/serve.md lists every name)
+  /             a dashboard that updates in place
+on a unix socket for the CLI (mode 0660, root and --group only) and on --http (loopback by default).
+`hostagent ls --host unix://SOCKET` or `--host http://HOST:PORT` reads it."""
+
+EPILOG = """A held card whose utilization has stayed at 0% for --idle-after is flagged idle (nothing is stopped).
+A restart of the Docker daemon and NVML errors are survived: what cannot be read is shown as unknown.
+SIGTERM or Ctrl-C stop it (exit 0). exit: 0 stopped; 64 bad usage; 75 another agent listens on --socket."""
+
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smh]?)$")
+
+
+def duration(text: str) -> float:
+    """`90s`, `30m`, `2h` or a bare number of minutes, in seconds."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (e.g. 90s, 30m, 2h; a bare number is minutes)")
+    return float(m[1]) * {"s": 1, "m": 60, "h": 3600, "": 60}[m[2]]
+
+
+def _interval(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
+    if not 0.1 <= seconds <= 60:
+        raise argparse.ArgumentTypeError(f"seconds must be between 0.1 and 60, not {text}")
+    return seconds
+
+
+def add(sub: argparse._SubParsersAction[Any]) -> None:
+    """`serve` among hostagent's commands."""
+    from gpupin.hostagent.serve.listen import DEFAULT_GROUP, DEFAULT_HTTP, DEFAULT_SOCKET
+
+    s = sub.add_parser("serve", help="run the resident agent: live view, metrics, dashboard",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
+                   help=f"the unix socket for the CLI (default {DEFAULT_SOCKET})")
+    s.add_argument("--group", metavar="NAME", help=f"the socket's group: its members may use the agent (default "
+                   f"{DEFAULT_GROUP} where that group exists, else root only)")
+    s.add_argument("--http", default=DEFAULT_HTTP, metavar="ADDR",
+                   help=f"HOST:PORT for HTTP (metrics, dashboard, API), or none (default {DEFAULT_HTTP})")
+    s.add_argument("--http-public", action="store_true",
+                   help="allow a non-loopback --http address: it shows the cards, holders, images and users to "
+                        "anyone who reaches it")
+    s.add_argument("--idle-after", type=duration, default=1800.0, metavar="DURATION",
+                   help="flag a held card idle after this long at 0%% utilization (90s, 30m, 2h; default 30m)")
+    s.add_argument("--interval", type=_interval, default=0.5, metavar="SECONDS",
+                   help="re-read NVML every SECONDS (default 0.5); the ledger is re-read at each Docker event")
+
+
+def command(args: argparse.Namespace) -> int:
+    from gpupin.hostagent.serve import main
+
+    return main.run(args.socket, args.group, args.http, args.http_public, args.idle_after, args.interval)

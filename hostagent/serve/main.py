@@ -1,0 +1,71 @@
+"""`hostagent serve` from start to stop: check the options, listen, start the agent's threads, and on SIGTERM or
+Ctrl-C stop everything within a couple of seconds and exit 0 (systemd's stop waits for that)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+from gpupin.hostagent.serve import api, listen
+from gpupin.hostagent.serve.agent import Agent, say
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socketserver
+
+
+def run(socket_path: str, group: str | None, http: str, public: bool, idle_after: float, interval: float) -> int:
+    address = listen.http_address(http, public)  # refused before anything is opened
+    gid = listen.group_id(group)
+    agent = Agent(interval=interval, idle_after=idle_after)
+    handler = api.handler(agent)
+    servers: list[socketserver.BaseServer] = [listen.unix_server(socket_path, gid, handler)]
+    try:
+        if address is not None:
+            servers.append(listen.tcp_server(address, handler))
+    except BaseException:
+        _close(servers, socket_path, [])
+        raise
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    running: list[socketserver.BaseServer] = []
+    try:
+        agent.start()
+        for n, server in enumerate(servers):
+            api.serve_in_thread(server, f"listen-{n}")
+            running.append(server)
+        where = [f"unix://{socket_path}"] + ([f"http://{_shown(address)}"] if address else [])
+        say(f"listening on {' and '.join(where)} (pid {os.getpid()}, idle after {idle_after:g}s)")
+        while not stop.wait(0.5):
+            pass
+        say("stopping")
+    finally:
+        agent.stop()
+        _close(servers, socket_path, running)
+        for s, handler_ in previous.items():
+            signal.signal(s, handler_)
+        from gpupin.core import nvml
+
+        with contextlib.suppress(Exception):  # NVML was never opened, or is gone already
+            nvml.shutdown()
+    return 0
+
+
+def _shown(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _close(servers: list[socketserver.BaseServer], socket_path: str, running: list[socketserver.BaseServer]) -> None:
+    for server in servers:
+        if server in running:  # shutdown() waits for serve_forever(): only for a loop that was started
+            server.shutdown()
+        server.server_close()
+    with contextlib.suppress(OSError):
+        os.unlink(socket_path)

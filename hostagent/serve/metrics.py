@@ -1,0 +1,156 @@
+"""GET /metrics: the agent's view as Prometheus text, through prometheus-client's custom collector.
+
+`collect()` reads the agent's current snapshot at scrape time and yields metric families built from it, so a card
+or container that has gone leaves no stale series. Every card series carries dcgm-exporter's label names (`gpu`,
+`UUID`, `pci_bus_id`, `modelName`, `Hostname`), so that a dashboard can join gpupin's series with DCGM's. The
+names and their meaning are in docs/serve.md, "Metrics".
+"""
+
+from __future__ import annotations
+
+from gpupin.core import __version__
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+    from prometheus_client.core import Metric
+
+    from gpupin.hostagent.serve.agent import Agent
+
+MIB = 1024 * 1024
+CARD_LABELS = ["gpu", "UUID", "pci_bus_id", "modelName", "Hostname"]
+STATES = ("free", "held", "shared", "busy", "unhealthy", "unknown")
+HEALTH = ("healthy", "unhealthy", "unknown")
+HOLDER_LABELS = ["container", "container_id", "image", "user", "pinned", "verified", "UUID", "gpu", "Hostname"]
+
+
+def healthy(card: dict[str, Any]) -> bool | None:
+    """The card's health: the listing's `health.healthy` where the listing carries health readings
+    (gpupin.core.health; None: unknown); without them, a card NVML cannot read is unhealthy and one it reads healthy,
+    as `hostagent ls` shows them."""
+    health = card.get("health")
+    if isinstance(health, dict):
+        value = health.get("healthy")
+        return value if isinstance(value, bool) else None
+    return not card.get("error")
+
+
+def state(card: dict[str, Any], docker_ok: bool) -> str:
+    """One word for the card: unhealthy first, then unknown (Docker unread), held or shared (a container holds it),
+    busy (processes run on it that no holder explains: the host's, or a container's that was not given it), free."""
+    if healthy(card) is False:
+        return "unhealthy"
+    if not docker_ok:
+        return "unknown"
+    return str(card.get("state") or "unknown")  # the listing's own word (gpupin.hostagent.ls.listing)
+
+
+def _bool(value: bool | None) -> str:
+    return "unknown" if value is None else "true" if value else "false"
+
+
+class ViewCollector:
+    """prometheus-client's collector protocol over the agent's snapshot."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on the view: collect() alone says what there is (no read at registration)
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
+        snap = self.agent.snapshot()
+        view = snap.listing
+        info = InfoMetricFamily("gpupin_agent", "The resident agent: its version and idle threshold.")
+        info.add_metric([], {"version": __version__, "idle_after_seconds": f"{self.agent.idle.idle_after:g}"})
+        yield info
+        yield GaugeMetricFamily("gpupin_agent_nvml_up", "1 when the agent's last NVML read succeeded, else 0.",
+                                value=int(view is not None))
+        docker_ok = bool(view and view["docker"]["available"])
+        yield GaugeMetricFamily("gpupin_agent_docker_up", "1 when the agent's last ledger read reached the Docker "
+                                "daemon, else 0 (holders unknown).", value=int(docker_ok))
+        yield GaugeMetricFamily("gpupin_agent_last_refresh_timestamp_seconds", "When the view was last read "
+                                "(seconds since the epoch).", value=snap.read_at)
+        if view is None:
+            return
+        host = view.get("hostname") or ""
+        gauges = {
+            "utilization": ("gpupin_gpu_utilization_percent", "GPU utilization over NVML's last sample "
+                            "period, percent."),
+            "mem_used": ("gpupin_gpu_memory_used_bytes", "Memory in use on the card, bytes."),
+            "mem_total": ("gpupin_gpu_memory_total_bytes", "Memory on the card, bytes."),
+            "power": ("gpupin_gpu_power_watts", "Power draw, watts."),
+            "power_limit": ("gpupin_gpu_power_limit_watts", "Enforced power limit, watts."),
+            "temperature": ("gpupin_gpu_temperature_celsius", "GPU core temperature, degrees Celsius."),
+            "holders": ("gpupin_gpu_holders", "Containers that hold the card now."),
+            "processes": ("gpupin_gpu_processes", "Compute processes NVML reports on the card."),
+            "idle": ("gpupin_gpu_idle", "1 when the held card has shown 0% utilization for the agent's "
+                     "--idle-after, else 0; absent when not known."),
+            "idle_seconds": ("gpupin_gpu_idle_seconds", "How long the held card has shown 0% utilization, by the "
+                             "agent's samples; absent when not held or not known."),
+        }
+        fam = {k: GaugeMetricFamily(name, doc, labels=CARD_LABELS) for k, (name, doc) in gauges.items()}
+        states = GaugeMetricFamily("gpupin_gpu_state", "1 for the card's state (free, held, shared, busy, "
+                                   "unhealthy, unknown), 0 for the others.", labels=[*CARD_LABELS, "state"])
+        health = GaugeMetricFamily("gpupin_gpu_health", "1 for the card's health (healthy, unhealthy, unknown), "
+                                   "0 for the others.", labels=[*CARD_LABELS, "health"])
+        holder = GaugeMetricFamily("gpupin_holder_info", "1 per container and card it holds: its name, id, image, "
+                                   "the host user of its processes on the card, whether gpupin pinned it, and whether "
+                                   "gpupin-entrypoint verified it (unknown: the container does not say).",
+                                   labels=HOLDER_LABELS)
+        for card in view["gpus"]:
+            labels = [str(card["index"]), card.get("uuid") or "", card.get("bus_id") or "", card.get("name") or "",
+                      host]
+            for key, value in self._readings(card).items():
+                if value is not None:
+                    fam[key].add_metric(labels, float(value))
+            now = state(card, docker_ok)
+            for s in STATES:
+                states.add_metric([*labels, s], float(s == now))
+            h = _bool(healthy(card)).replace("true", "healthy").replace("false", "unhealthy")
+            for s in HEALTH:
+                health.add_metric([*labels, s], float(s == h))
+            users = {p["container_id"]: p["user"] for p in card.get("processes", ()) if p.get("container_id")}
+            for hd in card.get("holders", ()):
+                if hd.get("holds"):
+                    holder.add_metric([hd["name"], hd["id"], hd.get("image") or "", users.get(hd["id"]) or "",
+                                       _bool(hd.get("pinned")), _bool(hd.get("verified")), labels[1], labels[0],
+                                       host], 1.0)
+        yield from fam.values()
+        yield states
+        yield health
+        yield holder
+
+    @staticmethod
+    def _readings(card: dict[str, Any]) -> dict[str, float | int | None]:
+        def mib(v: int | None) -> int | None:
+            return None if v is None else v * MIB
+
+        idle = card.get("idle")
+        return {"utilization": card.get("utilization_gpu"), "mem_used": mib(card.get("memory_used_mib")),
+                "mem_total": mib(card.get("memory_total_mib")), "power": card.get("power_draw_w"),
+                "power_limit": card.get("power_limit_w"), "temperature": card.get("temperature_c"),
+                "holders": sum(1 for h in card.get("holders", ()) if h.get("holds")) if not card.get("error")
+                else None, "processes": card.get("compute_processes"),
+                "idle": None if idle is None else int(idle), "idle_seconds": card.get("idle_seconds")}
+
+
+class Exposition:
+    """The text to serve at each scrape: the view's families and the agent's own process (its memory, CPU)."""
+
+    def __init__(self, agent: Agent) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
+
+        self.content_type = CONTENT_TYPE_LATEST
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ViewCollector(agent))
+        ProcessCollector(registry=self.registry)
+
+    def text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)

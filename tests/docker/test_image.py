@@ -1,0 +1,35 @@
+"""The training image (the project's Dockerfile, built by `make image-test` on the sandbox's debootstrap base)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.support.sandbox import TEST_IMAGE, Sandbox
+from tests.support.scenarios import uuids
+
+A800, RTX, A800B, A800C = uuids("mixed-4")
+
+
+def test_the_entrypoint_is_gpupin_and_the_example_cmd_proves_the_card(mixed4_sandbox: Sandbox) -> None:
+    info = json.loads(mixed4_sandbox.docker("image", "inspect", TEST_IMAGE, check=True).stdout)[0]["Config"]
+    assert info["Entrypoint"] == ["gpupin-entrypoint"]
+    assert info["Cmd"] == ["python3", "-m", "gpupin.entrypoint"]
+    assert "GPUPIN_VERIFY=cuda" in info["Env"]
+    r = mixed4_sandbox.docker("run", "--rm", "--gpus", f"device={A800B}", TEST_IMAGE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"cuda:0 = {A800B} at 00000000:86:00.0 (NVIDIA A800-SXM4-80GB), as expected\n"
+
+
+def test_the_image_carries_only_the_entrypoint_side(mixed4_sandbox: Sandbox) -> None:
+    # Only under the gpupin namespace: a top-level `entrypoint` or `hostagent` would be shadowed by (or shadow)
+    # a workload's own module of that name.
+    code = ("import importlib.util as u; print(*[m for m in ('pynvml', 'gpupin.entrypoint', 'gpupin.hostagent', "
+            "'entrypoint', 'hostagent', 'docker', 'requests', 'yaml') if u.find_spec(m)])")
+    r = mixed4_sandbox.docker("run", "--rm", "--entrypoint", "python3", TEST_IMAGE, "-c", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["pynvml", "gpupin.entrypoint", "gpupin.hostagent"]
+    # the host side in an image without its SDK says what is missing instead of a traceback
+    r = mixed4_sandbox.docker("run", "--rm", "--gpus", "all", "--entrypoint", "hostagent", TEST_IMAGE, "run",
+                              "--gpu", "0", "img")
+    assert r.returncode == 69, r.stderr
+    assert "the docker SDK is not installed" in r.stderr and "gpupin[host]" in r.stderr

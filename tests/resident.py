@@ -1,0 +1,108 @@
+"""A resident agent (`hostagent serve`) for the tests: started as users start it, on a socket and a port of its own,
+waited for until it answers, and stopped with SIGTERM, which must end it with exit 0 within 5 s."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import HOSTAGENT
+
+STOP_LIMIT = 5.0  # seconds SIGTERM may take (docs/serve.md)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(what: str, check: Any, timeout: float = 10.0, every: float = 0.05) -> Any:
+    """Poll `check()` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(every)
+
+
+class Resident:
+    """`hostagent serve` in a process of its own; `get(path)` reads its HTTP API."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gpupin-serve-"))
+        self.socket = str(self.dir / "agent.sock")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [HOSTAGENT, "serve", "--socket", self.socket, "--http", f"127.0.0.1:{self.port}", *args]
+        self.socket_left = False
+        self.stderr = ""  # its log, once stopped
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for("the agent to listen", self._up, timeout=30)
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"hostagent serve exited {self.proc.returncode}: {self.proc.communicate()[1]}")
+        try:
+            return self.get("/api/agent")[0] == 200
+        except OSError:
+            return False
+
+    def get(self, path: str, unix: bool = False) -> tuple[int, bytes, str]:
+        """(status, body, content type) of GET `path`, over TCP or the unix socket."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        if unix:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(self.socket)
+            conn.sock = sock
+        try:
+            conn.request("GET", path)
+            res = conn.getresponse()
+            return res.status, res.read(), res.getheader("Content-Type") or ""
+        finally:
+            conn.close()
+
+    def ls(self) -> dict[str, Any]:
+        status, body, _ = self.get("/api/ls")
+        assert status == 200, body
+        data: dict[str, Any] = json.loads(body)
+        return data
+
+    def card(self, uuid: str) -> dict[str, Any]:
+        return next(g for g in self.ls()["gpus"] if g["uuid"] == uuid)
+
+    def stop(self) -> tuple[int, float, str]:
+        """SIGTERM: (exit code, seconds it took, stderr)."""
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=STOP_LIMIT + 5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        took = time.monotonic() - started
+        self.stderr = err
+        self.socket_left = os.path.exists(self.socket)
+        if self.socket_left:
+            os.unlink(self.socket)
+        os.rmdir(self.dir)
+        return self.proc.returncode, took, err
+
+    def close(self) -> None:
+        """Stop it and require what docs/serve.md promises: exit 0 within 5 s, its socket removed."""
+        if self.proc.poll() is not None:
+            return
+        code, took, err = self.stop()
+        assert code == 0 and took < STOP_LIMIT and not self.socket_left, (code, took, self.socket_left, err)

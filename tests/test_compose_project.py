@@ -1,0 +1,230 @@
+"""The compose model as compose builds it: several -f files and the override file, `extends` (same file and
+`file:`), `include:`, profiles, `.env` and `${VAR}` (inside x-gpupin too), `!reset`/`!override`. hostagent's own
+reading (hostagent.compose.project) agrees with compose v2's `config` on every project of
+tests/data/compose-projects (one row of PROJECTS each); `check` and `render` run on them through the CLI on the
+simulated host. No daemon is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpupin.hostagent.compose import native
+from gpupin.hostagent.compose.forms import gpu_request
+from gpupin.hostagent.compose.problems import ServiceError
+from gpupin.hostagent.compose.project import Options, as_mapping, build
+from gpupin.hostagent.compose.rules import examine
+from tests.cards import cards
+from tests.conftest import HOSTAGENT, REPO, gpu_uuids, simhost_env
+from tests.test_compose_render import FILES, V2, strip_gpu, tool
+
+PROJECTS_DIR = REPO / "tests" / "data" / "compose-projects"
+A800, RTX, A800B, A800C = gpu_uuids("mixed-4")  # NVML order: 1B, 3B, 86, AF
+# project folder, the command line's options (files, profiles, env files), what each GPU service gets
+PROJECTS: list[tuple[str, Options, dict[str, list[str]]]] = [
+    ("override", Options(), {"train": [RTX]}),
+    ("multi-file", Options(["base.yml", "gpu.yml"]), {"eval": [A800], "serve": [A800C, A800B]}),  # by name
+    ("extends-same", Options(), {"base": [RTX], "copy": [RTX]}),
+    ("extends-file", Options(), {"trainer": [A800]}),
+    ("include", Options(), {"worker": [A800C]}),
+    ("profiles", Options(), {"app": [A800]}),
+    ("profiles", Options(profiles=["train"]), {"app": [A800], "train": [RTX]}),
+    ("variables", Options(), {"job": [A800C]}),
+    ("reset-override", Options(["compose.yaml", "prod.yml"]), {"a": [A800B], "b": [A800C]}),
+]
+IDS = [f"{name}{'-' + '-'.join(o.profiles) if o.profiles else ''}" for name, o, _ in PROJECTS]
+
+
+def own(name: str, options: Options, environ: dict[str, str] | None = None) -> Any:
+    return build(options, environ if environ is not None else {}, cwd=str(PROJECTS_DIR / name)).doc
+
+
+def compose(name: str, options: Options) -> Any:
+    return native.config(tool(V2), options, cwd=str(PROJECTS_DIR / name))
+
+
+def gpu_view(doc: Any) -> dict[str, Any]:
+    """What the rules read of a model: each service's request and the cards render gives it on mixed-4."""
+    exam = examine(doc, cards("mixed-4"), {})
+    out: dict[str, Any] = {}
+    for svc_name, svc in doc["services"].items():
+        req = gpu_request(svc_name, svc)
+        if req is not None:
+            out[svc_name] = (req.form.name, req.specs, req.count, req.share, req.verify, req.capabilities,
+                             [t.uuid for t in exam.plan.get(svc_name, [])])
+    return {"services": sorted(doc["services"]), "gpus": out,
+            "problems": sorted(p.line("F") for p in exam.problems)}
+
+
+@pytest.mark.parametrize(("name", "options", "pins"), PROJECTS, ids=IDS)
+def test_hostagent_and_compose_v2_build_the_same_model(name: str, options: Options,
+                                                       pins: dict[str, list[str]]) -> None:
+    mine, theirs = own(name, options), compose(name, options)
+    assert gpu_view(mine) == gpu_view(theirs)
+    assert {s: v[-1] for s, v in gpu_view(mine)["gpus"].items()} == pins
+
+
+@pytest.mark.parametrize(("name", "options"), [(n, o) for n, o, _ in PROJECTS], ids=IDS)
+def test_the_models_agree_outside_the_gpu_parts_too(name: str, options: Options) -> None:
+    """Environment and labels as compose has them (its model writes every value as text)."""
+    def view(doc: Any) -> Any:
+        doc = strip_gpu(doc)
+        return {n: {k: {e: None if v is None else str(v) for e, v in (as_mapping(s.get(k)) or {}).items()}
+                    for k in ("environment", "labels")} for n, s in doc["services"].items()}
+    assert view(own(name, options)) == view(compose(name, options))
+
+
+@pytest.mark.parametrize("src", FILES, ids=[f.stem for f in FILES])
+def test_hostagent_and_compose_v2_read_each_corpus_file_alike(src: Path) -> None:
+    """The single files of the render corpus (test_compose_render.py): scalars, anchors, merge keys, $$."""
+    mine = build(Options([src.name]), {}, cwd=str(src.parent))
+    assert mine.editable is not None
+    assert gpu_view(mine.doc) == gpu_view(native.config(tool(V2), Options([src.name]), cwd=str(src.parent)))
+
+
+def test_reset_and_override_in_one_file_mean_what_compose_says(tmp_path: Path) -> None:
+    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: i\n    ports: !reset []\n"
+                                          "    x-gpupin: !override {gpus: ['1']}\n")
+    project = build(Options(), {}, cwd=str(tmp_path))
+    assert project.doc["services"]["a"] == {"image": "i", "x-gpupin": {"gpus": ["1"]}}
+    assert project.editable is None  # written as one merged file: the tags are gone
+
+
+def test_an_include_cycle_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "compose.yaml").write_text("include: [b.yml]\nservices: {a: {image: i}}\n")
+    (tmp_path / "b.yml").write_text("include: [compose.yaml]\nservices: {b: {image: i}}\n")
+    with pytest.raises(ServiceError, match="includes it back"):
+        build(Options(), {}, cwd=str(tmp_path))
+
+
+def test_the_override_file_is_read_only_without_f() -> None:
+    assert own("override", Options())["services"]["train"]["environment"] == {"EPOCHS": "3", "DEBUG": "1"}
+    alone = own("override", Options(["compose.yaml"]))["services"]["train"]
+    assert alone["environment"] == {"EPOCHS": "3"} and alone["x-gpupin"] == {"gpus": ["0"]}
+
+
+def test_variables_reach_x_gpupin_and_dollars_stay_literal() -> None:
+    svc = own("variables", Options())["services"]["job"]
+    assert svc["x-gpupin"] == {"gpus": ["GPU-e218"]} and svc["environment"] == {"PRICE": "$5", "TAG": "v1.2"}
+    assert own("variables", Options(), {"GPU": "1"})["services"]["job"]["x-gpupin"] == {"gpus": ["1"]}
+
+
+def test_a_required_variable_that_is_unset_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: ${IMAGE?give the image}\n")
+    with pytest.raises(ServiceError, match="IMAGE is required: give the image"):
+        build(Options(), {}, cwd=str(tmp_path))
+
+
+def test_an_extends_cycle_and_a_missing_base_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "compose.yaml").write_text("services:\n  a: {extends: b}\n  b: {extends: a}\n")
+    with pytest.raises(ServiceError, match="extends itself"):
+        build(Options(), {}, cwd=str(tmp_path))
+    (tmp_path / "compose.yaml").write_text("services:\n  a: {extends: nope, image: i}\n")
+    with pytest.raises(ServiceError, match="does not define"):
+        build(Options(), {}, cwd=str(tmp_path))
+
+
+# --- the CLI ---------------------------------------------------------------------------------------------------
+
+def hostagent(cwd: Path, *args: str, compose_v2: bool = False) -> subprocess.CompletedProcess[str]:
+    env = simhost_env("mixed-4")
+    env.update(DOCKER_HOST="unix:///nonexistent/docker.sock", GPUPIN_COMPOSE=str(tool(V2)) if compose_v2 else "none")
+    return subprocess.run([HOSTAGENT, *args], env=env, capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def test_check_sees_that_extends_books_the_same_card_twice() -> None:
+    r = hostagent(PROJECTS_DIR / "extends-same", "compose", "check")
+    assert r.returncode == 64, r.stdout + r.stderr
+    assert f"service copy: {RTX}" in r.stdout and "is also given to service base" in r.stdout
+
+
+@pytest.mark.parametrize("compose_v2", [False, True], ids=["own-model", "compose-v2-model"])
+def test_render_of_several_files_is_one_file_compose_runs_with_every_gpu_pinned(compose_v2: bool,
+                                                                                tmp_path: Path) -> None:
+    folder = PROJECTS_DIR / "multi-file"
+    out = tmp_path / "pinned.yml"
+    r = hostagent(folder, "compose", "render", "-f", "base.yml", "-f", "gpu.yml", "-o", str(out),
+                  compose_v2=compose_v2)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "# Merged from base.yml, gpu.yml" in text
+    ran = subprocess.run([*tool(V2), "-p", "x", "-f", str(out), "config"], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "COMPOSE_FILE"})
+    assert ran.returncode == 0, ran.stderr
+    svcs = yaml.safe_load(ran.stdout)["services"]
+    ids = {n: [d["device_ids"] for d in s["deploy"]["resources"]["reservations"]["devices"]] for n, s in svcs.items()}
+    assert ids == {"eval": [[A800]], "serve": [[A800C, A800B]]}
+    assert all("x-gpupin" not in s for s in svcs.values())
+    assert svcs["serve"]["environment"]["HF_HOME"] == "/cache"
+    again = hostagent(tmp_path, "compose", "check", str(out))
+    assert again.returncode == 0 and again.stdout.startswith("ok:"), again.stdout
+
+
+def test_render_keeps_dollars_literal_in_the_merged_file(tmp_path: Path) -> None:
+    folder = tmp_path / "p"
+    folder.mkdir()
+    for f in (PROJECTS_DIR / "variables").iterdir():
+        (folder / f.name).write_text(f.read_text())
+    (folder / "more.yml").write_text("services:\n  job:\n    labels: {cost: $$3}\n")
+    out = tmp_path / "pinned.yml"
+    r = hostagent(folder, "compose", "render", "-f", "compose.yaml", "-f", "more.yml", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    svc = own(str(tmp_path), Options([str(out)]))["services"]["job"]
+    assert svc["environment"]["PRICE"] == "$5" and svc["labels"]["cost"] == "$3"
+    assert svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == [A800C]
+
+
+def test_render_of_one_file_with_a_variable_in_x_gpupin_is_edited_in_place(tmp_path: Path) -> None:
+    src = tmp_path / "compose.yaml"
+    src.write_text("services:\n  a:\n    image: ${IMAGE:-busybox}   # the image\n"
+                   "    x-gpupin: {gpus: ['${GPU:-0}']}\n")
+    r = hostagent(tmp_path, "compose", "render")
+    assert r.returncode == 0, r.stderr
+    assert "    image: ${IMAGE:-busybox}   # the image\n" in r.stdout and "Merged" not in r.stdout
+    assert A800 in r.stdout and "x-gpupin" not in r.stdout
+
+
+@pytest.mark.parametrize(("name", "options"), [(n, o) for n, o, _ in PROJECTS if n != "profiles"],
+                         ids=[i for i, (n, _, _) in zip(IDS, PROJECTS) if n != "profiles"])
+def test_check_says_the_same_with_either_model(name: str, options: Options) -> None:
+    args = [a for f in options.files for a in ("-f", f)]
+    mine = hostagent(PROJECTS_DIR / name, "compose", "check", *args)
+    theirs = hostagent(PROJECTS_DIR / name, "compose", "check", *args, compose_v2=True)
+    assert (mine.returncode, mine.stdout) == (theirs.returncode, theirs.stdout)
+    # a card booked twice (extends), device ids that are NVML indices (reset-override): errors of the files
+    assert mine.returncode == (64 if name in ("extends-same", "reset-override") else 0), mine.stdout
+
+
+@pytest.mark.parametrize("compose_v2", [False, True], ids=["own-model", "compose-v2-model"])
+@pytest.mark.parametrize(("name", "options"), [(n, o) for n, o, _ in PROJECTS], ids=IDS)
+def test_compose_reads_the_merged_render_as_the_project_outside_the_gpu_parts(
+        name: str, options: Options, compose_v2: bool, tmp_path: Path) -> None:
+    """The differential of test_compose_render.py for projects: compose v2's `config` of the project (its -f
+    files, override file, include, extends, profiles, .env) and of the one file render wrote."""
+    folder = tmp_path / name
+    shutil.copytree(PROJECTS_DIR / name, folder)  # the rendered file beside the sources, as docs/compose.md asks
+    out = folder / "pinned.yml"
+    profiles = [a for p in options.profiles for a in ("--profile", p)]
+    args = [a for f in options.files for a in ("-f", f)] + profiles
+    r = hostagent(folder, "compose", "render", *args, "--via", "nvidia", "-o", str(out), compose_v2=compose_v2)
+    if name == "extends-same":
+        assert r.returncode == 64 and "is also given to service base" in r.stderr  # a card booked twice
+        return
+    assert r.returncode == 0, r.stderr
+
+    def config(cwd: Path, *argv: str) -> Any:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
+        ran = subprocess.run([*tool(V2), "-p", "x", *argv, "config", "--format", "json"], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        return strip_gpu(json.loads(ran.stdout))
+
+    assert config(folder, "-f", out.name, *profiles) == config(folder, *args)

@@ -1,0 +1,167 @@
+"""`hostagent doctor`: each trap planted on the simulated host (a root with /dev, /etc planted, a topology, the
+sandbox's daemon) gives one line with a HINT and exit 1; a clean host gives exit 0 and one OK line."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpupin.hostagent import doctor
+from tests.cards import cards
+from tests.conftest import HOSTAGENT, Sandbox, gpu_uuids, simhost_env, topology
+
+A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
+NVIDIA_MAJOR = 195
+
+
+def run_doctor(root: Path, host: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([HOSTAGENT, "doctor", "--root", str(root), *args],
+                          env=simhost_env("mixed-4", DOCKER_HOST=host, **env), capture_output=True, text=True,
+                          timeout=60)
+
+
+def mknod(path: Path, major: int, minor: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(major, minor))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A host root with nothing planted: /dev without NVIDIA nodes, no CDI spec, no toolkit config."""
+    for d in ("dev", "etc", "sys"):
+        (tmp_path / d).mkdir()
+    return tmp_path
+
+
+# --- the traps, one by one (pure) -----------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_dev_char_links_are_needed_only_under_the_systemd_driver(root: Path) -> None:
+    mknod(root / "dev" / "nvidia0", NVIDIA_MAJOR, 0)
+    mknod(root / "dev" / "nvidia1", NVIDIA_MAJOR, 1)
+    mknod(root / "dev" / "nvidiactl", NVIDIA_MAJOR, 255)
+    (root / "dev" / "char").mkdir()
+    os.symlink("../nvidia0", root / "dev" / "char" / "195:0")
+    os.symlink("../nvidia9", root / "dev" / "char" / "195:255")  # dangling: as bad as none
+    host = doctor.Host(str(root))
+    assert doctor.check_dev_char(host, "cgroupfs") == []
+    (finding,) = doctor.check_dev_char(host, "systemd")
+    line = finding.line()
+    assert "195:1 (nvidia1)" in line and "195:255 (nvidiactl)" in line and "195:0" not in line
+    assert f"HINT: run `{doctor.CREATE_DEV_CHAR}`" in line
+    os.symlink("../nvidia1", root / "dev" / "char" / "195:1")
+    os.remove(root / "dev" / "char" / "195:255")
+    os.symlink("../nvidiactl", root / "dev" / "char" / "195:255")
+    assert doctor.check_dev_char(host, "systemd") == []
+
+
+def test_persistence_mode_off_is_a_warning_naming_the_card() -> None:
+    box = cards("mixed-4")
+    (finding,) = doctor.check_persistence(box, {c.index: c.index != 2 for c in box})
+    assert f"2 ({box[2].uuid})" in finding.line() and "nvidia-persistenced" in finding.line()
+    assert doctor.check_persistence(box, {c.index: None for c in box}) == []  # unknown is not "off"
+
+
+def test_a_cdi_spec_that_names_other_cards_than_nvml(root: Path) -> None:
+    box = cards("mixed-4")
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+            "devices": [{"name": "0"}, {"name": "7"}, {"name": box[0].uuid},
+                        {"name": "GPU-0bad0bad-0000-4000-8000-000000000000"}]}
+    (root / "etc" / "cdi").mkdir()
+    (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(spec))
+    (finding,) = doctor.check_cdi(doctor.Host(str(root)), None, box)
+    line = finding.line()
+    assert "names GPU-0bad0bad-0000-4000-8000-000000000000, 7, which NVML does not have" in line
+    assert all(str(c.uuid) in line for c in box[1:]) and "nvidia-ctk cdi generate" in line
+    spec["devices"] = [{"name": str(i)} for i in range(4)] + [{"name": c.uuid} for c in box]
+    (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(spec))
+    assert doctor.check_cdi(doctor.Host(str(root)), None, box) == []
+
+
+def test_a_swarm_node_needs_the_nvidia_runtime_as_its_default(root: Path) -> None:
+    host = doctor.Host(str(root))
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / doctor.HOOK).write_text("")
+    swarm = {"LocalNodeState": "active"}
+    (f,) = doctor.check_runtime({"Swarm": swarm, "Runtimes": {"runc": {}}}, host, cdi_served=False)
+    assert "no nvidia runtime" in f.line()
+    (f,) = doctor.check_runtime({"Swarm": swarm, "Runtimes": {"runc": {}, "nvidia": {}}, "DefaultRuntime": "runc"},
+                                host, cdi_served=False)
+    assert "default runtime is runc" in f.line() and '"default-runtime": "nvidia"' in f.line()
+    assert doctor.check_runtime({"Swarm": swarm, "Runtimes": {"nvidia": {}}, "DefaultRuntime": "nvidia"}, host,
+                                cdi_served=False) == []
+    # Not a Swarm node: the default runtime is no trap.
+    assert doctor.check_runtime({"Runtimes": {"runc": {}}}, host, cdi_served=False) == []
+
+
+def test_no_hook_no_runtime_no_cdi_means_gpus_cannot_work(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(root / "nowhere"))
+    (f,) = doctor.check_runtime({"Runtimes": {"runc": {}}}, doctor.Host(str(root)), cdi_served=False)
+    assert "could not select device driver" in f.line()
+    assert doctor.check_runtime({"Runtimes": {"runc": {}}}, doctor.Host(str(root)), cdi_served=True) == []
+
+
+def test_a_swarm_node_without_swarm_resource_in_the_toolkit(root: Path) -> None:
+    box = cards("mixed-4")
+    (root / "etc" / "docker").mkdir()
+    (root / "etc" / "docker" / "daemon.json").write_text(json.dumps({
+        "default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}},
+        "node-generic-resources": [f"GPU={c.uuid}" for c in box]}))
+    (root / "etc" / "nvidia-container-runtime").mkdir()
+    (root / "etc" / "nvidia-container-runtime" / "config.toml").write_text("[nvidia-container-runtime]\n")
+    findings = doctor.check_swarm_resource({"Swarm": {"LocalNodeState": "active"}}, doctor.Host(str(root)), box)
+    assert any("swarm-resource" in f.line() for f in findings), [f.line() for f in findings]
+    assert doctor.check_swarm_resource({}, doctor.Host(str(root)), box) == []
+
+
+# --- the command on the simulated host and the sandbox --------------------------------------------------------
+
+def test_a_clean_host_is_exit_0_with_one_ok_line(root: Path, mixed4_sandbox: Sandbox) -> None:
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / doctor.HOOK).write_text("")
+    r = run_doctor(root, mixed4_sandbox.host)
+    assert r.returncode == 0, r
+    (line,) = r.stdout.splitlines()
+    assert line.startswith("OK: 4 card(s), cgroup v"), line
+    assert r.stderr == ""
+    data = json.loads(run_doctor(root, mixed4_sandbox.host, "--json").stdout)
+    assert data["ok"] is True and data["findings"] == []
+
+
+def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(root: Path, mixed4_sandbox: Sandbox,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    topo = topology("mixed-4")
+    topo["gpus"][0]["persistence_mode"] = 0
+    path = tmp_path_factory.mktemp("topo") / "pm-off.json"
+    path.write_text(json.dumps(topo))
+    (root / "etc" / "cdi").mkdir()
+    (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(
+        {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": A800}]}))
+    r = run_doctor(root, mixed4_sandbox.host, FAKEGPU_TOPOLOGY=str(path))
+    assert r.returncode == doctor.EX_FINDINGS, r
+    lines = r.stdout.splitlines()
+    assert lines[-1].startswith(f"{len(lines) - 1} finding(s): 4 card(s)")
+    assert any("persistence mode: warning: off on card(s)" in ln for ln in lines), lines
+    assert any("nvidia.json" in ln and RTX in ln for ln in lines), lines
+    assert all(" HINT: " in ln for ln in lines[:-1]) and r.stderr == ""
+
+
+def test_what_cannot_be_asked_is_a_finding_not_a_traceback(root: Path) -> None:
+    r = run_doctor(root, "unix:///nonexistent/docker.sock")
+    assert r.returncode == doctor.EX_FINDINGS and "Traceback" not in r.stderr + r.stdout
+    assert any(ln.startswith("docker: ") and "HINT:" in ln for ln in r.stdout.splitlines()), r.stdout
+    r = subprocess.run([HOSTAGENT, "doctor", "--root", str(root)], capture_output=True, text=True, timeout=60,
+                       env=simhost_env("fault-nvml-unknown", DOCKER_HOST="unix:///nonexistent/docker.sock"))
+    assert r.returncode == doctor.EX_FINDINGS and "Traceback" not in r.stderr + r.stdout
+    assert any(ln.startswith("NVML: ") for ln in r.stdout.splitlines()), r.stdout
+
+
+def test_a_root_that_is_not_a_folder_is_64(tmp_path: Path) -> None:
+    r = subprocess.run([HOSTAGENT, "doctor", "--root", str(tmp_path / "missing")], capture_output=True, text=True,
+                       env=simhost_env("mixed-4"), timeout=60)
+    assert r.returncode == 64 and r.stderr.count("\n") == 1 and "--root" in r.stderr, r

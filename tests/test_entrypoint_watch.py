@@ -1,0 +1,467 @@
+"""Black-box tests of `gpupin-entrypoint --watch`, the supervising parent, as dumb-init's tests are written.
+
+Every test runs in every mode of tests/test_entrypoint_contract.py: the console script on the simulated host, and
+the project's image on each engine's sandbox, where the entrypoint is the container's PID 1. They check what a
+user depends on: the workload's exit code and signals, its process group and terminal, the reaping of orphans, and
+that a lost card stops the workload with 79 and one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ENTRYPOINT, gpu_uuids, simhost_env
+from tests.test_entrypoint_contract import MODES, Entrypoint, device, entrypoint_in, one_error_line
+
+A800, RTX, A800B, A800C = gpu_uuids("mixed-4")
+PIN = {"GPUPIN_EXPECT": RTX}
+WATCH = ("--quiet", "--watch", "0.2")
+
+# A workload that reports each signal it gets, and ends with 42 on SIGTERM (after saying which pid it is).
+REPORTER = (
+    "import os, signal, sys\n"
+    "def got(n, f):\n"
+    "    print('got', signal.Signals(n).name if n < signal.SIGRTMIN else 'SIGRTMIN+%d' % (n - signal.SIGRTMIN),"
+    " flush=True)\n"
+    "    if n == signal.SIGTERM: sys.exit(42)\n"
+    "for n in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH,"
+    " signal.SIGQUIT, signal.SIGCONT, signal.SIGRTMIN + 3):\n"
+    "    signal.signal(n, got)\n"
+    "print('ready', os.getpid(), os.getppid(), os.getpgrp(), flush=True)\n"
+    "while True: signal.pause()\n"
+)
+
+
+@pytest.fixture(params=MODES)
+def ep(request: pytest.FixtureRequest, fakegpu: Path) -> Entrypoint:
+    return entrypoint_in(request)
+
+
+@pytest.fixture(params=[m for m in MODES if m != "host"])
+def container(request: pytest.FixtureRequest, fakegpu: Path) -> Entrypoint:
+    """The entrypoint as a container's PID 1 (the orphans of the whole container are its children)."""
+    return entrypoint_in(request)
+
+
+class Running:
+    """A watched workload started in the background: its output as it comes, and signals sent to the entrypoint
+    (to its process on the host, through `docker kill` in a container)."""
+
+    def __init__(self, ep: Entrypoint, *args: str, env: dict[str, str] | None = None,
+                 watch: tuple[str, ...] = WATCH, docker_args: tuple[str, ...] = ()) -> None:
+        self.ep = ep
+        argv, penv = ep.argv([*watch, *args], env or PIN, device(RTX), detach=True, docker_args=docker_args)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        if ep.mode == "host":
+            self.proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.cid = ""
+            self.readers = [threading.Thread(target=lambda s=stream, ls=lines: ls.extend(s), daemon=True)
+                            for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+            for t in self.readers:
+                t.start()
+        else:
+            self.cid = subprocess.run(argv, env=penv, capture_output=True, text=True, check=True).stdout.strip()
+
+    def output(self) -> str:
+        if self.ep.mode == "container":
+            assert self.ep.sandbox is not None
+            return self.ep.sandbox.docker("logs", self.cid).stdout
+        return "".join(self.out)
+
+    def wait_for(self, text: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in (out := self.output()):
+            assert time.monotonic() < deadline, f"never printed {text!r}: {out!r}"
+            time.sleep(0.05)
+        return out
+
+    def send(self, sig: int) -> None:
+        if self.ep.mode == "host":
+            self.proc.send_signal(sig)
+        else:
+            assert self.ep.sandbox is not None
+            self.ep.sandbox.docker("kill", "-s", str(int(sig)), self.cid, check=True)
+
+    def wait(self, timeout: float = 60) -> int:
+        if self.ep.mode == "host":
+            code = self.proc.wait(timeout=timeout)
+            for t in self.readers:  # everything it printed, read
+                t.join(timeout=10)
+            return code
+        assert self.ep.sandbox is not None
+        return int(self.ep.sandbox.docker("wait", self.cid, check=True, timeout=timeout).stdout.strip())
+
+    def stderr(self) -> str:
+        if self.ep.mode == "host":
+            return "".join(self.err)
+        assert self.ep.sandbox is not None
+        return self.ep.sandbox.docker("logs", self.cid).stderr
+
+    def close(self) -> None:
+        if self.ep.mode == "host":
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+        elif self.ep.sandbox is not None:
+            self.ep.sandbox.docker("rm", "-f", self.cid)
+
+
+@pytest.fixture
+def running() -> Iterator[list[Running]]:
+    started: list[Running] = []
+    yield started
+    for r in started:
+        r.close()
+
+
+def start(ep: Entrypoint, started: list[Running], *args: str, env: dict[str, str] | None = None,
+          watch: tuple[str, ...] = WATCH, docker_args: tuple[str, ...] = ()) -> Running:
+    r = Running(ep, *args, env=env, watch=watch, docker_args=docker_args)
+    started.append(r)
+    return r
+
+
+# --- exit codes ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("code", [0, 1, 2, 42, 78, 79, 126, 127, 255])
+def test_the_workload_exit_code_passes_through(ep: Entrypoint, code: int) -> None:
+    r = ep.run(*WATCH, "sh", "-c", f"exit {code}", env=PIN, gpus=device(RTX))
+    assert (r.rc, r.err) == (code, ""), r
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGSEGV])
+def test_a_workload_killed_by_signal_n_ends_in_128_plus_n(ep: Entrypoint, sig: int) -> None:
+    """As tini and a shell report it (and Docker for a container whose PID 1 died of a signal): no --init needed."""
+    r = ep.run(*WATCH, "sh", "-c", f"kill -{int(sig)} $$", env=PIN, gpus=device(RTX))
+    assert r.rc == 128 + sig, r
+
+
+def test_a_missing_command_is_127_with_one_line(ep: Entrypoint) -> None:
+    r = ep.run(*WATCH, "no-such-workload", env=PIN, gpus=device(RTX))
+    assert r.rc == 127, r
+    assert "cannot run 'no-such-workload': no such file" in one_error_line(r.err)
+
+
+# --- the parent, the child, its group and its terminal ----------------------------------------------------------
+
+def test_the_workload_is_a_child_in_a_process_group_of_its_own(ep: Entrypoint, running: list[Running]) -> None:
+    r = start(ep, running, "{py}", "-c", REPORTER)
+    pid, ppid, pgrp = map(int, r.wait_for("ready").split()[1:4])
+    assert pgrp == pid and pid != ppid
+    if ep.mode == "host":
+        assert ppid == r.proc.pid
+    else:
+        assert ppid == 1, "the entrypoint is the container's PID 1, the workload its child"
+    r.send(signal.SIGTERM)
+    assert r.wait() == 42
+
+
+def test_every_signal_reaches_the_workload(ep: Entrypoint, running: list[Running]) -> None:
+    """docker kill -s ..., docker stop, a Ctrl-C passed on by `docker run`'s sig-proxy: each is the workload's,
+    a real-time signal too; SIGTERM last, which it answers with 42, the container's exit code."""
+    r = start(ep, running, "{py}", "-c", REPORTER)
+    r.wait_for("ready")
+    names = ["SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT", "SIGWINCH", "SIGQUIT", "SIGCONT"]
+    for name in names:
+        r.send(getattr(signal, name))
+        r.wait_for(f"got {name}\n")
+    r.send(signal.SIGRTMIN + 3)
+    r.wait_for("got SIGRTMIN+3\n")
+    r.send(signal.SIGTERM)
+    assert r.wait() == 42
+    assert "got SIGTERM" in r.output()
+
+
+def test_a_signal_reaches_the_whole_process_group(ep: Entrypoint, running: list[Running]) -> None:
+    """tini -g: docker stop ends the workload's own children too, not just the shell that started them."""
+    script = 'trap "echo shell got TERM" TERM; sleep 1000 & echo ready; wait $!; wait $!; echo "sleep ended $?"'
+    r = start(ep, running, "sh", "-c", script)
+    r.wait_for("ready")
+    r.send(signal.SIGTERM)
+    assert r.wait() == 0
+    out = r.wait_for("sleep ended")
+    assert "shell got TERM" in out and "sleep ended 143" in out, out
+
+
+def test_sigterm_to_the_parent_ends_an_untrapping_workload_with_143(ep: Entrypoint, running: list[Running]
+                                                                    ) -> None:
+    r = start(ep, running, "sh", "-c", "echo ready; sleep 1000")
+    r.wait_for("ready")
+    r.send(signal.SIGTERM)
+    assert r.wait() == 143
+
+
+def test_orphans_are_reaped_by_the_entrypoint_as_pid_1(container: Entrypoint) -> None:
+    """An orphan of the workload ends as the child of PID 1, which must reap it, or it stays a zombie."""
+    script = ('(sleep 0.2 & echo $! > /tmp/orphan); orphan=$(cat /tmp/orphan); i=0; '
+              'while [ -e /proc/$orphan ] && [ $i -lt 200 ]; do i=$((i+1)); sleep 0.05; done; '
+              '[ -e /proc/$orphan ] && grep State /proc/$orphan/status || echo reaped')
+    r = container.run(*WATCH, "sh", "-c", script, env=PIN, gpus=device(RTX))
+    assert (r.rc, r.out) == (0, "reaped\n"), r
+
+
+def test_the_workload_holds_the_terminal(ep: Entrypoint) -> None:
+    """With a terminal (docker run -it), the workload's group is the terminal's foreground, so Ctrl-C is typed
+    straight to it, as without --watch: its stat shows its group as the terminal's foreground group (tpgid)."""
+    script = "read -r _ _ _ _ pgrp _ _ tpgid _ < /proc/self/stat; echo pgrp=$pgrp tpgid=$tpgid; exec sleep 1000"
+    argv, env = ep.argv([*WATCH, "sh", "-c", script], PIN, device(RTX), docker_args=("-it",))
+    pid, fd = _spawn_in_pty(argv, env)
+    try:
+        out = _read_until(fd, "tpgid=")
+        line = out[out.index("pgrp="):].split("\r")[0].split("\n")[0]
+        pgrp, tpgid = (int(f.split("=")[1]) for f in line.split())
+        assert pgrp == tpgid, out
+        os.write(fd, b"\x03")  # Ctrl-C
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGINT
+    finally:
+        os.close(fd)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def test_a_background_entrypoint_leaves_the_terminal_alone(fakegpu: Path) -> None:
+    """Started in the background of a terminal (`gpupin-entrypoint --watch 5 CMD &`), it must not take the terminal
+    from the shell: the workload's group stays in the background."""
+    script = ("read -r _ _ _ _ pgrp _ _ tpgid _ < /proc/self/stat; echo pgrp=$pgrp tpgid=$tpgid ppid=$PPID; "
+              "exec sleep 1000")
+    pid, fd = _spawn_in_pty([ENTRYPOINT, *WATCH, "sh", "-c", script], simhost_env(**PIN), background=True)
+    try:
+        out = _read_until(fd, "ppid=")
+        fields = dict(f.split("=") for f in out[out.index("pgrp="):].split())
+        assert fields["pgrp"] != fields["tpgid"] and int(fields["tpgid"]) == pid, out
+        os.kill(int(fields["ppid"]), signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
+    finally:
+        os.close(fd)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def _spawn_in_pty(argv: list[str], env: dict[str, str], background: bool = False) -> tuple[int, int]:
+    """Run argv on a new terminal (its session's leader), or, `background`, in a background group of its session
+    (as a shell's `&` does) under a leader that waits for it and exits with its code."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs
+        try:
+            if background and (job := os.fork()):
+                os._exit(os.waitstatus_to_exitcode(os.waitpid(job, 0)[1]) & 0xFF)
+            if background:
+                os.setpgid(0, 0)
+            os.execvpe(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    return pid, fd
+
+
+def _read_until(fd: int, text: str, timeout: float = 60) -> str:
+    out = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in out or not out.rstrip(b" ").endswith((b"\n", b"\r")):
+        assert time.monotonic() < deadline, f"never printed {text!r}: {out!r}"
+        if select.select([fd], [], [], 0.1)[0]:
+            out += os.read(fd, 4096)
+    return out.decode(errors="replace")
+
+
+# --- the environment the workload gets ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("watch", [True, False], ids=["watch", "exec"])
+def test_the_workload_gets_default_signal_dispositions(ep: Entrypoint, watch: bool) -> None:
+    """Python ignores SIGPIPE and SIGXFSZ for itself; the workload must not inherit that: `yes | head -1` ends
+    quietly, as in any shell. Nothing is left blocked either."""
+    opts = WATCH if watch else ("--quiet",)
+    r = ep.run(*opts, "sh", "-c", "yes | head -1; grep -E '^Sig(Ign|Blk)' /proc/self/status", env=PIN,
+               gpus=device(RTX))
+    assert (r.rc, r.err) == (0, ""), r
+    first, blocked, ignored = r.out.splitlines()
+    assert first == "y" and int(blocked.split()[1], 16) == 0, r
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert not int(ignored.split()[1], 16) & (1 << (sig - 1)), f"{sig.name} ignored: {r}"
+
+
+def test_without_watch_the_workload_still_replaces_the_entrypoint(ep: Entrypoint) -> None:
+    """GPUPIN_WATCH empty is off: exec, same PID, as before --watch existed."""
+    argv, env = ep.argv(["--quiet", "sh", "-c", "echo $$"], {**PIN, "GPUPIN_WATCH": ""}, device(RTX))
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p
+    if ep.mode == "container":
+        assert p.stdout.strip() == "1"
+
+
+# --- the watch itself ---------------------------------------------------------------------------------------
+
+def test_a_healthy_card_is_checked_without_a_word(ep: Entrypoint) -> None:
+    """Many checks (every 0.05 s over a second) of a card that stays: the workload ends on its own, with its code."""
+    r = ep.run("--quiet", "--watch", "0.05", "sh", "-c", "sleep 1; exit 7", env=PIN, gpus=device(RTX))
+    assert (r.rc, r.err) == (7, ""), r
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf", "five", "", "1e9"])
+def test_a_bad_interval_is_64_with_one_line(ep: Entrypoint, value: str) -> None:
+    r = ep.run("--watch", value, "sh", "-c", "echo ran", env=PIN, gpus=device(RTX))
+    assert (r.rc, r.out) == (64, ""), r
+    assert one_error_line(r.err).startswith(f"gpupin-entrypoint: ERROR: --watch {value!r} is not a number of seconds")
+    if value:
+        r = ep.run("sh", "-c", "echo ran", env={**PIN, "GPUPIN_WATCH": value}, gpus=device(RTX))
+        assert (r.rc, r.out) == (64, ""), r
+        assert "unset GPUPIN_WATCH to run without watching" in one_error_line(r.err)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "x"])
+def test_a_bad_grace_is_64_with_one_line(value: str, fakegpu: Path) -> None:
+    p = subprocess.run([ENTRYPOINT, "--watch", "1", "true"], env=simhost_env(GPUPIN_WATCH_GRACE=value, **PIN),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 64 and "GPUPIN_WATCH_GRACE=" in one_error_line(p.stderr), p
+
+
+# --- a card lost mid-run ----------------------------------------------------------------------------------------
+
+class Faults:
+    """The fake NVML's fault file (FAKEGPU_FAULTS, re-read at every call), in a folder a container sees too."""
+
+    MOUNT = "/fakegpu-faults"
+
+    def __init__(self, ep: Entrypoint, tmp_path: Path) -> None:
+        self.dir = tmp_path / "faults"
+        self.dir.mkdir()
+        self.path = self.dir / "faults.json"
+        inside = self.path if ep.mode == "host" else Path(self.MOUNT, self.path.name)
+        self.env = {**PIN, "FAKEGPU_FAULTS": str(inside)}
+        # The folder, not the file: a file replaced under a bind mount would not be seen through it.
+        self.docker_args = () if ep.mode == "host" else ("-v", f"{self.dir}:{self.MOUNT}:ro")
+
+    def plant(self, faults: dict[str, object]) -> float:
+        """Write the faults atomically; return when (time.monotonic())."""
+        tmp = self.dir / ".faults.json.tmp"
+        tmp.write_text(json.dumps(faults))
+        os.replace(tmp, self.path)
+        return time.monotonic()
+
+
+LOOPING = "trap 'echo workload got TERM; exit 5' TERM; echo ready; while :; do sleep 0.05; done"
+
+
+def loss_line(err: str) -> str:
+    line = one_error_line(err)
+    assert line.startswith("gpupin-entrypoint: ERROR: a pinned card was lost while the workload ran: "), line
+    assert "HINT: start the container again" in line and "--restart on-failure" in line, line
+    assert "`hostagent doctor`" in line, line
+    return line
+
+
+AT = f"{RTX} at 00000000:3B:00.0"
+
+
+@pytest.mark.parametrize("fault, says", [
+    ({"lost": True}, f"{AT} is lost to NVML (GPU is lost: fallen off the bus)"),
+    ({"xid": [79]}, f"{AT} is unhealthy: XID 79 (fallen off the bus)"),
+    ({"xid": [13, 48]}, f"{AT} is unhealthy: XID 48 (double-bit ECC error)"),
+    ({"ecc": {"volatile_uncorrected": 2}}, f"{AT} is unhealthy: 2 volatile uncorrectable ECC errors"),
+    ({"remap": {"failure": True}}, f"{AT} is unhealthy: row remapping failed"),
+], ids=["lost", "xid-79", "xid-48", "ecc", "remap-failure"])
+def test_a_card_lost_mid_run_stops_the_workload_with_79(ep: Entrypoint, running: list[Running], tmp_path: Path,
+                                                        fault: dict[str, object], says: str) -> None:
+    """The fault is planted under the running workload; within the interval (0.2 s) plus a second, the workload
+    gets SIGTERM, and the entrypoint exits 79 with one line that says what was lost and what to do."""
+    faults = Faults(ep, tmp_path)
+    r = start(ep, running, "sh", "-c", LOOPING, env=faults.env, docker_args=faults.docker_args)
+    r.wait_for("ready")
+    planted = faults.plant({"cards": {RTX: fault}})
+    r.wait_for("workload got TERM")
+    assert time.monotonic() - planted < 0.2 + 1 + (1 if ep.mode == "container" else 0)  # docker logs' own delay
+    assert r.wait() == 79
+    assert f": {says}; the workload was stopped" in loss_line(r.stderr())
+
+
+def test_an_application_xid_does_not_stop_the_workload(ep: Entrypoint, running: list[Running],
+                                                        tmp_path: Path) -> None:
+    """XID 13 (graphics engine exception) and 31 (memory page fault) are the application's own errors: NVIDIA's
+    catalog says restart the application, the card is fine. The watch leaves that to the workload."""
+    faults = Faults(ep, tmp_path)
+    r = start(ep, running, "sh", "-c", "echo ready; sleep 1; exit 3", env=faults.env,
+              docker_args=faults.docker_args, watch=("--quiet", "--watch", "0.05"))
+    r.wait_for("ready")
+    faults.plant({"cards": {RTX: {"xid": [13, 31]}}})
+    assert r.wait() == 3
+    assert r.stderr() == ""
+
+
+def test_a_workload_that_ignores_sigterm_is_killed_after_the_grace(ep: Entrypoint, running: list[Running],
+                                                                  tmp_path: Path) -> None:
+    faults = Faults(ep, tmp_path)
+    env = {**faults.env, "GPUPIN_WATCH_GRACE": "0.5"}
+    r = start(ep, running, "sh", "-c", "trap 'echo ignored TERM' TERM; echo ready; while :; do sleep 0.05; done",
+              env=env, docker_args=faults.docker_args)
+    r.wait_for("ready")
+    planted = faults.plant({"cards": {RTX: {"lost": True}}})
+    assert r.wait() == 79
+    assert time.monotonic() - planted < 0.2 + 0.5 + 5
+    assert "ignored TERM" in r.output()
+    assert "SIGKILL after 0.5 s" in loss_line(r.stderr())
+
+
+def test_a_card_of_another_container_lost_does_not_stop_this_one(ep: Entrypoint, running: list[Running],
+                                                                 tmp_path: Path) -> None:
+    """Only the pinned cards are watched: another card of the host falling off the bus is not this workload's."""
+    faults = Faults(ep, tmp_path)
+    r = start(ep, running, "sh", "-c", "echo ready; sleep 1; exit 3", env=faults.env,
+              docker_args=faults.docker_args, watch=("--quiet", "--watch", "0.05"))
+    r.wait_for("ready")
+    faults.plant({"cards": {A800: {"lost": True}}})
+    assert r.wait() == 3
+    assert r.stderr() == ""
+
+
+def test_a_daemon_reload_that_takes_the_devices_away_is_a_loss(container: Entrypoint, running: list[Running]
+                                                                ) -> None:
+    """What `systemctl daemon-reload` does to a container under the systemd cgroup driver (cgroup v1), done by hand:
+    its device cgroup stops allowing the NVIDIA nodes. Open files keep working, so NVML's session answers on, but
+    a new session would fail with "Unknown Error"; the watcher sees /dev/nvidiactl no longer open. (The simulated
+    GPUs have no device nodes: /dev/full stands in for /dev/nvidiactl.)"""
+    assert container.sandbox is not None
+    r = start(container, running, "sh", "-c", LOOPING, docker_args=("--device", "/dev/full:/dev/nvidiactl"))
+    r.wait_for("ready")
+    pid = container.sandbox.docker("inspect", "-f", "{{.State.Pid}}", r.cid, check=True).stdout.strip()
+    cgroup = next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                  if line.split(":")[1] == "devices")
+    Path(f"/sys/fs/cgroup/devices{cgroup}/devices.deny").write_text("c 1:7 rwm")
+    assert r.wait() == 79
+    assert "workload got TERM" in r.output()
+    line = loss_line(r.stderr())
+    assert "/dev/nvidiactl no longer opens here (Operation not permitted)" in line and "Unknown Error" in line, line
+
+
+def test_a_check_that_fails_leaves_the_workload_running_under_its_parent() -> None:
+    """A bug in a check (an exception no check expects) must neither stop the workload nor leave it without its
+    parent: one warning, then the workload runs on, still supervised, and its code is passed through."""
+    code = ("import sys\n"
+            "from gpupin.entrypoint.cli import run_workload\n"
+            "from gpupin.entrypoint.supervise import Watch, supervise\n"
+            "def check():\n"
+            "    raise RuntimeError('boom')\n"
+            "watch = Watch(0.05, check, lambda what: 79, 1.0)\n"
+            "sys.exit(supervise(['sh', '-c', 'sleep 0.5; exit 4'], {'PATH': '/usr/bin:/bin'}, watch, run_workload,"
+            " 'gpupin-entrypoint'))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 4, p
+    assert p.stderr == ("gpupin-entrypoint: WARNING: the card checks failed (RuntimeError: boom); the workload runs "
+                        "on, unwatched\n"), p

@@ -1,0 +1,188 @@
+"""The package's layering, read from the source with `ast` (every import: top-level, in functions, under
+TYPE_CHECKING): gpupin.core is the shared base and imports neither side; gpupin.entrypoint (in the image) and
+gpupin.hostagent (on the host) never import each other; gpupin.core.nvml alone imports pynvml, and core needs nothing
+but the standard library and pynvml (it is what the training image loads); no import cycle among the modules; no
+production file over 400 lines. Each violation is reported by file and line.
+
+No daemon, no install: the files are read, never imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# The import name of each production folder (pyproject.toml's package-dir).
+PACKAGES = {"core": "gpupin.core", "entrypoint": "gpupin.entrypoint", "hostagent": "gpupin.hostagent"}
+CORE, ENTRYPOINT, HOSTAGENT = PACKAGES.values()
+NVML = "gpupin.core.nvml"
+MAX_LINES = 400
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # the importing module
+    imported: str  # the module it imports: `from pkg import name` is pkg.name where that is a module, else pkg
+    where: str  # file:line
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.importer} imports {self.imported}"
+
+
+def module_files() -> dict[str, Path]:
+    """Every production module by its import name."""
+    files = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = path.relative_to(REPO / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join((package, *parts))] = path
+    return files
+
+
+MODULES = module_files()
+
+
+def absolute(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name `from ... import` names, relative forms resolved against the importing module."""
+    if node.level == 0:
+        return node.module or ""
+    is_package = MODULES[module].name == "__init__.py"
+    base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str) -> Iterator[Import]:
+    path = MODULES[module]
+    where = str(path.relative_to(REPO))
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, alias.name, f"{where}:{node.lineno}")
+        elif isinstance(node, ast.ImportFrom):
+            source = absolute(module, node)
+            for alias in node.names:
+                name = f"{source}.{alias.name}"
+                yield Import(module, name if name in MODULES else source, f"{where}:{node.lineno}")
+
+
+# One per module imported on a line (`from m import a, b` is one import of m).
+IMPORTS = sorted({imp for module in MODULES for imp in imports_of(module)}, key=lambda i: (i.where, i.imported))
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def check(violations: list[str], rule: str) -> None:
+    if violations:
+        pytest.fail(f"{rule}:\n  " + "\n  ".join(violations), pytrace=False)
+
+
+def test_the_reader_sees_every_side() -> None:
+    # A guard on the test itself: a change of layout that hid the modules would pass every rule below vacuously.
+    assert {CORE, ENTRYPOINT, HOSTAGENT, NVML, "gpupin.hostagent.run.launch"} <= MODULES.keys()
+    assert any(i.importer == NVML and i.imported == "pynvml" for i in IMPORTS)
+    assert any(within(i.importer, HOSTAGENT) and within(i.imported, CORE) for i in IMPORTS)
+    # Relative imports resolve as Python does, from a module and from a package's __init__.
+    assert absolute("gpupin.hostagent.ls.listing", ast.ImportFrom("view", [], 1)) == "gpupin.hostagent.ls.view"
+    assert absolute("gpupin.hostagent.ls", ast.ImportFrom("view", [], 1)) == "gpupin.hostagent.ls.view"
+    assert absolute("gpupin.hostagent.ls.view", ast.ImportFrom(None, [], 2)) == "gpupin.hostagent"
+
+
+def test_core_imports_neither_side() -> None:
+    bad = [str(i) for i in IMPORTS
+           if within(i.importer, CORE) and (within(i.imported, ENTRYPOINT) or within(i.imported, HOSTAGENT))]
+    check(bad, "gpupin.core imports neither gpupin.entrypoint nor gpupin.hostagent")
+
+
+def test_entrypoint_and_hostagent_never_import_each_other() -> None:
+    bad = [str(i) for i in IMPORTS
+           if (within(i.importer, ENTRYPOINT) and within(i.imported, HOSTAGENT))
+           or (within(i.importer, HOSTAGENT) and within(i.imported, ENTRYPOINT))]
+    check(bad, "gpupin.entrypoint and gpupin.hostagent never import each other")
+
+
+def test_only_the_nvml_adapter_imports_pynvml() -> None:
+    bad = [str(i) for i in IMPORTS if within(i.imported, "pynvml") and i.importer != NVML]
+    check(bad, f"only {NVML} imports pynvml")
+
+
+def test_core_needs_only_the_standard_library_and_pynvml() -> None:
+    def allowed(name: str) -> bool:
+        top = name.split(".")[0]
+        return within(name, CORE) or top == "pynvml" or top in sys.stdlib_module_names
+
+    bad = [str(i) for i in IMPORTS if within(i.importer, CORE) and not allowed(i.imported)]
+    check(bad, "gpupin.core imports only the standard library, pynvml and itself")
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module, or of one that imports itself (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in edges.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle() -> None:
+    internal = [i for i in IMPORTS if i.imported in MODULES and i.imported != i.importer]
+    edges: dict[str, set[str]] = {}
+    for i in internal:
+        edges.setdefault(i.importer, set()).add(i.imported)
+    bad = []
+    for component in cycles(edges):
+        members = set(component)
+        bad.append(f"a cycle among {', '.join(component)}, through:")
+        bad += [f"    {i}" for i in internal if i.importer in members and i.imported in members]
+    check(bad, "no import cycle among the modules (a function-level or TYPE_CHECKING import counts)")
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    # The finder must be able to fail: a two-module loop and a longer one beside an acyclic edge.
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_production_file_over_400_lines() -> None:
+    bad = []
+    for path in MODULES.values():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            bad.append(f"{path.relative_to(REPO)}:{lines}: {lines} lines")
+    check(bad, f"no production .py file over {MAX_LINES} lines")
