@@ -12,6 +12,10 @@
               says), else `--gpus device=U`. Target: at most 1.25x. And what asking the daemon whether it serves
               CDI costs (its /info, its spec files): `hostagent run` against `hostagent run --via` the same way.
               Target: at most 1.05x.
+  processes   what the cards' processes cost `hostagent run --count 1` (NVML's process lists, each process a
+              holder: the phase from `looked` to `attributed`; /proc is read only for what a refusal says), with 64
+              real host processes that the fake NVML reports on three of the four cards, against none. Target: at
+              most 5 ms more.
   ls          `hostagent ls --json` with 500 pinned containers (created, not started) against
               `docker ps -a --filter label=gpupin.devices`. Target: at most 1.5x.
   swarm       `hostagent ls --swarm --json` on a swarm manager (DOCKER_HOST; `make bench-swarm` starts the
@@ -148,6 +152,7 @@ def _first_uuid() -> str:
 PHASES = (("main", "interpreter start-up and hostagent's CLI import"), ("parsed", "argument parsing"),
           ("cards", "NVML: the cards"), ("connected", "the docker SDK's import and the API version"),
           ("locked", "the ledger's lock (local, then the daemon's)"), ("looked", "the ledger read"),
+          ("attributed", "the cards' processes, attributed to containers or the host"),
           ("created", "the create call"), ("attached", "attaching the streams, registering the wait"),
           ("started", "the start call (the runtime and its hook run here)"),
           ("exited", "the workload, until its exit is known"), ("done", "after the exit (--rm's removal etc.)"))
@@ -213,6 +218,41 @@ def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
         breakdown([traced(ha, env, trace) for _ in range(n)], docker_total, results, engine.prefix)
     finally:
         trace.unlink(missing_ok=True)
+
+
+def bench_processes(n: int, results: dict[str, object], engine: Engine, count: int = 64) -> None:
+    """`run --count 1` with `count` host processes on the cards (FAKEGPU_PROCESSES) against none: the processes
+    phase's median each, and the difference."""
+    topo = json.loads(Path(os.environ["FAKEGPU_TOPOLOGY"]).read_text())
+    others = [g["uuid"] for i, g in enumerate(topo["gpus"]) if i != 1]  # card 1 stays free for the run
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(count)]
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    listed, empty = tmp / f"gpupin-bench-procs-{os.getpid()}.json", tmp / f"gpupin-bench-none-{os.getpid()}.json"
+    trace = tmp / f"gpupin-bench-trace-procs-{os.getpid()}"
+    try:
+        listed.write_text(json.dumps({u: [{"pid": p.pid, "used_memory_mib": 64} for p in sleepers[k::len(others)]]
+                                      for k, u in enumerate(others)}))
+        empty.write_text("{}")
+        ha = [str(BIN / "hostagent"), "run", "--rm", "--count", "1", IMAGE, "--quiet", "true"]
+
+        def phase(path: Path) -> float:
+            marks = traced(ha, {**engine.env, "FAKEGPU_PROCESSES": str(path)}, trace)
+            return marks["attributed"] - marks["looked"]
+
+        ours, floor = side_by_side(lambda: phase(listed), lambda: phase(empty), n)
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+        for f in (listed, empty, trace):
+            f.unlink(missing_ok=True)
+    extra = (ours - floor) * 1000
+    verdict = "ok" if extra <= 5 else "MISSED"
+    print(f"{engine.prefix + f'run --count 1: {count} processes on the cards':<44} {ours * 1000:8.2f} ms vs none "
+          f"{floor * 1000:8.2f} ms   {extra:+.2f} ms (target <= +5 ms) {verdict}", flush=True)
+    results[f"{engine.prefix}run --count 1: {count} processes on the cards"] = {
+        "ours_ms": round(ours * 1000, 3), "floor_ms": round(floor * 1000, 3), "extra_ms": round(extra, 3),
+        "target_extra_ms": 5, "met": extra <= 5}
 
 
 def bench_ls(n: int, results: dict[str, object], engine: Engine, containers: int = 500) -> None:
@@ -284,7 +324,7 @@ def side_by_side_table(results: dict[str, object], engines: Sequence[str]) -> No
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("parts", nargs="*", metavar="PART",
-                   help="entrypoint, watch, run, ls (default: all four), swarm")
+                   help="entrypoint, watch, run, processes, ls (default: these five), swarm")
     p.add_argument("-n", type=int, default=30, help="measured runs per side (entrypoint; a third for docker parts)")
     p.add_argument("--expect", help="GPUPIN_EXPECT for the entrypoint part (default: the topology's card 1)")
     p.add_argument("--watch-interval", type=float, default=5.0, metavar="S", help="the watch part's --watch (5)")
@@ -295,8 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--engines", metavar="'ENGINE ...'",
                    help="run the docker parts on these engines' sandboxes ('20.10 26'), side by side")
     args = p.parse_args(argv)
-    args.parts = args.parts or ["entrypoint", "watch", "run", "ls"]
-    known = {"entrypoint", "watch", "run", "ls", "swarm"}
+    args.parts = args.parts or ["entrypoint", "watch", "run", "processes", "ls"]
+    known = {"entrypoint", "watch", "run", "processes", "ls", "swarm"}
     if set(args.parts) - known:
         p.error(f"unknown part(s): {' '.join(sorted(set(args.parts) - known))}")
     results: dict[str, object] = {}
@@ -314,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for engine in engines:
         if "run" in args.parts:
             bench_run(max(args.n // 3, 5), results, engine)
+        if "processes" in args.parts:
+            bench_processes(max(args.n // 3, 5), results, engine)
         if "ls" in args.parts:
             bench_ls(max(args.n // 3, 5), results, engine)
     if "run" in args.parts:

@@ -15,7 +15,7 @@ from gpupin.core.identity import BusId
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any, TypeVar
 
     from gpupin.core.health import Health
@@ -76,18 +76,20 @@ class MigDevice:
 
 
 class Process:
-    """A compute process on a card (nvidia-smi --query-compute-apps: pid, used_memory): its pid in the pid
-    namespace of the driver's caller (the host's, for hostagent), the memory it uses (None where NVML cannot
-    tell), and on a card in MIG mode the GPU and compute instance it runs on (else None)."""
+    """A process on a card (nvidia-smi --query-compute-apps, and the graphics clients): its pid in the pid
+    namespace of the driver's caller (the host's, for hostagent), its type as nvidia-smi writes it (C compute, G
+    graphics, C+G both), the memory it uses (None where NVML cannot tell), and on a card in MIG mode the GPU and
+    compute instance it runs on (else None)."""
 
-    __slots__ = ("compute_instance_id", "gpu_instance_id", "pid", "used_memory")
+    __slots__ = ("compute_instance_id", "gpu_instance_id", "pid", "type", "used_memory")
 
     def __init__(self, pid: int, used_memory: int | None, gpu_instance_id: int | None = None,
-                 compute_instance_id: int | None = None) -> None:
+                 compute_instance_id: int | None = None, type: str = "C") -> None:
         self.pid = pid
         self.used_memory = used_memory  # bytes
         self.gpu_instance_id = gpu_instance_id
         self.compute_instance_id = compute_instance_id
+        self.type = type
 
 
 class Card:
@@ -99,7 +101,7 @@ class Card:
 
     __slots__ = ("bus_id", "compute_capability", "error", "health", "index", "lost", "memory_total", "memory_used",
                  "mig_devices", "mig_mode", "minor_number", "name", "power_draw", "power_limit", "process_list",
-                 "processes", "temperature", "utilization_gpu", "uuid")
+                 "processes", "processes_error", "temperature", "utilization_gpu", "uuid")
 
     def __init__(self, index: int, uuid: str | None = None, bus_id: BusId | None = None,
                  name: str | None = None, error: str | None = None) -> None:
@@ -114,7 +116,8 @@ class Card:
         self.mig_mode: bool | None = None
         self.mig_devices: list[MigDevice] = []
         self.processes: int | None = None  # how many compute processes run on the card
-        self.process_list: list[Process] = []  # those processes
+        self.process_list: list[Process] = []  # its compute and graphics processes (read_processes)
+        self.processes_error: str | None = None  # why NVML could not list them: who uses the card is unknown
         self.minor_number: int | None = None
         self.compute_capability: str | None = None
         self.temperature: int | None = None  # degrees C
@@ -253,9 +256,7 @@ def _read_card(nv: Any, index: int, detail: bool, mig: bool) -> Card:
             card.memory_total, card.memory_used = int(mem.total), int(mem.used)
         util = _optional(lambda: nv.nvmlDeviceGetUtilizationRates(handle))
         card.utilization_gpu = int(util.gpu) if util is not None else None
-        procs = _optional(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle))
-        card.processes = len(procs) if procs is not None else None
-        card.process_list = [_process(p) for p in procs or ()]
+        _read_processes(nv, handle, card)
         cc = _optional(lambda: nv.nvmlDeviceGetCudaComputeCapability(handle))
         card.compute_capability = f"{cc[0]}.{cc[1]}" if cc is not None else None
         card.temperature = _optional(lambda: int(nv.nvmlDeviceGetTemperature(handle, _NVML_TEMPERATURE_GPU)))
@@ -264,13 +265,59 @@ def _read_card(nv: Any, index: int, detail: bool, mig: bool) -> Card:
     return card
 
 
-def _process(p: Any) -> Process:
+def _process(p: Any, type: str, instance: MigDevice | None = None) -> Process:
     # nvidia-ml-py gives usedGpuMemory None for NVML_VALUE_NOT_AVAILABLE; v1 entries carry no instance ids.
     used = getattr(p, "usedGpuMemory", None)
-    gi = getattr(p, "gpuInstanceId", _NO_INSTANCE)
-    ci = getattr(p, "computeInstanceId", _NO_INSTANCE)
+    gi = getattr(p, "gpuInstanceId", _NO_INSTANCE) if instance is None else instance.gpu_instance_id
+    ci = getattr(p, "computeInstanceId", _NO_INSTANCE) if instance is None else instance.compute_instance_id
     return Process(int(p.pid), int(used) if used is not None else None,
-                   None if gi in (None, _NO_INSTANCE) else int(gi), None if ci in (None, _NO_INSTANCE) else int(ci))
+                   None if gi in (None, _NO_INSTANCE) else int(gi), None if ci in (None, _NO_INSTANCE) else int(ci),
+                   type)
+
+
+def _clients(nv: Any, handle: Any, instance: MigDevice | None = None) -> list[Process]:
+    """Compute and graphics clients of one handle, one entry per pid (C+G for a pid that is both)."""
+    out = {p.pid: p for p in (_process(q, "C", instance) for q in nv.nvmlDeviceGetComputeRunningProcesses(handle))}
+    # A card that has no graphics engine (NotSupported) has no graphics client: not an unknown.
+    for q in _optional(lambda: nv.nvmlDeviceGetGraphicsRunningProcesses(handle)) or ():
+        g = _process(q, "G", instance)
+        if g.pid in out:
+            out[g.pid].type = "C+G"
+        else:
+            out[g.pid] = g
+    return list(out.values())
+
+
+def _read_processes(nv: Any, handle: Any, card: Card) -> None:
+    """The card's processes, or why NVML would not list them (process_list then empty, processes_error set).
+    A card in MIG mode lists every instance's processes to root only; anyone else asks each MIG device."""
+    try:
+        try:
+            procs = _clients(nv, handle)
+        except nv.NVMLError as err:
+            if _code(err) != _NO_PERMISSION or not card.mig_devices:
+                raise
+            procs = [p for m in card.mig_devices for p in _clients(nv, nv.nvmlDeviceGetHandleByUUID(m.uuid), m)]
+    except nv.NVMLError as err:
+        if _code(err) == _GPU_IS_LOST:
+            raise
+        card.process_list, card.processes, card.processes_error = [], None, str(err)
+        return
+    card.process_list, card.processes_error = procs, None
+    card.processes = sum(1 for p in procs if "C" in p.type)
+
+
+def read_processes(cards: Sequence[Card]) -> None:
+    """Fill in the processes of these cards (hostagent run reads them under the ledger lock, as late as it can).
+    A card NVML can no longer read gets processes_error."""
+    nv = _module()
+    for card in cards:
+        if card.error is not None or card.uuid is None:
+            continue
+        try:
+            _read_processes(nv, nv.nvmlDeviceGetHandleByUUID(card.uuid), card)
+        except nv.NVMLError as err:
+            card.process_list, card.processes, card.processes_error = [], None, str(err)
 
 
 def list_cards(detail: bool = False, mig: bool = False, tolerate_lost: bool = False) -> list[Card]:

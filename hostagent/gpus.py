@@ -104,3 +104,16 @@ def choose_free(count: int, cards: Sequence[Card], held: Iterable[str]) -> list[
     if len(free) < count:
         return None
     return [Target(c) for c in free[:count]]
+
+
+def within(card: Card, max_load: float | None, max_memory: float | None) -> bool:
+    """Whether a card is loaded no more than --count's limits (percent; None: no limit): its GPU utilization at
+    most `max_load`, its memory used at most `max_memory` of its total. A reading NVML does not give fails a limit
+    (unknown is not idle)."""
+    if max_load is not None and (card.utilization_gpu is None or card.utilization_gpu > max_load):
+        return False
+    if max_memory is not None:
+        if card.memory_used is None or not card.memory_total:
+            return False
+        return card.memory_used * 100 <= max_memory * card.memory_total
+    return True

@@ -2,8 +2,8 @@
 names a file (one `PHASE WALLCLOCK` line per mark, appended); otherwise a mark costs one global lookup.
 
 The phases, in order: main (the interpreter is up and hostagent's CLI imported), parsed, cards (NVML), connected
-(docker SDK imported, API negotiated), locked (the ledger's lock taken), looked (the ledger read), created,
-attached, started, exited (the container's exit learned), done.
+(docker SDK imported, API negotiated), locked (the ledger's lock taken), looked (the ledger read), attributed (the
+cards' processes attributed), created, attached, started, exited (the container's exit learned), done.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ What the tests share besides fixtures is in tests/support.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,6 +68,22 @@ def running() -> Iterator[list[Running]]:
     yield started
     for r in started:
         r.close()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[Callable[[], int]]:
+    """Host processes: sleeper() starts one and gives its pid; all are ended after the test."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> int:
+        p = subprocess.Popen(["sleep", "300"])
+        started.append(p)
+        return p.pid
+
+    yield start
+    for p in started:
+        p.kill()
+        p.wait()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -16,10 +16,10 @@ import re
 import sys
 import tempfile
 
-from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
+from gpupin.core.errors import EX_UNAVAILABLE, EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
 from gpupin.hostagent.compose import model
-from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
+from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine
 from gpupin.hostagent.engine import cdi
@@ -66,33 +66,40 @@ def own_container_ids(summaries: Iterable[Mapping[str, Any]], projects: set[str]
 
 class Daemon:
     """What the daemon says for a render or a check: the ledger (card UUID -> running holders, without this
-    project's own containers) and whether it serves the cards by CDI (gpupin.hostagent.engine.cdi)."""
+    project's own containers, and the processes that no grant explains: gpupin.hostagent.ledger.uses), whether it
+    serves the cards by CDI (gpupin.hostagent.engine.cdi), and why the ledger is unknown (None: it was read)."""
 
-    def __init__(self, busy: dict[str, list[Holder]], detection: cdi.Detection) -> None:
+    def __init__(self, busy: dict[str, list[Holder]], detection: cdi.Detection, unknown: str | None = None) -> None:
         self.busy = busy
         self.detection = detection
+        self.unknown = unknown
 
 
 def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[str], cdi_too: bool = True) -> Daemon:
-    """The ledger, and (`cdi_too`) what the daemon serves by CDI; when Docker cannot be reached, say so, count
-    every card as free and pin through the nvidia driver."""
+    """The ledger, and (`cdi_too`) what the daemon serves by CDI; when Docker cannot be reached, say so: the
+    ledger is unknown (a count is then not placed: unknown is not free), and the nvidia driver pins the cards."""
     from gpupin.hostagent import engine
     from gpupin.hostagent.ledger import holders as ledger
     from gpupin.hostagent.ledger import read as ledger_read
+    from gpupin.hostagent.ledger import uses
 
     try:
         api = engine.connect(timeout=10)
         daemon_info = engine.info(api) if cdi_too and engine.may_serve_cdi(api) else None
-        holders = ledger_read.read_holders(api, cards, daemon_info)
+        book = ledger_read.read_ledger(api, cards, daemon_info)
         own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects,
                                 service_names)
     except Exception as err:
-        say(f"warning: the ledger was not read (Docker at {engine.docker_host()}: {getattr(err, 'message', err)}): "
-             "cards held by running containers are not taken into account" + (
-                 "; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else ""))
-        return Daemon({}, NOT_ASKED)
+        why = f"Docker at {engine.docker_host()}: {getattr(err, 'message', err)}"
+        say(f"warning: the ledger was not read ({why}): which cards running containers hold is unknown, and not "
+            "checked" + ("; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else ""))
+        return Daemon(uses.blocking(cards, uses.attribute(cards, None, None)), NOT_ASKED,
+                      f"the ledger was not read ({why})")
     detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
-    return Daemon(ledger.held(h for h in holders if h.id not in own), detection)
+    busy = ledger.held(h for h in book.holders if h.id not in own)
+    for key, hs in uses.blocking(cards, uses.attribute(cards, book.holders, book.names)).items():
+        busy.setdefault(key, []).extend(hs)
+    return Daemon(busy, detection)
 
 
 def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Daemon]:
@@ -268,6 +275,11 @@ def render_command(options: Options, output: str | None, via: str | None = None)
         doc = project.doc
         cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
         rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
+        if daemon.unknown is not None and exam.counted:
+            raise RenderRefused([Problem(None, f"the file asks for {exam.counted} card(s) by count, which render "
+                                         f"places on free cards, but which cards are free is unknown: "
+                                         f"{daemon.unknown}", "start Docker or set DOCKER_HOST, or name the cards",
+                                         exit_code=EX_UNAVAILABLE)])
         if not exam.requests:
             say(f"note: {model.name(project)}: no service asks for GPUs; the file is written unchanged")
         return header(project.files[0], exam), rendered

@@ -1,8 +1,10 @@
 """Which cards each service gets: the booking rule (one card, one service, unless all of them share it; never a
-card a running container holds, unless shared) and the placement of counts onto the best free cards.
+card a running container holds or another process uses, unless shared) and the placement of counts onto the
+best free cards.
 
 Pure over the cards (gpupin.core.nvml.Card), the requests, and the ledger's holders (card UUID -> running
-holders); the choice of free cards is hostagent.gpus's, as for `hostagent run --count`.
+holders, and the processes that no grant explains); the choice of free cards is hostagent.gpus's, as for
+`hostagent run --count`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ def holders_of(target: Target, busy: Mapping[str, Sequence[Holder]]) -> list[Hol
     return list(found.values())
 
 
+def whom(holders: Sequence[Holder]) -> str:
+    """Who holds a card: the running containers, and the processes that use it (gpupin.hostagent.ledger.uses)."""
+    containers = ", ".join(h.describe() for h in holders if not h.process)
+    processes = ", ".join(h.describe() for h in holders if h.process)
+    return " and ".join(([f"running container {containers}"] if containers else []) + ([processes] if processes
+                                                                                       else []))
+
+
 def bookings(assignments: Sequence[Assignment], busy: Mapping[str, Sequence[Holder]]) -> list[Problem]:
     """Every card given to two services (not all sharing it) or held by a running container (not shared), in file
     order. A problem that involves a card given as written (a count) is one render fixes."""
@@ -80,13 +90,13 @@ def bookings(assignments: Sequence[Assignment], busy: Mapping[str, Sequence[Hold
             # A sharing service may join holders that share; an exclusive holder keeps its card (the ledger's rule).
             holders = holders_of(t, blocking(busy, a.req.share))
             if holders:
-                who = ", ".join(h.describe() for h in holders)
+                who = whom(holders)
                 if a.as_written:
-                    problems.append(Problem(service, f"{lead}{t.describe()}, which running container {who} holds",
+                    problems.append(Problem(service, f"{lead}{t.describe()}, which {who} holds",
                                             _RENDER_PLACES, exit_code=EX_TEMPFAIL, render_fixes=True))
                 else:
                     problems.append(Problem(
-                        service, f"{t.describe()} is held by running container {who}",
+                        service, f"{t.describe()} is held by {who}",
                         "stop it, pick a free card (`hostagent ls`), ask for a `count` instead, or share it on "
                         f"purpose with {a.req.form.share_how}", exit_code=EX_TEMPFAIL))
         for t in a.targets:
@@ -125,7 +135,7 @@ def place(named: Sequence[Assignment], counted: Sequence[GpuRequest], cards: Seq
                 who = "; ".join(f"{u} by {', '.join(h.describe() for h in busy[u])}" for u in sorted(busy))
                 problems.append(Problem(
                     req.service, f"{req.describe_count()}, but only {free} card(s) are left free by the other "
-                    f"services and the running containers (held: {who})",
+                    f"services and the running containers and processes (held: {who})",
                     "wait for the holders to finish, or stop them (`hostagent ls` shows who holds what)",
                     exit_code=EX_TEMPFAIL))
             continue

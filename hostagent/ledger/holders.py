@@ -6,11 +6,8 @@ read from the container's `docker inspect` data. Containers that hostagent start
 held; one that disagrees with the devices is shown as a mismatch, and one inherited from the image is not the
 container's (gpupin.hostagent.ledger.labels). There is no state file: a container that is gone holds nothing.
 
-When a container holds (`holding`): while running, paused or restarting; when stopped but the daemon will start it
-again on its own restart (restart policy `always`, `unless-stopped`, or `on-failure` after a failure with retries
-left: moby's restore rule, daemon/daemon.go and restartmanager); and, created but not yet started, while a
-hostagent that made it is still at work on it (its lease, gpupin.hostagent.ledger.lease). Pure functions over inspect
-data and the cards NVML reported.
+When a container holds what it was given: gpupin.hostagent.ledger.holding. Processes hold too: those no grant
+explains are holders of their own (gpupin.hostagent.ledger.uses). Pure functions over inspect data and the cards.
 """
 
 from __future__ import annotations
@@ -19,8 +16,8 @@ from gpupin.core.contract import LABEL as LABEL  # the ledger reads the labels t
 from gpupin.core.contract import SHARED_LABEL as SHARED_LABEL
 from gpupin.core.errors import GpupinError
 from gpupin.core.resolve import resolve
-from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.ledger.forms import WAY, grants
+from gpupin.hostagent.ledger.holding import LIVE_STATES, STARTING, holding
 from gpupin.hostagent.ledger.proof import verified
 
 TYPE_CHECKING = False
@@ -31,38 +28,7 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.hostagent.ledger.grant import Grant, Host
 
-LIVE_STATES = frozenset({"running", "paused", "restarting"})
-_NEVER_STARTED = "0001-01-01T00:00:00Z"
 FROM_STATE = "from the state"  # Holder(why=FROM_STATE): it holds while its state is a live one
-
-
-# --- when a container holds what it was given ------------------------------------------------------------------
-
-def holding(inspect: Mapping[str, Any], lease_state: str | None = None) -> str | None:
-    """Why the container holds its cards now, or None when it does not."""
-    st = inspect.get("State") or {}
-    status = str(st.get("Status") or "")
-    if status in LIVE_STATES:
-        return status
-    if status == "created":
-        return STARTING if lease_state == lease.LIVE else None
-    if status != "exited" or str(st.get("StartedAt") or _NEVER_STARTED).startswith("0001-"):
-        return None  # dead, removing, or never started: the daemon's restore starts none of them
-    policy = (inspect.get("HostConfig") or {}).get("RestartPolicy") or {}
-    name = policy.get("Name") or "no"
-    if name in ("always", "unless-stopped"):
-        # unless-stopped: whether it was stopped by hand (then it stays down) is not in the Engine API; counted.
-        return f"stopped, restart={name}"
-    if name == "on-failure" and int(st.get("ExitCode") or 0) != 0:
-        retries = int(policy.get("MaximumRetryCount") or 0)
-        if retries == 0 or int(inspect.get("RestartCount") or 0) < retries:
-            return "stopped, restart=on-failure"
-    return None
-
-
-def worth_inspecting(state: str, lease_state: str | None) -> bool:
-    """Whether a container of this list state may hold cards, so that its full inspect data must be read."""
-    return state in LIVE_STATES or state == "exited" or (state == "created" and lease_state == lease.LIVE)
 
 
 # --- holders ---------------------------------------------------------------------------------------------------
@@ -73,6 +39,7 @@ class Holder:
 
     __slots__ = ("grants", "holds", "how", "id", "image", "inspected", "label", "name", "pinned", "shared", "state",
                  "uuids", "verified", "via", "why")
+    process = False  # a process that uses the card (ledger.uses), not a container given it
 
     def __init__(self, id: str, name: str, state: str, uuids: Sequence[str], pinned: bool, how: str,
                  shared: bool = False, *, why: str | None = FROM_STATE, label: Sequence[str] | None = None,
@@ -123,7 +90,8 @@ class Holder:
         return f"Holder({self.describe()}: {','.join(self.uuids)})"
 
 
-def _name(data: Mapping[str, Any]) -> str:
+def name_of(data: Mapping[str, Any]) -> str:
+    """A container's name, from its list summary or its inspect data."""
     names = data.get("Names") or [data.get("Name") or ""]
     return str(names[0]).lstrip("/")
 
@@ -154,7 +122,7 @@ def holder(inspect: Mapping[str, Any], host: Host, lease_state: str | None = Non
     how = "; ".join(g.how for g in given) or "no GPU device"
     if label is not None and set(label) == set(uuids):
         how = "gpupin"
-    return Holder(str(inspect["Id"]), _name(inspect), str((inspect.get("State") or {}).get("Status") or "unknown"),
+    return Holder(str(inspect["Id"]), name_of(inspect), str((inspect.get("State") or {}).get("Status") or "unknown"),
                   uuids, label is not None, how, labels.get(SHARED_LABEL, "") == "true",
                   why=holding(inspect, lease_state), label=label, grants=given, inspected=True,
                   image=(inspect.get("Config") or {}).get("Image"), verified=verified(inspect))
@@ -169,12 +137,9 @@ def label_holder(summary: Mapping[str, Any], cards: Sequence[Card],
     if not labels.get(LABEL):
         return None
     uuids = _label_uuids(labels[LABEL], cards)
-    return Holder(str(summary["Id"]), _name(summary), str(summary.get("State") or "unknown"), uuids, True,
+    return Holder(str(summary["Id"]), name_of(summary), str(summary.get("State") or "unknown"), uuids, True,
                   "gpupin", labels.get(SHARED_LABEL, "") == "true", why=None, label=uuids,
                   image=summary.get("Image"))
-
-
-STARTING = "being started by hostagent"
 
 
 def starting_holder(summary: Mapping[str, Any], host: Host, labels: Mapping[str, str]) -> Holder:
@@ -183,7 +148,7 @@ def starting_holder(summary: Mapping[str, Any], host: Host, labels: Mapping[str,
     every card (what it will be given is not known until then)."""
     label = _label_uuids(labels[LABEL], host.cards) if labels.get(LABEL) else None
     how = "gpupin" if label is not None else "its devices are not known until its start ends"
-    return Holder(str(summary["Id"]), _name(summary), str(summary.get("State") or "created"),
+    return Holder(str(summary["Id"]), name_of(summary), str(summary.get("State") or "created"),
                   label if label is not None else host.every_card(), label is not None, how,
                   labels.get(SHARED_LABEL, "") == "true", why=STARTING, label=label)
 
@@ -200,10 +165,11 @@ def held(holders: Iterable[Holder]) -> dict[str, list[Holder]]:
 
 def blocking(busy: Mapping[str, Sequence[Holder]], share: bool) -> dict[str, list[Holder]]:
     """The holders in the way of a request: all of them, or for a --share request those that do not share
-    (a container started without --share, or never by hostagent, keeps its cards to itself)."""
+    (a container started without --share, or never by hostagent, keeps its cards to itself; a --share request
+    shares deliberately with the processes that use a card)."""
     out: dict[str, list[Holder]] = {}
     for uuid, holders in busy.items():
-        them = [h for h in holders if not (share and h.shared)]
+        them = [h for h in holders if not (share and (h.shared or h.process))]
         if them:
             out[uuid] = them
     return out

@@ -13,6 +13,7 @@ from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import labels as own_labels
 from gpupin.hostagent.ledger import lease, renewal
 from gpupin.hostagent.ledger.grant import Host
+from gpupin.hostagent.ledger.holding import worth_inspecting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,14 +28,17 @@ STARTING_INSPECT_S = 2.0  # how long the inspect of a container in the middle of
 
 class Book:
     """One reading of the ledger: the holders, the abandoned containers (created by a hostagent whose lease is
-    dead or expired, never started), and the daemon's clock at the reading."""
+    dead or expired, never started), the name of every container (id -> name: whose a GPU process is) and the
+    daemon's clock at the reading."""
 
-    __slots__ = ("holders", "now", "orphans")
+    __slots__ = ("holders", "names", "now", "orphans")
 
-    def __init__(self, holders: list[ledger.Holder], orphans: list[dict[str, Any]], now: float) -> None:
+    def __init__(self, holders: list[ledger.Holder], orphans: list[dict[str, Any]], now: float,
+                 names: dict[str, str] | None = None) -> None:
         self.holders = holders
         self.orphans = orphans
         self.now = now
+        self.names = names if names is not None else {}
 
 
 def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> Book:
@@ -50,6 +54,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
     images: dict[str, dict[str, str]] = {}
     holders: list[ledger.Holder] = []
     orphans: list[dict[str, Any]] = []
+    names = {str(s["Id"]): ledger.name_of(s) for s in summaries}
     for s in summaries:
         state = str(s.get("State") or "")
         labels = s.get("Labels") or {}
@@ -63,7 +68,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             if lease_state != lease.LIVE:
                 orphans.append(s)
         h: ledger.Holder | None
-        if ledger.worth_inspecting(state, lease_state):
+        if worth_inspecting(state, lease_state):
             # A container being started cannot be inspected until its start ends (the daemon holds it meanwhile,
             # and the NVIDIA hook can take a minute): asked briefly, then read from its list summary.
             starting = lease_state == lease.LIVE
@@ -80,7 +85,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             h = ledger.label_holder(s, cards, labels)
         if h is not None:
             holders.append(h)
-    return Book(holders, orphans, now)
+    return Book(holders, orphans, now, names)
 
 
 def _image_labels(api: Any, image_id: str, seen: dict[str, dict[str, str]]) -> dict[str, str]:

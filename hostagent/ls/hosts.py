@@ -112,7 +112,6 @@ def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], col
             rows.append([Cell(url, BOLD), Cell("", parts=[(f"unreachable: {error}", f"{BOLD};{RED}")])])
             continue
         host = data.get("hostname") or url
-        ok = bool(data["docker"]["available"])
         for g in data["gpus"]:
             if g["error"]:
                 rows.append([Cell(host, BOLD), Cell(f"[{g['index']}]", CYAN),
@@ -123,6 +122,6 @@ def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], col
             mem = f"{na(g['memory_used_mib'])} / {na(g['memory_total_mib'])} MiB"
             who = ", ".join(h["name"] for h in g["holders"] if h["holds"])
             rows.append([Cell(host, BOLD), Cell(f"[{g['index']}]", CYAN), Cell(g["name"] or NA),
-                         Cell(na(g["utilization_gpu"], "%"), right=True), Cell(mem, right=True), _state(g, ok),
+                         Cell(na(g["utilization_gpu"], "%"), right=True), Cell(mem, right=True), _state(g),
                          Cell(idle, f"{BOLD};{RED}" if g.get("idle") else ""), Cell(who)])
     return "\n".join(_lines(rows, color)) + "\n"

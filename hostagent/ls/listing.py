@@ -1,10 +1,13 @@
 """`hostagent ls`: every physical card, what NVML says of it, and who holds it (the ledger).
 
 The cards come from NVML; the holders from Docker, through the ledger (what the engine gives each container;
-a ledger label that disagrees is shown as a MISMATCH under both cards); the users and containers of the cards'
-processes from /proc (gpupin.hostagent.ls.procs). When Docker cannot be reached the cards are still listed, the JSON
-says so and stderr says so (stdout is the listing only); a card NVML cannot read is shown as such, and a reading a
-card does not give (temperature, power, ...) is null in the JSON and N/A in the table.
+a ledger label that disagrees is shown as a MISMATCH under both cards); the cards' processes from NVML, each
+attributed to its container or the host (gpupin.hostagent.ledger.uses): one that no grant explains makes the card
+busy, and one of a container that was not given the card is an ESCAPE. Each card's `state`: free, held, shared,
+busy or unknown. Unknown is not free: when Docker cannot be reached, or NVML will not list a card's processes,
+`held` is null (unless a process shows it in use) and `unknown` says why; the cards are still listed, and stderr
+says so (stdout is the listing only). A card NVML cannot read is shown as such, and a reading a card does not give
+(temperature, power, ...) is null in the JSON and N/A in the table.
 
 Each card's health (gpupin.core.health) is `"health": {"healthy": ..., "reasons": [...], "since": ...}`, with
 `healthy` null where NVML cannot say (never shown as healthy). `gather()` is the data (`--json` prints it as is);
@@ -20,15 +23,16 @@ from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.hostagent import engine, say
 from gpupin.hostagent.ledger import read as ledger_read
+from gpupin.hostagent.ledger import uses as ledger_uses
 from gpupin.hostagent.ledger.holders import Holder
-from gpupin.hostagent.ls import procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from gpupin.core.nvml import Card, MigDevice, Process
+    from gpupin.core.nvml import Card, MigDevice
+    from gpupin.hostagent.ledger.uses import Use
 
 MIB = 1024 * 1024
 
@@ -44,8 +48,8 @@ def _watts(milliwatts: int | None) -> float | None:
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
     cards = read_cards()
-    docker, holders = read_ledger(cards, warn)
-    return assemble(cards, docker, holders)
+    docker, book = read_ledger(cards, warn)
+    return assemble(cards, docker, book)
 
 
 def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
@@ -56,14 +60,14 @@ def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
     return cards
 
 
-def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], list[Holder]]:
-    """Where Docker is and whether it answered (the listing's `docker` object), and the holders it gave. The
-    resident agent (gpupin.hostagent.serve) calls this only when the daemon reports a change."""
+def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], ledger_read.Book | None]:
+    """Where Docker is and whether it answered (the listing's `docker` object), and its reading (None: it did not
+    answer). The resident agent (gpupin.hostagent.serve) calls this only when the daemon reports a change."""
     docker: dict[str, Any] = {"host": None, "available": True, "error": None}
-    holders: list[Holder] = []
+    book: ledger_read.Book | None = None
     try:
         docker["host"] = engine.docker_host()
-        holders = ledger_read.read_holders(engine.reader(timeout=10), cards)
+        book = ledger_read.read_ledger(engine.reader(timeout=10), cards)
     except GpupinError as err:
         docker.update(available=False, error=err.message)
     except Exception as err:
@@ -74,60 +78,84 @@ def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
             say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
-    return docker, holders
+    return docker, book
 
 
-def assemble(cards: Sequence[Card], docker: dict[str, Any], holders: Sequence[Holder]) -> dict[str, Any]:
-    """The listing from NVML's cards and the ledger's holders (the users and containers of processes from /proc)."""
-    names = {h.id: h.name for h in holders}
-    users: dict[int, str] = {}
+def assemble(cards: Sequence[Card], docker: dict[str, Any], book: ledger_read.Book | None) -> dict[str, Any]:
+    """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
+    attributed to their containers or the host (gpupin.hostagent.ledger.uses)."""
+    holders = book.holders if book is not None else []
+    used = ledger_uses.attribute(cards, book.holders if book is not None else None,
+                                 book.names if book is not None else None)
+    unread = None if book is not None else f"Docker unavailable: {docker['error']}"
     return {"hostname": os.uname().nodename, "driver_version": nvml.driver_version(),
             "cuda_driver_version": nvml.cuda_driver_version(), "docker": docker,
-            "gpus": [_card(c, holders, names, users) for c in cards]}
+            "gpus": [_card(c, holders, used, unread) for c in cards]}
 
 
-def _card(c: Card, holders: Sequence[Holder], names: dict[str, str], users: dict[int, str]) -> dict[str, Any]:
+def _state(held: bool | None, busy: bool | None, holding: Sequence[Holder]) -> str:
+    """free, held (by containers), shared (only by containers started with --share), busy (a process no grant
+    explains uses it) or unknown (who uses it cannot be told: never free)."""
+    if busy or (held and not holding):
+        return "busy"
+    if held is None:
+        return "unknown"
+    if not held:
+        return "free"
+    return "shared" if all(h.shared for h in holding) else "held"
+
+
+def _occupancy(holding: Sequence[Holder], mine: Sequence[Use], unknown: str | None) -> dict[str, Any]:
+    """held, busy, state and why they are unknown, of a card or a MIG device."""
+    held = True if holding or mine else None if unknown else False
+    busy = True if any(u.foreign for u in mine) else None if unknown or any(
+        u.foreign is None for u in mine) else False
+    return {"held": held, "busy": busy, "state": _state(held, busy, holding), "unknown": unknown}
+
+
+def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str | None) -> dict[str, Any]:
     keys = {c.uuid, *(m.uuid for m in c.mig_devices)}
     mine = [h for h in holders if keys & set(h.uuids)]
     # Containers labelled for this card that the engine gives other cards: shown here too, never counted.
     labelled = [h for h in holders if h.mismatch and keys & set(h.label or ()) and h not in mine]
     holding = [h for h in mine if h.holds]
+    procs = [u for u in used if u.uuids[0] in keys]
+    listed = (f"NVML cannot read the card: {c.error}" if c.error is not None else None if c.processes_error is None
+              else f"NVML would not list its processes: {c.processes_error}")
+    unknown = "; ".join(r for r in (unread, listed) if r) or None
+    occupancy = _occupancy(holding, procs, unknown)
     return {
         "index": c.index, "uuid": c.uuid, "bus_id": str(c.bus_id) if c.bus_id else None, "name": c.name,
         "memory_total_mib": _mib(c.memory_total), "memory_used_mib": _mib(c.memory_used),
         "memory_free_mib": _mib(c.memory_free), "utilization_gpu": c.utilization_gpu, "mig_mode": c.mig_mode,
-        "mig_devices": [_mig(m, holding) for m in c.mig_devices],
+        "mig_devices": [_mig(m, holding, procs, unknown) for m in c.mig_devices],
         "compute_processes": c.processes, "compute_capability": c.compute_capability, "error": c.error,
         "health": c.health.to_dict() if c.health is not None else None,
-        "held": bool(holding),
+        **occupancy,
         # Held, but only by containers that let --share requests in (every holder started with --share).
-        "shared": bool(holding) and all(h.shared for h in holding),
+        "shared": None if occupancy["held"] is None else occupancy["state"] == "shared",
         "holders": [h.to_dict() for h in mine],
         "mislabelled": [h.to_dict() for h in labelled],
         "temperature_c": c.temperature, "power_draw_w": _watts(c.power_draw),
         "power_limit_w": _watts(c.power_limit),
-        "processes": [_process(p, c.mig_devices, names, users) for p in c.process_list],
+        "processes": [_process(u, c) for u in procs],
         # How long the held card has shown 0% utilization, and whether that passed the agent's --idle-after: one
         # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.idle) fills them in.
         "idle_seconds": None, "idle": None,
     }
 
 
-def _mig(m: MigDevice, holding: Sequence[Holder]) -> dict[str, Any]:
+def _mig(m: MigDevice, holding: Sequence[Holder], procs: Sequence[Use], unknown: str | None) -> dict[str, Any]:
     return {"uuid": m.uuid, "index": m.index, "gpu_instance_id": m.gpu_instance_id,
             "compute_instance_id": m.compute_instance_id, "name": m.name,
             "memory_total_mib": _mib(m.memory_total), "memory_used_mib": _mib(m.memory_used),
-            "held": any(m.uuid in h.uuids for h in holding)}
+            **_occupancy([h for h in holding if m.uuid in h.uuids], [u for u in procs if u.uuids[0] == m.uuid],
+                         unknown)}
 
 
-def _process(p: Process, migs: Sequence[MigDevice], names: dict[str, str], users: dict[int, str]) -> dict[str, Any]:
-    host = procs.describe(p.pid, users)
-    # On a card in MIG mode NVML names the process's GPU and compute instance: that is its MIG device.
-    mig = next((m.uuid for m in migs if p.gpu_instance_id is not None and m.gpu_instance_id == p.gpu_instance_id
-                and p.compute_instance_id in (None, m.compute_instance_id)), None)
-    return {"pid": p.pid, "used_memory_mib": _mib(p.used_memory), "user": host.user, "command": host.command,
-            "container_id": host.container_id, "container": names.get(host.container_id or ""),
-            "mig_uuid": mig}
+def _process(u: Use, c: Card) -> dict[str, Any]:
+    return {**u.to_dict(), "used_memory_mib": _mib(u.used_memory),
+            "mig_uuid": u.uuids[0] if u.uuids[0] != c.uuid else None}
 
 
 def command(as_json: bool = False, template: str | None = None, color: str = "auto",

@@ -33,11 +33,15 @@ FIELDS: dict[str, tuple[str, str]] = {
     "power_limit_w": ("float", "enforced power limit, W"),
     "compute_capability": ("text", "CUDA compute capability (8.0)"),
     "compute_processes": ("int", "how many compute processes run on it"),
-    "processes": ("list", "their pids"),
+    "processes": ("list", "the pids of its compute and graphics processes"),
     "mig_mode": ("bool", "MIG mode on"),
     "mig_devices": ("list", "its MIG devices' UUIDs"),
-    "held": ("bool", "a container holds it (or one of its MIG devices); N/A when Docker is unavailable"),
+    "held": ("bool", "a container holds it (or one of its MIG devices) or a process uses it; N/A when that is "
+                     "unknown (Docker unavailable, or NVML will not list its processes): never read N/A as free"),
     "shared": ("bool", "held only by containers started with --share"),
+    "busy": ("bool", "a process of the host, or of a container not given it, uses it"),
+    "state": ("text", "free, held, shared, busy or unknown"),
+    "unknown": ("text", "why who uses it is unknown, else N/A"),
     "holders": ("list", "names of the containers that hold it"),
     "mislabelled": ("list", "names of containers labelled for it that hold other cards"),
     "error": ("text", "why NVML cannot read it (a lost card), else N/A"),
@@ -50,7 +54,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "cuda_driver_version": ("text", "the CUDA version the driver supports"),
 }
 _HOST_FIELDS = ("hostname", "driver_version", "cuda_driver_version")
-_LEDGER_FIELDS = ("held", "shared", "holders", "mislabelled")  # what Docker tells
+# What Docker alone tells (held and the others are null when who uses the card is unknown).
+_LEDGER_FIELDS = ("holders", "mislabelled")
 _HEALTH_FIELDS = {"healthy": "healthy", "health_reasons": "reasons", "health_since": "since"}  # in card["health"]
 _SAMPLES = {"int": 0, "float": 0.0, "text": "x", "bool": "true", "list": "x"}
 _ESCAPES = {"\\t": "\t", "\\n": "\n", "\\\\": "\\"}

@@ -1,12 +1,13 @@
 """How `hostagent ls` looks on a terminal: the table, its colours, and `--watch`'s redraw in place.
 
 One block per card, as gpustat lays it out: a line with the index, name, temperature, utilization, memory, power
-and whether the card is free, held, shared or UNHEALTHY; the card's UUID and bus id; why it is unhealthy (or its
-health unknown); its MIG devices; then who holds it (one
-container a line, each with its short id, state, how the engine gives it the card, `shared`, a MISMATCH), the
-containers labelled for it that hold something else, the pinned containers that hold nothing now, and the
-processes running on it (pid, user, memory, command, container). Plain ASCII, so the table reads the same under
-any locale; colour (ANSI SGR) only adds escape codes around the same text.
+and whether the card is free, held, shared, busy, unknown or UNHEALTHY; the card's UUID and bus id; why it is
+unhealthy (or its health unknown); its MIG devices; then who holds it (one container a line, each with its short
+id, state, how the engine gives it the card, `shared`, a MISMATCH), the containers labelled for it that hold
+something else, the pinned containers that hold nothing now, and the processes running on it (pid, type, user,
+memory, command, and whose: a container, ESCAPE when that container was not given the card, the host, or
+unknown). Plain ASCII, so the table reads the same under any locale; colour (ANSI SGR) only adds escape codes
+around the same text.
 
 Colour follows the usual rules (https://no-color.org, `ls --color`, git): `auto` colours when stdout is a terminal,
 NO_COLOR is unset or empty and TERM is not `dumb`; `always` and `never` decide alone.
@@ -124,18 +125,20 @@ def _temperature_style(t: int | None) -> str:
     return f"{BOLD};{RED}" if t >= HOT_C else YELLOW if t >= WARM_C else ""
 
 
-def _state(item: dict[str, Any], docker_ok: bool) -> Cell:
-    """free, held or shared (a card or a MIG device); unknown when Docker could not be read; UNHEALTHY before all
-    (a card that is not fit for use is not free, whoever holds it: its holders are listed under it)."""
+_STATES = {"free": GREEN, "shared": f"{BOLD};{CYAN}", "held": f"{BOLD};{YELLOW}", "busy": f"{BOLD};{RED}",
+           "unknown": DIM}
+
+
+def _state(item: dict[str, Any]) -> Cell:
+    """free, held, shared, busy or unknown (a card or a MIG device; gpupin.hostagent.ls.listing decides); UNHEALTHY
+    before all (a card that is not fit for use is not free, whoever holds it: its holders are listed under it)."""
     if (item.get("health") or {}).get("healthy") is False:
         return Cell("UNHEALTHY", f"{BOLD};{RED}")
-    if not docker_ok:
-        return Cell("unknown", DIM)
-    if not item["held"]:
-        return Cell("free", GREEN)
-    if item.get("shared"):
-        return Cell("shared", f"{BOLD};{CYAN}")
-    return Cell("held", f"{BOLD};{YELLOW}")
+    state = item.get("state")
+    if state not in _STATES:  # an agent of an earlier version (ls --host): no state of its own
+        state = "unknown" if item.get("held") is None else "free" if not item["held"] else (
+            "shared" if item.get("shared") else "held")
+    return Cell(state, _STATES[state])
 
 
 def _watts(value: float | None) -> int | None:
@@ -174,9 +177,24 @@ def _mismatches(mislabelled: Sequence[dict[str, Any]], color: bool, indent: str)
     return _section("MISMATCH", rows, color, indent, f"{BOLD};{RED}")
 
 
+def _owner(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """Whose a process is: its container (an ESCAPE when that container was not given the card), the host, or
+    unknown."""
+    if p["owner"] == "host":
+        return [("host", "")]
+    if p["owner"] == "unknown":
+        return [("owner unknown", DIM)]
+    out = [(p["container"] or (p["container_id"] or "")[:12], BOLD)]
+    if p["escape"]:
+        out += [("  ", ""), ("ESCAPE: not given this card", f"{BOLD};{RED}")]
+    elif p["container"] is None and p["foreign"]:
+        out += [("  ", ""), ("not this daemon's", DIM)]
+    return out
+
+
 def _processes(processes: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
-    rows = [[Cell(str(p["pid"]), right=True), Cell(_na(p["user"])), Cell(_na(p["used_memory_mib"], " MiB"), right=True),
-             Cell(_na(p["command"])), Cell(p["container"] or (p["container_id"] or "")[:12], BOLD)]
+    rows = [[Cell(str(p["pid"]), right=True), Cell(p["type"]), Cell(_na(p["user"])),
+             Cell(_na(p["used_memory_mib"], " MiB"), right=True), Cell(_na(p["command"])), Cell("", parts=_owner(p))]
             for p in processes]
     return _section("process", rows, color, indent)
 
@@ -229,13 +247,15 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
     if g["mig_devices"]:
         mem = _figures([(m["memory_used_mib"], m["memory_total_mib"]) for m in g["mig_devices"]], "MiB")
         rows = [[Cell(f"MIG {m['index']}", CYAN), Cell(_short(m["name"], g["name"])), Cell(m["uuid"]),
-                 Cell(mem[i], YELLOW, right=True), _state(m, docker_ok)] for i, m in enumerate(g["mig_devices"])]
+                 Cell(mem[i], YELLOW, right=True), _state(m)] for i, m in enumerate(g["mig_devices"])]
         for m, line in zip(g["mig_devices"], _lines(rows, color, "    ")):
             # A MIG device's own holders and processes; a holder of the whole card is listed under the card.
             mine = [h for h in g["holders"] if m["uuid"] in h["uuids"] and g["uuid"] not in h["uuids"]]
             lines += [line, *_who(mine, [p for p in g["processes"] if p["mig_uuid"] == m["uuid"]], color, "      ")]
     migs = {m["uuid"] for m in g["mig_devices"]}
     whole = [h for h in g["holders"] if g["uuid"] in h["uuids"] or not migs & set(h["uuids"])]
+    if g["unknown"] and docker_ok:  # (Docker's absence is said once, on the header line)
+        lines += _section("unknown", [[Cell(g["unknown"])]], color, "    ", f"{BOLD};{RED}")
     return lines + _who(whole, [p for p in g["processes"] if not p["mig_uuid"]], color, "    ", g["mislabelled"])
 
 
@@ -256,7 +276,7 @@ def render(listing: dict[str, Any], color: bool = False, now: str | None = None)
     rows = [[Cell(f"[{g['index']}]", CYAN, gap=1), Cell(g["name"] or NA, f"{BOLD};{BLUE}" if g["held"] else BLUE),
              Cell(_na(g["temperature_c"], "C"), _temperature_style(g["temperature_c"]), right=True),
              Cell(_na(g["utilization_gpu"], "%"), GREEN if g["utilization_gpu"] is not None else DIM, right=True),
-             Cell(mem[i], YELLOW, right=True), Cell(power[i], MAGENTA, right=True), _state(g, docker_ok)]
+             Cell(mem[i], YELLOW, right=True), Cell(power[i], MAGENTA, right=True), _state(g)]
             for i, g in enumerate(ok)]
     heads = iter(_lines(rows, color))
     for g in gpus:

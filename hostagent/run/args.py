@@ -28,8 +28,13 @@ by CDI (its /info and CDI spec; --via cdi|nvidia decides instead), else through 
 device=UUID, with NVIDIA_VISIBLE_DEVICES); GPUPIN_EXPECT=UUID@BUSID,... (which an image whose ENTRYPOINT is
 gpupin-entrypoint verifies) and the ledger label gpupin.devices either way.
 
+A card is free when no container holds it and no other process uses it: a process of the host, or of a container
+that was not given the card, makes it busy (75, naming the pid and user, or the container), and so does a card
+whose processes NVML will not list. --share uses such a card on purpose; --count --max-load/--max-memory PCT takes
+one that is loaded no more than that.
+
 exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable, or the card is unhealthy; 75 the
-card is held (no --wait);
+card is held or in use by another process (no --wait);
 125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run);
 70 an internal error (a bug in hostagent: run again with --debug and report the traceback).
 """
@@ -71,8 +76,17 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
     offer(g.add_argument("--gpu", dest="gpus", action="append", metavar="SPEC", default=[],
                          help="a card by UUID, prefix, index, bus id or MIG device (see below)"), GPUS)
     g.add_argument("--count", type=int, metavar="N",
-                   help="N healthy cards no one holds: the most free memory first, then the least utilization")
-    g.add_argument("--share", action="store_true", help="allow cards another pinned container holds")
+                   help="N healthy cards no container holds and no other process uses: the most free memory "
+                        "first, then the least utilization")
+    g.add_argument("--max-load", type=float, metavar="PCT",
+                   help="with --count: also take cards that other processes use, when their GPU utilization is at "
+                        "most PCT percent (as GPUtil's maxLoad, in percent)")
+    g.add_argument("--max-memory", type=float, metavar="PCT",
+                   help="with --count: also take cards that other processes use, when at most PCT percent of their "
+                        "memory is used")
+    g.add_argument("--share", action="store_true",
+                   help="share on purpose: allow cards that containers started with --share hold, and cards that "
+                        "other processes use")
     g.add_argument("--wait", type=_wait_value, metavar="SECONDS", nargs="?", const=math.inf,
                    help="wait for held cards (forever, or at most SECONDS) instead of exiting 75")
     g.add_argument("--verify", choices=list(VERIFY_LEVELS), help="GPUPIN_VERIFY for the entrypoint")
@@ -160,7 +174,8 @@ def command(args: argparse.Namespace) -> int:
     if args.interactive and args.tty and not args.dry_run and not sys.stdin.isatty():
         raise UsageError("-it needs a terminal, but the input is not a TTY", "drop -t to pipe input with -i")
     req = RunRequest(args.image, args.cmd, gpus=args.gpus, count=args.count, share=args.share, wait=args.wait,
-                     verify=args.verify, dry_run=args.dry_run, via=args.via,
+                     verify=args.verify, dry_run=args.dry_run, via=args.via, max_load=args.max_load,
+                     max_memory=args.max_memory,
                      **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS})
     if req.dry_run:
         spec = launch.launch(req)

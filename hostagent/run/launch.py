@@ -20,7 +20,7 @@ from gpupin.core.errors import CardHeldError, DockerRefusedError, DockerUnavaila
 from gpupin.hostagent import engine, gpus, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import holders as ledger
-from gpupin.hostagent.ledger import lease, lock, renewal
+from gpupin.hostagent.ledger import lease, lock, renewal, uses
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.run import image
 from gpupin.hostagent.run.attach import Attachment
@@ -63,13 +63,46 @@ def _keys(p: Target) -> list[str]:
 
 
 def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) -> list[str]:
-    """One line per asked card that someone holds."""
+    """One line per asked card that someone holds: the containers that hold it, the processes that use it."""
     out = []
     for p in picks:
-        holders = [h for k in _keys(p) for h in busy.get(k, [])]
-        if holders:
-            out.append(f"{p.uuid} is held by " + ", ".join(dict.fromkeys(h.describe() for h in holders)))
+        holders = list({id(h): h for k in _keys(p) for h in busy.get(k, [])}.values())
+        containers = list(dict.fromkeys(h.describe() for h in holders if not h.process))
+        # A process of the container that holds the card is that container's: said once, as its holder.
+        others = [h for h in holders if h.process and not (isinstance(h, uses.Use) and h.foreign is False)]
+        processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
+        parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
+            [f"in use by {', '.join(processes)}"] if processes else [])
+        if parts:
+            out.append(f"{p.uuid} is {' and '.join(parts)}")
     return out
+
+
+def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
+    """Which cards a --count could not take, and why in a word: held (a container), in use (a process),
+    unknown (NVML would not list its processes)."""
+    groups: dict[str, list[str]] = {}
+    for key in sorted(blocked):
+        hs = blocked[key]
+        why = ("held" if any(not h.process for h in hs) else
+               "in use by other processes" if any(isinstance(h, uses.Use) for h in hs) else
+               "who uses it is unknown" if hs else "over --max-load/--max-memory")
+        groups.setdefault(why, []).append(key)
+    return "; ".join(f"{why}: {', '.join(keys)}" for why, keys in groups.items()) or "held: none"
+
+
+def _busy(cards: Sequence[Card], picks: Sequence[Target] | None, book: ledger_read.Book
+          ) -> dict[str, list[ledger.Holder]]:
+    """Card UUID -> what holds it now: the ledger's containers, and the processes on the cards this request may
+    get (gpupin.hostagent.ledger.uses), read from NVML at this look."""
+    mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
+    nvml.read_processes(mine)
+    busy = ledger.held(book.holders)
+    # Every process counts (no /proc read here): who runs it matters only to what a refusal says.
+    for key, hs in uses.blocking(mine, uses.attribute(mine, book.holders, book.names), attributed=False).items():
+        busy.setdefault(key, []).extend(hs)
+    mark("attributed")
+    return busy
 
 
 class _Refusal:
@@ -101,6 +134,11 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
             busy: dict[str, list[ledger.Holder]]) -> tuple[list[Target] | None, _Refusal | None]:
     """The cards to use now, or None and the refusal that says why, with the hint that fits."""
     blocked = ledger.blocking(busy, req.share)
+    if req.count is not None and (req.max_load is not None or req.max_memory is not None):
+        # With limits, a card that only processes use is judged by its load (GPUtil's rule), as is every card.
+        blocked = {k: hs for k, hs in blocked.items() if not all(h.process for h in hs)}
+        over = [c.uuid for c in cards if c.uuid and not gpus.within(c, req.max_load, req.max_memory)]
+        blocked.update({u: blocked.get(u, []) for u in over})
     free = gpus.free_cards(cards, blocked)
     if req.count is not None:
         chosen = gpus.choose_free(req.count, cards, blocked)
@@ -108,8 +146,7 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
             return chosen, None
         bad = gpus.unhealthy(cards)
         unfit = f"; unhealthy: {', '.join(str(c.index) for c in bad)}" if bad else ""
-        why = [f"--count {req.count}: {len(free)} of {len(cards)} card(s) are free "
-               f"(held: {', '.join(sorted(blocked)) or 'none'}{unfit})"]
+        why = [f"--count {req.count}: {len(free)} of {len(cards)} card(s) are free ({_taken(blocked)}{unfit})"]
         if free:
             return None, _Refusal(why, f"ask for at most {len(free)} (--count {len(free)}), or wait for more with "
                                        "--wait [SECONDS]")
@@ -124,8 +161,9 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
         indices = ", ".join(str(i) for i in sorted(c.index for c in others))
         hint.append(f"pick a free card ({indices}: `hostagent ls`)")
     holders = [h for p in picks for k in _keys(p) for h in busy.get(k, [])]
-    if not req.share and holders and all(h.shared for h in holders):
-        hint.append("share it with --share (its holder shares)")
+    if not req.share and holders and all(h.shared or h.process for h in holders):
+        hint.append("share it on purpose with --share" if any(h.process for h in holders) else
+                    "share it with --share (its holder shares)")
     return None, _Refusal(why, ", or ".join(hint))
 
 
@@ -237,7 +275,7 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
                 book = ledger_read.read_ledger(api, cards, daemon_info)
                 mark("looked")
                 _remove_orphans(api, book)
-                chosen, refusal = _choose(req, cards, picks, ledger.held(book.holders))
+                chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, book))
                 if chosen is not None:
                     spec = ContainerSpec(req, chosen, _via(req, chosen, detection))
                     spec.labels.update(lease.claim())  # it holds its cards while this run starts it
@@ -276,25 +314,30 @@ def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -
 
 
 def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None) -> ContainerSpec:
-    # --count needs the ledger, and the way to pin (unless --via says it) the daemon's CDI devices; without a
-    # daemon, say what the line then ignores.
-    busy: dict[str, list[ledger.Holder]] = {}
+    # --count needs the ledger (unknown is not free: without a daemon, a count is not placed), and the way to pin
+    # (unless --via says it) the daemon's CDI devices; without a daemon, a named card's line is still printed.
     detection = NO_CDI
-    if picks is None or req.via is None:
-        try:
-            api = engine.connect(timeout=5)
-            daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
-            detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
-            if picks is None:
-                busy = ledger.held(ledger_read.read_holders(api, cards, daemon_info))
-        except Exception as err:
-            missed = ["every card counts as free"] if picks is None else []
-            if req.via is None:
-                missed.append("the nvidia driver's form is shown (--via cdi shows CDI's)")
-                detection = cdi.Detection(False, "the daemon was not asked")
-            say(f"dry run: the daemon was not asked ({getattr(err, 'message', err)}); {'; '.join(missed)}")
+    if picks is not None and req.via is not None:
+        return ContainerSpec(req, picks, _via(req, picks, NO_CDI))
+    try:
+        api = engine.connect(timeout=5)
+        daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
+        detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
+        book = ledger_read.read_ledger(api, cards, daemon_info) if picks is None else None
+    except Exception as err:
+        if picks is None:
+            raise DockerUnavailableError(
+                f"--dry-run --count {req.count} places the count on free cards, but which cards are free is unknown: "
+                f"the ledger was not read ({getattr(err, 'message', err)})",
+                "start Docker or set DOCKER_HOST, or name the cards with --gpu") from None
+        if req.via is None:
+            detection = cdi.Detection(False, "the daemon was not asked")
+            say(f"dry run: the daemon was not asked ({getattr(err, 'message', err)}); the nvidia driver's form is "
+                "shown (--via cdi shows CDI's)")
+        book = None
     if picks is None:
-        picks, why = _pick(req, cards, None, busy)
+        assert book is not None
+        picks, why = _pick(req, cards, None, _busy(cards, None, book))
         if picks is None:
             raise _held_error(req, why, None)
     return ContainerSpec(req, picks, _via(req, picks, detection))

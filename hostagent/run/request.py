@@ -50,7 +50,8 @@ class RunRequest:
 
     def __init__(self, image: str, command: Sequence[str] = (), gpus: Sequence[str] = (), count: int | None = None,
                  share: bool = False, wait: float | None = None, verify: str | None = None, dry_run: bool = False,
-                 via: str | None = None, environ: Mapping[str, str] | None = None, **options: Any) -> None:
+                 via: str | None = None, environ: Mapping[str, str] | None = None, max_load: float | None = None,
+                 max_memory: float | None = None, **options: Any) -> None:
         self.image = image
         self.command = list(command)  # everything after IMAGE, untouched (as docker run passes it)
         self.gpus = list(gpus)
@@ -60,6 +61,9 @@ class RunRequest:
         self.verify = verify
         self.dry_run = dry_run
         self.via = via  # cdi or nvidia as asked (--via); None: as the daemon serves (gpupin.hostagent.engine.cdi)
+        # --count's limits (percent): a card other processes use is taken when it is loaded no more than this.
+        self.max_load = max_load
+        self.max_memory = max_memory
         unknown = set(options) - set(runopts.BY_DEST)
         if unknown:
             raise TypeError(f"unknown docker run option(s): {', '.join(sorted(unknown))}")
@@ -120,6 +124,15 @@ class RunRequest:
                              "e.g. hostagent run --uuid GPU-1c5e... IMAGE, or hostagent run --count 1 IMAGE")
         if self.count is not None and self.count < 1:
             raise UsageError(f"--count {self.count}: ask for at least one card")
+        for flag, limit in (("--max-load", self.max_load), ("--max-memory", self.max_memory)):
+            if limit is None:
+                continue
+            if self.count is None:
+                raise UsageError(f"{flag} goes with --count: it says how loaded a card that other processes use may "
+                                 "be to be chosen", "to use a named card that others use, add --share")
+            if not 0 <= limit <= 100:  # NaN fails both
+                raise UsageError(f"{flag} {limit:g}: give a percentage from 0 to 100",
+                                 f"e.g. {flag} 50 (GPUtil's 0.5)")
         if self.verify is not None and self.verify not in VERIFY_LEVELS:
             raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_SAID}")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):

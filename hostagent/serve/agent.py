@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.hostagent.engine.events import EventStream
-    from gpupin.hostagent.ledger.holders import Holder
+    from gpupin.hostagent.ledger.read import Book
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
 
@@ -67,7 +67,7 @@ class Agent:
         self._changed = threading.Condition()
         self._snapshot = Snapshot(0, None, "not read yet", 0.0)
         self._docker: dict[str, Any] | None = None
-        self._holders: list[Holder] = []
+        self._book: Book | None = None
         self._cards_key: tuple[str | None, ...] | None = None
         self._ledger_at = 0.0
         self._stream: EventStream | None = None
@@ -100,7 +100,7 @@ class Agent:
                 or not self._docker["available"] or mono - self._ledger_at >= self.resync):
             self._dirty.clear()
             was = self._docker["available"] if self._docker else None
-            self._docker, self._holders = listing.read_ledger(cards, warn=False)
+            self._docker, self._book = listing.read_ledger(cards, warn=False)
             self._cards_key, self._ledger_at = key, mono
             if self._docker["available"] and not self.following:
                 self._retry.set()
@@ -108,7 +108,7 @@ class Agent:
                 say(f"Docker at {self._docker['host']} " + ("answers again" if self._docker["available"] else
                                                             f"unavailable ({self._docker['error']})"))
         try:
-            view = listing.assemble(cards, self._docker, self._holders)
+            view = listing.assemble(cards, self._docker, self._book)
         except Exception as err:  # an NVML reading that failed otherwise than "not supported": unknown, not stale
             self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
             return

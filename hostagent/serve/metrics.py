@@ -44,11 +44,7 @@ def state(card: dict[str, Any], docker_ok: bool) -> str:
         return "unhealthy"
     if not docker_ok:
         return "unknown"
-    if card.get("held"):
-        return "shared" if card.get("shared") else "held"
-    if card.get("processes") or card.get("compute_processes"):
-        return "busy"
-    return "free"
+    return str(card.get("state") or "unknown")  # the listing's own word (gpupin.hostagent.ls.listing)
 
 
 def _bool(value: bool | None) -> str:

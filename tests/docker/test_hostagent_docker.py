@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.host import saw
+from tests.support.host import idle_topology, saw
 from tests.support.sandbox import TEST_IMAGE, Agent, serves_cdi
 from tests.support.scenarios import uuids
 
@@ -193,6 +193,7 @@ def test_killed_between_create_and_start_leaves_no_phantom_hold(agent: Agent) ->
 
 
 def test_kills_at_any_moment_leave_every_card_free(agent: Agent) -> None:
+    agent.env["FAKEGPU_TOPOLOGY"] = idle_topology()  # all four cards free (mixed-4's pid 4242 holds card 2)
     for delay in (0.05, 0.15, 0.25, 0.35, 0.5, 0.7, 0.9, 1.2):
         p = agent.popen("run", "--rm", "--count", "4", TEST_IMAGE, "--quiet", "sleep", "0.2")
         time.sleep(delay)

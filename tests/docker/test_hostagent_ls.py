@@ -72,6 +72,8 @@ def test_a_containers_process_names_its_container(mixed4_sandbox: Sandbox, tagge
                           "--gpu", "1", TEST_IMAGE, "sleep", "60"], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
     pid = int(sb.docker("inspect", "-f", "{{.State.Pid}}", cid, check=True).stdout)
+    comm = Path(f"/proc/{pid}/comm")
+    wait_for(lambda: comm.read_text().strip() == "sleep", 30, "the entrypoint to exec sleep")
     # `run -d` returns once the container started: its entrypoint may still be verifying before it execs the workload.
     wait_for(lambda: Path(f"/proc/{pid}/comm").read_text().strip() == "sleep", 30, "the workload (sleep) to start")
     topo = write_topology(tmp_path, "mixed-4", pid)
@@ -80,7 +82,7 @@ def test_a_containers_process_names_its_container(mixed4_sandbox: Sandbox, tagge
     assert (proc["pid"], proc["command"], proc["container_id"], proc["container"]) == (pid, "sleep", cid,
                                                                                       f"proc-{tagged}")
     table = ls(FAKEGPU_TOPOLOGY=str(topo), DOCKER_HOST=sb.host).stdout
-    assert re.search(rf"^    process +{pid}  \S+  512 MiB  sleep  proc-{tagged}$", table, re.M), table
+    assert re.search(rf"^    process +{pid}  C  \S+  512 MiB  sleep  proc-{tagged}$", table, re.M), table
 
 
 def test_golden_holders(mixed4_sandbox: Sandbox, tagged: str, request: pytest.FixtureRequest) -> None:

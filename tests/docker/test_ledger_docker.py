@@ -25,7 +25,7 @@ import pytest
 
 from gpupin.hostagent import engine
 from gpupin.hostagent.ledger import lease, lock
-from tests.support.host import REPO, saw, simhost_env
+from tests.support.host import REPO, idle_topology, saw, simhost_env
 from tests.support.sandbox import TEST_IMAGE, WORK, Agent, Sandbox, intervals, never_two_at_once, serves_cdi
 from tests.support.scenarios import mig_devices, uuids
 from tests.support.wait import wait_for
@@ -95,6 +95,7 @@ FORMS: dict[str, tuple[list[str], str | None, str]] = {
 @pytest.mark.parametrize("form", list(FORMS))
 def test_each_holding_form_blocks_its_card_and_ls_shows_it(agent: Agent, form: str, tmp_path: Path) -> None:
     args, then, says = FORMS[form]
+    agent.env["FAKEGPU_TOPOLOGY"] = idle_topology()  # card 2 free (mixed-4's pid 4242 holds it)
     tmp_path.chmod(0o755)
     if form == "device-file":
         subprocess.run(["mknod", str(tmp_path / "nvidia2"), "c", "195", "2"], check=True)
@@ -210,6 +211,7 @@ def test_nothing_planted_in_a_world_writable_place_is_followed_or_trusted(agent:
                                                                          planted: str) -> None:
     """A /run/lock-like directory (world-writable, sticky) named as the lock's place: an unprivileged user plants a
     link to a root file at the lock's name, or a file of its own there and holds an flock on it."""
+    agent.env["FAKEGPU_TOPOLOGY"] = idle_topology()  # all four cards free (mixed-4's pid 4242 holds card 2)
     shared = Path(tempfile.mkdtemp(prefix="gpupin-ledger-lockdir-"))
     shared.chmod(0o1777)
     victim = tmp_path / "victim"
@@ -351,6 +353,7 @@ def stop(p: subprocess.Popen[str]) -> None:
 def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(agent: Agent, netns: str) -> None:
     """Two spellings of the socket (/run and /var/run, one inode) and TCP from another network namespace, where
     the clients share no local lock with anyone (GPUPIN_LOCAL_LOCK=0): the daemon's lock alone keeps them apart."""
+    agent.env["FAKEGPU_TOPOLOGY"] = idle_topology()  # all four cards free (mixed-4's pid 4242 holds card 2)
     sock = socket_of(agent)
     proxy = start_proxy([*PROXY, "--listen", "tcp://127.0.0.1:2375", "--to", sock], netns)
     addresses = [f"unix://{sock}", f"unix:///var{sock}", "tcp://127.0.0.1:2375"]

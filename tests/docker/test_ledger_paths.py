@@ -19,7 +19,7 @@ import pytest
 
 from gpupin.hostagent.ledger import lease, renewal
 from tests.docker.test_ledger_docker import A800, A800B, A800C, RTX, SLEEP, docker_run, held_error, listing
-from tests.support.host import saw
+from tests.support.host import idle_topology, saw
 from tests.support.sandbox import TEST_IMAGE, Agent
 
 
@@ -54,6 +54,7 @@ def test_each_way_in_blocks_its_card_and_ls_shows_it(agent: Agent, form: str, no
     if form == "cdi-annotation" and agent.sandbox.engine == "20.10":
         r = agent.sandbox.docker("run", "-d", "--label", f"gpupin.test={agent.tag}", *args)
         assert r.returncode != 0, r  # the 20.10 CLI has no --annotation: nothing runs, nothing is held
+        agent.env["FAKEGPU_TOPOLOGY"] = idle_topology()  # card 2 free (mixed-4's pid 4242 holds it)
         ok = agent("run", "--rm", "--gpu", "2", TEST_IMAGE)
         assert ok.returncode == 0 and saw(ok.stdout) == [A800B], ok.stderr
         return

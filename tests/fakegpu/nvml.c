@@ -535,18 +535,24 @@ API nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned
 
 /* NVML's two-call protocol: a too-small *infoCount (0 with infos NULL to ask) gets
  * INSUFFICIENT_SIZE and the needed count; no processes is SUCCESS with 0. A MIG handle
- * sees the processes of its own GPU/compute instance only. */
-static nvmlReturn_t processes(nvmlDevice_t device, unsigned *infoCount, void *infos, int v1)
+ * sees the processes of its own GPU/compute instance only. Compute or graphics clients: the
+ * topology's, then those of the processes file (fg_file_processes), re-read on each call. */
+static nvmlReturn_t processes(nvmlDevice_t device, unsigned *infoCount, void *infos, int v1, int graphics)
 {
-    const struct fg_proc *sel[FG_MAX_PROCS];
+    const struct fg_proc *sel[2 * FG_MAX_PROCS];
+    struct fg_proc extra[FG_MAX_PROCS];
     unsigned n = 0, i;
-    int k;
+    int k, nextra;
     RESOLVE(device);
     if (!infoCount)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (k = 0; k < g->nprocs; k++) {
-        const struct fg_proc *p = &g->procs[k];
-        if (!m || (p->gpu_instance_id == m->gpu_instance_id && p->compute_instance_id == m->compute_instance_id))
+    nextra = fg_file_processes(g, m, extra, FG_MAX_PROCS);
+    if (nextra < 0)
+        return -nextra;
+    for (k = 0; k < g->nprocs + nextra; k++) {
+        const struct fg_proc *p = k < g->nprocs ? &g->procs[k] : &extra[k - g->nprocs];
+        if (p->graphics == graphics &&
+            (!m || (p->gpu_instance_id == m->gpu_instance_id && p->compute_instance_id == m->compute_instance_id)))
             sel[n++] = p;
     }
     if (*infoCount < n) {
@@ -575,33 +581,37 @@ static nvmlReturn_t processes(nvmlDevice_t device, unsigned *infoCount, void *in
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned *infoCount,
                                                          nvmlProcessInfo_t *infos)
 {
-    return processes(device, infoCount, infos, 0);
+    return processes(device, infoCount, infos, 0, 0);
 }
 
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned *infoCount,
                                                          nvmlProcessInfo_t *infos)
 {
-    return processes(device, infoCount, infos, 0);
+    return processes(device, infoCount, infos, 0, 0);
 }
 
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned *infoCount,
                                                       nvmlProcessInfo_v1_t *infos)
 {
-    return processes(device, infoCount, infos, 1);
+    return processes(device, infoCount, infos, 1, 0);
 }
 
-/* The fake has no graphics clients. */
 API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned *infoCount,
                                                           nvmlProcessInfo_t *infos)
 {
-    RESOLVE(device);
-    (void)g;
-    (void)m;
-    (void)infos;
-    if (!infoCount)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *infoCount = 0;
-    return NVML_SUCCESS;
+    return processes(device, infoCount, infos, 0, 1);
+}
+
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned *infoCount,
+                                                          nvmlProcessInfo_t *infos)
+{
+    return processes(device, infoCount, infos, 0, 1);
+}
+
+API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned *infoCount,
+                                                       nvmlProcessInfo_v1_t *infos)
+{
+    return processes(device, infoCount, infos, 1, 1);
 }
 
 /* Index, minor number and compute capability of a MIG handle are its parent's. */

@@ -804,10 +804,40 @@ static int load_mig(struct schema *sc, const struct jv *m, const char *where, st
     return 0;
 }
 
+/* One process entry (the topology's "processes" and the processes file share it). */
+static int load_proc(struct schema *sc, const struct jv *p, const char *w, unsigned long long memory_total_mib,
+                     struct fg_proc *fp)
+{
+    const struct jv *v;
+    unsigned long long x;
+    if (p->t != JT_OBJ)
+        return sfail(sc, w, "must be an object");
+    if (!jget(p, "pid"))
+        return sfail(sc, w, "pid missing");
+    if (get_uint(sc, p, "pid", w, 0xFFFFFFFFull, 0, &x) < 0)
+        return -1;
+    fp->pid = (unsigned)x;
+    v = jget(p, "used_memory_mib");
+    fp->used_unknown = v && v->t == JT_NULL;
+    if (!fp->used_unknown && get_uint(sc, p, "used_memory_mib", w, memory_total_mib, 0, &fp->used_mib) < 0)
+        return -1;
+    if (get_uint(sc, p, "gpu_instance_id", w, FG_NO_INSTANCE, FG_NO_INSTANCE, &x) < 0)
+        return -1;
+    fp->gpu_instance_id = (unsigned)x;
+    if (get_uint(sc, p, "compute_instance_id", w, FG_NO_INSTANCE, FG_NO_INSTANCE, &x) < 0)
+        return -1;
+    fp->compute_instance_id = (unsigned)x;
+    v = jget(p, "kind");
+    if (v && !(v->t == JT_STR && (strcmp(v->s, "compute") == 0 || strcmp(v->s, "graphics") == 0)))
+        return sfail(sc, w, "kind must be \"compute\" or \"graphics\"");
+    fp->graphics = v && strcmp(v->s, "graphics") == 0;
+    return 0;
+}
+
 static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg_gpu *g)
 {
     char where[64], cc[16], bus[64], w[160];
-    const struct jv *procs, *mig, *v;
+    const struct jv *procs, *mig;
     unsigned long long x;
     size_t i;
     int maj, min, used;
@@ -879,27 +909,9 @@ static int load_gpu(struct schema *sc, const struct jv *o, size_t idx, struct fg
         if (procs->n > FG_MAX_PROCS)
             return sfail(sc, w, "too many processes");
         for (i = 0; i < procs->n; i++) {
-            const struct jv *p = &procs->items[i];
-            struct fg_proc *fp = &g->procs[i];
             snprintf(w, sizeof(w), "%s.processes[%zu]", where, i);
-            if (p->t != JT_OBJ)
-                return sfail(sc, w, "must be an object");
-            if (!jget(p, "pid"))
-                return sfail(sc, w, "pid missing");
-            if (get_uint(sc, p, "pid", w, 0xFFFFFFFFull, 0, &x) < 0)
+            if (load_proc(sc, &procs->items[i], w, g->memory_total_mib, &g->procs[i]) < 0)
                 return -1;
-            fp->pid = (unsigned)x;
-            v = jget(p, "used_memory_mib");
-            fp->used_unknown = v && v->t == JT_NULL;
-            if (!fp->used_unknown &&
-                get_uint(sc, p, "used_memory_mib", w, g->memory_total_mib, 0, &fp->used_mib) < 0)
-                return -1;
-            if (get_uint(sc, p, "gpu_instance_id", w, FG_NO_INSTANCE, FG_NO_INSTANCE, &x) < 0)
-                return -1;
-            fp->gpu_instance_id = (unsigned)x;
-            if (get_uint(sc, p, "compute_instance_id", w, FG_NO_INSTANCE, FG_NO_INSTANCE, &x) < 0)
-                return -1;
-            fp->compute_instance_id = (unsigned)x;
             g->nprocs++;
         }
     }
@@ -1176,4 +1188,89 @@ enum fg_load_status fg_faults_load(const struct fg_topology *t, struct fg_health
         return FG_LOAD_MALFORMED;
     }
     return FG_LOAD_OK;
+}
+
+/* ------------------------------------------------------ processes file ---- */
+
+/* The processes file (README.md, "Processes that come and go"): each key a card or MIG UUID, each value its
+ * processes (as in the topology) or an error that the process queries on that handle answer (the card's own, or
+ * the MIG device's: a MIG card lists every instance's processes to root only). Re-read on each call, so that a
+ * test can start and end real processes while a client runs. */
+int fg_file_processes(const struct fg_gpu *g, const struct fg_mig *asked, struct fg_proc *out, int max)
+{
+    static const struct { const char *name; int code; } errors[] = {
+        {"not_supported", 3}, {"no_permission", 4}, {"unknown_error", 999},
+    };
+    const char *path = getenv("FAKEGPU_PROCESSES");
+    char err[400], w[160], *text;
+    struct schema sc;
+    struct jv root;
+    size_t len, i, k;
+    int n = 0, j, mig, rc = 0, code = 0;
+
+    if (!path || !*path)
+        return 0;
+    switch (read_text(path, &text, &len)) {
+    case FG_LOAD_OK:
+        break;
+    case FG_LOAD_MISSING:
+        return 0; /* no file: no process */
+    default:
+        return -999; /* read_text said why on stderr */
+    }
+    rc = jparse(text, len, &root, err, sizeof(err));
+    free(text);
+    if (rc < 0) {
+        fprintf(stderr, "fakegpu: %s: %s\n", path, err);
+        return -999;
+    }
+    memset(&sc, 0, sizeof(sc));
+    if (root.t != JT_OBJ)
+        rc = sfail(&sc, "top level", "must be an object");
+    for (i = 0; rc == 0 && i < root.n; i++) {
+        const struct jv *v = &root.items[i];
+        for (mig = -1; mig < g->nmig; mig++)
+            if (strcmp(root.keys[i], mig < 0 ? g->uuid : g->mig[mig].uuid) == 0)
+                break;
+        if (mig == g->nmig)
+            continue; /* another card's */
+        if (v->t == JT_STR || v->t == JT_NUM) {
+            if ((mig < 0 ? NULL : &g->mig[mig]) != asked)
+                continue; /* an error of another handle of this card */
+            code = v->t == JT_NUM && !strpbrk(v->s, "-.eE") ? atoi(v->s) : 0;
+            for (j = 0; v->t == JT_STR && j < (int)(sizeof(errors) / sizeof(errors[0])); j++)
+                if (strcmp(v->s, errors[j].name) == 0)
+                    code = errors[j].code;
+            if (code <= 0)
+                rc = sfail(&sc, root.keys[i], "must be not_supported, no_permission, unknown_error or an "
+                           "nvmlReturn_t > 0");
+            break;
+        }
+        if (v->t != JT_ARR) {
+            rc = sfail(&sc, root.keys[i], "must be an array of processes or an error");
+            break;
+        }
+        for (k = 0; k < v->n; k++) {
+            snprintf(w, sizeof(w), "%s[%zu]", root.keys[i], k);
+            if (n == max) {
+                rc = sfail(&sc, w, "too many processes");
+                break;
+            }
+            if (load_proc(&sc, &v->items[k], w, g->memory_total_mib, &out[n]) < 0) {
+                rc = -1;
+                break;
+            }
+            if (mig >= 0) { /* a MIG device's process runs on its GPU and compute instance */
+                out[n].gpu_instance_id = g->mig[mig].gpu_instance_id;
+                out[n].compute_instance_id = g->mig[mig].compute_instance_id;
+            }
+            n++;
+        }
+    }
+    jfree(&root);
+    if (rc == -1) {
+        fprintf(stderr, "fakegpu: %s: %s\n", path, sc.err);
+        return -999;
+    }
+    return code ? -code : n;
 }

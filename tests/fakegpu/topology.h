@@ -27,6 +27,7 @@ struct fg_proc {
     int used_unknown; /* "used_memory_mib": null: NVML reports NVML_VALUE_NOT_AVAILABLE */
     unsigned gpu_instance_id;
     unsigned compute_instance_id;
+    int graphics; /* "kind": "graphics": a graphics client (nvmlDeviceGetGraphicsRunningProcesses) */
 };
 
 /* A card's health as NVML reports it: from the topology, overlaid by the fault file ($FAKEGPU_FAULTS). */
@@ -102,6 +103,12 @@ enum fg_load_status fg_topology_load(struct fg_topology *t);
  * each call; absent variable or file: no faults), and the fault file's "nvml_init" (0 when none) in *nvml_init.
  * FG_LOAD_MALFORMED when the fault file is (one stderr line per process); live then holds the topology's. */
 enum fg_load_status fg_faults_load(const struct fg_topology *t, struct fg_health live[FG_MAX_GPUS], int *nvml_init);
+
+/* The processes that $FAKEGPU_PROCESSES gives the card g or its MIG devices (README.md), re-read on each call:
+ * how many were written to out (at most max), 0 without the variable or the file, or minus the nvmlReturn_t that
+ * the file gives the handle asked (the card's, or its MIG device `asked`), or -999 when the file is malformed (one
+ * line on stderr). */
+int fg_file_processes(const struct fg_gpu *g, const struct fg_mig *asked, struct fg_proc *out, int max);
 
 /* Parses a PCI bus id as NVML accepts it (measured: sscanf-like hex fields, nothing after):
  *   domain:bus:device.function | domain:bus:device | bus:device.function

@@ -3,12 +3,13 @@ a scenario's cards), the CLIs run there, and whether this run requires the daemo
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 from pathlib import Path
 
-from tests.support.scenarios import scenario
+from tests.support.scenarios import scenario, topology
 
 REPO = Path(__file__).resolve().parent.parent.parent
 BIN = REPO / ".venv" / "bin"  # the console scripts of the editable install
@@ -26,6 +27,23 @@ def required() -> bool:
     as `make test` sets): then a missing one fails its tests instead of skipping them, so that a broken setup never
     passes as "all skipped"."""
     return _truthy("CI") or _truthy("GPUPIN_TEST_REQUIRE_DOCKER")
+
+
+def idle_topology(name: str = "mixed-4") -> str:
+    """The scenario with no process on any card (written under build/), for the tests of the ledger and its lock
+    that need every card free: a process is a holder (gpupin.hostagent.ledger.uses), and mixed-4 runs pid 4242 on
+    card 2. The sandbox's hook keeps the scenario itself: the cards are the same."""
+    topo = topology(name)
+    for g in topo["gpus"]:
+        g.pop("processes", None)
+    path = REPO / "build" / "test-topologies" / f"{name}-idle.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(topo)
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)  # whole, for a test running beside this one
+    return str(path)
 
 
 def simhost_env(name: str = "mixed-4", **extra: str) -> dict[str, str]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.ls import procs
+from gpupin.hostagent.ledger import procs
 from gpupin.hostagent.ls import template as lsformat
 from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.ls import GOLDEN, by_uuid, check_golden, ls, ls_on_golden_host, shown, write_topology
@@ -86,7 +86,8 @@ def test_json_adds_host_sensors_and_processes_and_keeps_its_keys(fakegpu: Path, 
     busy = cards[A800B]
     assert (busy["temperature_c"], busy["power_draw_w"], busy["power_limit_w"]) == (71, 312.46, 400.0)
     assert [(p["pid"], p["used_memory_mib"], p["mig_uuid"]) for p in busy["processes"]] == [(4242, 40448, None)]
-    assert (cards[RTX]["temperature_c"], cards[RTX]["power_limit_w"], cards[RTX]["shared"]) == (36, 450.0, False)
+    # Without Docker whether a card is held (or shared) is unknown: null, never false.
+    assert (cards[RTX]["temperature_c"], cards[RTX]["power_limit_w"], cards[RTX]["shared"]) == (36, 450.0, None)
     bare = json.loads(ls("--json", scenario_name="slurm-shuffled", DOCKER_HOST=f"unix://{tmp_path}/n.sock").stdout)
     assert {(g["temperature_c"], g["power_draw_w"], g["power_limit_w"]) for g in bare["gpus"]} == {(None, None, None)}
 
@@ -113,7 +114,9 @@ def test_mig_devices_are_listed_under_their_card(fakegpu: Path, tmp_path: Path) 
     mig = [g for g in json.loads(r.stdout)["gpus"] if g["mig_mode"]]
     assert len(mig) == 1 and len(mig[0]["mig_devices"]) == 2
     assert [(m["uuid"][:4], m["index"], m["memory_used_mib"], m["memory_total_mib"], m["held"])
-            for m in mig[0]["mig_devices"]] == [("MIG-", 0, 0, 20096, False), ("MIG-", 1, 2560, 20096, False)]
+            for m in mig[0]["mig_devices"]] == [("MIG-", 0, 0, 20096, None), ("MIG-", 1, 2560, 20096, True)]
+    # Without Docker: MIG 0 is unknown; MIG 1 runs a process whose owner /proc does not show: busy.
+    assert [m["state"] for m in mig[0]["mig_devices"]] == ["unknown", "busy"]
     # The process runs in GPU instance 2: the second MIG device. A card in MIG mode has no utilization (nvml.h).
     assert [(p["pid"], p["mig_uuid"]) for p in mig[0]["processes"]] == [(5151, mig[0]["mig_devices"][1]["uuid"])]
     assert mig[0]["utilization_gpu"] is None
@@ -162,12 +165,14 @@ def test_a_mig_devices_holders_and_processes_are_shown_under_it(fakegpu: Path, t
     card["holders"] = [Holder("a" * 64, "on-mig", "running", [mig1], True, "gpupin").to_dict(),
                        Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all").to_dict()]
     card["held"] = card["mig_devices"][1]["held"] = True
+    card["state"], card["mig_devices"][0]["state"], card["mig_devices"][1]["state"] = "held", "free", "held"
+    card["unknown"] = None
     data["docker"]["available"] = True
     lines = lsview.render(data).splitlines()
     at = lines.index(next(ln for ln in lines if ln.startswith("    MIG 1")))
     assert lines[at].endswith("2560 / 20096 MiB  held") and lines[at - 1].endswith("0 / 20096 MiB  free")
     assert lines[at + 1] == "      held by      on-mig  aaaaaaaaaaaa  running  gpupin"
-    assert lines[at + 2] == "      process      5151  N/A  2048 MiB  N/A"
+    assert lines[at + 2] == "      process      5151  C  N/A  2048 MiB  N/A  owner unknown"
     assert lines[at + 3] == "    held by      whole  bbbbbbbbbbbb  running  --gpus all"
     assert lines[1].endswith("  held")
 
@@ -192,7 +197,7 @@ def test_processes_show_their_user_and_command_from_proc(fakegpu: Path, tmp_path
     (proc,) = by_uuid(json.loads(r.stdout))[RTX]["processes"]
     assert (proc["pid"], proc["user"], proc["command"], proc["used_memory_mib"]) == (pid, user, "sleep", None)
     table = ls(FAKEGPU_TOPOLOGY=str(topo), DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout
-    assert re.search(rf"^    process +{pid}  {user}  N/A  sleep$", table, re.M), table
+    assert re.search(rf"^    process +{pid}  C  {user}  N/A  sleep  host$", table, re.M), table
 
 
 def test_a_process_that_is_gone_has_no_user_and_no_error() -> None:

@@ -20,7 +20,8 @@ from gpupin.hostagent.ledger import forms as ledger
 from gpupin.hostagent.ledger import lease, lock
 from gpupin.hostagent.ledger.forms import FORMS
 from gpupin.hostagent.ledger.grant import Host
-from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder, holding
+from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder
+from gpupin.hostagent.ledger.holding import holding
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 
