@@ -45,7 +45,7 @@ def test_short_bool_flags_are_read_in_their_long_form(given: list[str], read: li
 @pytest.mark.usefixtures("no_daemon")
 @pytest.mark.parametrize(("args", "shown", "absent"), [
     (["--rm=true", "-d=true"], ["-d ", "--rm "], []),
-    (["--rm", "--rm=false", "--init=0"], [], ["--rm"]),
+    (["--rm", "--rm=false", "--init=0"], ["--rm=false", "--init=false"], ["--rm"]),
     (["--read-only=True", "-P=F"], ["--read-only "], ["-P"]),
     (["--net", "host"], ["--network host"], []),
     (["--net=none"], ["--network none"], []),

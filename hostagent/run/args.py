@@ -27,6 +27,9 @@ by CDI (its /info and CDI spec; --via cdi|nvidia decides instead), else through 
 device=UUID, with NVIDIA_VISIBLE_DEVICES); GPUPIN_EXPECT=UUID@BUSID,... (which an image whose ENTRYPOINT is
 gpupin-entrypoint verifies) and the ledger label gpupin.devices either way.
 
+The docker run options are read as docker reads them: bool flags take =true/=false (--rm=false, -d=true) and
+cluster (-itd); sizes take docker's units (16g = 16GB = 16GiB); `-v ./data:/data` is a bind of ./data.
+
 exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable, or the card is unhealthy; 75 the
 card is held (no --wait);
 125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run);
@@ -81,6 +84,15 @@ class BoolFlag(argparse._StoreTrueAction):
         setattr(namespace, self.dest, bool(values))
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Bool flags shown as flags (`--rm`), not with the optional value BoolFlag takes after `=`."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, BoolFlag):
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`run` among hostagent's commands."""
     # No -h: docker run's -h is --hostname; --help alone asks for help, as there.
@@ -89,7 +101,7 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
                              "[COMMAND [ARG...]]",
                        description="Start a container pinned to physical GPUs, as `docker run` would. Options go "
                                    "before IMAGE; everything after IMAGE is the container's command, untouched.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=_HelpFormatter)
     # IMAGE and COMMAND are split off by split_run_argv (as docker run does); these two lines document them.
     r.add_argument("image", metavar="IMAGE", nargs="?", help="the image to run (pulled when missing, see --pull)")
     r.add_argument("cmd", metavar="COMMAND", nargs="*",

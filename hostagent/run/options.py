@@ -79,8 +79,8 @@ class Option:
 
     def docker_args(self, value: Any) -> list[str]:
         """This option as `docker run` arguments (nothing when unset)."""
-        if self.kind == FLAG:
-            return [self.flags[0]] if value else []
+        if self.kind == FLAG:  # None: not given; False: given =false (--init=false means something)
+            return [] if value is None else [self.flags[0]] if value else [f"{self.name}=false"]
         values = value if self.kind == APPEND else ([] if value is None else [value])
         return [a for v in values for a in (self.flags[0], str(v))]
 
