@@ -15,15 +15,18 @@ The pin itself is the same on both sides: the docker side gets hostagent's own p
 --device, GPUPIN_EXPECT/NVIDIA_VISIBLE_DEVICES, the gpupin.devices label), as `hostagent run --dry-run` prints them,
 so the cards, the pin's variables and labels are compared too.
 
+Both sides run with the same environment (the pass-through variables of the corpus) and in the same folder
+(relative paths), detached (`-d`, so that both containers exist when the command returns), with the command
+`sleep`; one side's container is removed before the other side runs (the lines publish fixed host ports).
+
 hostagent follows the current docker CLI: where Docker 20.10's CLI refuses a line that later CLIs take (a relative
 bind source, `-v ./data:/data`, made absolute since CLI 23), the line runs through Engine 26's CLI against the
-20.10 daemon too, and hostagent must equal that. Both sides run with the same environment (the
-pass-through variables of the corpus) and in the same folder (relative paths), detached (`-d`, so that both
-containers exist when the command returns), with the command `sleep`; one side's container is removed before the
-other side runs (the lines publish fixed host ports). Where the daemon refuses to start what both sides made (a
-limit this sandbox cannot give: more CPUs than it has, `--ulimit memlock=-1` in a nested container), the two are
-compared as created: hostagent's stopped right after its create (GPUPIN_FAILPOINT=after-create), both without
---rm, which would remove docker's, and without Config.NetworkDisabled, which the daemon sets on a failed start.
+20.10 daemon too, and hostagent must equal that.
+
+Where the daemon refuses to start what both sides made (a limit this sandbox cannot give: more CPUs than it has,
+`--ulimit memlock=-1` in a nested container), the two are compared as created: hostagent's stopped right after its
+create (GPUPIN_FAILPOINT=after-create), both without --rm (which would remove docker's), and without
+Config.NetworkDisabled (which the daemon sets on a failed start).
 
 The counts (lines, equal, both refused) of each engine, and what both sides said where both refused, are written to
 build/run-parity-ENGINE.txt for docs/run.md.
@@ -175,7 +178,8 @@ def test_docker_run_line(sandbox: Sandbox, counted: dict[str, int], workdir: Pat
         assert not docker_ok and not ok, (
             f"line {lineno} ({line}): docker {'refused: ' + docker_said if not docker_ok else 'accepted'}; "
             f"hostagent {'refused: ' + said if not ok else 'accepted'}")
-        last = [(text.splitlines() or [""])[-1] for text in (docker_said, said)]
+        last = [([t for t in text.splitlines() if t.strip() and not t.startswith("See '")] or [""])[-1]
+                for text in (docker_said, said)]
         REFUSED.setdefault(sandbox.engine, []).append(f"line {lineno} ({line})\n  docker: {last[0]}\n"
                                                       f"  hostagent: {last[1]}")
         if "could not start" not in said:  # refused before anything was created, as docker's must be
