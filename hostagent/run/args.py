@@ -131,7 +131,9 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
                 kw.update(action="append", default=[])
         d.add_argument(*opt.flags, **kw)
     o = r.add_argument_group("output")
-    o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
+    o.add_argument("--dry-run", action="store_true",
+                   help="print the equivalent docker run command; create nothing (values from env files and the "
+                        "environment not shown)")
     o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
 
 
