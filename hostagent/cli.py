@@ -145,7 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_at = raw.index("run") if "run" in raw else -1
         if run_at >= 0 and all(a.startswith("-") for a in raw[:run_at]):
             # `hostagent [--debug] run OPTIONS IMAGE COMMAND...`: argparse sees the options only.
-            options, image, cmd = run_args.split_run_argv(raw[run_at + 1:], completion.subcommands(parser)["run"])
+            run_parser = completion.subcommands(parser)["run"]
+            options, image, cmd = run_args.split_run_argv(raw[run_at + 1:], run_parser)
+            options = run_args.bool_values(options, run_parser)
             refused = run_args.refusal(options)
             if refused is not None:
                 _Parser.refuse(*refused)

@@ -33,6 +33,9 @@ that was not given the card, makes it busy (75, naming the pid and user, or the 
 whose processes NVML will not list. --share uses such a card on purpose; --count --max-load/--max-memory PCT takes
 one that is loaded no more than that.
 
+The docker run options are read as docker reads them: bool flags take =true/=false (--rm=false, -d=true) and
+cluster (-itd); sizes take docker's units (16g = 16GB = 16GiB); `-v ./data:/data` is a bind of ./data.
+
 exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable, or the card is unhealthy; 75 the
 card is held or in use by another process (no --wait);
 125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run);
@@ -57,18 +60,59 @@ def _is_seconds(text: str | None) -> bool:
     return True
 
 
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
+def go_bool(text: str) -> bool:
+    """A bool flag's `=VALUE`, as Go's strconv.ParseBool (docker's flags) reads it; ValueError if not a bool."""
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ValueError(text)
+
+
+class BoolFlag(argparse._StoreTrueAction):
+    """docker run's bool flag: `--rm` alone, or `--rm=true`/`--rm=false` (the last one given wins). A value is
+    taken only after `=`: split_run_argv never gives it the next word, and bool_values writes short ones long
+    (argparse would read `-it` as -i with the value "t")."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.nargs = "?"
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if isinstance(values, str):
+            try:
+                values = go_bool(values)
+            except ValueError:
+                raise argparse.ArgumentError(self, f"{values!r} is not a boolean: use true or false") from None
+        setattr(namespace, self.dest, bool(values))
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Bool flags shown as flags (`--rm`), not with the optional value BoolFlag takes after `=`."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, BoolFlag):
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`run` among hostagent's commands."""
-    r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False,
+    # No -h: docker run's -h is --hostname; --help alone asks for help, as there.
+    r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False, add_help=False,
                        usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
                              "[COMMAND [ARG...]]",
                        description="Start a container pinned to physical GPUs, as `docker run` would. Options go "
                                    "before IMAGE; everything after IMAGE is the container's command, untouched.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=_HelpFormatter)
     # IMAGE and COMMAND are split off by split_run_argv (as docker run does); these two lines document them.
     r.add_argument("image", metavar="IMAGE", nargs="?", help="the image to run (pulled when missing, see --pull)")
     offer(r.add_argument("cmd", metavar="COMMAND", nargs="*",
                          help="the command and its arguments (default: the image's CMD), passed untouched"), COMMAND)
+    r.add_argument("--help", action="help", help="show this help message and exit")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print a traceback with an error")
     g = r.add_argument_group("which GPUs")
     offer(g.add_argument("--uuid", dest="gpus", action="append", metavar="UUID", default=[], help="a card by UUID"),
@@ -96,7 +140,7 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
     for opt in runopts.OPTIONS:
         kw: dict[str, Any] = {"dest": opt.dest, "help": opt.help}
         if opt.kind == runopts.FLAG:
-            kw["action"] = "store_true"
+            kw.update(action=BoolFlag, default=None)  # None: not given (docker sends --init only when given)
         else:
             kw["metavar"] = opt.metavar or opt.dest.upper()
             if opt.kind == runopts.APPEND:
@@ -105,7 +149,9 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         if opt.complete:
             offer(action, opt.complete)
     o = r.add_argument_group("output")
-    o.add_argument("--dry-run", action="store_true", help="print the equivalent docker run command; create nothing")
+    o.add_argument("--dry-run", action="store_true",
+                   help="print the equivalent docker run command; create nothing (values from env files and the "
+                        "environment not shown)")
     o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
 
 
@@ -116,11 +162,7 @@ def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tupl
     Which options take a value is read from the run parser itself; an unknown option is left for argparse to
     refuse (with a suggestion). `--wait` takes a value only when the next word is a number of seconds.
     """
-    takes: dict[str, str | int | None] = {}
-    for action in parser._actions:
-        for flag in action.option_strings:
-            takes[flag] = action.nargs if action.nargs is not None else (0 if action.const is not None
-                                                                         or action.nargs == 0 else 1)
+    takes = _takes(parser)
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -154,6 +196,43 @@ def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tupl
     return list(argv), None, []
 
 
+def _takes(parser: argparse.ArgumentParser) -> dict[str, str | int | None]:
+    """How many words each option takes: 0, 1, or "?" (--wait's optional seconds)."""
+    takes: dict[str, str | int | None] = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if isinstance(action, (BoolFlag, argparse._HelpAction)):
+                takes[flag] = 0
+            else:
+                takes[flag] = action.nargs if action.nargs is not None else (0 if action.const is not None
+                                                                             else 1)
+    return takes
+
+
+def bool_values(options: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`options` with every short bool flag in its long form (`-itd` -> `--interactive --tty --detach`,
+    `-d=false` -> `--detach=false`), which BoolFlag reads: a cluster ends at an option that takes a value (the rest
+    of the word is its value), as in docker's flags (pflag)."""
+    long_of = {f: a.option_strings[-1] for a in parser._actions if isinstance(a, BoolFlag) for f in a.option_strings}
+    out: list[str] = []
+    for word in options:
+        if word.startswith("--") or not word.startswith("-"):
+            out.append(word)
+            continue
+        j = 1
+        while j < len(word):
+            flag = "-" + word[j]
+            if flag not in long_of:  # takes a value (attached, or the next word), or unknown: argparse's
+                out.append("-" + word[j:])
+                break
+            if word[j + 1:j + 2] == "=":
+                out.append(f"{long_of[flag]}={word[j + 2:]}")
+                break
+            out.append(long_of[flag])
+            j += 1
+    return out
+
+
 def refusal(options: Sequence[str]) -> tuple[str, str] | None:
     """(what, hint) for the first docker run option among `options` that hostagent refuses by name, else None."""
     for word in options:
@@ -171,7 +250,7 @@ def command(args: argparse.Namespace) -> int:
 
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a running container's output is its own)")
-    if args.interactive and args.tty and not args.dry_run and not sys.stdin.isatty():
+    if args.interactive and args.tty and not args.detach and not args.dry_run and not sys.stdin.isatty():
         raise UsageError("-it needs a terminal, but the input is not a TTY", "drop -t to pipe input with -i")
     req = RunRequest(args.image, args.cmd, gpus=args.gpus, count=args.count, share=args.share, wait=args.wait,
                      verify=args.verify, dry_run=args.dry_run, via=args.via, max_load=args.max_load,

@@ -33,6 +33,7 @@ APPEND = "append"  # may be given again; values in order
 CONTAINER = "container"  # docker.types.ContainerConfig keyword
 HOST = "host"  # docker.types.HostConfig keyword
 CREATE = "create"  # APIClient.create_container_from_config keyword (platform)
+RAW_HOST = "raw host"  # HostConfig fields set as the API names them, where the SDK has no keyword
 
 
 class Option:
@@ -54,13 +55,14 @@ class Option:
         self.convert = convert  # the whole value (a list for APPEND) -> the API's value
         self.each = each  # or: each value of an APPEND option -> one item of the API's list
         self.choices = tuple(choices) if choices else None
-        self.dest = dest or self.flags[-1].lstrip("-").replace("-", "_")
+        self.dest = dest or self.name.lstrip("-").replace("-", "_")
         # what shell completion offers for the value (hostagent.completion.offer): the choices, else this
         self.complete = self.choices or complete
 
     @property
     def name(self) -> str:
-        return self.flags[-1]
+        """The long spelling (the first, where docker keeps an old one too: --network, not --net)."""
+        return next(f for f in self.flags if f.startswith("--"))
 
     def sdk_value(self, value: Any) -> Any:
         """The Engine API value of the option's value(s); UsageError naming the option on bad text."""
@@ -82,8 +84,8 @@ class Option:
 
     def docker_args(self, value: Any) -> list[str]:
         """This option as `docker run` arguments (nothing when unset)."""
-        if self.kind == FLAG:
-            return [self.flags[0]] if value else []
+        if self.kind == FLAG:  # None: not given; False: given =false (--init=false means something)
+            return [] if value is None else [self.flags[0]] if value else [f"{self.name}=false"]
         values = value if self.kind == APPEND else ([] if value is None else [value])
         return [a for v in values for a in (self.flags[0], str(v))]
 
@@ -116,7 +118,7 @@ OPTIONS: Sequence[Option] = (
     Option(("-u", "--user"), "username or UID (format: <name|uid>[:<group|gid>])", where=CONTAINER,
            keyword="user"),
     Option(("--group-add",), "add an additional group to join", APPEND, "GROUP", where=HOST, keyword="group_add"),
-    Option(("--hostname",), "the container's host name", where=CONTAINER, keyword="hostname"),
+    Option(("--hostname", "-h"), "the container's host name", where=CONTAINER, keyword="hostname"),
     Option(("--add-host",), "add a line to /etc/hosts (HOST:IP)", APPEND, "HOST:IP", where=HOST,
            keyword="extra_hosts", each=values.add_host, dest="add_hosts"),
     Option(("--entrypoint",), "override the image's ENTRYPOINT (the pin is proven only by gpupin-entrypoint)",
@@ -127,7 +129,7 @@ OPTIONS: Sequence[Option] = (
            "PORT", where=HOST, keyword="port_bindings", convert=values.publish, dest="publish"),
     Option(("-P", "--publish-all"), "publish every port the image exposes, each to a random host port", FLAG,
            where=HOST, keyword="publish_all_ports"),
-    Option(("--network",), "connect the container to a network", where=HOST, keyword="network_mode",
+    Option(("--network", "--net"), "connect the container to a network", where=HOST, keyword="network_mode",
            metavar="NETWORK"),
     Option(("--ipc",), "IPC mode to use (e.g. host)", where=HOST, keyword="ipc_mode", metavar="MODE"),
     Option(("--pid",), "PID namespace to use (e.g. host)", where=HOST, keyword="pid_mode", metavar="MODE"),
@@ -141,7 +143,8 @@ OPTIONS: Sequence[Option] = (
            keyword="cgroup_parent", metavar="CGROUP"),
     Option(("--dns",), "a DNS server", APPEND, "IP", where=HOST, keyword="dns"),
     Option(("--dns-search",), "a DNS search domain", APPEND, "DOMAIN", where=HOST, keyword="dns_search"),
-    Option(("--dns-option",), "a DNS option", APPEND, "OPT", where=HOST, keyword="dns_opt", dest="dns_options"),
+    Option(("--dns-option", "--dns-opt"), "a DNS option", APPEND, "OPT", where=HOST, keyword="dns_opt",
+           dest="dns_options"),
     Option(("--domainname",), "the container's NIS domain name", where=CONTAINER, keyword="domainname",
            metavar="NAME"),
     Option(("--sysctl",), "a namespaced kernel parameter (KEY=VALUE, e.g. net.core.somaxconn=1024)", APPEND,
@@ -154,7 +157,7 @@ OPTIONS: Sequence[Option] = (
            convert=values.key_values("KEY"), dest="log_opts"),
     Option(("--shm-size",), "size of /dev/shm (e.g. 8g)", where=HOST, keyword="shm_size", convert=values.size,
            metavar="SIZE"),
-    Option(("--cpus",), "number of CPUs (e.g. 1.5)", where=HOST, keyword="nano_cpus", convert=values.cpus,
+    Option(("--cpus",), "number of CPUs (e.g. 1.5; 0: no limit)", where=HOST, keyword="nano_cpus", convert=values.cpus,
            metavar="N"),
     Option(("-m", "--memory"), "memory limit (e.g. 64g)", where=HOST, keyword="mem_limit", convert=values.size,
            metavar="SIZE"),
@@ -181,13 +184,14 @@ OPTIONS: Sequence[Option] = (
     Option(("--cpu-quota",), "the CPU CFS quota in microseconds per period (-1: none)", where=HOST,
            keyword="cpu_quota", convert=values.integer(-1, 2 ** 63 - 1, "a quota"), metavar="US"),
     Option(("--ulimit",), "a ulimit (NAME=SOFT[:HARD], e.g. memlock=-1)", APPEND, "ULIMIT", where=HOST,
-           keyword="ulimits", each=values.ulimit, dest="ulimits"),
+           keyword="ulimits", convert=values.ulimits, dest="ulimits"),
     Option(("--device",), "add a host device (none that reaches an NVIDIA node: the pin gives the GPUs)", APPEND,
            "DEVICE", where=HOST, keyword="devices", each=values.device, dest="devices", complete=FILES),
     Option(("--cap-add",), "add a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_add"),
     Option(("--cap-drop",), "drop a Linux capability", APPEND, "CAP", where=HOST, keyword="cap_drop"),
-    Option(("--security-opt",), "a security option (e.g. seccomp=unconfined)", APPEND, "OPT", where=HOST,
-           keyword="security_opt"),
+    Option(("--security-opt",), "a security option (e.g. seccomp=unconfined, seccomp=PROFILE.json, "
+           "no-new-privileges, systempaths=unconfined)", APPEND, "OPT", where=HOST, keyword="security_opt",
+           convert=values.security_opts),
     Option(("--runtime",), "the OCI runtime (e.g. nvidia; the pin's NVIDIA_VISIBLE_DEVICES still rules)",
            where=HOST, keyword="runtime"),
     Option(("--restart",), "restart policy: no, always, unless-stopped, on-failure[:N] (a container the daemon "
@@ -207,6 +211,13 @@ OPTIONS: Sequence[Option] = (
            "the nvidia driver's request carries them, so they pin through it, never CDI)", metavar="LIST",
            complete=("all", *values.GPU_CAPABILITIES)),
 )
+
+# What the docker CLI sends for the options not given (its flags' defaults), where the SDK sends nothing: the same
+# HostConfig whichever of the two created the container.
+CLI_HOST_DEFAULTS: dict[str, Any] = {
+    "Dns": [], "DnsOptions": [], "DnsSearch": [], "Devices": [], "BlkioWeightDevice": [], "PortBindings": {},
+    "RestartPolicy": {"Name": "no", "MaximumRetryCount": 0},
+}
 
 BY_FLAG = {flag: opt for opt in OPTIONS for flag in opt.flags}
 BY_DEST = {opt.dest: opt for opt in OPTIONS}
@@ -246,19 +257,29 @@ def _exposed(bindings: dict[str, Any]) -> list[Any]:
     return out
 
 
-def payload(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The SDK keywords of every option that is set: {"container": {...}, "host": {...}, "create": {...}}."""
-    out: dict[str, dict[str, Any]] = {CONTAINER: {}, HOST: {}, CREATE: {}}
+def payload(given: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The SDK keywords of every option that is set: {"container": {...}, "host": {...}, "create": {...}}, and the
+    HostConfig fields the SDK has no keyword for ("raw host")."""
+    out: dict[str, dict[str, Any]] = {CONTAINER: {}, HOST: {}, CREATE: {}, RAW_HOST: {}}
     for opt in OPTIONS:
-        value = values.get(opt.dest)
-        if value in (None, False, []):
+        value = given.get(opt.dest)
+        if value is None or value == []:  # not given (a bool flag given =false is False: sent, as docker does)
             continue
         converted = opt.sdk_value(value)  # checks the options hostagent reads itself (--pull) too
         if opt.where is not None and opt.keyword is not None:
             out[opt.where][opt.keyword] = converted
         if opt.dest == "publish":  # docker run exposes what it publishes
             out[CONTAINER]["ports"] = _exposed(out[HOST]["port_bindings"])
-    driver, log_opts = values.get("log_driver"), values.get("log_opts")
+    host = out[HOST]
+    if "binds" in host:  # `-v /path` is an anonymous volume (Config.Volumes), as docker run makes it
+        anonymous = [b for b in host["binds"] if values.anonymous(b)]
+        host["binds"] = [b for b in host["binds"] if not values.anonymous(b)]
+        if anonymous:
+            out[CONTAINER]["volumes"] = anonymous
+    if values.SYSTEMPATHS_UNCONFINED in host.get("security_opt", ()):  # the CLI's own option, not the daemon's
+        host["security_opt"] = [o for o in host["security_opt"] if o != values.SYSTEMPATHS_UNCONFINED]
+        out[RAW_HOST].update(MaskedPaths=[], ReadonlyPaths=[])
+    driver, log_opts = given.get("log_driver"), given.get("log_opts")
     if driver or log_opts:  # one LogConfig from both; no driver: the daemon's default one, with these options
         out[HOST]["log_config"] = {"type": driver or "",
                                    "config": BY_DEST["log_opts"].sdk_value(log_opts) if log_opts else {}}

@@ -9,6 +9,7 @@ equivalent `docker run` line from the same table of options.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -17,10 +18,10 @@ import shlex
 from gpupin.core.contract import LABEL, LEVELS_SAID, picks_devices
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
-from gpupin.core.shown import shown
-from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS, Pin, check_via
+from gpupin.hostagent.pin import OWNED_LABELS, Pin, check_via
 from gpupin.hostagent.run import options as runopts
 from gpupin.hostagent.run import values
+from gpupin.hostagent.run.environment import EnvVar, user_environment
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def bad_option(err: BaseException) -> UsageError:
 
 
 def _default(opt: runopts.Option) -> Any:
-    return False if opt.kind == runopts.FLAG else [] if opt.kind == runopts.APPEND else None
+    return [] if opt.kind == runopts.APPEND else None
 
 
 class RunRequest:
@@ -71,7 +72,8 @@ class RunRequest:
         self.validate()
         # The user's part of the environment (--env-file, then -e), read now: a bad file is refused before
         # NVML or Docker is asked anything.
-        self.user_env = user_environment(self, os.environ if environ is None else environ)
+        self.user_env = user_environment(self.options["env_files"], self.options["env"],
+                                         os.environ if environ is None else environ)
 
     # The options hostagent itself acts on.
     @property
@@ -154,63 +156,6 @@ class RunRequest:
                                  "remove it; --share sets gpupin.shared")
 
 
-def _read_env_file(path: str, environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """docker's --env-file: KEY=VALUE lines, `#` comments, blank lines; a bare KEY takes this process's value."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as err:
-        raise UsageError(f"--env-file {path}: {err.strerror or err}", "give the path of a KEY=VALUE file") from None
-    out: list[tuple[str, str]] = []
-    for n, raw_bytes in enumerate(data.splitlines(), 1):
-        try:
-            raw = raw_bytes.decode("utf-8")
-        except UnicodeDecodeError:
-            raise UsageError(f"--env-file {path}:{n}: not UTF-8 text", "save the file as UTF-8") from None
-        line = raw.lstrip()
-        if not line or line.startswith("#"):
-            continue
-        key, eq, value = line.partition("=")
-        if not key or any(c.isspace() for c in key):
-            raise UsageError(f"--env-file {path}:{n}: {raw!r} is not KEY=VALUE", "one KEY=VALUE per line")
-        if eq:
-            out.append((key, value))
-        elif key in environ:
-            out.append((key, environ[key]))
-    return out
-
-
-def _owned(key: str, value: str, given: str) -> None:
-    """Refuse a variable that the pin owns or that the NVIDIA toolkit reads to pick devices (`given`: how)."""
-    if key in OWNED_VARS:
-        raise UsageError(f"{given}: hostagent sets {key} itself from the GPUs asked",
-                         "ask for the GPUs with --uuid/--gpu/--count instead")
-    if picks_devices(key):
-        raise UsageError(f"{given}: the NVIDIA runtime reads {key} to pick the devices it exposes, which would "
-                         f"give the container devices outside its pin ({shown(key + '=' + value)})",
-                         "ask for the GPUs with --uuid/--gpu/--count; hostagent exposes exactly those")
-
-
-def user_environment(req: RunRequest, environ: Mapping[str, str]) -> dict[str, str]:
-    """--env-file, then -e (as docker orders them); the variables the pin owns, and those the NVIDIA toolkit reads
-    to pick devices, are refused, naming where they were given."""
-    env: dict[str, str] = {}
-    for path in req.options["env_files"]:
-        for key, value in _read_env_file(path, environ):
-            _owned(key, value, f"--env-file {shown(path)}: {shown(key)}")
-            env[key] = value
-    for spec in req.options["env"]:
-        key, eq, value = spec.partition("=")
-        if not key:
-            raise UsageError(f"malformed -e {spec!r}", "use -e KEY=VALUE, or -e KEY to pass this shell's value")
-        if not eq and key not in environ:
-            continue
-        value = value if eq else environ[key]
-        _owned(key, value, f"-e {shown(key)}")
-        env[key] = value
-    return env
-
-
 def labels(req: RunRequest, pin: Pin) -> dict[str, str]:
     out = dict(spec.partition("=")[::2] for spec in req.options["labels"])
     out.update(pin.labels())
@@ -224,12 +169,13 @@ class ContainerSpec:
         self.req = req
         self.targets = list(targets)
         self.pin = Pin(targets, share=req.share, verify=req.verify, capabilities=req.capabilities, via=via)
-        self.env = {**req.user_env, **self.pin.env()}
+        self.env = [*req.user_env, *(EnvVar(k, v) for k, v in self.pin.env().items())]
         self.labels = labels(req, self.pin)
 
-    def config(self, version: str) -> dict[str, Any]:
+    def config(self, version: str, redact: bool = False) -> dict[str, Any]:
         """The create payload (`POST /containers/create`'s body), built by the docker SDK's types for this API
-        version; a bad option value is the SDK's error, turned into a UsageError."""
+        version; a bad option value is the SDK's error, turned into a UsageError. `redact`: the values read from
+        env files and the environment hidden (hostagent.run.environment), for showing."""
         from docker.errors import DockerException
         from docker.types import ContainerConfig, HostConfig
 
@@ -238,8 +184,12 @@ class ContainerSpec:
         try:
             host_config = HostConfig(version=version, device_requests=[self.pin.sdk_device_request()],
                                      **kw[runopts.HOST])
+            host_config.update(kw[runopts.RAW_HOST])
+            for key, value in runopts.CLI_HOST_DEFAULTS.items():
+                host_config.setdefault(key, copy.deepcopy(value))
             config: dict[str, Any] = ContainerConfig(
-                version, r.image, r.command or None, detach=r.detach, environment=self.env, labels=self.labels,
+                version, r.image, r.command or None, detach=r.detach,
+                environment=[v.shown() if redact else v.entry() for v in self.env], labels=self.labels,
                 host_config=host_config, **kw[runopts.CONTAINER])
         except (DockerException, ValueError, TypeError) as err:
             raise bad_option(err) from None
@@ -251,7 +201,7 @@ class ContainerSpec:
 
     def to_dict(self, version: str) -> dict[str, Any]:
         """What --dry-run --json prints: the create payload, and the create call's other arguments."""
-        return {**self.create_args(), "config": self.config(version)}
+        return {**self.create_args(), "config": self.config(version, redact=True)}
 
     def docker_run_argv(self) -> list[str]:
         """The equivalent `docker run` command line, option by option from the same table."""
@@ -262,8 +212,10 @@ class ContainerSpec:
                 continue  # written below, merged with the pin's
             argv += opt.docker_args(r.options[opt.dest])
         argv += self.pin.docker_run_args()
-        for key, value in self.env.items():
-            argv += ["-e", f"{key}={value}"]
+        argv += [a for path in r.options["env_files"] for a in ("--env-file", path)]
+        for var in self.env:
+            if var.file is None:  # -e's; a value from the environment as `-e KEY`, which passes it again
+                argv += ["-e", var.key if var.passed else var.entry()]
         for key, value in self.labels.items():
             argv += ["--label", f"{key}={value}"]
         return [*argv, r.image, *r.command]

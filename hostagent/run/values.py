@@ -9,19 +9,21 @@ reaches an NVIDIA device node, normalised and, on a daemon of this host, through
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from fractions import Fraction
 
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.core.shown import shown
 from gpupin.hostagent.ledger import nodes
+from gpupin.hostagent.run.units import ram_in_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-_SIZE = re.compile(r"[0-9]+(\.[0-9]+)?[bkmgBKMG]?")
 
 
 def entrypoint(value: str) -> list[str]:
@@ -29,21 +31,26 @@ def entrypoint(value: str) -> list[str]:
     return [value]
 
 
-def size(value: str) -> str:
-    if not _SIZE.fullmatch(value):
-        raise ValueError("not a size (bytes, or a number with b, k, m or g)")
-    return value
+def size(value: str) -> int:
+    return ram_in_bytes(value)
 
 
-def memory_swap(value: str) -> str | int:
-    return -1 if value == "-1" else size(value)
+def memory_swap(value: str) -> int:
+    return -1 if value == "-1" else ram_in_bytes(value)
 
 
 def cpus(value: str) -> int:
-    cpus = float(value)
-    if not 0 < cpus < 1e6 or cpus != cpus:
-        raise ValueError("give a number of CPUs > 0, e.g. 1.5")
-    return round(cpus * 1e9)  # the Engine's NanoCpus
+    """The Engine's NanoCpus, exactly as the docker CLI computes them (a rational, never a float: 0.1 CPU is 10^8);
+    0 is no limit. What the daemon refuses (more CPUs than the host has, a negative count) it refuses."""
+    try:
+        if value != value.strip():
+            raise ValueError(value)
+        nano = Fraction(value) * 10 ** 9
+    except (ValueError, ZeroDivisionError):
+        raise ValueError("give a number of CPUs, e.g. 1.5") from None
+    if nano.denominator != 1:
+        raise ValueError("too precise: give CPUs to 9 decimal places at most")
+    return int(nano)
 
 
 def seconds(value: str) -> int:
@@ -137,6 +144,12 @@ def key_values(what: str) -> Callable[[Sequence[str]], dict[str, str]]:
     return convert
 
 
+def ulimits(values: Sequence[str]) -> list[Any]:
+    """--ulimit as the docker CLI sends them: one per name (the last given), by name."""
+    limits = {u["Name"]: u for u in map(ulimit, values)}
+    return [limits[name] for name in sorted(limits)]
+
+
 def ulimit(value: str) -> Any:
     from docker.types import Ulimit
 
@@ -154,7 +167,7 @@ def restart(value: str) -> dict[str, Any]:
     name, _, count = value.partition(":")
     if name not in RESTART_POLICIES or (count and (name != "on-failure" or not count.isdigit())):
         raise ValueError("give no, always, unless-stopped or on-failure[:MAX-RETRIES]")
-    return {"Name": "" if name == "no" else name, "MaximumRetryCount": int(count or 0)}
+    return {"Name": name, "MaximumRetryCount": int(count or 0)}
 
 
 def add_host(value: str) -> str:
@@ -181,6 +194,8 @@ def mount(value: str) -> Any:
     kind = fields.get("type", "volume")
     target = fields.get("target") or fields.get("destination") or fields.get("dst")
     source = fields.get("source") or fields.get("src")
+    if source == "." or (source or "").startswith("./"):  # made absolute, as -v's (docker CLI 23 and later)
+        source = absolute(str(source))
     if not target:
         raise ValueError("a mount needs target=PATH")
     if source and kind == "bind":
@@ -203,11 +218,84 @@ def tmpfs(values: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def workdir() -> str:
+    """The current folder as Go's os.Getwd gives it to the docker CLI: $PWD when it is this folder (a path through
+    a symbolic link kept as the user sees it), else the physical path."""
+    pwd = os.environ.get("PWD", "")
+    try:
+        if os.path.isabs(pwd) and os.path.samefile(pwd, "."):
+            return pwd
+    except OSError:
+        pass
+    return os.getcwd()
+
+
+def absolute(path: str) -> str:
+    """Go's filepath.Abs, which the docker CLI makes relative bind sources absolute with."""
+    return os.path.normpath(os.path.join(workdir(), path))
+
+
 def volume(value: str) -> str:
-    source = value.split(":", 1)[0]
+    # docker CLI 23 and later: a bind source written relative (`.`, or beginning `./`) is made absolute; any other
+    # source without a `/` (`../x` too) is a volume name.
+    source, sep, rest = value.partition(":")
+    if sep and (source == "." or source.startswith("./")):
+        source = absolute(source)
+        value = f"{source}:{rest}"
     if source.startswith("/"):  # else a named volume
         _not_a_gpu_device(value, source, "-v", deep=False)
     return value
+
+
+def anonymous(spec: str) -> bool:
+    """Whether a -v spec names no source (`-v /scratch`): docker makes it an anonymous volume of the container
+    (Config.Volumes), not a bind."""
+    return ":" not in spec
+
+
+def _compact_json(path: str) -> str:
+    """A seccomp profile's text without the whitespace between tokens, as Go's json.Compact makes it (the docker CLI
+    sends the profile itself, not its path)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"opening seccomp profile ({path}) failed: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except ValueError:
+        raise ValueError(f"the seccomp profile {path} is not JSON") from None
+    out: list[str] = []
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
+        elif c in " \t\r\n":
+            continue
+        else:
+            in_string = c == '"'
+        out.append(c)
+    return "".join(out)
+
+
+SYSTEMPATHS_UNCONFINED = "systempaths=unconfined"  # the CLI's own: no masked or read-only /proc, /sys paths
+
+
+def security_opts(values: Sequence[str]) -> list[str]:
+    """--security-opt as the docker CLI sends them: KEY=VALUE (or KEY:VALUE), a seccomp profile's path replaced by
+    the profile (seccomp=unconfined and =builtin are the daemon's). systempaths=unconfined stays here: the payload
+    turns it into empty MaskedPaths and ReadonlyPaths."""
+    out = []
+    for opt in values:
+        key, eq, value = opt.partition("=")
+        if not eq and opt != "no-new-privileges":
+            key, colon, value = opt.partition(":")
+            if not colon:
+                raise ValueError(f"{opt!r} is not KEY=VALUE (e.g. seccomp=unconfined, no-new-privileges)")
+        if key == "seccomp" and value not in ("unconfined", "builtin"):
+            opt = "seccomp=" + _compact_json(value)
+        out.append(opt)
+    return out
 
 
 GPU_CAPABILITIES = ("compute", "utility", "graphics", "video", "display", "compat32")
