@@ -15,7 +15,7 @@ import os
 import re
 import shlex
 
-from gpupin.core.contract import LABEL, LEVELS_SAID, picks_devices
+from gpupin.core.contract import LABEL, LEVELS_SAID
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
 from gpupin.hostagent.pin import OWNED_LABELS, Pin, check_via

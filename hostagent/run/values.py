@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from fractions import Fraction
 
 from gpupin.core.errors import GpupinError, UsageError
