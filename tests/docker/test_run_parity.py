@@ -48,7 +48,7 @@ from gpupin.hostagent.ledger.lease import LEASE_LABEL, OWNER_LABEL
 from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.sandbox import ENGINES, TEST_IMAGE, Sandbox
 
-CORPUS = Path(__file__).resolve().parent / "data" / "run-corpus.txt"
+CORPUS = REPO / "tests" / "data" / "run-corpus.txt"
 COMMAND = ("sleep", "600")
 LEFT_OUT_LABELS = (OWNER_LABEL, LEASE_LABEL)
 PASS_THROUGH = {"HF_TOKEN": "hf_corpus_token", "WANDB_API_KEY": "wandb-corpus-key"}
