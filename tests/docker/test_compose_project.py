@@ -34,7 +34,8 @@ def test_render_of_several_files_is_one_file_compose_runs_with_every_gpu_pinned(
                                                                                 mixed4_sandbox: Sandbox) -> None:
     folder = PROJECTS_DIR / "multi-file"
     out = tmp_path / "pinned.yml"
-    r = render(folder, mixed4_sandbox, "compose", "render", "-f", "base.yml", "-f", "gpu.yml", "-o", str(out),
+    r = render(folder, mixed4_sandbox, "compose", "render", "-f", "base.yml", "-f", "gpu.yml", "--via", "nvidia",
+               "-o", str(out),
                compose_v2=compose_v2)
     assert r.returncode == 0, r.stderr
     text = out.read_text()
