@@ -38,19 +38,16 @@ def _split(url: str) -> tuple[str, str | None, str, int]:
 def fetch(url: str) -> dict[str, Any]:
     """The agent's /api/ls object; AgentUnavailableError (69) when it cannot be read."""
     import http.client
-    import socket
 
     _, path, host, port = _split(url)
     conn: http.client.HTTPConnection
     if path is not None:
-        conn = http.client.HTTPConnection("localhost", timeout=TIMEOUT)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(TIMEOUT)
-        conn.sock = sock
+        from gpupin.hostagent.agentlink import UnixHTTPConnection
+
+        conn = UnixHTTPConnection(path, TIMEOUT)
         try:
-            sock.connect(path)
+            conn.connect()
         except OSError as err:
-            sock.close()
             raise AgentUnavailableError(f"no agent answers at {url}: {err.strerror or err}", HINT) from None
     else:
         conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)

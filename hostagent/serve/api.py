@@ -1,12 +1,16 @@
 """The agent's HTTP API, served on two listeners: a unix socket for the CLI (root and the socket's group only,
 as with the Docker socket) and TCP, loopback unless `--http-public` (docs/serve.md, "API").
 
-Routes, the same on both (GET only, for now; the fair queue and the agent-side `run` of a later step go on the unix
-socket alone, where SO_PEERCRED names the caller's uid):
+GET routes, the same on both:
 - `/api/ls`: exactly the object `hostagent ls --json` prints, with the agent's idle fields filled in;
 - `/api/events`: server-sent events, one `ls` event with that object at each change (the dashboard's feed);
 - `/api/agent`: the agent itself (version, pid, start, settings, whether NVML and Docker answer);
 - `/metrics`: Prometheus text (gpupin.hostagent.serve.metrics); `/`: the dashboard.
+
+POST routes act for the caller (they book cards), so they are served on the unix socket alone, where the kernel
+names the caller (SO_PEERCRED: its pid, uid and gid) and the socket's mode has already said who may connect. Each
+takes one JSON object and answers JSON; a refusal is `{"error", "hint", "exit"}`, raised again by the CLI as the
+same error with the same exit code (gpupin.hostagent.agentlink). The modules that serve them register in `_posts`.
 """
 
 from __future__ import annotations
@@ -19,15 +23,47 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from gpupin.core import __version__
+from gpupin.core.errors import EX_SOFTWARE, EX_USAGE, GpupinError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from gpupin.hostagent.serve.agent import Agent
     from gpupin.hostagent.serve.metrics import Exposition
 
+    PostRoute = Callable[["Handler", dict[str, Any], "Peer"], None]
+
 KEEPALIVE = 15.0  # seconds between two comment lines on an idle event stream (proxies drop silent connections)
+MAX_BODY = 1 << 20  # a request is a command line and its environment: a megabyte is far beyond any
+
+
+class Peer:
+    """Who is on the other end of a unix-socket connection, as the kernel says (not as the caller claims)."""
+
+    __slots__ = ("gid", "pid", "uid")
+
+    def __init__(self, pid: int, uid: int, gid: int) -> None:
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+
+    @classmethod
+    def of(cls, sock: Any) -> Peer:
+        import socket
+        import struct
+
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return cls(*struct.unpack("3i", raw))
+
+    def user(self) -> str:
+        import pwd
+
+        try:
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return str(self.uid)
 
 
 def _dashboard() -> bytes:
@@ -40,6 +76,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = f"gpupin-hostagent/{__version__}"
     agent: Agent
     metrics: Exposition
+    posts: dict[str, PostRoute]
 
     def address_string(self) -> str:
         return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
@@ -73,9 +110,51 @@ class Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def _refuse(self) -> None:
-        self._json(405, {"error": f"{self.command} is not served: the API is read-only (GET)"})
+        self._json(405, {"error": f"{self.command} is not served: the API is GET, and POST on the unix socket"})
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+    do_PUT = do_DELETE = do_PATCH = _refuse
+
+    def refusal(self, status: int, err: GpupinError) -> None:
+        """A refusal as the CLI raises it again (gpupin.hostagent.agentlink.error_from)."""
+        self._json(status, {"error": err.message, "hint": err.hint, "exit": err.exit_code})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if not isinstance(self.server, UnixServer):  # acting for someone needs to know who: the socket tells
+            self.refusal(403, GpupinError(f"POST {path} is served on the agent's unix socket only",
+                                          "run hostagent on the agent's host, as root or in its group"))
+            return
+        route = self.posts.get(path)
+        if route is None:
+            self._json(404, {"error": f"no such path {path}", "paths": sorted(self.posts)})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 <= length <= MAX_BODY:
+                raise ValueError(f"a body of {length} bytes")
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as err:
+            bad = GpupinError(f"POST {path}: the request is not one JSON object ({err})")
+            bad.exit_code = EX_USAGE
+            self.refusal(400, bad)
+            return
+        peer = Peer.of(self.connection)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client left
+            try:
+                route(self, body, peer)
+            except GpupinError as err:
+                self.refusal(409 if err.exit_code != EX_USAGE else 400, err)
+            except Exception as err:  # a bug here must not end the agent, nor leave the caller without a line
+                bug = GpupinError(f"the agent failed on POST {path}: {type(err).__name__}: {err}",
+                                  "this is a bug in hostagent serve: see its log, and report it")
+                bug.exit_code = EX_SOFTWARE
+                self.refusal(500, bug)
+
+    def answer(self, obj: Any) -> None:
+        """A POST route's answer (200, JSON)."""
+        self._json(200, obj)
 
     def _dashboard(self) -> None:
         self._send(200, _dashboard(), "text/html; charset=utf-8")
@@ -136,10 +215,16 @@ class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
 
+def _posts(agent: Agent) -> dict[str, PostRoute]:
+    """The POST routes, each module's own (none yet: `run` and the fair queue register theirs here)."""
+    return {}
+
+
 def handler(agent: Agent) -> type[Handler]:
     from gpupin.hostagent.serve.metrics import Exposition
 
-    return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent)})
+    return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent),
+                                             "posts": _posts(agent)})
 
 
 def serve_in_thread(server: socketserver.BaseServer, name: str) -> threading.Thread:

@@ -7,12 +7,12 @@ import os
 import socket
 
 from gpupin.core.errors import AgentBusyError, UsageError
+from gpupin.hostagent.agentlink import DEFAULT_SOCKET as DEFAULT_SOCKET
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpupin.hostagent.serve.api import Handler, TcpServer, UnixServer
 
-DEFAULT_SOCKET = "/run/gpupin/hostagent.sock"
 DEFAULT_GROUP = "gpupin"
 DEFAULT_HTTP = "127.0.0.1:9417"
 SOCKET_MODE = 0o660

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import hosts
 from gpupin.hostagent.serve.args import duration
 from gpupin.hostagent.serve.idle import IdleTracker
@@ -167,3 +168,33 @@ def metric(agent: Resident, name: str) -> list[tuple[dict[str, str], float]]:
 
     text = agent.get("/metrics")[1].decode()
     return [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def test_post_acts_only_on_the_unix_socket_and_refusals_keep_their_exit_code(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    from gpupin.hostagent import agentlink
+
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER))
+    try:
+        # Over TCP nobody is named by the kernel: acting for a caller is refused there.
+        conn = socket.create_connection(("127.0.0.1", agent.port), timeout=10)
+        conn.sendall(b"POST /api/anything HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}")
+        reply = b""
+        while chunk := conn.recv(1 << 16):
+            reply += chunk
+        conn.close()
+        assert reply.startswith(b"HTTP/1.0 403") and b"unix socket only" in reply, reply
+        monkeypatch.setenv(agentlink.SOCKET_ENV, agent.socket)
+        link = agentlink.find()
+        assert link is not None and link.path == agent.socket
+        with pytest.raises(GpupinError) as bad:  # the agent's error object, raised as its error
+            link.call("POST", "/api/no-such-route", {})
+        assert bad.value.exit_code == 69 and bad.value.message == "no such path /api/no-such-route"
+        assert link.call("GET", "/api/agent")["pid"] == agent.proc.pid
+        monkeypatch.setenv(agentlink.USE_ENV, "0")
+        assert agentlink.find() is None  # GPUPIN_AGENT=0: never through the agent
+        monkeypatch.delenv(agentlink.USE_ENV)
+        monkeypatch.setenv(agentlink.SOCKET_ENV, str(agent.dir / "nothing.sock"))
+        assert agentlink.find() is None  # no agent: the direct path
+    finally:
+        agent.close()

@@ -1,0 +1,146 @@
+"""The CLI's side of the resident agent (`hostagent serve`): whether one answers on its unix socket, and JSON
+requests to it, over the standard library's http.client (no docker SDK, no NVML: the point of asking the agent is
+not to pay for them).
+
+Which socket: GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock. GPUPIN_AGENT=0 (or off, no, false) never asks
+the agent: every command then takes its own path, as it does when no agent answers. A socket this user may not
+open (not in the agent's group) counts as no agent.
+
+The agent answers an error as `{"error": MESSAGE, "hint": HINT, "exit": CODE}`; `Link.call` raises it here as the
+GpupinError with that exit code, so a refusal reads and exits the same whichever process found it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+
+from gpupin.core.errors import AgentUnavailableError, GpupinError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+DEFAULT_SOCKET = "/run/gpupin/hostagent.sock"
+SOCKET_ENV = "GPUPIN_AGENT_SOCKET"
+USE_ENV = "GPUPIN_AGENT"
+CONNECT_S = 2.0  # an agent that does not accept within this is treated as absent by find()
+_OFF = ("0", "off", "no", "false")
+
+
+def socket_path() -> str:
+    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+def wanted() -> bool:
+    """Whether commands may go through the agent (GPUPIN_AGENT=0 says never)."""
+    return os.environ.get(USE_ENV, "").strip().lower() not in _OFF
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a unix socket (the Host header is a formality there)."""
+
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def error_from(status: int, obj: Any, where: str) -> GpupinError:
+    """The agent's error object as the GpupinError it stands for (its exit code kept)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("error"), str):
+        return AgentUnavailableError(f"the agent at {where} answered {status} without its error object",
+                                     "see the agent's log (journalctl -u gpupin-hostagent)")
+    err = GpupinError(obj["error"], obj.get("hint") if isinstance(obj.get("hint"), str) else None)
+    code = obj.get("exit")
+    err.exit_code = code if isinstance(code, int) and 0 < code < 256 else AgentUnavailableError.exit_code
+    return err
+
+
+class Link:
+    """One agent's socket. Each call is one connection: the agent's server is threaded, and a held connection
+    would be one more thread there for nothing."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"unix://{self.path}"
+
+    def _send(self, method: str, route: str, body: Any, timeout: float | None) -> tuple[UnixHTTPConnection,
+                                                                                          http.client.HTTPResponse]:
+        conn = UnixHTTPConnection(self.path, timeout)
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        try:
+            conn.request(method, route, body=data, headers=headers)
+            return conn, conn.getresponse()
+        except OSError as err:
+            conn.close()
+            raise AgentUnavailableError(f"the agent at {self} stopped answering ({err.strerror or err})",
+                                        "see the agent's log (journalctl -u gpupin-hostagent), or set "
+                                        f"{USE_ENV}=0 to go without it") from None
+
+    def call(self, method: str, route: str, body: Any = None, timeout: float | None = 30.0) -> Any:
+        """One request; its JSON answer, or the agent's refusal raised as its GpupinError."""
+        conn, res = self._send(method, route, body, timeout)
+        try:
+            raw = res.read()
+        finally:
+            conn.close()
+        try:
+            obj = json.loads(raw) if raw else None
+        except ValueError:
+            obj = None
+        if res.status >= 400:
+            raise error_from(res.status, obj, str(self))
+        return obj
+
+    def lines(self, method: str, route: str, body: Any = None, timeout: float | None = None) -> Iterator[Any]:
+        """A streamed answer of one JSON object per line (a long wait that says where it stands), until the agent
+        ends it; closing the generator closes the connection, which the agent takes as the caller leaving."""
+        conn, res = self._send(method, route, body, timeout)
+        try:
+            if res.status >= 400:
+                raw = res.read()
+                try:
+                    obj = json.loads(raw) if raw else None
+                except ValueError:
+                    obj = None
+                raise error_from(res.status, obj, str(self))
+            for line in res:
+                if line.strip():
+                    yield json.loads(line)
+        except (OSError, http.client.HTTPException) as err:
+            raise AgentUnavailableError(f"the agent at {self} dropped the connection ({err})",
+                                        "see the agent's log (journalctl -u gpupin-hostagent)") from None
+        finally:
+            conn.close()
+
+
+def find() -> Link | None:
+    """The agent, when one accepts on its socket and this user may use it; else None (take the direct path)."""
+    if not wanted():
+        return None
+    path = socket_path()
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(CONNECT_S)
+    try:
+        probe.connect(path)
+    except OSError:  # no socket, nothing listening (a dead agent's leftover), or not this user's group
+        return None
+    finally:
+        probe.close()
+    return Link(path)
