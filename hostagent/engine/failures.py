@@ -56,12 +56,26 @@ def failure(err: BaseException, doing: str) -> GpupinError:
     return unavailable(err)
 
 
+class EngineError(Exception):
+    """The daemon's answer to a call of the SDK-free client (gpupin.hostagent.engine.raw) when it is not a success:
+    its status and its message, under the names the SDK's APIError gives them."""
+
+    def __init__(self, status_code: int, explanation: str) -> None:
+        super().__init__(f"{status_code}: {explanation}")
+        self.status_code = status_code
+        self.explanation = explanation
+
+
 def is_daemon_failure(err: BaseException) -> bool:
     """An error of the daemon or of the way to it (the SDK's, requests', urllib3's, a socket's), not a bug here."""
-    return isinstance(err, OSError) or type(err).__module__.split(".")[0] in ("docker", "requests", "urllib3")
+    return isinstance(err, (OSError, EngineError)) or type(err).__module__.split(".")[0] in (
+        "docker", "requests", "urllib3")
 
 
 def is_api_error(err: BaseException) -> bool:
+    """An answer of the daemon that refuses (rather than a daemon that cannot be reached)."""
+    if isinstance(err, EngineError):
+        return True
     errors = sys.modules.get("docker.errors")
     return errors is not None and isinstance(err, errors.APIError)
 
@@ -76,7 +90,7 @@ class EngineNotFound(Exception):
 
 
 def is_not_found(err: BaseException) -> bool:
-    if isinstance(err, EngineNotFound):
+    if isinstance(err, EngineNotFound) or (isinstance(err, EngineError) and err.status_code == 404):
         return True
     errors = sys.modules.get("docker.errors")  # never import the SDK just to classify an error
     return errors is not None and isinstance(err, errors.NotFound)

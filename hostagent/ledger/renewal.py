@@ -45,23 +45,24 @@ def forget(api: Any, cid: str) -> None:
 
 
 class Renewal:
-    """`with Renewal(api, cid):` around a start: renews the container's lease every EVERY_S on a thread of its
-    own (its own client: the main thread is in the start), then removes what it made."""
+    """`with Renewal(cid, version):` around a start: renews the container's lease every EVERY_S on a thread of its
+    own, then removes what it made. Its client (the SDK, in the container's API version) is made only when a start
+    takes that long: a quick start costs nothing."""
 
-    def __init__(self, api: Any, cid: str) -> None:
-        self.api = api
+    def __init__(self, cid: str, version: str) -> None:
         self.cid = cid
+        self.version = version
+        self._api: Any = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._made = False
 
     def _run(self) -> None:
-        api = None
         n = 0
         while not self._done.wait(EVERY_S):
             n += 1
             try:
-                api = api or engine.connect(version=self.api.api_version)
+                self._api = api = self._api or engine.connect(version=self.version)
                 api.create_volume(_name(self.cid, n), labels={OF_LABEL: self.cid, **lease.claim()})
                 self._made = True
                 if n > 1:
@@ -78,4 +79,4 @@ class Renewal:
         if self._thread is not None:
             self._thread.join()
         if self._made:
-            forget(self.api, self.cid)
+            forget(self._api, self.cid)

@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import sys
 import threading
 
 from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent import background, engine, say
+from gpupin.hostagent.engine.raw import STDERR
 from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
@@ -27,70 +27,59 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
+    from gpupin.hostagent.engine.raw import Engine, Stream, Waiter
     from gpupin.hostagent.run.request import RunRequest
-
-STDOUT, STDERR = 1, 2
 
 
 class Attachment:
-    """The container's streams and its exit, opened before it starts (`open`), followed after (`follow`)."""
+    """The container's streams and its exit, opened before it starts (`open`), followed after (`follow`), through
+    the SDK-free client (gpupin.hostagent.engine.raw): the same follow whoever created the container."""
 
-    def __init__(self, cid: str, req: RunRequest, api_version: str) -> None:
+    def __init__(self, cid: str, req: RunRequest, api: Engine) -> None:
         self.cid = cid
         self.req = req
-        self.version = api_version
+        self.api = api
         self.result: dict[str, Any] = {}
-        self._stream: Iterator[Any] | None = None
-        self._sock: Any = None
+        self._stream: Stream | None = None
         self._waiter: threading.Thread | None = None
 
     def open(self) -> None:
         # No read timeout on the streams: a quiet workload may print nothing for hours.
-        api = engine.connect(timeout=None, version=self.version)
-        if self.req.tty or self.req.interactive:
-            params = {"stdout": 1, "stderr": 1, "stream": 1, "stdin": 1 if self.req.interactive else 0}
-            self._sock = api.attach_socket(self.cid, params=params)
-        else:
-            self._stream = api.attach(self.cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
-        wait_api = engine.connect(timeout=None, version=self.version)
-        condition = "removed" if self.req.rm else "next-exit"
+        self._stream = self.api.attach(self.cid, stdin=self.req.interactive, tty=self.req.tty)
+        # The wait is registered (the daemon has sent its answer's head) before the start: a quick exit, and --rm's
+        # removal, cannot be missed.
+        waiting: Waiter = self.api.wait(self.cid, "removed" if self.req.rm else "next-exit")
 
         def wait() -> None:
             try:
-                self.result.update(wait_api.wait(self.cid, timeout=None, condition=condition))
+                self.result.update(waiting.result())
             except Exception as err:  # reported by follow(), which then asks the daemon itself
                 self.result["Error"] = {"Message": str(err)}
 
         self._waiter = background.start(wait, "hostagent-wait")
 
+    def close(self) -> None:
+        """Let go of the streams (a start that failed)."""
+        if self._stream is not None:
+            self._stream.close()
+
     # --- the streams ----------------------------------------------------------------------------------------
 
     def _output(self) -> Iterator[tuple[int, bytes]]:
-        if self._stream is not None:
-            for out, err in self._stream:
-                if out:
-                    yield STDOUT, out
-                if err:
-                    yield STDERR, err
-            return
-        from docker.utils.socket import frames_iter
-
-        yield from frames_iter(self._sock, self.req.tty)
-
-    def _raw_socket(self) -> socket.socket:
-        return getattr(self._sock, "_sock", self._sock)  # type: ignore[no-any-return]
+        assert self._stream is not None
+        yield from self._stream.frames()
 
     def _pump_stdin(self) -> None:
         """This process's input to the container's, then EOF (the container's stdin closes, as with docker run)."""
-        sock = self._raw_socket()
+        assert self._stream is not None
         fd = sys.stdin.fileno()
         try:
             while True:
                 data = os.read(fd, 1 << 16)
                 if not data:
                     break
-                sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
+                self._stream.send(data)
+            self._stream.close_input()
         except OSError:
             pass  # the container went away first
 
@@ -100,7 +89,7 @@ class Attachment:
         except OSError:
             return
         with contextlib.suppress(Exception):
-            engine.connect(version=self.version).resize(self.cid, height=size.lines, width=size.columns)
+            self.api.resize(self.cid, height=size.lines, width=size.columns)
 
     # --- signals -------------------------------------------------------------------------------------------
 
@@ -118,13 +107,12 @@ class Attachment:
         def act() -> None:
             # It may have exited or gone already: the waiter reports how it ended.
             with contextlib.suppress(Exception):
-                control = engine.connect(version=self.version)  # only when needed: a client costs a round trip
                 if action == "forward":
-                    control.kill(self.cid, signal=signum)
+                    self.api.kill(self.cid, signal=signum)
                 elif action == "stop":
-                    control.stop(self.cid, timeout=self.req.stop_timeout)
+                    self.api.stop(self.cid, timeout=self.req.stop_timeout)
                 else:
-                    control.kill(self.cid)
+                    self.api.kill(self.cid)
 
         background.start(act, f"hostagent-{action}")
 
@@ -137,6 +125,7 @@ class Attachment:
         handlers = {s: signal.signal(s, lambda signum, _f: self._on_signal(seen, signum))
                     for s in (signal.SIGINT, signal.SIGTERM)}
         restore_tty = None
+        assert self._stream is not None
         try:
             if self.req.tty:
                 restore_tty = _raw_terminal()
@@ -155,6 +144,7 @@ class Attachment:
             while self._waiter.is_alive():
                 self._waiter.join(0.2)
         finally:
+            self._stream.close()
             if restore_tty is not None:
                 restore_tty()
             for s, h in handlers.items():
@@ -167,7 +157,7 @@ class Attachment:
         code = self.result.get("StatusCode")
         if code is None:
             try:
-                code = engine.connect(version=self.version).inspect_container(self.cid)["State"]["ExitCode"]
+                code = self.api.inspect(self.cid)["State"]["ExitCode"]
             except Exception as err:
                 lost = (self.result.get("Error") or {}).get("Message") or str(err)
                 raise DockerUnavailableError(

@@ -10,32 +10,31 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import sys
-import time
 
 from gpupin.core import nvml, readings
-from gpupin.core.errors import CardHeldError, DockerRefusedError, DockerUnavailableError
+from gpupin.core.errors import CardHeldError, DockerUnavailableError, GpupinError
 from gpupin.hostagent import engine, gpus, say
 from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease, lock, renewal, uses
 from gpupin.hostagent.ledger import read as ledger_read
-from gpupin.hostagent.run import image
-from gpupin.hostagent.run.attach import Attachment
+from gpupin.hostagent.run import image, start
 from gpupin.hostagent.run.request import ContainerSpec, RunRequest, bad_option
+from gpupin.hostagent.run.start import refused
+from gpupin.hostagent.run.waiting import Patience
 from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from gpupin.core.nvml import Card
     from gpupin.core.resolve import Target
+    from gpupin.hostagent.run.attach import Attachment
 
-POLL_S = 0.5  # how often a --wait request looks at the ledger again
 NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
 
 
@@ -44,16 +43,6 @@ def _failpoint(name: str) -> None:
     hostagent killed mid-launch leaves no card held (the points: after-lock, after-create)."""
     if os.environ.get("GPUPIN_FAILPOINT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_interrupted(signum: int, _frame: object) -> None:
-    raise Interrupted(signum)
 
 
 def _keys(p: Target) -> list[str]:
@@ -113,14 +102,11 @@ class _Refusal:
         self.hint = hint
 
 
-def _held_error(req: RunRequest, refusal: _Refusal | list[str], waited: float | None) -> CardHeldError:
+def _held_error(refusal: _Refusal | list[str]) -> CardHeldError:
+    """The refusal as the error a run without --wait ends with (a --wait run waits on it: run.waiting)."""
     if isinstance(refusal, list):  # reasons without their case: a hint true in every case
         refusal = _Refusal(refusal, "wait for it with --wait [SECONDS] (`hostagent ls` shows who holds what)")
-    if waited is None:
-        return CardHeldError("; ".join(refusal.why), refusal.hint)
-    return CardHeldError(f"{'; '.join(refusal.why)}, still after waiting {waited:.0f} s",
-                         "wait longer (--wait SECONDS, or --wait alone for as long as it takes), or free it "
-                         "(`hostagent ls` shows who holds what)")
+    return CardHeldError("; ".join(refusal.why), refusal.hint)
 
 
 def _pick(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
@@ -167,6 +153,14 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
     return None, _Refusal(why, ", or ".join(hint))
 
 
+class Created:
+    """A container made with the pin and signed with its owner's lease, not started yet."""
+
+    def __init__(self, cid: str, spec: ContainerSpec) -> None:
+        self.cid = cid
+        self.spec = spec
+
+
 class Launched:
     """A created and started container, with its attachment (streams, exit) when in the foreground."""
 
@@ -176,49 +170,29 @@ class Launched:
         self.attachment = attachment
 
 
-def _refused(err: BaseException, doing: str, spec: ContainerSpec) -> DockerRefusedError:
-    out = engine.refused(err, doing)
-    if spec.pin.via == cdi.CDI and "cdi" in out.message.lower():
-        out.hint = (f"the daemon does not serve {cdi.KIND} by this name: see `docker info` (CDISpecDirs) and the "
-                    "spec (`nvidia-ctk cdi list` lists its names), or pin with --via nvidia")
-    return out
-
-
-def _create_and_start(api: Any, spec: ContainerSpec, foreground: bool,
-                      on_created: Callable[[str], None] | None = None) -> Launched:
+def _create(api: Any, spec: ContainerSpec, guard: lock.LedgerLock) -> str:
+    """Create the container inside the lock, then let the lock go (its commit); a commit past the lease removes
+    what was made (the caller looks again)."""
     try:
-        cid = api.create_container_from_config(spec.config(api.api_version), **spec.create_args())["Id"]
+        cid = str(api.create_container_from_config(spec.config(api.api_version), **spec.create_args())["Id"])
         mark("created")
     except Exception as err:
         if engine.is_api_error(err):
-            raise _refused(err, "Docker refused to create the container", spec) from None
+            raise refused(err, "Docker refused to create the container", spec.pin.via) from None
         if engine.is_sdk_error(err):  # the SDK checks some options itself (sizes, modes) before sending
             raise bad_option(err) from None
         raise
     _failpoint("after-create")
     try:
-        if on_created is not None:
-            on_created(cid)  # the ledger lock's commit: raises lock.LeaseLost when it ran past its lease
-        attachment = None
-        # Renewed on the daemon while it starts, however long the NVIDIA hook takes, for the clients that cannot
-        # see this process (gpupin.hostagent.ledger.renewal); those that can see it alive leave it alone.
-        with renewal.Renewal(api, cid):
-            if foreground:
-                attachment = Attachment(cid, spec.req, api.api_version)
-                attachment.open()
-                mark("attached")
-            api.start(cid)
-        mark("started")
-        return Launched(cid, spec, attachment)
-    except BaseException as err:
+        guard.commit(cid)  # raises lock.LeaseLost when it ran past its lease
+    except BaseException:
         with contextlib.suppress(Exception):
             api.remove_container(cid, force=True)
-        if engine.is_api_error(err):
-            raise _refused(err, "Docker could not start the container", spec) from None
         raise
+    return cid
 
 
-def _remove_orphans(api: Any, book: ledger_read.Book) -> None:
+def _remove_orphans(api: Any, book: ledger_read.Book, tell: Callable[[str], None]) -> None:
     """Containers a hostagent created and never started, whose lease is dead or expired: they hold nothing and
     would keep their names forever. Removed by ID, under the ledger lock."""
     for s in book.orphans:
@@ -231,81 +205,96 @@ def _remove_orphans(api: Any, book: ledger_read.Book) -> None:
                 continue
             if not engine.is_daemon_failure(err):
                 raise
-            say(f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
+            tell(f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
                  f"{engine.failure(err, 'remove').message}")
             continue
         renewal.forget(api, str(s["Id"]))
-        say(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
+        tell(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
 
 
 LEASE_RETRIES = 3  # looks that ran past their lease before the run gives up (a daemon far too slow)
 
 
-def launch(req: RunRequest) -> Launched | ContainerSpec:
-    """Everything up to a started container (or, with --dry-run, up to its spec)."""
+def read_cards(req: RunRequest, tell: Callable[[str], None] = say) -> tuple[list[Card], list[Target] | None]:
+    """NVML's cards (with their health) and the ones asked for by name (None for --count)."""
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
     readings.assess(cards)
     mark("cards")
     picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
     for p in picks or ():
         if p.card.health is not None and p.card.health.healthy is None:  # asked for by name: warned, not refused
-            say(f"warning: the health of {p.uuid} is unknown ({p.card.health.why})")
-    if req.dry_run:
-        return _dry_run_spec(req, cards, picks)
-    api = engine.connect()
-    mark("connected")
-    # One /info: whether the daemon serves CDI (unless --via says how, or its API predates CDI), and its runtimes
-    # for the ledger.
+            tell(f"warning: the health of {p.uuid} is unknown ({p.card.health.why})")
+    return cards, picks
+
+
+def daemon_view(api: Any, req: RunRequest) -> tuple[dict[str, Any] | None, cdi.Detection]:
+    """One /info: whether the daemon serves CDI (unless --via says how, or its API predates CDI), and its runtimes
+    for the ledger."""
     daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
-    detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
-    # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
-    # (or --pull always asks for a pull first).
-    if req.pull == "always":
-        image.ensure(api, req)
-    guard = lock.LedgerLock(api, req.image, missing_image=lambda: image.ensure(api, req))
-    started = time.monotonic()
-    said_waiting = False
+    return daemon_info, engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
+
+
+def book(api: Any, req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
+         daemon_info: dict[str, Any] | None, detection: cdi.Detection, owner: Mapping[str, str],
+         missing_image: Callable[[], None], tell: Callable[[str], None] = say) -> Created:
+    """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the labels of
+    gpupin.hostagent.ledger.lease: the process that will start it); the lock is let go once it exists. The one
+    place where cards are booked, whoever asks (this process, or the resident agent for its caller).
+
+    Held cards are CardHeldError (75) with the reason and its hint (a --wait caller waits and asks again);
+    `missing_image` is called, outside the lock, when the image is not there (pull it, or refuse)."""
+    guard = lock.LedgerLock(api, req.image, missing_image=missing_image)
     overruns = 0
     while True:
-        refusal: _Refusal | None
         try:
             with guard:
                 mark("locked")
                 _failpoint("after-lock")
-                book = ledger_read.read_ledger(api, cards, daemon_info)
+                ledger = ledger_read.read_ledger(api, cards, daemon_info)
                 mark("looked")
-                _remove_orphans(api, book)
-                chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, book))
-                if chosen is not None:
-                    spec = ContainerSpec(req, chosen, _via(req, chosen, detection))
-                    spec.labels.update(lease.claim())  # it holds its cards while this run starts it
-                    guard.check()
-                    return _create_and_start(api, spec, foreground=not req.detach, on_created=guard.commit)
+                _remove_orphans(api, ledger, tell)
+                chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, ledger))
+                if chosen is None:
+                    assert refusal is not None
+                    raise _held_error(refusal)
+                spec = ContainerSpec(req, chosen, _via(req, chosen, detection))
+                spec.labels.update(owner)  # it holds its cards while its owner starts it
+                guard.check()
+                return Created(_create(api, spec, guard), spec)
         except lock.LeaseLost as err:
             overruns += 1
             if overruns >= LEASE_RETRIES:
                 raise DockerUnavailableError(
                     f"the Docker daemon at {engine.docker_host()} is too slow to pin a container inside the ledger "
                     f"lock's lease ({err})", "see the daemon's load and log, then retry") from None
-            continue
-        except lock.LockBusyError as err:
-            if req.wait is None:
-                raise
-            refusal = _Refusal([err.message], err.hint or "")
         except Exception as err:
-            if isinstance(err, (Interrupted, KeyboardInterrupt)) or not engine.is_daemon_failure(err):
+            if isinstance(err, GpupinError) or not engine.is_daemon_failure(err):
                 raise
             raise engine.failure(err, "talking to the daemon") from None
-        assert refusal is not None
-        waited = time.monotonic() - started
-        if req.wait is None:
-            raise _held_error(req, refusal, None)
-        if waited >= req.wait:
-            raise _held_error(req, refusal, waited)
-        if not said_waiting:
-            say("waiting: " + "; ".join(refusal.why))
-            said_waiting = True
-        time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
+
+
+def launch(req: RunRequest) -> Launched | ContainerSpec:
+    """Everything up to a started container (or, with --dry-run, up to its spec)."""
+    cards, picks = read_cards(req)
+    if req.dry_run:
+        return _dry_run_spec(req, cards, picks)
+    api = engine.connect()
+    mark("connected")
+    daemon_info, detection = daemon_view(api, req)
+    # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
+    # (or --pull always asks for a pull first).
+    if req.pull == "always":
+        image.ensure(api, req)
+    patience = Patience(req)
+    while True:
+        try:
+            created = book(api, req, cards, picks, daemon_info, detection, lease.claim(),
+                           missing_image=lambda: image.ensure(api, req))
+        except CardHeldError as err:
+            patience.refused(err)
+            continue
+        attachment = start.start(Engine(api.api_version), created.cid, req, created.spec.pin.via)
+        return Launched(created.cid, created.spec, attachment)
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:
@@ -339,25 +328,21 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
         assert book is not None
         picks, why = _pick(req, cards, None, _busy(cards, None, book))
         if picks is None:
-            raise _held_error(req, why, None)
+            raise _held_error(why)
     return ContainerSpec(req, picks, _via(req, picks, detection))
 
 
 def run(req: RunRequest) -> int:
     """The whole of `hostagent run`, returning its exit code (the container's, in the foreground)."""
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupted)
+    old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     try:
         result = launch(req)
-    except (Interrupted, KeyboardInterrupt) as err:
-        signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
+    except (start.Interrupted, KeyboardInterrupt) as err:
+        signum = err.signum if isinstance(err, start.Interrupted) else signal.SIGINT
         say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
         return 128 + signum
     finally:
         signal.signal(signal.SIGTERM, old_term)
     if isinstance(result, ContainerSpec):
         return 0
-    if req.detach:
-        sys.stdout.write(result.cid + "\n")
-        return 0
-    assert result.attachment is not None
-    return result.attachment.follow()
+    return start.finish(req, result.cid, result.attachment)

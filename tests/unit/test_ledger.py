@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.core.errors import DockerUnavailableError, UsageError
+from gpupin.core.errors import CardHeldError, DockerUnavailableError, UsageError
 from gpupin.core.nvml import MigDevice
 from gpupin.hostagent import engine
 from gpupin.hostagent.engine import address
@@ -422,13 +422,20 @@ def _refusal(specs: list[str] | None, count: int | None, holders: list[Holder], 
     from gpupin.hostagent import gpus as placement
     from gpupin.hostagent.run import launch
     from gpupin.hostagent.run.request import RunRequest
+    from gpupin.hostagent.run.waiting import Patience
 
     cards = scenario_cards()
     req = RunRequest("img", gpus=specs or [], count=count, share=share)
     picks = placement.resolve_specs(specs, cards) if specs else None
     chosen, refusal = launch._choose(req, cards, picks, held(holders))
     assert chosen is None and refusal is not None
-    return launch._held_error(req, refusal, None), launch._held_error(req, refusal, 12.0)
+    now = launch._held_error(refusal)
+    req.wait = 12.0
+    patience = Patience(req)
+    patience.started -= 12.4  # --wait 12 is up: the refusal, saying how long it waited
+    with pytest.raises(CardHeldError) as later:
+        patience.refused(now)
+    return now, later.value
 
 
 def test_each_refusal_hints_only_what_can_help() -> None:

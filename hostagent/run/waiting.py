@@ -1,0 +1,46 @@
+"""`run --wait`: what a run does when its cards are held, whoever looked (this process, or the resident agent for
+it): without --wait it ends with the refusal (75); with it, it says once what it waits for, pauses, and asks again,
+until the cards are free or --wait's seconds are up (75, saying how long it waited)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from gpupin.core.errors import CardHeldError
+from gpupin.hostagent import say
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpupin.hostagent.run.request import RunRequest
+
+POLL_S = 0.5  # how often a --wait run asks again, on average
+
+
+def wait_before_retry(req: RunRequest, left: float) -> None:
+    """The pause between two attempts of a --wait run whose cards were held (`left`: seconds of --wait left,
+    inf for --wait alone): a jittered poll, so that many waiters do not ask in step."""
+    time.sleep(min(POLL_S * (0.5 + random.random()), max(left, 0.01)))
+
+
+class Patience:
+    """One run's --wait: `refused(err)` raises the refusal when it is time to give up, else waits before the
+    next attempt."""
+
+    def __init__(self, req: RunRequest) -> None:
+        self.req = req
+        self.started = time.monotonic()
+        self.said = False
+
+    def refused(self, err: CardHeldError) -> None:
+        if self.req.wait is None:
+            raise err
+        waited = time.monotonic() - self.started
+        if waited >= self.req.wait:
+            raise CardHeldError(f"{err.message}, still after waiting {waited:.0f} s",
+                                "wait longer (--wait SECONDS, or --wait alone for as long as it takes), or free it "
+                                "(`hostagent ls` shows who holds what)") from None
+        if not self.said:
+            say(f"waiting: {err.message}")
+            self.said = True
+        wait_before_retry(self.req, self.req.wait - waited)
