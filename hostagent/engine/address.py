@@ -99,8 +99,11 @@ def endpoint() -> Endpoint:
         env = os.environ
         host = env.get("DOCKER_HOST")
         if host:
-            # TLS settings mean nothing on a unix socket (the SDK ignores them there too).
-            _ENDPOINT = Endpoint(host, None, "DOCKER_HOST") if host.startswith("unix://") else _from_sdk(env, None)
+            # TLS settings mean nothing on a unix socket (the SDK ignores them there too); plain tcp:// without them
+            # is read as the SDK reads it, without its import.
+            plain = host.startswith("unix://") or (host.startswith("tcp://") and not env.get("DOCKER_TLS_VERIFY")
+                                                   and not env.get("DOCKER_CERT_PATH"))
+            _ENDPOINT = Endpoint(host, None, "DOCKER_HOST") if plain else _from_sdk(env, None)
         else:
             name = _context_name(env)
             _ENDPOINT = Endpoint(DEFAULT_HOST) if name == "default" else _from_sdk(env, name)

@@ -74,9 +74,13 @@ class Owner:
 
     @classmethod
     def me(cls) -> Owner:
+        return cls.of(os.getpid())
+
+    @classmethod
+    def of(cls, pid: int) -> Owner:
+        """A process of this host and pid namespace (the resident agent signs its caller's container so)."""
         import socket
 
-        pid = os.getpid()
         return cls(socket.gethostname(), pid, _start_time(pid) or "", _read("/proc/sys/kernel/random/boot_id"),
                    _pid_namespace())
 

@@ -245,7 +245,6 @@ def refusal(options: Sequence[str]) -> tuple[str, str] | None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from gpupin.hostagent.run import launch
     from gpupin.hostagent.run.request import ContainerSpec, RunRequest
 
     if args.json and not args.dry_run:
@@ -257,6 +256,8 @@ def command(args: argparse.Namespace) -> int:
                      max_memory=args.max_memory,
                      **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS})
     if req.dry_run:
+        from gpupin.hostagent.run import launch
+
         spec = launch.launch(req)
         assert isinstance(spec, ContainerSpec)
         if args.json:
@@ -266,4 +267,12 @@ def command(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
+    if req.pull != "always":  # a pull is this process's own (its credentials, its terminal)
+        from gpupin.hostagent.run import thin
+
+        code = thin.run(req)
+        if code is not None:
+            return code
+    from gpupin.hostagent.run import launch
+
     return launch.run(req)

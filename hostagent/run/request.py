@@ -110,7 +110,14 @@ class RunRequest:
         return bool(self.options["sig_proxy"] != "false")
 
     def validate(self) -> None:
-        """Every check that needs no I/O, so that a bad request is refused before NVML or Docker is asked."""
+        """Every check that needs no I/O, so that a bad request is refused before NVML or Docker is asked; then
+        the options' conversions (themselves checks): files (a seccomp profile) and the current folder (`-v
+        ./data:/data`) are read here once, by the caller, with the caller's rights."""
+        self.check()
+        self.payload = runopts.payload(self.options)
+
+    def check(self) -> None:
+        """The checks of what was asked that read nothing (the resident agent makes them again on what it gets)."""
         if not self.image:
             raise UsageError("no IMAGE given", "hostagent run [OPTIONS] IMAGE [COMMAND [ARG...]]; see "
                              "`hostagent run --help`")
@@ -139,7 +146,6 @@ class RunRequest:
             raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_SAID}")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
-        runopts.payload(self.options)  # every conversion is a check: bad text is refused here, by option name
         self.capabilities = values.gpu_capabilities(self.options["gpu_capabilities"])
         if self.via is not None:
             check_via(self.via, self.capabilities)
@@ -180,7 +186,7 @@ class ContainerSpec:
         from docker.types import ContainerConfig, HostConfig
 
         r = self.req
-        kw = runopts.payload(r.options)
+        kw = copy.deepcopy(r.payload)
         try:
             host_config = HostConfig(version=version, device_requests=[self.pin.sdk_device_request()],
                                      **kw[runopts.HOST])
@@ -197,7 +203,7 @@ class ContainerSpec:
 
     def create_args(self) -> dict[str, Any]:
         """The create call's own arguments beside the payload (name, platform)."""
-        return {"name": self.req.name, **runopts.payload(self.req.options)[runopts.CREATE]}
+        return {"name": self.req.name, **self.req.payload[runopts.CREATE]}
 
     def to_dict(self, version: str) -> dict[str, Any]:
         """What --dry-run --json prints: the create payload, and the create call's other arguments."""

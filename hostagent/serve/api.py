@@ -216,8 +216,10 @@ class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:
-    """The POST routes, each module's own (none yet: `run` and the fair queue register theirs here)."""
-    return {}
+    """The POST routes, each module's own (the fair queue registers its own here)."""
+    from gpupin.hostagent.serve import runs
+
+    return {**runs.routes()}
 
 
 def handler(agent: Agent) -> type[Handler]:

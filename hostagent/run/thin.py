@@ -1,0 +1,95 @@
+"""`hostagent run` through the resident agent: the agent books the cards and creates the container (`POST
+/api/run`, gpupin.hostagent.serve.runs), this process attaches, starts and follows it (gpupin.hostagent.run.start,
+the same as without the agent). It imports neither the docker SDK nor NVML: what costs a run its start-up is paid
+once, by the agent.
+
+The request is parsed and read here, with the caller's rights (env files, the current folder, a seccomp profile:
+gpupin.hostagent.run.wire); the container's lease names this process, so that a created container lives as long as
+the run that will start it, whatever becomes of the agent. --wait waits here: a held answer (75) is asked again
+after `waiting.wait_before_retry`, until the cards are free or --wait is up.
+
+`run` returns None where the run is this process's own to make (no agent answers, it serves another daemon, the
+image must be pulled, `--pull always`): the path without the agent, silently.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+
+from gpupin.core.errors import AgentUnavailableError, CardHeldError
+from gpupin.hostagent import agentlink, engine, http1, say
+from gpupin.hostagent.engine.raw import Engine
+from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.run import start, wire
+from gpupin.hostagent.run.waiting import Patience
+from gpupin.hostagent.trace import mark
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpupin.hostagent.run.request import RunRequest
+
+ROUTE = "/api/run"
+ASK_S = 180.0  # the agent may wait for the ledger lock (up to 60 s) before it answers
+
+
+def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
+    """One POST /api/run: the agent's answer, its refusal raised with its exit code, or 69 when it stops
+    answering (it died mid-request: what it made is this process's, and holds nothing once this process ends)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(ASK_S)
+    try:
+        sock.connect(link.path)
+        answer = http1.exchange(sock, "POST", ROUTE, body, host="agent")
+        raw = answer.body()
+    except OSError as err:
+        sock.close()
+        raise AgentUnavailableError(f"the agent at {link} stopped answering ({getattr(err, 'strerror', None) or err})",
+                                    "see the agent's log (journalctl -u gpupin-hostagent); retry, or set "
+                                    f"{agentlink.USE_ENV}=0 to go without it") from None
+    try:
+        obj = json.loads(raw) if raw.strip() else None
+    except ValueError:
+        obj = None
+    if answer.status >= 400:
+        raise agentlink.error_from(answer.status, obj, str(link))
+    if not isinstance(obj, dict) or not ("direct" in obj or isinstance(obj.get("id"), str)):
+        raise AgentUnavailableError(f"the agent at {link} answered POST {ROUTE} with nonsense",
+                                    f"see the agent's log; set {agentlink.USE_ENV}=0 to go without it")
+    return obj
+
+
+def run(req: RunRequest) -> int | None:
+    """The run through the agent, to its exit code; None when it is this process's own to make."""
+    link = agentlink.find()
+    if link is None:
+        return None
+    body = {"daemon": engine.endpoint().lock_key(), "owner": str(lease.me()), "request": wire.dump(req)}
+    old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
+    try:
+        patience = Patience(req)
+        while True:
+            try:
+                answer = ask(link, body)
+                break
+            except CardHeldError as err:
+                patience.refused(err)
+        if "direct" in answer:
+            return None
+        mark("created")
+        for line in answer.get("say") or ():
+            say(str(line))
+        cid = answer["id"]
+        attachment = start.start(Engine(str(answer["api"])), cid, req, str(answer.get("via")))
+    except (start.Interrupted, KeyboardInterrupt) as err:
+        signum = err.signum if isinstance(err, start.Interrupted) else signal.SIGINT
+        # A container the agent made meanwhile is this process's: once it ends, nothing holds its cards, and the
+        # next run removes it.
+        say(f"{signal.Signals(signum).name} before the container started: nothing left holding a card")
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    return start.finish(req, cid, attachment)

@@ -1,0 +1,140 @@
+"""`POST /api/run`: the agent books the cards and creates the container for the `hostagent run` that asks, with the
+code a run without the agent uses (gpupin.hostagent.run.launch: read_cards, daemon_view, book) and with its NVML
+session and docker SDK already loaded, so that the caller loads neither. The caller then attaches, starts and
+follows the container itself (gpupin.hostagent.run.thin); the agent never starts anything.
+
+- *The caller owns what is made.* The container's lease names the caller (its `gpupin.owner`, checked against the
+  socket's SO_PEERCRED pid where this agent can see it), not the agent: a created container lives exactly as long
+  as the process that will start it, and an agent that dies or restarts loses no hold (docs/design.md, "The
+  lease"). The ledger lock is the agent's, let go in the background once the container exists.
+- *The same lock as every client.* The look and the create run under the daemon-side ledger lock, so runs through
+  the agent and runs without it never book a card twice.
+- *Only for those who could do it themselves.* A caller that cannot open the daemon's socket itself is sent on
+  its own way (where Docker refuses it): the agent lends its speed, not its rights.
+- *Answers*: `{"id", "api", "via", "say"}` (the container, the API version it was made in, how it was pinned, the
+  lines to print), a refusal as `{"error", "hint", "exit"}` (75 for held cards: the caller's --wait asks again), or
+  `{"direct": WHY}`: this run is the caller's to make (another daemon, an image to pull, a caller without Docker).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from gpupin.core.errors import UsageError
+from gpupin.hostagent import engine
+from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.run import launch, wire
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpupin.hostagent.serve.api import Handler, Peer, PostRoute
+
+ROUTE = "/api/run"
+
+
+class _Direct(Exception):
+    """This run is the caller's to make (the answer says why)."""
+
+
+def _groups(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            line = next((ln for ln in fh if ln.startswith("Groups:")), "Groups:")
+    except OSError:
+        return set()
+    return {int(g) for g in line.split(":", 1)[1].split()}
+
+
+def may_use_docker(peer: Peer) -> bool:
+    """Whether the caller could open the daemon's socket itself (its mode, owner and group against the caller's
+    uid and groups). A daemon on TCP: whoever reaches this socket reaches that port too."""
+    path = engine.endpoint().unix_path
+    if peer.uid == 0 or path is None:
+        return True
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if st.st_uid == peer.uid:
+        return bool(st.st_mode & 0o200)
+    if st.st_gid == peer.gid or st.st_gid in _groups(peer.pid):
+        return bool(st.st_mode & 0o020)
+    return bool(st.st_mode & 0o002)
+
+
+def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
+    """The lease the container is signed with: the caller's, as it names itself, once the kernel agrees that the
+    caller is that process (where this agent sees the caller's pid namespace)."""
+    owner = lease.Owner.parse(claimed if isinstance(claimed, str) else None)
+    if owner is None:
+        raise UsageError("the run request names no owner for its lease", "use a hostagent of the agent's version")
+    here = lease.me()
+    if (owner.boot, owner.pidns) == (here.boot, here.pidns) and (
+            owner.pid != peer.pid or lease.Owner.of(peer.pid).start != owner.start):
+        raise UsageError(f"the run request's lease names pid {owner.pid}, but the caller is pid {peer.pid}",
+                         "the process that starts the container must be the one that asks")
+    return {lease.OWNER_LABEL: str(owner), lease.LEASE_LABEL: str(lease.LEASE_S)}
+
+
+class Runs:
+    """The route, and the Engine clients it keeps (one per request at a time: the SDK's is not thread-safe)."""
+
+    def __init__(self) -> None:
+        self._idle: list[Any] = []
+        self._mutex = threading.Lock()
+
+    def _client(self) -> Any:
+        with self._mutex:
+            if self._idle:
+                return self._idle.pop()
+        return engine.connect()
+
+    def _done(self, api: Any) -> None:
+        with self._mutex:
+            self._idle.append(api)
+
+    def route(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
+        try:
+            handler.answer(self.book(body, peer))
+        except _Direct as why:
+            handler.answer({"direct": str(why)})
+
+    def book(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        here = engine.endpoint()
+        if body.get("daemon") != here.lock_key():
+            raise _Direct(f"the agent serves the Docker daemon at {engine.docker_host()}")
+        if not may_use_docker(peer):
+            raise _Direct(f"uid {peer.uid} may not use the Docker daemon at {engine.docker_host()}")
+        owner = owner_labels(body.get("owner"), peer)
+        req = wire.load(body.get("request"))
+        if req.pull == "always":
+            raise _Direct("--pull always")
+        lines: list[str] = []
+        cards, picks = launch.read_cards(req, lines.append)
+        api = self._client()
+        try:
+            daemon_info, detection = launch.daemon_view(api, req)
+            created = launch.book(api, req, cards, picks, daemon_info, detection, owner,
+                                  missing_image=self._missing(req.image), tell=lines.append)
+        except BaseException:
+            api = None  # a client that failed mid-call is not reused
+            raise
+        finally:
+            if api is not None:
+                self._done(api)
+        return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
+
+    @staticmethod
+    def _missing(image: str) -> Any:
+        def pull_is_the_callers() -> None:
+            # Pulls are the caller's: its registry credentials, its progress on its terminal.
+            raise _Direct(f"the image {image} is not on the daemon")
+
+        return pull_is_the_callers
+
+
+def routes() -> dict[str, PostRoute]:
+    return {ROUTE: Runs().route}
