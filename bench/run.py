@@ -9,7 +9,9 @@
               (bench/watch_bench.py).
   run         `hostagent run --rm --uuid U IMG true` against `docker run` of the same pin on the same engine: `docker
               run --rm --device nvidia.com/gpu=U IMG true` where hostagent pins through CDI (as its --dry-run line
-              says), else `--gpus device=U`. Target: at most 1.25x. And what asking the daemon whether it serves
+              says), else `--gpus device=U`. Through the resident agent (a `hostagent serve` of the bench's own:
+              the agent books and creates, the client neither imports the docker SDK nor opens NVML), target: at
+              most 1.15x; without it (GPUPIN_AGENT=0), at most 1.25x. And what asking the daemon whether it serves
               CDI costs (its /info, its spec files): `hostagent run` against `hostagent run --via` the same way.
               Target: at most 1.05x.
   processes   what the cards' processes cost `hostagent run --count 1` (NVML's process lists, each process a
@@ -39,6 +41,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -153,7 +156,8 @@ PHASES = (("main", "interpreter start-up and hostagent's CLI import"), ("parsed"
           ("cards", "NVML: the cards"), ("connected", "the docker SDK's import and the API version"),
           ("locked", "the ledger's lock (local, then the daemon's)"), ("looked", "the ledger read"),
           ("attributed", "the cards' processes, attributed to containers or the host"),
-          ("created", "the create call"), ("attached", "attaching the streams, registering the wait"),
+          ("created", "the create call (through the agent: the request, its look, lock and create)"),
+          ("attached", "attaching the streams, registering the wait"),
           ("started", "the start call (the runtime and its hook run here)"),
           ("exited", "the workload, until its exit is known"), ("done", "after the exit (--rm's removal etc.)"))
 
@@ -197,27 +201,59 @@ def bench_imports(n: int, results: dict[str, object]) -> None:
     results["imports (ms beyond the interpreter)"] = out
 
 
+class ResidentAgent:
+    """`hostagent serve` on a socket of the bench's own (no HTTP), for the runs through the agent."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gpupin-bench-agent-"))
+        self.socket = str(self.dir / "agent.sock")
+        self.proc = subprocess.Popen([str(BIN / "hostagent"), "serve", "--socket", self.socket, "--http", "none"],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise SystemExit(f"bench: hostagent serve did not listen: {self.proc.stderr.read().decode()[-500:]}"
+                                 if self.proc.stderr else "bench: hostagent serve did not listen")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
     uuid = _first_uuid()
-    env = engine.env
+    direct = {**engine.env, "GPUPIN_AGENT": "0"}  # today's path, whatever agent this host runs
     ha = [str(BIN / "hostagent"), "run", "--rm", "--uuid", uuid, IMAGE, "--quiet", "true"]
-    line = subprocess.run([str(BIN / "hostagent"), "run", "--dry-run", "--uuid", uuid, IMAGE], env=env,
+    line = subprocess.run([str(BIN / "hostagent"), "run", "--dry-run", "--uuid", uuid, IMAGE], env=direct,
                           capture_output=True, text=True, check=True).stdout
     via, pin = ("cdi", ["--device", f"nvidia.com/gpu={uuid}"]) if "--device nvidia.com/gpu=" in line else (
         "nvidia", ["--gpus", f"device={uuid}"])
     dk = [engine.docker, "run", "--rm", *pin, IMAGE, "--quiet", "true"]
-    ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(dk, env), n)
-    report(f"{engine.prefix}hostagent run vs docker run", ours, floor, 1.25, results, f"docker run {pin[0]} ...")
-    docker_total = floor
-    forced = [*ha[:2], "--via", via, *ha[2:]]
-    ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(forced, env), n)
-    report(f"{engine.prefix}hostagent run vs run --via (asking for CDI)", ours, floor, 1.05, results,
-           f"--via {via}")
+    agent = ResidentAgent(engine.env)
     trace = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpupin-bench-trace-{os.getpid()}"
     try:
-        breakdown([traced(ha, env, trace) for _ in range(n)], docker_total, results, engine.prefix)
+        through = {**engine.env, "GPUPIN_AGENT_SOCKET": agent.socket}
+        ours, floor = side_by_side(lambda: timed(ha, through), lambda: timed(dk, engine.env), n)
+        report(f"{engine.prefix}hostagent run (agent) vs docker run", ours, floor, 1.15, results,
+               f"through hostagent serve; docker run {pin[0]} ...")
+        agent_total = floor
+        ours, floor = side_by_side(lambda: timed(ha, direct), lambda: timed(dk, engine.env), n)
+        report(f"{engine.prefix}hostagent run vs docker run", ours, floor, 1.25, results,
+               f"without the agent; docker run {pin[0]} ...")
+        docker_total = floor
+        forced = [*ha[:2], "--via", via, *ha[2:]]
+        ours, floor = side_by_side(lambda: timed(ha, direct), lambda: timed(forced, direct), n)
+        report(f"{engine.prefix}hostagent run vs run --via (asking for CDI)", ours, floor, 1.05, results,
+               f"--via {via}")
+        breakdown([traced(ha, through, trace) for _ in range(n)], agent_total, results,
+                  f"{engine.prefix}(agent) ")
+        breakdown([traced(ha, direct, trace) for _ in range(n)], docker_total, results, engine.prefix)
     finally:
         trace.unlink(missing_ok=True)
+        agent.close()
 
 
 def bench_processes(n: int, results: dict[str, object], engine: Engine, count: int = 64) -> None:

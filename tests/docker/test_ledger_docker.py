@@ -26,6 +26,7 @@ import pytest
 from gpupin.hostagent import engine
 from gpupin.hostagent.ledger import lease, lock
 from tests.support.host import REPO, idle_topology, saw, simhost_env
+from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, WORK, Agent, Sandbox, intervals, never_two_at_once, serves_cdi
 from tests.support.scenarios import mig_devices, uuids
 from tests.support.wait import wait_for
@@ -350,24 +351,47 @@ def stop(p: subprocess.Popen[str]) -> None:
     p.wait()
 
 
-def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(agent: Agent, netns: str) -> None:
+def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(agent: Agent, netns: str,
+                                                                      tmp_path: Path) -> None:
     """Two spellings of the socket (/run and /var/run, one inode) and TCP from another network namespace, where
-    the clients share no local lock with anyone (GPUPIN_LOCAL_LOCK=0): the daemon's lock alone keeps them apart."""
+    the clients share no local lock with anyone (GPUPIN_LOCAL_LOCK=0): the daemon's lock alone keeps them apart.
+    Half the socket's clients go through a resident agent (two agents, one on each spelling, one of them without
+    the local lock), the others book for themselves, some without the local lock too: runs through an agent and
+    runs without one never book a card twice."""
     agent.env["FAKEGPU_TOPOLOGY"] = idle_topology()  # all four cards free (mixed-4's pid 4242 holds card 2)
     sock = socket_of(agent)
     proxy = start_proxy([*PROXY, "--listen", "tcp://127.0.0.1:2375", "--to", sock], netns)
     addresses = [f"unix://{sock}", f"unix:///var{sock}", "tcp://127.0.0.1:2375"]
     assert os.path.samefile(sock, f"/var{sock}")
+    residents = [Resident({**agent.env, "DOCKER_HOST": addresses[0]}),
+                 Resident({**agent.env, "DOCKER_HOST": addresses[1], "GPUPIN_LOCAL_LOCK": "0"})]
+
+    def through_an_agent(i: int) -> bool:
+        return i % 3 < 2 and (i // 3) % 2 == 0
 
     def one(i: int, sleep: float, wait: bool) -> subprocess.CompletedProcess[str]:
         host = addresses[i % 3]
         argv = agent.argv("run", "--rm", "--count", "1", *(["--wait"] if wait else []), TEST_IMAGE, "--quiet",
                           "sh", "-c", WORK.format(sleep))
-        env = {**agent.env, "DOCKER_HOST": host}
+        env = {**agent.env, "DOCKER_HOST": host, "GPUPIN_TRACE": str(tmp_path / f"trace-{i}")}
+        if through_an_agent(i):
+            env["GPUPIN_AGENT_SOCKET"] = residents[i % 3].socket
+        elif i % 4 == 1:
+            env["GPUPIN_LOCAL_LOCK"] = "0"
         if host.startswith("tcp://"):
             argv = ["nsenter", f"--net=/run/netns/{netns}", *argv]
             env["GPUPIN_LOCAL_LOCK"] = "0"
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+
+    def booked_by_an_agent() -> set[int]:
+        """The clients that read no NVML themselves (the agent looked and created for them)."""
+        out = set()
+        for i in range(32):
+            trace = tmp_path / f"trace-{i}"
+            if "cards" not in trace.read_text().split():
+                out.add(i)
+            trace.unlink()
+        return out
 
     try:
         with ThreadPoolExecutor(32) as pool:
@@ -377,14 +401,18 @@ def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(agent: A
         won = intervals([r.stdout for r in results if r.returncode == 0])
         assert sorted(won) == sorted([A800, RTX, A800B, A800C])  # four cards, each once: no double holding
         assert {i % 3 for i, r in enumerate(results) if r.returncode in (0, 75)} == {0, 1, 2}
+        assert booked_by_an_agent() == {i for i in range(32) if through_an_agent(i)}
         with ThreadPoolExecutor(32) as pool:
             results = list(pool.map(lambda i: one(i, 0.5, True), range(32)))
         assert [r.returncode for r in results] == [0] * 32, [r.stderr for r in results if r.returncode]
         by_card = intervals([r.stdout for r in results])
         assert sum(len(v) for v in by_card.values()) == 32
         never_two_at_once(by_card)
+        assert booked_by_an_agent() == {i for i in range(32) if through_an_agent(i)}
     finally:
         stop(proxy)
+        for r in residents:
+            r.close()
 
 
 def make_certs(d: Path) -> None:
