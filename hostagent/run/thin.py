@@ -18,7 +18,7 @@ import json
 import signal
 import socket
 
-from gpupin.core.errors import AgentUnavailableError, CardHeldError
+from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
 from gpupin.hostagent import agentlink, engine, http1, say
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import lease
@@ -75,7 +75,9 @@ def run(req: RunRequest) -> int | None:
             try:
                 answer = ask(link, body)
                 break
-            except CardHeldError as err:
+            except GpupinError as err:  # the agent's refusal, with its exit code
+                if err.exit_code != CardHeldError.exit_code:
+                    raise
                 patience.refused(err)
         if "direct" in answer:
             return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import time
 
-from gpupin.core.errors import CardHeldError
+from gpupin.core.errors import CardHeldError, GpupinError
 from gpupin.hostagent import say
 
 TYPE_CHECKING = False
@@ -32,7 +32,8 @@ class Patience:
         self.started = time.monotonic()
         self.said = False
 
-    def refused(self, err: CardHeldError) -> None:
+    def refused(self, err: GpupinError) -> None:
+        """`err`: the held cards' refusal (75), this process's own or the agent's."""
         if self.req.wait is None:
             raise err
         waited = time.monotonic() - self.started
