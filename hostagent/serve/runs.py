@@ -28,9 +28,16 @@ from gpupin.hostagent.run import launch, wire
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, Protocol
 
-    from gpupin.hostagent.serve.api import Handler, Peer, PostRoute
+    class Handler(Protocol):  # gpupin.hostagent.serve.api.Handler, which registers this route
+        def answer(self, obj: Any) -> None: ...
+
+    class Peer(Protocol):  # gpupin.hostagent.serve.api.Peer: the caller, as SO_PEERCRED names it
+        pid: int
+        uid: int
+        gid: int
 
 ROUTE = "/api/run"
 
@@ -136,5 +143,5 @@ class Runs:
         return pull_is_the_callers
 
 
-def routes() -> dict[str, PostRoute]:
+def routes() -> dict[str, Callable[[Any, dict[str, Any], Any], None]]:
     return {ROUTE: Runs().route}
