@@ -153,6 +153,7 @@ def _first_uuid() -> str:
 
 # hostagent.trace's phases, in order, and what the time up to each one is spent on.
 PHASES = (("main", "interpreter start-up and hostagent's CLI import"), ("parsed", "argument parsing"),
+          ("asking", "through the agent: the agent found, the request put in JSON"),
           ("cards", "NVML: the cards"), ("connected", "the docker SDK's import and the API version"),
           ("locked", "the ledger's lock (local, then the daemon's)"), ("looked", "the ledger read"),
           ("attributed", "the cards' processes, attributed to containers or the host"),

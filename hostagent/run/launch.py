@@ -227,10 +227,11 @@ def read_cards(req: RunRequest, tell: Callable[[str], None] = say) -> tuple[list
     return cards, picks
 
 
-def daemon_view(api: Any, req: RunRequest) -> tuple[dict[str, Any] | None, cdi.Detection]:
-    """One /info: whether the daemon serves CDI (unless --via says how, or its API predates CDI), and its runtimes
-    for the ledger."""
-    daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
+def daemon_view(api: Any, req: RunRequest, info: Callable[[Any], dict[str, Any]] = engine.info
+                ) -> tuple[dict[str, Any] | None, cdi.Detection]:
+    """One /info (`info`: how to get it; the resident agent keeps it a few seconds): whether the daemon serves CDI
+    (unless --via says how, or its API predates CDI), and its runtimes for the ledger."""
+    daemon_info = info(api) if req.via is None and engine.may_serve_cdi(api) else None
     return daemon_info, engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
 
 

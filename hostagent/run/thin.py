@@ -69,6 +69,7 @@ def run(req: RunRequest) -> int | None:
         return None
     body = {"daemon": engine.endpoint().lock_key(), "owner": str(lease.me()), "request": wire.dump(req)}
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
+    mark("asking")
     try:
         patience = Patience(req)
         while True:

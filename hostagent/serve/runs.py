@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from gpupin.core.errors import UsageError
 from gpupin.hostagent import engine
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, wire
+from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
         gid: int
 
 ROUTE = "/api/run"
+INFO_S = 10.0  # how long the daemon's /info is reused (its runtimes and CDI folders change with its configuration)
 
 
 class _Direct(Exception):
@@ -92,6 +95,17 @@ class Runs:
     def __init__(self) -> None:
         self._idle: list[Any] = []
         self._mutex = threading.Lock()
+        self._info: tuple[float, dict[str, Any]] | None = None
+
+    def info(self, api: Any) -> dict[str, Any]:
+        """The daemon's /info, asked again after INFO_S (a run's look does not wait for it each time)."""
+        now = time.monotonic()
+        kept = self._info
+        if kept is not None and now - kept[0] < INFO_S:
+            return kept[1]
+        data = engine.info(api)
+        self._info = (now, data)
+        return data
 
     def _client(self) -> Any:
         with self._mutex:
@@ -110,6 +124,7 @@ class Runs:
             handler.answer({"direct": str(why)})
 
     def book(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        mark("asked")
         here = engine.endpoint()
         if body.get("daemon") != here.lock_key():
             raise _Direct(f"the agent serves the Docker daemon at {engine.docker_host()}")
@@ -123,7 +138,7 @@ class Runs:
         cards, picks = launch.read_cards(req, lines.append)
         api = self._client()
         try:
-            daemon_info, detection = launch.daemon_view(api, req)
+            daemon_info, detection = launch.daemon_view(api, req, self.info)
             created = launch.book(api, req, cards, picks, daemon_info, detection, owner,
                                   missing_image=self._missing(req.image), tell=lines.append)
         except BaseException:
