@@ -71,7 +71,7 @@ def run(req: RunRequest) -> int | None:
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:
-        patience = Patience(req)
+        patience = Patience(req, link)
         while True:
             try:
                 answer = ask(link, body)

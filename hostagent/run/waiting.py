@@ -12,14 +12,17 @@ from gpupin.hostagent import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from gpupin.hostagent.agentlink import Link
     from gpupin.hostagent.run.request import RunRequest
 
 POLL_S = 0.5  # how often a --wait run asks again, on average
 
 
-def wait_before_retry(req: RunRequest, left: float) -> None:
+def wait_before_retry(req: RunRequest, left: float, link: Link | None = None) -> None:
     """The pause between two attempts of a --wait run whose cards were held (`left`: seconds of --wait left,
-    inf for --wait alone): a jittered poll, so that many waiters do not ask in step."""
+    inf for --wait alone; `link`: the resident agent that answered, when the run goes through one): a jittered
+    poll, so that many waiters do not ask in step. The one place a fair queue takes over (wait for this run's
+    turn in the agent's queue)."""
     time.sleep(min(POLL_S * (0.5 + random.random()), max(left, 0.01)))
 
 
@@ -27,8 +30,9 @@ class Patience:
     """One run's --wait: `refused(err)` raises the refusal when it is time to give up, else waits before the
     next attempt."""
 
-    def __init__(self, req: RunRequest) -> None:
+    def __init__(self, req: RunRequest, link: Link | None = None) -> None:
         self.req = req
+        self.link = link
         self.started = time.monotonic()
         self.said = False
 
@@ -44,4 +48,4 @@ class Patience:
         if not self.said:
             say(f"waiting: {err.message}")
             self.said = True
-        wait_before_retry(self.req, self.req.wait - waited)
+        wait_before_retry(self.req, self.req.wait - waited, self.link)

@@ -1,0 +1,86 @@
+"""What `hostagent run` sends the resident agent (gpupin.hostagent.run.wire) and how it reads the answers of the agent
+and the Engine without an HTTP library (gpupin.hostagent.http1, engine.raw's frames): the request arrives as the
+caller read it (its env files, its folder, the SDK's payload with its tuples), and the agent opens nothing."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpupin.core.errors import UsageError
+from gpupin.hostagent import http1
+from gpupin.hostagent.engine.raw import STDERR, STDOUT, Stream
+from gpupin.hostagent.run import wire
+from gpupin.hostagent.run.request import RunRequest
+
+
+def test_the_request_arrives_as_the_caller_read_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env_file = tmp_path / "env"
+    env_file.write_text("TOKEN=from-the-file\n")
+    monkeypatch.chdir(tmp_path)
+    req = RunRequest("gpupin:test", ["python3", "train.py"], gpus=["1"], env=["A=1"], env_files=[str(env_file)],
+                     volumes=["./data:/data"], publish=["127.0.0.1:8080:80"], ulimits=["nofile=10:20"],
+                     labels=["team=x"], name="job", rm=True, environ={})
+    sent = json.loads(json.dumps(wire.dump(req)))  # through JSON, as the socket carries it
+    env_file.unlink()  # the agent reads no file of the caller's ...
+    monkeypatch.chdir("/")  # ... and its folder is not the caller's
+    got = wire.load(sent)
+    assert got.payload == req.payload and got.user_env == req.user_env
+    assert got.payload["host"]["port_bindings"] == {"80": [("127.0.0.1", "8080")]}  # a tuple again
+    assert got.payload["host"]["binds"] == [f"{tmp_path}/data:/data"]
+    assert (got.image, got.command, got.gpus, got.name, got.rm, got.wait) == ("gpupin:test", ["python3", "train.py"],
+                                                                              ["1"], "job", True, None)
+
+
+@pytest.mark.parametrize("bad", [{"wire": 0}, {"wire": wire.VERSION, "options": {"privileged": True}},
+                                 {"wire": wire.VERSION, "options": {}, "payload": {}, "env": [["A"]]}])
+def test_a_malformed_request_is_a_usage_error(bad: dict[str, object]) -> None:
+    with pytest.raises(UsageError):
+        wire.load(bad)
+
+
+def test_what_the_agent_checks_again_it_refuses() -> None:
+    sent = wire.dump(RunRequest("gpupin:test", gpus=["1"], environ={}))
+    sent["options"]["labels"] = ["gpupin.devices=GPU-x"]  # a label the pin owns, past a client's check
+    with pytest.raises(UsageError, match=r"hostagent writes gpupin\.devices itself"):
+        wire.load(sent)
+
+
+def serve_once(answer: bytes) -> tuple[socket.socket, threading.Thread]:
+    """A socket pair whose far end reads one request and writes `answer`."""
+    near, far = socket.socketpair()
+
+    def reply() -> None:
+        far.recv(65536)
+        far.sendall(answer)
+        far.close()
+
+    t = threading.Thread(target=reply)
+    t.start()
+    return near, t
+
+
+@pytest.mark.parametrize("raw", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{\"Id\": \"abc\"}",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"Id\"\r\n8\r\n: \"abc\"}\r\n0\r\n\r\n",
+    b"HTTP/1.0 200 OK\r\n\r\n{\"Id\": \"abc\"}",
+])
+def test_an_answer_by_length_chunked_or_to_the_end(raw: bytes) -> None:
+    sock, t = serve_once(raw)
+    answer = http1.exchange(sock, "POST", "/containers/create", {"Image": "x"})
+    assert answer.status == 200 and answer.json() == {"Id": "abc"}
+    t.join()
+
+
+def test_frames_of_a_multiplexed_stream() -> None:
+    frames = b"".join(bytes([kind, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+                      for kind, data in ((1, b"out\n"), (2, b"err\n"), (1, b""), (1, b"more")))
+    sock, t = serve_once(b"HTTP/1.1 101 UPGRADED\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n" + frames)
+    stream = Stream(http1.exchange(sock, "POST", "/containers/x/attach", headers={"Upgrade": "tcp"}), tty=False)
+    assert list(stream.frames()) == [(STDOUT, b"out\n"), (STDERR, b"err\n"), (STDOUT, b"more")]
+    stream.close()
+    t.join()
