@@ -14,15 +14,36 @@ import struct
 import subprocess
 import termios
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
 from tests.support.wait import wait_for
 
 RTX = uuids("mixed-4")[1]
+
+
+@pytest.fixture(params=["direct", "agent"])
+def way(request: pytest.FixtureRequest, agent: Agent) -> Iterator[str]:
+    """The run on its own, or through a resident agent (which books and creates; the run attaches, starts and
+    follows): the terminal, the input, the options, the signals and the exit codes are the same."""
+    if request.param == "direct":
+        yield request.param
+        return
+    resident = Resident(agent.env)
+    trace = resident.dir / "trace"
+    agent.env.update(GPUPIN_AGENT_SOCKET=resident.socket, GPUPIN_TRACE=str(trace))
+    try:
+        yield request.param
+        marks = trace.read_text().split()
+        assert "created" in marks and "cards" not in marks  # the agent booked: the run read no NVML itself
+    finally:
+        trace.unlink(missing_ok=True)
+        resident.close()
 
 
 class Terminal:
@@ -61,7 +82,7 @@ class Terminal:
         os.close(self.master)
 
 
-def test_an_interactive_shell_in_a_pinned_container(agent: Agent) -> None:
+def test_an_interactive_shell_in_a_pinned_container(agent: Agent, way: str) -> None:
     term = Terminal(agent, "-it", "--rm", "--gpu", "1", TEST_IMAGE, "bash", "--norc", "-i")
     try:
         assert term.expect(b"# "), term.seen
@@ -86,7 +107,7 @@ def test_an_interactive_shell_in_a_pinned_container(agent: Agent) -> None:
     assert agent.containers() == []
 
 
-def test_piped_input_reaches_the_workload_with_i_and_not_without(agent: Agent) -> None:
+def test_piped_input_reaches_the_workload_with_i_and_not_without(agent: Agent, way: str) -> None:
     r = subprocess.run(agent.argv("run", "-i", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh"),
                        input="echo hi-from-stdin\nexit 5\n", env=agent.env, capture_output=True, text=True,
                        timeout=120)
@@ -131,7 +152,7 @@ def inspect(agent: Agent, cid: str) -> dict[str, Any]:
     return info
 
 
-def test_every_docker_run_option_lands_in_the_created_container(agent: Agent) -> None:
+def test_every_docker_run_option_lands_in_the_created_container(agent: Agent, way: str) -> None:
     r = agent("run", "-d", "--gpu", "1", "--gpu-capabilities", "compute,utility",
               "-p", "127.0.0.1:18080:80/tcp", "-p", "9000", "--cpus", "1.5", "--memory", "512m",
               "--memory-swap", "1g", "--device", "/dev/null:/dev/mynull:rw", "--ulimit", "nofile=1024:2048",
@@ -256,7 +277,8 @@ def _started(agent: Agent, *args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGTERM, 42, "got TERM"), (signal.SIGINT, 43, "got INT")])
-def test_a_signal_is_forwarded_to_the_workload(agent: Agent, sig: signal.Signals, code: int, said: str) -> None:
+def test_a_signal_is_forwarded_to_the_workload(agent: Agent, way: str, sig: signal.Signals, code: int,
+                                               said: str) -> None:
     p = _started(agent, TEST_IMAGE, "--quiet", "sh", "-c", TRAP)
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
@@ -264,7 +286,7 @@ def test_a_signal_is_forwarded_to_the_workload(agent: Agent, sig: signal.Signals
     _gone(agent)
 
 
-def test_a_second_signal_stops_a_workload_that_ignores_the_first(agent: Agent) -> None:
+def test_a_second_signal_stops_a_workload_that_ignores_the_first(agent: Agent, way: str) -> None:
     p = _started(agent, "--stop-timeout", "1", TEST_IMAGE, "--quiet", "sh", "-c", IGNORE)
     p.send_signal(signal.SIGINT)
     time.sleep(1)  # a second to see that nothing happens: forwarded and ignored, it is still running
@@ -275,7 +297,7 @@ def test_a_second_signal_stops_a_workload_that_ignores_the_first(agent: Agent) -
     _gone(agent)
 
 
-def test_without_sig_proxy_the_first_signal_stops_the_container(agent: Agent) -> None:
+def test_without_sig_proxy_the_first_signal_stops_the_container(agent: Agent, way: str) -> None:
     p = _started(agent, "--sig-proxy", "false", TEST_IMAGE, "--quiet", "sh", "-c", TRAP)
     p.send_signal(signal.SIGINT)  # not forwarded: docker stop sends SIGTERM
     out, err = p.communicate(timeout=60)
