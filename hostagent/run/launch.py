@@ -1,5 +1,9 @@
 """`hostagent run`: resolve the GPUs, take the ledger lock, look, create and start, then follow like `docker run`.
 
+`book` (the lock, the look, the choice and the create) is the one place cards are booked: a run without the
+resident agent calls it, and so does the agent for a run that goes through it (gpupin.hostagent.serve.runs), with
+the caller's lease. From the created container on, both paths are gpupin.hostagent.run.start.
+
 Order matters for "nothing started or lost on refusal": the request, the GPUs and the image are checked before
 anything is created; a container that was created but could not be started is removed; a hostagent interrupted
 between create and start removes what it created. One killed outright leaves a created, never-started container
