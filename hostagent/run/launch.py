@@ -290,16 +290,16 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
     # (or --pull always asks for a pull first).
     if req.pull == "always":
         image.ensure(api, req)
-    patience = Patience(req)
-    while True:
-        try:
-            created = book(api, req, cards, picks, daemon_info, detection, lease.claim(),
-                           missing_image=lambda: image.ensure(api, req))
-        except CardHeldError as err:
-            patience.refused(err)
-            continue
-        attachment = start.start(Engine(api.api_version), created.cid, req, created.spec.pin.via)
-        return Launched(created.cid, created.spec, attachment)
+    with Patience(req) as patience:
+        while True:
+            try:
+                created = book(api, req, cards, picks, daemon_info, detection, lease.claim(),
+                               missing_image=lambda: image.ensure(api, req))
+                break
+            except CardHeldError as err:
+                patience.refused(err)
+    attachment = start.start(Engine(api.api_version), created.cid, req, created.spec.pin.via)
+    return Launched(created.cid, created.spec, attachment)
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:

@@ -71,15 +71,15 @@ def run(req: RunRequest) -> int | None:
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:
-        patience = Patience(req, link)
-        while True:
-            try:
-                answer = ask(link, body)
-                break
-            except GpupinError as err:  # the agent's refusal, with its exit code
-                if err.exit_code != CardHeldError.exit_code:
-                    raise
-                patience.refused(err)
+        with Patience(req, link) as patience:
+            while True:
+                try:
+                    answer = ask(link, body)
+                    break
+                except GpupinError as err:  # the agent's refusal, with its exit code
+                    if err.exit_code != CardHeldError.exit_code:
+                        raise
+                    patience.refused(err)
         if "direct" in answer:
             return None
         mark("created")

@@ -27,14 +27,22 @@ def wait_before_retry(req: RunRequest, left: float, link: Link | None = None) ->
 
 
 class Patience:
-    """One run's --wait: `refused(err)` raises the refusal when it is time to give up, else waits before the
-    next attempt."""
+    """One run's --wait, around all its attempts (`with Patience(req) as patience:`): `refused(err)` raises the
+    refusal when it is time to give up, else waits (`wait_before_retry`) before the next attempt. Entering and
+    leaving are where a fair queue joins and leaves."""
 
     def __init__(self, req: RunRequest, link: Link | None = None) -> None:
         self.req = req
         self.link = link
         self.started = time.monotonic()
         self.said = False
+
+    def __enter__(self) -> Patience:
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
     def refused(self, err: GpupinError) -> None:
         """`err`: the held cards' refusal (75), this process's own or the agent's."""
