@@ -54,6 +54,8 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
         obj = json.loads(raw) if raw.strip() else None
     except ValueError:
         obj = None
+    if answer.status == 404:  # an agent older than POST /api/run: the run is this process's own
+        return {"direct": f"the agent at {link} does not serve POST {ROUTE}"}
     if answer.status >= 400:
         raise agentlink.error_from(answer.status, obj, str(link))
     if not isinstance(obj, dict) or not ("direct" in obj or isinstance(obj.get("id"), str)):

@@ -13,7 +13,8 @@ follows the container itself (gpupin.hostagent.run.thin); the agent never starts
   its own way (where Docker refuses it): the agent lends its speed, not its rights.
 - *Answers*: `{"id", "api", "via", "say"}` (the container, the API version it was made in, how it was pinned, the
   lines to print), a refusal as `{"error", "hint", "exit"}` (75 for held cards: the caller's --wait asks again), or
-  `{"direct": WHY}`: this run is the caller's to make (another daemon, an image to pull, a caller without Docker).
+  `{"direct": WHY}`: this run is the caller's to make (another daemon, an image to pull, a caller without Docker,
+  a hostagent of another version).
 """
 
 from __future__ import annotations
@@ -130,8 +131,11 @@ class Runs:
             raise _Direct(f"the agent serves the Docker daemon at {engine.docker_host()}")
         if not may_use_docker(peer):
             raise _Direct(f"uid {peer.uid} may not use the Docker daemon at {engine.docker_host()}")
+        sent = body.get("request")
+        if not isinstance(sent, dict) or sent.get("wire") != wire.VERSION:  # another version of hostagent
+            raise _Direct(f"the agent reads run requests of version {wire.VERSION}")
         owner = owner_labels(body.get("owner"), peer)
-        req = wire.load(body.get("request"))
+        req = wire.load(sent)
         if req.pull == "always":
             raise _Direct("--pull always")
         lines: list[str] = []
