@@ -43,6 +43,10 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
     sock.settimeout(ASK_S)
     try:
         sock.connect(link.path)
+    except OSError:  # gone since it was found (a restart while this run waited): nothing was asked of it
+        sock.close()
+        return {"direct": f"the agent at {link} is gone"}
+    try:
         answer = http1.exchange(sock, "POST", ROUTE, body, host="agent")
         raw = answer.body()
     except OSError as err:
