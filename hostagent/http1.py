@@ -40,25 +40,30 @@ class Answer:
         self.headers = headers
 
     def body(self) -> bytes:
-        """The whole body, then the connection closed."""
+        """The whole body, then the connection closed (a malformed one is a ConnectionError, as a cut one is)."""
         try:
-            if self.headers.get("transfer-encoding", "").lower() == "chunked":
-                parts = []
-                while True:
-                    size = int(self.reader.readline().split(b";", 1)[0].strip() or b"0", 16)
-                    if size == 0:
-                        break
-                    parts.append(self.reader.read(size))
-                    self.reader.readline()
-                return b"".join(parts)
-            length = self.headers.get("content-length")
-            if length is not None:
-                return self.reader.read(int(length))
-            if self.status in (204, 304):
-                return b""
-            return self.reader.read()
+            return self._body()
+        except ValueError as err:
+            raise ConnectionError(f"a malformed HTTP answer ({err})") from None
         finally:
             self.close()
+
+    def _body(self) -> bytes:
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            parts = []
+            while True:
+                size = int(self.reader.readline().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    break
+                parts.append(self.reader.read(size))
+                self.reader.readline()
+            return b"".join(parts)
+        length = self.headers.get("content-length")
+        if length is not None:
+            return self.reader.read(int(length))
+        if self.status in (204, 304):
+            return b""
+        return self.reader.read()
 
     def json(self) -> Any:
         raw = self.body()
