@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         gid: int
 
 ROUTE = "/api/run"
+KEPT_CLIENTS = 4  # Engine clients kept between runs (more run at once only when many ask at once)
 INFO_S = 10.0  # how long the daemon's /info is reused (its runtimes and CDI folders change with its configuration)
 
 
@@ -116,7 +117,10 @@ class Runs:
 
     def _done(self, api: Any) -> None:
         with self._mutex:
-            self._idle.append(api)
+            if len(self._idle) < KEPT_CLIENTS:
+                self._idle.append(api)
+                return
+        api.close()
 
     def route(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
         try:
@@ -145,12 +149,8 @@ class Runs:
             daemon_info, detection = launch.daemon_view(api, req, self.info)
             created = launch.book(api, req, cards, picks, daemon_info, detection, owner,
                                   missing_image=self._missing(req.image), tell=lines.append)
-        except BaseException:
-            api = None  # a client that failed mid-call is not reused
-            raise
         finally:
-            if api is not None:
-                self._done(api)
+            self._done(api)  # a requests session outlives a failed call: kept for the next run
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
 
     @staticmethod
