@@ -18,12 +18,9 @@ import sys
 
 from gpupin.core import __version__
 from gpupin.core.errors import GpupinError, InternalError, UsageError
-from gpupin.hostagent import PROG, completion, doctor
-from gpupin.hostagent.compose import args as compose_args
+from gpupin.hostagent import PROG, completion
 from gpupin.hostagent.ls import args as ls_args
 from gpupin.hostagent.run import args as run_args
-from gpupin.hostagent.serve import args as serve_args
-from gpupin.hostagent.swarm import args as swarm_args
 from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
@@ -75,11 +72,21 @@ class _Parser(argparse.ArgumentParser):
         self.refuse(message, hint)
 
 
-def build_parser() -> _Parser:
+def build_parser(run_only: bool = False) -> _Parser:
+    """The whole command line; `run_only`: the top options and `run` alone, for `hostagent [--debug] run ...`,
+    whose start-up then pays for no other command's modules (`make bench`'s run phases)."""
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--debug", action="store_true", help="print a traceback with an error")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    if run_only:
+        run_args.add(sub)
+        return p
+    from gpupin.hostagent import doctor
+    from gpupin.hostagent.compose import args as compose_args
+    from gpupin.hostagent.serve import args as serve_args
+    from gpupin.hostagent.swarm import args as swarm_args
+
     ls_args.add(sub)
     run_args.add(sub)
     comp = sub.add_parser("completion", help="print the shell completion script for bash, zsh or fish",
@@ -139,10 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _error(err, fast.debug)
         except Exception as err:
             return _error(_internal(err), fast.debug)
-    parser = build_parser()
+    run_at = raw.index("run") if "run" in raw else -1
+    parser = build_parser(run_only=run_at >= 0 and set(raw[:run_at]) <= {"--debug"})
     parser.argv = raw
     try:
-        run_at = raw.index("run") if "run" in raw else -1
         if run_at >= 0 and all(a.startswith("-") for a in raw[:run_at]):
             # `hostagent [--debug] run OPTIONS IMAGE COMMAND...`: argparse sees the options only.
             run_parser = completion.subcommands(parser)["run"]
@@ -169,12 +176,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _exit_now(code)
             return code
         if args.command == "compose":
+            from gpupin.hostagent.compose import args as compose_args
+
             return compose_args.command(args)
         if args.command == "swarm":
+            from gpupin.hostagent.swarm import args as swarm_args
+
             return swarm_args.command(args)
         if args.command == "doctor":
+            from gpupin.hostagent import doctor
+
             return doctor.command(args.root, args.json)
         if args.command == "serve":
+            from gpupin.hostagent.serve import args as serve_args
+
             return serve_args.command(args)
         if args.command == "completion":
             return completion.main(args.shell, parser)
