@@ -9,7 +9,6 @@ equivalent `docker run` line from the same table of options.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import re
@@ -186,6 +185,8 @@ class ContainerSpec:
         from docker.types import ContainerConfig, HostConfig
 
         r = self.req
+        import copy  # here, not on the path of a run through the agent, which never builds the payload
+
         kw = copy.deepcopy(r.payload)
         try:
             host_config = HostConfig(version=version, device_requests=[self.pin.sdk_device_request()],

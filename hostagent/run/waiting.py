@@ -4,7 +4,6 @@ until the cards are free or --wait's seconds are up (75, saying how long it wait
 
 from __future__ import annotations
 
-import random
 import time
 
 from gpupin.core.errors import CardHeldError, GpupinError
@@ -23,6 +22,8 @@ def wait_before_retry(req: RunRequest, left: float, link: Link | None = None) ->
     inf for --wait alone; `link`: the resident agent that answered, when the run goes through one): a jittered
     poll, so that many waiters do not ask in step. The one place a fair queue takes over (wait for this run's
     turn in the agent's queue)."""
+    import random  # only a waiting run pays for it
+
     time.sleep(min(POLL_S * (0.5 + random.random()), max(left, 0.01)))
 
 
