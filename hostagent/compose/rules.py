@@ -9,9 +9,9 @@ The rules, per service: the request is well-formed (hostagent.compose.forms); re
 labels the pin owns (GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, gpupin.devices, gpupin.shared) are not set beside
 `x-gpupin` or a count, and agree with the cards where a standard form names them; no other variable the NVIDIA
 toolkit reads to pick devices (DOCKER_RESOURCE_*, NVIDIA_MIG_*_DEVICES, ...) is set by hand, pinned service or not;
-each spec names one card that can be handed out, once. Across services (hostagent.compose.place): no card is given twice (cards held by device
-file included: hostagent.compose.devicefiles) or held by a running container unless shared, and every count finds
-enough free cards.
+each spec names one card that can be handed out, once. Across services (hostagent.compose.place): no card is given
+twice (cards held by device file included: hostagent.compose.devicefiles) or held by a running container unless
+shared, and every count finds enough free cards.
 """
 
 from __future__ import annotations
