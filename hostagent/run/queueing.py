@@ -1,0 +1,195 @@
+"""`hostagent run --wait`'s side of the agent's fair queue: between two attempts, wait for this request's turn.
+
+`Turns` is opened once per run, around the loop "try; refused (75): `turns.next(deadline)`; try again". With the
+agent up (gpupin.hostagent.agentlink.find) the first `next` joins its queue (POST /api/queue, a stream of JSON lines:
+gpupin.hostagent.serve.queue) and every `next` blocks until this waiter's turn or the deadline; after a turn that
+was refused, `next` says `again` (the waiter keeps its place). Closing the Turns closes the connection: the agent
+drops the waiter at once (the run succeeded, gave up, or was interrupted: Ctrl-C).
+
+Without an agent, `next` sleeps POLL_S (with jitter), as --wait always did. When the agent goes away while a run
+waits, the run reconnects for RECONNECT_S and joins again with its ticket (a restarted agent keeps its place); if no
+agent comes back, it says so in one line and polls without a queue. A waiter never vanishes silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import math
+import queue
+import random
+import socket
+import threading
+import time
+
+from gpupin.core.errors import GpupinError
+from gpupin.hostagent import agentlink, say
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpupin.hostagent.run.request import RunRequest
+
+POLL_S = 0.5  # without the agent: how often a --wait request looks at the ledger again (with jitter)
+RECONNECT_S = 10.0  # how long a waiter tries to reach an agent that went away before it polls without it
+_LOST = object()  # the stream ended
+
+
+def ask_of(req: RunRequest) -> dict[str, Any]:
+    """What joining sends: the request as the user wrote it (the agent resolves it), and what to show."""
+    return {"gpus": req.gpus, "count": req.count, "share": req.share, "max_load": req.max_load,
+            "max_memory": req.max_memory, "name": req.name, "image": req.image, "command": req.command}
+
+
+class _Stream:
+    """One joined connection: the agent's JSON lines, read by a thread into a queue so that a wait can end at its
+    deadline; `send` writes on the same connection."""
+
+    def __init__(self, link: agentlink.Link, body: dict[str, Any]) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.settimeout(agentlink.CONNECT_S)
+            self.sock.connect(link.path)
+            data = json.dumps(body).encode()
+            self.sock.sendall(b"POST /api/queue HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                              b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+            self.sock.settimeout(30)
+            res = http.client.HTTPResponse(self.sock, method="POST")
+            res.begin()
+            if res.status >= 400:
+                raw = res.read()
+                try:
+                    obj = json.loads(raw) if raw else None
+                except ValueError:
+                    obj = None
+                raise agentlink.error_from(res.status, obj, str(link))
+            first = json.loads(res.readline() or b"null")
+            if not isinstance(first, dict) or "queued" not in first:
+                raise ValueError(f"the agent answered {first!r}, not its place in the queue")
+        except BaseException:
+            self.sock.close()
+            raise
+        self.sock.settimeout(None)
+        self.queued: dict[str, Any] = first["queued"]
+        self.news: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=self._read, args=(res,), name="queue-news", daemon=True).start()
+
+    def _read(self, res: http.client.HTTPResponse) -> None:
+        try:
+            for line in res:
+                if line.strip():
+                    self.news.put(json.loads(line))
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        self.news.put(_LOST)
+
+    def get(self, deadline: float) -> Any:
+        """The next message, None at the deadline (monotonic), _LOST when the connection ended."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                return self.news.get(timeout=min(left, 60.0))
+            except queue.Empty:
+                continue
+
+    def send(self, text: str) -> bool:
+        try:
+            self.sock.sendall(text.encode() + b"\n")
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader; the agent reads EOF and drops the waiter
+        self.sock.close()
+
+
+class Turns:
+    """This run's place in the agent's queue (or, without one, the old poll). Use as a context manager around the
+    --wait loop; `next(deadline)` between two attempts."""
+
+    def __init__(self, ask: dict[str, Any]) -> None:
+        self.ask = ask
+        self.link: agentlink.Link | None = None
+        self._stream: _Stream | None = None
+        self._joined = False  # whether joining was tried (once per run: no agent then, no queue for this run)
+        self._turn = False  # whether the last wait ended with a turn (the next one says `again`)
+        self._ticket: str | None = None
+
+    @classmethod
+    def of(cls, req: RunRequest) -> Turns:
+        return cls(ask_of(req))
+
+    def __enter__(self) -> Turns:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Leave the queue (at once: the agent reads the connection's end)."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def next(self, deadline: float) -> None:
+        """Block until this waiter's turn, or until `deadline` (time.monotonic(); math.inf: no deadline)."""
+        if not self._joined:
+            self._joined = True
+            self.link = agentlink.find()
+            if self.link is not None:
+                self._join(first=True)
+        elif self._stream is not None and self._turn and not self._stream.send("again"):
+            self._lost(deadline)
+        self._turn = False
+        while self._stream is not None:
+            message = self._stream.get(deadline)
+            if message is None:
+                return
+            if message is _LOST:
+                self._lost(deadline)
+            elif "turn" in message:
+                self._turn = True
+                return
+        self._poll(deadline)
+
+    def _poll(self, deadline: float) -> None:
+        time.sleep(min(POLL_S * (0.5 + random.random()), max(deadline - time.monotonic(), 0.01)))
+
+    def _join(self, first: bool) -> bool:
+        assert self.link is not None
+        try:
+            self._stream = _Stream(self.link, {**self.ask, "ticket": self._ticket})
+        except (GpupinError, OSError, ValueError, http.client.HTTPException) as err:
+            if first:
+                why = err.message if isinstance(err, GpupinError) else f"{type(err).__name__}: {err}"
+                say(f"the agent at {self.link} did not queue this request ({why}): waiting without its queue")
+            return False
+        queued = self._stream.queued
+        kept = self._ticket is not None and queued.get("ticket") == self._ticket
+        self._ticket = str(queued.get("ticket"))
+        place = f"position {queued.get('position')} of {queued.get('of')}"
+        say(f"in the queue of the agent at {self.link}: {place}" if first else
+            f"the agent at {self.link} is back: {place} in its queue"
+            + ("" if kept else " (it did not know this request: queued as new)"))
+        return True
+
+    def _lost(self, deadline: float) -> None:
+        """The connection ended: reconnect and join again for RECONNECT_S, else say so and go on without a queue."""
+        assert self._stream is not None and self.link is not None
+        self._stream.close()
+        self._stream = None
+        until = min(time.monotonic() + RECONNECT_S, deadline if math.isfinite(deadline) else math.inf)
+        while time.monotonic() < until:
+            found = agentlink.find()
+            if found is not None:
+                self.link = found
+                if self._join(first=False):
+                    return
+            time.sleep(0.2)
+        say(f"the agent at {self.link} went away: waiting without its queue")
