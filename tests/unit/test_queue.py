@@ -1,0 +1,101 @@
+"""The fair queue's rule (gpupin.hostagent.serve.fair) over views written by hand: first come, first served; an
+earlier --count N holds later requests of any size back; named requests for other cards go ahead; a turn that is
+out keeps its cards; a lapsed turn is passed over; --share and --count's limits as `run` reads them. And the
+`hostagent queue` table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpupin.core.errors import GpuSpecError
+from gpupin.hostagent.queue.args import table
+from gpupin.hostagent.serve import fair
+
+UUIDS = [f"GPU-{n}{n}{n}{n}0000-0000-0000-0000-00000000000{n}" for n in range(4)]
+
+
+def card(n: int, state: str = "free", util: int | None = 0, used: int = 0, healthy: bool | None = True,
+         holders: int = 0) -> dict[str, Any]:
+    return {"index": n, "uuid": UUIDS[n], "bus_id": f"00000000:{0x1b + n:02X}:00.0", "name": "A800", "error": None,
+            "mig_mode": False, "mig_devices": [], "state": state, "holders": [{}] * holders,
+            "health": {"healthy": healthy}, "utilization_gpu": util, "memory_used_mib": used,
+            "memory_total_mib": 1000, "memory_free_mib": 1000 - used}
+
+
+def view(*states: str) -> dict[str, Any]:
+    return {"gpus": [card(n, s, holders=s in ("held", "shared")) for n, s in enumerate(states)]}
+
+
+class W:
+    def __init__(self, *gpus: str, count: int | None = None, share: bool = False, offered: list[str] | None = None,
+                 lapsed: bool = False, cooling: bool = False, **limits: float) -> None:
+        self.ask = fair.Ask(gpus, count, share, limits.get("max_load"), limits.get("max_memory"))
+        self.offered = offered
+        self.lapsed = lapsed
+        self.cooling = cooling
+
+
+def test_first_come_first_served_for_one_card() -> None:
+    assert fair.turns([W("1"), W("1"), W("1")], view("held", "free")) == {0: [UUIDS[1]]}
+    # The first one's turn is out: it keeps the card, and no one else is offered it.
+    assert fair.turns([W("1", offered=[UUIDS[1]]), W("1")], view("held", "free")) == {}
+
+
+def test_a_count_at_the_head_holds_later_counts_back_until_enough_are_free() -> None:
+    queue = [W(count=2), W(count=1), W(count=1)]
+    assert fair.turns(queue, view("free", "held", "held", "held")) == {}
+    assert fair.turns(queue, view("free", "free", "held", "held")) == {0: [UUIDS[0], UUIDS[1]]}
+    # Three free: the pair takes two, the next count 1 the third, and the last waits.
+    assert fair.turns(queue, view("free", "free", "free", "held")) == {0: [UUIDS[0], UUIDS[1]], 1: [UUIDS[2]]}
+
+
+def test_a_count_at_the_head_holds_named_requests_back_too() -> None:
+    assert fair.turns([W(count=2), W("0")], view("free", "held")) == {}
+
+
+def test_named_requests_for_other_cards_go_ahead() -> None:
+    assert fair.turns([W("0"), W("1"), W("0", "1")], view("held", "free")) == {1: [UUIDS[1]]}
+    assert fair.turns([W("0"), W(count=1)], view("held", "free")) == {1: [UUIDS[1]]}
+
+
+def test_a_lapsed_turn_is_passed_over_and_cooling_keeps_the_place() -> None:
+    assert fair.turns([W("1", lapsed=True), W("1")], view("held", "free")) == {1: [UUIDS[1]]}
+    assert fair.turns([W("1", cooling=True), W("1")], view("held", "free")) == {}
+
+
+def test_share_takes_a_shared_card_and_limits_take_a_card_only_processes_use() -> None:
+    assert fair.turns([W("0")], view("shared")) == {}
+    assert fair.turns([W("0", share=True)], view("shared")) == {0: [UUIDS[0]]}
+    busy = {"gpus": [card(0, "busy", util=10, used=100), card(1, "busy", util=90, used=100)]}
+    assert fair.turns([W(count=1)], busy) == {}
+    assert fair.turns([W(count=1, max_load=50)], busy) == {0: [UUIDS[0]]}
+    assert fair.turns([W(count=1, max_memory=5)], busy) == {}
+
+
+def test_an_unhealthy_card_is_never_counted() -> None:
+    sick = {"gpus": [card(0, healthy=False), card(1, healthy=None), card(2)]}
+    assert fair.turns([W(count=1)], sick) == {0: [UUIDS[2]]}
+    assert fair.turns([W(count=2)], sick) == {}
+
+
+def test_specs_resolve_as_run_resolves_them() -> None:
+    v = view("free", "free")
+    assert [t.uuid for t in fair.resolve(fair.Ask(["1b:00.0", "GPU-1111"]), v)] == UUIDS[:2]
+    with pytest.raises(GpuSpecError):
+        fair.resolve(fair.Ask(["7"]), v)
+
+
+def test_the_table() -> None:
+    data = {"waiters": [
+        {"position": 1, "name": "train\n1", "user": "alice", "request": "--count 2", "image": "img", "since": 100.0,
+         "turn": True},
+        {"position": 2, "name": None, "user": "bob", "request": "--gpu 0 --share", "image": "x" * 50, "since": 170.0,
+         "turn": False}]}
+    head, first, second = table(data, 4000.0).splitlines()
+    assert head.split() == ["#", "NAME", "USER", "REQUEST", "IMAGE", "WAITING", "TURN"]
+    assert first.split()[:6] == ["1", "train\\n1", "alice", "--count", "2", "img"] and first.endswith("yes")
+    assert "1h05m (since" in first and "1h03m (since" in second  # 3900 s, 3830 s
+    assert second.split()[:5] == ["2", "-", "bob", "--gpu", "0"] and "x" * 37 + "..." in second
+    assert table({"waiters": []}, 0) == "no request is waiting\n"
