@@ -11,8 +11,9 @@ it asks for are usable now and no earlier waiter waits for any of them:
 - a waiter whose turn lapsed (it neither succeeded nor asked again in time) is passed over until it asks again;
 - a waiter that asked again keeps its place and its cards, and is offered its next turn a moment later (the
   daemon's lock may still be held by whoever took the cards; asking at once would spin).
-Usable now: free, or shared when the request shares (--share); with --max-load/--max-memory, also a card only
-processes use that is within the limits (docs/run.md, "--count"). What the view cannot tell is never usable.
+Usable now: free; for --share, held only by containers that share (processes do not stop a request that shares);
+with --max-load/--max-memory, also a card only processes use that is within the limits. What the view cannot tell
+(state unknown) is never usable.
 """
 
 from __future__ import annotations
@@ -88,12 +89,16 @@ def _keys(t: Target) -> set[str]:
 
 
 def _usable(entry: dict[str, Any], ask: Ask) -> bool:
-    if entry["state"] == "free" or (ask.share and entry["state"] == "shared"):
+    """Whether `run` would take this card now (gpupin.hostagent.ledger.holders.blocking): free; or, for --share,
+    held only by containers that share, and used by any processes (it shares with them on purpose)."""
+    state = entry["state"]
+    holding = [h for h in entry.get("holders", ()) if h.get("holds", True)]
+    if state == "free" or (ask.share and state in ("shared", "busy") and all(h.get("shared") for h in holding)):
         return True
     if ask.count is None or (ask.max_load is None and ask.max_memory is None):
         return False
     # With limits, a card only processes use is judged by its load (as `run` judges it).
-    return entry["state"] == "busy" and not entry["holders"] and _within(entry, ask)
+    return state == "busy" and not holding and _within(entry, ask)
 
 
 def _within(g: dict[str, Any], ask: Ask) -> bool:

@@ -19,7 +19,8 @@ UUIDS = [f"GPU-{n}{n}{n}{n}0000-0000-0000-0000-00000000000{n}" for n in range(4)
 def card(n: int, state: str = "free", util: int | None = 0, used: int = 0, healthy: bool | None = True,
          holders: int = 0) -> dict[str, Any]:
     return {"index": n, "uuid": UUIDS[n], "bus_id": f"00000000:{0x1b + n:02X}:00.0", "name": "A800", "error": None,
-            "mig_mode": False, "mig_devices": [], "state": state, "holders": [{}] * holders,
+            "mig_mode": False, "mig_devices": [], "state": state,
+            "holders": [{"holds": True, "shared": state == "shared"}] * holders,
             "health": {"healthy": healthy}, "utilization_gpu": util, "memory_used_mib": used,
             "memory_total_mib": 1000, "memory_free_mib": 1000 - used}
 
@@ -68,6 +69,9 @@ def test_a_lapsed_turn_is_passed_over_and_cooling_keeps_the_place() -> None:
 def test_share_takes_a_shared_card_and_limits_take_a_card_only_processes_use() -> None:
     assert fair.turns([W("0")], view("shared")) == {}
     assert fair.turns([W("0", share=True)], view("shared")) == {0: [UUIDS[0]]}
+    assert fair.turns([W("0", share=True)], {"gpus": [card(0, "busy")]}) == {0: [UUIDS[0]]}  # processes only
+    assert fair.turns([W("0", share=True)], view("held")) == {}
+    assert fair.turns([W("0", share=True)], view("unknown")) == {}
     busy = {"gpus": [card(0, "busy", util=10, used=100), card(1, "busy", util=90, used=100)]}
     assert fair.turns([W(count=1)], busy) == {}
     assert fair.turns([W(count=1, max_load=50)], busy) == {0: [UUIDS[0]]}
