@@ -32,6 +32,7 @@ import time
 import weakref
 
 from gpupin.core.errors import UsageError
+from gpupin.core.shown import shorten
 from gpupin.hostagent.serve import fair
 from gpupin.hostagent.serve.agent import say
 
@@ -128,7 +129,8 @@ def _ask(body: dict[str, Any]) -> fair.Ask:
             or bool(gpus) == (count is not None)
             or not all(v is None or (isinstance(v, (int, float)) and 0 <= v <= 100) for v in limits)):
         raise UsageError(f"POST /api/queue: the request needs gpus (a list of specs) or count (>= 1), not both, "
-                         f"and limits in percent (got gpus={gpus!r}, count={count!r}, limits={limits!r})")
+                         f"and limits in percent (got gpus={shorten(gpus)}, count={shorten(count)}, "
+                         f"limits={shorten(limits)})")
     return fair.Ask(gpus, count, bool(body.get("share")), *limits)
 
 
@@ -159,17 +161,27 @@ class Queue:
             w = Waiter(ask, body, peer, since, kept)
             self._waiters.append(w)
             self._waiters.sort(key=lambda x: x.since)  # stable: equal times keep the order they came in
-            self._grant()
-            self._save()
+        try:
+            self._changed()
+        except BaseException:
+            self.leave(w)
+            raise
         return w
 
     def leave(self, w: Waiter) -> None:
         with self._lock:
             if w in self._waiters:
                 self._waiters.remove(w)
-                self._grant()
-                self._save()
         w.close()
+        self._changed()
+
+    def _changed(self) -> None:
+        """Someone joined or left: the turns again, and the file (not while the agent stops: its waiters leave
+        then only to join the next agent, which reads the file)."""
+        with self._lock:
+            self._grant()
+            if not self.agent.stopping.is_set():
+                self._save()
 
     def again(self, w: Waiter) -> None:
         """The turn's attempt was refused: keep the place, and wait for the next turn."""
@@ -202,12 +214,19 @@ class Queue:
 
     def _run(self) -> None:
         version = -1
+        failed = None
         while not self.agent.stopping.is_set():
             version = self.agent.wait_change(version, TICK).version
-            with self._lock:
-                self._grant()
-                if self._returning and time.time() - self.agent.started > REJOIN_S:
-                    self._returning.clear()
+            try:
+                with self._lock:
+                    self._grant()
+                    if self._returning and time.time() - self.agent.started > REJOIN_S:
+                        self._returning.clear()
+                failed = None
+            except Exception as err:  # a bug must not end the granting: said once, tried again at the next tick
+                if repr(err) != failed:
+                    say(f"internal error while granting turns: {type(err).__name__}: {err}")
+                failed = repr(err)
         with self._lock:  # the agent stops: end every stream, so that the waiters reconnect to the next agent
             for w in self._waiters:
                 w.post({})
@@ -265,15 +284,18 @@ class Queue:
             self._write(handler, {"queued": {"ticket": w.ticket, "since": w.since, "position": w.position,
                                              "of": len(self._waiters)}})
             conn = handler.connection
+            events = select.poll()
+            events.register(conn, select.POLLIN)
+            events.register(w.wake_r, select.POLLIN)
             while True:
-                ready, _, _ = select.select([conn, w.wake_r], [], [])
+                ready = {fd for fd, _ in events.poll()}
                 if w.wake_r in ready:
                     os.read(w.wake_r, 4096)
                     for message in w.take():
                         if not message:  # the agent stops
                             return
                         self._write(handler, message)
-                if conn in ready:
+                if conn.fileno() in ready:
                     data = conn.recv(4096)
                     if not data:
                         return  # the caller left: Ctrl-C, success, or it gave up

@@ -172,11 +172,13 @@ def test_ctrl_c_leaves_the_queue_at_once(agent: Agent, resident: Resident, start
     stays.finish()
 
 
-def test_a_restarted_agent_keeps_the_order(agent: Agent, resident: Resident, started: list[Waiter]) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["crash", "restart"])
+def test_a_restarted_agent_keeps_the_order(agent: Agent, resident: Resident, started: list[Waiter],
+                                           stop: signal.Signals) -> None:
     holder = hold(agent, "1")
     started += [Waiter(agent, resident, "--gpu", "1", work="sleep 0.3") for _ in range(3)]
     before = [(w["name"], w["since"]) for w in waiters(resident)]
-    resident.kill()
+    resident.kill(stop)
     again = Resident(agent.env, "--interval", "0.2", directory=resident.dir)
     try:
         wait_for(lambda: len(waiters(again)) == 3, 30, "the waiters back in the restarted agent's queue")
