@@ -1,17 +1,26 @@
 """The fair queue's rule (gpupin.hostagent.serve.fair) over views written by hand: first come, first served; an
 earlier --count N holds later requests of any size back; named requests for other cards go ahead; a turn that is
-out keeps its cards; a lapsed turn is passed over; --share and --count's limits as `run` reads them. And the
-`hostagent queue` table."""
+out keeps its cards; a lapsed turn is passed over; --share and --count's limits as `run` reads them. The
+`hostagent queue` table. And the agent's side without a daemon (no card is ever usable then: unknown is not free):
+bad requests refused with 64, the kernel's user listed, a waiter gone as soon as its connection closes."""
 
 from __future__ import annotations
 
+import json
+import os
+import pwd
 from typing import Any
 
 import pytest
 
-from gpupin.core.errors import GpuSpecError
+from gpupin.core.errors import GpupinError, GpuSpecError
+from gpupin.hostagent.agentlink import Link
 from gpupin.hostagent.queue.args import table
+from gpupin.hostagent.run.queueing import _Stream
 from gpupin.hostagent.serve import fair
+from tests.support.host import simhost_env
+from tests.support.resident import Resident
+from tests.support.wait import wait_for
 
 UUIDS = [f"GPU-{n}{n}{n}{n}0000-0000-0000-0000-00000000000{n}" for n in range(4)]
 
@@ -103,3 +112,32 @@ def test_the_table() -> None:
     assert "1h05m (since" in first and "1h03m (since" in second  # 3900 s, 3830 s
     assert second.split()[:5] == ["2", "-", "bob", "--gpu", "0"] and "x" * 37 + "..." in second
     assert table({"waiters": []}, 0) == "no request is waiting\n"
+
+
+def test_joining_without_a_daemon() -> None:
+    agent = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--interval", "0.2")
+    link = Link(agent.socket)
+    try:
+        for body in ({"gpus": ["0"], "count": 1}, {}, {"count": 0}, {"gpus": "0"}, {"count": 1, "max_load": 101},
+                     {"gpus": ["7"]}):
+            with pytest.raises(GpupinError) as bad:
+                _Stream(link, body)
+            assert bad.value.exit_code == 64, (body, bad.value.message)
+        first = _Stream(link, {"gpus": ["1"], "name": "a", "image": "img", "user": "someone-else"})
+        second = _Stream(link, {"count": 2, "share": True, "max_memory": 50})
+        assert (first.queued["position"], second.queued["position"], second.queued["of"]) == (1, 2, 2)
+        listed = json.loads(agent.get("/api/queue")[1])["waiters"]
+        me = pwd.getpwuid(os.getuid()).pw_name
+        assert [(w["name"], w["user"], w["pid"], w["request"], w["turn"]) for w in listed] == [
+            ("a", me, os.getpid(), "--gpu 1", False), (None, me, os.getpid(), "--count 2 --share --max-memory 50",
+                                                       False)]
+        first.close()
+        wait_for(lambda: len(json.loads(agent.get("/api/queue")[1])["waiters"]) == 1, 1.0, "the first to leave",
+                 interval=0.02)
+        assert second.get(float("-inf")) is None  # a wait past its deadline returns at once
+        assert second.send("again")
+        second.close()
+        wait_for(lambda: json.loads(agent.get("/api/queue")[1])["waiters"] == [], 1.0, "the queue empty",
+                 interval=0.02)
+    finally:
+        agent.close()
