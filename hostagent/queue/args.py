@@ -20,10 +20,11 @@ DESCRIPTION = """List the requests waiting in the resident agent's queue (`hosta
 Per waiter: its place, the container's name, the user who asked (as the kernel names the caller, not as it says),
 the request (--gpu or --count, --share, limits), the image, how long it has waited, and `turn` while it is trying.
 
-The order (docs/run.md, "--wait"): first come, first served. A turn goes to the earliest waiter whose cards are
-usable now, but no one takes a card an earlier waiter waits for; an earlier --count N waits for every card it could
-use, so a --count 2 at the head holds later --count 1s back until two cards are free, while named requests for
-other cards go ahead. Ctrl-C in a waiting run leaves the queue at once."""
+The order (docs/run.md, "--wait with the agent"): first come, first served. A turn goes to the earliest waiter whose
+cards are usable now, but no one takes a card an earlier waiter waits for. An earlier --count N waits for every card
+it could use, so a --count 2 at the head holds every later request back until two cards are free (no starvation by
+--count 1s); named requests for different cards never hold each other back. Ctrl-C in a waiting run leaves the
+queue at once."""
 
 EPILOG = """Without an agent, `run --wait` polls the ledger without a queue: then there is nothing to list.
 exit: 0 listed; 64 bad usage; 69 no agent answers (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock)."""
