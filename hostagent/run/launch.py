@@ -264,6 +264,8 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
     # With the agent up, the waits between attempts are turns in its fair queue (left when this ends).
     with queueing.Turns.of(req) as turns:
         started = time.monotonic()
+        if req.wait is not None:
+            turns.join(started + req.wait)  # behind those who already wait for these cards
         said_waiting = False
         overruns = 0
         while True:

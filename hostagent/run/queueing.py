@@ -1,10 +1,11 @@
 """`hostagent run --wait`'s side of the agent's fair queue: between two attempts, wait for this request's turn.
 
-`Turns` is opened once per run, around the loop "try; refused (75): `turns.next(deadline)`; try again". With the
-agent up (gpupin.hostagent.agentlink.find) the first `next` joins its queue (POST /api/queue, a stream of JSON lines:
-gpupin.hostagent.serve.queue) and every `next` blocks until this waiter's turn or the deadline; after a turn that
-was refused, `next` says `again` (the waiter keeps its place). Closing the Turns closes the connection: the agent
-drops the waiter at once (the run succeeded, gave up, or was interrupted: Ctrl-C).
+`Turns` is opened once per run, around the loop "`turns.join(deadline)`; try; refused (75): `turns.next(deadline)`;
+try again". With the agent up (gpupin.hostagent.agentlink.find), `join` enters its queue (POST /api/queue, a stream
+of JSON lines: gpupin.hostagent.serve.queue) and returns when trying takes no card an earlier waiter waits for (at
+once, when no one waits for these cards); each `next` says `again` (the waiter keeps its place) and blocks until its
+next turn or the deadline. Closing the Turns closes the connection: the agent drops the waiter at once (the run
+succeeded, gave up, or was interrupted: Ctrl-C).
 
 Without an agent, `next` sleeps POLL_S (with jitter), as --wait always did. When the agent goes away while a run
 waits, the run reconnects for RECONNECT_S and joins again with its ticket (a restarted agent keeps its place); if no
@@ -111,15 +112,17 @@ class _Stream:
 
 class Turns:
     """This run's place in the agent's queue (or, without one, the old poll). Use as a context manager around the
-    --wait loop; `next(deadline)` between two attempts."""
+    --wait loop: `join(deadline)` before the first attempt, `next(deadline)` after each refused one."""
 
     def __init__(self, ask: dict[str, Any]) -> None:
         self.ask = ask
         self.link: agentlink.Link | None = None
         self._stream: _Stream | None = None
         self._joined = False  # whether joining was tried (once per run: no agent then, no queue for this run)
-        self._turn = False  # whether the last wait ended with a turn (the next one says `again`)
+        self._turn = False  # whether a turn (or a look the queue allowed) is out: the next wait says `again`
         self._ticket: str | None = None
+        self._place = ""  # "position P of N", as the agent last said
+        self._said = False  # whether the place was said (once)
 
     @classmethod
     def of(cls, req: RunRequest) -> Turns:
@@ -137,15 +140,38 @@ class Turns:
             self._stream.close()
             self._stream = None
 
+    def join(self, deadline: float) -> None:
+        """Before the first attempt: with the agent up, join its queue and return when trying now takes no card an
+        earlier waiter waits for (at once when no one waits for these cards; a newcomer never overtakes the queue).
+        Without an agent, return at once."""
+        if self._joined:
+            return
+        self._joined = True
+        self.link = agentlink.find()
+        if self.link is None or not self._join(first=True):
+            return
+        assert self._stream is not None
+        queued = self._stream.queued
+        if queued.get("turn"):  # its turn came with its place: take that message, then try
+            self._wait(deadline)
+        elif queued.get("behind"):  # earlier waiters wait for these cards: its turn first
+            self._say_place()
+            self._wait(deadline)
+        # Else no one is ahead for these cards, which are not free: the attempt says who holds them.
+
     def next(self, deadline: float) -> None:
-        """Block until this waiter's turn, or until `deadline` (time.monotonic(); math.inf: no deadline)."""
+        """After a refused attempt: block until this waiter's next turn, or until `deadline` (time.monotonic();
+        math.inf: none). Without an agent: sleep POLL_S (with jitter), as --wait always did."""
         if not self._joined:
-            self._joined = True
-            self.link = agentlink.find()
-            if self.link is not None:
-                self._join(first=True)
-        elif self._stream is not None and self._turn and not self._stream.send("again"):
-            self._lost(deadline)
+            self.join(deadline)
+        if self._stream is not None:
+            self._say_place()
+            if self._turn and not self._stream.send("again"):
+                self._lost(deadline)
+        self._wait(deadline)
+
+    def _wait(self, deadline: float) -> None:
+        """Until a turn, the deadline, or (no agent, or it went away) one poll's sleep."""
         self._turn = False
         while self._stream is not None:
             message = self._stream.get(deadline)
@@ -156,10 +182,14 @@ class Turns:
             elif "turn" in message:
                 self._turn = True
                 return
-        self._poll(deadline)
-
-    def _poll(self, deadline: float) -> None:
+            elif "position" in message:
+                self._place = f"position {message['position']} of {message['of']}"
         time.sleep(min(POLL_S * (0.5 + random.random()), max(deadline - time.monotonic(), 0.01)))
+
+    def _say_place(self) -> None:
+        if not self._said:
+            self._said = True
+            say(f"waiting in the queue of the agent at {self.link}: {self._place}")
 
     def _join(self, first: bool) -> bool:
         assert self.link is not None
@@ -173,10 +203,10 @@ class Turns:
         queued = self._stream.queued
         kept = self._ticket is not None and queued.get("ticket") == self._ticket
         self._ticket = str(queued.get("ticket"))
-        place = f"position {queued.get('position')} of {queued.get('of')}"
-        say(f"in the queue of the agent at {self.link}: {place}" if first else
-            f"the agent at {self.link} is back: {place} in its queue"
-            + ("" if kept else " (it did not know this request: queued as new)"))
+        self._place = f"position {queued.get('position')} of {queued.get('of')}"
+        if not first:
+            say(f"the agent at {self.link} is back: {self._place} in its queue"
+                + ("" if kept else " (it did not know this request: queued as new)"))
         return True
 
     def _lost(self, deadline: float) -> None:

@@ -3,7 +3,8 @@
 POST /api/queue (unix socket) joins: the body says what the request needs (gpupin.hostagent.serve.fair.Ask), the
 container's name, image and command for display; the caller's user is the kernel's word (SO_PEERCRED), never the
 body's. The answer is a stream of JSON lines, for as long as the caller stays:
-  {"queued": {"ticket", "since", "position", "of"}}   at once
+  {"queued": {"ticket", "since", "position", "of",    at once
+              "turn", "behind"}}
   {"position": P, "of": N}                             when its place changes
   {"turn": {"cards": [UUID, ...]}}                    when it may try (lock, look, create)
 A turn is one attempt: the caller writes `again` on the connection when it was refused (it keeps its place), or
@@ -189,6 +190,16 @@ class Queue:
             w.offered, w.lapsed, w.asked_again, w.turn_at = None, False, True, time.monotonic()
             self._grant()
 
+    def standing(self, w: Waiter) -> dict[str, Any]:
+        """A waiter's place as it joins: its ticket, arrival, position; whether its turn came with it, and if not,
+        whether it is behind earlier waiters (alone in the queue it would have had its turn: it must not try
+        before them), or its cards are simply not usable now (trying says who holds them)."""
+        with self._lock:
+            view = self.agent.snapshot().listing
+            alone = w.offered is None and view is not None and bool(fair.turns([w], view))
+            return {"ticket": w.ticket, "since": w.since, "position": w.position, "of": len(self._waiters),
+                    "turn": w.offered is not None, "behind": alone}
+
     def listing(self) -> dict[str, Any]:
         with self._lock:
             return {"agent_started": self.agent.started, "waiters": [w.to_dict() for w in self._waiters]}
@@ -281,8 +292,7 @@ class Queue:
             handler.send_header("Content-Type", "application/x-ndjson")
             handler.send_header("Cache-Control", "no-store")
             handler.end_headers()
-            self._write(handler, {"queued": {"ticket": w.ticket, "since": w.since, "position": w.position,
-                                             "of": len(self._waiters)}})
+            self._write(handler, {"queued": self.standing(w)})
             conn = handler.connection
             events = select.poll()
             events.register(conn, select.POLLIN)

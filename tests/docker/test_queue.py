@@ -133,17 +133,21 @@ def test_a_count_2_at_the_head_is_not_overtaken_by_later_count_1s(agent: Agent, 
     assert [w["request"] for w in waiters(resident)] == ["--count 2", "--count 1", "--count 1"]
     free(agent, holders[0])
     wait_for(lambda: resident.card(A800)["state"] == "free", 10, "card 0 free in the agent's view")
-    # One card is free, and two later requests could take it: the count 2 at the head holds them back.
+    # A newcomer that finds the card free does not take it either: it queues behind the count.
+    late = Waiter(agent, resident, "--count", "1")
+    started.append(late)
+    # One card is free, and three later requests could take it: the count 2 at the head holds them back.
     until = time.monotonic() + 3
     while time.monotonic() < until:
         assert all(w.proc.poll() is None for w in started), [w.proc.communicate() for w in started]
-        assert resident.card(A800)["state"] == "free" and len(waiters(resident)) == 3
+        assert resident.card(A800)["state"] == "free" and len(waiters(resident)) == 4
         time.sleep(0.2)
     free(agent, holders[1])
     for w in started:
         w.finish()
     assert sorted(pair.expect.replace("@", ",").split(",")[::2]) == sorted([A800, RTX])
     assert pair.started < min(w.started for w in started[1:])
+    assert "waiting in the queue of the agent at unix://" in late.stderr and "waiting: " not in late.stderr
 
 
 def test_named_requests_for_other_cards_go_ahead(agent: Agent, resident: Resident, started: list[Waiter]) -> None:

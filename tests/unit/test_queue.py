@@ -126,6 +126,8 @@ def test_joining_without_a_daemon() -> None:
         first = _Stream(link, {"gpus": ["1"], "name": "a", "image": "img", "user": "someone-else"})
         second = _Stream(link, {"count": 2, "share": True, "max_memory": 50})
         assert (first.queued["position"], second.queued["position"], second.queued["of"]) == (1, 2, 2)
+        # Unknown holders (no daemon) are never free: no turn, and not behind anyone (trying says why).
+        assert (first.queued["turn"], first.queued["behind"]) == (False, False)
         listed = json.loads(agent.get("/api/queue")[1])["waiters"]
         me = pwd.getpwuid(os.getuid()).pw_name
         assert [(w["name"], w["user"], w["pid"], w["request"], w["turn"]) for w in listed] == [
