@@ -1,4 +1,4 @@
-"""`hostagent run --wait`'s side of the agent's fair queue: between two attempts, wait for this request's turn.
+"""`hostagent run --wait`'s side of the agent's fair queue: before an attempt, wait for this request's turn.
 
 `Turns` is opened once per run, around the loop "`turns.join(deadline)`; try; refused (75): `turns.next(deadline)`;
 try again". With the agent up (gpupin.hostagent.agentlink.find), `join` enters its queue (POST /api/queue, a stream
@@ -46,7 +46,9 @@ def ask_of(req: RunRequest) -> dict[str, Any]:
 
 class _Stream:
     """One joined connection: the agent's JSON lines, read by a thread into a queue so that a wait can end at its
-    deadline; `send` writes on the same connection."""
+    deadline; `send` writes on the same connection. Not agentlink.Link.lines: this needs the socket itself, to write
+    `again` on it and to shut it down from the waiting thread while the reader is blocked in it (a socket timeout
+    would leave http.client's reader unusable)."""
 
     def __init__(self, link: agentlink.Link, body: dict[str, Any]) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -155,10 +155,11 @@ class Queue:
             fair.resolve(ask, view)  # a spec that names no card: refused now (64), not waited for forever
         ticket = body.get("ticket")
         with self._lock:
-            back = self._returning.pop(ticket, None) if isinstance(ticket, str) else None
+            back = self._returning.get(ticket) if isinstance(ticket, str) else None
             since, kept = time.time(), secrets.token_hex(16)
             if back is not None and back[0] == peer.uid and since - self.agent.started <= REJOIN_S:
                 since, kept = back[1], str(ticket)
+                del self._returning[kept]  # once
             w = Waiter(ask, body, peer, since, kept)
             self._waiters.append(w)
             self._waiters.sort(key=lambda x: x.since)  # stable: equal times keep the order they came in
