@@ -8,8 +8,8 @@ next turn or the deadline. Closing the Turns closes the connection: the agent dr
 succeeded, gave up, or was interrupted: Ctrl-C).
 
 Without an agent, `next` sleeps POLL_S (with jitter), as --wait always did. When the agent goes away while a run
-waits, the run reconnects for RECONNECT_S and joins again with its ticket (a restarted agent keeps its place); if no
-agent comes back, it says so in one line and polls without a queue. A waiter never vanishes silently.
+waits, the run says so in one line and polls as without an agent, and at each wait for RECONNECT_S tries to join
+again with its ticket (a restarted agent gives it its place back). A waiter never vanishes silently.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import math
 import queue
 import random
 import socket
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
     from gpupin.hostagent.run.request import RunRequest
 
 POLL_S = 0.5  # without the agent: how often a --wait request looks at the ledger again (with jitter)
-RECONNECT_S = 10.0  # how long a waiter tries to reach an agent that went away before it polls without it
+RECONNECT_S = 30.0  # how long a waiter tries to rejoin an agent that went away (it polls meanwhile)
 _LOST = object()  # the stream ended
 
 
@@ -125,6 +124,7 @@ class Turns:
         self._ticket: str | None = None
         self._place = ""  # "position P of N", as the agent last said
         self._said = False  # whether the place was said (once)
+        self._lost_at: float | None = None  # when the agent went away, while this run still tries to rejoin it
 
     @classmethod
     def of(cls, req: RunRequest) -> Turns:
@@ -169,18 +169,22 @@ class Turns:
         if self._stream is not None:
             self._say_place()
             if self._turn and not self._stream.send("again"):
-                self._lost(deadline)
+                self._drop()
         self._wait(deadline)
 
     def _wait(self, deadline: float) -> None:
         """Until a turn, the deadline, or (no agent, or it went away) one poll's sleep."""
         self._turn = False
-        while self._stream is not None:
+        while True:
+            if self._stream is None and self._lost_at is not None:
+                self._rejoin()
+            if self._stream is None:
+                break
             message = self._stream.get(deadline)
             if message is None:
                 return
             if message is _LOST:
-                self._lost(deadline)
+                self._drop()
             elif "turn" in message:
                 self._turn = True
                 return
@@ -211,17 +215,23 @@ class Turns:
                 + ("" if kept else " (it did not know this request: queued as new)"))
         return True
 
-    def _lost(self, deadline: float) -> None:
-        """The connection ended: reconnect and join again for RECONNECT_S, else say so and go on without a queue."""
-        assert self._stream is not None and self.link is not None
+    def _drop(self) -> None:
+        """The connection ended (the agent stopped, restarted or died): say so, and poll meanwhile; each wait tries
+        to join again (with the ticket: a restarted agent gives the place back) for RECONNECT_S."""
+        assert self._stream is not None
         self._stream.close()
         self._stream = None
-        until = min(time.monotonic() + RECONNECT_S, deadline if math.isfinite(deadline) else math.inf)
-        while time.monotonic() < until:
-            found = agentlink.find()
-            if found is not None:
-                self.link = found
-                if self._join(first=False):
-                    return
-            time.sleep(0.2)
-        say(f"the agent at {self.link} went away: waiting without its queue")
+        self._lost_at = time.monotonic()
+        say(f"the agent at {self.link} went away: waiting without its queue (back in it if the agent returns "
+            f"within {RECONNECT_S:g} s)")
+
+    def _rejoin(self) -> None:
+        assert self._lost_at is not None
+        found = agentlink.find()
+        if found is not None:
+            self.link = found
+            if self._join(first=False):
+                self._lost_at = None
+                return
+        if time.monotonic() - self._lost_at >= RECONNECT_S:
+            self._lost_at = None  # gone for good: polling, as without an agent

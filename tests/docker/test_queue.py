@@ -206,7 +206,8 @@ def test_a_waiter_whose_agent_is_gone_says_so_and_still_gets_its_card(agent: Age
     w = started[0].finish()
     assert RTX in w.expect
     lines = [line for line in w.stderr.splitlines() if "went away" in line]
-    assert lines == [f"hostagent: the agent at unix://{resident.socket} went away: waiting without its queue"]
+    assert lines == [f"hostagent: the agent at unix://{resident.socket} went away: waiting without its queue (back "
+                     "in it if the agent returns within 30 s)"]
 
 
 def test_without_an_agent_queue_says_so(agent: Agent, tmp_path: Any) -> None:
