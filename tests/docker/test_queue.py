@@ -106,6 +106,8 @@ def test_first_come_first_served_and_hostagent_queue_lists_them(agent: Agent, re
     assert [(w["position"], w["name"], w["user"], w["request"], w["turn"]) for w in listed] == [
         (n, w.name, me, "--gpu 1", False) for n, w in enumerate(started, 1)]
     assert listed[0]["since"] < listed[1]["since"] < listed[2]["since"] <= time.time()
+    metrics = resident.get("/metrics")[1].decode()
+    assert "\ngpupin_queue_waiters 3.0\n" in metrics and "\ngpupin_queue_oldest_wait_seconds " in metrics
     cli = agent("queue", "--json")
     assert cli.returncode == 0, cli.stderr
     assert [w["name"] for w in json.loads(cli.stdout)["waiters"]] == [w.name for w in started]
