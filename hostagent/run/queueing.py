@@ -156,10 +156,10 @@ class Turns:
         queued = self._stream.queued
         if queued.get("turn"):  # its turn came with its place: take that message, then try
             self._wait(deadline)
-        elif queued.get("behind"):  # earlier waiters wait for these cards: its turn first
+        elif not queued.get("clear"):  # an earlier waiter could take some of these cards: its turn first
             self._say_place()
             self._wait(deadline)
-        # Else no one is ahead for these cards, which are not free: the attempt says who holds them.
+        # Else no earlier waiter could take any of its cards: looking now overtakes no one, and says who holds them.
 
     def next(self, deadline: float) -> None:
         """After a refused attempt: block until this waiter's next turn, or until `deadline` (time.monotonic();

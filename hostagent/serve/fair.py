@@ -126,16 +126,36 @@ def _named(ask: Ask, view: dict[str, Any], reserved: set[str]) -> tuple[list[str
     return ([t.uuid for t in targets] if ready else None), keys
 
 
+def _could(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cards a --count could ever take: the healthy whole cards."""
+    return [g for g in view["gpus"] if g["uuid"] and g["error"] is None and not g["mig_mode"]
+            and (g["health"] or {}).get("healthy") is True]
+
+
 def _counted(ask: Ask, view: dict[str, Any], reserved: set[str]) -> tuple[list[str] | None, set[str]]:
     assert ask.count is not None
-    could = [g for g in view["gpus"] if g["uuid"] and g["error"] is None and not g["mig_mode"]
-             and (g["health"] or {}).get("healthy") is True]
+    could = _could(view)
     usable = [g for g in could if _usable(g, ask) and not (_whole(g) & reserved)]
     # Best first, as `run --count` chooses (gpupin.hostagent.gpus.free_cards): the most free memory, the least load.
     usable.sort(key=lambda g: (-(g["memory_free_mib"] or 0), g["utilization_gpu"] or 0, g["index"]))
     if len(usable) >= ask.count:
         return [g["uuid"] for g in usable[:ask.count]], set().union(*(_whole(g) for g in usable[:ask.count]))
     return None, set().union(*(_whole(g) for g in could)) if could else set()
+
+
+def wanted(ask: Ask, view: dict[str, Any]) -> set[str]:
+    """Every card (and MIG device) this request could ever take: its named cards, or for a count every healthy
+    whole card."""
+    if ask.count is not None:
+        return set().union(*(_whole(g) for g in _could(view)))
+    return _named(ask, view, set())[1]
+
+
+def clear(waiters: Sequence[Waiting], n: int, view: dict[str, Any]) -> bool:
+    """Whether no earlier waiter than the n-th could take any card it could take: then its look, at any moment,
+    overtakes no one (a newcomer that is not clear waits for its turn instead)."""
+    mine = wanted(waiters[n].ask, view)
+    return not any(mine & wanted(w.ask, view) for w in waiters[:n] if not w.lapsed)
 
 
 def turns(waiters: Sequence[Waiting], view: dict[str, Any]) -> dict[int, list[str]]:

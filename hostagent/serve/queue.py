@@ -4,7 +4,7 @@ POST /api/queue (unix socket) joins: the body says what the request needs (gpupi
 container's name, image and command for display; the caller's user is the kernel's word (SO_PEERCRED), never the
 body's. The answer is a stream of JSON lines, for as long as the caller stays:
   {"queued": {"ticket", "since", "position", "of",    at once
-              "turn", "behind"}}
+              "turn", "clear"}}
   {"position": P, "of": N}                             when its place changes
   {"turn": {"cards": [UUID, ...]}}                    when it may try (lock, look, create)
 A turn is one attempt: the caller writes `again` on the connection when it was refused (it keeps its place), or
@@ -193,13 +193,14 @@ class Queue:
 
     def standing(self, w: Waiter) -> dict[str, Any]:
         """A waiter's place as it joins: its ticket, arrival, position; whether its turn came with it, and if not,
-        whether it is behind earlier waiters (alone in the queue it would have had its turn: it must not try
-        before them), or its cards are simply not usable now (trying says who holds them)."""
+        whether it is clear: no earlier waiter could take any card it could take, so that looking now (and
+        saying who holds its cards) overtakes no one, whenever they free. Otherwise it waits for its turn."""
         with self._lock:
             view = self.agent.snapshot().listing
-            alone = w.offered is None and view is not None and bool(fair.turns([w], view))
+            mine = self._waiters.index(w) if w in self._waiters else 0
             return {"ticket": w.ticket, "since": w.since, "position": w.position, "of": len(self._waiters),
-                    "turn": w.offered is not None, "behind": alone}
+                    "turn": w.offered is not None,
+                    "clear": view is not None and fair.clear(self._waiters, mine, view)}
 
     def listing(self) -> dict[str, Any]:
         with self._lock:

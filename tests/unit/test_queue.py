@@ -93,6 +93,15 @@ def test_an_unhealthy_card_is_never_counted() -> None:
     assert fair.turns([W(count=2)], sick) == {}
 
 
+def test_a_newcomer_is_clear_when_no_earlier_waiter_could_take_its_cards() -> None:
+    v = view("held", "held", "held")
+    assert fair.clear([W("0"), W("1")], 1, v)
+    assert not fair.clear([W("0"), W("1", "0")], 1, v)
+    assert not fair.clear([W(count=2), W("2")], 1, v)  # a count could take any card
+    assert not fair.clear([W("2"), W(count=1)], 1, v)
+    assert fair.clear([W("2", lapsed=True), W(count=1)], 1, v)
+
+
 def test_specs_resolve_as_run_resolves_them() -> None:
     v = view("free", "free")
     assert [t.uuid for t in fair.resolve(fair.Ask(["1b:00.0", "GPU-1111"]), v)] == UUIDS[:2]
@@ -126,8 +135,9 @@ def test_joining_without_a_daemon() -> None:
         first = _Stream(link, {"gpus": ["1"], "name": "a", "image": "img", "user": "someone-else"})
         second = _Stream(link, {"count": 2, "share": True, "max_memory": 50})
         assert (first.queued["position"], second.queued["position"], second.queued["of"]) == (1, 2, 2)
-        # Unknown holders (no daemon) are never free: no turn, and not behind anyone (trying says why).
-        assert (first.queued["turn"], first.queued["behind"]) == (False, False)
+        # Unknown holders (no daemon) are never free: no turn; the first is clear (no one ahead), the count is not
+        # (the first could take card 1, which it could take).
+        assert (first.queued["turn"], first.queued["clear"], second.queued["clear"]) == (False, True, False)
         listed = json.loads(agent.get("/api/queue")[1])["waiters"]
         me = pwd.getpwuid(os.getuid()).pw_name
         assert [(w["name"], w["user"], w["pid"], w["request"], w["turn"]) for w in listed] == [
