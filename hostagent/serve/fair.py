@@ -11,6 +11,8 @@ it asks for are usable now and no earlier waiter waits for any of them:
 - a waiter whose turn lapsed (it neither succeeded nor asked again in time) is passed over until it asks again;
 - a waiter that asked again keeps its place and its cards, and is offered its next turn a moment later (the
   daemon's lock may still be held by whoever took the cards; asking at once would spin).
+A newcomer is `clear` when no earlier waiter could take any card it could take: it may look at once (overtaking no
+one, whenever the cards free); otherwise it waits for its turn before its first look.
 Usable now: free; for --share, held only by containers that share (processes do not stop a request that shares);
 with --max-load/--max-memory, also a card only processes use that is within the limits. What the view cannot tell
 (state unknown) is never usable.

@@ -320,8 +320,3 @@ class Queue:
     def _write(handler: Handler, message: dict[str, Any]) -> None:
         handler.wfile.write((json.dumps(message) + "\n").encode())
         handler.wfile.flush()
-
-
-def route(agent: Agent) -> Any:
-    """The POST route, as api._posts registers it."""
-    return of(agent).serve
