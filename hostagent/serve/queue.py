@@ -32,7 +32,7 @@ import threading
 import time
 import weakref
 
-from gpupin.core.errors import UsageError
+from gpupin.core.errors import AgentUnavailableError, UsageError
 from gpupin.core.shown import shorten
 from gpupin.hostagent.serve import fair
 from gpupin.hostagent.serve.agent import say
@@ -155,6 +155,8 @@ class Queue:
             fair.resolve(ask, view)  # a spec that names no card: refused now (64), not waited for forever
         ticket = body.get("ticket")
         with self._lock:
+            if self.agent.stopping.is_set():  # (under the lock: a waiter that got in gets the stop's end of stream)
+                raise AgentUnavailableError("the agent is stopping", "join the next one (a restart keeps the order)")
             back = self._returning.get(ticket) if isinstance(ticket, str) else None
             since, kept = time.time(), secrets.token_hex(16)
             if back is not None and back[0] == peer.uid and since - self.agent.started <= REJOIN_S:

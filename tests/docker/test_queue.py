@@ -72,9 +72,20 @@ class Waiter:
         self.expect = ""
         self.stderr = ""
 
+    def says(self, text: str) -> None:
+        """Read its stderr until a line says `text` (kept for `finish`)."""
+        assert self.proc.stderr is not None
+        while True:
+            line = self.proc.stderr.readline()
+            assert line, f"{self.name} ended without saying {text!r}: {self.stderr}"
+            self.stderr += line
+            if text in line:
+                return
+
     def finish(self, timeout: float = 120) -> Waiter:
         """Wait for it to end; it must have run its container (exit 0)."""
-        out, self.stderr = self.proc.communicate(timeout=timeout)
+        out, err = self.proc.communicate(timeout=timeout)
+        self.stderr += err
         assert self.proc.returncode == 0, (self.proc.returncode, self.stderr)
         started, self.expect = out.split("\n")[:2]
         self.started = float(started)
@@ -202,6 +213,7 @@ def test_a_waiter_whose_agent_is_gone_says_so_and_still_gets_its_card(agent: Age
                                                                        started: list[Waiter]) -> None:
     holder = hold(agent, "1")
     started.append(Waiter(agent, resident, "--gpu", "1"))
+    started[0].says("waiting in the queue of the agent at")  # its first look is over: it waits for its turn
     resident.kill()
     shutil.rmtree(resident.dir)  # no agent comes back
     free(agent, holder)
