@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
 import sys
 import time
@@ -22,7 +21,7 @@ from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease, lock, renewal, uses
 from gpupin.hostagent.ledger import read as ledger_read
-from gpupin.hostagent.run import image
+from gpupin.hostagent.run import image, queueing
 from gpupin.hostagent.run.attach import Attachment
 from gpupin.hostagent.run.request import ContainerSpec, RunRequest, bad_option
 from gpupin.hostagent.trace import mark
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.core.resolve import Target
 
-POLL_S = 0.5  # how often a --wait request looks at the ledger again
 NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
 
 
@@ -263,49 +261,53 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
     if req.pull == "always":
         image.ensure(api, req)
     guard = lock.LedgerLock(api, req.image, missing_image=lambda: image.ensure(api, req))
-    started = time.monotonic()
-    said_waiting = False
-    overruns = 0
-    while True:
-        refusal: _Refusal | None
-        try:
-            with guard:
-                mark("locked")
-                _failpoint("after-lock")
-                book = ledger_read.read_ledger(api, cards, daemon_info)
-                mark("looked")
-                _remove_orphans(api, book)
-                chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, book))
-                if chosen is not None:
-                    spec = ContainerSpec(req, chosen, _via(req, chosen, detection))
-                    spec.labels.update(lease.claim())  # it holds its cards while this run starts it
-                    guard.check()
-                    return _create_and_start(api, spec, foreground=not req.detach, on_created=guard.commit)
-        except lock.LeaseLost as err:
-            overruns += 1
-            if overruns >= LEASE_RETRIES:
-                raise DockerUnavailableError(
-                    f"the Docker daemon at {engine.docker_host()} is too slow to pin a container inside the ledger "
-                    f"lock's lease ({err})", "see the daemon's load and log, then retry") from None
-            continue
-        except lock.LockBusyError as err:
+    # With the agent up, the waits between attempts are turns in its fair queue (left when this ends).
+    with queueing.Turns.of(req) as turns:
+        started = time.monotonic()
+        if req.wait is not None:
+            turns.join(started + req.wait)  # behind those who already wait for these cards
+        said_waiting = False
+        overruns = 0
+        while True:
+            refusal: _Refusal | None
+            try:
+                with guard:
+                    mark("locked")
+                    _failpoint("after-lock")
+                    book = ledger_read.read_ledger(api, cards, daemon_info)
+                    mark("looked")
+                    _remove_orphans(api, book)
+                    chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, book))
+                    if chosen is not None:
+                        spec = ContainerSpec(req, chosen, _via(req, chosen, detection))
+                        spec.labels.update(lease.claim())  # it holds its cards while this run starts it
+                        guard.check()
+                        return _create_and_start(api, spec, foreground=not req.detach, on_created=guard.commit)
+            except lock.LeaseLost as err:
+                overruns += 1
+                if overruns >= LEASE_RETRIES:
+                    raise DockerUnavailableError(
+                        f"the Docker daemon at {engine.docker_host()} is too slow to pin a container inside the ledger "
+                        f"lock's lease ({err})", "see the daemon's load and log, then retry") from None
+                continue
+            except lock.LockBusyError as err:
+                if req.wait is None:
+                    raise
+                refusal = _Refusal([err.message], err.hint or "")
+            except Exception as err:
+                if isinstance(err, (Interrupted, KeyboardInterrupt)) or not engine.is_daemon_failure(err):
+                    raise
+                raise engine.failure(err, "talking to the daemon") from None
+            assert refusal is not None
+            waited = time.monotonic() - started
             if req.wait is None:
-                raise
-            refusal = _Refusal([err.message], err.hint or "")
-        except Exception as err:
-            if isinstance(err, (Interrupted, KeyboardInterrupt)) or not engine.is_daemon_failure(err):
-                raise
-            raise engine.failure(err, "talking to the daemon") from None
-        assert refusal is not None
-        waited = time.monotonic() - started
-        if req.wait is None:
-            raise _held_error(req, refusal, None)
-        if waited >= req.wait:
-            raise _held_error(req, refusal, waited)
-        if not said_waiting:
-            say("waiting: " + "; ".join(refusal.why))
-            said_waiting = True
-        time.sleep(min(POLL_S * (0.5 + random.random()), max(req.wait - waited, 0.01)))
+                raise _held_error(req, refusal, None)
+            if waited >= req.wait:
+                raise _held_error(req, refusal, waited)
+            if not said_waiting:
+                say("waiting: " + "; ".join(refusal.why))
+                said_waiting = True
+            turns.next(started + req.wait)
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 
-from gpupin.hostagent.serve import api, listen
+from gpupin.hostagent.serve import api, listen, queue
 from gpupin.hostagent.serve.agent import Agent, say
 
 TYPE_CHECKING = False
@@ -22,6 +22,7 @@ def run(socket_path: str, group: str | None, http: str, public: bool, idle_after
     agent = Agent(interval=interval, idle_after=idle_after)
     handler = api.handler(agent)
     servers: list[socketserver.BaseServer] = [listen.unix_server(socket_path, gid, handler)]
+    queue.of(agent).keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
     try:
         if address is not None:
             servers.append(listen.tcp_server(address, handler))

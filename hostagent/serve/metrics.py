@@ -8,6 +8,8 @@ names and their meaning are in docs/serve.md, "Metrics".
 
 from __future__ import annotations
 
+import time
+
 from gpupin.core import __version__
 
 TYPE_CHECKING = False
@@ -75,6 +77,14 @@ class ViewCollector:
                                 "daemon, else 0 (holders unknown).", value=int(docker_ok))
         yield GaugeMetricFamily("gpupin_agent_last_refresh_timestamp_seconds", "When the view was last read "
                                 "(seconds since the epoch).", value=snap.read_at)
+        from gpupin.hostagent.serve import queue
+
+        waiting = queue.of(self.agent).listing()["waiters"]
+        yield GaugeMetricFamily("gpupin_queue_waiters", "Requests waiting in the agent's queue (run --wait).",
+                                value=len(waiting))
+        yield GaugeMetricFamily("gpupin_queue_oldest_wait_seconds", "How long the first in the agent's queue has "
+                                "waited, seconds (0 when no one waits).",
+                                value=time.time() - waiting[0]["since"] if waiting else 0.0)
         if view is None:
             return
         host = view.get("hostname") or ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,8 +31,9 @@ def free_port() -> int:
 class Resident:
     """`hostagent serve` in a process of its own; `get(path)` reads its HTTP API."""
 
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="gpupin-serve-"))
+    def __init__(self, env: dict[str, str], *args: str, directory: Path | None = None) -> None:
+        """`directory`: the socket's (and the queue file's), e.g. an earlier agent's, to start it again there."""
+        self.dir = directory or Path(tempfile.mkdtemp(prefix="gpupin-serve-"))
         self.socket = str(self.dir / "agent.sock")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -86,8 +88,14 @@ class Resident:
         self.socket_left = os.path.exists(self.socket)
         if self.socket_left:
             os.unlink(self.socket)
-        os.rmdir(self.dir)
+        shutil.rmtree(self.dir)  # with the queue's file (gpupin.hostagent.serve.queue), kept for a restart
         return self.proc.returncode, took, err
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """SIGKILL, as a crash (or SIGTERM, as a restart's stop): the queue's file stays (and after a crash the
+        socket), for an agent started again in `dir`."""
+        self.proc.send_signal(signum)
+        self.proc.communicate(timeout=STOP_LIMIT + 5)
 
     def close(self) -> None:
         """Stop it and require what docs/serve.md promises: exit 0 within 5 s, its socket removed."""
