@@ -194,6 +194,9 @@ class Agent:
             stream.close()
         with self._changed:
             self._changed.notify_all()
+        # One deadline for all: a thread blocked on a daemon that does not answer is a daemon thread, left to the
+        # process's exit, and SIGTERM's few seconds must not be spent once per thread.
+        deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
         self.xids.release()
