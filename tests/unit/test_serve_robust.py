@@ -12,8 +12,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -74,6 +75,12 @@ def series(agent: Resident) -> dict[str, dict[str, float]]:
             key = "/".join(s.labels[k] for k in ("gpu", "state", "health") if k in s.labels)
             out.setdefault(s.name, {})[key] = s.value
     return out
+
+
+def cards_if(agent: Resident, ok: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    """The agent's cards when `ok` says so of them, else nothing (to wait on)."""
+    cards: list[dict[str, Any]] = agent.ls()["gpus"]
+    return cards if ok(cards) else []
 
 
 def replace(path: Path, content: object) -> None:
@@ -139,7 +146,7 @@ def test_one_card_lost_while_the_others_answer_is_unhealthy_without_stale_readin
     try:
         assert series(agent)["gpupin_gpu_temperature_celsius"]["3"] == 30
         replace(faults, {"cards": {"3": {"lost": True}}})
-        lost = wait_for(lambda: (c := agent.ls()["gpus"][3])["error"] and c, 10, "card 3 lost")
+        lost = wait_for(lambda: cards_if(agent, lambda v: v[3]["error"] is not None), 10, "card 3 lost")[3]
         assert lost["error"] == "GPU is lost" and lost["health"]["reasons"] == ["lost to NVML"]
         assert lost["health"]["healthy"] is False and lost["state"] != "free"
         assert all(lost[k] is None for k in ("utilization_gpu", "memory_used_mib", "temperature_c", "power_draw_w",
@@ -152,7 +159,7 @@ def test_one_card_lost_while_the_others_answer_is_unhealthy_without_stale_readin
             assert "3" not in m[name] and {"0", "1", "2"} <= m[name].keys(), name
         assert m["gpupin_gpu_state"]["3/unhealthy"] == m["gpupin_gpu_health"]["3/unhealthy"] == 1
         os.unlink(faults)  # the card answers again (a reset, in life): read again at the next refresh
-        back = wait_for(lambda: (c := agent.ls()["gpus"][3])["error"] is None and c, 10, "card 3 back")
+        back = wait_for(lambda: cards_if(agent, lambda v: v[3]["error"] is None), 10, "card 3 back")[3]
         assert back["uuid"] == A800C and back["health"]["healthy"] is True and back["temperature_c"] == 30
         assert series(agent)["gpupin_gpu_health"]["3/healthy"] == 1
     finally:
@@ -167,8 +174,8 @@ def test_a_reading_that_fails_is_unknown_for_that_card_alone(tmp_path: Path) -> 
         # Card 2's process list fails (its other readings answer); card 3's memory-error counters fail.
         replace(procs, {A800B: "unknown_error"})
         replace(faults, {"cards": {A800C: {"memory_query_error": 999}}})
-        gpus = wait_for(lambda: (v := agent.ls()["gpus"])[2]["compute_processes"] is None
-                        and v[3]["health"]["healthy"] is None and v, 10, "both readings unknown")
+        gpus = wait_for(lambda: cards_if(agent, lambda v: v[2]["compute_processes"] is None
+                                         and v[3]["health"]["healthy"] is None), 10, "both readings unknown")
         assert gpus[2]["processes"] == [] and gpus[2]["utilization_gpu"] == 87 and gpus[2]["state"] != "free"
         assert gpus[3]["health"]["reasons"] == ["NVML could not read its memory errors: Unknown Error"]
         m = series(agent)
@@ -177,8 +184,8 @@ def test_a_reading_that_fails_is_unknown_for_that_card_alone(tmp_path: Path) -> 
         assert m["gpupin_gpu_utilization_percent"]["2"] == 87 and m["gpupin_agent_nvml_up"][""] == 1
         os.unlink(procs)
         os.unlink(faults)
-        gpus = wait_for(lambda: (v := agent.ls()["gpus"])[2]["compute_processes"] == 1
-                        and v[3]["health"]["healthy"] is True and v, 10, "both readings back")
+        gpus = wait_for(lambda: cards_if(agent, lambda v: v[2]["compute_processes"] == 1
+                                         and v[3]["health"]["healthy"] is True), 10, "both readings back")
         assert [p["pid"] for p in gpus[2]["processes"]] == [4242]
     finally:
         agent.close()
