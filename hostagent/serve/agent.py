@@ -24,6 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core.identity import BusId
+    from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import Book
 
@@ -69,6 +71,8 @@ class Agent:
         self._docker: dict[str, Any] | None = None
         self._book: Book | None = None
         self._cards_key: tuple[str | None, ...] | None = None
+        self._identity: dict[int, tuple[str, BusId | None, str | None, int | None]] = {}  # by index (_identify)
+        self._counted = 0
         self._ledger_at = 0.0
         self._stream: EventStream | None = None
         self._threads: list[threading.Thread] = []
@@ -94,6 +98,7 @@ class Agent:
         except GpupinError as err:
             self._withdraw("NVML unavailable", err.message)
             return
+        self._identify(cards)
         key = tuple(c.uuid for c in cards)
         mono = time.monotonic()
         if (self._dirty.is_set() or key != self._cards_key or self._docker is None
@@ -114,6 +119,19 @@ class Agent:
             return
         self.idle.annotate(view, mono)
         self._publish(view, None)
+
+    def _identify(self, cards: list[Card]) -> None:
+        """A card NVML can no longer read (lost, fallen off the bus) keeps the identity it was last read with, so
+        that its holders and its series stay its own while its readings are unknown. NVML still counts such a card
+        at its index; when the count changes, an index may name another card, and nothing is carried over."""
+        if len(cards) != self._counted:
+            self._identity.clear()
+            self._counted = len(cards)
+        for c in cards:
+            if c.uuid is not None:
+                self._identity[c.index] = (c.uuid, c.bus_id, c.name, c.minor_number)
+            elif c.error and c.index in self._identity:
+                c.uuid, c.bus_id, c.name, c.minor_number = self._identity[c.index]
 
     def _withdraw(self, what: str, error: str) -> None:
         """Serve the error instead of a view (said once in the log), and open NVML afresh at the next refresh (a

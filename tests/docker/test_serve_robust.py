@@ -1,11 +1,14 @@
 """A crash of the resident agent loses no hold (both engines): the holds are the daemon's containers, not the
 agent's memory, so an agent killed with SIGKILL and started again shows every one held at once (/api/ls, /metrics),
 and `hostagent run` refuses a held card (75) while it is down and after, a container in the middle of its start
-included. The daemon's own restart is tests/docker/test_serve.py's; the agent without a daemon,
-tests/unit/test_serve_robust.py."""
+included; a held card lost to NVML keeps its holder in the view. The daemon's own restart is
+tests/docker/test_serve.py's; the agent without a daemon, tests/unit/test_serve_robust.py."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -73,3 +76,28 @@ def test_sigkill_and_a_restart_of_the_agent_lose_no_hold(agent: Agent) -> None:
         if starting is not None and starting.poll() is None:
             starting.kill()
             starting.communicate()
+
+
+def test_a_held_card_lost_to_nvml_keeps_its_holder_and_its_identity(agent: Agent, tmp_path: Path) -> None:
+    faults = tmp_path / "faults.json"  # the fake NVML re-reads it at every call: the card is lost under the agent
+    resident = Resident({**agent.env, "FAKEGPU_FAULTS": str(faults)}, "--interval", "0.2")
+    try:
+        name = f"robust-{agent.tag}"
+        r = agent("run", "-d", "--name", name, "--gpu", "3", TEST_IMAGE, "sleep", "300")
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: holds(resident) == {A800C: [name]}, 10, "the holder")
+        (tmp_path / "new.json").write_text(json.dumps({"cards": {A800C: {"lost": True}}}))
+        os.replace(tmp_path / "new.json", faults)
+        wait_for(lambda: resident.card(A800C)["error"] == "GPU is lost", 10, "card 3 lost")
+        card = resident.card(A800C)
+        assert card["state"] == "unhealthy" and card["utilization_gpu"] is None and card["index"] == 3
+        assert holds(resident) == {A800C: [name]}  # who held it when it was lost: what its owner asks first
+        info = [(lab["UUID"], lab["container"]) for lab, v in metric(resident, "gpupin_holder_info") if v == 1]
+        assert info == [(A800C, name)]
+        assert {lab["gpu"]: lab["state"] for lab, v in metric(resident, "gpupin_gpu_state") if v == 1}["3"] == \
+            "unhealthy"
+        os.unlink(faults)
+        wait_for(lambda: resident.card(A800C)["error"] is None, 10, "card 3 back")
+        assert resident.card(A800C)["state"] == "held"
+    finally:
+        resident.close()

@@ -77,6 +77,13 @@ def series(agent: Resident) -> dict[str, dict[str, float]]:
     return out
 
 
+def uuid_of(agent: Resident, gpu: str) -> str:
+    """The UUID label of card `gpu`'s state series."""
+    text = agent.get("/metrics")[1].decode()
+    return next(s.labels["UUID"] for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "gpupin_gpu_state" and s.labels["gpu"] == gpu)
+
+
 def cards_if(agent: Resident, ok: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
     """The agent's cards when `ok` says so of them, else nothing (to wait on)."""
     cards: list[dict[str, Any]] = agent.ls()["gpus"]
@@ -148,6 +155,8 @@ def test_one_card_lost_while_the_others_answer_is_unhealthy_without_stale_readin
         replace(faults, {"cards": {"3": {"lost": True}}})
         lost = wait_for(lambda: cards_if(agent, lambda v: v[3]["error"] is not None), 10, "card 3 lost")[3]
         assert lost["error"] == "GPU is lost" and lost["health"]["reasons"] == ["lost to NVML"]
+        # The agent read it before: it keeps its identity, so that its holders and series stay its own.
+        assert (lost["uuid"], lost["bus_id"], lost["name"]) == (A800C, "00000000:AF:00.0", "NVIDIA A800-SXM4-80GB")
         assert lost["health"]["healthy"] is False and lost["state"] != "free"
         assert all(lost[k] is None for k in ("utilization_gpu", "memory_used_mib", "temperature_c", "power_draw_w",
                                              "compute_processes", "idle", "idle_seconds"))
@@ -158,6 +167,7 @@ def test_one_card_lost_while_the_others_answer_is_unhealthy_without_stale_readin
         for name in READINGS:  # the lost card's readings are gone, not the last ones read; the others' stay
             assert "3" not in m[name] and {"0", "1", "2"} <= m[name].keys(), name
         assert m["gpupin_gpu_state"]["3/unhealthy"] == m["gpupin_gpu_health"]["3/unhealthy"] == 1
+        assert uuid_of(agent, "3") == A800C
         os.unlink(faults)  # the card answers again (a reset, in life): read again at the next refresh
         back = wait_for(lambda: cards_if(agent, lambda v: v[3]["error"] is None), 10, "card 3 back")[3]
         assert back["uuid"] == A800C and back["health"]["healthy"] is True and back["temperature_c"] == 30
