@@ -54,7 +54,7 @@ def test_sigkill_and_a_restart_of_the_agent_lose_no_hold(agent: Agent) -> None:
         created = wait_for(lambda: agent.containers("created"), 60, "the second run's container created")
         held = {A800: [running], RTX: [created[0]["Names"]]}
         wait_for(lambda: holds(resident) == held, 10, "both holds in the agent's view")
-        resident.crash()
+        resident.kill()
         # While it is down: its socket file is left, nothing answers there; the CLI goes to the daemon, and the
         # holds are the daemon's containers.
         assert "being started by hostagent" in refused(agent, "1", resident.socket)

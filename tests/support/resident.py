@@ -42,13 +42,8 @@ class Resident:
         self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(self._up, 30, "the agent to listen")
 
-    def crash(self) -> None:
-        """SIGKILL, as the OOM killer or a power cut ends it: nothing of its own runs, its socket file stays."""
-        self.proc.kill()
-        self.stderr = self.proc.communicate()[1]
-
     def restart(self) -> None:
-        """Start it again as systemd's Restart= does: the same command line, socket and port."""
+        """Start it again after kill(), as systemd's Restart= does: the same command line, socket and port."""
         assert self.proc.poll() is not None, "the agent still runs"
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
@@ -106,6 +101,11 @@ class Resident:
             os.unlink(self.socket)
         os.rmdir(self.dir)
         return self.proc.returncode, took, err
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: the socket and the queue's file stay, for an agent started again in `dir`."""
+        self.proc.kill()
+        self.proc.communicate()
 
     def close(self) -> None:
         """Stop it and require what docs/serve.md promises: exit 0 within 5 s, its socket removed."""
