@@ -1,7 +1,8 @@
 """The resident agent's robustness on the simulated host, without a daemon (tests/docker/test_serve_robust.py has
 the daemon's share): SIGTERM ends it with exit 0 within 5 s while clients hold connections and while a read waits
 on a Docker daemon that does not answer, even before its first view; one card lost, or one reading failing, is
-shown unknown while the other cards answer, never as the last value read, and is read again once it answers."""
+shown unknown while the other cards answer, never as the last value read, and is read again once it answers; a
+daemon that hangs delays who holds which card, not the cards' readings."""
 
 from __future__ import annotations
 
@@ -145,6 +146,21 @@ def test_sigterm_with_clients_connected_and_a_read_waiting_on_the_daemon_is_exit
         agent.close()  # exit 0 within 5 s, its socket removed
         for s in clients:
             s.close()
+
+
+def test_a_wedged_daemon_delays_who_holds_which_card_never_the_cards_readings(wedged: Wedged, tmp_path: Path
+                                                                              ) -> None:
+    faults = tmp_path / "faults.json"
+    agent = Resident(simhost_env(DOCKER_HOST=wedged.host, FAKEGPU_FAULTS=str(faults)), "--interval", "0.2")
+    try:
+        now = wedged.accepted
+        wait_for(lambda: wedged.accepted > now, 30, "a ledger read waiting on the daemon")
+        replace(faults, {"cards": {"3": {"lost": True}}})
+        # Each ledger read waits 10 s for the daemon; the cards are read every 0.2 s all the same.
+        wait_for(lambda: agent.ls()["gpus"][3]["error"] == "GPU is lost", 3, "the card's loss, within 3 s")
+        assert agent.ls()["docker"]["available"] is False
+    finally:
+        agent.close()
 
 
 def test_one_card_lost_while_the_others_answer_is_unhealthy_without_stale_readings(tmp_path: Path) -> None:
