@@ -90,7 +90,9 @@ def test_a_held_card_lost_to_nvml_keeps_its_holder_and_its_identity(agent: Agent
         os.replace(tmp_path / "new.json", faults)
         wait_for(lambda: resident.card(A800C)["error"] == "GPU is lost", 10, "card 3 lost")
         card = resident.card(A800C)
-        assert card["state"] == "unhealthy" and card["utilization_gpu"] is None and card["index"] == 3
+        # Held still (the listing's word for who holds it, as `hostagent ls` says it), and unhealthy.
+        assert (card["state"], card["health"]["healthy"], card["index"]) == ("held", False, 3)
+        assert card["utilization_gpu"] is None and card["temperature_c"] is None
         assert holds(resident) == {A800C: [name]}  # who held it when it was lost: what its owner asks first
         info = [(lab["UUID"], lab["container"]) for lab, v in metric(resident, "gpupin_holder_info") if v == 1]
         assert info == [(A800C, name)]
