@@ -111,7 +111,10 @@ def bench_agent(results: dict[str, object], env: dict[str, str], hostagent: str,
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait(lambda: _answers(port), 30, "the agent to answer")
-        for path in ("/api/ls", "/metrics", "/api/agent"):  # what a first client makes it import
+        # At rest: the daemon's event stream open (its thread imports the docker SDK), and each route served once
+        # (what a first client makes it import).
+        _wait(lambda: json.loads(_get(port, "/api/agent")[1])["events_followed"], 30, "the agent to follow events")
+        for path in ("/api/ls", "/metrics", "/api/agent"):
             _get(port, path)
         rest = _rss(agent.pid)
         t0 = time.perf_counter()
