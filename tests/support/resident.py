@@ -102,10 +102,11 @@ class Resident:
         os.rmdir(self.dir)
         return self.proc.returncode, took, err
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash: the socket and the queue's file stay, for an agent started again in `dir`."""
-        self.proc.kill()
-        self.proc.communicate()
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """SIGKILL, as a crash (or SIGTERM, as a restart's stop): the queue's file stays (and after a crash the
+        socket), for an agent started again in `dir`."""
+        self.proc.send_signal(signum)
+        self.proc.communicate(timeout=STOP_LIMIT + 5)
 
     def close(self) -> None:
         """Stop it and require what docs/serve.md promises: exit 0 within 5 s, its socket removed."""
