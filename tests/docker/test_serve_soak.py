@@ -1,6 +1,6 @@
 """The agent under churn, on every engine at once: 500 pinned containers created, started, exited and removed over
 10 minutes while Prometheus-like scrapes and a dashboard's event stream read it, and the agent's resident memory
-grows by less than 10 MB (docs/serve.md, "What survives what").
+grows by less than 10 MB (docs/serve.md, "What survives what"), its open files and threads not at all.
 
 Bounded by count and time alike. The i-th container starts no earlier than i/500 of the way through the 10 minutes,
 so the churn covers the whole soak rather than a burst at its start; the soak ends when the 500th is removed. A
@@ -38,6 +38,7 @@ LATE = 0.25  # how far past SECONDS (as a share of it) the last container may en
 WORKERS = 4  # containers in flight per engine: a lifecycle takes ~1.4 s here, the pace asks one every 1.2 s
 PROBES = 10  # containers started through `hostagent run` and waited for in the agent's view, spread over the soak
 WARMUP = 0.1  # the share of the containers churned before the baseline is taken
+SLACK = 8  # open files, or threads, the agent may hold beyond its baseline at the end (requests in flight)
 A800, RTX, A800B, A800C = uuids("mixed-4")
 CHURN_CARDS = (A800, A800C)  # card 1 is the probes' (hostagent run refuses a held card); card 2 is busy (pid 4242)
 
@@ -177,10 +178,11 @@ def test_500_containers_churned_in_10_minutes_grow_the_agent_by_less_than_10_mb(
                 for _ in range(WORKERS)]
     for t in threads + churners:
         t.start()
-    baseline = {}
+    baseline, files = {}, {}
     for s in soaks:
         s.warm.wait(max(0.0, deadline - time.monotonic()))
         baseline[s.agent.sandbox.engine] = s.resident.rss()
+        files[s.agent.sandbox.engine] = (s.resident.fds(), s.resident.threads())
     for t in churners:
         t.join(max(0.0, deadline - time.monotonic()) + 130)  # a container in flight ends within its timeouts
     took = time.monotonic() - started
@@ -191,16 +193,22 @@ def test_500_containers_churned_in_10_minutes_grow_the_agent_by_less_than_10_mb(
         assert view["docker"]["available"] and json.loads(s.resident.get("/api/agent")[1])["events_followed"]
         assert b"gpupin_holder_info{" not in s.resident.get("/metrics")[1]
         end = s.resident.rss()
+        fds, tasks = s.resident.fds(), s.resident.threads()
         s.stop.set()
         peak = max([r for _, r in s.rss] + [end])
         print(f"\n[{engine}] soak: {s.done} containers in {took:.0f} s, {s.events} events streamed, "
               f"{len(s.seen & s.names)} of them seen holding, {s.scrapes} scrapes; agent RSS "
               f"{baseline[engine] / 2**20:.1f} MiB after {int(CONTAINERS * WARMUP)}, {end / 2**20:.1f} MiB at the end "
-              f"(+{(end - baseline[engine]) / 2**20:.2f} MiB), peak {peak / 2**20:.1f} MiB")
+              f"(+{(end - baseline[engine]) / 2**20:.2f} MiB), peak {peak / 2**20:.1f} MiB; open files "
+              f"{files[engine][0]} then {fds}, threads {files[engine][1]} then {tasks}")
         assert not s.errors, s.errors[:5]
         assert s.done == CONTAINERS, f"[{engine}] only {s.done} of {CONTAINERS} containers in {took:.0f} s"
         # The view followed: most containers, alive a second each, were shown holding as they ran.
         assert len(s.seen & s.names) >= CONTAINERS // 2, f"[{engine}] {len(s.seen & s.names)} seen holding"
         assert end - baseline[engine] < GROWTH_LIMIT, (engine, baseline[engine], end, s.rss)
+        # Nor files or threads: a socket or a thread kept per container, event or scrape would count hundreds.
+        # (A scrape in flight at either moment holds a connection and its thread: a few more are allowed.)
+        assert fds <= files[engine][0] + SLACK and tasks <= files[engine][1] + SLACK, (engine, files[engine],
+                                                                                      fds, tasks)
     assert took <= SECONDS * (1 + LATE), f"the churn took {took:.0f} s for {SECONDS:.0f} s asked"
 

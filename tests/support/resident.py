@@ -51,8 +51,18 @@ class Resident:
 
     def rss(self) -> int:
         """Its resident memory now, in bytes (VmRSS: what `ps` and the OOM killer count)."""
+        return self._status("VmRSS") * 1024
+
+    def threads(self) -> int:
+        return self._status("Threads")
+
+    def fds(self) -> int:
+        """How many files it has open (sockets included)."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def _status(self, field: str) -> int:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:"))) * 1024
+        return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith(f"{field}:")))
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
