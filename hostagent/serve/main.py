@@ -37,9 +37,10 @@ def run(socket_path: str, group: str | None, http: str, public: bool, idle_after
     serving = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
+        first = not stop.is_set()
         stop.set()
-        if not serving.is_set():  # the first read may wait on a daemon that does not answer: abandon it
-            raise _Stopped
+        if first and not serving.is_set():  # the first read may wait on a daemon that does not answer: abandon it
+            raise _Stopped  # once: a second signal must not interrupt the stop itself
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     running: list[socketserver.BaseServer] = []
