@@ -16,8 +16,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 MIB = 2**20
 PARALLEL = 4  # containers in flight at once
@@ -45,7 +45,7 @@ def _get(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
-def _wait(ready: Any, timeout: float, what: str) -> None:
+def _wait(ready: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
@@ -139,8 +139,7 @@ def bench_agent(results: dict[str, object], env: dict[str, str], hostagent: str,
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.communicate()
-        with_socket = Path(folder) / "agent.sock"
-        with_socket.unlink(missing_ok=True)
+        (Path(folder) / "agent.sock").unlink(missing_ok=True)  # left by an agent that did not stop in time
         os.rmdir(folder)
     growth = after - rest
     print(f"{prefix + 'hostagent serve: resident memory':<44} {rest / MIB:8.1f} MiB at rest, {after / MIB:.1f} MiB "
