@@ -40,8 +40,31 @@ class Resident:
         self.argv = [HOSTAGENT, "serve", "--socket", self.socket, "--http", f"127.0.0.1:{self.port}", *args]
         self.socket_left = False
         self.stderr = ""  # its log, once stopped
+        self.env = env
         self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(self._up, 30, "the agent to listen")
+
+    def restart(self) -> None:
+        """Start it again after kill(), as systemd's Restart= does: the same command line, socket and port."""
+        assert self.proc.poll() is not None, "the agent still runs"
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        wait_for(self._up, 30, "the agent to listen again")
+
+    def rss(self) -> int:
+        """Its resident memory now, in bytes (VmRSS: what `ps` and the OOM killer count)."""
+        return self._status("VmRSS") * 1024
+
+    def threads(self) -> int:
+        return self._status("Threads")
+
+    def fds(self) -> int:
+        """How many files it has open (sockets included)."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def _status(self, field: str) -> int:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith(f"{field}:")))
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
