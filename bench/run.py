@@ -20,6 +20,9 @@
               most 5 ms more.
   ls          `hostagent ls --json` with 500 pinned containers (created, not started) against
               `docker ps -a --filter label=gpupin.devices`. Target: at most 1.5x.
+  agent       the resident agent (`hostagent serve`): its resident memory at rest and after 100 pinned containers
+              churned, and how long GET /api/ls and GET /metrics take (bench/agent_bench.py). No floor: figures
+              (the soak test bounds the growth: less than 10 MB over 500 containers).
   swarm       `hostagent ls --swarm --json` on a swarm manager (DOCKER_HOST; `make bench-swarm` starts the
               three-node swarm) running one task per card plus one pending, against the docker CLI commands that
               give the same facts: `docker node ls` then `docker service ps SERVICE`. Target: at most 1.0x.
@@ -353,6 +356,9 @@ def side_by_side_table(results: dict[str, object], engines: Sequence[str]) -> No
             note = f" ({value['note']})" if value.get("note") else ""
             rows.setdefault(what, {})[engine] = \
                 f"{value['ours_ms']:.1f} / {value['floor_ms']:.1f} ms = {value['ratio']:.2f}x{note}"
+        elif key.startswith("[") and isinstance(value, dict) and "cell" in value:  # a figure without a floor
+            engine, _, what = key[1:].partition("] ")
+            rows.setdefault(what, {})[engine] = str(value["cell"])
     print("\n" + " | ".join(["what", *(f"Engine {e}" for e in engines)]))
     for what, cells in rows.items():
         print(" | ".join([what, *(cells.get(e, "-") for e in engines)]))
@@ -361,7 +367,7 @@ def side_by_side_table(results: dict[str, object], engines: Sequence[str]) -> No
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("parts", nargs="*", metavar="PART",
-                   help="entrypoint, watch, run, processes, ls (default: these five), swarm")
+                   help="entrypoint, watch, run, processes, ls, agent (default: these six), swarm")
     p.add_argument("-n", type=int, default=30, help="measured runs per side (entrypoint; a third for docker parts)")
     p.add_argument("--expect", help="GPUPIN_EXPECT for the entrypoint part (default: the topology's card 1)")
     p.add_argument("--watch-interval", type=float, default=5.0, metavar="S", help="the watch part's --watch (5)")
@@ -372,8 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--engines", metavar="'ENGINE ...'",
                    help="run the docker parts on these engines' sandboxes ('20.10 26'), side by side")
     args = p.parse_args(argv)
-    args.parts = args.parts or ["entrypoint", "watch", "run", "processes", "ls"]
-    known = {"entrypoint", "watch", "run", "processes", "ls", "swarm"}
+    args.parts = args.parts or ["entrypoint", "watch", "run", "processes", "ls", "agent"]
+    known = {"entrypoint", "watch", "run", "processes", "ls", "agent", "swarm"}
     if set(args.parts) - known:
         p.error(f"unknown part(s): {' '.join(sorted(set(args.parts) - known))}")
     results: dict[str, object] = {}
@@ -395,6 +401,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench_processes(max(args.n // 3, 5), results, engine)
         if "ls" in args.parts:
             bench_ls(max(args.n // 3, 5), results, engine)
+        if "agent" in args.parts:
+            sys.path.insert(0, str(REPO))
+            from bench.agent_bench import bench_agent
+
+            bench_agent(results, engine.env, str(BIN / "hostagent"), IMAGE, engine.prefix, n=args.n)
     if "run" in args.parts:
         bench_imports(max(args.n // 3, 5), results)
     if "swarm" in args.parts:

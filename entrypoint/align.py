@@ -8,7 +8,7 @@ expectation k, by UUID and by PCI bus id parsed to integers.
 
 from __future__ import annotations
 
-from gpupin.core.errors import ExpectationError, GpuSpecError, MisalignedError
+from gpupin.core.errors import CardUnhealthyError, ExpectationError, GpuSpecError, MisalignedError
 from gpupin.core.identity import BusId
 from gpupin.core.resolve import resolve
 
@@ -72,6 +72,10 @@ def _describe(cards: Sequence[Card]) -> str:
     return ", ".join(f"{c.uuid}@{c.bus_id}" for c in cards) or "no card"
 
 
+def _unreadable(cards: Sequence[Card]) -> str:
+    return ", ".join(f"the card at index {c.index} ({c.error or 'unreadable'})" for c in cards)
+
+
 def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
     """Map the expectation onto the cards NVML sees; raise MisalignedError when an expected card is absent, sits
     at another bus id than expected, or is in MIG mode (CUDA cannot give the whole card).
@@ -81,21 +85,33 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
     (`1` would be a MIG device of card 0, not card 1), and which of its MIG devices one process may enumerate
     differs between drivers (not measured here). Then every entry of CUDA_VISIBLE_DEVICES is a UUID, which names
     the same device whatever the enumeration; without MIG, entries are the indices nvidia-smi shows.
+
+    A card NVML cannot read (lost: fallen off the bus) stops only the containers that asked for it: the others are
+    proved on the cards they asked for. CUDA does not enumerate a lost card, so its indices after it shift: then,
+    too, every entry is a UUID.
     """
-    in_pci_order = sorted(cards, key=lambda c: c.bus_id.key() if c.bus_id else (1 << 40,))
+    unreadable = [c for c in cards if c.uuid is None]
+    in_pci_order = sorted((c for c in cards if c.uuid is not None),
+                          key=lambda c: c.bus_id.key() if c.bus_id else (1 << 40,))
     if expectation is None:
         bindings = [Binding(k, c.uuid or "?", c.bus_id, c.name, None, c) for k, c in enumerate(in_pci_order)]
         return Plan(bindings, None, None)
 
     bindings = []
     positions: list[int] = []
-    by_uuid = any(c.mig_mode for c in in_pci_order)
+    by_uuid = bool(unreadable) or any(c.mig_mode for c in in_pci_order)
     for k, exp in enumerate(expectation.cards):
         try:
             target = resolve(exp.uuid, in_pci_order)
         except GpuSpecError as err:
             if len(err.matches) > 1:
                 raise ExpectationError(f"{expectation.source}: {err.message}", err.hint) from None
+            if unreadable:  # the card asked for may be the one NVML cannot read: unavailable, not misaligned
+                raise CardUnhealthyError(
+                    f"{expectation.source} asks for {exp} at cuda:{k}, which is not among the cards NVML can read "
+                    f"({_describe(in_pci_order)}); NVML cannot read {_unreadable(unreadable)}",
+                    "that may be the card asked for: see `nvidia-smi` and the kernel log (Xid 79: fallen off the "
+                    "bus); a lost card needs a reset (`nvidia-smi -r`) or a reboot") from None
             raise MisalignedError(
                 f"{expectation.source} asks for {exp} at cuda:{k}, but the cards this process can see are "
                 f"{_describe(in_pci_order)}",

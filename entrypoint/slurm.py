@@ -148,6 +148,9 @@ def _by_nvml(cards: Sequence[Card]) -> Reading:
                                                "AutoDetect then numbers MIG devices, which gpupin does not read")
         if n >= len(ordered):
             return Slot(f"NVML index {n}", why=f"this process sees {len(ordered)} card(s), none at NVML index {n}")
+        if ordered[n].uuid is None:
+            return Slot(f"NVML index {n}", why=f"NVML cannot read the card at index {n} "
+                                               f"({ordered[n].error or 'unreadable'})")
         return Slot(f"NVML index {n}", Target(ordered[n]))
     return Reading("NVML's order (AutoDetect=nvml)", slot)
 

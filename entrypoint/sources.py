@@ -36,7 +36,7 @@ from gpupin.core.contract import (
     VOID,
     nvd_keyword,
 )
-from gpupin.core.errors import GpupinError
+from gpupin.core.errors import CardUnhealthyError, GpupinError
 from gpupin.core.expectation import Expectation, ExpectedCard, parse_expect
 from gpupin.core.identity import WHOLE, index_key, is_full_uuid, is_uuid_like
 from gpupin.core.shown import shorten, shown
@@ -86,7 +86,8 @@ class Context:
             if self._read_cards is None:
                 from gpupin.core import nvml
 
-                self._cards = nvml.list_cards(mig=True)
+                # A lost card stops only what asked for it (gpupin.entrypoint.align.plan): read the others.
+                self._cards = nvml.list_cards(mig=True, tolerate_lost=True)
             else:
                 self._cards = self._read_cards()
         return self._cards
@@ -136,6 +137,11 @@ def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], sou
             return f"{said} names devices by host index, which the {len(seen)} device(s) NVML sees here cannot " \
                    "resolve (a container sees only the devices it was given, numbered from 0)"
         how = "indices as NVML numbers this host's cards"
+    lost = [t.card for t in targets if t.card.uuid is None]
+    if lost:
+        raise CardUnhealthyError(f"{said} names the card at NVML index {lost[0].index}, which NVML cannot read "
+                                 f"({lost[0].error or 'unreadable'})", "see `nvidia-smi` and the kernel log (Xid 79: "
+                                 "fallen off the bus); a lost card needs a reset (`nvidia-smi -r`) or a reboot")
     return Fallback(Expectation([ExpectedCard(t.uuid, t.card.bus_id) for t in targets], source, f"{said} ({how})"))
 
 

@@ -6,7 +6,8 @@ card is held, 125 Docker refused the container; `run` otherwise returns the cont
 
 This module is the entry point: the top-level parser, and the dispatch to each command. Each command's own parser,
 help and checks of its options are beside it, in its package: hostagent.ls.args, hostagent.run.args (with the
-split of `run`'s ARGV), hostagent.compose.args, hostagent.swarm.args, hostagent.doctor and hostagent.serve.args.
+split of `run`'s ARGV), hostagent.compose.args, hostagent.swarm.args, hostagent.doctor, hostagent.serve.args and
+hostagent.queue.args.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gpupin.core import __version__
 from gpupin.core.errors import GpupinError, InternalError, UsageError
 from gpupin.hostagent import PROG, completion
 from gpupin.hostagent.ls import args as ls_args
+from gpupin.hostagent.queue import args as queue_args
 from gpupin.hostagent.run import args as run_args
 from gpupin.hostagent.trace import mark
 
@@ -100,6 +102,7 @@ def build_parser(run_only: bool = False) -> _Parser:
     swarm_args.add(sub)
     doctor.add(sub)
     serve_args.add(sub)
+    queue_args.add(sub)
     return p
 
 
@@ -191,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpupin.hostagent.serve import args as serve_args
 
             return serve_args.command(args)
+        if args.command == "queue":
+            return queue_args.command(args)
         if args.command == "completion":
             return completion.main(args.shell, parser)
         if args.command == "__complete":

@@ -21,6 +21,15 @@ from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_u
 from tests.support.watch import Running
 
 
+@pytest.fixture(autouse=True)
+def _daemon_address_read_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hostagent reads where the daemon is once per process (gpupin.hostagent.engine.address); a test that calls
+    its main() in this process is a run of its own, with its own DOCKER_HOST, and must not inherit another's."""
+    from gpupin.hostagent.engine import address
+
+    monkeypatch.setattr(address, "_ENDPOINT", None)
+
+
 @pytest.fixture(scope="session")
 def fakegpu() -> Path:
     """The built fake libraries and hook (built here if `make fakegpu` has not run)."""

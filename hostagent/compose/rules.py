@@ -7,17 +7,18 @@ index names another card after a hot-plug, the runtime refuses a UUID prefix), a
 
 The rules, per service: the request is well-formed (hostagent.compose.forms); replicas <= 1; the variables and
 labels the pin owns (GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, gpupin.devices, gpupin.shared) are not set beside
-`x-gpupin` or a count, and agree with the cards where a standard form names them; each spec names one card that
-can be handed out, once. Across services (hostagent.compose.place): no card is given twice (cards held by device
-file included: hostagent.compose.devicefiles) or held by a running container unless shared, and every count finds
-enough free cards.
+`x-gpupin` or a count, and agree with the cards where a standard form names them; no other variable the NVIDIA
+toolkit reads to pick devices (DOCKER_RESOURCE_*, NVIDIA_MIG_*_DEVICES, ...) is set by hand, pinned service or not;
+each spec names one card that can be handed out, once. Across services (hostagent.compose.place): no card is given
+twice (cards held by device file included: hostagent.compose.devicefiles) or held by a running container unless
+shared, and every count finds enough free cards.
 """
 
 from __future__ import annotations
 
 import re
 
-from gpupin.core.contract import EXPECT_VAR, LABEL, NVD_VAR, SHARED_LABEL, VERIFY_VAR
+from gpupin.core.contract import EXPECT_VAR, LABEL, NVD_VAR, SHARED_LABEL, VERIFY_VAR, picks_devices
 from gpupin.core.errors import GpupinError
 from gpupin.core.expectation import parse_expect
 from gpupin.core.identity import is_full_uuid, match_uuid
@@ -191,6 +192,24 @@ def owned_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[
     return problems
 
 
+def device_var_rules(service: str, env: Mapping[str, str | None], pinned: bool) -> list[Problem]:
+    """A variable the NVIDIA toolkit reads to pick the devices it exposes, set by hand: the container would get
+    devices that no pin names and no ledger row explains (NVIDIA_VISIBLE_DEVICES is a request form's own:
+    forms and agreement_rules judge it)."""
+    out = []
+    for var in sorted(v for v in env if picks_devices(v) and v != NVD_VAR):
+        what = "beside its pin, so it could get devices outside it" if pinned else \
+            "so the NVIDIA runtime may give it devices that no request names and nothing checks"
+        value = env[var]
+        said = f"{var} (from the shell)" if value is None else f"{var}={quoted(value)}"
+        out.append(Problem(service, f"environment sets {said}, which the NVIDIA toolkit reads to pick the devices "
+                           f"it exposes, {what}",
+                           "remove it, and ask for the cards with a device request or `x-gpupin` (then "
+                           f"{_RENDER})" + (" (on a Swarm, Swarm sets DOCKER_RESOURCE_* in each task)"
+                                            if var.startswith("DOCKER_RESOURCE_") else "")))
+    return out
+
+
 def _expectation(req: GpuRequest, value: str, targets: list[Target], cards: Sequence[Card]
                  ) -> tuple[list[Target], list[Problem]]:
     """A hand-set GPUPIN_EXPECT beside named cards: the same cards at their bus ids, in the order it gives (its
@@ -295,10 +314,12 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
                     problems.append(Problem(name, f"asks for {replicas(svc, name)} replicas, and its device files "
                                             "give every replica the same cards", "make one service per replica, "
                                             "each with device files of its own"))
+            env = env_entries(svc, name)
+            problems.extend(device_var_rules(name, env, req is not None))
             if req is None:
                 continue
             requests.append(req)
-            env, labels = env_entries(svc, name), label_entries(svc, name)
+            labels = label_entries(svc, name)
             n = replicas(svc, name)
         except ServiceError as err:
             problems.append(err.problem())

@@ -36,7 +36,7 @@ from gpupin.hostagent.compose.forms import DeployDevices, XGpupin, gpu_request
 from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
 from gpupin.hostagent.compose.problems import WARNING, Problem, RenderRefused, ServiceError, printable, quoted
 from gpupin.hostagent.compose.render import set_entries
-from gpupin.hostagent.compose.rules import checked_services, owned_rules
+from gpupin.hostagent.compose.rules import checked_services, device_var_rules, owned_rules
 from gpupin.hostagent.compose.service import (
     device_list,
     env_entries,
@@ -270,6 +270,8 @@ def examine(doc: Any, kind: str, nodes: Sequence[Node] | None) -> StackExaminati
     for name, svc in svcs.items():
         try:
             found, problems_of = read_service(name, svc, kind)
+            asks = found is not None or gpu_request(name, svc) is not None
+            problems_of = device_var_rules(name, env_entries(svc, name), asks) + problems_of
         except ServiceError as err:
             problems.append(err.problem())
             continue

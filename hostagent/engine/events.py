@@ -14,14 +14,17 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
+CONNECT_TIMEOUT = 10.0  # seconds the daemon may take to answer the stream's opening ping
+
 
 class EventStream:
     """Container events as the daemon sends them (decoded JSON objects), until the daemon ends the stream or
     `close()` is called from another thread. Opening it connects (DockerUnavailableError, 69, when it cannot)."""
 
     def __init__(self) -> None:
-        # No read timeout: the stream is silent for as long as nothing changes.
-        self._api = connect(timeout=None)
+        # The ping that opens it has a timeout, so a wedged daemon is tried again rather than waited on forever;
+        # the stream itself has none (the SDK reads events without one): it is silent while nothing changes.
+        self._api = connect(timeout=CONNECT_TIMEOUT)
         self._lock = threading.Lock()
         self._closed = False
         try:

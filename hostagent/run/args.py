@@ -132,7 +132,8 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
                    help="share on purpose: allow cards that containers started with --share hold, and cards that "
                         "other processes use")
     g.add_argument("--wait", type=_wait_value, metavar="SECONDS", nargs="?", const=math.inf,
-                   help="wait for held cards (forever, or at most SECONDS) instead of exiting 75")
+                   help="wait for held cards (forever, or at most SECONDS) instead of exiting 75; with the agent "
+                        "up, in its fair queue (`hostagent queue`)")
     g.add_argument("--verify", choices=list(VERIFY_LEVELS), help="GPUPIN_VERIFY for the entrypoint")
     g.add_argument("--via", choices=list(VIAS), help="pin through CDI (--device nvidia.com/gpu=UUID) or the nvidia "
                    "driver (--gpus device=UUID); default: CDI where the daemon serves the cards by CDI")

@@ -6,7 +6,8 @@ once, by the agent.
 The request is parsed and read here, with the caller's rights (env files, the current folder, a seccomp profile:
 gpupin.hostagent.run.wire); the container's lease names this process, so that a created container lives as long as
 the run that will start it, whatever becomes of the agent. --wait waits here: a held answer (75) is asked again
-after `waiting.wait_before_retry`, until the cards are free or --wait is up.
+at this run's next turn in the agent's queue (gpupin.hostagent.run.waiting), until the cards are free or --wait is
+up.
 
 `run` returns None where the run is this process's own to make (no agent answers, it serves another daemon, the
 image must be pulled, `--pull always`): the path without the agent, silently.
@@ -77,7 +78,7 @@ def run(req: RunRequest) -> int | None:
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:
-        with Patience(req, link) as patience:
+        with Patience(req) as patience:
             while True:
                 try:
                     answer = ask(link, body)

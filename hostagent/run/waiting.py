@@ -1,6 +1,7 @@
 """`run --wait`: what a run does when its cards are held, whoever looked (this process, or the resident agent for
-it): without --wait it ends with the refusal (75); with it, it says once what it waits for, pauses, and asks again,
-until the cards are free or --wait's seconds are up (75, saying how long it waited)."""
+it): without --wait it ends with the refusal (75); with it, it says once what it waits for, waits for its turn in
+the agent's fair queue (or polls, without an agent), and asks again, until the cards are free or --wait's seconds
+are up (75, saying how long it waited)."""
 
 from __future__ import annotations
 
@@ -11,39 +12,34 @@ from gpupin.hostagent import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from gpupin.hostagent.agentlink import Link
+    from gpupin.hostagent.run.queueing import Turns
     from gpupin.hostagent.run.request import RunRequest
-
-POLL_S = 0.5  # how often a --wait run asks again, on average
-
-
-def wait_before_retry(req: RunRequest, left: float, link: Link | None = None) -> None:
-    """The pause between two attempts of a --wait run whose cards were held (`left`: seconds of --wait left,
-    inf for --wait alone; `link`: the resident agent that answered, when the run goes through one): a jittered
-    poll, so that many waiters do not ask in step. The one place a fair queue takes over (wait for this run's
-    turn in the agent's queue)."""
-    import random  # only a waiting run pays for it
-
-    time.sleep(min(POLL_S * (0.5 + random.random()), max(left, 0.01)))
 
 
 class Patience:
     """One run's --wait, around all its attempts (`with Patience(req) as patience:`): `refused(err)` raises the
-    refusal when it is time to give up, else waits (`wait_before_retry`) before the next attempt. Entering and
-    leaving are where a fair queue joins and leaves."""
+    refusal when it is time to give up, else waits for the next attempt. A --wait run waits in the resident
+    agent's fair queue where one answers (gpupin.hostagent.run.queueing: it joins before its first attempt and
+    leaves when the run ends), else polls."""
 
-    def __init__(self, req: RunRequest, link: Link | None = None) -> None:
+    def __init__(self, req: RunRequest) -> None:
         self.req = req
-        self.link = link
         self.started = time.monotonic()
         self.said = False
+        self._turns: Turns | None = None
 
     def __enter__(self) -> Patience:
         self.started = time.monotonic()
+        if self.req.wait is not None:
+            from gpupin.hostagent.run import queueing  # only a waiting run pays for the queue's client
+
+            self._turns = queueing.Turns.of(self.req)
+            self._turns.join(self.started + self.req.wait)  # behind those who already wait for these cards
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
+        if self._turns is not None:
+            self._turns.close()  # out of the queue at once: the run goes on, gave up or was interrupted
 
     def refused(self, err: GpupinError) -> None:
         """`err`: the held cards' refusal (75), this process's own or the agent's."""
@@ -57,4 +53,5 @@ class Patience:
         if not self.said:
             say(f"waiting: {err.message}")
             self.said = True
-        wait_before_retry(self.req, self.req.wait - waited, self.link)
+        assert self._turns is not None
+        self._turns.next(self.started + self.req.wait)  # this run's next turn (or, without an agent, a poll)

@@ -24,6 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core.identity import BusId
+    from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import Book
 
@@ -49,8 +51,9 @@ class Snapshot:
 
 
 class Agent:
-    """The live view and the two threads that keep it: `refresh` (NVML every `interval`, the ledger when marked
-    dirty) and `docker-events` (the daemon's stream, which marks it dirty); `start()` reads once, then runs them."""
+    """The live view and the three threads that keep it: `refresh` (NVML every `interval`), `ledger` (who holds
+    which card, when marked dirty) and `docker-events` (the daemon's stream, which marks it dirty); `start()` reads
+    once, then runs them."""
 
     def __init__(self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0) -> None:
         self.interval = interval
@@ -60,7 +63,8 @@ class Agent:
         self.xids = readings.XidLog()
         self.started = time.time()
         self.stopping = threading.Event()
-        self._wake = threading.Event()  # a container event: refresh now, not at the next tick
+        self._wake = threading.Event()  # the ledger was read: refresh now, not at the next tick
+        self._lock = threading.Lock()  # the cards last read, and the ledger's reading for them
         self._retry = threading.Event()  # the daemon answers again: reconnect its event stream now
         self.following = False  # whether the daemon's event stream is open
         self._dirty = threading.Event()  # the ledger must be read again
@@ -68,7 +72,10 @@ class Agent:
         self._snapshot = Snapshot(0, None, "not read yet", 0.0)
         self._docker: dict[str, Any] | None = None
         self._book: Book | None = None
-        self._cards_key: tuple[str | None, ...] | None = None
+        self._cards: list[Card] | None = None
+        self._cards_key: tuple[str | None, ...] | None = None  # the UUIDs of the cards the ledger was read for
+        self._identity: dict[int, tuple[str, BusId | None, str | None, int | None]] = {}  # by index (_identify)
+        self._counted = 0
         self._ledger_at = 0.0
         self._stream: EventStream | None = None
         self._threads: list[threading.Thread] = []
@@ -88,32 +95,59 @@ class Agent:
     # --- the refresh ---
 
     def refresh(self) -> None:
-        """Read NVML (and the ledger when it may have changed) and publish the view."""
+        """Read NVML and publish the view, with the ledger's last reading (the `ledger` thread keeps it current);
+        cards that differ from those the ledger was read for are read with it here, before anything is shown."""
         try:
             cards = listing.read_cards(self.xids)
         except GpupinError as err:
             self._withdraw("NVML unavailable", err.message)
             return
-        key = tuple(c.uuid for c in cards)
-        mono = time.monotonic()
-        if (self._dirty.is_set() or key != self._cards_key or self._docker is None
-                or not self._docker["available"] or mono - self._ledger_at >= self.resync):
-            self._dirty.clear()
-            was = self._docker["available"] if self._docker else None
-            self._docker, self._book = listing.read_ledger(cards, warn=False)
-            self._cards_key, self._ledger_at = key, mono
-            if self._docker["available"] and not self.following:
-                self._retry.set()
-            if was is not None and was != self._docker["available"]:
-                say(f"Docker at {self._docker['host']} " + ("answers again" if self._docker["available"] else
-                                                            f"unavailable ({self._docker['error']})"))
+        self._identify(cards)
+        with self._lock:
+            self._cards = cards
+            docker, book, read_for = self._docker, self._book, self._cards_key
+        if docker is None or read_for != tuple(c.uuid for c in cards):
+            docker, book = self.read_ledger()  # holders read for other cards would show these free: not known
         try:
-            view = listing.assemble(cards, self._docker, self._book)
+            view = listing.assemble(cards, docker, book)
         except Exception as err:  # an NVML reading that failed otherwise than "not supported": unknown, not stale
             self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
             return
-        self.idle.annotate(view, mono)
+        self.idle.annotate(view, time.monotonic())
         self._publish(view, None)
+
+    def read_ledger(self) -> tuple[dict[str, Any], Book | None]:
+        """Read who holds which of the last refresh's cards (the listing's `docker` object and the reading), and
+        keep it for the views to come."""
+        with self._lock:
+            cards = self._cards
+        if cards is None:
+            raise RuntimeError("the ledger is read for the cards of a refresh: none yet")
+        self._dirty.clear()  # an event from now on asks for another read
+        was = self._docker["available"] if self._docker else None
+        docker, book = listing.read_ledger(cards, warn=False)
+        with self._lock:
+            self._docker, self._book, self._cards_key = docker, book, tuple(c.uuid for c in cards)
+            self._ledger_at = time.monotonic()
+        if docker["available"] and not self.following:
+            self._retry.set()
+        if was is not None and was != docker["available"]:
+            say(f"Docker at {docker['host']} " + ("answers again" if docker["available"] else
+                                                  f"unavailable ({docker['error']})"))
+        return docker, book
+
+    def _identify(self, cards: list[Card]) -> None:
+        """A card NVML can no longer read (lost, fallen off the bus) keeps the identity it was last read with, so
+        that its holders and its series stay its own while its readings are unknown. NVML still counts such a card
+        at its index; when the count changes, an index may name another card, and nothing is carried over."""
+        if len(cards) != self._counted:
+            self._identity.clear()
+            self._counted = len(cards)
+        for c in cards:
+            if c.uuid is not None:
+                self._identity[c.index] = (c.uuid, c.bus_id, c.name, c.minor_number)
+            elif c.error and c.index in self._identity:
+                c.uuid, c.bus_id, c.name, c.minor_number = self._identity[c.index]
 
     def _withdraw(self, what: str, error: str) -> None:
         """Serve the error instead of a view (said once in the log), and open NVML afresh at the next refresh (a
@@ -137,7 +171,6 @@ class Agent:
 
     def container_changed(self) -> None:
         self._dirty.set()
-        self._wake.set()
 
     # --- threads ---
 
@@ -149,6 +182,24 @@ class Agent:
                 self._withdraw("internal error while refreshing", f"{type(err).__name__}: {err}")
             self._wake.wait(self.interval)
             self._wake.clear()
+
+    def _ledger(self) -> None:
+        """Read the ledger at each container event, every `resync` seconds in case one was lost, and every `interval`
+        while the daemon does not answer; then refresh at once. Its own thread: a daemon that hangs delays who holds
+        which card (each read gives up after 10 s), never the cards' own readings."""
+        while not self.stopping.is_set():
+            with self._lock:
+                down = self._docker is None or not self._docker["available"]
+                due = self._ledger_at + (self.interval if down else self.resync) - time.monotonic()
+            self._dirty.wait(max(0.0, due))
+            if self.stopping.is_set():
+                break
+            try:
+                self.read_ledger()
+            except Exception as err:  # a bug must not stop the agent: the next event or resync reads again
+                say(f"internal error while reading the ledger: {type(err).__name__}: {err}")
+                self.stopping.wait(self.interval)
+            self._wake.set()
 
     def _follow(self) -> None:
         from gpupin.hostagent.engine import EventStream
@@ -180,7 +231,7 @@ class Agent:
 
     def start(self) -> None:
         self.refresh()
-        for target, name in ((self._tick, "refresh"), (self._follow, "docker-events")):
+        for target, name in ((self._tick, "refresh"), (self._ledger, "ledger"), (self._follow, "docker-events")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -188,12 +239,16 @@ class Agent:
     def stop(self, timeout: float = 2.0) -> None:
         self.stopping.set()
         self._wake.set()
+        self._dirty.set()
         self._retry.set()
         stream = self._stream
         if stream is not None:
             stream.close()
         with self._changed:
             self._changed.notify_all()
+        # One deadline for all: a thread blocked on a daemon that does not answer is a daemon thread, left to the
+        # process's exit, and SIGTERM's few seconds must not be spent once per thread.
+        deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
         self.xids.release()

@@ -4,6 +4,7 @@ as with the Docker socket) and TCP, loopback unless `--http-public` (docs/serve.
 GET routes, the same on both:
 - `/api/ls`: exactly the object `hostagent ls --json` prints, with the agent's idle fields filled in;
 - `/api/events`: server-sent events, one `ls` event with that object at each change (the dashboard's feed);
+- `/api/queue`: the waiters of the fair queue (gpupin.hostagent.serve.queue; `hostagent queue`);
 - `/api/agent`: the agent itself (version, pid, start, settings, whether NVML and Docker answer);
 - `/metrics`: Prometheus text (gpupin.hostagent.serve.metrics); `/`: the dashboard.
 
@@ -99,10 +100,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         route = {"/": self._dashboard, "/index.html": self._dashboard, "/api/ls": self._ls,
-                 "/api/events": self._events, "/api/agent": self._agent, "/metrics": self._metrics}.get(path)
+                 "/api/events": self._events, "/api/agent": self._agent, "/api/queue": self._queue,
+                 "/metrics": self._metrics}.get(path)
         if route is None:
             self._json(404, {"error": f"no such path {path}", "paths": ["/", "/api/ls", "/api/events",
-                                                                      "/api/agent", "/metrics"]})
+                                                                      "/api/queue", "/api/agent", "/metrics"]})
             return
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client left
             route()
@@ -176,6 +178,11 @@ class Handler(BaseHTTPRequestHandler):
                          "events_followed": self.agent.following,
                          "docker": view["docker"] if view is not None else None})
 
+    def _queue(self) -> None:
+        from gpupin.hostagent.serve import queue
+
+        self._json(200, queue.of(self.agent).listing())
+
     def _metrics(self) -> None:
         self._send(200, self.metrics.text(), self.metrics.content_type)
 
@@ -216,10 +223,10 @@ class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:
-    """The POST routes, each module's own (the fair queue registers its own here)."""
-    from gpupin.hostagent.serve import runs
+    """The POST routes, each module's own."""
+    from gpupin.hostagent.serve import queue, runs
 
-    return {**runs.routes()}
+    return {"/api/queue": queue.of(agent).serve, **runs.routes()}
 
 
 def handler(agent: Agent) -> type[Handler]:

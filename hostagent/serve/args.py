@@ -15,6 +15,8 @@ It keeps NVML and the Docker Engine client open, follows the daemon's container 
 --interval, so that its view of the cards and their holders is current within a second, and serves it:
   /api/ls       exactly what `hostagent ls --json` prints, with idle holders filled in
   /api/events   the same object as server-sent events, at each change
+  /api/queue    the fair queue of `hostagent run --wait` (`hostagent queue` lists it; joining is a POST on the
+                unix socket)
   /metrics      Prometheus text: per card and per holder (docs/serve.md lists every name)
   /             a dashboard that updates in place
 on a unix socket for the CLI (mode 0660, root and --group only) and on --http (loopback by default).

@@ -8,12 +8,17 @@ import os
 import signal
 import threading
 
-from gpupin.hostagent.serve import api, listen
+from gpupin.hostagent.serve import api, listen, queue
 from gpupin.hostagent.serve.agent import Agent, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socketserver
+
+
+class _Stopped(BaseException):
+    """SIGTERM or Ctrl-C while the agent starts: raised in the main thread from the signal handler, through whatever
+    it waits on (BaseException, as KeyboardInterrupt, so that no `except Exception` on the way swallows it)."""
 
 
 def run(socket_path: str, group: str | None, http: str, public: bool, idle_after: float, interval: float) -> int:
@@ -22,6 +27,7 @@ def run(socket_path: str, group: str | None, http: str, public: bool, idle_after
     agent = Agent(interval=interval, idle_after=idle_after)
     handler = api.handler(agent)
     servers: list[socketserver.BaseServer] = [listen.unix_server(socket_path, gid, handler)]
+    queue.of(agent).keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
     try:
         if address is not None:
             servers.append(listen.tcp_server(address, handler))
@@ -29,9 +35,13 @@ def run(socket_path: str, group: str | None, http: str, public: bool, idle_after
         _close(servers, socket_path, [])
         raise
     stop = threading.Event()
+    serving = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
+        first = not stop.is_set()
         stop.set()
+        if first and not serving.is_set():  # the first read may wait on a daemon that does not answer: abandon it
+            raise _Stopped  # once: a second signal must not interrupt the stop itself
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     running: list[socketserver.BaseServer] = []
@@ -40,11 +50,14 @@ def run(socket_path: str, group: str | None, http: str, public: bool, idle_after
         for n, server in enumerate(servers):
             api.serve_in_thread(server, f"listen-{n}")
             running.append(server)
+        serving.set()
         where = [f"unix://{socket_path}"] + ([f"http://{_shown(address)}"] if address else [])
         say(f"listening on {' and '.join(where)} (pid {os.getpid()}, idle after {idle_after:g}s)")
         while not stop.wait(0.5):
             pass
         say("stopping")
+    except _Stopped:
+        say("stopping before the first view was read")
     finally:
         agent.stop()
         _close(servers, socket_path, running)

@@ -8,6 +8,8 @@ names and their meaning are in docs/serve.md, "Metrics".
 
 from __future__ import annotations
 
+import time
+
 from gpupin.core import __version__
 
 TYPE_CHECKING = False
@@ -37,14 +39,13 @@ def healthy(card: dict[str, Any]) -> bool | None:
     return not card.get("error")
 
 
-def state(card: dict[str, Any], docker_ok: bool) -> str:
-    """One word for the card: unhealthy first, then unknown (Docker unread), held or shared (a container holds it),
-    busy (processes run on it that no holder explains: the host's, or a container's that was not given it), free."""
+def state(card: dict[str, Any]) -> str:
+    """One word for the card: unhealthy first, then the listing's own (gpupin.hostagent.ls.listing): held or shared
+    (a container holds it), busy (processes run on it that no holder explains: the host's, or a container's that
+    was not given it), free, or unknown (who holds it cannot be read: Docker or the card's processes unread)."""
     if healthy(card) is False:
         return "unhealthy"
-    if not docker_ok:
-        return "unknown"
-    return str(card.get("state") or "unknown")  # the listing's own word (gpupin.hostagent.ls.listing)
+    return str(card.get("state") or "unknown")
 
 
 def _bool(value: bool | None) -> str:
@@ -75,6 +76,14 @@ class ViewCollector:
                                 "daemon, else 0 (holders unknown).", value=int(docker_ok))
         yield GaugeMetricFamily("gpupin_agent_last_refresh_timestamp_seconds", "When the view was last read "
                                 "(seconds since the epoch).", value=snap.read_at)
+        from gpupin.hostagent.serve import queue
+
+        waiting = queue.of(self.agent).listing()["waiters"]
+        yield GaugeMetricFamily("gpupin_queue_waiters", "Requests waiting in the agent's queue (run --wait).",
+                                value=len(waiting))
+        yield GaugeMetricFamily("gpupin_queue_oldest_wait_seconds", "How long the first in the agent's queue has "
+                                "waited, seconds (0 when no one waits).",
+                                value=time.time() - waiting[0]["since"] if waiting else 0.0)
         if view is None:
             return
         host = view.get("hostname") or ""
@@ -105,10 +114,10 @@ class ViewCollector:
         for card in view["gpus"]:
             labels = [str(card["index"]), card.get("uuid") or "", card.get("bus_id") or "", card.get("name") or "",
                       host]
-            for key, value in self._readings(card).items():
+            for key, value in self._readings(card, docker_ok).items():
                 if value is not None:
                     fam[key].add_metric(labels, float(value))
-            now = state(card, docker_ok)
+            now = state(card)
             for s in STATES:
                 states.add_metric([*labels, s], float(s == now))
             h = _bool(healthy(card)).replace("true", "healthy").replace("false", "unhealthy")
@@ -126,16 +135,18 @@ class ViewCollector:
         yield holder
 
     @staticmethod
-    def _readings(card: dict[str, Any]) -> dict[str, float | int | None]:
+    def _readings(card: dict[str, Any], docker_ok: bool) -> dict[str, float | int | None]:
         def mib(v: int | None) -> int | None:
             return None if v is None else v * MIB
 
         idle = card.get("idle")
+        # Who holds a card is the daemon's to say: while it is unread, the count is unknown (absent), not 0.
+        held = docker_ok and not card.get("error")
         return {"utilization": card.get("utilization_gpu"), "mem_used": mib(card.get("memory_used_mib")),
                 "mem_total": mib(card.get("memory_total_mib")), "power": card.get("power_draw_w"),
                 "power_limit": card.get("power_limit_w"), "temperature": card.get("temperature_c"),
-                "holders": sum(1 for h in card.get("holders", ()) if h.get("holds")) if not card.get("error")
-                else None, "processes": card.get("compute_processes"),
+                "holders": sum(1 for h in card.get("holders", ()) if h.get("holds")) if held else None,
+                "processes": card.get("compute_processes"),
                 "idle": None if idle is None else int(idle), "idle_seconds": card.get("idle_seconds")}
 
 

@@ -166,8 +166,13 @@ def test_a_daemon_restart_is_survived(agent: Agent, resident: Resident) -> None:
         # Unknown is not free: no card is free then (card 2 runs mixed-4's pid 4242: busy), none idle.
         assert [g["state"] for g in view["gpus"]] == ["unknown", "unknown", "busy", "unknown"]
         assert all(g["held"] is not False and g["idle"] is None for g in view["gpus"])
-        assert dict((k, v) for k, v in samples(resident).items() if k.startswith("gpupin_agent_docker_up")) == {
-            "gpupin_agent_docker_up": [({}, 0.0)]}
+        m = samples(resident)
+        assert m["gpupin_agent_docker_up"] == [({}, 0.0)] and m["gpupin_agent_nvml_up"] == [({}, 1.0)]
+        # The metrics say the same: who holds a card is unknown, not 0, and the cards' readings stay.
+        assert {lab["gpu"]: lab["state"] for lab, v in m["gpupin_gpu_state"] if v == 1} == {
+            "0": "unknown", "1": "unknown", "2": "busy", "3": "unknown"}
+        assert "gpupin_gpu_holders" not in m and "gpupin_holder_info" not in m and "gpupin_gpu_idle" not in m
+        assert len(m["gpupin_gpu_temperature_celsius"]) == 4
     finally:
         subprocess.run([str(SANDBOX_SCRIPT), "up"], env=env, check=True, capture_output=True, timeout=600)
     wait_for(lambda: resident.ls()["docker"]["available"], 30, "Docker back")

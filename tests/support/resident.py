@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,16 +31,40 @@ def free_port() -> int:
 class Resident:
     """`hostagent serve` in a process of its own; `get(path)` reads its HTTP API."""
 
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="gpupin-serve-"))
+    def __init__(self, env: dict[str, str], *args: str, directory: Path | None = None) -> None:
+        """`directory`: the socket's (and the queue file's), e.g. an earlier agent's, to start it again there."""
+        self.dir = directory or Path(tempfile.mkdtemp(prefix="gpupin-serve-"))
         self.socket = str(self.dir / "agent.sock")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [HOSTAGENT, "serve", "--socket", self.socket, "--http", f"127.0.0.1:{self.port}", *args]
         self.socket_left = False
         self.stderr = ""  # its log, once stopped
+        self.env = env
         self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(self._up, 30, "the agent to listen")
+
+    def restart(self) -> None:
+        """Start it again after kill(), as systemd's Restart= does: the same command line, socket and port."""
+        assert self.proc.poll() is not None, "the agent still runs"
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        wait_for(self._up, 30, "the agent to listen again")
+
+    def rss(self) -> int:
+        """Its resident memory now, in bytes (VmRSS: what `ps` and the OOM killer count)."""
+        return self._status("VmRSS") * 1024
+
+    def threads(self) -> int:
+        return self._status("Threads")
+
+    def fds(self) -> int:
+        """How many files it has open (sockets included)."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def _status(self, field: str) -> int:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith(f"{field}:")))
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
@@ -86,8 +111,14 @@ class Resident:
         self.socket_left = os.path.exists(self.socket)
         if self.socket_left:
             os.unlink(self.socket)
-        os.rmdir(self.dir)
+        shutil.rmtree(self.dir)  # with the queue's file (gpupin.hostagent.serve.queue), kept for a restart
         return self.proc.returncode, took, err
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """SIGKILL, as a crash (or SIGTERM, as a restart's stop): the queue's file stays (and after a crash the
+        socket), for an agent started again in `dir`."""
+        self.proc.send_signal(signum)
+        self.proc.communicate(timeout=STOP_LIMIT + 5)
 
     def close(self) -> None:
         """Stop it and require what docs/serve.md promises: exit 0 within 5 s, its socket removed."""

@@ -307,6 +307,13 @@ def test_every_refusal_is_collected_and_any_usage_error_makes_it_64() -> None:
      "capabilities: [gpu]}]}}}", "already asked for"),  # the case: check passed it, render refused it
     ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
      "    environment: [GPUPIN_EXPECT=x]", "sets GPUPIN_EXPECT by hand beside a count: 1, which names no card"),
+    ("    x-gpupin: {gpus: [GPU-95c6]}\n    environment: {DOCKER_RESOURCE_GPU: GPU-6cd4}",
+     "environment sets DOCKER_RESOURCE_GPU='GPU-6cd4', which the NVIDIA toolkit reads to pick the devices it "
+     "exposes, beside its pin"),
+    ("    environment: [NVIDIA_MIG_MONITOR_DEVICES=all]",  # no request: a GPU nothing names nor checks
+     "sets NVIDIA_MIG_MONITOR_DEVICES='all', which the NVIDIA toolkit reads to pick the devices it exposes, so "
+     "the NVIDIA runtime may give it devices that no request names"),
+    ("    environment: [DOCKER_RESOURCE_GPU]", "sets DOCKER_RESOURCE_GPU (from the shell)"),
     ("    environment: 7\n    x-gpupin: {count: 1}", "neither a list nor a mapping"),
     ("    labels: 7\n    x-gpupin: {count: 1}", "`labels` is neither a list nor a mapping"),
 ])

@@ -293,17 +293,33 @@ def test_verify_nvml_does_not_touch_the_cuda_driver(fakegpu: Path, tmp_path: Pat
     assert "cuInit failed with CUDA_ERROR_UNKNOWN (999)" in one_error_line(p.stderr)
 
 
-@pytest.mark.parametrize(("name", "says"), [
-    ("fault-nvml-unknown", "Failed to initialize NVML: Unknown Error"),
-    ("fault-lost", "GPU is lost"),
+@pytest.mark.parametrize(("name", "expect", "says"), [
+    ("fault-nvml-unknown", RTX, "Failed to initialize NVML: Unknown Error"),
+    # fault-lost: card 2 (A800B) is lost. Asked for, by UUID or by index, it stops the workload (69).
+    ("fault-lost", A800B, "NVML cannot read the card at index 2 (GPU is lost)"),
 ])
-def test_nvml_faults_are_69_with_the_cause_and_a_hint(fakegpu: Path, name: str, says: str) -> None:
-    env = simhost_env(name, GPUPIN_EXPECT=RTX)
+def test_nvml_faults_are_69_with_the_cause_and_a_hint(fakegpu: Path, name: str, expect: str, says: str) -> None:
+    env = simhost_env(name, GPUPIN_EXPECT=expect)
     p = subprocess.run([ENTRYPOINT, *STARTED], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 69, p.stderr
     line = one_error_line(p.stderr)
     assert says in line and "HINT:" in line
     assert "WORKLOAD-STARTED" not in p.stdout
+
+
+@pytest.mark.parametrize("card", [RTX, A800C])
+def test_a_lost_card_stops_only_what_asked_for_it(fakegpu: Path, card: str) -> None:
+    """On a host (Slurm, bare metal) NVML lists every card: one that fell off the bus must not stop the jobs pinned
+    to the others. CUDA does not enumerate it, so indices after it shift (A800C is CUDA's 2nd PCI device, NVML's
+    3rd): the pin is by UUID, and proved."""
+    p = subprocess.run([ENTRYPOINT, "sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"],
+                       env=simhost_env("fault-lost", GPUPIN_EXPECT=card), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"CVD={card}"
+    by_index = subprocess.run([ENTRYPOINT, *STARTED], env=simhost_env("fault-lost", NVIDIA_VISIBLE_DEVICES="2"),
+                              capture_output=True, text=True, timeout=60)
+    assert by_index.returncode == 69 and "WORKLOAD-STARTED" not in by_index.stdout
+    assert "names the card at NVML index 2, which NVML cannot read (GPU is lost)" in one_error_line(by_index.stderr)
 
 
 def test_mig_expectation_selects_the_mig_device_by_uuid(fakegpu: Path) -> None:

@@ -229,12 +229,13 @@ def test_published_ports_land_in_the_payload() -> None:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["rn"], "invalid choice: 'rn' (choose from ls, run, completion, compose, swarm, doctor, serve). HINT: did you "
-             "mean run? see `hostagent --help`"),
+    (["rn"], "invalid choice: 'rn' (choose from ls, run, completion, compose, swarm, doctor, serve, queue). HINT: "
+             "did you mean run? see `hostagent --help`"),
     (["compose", "rendr", "x.yml"], "HINT: did you mean render? see `hostagent compose --help`"),
     (["swarm", "nodeconfig"], "HINT: did you mean node-config? see `hostagent swarm --help`"),
     (["run", "--verify", "cdua", "--gpu", "0", "img"], "HINT: did you mean cuda? see `hostagent run --help`"),
-    (["xyzzy"], "(choose from ls, run, completion, compose, swarm, doctor, serve). HINT: see `hostagent --help`"),
+    (["xyzzy"], "(choose from ls, run, completion, compose, swarm, doctor, serve, queue). HINT: see "
+                "`hostagent --help`"),
 ])
 def test_a_mistyped_command_or_choice_gets_the_nearest_and_no_hidden_one(argv: list[str], says: str,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:

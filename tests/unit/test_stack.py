@@ -119,6 +119,12 @@ def test_services_without_gpus_are_untouched() -> None:
     ("deploy:\n  resources:\n    reservations:\n      generic_resources: [{discrete_resource_spec: {kind: GPU, "
      "value: 0}}]", "deploy.resources.reservations.generic_resources reserves GPU 0, which is not a number of "
      "cards >= 1"),
+    ("x-gpupin: {count: 1}\nenvironment: [DOCKER_RESOURCE_GPU=GPU-00000001]", "environment sets "
+     "DOCKER_RESOURCE_GPU='GPU-00000001', which the NVIDIA toolkit reads to pick the devices it exposes, beside its "
+     "pin, so it could get devices outside it. HINT: remove it"),
+    ("environment: [DOCKER_RESOURCE_GPU=GPU-00000001]", "environment sets DOCKER_RESOURCE_GPU='GPU-00000001', "
+     "which the NVIDIA toolkit reads to pick the devices it exposes, so the NVIDIA runtime may give it devices that "
+     "no request names and nothing checks"),
     ("x-gpupin: {count: 1}\ndeploy: {mode: daemonset}", "`deploy.mode: 'daemonset'` is neither replicated nor global"),
     ("x-gpupin: {count: 1}\ndeploy: {placement: {constraints: ['node.hostname']}}",
      "the placement constraint 'node.hostname' is not KEY==VALUE or KEY!=VALUE"),

@@ -1,0 +1,1 @@
+"""`hostagent queue`: who waits in the resident agent's fair queue (gpupin.hostagent.serve.queue)."""

@@ -1,0 +1,324 @@
+"""The agent's fair queue for `hostagent run --wait`: it grants turns, the waiting stays in the client.
+
+POST /api/queue (unix socket) joins: the body says what the request needs (gpupin.hostagent.serve.fair.Ask), the
+container's name, image and command for display; the caller's user is the kernel's word (SO_PEERCRED), never the
+body's. The answer is a stream of JSON lines, for as long as the caller stays:
+  {"queued": {"ticket", "since", "position", "of",    at once
+              "turn", "clear"}}
+  {"position": P, "of": N}                             when its place changes
+  {"turn": {"cards": [UUID, ...]}}                    when it may try (lock, look, create)
+A turn is one attempt: the caller writes `again` on the connection when it was refused (it keeps its place), or
+closes the connection when it succeeded or gives up (it leaves at once). A turn unanswered for TURN_S lapses. The
+daemon-side lock stays the arbiter: a turn only says when trying is worth it. Turns are decided (fair.turns) at each
+join, leave and `again`, at each change of the agent's view, and every TICK.
+
+GET /api/queue (both listeners) lists the waiters (`hostagent queue`).
+
+A restart of the agent: the waiters reconnect and join again with their ticket. The queue's tickets and arrival
+times are kept in `queue.json` beside the socket (0600, the agent's own directory); for REJOIN_S after its start the
+agent gives a returning ticket of the same user its first arrival time. Any other join arrives now: an arrival time
+the caller claims is never believed (docs/serve.md, "The queue").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import select
+import stat
+import threading
+import time
+import weakref
+
+from gpupin.core.errors import AgentUnavailableError, UsageError
+from gpupin.core.shown import shorten
+from gpupin.hostagent.serve import fair
+from gpupin.hostagent.serve.agent import say
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from http.server import BaseHTTPRequestHandler as Handler
+    from typing import Any, Protocol
+
+    from gpupin.hostagent.serve.agent import Agent
+
+    class Peer(Protocol):
+        """The caller as the kernel names it (gpupin.hostagent.serve.api.Peer: api imports this module)."""
+
+        pid: int
+        uid: int
+
+        def user(self) -> str: ...
+
+TURN_S = 5.0  # a turn unanswered this long lapses (the waiter keeps its place, passed over until it asks again)
+COOL_S = 0.5  # after `again`, the next turn no sooner than this (the lock may still be held: do not spin)
+TICK = 0.25  # seconds between two looks at lapses and cooling when the view does not change
+REJOIN_S = 60.0  # how long after its start the agent honours the tickets of the queue it found
+STATE_FILE = "queue.json"
+
+_queues: weakref.WeakKeyDictionary[Agent, Queue] = weakref.WeakKeyDictionary()
+_made = threading.Lock()
+
+
+def of(agent: Agent) -> Queue:
+    """The agent's queue (one per agent; its granting thread starts with it)."""
+    with _made:
+        q = _queues.get(agent)
+        if q is None:
+            q = _queues[agent] = Queue(agent)
+        return q
+
+
+class Waiter:
+    """One `hostagent run --wait` in the queue: who (from the socket), what it asks, since when, its turn."""
+
+    def __init__(self, ask: fair.Ask, body: dict[str, Any], peer: Peer, since: float, ticket: str) -> None:
+        self.ask = ask
+        self.uid, self.pid, self.user = peer.uid, peer.pid, peer.user()
+        self.name = _text(body.get("name"))
+        self.image = _text(body.get("image"))
+        command = body.get("command")
+        self.command = [str(c) for c in command] if isinstance(command, list) else []
+        self.since = since
+        self.ticket = ticket
+        self.offered: list[str] | None = None  # the cards of the turn that is out
+        self.turn_at = 0.0  # monotonic: when that turn went out, or when it last asked again
+        self.lapsed = False
+        self.asked_again = False
+        self.position = 0
+        self._outbox: list[dict[str, Any]] = []
+        self.wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    @property
+    def cooling(self) -> bool:
+        return self.asked_again and time.monotonic() - self.turn_at < COOL_S
+
+    def post(self, message: dict[str, Any]) -> None:
+        self._outbox.append(message)
+        with contextlib.suppress(BlockingIOError, OSError):  # a full pipe already wakes it
+            os.write(self._wake_w, b".")
+
+    def take(self) -> list[dict[str, Any]]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def close(self) -> None:
+        for fd in (self.wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "name": self.name, "user": self.user, "uid": self.uid, "pid": self.pid,
+                "request": self.ask.shown(), "gpus": self.ask.gpus, "count": self.ask.count,
+                "share": self.ask.share, "image": self.image, "command": self.command, "since": self.since,
+                "turn": self.offered is not None, "turn_cards": self.offered}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _ask(body: dict[str, Any]) -> fair.Ask:
+    """The request in the body, checked as `run` checks its options (a refusal is exit 64)."""
+    gpus, count = body.get("gpus") or [], body.get("count")
+    limits = [body.get("max_load"), body.get("max_memory")]
+    if (not isinstance(gpus, list) or not all(isinstance(g, str) and g for g in gpus)
+            or not (count is None or (isinstance(count, int) and not isinstance(count, bool) and count >= 1))
+            or bool(gpus) == (count is not None)
+            or not all(v is None or (isinstance(v, (int, float)) and 0 <= v <= 100) for v in limits)):
+        raise UsageError(f"POST /api/queue: the request needs gpus (a list of specs) or count (>= 1), not both, "
+                         f"and limits in percent (got gpus={shorten(gpus)}, count={shorten(count)}, "
+                         f"limits={shorten(limits)})")
+    return fair.Ask(gpus, count, bool(body.get("share")), *limits)
+
+
+class Queue:
+    """The waiters in arrival order, the thread that grants their turns, and the tickets of an earlier agent."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._lock = threading.RLock()
+        self._waiters: list[Waiter] = []
+        self._returning: dict[str, tuple[int, float]] = {}  # ticket -> (uid, arrival) from the file, until REJOIN_S
+        self._state: str | None = None
+        threading.Thread(target=self._run, name="queue", daemon=True).start()
+
+    # --- the waiters ---
+
+    def join(self, body: dict[str, Any], peer: Peer) -> Waiter:
+        ask = _ask(body)
+        view = self.agent.snapshot().listing
+        if ask.gpus and view is not None:
+            fair.resolve(ask, view)  # a spec that names no card: refused now (64), not waited for forever
+        ticket = body.get("ticket")
+        with self._lock:
+            if self.agent.stopping.is_set():  # (under the lock: a waiter that got in gets the stop's end of stream)
+                raise AgentUnavailableError("the agent is stopping", "join the next one (a restart keeps the order)")
+            back = self._returning.get(ticket) if isinstance(ticket, str) else None
+            since, kept = time.time(), secrets.token_hex(16)
+            if back is not None and back[0] == peer.uid and since - self.agent.started <= REJOIN_S:
+                since, kept = back[1], str(ticket)
+                del self._returning[kept]  # once
+            w = Waiter(ask, body, peer, since, kept)
+            self._waiters.append(w)
+            self._waiters.sort(key=lambda x: x.since)  # stable: equal times keep the order they came in
+        try:
+            self._changed()
+        except BaseException:
+            self.leave(w)
+            raise
+        return w
+
+    def leave(self, w: Waiter) -> None:
+        with self._lock:
+            if w in self._waiters:
+                self._waiters.remove(w)
+        w.close()
+        self._changed()
+
+    def _changed(self) -> None:
+        """Someone joined or left: the turns again, and the file (not while the agent stops: its waiters leave
+        then only to join the next agent, which reads the file)."""
+        with self._lock:
+            self._grant()
+            if not self.agent.stopping.is_set():
+                self._save()
+
+    def again(self, w: Waiter) -> None:
+        """The turn's attempt was refused: keep the place, and wait for the next turn."""
+        with self._lock:
+            w.offered, w.lapsed, w.asked_again, w.turn_at = None, False, True, time.monotonic()
+            self._grant()
+
+    def standing(self, w: Waiter) -> dict[str, Any]:
+        """A waiter's place as it joins: its ticket, arrival, position; whether its turn came with it, and if not,
+        whether it is clear: no earlier waiter could take any card it could take, so that looking now (and
+        saying who holds its cards) overtakes no one, whenever they free. Otherwise it waits for its turn."""
+        with self._lock:
+            view = self.agent.snapshot().listing
+            mine = self._waiters.index(w) if w in self._waiters else 0
+            return {"ticket": w.ticket, "since": w.since, "position": w.position, "of": len(self._waiters),
+                    "turn": w.offered is not None,
+                    "clear": view is not None and fair.clear(self._waiters, mine, view)}
+
+    def listing(self) -> dict[str, Any]:
+        with self._lock:
+            return {"agent_started": self.agent.started, "waiters": [w.to_dict() for w in self._waiters]}
+
+    # --- the turns ---
+
+    def _grant(self) -> None:
+        """Lapse the turns unanswered too long, hand out the turns the rule gives, and tell each waiter whose
+        place changed. Called under the lock."""
+        now = time.monotonic()
+        for w in self._waiters:
+            if w.offered is not None and now - w.turn_at > TURN_S:
+                w.offered, w.lapsed = None, True
+        view = self.agent.snapshot().listing
+        for n, cards in (fair.turns(self._waiters, view) if view is not None else {}).items():
+            w = self._waiters[n]
+            w.offered, w.turn_at, w.asked_again = cards, now, False
+            w.post({"turn": {"cards": cards}})
+        for n, w in enumerate(self._waiters, 1):
+            if w.position not in (0, n):
+                w.post({"position": n, "of": len(self._waiters)})
+            w.position = n
+
+    def _run(self) -> None:
+        version = -1
+        failed = None
+        while not self.agent.stopping.is_set():
+            version = self.agent.wait_change(version, TICK).version
+            try:
+                with self._lock:
+                    self._grant()
+                    if self._returning and time.time() - self.agent.started > REJOIN_S:
+                        self._returning.clear()
+                failed = None
+            except Exception as err:  # a bug must not end the granting: said once, tried again at the next tick
+                if repr(err) != failed:
+                    say(f"internal error while granting turns: {type(err).__name__}: {err}")
+                failed = repr(err)
+        with self._lock:  # the agent stops: end every stream, so that the waiters reconnect to the next agent
+            for w in self._waiters:
+                w.post({})
+
+    # --- the file that outlives the agent ---
+
+    def keep_in(self, directory: str) -> None:
+        """Keep the tickets in `directory` (the socket's), and take those an earlier agent left there. Not in a
+        directory that others may write (nothing there is trusted): the queue then lives in memory only."""
+        st = os.stat(directory)
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_uid != os.geteuid():
+            say(f"the queue is kept in memory only: {directory} is not the agent's own directory")
+            return
+        self._state = os.path.join(directory, STATE_FILE)
+        try:
+            fd = os.open(self._state, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return
+        with os.fdopen(fd) as f:
+            try:
+                kept = json.load(f)["waiters"]
+                found = {str(k["ticket"]): (int(k["uid"]), float(k["since"])) for k in kept}
+            except (ValueError, KeyError, TypeError) as err:
+                say(f"{self._state} unreadable ({err}): the earlier queue's waiters join again as new")
+                return
+        with self._lock:
+            self._returning = found
+        if found:
+            say(f"{len(found)} waiter(s) of the earlier agent may rejoin in their order for {REJOIN_S:g}s")
+
+    def _save(self) -> None:
+        if self._state is None:
+            return
+        data = {"waiters": [{"ticket": w.ticket, "uid": w.uid, "since": w.since} for w in self._waiters] +
+                [{"ticket": t, "uid": u, "since": s} for t, (u, s) in self._returning.items()]}
+        tmp = f"{self._state}.{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self._state)
+        except OSError as err:
+            say(f"could not keep the queue in {self._state} ({err.strerror or err}): a restart will not keep its order")
+
+    # --- the routes ---
+
+    def serve(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
+        """POST /api/queue: join, stream this waiter's news, leave when the caller closes (or the agent stops)."""
+        w = self.join(body, peer)
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/x-ndjson")
+            handler.send_header("Cache-Control", "no-store")
+            handler.end_headers()
+            self._write(handler, {"queued": self.standing(w)})
+            conn = handler.connection
+            events = select.poll()
+            events.register(conn, select.POLLIN)
+            events.register(w.wake_r, select.POLLIN)
+            while True:
+                ready = {fd for fd, _ in events.poll()}
+                if w.wake_r in ready:
+                    os.read(w.wake_r, 4096)
+                    for message in w.take():
+                        if not message:  # the agent stops
+                            return
+                        self._write(handler, message)
+                if conn.fileno() in ready:
+                    data = conn.recv(4096)
+                    if not data:
+                        return  # the caller left: Ctrl-C, success, or it gave up
+                    if b"again" in data:
+                        self.again(w)
+        finally:
+            self.leave(w)
+
+    @staticmethod
+    def _write(handler: Handler, message: dict[str, Any]) -> None:
+        handler.wfile.write((json.dumps(message) + "\n").encode())
+        handler.wfile.flush()
