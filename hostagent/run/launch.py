@@ -278,8 +278,9 @@ def book(api: Any, req: RunRequest, cards: Sequence[Card], picks: list[Target] |
             raise engine.failure(err, "talking to the daemon") from None
 
 
-def launch(req: RunRequest) -> Launched | ContainerSpec:
-    """Everything up to a started container (or, with --dry-run, up to its spec)."""
+def launch(req: RunRequest, patience: Patience | None = None) -> Launched | ContainerSpec:
+    """Everything up to a started container (or, with --dry-run, up to its spec). `patience`: the --wait this run
+    already waits in (a run through the agent that goes on without it keeps its place in the queue)."""
     cards, picks = read_cards(req)
     if req.dry_run:
         return _dry_run_spec(req, cards, picks)
@@ -290,14 +291,15 @@ def launch(req: RunRequest) -> Launched | ContainerSpec:
     # (or --pull always asks for a pull first).
     if req.pull == "always":
         image.ensure(api, req)
-    with Patience(req) as patience:
+    with contextlib.nullcontext(patience) if patience is not None else Patience(req) as waiting:
         while True:
             try:
                 created = book(api, req, cards, picks, daemon_info, detection, lease.claim(),
                                missing_image=lambda: image.ensure(api, req))
                 break
             except CardHeldError as err:
-                patience.refused(err)
+                waiting.refused(err)
+        waiting.close()  # booked: out of the queue before the start
     attachment = start.start(Engine(api.api_version), created.cid, req, created.spec.pin.via)
     return Launched(created.cid, created.spec, attachment)
 

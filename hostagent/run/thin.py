@@ -9,8 +9,10 @@ the run that will start it, whatever becomes of the agent. --wait waits here: a 
 at this run's next turn in the agent's queue (gpupin.hostagent.run.waiting), until the cards are free or --wait is
 up.
 
-`run` returns None where the run is this process's own to make (no agent answers, it serves another daemon, the
-image must be pulled, `--pull always`): the path without the agent, silently.
+Where no agent answers, `run` returns None: the path without the agent, silently. Where the agent answers that the
+run is this process's own (it serves another daemon, the image must be pulled), or has gone since it was found (a
+restart while the run waited), the run goes on without it (gpupin.hostagent.run.launch), in the same --wait: its
+place in the queue kept.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(req: RunRequest) -> int | None:
-    """The run through the agent, to its exit code; None when it is this process's own to make."""
+    """The run through the agent, to its exit code; None when no agent answers (the run is this process's own).
+    An agent that answers that the run is the caller's own (another daemon, an image to pull...), or that has gone
+    since, leaves it to gpupin.hostagent.run.launch, within the same --wait."""
     link = agentlink.find()
     if link is None:
         return None
@@ -87,13 +91,20 @@ def run(req: RunRequest) -> int | None:
                     if err.exit_code != CardHeldError.exit_code:
                         raise
                     patience.refused(err)
-        if "direct" in answer:
-            return None
-        mark("created")
-        for line in answer.get("say") or ():
-            say(str(line))
-        cid = answer["id"]
-        attachment = start.start(Engine(str(answer["api"])), cid, req, str(answer.get("via")))
+            if "direct" in answer:  # this run's own to make, in the same --wait (its place in the queue kept)
+                from gpupin.hostagent.run import launch
+
+                launched = launch.launch(req, patience)
+                assert isinstance(launched, launch.Launched)
+                cid, attachment = launched.cid, launched.attachment
+                answer = {}
+            patience.close()  # booked: out of the queue before the start
+        if answer:
+            mark("created")
+            for line in answer.get("say") or ():
+                say(str(line))
+            cid = answer["id"]
+            attachment = start.start(Engine(str(answer["api"])), cid, req, str(answer.get("via")))
     except (start.Interrupted, KeyboardInterrupt) as err:
         signum = err.signum if isinstance(err, start.Interrupted) else signal.SIGINT
         # As without the agent: a container the agent made meanwhile is this process's, so once it ends nothing

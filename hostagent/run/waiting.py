@@ -38,8 +38,12 @@ class Patience:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Out of the queue at once: the run booked its cards, gave up or was interrupted."""
         if self._turns is not None:
-            self._turns.close()  # out of the queue at once: the run goes on, gave up or was interrupted
+            self._turns.close()
 
     def refused(self, err: GpupinError) -> None:
         """`err`: the held cards' refusal (75), this process's own or the agent's."""
