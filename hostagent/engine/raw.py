@@ -148,7 +148,9 @@ class Engine:
         return str(self.call("POST", "/containers/create", {"name": name, "platform": platform}, config)["Id"])
 
     def start(self, cid: str) -> None:
-        self.call("POST", f"/containers/{cid}/start")
+        # No read timeout, as docker run has none: the NVIDIA hook runs inside the start, and on a card without
+        # persistence mode (or a loaded host) it can take a minute; the lease is renewed meanwhile.
+        self.call("POST", f"/containers/{cid}/start", timeout=None)
 
     def attach(self, cid: str, stdin: bool, tty: bool) -> Stream:
         params = {"stream": 1, "stdout": 1, "stderr": 1, "stdin": 1 if stdin else 0}
