@@ -5,7 +5,7 @@ The streams are attached before the container starts, so that no output is lost,
 connection of its own registered before start, so that a quick exit (and `--rm`'s removal) cannot be missed.
 Signals, as docker run handles them: without a TTY, SIGINT and SIGTERM are forwarded to the container's main
 process (`--sig-proxy`, on by default); a second signal stops the container (SIGTERM, then SIGKILL after the stop
-timeout) and a third kills it. With `--sig-proxy false`, or with a TTY (where Ctrl-C reaches the container through
+timeout) and a third kills it. With `--sig-proxy=false`, or with a TTY (where Ctrl-C reaches the container through
 the terminal), the first signal stops it and the second kills it.
 """
 

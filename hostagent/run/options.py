@@ -97,8 +97,8 @@ OPTIONS: Sequence[Option] = (
            where=CONTAINER, keyword="stdin_open"),
     Option(("-t", "--tty"), "allocate a pseudo-TTY (with -i: an interactive shell)", FLAG, where=CONTAINER,
            keyword="tty"),
-    Option(("--sig-proxy",), "forward SIGINT/SIGTERM to the container's process (default true; false: stop it)",
-           choices=("true", "false"), metavar="BOOL"),
+    Option(("--sig-proxy",), "forward SIGINT/SIGTERM to the container's process (on by default; --sig-proxy=false: "
+           "the first stops it)", FLAG),
     Option(("--rm",), "remove the container when it exits", FLAG, where=HOST, keyword="auto_remove"),
     Option(("-e", "--env"), "set an environment variable (KEY=VALUE, or KEY to pass this shell's value)", APPEND,
            "KEY[=VALUE]"),

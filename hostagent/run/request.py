@@ -106,7 +106,7 @@ class RunRequest:
 
     @property
     def sig_proxy(self) -> bool:
-        return bool(self.options["sig_proxy"] != "false")
+        return self.options["sig_proxy"] is not False  # a bool flag that is on unless given =false, as docker's
 
     def validate(self) -> None:
         """Every check that needs no I/O, so that a bad request is refused before NVML or Docker is asked; then

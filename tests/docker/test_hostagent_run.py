@@ -161,7 +161,7 @@ def test_every_docker_run_option_lands_in_the_created_container(agent: Agent, wa
               "--hostname", "trainer", "--add-host", "db:10.1.2.3", "--mount", "type=tmpfs,target=/scratch",
               "--mount", "type=volume,source=gpupin-test-vol,target=/vol,readonly", "--tmpfs", "/cache:size=64m",
               "--read-only", "--group-add", "video", "--platform", "linux/amd64", "--stop-timeout", "7",
-              "--sig-proxy", "false", TEST_IMAGE, "sleep", "60")
+              "--sig-proxy=false", TEST_IMAGE, "sleep", "60")
     assert r.returncode == 0, r.stderr
     info = inspect(agent, r.stdout.strip())
     agent.sandbox.docker("rm", "-f", info["Id"])
@@ -298,7 +298,7 @@ def test_a_second_signal_stops_a_workload_that_ignores_the_first(agent: Agent, w
 
 
 def test_without_sig_proxy_the_first_signal_stops_the_container(agent: Agent, way: str) -> None:
-    p = _started(agent, "--sig-proxy", "false", TEST_IMAGE, "--quiet", "sh", "-c", TRAP)
+    p = _started(agent, "--sig-proxy=false", TEST_IMAGE, "--quiet", "sh", "-c", TRAP)
     p.send_signal(signal.SIGINT)  # not forwarded: docker stop sends SIGTERM
     out, err = p.communicate(timeout=60)
     assert (p.returncode, out) == (42, "got TERM\n") and "stopping" in err, err

@@ -173,7 +173,7 @@ def test_every_value_the_parser_knows_is_offered_by_bash_and_fish(scripts: dict[
             assert set(bash(scripts["bash"], line)) == set(option.values), line
             assert set(fish(scripts["fish"], f"hostagent {line}")) == set(option.values), line
             checked += 1
-    assert checked >= 8  # --via (run, render), --verify, --color, --pull, --sig-proxy, --restart, --gpu-capabilities
+    assert checked >= 8  # --via (run, render), --verify, --color, --pull, --restart, --gpu-capabilities
 
 
 class Terminal:

@@ -51,6 +51,8 @@ def test_short_bool_flags_are_read_in_their_long_form(given: list[str], read: li
     (["--net=none"], ["--network none"], []),
     (["-h", "trainer"], ["--hostname trainer"], []),
     (["--dns-opt", "ndots:2"], ["--dns-option ndots:2"], []),
+    (["--sig-proxy=false"], ["--sig-proxy=false"], []),  # a bool flag, as docker's: on unless =false
+    (["--sig-proxy"], ["--sig-proxy "], []),
 ])
 def test_docker_spellings(capsys: pytest.CaptureFixture[str], args: list[str], shown: list[str],
                           absent: list[str]) -> None:
@@ -64,6 +66,13 @@ def test_a_bool_flag_given_a_word_that_is_no_bool_is_one_line_64(capsys: pytest.
     assert main(["run", "--dry-run", "--gpu", "0", "--rm=yes", "img:1"]) == 64
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'yes' is not a boolean" in err
+
+
+@pytest.mark.usefixtures("no_daemon")
+def test_sig_proxy_takes_no_word_after_it(capsys: pytest.CaptureFixture[str]) -> None:
+    # docker run --sig-proxy false IMG runs the image `false`: the word after a bool flag is not its value.
+    assert main(["run", "--dry-run", "--gpu", "0", "--sig-proxy", "false", "img:1"]) == 0
+    assert capsys.readouterr().out.split()[-2:] == ["false", "img:1"]
 
 
 @pytest.mark.usefixtures("no_daemon")
