@@ -84,15 +84,17 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
     return "; ".join(f"{why}: {', '.join(keys)}" for why, keys in groups.items()) or "held: none"
 
 
-def _busy(cards: Sequence[Card], picks: Sequence[Target] | None, book: ledger_read.Book
+def _busy(cards: Sequence[Card], picks: Sequence[Target] | None, book: ledger_read.Book | None
           ) -> dict[str, list[ledger.Holder]]:
-    """Card UUID -> what holds it now: the ledger's containers, and the processes on the cards this request may
-    get (gpupin.hostagent.ledger.uses), read from NVML at this look."""
+    """Card UUID -> what holds it now: the ledger's containers (None: the ledger was not read, so only the
+    processes are known), and the processes on the cards this request may get (gpupin.hostagent.ledger.uses),
+    read from NVML at this look."""
     mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
     nvml.read_processes(mine)
-    busy = ledger.held(book.holders)
+    busy = ledger.held(book.holders) if book is not None else {}
+    holders, names = (book.holders, book.names) if book is not None else (None, None)
     # Every process counts (no /proc read here): who runs it matters only to what a refusal says.
-    for key, hs in uses.blocking(mine, uses.attribute(mine, book.holders, book.names), attributed=False).items():
+    for key, hs in uses.blocking(mine, uses.attribute(mine, holders, names), attributed=False).items():
         busy.setdefault(key, []).extend(hs)
     mark("attributed")
     return busy
@@ -314,12 +316,14 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
     # (unless --via says it) the daemon's CDI devices; without a daemon, a named card's line is still printed.
     detection = NO_CDI
     if picks is not None and req.via is not None:
+        _say_busy(req, cards, picks, None)
         return ContainerSpec(req, picks, _via(req, picks, NO_CDI))
+    book: ledger_read.Book | None
     try:
         api = engine.connect(timeout=5)
         daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
         detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
-        book = ledger_read.read_ledger(api, cards, daemon_info) if picks is None else None
+        book = ledger_read.read_ledger(api, cards, daemon_info)
     except Exception as err:
         if picks is None:
             raise DockerUnavailableError(
@@ -336,7 +340,17 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
         picks, why = _pick(req, cards, None, _busy(cards, None, book))
         if picks is None:
             raise _held_error(why)
+    else:
+        _say_busy(req, cards, picks, book)
     return ContainerSpec(req, picks, _via(req, picks, detection))
+
+
+def _say_busy(req: RunRequest, cards: Sequence[Card], picks: Sequence[Target], book: ledger_read.Book | None) -> None:
+    """A dry run of named cards still prints its line, and says what a real run would find on them now: the
+    holders that would refuse it (75) or keep it waiting (the ledger's when it was read, NVML's processes always)."""
+    for line in _conflicts(picks, ledger.blocking(_busy(cards, picks, book), req.share)):
+        then = "wait for it (--wait)" if req.wait is not None else "be refused (75)"
+        say(f"dry run: {line}: a real run now would {then}")
 
 
 def run(req: RunRequest) -> int:

@@ -154,3 +154,16 @@ def test_it_needs_a_terminal_only_in_the_foreground(capsys: pytest.CaptureFixtur
     assert "needs a terminal" in capsys.readouterr().err
     assert main(["run", "-itd", "--gpu", "0", "img:1"]) == 69
     assert "needs a terminal" not in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_daemon")
+def test_a_dry_run_of_a_busy_card_says_what_a_real_run_would_meet(capsys: pytest.CaptureFixture[str]) -> None:
+    # mixed-4's card 2 runs pid 4242 (NVML's process list): the line is printed, and the stop it would meet said.
+    assert main(["run", "--dry-run", "--gpu", "2", "img:1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("docker run ") and "is in use by pid 4242" in err
+    assert "a real run now would be refused (75)" in err
+    assert main(["run", "--dry-run", "--wait", "--via", "nvidia", "--gpu", "2", "img:1"]) == 0
+    assert "a real run now would wait for it (--wait)" in capsys.readouterr().err
+    assert main(["run", "--dry-run", "--share", "--gpu", "2", "img:1"]) == 0  # a process does not stop a sharer
+    assert "a real run" not in capsys.readouterr().err
