@@ -41,7 +41,9 @@ class _Parser(argparse.ArgumentParser):
 
     @staticmethod
     def refuse(message: str, hint: str) -> NoReturn:
-        err = UsageError(message, hint)
+        from gpupin.core.shown import printable
+
+        err = UsageError(printable(message), hint)  # argparse puts the user's words in as given: one line still
         sys.stderr.write(err.line(PROG))
         sys.exit(err.exit_code)
 
@@ -65,7 +67,10 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments: "):
             import difflib
 
-            word = message.split(": ", 1)[1].split()[0].split("=")[0]
+            words = message.split(": ", 1)[1].split()  # argparse joins them with blanks: `ls ''` gives none
+            word = words[0].split("=")[0] if words else ""
+            if not words:
+                message = "unrecognized arguments: '' (an empty word)"
             parser = completion.subcommands(self).get(command or "", self)
             flags = [f for a in parser._actions for f in a.option_strings]
             close = difflib.get_close_matches(word, flags, n=1)

@@ -207,9 +207,16 @@ class Handler(BaseHTTPRequestHandler):
             snap = self.agent.wait_change(version, KEEPALIVE)
 
 
+# socketserver listens with a backlog of 5: a sixth client connecting at the same moment is refused outright on a
+# unix socket (EAGAIN), and a `hostagent run` so refused takes its own, slower path. A burst of runs is the agent's
+# job: as many as the kernel allows (net.core.somaxconn caps it).
+BACKLOG = 4096
+
+
 class TcpServer(socketserver.ThreadingMixIn, HTTPServer):
     daemon_threads = True  # an open event stream never holds the agent's exit
     allow_reuse_address = True
+    request_queue_size = BACKLOG
 
     def server_bind(self) -> None:
         # HTTPServer's own looks its address up (socket.getfqdn), which can hang on a host without DNS.
@@ -220,6 +227,7 @@ class TcpServer(socketserver.ThreadingMixIn, HTTPServer):
 
 class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    request_queue_size = BACKLOG
 
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:

@@ -41,6 +41,13 @@ def _dead_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.mark.parametrize("argv", [["ls", "0\n"], ["ls", ""]])  # found by this test in CI: two lines; an IndexError
+def test_words_argparse_does_not_know_are_one_line(argv: list[str]) -> None:
+    with captured() as (_out, err):
+        assert main(argv) == 64
+    assert err.getvalue().count("\n") == 1 and "unrecognized arguments" in err.getvalue()
+
+
 def watches(argv: list[str]) -> bool:
     """`ls -w` (`--watch`, or any abbreviation argparse takes for it) redraws until Ctrl-C by contract: a command
     that does not end is not one this test can wait for."""

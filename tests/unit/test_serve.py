@@ -198,3 +198,27 @@ def test_post_acts_only_on_the_unix_socket_and_refusals_keep_their_exit_code(mon
         assert agentlink.find() is None  # no agent: the direct path
     finally:
         agent.close()
+
+
+def test_a_burst_of_clients_is_queued_by_the_kernel_not_turned_away() -> None:
+    """32 runs at once reach the agent while it is not scheduled (stopped here, busy on a loaded host): every
+    connect waits in the socket's backlog; none is refused (a refused `hostagent run` takes the slow path)."""
+    import signal as signals
+
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER))
+    clients: list[socket.socket] = []
+    try:
+        os.kill(agent.proc.pid, signals.SIGSTOP)
+        try:
+            for _ in range(32):
+                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                c.setblocking(False)
+                clients.append(c)
+                c.connect(agent.socket)  # BlockingIOError (EAGAIN) once a backlog of 5 is full
+        finally:
+            os.kill(agent.proc.pid, signals.SIGCONT)
+        assert len(clients) == 32
+    finally:
+        for c in clients:
+            c.close()
+        agent.close()
