@@ -243,7 +243,9 @@ def test_very_long_values_give_one_short_line(ep: Entrypoint) -> None:
 def test_a_signal_during_the_probe_ends_the_entrypoint_and_its_probe(
         fakegpu: Path, tmp_path: Path, sig: int, name: str) -> None:
     env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX, FAKEGPU_TOPOLOGY=str(hung_driver(tmp_path)))
-    p = subprocess.Popen([ENTRYPOINT, *STARTED], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Its default disposition, as a shell gives it: a run under nohup ignores SIGHUP, which the entrypoint keeps.
+    p = subprocess.Popen([ENTRYPOINT, *STARTED], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     try:
         probes = wait_for(lambda: children_of(p.pid) if p.poll() is None else [], 30, "the CUDA probe to start")
         t0 = time.monotonic()
