@@ -76,6 +76,19 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def parsed(raw: bytes) -> Any:
+    """An answer's JSON, or None when it has none (an empty body, or not JSON)."""
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def refusal(res: http.client.HTTPResponse, where: str) -> GpupinError:
+    """The error an answer of status >= 400 stands for, its body read."""
+    return error_from(res.status, parsed(res.read()), where)
+
+
 def error_from(status: int, obj: Any, where: str) -> GpupinError:
     """The agent's error object as the GpupinError it stands for (its exit code kept)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("error"), str):
@@ -115,13 +128,9 @@ class Link:
         """One request; its JSON answer, or the agent's refusal raised as its GpupinError."""
         conn, res = self._send(method, route, body, timeout)
         try:
-            raw = res.read()
+            obj = parsed(res.read())
         finally:
             conn.close()
-        try:
-            obj = json.loads(raw) if raw else None
-        except ValueError:
-            obj = None
         if res.status >= 400:
             raise error_from(res.status, obj, str(self))
         return obj
@@ -132,12 +141,7 @@ class Link:
         conn, res = self._send(method, route, body, timeout)
         try:
             if res.status >= 400:
-                raw = res.read()
-                try:
-                    obj = json.loads(raw) if raw else None
-                except ValueError:
-                    obj = None
-                raise error_from(res.status, obj, str(self))
+                raise refusal(res, str(self))
             for line in res:
                 if line.strip():
                     yield json.loads(line)

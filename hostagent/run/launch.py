@@ -359,9 +359,7 @@ def run(req: RunRequest) -> int:
     try:
         result = launch(req)
     except (start.Interrupted, KeyboardInterrupt) as err:
-        signum = err.signum if isinstance(err, start.Interrupted) else signal.SIGINT
-        say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
-        return 128 + signum
+        return start.interrupted(err)
     finally:
         signal.signal(signal.SIGTERM, old_term)
     if isinstance(result, ContainerSpec):

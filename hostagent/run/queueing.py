@@ -61,12 +61,7 @@ class _Stream:
             res = http.client.HTTPResponse(self.sock, method="POST")
             res.begin()
             if res.status >= 400:
-                raw = res.read()
-                try:
-                    obj = json.loads(raw) if raw else None
-                except ValueError:
-                    obj = None
-                raise agentlink.error_from(res.status, obj, str(link))
+                raise agentlink.refusal(res, str(link))
             first = json.loads(res.readline() or b"null")
             if not isinstance(first, dict) or "queued" not in first:
                 raise ValueError(f"the agent answered {first!r}, not its place in the queue")

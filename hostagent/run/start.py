@@ -13,7 +13,7 @@ import contextlib
 import signal
 import sys
 
-from gpupin.hostagent import engine
+from gpupin.hostagent import engine, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import renewal
 from gpupin.hostagent.run.attach import Attachment
@@ -36,6 +36,14 @@ class Interrupted(Exception):
 
 def raise_interrupted(signum: int, _frame: object) -> None:
     raise Interrupted(signum)
+
+
+def interrupted(err: Interrupted | KeyboardInterrupt) -> int:
+    """A signal before the container started: said in one line, and 128+N. Nothing is left behind: a container
+    created meanwhile carries this process's lease, so once it ends nothing holds its cards."""
+    signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
+    say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
+    return 128 + signum
 
 
 def refused(err: BaseException, doing: str, via: str) -> DockerRefusedError:

@@ -106,11 +106,7 @@ def run(req: RunRequest) -> int | None:
             cid = answer["id"]
             attachment = start.start(Engine(str(answer["api"])), cid, req, str(answer.get("via")))
     except (start.Interrupted, KeyboardInterrupt) as err:
-        signum = err.signum if isinstance(err, start.Interrupted) else signal.SIGINT
-        # As without the agent: a container the agent made meanwhile is this process's, so once it ends nothing
-        # holds its cards, and the next run removes it.
-        say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
-        return 128 + signum
+        return start.interrupted(err)  # a container the agent made meanwhile is this process's, as without it
     finally:
         signal.signal(signal.SIGTERM, old_term)
     return start.finish(req, cid, attachment)
