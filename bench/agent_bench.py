@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -21,6 +22,28 @@ from pathlib import Path
 
 MIB = 2**20
 PARALLEL = 4  # containers in flight at once
+
+
+class ResidentAgent:
+    """`hostagent serve` on a socket of the bench's own (no HTTP), for the runs through the agent."""
+
+    def __init__(self, env: dict[str, str], hostagent: str) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gpupin-bench-agent-"))
+        self.socket = str(self.dir / "agent.sock")
+        self.proc = subprocess.Popen([hostagent, "serve", "--socket", self.socket, "--http", "none"],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise SystemExit(f"bench: hostagent serve did not listen: {self.proc.stderr.read().decode()[-500:]}"
+                                 if self.proc.stderr else "bench: hostagent serve did not listen")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _port() -> int:

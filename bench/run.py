@@ -20,9 +20,8 @@
               most 5 ms more.
   ls          `hostagent ls --json` with 500 pinned containers (created, not started) against
               `docker ps -a --filter label=gpupin.devices`. Target: at most 1.5x.
-  agent       the resident agent (`hostagent serve`): its resident memory at rest and after 100 pinned containers
-              churned, and how long GET /api/ls and GET /metrics take (bench/agent_bench.py). No floor: figures
-              (the soak test bounds the growth: less than 10 MB over 500 containers).
+  agent       the resident agent's memory, at rest and after 100 containers churned, and its answers' times (no
+              floor: figures; bench/agent_bench.py).
   swarm       `hostagent ls --swarm --json` on a swarm manager (DOCKER_HOST; `make bench-swarm` starts the
               three-node swarm) running one task per card plus one pending, against the docker CLI commands that
               give the same facts: `docker node ls` then `docker service ps SERVICE`. Target: at most 1.0x.
@@ -44,7 +43,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -205,28 +203,6 @@ def bench_imports(n: int, results: dict[str, object]) -> None:
     results["imports (ms beyond the interpreter)"] = out
 
 
-class ResidentAgent:
-    """`hostagent serve` on a socket of the bench's own (no HTTP), for the runs through the agent."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="gpupin-bench-agent-"))
-        self.socket = str(self.dir / "agent.sock")
-        self.proc = subprocess.Popen([str(BIN / "hostagent"), "serve", "--socket", self.socket, "--http", "none"],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise SystemExit(f"bench: hostagent serve did not listen: {self.proc.stderr.read().decode()[-500:]}"
-                                 if self.proc.stderr else "bench: hostagent serve did not listen")
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
     uuid = _first_uuid()
     direct = {**engine.env, "GPUPIN_AGENT": "0"}  # today's path, whatever agent this host runs
@@ -236,7 +212,9 @@ def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
     via, pin = ("cdi", ["--device", f"nvidia.com/gpu={uuid}"]) if "--device nvidia.com/gpu=" in line else (
         "nvidia", ["--gpus", f"device={uuid}"])
     dk = [engine.docker, "run", "--rm", *pin, IMAGE, "--quiet", "true"]
-    agent = ResidentAgent(engine.env)
+    from bench.agent_bench import ResidentAgent
+
+    agent = ResidentAgent(engine.env, str(BIN / "hostagent"))
     trace = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpupin-bench-trace-{os.getpid()}"
     try:
         through = {**engine.env, "GPUPIN_AGENT_SOCKET": agent.socket}
@@ -382,13 +360,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = {"entrypoint", "watch", "run", "processes", "ls", "agent", "swarm"}
     if set(args.parts) - known:
         p.error(f"unknown part(s): {' '.join(sorted(set(args.parts) - known))}")
+    sys.path.insert(0, str(REPO))  # bench/ as a package of the checkout (its other modules), as mypy reads it
     results: dict[str, object] = {}
     print(f"bench: {os.cpu_count()} CPU(s), python {sys.version.split()[0]}, medians of interleaved runs", flush=True)
     expect = args.expect or (_first_uuid() if os.environ.get("FAKEGPU_TOPOLOGY") else None)
     if "entrypoint" in args.parts:
         bench_entrypoint(args.n, results, expect)
     if "watch" in args.parts:
-        sys.path.insert(0, str(REPO))  # bench/ as a package of the checkout, as mypy reads it
         from bench.watch_bench import bench_watch
 
         bench_watch(results, expect, args.watch_interval, args.watch_seconds, max(args.n // 5, 3))
@@ -402,7 +380,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "ls" in args.parts:
             bench_ls(max(args.n // 3, 5), results, engine)
         if "agent" in args.parts:
-            sys.path.insert(0, str(REPO))
             from bench.agent_bench import bench_agent
 
             bench_agent(results, engine.env, str(BIN / "hostagent"), IMAGE, engine.prefix, n=args.n)
