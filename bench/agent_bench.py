@@ -30,14 +30,21 @@ class ResidentAgent:
     def __init__(self, env: dict[str, str], hostagent: str) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="gpupin-bench-agent-"))
         self.socket = str(self.dir / "agent.sock")
-        self.proc = subprocess.Popen([hostagent, "serve", "--socket", self.socket, "--http", "none"],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [hostagent, "serve", "--socket", self.socket, "--http", "none"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 30
         while not os.path.exists(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.close()
-                raise SystemExit(f"bench: hostagent serve did not listen: {self.proc.stderr.read().decode()[-500:]}"
-                                 if self.proc.stderr else "bench: hostagent serve did not listen")
+                raise SystemExit(
+                    f"bench: hostagent serve did not listen: {self.proc.stderr.read().decode()[-500:]}"
+                    if self.proc.stderr
+                    else "bench: hostagent serve did not listen"
+                )
             time.sleep(0.05)
 
     def close(self) -> None:
@@ -105,10 +112,18 @@ def _churn(host: str, image: str, count: int, uuids: list[str]) -> None:
                 return
             card = uuids[i % len(uuids)]
             try:
-                c = api.create_container(image, [], entrypoint=["true"], labels={
-                    "gpupin.devices": card, "gpupin.bench": "agent"}, host_config=api.create_host_config(
-                        network_mode="none", device_requests=[docker.types.DeviceRequest(
-                            driver="nvidia", device_ids=[card], capabilities=[["gpu"]])]))
+                c = api.create_container(
+                    image,
+                    [],
+                    entrypoint=["true"],
+                    labels={"gpupin.devices": card, "gpupin.bench": "agent"},
+                    host_config=api.create_host_config(
+                        network_mode="none",
+                        device_requests=[
+                            docker.types.DeviceRequest(driver="nvidia", device_ids=[card], capabilities=[["gpu"]])
+                        ],
+                    ),
+                )
                 api.start(c["Id"])
                 api.wait(c["Id"], timeout=120)
                 api.remove_container(c["Id"])
@@ -124,14 +139,26 @@ def _churn(host: str, image: str, count: int, uuids: list[str]) -> None:
         raise SystemExit(f"bench: {len(errors)} of {count} containers failed: {errors[0]}")
 
 
-def bench_agent(results: dict[str, object], env: dict[str, str], hostagent: str, image: str, prefix: str = "",
-                containers: int = 100, n: int = 30) -> None:
+def bench_agent(
+    results: dict[str, object],
+    env: dict[str, str],
+    hostagent: str,
+    image: str,
+    prefix: str = "",
+    containers: int = 100,
+    n: int = 30,
+) -> None:
     topo = json.loads(Path(env["FAKEGPU_TOPOLOGY"]).read_text())
     uuids = [g["uuid"] for i, g in enumerate(topo["gpus"]) if i != 2]  # card 2 runs a host process in mixed-4
     folder = tempfile.mkdtemp(prefix="gpupin-bench-agent-")
     port = _port()
-    agent = subprocess.Popen([hostagent, "serve", "--socket", f"{folder}/agent.sock", "--http", f"127.0.0.1:{port}"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        [hostagent, "serve", "--socket", f"{folder}/agent.sock", "--http", f"127.0.0.1:{port}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait(lambda: _answers(port), 30, "the agent to answer")
         # At rest: the daemon's event stream open (its thread imports the docker SDK), and each route served once
@@ -165,14 +192,25 @@ def bench_agent(results: dict[str, object], env: dict[str, str], hostagent: str,
         (Path(folder) / "agent.sock").unlink(missing_ok=True)  # left by an agent that did not stop in time
         os.rmdir(folder)
     growth = after - rest
-    print(f"{prefix + 'hostagent serve: resident memory':<44} {rest / MIB:8.1f} MiB at rest, {after / MIB:.1f} MiB "
-          f"after {containers} containers churned ({growth / MIB:+.2f} MiB; churned in {churned:.0f} s)", flush=True)
-    print(f"{prefix + 'hostagent serve: answers (medians of ' + str(n) + ')':<44} GET /api/ls "
-          f"{took['/api/ls'] * 1000:.2f} ms, GET /metrics {took['/metrics'] * 1000:.2f} ms", flush=True)
+    print(
+        f"{prefix + 'hostagent serve: resident memory':<44} {rest / MIB:8.1f} MiB at rest, {after / MIB:.1f} MiB "
+        f"after {containers} containers churned ({growth / MIB:+.2f} MiB; churned in {churned:.0f} s)",
+        flush=True,
+    )
+    print(
+        f"{prefix + 'hostagent serve: answers (medians of ' + str(n) + ')':<44} GET /api/ls "
+        f"{took['/api/ls'] * 1000:.2f} ms, GET /metrics {took['/metrics'] * 1000:.2f} ms",
+        flush=True,
+    )
     results[f"{prefix}hostagent serve: resident memory"] = {
-        "rest_mib": round(rest / MIB, 2), "after_mib": round(after / MIB, 2), "containers": containers,
+        "rest_mib": round(rest / MIB, 2),
+        "after_mib": round(after / MIB, 2),
+        "containers": containers,
         "growth_mib": round(growth / MIB, 2),
-        "cell": f"{rest / MIB:.1f} MiB at rest, {after / MIB:.1f} MiB after {containers} ({growth / MIB:+.2f})"}
+        "cell": f"{rest / MIB:.1f} MiB at rest, {after / MIB:.1f} MiB after {containers} ({growth / MIB:+.2f})",
+    }
     results[f"{prefix}hostagent serve: answers"] = {
-        "api_ls_ms": round(took["/api/ls"] * 1000, 2), "metrics_ms": round(took["/metrics"] * 1000, 2),
-        "cell": f"/api/ls {took['/api/ls'] * 1000:.2f} ms, /metrics {took['/metrics'] * 1000:.2f} ms"}
+        "api_ls_ms": round(took["/api/ls"] * 1000, 2),
+        "metrics_ms": round(took["/metrics"] * 1000, 2),
+        "cell": f"/api/ls {took['/api/ls'] * 1000:.2f} ms, /metrics {took['/metrics'] * 1000:.2f} ms",
+    }

@@ -108,8 +108,13 @@ class Engine:
 
     @classmethod
     def sandbox(cls, name: str) -> Engine:
-        out = subprocess.run([str(SANDBOX), "env"], env={**os.environ, "GPUPIN_SANDBOX_ENGINE": name},
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [str(SANDBOX), "env"],
+            env={**os.environ, "GPUPIN_SANDBOX_ENGINE": name},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         info = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         env = {**os.environ, "DOCKER_HOST": info["DOCKER_HOST"]}
         if "DOCKER_CONFIG" in info:
@@ -124,10 +129,19 @@ class Engine:
 def report(name: str, ours: float, floor: float, target: float, results: dict[str, object], note: str = "") -> None:
     ratio = ours / floor
     verdict = "ok" if ratio <= target else "MISSED"
-    print(f"{name:<44} {ours * 1000:8.1f} ms vs floor {floor * 1000:8.1f} ms   ratio {ratio:5.2f}x "
-          f"(target <= {target}x) {verdict}{f'  ({note})' if note else ''}", flush=True)
-    results[name] = {"ours_ms": round(ours * 1000, 2), "floor_ms": round(floor * 1000, 2), "ratio": round(ratio, 3),
-                     "target": target, "met": ratio <= target, "note": note}
+    print(
+        f"{name:<44} {ours * 1000:8.1f} ms vs floor {floor * 1000:8.1f} ms   ratio {ratio:5.2f}x "
+        f"(target <= {target}x) {verdict}{f'  ({note})' if note else ''}",
+        flush=True,
+    )
+    results[name] = {
+        "ours_ms": round(ours * 1000, 2),
+        "floor_ms": round(floor * 1000, 2),
+        "ratio": round(ratio, 3),
+        "target": target,
+        "met": ratio <= target,
+        "note": note,
+    }
 
 
 def bench_entrypoint(n: int, results: dict[str, object], expect: str | None) -> None:
@@ -142,8 +156,11 @@ def bench_entrypoint(n: int, results: dict[str, object], expect: str | None) -> 
     check = subprocess.run([ep, "--json", "--verify", "nvml"], env=env, capture_output=True, text=True, check=True)
     floor_env = {**env, **json.loads(check.stdout)["set"]}
     for level, floor_code, target in (("nvml", FLOOR_NVML, 1.3), ("cuda", FLOOR_CUDA, 1.2)):
-        ours, floor = side_by_side(lambda lv=level: timed([ep, "--verify", lv, "true"], env),  # type: ignore[misc]
-                                   lambda fc=floor_code: timed([py, "-c", fc], floor_env), n)  # type: ignore[misc]
+        ours, floor = side_by_side(
+            lambda lv=level: timed([ep, "--verify", lv, "true"], env),  # type: ignore[misc]
+            lambda fc=floor_code: timed([py, "-c", fc], floor_env),  # type: ignore[misc]
+            n,
+        )
         report(f"entrypoint --verify {level} (exec true)", ours, floor, target, results)
 
 
@@ -153,15 +170,21 @@ def _first_uuid() -> str:
 
 
 # hostagent.trace's phases, in order, and what the time up to each one is spent on.
-PHASES = (("main", "interpreter start-up and hostagent's CLI import"), ("parsed", "argument parsing"),
-          ("asking", "through the agent: the agent found, the request put in JSON"),
-          ("cards", "NVML: the cards"), ("connected", "the docker SDK's import and the API version"),
-          ("locked", "the ledger's lock (local, then the daemon's)"), ("looked", "the ledger read"),
-          ("attributed", "the cards' processes, attributed to containers or the host"),
-          ("created", "the create call (through the agent: the request, its look, lock and create)"),
-          ("attached", "attaching the streams, registering the wait"),
-          ("started", "the start call (the runtime and its hook run here)"),
-          ("exited", "the workload, until its exit is known"), ("done", "after the exit (--rm's removal etc.)"))
+PHASES = (
+    ("main", "interpreter start-up and hostagent's CLI import"),
+    ("parsed", "argument parsing"),
+    ("asking", "through the agent: the agent found, the request put in JSON"),
+    ("cards", "NVML: the cards"),
+    ("connected", "the docker SDK's import and the API version"),
+    ("locked", "the ledger's lock (local, then the daemon's)"),
+    ("looked", "the ledger read"),
+    ("attributed", "the cards' processes, attributed to containers or the host"),
+    ("created", "the create call (through the agent: the request, its look, lock and create)"),
+    ("attached", "attaching the streams, registering the wait"),
+    ("started", "the start call (the runtime and its hook run here)"),
+    ("exited", "the workload, until its exit is known"),
+    ("done", "after the exit (--rm's removal etc.)"),
+)
 
 
 def traced(argv: Sequence[str], env: dict[str, str], path: Path) -> dict[str, float]:
@@ -176,13 +199,19 @@ def traced(argv: Sequence[str], env: dict[str, str], path: Path) -> dict[str, fl
 
 def breakdown(runs: list[dict[str, float]], docker_total: float, results: dict[str, object], prefix: str = "") -> None:
     """Median time spent in each phase (from the mark before it), against docker run's whole run."""
-    print(f"  {prefix}where hostagent run's time goes (medians of {len(runs)} traced runs; docker run takes "
-          f"{docker_total * 1000:.1f} ms in all):", flush=True)
+    print(
+        f"  {prefix}where hostagent run's time goes (medians of {len(runs)} traced runs; docker run takes "
+        f"{docker_total * 1000:.1f} ms in all):",
+        flush=True,
+    )
     rows: dict[str, float] = {}
     before = "spawn"
     for name, what in (*PHASES, ("end", "process exit")):
-        spans = [r[name] - (r[before] if before != "spawn" else 0.0) for r in runs if name in r and
-                 (before == "spawn" or before in r)]
+        spans = [
+            r[name] - (r[before] if before != "spawn" else 0.0)
+            for r in runs
+            if name in r and (before == "spawn" or before in r)
+        ]
         if spans:
             rows[name] = statistics.median(spans)
             print(f"    {rows[name] * 1000:7.1f} ms  {name:<10} {what}", flush=True)
@@ -207,10 +236,18 @@ def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
     uuid = _first_uuid()
     direct = {**engine.env, "GPUPIN_AGENT": "0"}  # today's path, whatever agent this host runs
     ha = [str(BIN / "hostagent"), "run", "--rm", "--uuid", uuid, IMAGE, "--quiet", "true"]
-    line = subprocess.run([str(BIN / "hostagent"), "run", "--dry-run", "--uuid", uuid, IMAGE], env=direct,
-                          capture_output=True, text=True, check=True).stdout
-    via, pin = ("cdi", ["--device", f"nvidia.com/gpu={uuid}"]) if "--device nvidia.com/gpu=" in line else (
-        "nvidia", ["--gpus", f"device={uuid}"])
+    line = subprocess.run(
+        [str(BIN / "hostagent"), "run", "--dry-run", "--uuid", uuid, IMAGE],
+        env=direct,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    via, pin = (
+        ("cdi", ["--device", f"nvidia.com/gpu={uuid}"])
+        if "--device nvidia.com/gpu=" in line
+        else ("nvidia", ["--gpus", f"device={uuid}"])
+    )
     dk = [engine.docker, "run", "--rm", *pin, IMAGE, "--quiet", "true"]
     from bench.agent_bench import ResidentAgent
 
@@ -219,19 +256,31 @@ def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
     try:
         through = {**engine.env, "GPUPIN_AGENT_SOCKET": agent.socket}
         ours, floor = side_by_side(lambda: timed(ha, through), lambda: timed(dk, engine.env), n)
-        report(f"{engine.prefix}hostagent run (agent) vs docker run", ours, floor, 1.15, results,
-               f"through hostagent serve; docker run {pin[0]} ...")
+        report(
+            f"{engine.prefix}hostagent run (agent) vs docker run",
+            ours,
+            floor,
+            1.15,
+            results,
+            f"through hostagent serve; docker run {pin[0]} ...",
+        )
         agent_total = floor
         ours, floor = side_by_side(lambda: timed(ha, direct), lambda: timed(dk, engine.env), n)
-        report(f"{engine.prefix}hostagent run vs docker run", ours, floor, 1.25, results,
-               f"without the agent; docker run {pin[0]} ...")
+        report(
+            f"{engine.prefix}hostagent run vs docker run",
+            ours,
+            floor,
+            1.25,
+            results,
+            f"without the agent; docker run {pin[0]} ...",
+        )
         docker_total = floor
         forced = [*ha[:2], "--via", via, *ha[2:]]
         ours, floor = side_by_side(lambda: timed(ha, direct), lambda: timed(forced, direct), n)
-        report(f"{engine.prefix}hostagent run vs run --via (asking for CDI)", ours, floor, 1.05, results,
-               f"--via {via}")
-        breakdown([traced(ha, through, trace) for _ in range(n)], agent_total, results,
-                  f"{engine.prefix}(agent) ")
+        report(
+            f"{engine.prefix}hostagent run vs run --via (asking for CDI)", ours, floor, 1.05, results, f"--via {via}"
+        )
+        breakdown([traced(ha, through, trace) for _ in range(n)], agent_total, results, f"{engine.prefix}(agent) ")
         breakdown([traced(ha, direct, trace) for _ in range(n)], docker_total, results, engine.prefix)
     finally:
         trace.unlink(missing_ok=True)
@@ -248,8 +297,14 @@ def bench_processes(n: int, results: dict[str, object], engine: Engine, count: i
     listed, empty = tmp / f"gpupin-bench-procs-{os.getpid()}.json", tmp / f"gpupin-bench-none-{os.getpid()}.json"
     trace = tmp / f"gpupin-bench-trace-procs-{os.getpid()}"
     try:
-        listed.write_text(json.dumps({u: [{"pid": p.pid, "used_memory_mib": 64} for p in sleepers[k::len(others)]]
-                                      for k, u in enumerate(others)}))
+        listed.write_text(
+            json.dumps(
+                {
+                    u: [{"pid": p.pid, "used_memory_mib": 64} for p in sleepers[k :: len(others)]]
+                    for k, u in enumerate(others)
+                }
+            )
+        )
         empty.write_text("{}")
         ha = [str(BIN / "hostagent"), "run", "--rm", "--count", "1", IMAGE, "--quiet", "true"]
 
@@ -266,11 +321,18 @@ def bench_processes(n: int, results: dict[str, object], engine: Engine, count: i
             f.unlink(missing_ok=True)
     extra = (ours - floor) * 1000
     verdict = "ok" if extra <= 5 else "MISSED"
-    print(f"{engine.prefix + f'run --count 1: {count} processes on the cards':<44} {ours * 1000:8.2f} ms vs none "
-          f"{floor * 1000:8.2f} ms   {extra:+.2f} ms (target <= +5 ms) {verdict}", flush=True)
+    print(
+        f"{engine.prefix + f'run --count 1: {count} processes on the cards':<44} {ours * 1000:8.2f} ms vs none "
+        f"{floor * 1000:8.2f} ms   {extra:+.2f} ms (target <= +5 ms) {verdict}",
+        flush=True,
+    )
     results[f"{engine.prefix}run --count 1: {count} processes on the cards"] = {
-        "ours_ms": round(ours * 1000, 3), "floor_ms": round(floor * 1000, 3), "extra_ms": round(extra, 3),
-        "target_extra_ms": 5, "met": extra <= 5}
+        "ours_ms": round(ours * 1000, 3),
+        "floor_ms": round(floor * 1000, 3),
+        "extra_ms": round(extra, 3),
+        "target_extra_ms": 5,
+        "met": extra <= 5,
+    }
 
 
 def bench_ls(n: int, results: dict[str, object], engine: Engine, containers: int = 500) -> None:
@@ -283,8 +345,12 @@ def bench_ls(n: int, results: dict[str, object], engine: Engine, containers: int
     old = api.containers(all=True, filters={"label": "gpupin.bench=ls"})
     t0 = time.perf_counter()
     for i in range(len(old), containers):
-        api.create_container(IMAGE, ["true"], labels={**label, "gpupin.devices": uuids[i % len(uuids)]},
-                             host_config=api.create_host_config(network_mode="none"))
+        api.create_container(
+            IMAGE,
+            ["true"],
+            labels={**label, "gpupin.devices": uuids[i % len(uuids)]},
+            host_config=api.create_host_config(network_mode="none"),
+        )
     print(f"(created {containers - len(old)} pinned containers in {time.perf_counter() - t0:.1f} s)", flush=True)
     try:
         env = engine.env
@@ -304,9 +370,30 @@ def bench_swarm(n: int, results: dict[str, object]) -> None:
     cards = listing["summary"]["resources"]
     service = "gpupin-bench-swarm"
     subprocess.run([DOCKER, "service", "rm", service], env=env, capture_output=True)
-    subprocess.run([DOCKER, "service", "create", "-d", "--name", service, "--replicas", str(cards + 1),
-                    "--generic-resource", "GPU=1", "--no-resolve-image", "--restart-condition", "none",
-                    "--entrypoint", "sleep", IMAGE, "infinity"], env=env, capture_output=True, check=True)
+    subprocess.run(
+        [
+            DOCKER,
+            "service",
+            "create",
+            "-d",
+            "--name",
+            service,
+            "--replicas",
+            str(cards + 1),
+            "--generic-resource",
+            "GPU=1",
+            "--no-resolve-image",
+            "--restart-condition",
+            "none",
+            "--entrypoint",
+            "sleep",
+            IMAGE,
+            "infinity",
+        ],
+        env=env,
+        capture_output=True,
+        check=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -316,8 +403,10 @@ def bench_swarm(n: int, results: dict[str, object]) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"bench: {cards} tasks did not all start, nor one wait: {summary['summary']}")
             time.sleep(1)
-        print(f"(a swarm of {listing['summary']['nodes']} nodes, {cards} cards: {cards} tasks running, one "
-              "pending)", flush=True)
+        print(
+            f"(a swarm of {listing['summary']['nodes']} nodes, {cards} cards: {cards} tasks running, one pending)",
+            flush=True,
+        )
         node_ls, service_ps = [DOCKER, "node", "ls"], [DOCKER, "service", "ps", service]
         ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(node_ls, env) + timed(service_ps, env), n)
         report(f"hostagent ls --swarm --json vs node ls + service ps ({cards + 1} tasks)", ours, floor, 1.0, results)
@@ -332,8 +421,9 @@ def side_by_side_table(results: dict[str, object], engines: Sequence[str]) -> No
         if key.startswith("[") and isinstance(value, dict) and "ratio" in value:
             engine, _, what = key[1:].partition("] ")
             note = f" ({value['note']})" if value.get("note") else ""
-            rows.setdefault(what, {})[engine] = \
+            rows.setdefault(what, {})[engine] = (
                 f"{value['ours_ms']:.1f} / {value['floor_ms']:.1f} ms = {value['ratio']:.2f}x{note}"
+            )
         elif key.startswith("[") and isinstance(value, dict) and "cell" in value:  # a figure without a floor
             engine, _, what = key[1:].partition("] ")
             rows.setdefault(what, {})[engine] = str(value["cell"])
@@ -344,17 +434,29 @@ def side_by_side_table(results: dict[str, object], engines: Sequence[str]) -> No
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("parts", nargs="*", metavar="PART",
-                   help="entrypoint, watch, run, processes, ls, agent (default: these six), swarm")
+    p.add_argument(
+        "parts",
+        nargs="*",
+        metavar="PART",
+        help="entrypoint, watch, run, processes, ls, agent (default: these six), swarm",
+    )
     p.add_argument("-n", type=int, default=30, help="measured runs per side (entrypoint; a third for docker parts)")
     p.add_argument("--expect", help="GPUPIN_EXPECT for the entrypoint part (default: the topology's card 1)")
     p.add_argument("--watch-interval", type=float, default=5.0, metavar="S", help="the watch part's --watch (5)")
-    p.add_argument("--watch-seconds", type=float, default=60.0, metavar="S",
-                   help="how long the watch part measures the watcher's CPU (60)")
+    p.add_argument(
+        "--watch-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long the watch part measures the watcher's CPU (60)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results here")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
-    p.add_argument("--engines", metavar="'ENGINE ...'",
-                   help="run the docker parts on these engines' sandboxes ('20.10 26'), side by side")
+    p.add_argument(
+        "--engines",
+        metavar="'ENGINE ...'",
+        help="run the docker parts on these engines' sandboxes ('20.10 26'), side by side",
+    )
     args = p.parse_args(argv)
     args.parts = args.parts or ["entrypoint", "watch", "run", "processes", "ls", "agent"]
     known = {"entrypoint", "watch", "run", "processes", "ls", "agent", "swarm"}

@@ -51,8 +51,13 @@ def _workload_started(pid: int, timeout: float = 120) -> None:
 
 
 def _start(interval: float, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([_entrypoint(), "--verify", "nvml", "--watch", f"{interval:g}", "sleep", "100000"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [_entrypoint(), "--verify", "nvml", "--watch", f"{interval:g}", "sleep", "100000"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def bench_cpu(interval: float, seconds: float, env: dict[str, str], results: dict[str, object]) -> None:
@@ -68,12 +73,20 @@ def bench_cpu(interval: float, seconds: float, env: dict[str, str], results: dic
     share = (c1 - c0) / 1e9 / (t1 - t0) * 100
     checks = int((t1 - t0) // interval)
     met = share <= 0.1
-    print(f"{'entrypoint --watch ' + format(interval, 'g') + ': CPU of the watcher':<44} {share:8.4f}% of a core "
-          f"over {t1 - t0:.0f} s ({checks} checks, {(c1 - c0) / 1e6:.1f} ms of CPU)   (target <= 0.1%) "
-          f"{'ok' if met else 'MISSED'}", flush=True)
+    print(
+        f"{'entrypoint --watch ' + format(interval, 'g') + ': CPU of the watcher':<44} {share:8.4f}% of a core "
+        f"over {t1 - t0:.0f} s ({checks} checks, {(c1 - c0) / 1e6:.1f} ms of CPU)   (target <= 0.1%) "
+        f"{'ok' if met else 'MISSED'}",
+        flush=True,
+    )
     results[f"entrypoint --watch {interval:g}: CPU of the watcher"] = {
-        "cpu_percent": round(share, 5), "cpu_ms": round((c1 - c0) / 1e6, 2), "window_s": round(t1 - t0, 1),
-        "checks": checks, "target_percent": 0.1, "met": met}
+        "cpu_percent": round(share, 5),
+        "cpu_ms": round((c1 - c0) / 1e6, 2),
+        "window_s": round(t1 - t0, 1),
+        "checks": checks,
+        "target_percent": 0.1,
+        "met": met,
+    }
 
 
 def _trial(interval: float, env: dict[str, str], folder: Path, fault: dict[str, object], uuid: str) -> float:
@@ -113,15 +126,21 @@ def bench_latency(interval: float, trials: int, env: dict[str, str], uuid: str, 
         delays = [_trial(interval, env, Path(folder), FAULTS[i % len(FAULTS)], uuid) for i in range(trials)]
     worst = max(delays)
     met = worst <= interval + 1
-    print(f"{'entrypoint --watch ' + format(interval, 'g') + ': loss detected after':<44} {worst:8.2f} s at most, "
-          f"median {sorted(delays)[len(delays) // 2]:.2f} s ({trials} trials)   (target <= {interval + 1:g} s) "
-          f"{'ok' if met else 'MISSED'}", flush=True)
+    print(
+        f"{'entrypoint --watch ' + format(interval, 'g') + ': loss detected after':<44} {worst:8.2f} s at most, "
+        f"median {sorted(delays)[len(delays) // 2]:.2f} s ({trials} trials)   (target <= {interval + 1:g} s) "
+        f"{'ok' if met else 'MISSED'}",
+        flush=True,
+    )
     results[f"entrypoint --watch {interval:g}: loss detection"] = {
-        "max_s": round(worst, 3), "delays_s": [round(d, 3) for d in delays], "target_s": interval + 1, "met": met}
+        "max_s": round(worst, 3),
+        "delays_s": [round(d, 3) for d in delays],
+        "target_s": interval + 1,
+        "met": met,
+    }
 
 
-def bench_watch(results: dict[str, object], expect: str | None, interval: float, seconds: float,
-                trials: int) -> None:
+def bench_watch(results: dict[str, object], expect: str | None, interval: float, seconds: float, trials: int) -> None:
     env = {**os.environ, "GPUPIN_QUIET": "1"}
     if expect:
         env["GPUPIN_EXPECT"] = expect

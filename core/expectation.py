@@ -59,8 +59,9 @@ class Expectation:
 
     __slots__ = ("cards", "detail", "sole", "source")
 
-    def __init__(self, cards: Sequence[ExpectedCard], source: str, detail: str | None = None,
-                 sole: str | None = None) -> None:
+    def __init__(
+        self, cards: Sequence[ExpectedCard], source: str, detail: str | None = None, sole: str | None = None
+    ) -> None:
         self.cards = tuple(cards)
         self.source = source
         self.detail = detail

@@ -65,8 +65,10 @@ LOST = "lost to NVML"
 def hint(index: int | None = None) -> str:
     """What to do about an unhealthy card (at NVML index `index`, where one is meant)."""
     i = "<index>" if index is None else str(index)
-    return (f"see `nvidia-smi -q -d ECC,ROW_REMAPPER -i {i}` and the host's `dmesg`; reset the card (`nvidia-smi -r "
-            f"-i {i}`, with nothing running on it) or drain the host and reboot it")
+    return (
+        f"see `nvidia-smi -q -d ECC,ROW_REMAPPER -i {i}` and the host's `dmesg`; reset the card (`nvidia-smi -r "
+        f"-i {i}`, with nothing running on it) or drain the host and reboot it"
+    )
 
 
 def xid_reason(xid: int) -> str | None:
@@ -131,8 +133,7 @@ def _memory_reasons(m: MemoryHealth) -> list[str]:
     return reasons
 
 
-def judge(memory: MemoryHealth | None, xids: Iterable[int] = (), seen: str | None = None,
-          lost: bool = False) -> Health:
+def judge(memory: MemoryHealth | None, xids: Iterable[int] = (), seen: str | None = None, lost: bool = False) -> Health:
     """The health that these readings make: `memory` (None: not read), the XIDs received (at `seen`), `lost`."""
     if lost or (memory is not None and memory.lost):
         return Health(False, [LOST])
@@ -146,4 +147,3 @@ def judge(memory: MemoryHealth | None, xids: Iterable[int] = (), seen: str | Non
         why = memory.error if memory is not None else "not read"
         return Health(None, [f"NVML could not read its memory errors: {why}"])
     return Health(True)
-

@@ -63,9 +63,16 @@ class MigDevice:
 
     __slots__ = ("compute_instance_id", "gpu_instance_id", "index", "memory_total", "memory_used", "name", "uuid")
 
-    def __init__(self, uuid: str, gpu_instance_id: int | None, compute_instance_id: int | None,
-                 name: str | None = None, memory_total: int | None = None, index: int = 0,
-                 memory_used: int | None = None) -> None:
+    def __init__(
+        self,
+        uuid: str,
+        gpu_instance_id: int | None,
+        compute_instance_id: int | None,
+        name: str | None = None,
+        memory_total: int | None = None,
+        index: int = 0,
+        memory_used: int | None = None,
+    ) -> None:
         self.index = index
         self.uuid = uuid
         self.gpu_instance_id = gpu_instance_id
@@ -83,8 +90,14 @@ class Process:
 
     __slots__ = ("compute_instance_id", "gpu_instance_id", "pid", "type", "used_memory")
 
-    def __init__(self, pid: int, used_memory: int | None, gpu_instance_id: int | None = None,
-                 compute_instance_id: int | None = None, type: str = "C") -> None:
+    def __init__(
+        self,
+        pid: int,
+        used_memory: int | None,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+        type: str = "C",
+    ) -> None:
         self.pid = pid
         self.used_memory = used_memory  # bytes
         self.gpu_instance_id = gpu_instance_id
@@ -99,12 +112,37 @@ class Card:
     utilization.gpu, mig.mode.current, compute_cap, temperature.gpu, power.draw, enforced.power.limit.
     """
 
-    __slots__ = ("bus_id", "compute_capability", "error", "health", "index", "lost", "memory_total", "memory_used",
-                 "mig_devices", "mig_mode", "minor_number", "name", "power_draw", "power_limit", "process_list",
-                 "processes", "processes_error", "temperature", "utilization_gpu", "uuid")
+    __slots__ = (
+        "bus_id",
+        "compute_capability",
+        "error",
+        "health",
+        "index",
+        "lost",
+        "memory_total",
+        "memory_used",
+        "mig_devices",
+        "mig_mode",
+        "minor_number",
+        "name",
+        "power_draw",
+        "power_limit",
+        "process_list",
+        "processes",
+        "processes_error",
+        "temperature",
+        "utilization_gpu",
+        "uuid",
+    )
 
-    def __init__(self, index: int, uuid: str | None = None, bus_id: BusId | None = None,
-                 name: str | None = None, error: str | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        uuid: str | None = None,
+        bus_id: BusId | None = None,
+        name: str | None = None,
+        error: str | None = None,
+    ) -> None:
         self.index = index
         self.uuid = uuid
         self.bus_id = bus_id
@@ -218,15 +256,17 @@ def _mig_devices(nv: Any, handle: Any) -> list[MigDevice]:
                 continue
             raise
         mem = _optional(lambda m=mig: nv.nvmlDeviceGetMemoryInfo(m))  # type: ignore[misc]
-        devices.append(MigDevice(
-            str(nv.nvmlDeviceGetUUID(mig)),
-            _optional(lambda m=mig: int(nv.nvmlDeviceGetGpuInstanceId(m))),  # type: ignore[misc]
-            _optional(lambda m=mig: int(nv.nvmlDeviceGetComputeInstanceId(m))),  # type: ignore[misc]
-            _optional(lambda m=mig: str(nv.nvmlDeviceGetName(m))),  # type: ignore[misc]
-            int(mem.total) if mem is not None else None,
-            i,
-            int(mem.used) if mem is not None else None,
-        ))
+        devices.append(
+            MigDevice(
+                str(nv.nvmlDeviceGetUUID(mig)),
+                _optional(lambda m=mig: int(nv.nvmlDeviceGetGpuInstanceId(m))),  # type: ignore[misc]
+                _optional(lambda m=mig: int(nv.nvmlDeviceGetComputeInstanceId(m))),  # type: ignore[misc]
+                _optional(lambda m=mig: str(nv.nvmlDeviceGetName(m))),  # type: ignore[misc]
+                int(mem.total) if mem is not None else None,
+                i,
+                int(mem.used) if mem is not None else None,
+            )
+        )
     return devices
 
 
@@ -270,9 +310,13 @@ def _process(p: Any, type: str, instance: MigDevice | None = None) -> Process:
     used = getattr(p, "usedGpuMemory", None)
     gi = getattr(p, "gpuInstanceId", _NO_INSTANCE) if instance is None else instance.gpu_instance_id
     ci = getattr(p, "computeInstanceId", _NO_INSTANCE) if instance is None else instance.compute_instance_id
-    return Process(int(p.pid), int(used) if used is not None else None,
-                   None if gi in (None, _NO_INSTANCE) else int(gi), None if ci in (None, _NO_INSTANCE) else int(ci),
-                   type)
+    return Process(
+        int(p.pid),
+        int(used) if used is not None else None,
+        None if gi in (None, _NO_INSTANCE) else int(gi),
+        None if ci in (None, _NO_INSTANCE) else int(ci),
+        type,
+    )
 
 
 def _clients(nv: Any, handle: Any, instance: MigDevice | None = None) -> list[Process]:

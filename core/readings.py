@@ -39,8 +39,9 @@ def memory_health(index: int) -> health.MemoryHealth:
 
     try:
         handle = nv.nvmlDeviceGetHandleByIndex(index)
-        out.ecc_uncorrected = applicable(lambda: int(nv.nvmlDeviceGetTotalEccErrors(
-            handle, _MEMORY_ERROR_UNCORRECTED, _VOLATILE_ECC)))
+        out.ecc_uncorrected = applicable(
+            lambda: int(nv.nvmlDeviceGetTotalEccErrors(handle, _MEMORY_ERROR_UNCORRECTED, _VOLATILE_ECC))
+        )
         pending = applicable(lambda: int(nv.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
         out.retired_pending = None if pending is None else bool(pending)
         rows = applicable(lambda: nv.nvmlDeviceGetRemappedRows(handle))
@@ -164,8 +165,11 @@ def assess(cards: Sequence[Card], log: XidLog | None = None) -> None:
         log.update(cards)
     for card in cards:
         if card.error is not None:
-            card.health = (health.Health(False, [health.LOST]) if card.lost
-                           else health.Health(None, [f"NVML could not read the card: {card.error}"]))
+            card.health = (
+                health.Health(False, [health.LOST])
+                if card.lost
+                else health.Health(None, [f"NVML could not read the card: {card.error}"])
+            )
             continue
         if log is not None:
             key = card.uuid or ""

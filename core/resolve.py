@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card, MigDevice
 
-SPEC_HINT = ("name a card by UUID (or a unique prefix: GPU-1c5e), NVML index (0), bus id (3b:00.0) or MIG device "
-             "(MIG-..., or card:device like 0:1); `hostagent ls` lists them")
+SPEC_HINT = (
+    "name a card by UUID (or a unique prefix: GPU-1c5e), NVML index (0), bus id (3b:00.0) or MIG device "
+    "(MIG-..., or card:device like 0:1); `hostagent ls` lists them"
+)
 
 UUID = "uuid"
 MIG_LEGACY = "mig-legacy"
@@ -82,7 +84,9 @@ class Target:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Target) and (self.card.index, self.mig and self.mig.uuid) == (
-            other.card.index, other.mig and other.mig.uuid)
+            other.card.index,
+            other.mig and other.mig.uuid,
+        )
 
     def __hash__(self) -> int:
         return hash((self.card.index, self.mig and self.mig.uuid))
@@ -118,15 +122,18 @@ def _by_index(index: int, cards: Sequence[Card], spec: str) -> Card:
         if card.index == index:
             return card
     within = "" if spec.strip() == str(index) else f" (in {shorten(spec)})"
-    raise GpuSpecError(f"GPU index {index}{within} is out of range: this host has {len(cards)} card(s) "
-                       f"({_listing(cards)})", SPEC_HINT)
+    raise GpuSpecError(
+        f"GPU index {index}{within} is out of range: this host has {len(cards)} card(s) ({_listing(cards)})", SPEC_HINT
+    )
 
 
 def _mig_by_uuid(spec: str, cards: Sequence[Card]) -> Target:
     migs = {m.uuid: (c, m) for c in cards for m in c.mig_devices}
     if not migs:
-        raise GpuSpecError(f"{shorten(spec)} names a MIG device, but no card here has MIG devices "
-                           f"(cards: {_listing(cards)})", SPEC_HINT)
+        raise GpuSpecError(
+            f"{shorten(spec)} names a MIG device, but no card here has MIG devices (cards: {_listing(cards)})",
+            SPEC_HINT,
+        )
     card, mig = migs[match_uuid(spec, list(migs))]
     return Target(card, mig)
 
@@ -141,10 +148,13 @@ def _mig_legacy(spec: str, cards: Sequence[Card]) -> Target:
                 if (mig.gpu_instance_id, mig.compute_instance_id) == (gi, ci):
                     return Target(card, mig)
             have = ", ".join(f"{m.gpu_instance_id}/{m.compute_instance_id}" for m in card.mig_devices) or "none"
-            raise GpuSpecError(f"{card.uuid} has no MIG device with GPU instance {gi} and compute instance {ci} "
-                               f"(it has: {have})", SPEC_HINT)
-    raise GpuSpecError(f"no card with UUID {parent} (in {shorten(spec)}) on this host (cards: {_listing(cards)})",
-                       SPEC_HINT)
+            raise GpuSpecError(
+                f"{card.uuid} has no MIG device with GPU instance {gi} and compute instance {ci} (it has: {have})",
+                SPEC_HINT,
+            )
+    raise GpuSpecError(
+        f"no card with UUID {parent} (in {shorten(spec)}) on this host (cards: {_listing(cards)})", SPEC_HINT
+    )
 
 
 def _mig_pair(spec: str, cards: Sequence[Card]) -> Target:
@@ -156,8 +166,9 @@ def _mig_pair(spec: str, cards: Sequence[Card]) -> Target:
         if mig.index == j:
             return Target(card, mig)
     what = "is not in MIG mode" if not card.mig_mode else f"has {len(card.mig_devices)} MIG device(s)"
-    raise GpuSpecError(f"{shorten(spec)} asks for MIG device {j} of card {card.index} ({card.uuid}), which {what}",
-                       SPEC_HINT)
+    raise GpuSpecError(
+        f"{shorten(spec)} asks for MIG device {j} of card {card.index} ({card.uuid}), which {what}", SPEC_HINT
+    )
 
 
 def _by_bus(spec: str, cards: Sequence[Card]) -> Target:
@@ -191,8 +202,9 @@ def resolve(spec: str, cards: Sequence[Card]) -> Target:
     if not text:
         raise GpuSpecError("an empty GPU spec", SPEC_HINT)
     if text[:4].upper() in ("GPU-", "MIG-") and not is_full_uuid(text):
-        raise GpuSpecError(f"{shorten(spec)} is not a GPU UUID or a prefix of one (hex digits after the tag)",
-                           SPEC_HINT)
+        raise GpuSpecError(
+            f"{shorten(spec)} is not a GPU UUID or a prefix of one (hex digits after the tag)", SPEC_HINT
+        )
     raise GpuSpecError(f"{shorten(spec)} is not a GPU UUID, index, bus id or MIG device", SPEC_HINT)
 
 
@@ -202,8 +214,9 @@ def resolve_all(specs: Iterable[str], cards: Sequence[Card]) -> list[Target]:
     for spec in specs:
         target = resolve(spec, cards)
         if target in targets:
-            raise GpuSpecError(f"{shorten(spec)} names {target.uuid}, which is already asked for",
-                               "ask for each card once")
+            raise GpuSpecError(
+                f"{shorten(spec)} names {target.uuid}, which is already asked for", "ask for each card once"
+            )
         targets.append(target)
     return targets
 
@@ -214,5 +227,7 @@ def by_minor(minor: int, cards: Sequence[Card]) -> Target:
         if card.minor_number == minor:
             return Target(card)
     have = ", ".join(f"{c.index} = /dev/nvidia{c.minor_number}" for c in cards if c.minor_number is not None)
-    raise GpuSpecError(f"no card has the minor number {minor} (/dev/nvidia{minor}; cards: {have or 'none known'})",
-                       "check the device files with `ls -l /dev/nvidia[0-9]*` and `nvidia-smi -q | grep Minor`")
+    raise GpuSpecError(
+        f"no card has the minor number {minor} (/dev/nvidia{minor}; cards: {have or 'none known'})",
+        "check the device files with `ls -l /dev/nvidia[0-9]*` and `nvidia-smi -q | grep Minor`",
+    )

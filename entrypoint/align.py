@@ -39,8 +39,15 @@ class Binding:
 
     __slots__ = ("bus_id", "card", "expected", "local_rank", "name", "uuid")
 
-    def __init__(self, local_rank: int, uuid: str, bus_id: BusId | None, name: str | None,
-                 expected: ExpectedCard | None = None, card: Card | None = None) -> None:
+    def __init__(
+        self,
+        local_rank: int,
+        uuid: str,
+        bus_id: BusId | None,
+        name: str | None,
+        expected: ExpectedCard | None = None,
+        card: Card | None = None,
+    ) -> None:
         self.local_rank = local_rank
         self.uuid = uuid  # the full UUID CUDA should report (a MIG device's own for MIG)
         self.bus_id = bus_id
@@ -60,8 +67,13 @@ class Plan:
 
     __slots__ = ("bindings", "cuda_visible_devices", "expectation", "extra_cards")
 
-    def __init__(self, bindings: list[Binding], cuda_visible_devices: str | None,
-                 expectation: Expectation | None, extra_cards: int = 0) -> None:
+    def __init__(
+        self,
+        bindings: list[Binding],
+        cuda_visible_devices: str | None,
+        expectation: Expectation | None,
+        extra_cards: int = 0,
+    ) -> None:
         self.bindings = bindings
         self.cuda_visible_devices = cuda_visible_devices
         self.expectation = expectation
@@ -91,8 +103,9 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
     too, every entry is a UUID.
     """
     unreadable = [c for c in cards if c.uuid is None]
-    in_pci_order = sorted((c for c in cards if c.uuid is not None),
-                          key=lambda c: c.bus_id.key() if c.bus_id else (1 << 40,))
+    in_pci_order = sorted(
+        (c for c in cards if c.uuid is not None), key=lambda c: c.bus_id.key() if c.bus_id else (1 << 40,)
+    )
     if expectation is None:
         bindings = [Binding(k, c.uuid or "?", c.bus_id, c.name, None, c) for k, c in enumerate(in_pci_order)]
         return Plan(bindings, None, None)
@@ -111,7 +124,8 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
                     f"{expectation.source} asks for {exp} at cuda:{k}, which is not among the cards NVML can read "
                     f"({_describe(in_pci_order)}); NVML cannot read {_unreadable(unreadable)}",
                     "that may be the card asked for: see `nvidia-smi` and the kernel log (Xid 79: fallen off the "
-                    "bus); a lost card needs a reset (`nvidia-smi -r`) or a reboot") from None
+                    "bus); a lost card needs a reset (`nvidia-smi -r`) or a reboot",
+                ) from None
             raise MisalignedError(
                 f"{expectation.source} asks for {exp} at cuda:{k}, but the cards this process can see are "
                 f"{_describe(in_pci_order)}",
@@ -131,15 +145,15 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
             )
         if exp.bus_id is not None and card.bus_id != exp.bus_id:
             raise MisalignedError(
-                f"{expectation.source} asks for {exp.uuid} at {exp.bus_id} (cuda:{k}), but {full} is at "
-                f"{card.bus_id}",
+                f"{expectation.source} asks for {exp.uuid} at {exp.bus_id} (cuda:{k}), but {full} is at {card.bus_id}",
                 "the expectation pairs this UUID with another card's bus id: let `hostagent run` write "
                 "GPUPIN_EXPECT, or copy both from `nvidia-smi --query-gpu=uuid,pci.bus_id --format=csv`",
             )
         pos = in_pci_order.index(card)
         if any(b.uuid == full for b in bindings):
-            raise ExpectationError(f"{expectation.source}: {exp.uuid} and another entry name the same card "
-                                   f"{full}", "list each card once")
+            raise ExpectationError(
+                f"{expectation.source}: {exp.uuid} and another entry name the same card {full}", "list each card once"
+            )
         positions.append(pos)
         bindings.append(Binding(k, full, card.bus_id, card.name, exp, card))
     # Indices under PCI_BUS_ID order are what users read in nvidia-smi; MIG devices can only be named by UUID, an
@@ -200,8 +214,7 @@ class CudaDevice:
         return f"{uuid or 'UUID ' + self.uuid_hex} at {self.bus_id}"
 
 
-def check_devices(plan: Plan, devices: Sequence[CudaDevice], cards: Sequence[Card], via: str,
-                  cvd: str | None) -> None:
+def check_devices(plan: Plan, devices: Sequence[CudaDevice], cards: Sequence[Card], via: str, cvd: str | None) -> None:
     """Raise MisalignedError unless devices[k] is binding k for every k, by UUID and by bus id."""
     if plan.expectation is None:
         return

@@ -40,8 +40,10 @@ def _driver_devices() -> list[align.CudaDevice]:
     result = cudaprobe.probe()
     if result["rc"] != 0:
         name, text = result["error"]
-        raise GpuUnavailableError(f"cuInit failed with {name} ({result['rc']}): {text}",
-                                  "run the workload under gpupin-entrypoint, which says why the driver is unusable")
+        raise GpuUnavailableError(
+            f"cuInit failed with {name} ({result['rc']}): {text}",
+            "run the workload under gpupin-entrypoint, which says why the driver is unusable",
+        )
     return [align.CudaDevice.from_probe(d) for d in result["devices"]]
 
 
@@ -76,13 +78,17 @@ def _expected_hex(exp: ExpectedCard, k: int, source: str) -> str:
     except GpuSpecError as err:
         if len(err.matches) > 1:
             raise ExpectationError(f"{source}: {err.message}", err.hint) from None
-        raise MisalignedError(f"{source} expects {exp} at cuda:{k}, but NVML finds no such MIG device here: "
-                              f"{err.message}", "`nvidia-smi -L` lists the MIG devices here, with their UUIDs"
-                              ) from None
+        raise MisalignedError(
+            f"{source} expects {exp} at cuda:{k}, but NVML finds no such MIG device here: {err.message}",
+            "`nvidia-smi -L` lists the MIG devices here, with their UUIDs",
+        ) from None
     want = align.uuid_hex(target.uuid)
     if want is None:
-        raise MisalignedError(f"cannot tell whether cuda:{k} is {exp}: NVML names it in the old MIG form too, whose "
-                              "digits are its parent card's", "drivers before R470 write this form: upgrade the driver")
+        raise MisalignedError(
+            f"cannot tell whether cuda:{k} is {exp}: NVML names it in the old MIG form too, whose "
+            "digits are its parent card's",
+            "drivers before R470 write this form: upgrade the driver",
+        )
     return want
 
 
@@ -96,8 +102,12 @@ def devices(via: str | None = None) -> list[align.CudaDevice]:
     return _torch_devices() if via == "torch" else _driver_devices()
 
 
-def assert_pinned(expect: str | Expectation | None = None, local_rank: int | None = None,
-                  via: str | None = None, environ: Mapping[str, str] | None = None) -> list[align.Binding]:
+def assert_pinned(
+    expect: str | Expectation | None = None,
+    local_rank: int | None = None,
+    via: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[align.Binding]:
     """Raise MisalignedError unless cuda:k is expected card k (every k, or just `local_rank`).
 
     `expect`: a GPUPIN_EXPECT-style string or an Expectation; default: from the environment (GPUPIN_EXPECT,
@@ -115,8 +125,9 @@ def assert_pinned(expect: str | Expectation | None = None, local_rank: int | Non
         expectation = expect if sources is None else sources.expectation
     if expectation is None:
         why = sources.why_unpinned() if sources is not None else "none given"
-        raise MisalignedError(f"no expectation to check against ({why})",
-                              "run under gpupin-entrypoint, or pass expect='GPU-...[@BUSID]'")
+        raise MisalignedError(
+            f"no expectation to check against ({why})", "run under gpupin-entrypoint, or pass expect='GPU-...[@BUSID]'"
+        )
     found = devices(via)
     bindings: list[align.Binding] = []
     ranks = range(len(expectation.cards)) if local_rank is None else [local_rank]
@@ -130,8 +141,10 @@ def assert_pinned(expect: str | Expectation | None = None, local_rank: int | Non
             )
         exp = expectation.cards[k]
         if k >= len(found):
-            raise MisalignedError(f"cuda:{k} does not exist (this process sees {len(found)} device(s)), but "
-                                  f"{expectation.source} expects {exp} there")
+            raise MisalignedError(
+                f"cuda:{k} does not exist (this process sees {len(found)} device(s)), but "
+                f"{expectation.source} expects {exp} there"
+            )
         dev = found[k]
         want = _expected_hex(exp, k, expectation.source)
         same_uuid = not dev.uuid_hex or dev.uuid_hex.startswith(want)  # a hand-written prefix matches too

@@ -133,12 +133,15 @@ def _flag(environ: "Mapping[str, str]", name: str) -> bool:
         return True
     if raw.strip().lower() in OFF:
         return False
-    raise UsageError(f"{name}={shorten(raw)} is neither on nor off",
-                     f"set {name}=1 or {name}=0 (true/false, yes/no, on/off), or unset it")
+    raise UsageError(
+        f"{name}={shorten(raw)} is neither on nor off",
+        f"set {name}=1 or {name}=0 (true/false, yes/no, on/off), or unset it",
+    )
 
 
-def parse_args(argv: "Sequence[str]", opts: "Options | None" = None,
-               environ: "Mapping[str, str] | None" = None) -> Options:
+def parse_args(
+    argv: "Sequence[str]", opts: "Options | None" = None, environ: "Mapping[str, str] | None" = None
+) -> Options:
     """Fill `opts` from the entrypoint's own options (those before CMD), then from GPUPIN_* where none was given.
 
     `opts` is filled as parsing goes, so a caller that catches a UsageError still knows whether --debug came first.
@@ -185,16 +188,20 @@ def parse_args(argv: "Sequence[str]", opts: "Options | None" = None,
         elif arg == "--version":
             opts.version = True
         else:
-            raise UsageError(f"unknown option {shorten(arg)}",
-                             f"see `{PROG} --help`; put `--` before a command that starts with '-'")
+            raise UsageError(
+                f"unknown option {shorten(arg)}", f"see `{PROG} --help`; put `--` before a command that starts with '-'"
+            )
         i += 1
     opts.cmd = list(argv[i:])
     if opts.help or opts.version:
         return opts
     if opts.level is None:
         raw = env.get(VERIFY_VAR, "")
-        opts.level = _level(raw, VERIFY_VAR, f"set {VERIFY_VAR} to {', '.join(LEVELS)}, or unset it for "
-                            f"{DEFAULT_LEVEL}") if raw.strip() else DEFAULT_LEVEL
+        opts.level = (
+            _level(raw, VERIFY_VAR, f"set {VERIFY_VAR} to {', '.join(LEVELS)}, or unset it for {DEFAULT_LEVEL}")
+            if raw.strip()
+            else DEFAULT_LEVEL
+        )
     if opts.require is None:
         opts.require = _flag(env, REQUIRE_VAR)
     if opts.quiet is None:
@@ -208,9 +215,12 @@ def parse_args(argv: "Sequence[str]", opts: "Options | None" = None,
 
         opts.grace = grace(env)
     if opts.cmd and not opts.cmd[0]:
-        raise CommandError(EX_NOTFOUND, "cannot run '': the command name is empty",
-                           "give the command after the options; an empty CMD or ENTRYPOINT entry in the image, "
-                           "compose file or `docker run` line does this")
+        raise CommandError(
+            EX_NOTFOUND,
+            "cannot run '': the command name is empty",
+            "give the command after the options; an empty CMD or ENTRYPOINT entry in the image, "
+            "compose file or `docker run` line does this",
+        )
     return opts
 
 
@@ -254,13 +264,18 @@ def run_workload(cmd: "Sequence[str]", env: "dict[str, str]") -> int:
         os.execvpe(cmd[0], list(cmd), env)
     except FileNotFoundError:
         where = "" if "/" in cmd[0] else f" in PATH={shorten(env.get('PATH', os.defpath), 300)}"
-        raise CommandError(EX_NOTFOUND, f"cannot run {shorten(cmd[0])}: no such file or directory{where}",
-                           "check the command's name, or give its full path") from None
+        raise CommandError(
+            EX_NOTFOUND,
+            f"cannot run {shorten(cmd[0])}: no such file or directory{where}",
+            "check the command's name, or give its full path",
+        ) from None
     except (OSError, ValueError) as err:  # permission denied, a directory, not an executable format; a NUL byte
         why = (err.strerror if isinstance(err, OSError) else None) or err
-        raise CommandError(EX_NOEXEC, f"cannot run {shorten(cmd[0])}: {why}",
-                           "run an executable file (chmod +x, with a #! line), or name its interpreter first"
-                           ) from None
+        raise CommandError(
+            EX_NOEXEC,
+            f"cannot run {shorten(cmd[0])}: {why}",
+            "run an executable file (chmod +x, with a #! line), or name its interpreter first",
+        ) from None
     raise AssertionError("unreachable: execvpe returned")
 
 

@@ -27,9 +27,13 @@ if TYPE_CHECKING:
 
 CUDA_SUCCESS = 0
 # The child's command line after the interpreter: no site, no user or script paths, just this directory.
-CHILD_ARGS = ["-I", "-S", "-c",
-              f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-              "import cudaprobe; cudaprobe.main()"]
+CHILD_ARGS = [
+    "-I",
+    "-S",
+    "-c",
+    f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+    "import cudaprobe; cudaprobe.main()",
+]
 # cuDeviceGetAttribute codes (cuda.h)
 _ATTR_CC_MAJOR = 75
 _ATTR_CC_MINOR = 76
@@ -42,8 +46,10 @@ def _error(lib: Any, rc: int) -> tuple[str, str]:
         lib.cuGetErrorString(rc, ctypes.byref(text))
     except AttributeError:
         pass
-    return ((name.value or b"CUDA_ERROR_%d" % rc).decode(errors="replace"),
-            (text.value or b"").decode(errors="replace"))
+    return (
+        (name.value or b"CUDA_ERROR_%d" % rc).decode(errors="replace"),
+        (text.value or b"").decode(errors="replace"),
+    )
 
 
 def probe() -> dict[str, Any]:
@@ -57,8 +63,7 @@ def probe() -> dict[str, Any]:
     except OSError as err:
         return {"rc": -1, "error": ("LIBRARY_NOT_FOUND", str(err)), "driver": None, "devices": []}
     rc = int(lib.cuInit(0))
-    out: dict[str, Any] = {"rc": rc, "error": _error(lib, rc) if rc else ("", ""), "driver": None,
-                           "devices": []}
+    out: dict[str, Any] = {"rc": rc, "error": _error(lib, rc) if rc else ("", ""), "driver": None, "devices": []}
     if rc != CUDA_SUCCESS:
         return out
     version = ctypes.c_int()
@@ -86,14 +91,16 @@ def probe() -> dict[str, Any]:
         major, minor = ctypes.c_int(), ctypes.c_int()
         lib.cuDeviceGetAttribute(ctypes.byref(major), _ATTR_CC_MAJOR, dev)
         lib.cuDeviceGetAttribute(ctypes.byref(minor), _ATTR_CC_MINOR, dev)
-        out["devices"].append({
-            "k": k,
-            "uuid_hex": bytes(u2).hex(),
-            "uuid_v1_hex": bytes(u1).hex(),
-            "bus_id": bus.value.decode(errors="replace"),
-            "cc": f"{major.value}.{minor.value}",
-            "name": name.value.decode(errors="replace"),
-        })
+        out["devices"].append(
+            {
+                "k": k,
+                "uuid_hex": bytes(u2).hex(),
+                "uuid_v1_hex": bytes(u1).hex(),
+                "bus_id": bus.value.decode(errors="replace"),
+                "cc": f"{major.value}.{minor.value}",
+                "name": name.value.decode(errors="replace"),
+            }
+        )
     return out
 
 
@@ -103,8 +110,19 @@ def to_lines(result: dict[str, Any]) -> str:
     if result["driver"] is not None:
         lines.append(f"driver\t{result['driver']}")
     for d in result["devices"]:
-        lines.append("\t".join(("dev", str(d["k"]), d["uuid_hex"], d["uuid_v1_hex"], d["bus_id"], d["cc"],
-                                d["name"].replace("\t", " "))))
+        lines.append(
+            "\t".join(
+                (
+                    "dev",
+                    str(d["k"]),
+                    d["uuid_hex"],
+                    d["uuid_v1_hex"],
+                    d["bus_id"],
+                    d["cc"],
+                    d["name"].replace("\t", " "),
+                )
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -118,8 +136,9 @@ def from_lines(text: str) -> dict[str, Any]:
         elif f[0] == "driver" and len(f) >= 2:
             out["driver"] = int(f[1])
         elif f[0] == "dev" and len(f) >= 7:
-            out["devices"].append({"k": int(f[1]), "uuid_hex": f[2], "uuid_v1_hex": f[3], "bus_id": f[4],
-                                   "cc": f[5], "name": f[6]})
+            out["devices"].append(
+                {"k": int(f[1]), "uuid_hex": f[2], "uuid_v1_hex": f[3], "bus_id": f[4], "cc": f[5], "name": f[6]}
+            )
     return out
 
 

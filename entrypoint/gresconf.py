@@ -149,8 +149,10 @@ def slurm_order(conf: GresConf, slurm_conf: str | None) -> list[GresRecord]:
     try:
         types = node_gpu_types(slurm_conf, conf.node)
     except OSError as err:
-        raise GresConfError(f"the gpu records have several Type=s, whose order slurm.conf gives, and "
-                            f"{slurm_conf} cannot be read ({err.strerror})") from None
+        raise GresConfError(
+            f"the gpu records have several Type=s, whose order slurm.conf gives, and "
+            f"{slurm_conf} cannot be read ({err.strerror})"
+        ) from None
     ordered: list[GresRecord] = []
     left = list(records)
     for gres_type, count in types:

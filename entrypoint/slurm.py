@@ -46,9 +46,11 @@ if TYPE_CHECKING:
 
 STEP_VAR, JOB_VAR = SLURM_GPU_VARS
 CVD = "CUDA_VISIBLE_DEVICES"
-_HINT_CHANGED = (f"something in the job (its script, a launcher) changed {CVD} after Slurm set it: leave it to "
-                 "Slurm and start the workload as `srun ... gpupin-entrypoint CMD`, which gives cuda:k = the k-th "
-                 "allocated card")
+_HINT_CHANGED = (
+    f"something in the job (its script, a launcher) changed {CVD} after Slurm set it: leave it to "
+    "Slurm and start the workload as `srun ... gpupin-entrypoint CMD`, which gives cuda:k = the k-th "
+    "allocated card"
+)
 
 
 def local_rank(env: Mapping[str, str]) -> str:
@@ -60,12 +62,15 @@ def local_rank(env: Mapping[str, str]) -> str:
 def _numbers(var: str, value: str) -> list[int]:
     entries = [e.strip() for e in value.split(",")]
     if not all(e.isascii() and e.isdigit() for e in entries):
-        raise ExpectationError(f"{var}={value!r} is not a comma-separated list of GPU numbers",
-                               f"Slurm writes {var} itself: check the job for a script that sets it")
+        raise ExpectationError(
+            f"{var}={value!r} is not a comma-separated list of GPU numbers",
+            f"Slurm writes {var} itself: check the job for a script that sets it",
+        )
     numbers = [int(e) for e in entries]
     if len(set(numbers)) != len(numbers):
-        raise ExpectationError(f"{var}={value!r} lists a GPU twice",
-                               f"Slurm writes {var} itself: check the job for a script that sets it")
+        raise ExpectationError(
+            f"{var}={value!r} lists a GPU twice", f"Slurm writes {var} itself: check the job for a script that sets it"
+        )
     return numbers
 
 
@@ -73,14 +78,20 @@ def _minors(cards: Sequence[Card]) -> str:
     return ", ".join(f"/dev/nvidia{c.minor_number} = {c.uuid}" for c in cards if c.minor_number is not None) or "none"
 
 
-_HINT_CONTAINER = ("a container started by the job must get the job's cards: by UUID (--gpus device=UUID), or every "
-                   "card with -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES (and the node's gres.conf, see "
-                   "docs/slurm.md); Slurm's numbers are not NVML indices, so --gpus device=$CUDA_VISIBLE_DEVICES gives "
-                   "other cards (`nvidia-smi -q | grep Minor` lists minor numbers)")
-_HINT_GRES = ("compare the node's gres.conf (and slurmd's log with DebugFlags=Gres, which lists the gpu device "
-              "files in Slurm's order) with what this process sees")
-_HINT_AMBIGUOUS = ("list the node's cards in gres.conf with File= in the order NVML gives them (nvidia-smi's order), "
-                   "or name the cards by UUID in GPUPIN_EXPECT")
+_HINT_CONTAINER = (
+    "a container started by the job must get the job's cards: by UUID (--gpus device=UUID), or every "
+    "card with -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES (and the node's gres.conf, see "
+    "docs/slurm.md); Slurm's numbers are not NVML indices, so --gpus device=$CUDA_VISIBLE_DEVICES gives "
+    "other cards (`nvidia-smi -q | grep Minor` lists minor numbers)"
+)
+_HINT_GRES = (
+    "compare the node's gres.conf (and slurmd's log with DebugFlags=Gres, which lists the gpu device "
+    "files in Slurm's order) with what this process sees"
+)
+_HINT_AMBIGUOUS = (
+    "list the node's cards in gres.conf with File= in the order NVML gives them (nvidia-smi's order), "
+    "or name the cards by UUID in GPUPIN_EXPECT"
+)
 
 
 class Slot:
@@ -112,8 +123,12 @@ def _by_minor(cards: Sequence[Card]) -> Reading:
         try:
             return Slot(f"/dev/nvidia{n}", by_minor(n, cards))
         except GpuSpecError:
-            return Slot(f"/dev/nvidia{n}", why=f"no card this process can see has minor number {n} (cards: "
-                                              f"{_minors(cards)})", hint=_HINT_CONTAINER)
+            return Slot(
+                f"/dev/nvidia{n}",
+                why=f"no card this process can see has minor number {n} (cards: {_minors(cards)})",
+                hint=_HINT_CONTAINER,
+            )
+
     return Reading("minor numbers", slot, minor=True)
 
 
@@ -123,8 +138,11 @@ def _by_files(devices: Sequence[gresconf.Device], how: str, where: str, cards: S
             return Slot(f"GPU {n}", why=f"{where} gives the node {len(devices)} gpu device file(s), none numbered {n}")
         files = devices[n].files
         if len(files) > 1:
-            return Slot(",".join(files), why=f"Slurm's GPU {n} is MultipleFiles={','.join(files)} (a MIG device?), "
-                                              "which gpupin does not read as a card")
+            return Slot(
+                ",".join(files),
+                why=f"Slurm's GPU {n} is MultipleFiles={','.join(files)} (a MIG device?), "
+                "which gpupin does not read as a card",
+            )
         minor, found = gresconf.minor_of(files[0])
         said = f"{files[0]} ({found})" if found and minor is not None else files[0]
         if minor is None:
@@ -132,8 +150,12 @@ def _by_files(devices: Sequence[gresconf.Device], how: str, where: str, cards: S
         try:
             return Slot(said, by_minor(minor, cards))
         except GpuSpecError:
-            return Slot(said, why=f"no card this process can see has minor number {minor} ({files[0]}; cards: "
-                                  f"{_minors(cards)})", hint=_HINT_CONTAINER)
+            return Slot(
+                said,
+                why=f"no card this process can see has minor number {minor} ({files[0]}; cards: {_minors(cards)})",
+                hint=_HINT_CONTAINER,
+            )
+
     return Reading(how, slot)
 
 
@@ -144,14 +166,19 @@ def _by_nvml(cards: Sequence[Card]) -> Reading:
 
     def slot(n: int) -> Slot:
         if mig is not None:
-            return Slot(f"NVML index {n}", why=f"card {mig.index} ({mig.uuid}) is in MIG mode, and Slurm's "
-                                               "AutoDetect then numbers MIG devices, which gpupin does not read")
+            return Slot(
+                f"NVML index {n}",
+                why=f"card {mig.index} ({mig.uuid}) is in MIG mode, and Slurm's "
+                "AutoDetect then numbers MIG devices, which gpupin does not read",
+            )
         if n >= len(ordered):
             return Slot(f"NVML index {n}", why=f"this process sees {len(ordered)} card(s), none at NVML index {n}")
         if ordered[n].uuid is None:
-            return Slot(f"NVML index {n}", why=f"NVML cannot read the card at index {n} "
-                                               f"({ordered[n].error or 'unreadable'})")
+            return Slot(
+                f"NVML index {n}", why=f"NVML cannot read the card at index {n} ({ordered[n].error or 'unreadable'})"
+            )
         return Slot(f"NVML index {n}", Target(ordered[n]))
+
     return Reading("NVML's order (AutoDetect=nvml)", slot)
 
 
@@ -167,8 +194,7 @@ def _nvml_files(devices: Sequence[gresconf.Device], cards: Sequence[Card]) -> li
     detected = {f"/dev/nvidia{c.minor_number}": c.index for c in cards if c.minor_number is not None}
     found = [d for d in devices if len(d.files) == 1 and d.files[0] in detected]
     rest = [d for d in devices if d not in found]
-    return (sorted(found, key=lambda d: detected[d.files[0]])
-            + sorted(rest, key=lambda d: _natural(",".join(d.files))))
+    return sorted(found, key=lambda d: detected[d.files[0]]) + sorted(rest, key=lambda d: _natural(",".join(d.files)))
 
 
 def readings(env: Mapping[str, str], cards: Sequence[Card]) -> tuple[list[Reading], str]:
@@ -181,8 +207,9 @@ def readings(env: Mapping[str, str], cards: Sequence[Card]) -> tuple[list[Readin
     files = _by_files(devices, where, where, cards)
     if conf.autodetect is None:
         if not devices:
-            return [_by_minor(cards)], (f"GPU numbers read as minor numbers: {where} lists no gpu File= for node "
-                                        f"{conf.node}")
+            return [_by_minor(cards)], (
+                f"GPU numbers read as minor numbers: {where} lists no gpu File= for node {conf.node}"
+            )
         return [files], f"GPU numbers are positions in {where}"
     auto = f"AutoDetect={conf.autodetect} in {where}"
     if conf.autodetect == "nvml":
@@ -206,10 +233,13 @@ def _allocated(numbers: list[int], ways: list[Reading], refuse: str) -> list[Tar
         if len(ways) == 1 and failed is not None:
             raise MisalignedError(f"{refuse}, but {failed.why}", failed.hint)
         if failed is not None or len({s.target for s in mine}) > 1:
-            said = "; ".join(f"{way.how}: {s.said} = {s.target.uuid if s.target else s.why}"
-                             for way, s in zip(ways, mine))
-            raise MisalignedError(f"{refuse}, but Slurm's GPU {n} is another card depending on how Slurm was "
-                                  f"built ({said})", _HINT_AMBIGUOUS)
+            said = "; ".join(
+                f"{way.how}: {s.said} = {s.target.uuid if s.target else s.why}" for way, s in zip(ways, mine)
+            )
+            raise MisalignedError(
+                f"{refuse}, but Slurm's GPU {n} is another card depending on how Slurm was built ({said})",
+                _HINT_AMBIGUOUS,
+            )
     targets = [row[0].target for row in zip(*slots)]
     chosen = [t for t in targets if t is not None]
     if len(set(chosen)) != len(chosen):
@@ -224,8 +254,9 @@ def _describe_number(n: int, way: Reading) -> str:
     return f"{slot.said} ({slot.target.uuid} at {slot.target.bus_id})"
 
 
-def _order(numbers: list[int], cvd: str | None, allocated: list[Target], way: Reading, cards: Sequence[Card],
-           refuse: str) -> list[int]:
+def _order(
+    numbers: list[int], cvd: str | None, allocated: list[Target], way: Reading, cards: Sequence[Card], refuse: str
+) -> list[int]:
     """Positions in the allocation, in the order CUDA_VISIBLE_DEVICES gives them; MisalignedError when it names
     anything outside the allocation. `refuse` is the refusal's opening words (rank, allocation)."""
     if cvd is None:  # unset after Slurm set it: the allocation's own order
@@ -249,16 +280,20 @@ def _order(numbers: list[int], cvd: str | None, allocated: list[Target], way: Re
             elif v in numbers:
                 positions.append(numbers.index(v))
             else:
-                raise MisalignedError(f"{refuse}, but {said} names {_describe_number(v, way)}, outside the "
-                                      "allocation", _HINT_CHANGED)
+                raise MisalignedError(
+                    f"{refuse}, but {said} names {_describe_number(v, way)}, outside the allocation", _HINT_CHANGED
+                )
         elif is_uuid_like(entry):  # a launcher's UUIDs (or Slurm's own with gres.conf Flags=env_uuid)
             try:
                 target = resolve(entry, cards)
             except GpuSpecError as err:
                 raise MisalignedError(f"{refuse}, but {said}: {err.message}", _HINT_CHANGED) from None
             if target not in allocated:
-                raise MisalignedError(f"{refuse}, but {said} names {target.uuid} (/dev/nvidia"
-                                      f"{target.card.minor_number}), outside the allocation", _HINT_CHANGED)
+                raise MisalignedError(
+                    f"{refuse}, but {said} names {target.uuid} (/dev/nvidia"
+                    f"{target.card.minor_number}), outside the allocation",
+                    _HINT_CHANGED,
+                )
             positions.append(allocated.index(target))
         else:
             raise MisalignedError(f"{refuse}, but {said}: {entry!r} names no card", _HINT_CHANGED)
@@ -285,12 +320,20 @@ def read(env: Mapping[str, str], read_cards: Callable[[], Sequence[Card]]) -> Ex
         refuse = f"{rank} was allocated minor number{'s' if len(numbers) > 1 else ''} {listed} ({var}={value})"
     else:
         files = ", ".join(way.slot(n).said for n in numbers)
-        refuse = (f"{rank} was allocated GPU{'s' if len(numbers) > 1 else ''} {listed} ({var}={value}: {files} "
-                  f"by {way.how})")
+        refuse = (
+            f"{rank} was allocated GPU{'s' if len(numbers) > 1 else ''} {listed} ({var}={value}: {files} by {way.how})"
+        )
     allocated = _allocated(numbers, ways, refuse)
     order = _order(numbers, cvd, allocated, way, cards, refuse)
     said = f"{CVD}={cvd}" if cvd is not None else f"{CVD} unset"
-    notes = [f"{rank}, minor number {allocated[p].card.minor_number}" if way.minor
-             else f"{rank}, Slurm's GPU {numbers[p]} = {way.slot(numbers[p]).said}" for p in order]
-    return Expectation([ExpectedCard(allocated[p].uuid, allocated[p].bus_id, note) for p, note in zip(order, notes)],
-                       var, f"{var}={value} and {said} ({rank}); {basis}")
+    notes = [
+        f"{rank}, minor number {allocated[p].card.minor_number}"
+        if way.minor
+        else f"{rank}, Slurm's GPU {numbers[p]} = {way.slot(numbers[p]).said}"
+        for p in order
+    ]
+    return Expectation(
+        [ExpectedCard(allocated[p].uuid, allocated[p].bus_id, note) for p, note in zip(order, notes)],
+        var,
+        f"{var}={value} and {said} ({rank}); {basis}",
+    )

@@ -48,6 +48,7 @@ def node_name(env: Mapping[str, str]) -> str:
 
 # --- Slurm's config syntax (src/common/parse_config.c) ---
 
+
 def _strip_comment(line: str) -> str:
     backslashes = 0
     for i, ch in enumerate(line):
@@ -112,6 +113,7 @@ def pairs(line: str) -> list[tuple[str, str]]:
 
 # --- Slurm's host lists (src/common/hostlist.c): node names and device files alike ---
 
+
 def _tokens(text: str) -> list[str]:
     """Split at commas and blanks outside brackets."""
     tokens: list[str] = []
@@ -157,8 +159,8 @@ def _expand_token(token: str, whole: str) -> list[str]:
         close_at = head.find("]", open_at)
         if close_at < 0:
             raise GresConfError(f"bad brackets in {whole!r}")
-        outer = _expand_token(head[:close_at + 1], whole)
-        rest = head[close_at + 1:]
+        outer = _expand_token(head[: close_at + 1], whole)
+        rest = head[close_at + 1 :]
         return [f"{p}{rest}{n}" for p in outer for n in numbers]
     return [f"{head}{n}" for n in numbers]
 
@@ -181,6 +183,7 @@ def names_node(hostlist: str, node: str) -> bool:
 
 
 # --- slurm.conf: the node's Gres= (only needed to order several gpu types) ---
+
 
 def node_gpu_types(slurm_conf: str, node: str) -> list[tuple[str | None, int]]:
     """(type, count) of the node's gpu gres in slurm.conf's `Gres=` order ([(None, n)] when untyped), as

@@ -126,22 +126,29 @@ def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], sou
         for key in keys:
             target = seen[ranked.index(key)]
             if (key[1] != WHOLE) != (target.mig is not None):
-                return f"{said} names {'a MIG device' if key[1] != WHOLE else 'a whole card'} where this container " \
-                       f"sees {'a MIG device' if target.mig is not None else 'a whole card'}"
+                return (
+                    f"{said} names {'a MIG device' if key[1] != WHOLE else 'a whole card'} where this container "
+                    f"sees {'a MIG device' if target.mig is not None else 'a whole card'}"
+                )
             targets.append(target)
         how = f"indices renumbered by the runtime: the {len(seen)} device(s) it exposed, in bus order"
     else:
         try:
             targets = [resolve(e, cards) for e in entries]
         except GpupinError:
-            return f"{said} names devices by host index, which the {len(seen)} device(s) NVML sees here cannot " \
-                   "resolve (a container sees only the devices it was given, numbered from 0)"
+            return (
+                f"{said} names devices by host index, which the {len(seen)} device(s) NVML sees here cannot "
+                "resolve (a container sees only the devices it was given, numbered from 0)"
+            )
         how = "indices as NVML numbers this host's cards"
     lost = [t.card for t in targets if t.card.uuid is None]
     if lost:
-        raise CardUnhealthyError(f"{said} names the card at NVML index {lost[0].index}, which NVML cannot read "
-                                 f"({lost[0].error or 'unreadable'})", "see `nvidia-smi` and the kernel log (Xid 79: "
-                                 "fallen off the bus); a lost card needs a reset (`nvidia-smi -r`) or a reboot")
+        raise CardUnhealthyError(
+            f"{said} names the card at NVML index {lost[0].index}, which NVML cannot read "
+            f"({lost[0].error or 'unreadable'})",
+            "see `nvidia-smi` and the kernel log (Xid 79: "
+            "fallen off the bus); a lost card needs a reset (`nvidia-smi -r`) or a reboot",
+        )
     return Fallback(Expectation([ExpectedCard(t.uuid, t.card.bus_id) for t in targets], source, f"{said} ({how})"))
 
 
@@ -217,10 +224,12 @@ def _swarm_fallback(key: str, nvd: str | None) -> str:
     images): the node advertises a kind its runtime does not read (Docker's example kind NVIDIA-GPU against the
     toolkit's DOCKER_RESOURCE_GPU is the classic case)."""
     here = f" ({NVD_VAR}={shorten(nvd, 40)} here)" if nvd is not None else ""
-    return (f"the NVIDIA runtime did not read {key}: the node advertises {key[len(SWARM_PREFIX):]} resources, but "
-            f"its runtime's swarm-resource does not name {key}, so it fell back to {NVD_VAR}{here}; run `hostagent "
-            f"swarm node-config --check` on that node (`docker service ps` names it) and set swarm-resource = "
-            f'"{key}" in its /etc/nvidia-container-runtime/config.toml')
+    return (
+        f"the NVIDIA runtime did not read {key}: the node advertises {key[len(SWARM_PREFIX) :]} resources, but "
+        f"its runtime's swarm-resource does not name {key}, so it fell back to {NVD_VAR}{here}; run `hostagent "
+        f"swarm node-config --check` on that node (`docker service ps` names it) and set swarm-resource = "
+        f'"{key}" in its /etc/nvidia-container-runtime/config.toml'
+    )
 
 
 def slurm_allocation(ctx: Context) -> Answer:

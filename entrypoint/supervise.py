@@ -85,9 +85,14 @@ class Child:
         return self.code is not None
 
 
-def _exec_child(cmd: "Sequence[str]", env: "dict[str, str]", mask: "set[int]",
-                saved: "dict[int, Any]", run: "Callable[[Sequence[str], dict[str, str]], int]", prog: str
-                ) -> None:
+def _exec_child(
+    cmd: "Sequence[str]",
+    env: "dict[str, str]",
+    mask: "set[int]",
+    saved: "dict[int, Any]",
+    run: "Callable[[Sequence[str], dict[str, str]], int]",
+    prog: str,
+) -> None:
     """In the forked child: a process group of its own, the terminal's foreground, default signals, then exec."""
     code = EX_SOFTWARE
     try:
@@ -129,16 +134,22 @@ class Watch:
 
     __slots__ = ("check", "grace", "interval", "on_loss")
 
-    def __init__(self, interval: float, check: "Callable[[], str | None]", on_loss: "Callable[[str], int]",
-                 grace: float) -> None:
+    def __init__(
+        self, interval: float, check: "Callable[[], str | None]", on_loss: "Callable[[str], int]", grace: float
+    ) -> None:
         self.interval = interval
         self.check = check
         self.on_loss = on_loss
         self.grace = grace
 
 
-def supervise(cmd: "Sequence[str]", env: "dict[str, str]", watch: Watch,
-              run: "Callable[[Sequence[str], dict[str, str]], int]", prog: str) -> int:
+def supervise(
+    cmd: "Sequence[str]",
+    env: "dict[str, str]",
+    watch: Watch,
+    run: "Callable[[Sequence[str], dict[str, str]], int]",
+    prog: str,
+) -> int:
     """Run CMD (through `run`, which execs it) as a supervised child; return its exit code, or the loss's code once
     `watch.check()` named one and the workload was stopped."""
     waited = forwarded_signals() | {signal.SIGCHLD}
@@ -184,8 +195,10 @@ def supervise(cmd: "Sequence[str]", env: "dict[str, str]", watch: Watch,
             what = watch.check()
         except Exception as err:  # a bug in a check must neither end the workload nor leave it without its parent
             with contextlib.suppress(OSError, ValueError):  # stderr gone: the workload runs on all the same
-                sys.stderr.write(f"{prog}: WARNING: the card checks failed ({type(err).__name__}: {err}); the "
-                                 "workload runs on, unwatched\n")
+                sys.stderr.write(
+                    f"{prog}: WARNING: the card checks failed ({type(err).__name__}: {err}); the "
+                    "workload runs on, unwatched\n"
+                )
                 sys.stderr.flush()
             watch.interval, what = UNWATCHED, None
         if what is None:

@@ -65,8 +65,14 @@ def from_lines(text: str) -> dict[str, Any]:
         elif f[0] == "error":
             out["error"] = "\t".join(f[1:])
         elif f[0] == "dev" and len(f) >= 5:
-            out["devices"].append({"k": int(f[1]), "uuid_hex": "" if f[2] == "-" else f[2],
-                                   "bus_id": None if f[3] == "-" else parse_cuda_bus(f[3]), "name": f[4]})
+            out["devices"].append(
+                {
+                    "k": int(f[1]),
+                    "uuid_hex": "" if f[2] == "-" else f[2],
+                    "bus_id": None if f[3] == "-" else parse_cuda_bus(f[3]),
+                    "name": f[4],
+                }
+            )
     if out["version"] is None and out["error"] is None:
         out["error"] = f"the torch probe printed nothing usable: {text[:200]!r}"
     return out

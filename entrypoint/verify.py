@@ -44,8 +44,12 @@ def probe_timeout(environ: Mapping[str, str]) -> float:
     raw = environ.get(PROBE_TIMEOUT_VAR, "")
     if not raw.strip():
         return PROBE_TIMEOUT_DEFAULT
-    return seconds(raw, f"{PROBE_TIMEOUT_VAR}={shorten(raw)}", PROBE_TIMEOUT_MAX,
-                   f"unset it for {PROBE_TIMEOUT_DEFAULT:.0f} s, or give one like {PROBE_TIMEOUT_VAR}=300")
+    return seconds(
+        raw,
+        f"{PROBE_TIMEOUT_VAR}={shorten(raw)}",
+        PROBE_TIMEOUT_MAX,
+        f"unset it for {PROBE_TIMEOUT_DEFAULT:.0f} s, or give one like {PROBE_TIMEOUT_VAR}=300",
+    )
 
 
 class Verification:
@@ -70,10 +74,15 @@ class Verification:
             "source": exp.source if exp else None,
             "source_detail": exp.detail if exp else None,
             "devices": [
-                {"local_rank": b.local_rank, "cuda": f"cuda:{b.local_rank}", "uuid": b.uuid,
-                 "bus_id": str(b.bus_id) if b.bus_id else None, "name": b.name,
-                 "minor_number": b.card.minor_number if b.card else None,
-                 "note": b.expected.note if b.expected else None}
+                {
+                    "local_rank": b.local_rank,
+                    "cuda": f"cuda:{b.local_rank}",
+                    "uuid": b.uuid,
+                    "bus_id": str(b.bus_id) if b.bus_id else None,
+                    "name": b.name,
+                    "minor_number": b.card.minor_number if b.card else None,
+                    "note": b.expected.note if b.expected else None,
+                }
                 for b in self.mapping()
             ],
             "set": self.env_set,
@@ -105,8 +114,10 @@ def _run_child(args: list[str], env: Mapping[str, str], what: str) -> str:
         ) from None
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise GpuUnavailableError(f"{what} failed (exit {done.returncode}): {tail[0][:300]}",
-                                  "check `nvidia-smi` here; --verify nvml skips the driver probe")
+        raise GpuUnavailableError(
+            f"{what} failed (exit {done.returncode}): {tail[0][:300]}",
+            "check `nvidia-smi` here; --verify nvml skips the driver probe",
+        )
     return done.stdout.decode(errors="replace")
 
 
@@ -120,17 +131,21 @@ def _cuda_devices(env: Mapping[str, str], pinned: bool) -> list[align.CudaDevice
     result = cudaprobe.from_lines(text)
     rc = result["rc"]
     if rc is None:
-        raise GpuUnavailableError(f"the CUDA driver probe printed nothing usable: {text[:200]!r}",
-                                  "check `nvidia-smi` here; --verify nvml skips the driver probe")
+        raise GpuUnavailableError(
+            f"the CUDA driver probe printed nothing usable: {text[:200]!r}",
+            "check `nvidia-smi` here; --verify nvml skips the driver probe",
+        )
     if rc != 0:
         name, msg = result["error"]
         cvd = env.get("CUDA_VISIBLE_DEVICES")
         under = f"CUDA_VISIBLE_DEVICES={shorten(cvd)}" if cvd is not None else "CUDA_VISIBLE_DEVICES unset"
         hint = _CUDA_HINTS.get(rc)
         if not pinned and cvd is not None and rc in (100, 101):
-            hint = ("with no expectation gpupin leaves CUDA_VISIBLE_DEVICES as the image or caller set it, and the "
-                    "CUDA driver finds no usable device under it: unset or fix it, or pin the container "
-                    "(GPUPIN_EXPECT, --gpus device=UUID)")
+            hint = (
+                "with no expectation gpupin leaves CUDA_VISIBLE_DEVICES as the image or caller set it, and the "
+                "CUDA driver finds no usable device under it: unset or fix it, or pin the container "
+                "(GPUPIN_EXPECT, --gpus device=UUID)"
+            )
         raise GpuUnavailableError(f"cuInit failed with {name} ({rc}): {msg} (under {under})", hint)
     return [align.CudaDevice.from_probe(d) for d in result["devices"]]
 
@@ -141,8 +156,10 @@ def _torch_devices(env: Mapping[str, str], ver: Verification) -> list[align.Cuda
     text = _run_child([sys.executable, torchprobe.__file__], env, "the torch probe")
     result = torchprobe.from_lines(text)
     if result["error"]:
-        raise GpuUnavailableError(f"torch could not describe its devices: {result['error'][:300]}",
-                                  "use --verify cuda, or install torch where the workload runs")
+        raise GpuUnavailableError(
+            f"torch could not describe its devices: {result['error'][:300]}",
+            "use --verify cuda, or install torch where the workload runs",
+        )
     if result["missing"]:
         ver.warnings.append(
             f"torch {result['version']} lacks {', '.join(result['missing'])} in get_device_properties: "
@@ -159,8 +176,9 @@ def _set(env: dict[str, str], ver: Verification, key: str, value: str) -> None:
     ver.env_set[key] = value
 
 
-def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = False
-           ) -> tuple[dict[str, str], Verification]:
+def verify(
+    environ: Mapping[str, str], level: str = "cuda", require: bool = False
+) -> tuple[dict[str, str], Verification]:
     """Verify that every cuda:k will be expectation k; return the workload's environment and the report."""
     if level not in LEVELS:
         raise UsageError(f"unknown verification level {shorten(level)}", f"use {LEVELS_SAID}")
@@ -186,8 +204,9 @@ def verify(environ: Mapping[str, str], level: str = "cuda", require: bool = Fals
         _set(env, ver, EXPECT_VAR, format_expect(ExpectedCard(b.uuid, b.bus_id) for b in plan.bindings))
         ver.overridden.pop(EXPECT_VAR, None)
         if plan.extra_cards:
-            ver.notes.append(f"NVML sees {len(cards)} cards; CUDA_VISIBLE_DEVICES selects the "
-                             f"{len(plan.bindings)} expected")
+            ver.notes.append(
+                f"NVML sees {len(cards)} cards; CUDA_VISIBLE_DEVICES selects the {len(plan.bindings)} expected"
+            )
     else:
         ver.notes.append(f"no expectation ({found.why_unpinned()}): running unpinned")
     if level in ("cuda", "torch"):

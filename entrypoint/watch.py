@@ -36,8 +36,9 @@ def interval(value: str, given: str) -> float:
     """The seconds between checks: a number in (0, a day]; 0, a negative number, nan, inf or text is refused."""
     unset = f", or unset {WATCH_VAR} to run without watching" if given == WATCH_VAR else ""
     said = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
-    return seconds(value, said, INTERVAL_MAX, f"give the seconds between checks of the pinned cards, like --watch 5"
-                   f"{unset}")
+    return seconds(
+        value, said, INTERVAL_MAX, f"give the seconds between checks of the pinned cards, like --watch 5{unset}"
+    )
 
 
 def grace(environ: "Mapping[str, str]") -> float:
@@ -45,8 +46,13 @@ def grace(environ: "Mapping[str, str]") -> float:
     raw = environ.get(WATCH_GRACE_VAR, "")
     if not raw.strip():
         return GRACE_DEFAULT
-    return seconds(raw, f"{WATCH_GRACE_VAR}={shorten(raw)}", GRACE_MAX,
-                   f"unset it for {GRACE_DEFAULT:.0f} s, or give one like {WATCH_GRACE_VAR}=30", zero=True)
+    return seconds(
+        raw,
+        f"{WATCH_GRACE_VAR}={shorten(raw)}",
+        GRACE_MAX,
+        f"unset it for {GRACE_DEFAULT:.0f} s, or give one like {WATCH_GRACE_VAR}=30",
+        zero=True,
+    )
 
 
 def watched(ver: "Verification") -> "list[Card]":
@@ -98,9 +104,11 @@ class Checks:
         for node in self.nodes:
             why = _cannot_open(node)
             if why is not None:
-                return (f"{node} no longer opens here ({why}), so every new NVML session fails with \"Unknown "
-                        "Error\": the container lost its GPU devices (a `systemctl daemon-reload` on the host does "
-                        "this)")
+                return (
+                    f'{node} no longer opens here ({why}), so every new NVML session fails with "Unknown '
+                    'Error": the container lost its GPU devices (a `systemctl daemon-reload` on the host does '
+                    "this)"
+                )
         try:
             now = {c.index: c for c in nvml.list_cards(tolerate_lost=True)}
         except GpupinError as err:
@@ -129,19 +137,29 @@ def lost(what: str, grace_s: float) -> CardLostError:
         f"{grace_s:g} s)",
         "start the container again, on a card that works: a restart policy does it (`docker run --restart "
         "on-failure`, `hostagent run --restart on-failure`); run `hostagent doctor` on the host to find the cause "
-        "(a daemon-reload without /dev/char links, an Xid in `dmesg`)")
+        "(a daemon-reload without /dev/char links, an Xid in `dmesg`)",
+    )
 
 
-def run_watched(cmd: "Sequence[str]", env: "dict[str, str]", ver: "Verification", every: float, grace_s: float,
-                run: "Callable[[Sequence[str], dict[str, str]], int]", prog: str) -> int:
+def run_watched(
+    cmd: "Sequence[str]",
+    env: "dict[str, str]",
+    ver: "Verification",
+    every: float,
+    grace_s: float,
+    run: "Callable[[Sequence[str], dict[str, str]], int]",
+    prog: str,
+) -> int:
     """Run CMD under the supervising parent, checking the verified cards every `every` seconds."""
     from gpupin.entrypoint.supervise import Watch, supervise
 
     check = Checks(watched(ver))
     gone = check()  # the first check, and every import one needs, before the workload starts
     if gone is not None:
-        raise GpuUnavailableError(f"a card verified a moment ago is already gone: {gone}",
-                                  "check `nvidia-smi` and the host's `dmesg`; run `hostagent doctor` on the host")
+        raise GpuUnavailableError(
+            f"a card verified a moment ago is already gone: {gone}",
+            "check `nvidia-smi` and the host's `dmesg`; run `hostagent doctor` on the host",
+        )
 
     def on_loss(what: str) -> int:
         err = lost(what, grace_s)

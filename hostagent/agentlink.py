@@ -92,8 +92,10 @@ def refusal(res: http.client.HTTPResponse, where: str) -> GpupinError:
 def error_from(status: int, obj: Any, where: str) -> GpupinError:
     """The agent's error object as the GpupinError it stands for (its exit code kept)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("error"), str):
-        return AgentUnavailableError(f"the agent at {where} answered {status} without its error object",
-                                     "see the agent's log (journalctl -u gpupin-hostagent)")
+        return AgentUnavailableError(
+            f"the agent at {where} answered {status} without its error object",
+            "see the agent's log (journalctl -u gpupin-hostagent)",
+        )
     err = GpupinError(obj["error"], obj.get("hint") if isinstance(obj.get("hint"), str) else None)
     code = obj.get("exit")
     err.exit_code = code if isinstance(code, int) and 0 < code < 256 else AgentUnavailableError.exit_code
@@ -110,8 +112,9 @@ class Link:
     def __str__(self) -> str:
         return f"unix://{self.path}"
 
-    def _send(self, method: str, route: str, body: Any, timeout: float | None
-              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _send(
+        self, method: str, route: str, body: Any, timeout: float | None
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         conn = _unix_connection()(self.path, timeout)  # type: ignore[arg-type]
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
@@ -120,9 +123,10 @@ class Link:
             return conn, conn.getresponse()
         except OSError as err:
             conn.close()
-            raise AgentUnavailableError(f"the agent at {self} stopped answering ({err.strerror or err})",
-                                        "see the agent's log (journalctl -u gpupin-hostagent), or set "
-                                        f"{USE_ENV}=0 to go without it") from None
+            raise AgentUnavailableError(
+                f"the agent at {self} stopped answering ({err.strerror or err})",
+                f"see the agent's log (journalctl -u gpupin-hostagent), or set {USE_ENV}=0 to go without it",
+            ) from None
 
     def call(self, method: str, route: str, body: Any = None, timeout: float | None = 30.0) -> Any:
         """One request; its JSON answer, or the agent's refusal raised as its GpupinError."""
@@ -146,8 +150,10 @@ class Link:
                 if line.strip():
                     yield json.loads(line)
         except (OSError, sys.modules["http.client"].HTTPException) as err:
-            raise AgentUnavailableError(f"the agent at {self} dropped the connection ({err})",
-                                        "see the agent's log (journalctl -u gpupin-hostagent)") from None
+            raise AgentUnavailableError(
+                f"the agent at {self} dropped the connection ({err})",
+                "see the agent's log (journalctl -u gpupin-hostagent)",
+            ) from None
         finally:
             conn.close()
 

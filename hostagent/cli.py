@@ -96,10 +96,13 @@ def build_parser(run_only: bool = False) -> _Parser:
 
     ls_args.add(sub)
     run_args.add(sub)
-    comp = sub.add_parser("completion", help="print the shell completion script for bash, zsh or fish",
-                          description="Print the shell completion script: eval \"$(hostagent completion bash)\" in "
-                                      "~/.bashrc, eval \"$(hostagent completion zsh)\" in ~/.zshrc after compinit, "
-                                      "or hostagent completion fish | source in ~/.config/fish/config.fish.")
+    comp = sub.add_parser(
+        "completion",
+        help="print the shell completion script for bash, zsh or fish",
+        description='Print the shell completion script: eval "$(hostagent completion bash)" in '
+        '~/.bashrc, eval "$(hostagent completion zsh)" in ~/.zshrc after compinit, '
+        "or hostagent completion fish | source in ~/.config/fish/config.fish.",
+    )
     comp.add_argument("shell", choices=list(completion.SHELLS), help="the shell")
     hidden = sub.add_parser("__complete")  # what completion asks at completion time (no help: not listed)
     hidden.add_argument("what", choices=["gpus"])
@@ -161,12 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if run_at >= 0 and all(a.startswith("-") for a in raw[:run_at]):
             # `hostagent [--debug] run OPTIONS IMAGE COMMAND...`: argparse sees the options only.
             run_parser = completion.subcommands(parser)["run"]
-            options, image, cmd = run_args.split_run_argv(raw[run_at + 1:], run_parser)
+            options, image, cmd = run_args.split_run_argv(raw[run_at + 1 :], run_parser)
             options = run_args.bool_values(options, run_parser)
             refused = run_args.refusal(options)
             if refused is not None:
                 _Parser.refuse(*refused)
-            args = parser.parse_args([*raw[:run_at + 1], *options])
+            args = parser.parse_args([*raw[: run_at + 1], *options])
             args.image, args.cmd = image, cmd
         else:
             args = parser.parse_args(raw)

@@ -57,6 +57,7 @@ class Host:
 
 # --- the traps ------------------------------------------------------------------------------------------------
 
+
 def nvidia_nodes(host: Host) -> list[tuple[str, int, int]]:
     """The NVIDIA character device nodes under /dev (and /dev/nvidia-caps): (path, major, minor)."""
     found: list[tuple[str, int, int]] = []
@@ -93,10 +94,15 @@ def check_dev_char(host: Host, cgroup_driver: str | None) -> list[Finding]:
             missing.append(f"{major}:{minor} ({os.path.relpath(path, host.path('/dev'))})")
     if not missing:
         return []
-    return [Finding("/dev/char", f"no link for {len(missing)} NVIDIA device node(s) ({', '.join(missing[:6])}"
-                    f"{', ...' if len(missing) > 6 else ''}) while Docker uses the systemd cgroup driver: a "
-                    "`systemctl daemon-reload` takes the GPUs from running containers (NVML: Unknown Error)",
-                    f"run `{CREATE_DEV_CHAR}` (and add it to a udev rule or boot unit so that it survives reboots)")]
+    return [
+        Finding(
+            "/dev/char",
+            f"no link for {len(missing)} NVIDIA device node(s) ({', '.join(missing[:6])}"
+            f"{', ...' if len(missing) > 6 else ''}) while Docker uses the systemd cgroup driver: a "
+            "`systemctl daemon-reload` takes the GPUs from running containers (NVML: Unknown Error)",
+            f"run `{CREATE_DEV_CHAR}` (and add it to a udev rule or boot unit so that it survives reboots)",
+        )
+    ]
 
 
 def check_persistence(cards: Sequence[Card], modes: Mapping[int, bool | None]) -> list[Finding]:
@@ -104,9 +110,15 @@ def check_persistence(cards: Sequence[Card], modes: Mapping[int, bool | None]) -
     if not off:
         return []
     names = ", ".join(f"{c.index} ({c.uuid})" for c in off)
-    return [Finding("persistence mode", f"off on card(s) {names}: each container start pays the card's init "
-                    "again (seconds under the NVIDIA hook), and a slow start holds the card's lock longer",
-                    "start nvidia-persistenced (or `nvidia-smi -pm 1` as root)", WARNING)]
+    return [
+        Finding(
+            "persistence mode",
+            f"off on card(s) {names}: each container start pays the card's init "
+            "again (seconds under the NVIDIA hook), and a slow start holds the card's lock longer",
+            "start nvidia-persistenced (or `nvidia-smi -pm 1` as root)",
+            WARNING,
+        )
+    ]
 
 
 def _spec_dirs(host: Host, info: Mapping[str, Any] | None) -> list[str]:
@@ -133,9 +145,14 @@ def check_cdi(host: Host, info: Mapping[str, Any] | None, cards: Sequence[Card])
         if absent:
             problems.append(f"does not name {', '.join(absent)}, which NVML has")
         if problems:
-            findings.append(Finding(path, f"the {cdi.KIND} spec {' and '.join(problems)}: a CDI name then gives "
-                                    "another card than it says, or none",
-                                    "regenerate it: `nvidia-ctk cdi generate --output=" + path + "`"))
+            findings.append(
+                Finding(
+                    path,
+                    f"the {cdi.KIND} spec {' and '.join(problems)}: a CDI name then gives "
+                    "another card than it says, or none",
+                    "regenerate it: `nvidia-ctk cdi generate --output=" + path + "`",
+                )
+            )
     return findings
 
 
@@ -145,21 +162,35 @@ def check_runtime(info: Mapping[str, Any], host: Host, cdi_served: bool) -> list
     path = [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin", "/usr/local/bin"]
     hook = any(os.path.exists(host.path(d, HOOK)) for d in path if d)
     if not hook and "nvidia" not in runtimes and not cdi_served:
-        findings.append(Finding("docker", "neither the NVIDIA hook nor the nvidia runtime nor a CDI spec is here: "
-                                "`--gpus` fails with \"could not select device driver\"",
-                                "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure "
-                                "--runtime=docker`, or `nvidia-ctk cdi generate` on Engine 25+"))
+        findings.append(
+            Finding(
+                "docker",
+                "neither the NVIDIA hook nor the nvidia runtime nor a CDI spec is here: "
+                '`--gpus` fails with "could not select device driver"',
+                "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure "
+                "--runtime=docker`, or `nvidia-ctk cdi generate` on Engine 25+",
+            )
+        )
     swarm = str(((info.get("Swarm") or {}).get("LocalNodeState")) or "")
     if swarm == "active":
         default = str(info.get("DefaultRuntime") or "")
         if "nvidia" not in runtimes:
-            findings.append(Finding("docker", "this Swarm node has no nvidia runtime: its tasks get no GPU",
-                                    "install the NVIDIA Container Toolkit; `hostagent swarm node-config` prints "
-                                    "the settings"))
+            findings.append(
+                Finding(
+                    "docker",
+                    "this Swarm node has no nvidia runtime: its tasks get no GPU",
+                    "install the NVIDIA Container Toolkit; `hostagent swarm node-config` prints the settings",
+                )
+            )
         elif default != "nvidia":
-            findings.append(Finding("docker", f"this Swarm node's default runtime is {default or 'runc'}, not "
-                                    "nvidia: a service cannot ask for --gpus, so its tasks get no GPU",
-                                    'set "default-runtime": "nvidia" in daemon.json and restart dockerd'))
+            findings.append(
+                Finding(
+                    "docker",
+                    f"this Swarm node's default runtime is {default or 'runc'}, not "
+                    "nvidia: a service cannot ask for --gpus, so its tasks get no GPU",
+                    'set "default-runtime": "nvidia" in daemon.json and restart dockerd',
+                )
+            )
     return findings
 
 
@@ -170,8 +201,11 @@ def check_swarm_resource(info: Mapping[str, Any], host: Host, cards: Sequence[Ca
     from gpupin.hostagent.swarm import nodecheck
     from gpupin.hostagent.swarm.resources import DAEMON_JSON, TOOLKIT_CONFIG
 
-    result = nodecheck.check(nodecheck.read_daemon_json(host.path(DAEMON_JSON)),
-                             nodecheck.read_toolkit_config(host.path(TOOLKIT_CONFIG)), cards)
+    result = nodecheck.check(
+        nodecheck.read_daemon_json(host.path(DAEMON_JSON)),
+        nodecheck.read_toolkit_config(host.path(TOOLKIT_CONFIG)),
+        cards,
+    )
     return [f for f in result.findings if "default runtime" not in f.problem]  # said once, by check_runtime
 
 
@@ -184,18 +218,28 @@ def cgroup_line(info: Mapping[str, Any] | None, host: Host) -> str:
 
 # --- the command ----------------------------------------------------------------------------------------------
 
-DESCRIPTION = ("Check this GPU host for the traps that break pins: /dev/char links missing under the systemd cgroup "
-               "driver, persistence mode off, a CDI spec whose cards differ from NVML's, the NVIDIA hook or runtime "
-               "missing, a Swarm node's default runtime and the toolkit's swarm-resource. One line per finding, each "
-               "with a HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage.")
+DESCRIPTION = (
+    "Check this GPU host for the traps that break pins: /dev/char links missing under the systemd cgroup "
+    "driver, persistence mode off, a CDI spec whose cards differ from NVML's, the NVIDIA hook or runtime "
+    "missing, a Swarm node's default runtime and the toolkit's swarm-resource. One line per finding, each "
+    "with a HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage."
+)
 
 
 def add(sub: Any) -> None:
     """`hostagent doctor`'s parser, under the top parser's subcommands."""
     doc = sub.add_parser("doctor", help="check this GPU host for the traps that break pins", description=DESCRIPTION)
     doc.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
-    offer(doc.add_argument("--root", default="/", metavar="DIR",
-                           help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /"), DIRS)
+    offer(
+        doc.add_argument(
+            "--root",
+            default="/",
+            metavar="DIR",
+            help="read /dev, /sys and /etc under DIR (a planted host, for tests); default /",
+        ),
+        DIRS,
+    )
+
 
 class Report:
     def __init__(self, findings: list[Finding], summary: str) -> None:
@@ -236,14 +280,17 @@ def examine(host: Host) -> Report:
 def command(root: str, as_json: bool) -> int:
     """`hostagent doctor`: 0 when the host is clean, 1 when it has a trap (each one line with a HINT)."""
     if not os.path.isdir(root):
-        raise UsageError(f"--root {quoted(root)}: not a folder", "give the folder that holds the host's /dev, /sys "
-                         "and /etc (default /)")
+        raise UsageError(
+            f"--root {quoted(root)}: not a folder",
+            "give the folder that holds the host's /dev, /sys and /etc (default /)",
+        )
     report = examine(Host(root))
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
         for f in report.findings:
             sys.stdout.write(f.line() + "\n")
-        sys.stdout.write(("OK: " if not report.findings else f"{len(report.findings)} finding(s): ")
-                         + report.summary + "\n")
+        sys.stdout.write(
+            ("OK: " if not report.findings else f"{len(report.findings)} finding(s): ") + report.summary + "\n"
+        )
     return 0 if not report.findings else EX_FINDINGS

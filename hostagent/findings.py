@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 ERROR = "error"
 WARNING = "warning"
 
+
 class Finding:
     """One problem: what it is about (`about`: a file's path here; None: the whole input), what is wrong, what to
     do, its severity, and the exit code a command that refuses for it exits with (64 unless said)."""
@@ -27,8 +28,9 @@ class Finding:
     ABOUT = "path"  # the JSON key that names `about`
     __slots__ = ("about", "exit_code", "hint", "problem", "severity")
 
-    def __init__(self, about: str | None, problem: str, hint: str | None = None, severity: str = ERROR,
-                 exit_code: int = EX_USAGE) -> None:
+    def __init__(
+        self, about: str | None, problem: str, hint: str | None = None, severity: str = ERROR, exit_code: int = EX_USAGE
+    ) -> None:
         self.about = about
         self.problem = problem
         self.hint = hint

@@ -37,14 +37,20 @@ def _usable(target: Target, spec: str) -> Target:
     card = target.card
     if card.health is not None and card.health.healthy is False:
         named = f"{card.uuid} (index {card.index})" if card.uuid else f"the card at index {card.index}"
-        raise CardUnhealthyError(f"{spec!r} names {named}, which is unhealthy: {card.health.why}",
-                                 health.hint(card.index))
+        raise CardUnhealthyError(
+            f"{spec!r} names {named}, which is unhealthy: {card.health.why}", health.hint(card.index)
+        )
     if card.error is not None:
-        raise GpuUnavailableError(f"{spec!r} names the card at index {card.index}, which NVML cannot read: "
-                                  f"{card.error}", "see `hostagent ls`; a lost card needs a reset or a reboot")
+        raise GpuUnavailableError(
+            f"{spec!r} names the card at index {card.index}, which NVML cannot read: {card.error}",
+            "see `hostagent ls`; a lost card needs a reset or a reboot",
+        )
     if target.mig is None and card.mig_mode:
-        raise GpuSpecError(f"{card.uuid} ({spec!r}) is in MIG mode: ask for one of its MIG devices "
-                           f"({', '.join(m.uuid for m in card.mig_devices) or 'none configured'})", SPEC_HINT)
+        raise GpuSpecError(
+            f"{card.uuid} ({spec!r}) is in MIG mode: ask for one of its MIG devices "
+            f"({', '.join(m.uuid for m in card.mig_devices) or 'none configured'})",
+            SPEC_HINT,
+        )
     return target
 
 
@@ -57,8 +63,11 @@ def _lost_maybe(err: GpuSpecError, specs: Sequence[str], cards: Sequence[Card]) 
     if not lost or not missing:
         return err
     where = ", ".join(str(c.index) for c in lost)
-    return CardUnhealthyError(f"{missing[0]!r} names no card NVML can read, and the card at index {where} is "
-                              f"{health.LOST}: most likely that one", health.hint(lost[0].index))
+    return CardUnhealthyError(
+        f"{missing[0]!r} names no card NVML can read, and the card at index {where} is "
+        f"{health.LOST}: most likely that one",
+        health.hint(lost[0].index),
+    )
 
 
 def resolve_spec(spec: str, cards: Sequence[Card]) -> Target:
@@ -92,14 +101,18 @@ def choose_free(count: int, cards: Sequence[Card], held: Iterable[str]) -> list[
         raise GpuSpecError(f"--count {count}: ask for at least one card")
     whole = [c for c in cards if c.error is None and not c.mig_mode]
     if count > len(whole):
-        raise GpuSpecError(f"--count {count}: this host has only {len(whole)} whole card(s)",
-                           f"ask for at most {len(whole)} (`hostagent ls` lists them)")
+        raise GpuSpecError(
+            f"--count {count}: this host has only {len(whole)} whole card(s)",
+            f"ask for at most {len(whole)} (`hostagent ls` lists them)",
+        )
     usable = [c for c in whole if fit(c)]
     if count > len(usable):
         bad = ", ".join(f"{c.index}: {c.health.why}" for c in unhealthy(whole) if c.health is not None)
-        raise CardUnhealthyError(f"--count {count}: only {len(usable)} of the {len(whole)} whole card(s) are fit "
-                                 f"for use (unhealthy or of unknown health: {bad})",
-                                 f"ask for at most {len(usable)} (`hostagent ls` says why the others are not fit)")
+        raise CardUnhealthyError(
+            f"--count {count}: only {len(usable)} of the {len(whole)} whole card(s) are fit "
+            f"for use (unhealthy or of unknown health: {bad})",
+            f"ask for at most {len(usable)} (`hostagent ls` says why the others are not fit)",
+        )
     free = free_cards(cards, held)
     if len(free) < count:
         return None

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 
 def quote(text: str, safe: str = "") -> str:
     """Percent-encode for a URL (what urllib.parse.quote does, without its import)."""
-    return "".join(c if c.isascii() and (c.isalnum() or c in "-_.~" + safe) else
-                   "".join(f"%{b:02X}" for b in c.encode()) for c in text)
+    return "".join(
+        c if c.isascii() and (c.isalnum() or c in "-_.~" + safe) else "".join(f"%{b:02X}" for b in c.encode())
+        for c in text
+    )
 
 
 def target(path: str, params: Mapping[str, Any] | None = None) -> str:
@@ -74,8 +76,14 @@ class Answer:
         self.sock.close()
 
 
-def exchange(sock: socket.socket, method: str, path: str, body: Any = None, host: str = "docker",
-             headers: Mapping[str, str] | None = None) -> Answer:
+def exchange(
+    sock: socket.socket,
+    method: str,
+    path: str,
+    body: Any = None,
+    host: str = "docker",
+    headers: Mapping[str, str] | None = None,
+) -> Answer:
     """Send one request on `sock` (JSON `body` when not None) and read the answer's head. The socket belongs to the
     answer from then on (`body()` or `close()` closes it); an OSError closes it here."""
     try:
@@ -90,8 +98,11 @@ def exchange(sock: socket.socket, method: str, path: str, body: Any = None, host
         reader = sock.makefile("rb")
         status_line = reader.readline().decode("latin-1").split(None, 2)
         if len(status_line) < 2 or not status_line[1].isdigit():
-            raise ConnectionError(f"not an HTTP answer: {' '.join(status_line)[:80]!r}" if status_line else
-                                  "the connection was closed before an answer")
+            raise ConnectionError(
+                f"not an HTTP answer: {' '.join(status_line)[:80]!r}"
+                if status_line
+                else "the connection was closed before an answer"
+            )
         fields: dict[str, str] = {}
         while True:
             line = reader.readline()

@@ -40,13 +40,17 @@ OWNED_LABELS = (LABEL, SHARED_LABEL)
 def check_via(via: str, capabilities: Sequence[str] = ()) -> None:
     """A way to pin, and driver capabilities that it can carry (UsageError, 64, otherwise)."""
     if via not in VIAS:
-        raise UsageError(f"--via {via!r}: not a way to pin", f"use --via {' or --via '.join(VIAS)}, or leave it out "
-                         "to let hostagent ask the daemon")
+        raise UsageError(
+            f"--via {via!r}: not a way to pin",
+            f"use --via {' or --via '.join(VIAS)}, or leave it out to let hostagent ask the daemon",
+        )
     if via == CDI and capabilities:
         # The CDI spec decides which driver libraries a container gets: a CDI request has nowhere to carry them.
-        raise UsageError(f"--gpu-capabilities {','.join(capabilities)} with --via cdi: a CDI device's spec decides "
-                         "the driver's capabilities, a CDI request carries none", "drop --gpu-capabilities, or pin "
-                         "with --via nvidia (the nvidia driver's request carries them)")
+        raise UsageError(
+            f"--gpu-capabilities {','.join(capabilities)} with --via cdi: a CDI device's spec decides "
+            "the driver's capabilities, a CDI request carries none",
+            "drop --gpu-capabilities, or pin with --via nvidia (the nvidia driver's request carries them)",
+        )
 
 
 class Pin:
@@ -55,8 +59,14 @@ class Pin:
 
     __slots__ = ("capabilities", "share", "targets", "verify", "via")
 
-    def __init__(self, targets: Sequence[Target], share: bool = False, verify: str | None = None,
-                 capabilities: Sequence[str] = (), via: str = NVIDIA) -> None:
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        share: bool = False,
+        verify: str | None = None,
+        capabilities: Sequence[str] = (),
+        via: str = NVIDIA,
+    ) -> None:
         check_via(via, capabilities)
         self.targets = list(targets)
         self.share = share
@@ -92,8 +102,13 @@ class Pin:
 
     def device_request(self) -> dict[str, Any]:
         """The Engine API's DeviceRequest (HostConfig.DeviceRequests[0])."""
-        return {"Driver": self.via, "Count": 0, "DeviceIDs": self.device_ids, "Capabilities": self._capabilities(),
-                "Options": {}}
+        return {
+            "Driver": self.via,
+            "Count": 0,
+            "DeviceIDs": self.device_ids,
+            "Capabilities": self._capabilities(),
+            "Options": {},
+        }
 
     def sdk_device_request(self) -> Any:
         """The same request as the docker SDK's own type, which validates itself."""

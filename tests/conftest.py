@@ -96,20 +96,36 @@ def sleeper() -> Iterator[Callable[[], int]]:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true",
-                     help="rewrite the golden files under tests/golden from the real output (`make golden`) "
-                          "instead of comparing with them")
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite the golden files under tests/golden from the real output (`make golden`) "
+        "instead of comparing with them",
+    )
 
 
 # --- the tiers ----------------------------------------------------------------------------------------------------
 # A test's tier is the most a test needs, by its markers and its fixtures (directly or through another fixture);
 # it must be the tier of its folder, and carries that tier's marker, so that `-m` selects what the folder holds.
 NEEDS = ("gpu", "swarm", "slurm", "docker")  # most demanding first
-FIXTURE_NEEDS = {"sandboxes": "docker", "sandbox": "docker", "mixed4_sandbox": "docker", "agent": "docker",
-                 "agent26": "docker", "swarm": "swarm", "slurm": "slurm", "slurm_cluster": "slurm"}
+FIXTURE_NEEDS = {
+    "sandboxes": "docker",
+    "sandbox": "docker",
+    "mixed4_sandbox": "docker",
+    "agent": "docker",
+    "agent26": "docker",
+    "swarm": "swarm",
+    "slurm": "slurm",
+    "slurm_cluster": "slurm",
+}
 FOLDERS = {"unit": {"unit"}, "docker": {"docker"}, "cluster": {"swarm", "slurm"}, "gpu": {"gpu"}}
-WHERE = {"unit": "tests/unit", "docker": "tests/docker", "swarm": "tests/cluster", "slurm": "tests/cluster",
-         "gpu": "tests/gpu"}
+WHERE = {
+    "unit": "tests/unit",
+    "docker": "tests/docker",
+    "swarm": "tests/cluster",
+    "slurm": "tests/cluster",
+    "gpu": "tests/gpu",
+}
 TESTS = Path(__file__).resolve().parent
 
 
@@ -123,16 +139,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark every test with its tier (docker, swarm, slurm, gpu; none for unit) and refuse a test filed in another
     tier's folder: `make test-unit` must never need a daemon, `make test-docker` never a cluster."""
     # A test module outside the tier folders is never collected (pyproject's testpaths): refuse it instead.
-    misplaced = [f"{p.relative_to(TESTS.parent)} is in no tier's folder: move it to the tier of what it needs"
-                 for p in sorted(TESTS.glob("test_*.py"))]
+    misplaced = [
+        f"{p.relative_to(TESTS.parent)} is in no tier's folder: move it to the tier of what it needs"
+        for p in sorted(TESTS.glob("test_*.py"))
+    ]
     for item in items:
         tier = tier_of(item)
         folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
         if folder in FOLDERS and tier not in FOLDERS[folder]:
-            misplaced.append(f"{item.nodeid} needs {tier if tier != 'unit' else 'nothing'}: it belongs in "
-                             f"{WHERE[tier]}/")
+            misplaced.append(
+                f"{item.nodeid} needs {tier if tier != 'unit' else 'nothing'}: it belongs in {WHERE[tier]}/"
+            )
         if tier != "unit":
             item.add_marker(getattr(pytest.mark, tier))
     if misplaced:
-        raise pytest.UsageError("tests filed in the wrong tier's folder (tests/README.md):\n  "
-                                + "\n  ".join(misplaced))
+        raise pytest.UsageError(
+            "tests filed in the wrong tier's folder (tests/README.md):\n  " + "\n  ".join(misplaced)
+        )

@@ -21,15 +21,15 @@ CASES = {
     "nvml": "from gpupin.entrypoint import nvml; nvml.list_cards(detail=False, mig=True, tolerate_lost=True)",
     "sdk": "from gpupin.hostagent import engine\ntry: engine.connect()\nexcept Exception: pass",
     "serial": "from gpupin.entrypoint import nvml; from gpupin.hostagent import engine\n"
-              "nvml.list_cards(detail=False, mig=True, tolerate_lost=True)\n"
-              "try: engine.connect()\nexcept Exception: pass",
+    "nvml.list_cards(detail=False, mig=True, tolerate_lost=True)\n"
+    "try: engine.connect()\nexcept Exception: pass",
     "overlap": "import threading; from gpupin.entrypoint import nvml; from gpupin.hostagent import engine\n"
-               "def connect():\n"
-               "    try: engine.connect()\n"
-               "    except Exception: pass\n"
-               "th = threading.Thread(target=connect, daemon=True); th.start()\n"
-               "nvml.list_cards(detail=False, mig=True, tolerate_lost=True)\n"
-               "th.join()",
+    "def connect():\n"
+    "    try: engine.connect()\n"
+    "    except Exception: pass\n"
+    "th = threading.Thread(target=connect, daemon=True); th.start()\n"
+    "nvml.list_cards(detail=False, mig=True, tolerate_lost=True)\n"
+    "th.join()",
 }
 TIMED = "import time\nt = time.perf_counter()\n{body}\nprint((time.perf_counter() - t) * 1000)"
 
@@ -40,8 +40,9 @@ def main() -> int:
     times: dict[str, list[float]] = {k: [] for k in CASES}
     for _ in range(n):
         for name, body in CASES.items():
-            out = subprocess.run([sys.executable, "-c", TIMED.format(body=body)], env=env,
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, "-c", TIMED.format(body=body)], env=env, capture_output=True, text=True, check=True
+            ).stdout
             times[name].append(float(out.strip().splitlines()[-1]))
     print(f"{os.cpu_count()} CPU(s), python {sys.version.split()[0]}, medians of {n} interleaved fresh processes:")
     for name, v in times.items():

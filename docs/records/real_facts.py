@@ -64,8 +64,7 @@ def main() -> None:
     print("## nvidia-smi")
     print(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout)
     q = "index,uuid,pci.bus_id,name,compute_cap,memory.total,mig.mode.current"
-    print(subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv"], capture_output=True,
-                         text=True).stdout)
+    print(subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv"], capture_output=True, text=True).stdout)
     print("## pynvml")
     t0 = time.perf_counter()
     import pynvml
@@ -93,13 +92,28 @@ def main() -> None:
             mig = f"error {e}"
         mem = pynvml.nvmlDeviceGetMemoryInfo(h)
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-        print(json.dumps({"index": i, "uuid": uuid, "name": pynvml.nvmlDeviceGetName(h),
-                          "busId": pci.busId, "busIdLegacy": pci.busIdLegacy, "domain": pci.domain,
-                          "bus": pci.bus, "device": pci.device, "pciDeviceId": hex(pci.pciDeviceId),
-                          "minor": pynvml.nvmlDeviceGetMinorNumber(h),
-                          "cc": pynvml.nvmlDeviceGetCudaComputeCapability(h), "mig": mig,
-                          "mem_total": mem.total, "mem_used": mem.used, "procs": len(procs),
-                          "util": pynvml.nvmlDeviceGetUtilizationRates(h).gpu}))
+        print(
+            json.dumps(
+                {
+                    "index": i,
+                    "uuid": uuid,
+                    "name": pynvml.nvmlDeviceGetName(h),
+                    "busId": pci.busId,
+                    "busIdLegacy": pci.busIdLegacy,
+                    "domain": pci.domain,
+                    "bus": pci.bus,
+                    "device": pci.device,
+                    "pciDeviceId": hex(pci.pciDeviceId),
+                    "minor": pynvml.nvmlDeviceGetMinorNumber(h),
+                    "cc": pynvml.nvmlDeviceGetCudaComputeCapability(h),
+                    "mig": mig,
+                    "mem_total": mem.total,
+                    "mem_used": mem.used,
+                    "procs": len(procs),
+                    "util": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                }
+            )
+        )
         bus = pci.busId
         short = bus.split(":", 1)[1]
         for form in (bus, bus.lower(), "0000:" + short, short, short.lower(), bus[4:]):
@@ -119,15 +133,43 @@ def main() -> None:
     print("## CUDA_VISIBLE_DEVICES cases (CUDA_DEVICE_ORDER unset unless named)")
     u0, u1 = uuids[0], uuids[-1]
     # the longest shared string prefix of the two UUIDs (an ambiguous CUDA prefix)
-    common = u0[:next((i for i, (a, b) in enumerate(zip(u0, u1)) if a != b), min(len(u0), len(u1)))]
+    common = u0[: next((i for i, (a, b) in enumerate(zip(u0, u1)) if a != b), min(len(u0), len(u1)))]
     cases: list[tuple[str, dict[str, str | None]]] = [
         ("unset", {"CUDA_VISIBLE_DEVICES": None}),
         ("PCI_BUS_ID order", {"CUDA_VISIBLE_DEVICES": None, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
     ]
-    for v in ["0", "1", "1,0", "0,0", "1,1", "1,0,1", "0,7,1", "bogus", "", " 1", "1 ", "1, 0", "01", "-1",
-              "0,-1,1", "1abc", "1,bogus,0", u1, u1[4:], u1.lower(), u1.upper(), u1[:10], u1[:10].lower(),
-              "gpu" + u1[3:10], common + "x" if len(common) > 4 else "GPU-", common, f"{u1},{u0}",
-              f"{u1},1", f"{u1},0", "MIG-" + u1[4:]]:
+    for v in [
+        "0",
+        "1",
+        "1,0",
+        "0,0",
+        "1,1",
+        "1,0,1",
+        "0,7,1",
+        "bogus",
+        "",
+        " 1",
+        "1 ",
+        "1, 0",
+        "01",
+        "-1",
+        "0,-1,1",
+        "1abc",
+        "1,bogus,0",
+        u1,
+        u1[4:],
+        u1.lower(),
+        u1.upper(),
+        u1[:10],
+        u1[:10].lower(),
+        "gpu" + u1[3:10],
+        common + "x" if len(common) > 4 else "GPU-",
+        common,
+        f"{u1},{u0}",
+        f"{u1},1",
+        f"{u1},0",
+        "MIG-" + u1[4:],
+    ]:
         cases.append((f"CVD={v!r}", {"CUDA_VISIBLE_DEVICES": v}))
     for name, env in cases:
         print(name, json.dumps(cuda_case(env)))

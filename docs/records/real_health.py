@@ -22,10 +22,19 @@ readings.assess(cards)
 for c in cards:
     m = readings.memory_health(c.index)
     h = pynvml.nvmlDeviceGetHandleByIndex(c.index)
-    out(index=c.index, uuid=c.uuid, name=c.name, health=c.health.to_dict() if c.health else None,
-        ecc_uncorrected_volatile=m.ecc_uncorrected, retired_pending=m.retired_pending,
-        remap_pending=m.remap_pending, remap_failure=m.remap_failure, error=m.error,
-        ecc_mode=pynvml.nvmlDeviceGetEccMode(h), supported_events=pynvml.nvmlDeviceGetSupportedEventTypes(h))
+    out(
+        index=c.index,
+        uuid=c.uuid,
+        name=c.name,
+        health=c.health.to_dict() if c.health else None,
+        ecc_uncorrected_volatile=m.ecc_uncorrected,
+        retired_pending=m.retired_pending,
+        remap_pending=m.remap_pending,
+        remap_failure=m.remap_failure,
+        error=m.error,
+        ecc_mode=pynvml.nvmlDeviceGetEccMode(h),
+        supported_events=pynvml.nvmlDeviceGetSupportedEventTypes(h),
+    )
 
 times = []
 for _ in range(20):
@@ -38,5 +47,9 @@ events = readings.XidEvents(c.index for c in cards)
 t = time.perf_counter()
 got = events.drain(300)
 events.close()
-out(what="XID wait 300 ms with nothing pending", watched=events.watched, events=got,
-    waited_ms=round((time.perf_counter() - t) * 1000, 1))
+out(
+    what="XID wait 300 ms with nothing pending",
+    watched=events.watched,
+    events=got,
+    waited_ms=round((time.perf_counter() - t) * 1000, 1),
+)

@@ -22,15 +22,25 @@ def cost(what: str, call: object, n: int) -> None:
     for _ in range(n):
         call()
     c1, w1 = time.process_time(), time.perf_counter()
-    print(json.dumps({"what": what, "n": n, "cpu_us": round((c1 - c0) / n * 1e6, 1),
-                      "wall_us": round((w1 - w0) / n * 1e6, 1)}), flush=True)
+    print(
+        json.dumps(
+            {"what": what, "n": n, "cpu_us": round((c1 - c0) / n * 1e6, 1), "wall_us": round((w1 - w0) / n * 1e6, 1)}
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
     t0 = time.perf_counter()
     nv.nvmlInit()
-    print(json.dumps({"first nvmlInit_ms": round((time.perf_counter() - t0) * 1000, 2),
-                      "driver": nv.nvmlSystemGetDriverVersion()}))
+    print(
+        json.dumps(
+            {
+                "first nvmlInit_ms": round((time.perf_counter() - t0) * 1000, 2),
+                "driver": nv.nvmlSystemGetDriverVersion(),
+            }
+        )
+    )
     handle = nv.nvmlDeviceGetHandleByIndex(0)
     uuid = nv.nvmlDeviceGetUUID(handle)
     print(json.dumps({"persistence_mode": nv.nvmlDeviceGetPersistenceMode(handle)}))
@@ -43,16 +53,22 @@ def main() -> None:
             nv.nvmlEventSetWait_v2(eset, 0)
 
     cost("event set wait, 0 ms", wait0, 2000)
-    cost("volatile uncorrected ECC + remapped rows", lambda: (
-        nv.nvmlDeviceGetTotalEccErrors(handle, 1, 0), nv.nvmlDeviceGetRemappedRows(handle)), 2000)
+    cost(
+        "volatile uncorrected ECC + remapped rows",
+        lambda: (nv.nvmlDeviceGetTotalEccErrors(handle, 1, 0), nv.nvmlDeviceGetRemappedRows(handle)),
+        2000,
+    )
     for node in ("/dev/nvidiactl", "/dev/nvidia0"):
         if os.path.exists(node):
             cost(f"open+close {node}", lambda n=node: os.close(os.open(n, os.O_RDWR | os.O_CLOEXEC)), 2000)
     cost("nvmlInit + nvmlShutdown, refcount 1 -> 2 -> 1", lambda: (nv.nvmlInit(), nv.nvmlShutdown()), 500)
     nv.nvmlEventSetFree(eset)
     nv.nvmlShutdown()
-    cost("nvmlInit + nvmlShutdown from zero (no other client in this process)",
-         lambda: (nv.nvmlInit(), nv.nvmlShutdown()), 50)
+    cost(
+        "nvmlInit + nvmlShutdown from zero (no other client in this process)",
+        lambda: (nv.nvmlInit(), nv.nvmlShutdown()),
+        50,
+    )
 
     def init_register() -> None:
         nv.nvmlInit()

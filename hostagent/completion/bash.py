@@ -41,8 +41,10 @@ def script(commands: Sequence[Command]) -> str:
         options = [f for o in c.options for f in o.flags]
         stop = c.stop()
         maybe = [f for o in c.options if o.optional for f in o.flags]
-        spec.append(f'        "{c.path}") subs="{_words(c.subcommands)}" opts="{_words(options)}" '
-                    f'takes="{_words(c.takes())}" maybe="{_words(maybe)}" stop={"" if stop is None else stop} ;;')
+        spec.append(
+            f'        "{c.path}") subs="{_words(c.subcommands)}" opts="{_words(options)}" '
+            f'takes="{_words(c.takes())}" maybe="{_words(maybe)}" stop={"" if stop is None else stop} ;;'
+        )
         keys: dict[str, list[str]] = {}
         for o in c.options:  # a value with nothing to offer offers nothing (not the options), unless optional
             if o.takes and not (o.optional and _completes(o) == _NOTHING):

@@ -26,8 +26,12 @@ def _value(arg: Arg) -> str:
     """The `complete` arguments for what a value completes to."""
     if arg.values is not None:
         return f"-a {_quoted(' '.join(arg.values))}"
-    return {GPUS: "-a '(hostagent __complete gpus 2>/dev/null)'", FILES: "-F", COMMAND: "-F",
-            DIRS: "-a '(__fish_complete_directories)'"}.get(arg.kind or "", "")
+    return {
+        GPUS: "-a '(hostagent __complete gpus 2>/dev/null)'",
+        FILES: "-F",
+        COMMAND: "-F",
+        DIRS: "-a '(__fish_complete_directories)'",
+    }.get(arg.kind or "", "")
 
 
 def _option(c: Command, o: Arg) -> str:
@@ -36,8 +40,10 @@ def _option(c: Command, o: Arg) -> str:
     if o.takes:
         what = _value(o)
         value = (" -r -F" if what == "-F" else f" -x {what}".rstrip()) if not o.optional else f" {what}".rstrip()
-    return f"complete -c hostagent -n {_quoted(f'__hostagent_at {_quoted(c.path)}')} {names}{value} " \
-           f"-d {_quoted(o.help[:80])}"
+    return (
+        f"complete -c hostagent -n {_quoted(f'__hostagent_at {_quoted(c.path)}')} {names}{value} "
+        f"-d {_quoted(o.help[:80])}"
+    )
 
 
 def _cases(pairs: Sequence[str]) -> str:
@@ -53,8 +59,10 @@ def script(commands: Sequence[Command]) -> str:
         takes += [f"{c.path}|{f}" for f in c.takes()]
         if c.stop() is not None:
             stops.append(f"{c.path}|{c.stop()}")
-        lines += [f"complete -c hostagent -n {at} -a {_quoted(name)} -d {_quoted(help[:80])}"
-                  for name, help in c.subcommands.items()]
+        lines += [
+            f"complete -c hostagent -n {at} -a {_quoted(name)} -d {_quoted(help[:80])}"
+            for name, help in c.subcommands.items()
+        ]
         lines += [_option(c, o) for o in c.options]
         for i, p in enumerate(c.positionals):
             what = _value(p)

@@ -39,8 +39,9 @@ class Arg:
         self.flags = list(action.option_strings)
         self.help = " ".join((action.help or "").split())
         self.metavar = str(action.metavar or action.dest).lower()
-        self.takes = action.nargs != 0 and not isinstance(action, (argparse._StoreTrueAction, argparse._HelpAction,
-                                                                   argparse._VersionAction, argparse._CountAction))
+        self.takes = action.nargs != 0 and not isinstance(
+            action, (argparse._StoreTrueAction, argparse._HelpAction, argparse._VersionAction, argparse._CountAction)
+        )
         self.optional = action.nargs == "?"
         complete = getattr(action, "complete", None)
         words = action.choices if action.choices is not None else (None if isinstance(complete, str) else complete)
@@ -55,8 +56,12 @@ class Command:
     def __init__(self, path: str, parser: argparse.ArgumentParser) -> None:
         self.path = path
         self.children = {name: p for name, p in subcommands(parser).items() if not name.startswith("_")}
-        helps = {choice.dest: choice.help or "" for group in parser._actions
-                 if isinstance(group, argparse._SubParsersAction) for choice in group._choices_actions}
+        helps = {
+            choice.dest: choice.help or ""
+            for group in parser._actions
+            if isinstance(group, argparse._SubParsersAction)
+            for choice in group._choices_actions
+        }
         self.subcommands = {name: helps.get(name, "") for name in self.children}
         plain = [a for a in parser._actions if not isinstance(a, argparse._SubParsersAction)]
         self.options = [Arg(a) for a in plain if a.option_strings]

@@ -61,17 +61,47 @@ exit: 0 no error (warnings may be printed); 64 an error; 69 NVML unusable."""
 
 def add_project_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     """The project's files and what compose reads with them, spelt as `docker compose` spells them."""
-    offer(parser.add_argument("file", metavar="FILE", nargs="?", help=f"the compose file to {what} (as -f FILE)"),
-          FILES)
-    offer(parser.add_argument("-f", "--file", dest="files", metavar="FILE", action="append", default=[],
-                              help="a compose file; several are merged in order, as docker compose -f does "
-                              "(default: compose.yaml or docker-compose.yml here, with its override file)"), FILES)
-    parser.add_argument("--profile", dest="profiles", metavar="NAME", action="append", default=[],
-                        help="a profile to enable (several allowed; COMPOSE_PROFILES too)")
-    offer(parser.add_argument("--env-file", dest="env_files", metavar="PATH", action="append", default=[],
-                              help="the variables file (default: .env in the project directory)"), FILES)
-    offer(parser.add_argument("--project-directory", metavar="DIR",
-                              help="the project directory (default: the first file's directory)"), DIRS)
+    offer(
+        parser.add_argument("file", metavar="FILE", nargs="?", help=f"the compose file to {what} (as -f FILE)"), FILES
+    )
+    offer(
+        parser.add_argument(
+            "-f",
+            "--file",
+            dest="files",
+            metavar="FILE",
+            action="append",
+            default=[],
+            help="a compose file; several are merged in order, as docker compose -f does "
+            "(default: compose.yaml or docker-compose.yml here, with its override file)",
+        ),
+        FILES,
+    )
+    parser.add_argument(
+        "--profile",
+        dest="profiles",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a profile to enable (several allowed; COMPOSE_PROFILES too)",
+    )
+    offer(
+        parser.add_argument(
+            "--env-file",
+            dest="env_files",
+            metavar="PATH",
+            action="append",
+            default=[],
+            help="the variables file (default: .env in the project directory)",
+        ),
+        FILES,
+    )
+    offer(
+        parser.add_argument(
+            "--project-directory", metavar="DIR", help="the project directory (default: the first file's directory)"
+        ),
+        DIRS,
+    )
 
 
 def project_options(args: argparse.Namespace) -> Options:
@@ -84,22 +114,46 @@ def project_options(args: argparse.Namespace) -> Options:
 
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`compose` and its subcommands among hostagent's commands."""
-    c = sub.add_parser("compose", help="pin compose services to physical GPUs",
-                       description="Render or check compose files whose services ask for physical GPUs.")
+    c = sub.add_parser(
+        "compose",
+        help="pin compose services to physical GPUs",
+        description="Render or check compose files whose services ask for physical GPUs.",
+    )
     csub = c.add_subparsers(dest="compose_command", metavar="SUBCOMMAND")
     raw = argparse.RawDescriptionHelpFormatter
-    cr = csub.add_parser("render", help="write a standard compose file with every GPU pinned by UUID",
-                         description=RENDER_DESCRIPTION, epilog=RENDER_EPILOG, formatter_class=raw)
+    cr = csub.add_parser(
+        "render",
+        help="write a standard compose file with every GPU pinned by UUID",
+        description=RENDER_DESCRIPTION,
+        epilog=RENDER_EPILOG,
+        formatter_class=raw,
+    )
     add_project_arguments(cr, "render (it is never overwritten)")
     offer(cr.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout"), FILES)
-    cr.add_argument("--swarm", action="store_true", help="write a Docker Swarm stack: each task reserves its cards "
-                    "as generic resources (see below)")
-    cr.add_argument("--kind", metavar="KIND", help="with --swarm: the generic resource kind to reserve (default GPU, "
-                    "as `hostagent swarm node-config` advertises)")
-    cr.add_argument("--via", choices=list(VIAS), help="pin through CDI (driver: cdi) or the nvidia driver (driver: "
-                    "nvidia); default: CDI where the daemon serves the cards by CDI")
-    cc = csub.add_parser("check", help="find unknown, double-booked or index-pinned GPUs",
-                         description=CHECK_DESCRIPTION, epilog=CHECK_EPILOG, formatter_class=raw)
+    cr.add_argument(
+        "--swarm",
+        action="store_true",
+        help="write a Docker Swarm stack: each task reserves its cards as generic resources (see below)",
+    )
+    cr.add_argument(
+        "--kind",
+        metavar="KIND",
+        help="with --swarm: the generic resource kind to reserve (default GPU, "
+        "as `hostagent swarm node-config` advertises)",
+    )
+    cr.add_argument(
+        "--via",
+        choices=list(VIAS),
+        help="pin through CDI (driver: cdi) or the nvidia driver (driver: "
+        "nvidia); default: CDI where the daemon serves the cards by CDI",
+    )
+    cc = csub.add_parser(
+        "check",
+        help="find unknown, double-booked or index-pinned GPUs",
+        description=CHECK_DESCRIPTION,
+        epilog=CHECK_EPILOG,
+        formatter_class=raw,
+    )
     add_project_arguments(cc, "check")
     cc.add_argument("--json", action="store_true", help="the problems as a JSON list")
 
@@ -107,11 +161,15 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
 def command(args: argparse.Namespace) -> int:
     if args.compose_command == "render":
         if args.kind is not None and not args.swarm:
-            raise UsageError("--kind goes with --swarm", "a plain render pins cards by UUID; a --swarm render "
-                             "reserves generic resources of KIND")
+            raise UsageError(
+                "--kind goes with --swarm",
+                "a plain render pins cards by UUID; a --swarm render reserves generic resources of KIND",
+            )
         if args.via is not None and args.swarm:
-            raise UsageError("--via goes without --swarm", "a --swarm render reserves generic resources; the "
-                             "nodes' runtime decides how the cards reach the task")
+            raise UsageError(
+                "--via goes without --swarm",
+                "a --swarm render reserves generic resources; the nodes' runtime decides how the cards reach the task",
+            )
         from gpupin.hostagent.compose import command
 
         if args.swarm:

@@ -40,6 +40,7 @@ _COMPOSE_SERVICE = "com.docker.compose.service"
 
 # --- the cards and the ledger, minus this project's own containers --------------------------------------------
 
+
 def project_names(doc: Any, paths: Iterable[str], environ: Mapping[str, str]) -> set[str]:
     """The compose project names this file may run under (COMPOSE_PROJECT_NAME, `name:`, its directory)."""
     names: set[str] = set()
@@ -87,14 +88,16 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
         api = engine.connect(timeout=10)
         daemon_info = engine.info(api) if cdi_too and engine.may_serve_cdi(api) else None
         book = ledger_read.read_ledger(api, cards, daemon_info)
-        own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects,
-                                service_names)
+        own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects, service_names)
     except Exception as err:
         why = f"Docker at {engine.docker_host()}: {getattr(err, 'message', err)}"
-        say(f"warning: the ledger was not read ({why}): which cards running containers hold is unknown, and not "
-            "checked" + ("; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else ""))
-        return Daemon(uses.blocking(cards, uses.attribute(cards, None, None)), NOT_ASKED,
-                      f"the ledger was not read ({why})")
+        say(
+            f"warning: the ledger was not read ({why}): which cards running containers hold is unknown, and not "
+            "checked" + ("; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else "")
+        )
+        return Daemon(
+            uses.blocking(cards, uses.attribute(cards, None, None)), NOT_ASKED, f"the ledger was not read ({why})"
+        )
     detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
     busy = ledger.held(h for h in book.holders if h.id not in own)
     for key, hs in uses.blocking(cards, uses.attribute(cards, book.holders, book.names)).items():
@@ -114,6 +117,7 @@ def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Da
 
 # --- the output file ------------------------------------------------------------------------------------------
 
+
 def output_path(output: str | None, source: str) -> str | None:
     """Where `-o` writes (links followed), None for stdout; UsageError (64) for a target it cannot or must not
     write, before anything else is done."""
@@ -123,13 +127,17 @@ def output_path(output: str | None, source: str) -> str | None:
     if not output:
         raise UsageError("-o '' names no file", "give a file name, or leave -o out to write to stdout")
     if os.path.isdir(output):
-        raise UsageError(f"-o {quoted} is a directory", f"name the file to write, e.g. -o {quoted.rstrip('/')}/"
-                         "pinned.yml")
-    if (os.path.exists(source) and os.path.exists(output) and os.path.samefile(source, output)) or \
-            os.path.abspath(output) == os.path.abspath(source):
-        raise UsageError(f"-o {quoted} is the file being rendered: the rendered file replaces each request "
-                         "(x-gpupin, an index, a count) with the cards picked today, so the source is kept",
-                         "write it beside the source, e.g. -o NAME.pinned.yml")
+        raise UsageError(
+            f"-o {quoted} is a directory", f"name the file to write, e.g. -o {quoted.rstrip('/')}/pinned.yml"
+        )
+    if (os.path.exists(source) and os.path.exists(output) and os.path.samefile(source, output)) or os.path.abspath(
+        output
+    ) == os.path.abspath(source):
+        raise UsageError(
+            f"-o {quoted} is the file being rendered: the rendered file replaces each request "
+            "(x-gpupin, an index, a count) with the cards picked today, so the source is kept",
+            "write it beside the source, e.g. -o NAME.pinned.yml",
+        )
     real = os.path.realpath(output)
     if os.path.exists(real) and not os.path.isfile(real):  # a device or a pipe: written in place, as `>` does
         if not os.access(real, os.W_OK):
@@ -137,11 +145,13 @@ def output_path(output: str | None, source: str) -> str | None:
         return real
     directory = os.path.dirname(real)
     if not os.path.isdir(directory):
-        raise UsageError(f"-o {quoted}: the directory {printable(directory)} does not exist",
-                         "create it first, or write elsewhere")
+        raise UsageError(
+            f"-o {quoted}: the directory {printable(directory)} does not exist", "create it first, or write elsewhere"
+        )
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"-o {quoted}: the directory {printable(directory)} is not writable by this user",
-                         "write elsewhere")
+        raise UsageError(
+            f"-o {quoted}: the directory {printable(directory)} is not writable by this user", "write elsewhere"
+        )
     return real
 
 
@@ -189,6 +199,7 @@ def _stdout(text: str) -> None:
 
 # --- the commands ---------------------------------------------------------------------------------------------
 
+
 def _relative(path: Any) -> bool:
     return isinstance(path, str) and bool(path) and not path.startswith(("/", "~"))
 
@@ -213,9 +224,11 @@ def relative_paths(doc: Any) -> list[str]:
                 break
         for volume in svc.get("volumes") or () if isinstance(svc.get("volumes"), list) else ():
             source = volume.get("source") if isinstance(volume, dict) else str(volume).partition(":")[0]
-            if isinstance(source, str) and (source in (".", "..") or source.startswith(("./", "../"))
-                                            or (isinstance(volume, dict) and volume.get("type") == "bind"
-                                                and _relative(source))):
+            if isinstance(source, str) and (
+                source in (".", "..")
+                or source.startswith(("./", "../"))
+                or (isinstance(volume, dict) and volume.get("type") == "bind" and _relative(source))
+            ):
                 found.append(f"{name}'s volumes")
                 break
         extends = svc.get("extends")
@@ -239,8 +252,10 @@ def _emit(text: str, file: str, output: str | None, target: str | None, relative
     assert output is not None
     write_output(target, text, printable(output))
     if relative and os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
-        say(f"note: {', '.join(relative)}: relative paths, which compose resolves against {printable(output)}'s "
-             "directory; write it beside the source, or run compose with --project-directory")
+        say(
+            f"note: {', '.join(relative)}: relative paths, which compose resolves against {printable(output)}'s "
+            "directory; write it beside the source, or run compose with --project-directory"
+        )
     return 0
 
 
@@ -276,10 +291,18 @@ def render_command(options: Options, output: str | None, via: str | None = None)
         cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
         rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
         if daemon.unknown is not None and exam.counted:
-            raise RenderRefused([Problem(None, f"the file asks for {exam.counted} card(s) by count, which render "
-                                         f"places on free cards, but which cards are free is unknown: "
-                                         f"{daemon.unknown}", "start Docker or set DOCKER_HOST, or name the cards",
-                                         exit_code=EX_UNAVAILABLE)])
+            raise RenderRefused(
+                [
+                    Problem(
+                        None,
+                        f"the file asks for {exam.counted} card(s) by count, which render "
+                        f"places on free cards, but which cards are free is unknown: "
+                        f"{daemon.unknown}",
+                        "start Docker or set DOCKER_HOST, or name the cards",
+                        exit_code=EX_UNAVAILABLE,
+                    )
+                ]
+            )
         if not exam.requests:
             say(f"note: {model.name(project)}: no service asks for GPUs; the file is written unchanged")
         return header(project.files[0], exam), rendered
@@ -298,8 +321,10 @@ def read_nodes() -> list[Node] | None:
     except Exception as err:
         if not (isinstance(err, GpupinError) or engine.is_daemon_failure(err)):
             raise
-        say(f"warning: the swarm's nodes were not read ({getattr(err, 'message', err)}): whether Swarm can place "
-             "each task is not checked")
+        say(
+            f"warning: the swarm's nodes were not read ({getattr(err, 'message', err)}): whether Swarm can place "
+            "each task is not checked"
+        )
         return None
 
 

@@ -54,9 +54,12 @@ def held(svc: Mapping[str, Any], service: str, cards: Sequence[Card]) -> list[Ta
     out: list[Target] = []
     for i, item in enumerate(devices if isinstance(devices, list) else []):
         if isinstance(item, dict) and "source" not in item:
-            raise ServiceError(service, f"devices entry {i} has no `source`: compose refuses it (services.{service}."
-                               f"devices.{i} source is required)", "give the host's path: {source: /dev/..., "
-                               "target: ...}")
+            raise ServiceError(
+                service,
+                f"devices entry {i} has no `source`: compose refuses it (services.{service}."
+                f"devices.{i} source is required)",
+                "give the host's path: {source: /dev/..., target: ...}",
+            )
         path = _source(item)
         if path is None:
             continue

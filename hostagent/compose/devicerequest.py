@@ -39,33 +39,55 @@ def _strings(entry: Mapping[str, Any], key: str, service: str, at: str) -> None:
     """compose-spec's list_of_strings: a list of strings, each once."""
     value = entry[key]
     if not isinstance(value, list):
-        raise _refused(service, f"`{key}: {quoted(value, 40)}` is not a list", f"{at}.{key} must be a list",
-                       f"write it as a list: {key}: [...]")
+        raise _refused(
+            service,
+            f"`{key}: {quoted(value, 40)}` is not a list",
+            f"{at}.{key} must be a list",
+            f"write it as a list: {key}: [...]",
+        )
     for i, item in enumerate(value):
         if not isinstance(item, str):
-            raise _refused(service, f"{key} entry {quoted(item)} is not text", f"{at}.{key}.{i} must be a string",
-                           f"quote it: '{item}'")
+            raise _refused(
+                service,
+                f"{key} entry {quoted(item)} is not text",
+                f"{at}.{key}.{i} must be a string",
+                f"quote it: '{item}'",
+            )
         if item in value[:i]:
-            raise _refused(service, f"{key} lists {quoted(item)} twice",
-                           f"{at}.{key} array items[{value.index(item)},{i}] must be unique", "list each once")
+            raise _refused(
+                service,
+                f"{key} lists {quoted(item)} twice",
+                f"{at}.{key} array items[{value.index(item)},{i}] must be unique",
+                "list each once",
+            )
 
 
 def count(value: Any, service: str, at: str) -> int:
     """A `count` as compose-go decodes it: the number, or EVERY for `all`; ServiceError with compose's words."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise _refused(service, f"count: {quoted(value)} is not a number of cards",
-                       f"{at}.count must be a string or integer", "give a whole number, or `all`")
+        raise _refused(
+            service,
+            f"count: {quoted(value)} is not a number of cards",
+            f"{at}.count must be a string or integer",
+            "give a whole number, or `all`",
+        )
     if isinstance(value, str):
         if value.lower() == "all":
             return EVERY
         if not _INTEGER.fullmatch(value):
-            raise _refused(service, f"count: {quoted(value)} is not a number of cards",
-                           f"invalid value \"{value}\", the only value allowed is 'all' or a number",
-                           "give a whole number, or `all`")
+            raise _refused(
+                service,
+                f"count: {quoted(value)} is not a number of cards",
+                f"invalid value \"{value}\", the only value allowed is 'all' or a number",
+                "give a whole number, or `all`",
+            )
     number = int(value)
     if number == 0 or number < EVERY:
-        raise ServiceError(service, f"count: {number} asks for no card (Docker hands out none)",
-                           "give a number of cards >= 1, or `all`")
+        raise ServiceError(
+            service,
+            f"count: {number} asks for no card (Docker hands out none)",
+            "give a number of cards >= 1, or `all`",
+        )
     return number
 
 
@@ -74,22 +96,36 @@ def schema(entry: Mapping[str, Any], service: str, at: str, needs_capabilities: 
     (EVERY for every device), or None when it names device_ids; ServiceError with compose's words otherwise."""
     unknown = [k for k in entry if k not in _KEYS and not str(k).startswith("x-")]
     if unknown:
-        raise _refused(service, f"a device request has the key {quoted(unknown[0])}",
-                       f"{at} Additional property {unknown[0]} is not allowed",
-                       f"a device request is {_ENTRY} (and options:)")
+        raise _refused(
+            service,
+            f"a device request has the key {quoted(unknown[0])}",
+            f"{at} Additional property {unknown[0]} is not allowed",
+            f"a device request is {_ENTRY} (and options:)",
+        )
     if needs_capabilities and "capabilities" not in entry:
-        raise _refused(service, "a device request has no `capabilities`", f"{at} capabilities is required",
-                       "add capabilities: [gpu] (the NVIDIA driver serves the `gpu` capability)")
+        raise _refused(
+            service,
+            "a device request has no `capabilities`",
+            f"{at} capabilities is required",
+            "add capabilities: [gpu] (the NVIDIA driver serves the `gpu` capability)",
+        )
     for key in ("capabilities", "device_ids"):
         if key in entry:
             _strings(entry, key, service, at)
     if "driver" in entry and not isinstance(entry["driver"], str):
-        raise _refused(service, f"driver: {quoted(entry['driver'])} is not text", f"{at}.driver must be a string",
-                       "write driver: nvidia (or cdi)")
+        raise _refused(
+            service,
+            f"driver: {quoted(entry['driver'])} is not text",
+            f"{at}.driver must be a string",
+            "write driver: nvidia (or cdi)",
+        )
     if "count" in entry and "device_ids" in entry:
-        raise _refused(service, "a device request has both `count` and `device_ids`",
-                       f"{at}: \"count\" and \"device_ids\" attributes are exclusive",
-                       "keep device_ids (by UUID), or better, use x-gpupin and render")
+        raise _refused(
+            service,
+            "a device request has both `count` and `device_ids`",
+            f'{at}: "count" and "device_ids" attributes are exclusive',
+            "keep device_ids (by UUID), or better, use x-gpupin and render",
+        )
     if "device_ids" in entry:
         return None
     return count(entry["count"], service, at) if "count" in entry else EVERY

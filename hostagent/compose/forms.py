@@ -43,8 +43,10 @@ if TYPE_CHECKING:
     from gpupin.hostagent.pin import Pin
 
 _X_KEYS = ("gpus", "count", "share", "verify")
-X_HINT = f"write `{KEY}: {{gpus: [UUID-or-SPEC, ...]}}` or `{KEY}: {{count: N}}`, optionally with share: true " \
-         f"and verify: {'|'.join(VERIFY_LEVELS)}"
+X_HINT = (
+    f"write `{KEY}: {{gpus: [UUID-or-SPEC, ...]}}` or `{KEY}: {{count: N}}`, optionally with share: true "
+    f"and verify: {'|'.join(VERIFY_LEVELS)}"
+)
 _DEVICES = "deploy.resources.reservations.devices"
 
 
@@ -74,11 +76,13 @@ class XGpupin(Form):
             raise ServiceError(service, f"{KEY}.share: {quoted(share)} is not true or false", X_HINT)
         verify = x.get("verify")
         if verify is not None and verify not in VERIFY_LEVELS:
-            raise ServiceError(service, f"{KEY}.verify: unknown level {quoted(verify)}",
-                               f"use {', '.join(VERIFY_LEVELS)}")
+            raise ServiceError(
+                service, f"{KEY}.verify: unknown level {quoted(verify)}", f"use {', '.join(VERIFY_LEVELS)}"
+            )
         if has_count:
-            return GpuRequest(service, self, count=count_of(x["count"], service, f"{KEY}.count", X_HINT), share=share,
-                              verify=verify)
+            return GpuRequest(
+                service, self, count=count_of(x["count"], service, f"{KEY}.count", X_HINT), share=share, verify=verify
+            )
         return GpuRequest(service, self, spec_list(x["gpus"], service, f"{KEY}.gpus"), share=share, verify=verify)
 
     def shared(self, svc: Mapping[str, Any], service: str) -> bool:
@@ -97,17 +101,20 @@ class DeployDevices(Form):
 
     def is_gpu(self, entry: Mapping[str, Any]) -> bool:
         caps = entry.get("capabilities")
-        return entry.get("driver") == "nvidia" or (entry.get("driver") != cdi.CDI and isinstance(caps, list)
-                                                   and "gpu" in caps)
+        return entry.get("driver") == "nvidia" or (
+            entry.get("driver") != cdi.CDI and isinstance(caps, list) and "gpu" in caps
+        )
 
     def entries(self, svc: Mapping[str, Any], service: str) -> list[tuple[int, dict[str, Any]]]:
         devices = reservations(svc, service).get("devices")
         if devices is None:
             return []
         if not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
-            raise ServiceError(service, f"`{_DEVICES}` is not a list of mappings",
-                               "each device request is a mapping: {driver: nvidia, device_ids: [...], "
-                               "capabilities: [gpu]}")
+            raise ServiceError(
+                service,
+                f"`{_DEVICES}` is not a list of mappings",
+                "each device request is a mapping: {driver: nvidia, device_ids: [...], capabilities: [gpu]}",
+            )
         for i, d in enumerate(devices):  # compose refuses the whole file for any malformed entry, GPU or not
             devicerequest.schema(d, service, f"{RESERVATIONS_AT.format(service=service)}.{i}", needs_capabilities=True)
         return [(i, d) for i, d in enumerate(devices) if self.is_gpu(d)]
@@ -117,8 +124,11 @@ class DeployDevices(Form):
         if not entries:
             return None
         if len(entries) > 1:
-            raise ServiceError(service, f"has {len(entries)} GPU device requests",
-                               "put every card in one request's device_ids, in local-rank order")
+            raise ServiceError(
+                service,
+                f"has {len(entries)} GPU device requests",
+                "put every card in one request's device_ids, in local-rank order",
+            )
         index, entry = entries[0]
         return self.request(service, entry, index, self.shared(svc, service))
 
@@ -151,9 +161,12 @@ class CdiDeployDevices(DeployDevices):
 
     def request(self, service: str, entry: Mapping[str, Any], index: int, share: bool) -> GpuRequest:
         if entry.get("count") is not None:
-            raise ServiceError(service, "a CDI device request has a `count`: the CDI driver hands out the devices "
-                               "it is given by name, never a number of them", "name the cards in device_ids, "
-                               "or use x-gpupin: {count: N} and render")
+            raise ServiceError(
+                service,
+                "a CDI device request has a `count`: the CDI driver hands out the devices "
+                "it is given by name, never a number of them",
+                "name the cards in device_ids, or use x-gpupin: {count: N} and render",
+            )
         ids = [str(i) for i in entry.get("device_ids") or []]
         return cdi_request(self, service, ids, "the CDI device request", share, index)
 
@@ -164,8 +177,10 @@ class GpusKey(Form):
 
     name = "service-level `gpus:`"
     spec_name = "gpus device id"
-    older_compose = ("compose before v2.30 does not read it: measured, compose v2.26 starts the service without "
-                     "any GPU and docker-compose 1.29 refuses the file")
+    older_compose = (
+        "compose before v2.30 does not read it: measured, compose v2.26 starts the service without "
+        "any GPU and docker-compose 1.29 refuses the file"
+    )
 
     def by_uuid(self, uuid: str) -> str:
         return f"gpus: [{{device_ids: [{uuid}]}}]"
@@ -181,12 +196,18 @@ class GpusKey(Form):
         if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
             raise ServiceError(service, f"`gpus: {quoted(value, 40)}` is neither `all` nor a list of requests", hint)
         if len(value) != 1:
-            raise ServiceError(service, f"`gpus:` has {len(value)} requests", "put every card in one request's "
-                               "device_ids, in local-rank order" if value else hint)
+            raise ServiceError(
+                service,
+                f"`gpus:` has {len(value)} requests",
+                "put every card in one request's device_ids, in local-rank order" if value else hint,
+            )
         entry = value[0]
         if entry.get("driver") not in (None, "nvidia"):
-            raise ServiceError(service, f"`gpus:` asks the driver {quoted(entry.get('driver'))}, not nvidia's",
-                               f"use `driver: nvidia` (or none); CDI devices go in {_DEVICES} with driver: cdi")
+            raise ServiceError(
+                service,
+                f"`gpus:` asks the driver {quoted(entry.get('driver'))}, not nvidia's",
+                f"use `driver: nvidia` (or none); CDI devices go in {_DEVICES} with driver: cdi",
+            )
         return device_entry(self, service, entry, share)
 
     def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
@@ -201,9 +222,11 @@ class CdiNames(Form):
     name = "CDI names in `devices:`"
     spec_name = "CDI device"
     not_taken = CdiDeployDevices.not_taken
-    older_compose = ("compose before v2.30 passes a CDI name to the daemon as a device file: measured, compose v2.26 "
-                     "and docker-compose 1.29 fail with \"error gathering device information while adding custom "
-                     "device\"")
+    older_compose = (
+        "compose before v2.30 passes a CDI name to the daemon as a device file: measured, compose v2.26 "
+        'and docker-compose 1.29 fail with "error gathering device information while adding custom '
+        'device"'
+    )
 
     def by_uuid(self, uuid: str) -> str:
         return f"devices: [{cdi.name(uuid)}]"
@@ -271,8 +294,11 @@ def gpu_request(service: str, svc: Any) -> GpuRequest | None:
         raise ServiceError(service, "the service is not a mapping", "a service is a mapping with `image:` etc.")
     found = [r for r in (f.read(service, svc) for f in FORMS if not f.fallback) if r is not None]
     if len(found) > 1:
-        raise ServiceError(service, f"asks for GPUs twice: {' and '.join(r.form.name for r in found)}",
-                           f"keep one (`{KEY}`, which render turns into the device request)")
+        raise ServiceError(
+            service,
+            f"asks for GPUs twice: {' and '.join(r.form.name for r in found)}",
+            f"keep one (`{KEY}`, which render turns into the device request)",
+        )
     if not found:
         found = [r for r in (f.read(service, svc) for f in FORMS if f.fallback) if r is not None][:1]
     return found[0] if found else None

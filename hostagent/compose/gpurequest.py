@@ -34,9 +34,17 @@ class GpuRequest:
 
     __slots__ = ("capabilities", "count", "device_index", "form", "service", "share", "specs", "verify")
 
-    def __init__(self, service: str, form: Form, specs: Sequence[str] = (), count: int | None = None,
-                 share: bool = False, verify: str | None = None, device_index: int | None = None,
-                 capabilities: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        service: str,
+        form: Form,
+        specs: Sequence[str] = (),
+        count: int | None = None,
+        share: bool = False,
+        verify: str | None = None,
+        device_index: int | None = None,
+        capabilities: Sequence[str] = (),
+    ) -> None:
         self.service = service
         self.form = form
         self.specs = list(specs)
@@ -87,6 +95,7 @@ class Form:
 
 # --- what several forms read and write -------------------------------------------------------------------------
 
+
 def spec_list(value: Any, service: str, key: str) -> list[str]:
     """A list of GPU specs (or one, or a comma-separated string of them), as text."""
     out: list[str] = []
@@ -113,8 +122,9 @@ def _capabilities(entry: Mapping[str, Any]) -> list[str]:
     return [str(c) for c in caps if c != "gpu"] if isinstance(caps, list) else []
 
 
-def device_entry(form: Form, service: str, entry: Mapping[str, Any], share: bool,
-                 index: int | None = None) -> GpuRequest:
+def device_entry(
+    form: Form, service: str, entry: Mapping[str, Any], share: bool, index: int | None = None
+) -> GpuRequest:
     """One nvidia device request (a deploy device entry at `index`, or a `gpus:` entry), checked as compose-go
     checks it (hostagent.compose.devicerequest): ids or a count, not both; neither is every card, as `--gpus all`
     (the compose specification's default)."""
@@ -122,8 +132,14 @@ def device_entry(form: Form, service: str, entry: Mapping[str, Any], share: bool
     count = devicerequest.schema(entry, service, at, needs_capabilities=index is not None)
     caps = _capabilities(entry)
     if count is None:
-        return GpuRequest(service, form, spec_list(entry["device_ids"], service, "device_ids"), share=share,
-                          device_index=index, capabilities=caps)
+        return GpuRequest(
+            service,
+            form,
+            spec_list(entry["device_ids"], service, "device_ids"),
+            share=share,
+            device_index=index,
+            capabilities=caps,
+        )
     return GpuRequest(service, form, count=count, share=share, device_index=index, capabilities=caps)
 
 
@@ -132,18 +148,25 @@ def _cdi_gpu_names(service: str, names: Sequence[str], where: str) -> list[str]:
     devices = [cdi.gpu_device(n) for n in names]
     if any(d is None for d in devices):
         other = next(n for n, d in zip(names, devices) if d is None)
-        raise ServiceError(service, f"{where} mixes {quoted(other)} with {cdi.KIND} devices",
-                           "give other CDI kinds a device request of their own; this one is the GPUs'")
+        raise ServiceError(
+            service,
+            f"{where} mixes {quoted(other)} with {cdi.KIND} devices",
+            "give other CDI kinds a device request of their own; this one is the GPUs'",
+        )
     return [cdi.as_spec(d) for d in devices if d is not None]
 
 
-def cdi_request(form: Form, service: str, names: Sequence[str], where: str, share: bool,
-                 index: int | None = None) -> GpuRequest:
+def cdi_request(
+    form: Form, service: str, names: Sequence[str], where: str, share: bool, index: int | None = None
+) -> GpuRequest:
     specs = _cdi_gpu_names(service, names, where)
     if "all" in specs:
         if len(specs) > 1:
-            raise ServiceError(service, f"{where} names {cdi.name('all')} beside other cards",
-                               f"keep {cdi.name('all')} alone, or name the cards")
+            raise ServiceError(
+                service,
+                f"{where} names {cdi.name('all')} beside other cards",
+                f"keep {cdi.name('all')} alone, or name the cards",
+            )
         return GpuRequest(service, form, count=ALL, share=share, device_index=index)
     if not specs:
         raise ServiceError(service, f"{where} is empty", f"name the cards, e.g. {cdi.name('GPU-...')}")

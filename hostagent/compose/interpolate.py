@@ -47,16 +47,22 @@ def _closing(text: str, start: int) -> int:
 def _braced(body: str, variables: Mapping[str, str], text: str) -> str:
     m = _NAME.match(body)
     if m is None:
-        raise ServiceError(None, f"invalid variable {quoted('${' + body + '}')} in {quoted(text)}",
-                           "write ${NAME}, ${NAME:-default} or ${NAME?message}; $$ for a literal $")
-    name, rest = m.group(), body[m.end():]
+        raise ServiceError(
+            None,
+            f"invalid variable {quoted('${' + body + '}')} in {quoted(text)}",
+            "write ${NAME}, ${NAME:-default} or ${NAME?message}; $$ for a literal $",
+        )
+    name, rest = m.group(), body[m.end() :]
     if not rest:
         return variables.get(name, "")
     op = next((o for o in _OPERATORS if rest.startswith(o)), None)
     if op is None:
-        raise ServiceError(None, f"invalid variable {quoted('${' + body + '}')} in {quoted(text)}",
-                           "write ${NAME}, ${NAME:-default} or ${NAME?message}; $$ for a literal $")
-    arg = rest[len(op):]
+        raise ServiceError(
+            None,
+            f"invalid variable {quoted('${' + body + '}')} in {quoted(text)}",
+            "write ${NAME}, ${NAME:-default} or ${NAME?message}; $$ for a literal $",
+        )
+    arg = rest[len(op) :]
     value = variables.get(name)
     present = value is not None and (value != "" or ":" not in op)
     if op.endswith("-"):
@@ -64,8 +70,11 @@ def _braced(body: str, variables: Mapping[str, str], text: str) -> str:
     if op.endswith("?"):
         if present and value is not None:
             return value
-        raise ServiceError(None, f"the variable {name} is required{': ' + arg if arg else ''} (in {quoted(text)})",
-                           f"set {name} in the environment or in the .env file")
+        raise ServiceError(
+            None,
+            f"the variable {name} is required{': ' + arg if arg else ''} (in {quoted(text)})",
+            f"set {name} in the environment or in the .env file",
+        )
     return substitute(arg, variables) if present else ""
 
 
@@ -87,9 +96,10 @@ def substitute(text: str, variables: Mapping[str, str]) -> str:
         elif text.startswith("${", j):
             end = _closing(text, j + 2)
             if end < 0:
-                raise ServiceError(None, f"an unclosed ${{ in {quoted(text)}", "close it with }, or write $$ for "
-                                   "a literal $")
-            out.append(_braced(text[j + 2:end], variables, text))
+                raise ServiceError(
+                    None, f"an unclosed ${{ in {quoted(text)}", "close it with }, or write $$ for a literal $"
+                )
+            out.append(_braced(text[j + 2 : end], variables, text))
             i = end + 1
         else:
             m = _NAME.match(text, j + 1)
@@ -150,8 +160,11 @@ def dotenv(text: str, variables: Mapping[str, str]) -> dict[str, str]:
         key, sep, value = line.partition("=")
         key = key.strip()
         if not _NAME.fullmatch(key):
-            raise ServiceError(None, f".env line {number}: {quoted(raw)} is not KEY=VALUE",
-                               "write one KEY=VALUE a line (# starts a comment)")
+            raise ServiceError(
+                None,
+                f".env line {number}: {quoted(raw)} is not KEY=VALUE",
+                "write one KEY=VALUE a line (# starts a comment)",
+            )
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] == "'":
             out[key] = value[1:-1]

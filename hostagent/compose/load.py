@@ -125,12 +125,19 @@ def _loader() -> Any:
         """PyYAML's resolver with YAML 1.2's booleans and floats, as compose v2 reads them."""
 
     bool_tag, float_tag = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
-    Resolver12.yaml_implicit_resolvers = {k: [(tag, r) for tag, r in v if tag not in (bool_tag, float_tag)]
-                                          for k, v in Resolver.yaml_implicit_resolvers.items()}
+    Resolver12.yaml_implicit_resolvers = {
+        k: [(tag, r) for tag, r in v if tag not in (bool_tag, float_tag)]
+        for k, v in Resolver.yaml_implicit_resolvers.items()
+    }
     Resolver12.add_implicit_resolver(bool_tag, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-    Resolver12.add_implicit_resolver(float_tag, re.compile(
-        r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)|[-+]?[0-9][0-9_]*\.[0-9_]*|[-+]?\.[0-9_]+"
-        r"(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+    Resolver12.add_implicit_resolver(
+        float_tag,
+        re.compile(
+            r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)|[-+]?[0-9][0-9_]*\.[0-9_]*|[-+]?\.[0-9_]+"
+            r"(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+        ),
+        list("-+0123456789."),
+    )
 
     class Loader(*bases, SafeConstructor, Resolver12):  # type: ignore[misc]
         def __init__(self, stream: str) -> None:
@@ -144,9 +151,10 @@ def _loader() -> Any:
             self._depth += 1
             try:
                 if self._depth > MAX_DEPTH:
-                    raise _refuse(f"its YAML nests deeper than {MAX_DEPTH} levels (at "
-                                  f"{_where(self.peek_event().start_mark)})",
-                                  "compose files nest a few levels deep: check the brackets and indentation")
+                    raise _refuse(
+                        f"its YAML nests deeper than {MAX_DEPTH} levels (at {_where(self.peek_event().start_mark)})",
+                        "compose files nest a few levels deep: check the brackets and indentation",
+                    )
                 return super().compose_node(parent, index)
             finally:
                 self._depth -= 1
@@ -159,12 +167,17 @@ def _loader() -> Any:
                     continue
                 first = seen.setdefault((key.tag, key.value), key)
                 if first is not key:
-                    hint = "merge several anchors with one key: `<<: [*a, *b]`" if key.value == "<<" else \
-                        "keep one of them"
+                    hint = (
+                        "merge several anchors with one key: `<<: [*a, *b]`"
+                        if key.value == "<<"
+                        else "keep one of them"
+                    )
                     raise _refuse(
                         f"the key {quoted(key.value)} is given twice in one mapping (at {_where(first.start_mark)} "
                         f"and {_where(key.start_mark)}): compose v2 refuses that, and docker-compose 1.x silently "
-                        "keeps the last one", hint)
+                        "keeps the last one",
+                        hint,
+                    )
             return node
 
         def get_single_node(self) -> Any:
@@ -184,6 +197,7 @@ def _loader() -> Any:
             if isinstance(value, int) and value.bit_length() > 63:
                 return loader.construct_scalar(node)  # no compose field takes it; its repr could be huge
             return value
+
         return construct
 
     def undefined(loader: Any, node: Any) -> Any:
@@ -192,14 +206,18 @@ def _loader() -> Any:
             return RESET
         if tag == "!override":
             build = {"mapping": loader.construct_mapping, "sequence": loader.construct_sequence}.get(
-                node.id, lambda n, deep: loader.construct_scalar(n))
+                node.id, lambda n, deep: loader.construct_scalar(n)
+            )
             return Override(build(node, deep=True))
-        hint = "remove it: compose files hold text, numbers, booleans, lists and mappings, and compose v2 " \
-               "reads !reset and !override"
+        hint = (
+            "remove it: compose files hold text, numbers, booleans, lists and mappings, and compose v2 "
+            "reads !reset and !override"
+        )
         raise _refuse(f"the YAML tag {quoted(tag)} (at {_where(node.start_mark)}) is not one compose files use", hint)
 
-    Loader.yaml_constructors = {t: c for t, c in SafeConstructor.yaml_constructors.items()
-                                if t is not None and t.rsplit(":", 1)[-1] in _TAGS}
+    Loader.yaml_constructors = {
+        t: c for t, c in SafeConstructor.yaml_constructors.items() if t is not None and t.rsplit(":", 1)[-1] in _TAGS
+    }
     add = Loader.add_constructor
     add("tag:yaml.org,2002:int", keep_text(SafeConstructor.construct_yaml_int))
     add("tag:yaml.org,2002:float", keep_text(SafeConstructor.construct_yaml_float))
@@ -227,12 +245,16 @@ def _weigh(root: Any) -> None:
             depth = 1 + max((weight[id(c)][1] for c in children), default=0)
             weight[id(node)] = (size, depth)
             if size > MAX_EXPANDED:
-                raise _refuse(f"its YAML aliases expand it to more than {MAX_EXPANDED:,} nodes and characters "
-                              f"(at {_where(node.start_mark)}): a YAML alias bomb, or aliases of aliases",
-                              "write repeated values with one anchor and plain aliases, or write them out")
+                raise _refuse(
+                    f"its YAML aliases expand it to more than {MAX_EXPANDED:,} nodes and characters "
+                    f"(at {_where(node.start_mark)}): a YAML alias bomb, or aliases of aliases",
+                    "write repeated values with one anchor and plain aliases, or write them out",
+                )
             if depth > MAX_DEPTH:
-                raise _refuse(f"its YAML aliases nest it deeper than {MAX_DEPTH} levels (at "
-                              f"{_where(node.start_mark)})", "use aliases of plain values, not aliases of aliases")
+                raise _refuse(
+                    f"its YAML aliases nest it deeper than {MAX_DEPTH} levels (at {_where(node.start_mark)})",
+                    "use aliases of plain values, not aliases of aliases",
+                )
             continue
         if id(node) in weight:  # met before through another alias
             continue
@@ -240,8 +262,10 @@ def _weigh(root: Any) -> None:
         stack.append((node, True))
         for child in children:
             if id(child) in on_path:
-                raise _refuse(f"a YAML alias (at {_where(child.start_mark)}) refers to a node that contains it",
-                              "an anchor cannot be used inside itself")
+                raise _refuse(
+                    f"a YAML alias (at {_where(child.start_mark)}) refers to a node that contains it",
+                    "an anchor cannot be used inside itself",
+                )
             if id(child) not in weight:
                 stack.append((child, False))
 
@@ -272,8 +296,10 @@ def parse(text: str) -> Any:
         hint = "indent with spaces: YAML does not allow tabs there" if tab else _FIX_YAML
         raise _refuse(f"not valid YAML: {what} (at {_where(mark)})", hint) from None
     if doc is None:
-        raise _refuse("it holds no YAML document (it is empty, or only comments)",
-                      "a compose file is a mapping with a `services:` key")
+        raise _refuse(
+            "it holds no YAML document (it is empty, or only comments)",
+            "a compose file is a mapping with a `services:` key",
+        )
     return _tree(doc)
 
 
@@ -286,25 +312,28 @@ def decode(data: bytes) -> str:
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise _refuse(f"it is not UTF-8 text (byte 0x{data[err.start]:02x} at line {line}, column {column})",
-                      "save it as UTF-8, the encoding compose files use") from None
+        raise _refuse(
+            f"it is not UTF-8 text (byte 0x{data[err.start]:02x} at line {line}, column {column})",
+            "save it as UTF-8, the encoding compose files use",
+        ) from None
 
 
 def read(path: str) -> bytes:
     """At most MAX_BYTES of the file, or ServiceError(None, ...)."""
     if os.path.isdir(path):
-        raise _refuse("it is a directory, not a compose file",
-                      "give the compose file itself (e.g. DIR/compose.yaml)")
+        raise _refuse("it is a directory, not a compose file", "give the compose file itself (e.g. DIR/compose.yaml)")
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
     except OSError as err:
         hint = {errno.ENOENT: "check the path", errno.EACCES: "run as a user who may read it"}.get(
-            err.errno or 0, "give the path of a readable compose file")
+            err.errno or 0, "give the path of a readable compose file"
+        )
         raise _refuse(f"cannot read it: {err.strerror or err}", hint) from None
     if len(data) > MAX_BYTES:
-        raise _refuse(f"it is larger than {MAX_BYTES >> 10} KiB, far beyond any compose file",
-                      "check that it is the compose file")
+        raise _refuse(
+            f"it is larger than {MAX_BYTES >> 10} KiB, far beyond any compose file", "check that it is the compose file"
+        )
     return data
 
 
@@ -321,8 +350,8 @@ def dump(doc: Any) -> str:
     class Dumper(yaml.SafeDumper):  # type: ignore[name-defined,misc]
         pass
 
-    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
-                                 list("-+0123456789"))
-    text: str = yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
-                          width=4096)
+    Dumper.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+    )
+    text: str = yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)
     return text

@@ -33,8 +33,9 @@ def read(options: Options) -> Project:
     if project.editable is None:
         cmd = native.command()
         if cmd is not None:
-            project.doc = native.config(cmd, Options(project.files, options.project_directory,
-                                                     options.env_files, options.profiles))
+            project.doc = native.config(
+                cmd, Options(project.files, options.project_directory, options.env_files, options.profiles)
+            )
             project.by_compose = True
     return project
 
@@ -50,6 +51,8 @@ def written(project: Project, top: str, rendered: dict[str, Any]) -> str:
         source = roundtrip.without_header(project.texts[project.editable])
         return top + "\n" + roundtrip.edit(source, project.doc, rendered)  # the empty line ends the header
     how = "compose v2's `config`" if project.by_compose else "hostagent's reading of compose's rules"
-    merged = [f"# Merged from {', '.join(printable(os.path.basename(f)) for f in project.files)} by {how}:",
-              "# use it alone (-f THIS_FILE), without the source files or an override file."]
+    merged = [
+        f"# Merged from {', '.join(printable(os.path.basename(f)) for f in project.files)} by {how}:",
+        "# use it alone (-f THIS_FILE), without the source files or an override file.",
+    ]
     return top + "\n".join(merged) + "\n\n" + load.dump(interpolate.escaped(rendered))

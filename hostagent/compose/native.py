@@ -45,8 +45,9 @@ def command(environ: Mapping[str, str] | None = None) -> list[str] | None:
             return None
         cmd = [docker, "compose"]
     try:
-        r = subprocess.run([*cmd, "version", "--short"], capture_output=True, text=True, timeout=TIMEOUT,
-                           stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [*cmd, "version", "--short"], capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     version = r.stdout.strip().lstrip("v")
@@ -69,15 +70,27 @@ def arguments(options: Options) -> list[str]:
 def config(cmd: list[str], options: Options, cwd: str | None = None) -> dict[str, Any]:
     """compose's model of the project, or ServiceError(None, ...) with compose's own reason."""
     try:
-        r = subprocess.run([*cmd, *arguments(options), "config"], capture_output=True, text=True, timeout=TIMEOUT,
-                           stdin=subprocess.DEVNULL, cwd=cwd)
+        r = subprocess.run(
+            [*cmd, *arguments(options), "config"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise ServiceError(None, f"`{' '.join(printable(c) for c in cmd)} config` did not answer ({err})",
-                           f"set {ENV}=none to use hostagent's own reading of the files") from None
+        raise ServiceError(
+            None,
+            f"`{' '.join(printable(c) for c in cmd)} config` did not answer ({err})",
+            f"set {ENV}=none to use hostagent's own reading of the files",
+        ) from None
     if r.returncode != 0:
         why = " ".join(r.stderr.split())[:500] or f"exit {r.returncode}"
-        raise ServiceError(None, f"compose refuses the project: {printable(why)}",
-                           "fix what compose names (`docker compose config` shows it)")
+        raise ServiceError(
+            None,
+            f"compose refuses the project: {printable(why)}",
+            "fix what compose names (`docker compose config` shows it)",
+        )
     doc = interpolate.unescaped(load.parse(r.stdout))  # substituted, each literal $ written $$
     if not isinstance(doc, dict):
         raise ServiceError(None, "`docker compose config` printed no model", f"set {ENV}=none")

@@ -27,8 +27,15 @@ class Problem(Finding):
     ABOUT = "service"
     __slots__ = ("render_fixes",)
 
-    def __init__(self, service: str | None, problem: str, hint: str | None = None, severity: str = ERROR,
-                 exit_code: int = EX_USAGE, render_fixes: bool = False) -> None:
+    def __init__(
+        self,
+        service: str | None,
+        problem: str,
+        hint: str | None = None,
+        severity: str = ERROR,
+        exit_code: int = EX_USAGE,
+        render_fixes: bool = False,
+    ) -> None:
         super().__init__(service, problem, hint, severity, exit_code)
         self.render_fixes = render_fixes
 
@@ -54,8 +61,7 @@ class ServiceError(GpupinError):
     def wrap(cls, service: str | None, err: GpupinError, prefix: str = "") -> ServiceError:
         return cls(service, prefix + err.message, err.hint, err.exit_code)
 
-    def __init__(self, service: str | None, message: str, hint: str | None = None,
-                 exit_code: int = EX_USAGE) -> None:
+    def __init__(self, service: str | None, message: str, hint: str | None = None, exit_code: int = EX_USAGE) -> None:
         super().__init__(message, hint)
         self.service = service
         self.exit_code = exit_code

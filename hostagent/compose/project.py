@@ -32,8 +32,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_FILES = ("compose.yaml", "compose.yml", "docker-compose.yml", "docker-compose.yaml")
-OVERRIDE_FILES = ("compose.override.yml", "compose.override.yaml", "docker-compose.override.yml",
-                  "docker-compose.override.yaml")
+OVERRIDE_FILES = (
+    "compose.override.yml",
+    "compose.override.yaml",
+    "docker-compose.override.yml",
+    "docker-compose.override.yaml",
+)
 _AS_MAPPING = {"environment", "labels", "annotations", "sysctls", "args", "extra_hosts"}  # KEY=VALUE lists
 _REPLACED = {"command", "entrypoint", "profiles", "test"}
 
@@ -41,8 +45,13 @@ _REPLACED = {"command", "entrypoint", "profiles", "test"}
 class Options:
     """What the command line says about the project (as `docker compose` takes it)."""
 
-    def __init__(self, files: Sequence[str] = (), project_directory: str | None = None,
-                 env_files: Sequence[str] = (), profiles: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        files: Sequence[str] = (),
+        project_directory: str | None = None,
+        env_files: Sequence[str] = (),
+        profiles: Sequence[str] = (),
+    ) -> None:
         self.files = list(files)
         self.project_directory = project_directory
         self.env_files = list(env_files)
@@ -52,8 +61,14 @@ class Options:
 class Project:
     """The model (a plain compose document), the files it came from and the variables it was read with."""
 
-    def __init__(self, doc: dict[str, Any], files: list[str], variables: dict[str, str], editable: str | None,
-                 texts: dict[str, str]) -> None:
+    def __init__(
+        self,
+        doc: dict[str, Any],
+        files: list[str],
+        variables: dict[str, str],
+        editable: str | None,
+        texts: dict[str, str],
+    ) -> None:
         self.doc = doc
         self.files = files
         self.variables = variables
@@ -75,23 +90,24 @@ def find_files(options: Options, environ: Mapping[str, str], cwd: str) -> list[s
         return [f for f in environ["COMPOSE_FILE"].split(sep) if f]
     folder = os.path.abspath(options.project_directory or cwd)
     while True:
-        found = next((os.path.join(folder, n) for n in DEFAULT_FILES if os.path.isfile(os.path.join(folder, n))),
-                     None)
+        found = next((os.path.join(folder, n) for n in DEFAULT_FILES if os.path.isfile(os.path.join(folder, n))), None)
         if found:
-            override = next((os.path.join(folder, n) for n in OVERRIDE_FILES
-                             if os.path.isfile(os.path.join(folder, n))), None)
+            override = next(
+                (os.path.join(folder, n) for n in OVERRIDE_FILES if os.path.isfile(os.path.join(folder, n))), None
+            )
             return [found] + ([override] if override else [])
         parent = os.path.dirname(folder)
         if parent == folder:
-            raise _refuse(f"no compose file here ({', '.join(DEFAULT_FILES)}), nor in a folder above",
-                          "give it: hostagent compose render FILE (or -f FILE, several times)")
+            raise _refuse(
+                f"no compose file here ({', '.join(DEFAULT_FILES)}), nor in a folder above",
+                "give it: hostagent compose render FILE (or -f FILE, several times)",
+            )
         folder = parent
 
 
 def variables(env_files: Sequence[str], folder: str, environ: Mapping[str, str]) -> dict[str, str]:
     """The environment over the `.env` file of `folder` (or over `env_files`, in order)."""
-    paths = list(env_files) or ([os.path.join(folder, ".env")] if os.path.isfile(os.path.join(folder, ".env"))
-                                else [])
+    paths = list(env_files) or ([os.path.join(folder, ".env")] if os.path.isfile(os.path.join(folder, ".env")) else [])
     found: dict[str, str] = {}
     for path in paths:
         try:
@@ -173,8 +189,10 @@ class _Reader:
             raise
         self.texts[path] = text
         if not isinstance(doc, dict):
-            raise _refuse(f"{printable(path)} is not a compose file (its top level is not a mapping)",
-                          "a compose file is a mapping with a `services:` key")
+            raise _refuse(
+                f"{printable(path)} is not a compose file (its top level is not a mapping)",
+                "a compose file is a mapping with a `services:` key",
+            )
         if _has_marks(doc):
             self.marked = True
         doc = interpolate.tree(doc, variables)
@@ -198,10 +216,14 @@ class _Reader:
         paths = [os.path.join(folder, p) for p in paths]
         real = [os.path.realpath(p) for p in paths]
         if set(real) & set(self.including):
-            raise _refuse(f"{printable(path)} includes {printable(paths[0])}, which includes it back",
-                          "break the include cycle")
-        home = os.path.join(folder, spec["project_directory"]) if spec.get("project_directory") else \
-            os.path.dirname(paths[0])
+            raise _refuse(
+                f"{printable(path)} includes {printable(paths[0])}, which includes it back", "break the include cycle"
+            )
+        home = (
+            os.path.join(folder, spec["project_directory"])
+            if spec.get("project_directory")
+            else os.path.dirname(paths[0])
+        )
         env_files = spec.get("env_file") or []
         env_files = [os.path.join(folder, e) for e in ([env_files] if isinstance(env_files, str) else env_files)]
         self.including.append(os.path.realpath(path))
@@ -213,12 +235,16 @@ class _Reader:
                 if not isinstance(mine, dict):
                     continue
                 if name in mine and top == "services":
-                    raise _refuse(f"the service {quoted(name)} is defined by {printable(path)} and by the file it "
-                                  f"includes ({printable(paths[0])})", "rename one of them")
+                    raise _refuse(
+                        f"the service {quoted(name)} is defined by {printable(path)} and by the file it "
+                        f"includes ({printable(paths[0])})",
+                        "rename one of them",
+                    )
                 mine.setdefault(name, item)
 
-    def extended(self, svcs: dict[str, Any], name: str, path: str, variables: Mapping[str, str],
-                 chain: list[tuple[str, str]]) -> Any:
+    def extended(
+        self, svcs: dict[str, Any], name: str, path: str, variables: Mapping[str, str], chain: list[tuple[str, str]]
+    ) -> Any:
         svc = svcs[name]
         if not isinstance(svc, dict) or "extends" not in svc:
             return svc
@@ -228,16 +254,19 @@ class _Reader:
         if not isinstance(ext, dict) or not isinstance(ext.get("service"), str):
             raise _refuse(f"service {quoted(name)}: `extends` names no service", "write extends: {service: NAME}")
         if (path, name) in chain:
-            raise _refuse(f"service {quoted(name)} extends itself (through {', '.join(n for _, n in chain)})",
-                          "break the cycle")
+            raise _refuse(
+                f"service {quoted(name)} extends itself (through {', '.join(n for _, n in chain)})", "break the cycle"
+            )
         other, base_path = svcs, path
         if ext.get("file"):
             base_path = os.path.join(os.path.dirname(os.path.abspath(path)), str(ext["file"]))
             other = self.file_services(base_path, variables)
         target = ext["service"]
         if target not in other:
-            raise _refuse(f"service {quoted(name)} extends {quoted(target)}, which {printable(base_path)} does not "
-                          "define", "name a service of that file")
+            raise _refuse(
+                f"service {quoted(name)} extends {quoted(target)}, which {printable(base_path)} does not define",
+                "name a service of that file",
+            )
         base = self.extended(other, target, base_path, variables, [*chain, (path, name)])
         own = {k: v for k, v in svc.items() if k != "extends"}
         return merge(base, own)
@@ -272,8 +301,11 @@ def active(doc: dict[str, Any], profiles: Sequence[str], environ: Mapping[str, s
     svcs = doc.get("services")
     if not isinstance(svcs, dict) or "*" in on:
         return False
-    off = [n for n, s in svcs.items() if isinstance(s, dict) and isinstance(s.get("profiles"), list)
-           and not on & {str(p) for p in s["profiles"]}]
+    off = [
+        n
+        for n, s in svcs.items()
+        if isinstance(s, dict) and isinstance(s.get("profiles"), list) and not on & {str(p) for p in s["profiles"]}
+    ]
     for name in off:
         del svcs[name]
     return bool(off)

@@ -63,8 +63,9 @@ def _unset(svc: dict[str, Any], key: str, names: set[str]) -> None:
 NOT_ASKED = cdi.Detection(False, "the daemon was not asked")
 
 
-def pinned(doc: Mapping[str, Any], exam: Examination, detection: cdi.Detection = NOT_ASKED,
-           via: str | None = None) -> dict[str, Any]:
+def pinned(
+    doc: Mapping[str, Any], exam: Examination, detection: cdi.Detection = NOT_ASKED, via: str | None = None
+) -> dict[str, Any]:
     """A copy of the document with every service that asks for GPUs pinned to the cards of the plan, through CDI
     or the nvidia driver (`via`, else as `detection` finds the daemon serves each service's cards)."""
     out: dict[str, Any] = copy.deepcopy(dict(doc))
@@ -82,24 +83,38 @@ def pinned(doc: Mapping[str, Any], exam: Examination, detection: cdi.Detection =
 
 
 def header(file: str, exam: Examination) -> str:
-    lines = [f"# Rendered by `hostagent compose render {printable(os.path.basename(file))}` for the GPUs of this "
-             "host: every",
-             "# card is pinned by UUID and proved inside the container (GPUPIN_EXPECT). Re-render; do not edit."]
+    lines = [
+        f"# Rendered by `hostagent compose render {printable(os.path.basename(file))}` for the GPUs of this "
+        "host: every",
+        "# card is pinned by UUID and proved inside the container (GPUPIN_EXPECT). Re-render; do not edit.",
+    ]
     for req in exam.requests:
         for k, t in enumerate(exam.plan[req.service]):
             lines.append(f"#   {req.service}: cuda:{k} = {t.uuid} at {t.bus_id} ({printable(t.name)})")
     return "\n".join(lines) + "\n"
 
 
-def render(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]],
-           detection: cdi.Detection = NOT_ASKED, via: str | None = None) -> tuple[dict[str, Any], Examination]:
+def render(
+    doc: Any,
+    cards: Sequence[Card],
+    busy: Mapping[str, Sequence[Holder]],
+    detection: cdi.Detection = NOT_ASKED,
+    via: str | None = None,
+) -> tuple[dict[str, Any], Examination]:
     """The pinned document and what `examine` found; RenderRefused with every refusal when there is one."""
     exam = examine(doc, cards, busy)
     refusals = exam.refusals
     if via == cdi.CDI:  # as `hostagent run --via cdi --gpu-capabilities`: a CDI request carries no capabilities
-        refusals += [Problem(r.service, f"asks for the driver capabilities {', '.join(r.capabilities)}, which a CDI "
-                             "device request cannot carry (its spec decides them)", "render without --via cdi, or "
-                             "drop them from `capabilities:`") for r in exam.requests if r.capabilities]
+        refusals += [
+            Problem(
+                r.service,
+                f"asks for the driver capabilities {', '.join(r.capabilities)}, which a CDI "
+                "device request cannot carry (its spec decides them)",
+                "render without --via cdi, or drop them from `capabilities:`",
+            )
+            for r in exam.requests
+            if r.capabilities
+        ]
     if refusals:
         raise RenderRefused(refusals)
     return pinned(doc, exam, detection, via), exam

@@ -42,7 +42,7 @@ def without_header(text: str) -> str:
         return text
     lines = text.splitlines(keepends=True)
     first = next((i for i, ln in enumerate(lines) if not ln.startswith("#")), len(lines))
-    return "".join(lines[first + (first < len(lines) and not lines[first].strip()):])
+    return "".join(lines[first + (first < len(lines) and not lines[first].strip()) :])
 
 
 def _yaml() -> Any:
@@ -51,8 +51,10 @@ def _yaml() -> Any:
     except ImportError:
         from gpupin.core.errors import UsageError
 
-        raise UsageError("ruamel.yaml is not installed (compose render keeps the file as written through it)",
-                         "install the host side: pip install 'gpupin[host]'") from None
+        raise UsageError(
+            "ruamel.yaml is not installed (compose render keeps the file as written through it)",
+            "install the host side: pip install 'gpupin[host]'",
+        ) from None
     return YAML
 
 
@@ -147,6 +149,7 @@ def _private(node: Any) -> Any:
     """A copy that shares no mapping or list with the tree and defines no anchor (a second definition would
     rebind the aliases after it); comments and styles come along, `<<:` sources stay the shared originals."""
     from ruamel.yaml.comments import Comment, CommentedMap, CommentedSeq, Format, LineCol, merge_attrib
+
     try:
         from ruamel.yaml.tag import Tag
     except ImportError:  # ruamel.yaml before 0.17.22
@@ -191,8 +194,12 @@ def _scalar(value: Any) -> Any:
         plain_11 = yaml.safe_load(value) if value else ""
     except yaml.YAMLError:
         return DoubleQuotedScalarString(value)
-    looks_12 = re.fullmatch(r"[-+]?(\.inf|\.nan|[0-9][0-9_]*(\.[0-9]*)?([eE][-+]?[0-9]+)?|0o[0-7]+|0x[0-9a-fA-F]+)"
-                            r"|true|false|null|~", value, re.IGNORECASE)
+    looks_12 = re.fullmatch(
+        r"[-+]?(\.inf|\.nan|[0-9][0-9_]*(\.[0-9]*)?([eE][-+]?[0-9]+)?|0o[0-7]+|0x[0-9a-fA-F]+)"
+        r"|true|false|null|~",
+        value,
+        re.IGNORECASE,
+    )
     if plain_11 != value or looks_12 or value != value.strip():
         return DoubleQuotedScalarString(value)
     return value
@@ -308,8 +315,11 @@ def edit(text: str, before: dict[Any, Any], after: dict[Any, Any]) -> str:
     try:
         root = yaml.load(text)
     except YAMLError as err:  # load accepted it: a reading the two libraries do not share
-        raise ServiceError(None, f"ruamel.yaml cannot read it as PyYAML does ({str(err).splitlines()[0]})",
-                           "report it with the file; meanwhile write the file in plain block style") from None
+        raise ServiceError(
+            None,
+            f"ruamel.yaml cannot read it as PyYAML does ({str(err).splitlines()[0]})",
+            "report it with the file; meanwhile write the file in plain block style",
+        ) from None
     _keep_anchors(root)
     editor = _Editor(root)
     old, new = before.get("services") or {}, after.get("services") or {}

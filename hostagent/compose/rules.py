@@ -48,8 +48,14 @@ _RENDER = "`hostagent compose render`"
 class Examination:
     """What `examine` found: the problems, the requests, and the cards each service gets (the plan)."""
 
-    def __init__(self, problems: Sequence[Problem], requests: Sequence[GpuRequest] = (),
-                 plan: Mapping[str, Sequence[Target]] | None = None, named: int = 0, counted: int = 0) -> None:
+    def __init__(
+        self,
+        problems: Sequence[Problem],
+        requests: Sequence[GpuRequest] = (),
+        plan: Mapping[str, Sequence[Target]] | None = None,
+        named: int = 0,
+        counted: int = 0,
+    ) -> None:
         self.problems = list(problems)
         self.requests = list(requests)
         self.plan = {k: list(v) for k, v in (plan or {}).items()}
@@ -76,14 +82,18 @@ class Examination:
 
 def _kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "text", bool: "a boolean", int: "a number", float: "a number"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
 def services(doc: Any) -> dict[str, Any]:
     """The `services` mapping of a compose document, or ServiceError(None, ...)."""
     if not isinstance(doc, dict):
-        raise ServiceError(None, "it is not a compose file (its top level is not a mapping)",
-                           "a compose file is a mapping with a `services:` key")
+        raise ServiceError(
+            None,
+            "it is not a compose file (its top level is not a mapping)",
+            "a compose file is a mapping with a `services:` key",
+        )
     svcs = doc.get("services")
     fix = "list the services under `services:`, each a mapping with `image:` and the rest"
     if svcs is None:
@@ -102,15 +112,26 @@ def name_problems(svcs: Mapping[Any, Any]) -> list[Problem]:
         if name is None:
             problems.append(Problem(None, "a service has no name (its key is empty or null)", "give it a name"))
         elif not isinstance(name, str):
-            problems.append(Problem(None, f"the service name {quoted(name)} is not a string (YAML reads it as "
-                                    f"{_kind(name)})", f"quote it: '{quoted(name, 40)}'"))
+            problems.append(
+                Problem(
+                    None,
+                    f"the service name {quoted(name)} is not a string (YAML reads it as {_kind(name)})",
+                    f"quote it: '{quoted(name, 40)}'",
+                )
+            )
         elif not SERVICE_NAME.fullmatch(name):
-            problems.append(Problem(None, f"the service name {quoted(name)} has characters compose does not allow",
-                                    "use letters, digits, '.', '_' and '-'"))
+            problems.append(
+                Problem(
+                    None,
+                    f"the service name {quoted(name)} has characters compose does not allow",
+                    "use letters, digits, '.', '_' and '-'",
+                )
+            )
     return problems
 
 
 # --- one service ------------------------------------------------------------------------------------------------
+
 
 def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target], list[Problem], bool]:
     """The cards a request names, in its order; the problems; whether every spec named a card that can be given.
@@ -132,15 +153,23 @@ def resolve_named(req: GpuRequest, cards: Sequence[Card]) -> tuple[list[Target],
         fix = f"write the card's UUID {target.uuid}, or let {_RENDER} pin it"
         written = form(spec)
         if written == INDEX:
-            problems.append(Problem(req.service, f"{what} is an NVML index: today it is {target.describe()}, but "
-                                    "indices follow PCI bus order and name another card after a card is added, "
-                                    "removed or lost", f"pin it by UUID: {req.form.by_uuid(target.uuid)} (or "
-                                    f"`{KEY}: {{gpus: [{target.uuid}]}}` and render)", render_fixes=True))
+            problems.append(
+                Problem(
+                    req.service,
+                    f"{what} is an NVML index: today it is {target.describe()}, but "
+                    "indices follow PCI bus order and name another card after a card is added, "
+                    "removed or lost",
+                    f"pin it by UUID: {req.form.by_uuid(target.uuid)} (or "
+                    f"`{KEY}: {{gpus: [{target.uuid}]}}` and render)",
+                    render_fixes=True,
+                )
+            )
         elif written == UUID and not is_full_uuid(spec.strip()):
             problems.append(Problem(req.service, f"{what} is a UUID prefix, {refused}", fix, render_fixes=True))
         elif written == BUS_ID and spec.count(":") < 2:
-            problems.append(Problem(req.service, f"{what} is a bus id without its PCI domain, {refused}", fix,
-                                    render_fixes=True))
+            problems.append(
+                Problem(req.service, f"{what} is a bus id without its PCI domain, {refused}", fix, render_fixes=True)
+            )
     try:
         targets = gpus.resolve_specs(good, cards)  # the resolver's own rule: a card asked for twice
     except GpupinError as err:
@@ -153,9 +182,15 @@ def compose_version_rules(req: GpuRequest) -> list[Problem]:
     """A form that only newer compose versions read: what an older one does with the file as written."""
     if req.form.older_compose is None:
         return []
-    return [Problem(req.service, f"asks for GPUs with {req.form.name}: {req.form.older_compose}",
-                    f"let {_RENDER} write the device request, which every compose version reads", WARNING,
-                    render_fixes=True)]
+    return [
+        Problem(
+            req.service,
+            f"asks for GPUs with {req.form.name}: {req.form.older_compose}",
+            f"let {_RENDER} write the device request, which every compose version reads",
+            WARNING,
+            render_fixes=True,
+        )
+    ]
 
 
 def every_card(cards: Sequence[Card]) -> list[Target]:
@@ -163,8 +198,9 @@ def every_card(cards: Sequence[Card]) -> list[Target]:
     return [Target(c) for c in cards if c.error is None and c.uuid and not c.mig_mode]
 
 
-def owned_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[str, str],
-                fix: str | None = None) -> list[Problem]:
+def owned_rules(
+    req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[str, str], fix: str | None = None
+) -> list[Problem]:
     """The pin's variables and labels beside `x-gpupin` or a count, where no one can know the cards by hand. `fix`
     replaces the hint where the cards come from elsewhere (a Swarm stack: from Swarm, in each task)."""
     if req.form.standard and req.count is not None and req.count != ALL:
@@ -178,17 +214,21 @@ def owned_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[
         fix = fix or "remove it: render writes it from the cards it pins"
     else:
         return []
-    problems = [Problem(req.service, f"environment sets {var} by hand {beside}", fix)
-                for var in owned_vars if var in env]
+    problems = [
+        Problem(req.service, f"environment sets {var} by hand {beside}", fix) for var in owned_vars if var in env
+    ]
     for label in owned_labels:
         if label in labels:
-            hint = f"say it in `{KEY}` (share: true or false)" if label == SHARED_LABEL else \
-                f"{fix} (it is the ledger)"
+            hint = f"say it in `{KEY}` (share: true or false)" if label == SHARED_LABEL else f"{fix} (it is the ledger)"
             problems.append(Problem(req.service, f"sets the label {label} by hand {beside}", hint))
     if req.verify is not None and env.get(VERIFY_VAR) not in (None, req.verify):
-        problems.append(Problem(req.service, f"environment sets {VERIFY_VAR}={quoted(env[VERIFY_VAR])} but "
-                                f"{KEY}.verify is {req.verify}",
-                                f"keep one: {KEY}.verify (render writes {VERIFY_VAR} from it)"))
+        problems.append(
+            Problem(
+                req.service,
+                f"environment sets {VERIFY_VAR}={quoted(env[VERIFY_VAR])} but {KEY}.verify is {req.verify}",
+                f"keep one: {KEY}.verify (render writes {VERIFY_VAR} from it)",
+            )
+        )
     return problems
 
 
@@ -198,24 +238,37 @@ def device_var_rules(service: str, env: Mapping[str, str | None], pinned: bool) 
     forms and agreement_rules judge it)."""
     out = []
     for var in sorted(v for v in env if picks_devices(v) and v != NVD_VAR):
-        what = "beside its pin, so it could get devices outside it" if pinned else \
-            "so the NVIDIA runtime may give it devices that no request names and nothing checks"
+        what = (
+            "beside its pin, so it could get devices outside it"
+            if pinned
+            else "so the NVIDIA runtime may give it devices that no request names and nothing checks"
+        )
         value = env[var]
         said = f"{var} (from the shell)" if value is None else f"{var}={quoted(value)}"
-        out.append(Problem(service, f"environment sets {said}, which the NVIDIA toolkit reads to pick the devices "
-                           f"it exposes, {what}",
-                           "remove it, and ask for the cards with a device request or `x-gpupin` (then "
-                           f"{_RENDER})" + (" (on a Swarm, Swarm sets DOCKER_RESOURCE_* in each task)"
-                                            if var.startswith("DOCKER_RESOURCE_") else "")))
+        out.append(
+            Problem(
+                service,
+                f"environment sets {said}, which the NVIDIA toolkit reads to pick the devices it exposes, {what}",
+                "remove it, and ask for the cards with a device request or `x-gpupin` (then "
+                f"{_RENDER})"
+                + (
+                    " (on a Swarm, Swarm sets DOCKER_RESOURCE_* in each task)"
+                    if var.startswith("DOCKER_RESOURCE_")
+                    else ""
+                ),
+            )
+        )
     return out
 
 
-def _expectation(req: GpuRequest, value: str, targets: list[Target], cards: Sequence[Card]
-                 ) -> tuple[list[Target], list[Problem]]:
+def _expectation(
+    req: GpuRequest, value: str, targets: list[Target], cards: Sequence[Card]
+) -> tuple[list[Target], list[Problem]]:
     """A hand-set GPUPIN_EXPECT beside named cards: the same cards at their bus ids, in the order it gives (its
     order is the local-rank order, so render keeps it)."""
-    fix = f"let {_RENDER} write it, or list exactly the service's cards: {EXPECT_VAR}=" + \
-          ",".join(t.expect_entry() for t in targets)
+    fix = f"let {_RENDER} write it, or list exactly the service's cards: {EXPECT_VAR}=" + ",".join(
+        t.expect_entry() for t in targets
+    )
     try:
         expectation = parse_expect(value)
     except GpupinError as err:
@@ -232,20 +285,36 @@ def _expectation(req: GpuRequest, value: str, targets: list[Target], cards: Sequ
         named.append(uuid)
         at = resolve(uuid, cards).bus_id  # where it is, whatever its state (resolve_named judged that)
         if e.bus_id is not None and e.bus_id != at:
-            problems.append(Problem(req.service, f"{EXPECT_VAR} puts {uuid} at {e.bus_id}, but it is at {at}: "
-                                    "the entrypoint will refuse to start (78)", fix))
+            problems.append(
+                Problem(
+                    req.service,
+                    f"{EXPECT_VAR} puts {uuid} at {e.bus_id}, but it is at {at}: "
+                    "the entrypoint will refuse to start (78)",
+                    fix,
+                )
+            )
     if not problems and sorted(named) != sorted(t.uuid for t in targets):
-        problems.append(Problem(
-            req.service, f"{EXPECT_VAR} names {', '.join(named)} but the service is given "
-            f"{', '.join(t.uuid for t in targets) or 'no card'}: the entrypoint will refuse to start (78)", fix))
+        problems.append(
+            Problem(
+                req.service,
+                f"{EXPECT_VAR} names {', '.join(named)} but the service is given "
+                f"{', '.join(t.uuid for t in targets) or 'no card'}: the entrypoint will refuse to start (78)",
+                fix,
+            )
+        )
     if problems:
         return targets, problems
     by_uuid = {t.uuid: t for t in targets}
     return [by_uuid[u] for u in named], []
 
 
-def agreement_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapping[str, str],
-                    targets: list[Target], cards: Sequence[Card]) -> tuple[list[Target], list[Problem]]:
+def agreement_rules(
+    req: GpuRequest,
+    env: Mapping[str, str | None],
+    labels: Mapping[str, str],
+    targets: list[Target],
+    cards: Sequence[Card],
+) -> tuple[list[Target], list[Problem]]:
     """Where a standard form names its cards, what else names them by hand must name the same ones: two statements
     of which cards a service runs on, of which at most one can be right. Returns the cards in local-rank order."""
     if not req.form.standard or (req.count is not None and req.count != ALL):
@@ -257,9 +326,14 @@ def agreement_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapp
         targets, problems = _expectation(req, expect, targets, cards)
     ledger = labels.get(LABEL)
     if ledger is not None and {u.strip() for u in ledger.split(",") if u.strip()} != {t.uuid for t in targets}:
-        problems.append(Problem(
-            req.service, f"the label {LABEL}={quoted(ledger)} is not the cards the service is given, so the ledger "
-            "would be wrong about who holds which card", f"let {_RENDER} write it, or make it {want}"))
+        problems.append(
+            Problem(
+                req.service,
+                f"the label {LABEL}={quoted(ledger)} is not the cards the service is given, so the ledger "
+                "would be wrong about who holds which card",
+                f"let {_RENDER} write it, or make it {want}",
+            )
+        )
     nvd = env.get(NVD_VAR)
     if nvd is not None and req.form.env_var != NVD_VAR:  # the runtime form's NVIDIA_VISIBLE_DEVICES is its request
         try:
@@ -267,21 +341,31 @@ def agreement_rules(req: GpuRequest, env: Mapping[str, str | None], labels: Mapp
         except GpupinError:
             named = set()
         if named != {t.uuid for t in targets}:
-            problems.append(Problem(req.service, f"environment sets {NVD_VAR}={quoted(nvd)}, which disagrees with "
-                                    "the device request", f"remove it ({_RENDER} writes it), or make it {want}"))
+            problems.append(
+                Problem(
+                    req.service,
+                    f"environment sets {NVD_VAR}={quoted(nvd)}, which disagrees with the device request",
+                    f"remove it ({_RENDER} writes it), or make it {want}",
+                )
+            )
     return targets, problems
 
 
 def _not_a_pin(req: GpuRequest, given: Sequence[Target]) -> Problem:
     first = ", ".join(f"{t.card.index} = {t.uuid}" for t in given)
     n = len(given) if req.count == ALL else req.count
-    return Problem(req.service, f"{req.describe_count()} is not a pin: Docker gives the first {n} card(s) by index "
-                   f"({first}), whoever holds them, and nothing checks it inside the container",
-                   f"name the cards: `{KEY}: {{gpus: [...]}}` or `{KEY}: {{count: {max(n or 1, 1)}}}`, then {_RENDER}",
-                   WARNING, render_fixes=True)
+    return Problem(
+        req.service,
+        f"{req.describe_count()} is not a pin: Docker gives the first {n} card(s) by index "
+        f"({first}), whoever holds them, and nothing checks it inside the container",
+        f"name the cards: `{KEY}: {{gpus: [...]}}` or `{KEY}: {{count: {max(n or 1, 1)}}}`, then {_RENDER}",
+        WARNING,
+        render_fixes=True,
+    )
 
 
 # --- the whole file ---------------------------------------------------------------------------------------------
+
 
 def checked_services(doc: Any) -> tuple[dict[str, Any], list[Problem]]:
     """The document's services, or the problems that stop every further check (no services mapping, names
@@ -311,9 +395,14 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
             if by_file is not None:
                 named.append(by_file)
                 if req is None and replicas(svc, name) > 1:
-                    problems.append(Problem(name, f"asks for {replicas(svc, name)} replicas, and its device files "
-                                            "give every replica the same cards", "make one service per replica, "
-                                            "each with device files of its own"))
+                    problems.append(
+                        Problem(
+                            name,
+                            f"asks for {replicas(svc, name)} replicas, and its device files "
+                            "give every replica the same cards",
+                            "make one service per replica, each with device files of its own",
+                        )
+                    )
             env = env_entries(svc, name)
             problems.extend(device_var_rules(name, env, req is not None))
             if req is None:
@@ -325,9 +414,14 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
             problems.append(err.problem())
             continue
         if n > 1:
-            problems.append(Problem(name, f"asks for {n} replicas of a pinned service: every replica would get the "
-                                    "same cards", "make one service per replica, each with its own cards (on a "
-                                    "Docker Swarm, `hostagent compose render --swarm` gives each replica its own)"))
+            problems.append(
+                Problem(
+                    name,
+                    f"asks for {n} replicas of a pinned service: every replica would get the same cards",
+                    "make one service per replica, each with its own cards (on a "
+                    "Docker Swarm, `hostagent compose render --swarm` gives each replica its own)",
+                )
+            )
         problems.extend(owned_rules(req, env, labels))
         problems.extend(compose_version_rules(req))
         if req.count is None or req.count == ALL:
@@ -344,7 +438,7 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
             continue
         counted.append(req)
         if req.form.standard:  # as written, Docker gives a count the first cards by index
-            given = every_card(cards)[:req.count]
+            given = every_card(cards)[: req.count]
             problems.append(_not_a_pin(req, given))
             as_written.append(Assignment(req, given, as_written=True))
     plan, placing = place(named, counted, cards, busy)
@@ -353,5 +447,10 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
     written = sorted([*named, *as_written], key=lambda a: order[a.req.service])
     problems.extend(p for p in bookings(written, busy) if p.render_fixes)  # the rest came from place()
     problems.sort(key=lambda p: order.get(p.service, -1) if p.service is not None else -1)
-    return Examination(problems, requests, plan, len({t.uuid for a in named if a.pinned for t in a.targets}),
-                       sum(r.count or 0 for r in counted))
+    return Examination(
+        problems,
+        requests,
+        plan,
+        len({t.uuid for a in named if a.pinned for t in a.targets}),
+        sum(r.count or 0 for r in counted),
+    )

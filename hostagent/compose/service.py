@@ -19,8 +19,11 @@ def mapping(value: Any, service: str, where: str) -> dict[Any, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ServiceError(service, f"`{where}` is not a mapping (it is {quoted(value, 30)})",
-                           f"write {where} as a mapping of keys, as the compose specification has it")
+        raise ServiceError(
+            service,
+            f"`{where}` is not a mapping (it is {quoted(value, 30)})",
+            f"write {where} as a mapping of keys, as the compose specification has it",
+        )
     return value
 
 
@@ -35,13 +38,19 @@ def env_entries(svc: Mapping[str, Any], service: str) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
         for item in env:
             if not isinstance(item, str):
-                raise ServiceError(service, f"environment entry {quoted(item)} is not KEY=VALUE",
-                                   "write environment entries as KEY=VALUE strings, or as a mapping")
+                raise ServiceError(
+                    service,
+                    f"environment entry {quoted(item)} is not KEY=VALUE",
+                    "write environment entries as KEY=VALUE strings, or as a mapping",
+                )
             key, eq, value = item.partition("=")
             out[key] = value if eq else None
         return out
-    raise ServiceError(service, f"`environment` is neither a list nor a mapping (it is {quoted(env, 30)})",
-                       "write it as a list of KEY=VALUE, or as a mapping of KEY: VALUE")
+    raise ServiceError(
+        service,
+        f"`environment` is neither a list nor a mapping (it is {quoted(env, 30)})",
+        "write it as a list of KEY=VALUE, or as a mapping of KEY: VALUE",
+    )
 
 
 def label_entries(svc: Mapping[str, Any], service: str) -> dict[str, str]:
@@ -52,8 +61,11 @@ def label_entries(svc: Mapping[str, Any], service: str) -> dict[str, str]:
         return {str(k): "" if v is None else str(v) for k, v in labels.items()}
     if isinstance(labels, list):
         return dict(str(item).partition("=")[::2] for item in labels)
-    raise ServiceError(service, f"`labels` is neither a list nor a mapping (it is {quoted(labels, 30)})",
-                       "write it as a list of KEY=VALUE, or as a mapping of KEY: VALUE")
+    raise ServiceError(
+        service,
+        f"`labels` is neither a list nor a mapping (it is {quoted(labels, 30)})",
+        "write it as a list of KEY=VALUE, or as a mapping of KEY: VALUE",
+    )
 
 
 def replicas(svc: Mapping[str, Any], service: str) -> int:
@@ -63,8 +75,9 @@ def replicas(svc: Mapping[str, Any], service: str) -> int:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ServiceError(service, f"`{key}: {quoted(value)}` is not a number of containers",
-                               "give a whole number >= 0")
+            raise ServiceError(
+                service, f"`{key}: {quoted(value)}` is not a number of containers", "give a whole number >= 0"
+            )
         return value
     return 1
 

@@ -70,8 +70,16 @@ class StackService:
 
     __slots__ = ("constraints", "global_mode", "replicas", "req", "reservation", "service", "written")
 
-    def __init__(self, service: str, reservation: Reservation, replicas: int, global_mode: bool,
-                 constraints: Sequence[Constraint], req: GpuRequest | None, written: bool) -> None:
+    def __init__(
+        self,
+        service: str,
+        reservation: Reservation,
+        replicas: int,
+        global_mode: bool,
+        constraints: Sequence[Constraint],
+        req: GpuRequest | None,
+        written: bool,
+    ) -> None:
         self.service = service
         self.reservation = reservation
         self.replicas = replicas
@@ -88,8 +96,13 @@ class StackService:
 class StackExamination:
     """What `examine` found: problems (refusals and warnings), the services that reserve cards, the file's notes."""
 
-    def __init__(self, problems: Sequence[Problem], reserving: Sequence[StackService] = (),
-                 notes: Sequence[str] = (), version: str | None = None) -> None:
+    def __init__(
+        self,
+        problems: Sequence[Problem],
+        reserving: Sequence[StackService] = (),
+        notes: Sequence[str] = (),
+        version: str | None = None,
+    ) -> None:
         self.problems = list(problems)
         self.reserving = list(reserving)
         self.notes = list(notes)
@@ -106,21 +119,44 @@ class StackExamination:
 
 # --- the file ----------------------------------------------------------------------------------------------------
 
+
 def version_rule(doc: dict[str, Any]) -> tuple[str | None, list[str], list[Problem]]:
     """(the version to write, notes, problems): stack deploy takes format 3; generic_resources need 3.5."""
     raw = doc.get("version")
     if raw is None:
-        return DEFAULT_VERSION, [f"the file has no `version`; it gets {DEFAULT_VERSION}, which `docker stack "
-                                 "deploy` needs (Docker 20.10's CLI reads a file without one as format 1)"], []
+        return (
+            DEFAULT_VERSION,
+            [
+                f"the file has no `version`; it gets {DEFAULT_VERSION}, which `docker stack "
+                "deploy` needs (Docker 20.10's CLI reads a file without one as format 1)"
+            ],
+            [],
+        )
     m = re.fullmatch(r"\s*([0-9]+)(?:\.([0-9]+))?\s*", str(raw))
     if m is None:
-        return None, [], [Problem(None, f"`version: {quoted(raw)}` is no compose file format",
-                                  f"write version: '{DEFAULT_VERSION}'")]
+        return (
+            None,
+            [],
+            [
+                Problem(
+                    None, f"`version: {quoted(raw)}` is no compose file format", f"write version: '{DEFAULT_VERSION}'"
+                )
+            ],
+        )
     found = (int(m.group(1)), int(m.group(2) or 0))
     if found[0] < 3:
-        return None, [], [Problem(None, f"`version: {quoted(raw)}` is a format {found[0]} file, which `docker stack "
-                                  "deploy` does not take", f"make it version: '{DEFAULT_VERSION}' (format 3 moves "
-                                  "limits and reservations under deploy.resources)")]
+        return (
+            None,
+            [],
+            [
+                Problem(
+                    None,
+                    f"`version: {quoted(raw)}` is a format {found[0]} file, which `docker stack deploy` does not take",
+                    f"make it version: '{DEFAULT_VERSION}' (format 3 moves "
+                    "limits and reservations under deploy.resources)",
+                )
+            ],
+        )
     if found < MIN_VERSION:
         want = "{}.{}".format(*MIN_VERSION)
         return want, [f"`version: {printable(str(raw))}` becomes {want}, the first format with {_GENERIC}"], []
@@ -129,14 +165,18 @@ def version_rule(doc: dict[str, Any]) -> tuple[str | None, list[str], list[Probl
 
 # --- one service -------------------------------------------------------------------------------------------------
 
+
 def _generic(svc: Any, service: str) -> list[Any]:
     """deploy.resources.reservations.generic_resources as written (a list, or ServiceError)."""
     found = reservations(svc, service).get("generic_resources")
     if found is None:
         return []
     if not isinstance(found, list):
-        raise ServiceError(service, f"`{_GENERIC}` is not a list", "write it as a list of {discrete_resource_spec: "
-                           "{kind: KIND, value: N}}")
+        raise ServiceError(
+            service,
+            f"`{_GENERIC}` is not a list",
+            "write it as a list of {discrete_resource_spec: {kind: KIND, value: N}}",
+        )
     return found
 
 
@@ -149,8 +189,11 @@ def _written_counts(svc: Any, service: str, kind: str) -> list[int]:
             continue
         value = spec.get("value")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ServiceError(service, f"{_GENERIC} reserves {kind} {quoted(value)}, which is not a number of "
-                               "cards >= 1", "give a whole number")
+            raise ServiceError(
+                service,
+                f"{_GENERIC} reserves {kind} {quoted(value)}, which is not a number of cards >= 1",
+                "give a whole number",
+            )
         counts.append(value)
     return counts
 
@@ -160,8 +203,11 @@ def _constraints(svc: Any, service: str) -> list[Constraint]:
     placement = mapping(deploy.get("placement"), service, "deploy.placement")
     raw = placement.get("constraints") or []
     if not isinstance(raw, list) or not all(isinstance(c, str) for c in raw):
-        raise ServiceError(service, "`deploy.placement.constraints` is not a list of text",
-                           "write each as KEY==VALUE or KEY!=VALUE, e.g. node.hostname==gpu-node-1")
+        raise ServiceError(
+            service,
+            "`deploy.placement.constraints` is not a list of text",
+            "write each as KEY==VALUE or KEY!=VALUE, e.g. node.hostname==gpu-node-1",
+        )
     try:
         return [Constraint.parse(c) for c in raw]
     except GpupinError as err:
@@ -171,8 +217,11 @@ def _constraints(svc: Any, service: str) -> list[Constraint]:
 def _global(svc: Any, service: str) -> bool:
     mode = mapping(svc.get("deploy"), service, "deploy").get("mode", "replicated")
     if mode not in ("replicated", "global"):
-        raise ServiceError(service, f"`deploy.mode: {quoted(mode)}` is neither replicated nor global",
-                           "Swarm places replicated services (deploy.replicas) or one task per node (global)")
+        raise ServiceError(
+            service,
+            f"`deploy.mode: {quoted(mode)}` is neither replicated nor global",
+            "Swarm places replicated services (deploy.replicas) or one task per node (global)",
+        )
     return bool(mode == "global")
 
 
@@ -180,17 +229,27 @@ def _request_rules(req: GpuRequest) -> list[Problem]:
     """What a compose request asks that Swarm cannot give."""
     out = []
     if req.count is None:
-        out.append(Problem(req.service, f"{req.form.name} names cards ({', '.join(req.specs)}), but a Swarm task "
-                           "reserves a number of cards, never named ones: Swarm picks them among those its node "
-                           f"advertises", f"{_COUNT_HINT}; to choose the node, add deploy.placement.constraints: "
-                           "[node.hostname==NAME]"))
+        out.append(
+            Problem(
+                req.service,
+                f"{req.form.name} names cards ({', '.join(req.specs)}), but a Swarm task "
+                "reserves a number of cards, never named ones: Swarm picks them among those its node "
+                f"advertises",
+                f"{_COUNT_HINT}; to choose the node, add deploy.placement.constraints: [node.hostname==NAME]",
+            )
+        )
     elif req.count == ALL:
-        out.append(Problem(req.service, f"{req.form.name} asks for every card, which a Swarm task cannot reserve",
-                           _COUNT_HINT))
+        out.append(
+            Problem(req.service, f"{req.form.name} asks for every card, which a Swarm task cannot reserve", _COUNT_HINT)
+        )
     if req.share:
-        out.append(Problem(req.service, "asks to share its cards, but Swarm never gives a reserved card to two "
-                           "tasks", "remove share (each task gets cards of its own), or run the sharing work "
-                           "outside Swarm"))
+        out.append(
+            Problem(
+                req.service,
+                "asks to share its cards, but Swarm never gives a reserved card to two tasks",
+                "remove share (each task gets cards of its own), or run the sharing work outside Swarm",
+            )
+        )
     return out
 
 
@@ -201,8 +260,11 @@ def read_service(name: str, svc: Any, kind: str) -> tuple[StackService | None, l
     if req is None and not written:
         return None, []
     if req is not None and written:
-        raise ServiceError(name, f"asks for GPUs twice: {req.form.name} and {_GENERIC} ({kind})",
-                           f"keep one (`{KEY}: {{count: N}}`, which render turns into the reservation)")
+        raise ServiceError(
+            name,
+            f"asks for GPUs twice: {req.form.name} and {_GENERIC} ({kind})",
+            f"keep one (`{KEY}: {{count: N}}`, which render turns into the reservation)",
+        )
     if len(written) > 1:
         raise ServiceError(name, f"reserves {kind} {len(written)} times in {_GENERIC}", "write one entry per kind")
     env, labels = env_entries(svc, name), label_entries(svc, name)
@@ -212,11 +274,13 @@ def read_service(name: str, svc: Any, kind: str) -> tuple[StackService | None, l
     problems = _request_rules(req) + owned_rules(req, env, labels, _SWARM_NAMES)
     if req.count is None or req.count == ALL:
         return None, problems
-    return StackService(name, Reservation(req.count, kind, req.verify), n, global_mode, constraints, req,
-                        False), problems
+    return StackService(
+        name, Reservation(req.count, kind, req.verify), n, global_mode, constraints, req, False
+    ), problems
 
 
 # --- what Swarm can place ------------------------------------------------------------------------------------------
+
 
 def _counts(nodes: Sequence[Node], kind: str) -> str:
     return ", ".join(f"{n.hostname}: {n.count(kind)}" for n in nodes) or "no node"
@@ -227,12 +291,21 @@ def placement_rules(s: StackService, nodes: Sequence[Node]) -> list[Problem]:
     kind, count = s.reservation.kind, s.reservation.count
     if not any(n.count(kind) for n in nodes):
         kinds = gpu_kinds(r for n in nodes for r in n.resources)
-        hint = (f"render with --kind {kinds[0]} (and check those nodes with `hostagent swarm node-config --check`: "
-                f"their runtime must read DOCKER_RESOURCE_{kinds[0].upper()})" if kinds else
-                "advertise each GPU node's cards: `hostagent swarm node-config` there")
+        hint = (
+            f"render with --kind {kinds[0]} (and check those nodes with `hostagent swarm node-config --check`: "
+            f"their runtime must read DOCKER_RESOURCE_{kinds[0].upper()})"
+            if kinds
+            else "advertise each GPU node's cards: `hostagent swarm node-config` there"
+        )
         where = ", ".join(f"{n.hostname}: {'/'.join(gpu_kinds(n.resources)) or 'none'}" for n in nodes)
-        return [Problem(s.service, f"reserves {count} {kind} per task, but no node of the swarm advertises {kind} "
-                        f"(GPU kinds advertised: {where or 'no node'})", hint)]
+        return [
+            Problem(
+                s.service,
+                f"reserves {count} {kind} per task, but no node of the swarm advertises {kind} "
+                f"(GPU kinds advertised: {where or 'no node'})",
+                hint,
+            )
+        ]
     allowed = [n for n in nodes if all(c.matches(n) for c in s.constraints)]
     limit = f"its placement constraints allow ({', '.join(map(str, s.constraints))}) " if s.constraints else ""
     best = max((n.count(kind) for n in allowed), default=0)
@@ -240,24 +313,44 @@ def placement_rules(s: StackService, nodes: Sequence[Node]) -> list[Problem]:
         hint = f"ask for at most {best} per task and more replicas" if best else "loosen the placement constraints"
         if s.constraints and best:
             hint += ", or loosen the placement constraints"
-        return [Problem(s.service, f"reserves {count} {kind} per task, but the most any node {limit}has is {best} "
-                        f"({_counts(allowed, kind)})", hint)]
+        return [
+            Problem(
+                s.service,
+                f"reserves {count} {kind} per task, but the most any node {limit}has is {best} "
+                f"({_counts(allowed, kind)})",
+                hint,
+            )
+        ]
     if s.global_mode:
         short = [n.hostname for n in allowed if n.count(kind) < count]
         if short:
-            return [Problem(s.service, f"is global (a task on every node it may run on), but {', '.join(short)} "
-                            f"advertise(s) fewer than {count} {kind}: those tasks stay pending", "add a placement "
-                            "constraint that keeps it to the GPU nodes (node.labels.* or node.hostname)", WARNING)]
+            return [
+                Problem(
+                    s.service,
+                    f"is global (a task on every node it may run on), but {', '.join(short)} "
+                    f"advertise(s) fewer than {count} {kind}: those tasks stay pending",
+                    "add a placement constraint that keeps it to the GPU nodes (node.labels.* or node.hostname)",
+                    WARNING,
+                )
+            ]
         return []
     fits = sum(n.count(kind) // count for n in allowed if n.schedulable)
     if s.replicas > fits:
-        return [Problem(s.service, f"asks for {s.describe()}, but the nodes it may run on now hold {fits} such "
-                        f"task(s) at a time ({_counts([n for n in allowed if n.schedulable], kind)}): "
-                        f"{s.replicas - fits} will stay pending", "lower deploy.replicas, or add nodes", WARNING)]
+        return [
+            Problem(
+                s.service,
+                f"asks for {s.describe()}, but the nodes it may run on now hold {fits} such "
+                f"task(s) at a time ({_counts([n for n in allowed if n.schedulable], kind)}): "
+                f"{s.replicas - fits} will stay pending",
+                "lower deploy.replicas, or add nodes",
+                WARNING,
+            )
+        ]
     return []
 
 
 # --- the whole file ------------------------------------------------------------------------------------------------
+
 
 def examine(doc: Any, kind: str, nodes: Sequence[Node] | None) -> StackExamination:
     """Every problem with a stack's GPU reservations, and the services that make them; `nodes` None: the swarm
@@ -314,9 +407,11 @@ def render(doc: Any, kind: str, nodes: Sequence[Node] | None) -> tuple[dict[str,
 
 
 def header(file: str, exam: StackExamination) -> str:
-    lines = [f"# Rendered by `hostagent compose render --swarm {printable(os.path.basename(file))}` for Docker "
-             "Swarm: each task reserves its",
-             "# cards as generic resources; Swarm picks them and sets DOCKER_RESOURCE_<KIND>, which gpupin-entrypoint",
-             "# proves inside the task. Deploy: docker stack deploy -c THIS_FILE STACK. Re-render; do not edit."]
+    lines = [
+        f"# Rendered by `hostagent compose render --swarm {printable(os.path.basename(file))}` for Docker "
+        "Swarm: each task reserves its",
+        "# cards as generic resources; Swarm picks them and sets DOCKER_RESOURCE_<KIND>, which gpupin-entrypoint",
+        "# proves inside the task. Deploy: docker stack deploy -c THIS_FILE STACK. Re-render; do not edit.",
+    ]
     lines += [f"#   {s.service}: {s.describe()}" for s in exam.reserving]
     return "\n".join(lines) + "\n"

@@ -39,7 +39,7 @@ class Endpoint:
         """The socket's path for a unix:// address (read without the SDK), else None."""
         if not self.url.startswith("unix://"):
             return None
-        path = self.url[len("unix://"):]
+        path = self.url[len("unix://") :]
         return path if path.startswith("/") else "/" + path if path else "/var/run/docker.sock"
 
     def lock_key(self) -> str:
@@ -76,16 +76,20 @@ def _from_sdk(environ: Mapping[str, str], context: str | None) -> Endpoint:
         except Exception as err:  # docker.errors.TLSParameterError: missing certificate files
             raise DockerUnavailableError(
                 f"DOCKER_TLS_VERIFY/DOCKER_CERT_PATH ({environ.get('DOCKER_CERT_PATH') or '~/.docker'}): {err}",
-                "DOCKER_CERT_PATH must hold ca.pem, cert.pem and key.pem, as for the docker CLI") from None
+                "DOCKER_CERT_PATH must hold ca.pem, cert.pem and key.pem, as for the docker CLI",
+            ) from None
         return Endpoint(str(params.get("base_url") or DEFAULT_HOST), params.get("tls"), "DOCKER_HOST")
     try:
         ctx = ContextAPI.get_context(context)
     except Exception as err:  # docker.errors.ContextException: an unreadable context store
-        raise DockerUnavailableError(f"the Docker context {context!r} cannot be read: {err}",
-                                     "`docker context ls` lists the contexts") from None
+        raise DockerUnavailableError(
+            f"the Docker context {context!r} cannot be read: {err}", "`docker context ls` lists the contexts"
+        ) from None
     if ctx is None:
-        raise DockerUnavailableError(f"the Docker context {context!r} does not exist",
-                                     "`docker context ls` lists the contexts; `docker context use NAME` picks one")
+        raise DockerUnavailableError(
+            f"the Docker context {context!r} does not exist",
+            "`docker context ls` lists the contexts; `docker context use NAME` picks one",
+        )
     return Endpoint(str(ctx.Host or DEFAULT_HOST), ctx.TLSConfig, f"context {context}")
 
 
@@ -101,8 +105,9 @@ def endpoint() -> Endpoint:
         if host:
             # TLS settings mean nothing on a unix socket (the SDK ignores them there too); plain tcp:// without them
             # is read as the SDK reads it, without its import.
-            plain = host.startswith("unix://") or (host.startswith("tcp://") and not env.get("DOCKER_TLS_VERIFY")
-                                                   and not env.get("DOCKER_CERT_PATH"))
+            plain = host.startswith("unix://") or (
+                host.startswith("tcp://") and not env.get("DOCKER_TLS_VERIFY") and not env.get("DOCKER_CERT_PATH")
+            )
             _ENDPOINT = Endpoint(host, None, "DOCKER_HOST") if plain else _from_sdk(env, None)
         else:
             name = _context_name(env)

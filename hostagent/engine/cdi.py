@@ -52,8 +52,7 @@ def parse(text: str) -> tuple[str, str] | None:
 
 
 def gpu_device(text: str) -> str | None:
-    """The device name of an `nvidia.com/gpu=NAME` CDI name, None for any other text or kind (which names no GPU).
-    """
+    """The device name of an `nvidia.com/gpu=NAME` CDI name, None for any other text or kind (which names no GPU)."""
     parsed = parse(text)
     return parsed[1] if parsed is not None and parsed[0] == KIND else None
 
@@ -62,9 +61,9 @@ def as_spec(device: str) -> str:
     """A device name of NVIDIA's spec as a GPU spec gpupin.core.resolve reads: the `type-index` strategy's
     `gpu2` and `mig0:1` are the index `2` and the MIG pair `0:1`; every other name is one already."""
     for prefix, mig in (("gpu", False), ("mig", True)):
-        key = index_key(device[len(prefix):]) if device.startswith(prefix) else None
+        key = index_key(device[len(prefix) :]) if device.startswith(prefix) else None
         if key is not None and (key[1] != WHOLE) == mig:
-            return device[len(prefix):]
+            return device[len(prefix) :]
     return device
 
 
@@ -198,8 +197,13 @@ def detect(info: Mapping[str, Any], local: bool) -> Detection:
     """What a daemon's `GET /info` (and, for a daemon on this host, its spec folders) says of nvidia.com/gpu."""
     discovered = info.get("DiscoveredDevices")
     if isinstance(discovered, list):
-        names = [dev for d in discovered if isinstance(d, dict) and str(d.get("Source") or "") == CDI
-                 for dev in [gpu_device(str(d.get("ID") or ""))] if dev is not None]
+        names = [
+            dev
+            for d in discovered
+            if isinstance(d, dict) and str(d.get("Source") or "") == CDI
+            for dev in [gpu_device(str(d.get("ID") or ""))]
+            if dev is not None
+        ]
         if names:
             return Detection(True, f"the daemon discovered {len(names)} {KIND} CDI device(s)", names)
         return Detection(False, f"the daemon discovered no {KIND} CDI device", ())
@@ -207,11 +211,13 @@ def detect(info: Mapping[str, Any], local: bool) -> Detection:
     if not dirs:
         return Detection(False, "the daemon has CDI off (Engine API < 1.44, or no CDISpecDirs)")
     if not local:
-        return Detection(False, f"the daemon has CDI on ({', '.join(dirs)}), but it is not on this host and does "
-                                "not list its devices (Engine API < 1.50): its specs cannot be read from here")
+        return Detection(
+            False,
+            f"the daemon has CDI on ({', '.join(dirs)}), but it is not on this host and does "
+            "not list its devices (Engine API < 1.50): its specs cannot be read from here",
+        )
     specs = read_spec_dirs(dirs)
     if not specs:
-        return Detection(False, f"no {KIND} CDI spec in {', '.join(dirs)} (`nvidia-ctk cdi generate` writes one)",
-                         ())
+        return Detection(False, f"no {KIND} CDI spec in {', '.join(dirs)} (`nvidia-ctk cdi generate` writes one)", ())
     names = [n for found in specs.values() for n in found]
     return Detection(True, f"{', '.join(specs)} names {len(names)} {KIND} device(s)", names)

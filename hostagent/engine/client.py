@@ -46,8 +46,9 @@ def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
 
     def client(v: str) -> Any:
         # ssh:// as the docker CLI does it (the ssh binary, `docker system dial-stdio` on the far side).
-        api = docker.APIClient(base_url=ep.url, tls=ep.tls or False, version=v, timeout=timeout,
-                               use_ssh_client=ep.url.startswith("ssh://"))
+        api = docker.APIClient(
+            base_url=ep.url, tls=ep.tls or False, version=v, timeout=timeout, use_ssh_client=ep.url.startswith("ssh://")
+        )
         if ep.tls:
             _keep_daemon_ca(api)
         return api
@@ -61,11 +62,16 @@ def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
         raise unavailable(err) from None
     server = ping.headers.get("Api-Version") or ""
     if ping.status_code != 200 or not server:
-        raise DockerUnavailableError(f"the Docker daemon at {docker_host()} answered /_ping with "
-                                     f"{ping.status_code} and no API version", DAEMON_HINT)
+        raise DockerUnavailableError(
+            f"the Docker daemon at {docker_host()} answered /_ping with {ping.status_code} and no API version",
+            DAEMON_HINT,
+        )
     if version_lt(server, MIN_API):
-        raise DockerUnavailableError(f"the Docker daemon at {docker_host()} speaks API {server}; device requests "
-                                     f"(--gpus) need {MIN_API} (Docker 19.03) or newer", "upgrade Docker")
+        raise DockerUnavailableError(
+            f"the Docker daemon at {docker_host()} speaks API {server}; device requests "
+            f"(--gpus) need {MIN_API} (Docker 19.03) or newer",
+            "upgrade Docker",
+        )
     agreed = DEFAULT_DOCKER_API_VERSION if version_lt(DEFAULT_DOCKER_API_VERSION, server) else server
     api = client(agreed)
     api.gpupin_server_version = server  # the daemon's own API version (the agreed one may be the SDK's, lower)

@@ -16,8 +16,10 @@ def _short(err: BaseException) -> str:
 
 
 def unavailable(err: BaseException) -> DockerUnavailableError:
-    return DockerUnavailableError(f"the Docker daemon at {docker_host()} does not answer: {_short(err)}",
-                                  DAEMON_HINT + " (`make sandbox-up` prints the sandbox's)")
+    return DockerUnavailableError(
+        f"the Docker daemon at {docker_host()} does not answer: {_short(err)}",
+        DAEMON_HINT + " (`make sandbox-up` prints the sandbox's)",
+    )
 
 
 def refused(err: BaseException, doing: str) -> DockerRefusedError:
@@ -29,9 +31,10 @@ def refused(err: BaseException, doing: str) -> DockerRefusedError:
         code = EX_NOT_FOUND
     elif "permission denied" in low and "exec" in low:
         code = EX_CANNOT_INVOKE
-    hint = {EX_NOT_FOUND: "check the command's name (or --entrypoint), or give its full path",
-            EX_CANNOT_INVOKE: "the command must be an executable file in the image"}.get(
-        code, "fix what the daemon names above; `hostagent run --dry-run` prints the equivalent docker run line")
+    hint = {
+        EX_NOT_FOUND: "check the command's name (or --entrypoint), or give its full path",
+        EX_CANNOT_INVOKE: "the command must be an executable file in the image",
+    }.get(code, "fix what the daemon names above; `hostagent run --dry-run` prints the equivalent docker run line")
     return DockerRefusedError(f"{doing}: {text}", hint, code)
 
 
@@ -51,8 +54,9 @@ def failure(err: BaseException, doing: str) -> GpupinError:
     if status is not None and status < 500:
         return refused(err, doing)
     if status is not None:
-        return DockerUnavailableError(f"{doing}: the Docker daemon at {docker_host()} failed ({status}): "
-                                      f"{_short(err)}", LOG_HINT)
+        return DockerUnavailableError(
+            f"{doing}: the Docker daemon at {docker_host()} failed ({status}): {_short(err)}", LOG_HINT
+        )
     return unavailable(err)
 
 
@@ -69,7 +73,10 @@ class EngineError(Exception):
 def is_daemon_failure(err: BaseException) -> bool:
     """An error of the daemon or of the way to it (the SDK's, requests', urllib3's, a socket's), not a bug here."""
     return isinstance(err, (OSError, EngineError)) or type(err).__module__.split(".")[0] in (
-        "docker", "requests", "urllib3")
+        "docker",
+        "requests",
+        "urllib3",
+    )
 
 
 def is_api_error(err: BaseException) -> bool:

@@ -69,8 +69,12 @@ def _ssh(rest: str) -> socket.socket:
     where = rest.split("/", 1)[0]
     user_host, _, port = where.rpartition(":") if ":" in where else (where, "", "")
     mine, theirs = socket.socketpair()
-    subprocess.Popen(["ssh", *(["-p", port] if port else []), "--", user_host, "docker", "system", "dial-stdio"],
-                     stdin=theirs.fileno(), stdout=theirs.fileno(), start_new_session=True)
+    subprocess.Popen(
+        ["ssh", *(["-p", port] if port else []), "--", user_host, "docker", "system", "dial-stdio"],
+        stdin=theirs.fileno(),
+        stdout=theirs.fileno(),
+        start_new_session=True,
+    )
     theirs.close()
     return mine
 
@@ -125,11 +129,17 @@ class Engine:
         self.version = version
         self.timeout = timeout
 
-    def _open(self, method: str, path: str, params: Mapping[str, Any] | None = None, body: Any = None,
-              timeout: float | None = -1.0, headers: Mapping[str, str] | None = None) -> http1.Answer:
+    def _open(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        timeout: float | None = -1.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> http1.Answer:
         sock = _dial(self.ep, self.timeout if timeout == -1.0 else timeout)
-        answer = http1.exchange(sock, method, http1.target(f"/v{self.version}{path}", params), body,
-                                headers=headers)
+        answer = http1.exchange(sock, method, http1.target(f"/v{self.version}{path}", params), body, headers=headers)
         if answer.status >= 400:
             raw = answer.body()
             try:
@@ -139,8 +149,14 @@ class Engine:
             raise EngineError(answer.status, message or f"{method} {path} answered {answer.status}")
         return answer
 
-    def call(self, method: str, path: str, params: Mapping[str, Any] | None = None, body: Any = None,
-             timeout: float | None = -1.0) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        timeout: float | None = -1.0,
+    ) -> Any:
         """The JSON answer (None when it has no body); a refusal is EngineError, a broken way there OSError."""
         return self._open(method, path, params, body, timeout).json()
 
@@ -154,8 +170,13 @@ class Engine:
 
     def attach(self, cid: str, stdin: bool, tty: bool) -> Stream:
         params = {"stream": 1, "stdout": 1, "stderr": 1, "stdin": 1 if stdin else 0}
-        answer = self._open("POST", f"/containers/{cid}/attach", params, timeout=None,
-                            headers={"Connection": "Upgrade", "Upgrade": "tcp"})
+        answer = self._open(
+            "POST",
+            f"/containers/{cid}/attach",
+            params,
+            timeout=None,
+            headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+        )
         return Stream(answer, tty)
 
     def wait(self, cid: str, condition: str) -> Waiter:

@@ -20,27 +20,32 @@ if TYPE_CHECKING:
 
 def _quote(text: str, safe: str = "") -> str:
     """Percent-encode for a URL (what urllib.parse.quote does, without its ~2 ms import)."""
-    return "".join(c if c.isascii() and (c.isalnum() or c in "-_.~" + safe) else
-                   "".join(f"%{b:02X}" for b in c.encode()) for c in text)
+    return "".join(
+        c if c.isascii() and (c.isalnum() or c in "-_.~" + safe) else "".join(f"%{b:02X}" for b in c.encode())
+        for c in text
+    )
 
 
 def _query(path: str, params: Mapping[str, str] | None) -> str:
-    return _quote(path, "/") + ("?" + "&".join(f"{_quote(k)}={_quote(v)}" for k, v in params.items())
-                                if params else "")
+    return _quote(path, "/") + ("?" + "&".join(f"{_quote(k)}={_quote(v)}" for k, v in params.items()) if params else "")
 
 
 def _decode(path: str, status: int, body: bytes) -> Any:
     if status == 404:
         raise EngineNotFound(body.decode(errors="replace"))
     if status != 200:
-        raise DockerUnavailableError(f"GET {path} on {docker_host()} answered {status or 'nonsense'}: "
-                                     f"{body.decode(errors='replace').strip()[:200]}",
-                                     LOG_HINT)
+        raise DockerUnavailableError(
+            f"GET {path} on {docker_host()} answered {status or 'nonsense'}: "
+            f"{body.decode(errors='replace').strip()[:200]}",
+            LOG_HINT,
+        )
     try:
         return json.loads(body)
     except ValueError:
-        raise DockerUnavailableError(f"GET {path} on {docker_host()}: the answer was cut off or is not JSON "
-                                     f"({len(body)} bytes)", "retry; see the daemon's log if it persists") from None
+        raise DockerUnavailableError(
+            f"GET {path} on {docker_host()}: the answer was cut off or is not JSON ({len(body)} bytes)",
+            "retry; see the daemon's log if it persists",
+        ) from None
 
 
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -53,8 +58,7 @@ def http_date(text: str | None) -> float | None:
     try:
         _, day, month, year, clock, _zone = (text or "").split()
         h, m, s = (int(x) for x in clock.split(":"))
-        when = datetime.datetime(int(year), _MONTHS.index(month) + 1, int(day), h, m, s,
-                                 tzinfo=datetime.timezone.utc)
+        when = datetime.datetime(int(year), _MONTHS.index(month) + 1, int(day), h, m, s, tzinfo=datetime.timezone.utc)
     except ValueError:
         return None
     return when.timestamp()
@@ -91,8 +95,9 @@ class EngineReader:
         self.path = path
         self.timeout = timeout
 
-    def get(self, path: str, params: Mapping[str, str] | None = None,
-            timeout: float | None = None) -> tuple[Any, float | None]:
+    def get(
+        self, path: str, params: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> tuple[Any, float | None]:
         """The JSON answer and the daemon's clock (its Date header); `timeout` for this call alone."""
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -127,8 +132,9 @@ class EngineReader:
         return result
 
 
-def fetch(api: Any, path: str, params: Mapping[str, str] | None = None,
-          versioned: bool = True, timeout: float | None = None) -> tuple[Any, float | None]:
+def fetch(
+    api: Any, path: str, params: Mapping[str, str] | None = None, versioned: bool = True, timeout: float | None = None
+) -> tuple[Any, float | None]:
     """GET an Engine path through either client: (JSON, the daemon's clock); 404 is EngineNotFound, any other
     failure a one-line DockerUnavailableError. `versioned=False` asks in the daemon's own API version (EngineReader
     always does), so that fields newer than the client's version are there too. `timeout`: for this call alone
@@ -137,8 +143,11 @@ def fetch(api: Any, path: str, params: Mapping[str, str] | None = None,
         return api.get(path, params, timeout)
     prefix = f"/v{api.api_version}" if versioned else ""
     try:
-        res = api.get(f"{api.base_url}{prefix}{_query(path, None)}", params=dict(params or {}),
-                      timeout=timeout if timeout is not None else api.timeout)
+        res = api.get(
+            f"{api.base_url}{prefix}{_query(path, None)}",
+            params=dict(params or {}),
+            timeout=timeout if timeout is not None else api.timeout,
+        )
         body = res.content
     except Exception as err:
         raise unavailable(err) from None

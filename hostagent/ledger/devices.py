@@ -113,8 +113,11 @@ def device_cgroup(c: Mapping[str, Any], host: Host) -> list[Grant]:
 
 def _binds(c: Mapping[str, Any]) -> Sequence[tuple[str, str]]:
     """(host path, container path) of each bind mount, as the daemon records them (Mounts: -v and --mount)."""
-    return [(str(m.get("Source") or ""), str(m.get("Destination") or "")) for m in c.get("Mounts") or []
-            if m.get("Type") == "bind"]
+    return [
+        (str(m.get("Source") or ""), str(m.get("Destination") or ""))
+        for m in c.get("Mounts") or []
+        if m.get("Type") == "bind"
+    ]
 
 
 def bind_mounts(c: Mapping[str, Any], host: Host) -> list[Grant]:
@@ -132,8 +135,9 @@ def bind_mounts(c: Mapping[str, Any], host: Host) -> list[Grant]:
             allowed = _within(minors, rule.minors)
             if allowed is None or allowed:  # a node that names no card grants none
                 uuids, unknown = host.by_minors(allowed, source)
-                grants.append(Grant("bind-mount", f"-v {source}:{target} --device-cgroup-rule '{rule.text}'", uuids,
-                                    unknown))
+                grants.append(
+                    Grant("bind-mount", f"-v {source}:{target} --device-cgroup-rule '{rule.text}'", uuids, unknown)
+                )
     return grants
 
 

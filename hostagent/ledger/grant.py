@@ -25,8 +25,9 @@ class Host:
     """What the readers need to know of this host: its cards (NVML), which runtimes are NVIDIA's, and whether the
     daemon is on this host (`local`: its device paths can be looked at here, through symlinks and device numbers)."""
 
-    def __init__(self, cards: Sequence[Card], runtimes: Callable[[], Mapping[str, str]] | None = None,
-                 local: bool = False) -> None:
+    def __init__(
+        self, cards: Sequence[Card], runtimes: Callable[[], Mapping[str, str]] | None = None, local: bool = False
+    ) -> None:
         self.cards = cards
         self._runtimes = runtimes  # name -> path, from the daemon's /info, asked only when needed
         self._known: Mapping[str, str] | None = None
@@ -120,8 +121,11 @@ def cdi_requests(c: Mapping[str, Any]) -> list[list[str]]:
     NAME`), and those given as device paths (HostConfig.Devices), which an engine that takes them there injects
     too; one list per request."""
     hc = host_config(c)
-    out = [[str(i) for i in req.get("DeviceIDs") or []] for req in hc.get("DeviceRequests") or []
-           if req.get("Driver") == cdi.CDI]
+    out = [
+        [str(i) for i in req.get("DeviceIDs") or []]
+        for req in hc.get("DeviceRequests") or []
+        if req.get("Driver") == cdi.CDI
+    ]
     paths = [str(d.get("PathOnHost") or "") for d in hc.get("Devices") or []]
     named = [p for p in paths if cdi.parse(p) is not None]
     return [*out, named] if named else out

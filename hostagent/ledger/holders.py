@@ -33,18 +33,47 @@ FROM_STATE = "from the state"  # Holder(why=FROM_STATE): it holds while its stat
 
 # --- holders ---------------------------------------------------------------------------------------------------
 
+
 class Holder:
     """A container that holds (or, pinned by hostagent, once held) cards: what the engine gives it, what its
     label says, and why it holds now (`why`; None: it does not)."""
 
-    __slots__ = ("grants", "holds", "how", "id", "image", "inspected", "label", "name", "pinned", "shared", "state",
-                 "uuids", "verified", "via", "why")
+    __slots__ = (
+        "grants",
+        "holds",
+        "how",
+        "id",
+        "image",
+        "inspected",
+        "label",
+        "name",
+        "pinned",
+        "shared",
+        "state",
+        "uuids",
+        "verified",
+        "via",
+        "why",
+    )
     process = False  # a process that uses the card (ledger.uses), not a container given it
 
-    def __init__(self, id: str, name: str, state: str, uuids: Sequence[str], pinned: bool, how: str,
-                 shared: bool = False, *, why: str | None = FROM_STATE, label: Sequence[str] | None = None,
-                 grants: Sequence[Grant] = (), inspected: bool = False, image: str | None = None,
-                 verified: bool | None = None) -> None:
+    def __init__(
+        self,
+        id: str,
+        name: str,
+        state: str,
+        uuids: Sequence[str],
+        pinned: bool,
+        how: str,
+        shared: bool = False,
+        *,
+        why: str | None = FROM_STATE,
+        label: Sequence[str] | None = None,
+        grants: Sequence[Grant] = (),
+        inspected: bool = False,
+        image: str | None = None,
+        verified: bool | None = None,
+    ) -> None:
         self.id = id
         self.name = name
         self.state = state
@@ -80,11 +109,24 @@ class Holder:
         return f"{self.name} ({', '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "state": self.state, "pinned": self.pinned, "how": self.how,
-                "via": self.via, "shared": self.shared, "holds": self.holds, "why": self.why, "uuids": list(self.uuids),
-                "label": list(self.label) if self.label is not None else None, "mismatch": self.mismatch,
-                "grants": [g.to_dict() for g in self.grants], "describe": self.describe(),
-                "image": self.image, "verified": self.verified}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "state": self.state,
+            "pinned": self.pinned,
+            "how": self.how,
+            "via": self.via,
+            "shared": self.shared,
+            "holds": self.holds,
+            "why": self.why,
+            "uuids": list(self.uuids),
+            "label": list(self.label) if self.label is not None else None,
+            "mismatch": self.mismatch,
+            "grants": [g.to_dict() for g in self.grants],
+            "describe": self.describe(),
+            "image": self.image,
+            "verified": self.verified,
+        }
 
     def __repr__(self) -> str:
         return f"Holder({self.describe()}: {','.join(self.uuids)})"
@@ -108,8 +150,9 @@ def _label_uuids(value: str, cards: Sequence[Card]) -> list[str]:
     return out
 
 
-def holder(inspect: Mapping[str, Any], host: Host, lease_state: str | None = None,
-           labels: Mapping[str, str] | None = None) -> Holder | None:
+def holder(
+    inspect: Mapping[str, Any], host: Host, lease_state: str | None = None, labels: Mapping[str, str] | None = None
+) -> Holder | None:
     """A container read in full (`docker inspect`): what the engine gives it; None when it has no card and no
     ledger label. `labels`: its own gpupin labels (gpupin.hostagent.ledger.labels.own), else all of its labels."""
     if labels is None:
@@ -122,14 +165,26 @@ def holder(inspect: Mapping[str, Any], host: Host, lease_state: str | None = Non
     how = "; ".join(g.how for g in given) or "no GPU device"
     if label is not None and set(label) == set(uuids):
         how = "gpupin"
-    return Holder(str(inspect["Id"]), name_of(inspect), str((inspect.get("State") or {}).get("Status") or "unknown"),
-                  uuids, label is not None, how, labels.get(SHARED_LABEL, "") == "true",
-                  why=holding(inspect, lease_state), label=label, grants=given, inspected=True,
-                  image=(inspect.get("Config") or {}).get("Image"), verified=verified(inspect))
+    return Holder(
+        str(inspect["Id"]),
+        name_of(inspect),
+        str((inspect.get("State") or {}).get("Status") or "unknown"),
+        uuids,
+        label is not None,
+        how,
+        labels.get(SHARED_LABEL, "") == "true",
+        why=holding(inspect, lease_state),
+        label=label,
+        grants=given,
+        inspected=True,
+        image=(inspect.get("Config") or {}).get("Image"),
+        verified=verified(inspect),
+    )
 
 
-def label_holder(summary: Mapping[str, Any], cards: Sequence[Card],
-                 labels: Mapping[str, str] | None = None) -> Holder | None:
+def label_holder(
+    summary: Mapping[str, Any], cards: Sequence[Card], labels: Mapping[str, str] | None = None
+) -> Holder | None:
     """A pinned container that holds nothing now (stopped for good, or created and abandoned), from its list
     summary: its label says which cards it is for, so that `ls` can show it under them. `labels` as in holder."""
     if labels is None:
@@ -137,9 +192,18 @@ def label_holder(summary: Mapping[str, Any], cards: Sequence[Card],
     if not labels.get(LABEL):
         return None
     uuids = _label_uuids(labels[LABEL], cards)
-    return Holder(str(summary["Id"]), name_of(summary), str(summary.get("State") or "unknown"), uuids, True,
-                  "gpupin", labels.get(SHARED_LABEL, "") == "true", why=None, label=uuids,
-                  image=summary.get("Image"))
+    return Holder(
+        str(summary["Id"]),
+        name_of(summary),
+        str(summary.get("State") or "unknown"),
+        uuids,
+        True,
+        "gpupin",
+        labels.get(SHARED_LABEL, "") == "true",
+        why=None,
+        label=uuids,
+        image=summary.get("Image"),
+    )
 
 
 def starting_holder(summary: Mapping[str, Any], host: Host, labels: Mapping[str, str]) -> Holder:
@@ -148,9 +212,17 @@ def starting_holder(summary: Mapping[str, Any], host: Host, labels: Mapping[str,
     every card (what it will be given is not known until then)."""
     label = _label_uuids(labels[LABEL], host.cards) if labels.get(LABEL) else None
     how = "gpupin" if label is not None else "its devices are not known until its start ends"
-    return Holder(str(summary["Id"]), name_of(summary), str(summary.get("State") or "created"),
-                  label if label is not None else host.every_card(), label is not None, how,
-                  labels.get(SHARED_LABEL, "") == "true", why=STARTING, label=label)
+    return Holder(
+        str(summary["Id"]),
+        name_of(summary),
+        str(summary.get("State") or "created"),
+        label if label is not None else host.every_card(),
+        label is not None,
+        how,
+        labels.get(SHARED_LABEL, "") == "true",
+        why=STARTING,
+        label=label,
+    )
 
 
 def held(holders: Iterable[Holder]) -> dict[str, list[Holder]]:

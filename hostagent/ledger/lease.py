@@ -81,8 +81,13 @@ class Owner:
         """A process of this host and pid namespace (the resident agent signs its caller's container so)."""
         import socket
 
-        return cls(socket.gethostname(), pid, _start_time(pid) or "", _read("/proc/sys/kernel/random/boot_id"),
-                   _pid_namespace())
+        return cls(
+            socket.gethostname(),
+            pid,
+            _start_time(pid) or "",
+            _read("/proc/sys/kernel/random/boot_id"),
+            _pid_namespace(),
+        )
 
     @classmethod
     def parse(cls, text: str | None) -> Owner | None:
@@ -94,8 +99,9 @@ class Owner:
             pid = int(fields.get("pid", ""))
         except ValueError:
             return None
-        return cls(fields.get("host", "?"), pid, fields.get("start", ""), fields.get("boot", ""),
-                   fields.get("pidns", ""))
+        return cls(
+            fields.get("host", "?"), pid, fields.get("start", ""), fields.get("boot", ""), fields.get("pidns", "")
+        )
 
     def __str__(self) -> str:
         return f"host={self.host} pid={self.pid} start={self.start} boot={self.boot} pidns={self.pidns}"
@@ -146,8 +152,14 @@ def seconds(labels: Mapping[str, str]) -> float:
     return min(max(value, 1.0), MAX_LEASE_S) if value == value else float(LEASE_S)
 
 
-def state(labels: Mapping[str, str], created: float, now: float,
-          renewed: Callable[[], float | None] | None = None, *, owner_alive_holds: bool = True) -> str:
+def state(
+    labels: Mapping[str, str],
+    created: float,
+    now: float,
+    renewed: Callable[[], float | None] | None = None,
+    *,
+    owner_alive_holds: bool = True,
+) -> str:
     """LIVE, DEAD or EXPIRED: a lease on an object created at `created`, seen at `now` (both the daemon's
     clock, in seconds since the epoch). `renewed`: when its owner last renewed it (asked only when the owner
     cannot be seen from here and the time since the creation is up). `owner_alive_holds`: a live owner keeps it

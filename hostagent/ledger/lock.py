@@ -66,6 +66,7 @@ def _say(msg: str) -> None:
 
 # --- the local fast path ---------------------------------------------------------------------------------------
 
+
 def _private_dir(path: str) -> int | None:
     """An fd of `path` when it is a directory (not a link) that this user owns and no one else can write."""
     try:
@@ -148,6 +149,7 @@ class LocalLock:
 
 # --- the daemon's lock -----------------------------------------------------------------------------------------
 
+
 class DaemonLock:
     """The lock container on the daemon (see the module's docstring)."""
 
@@ -162,10 +164,15 @@ class DaemonLock:
         """The new lock's ID, or None when someone holds it."""
         api = self.api
         try:
-            return str(api.create_container(
-                self.image, entrypoint=["gpupin-ledger-lock"], name=LOCK_NAME,
-                labels={LOCK_LABEL: "ledger", **lease.claim()},
-                host_config=api.create_host_config(network_mode="none"))["Id"])
+            return str(
+                api.create_container(
+                    self.image,
+                    entrypoint=["gpupin-ledger-lock"],
+                    name=LOCK_NAME,
+                    labels={LOCK_LABEL: "ledger", **lease.claim()},
+                    host_config=api.create_host_config(network_mode="none"),
+                )["Id"]
+            )
         except Exception as err:
             if engine.is_conflict(err):
                 return None
@@ -173,8 +180,7 @@ class DaemonLock:
                 raise ImageMissing(self.image) from None
             if not engine.is_daemon_failure(err):
                 raise
-            raise engine.failure(err, f"could not take the ledger lock ({LOCK_NAME}) from image {self.image}") \
-                from None
+            raise engine.failure(err, f"could not take the ledger lock ({LOCK_NAME}) from image {self.image}") from None
 
     def _look(self) -> tuple[str, dict[str, Any] | None]:
         """Who holds it: (lease state, or "gone" or "squatted", and its inspect data)."""
@@ -185,8 +191,9 @@ class DaemonLock:
         labels = (info.get("Config") or {}).get("Labels") or {}
         if LOCK_LABEL not in labels:
             return "squatted", info
-        return lease.state(labels, engine.created_time(str(info.get("Created"))), now or time.time(),
-                           owner_alive_holds=False), info
+        return lease.state(
+            labels, engine.created_time(str(info.get("Created"))), now or time.time(), owner_alive_holds=False
+        ), info
 
     def _break(self, lock_id: str) -> None:
         try:
@@ -217,7 +224,9 @@ class DaemonLock:
                 if verdict == "squatted":
                     raise DockerRefusedError(
                         f"the name {LOCK_NAME} is taken by container {str(info.get('Id'))[:12]}, which is not "
-                        "hostagent's ledger lock", f"remove or rename it (docker rm {LOCK_NAME})")
+                        "hostagent's ledger lock",
+                        f"remove or rename it (docker rm {LOCK_NAME})",
+                    )
                 if verdict in (lease.DEAD, lease.EXPIRED):
                     self._break(str(info["Id"]))
                     continue
@@ -226,7 +235,8 @@ class DaemonLock:
                 raise LockBusyError(
                     f"the ledger lock ({LOCK_NAME}) on {engine.docker_host()} is still held by {held_by}",
                     "retry, or wait with --wait; a lock whose holder died on this host is broken at once, "
-                    f"any other once its lease ({lease.LEASE_S} s) is up")
+                    f"any other once its lease ({lease.LEASE_S} s) is up",
+                )
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.1)
 
@@ -239,18 +249,22 @@ class DaemonLock:
             (api or self.api).remove_container(lock_id, force=True, v=True)
         except Exception as err:
             if not engine.is_not_found(err):  # 404: broken by another, after this client's lease
-                _say(f"could not remove the ledger lock {lock_id[:12]} ({engine.failure(err, 'remove').message}): "
-                     f"other clients wait until its lease ({lease.LEASE_S} s) is up")
+                _say(
+                    f"could not remove the ledger lock {lock_id[:12]} ({engine.failure(err, 'remove').message}): "
+                    f"other clients wait until its lease ({lease.LEASE_S} s) is up"
+                )
 
 
 # --- both, around one look-then-create -------------------------------------------------------------------------
+
 
 class LedgerLock:
     """The local fast path, then the daemon's lock; `with` takes both and lets both go; `check` and `commit`
     keep this client inside its lease."""
 
-    def __init__(self, api: Any, image: str, wait_s: float = WAIT_S,
-                 missing_image: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, api: Any, image: str, wait_s: float = WAIT_S, missing_image: Callable[[], None] | None = None
+    ) -> None:
         self.local = LocalLock(engine.endpoint().lock_key())
         self.daemon = DaemonLock(api, image)
         self.wait_s = wait_s

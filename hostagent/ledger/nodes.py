@@ -90,7 +90,7 @@ def named(path: str) -> bool:
         return True
     if not p.startswith(DEV + "/"):
         return False
-    rest = p[len(DEV) + 1:]
+    rest = p[len(DEV) + 1 :]
     if rest.startswith("nvidia"):
         return True  # nvidiaN, nvidiactl, nvidia-uvm*, nvidia-modeset, nvidia-caps*/..., nvidia-nvswitch*
     if rest == "char":

@@ -32,8 +32,14 @@ class HostProcess:
 
     __slots__ = ("command", "container_id", "pid", "user", "visible")
 
-    def __init__(self, pid: int, user: str | None = None, command: str | None = None,
-                 container_id: str | None = None, visible: bool = False) -> None:
+    def __init__(
+        self,
+        pid: int,
+        user: str | None = None,
+        command: str | None = None,
+        container_id: str | None = None,
+        visible: bool = False,
+    ) -> None:
         self.pid = pid
         self.user = user
         self.command = command

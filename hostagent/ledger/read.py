@@ -33,8 +33,13 @@ class Book:
 
     __slots__ = ("holders", "names", "now", "orphans")
 
-    def __init__(self, holders: list[ledger.Holder], orphans: list[dict[str, Any]], now: float,
-                 names: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        holders: list[ledger.Holder],
+        orphans: list[dict[str, Any]],
+        now: float,
+        names: dict[str, str] | None = None,
+    ) -> None:
         self.holders = holders
         self.orphans = orphans
         self.now = now
@@ -49,8 +54,11 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
 
     summaries, now = fetch(api, "/containers/json", {"all": "1"})
     now = now if now is not None else time.time()  # the Go server always sends Date; just in case
-    host = Host(cards, lambda: runtimes(daemon_info if daemon_info is not None else info(api)),
-                local=endpoint().unix_path is not None)
+    host = Host(
+        cards,
+        lambda: runtimes(daemon_info if daemon_info is not None else info(api)),
+        local=endpoint().unix_path is not None,
+    )
     images: dict[str, dict[str, str]] = {}
     holders: list[ledger.Holder] = []
     orphans: list[dict[str, Any]] = []
@@ -63,8 +71,12 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
         lease_state = None
         if state == "created" and lease.OWNER_LABEL in labels:
             cid = str(s["Id"])
-            lease_state = lease.state(labels, float(s.get("Created") or 0), now,
-                                      lambda cid=cid: renewal.renewed_at(api, cid))  # type: ignore[misc]
+            lease_state = lease.state(
+                labels,
+                float(s.get("Created") or 0),
+                now,
+                lambda cid=cid: renewal.renewed_at(api, cid),  # type: ignore[misc]
+            )
             if lease_state != lease.LIVE:
                 orphans.append(s)
         h: ledger.Holder | None
@@ -99,7 +111,6 @@ def _image_labels(api: Any, image_id: str, seen: dict[str, dict[str, str]]) -> d
     return seen[image_id]
 
 
-def read_holders(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None
-                 ) -> list[ledger.Holder]:
+def read_holders(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> list[ledger.Holder]:
     """The holders of read_ledger (what `run --dry-run`, `ls` and compose read)."""
     return read_ledger(api, cards, daemon_info).holders

@@ -40,8 +40,14 @@ class Use(Holder):
     __slots__ = ("_given", "_names", "_where", "card_uuid", "command", "kind", "pid", "used_memory", "user")
     process = True
 
-    def __init__(self, p: Process, key: str, card_uuid: str, given: Mapping[str, set[str]] | None,
-                 names: Mapping[str, str] | None) -> None:
+    def __init__(
+        self,
+        p: Process,
+        key: str,
+        card_uuid: str,
+        given: Mapping[str, set[str]] | None,
+        names: Mapping[str, str] | None,
+    ) -> None:
         super().__init__(f"pid {p.pid}", "", "running", [key], False, "process")
         self.pid = p.pid
         self.kind = p.type
@@ -93,13 +99,19 @@ class Use(Holder):
 
     def describe(self) -> str:
         self._read()
-        who = f"pid {self.pid}" + (f" of {self.user}" if self.user else "") + (
-            f" ({self.command})" if self.command else "")
+        who = (
+            f"pid {self.pid}"
+            + (f" of {self.user}" if self.user else "")
+            + (f" ({self.command})" if self.command else "")
+        )
         if self.owner == HOST:
             return f"{who}, a process of the host"
         if self.owner == UNKNOWN:
-            why = "gone, or hidden from this user" if procs.pids_visible() else \
-                "hostagent runs in a pid namespace of its own: give it the host's (--pid host)"
+            why = (
+                "gone, or hidden from this user"
+                if procs.pids_visible()
+                else "hostagent runs in a pid namespace of its own: give it the host's (--pid host)"
+            )
             return f"{who}, whose owner /proc does not show ({why})"
         cid = (self.container_id or "")[:12]
         if self.container is None:
@@ -110,9 +122,18 @@ class Use(Holder):
 
     def to_dict(self) -> dict[str, Any]:
         self._read()
-        return {"pid": self.pid, "type": self.kind, "owner": self.owner, "user": self.user, "command": self.command,
-                "container_id": self.container_id, "container": self.container, "foreign": self.foreign,
-                "escape": self.escape, "describe": self.describe()}
+        return {
+            "pid": self.pid,
+            "type": self.kind,
+            "owner": self.owner,
+            "user": self.user,
+            "command": self.command,
+            "container_id": self.container_id,
+            "container": self.container,
+            "foreign": self.foreign,
+            "escape": self.escape,
+            "describe": self.describe(),
+        }
 
 
 class Unlisted(Holder):
@@ -123,8 +144,9 @@ class Unlisted(Holder):
     process = True
 
     def __init__(self, card: Card) -> None:
-        super().__init__(f"card {card.index}", "", "unknown", [card.uuid or ""], False, "unknown",
-                         why="its processes are unknown")
+        super().__init__(
+            f"card {card.index}", "", "unknown", [card.uuid or ""], False, "unknown", why="its processes are unknown"
+        )
         self.reason = f"NVML would not list its processes: {card.processes_error}"
 
     def describe(self) -> str:
@@ -135,12 +157,19 @@ def mig_of(p: Process, card: Card) -> str | None:
     """The MIG device a process runs on (a card in MIG mode names its GPU and compute instance), or None."""
     if p.gpu_instance_id is None:
         return None
-    return next((m.uuid for m in card.mig_devices if m.gpu_instance_id == p.gpu_instance_id
-                 and p.compute_instance_id in (None, m.compute_instance_id)), None)
+    return next(
+        (
+            m.uuid
+            for m in card.mig_devices
+            if m.gpu_instance_id == p.gpu_instance_id and p.compute_instance_id in (None, m.compute_instance_id)
+        ),
+        None,
+    )
 
 
-def attribute(cards: Sequence[Card], holders: Iterable[Holder] | None,
-              containers: Mapping[str, str] | None) -> list[Use]:
+def attribute(
+    cards: Sequence[Card], holders: Iterable[Holder] | None, containers: Mapping[str, str] | None
+) -> list[Use]:
     """Every process of these cards, attributed (when asked: Use). `holders`: the ledger's (None: unread, so
     whether a container's process is foreign cannot be told); `containers`: id -> name of every container of this
     daemon."""
@@ -149,8 +178,11 @@ def attribute(cards: Sequence[Card], holders: Iterable[Holder] | None,
         given = {}
         for h in holders:
             given.setdefault(h.id, set()).update(h.uuids)
-    return [Use(p, mig_of(p, card) or card.uuid or "", card.uuid or "", given, containers)
-            for card in cards for p in card.process_list]
+    return [
+        Use(p, mig_of(p, card) or card.uuid or "", card.uuid or "", given, containers)
+        for card in cards
+        for p in card.process_list
+    ]
 
 
 def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True) -> dict[str, list[Holder]]:

@@ -43,23 +43,50 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
     # The fields' table loads with the parser only: `ls --json` builds none (hostagent.cli's fast path).
     from gpupin.hostagent.ls import template
 
-    ls = sub.add_parser("ls", help="list the cards, their load, and who holds them",
-                        description=DESCRIPTION, epilog=EPILOG + template.fields_help(),
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ls.add_argument("--json", action="store_true",
-                    help="one JSON object on stdout, for scripts: the host, and per card every field below and "
-                         "more (holders, MIG devices, processes in full)")
+    ls = sub.add_parser(
+        "ls",
+        help="list the cards, their load, and who holds them",
+        description=DESCRIPTION,
+        epilog=EPILOG + template.fields_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ls.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object on stdout, for scripts: the host, and per card every field below and "
+        "more (holders, MIG devices, processes in full)",
+    )
     ls.add_argument("--format", metavar="TEMPLATE", help=template.HELP)
-    ls.add_argument("--color", choices=["auto", "always", "never"], default="auto",
-                    help="colour the table: auto (default) when stdout is a terminal, NO_COLOR is unset and TERM "
-                         "is not dumb; always; never")
-    ls.add_argument("-w", "--watch", type=_interval, nargs="?", const=2.0, metavar="SECONDS",
-                    help="redraw the table in place every SECONDS (default 2) until Ctrl-C")
-    ls.add_argument("--swarm", action="store_true", help="every node of the swarm (from a manager): each card, "
-                    "the task that holds it, the free ones, and the tasks waiting for cards (with --json or alone)")
-    ls.add_argument("--host", action="append", metavar="URL", help="read a resident agent's view instead "
-                    "(http://HOST:PORT, HOST:PORT or unix://SOCKET; `hostagent serve`); several: one table, the "
-                    "host in each row (--json: a list)")
+    ls.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="colour the table: auto (default) when stdout is a terminal, NO_COLOR is unset and TERM "
+        "is not dumb; always; never",
+    )
+    ls.add_argument(
+        "-w",
+        "--watch",
+        type=_interval,
+        nargs="?",
+        const=2.0,
+        metavar="SECONDS",
+        help="redraw the table in place every SECONDS (default 2) until Ctrl-C",
+    )
+    ls.add_argument(
+        "--swarm",
+        action="store_true",
+        help="every node of the swarm (from a manager): each card, "
+        "the task that holds it, the free ones, and the tasks waiting for cards (with --json or alone)",
+    )
+    ls.add_argument(
+        "--host",
+        action="append",
+        metavar="URL",
+        help="read a resident agent's view instead "
+        "(http://HOST:PORT, HOST:PORT or unix://SOCKET; `hostagent serve`); several: one table, the "
+        "host in each row (--json: a list)",
+    )
 
 
 def fast(raw: list[str]) -> argparse.Namespace | None:
@@ -67,15 +94,25 @@ def fast(raw: list[str]) -> argparse.Namespace | None:
     ~5 ms, 5% of what listing 500 containers takes (a benchmarked figure). Anything else goes through argparse."""
     if not raw or raw[0] != "ls" or not set(raw[1:]) <= {"--json", "--swarm", "--debug"}:
         return None
-    return argparse.Namespace(command="ls", json="--json" in raw, swarm="--swarm" in raw, debug="--debug" in raw,
-                              format=None, color="auto", watch=None, host=None)
+    return argparse.Namespace(
+        command="ls",
+        json="--json" in raw,
+        swarm="--swarm" in raw,
+        debug="--debug" in raw,
+        format=None,
+        color="auto",
+        watch=None,
+        host=None,
+    )
 
 
 def command(args: argparse.Namespace) -> int:
     if args.host:
         if args.swarm or args.format is not None or args.watch is not None:
-            raise UsageError("ls --host takes --json and --color only (not --swarm, --format or --watch)",
-                             "hostagent ls --host URL [--host URL ...] [--json]")
+            raise UsageError(
+                "ls --host takes --json and --color only (not --swarm, --format or --watch)",
+                "hostagent ls --host URL [--host URL ...] [--json]",
+            )
         from gpupin.hostagent.ls import hosts
 
         return hosts.command(args.host, args.json, args.color)

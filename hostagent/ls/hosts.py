@@ -18,14 +18,16 @@ if TYPE_CHECKING:
     from typing import Any
 
 TIMEOUT = 5.0
-HINT = "start the agent there (`hostagent serve`), or check the URL: http://HOST:PORT or unix:///run/gpupin/hostagent.sock"
+HINT = (
+    "start the agent there (`hostagent serve`), or check the URL: http://HOST:PORT or unix:///run/gpupin/hostagent.sock"
+)
 
 
 def _split(url: str) -> tuple[str, str | None, str, int]:
     """(scheme, unix path, host, port) of an agent's address."""
     if url.startswith("unix://"):
-        return "unix", url[len("unix://"):], "localhost", 0
-    rest = url[len("http://"):] if url.startswith("http://") else url
+        return "unix", url[len("unix://") :], "localhost", 0
+    rest = url[len("http://") :] if url.startswith("http://") else url
     if "://" in rest:
         raise UsageError(f"--host {url}: the agent is reached by http:// or unix://", HINT)
     hostport = rest.split("/", 1)[0]
@@ -56,8 +58,9 @@ def fetch(url: str) -> dict[str, Any]:
         res = conn.getresponse()
         body = res.read()
     except OSError as err:
-        raise AgentUnavailableError(f"no agent answers at {url}: {getattr(err, 'strerror', None) or err}",
-                                     HINT) from None
+        raise AgentUnavailableError(
+            f"no agent answers at {url}: {getattr(err, 'strerror', None) or err}", HINT
+        ) from None
     finally:
         conn.close()
     try:
@@ -66,8 +69,10 @@ def fetch(url: str) -> dict[str, Any]:
         raise AgentUnavailableError(f"{url} answered {res.status} with no agent's JSON", HINT) from None
     if res.status != 200 or not isinstance(data, dict) or "gpus" not in data:
         error = data.get("error") if isinstance(data, dict) else None
-        raise AgentUnavailableError(f"the agent at {url} answered {res.status}: {error or 'no listing'}",
-                                     "see the agent's log (journalctl -u gpupin-hostagent)")
+        raise AgentUnavailableError(
+            f"the agent at {url} answered {res.status}: {error or 'no listing'}",
+            "see the agent's log (journalctl -u gpupin-hostagent)",
+        )
     return data
 
 
@@ -101,8 +106,10 @@ def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], col
     def na(value: object, suffix: str = "") -> str:
         return NA if value is None else f"{value}{suffix}"
 
-    header = [Cell(t, DIM, right=t in ("UTIL", "MEMORY"))
-              for t in ("HOST", "GPU", "NAME", "UTIL", "MEMORY", "STATE", "IDLE", "HELD BY")]
+    header = [
+        Cell(t, DIM, right=t in ("UTIL", "MEMORY"))
+        for t in ("HOST", "GPU", "NAME", "UTIL", "MEMORY", "STATE", "IDLE", "HELD BY")
+    ]
     rows = [header]
     for url, data, error in results:
         if data is None:
@@ -111,14 +118,28 @@ def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], col
         host = data.get("hostname") or url
         for g in data["gpus"]:
             if g["error"]:
-                rows.append([Cell(host, BOLD), Cell(f"[{g['index']}]", CYAN),
-                             Cell("", parts=[(f"ERROR: {g['error']}", f"{BOLD};{RED}")])])
+                rows.append(
+                    [
+                        Cell(host, BOLD),
+                        Cell(f"[{g['index']}]", CYAN),
+                        Cell("", parts=[(f"ERROR: {g['error']}", f"{BOLD};{RED}")]),
+                    ]
+                )
                 continue
             # How long a held card has sat at 0% (the agent's samples): IDLE past its --idle-after.
             idle = f"{'IDLE ' if g.get('idle') else ''}{_duration(g['idle_seconds'])}" if g.get("idle_seconds") else ""
             mem = f"{na(g['memory_used_mib'])} / {na(g['memory_total_mib'])} MiB"
             who = ", ".join(h["name"] for h in g["holders"] if h["holds"])
-            rows.append([Cell(host, BOLD), Cell(f"[{g['index']}]", CYAN), Cell(g["name"] or NA),
-                         Cell(na(g["utilization_gpu"], "%"), right=True), Cell(mem, right=True), _state(g),
-                         Cell(idle, f"{BOLD};{RED}" if g.get("idle") else ""), Cell(who)])
+            rows.append(
+                [
+                    Cell(host, BOLD),
+                    Cell(f"[{g['index']}]", CYAN),
+                    Cell(g["name"] or NA),
+                    Cell(na(g["utilization_gpu"], "%"), right=True),
+                    Cell(mem, right=True),
+                    _state(g),
+                    Cell(idle, f"{BOLD};{RED}" if g.get("idle") else ""),
+                    Cell(who),
+                ]
+            )
     return "\n".join(_lines(rows, color)) + "\n"

@@ -85,12 +85,17 @@ def assemble(cards: Sequence[Card], docker: dict[str, Any], book: ledger_read.Bo
     """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
     attributed to their containers or the host (gpupin.hostagent.ledger.uses)."""
     holders = book.holders if book is not None else []
-    used = ledger_uses.attribute(cards, book.holders if book is not None else None,
-                                 book.names if book is not None else None)
+    used = ledger_uses.attribute(
+        cards, book.holders if book is not None else None, book.names if book is not None else None
+    )
     unread = None if book is not None else f"Docker unavailable: {docker['error']}"
-    return {"hostname": os.uname().nodename, "driver_version": nvml.driver_version(),
-            "cuda_driver_version": nvml.cuda_driver_version(), "docker": docker,
-            "gpus": [_card(c, holders, used, unread) for c in cards]}
+    return {
+        "hostname": os.uname().nodename,
+        "driver_version": nvml.driver_version(),
+        "cuda_driver_version": nvml.cuda_driver_version(),
+        "docker": docker,
+        "gpus": [_card(c, holders, used, unread) for c in cards],
+    }
 
 
 def _state(held: bool | None, busy: bool | None, holding: Sequence[Holder]) -> str:
@@ -108,8 +113,7 @@ def _state(held: bool | None, busy: bool | None, holding: Sequence[Holder]) -> s
 def _occupancy(holding: Sequence[Holder], mine: Sequence[Use], unknown: str | None) -> dict[str, Any]:
     """held, busy, state and why they are unknown, of a card or a MIG device."""
     held = True if holding or mine else None if unknown else False
-    busy = True if any(u.foreign for u in mine) else None if unknown or any(
-        u.foreign is None for u in mine) else False
+    busy = True if any(u.foreign for u in mine) else None if unknown or any(u.foreign is None for u in mine) else False
     return {"held": held, "busy": busy, "state": _state(held, busy, holding), "unknown": unknown}
 
 
@@ -120,46 +124,68 @@ def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str |
     labelled = [h for h in holders if h.mismatch and keys & set(h.label or ()) and h not in mine]
     holding = [h for h in mine if h.holds]
     procs = [u for u in used if u.uuids[0] in keys]
-    listed = (f"NVML cannot read the card: {c.error}" if c.error is not None else None if c.processes_error is None
-              else f"NVML would not list its processes: {c.processes_error}")
+    listed = (
+        f"NVML cannot read the card: {c.error}"
+        if c.error is not None
+        else None
+        if c.processes_error is None
+        else f"NVML would not list its processes: {c.processes_error}"
+    )
     unknown = "; ".join(r for r in (unread, listed) if r) or None
     occupancy = _occupancy(holding, procs, unknown)
     return {
-        "index": c.index, "uuid": c.uuid, "bus_id": str(c.bus_id) if c.bus_id else None, "name": c.name,
-        "memory_total_mib": _mib(c.memory_total), "memory_used_mib": _mib(c.memory_used),
-        "memory_free_mib": _mib(c.memory_free), "utilization_gpu": c.utilization_gpu, "mig_mode": c.mig_mode,
+        "index": c.index,
+        "uuid": c.uuid,
+        "bus_id": str(c.bus_id) if c.bus_id else None,
+        "name": c.name,
+        "memory_total_mib": _mib(c.memory_total),
+        "memory_used_mib": _mib(c.memory_used),
+        "memory_free_mib": _mib(c.memory_free),
+        "utilization_gpu": c.utilization_gpu,
+        "mig_mode": c.mig_mode,
         "mig_devices": [_mig(m, holding, procs, unknown) for m in c.mig_devices],
-        "compute_processes": c.processes, "compute_capability": c.compute_capability, "error": c.error,
+        "compute_processes": c.processes,
+        "compute_capability": c.compute_capability,
+        "error": c.error,
         "health": c.health.to_dict() if c.health is not None else None,
         **occupancy,
         # Held, but only by containers that let --share requests in (every holder started with --share).
         "shared": None if occupancy["held"] is None else occupancy["state"] == "shared",
         "holders": [h.to_dict() for h in mine],
         "mislabelled": [h.to_dict() for h in labelled],
-        "temperature_c": c.temperature, "power_draw_w": _watts(c.power_draw),
+        "temperature_c": c.temperature,
+        "power_draw_w": _watts(c.power_draw),
         "power_limit_w": _watts(c.power_limit),
         "processes": [_process(u, c) for u in procs],
         # How long the held card has shown 0% utilization, and whether that passed the agent's --idle-after: one
         # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.idle) fills them in.
-        "idle_seconds": None, "idle": None,
+        "idle_seconds": None,
+        "idle": None,
     }
 
 
 def _mig(m: MigDevice, holding: Sequence[Holder], procs: Sequence[Use], unknown: str | None) -> dict[str, Any]:
-    return {"uuid": m.uuid, "index": m.index, "gpu_instance_id": m.gpu_instance_id,
-            "compute_instance_id": m.compute_instance_id, "name": m.name,
-            "memory_total_mib": _mib(m.memory_total), "memory_used_mib": _mib(m.memory_used),
-            **_occupancy([h for h in holding if m.uuid in h.uuids], [u for u in procs if u.uuids[0] == m.uuid],
-                         unknown)}
+    return {
+        "uuid": m.uuid,
+        "index": m.index,
+        "gpu_instance_id": m.gpu_instance_id,
+        "compute_instance_id": m.compute_instance_id,
+        "name": m.name,
+        "memory_total_mib": _mib(m.memory_total),
+        "memory_used_mib": _mib(m.memory_used),
+        **_occupancy([h for h in holding if m.uuid in h.uuids], [u for u in procs if u.uuids[0] == m.uuid], unknown),
+    }
 
 
 def _process(u: Use, c: Card) -> dict[str, Any]:
-    return {**u.to_dict(), "used_memory_mib": _mib(u.used_memory),
-            "mig_uuid": u.uuids[0] if u.uuids[0] != c.uuid else None}
+    return {
+        **u.to_dict(),
+        "used_memory_mib": _mib(u.used_memory),
+        "mig_uuid": u.uuids[0] if u.uuids[0] != c.uuid else None,
+    }
 
 
-def command(as_json: bool = False, template: str | None = None, color: str = "auto",
-            watch: float | None = None) -> int:
+def command(as_json: bool = False, template: str | None = None, color: str = "auto", watch: float | None = None) -> int:
     """`hostagent ls` with its output options: the table (coloured per `color`), JSON, or one templated line per
     card; `watch`: redraw the table every so many seconds until Ctrl-C."""
     try:
@@ -175,12 +201,15 @@ def command(as_json: bool = False, template: str | None = None, color: str = "au
 
 def _command(as_json: bool, template: str | None, color: str, watch: float | None) -> int:
     if as_json and template is not None:
-        raise UsageError("--json and --format are two outputs for scripts; pick one",
-                         "--json for everything, --format TEMPLATE for one line per card")
+        raise UsageError(
+            "--json and --format are two outputs for scripts; pick one",
+            "--json for everything, --format TEMPLATE for one line per card",
+        )
     if watch is not None and (as_json or template is not None):
-        raise UsageError(f"--watch redraws the table on a terminal; it does not go with "
-                         f"{'--json' if as_json else '--format'}",
-                         "scripts poll `hostagent ls --json` (or --format) at their own pace")
+        raise UsageError(
+            f"--watch redraws the table on a terminal; it does not go with {'--json' if as_json else '--format'}",
+            "scripts poll `hostagent ls --json` (or --format) at their own pace",
+        )
     if template is not None:
         from gpupin.hostagent.ls import template as lsformat
 

@@ -36,8 +36,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "processes": ("list", "the pids of its compute and graphics processes"),
     "mig_mode": ("bool", "MIG mode on"),
     "mig_devices": ("list", "its MIG devices' UUIDs"),
-    "held": ("bool", "a container holds it (or one of its MIG devices) or a process uses it; N/A when that is "
-                     "unknown (Docker unavailable, or NVML will not list its processes): never read N/A as free"),
+    "held": (
+        "bool",
+        "a container holds it (or one of its MIG devices) or a process uses it; N/A when that is "
+        "unknown (Docker unavailable, or NVML will not list its processes): never read N/A as free",
+    ),
     "shared": ("bool", "held only by containers started with --share"),
     "busy": ("bool", "a process of the host, or of a container not given it, uses it"),
     "state": ("text", "free, held, shared, busy or unknown"),
@@ -45,8 +48,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "holders": ("list", "names of the containers that hold it"),
     "mislabelled": ("list", "names of containers labelled for it that hold other cards"),
     "error": ("text", "why NVML cannot read it (a lost card), else N/A"),
-    "healthy": ("bool", "fit for use: no critical XID seen, no uncorrectable ECC error, no memory repair pending "
-                "or failed, not lost; N/A when NVML cannot say"),
+    "healthy": (
+        "bool",
+        "fit for use: no critical XID seen, no uncorrectable ECC error, no memory repair pending "
+        "or failed, not lost; N/A when NVML cannot say",
+    ),
     "health_reasons": ("list", "why it is unhealthy (or its health unknown), e.g. XID 79 (fallen off the bus)"),
     "health_since": ("text", "when it was first seen unhealthy, where known (an XID), else N/A"),
     "hostname": ("text", "this host's name"),
@@ -61,8 +67,10 @@ _SAMPLES = {"int": 0, "float": 0.0, "text": "x", "bool": "true", "list": "x"}
 _ESCAPES = {"\\t": "\t", "\\n": "\n", "\\\\": "\\"}
 _GO_TEMPLATE = re.compile(r"\{\{\s*(?:json\s+)?\.")
 
-HELP = ("one line per card from Python str.format fields, e.g. '{index} {uuid} {held}' or "
-        "'{index:>2} {name:<24} {memory_used_mib:>6} MiB' (\\t and \\n are a tab and a newline; fields below)")
+HELP = (
+    "one line per card from Python str.format fields, e.g. '{index} {uuid} {held}' or "
+    "'{index:>2} {name:<24} {memory_used_mib:>6} MiB' (\\t and \\n are a tab and a newline; fields below)"
+)
 
 
 def fields_help(width: int = 24) -> str:
@@ -87,9 +95,11 @@ class Template:
 
     def __init__(self, text: str) -> None:
         if _GO_TEMPLATE.search(text):
-            raise UsageError(f"--format {text!r} is a Go template; hostagent's --format takes Python str.format "
-                             "fields", "write {index} where docker writes {{.Index}}, e.g. --format "
-                             "'{index} {uuid} {held}' (the fields: hostagent ls --help)")
+            raise UsageError(
+                f"--format {text!r} is a Go template; hostagent's --format takes Python str.format fields",
+                "write {index} where docker writes {{.Index}}, e.g. --format "
+                "'{index} {uuid} {held}' (the fields: hostagent ls --help)",
+            )
         self.text = re.sub(r"\\\\|\\t|\\n", lambda m: _ESCAPES[m.group(0)], text)
         try:
             parsed = list(string.Formatter().parse(self.text))
@@ -105,22 +115,31 @@ class Template:
     @staticmethod
     def _check(text: str, field: str, spec: str, conversion: str | None) -> None:
         if not field or field.isdigit():
-            raise UsageError(f"--format {text!r}: {{{field}}} names no field",
-                             "name one: {index}, {uuid}, ... (the fields: hostagent ls --help)")
+            raise UsageError(
+                f"--format {text!r}: {{{field}}} names no field",
+                "name one: {index}, {uuid}, ... (the fields: hostagent ls --help)",
+            )
         if field not in FIELDS:
             close = difflib.get_close_matches(field.split(".")[0].split("[")[0], list(FIELDS), n=1)
-            hint = (f"did you mean {{{close[0]}}}? `hostagent ls --help` lists the fields" if close
-                    else f"the fields: {', '.join(FIELDS)}")
+            hint = (
+                f"did you mean {{{close[0]}}}? `hostagent ls --help` lists the fields"
+                if close
+                else f"the fields: {', '.join(FIELDS)}"
+            )
             raise UsageError(f"--format {text!r}: unknown field {{{field}}}", hint)
         if "{" in spec:
-            raise UsageError(f"--format {text!r}: {{{field}:{spec}}}: a format spec cannot hold a field",
-                             "write the width as a number: {name:<24}")
+            raise UsageError(
+                f"--format {text!r}: {{{field}:{spec}}}: a format spec cannot hold a field",
+                "write the width as a number: {name:<24}",
+            )
         sample = _SAMPLES[FIELDS[field][0]]
         try:
             format(string.Formatter().convert_field(sample, conversion), spec)
         except (ValueError, TypeError) as err:
-            raise UsageError(f"--format {text!r}: {{{field}:{spec}}}: {err}",
-                             "str.format's spec: [[fill]align][width][.precision][type], e.g. {name:<24}") from None
+            raise UsageError(
+                f"--format {text!r}: {{{field}:{spec}}}: {err}",
+                "str.format's spec: [[fill]align][width][.precision][type], e.g. {name:<24}",
+            ) from None
 
     def render(self, listing: dict[str, Any]) -> str:
         out = []

@@ -52,8 +52,9 @@ class Cell:
 
     __slots__ = ("gap", "parts", "right", "style", "text")
 
-    def __init__(self, text: str, style: str = "", right: bool = False, gap: int = 2,
-                 parts: Sequence[tuple[str, str]] = ()) -> None:
+    def __init__(
+        self, text: str, style: str = "", right: bool = False, gap: int = 2, parts: Sequence[tuple[str, str]] = ()
+    ) -> None:
         self.text = "".join(t for t, _ in parts) if parts else text
         self.style = style
         self.right = right
@@ -115,8 +116,9 @@ def _figures(pairs: Sequence[tuple[object, object]], unit: str) -> list[str]:
     texts = [(_na(a), _na(b)) for a, b in pairs]
     wa = max((len(a) for a, _ in texts), default=0)
     wb = max((len(b) for _, b in texts), default=0)
-    return [NA if (a, b) == (None, None) else f"{ta:>{wa}} / {tb:>{wb}} {unit}"
-            for (a, b), (ta, tb) in zip(pairs, texts)]
+    return [
+        NA if (a, b) == (None, None) else f"{ta:>{wa}} / {tb:>{wb}} {unit}" for (a, b), (ta, tb) in zip(pairs, texts)
+    ]
 
 
 def _temperature_style(t: int | None) -> str:
@@ -125,8 +127,13 @@ def _temperature_style(t: int | None) -> str:
     return f"{BOLD};{RED}" if t >= HOT_C else YELLOW if t >= WARM_C else ""
 
 
-_STATES = {"free": GREEN, "shared": f"{BOLD};{CYAN}", "held": f"{BOLD};{YELLOW}", "busy": f"{BOLD};{RED}",
-           "unknown": DIM}
+_STATES = {
+    "free": GREEN,
+    "shared": f"{BOLD};{CYAN}",
+    "held": f"{BOLD};{YELLOW}",
+    "busy": f"{BOLD};{RED}",
+    "unknown": DIM,
+}
 
 
 def _state(item: dict[str, Any]) -> Cell:
@@ -136,8 +143,13 @@ def _state(item: dict[str, Any]) -> Cell:
         return Cell("UNHEALTHY", f"{BOLD};{RED}")
     state = item.get("state")
     if state not in _STATES:  # an agent of an earlier version (ls --host): no state of its own
-        state = "unknown" if item.get("held") is None else "free" if not item["held"] else (
-            "shared" if item.get("shared") else "held")
+        state = (
+            "unknown"
+            if item.get("held") is None
+            else "free"
+            if not item["held"]
+            else ("shared" if item.get("shared") else "held")
+        )
     return Cell(state, _STATES[state])
 
 
@@ -151,7 +163,7 @@ def _short(name: str | None, card: str | None) -> str:
         return "MIG device"
     for prefix in (f"{card} MIG ", f"{card} "):
         if card and name.startswith(prefix):
-            return name[len(prefix):]
+            return name[len(prefix) :]
     return name
 
 
@@ -172,8 +184,15 @@ def _holders(holders: Sequence[dict[str, Any]], color: bool, indent: str) -> lis
 
 
 def _mismatches(mislabelled: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
-    rows = [[Cell(h["name"], BOLD), Cell(h["id"][:12]), Cell(h["state"]),
-             Cell(f"labelled for this card, given {','.join(h['uuids']) or 'no card'}")] for h in mislabelled]
+    rows = [
+        [
+            Cell(h["name"], BOLD),
+            Cell(h["id"][:12]),
+            Cell(h["state"]),
+            Cell(f"labelled for this card, given {','.join(h['uuids']) or 'no card'}"),
+        ]
+        for h in mislabelled
+    ]
     return _section("MISMATCH", rows, color, indent, f"{BOLD};{RED}")
 
 
@@ -193,9 +212,17 @@ def _owner(p: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _processes(processes: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
-    rows = [[Cell(str(p["pid"]), right=True), Cell(p["type"]), Cell(_na(p["user"])),
-             Cell(_na(p["used_memory_mib"], " MiB"), right=True), Cell(_na(p["command"])), Cell("", parts=_owner(p))]
-            for p in processes]
+    rows = [
+        [
+            Cell(str(p["pid"]), right=True),
+            Cell(p["type"]),
+            Cell(_na(p["user"])),
+            Cell(_na(p["used_memory_mib"], " MiB"), right=True),
+            Cell(_na(p["command"])),
+            Cell("", parts=_owner(p)),
+        ]
+        for p in processes
+    ]
     return _section("process", rows, color, indent)
 
 
@@ -208,14 +235,23 @@ def _idle(idle: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]
     return _section("not holding", [[Cell(names + more)]], color, indent)
 
 
-def _who(holders: Iterable[dict[str, Any]], processes: Sequence[dict[str, Any]], color: bool, indent: str,
-         mislabelled: Sequence[dict[str, Any]] = ()) -> list[str]:
+def _who(
+    holders: Iterable[dict[str, Any]],
+    processes: Sequence[dict[str, Any]],
+    color: bool,
+    indent: str,
+    mislabelled: Sequence[dict[str, Any]] = (),
+) -> list[str]:
     """Under a card or MIG device: who holds it (by name), who is labelled for it, what runs on it, and the pinned
     containers that hold nothing now."""
     ordered = sorted(holders, key=lambda h: h["name"])
     holding = [h for h in ordered if h["holds"]]
-    return (_holders(holding, color, indent) + _mismatches(mislabelled, color, indent)
-            + _processes(processes, color, indent) + _idle([h for h in ordered if not h["holds"]], color, indent))
+    return (
+        _holders(holding, color, indent)
+        + _mismatches(mislabelled, color, indent)
+        + _processes(processes, color, indent)
+        + _idle([h for h in ordered if not h["holds"]], color, indent)
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -246,8 +282,16 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
         lines.append("    " + _paint(idle, f"{BOLD};{RED}", color))
     if g["mig_devices"]:
         mem = _figures([(m["memory_used_mib"], m["memory_total_mib"]) for m in g["mig_devices"]], "MiB")
-        rows = [[Cell(f"MIG {m['index']}", CYAN), Cell(_short(m["name"], g["name"])), Cell(m["uuid"]),
-                 Cell(mem[i], YELLOW, right=True), _state(m)] for i, m in enumerate(g["mig_devices"])]
+        rows = [
+            [
+                Cell(f"MIG {m['index']}", CYAN),
+                Cell(_short(m["name"], g["name"])),
+                Cell(m["uuid"]),
+                Cell(mem[i], YELLOW, right=True),
+                _state(m),
+            ]
+            for i, m in enumerate(g["mig_devices"])
+        ]
         for m, line in zip(g["mig_devices"], _lines(rows, color, "    ")):
             # A MIG device's own holders and processes; a holder of the whole card is listed under the card.
             mine = [h for h in g["holders"] if m["uuid"] in h["uuids"] and g["uuid"] not in h["uuids"]]
@@ -262,8 +306,11 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
 def render(listing: dict[str, Any], color: bool = False, now: str | None = None) -> str:
     """The table; `now` (watch mode) goes on the header line."""
     docker_ok = bool(listing["docker"]["available"])
-    head = [_paint(listing.get("hostname") or "", BOLD, color), f"driver {_na(listing['driver_version'])}",
-            f"CUDA {_na(listing.get('cuda_driver_version'))}"]
+    head = [
+        _paint(listing.get("hostname") or "", BOLD, color),
+        f"driver {_na(listing['driver_version'])}",
+        f"CUDA {_na(listing.get('cuda_driver_version'))}",
+    ]
     if now:
         head.append(now)
     if not docker_ok:
@@ -273,18 +320,28 @@ def render(listing: dict[str, Any], color: bool = False, now: str | None = None)
     ok = [g for g in gpus if not g["error"]]
     mem = _figures([(g["memory_used_mib"], g["memory_total_mib"]) for g in ok], "MiB")
     power = _figures([(_watts(g["power_draw_w"]), _watts(g["power_limit_w"])) for g in ok], "W")
-    rows = [[Cell(f"[{g['index']}]", CYAN, gap=1), Cell(g["name"] or NA, f"{BOLD};{BLUE}" if g["held"] else BLUE),
-             Cell(_na(g["temperature_c"], "C"), _temperature_style(g["temperature_c"]), right=True),
-             Cell(_na(g["utilization_gpu"], "%"), GREEN if g["utilization_gpu"] is not None else DIM, right=True),
-             Cell(mem[i], YELLOW, right=True), Cell(power[i], MAGENTA, right=True), _state(g)]
-            for i, g in enumerate(ok)]
+    rows = [
+        [
+            Cell(f"[{g['index']}]", CYAN, gap=1),
+            Cell(g["name"] or NA, f"{BOLD};{BLUE}" if g["held"] else BLUE),
+            Cell(_na(g["temperature_c"], "C"), _temperature_style(g["temperature_c"]), right=True),
+            Cell(_na(g["utilization_gpu"], "%"), GREEN if g["utilization_gpu"] is not None else DIM, right=True),
+            Cell(mem[i], YELLOW, right=True),
+            Cell(power[i], MAGENTA, right=True),
+            _state(g),
+        ]
+        for i, g in enumerate(ok)
+    ]
     heads = iter(_lines(rows, color))
     for g in gpus:
         if g["error"]:
             # A card NVML cannot read: what is known of it, in red.
             h = g.get("health") or {}
-            what = (f"[{g['index']}] UNHEALTHY: {'; '.join(h['reasons'])} ({g['error']})" if h.get("healthy") is False
-                    else f"[{g['index']}] ERROR: {g['error']}")
+            what = (
+                f"[{g['index']}] UNHEALTHY: {'; '.join(h['reasons'])} ({g['error']})"
+                if h.get("healthy") is False
+                else f"[{g['index']}] ERROR: {g['error']}"
+            )
             out.append(_paint(what, f"{BOLD};{RED}", color))
             continue
         out += _card_block(g, next(heads), color, docker_ok)

@@ -34,11 +34,19 @@ COLUMNS = ("#", "NAME", "USER", "REQUEST", "IMAGE", "WAITING", "TURN")
 
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`queue` among hostagent's commands."""
-    q = sub.add_parser("queue", help="list the requests waiting for cards in the agent's queue",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    q.add_argument("--json", action="store_true",
-                   help="the agent's object on stdout: per waiter position, name, user, uid, pid, request, gpus, "
-                        "count, share, image, command, since (seconds since the epoch), turn")
+    q = sub.add_parser(
+        "queue",
+        help="list the requests waiting for cards in the agent's queue",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.add_argument(
+        "--json",
+        action="store_true",
+        help="the agent's object on stdout: per waiter position, name, user, uid, pid, request, gpus, "
+        "count, share, image, command, since (seconds since the epoch), turn",
+    )
 
 
 def _waited(seconds: float) -> str:
@@ -49,7 +57,7 @@ def _waited(seconds: float) -> str:
 def _cell(value: str | None, limit: int = 60) -> str:
     """Another user's value, on one line and at most `limit` characters."""
     text = printable(value or "-")
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def table(data: dict[str, Any], now: float) -> str:
@@ -57,10 +65,18 @@ def table(data: dict[str, Any], now: float) -> str:
     waiters = data["waiters"]
     if not waiters:
         return "no request is waiting\n"
-    rows = [COLUMNS] + [(str(w["position"]), _cell(w["name"]), _cell(w["user"]), _cell(w["request"]),
-                         _cell(w["image"], 40),
-                         f"{_waited(now - w['since'])} (since {time.strftime('%H:%M:%S', time.localtime(w['since']))})",
-                         "yes" if w["turn"] else "-") for w in waiters]
+    rows = [COLUMNS] + [
+        (
+            str(w["position"]),
+            _cell(w["name"]),
+            _cell(w["user"]),
+            _cell(w["request"]),
+            _cell(w["image"], 40),
+            f"{_waited(now - w['since'])} (since {time.strftime('%H:%M:%S', time.localtime(w['since']))})",
+            "yes" if w["turn"] else "-",
+        )
+        for w in waiters
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     return "".join("  ".join(c.ljust(n) for c, n in zip(r, widths)).rstrip() + "\n" for r in rows)
 
@@ -74,7 +90,8 @@ def command(args: argparse.Namespace) -> int:
             f"no resident agent answers at unix://{agentlink.socket_path()}, so there is no queue "
             "(`hostagent run --wait` then polls the ledger without one)",
             "start it (`hostagent serve`, or systemctl start gpupin-hostagent), or point GPUPIN_AGENT_SOCKET at its "
-            "socket")
+            "socket",
+        )
     data = link.call("GET", "/api/queue", timeout=10)
     sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else table(data, time.time()))
     return 0

@@ -80,8 +80,13 @@ class BoolFlag(argparse._StoreTrueAction):
         super().__init__(option_strings, dest, **kw)
         self.nargs = "?"
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         if isinstance(values, str):
             try:
                 values = go_bool(values)
@@ -102,41 +107,87 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`run` among hostagent's commands."""
     # No -h: docker run's -h is --hostname; --help alone asks for help, as there.
-    r = sub.add_parser("run", help="start a container pinned to physical GPUs", allow_abbrev=False, add_help=False,
-                       usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE "
-                             "[COMMAND [ARG...]]",
-                       description="Start a container pinned to physical GPUs, as `docker run` would. Options go "
-                                   "before IMAGE; everything after IMAGE is the container's command, untouched.",
-                       epilog=EPILOG, formatter_class=_HelpFormatter)
+    r = sub.add_parser(
+        "run",
+        help="start a container pinned to physical GPUs",
+        allow_abbrev=False,
+        add_help=False,
+        usage="hostagent run [OPTIONS] (--uuid UUID | --gpu SPEC ... | --count N) IMAGE [COMMAND [ARG...]]",
+        description="Start a container pinned to physical GPUs, as `docker run` would. Options go "
+        "before IMAGE; everything after IMAGE is the container's command, untouched.",
+        epilog=EPILOG,
+        formatter_class=_HelpFormatter,
+    )
     # IMAGE and COMMAND are split off by split_run_argv (as docker run does); these two lines document them.
     r.add_argument("image", metavar="IMAGE", nargs="?", help="the image to run (pulled when missing, see --pull)")
-    offer(r.add_argument("cmd", metavar="COMMAND", nargs="*",
-                         help="the command and its arguments (default: the image's CMD), passed untouched"), COMMAND)
+    offer(
+        r.add_argument(
+            "cmd",
+            metavar="COMMAND",
+            nargs="*",
+            help="the command and its arguments (default: the image's CMD), passed untouched",
+        ),
+        COMMAND,
+    )
     r.add_argument("--help", action="help", help="show this help message and exit")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print a traceback with an error")
     g = r.add_argument_group("which GPUs")
-    offer(g.add_argument("--uuid", dest="gpus", action="append", metavar="UUID", default=[], help="a card by UUID"),
-          GPUS)
-    offer(g.add_argument("--gpu", dest="gpus", action="append", metavar="SPEC", default=[],
-                         help="a card by UUID, prefix, index, bus id or MIG device (see below)"), GPUS)
-    g.add_argument("--count", type=int, metavar="N",
-                   help="N healthy cards no container holds and no other process uses: the most free memory "
-                        "first, then the least utilization")
-    g.add_argument("--max-load", type=float, metavar="PCT",
-                   help="with --count: also take cards that other processes use, when their GPU utilization is at "
-                        "most PCT percent (as GPUtil's maxLoad, in percent)")
-    g.add_argument("--max-memory", type=float, metavar="PCT",
-                   help="with --count: also take cards that other processes use, when at most PCT percent of their "
-                        "memory is used")
-    g.add_argument("--share", action="store_true",
-                   help="share on purpose: allow cards that containers started with --share hold, and cards that "
-                        "other processes use")
-    g.add_argument("--wait", type=_wait_value, metavar="SECONDS", nargs="?", const=math.inf,
-                   help="wait for held cards (forever, or at most SECONDS) instead of exiting 75; with the agent "
-                        "up, in its fair queue (`hostagent queue`)")
+    offer(
+        g.add_argument("--uuid", dest="gpus", action="append", metavar="UUID", default=[], help="a card by UUID"), GPUS
+    )
+    offer(
+        g.add_argument(
+            "--gpu",
+            dest="gpus",
+            action="append",
+            metavar="SPEC",
+            default=[],
+            help="a card by UUID, prefix, index, bus id or MIG device (see below)",
+        ),
+        GPUS,
+    )
+    g.add_argument(
+        "--count",
+        type=int,
+        metavar="N",
+        help="N healthy cards no container holds and no other process uses: the most free memory "
+        "first, then the least utilization",
+    )
+    g.add_argument(
+        "--max-load",
+        type=float,
+        metavar="PCT",
+        help="with --count: also take cards that other processes use, when their GPU utilization is at "
+        "most PCT percent (as GPUtil's maxLoad, in percent)",
+    )
+    g.add_argument(
+        "--max-memory",
+        type=float,
+        metavar="PCT",
+        help="with --count: also take cards that other processes use, when at most PCT percent of their memory is used",
+    )
+    g.add_argument(
+        "--share",
+        action="store_true",
+        help="share on purpose: allow cards that containers started with --share hold, and cards that "
+        "other processes use",
+    )
+    g.add_argument(
+        "--wait",
+        type=_wait_value,
+        metavar="SECONDS",
+        nargs="?",
+        const=math.inf,
+        help="wait for held cards (forever, or at most SECONDS) instead of exiting 75; with the agent "
+        "up, in its fair queue (`hostagent queue`)",
+    )
     g.add_argument("--verify", choices=list(VERIFY_LEVELS), help="GPUPIN_VERIFY for the entrypoint")
-    g.add_argument("--via", choices=list(VIAS), help="pin through CDI (--device nvidia.com/gpu=UUID) or the nvidia "
-                   "driver (--gpus device=UUID); default: CDI where the daemon serves the cards by CDI")
+    g.add_argument(
+        "--via",
+        choices=list(VIAS),
+        help="pin through CDI (--device nvidia.com/gpu=UUID) or the nvidia "
+        "driver (--gpus device=UUID); default: CDI where the daemon serves the cards by CDI",
+    )
     d = r.add_argument_group("as docker run")
     for opt in runopts.OPTIONS:
         kw: dict[str, Any] = {"dest": opt.dest, "help": opt.help}
@@ -150,9 +201,12 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         if opt.complete:
             offer(action, opt.complete)
     o = r.add_argument_group("output")
-    o.add_argument("--dry-run", action="store_true",
-                   help="print the equivalent docker run command; create nothing (values from env files and the "
-                        "environment not shown)")
+    o.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the equivalent docker run command; create nothing (values from env files and the "
+        "environment not shown)",
+    )
     o.add_argument("--json", action="store_true", help="with --dry-run: the create payload as JSON")
 
 
@@ -168,7 +222,7 @@ def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tupl
     while i < len(argv):
         a = argv[i]
         if a == "--":
-            rest = argv[i + 1:]
+            rest = argv[i + 1 :]
             return list(argv[:i]), (rest[0] if rest else None), list(rest[1:])
         if a.startswith("--"):
             name, eq, _ = a.partition("=")
@@ -193,7 +247,7 @@ def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tupl
                 break
             i += 1
             continue
-        return list(argv[:i]), a, list(argv[i + 1:])
+        return list(argv[:i]), a, list(argv[i + 1 :])
     return list(argv), None, []
 
 
@@ -205,8 +259,7 @@ def _takes(parser: argparse.ArgumentParser) -> dict[str, str | int | None]:
             if isinstance(action, (BoolFlag, argparse._HelpAction)):
                 takes[flag] = 0
             else:
-                takes[flag] = action.nargs if action.nargs is not None else (0 if action.const is not None
-                                                                             else 1)
+                takes[flag] = action.nargs if action.nargs is not None else (0 if action.const is not None else 1)
     return takes
 
 
@@ -226,8 +279,8 @@ def bool_values(options: Sequence[str], parser: argparse.ArgumentParser) -> list
             if flag not in long_of:  # takes a value (attached, or the next word), or unknown: argparse's
                 out.append("-" + word[j:])
                 break
-            if word[j + 1:j + 2] == "=":
-                out.append(f"{long_of[flag]}={word[j + 2:]}")
+            if word[j + 1 : j + 2] == "=":
+                out.append(f"{long_of[flag]}={word[j + 2 :]}")
                 break
             out.append(long_of[flag])
             j += 1
@@ -252,10 +305,20 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError("--json goes with --dry-run (a running container's output is its own)")
     if args.interactive and args.tty and not args.detach and not args.dry_run and not sys.stdin.isatty():
         raise UsageError("-it needs a terminal, but the input is not a TTY", "drop -t to pipe input with -i")
-    req = RunRequest(args.image, args.cmd, gpus=args.gpus, count=args.count, share=args.share, wait=args.wait,
-                     verify=args.verify, dry_run=args.dry_run, via=args.via, max_load=args.max_load,
-                     max_memory=args.max_memory,
-                     **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS})
+    req = RunRequest(
+        args.image,
+        args.cmd,
+        gpus=args.gpus,
+        count=args.count,
+        share=args.share,
+        wait=args.wait,
+        verify=args.verify,
+        dry_run=args.dry_run,
+        via=args.via,
+        max_load=args.max_load,
+        max_memory=args.max_memory,
+        **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS},
+    )
     if req.dry_run:
         from gpupin.hostagent.run import launch
 

@@ -122,8 +122,10 @@ class Attachment:
         """Stream until the container exits; return its exit code (125 when it cannot be learned)."""
         assert self._waiter is not None, "open() before start"
         seen: list[int] = []
-        handlers = {s: signal.signal(s, lambda signum, _f: self._on_signal(seen, signum))
-                    for s in (signal.SIGINT, signal.SIGTERM)}
+        handlers = {
+            s: signal.signal(s, lambda signum, _f: self._on_signal(seen, signum))
+            for s in (signal.SIGINT, signal.SIGTERM)
+        }
         restore_tty = None
         assert self._stream is not None
         try:
@@ -163,7 +165,8 @@ class Attachment:
                 raise DockerUnavailableError(
                     f"lost the Docker daemon at {engine.docker_host()} while following {self.cid[:12]}: {lost}",
                     f"the container may still be running: `docker ps -a --filter id={self.cid[:12]}`, "
-                    "then `docker logs` or `docker wait` it") from None
+                    "then `docker logs` or `docker wait` it",
+                ) from None
         return int(code)
 
 

@@ -113,9 +113,13 @@ def _owned(var: EnvVar) -> None:
     given."""
     where = f"--env-file {shown(var.file)}: {shown(var.key)}" if var.file is not None else f"-e {shown(var.key)}"
     if var.key in OWNED_VARS:
-        raise UsageError(f"{where}: hostagent sets {var.key} itself from the GPUs asked",
-                         "ask for the GPUs with --uuid/--gpu/--count instead")
+        raise UsageError(
+            f"{where}: hostagent sets {var.key} itself from the GPUs asked",
+            "ask for the GPUs with --uuid/--gpu/--count instead",
+        )
     if picks_devices(var.key):
-        raise UsageError(f"{where}: the NVIDIA runtime reads {var.key} to pick the devices it exposes, which would "
-                         f"give the container devices outside its pin ({shown(var.entry())})",
-                         "ask for the GPUs with --uuid/--gpu/--count; hostagent exposes exactly those")
+        raise UsageError(
+            f"{where}: the NVIDIA runtime reads {var.key} to pick the devices it exposes, which would "
+            f"give the container devices outside its pin ({shown(var.entry())})",
+            "ask for the GPUs with --uuid/--gpu/--count; hostagent exposes exactly those",
+        )

@@ -36,8 +36,10 @@ class Progress:
     def feed(self, event: Mapping[str, Any]) -> None:
         if event.get("error") or event.get("errorDetail"):
             detail = event.get("errorDetail") or {}
-            raise DockerRefusedError(f"the pull failed: {detail.get('message') or event.get('error')}",
-                                     "check the image name and your registry login (`docker login`)")
+            raise DockerRefusedError(
+                f"the pull failed: {detail.get('message') or event.get('error')}",
+                "check the image name and your registry login (`docker login`)",
+            )
         status = str(event.get("status") or "")
         layer = event.get("id")
         if not layer:
@@ -85,9 +87,10 @@ def pull(api: Any, req: RunRequest) -> None:
         raise DockerRefusedError(f"image {req.image!r} could not be pulled: {err.message}", err.hint) from None
     except Exception as err:
         reason = engine.refused(err, "pull").message.split(": ", 1)[-1]
-        raise DockerRefusedError(f"image {req.image!r} not found locally and could not be pulled: {reason}",
-                                 "check the name, or build/load it first (`docker images` lists what there "
-                                 "is)") from None
+        raise DockerRefusedError(
+            f"image {req.image!r} not found locally and could not be pulled: {reason}",
+            "check the name, or build/load it first (`docker images` lists what there is)",
+        ) from None
 
 
 def ensure(api: Any, req: RunRequest) -> None:
@@ -100,7 +103,9 @@ def ensure(api: Any, req: RunRequest) -> None:
             if not engine.is_not_found(err):
                 raise engine.refused(err, f"could not inspect image {req.image}") from None
         if req.pull == "never":
-            raise DockerRefusedError(f"image {req.image!r} not found locally (--pull never)",
-                                     "build or load it first (`docker images` lists what there is)")
+            raise DockerRefusedError(
+                f"image {req.image!r} not found locally (--pull never)",
+                "build or load it first (`docker images` lists what there is)",
+            )
         sys.stderr.write(f"Unable to find image '{req.image}' locally\n")
     pull(api, req)

@@ -51,8 +51,11 @@ def _failpoint(name: str) -> None:
 
 def _keys(p: Target) -> list[str]:
     """What holding the asked card means: the card or MIG device itself, its parent, or any of its MIG devices."""
-    return [p.uuid, *([p.card.uuid] if p.mig is not None and p.card.uuid else []),
-            *(m.uuid for m in p.card.mig_devices if p.mig is None)]
+    return [
+        p.uuid,
+        *([p.card.uuid] if p.mig is not None and p.card.uuid else []),
+        *(m.uuid for m in p.card.mig_devices if p.mig is None),
+    ]
 
 
 def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) -> list[str]:
@@ -65,7 +68,8 @@ def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) ->
         others = [h for h in holders if h.process and not (isinstance(h, uses.Use) and h.foreign is False)]
         processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
         parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
-            [f"in use by {', '.join(processes)}"] if processes else [])
+            [f"in use by {', '.join(processes)}"] if processes else []
+        )
         if parts:
             out.append(f"{p.uuid} is {' and '.join(parts)}")
     return out
@@ -77,15 +81,22 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
     groups: dict[str, list[str]] = {}
     for key in sorted(blocked):
         hs = blocked[key]
-        why = ("held" if any(not h.process for h in hs) else
-               "in use by other processes" if any(isinstance(h, uses.Use) for h in hs) else
-               "who uses it is unknown" if hs else "over --max-load/--max-memory")
+        why = (
+            "held"
+            if any(not h.process for h in hs)
+            else "in use by other processes"
+            if any(isinstance(h, uses.Use) for h in hs)
+            else "who uses it is unknown"
+            if hs
+            else "over --max-load/--max-memory"
+        )
         groups.setdefault(why, []).append(key)
     return "; ".join(f"{why}: {', '.join(keys)}" for why, keys in groups.items()) or "held: none"
 
 
-def _busy(cards: Sequence[Card], picks: Sequence[Target] | None, book: ledger_read.Book | None
-          ) -> dict[str, list[ledger.Holder]]:
+def _busy(
+    cards: Sequence[Card], picks: Sequence[Target] | None, book: ledger_read.Book | None
+) -> dict[str, list[ledger.Holder]]:
     """Card UUID -> what holds it now: the ledger's containers (None: the ledger was not read, so only the
     processes are known), and the processes on the cards this request may get (gpupin.hostagent.ledger.uses),
     read from NVML at this look."""
@@ -115,15 +126,17 @@ def _held_error(refusal: _Refusal | list[str]) -> CardHeldError:
     return CardHeldError("; ".join(refusal.why), refusal.hint)
 
 
-def _pick(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
-          busy: dict[str, list[ledger.Holder]]) -> tuple[list[Target] | None, list[str]]:
+def _pick(
+    req: RunRequest, cards: Sequence[Card], picks: list[Target] | None, busy: dict[str, list[ledger.Holder]]
+) -> tuple[list[Target] | None, list[str]]:
     """The cards to use now, or None and why not (`_choose` gives the whole refusal, with its hint)."""
     chosen, refusal = _choose(req, cards, picks, busy)
     return chosen, refusal.why if refusal is not None else []
 
 
-def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
-            busy: dict[str, list[ledger.Holder]]) -> tuple[list[Target] | None, _Refusal | None]:
+def _choose(
+    req: RunRequest, cards: Sequence[Card], picks: list[Target] | None, busy: dict[str, list[ledger.Holder]]
+) -> tuple[list[Target] | None, _Refusal | None]:
     """The cards to use now, or None and the refusal that says why, with the hint that fits."""
     blocked = ledger.blocking(busy, req.share)
     if req.count is not None and (req.max_load is not None or req.max_memory is not None):
@@ -140,8 +153,9 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
         unfit = f"; unhealthy: {', '.join(str(c.index) for c in bad)}" if bad else ""
         why = [f"--count {req.count}: {len(free)} of {len(cards)} card(s) are free ({_taken(blocked)}{unfit})"]
         if free:
-            return None, _Refusal(why, f"ask for at most {len(free)} (--count {len(free)}), or wait for more with "
-                                       "--wait [SECONDS]")
+            return None, _Refusal(
+                why, f"ask for at most {len(free)} (--count {len(free)}), or wait for more with --wait [SECONDS]"
+            )
         return None, _Refusal(why, "wait for one with --wait [SECONDS] (`hostagent ls` shows who holds them)")
     assert picks is not None
     why = _conflicts(picks, blocked)
@@ -154,8 +168,11 @@ def _choose(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
         hint.append(f"pick a free card ({indices}: `hostagent ls`)")
     holders = [h for p in picks for k in _keys(p) for h in busy.get(k, [])]
     if not req.share and holders and all(h.shared or h.process for h in holders):
-        hint.append("share it on purpose with --share" if any(h.process for h in holders) else
-                    "share it with --share (its holder shares)")
+        hint.append(
+            "share it on purpose with --share"
+            if any(h.process for h in holders)
+            else "share it with --share (its holder shares)"
+        )
     return None, _Refusal(why, ", or ".join(hint))
 
 
@@ -211,8 +228,10 @@ def _remove_orphans(api: Any, book: ledger_read.Book, tell: Callable[[str], None
                 continue
             if not engine.is_daemon_failure(err):
                 raise
-            tell(f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
-                 f"{engine.failure(err, 'remove').message}")
+            tell(
+                f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
+                f"{engine.failure(err, 'remove').message}"
+            )
             continue
         renewal.forget(api, str(s["Id"]))
         tell(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
@@ -233,17 +252,26 @@ def read_cards(req: RunRequest, tell: Callable[[str], None] = say) -> tuple[list
     return cards, picks
 
 
-def daemon_view(api: Any, req: RunRequest, info: Callable[[Any], dict[str, Any]] = engine.info
-                ) -> tuple[dict[str, Any] | None, cdi.Detection]:
+def daemon_view(
+    api: Any, req: RunRequest, info: Callable[[Any], dict[str, Any]] = engine.info
+) -> tuple[dict[str, Any] | None, cdi.Detection]:
     """One /info (`info`: how to get it; the resident agent keeps it a few seconds): whether the daemon serves CDI
     (unless --via says how, or its API predates CDI), and its runtimes for the ledger."""
     daemon_info = info(api) if req.via is None and engine.may_serve_cdi(api) else None
     return daemon_info, engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
 
 
-def book(api: Any, req: RunRequest, cards: Sequence[Card], picks: list[Target] | None,
-         daemon_info: dict[str, Any] | None, detection: cdi.Detection, owner: Mapping[str, str],
-         missing_image: Callable[[], None], tell: Callable[[str], None] = say) -> Created:
+def book(
+    api: Any,
+    req: RunRequest,
+    cards: Sequence[Card],
+    picks: list[Target] | None,
+    daemon_info: dict[str, Any] | None,
+    detection: cdi.Detection,
+    owner: Mapping[str, str],
+    missing_image: Callable[[], None],
+    tell: Callable[[str], None] = say,
+) -> Created:
     """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the labels of
     gpupin.hostagent.ledger.lease: the process that will start it); the lock is let go once it exists. The one
     place where cards are booked, whoever asks (this process, or the resident agent for its caller).
@@ -273,7 +301,9 @@ def book(api: Any, req: RunRequest, cards: Sequence[Card], picks: list[Target] |
             if overruns >= LEASE_RETRIES:
                 raise DockerUnavailableError(
                     f"the Docker daemon at {engine.docker_host()} is too slow to pin a container inside the ledger "
-                    f"lock's lease ({err})", "see the daemon's load and log, then retry") from None
+                    f"lock's lease ({err})",
+                    "see the daemon's load and log, then retry",
+                ) from None
         except Exception as err:
             if isinstance(err, GpupinError) or not engine.is_daemon_failure(err):
                 raise
@@ -296,8 +326,16 @@ def launch(req: RunRequest, patience: Patience | None = None) -> Launched | Cont
     with contextlib.nullcontext(patience) if patience is not None else Patience(req) as waiting:
         while True:
             try:
-                created = book(api, req, cards, picks, daemon_info, detection, lease.claim(),
-                               missing_image=lambda: image.ensure(api, req))
+                created = book(
+                    api,
+                    req,
+                    cards,
+                    picks,
+                    daemon_info,
+                    detection,
+                    lease.claim(),
+                    missing_image=lambda: image.ensure(api, req),
+                )
                 break
             except CardHeldError as err:
                 waiting.refused(err)
@@ -329,11 +367,14 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
             raise DockerUnavailableError(
                 f"--dry-run --count {req.count} places the count on free cards, but which cards are free is unknown: "
                 f"the ledger was not read ({getattr(err, 'message', err)})",
-                "start Docker or set DOCKER_HOST, or name the cards with --gpu") from None
+                "start Docker or set DOCKER_HOST, or name the cards with --gpu",
+            ) from None
         if req.via is None:
             detection = cdi.Detection(False, "the daemon was not asked")
-            say(f"dry run: the daemon was not asked ({getattr(err, 'message', err)}); the nvidia driver's form is "
-                "shown (--via cdi shows CDI's)")
+            say(
+                f"dry run: the daemon was not asked ({getattr(err, 'message', err)}); the nvidia driver's form is "
+                "shown (--via cdi shows CDI's)"
+            )
         book = None
     if picks is None:
         assert book is not None

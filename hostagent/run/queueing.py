@@ -39,8 +39,16 @@ _LOST = object()  # the stream ended
 
 def ask_of(req: RunRequest) -> dict[str, Any]:
     """What joining sends: the request as the user wrote it (the agent resolves it), and what to show."""
-    return {"gpus": req.gpus, "count": req.count, "share": req.share, "max_load": req.max_load,
-            "max_memory": req.max_memory, "name": req.name, "image": req.image, "command": req.command}
+    return {
+        "gpus": req.gpus,
+        "count": req.count,
+        "share": req.share,
+        "max_load": req.max_load,
+        "max_memory": req.max_memory,
+        "name": req.name,
+        "image": req.image,
+        "command": req.command,
+    }
 
 
 class _Stream:
@@ -55,8 +63,10 @@ class _Stream:
             self.sock.settimeout(agentlink.CONNECT_S)
             self.sock.connect(link.path)
             data = json.dumps(body).encode()
-            self.sock.sendall(b"POST /api/queue HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+            self.sock.sendall(
+                b"POST /api/queue HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+            )
             self.sock.settimeout(30)
             res = http.client.HTTPResponse(self.sock, method="POST")
             res.begin()
@@ -206,8 +216,10 @@ class Turns:
         self._ticket = str(queued.get("ticket"))
         self._place = f"position {queued.get('position')} of {queued.get('of')}"
         if not first:
-            say(f"the agent at {self.link} is back: {self._place} in its queue"
-                + ("" if kept else " (it did not know this request: queued as new)"))
+            say(
+                f"the agent at {self.link} is back: {self._place} in its queue"
+                + ("" if kept else " (it did not know this request: queued as new)")
+            )
         return True
 
     def _drop(self) -> None:
@@ -217,8 +229,10 @@ class Turns:
         self._stream.close()
         self._stream = None
         self._lost_at = time.monotonic()
-        say(f"the agent at {self.link} went away: waiting without its queue (back in it if the agent returns "
-            f"within {RECONNECT_S:g} s)")
+        say(
+            f"the agent at {self.link} went away: waiting without its queue (back in it if the agent returns "
+            f"within {RECONNECT_S:g} s)"
+        )
 
     def _rejoin(self) -> None:
         assert self._lost_at is not None

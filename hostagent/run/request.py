@@ -30,9 +30,11 @@ if TYPE_CHECKING:
     from gpupin.core.resolve import Target
 
 # An image reference as the Engine reads it: [registry[:port]/]path[:tag][@digest], lower-case path components.
-_REFERENCE = re.compile(r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-                        r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[\w][\w.-]{0,127})?"
-                        r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+_REFERENCE = re.compile(
+    r"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
 
 
 def bad_option(err: BaseException) -> UsageError:
@@ -48,10 +50,22 @@ def _default(opt: runopts.Option) -> Any:
 class RunRequest:
     """What `hostagent run` was asked: the GPUs, the image and command, and the docker run options."""
 
-    def __init__(self, image: str, command: Sequence[str] = (), gpus: Sequence[str] = (), count: int | None = None,
-                 share: bool = False, wait: float | None = None, verify: str | None = None, dry_run: bool = False,
-                 via: str | None = None, environ: Mapping[str, str] | None = None, max_load: float | None = None,
-                 max_memory: float | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        image: str,
+        command: Sequence[str] = (),
+        gpus: Sequence[str] = (),
+        count: int | None = None,
+        share: bool = False,
+        wait: float | None = None,
+        verify: str | None = None,
+        dry_run: bool = False,
+        via: str | None = None,
+        environ: Mapping[str, str] | None = None,
+        max_load: float | None = None,
+        max_memory: float | None = None,
+        **options: Any,
+    ) -> None:
         self.image = image
         self.command = list(command)  # everything after IMAGE, untouched (as docker run passes it)
         self.gpus = list(gpus)
@@ -71,8 +85,9 @@ class RunRequest:
         self.validate()
         # The user's part of the environment (--env-file, then -e), read now: a bad file is refused before
         # NVML or Docker is asked anything.
-        self.user_env = user_environment(self.options["env_files"], self.options["env"],
-                                         os.environ if environ is None else environ)
+        self.user_env = user_environment(
+            self.options["env_files"], self.options["env"], os.environ if environ is None else environ
+        )
 
     # The options hostagent itself acts on.
     @property
@@ -118,29 +133,37 @@ class RunRequest:
     def check(self) -> None:
         """The checks of what was asked that read nothing (the resident agent makes them again on what it gets)."""
         if not self.image:
-            raise UsageError("no IMAGE given", "hostagent run [OPTIONS] IMAGE [COMMAND [ARG...]]; see "
-                             "`hostagent run --help`")
+            raise UsageError(
+                "no IMAGE given", "hostagent run [OPTIONS] IMAGE [COMMAND [ARG...]]; see `hostagent run --help`"
+            )
         if self.image.startswith("-"):
-            raise UsageError(f"IMAGE {self.image!r} begins with '-': options go before IMAGE, and hostagent run "
-                             "does not pass options it does not know on to Docker",
-                             "see `hostagent run --help` for the options it takes")
+            raise UsageError(
+                f"IMAGE {self.image!r} begins with '-': options go before IMAGE, and hostagent run "
+                "does not pass options it does not know on to Docker",
+                "see `hostagent run --help` for the options it takes",
+            )
         if not _REFERENCE.fullmatch(self.image):
-            raise UsageError(f"{self.image!r} is not a valid image reference",
-                             "write it as docker does: [REGISTRY/]NAME[:TAG][@DIGEST], lower-case name")
+            raise UsageError(
+                f"{self.image!r} is not a valid image reference",
+                "write it as docker does: [REGISTRY/]NAME[:TAG][@DIGEST], lower-case name",
+            )
         if bool(self.gpus) == (self.count is not None):
-            raise UsageError("say which GPUs: --uuid/--gpu SPEC (one or more), or --count N, not both and not neither",
-                             "e.g. hostagent run --uuid GPU-1c5e... IMAGE, or hostagent run --count 1 IMAGE")
+            raise UsageError(
+                "say which GPUs: --uuid/--gpu SPEC (one or more), or --count N, not both and not neither",
+                "e.g. hostagent run --uuid GPU-1c5e... IMAGE, or hostagent run --count 1 IMAGE",
+            )
         if self.count is not None and self.count < 1:
             raise UsageError(f"--count {self.count}: ask for at least one card")
         for flag, limit in (("--max-load", self.max_load), ("--max-memory", self.max_memory)):
             if limit is None:
                 continue
             if self.count is None:
-                raise UsageError(f"{flag} goes with --count: it says how loaded a card that other processes use may "
-                                 "be to be chosen", "to use a named card that others use, add --share")
+                raise UsageError(
+                    f"{flag} goes with --count: it says how loaded a card that other processes use may be to be chosen",
+                    "to use a named card that others use, add --share",
+                )
             if not 0 <= limit <= 100:  # NaN fails both
-                raise UsageError(f"{flag} {limit:g}: give a percentage from 0 to 100",
-                                 f"e.g. {flag} 50 (GPUtil's 0.5)")
+                raise UsageError(f"{flag} {limit:g}: give a percentage from 0 to 100", f"e.g. {flag} 50 (GPUtil's 0.5)")
         if self.verify is not None and self.verify not in VERIFY_LEVELS:
             raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_SAID}")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
@@ -150,15 +173,19 @@ class RunRequest:
             check_via(self.via, self.capabilities)
         restart = self.options["restart"]
         if self.rm and restart not in (None, "no"):
-            raise UsageError(f"--rm and --restart {restart} conflict: a container removed when it exits cannot "
-                             "be restarted", "drop one of them")
+            raise UsageError(
+                f"--rm and --restart {restart} conflict: a container removed when it exits cannot be restarted",
+                "drop one of them",
+            )
         for spec in self.options["labels"]:
             key = spec.split("=", 1)[0]
             if not key:
                 raise UsageError(f"malformed --label {spec!r}", "use --label key=value")
             if key in OWNED_LABELS:
-                raise UsageError(f"--label {spec}: hostagent writes {key} itself ({LABEL} is the ledger)",
-                                 "remove it; --share sets gpupin.shared")
+                raise UsageError(
+                    f"--label {spec}: hostagent writes {key} itself ({LABEL} is the ledger)",
+                    "remove it; --share sets gpupin.shared",
+                )
 
 
 def labels(req: RunRequest, pin: Pin) -> dict[str, str]:
@@ -189,15 +216,22 @@ class ContainerSpec:
 
         kw = copy.deepcopy(r.payload)
         try:
-            host_config = HostConfig(version=version, device_requests=[self.pin.sdk_device_request()],
-                                     **kw[runopts.HOST])
+            host_config = HostConfig(
+                version=version, device_requests=[self.pin.sdk_device_request()], **kw[runopts.HOST]
+            )
             host_config.update(kw[runopts.RAW_HOST])
             for key, value in runopts.CLI_HOST_DEFAULTS.items():
                 host_config.setdefault(key, copy.deepcopy(value))
             config: dict[str, Any] = ContainerConfig(
-                version, r.image, r.command or None, detach=r.detach,
-                environment=[v.shown() if redact else v.entry() for v in self.env], labels=self.labels,
-                host_config=host_config, **kw[runopts.CONTAINER])
+                version,
+                r.image,
+                r.command or None,
+                detach=r.detach,
+                environment=[v.shown() if redact else v.entry() for v in self.env],
+                labels=self.labels,
+                host_config=host_config,
+                **kw[runopts.CONTAINER],
+            )
         except (DockerException, ValueError, TypeError) as err:
             raise bad_option(err) from None
         return config

@@ -50,8 +50,10 @@ def refused(err: BaseException, doing: str, via: str) -> DockerRefusedError:
     """The daemon's refusal as `docker run` codes it; a CDI name it does not serve gets the hint that fits."""
     out = engine.refused(err, doing)
     if via == cdi.CDI and "cdi" in out.message.lower():
-        out.hint = (f"the daemon does not serve {cdi.KIND} by this name: see `docker info` (CDISpecDirs) and the "
-                    "spec (`nvidia-ctk cdi list` lists its names), or pin with --via nvidia")
+        out.hint = (
+            f"the daemon does not serve {cdi.KIND} by this name: see `docker info` (CDISpecDirs) and the "
+            "spec (`nvidia-ctk cdi list` lists its names), or pin with --via nvidia"
+        )
     return out
 
 

@@ -54,9 +54,11 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
         raw = answer.body()
     except OSError as err:
         sock.close()
-        raise AgentUnavailableError(f"the agent at {link} stopped answering ({getattr(err, 'strerror', None) or err})",
-                                    "see the agent's log (journalctl -u gpupin-hostagent); retry, or set "
-                                    f"{agentlink.USE_ENV}=0 to go without it") from None
+        raise AgentUnavailableError(
+            f"the agent at {link} stopped answering ({getattr(err, 'strerror', None) or err})",
+            "see the agent's log (journalctl -u gpupin-hostagent); retry, or set "
+            f"{agentlink.USE_ENV}=0 to go without it",
+        ) from None
     try:
         obj = json.loads(raw) if raw.strip() else None
     except ValueError:
@@ -66,8 +68,10 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
     if answer.status >= 400:
         raise agentlink.error_from(answer.status, obj, str(link))
     if not isinstance(obj, dict) or not ("direct" in obj or isinstance(obj.get("id"), str)):
-        raise AgentUnavailableError(f"the agent at {link} answered POST {ROUTE} with nonsense",
-                                    f"see the agent's log; set {agentlink.USE_ENV}=0 to go without it")
+        raise AgentUnavailableError(
+            f"the agent at {link} answered POST {ROUTE} with nonsense",
+            f"see the agent's log; set {agentlink.USE_ENV}=0 to go without it",
+        )
     return obj
 
 

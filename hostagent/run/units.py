@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)*) ?([kmgtp])?i?b?", re.ASCII | re.IGNORECASE)
-_BINARY = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4, "p": 1024 ** 5}
-_MAX = 2 ** 63  # an int64: past it the CLI's conversion overflows; refused here
+_BINARY = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+_MAX = 2**63  # an int64: past it the CLI's conversion overflows; refused here
 
 
 def ram_in_bytes(text: str) -> int:

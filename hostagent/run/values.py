@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-
 def entrypoint(value: str) -> list[str]:
     # docker run: --entrypoint names one executable (never split on spaces); an empty one resets the image's.
     return [value]
@@ -45,7 +44,7 @@ def cpus(value: str) -> int:
             raise ValueError(value)
         from fractions import Fraction  # with decimal, ~3 ms of every run's start-up otherwise
 
-        nano = Fraction(value) * 10 ** 9
+        nano = Fraction(value) * 10**9
     except (ValueError, ZeroDivisionError):
         raise ValueError("give a number of CPUs, e.g. 1.5") from None
     if nano.denominator != 1:
@@ -76,9 +75,11 @@ def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> No
         path = nodes.normalised(host_path)
         real = os.path.realpath(path) if local else path
         what = shown(path) if real == path else f"{shown(path)} (a link to {shown(real)})"
-        raise UsageError(f"{option} {shown(value)}: the host path {what} reaches an NVIDIA device node, which "
-                         "would give the container GPUs outside its pin",
-                         "ask for the cards with --uuid/--gpu/--count; hostagent exposes exactly those")
+        raise UsageError(
+            f"{option} {shown(value)}: the host path {what} reaches an NVIDIA device node, which "
+            "would give the container GPUs outside its pin",
+            "ask for the cards with --uuid/--gpu/--count; hostagent exposes exactly those",
+        )
 
 
 def device(value: str) -> str:
@@ -128,11 +129,13 @@ def integer(low: int, high: int, what: str) -> Callable[[str], int]:
         if not digits.isascii() or not digits.isdigit() or not low <= int(value) <= high:
             raise ValueError(f"give {what}, a whole number from {low} to {high}")
         return int(value)
+
     return convert
 
 
 def key_values(what: str) -> Callable[[Sequence[str]], dict[str, str]]:
     """KEY=VALUE options given again and again (--sysctl, --storage-opt, --log-opt) as the API's mapping."""
+
     def convert(values: Sequence[str]) -> dict[str, str]:
         out: dict[str, str] = {}
         for v in values:
@@ -141,6 +144,7 @@ def key_values(what: str) -> Callable[[Sequence[str]], dict[str, str]]:
                 raise ValueError(f"{v!r} is not {what}=VALUE")
             out[key] = val
         return out
+
     return convert
 
 
@@ -177,8 +181,21 @@ def add_host(value: str) -> str:
     return value
 
 
-_MOUNT_KEYS = {"type", "source", "src", "target", "destination", "dst", "readonly", "ro", "bind-propagation",
-               "volume-nocopy", "tmpfs-size", "tmpfs-mode", "consistency"}
+_MOUNT_KEYS = {
+    "type",
+    "source",
+    "src",
+    "target",
+    "destination",
+    "dst",
+    "readonly",
+    "ro",
+    "bind-propagation",
+    "volume-nocopy",
+    "tmpfs-size",
+    "tmpfs-mode",
+    "consistency",
+}
 
 
 def mount(value: str) -> Any:
@@ -202,10 +219,16 @@ def mount(value: str) -> Any:
         _not_a_gpu_device(value, source, "--mount", deep=False)
     readonly = (fields.get("readonly") or fields.get("ro") or "false").lower() in ("true", "1")
     tmpfs_size = fields.get("tmpfs-size")
-    return Mount(target, source, type=kind, read_only=readonly, propagation=fields.get("bind-propagation"),
-                 no_copy=fields.get("volume-nocopy", "false").lower() in ("true", "1"),
-                 tmpfs_size=size(tmpfs_size) if tmpfs_size else None,
-                 tmpfs_mode=int(fields["tmpfs-mode"], 8) if "tmpfs-mode" in fields else None)
+    return Mount(
+        target,
+        source,
+        type=kind,
+        read_only=readonly,
+        propagation=fields.get("bind-propagation"),
+        no_copy=fields.get("volume-nocopy", "false").lower() in ("true", "1"),
+        tmpfs_size=size(tmpfs_size) if tmpfs_size else None,
+        tmpfs_mode=int(fields["tmpfs-mode"], 8) if "tmpfs-mode" in fields else None,
+    )
 
 
 def tmpfs(values: Sequence[str]) -> dict[str, str]:
@@ -310,6 +333,8 @@ def gpu_capabilities(value: str | None) -> list[str]:
         return list(GPU_CAPABILITIES)
     bad = [c for c in caps if c not in GPU_CAPABILITIES]
     if bad or not caps:
-        raise UsageError(f"--gpu-capabilities {value!r}: unknown capability {', '.join(bad) or '(none given)'}",
-                         f"use all, or a comma list of {', '.join(GPU_CAPABILITIES)}")
+        raise UsageError(
+            f"--gpu-capabilities {value!r}: unknown capability {', '.join(bad) or '(none given)'}",
+            f"use all, or a comma list of {', '.join(GPU_CAPABILITIES)}",
+        )
     return list(dict.fromkeys(caps))

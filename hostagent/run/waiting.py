@@ -51,9 +51,11 @@ class Patience:
             raise err
         waited = time.monotonic() - self.started
         if waited >= self.req.wait:
-            raise CardHeldError(f"{err.message}, still after waiting {waited:.0f} s",
-                                "wait longer (--wait SECONDS, or --wait alone for as long as it takes), or free it "
-                                "(`hostagent ls` shows who holds what)") from None
+            raise CardHeldError(
+                f"{err.message}, still after waiting {waited:.0f} s",
+                "wait longer (--wait SECONDS, or --wait alone for as long as it takes), or free it "
+                "(`hostagent ls` shows who holds what)",
+            ) from None
         if not self.said:
             say(f"waiting: {err.message}")
             self.said = True

@@ -44,10 +44,21 @@ def _untagged(value: Any) -> Any:
 
 def dump(req: RunRequest) -> dict[str, Any]:
     """The request, as the caller parsed and read it."""
-    return {"wire": VERSION, "image": req.image, "command": req.command, "gpus": req.gpus, "count": req.count,
-            "share": req.share, "verify": req.verify, "via": req.via, "max_load": req.max_load,
-            "max_memory": req.max_memory, "options": req.options, "env": [list(v) for v in req.user_env],
-            "payload": _tagged(req.payload)}
+    return {
+        "wire": VERSION,
+        "image": req.image,
+        "command": req.command,
+        "gpus": req.gpus,
+        "count": req.count,
+        "share": req.share,
+        "verify": req.verify,
+        "via": req.via,
+        "max_load": req.max_load,
+        "max_memory": req.max_memory,
+        "options": req.options,
+        "env": [list(v) for v in req.user_env],
+        "payload": _tagged(req.payload),
+    }
 
 
 def _bad(what: str) -> UsageError:
@@ -63,8 +74,7 @@ def load(obj: Any) -> RunRequest:
     env = obj.get("env")
     if not isinstance(options, dict) or set(options) - set(runopts.BY_DEST) or not isinstance(payload, dict):
         raise _bad("options")
-    if not isinstance(env, list) or not all(isinstance(e, list) and len(e) == 4 and isinstance(e[0], str)
-                                            for e in env):
+    if not isinstance(env, list) or not all(isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) for e in env):
         raise _bad("env")
     req = RunRequest.__new__(RunRequest)
     try:

@@ -132,8 +132,10 @@ class Agent:
         if docker["available"] and not self.following:
             self._retry.set()
         if was is not None and was != docker["available"]:
-            say(f"Docker at {docker['host']} " + ("answers again" if docker["available"] else
-                                                  f"unavailable ({docker['error']})"))
+            say(
+                f"Docker at {docker['host']} "
+                + ("answers again" if docker["available"] else f"unavailable ({docker['error']})")
+            )
         return docker, book
 
     def _identify(self, cards: list[Card]) -> None:

@@ -99,12 +99,23 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        route = {"/": self._dashboard, "/index.html": self._dashboard, "/api/ls": self._ls,
-                 "/api/events": self._events, "/api/agent": self._agent, "/api/queue": self._queue,
-                 "/metrics": self._metrics}.get(path)
+        route = {
+            "/": self._dashboard,
+            "/index.html": self._dashboard,
+            "/api/ls": self._ls,
+            "/api/events": self._events,
+            "/api/agent": self._agent,
+            "/api/queue": self._queue,
+            "/metrics": self._metrics,
+        }.get(path)
         if route is None:
-            self._json(404, {"error": f"no such path {path}", "paths": ["/", "/api/ls", "/api/events",
-                                                                      "/api/queue", "/api/agent", "/metrics"]})
+            self._json(
+                404,
+                {
+                    "error": f"no such path {path}",
+                    "paths": ["/", "/api/ls", "/api/events", "/api/queue", "/api/agent", "/metrics"],
+                },
+            )
             return
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client left
             route()
@@ -123,8 +134,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         if not isinstance(self.server, UnixServer):  # acting for someone needs to know who: the socket tells
-            self.refusal(403, GpupinError(f"POST {path} is served on the agent's unix socket only",
-                                          "run hostagent on the agent's host, as root or in its group"))
+            self.refusal(
+                403,
+                GpupinError(
+                    f"POST {path} is served on the agent's unix socket only",
+                    "run hostagent on the agent's host, as root or in its group",
+                ),
+            )
             return
         route = self.posts.get(path)
         if route is None:
@@ -149,8 +165,10 @@ class Handler(BaseHTTPRequestHandler):
             except GpupinError as err:
                 self.refusal(409 if err.exit_code != EX_USAGE else 400, err)
             except Exception as err:  # a bug here must not end the agent, nor leave the caller without a line
-                bug = GpupinError(f"the agent failed on POST {path}: {type(err).__name__}: {err}",
-                                  "this is a bug in hostagent serve: see its log, and report it")
+                bug = GpupinError(
+                    f"the agent failed on POST {path}: {type(err).__name__}: {err}",
+                    "this is a bug in hostagent serve: see its log, and report it",
+                )
                 bug.exit_code = EX_SOFTWARE
                 self.refusal(500, bug)
 
@@ -171,12 +189,21 @@ class Handler(BaseHTTPRequestHandler):
     def _agent(self) -> None:
         snap = self.agent.snapshot()
         view = snap.listing
-        self._json(200, {"version": __version__, "pid": os.getpid(), "started": self.agent.started,
-                         "interval_s": self.agent.interval, "idle_after_s": self.agent.idle.idle_after,
-                         "read_at": snap.read_at, "view_version": snap.version,
-                         "nvml": {"available": view is not None, "error": snap.error},
-                         "events_followed": self.agent.following,
-                         "docker": view["docker"] if view is not None else None})
+        self._json(
+            200,
+            {
+                "version": __version__,
+                "pid": os.getpid(),
+                "started": self.agent.started,
+                "interval_s": self.agent.interval,
+                "idle_after_s": self.agent.idle.idle_after,
+                "read_at": snap.read_at,
+                "view_version": snap.version,
+                "nvml": {"available": view is not None, "error": snap.error},
+                "events_followed": self.agent.following,
+                "docker": view["docker"] if view is not None else None,
+            },
+        )
 
     def _queue(self) -> None:
         from gpupin.hostagent.serve import queue
@@ -240,8 +267,7 @@ def _posts(agent: Agent) -> dict[str, PostRoute]:
 def handler(agent: Agent) -> type[Handler]:
     from gpupin.hostagent.serve.metrics import Exposition
 
-    return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent),
-                                             "posts": _posts(agent)})
+    return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent), "posts": _posts(agent)})
 
 
 def serve_in_thread(server: socketserver.BaseServer, name: str) -> threading.Thread:

@@ -51,21 +51,51 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`serve` among hostagent's commands."""
     from gpupin.hostagent.serve.listen import DEFAULT_GROUP, DEFAULT_HTTP, DEFAULT_SOCKET
 
-    s = sub.add_parser("serve", help="run the resident agent: live view, metrics, dashboard",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH",
-                   help=f"the unix socket for the CLI (default {DEFAULT_SOCKET})")
-    s.add_argument("--group", metavar="NAME", help=f"the socket's group: its members may use the agent (default "
-                   f"{DEFAULT_GROUP} where that group exists, else root only)")
-    s.add_argument("--http", default=DEFAULT_HTTP, metavar="ADDR",
-                   help=f"HOST:PORT for HTTP (metrics, dashboard, API), or none (default {DEFAULT_HTTP})")
-    s.add_argument("--http-public", action="store_true",
-                   help="allow a non-loopback --http address: it shows the cards, holders, images and users to "
-                        "anyone who reaches it")
-    s.add_argument("--idle-after", type=duration, default=1800.0, metavar="DURATION",
-                   help="flag a held card idle after this long at 0%% utilization (90s, 30m, 2h; default 30m)")
-    s.add_argument("--interval", type=_interval, default=0.5, metavar="SECONDS",
-                   help="re-read NVML every SECONDS (default 0.5); the ledger is re-read at each Docker event")
+    s = sub.add_parser(
+        "serve",
+        help="run the resident agent: live view, metrics, dashboard",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument(
+        "--socket",
+        default=DEFAULT_SOCKET,
+        metavar="PATH",
+        help=f"the unix socket for the CLI (default {DEFAULT_SOCKET})",
+    )
+    s.add_argument(
+        "--group",
+        metavar="NAME",
+        help=f"the socket's group: its members may use the agent (default "
+        f"{DEFAULT_GROUP} where that group exists, else root only)",
+    )
+    s.add_argument(
+        "--http",
+        default=DEFAULT_HTTP,
+        metavar="ADDR",
+        help=f"HOST:PORT for HTTP (metrics, dashboard, API), or none (default {DEFAULT_HTTP})",
+    )
+    s.add_argument(
+        "--http-public",
+        action="store_true",
+        help="allow a non-loopback --http address: it shows the cards, holders, images and users to "
+        "anyone who reaches it",
+    )
+    s.add_argument(
+        "--idle-after",
+        type=duration,
+        default=1800.0,
+        metavar="DURATION",
+        help="flag a held card idle after this long at 0%% utilization (90s, 30m, 2h; default 30m)",
+    )
+    s.add_argument(
+        "--interval",
+        type=_interval,
+        default=0.5,
+        metavar="SECONDS",
+        help="re-read NVML every SECONDS (default 0.5); the ledger is re-read at each Docker event",
+    )
 
 
 def command(args: argparse.Namespace) -> int:

@@ -49,8 +49,14 @@ class Ask:
 
     __slots__ = ("count", "gpus", "max_load", "max_memory", "share")
 
-    def __init__(self, gpus: Sequence[str] = (), count: int | None = None, share: bool = False,
-                 max_load: float | None = None, max_memory: float | None = None) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[str] = (),
+        count: int | None = None,
+        share: bool = False,
+        max_load: float | None = None,
+        max_memory: float | None = None,
+    ) -> None:
         self.gpus = list(gpus)
         self.count = count
         self.share = share
@@ -72,8 +78,10 @@ def cards_of(view: dict[str, Any]) -> list[Card]:
     for g in view["gpus"]:
         card = Card(g["index"], g["uuid"], BusId.parse(g["bus_id"]) if g["bus_id"] else None, g["name"], g["error"])
         card.mig_mode = g["mig_mode"]
-        card.mig_devices = [MigDevice(m["uuid"], m["gpu_instance_id"], m["compute_instance_id"], m["name"],
-                                      index=m["index"]) for m in g["mig_devices"]]
+        card.mig_devices = [
+            MigDevice(m["uuid"], m["gpu_instance_id"], m["compute_instance_id"], m["name"], index=m["index"])
+            for m in g["mig_devices"]
+        ]
         out.append(card)
     return out
 
@@ -130,8 +138,11 @@ def _named(ask: Ask, view: dict[str, Any], reserved: set[str]) -> tuple[list[str
 
 def _could(view: dict[str, Any]) -> list[dict[str, Any]]:
     """The cards a --count could ever take: the healthy whole cards."""
-    return [g for g in view["gpus"] if g["uuid"] and g["error"] is None and not g["mig_mode"]
-            and (g["health"] or {}).get("healthy") is True]
+    return [
+        g
+        for g in view["gpus"]
+        if g["uuid"] and g["error"] is None and not g["mig_mode"] and (g["health"] or {}).get("healthy") is True
+    ]
 
 
 def _counted(ask: Ask, view: dict[str, Any], reserved: set[str]) -> tuple[list[str] | None, set[str]]:
@@ -141,7 +152,7 @@ def _counted(ask: Ask, view: dict[str, Any], reserved: set[str]) -> tuple[list[s
     # Best first, as `run --count` chooses (gpupin.hostagent.gpus.free_cards): the most free memory, the least load.
     usable.sort(key=lambda g: (-(g["memory_free_mib"] or 0), g["utilization_gpu"] or 0, g["index"]))
     if len(usable) >= ask.count:
-        return [g["uuid"] for g in usable[:ask.count]], set().union(*(_whole(g) for g in usable[:ask.count]))
+        return [g["uuid"] for g in usable[: ask.count]], set().union(*(_whole(g) for g in usable[: ask.count]))
     return None, set().union(*(_whole(g) for g in could)) if could else set()
 
 

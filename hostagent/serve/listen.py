@@ -24,8 +24,10 @@ def http_address(text: str, public: bool) -> tuple[str, int] | None:
         return None
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--http {text!r}: expected HOST:PORT (127.0.0.1:9417, [::1]:9417, :9417) or none",
-                         f"hostagent serve --http {DEFAULT_HTTP}")
+        raise UsageError(
+            f"--http {text!r}: expected HOST:PORT (127.0.0.1:9417, [::1]:9417, :9417) or none",
+            f"hostagent serve --http {DEFAULT_HTTP}",
+        )
     host = host.strip("[]") or "127.0.0.1"
     loopback = host == "localhost"
     if not loopback:
@@ -34,13 +36,16 @@ def http_address(text: str, public: bool) -> tuple[str, int] | None:
         try:
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:
-            raise UsageError(f"--http {text!r}: {host!r} is not an IP address", "give the address to listen on "
-                             "(0.0.0.0 for every interface, with --http-public)") from None
+            raise UsageError(
+                f"--http {text!r}: {host!r} is not an IP address",
+                "give the address to listen on (0.0.0.0 for every interface, with --http-public)",
+            ) from None
     if not loopback and not public:
-        raise UsageError(f"--http {text} listens beyond this host: anyone who reaches it reads the cards, the "
-                         "containers that hold them, their images and users, and the host's name",
-                         "add --http-public to mean it (docs/serve.md, \"Who can reach it\"), or keep the "
-                         "default loopback address")
+        raise UsageError(
+            f"--http {text} listens beyond this host: anyone who reaches it reads the cards, the "
+            "containers that hold them, their images and users, and the host's name",
+            'add --http-public to mean it (docs/serve.md, "Who can reach it"), or keep the default loopback address',
+        )
     return host, int(port)
 
 
@@ -53,8 +58,10 @@ def group_id(name: str | None) -> int | None:
     except KeyError:
         if name is None:
             return None
-        raise UsageError(f"--group {name}: no such group on this host",
-                         f"create it (groupadd {name}) and add the users who may use the agent") from None
+        raise UsageError(
+            f"--group {name}: no such group on this host",
+            f"create it (groupadd {name}) and add the users who may use the agent",
+        ) from None
 
 
 def _live(path: str) -> bool:
@@ -74,11 +81,14 @@ def unix_server(path: str, gid: int | None, handler: type[Handler]) -> UnixServe
     os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
     if os.path.exists(path) or os.path.islink(path):
         if _live(path):
-            raise AgentBusyError(f"an agent already listens on {path}", "stop it first (systemctl stop "
-                                 "gpupin-hostagent), or give this one another --socket")
+            raise AgentBusyError(
+                f"an agent already listens on {path}",
+                "stop it first (systemctl stop gpupin-hostagent), or give this one another --socket",
+            )
         if os.path.islink(path) or not _is_socket(path):
-            raise UsageError(f"--socket {path}: something that is not a socket is there",
-                             "remove it, or give another --socket")
+            raise UsageError(
+                f"--socket {path}: something that is not a socket is there", "remove it, or give another --socket"
+            )
         os.unlink(path)  # a socket left by an agent that died: nothing listens on it
     old = os.umask(0o177)
     try:
@@ -94,8 +104,10 @@ def unix_server(path: str, gid: int | None, handler: type[Handler]) -> UnixServe
     except OSError as err:
         server.server_close()
         os.unlink(path)
-        raise UsageError(f"--socket {path}: cannot give it its group ({err.strerror})",
-                         "run the agent as root, or as a member of --group") from None
+        raise UsageError(
+            f"--socket {path}: cannot give it its group ({err.strerror})",
+            "run the agent as root, or as a member of --group",
+        ) from None
     return server
 
 
@@ -115,5 +127,6 @@ def tcp_server(address: tuple[str, int], handler: type[Handler]) -> TcpServer:
     try:
         return server((host, port), handler)
     except OSError as err:
-        raise UsageError(f"--http {host}:{port}: cannot listen there ({err.strerror})",
-                         "give another --http address, or none") from None
+        raise UsageError(
+            f"--http {host}:{port}: cannot listen there ({err.strerror})", "give another --http address, or none"
+        ) from None

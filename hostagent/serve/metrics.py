@@ -69,27 +69,39 @@ class ViewCollector:
         info = InfoMetricFamily("gpupin_agent", "The resident agent: its version and idle threshold.")
         info.add_metric([], {"version": __version__, "idle_after_seconds": f"{self.agent.idle.idle_after:g}"})
         yield info
-        yield GaugeMetricFamily("gpupin_agent_nvml_up", "1 when the agent's last NVML read succeeded, else 0.",
-                                value=int(view is not None))
+        yield GaugeMetricFamily(
+            "gpupin_agent_nvml_up", "1 when the agent's last NVML read succeeded, else 0.", value=int(view is not None)
+        )
         docker_ok = bool(view and view["docker"]["available"])
-        yield GaugeMetricFamily("gpupin_agent_docker_up", "1 when the agent's last ledger read reached the Docker "
-                                "daemon, else 0 (holders unknown).", value=int(docker_ok))
-        yield GaugeMetricFamily("gpupin_agent_last_refresh_timestamp_seconds", "When the view was last read "
-                                "(seconds since the epoch).", value=snap.read_at)
+        yield GaugeMetricFamily(
+            "gpupin_agent_docker_up",
+            "1 when the agent's last ledger read reached the Docker daemon, else 0 (holders unknown).",
+            value=int(docker_ok),
+        )
+        yield GaugeMetricFamily(
+            "gpupin_agent_last_refresh_timestamp_seconds",
+            "When the view was last read (seconds since the epoch).",
+            value=snap.read_at,
+        )
         from gpupin.hostagent.serve import queue
 
         waiting = queue.of(self.agent).listing()["waiters"]
-        yield GaugeMetricFamily("gpupin_queue_waiters", "Requests waiting in the agent's queue (run --wait).",
-                                value=len(waiting))
-        yield GaugeMetricFamily("gpupin_queue_oldest_wait_seconds", "How long the first in the agent's queue has "
-                                "waited, seconds (0 when no one waits).",
-                                value=time.time() - waiting[0]["since"] if waiting else 0.0)
+        yield GaugeMetricFamily(
+            "gpupin_queue_waiters", "Requests waiting in the agent's queue (run --wait).", value=len(waiting)
+        )
+        yield GaugeMetricFamily(
+            "gpupin_queue_oldest_wait_seconds",
+            "How long the first in the agent's queue has waited, seconds (0 when no one waits).",
+            value=time.time() - waiting[0]["since"] if waiting else 0.0,
+        )
         if view is None:
             return
         host = view.get("hostname") or ""
         gauges = {
-            "utilization": ("gpupin_gpu_utilization_percent", "GPU utilization over NVML's last sample "
-                            "period, percent."),
+            "utilization": (
+                "gpupin_gpu_utilization_percent",
+                "GPU utilization over NVML's last sample period, percent.",
+            ),
             "mem_used": ("gpupin_gpu_memory_used_bytes", "Memory in use on the card, bytes."),
             "mem_total": ("gpupin_gpu_memory_total_bytes", "Memory on the card, bytes."),
             "power": ("gpupin_gpu_power_watts", "Power draw, watts."),
@@ -97,23 +109,43 @@ class ViewCollector:
             "temperature": ("gpupin_gpu_temperature_celsius", "GPU core temperature, degrees Celsius."),
             "holders": ("gpupin_gpu_holders", "Containers that hold the card now."),
             "processes": ("gpupin_gpu_processes", "Compute processes NVML reports on the card."),
-            "idle": ("gpupin_gpu_idle", "1 when the held card has shown 0% utilization for the agent's "
-                     "--idle-after, else 0; absent when not known."),
-            "idle_seconds": ("gpupin_gpu_idle_seconds", "How long the held card has shown 0% utilization, by the "
-                             "agent's samples; absent when not held or not known."),
+            "idle": (
+                "gpupin_gpu_idle",
+                "1 when the held card has shown 0% utilization for the agent's "
+                "--idle-after, else 0; absent when not known.",
+            ),
+            "idle_seconds": (
+                "gpupin_gpu_idle_seconds",
+                "How long the held card has shown 0% utilization, by the "
+                "agent's samples; absent when not held or not known.",
+            ),
         }
         fam = {k: GaugeMetricFamily(name, doc, labels=CARD_LABELS) for k, (name, doc) in gauges.items()}
-        states = GaugeMetricFamily("gpupin_gpu_state", "1 for the card's state (free, held, shared, busy, "
-                                   "unhealthy, unknown), 0 for the others.", labels=[*CARD_LABELS, "state"])
-        health = GaugeMetricFamily("gpupin_gpu_health", "1 for the card's health (healthy, unhealthy, unknown), "
-                                   "0 for the others.", labels=[*CARD_LABELS, "health"])
-        holder = GaugeMetricFamily("gpupin_holder_info", "1 per container and card it holds: its name, id, image, "
-                                   "the host user of its processes on the card, whether gpupin pinned it, and whether "
-                                   "gpupin-entrypoint verified it (unknown: the container does not say).",
-                                   labels=HOLDER_LABELS)
+        states = GaugeMetricFamily(
+            "gpupin_gpu_state",
+            "1 for the card's state (free, held, shared, busy, unhealthy, unknown), 0 for the others.",
+            labels=[*CARD_LABELS, "state"],
+        )
+        health = GaugeMetricFamily(
+            "gpupin_gpu_health",
+            "1 for the card's health (healthy, unhealthy, unknown), 0 for the others.",
+            labels=[*CARD_LABELS, "health"],
+        )
+        holder = GaugeMetricFamily(
+            "gpupin_holder_info",
+            "1 per container and card it holds: its name, id, image, "
+            "the host user of its processes on the card, whether gpupin pinned it, and whether "
+            "gpupin-entrypoint verified it (unknown: the container does not say).",
+            labels=HOLDER_LABELS,
+        )
         for card in view["gpus"]:
-            labels = [str(card["index"]), card.get("uuid") or "", card.get("bus_id") or "", card.get("name") or "",
-                      host]
+            labels = [
+                str(card["index"]),
+                card.get("uuid") or "",
+                card.get("bus_id") or "",
+                card.get("name") or "",
+                host,
+            ]
             for key, value in self._readings(card, docker_ok).items():
                 if value is not None:
                     fam[key].add_metric(labels, float(value))
@@ -126,9 +158,20 @@ class ViewCollector:
             users = {p["container_id"]: p["user"] for p in card.get("processes", ()) if p.get("container_id")}
             for hd in card.get("holders", ()):
                 if hd.get("holds"):
-                    holder.add_metric([hd["name"], hd["id"], hd.get("image") or "", users.get(hd["id"]) or "",
-                                       _bool(hd.get("pinned")), _bool(hd.get("verified")), labels[1], labels[0],
-                                       host], 1.0)
+                    holder.add_metric(
+                        [
+                            hd["name"],
+                            hd["id"],
+                            hd.get("image") or "",
+                            users.get(hd["id"]) or "",
+                            _bool(hd.get("pinned")),
+                            _bool(hd.get("verified")),
+                            labels[1],
+                            labels[0],
+                            host,
+                        ],
+                        1.0,
+                    )
         yield from fam.values()
         yield states
         yield health
@@ -142,12 +185,18 @@ class ViewCollector:
         idle = card.get("idle")
         # Who holds a card is the daemon's to say: while it is unread, the count is unknown (absent), not 0.
         held = docker_ok and not card.get("error")
-        return {"utilization": card.get("utilization_gpu"), "mem_used": mib(card.get("memory_used_mib")),
-                "mem_total": mib(card.get("memory_total_mib")), "power": card.get("power_draw_w"),
-                "power_limit": card.get("power_limit_w"), "temperature": card.get("temperature_c"),
-                "holders": sum(1 for h in card.get("holders", ()) if h.get("holds")) if held else None,
-                "processes": card.get("compute_processes"),
-                "idle": None if idle is None else int(idle), "idle_seconds": card.get("idle_seconds")}
+        return {
+            "utilization": card.get("utilization_gpu"),
+            "mem_used": mib(card.get("memory_used_mib")),
+            "mem_total": mib(card.get("memory_total_mib")),
+            "power": card.get("power_draw_w"),
+            "power_limit": card.get("power_limit_w"),
+            "temperature": card.get("temperature_c"),
+            "holders": sum(1 for h in card.get("holders", ()) if h.get("holds")) if held else None,
+            "processes": card.get("compute_processes"),
+            "idle": None if idle is None else int(idle),
+            "idle_seconds": card.get("idle_seconds"),
+        }
 
 
 class Exposition:

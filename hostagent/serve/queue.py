@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
         def user(self) -> str: ...
 
+
 TURN_S = 5.0  # a turn unanswered this long lapses (the waiter keeps its place, passed over until it asks again)
 COOL_S = 0.5  # after `again`, the next turn no sooner than this (the lock may still be held: do not spin)
 TICK = 0.25  # seconds between two looks at lapses and cooling when the view does not change
@@ -111,10 +112,22 @@ class Waiter:
                 os.close(fd)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"position": self.position, "name": self.name, "user": self.user, "uid": self.uid, "pid": self.pid,
-                "request": self.ask.shown(), "gpus": self.ask.gpus, "count": self.ask.count,
-                "share": self.ask.share, "image": self.image, "command": self.command, "since": self.since,
-                "turn": self.offered is not None, "turn_cards": self.offered}
+        return {
+            "position": self.position,
+            "name": self.name,
+            "user": self.user,
+            "uid": self.uid,
+            "pid": self.pid,
+            "request": self.ask.shown(),
+            "gpus": self.ask.gpus,
+            "count": self.ask.count,
+            "share": self.ask.share,
+            "image": self.image,
+            "command": self.command,
+            "since": self.since,
+            "turn": self.offered is not None,
+            "turn_cards": self.offered,
+        }
 
 
 def _text(value: Any) -> str | None:
@@ -125,13 +138,18 @@ def _ask(body: dict[str, Any]) -> fair.Ask:
     """The request in the body, checked as `run` checks its options (a refusal is exit 64)."""
     gpus, count = body.get("gpus") or [], body.get("count")
     limits = [body.get("max_load"), body.get("max_memory")]
-    if (not isinstance(gpus, list) or not all(isinstance(g, str) and g for g in gpus)
-            or not (count is None or (isinstance(count, int) and not isinstance(count, bool) and count >= 1))
-            or bool(gpus) == (count is not None)
-            or not all(v is None or (isinstance(v, (int, float)) and 0 <= v <= 100) for v in limits)):
-        raise UsageError(f"POST /api/queue: the request needs gpus (a list of specs) or count (>= 1), not both, "
-                         f"and limits in percent (got gpus={shorten(gpus)}, count={shorten(count)}, "
-                         f"limits={shorten(limits)})")
+    if (
+        not isinstance(gpus, list)
+        or not all(isinstance(g, str) and g for g in gpus)
+        or not (count is None or (isinstance(count, int) and not isinstance(count, bool) and count >= 1))
+        or bool(gpus) == (count is not None)
+        or not all(v is None or (isinstance(v, (int, float)) and 0 <= v <= 100) for v in limits)
+    ):
+        raise UsageError(
+            f"POST /api/queue: the request needs gpus (a list of specs) or count (>= 1), not both, "
+            f"and limits in percent (got gpus={shorten(gpus)}, count={shorten(count)}, "
+            f"limits={shorten(limits)})"
+        )
     return fair.Ask(gpus, count, bool(body.get("share")), *limits)
 
 
@@ -200,9 +218,14 @@ class Queue:
         with self._lock:
             view = self.agent.snapshot().listing
             mine = self._waiters.index(w) if w in self._waiters else 0
-            return {"ticket": w.ticket, "since": w.since, "position": w.position, "of": len(self._waiters),
-                    "turn": w.offered is not None,
-                    "clear": view is not None and fair.clear(self._waiters, mine, view)}
+            return {
+                "ticket": w.ticket,
+                "since": w.since,
+                "position": w.position,
+                "of": len(self._waiters),
+                "turn": w.offered is not None,
+                "clear": view is not None and fair.clear(self._waiters, mine, view),
+            }
 
     def listing(self) -> dict[str, Any]:
         with self._lock:
@@ -275,8 +298,10 @@ class Queue:
     def _save(self) -> None:
         if self._state is None:
             return
-        data = {"waiters": [{"ticket": w.ticket, "uid": w.uid, "since": w.since} for w in self._waiters] +
-                [{"ticket": t, "uid": u, "since": s} for t, (u, s) in self._returning.items()]}
+        data = {
+            "waiters": [{"ticket": w.ticket, "uid": w.uid, "since": w.since} for w in self._waiters]
+            + [{"ticket": t, "uid": u, "since": s} for t, (u, s) in self._returning.items()]
+        }
         tmp = f"{self._state}.{os.getpid()}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         uid: int
         gid: int
 
+
 ROUTE = "/api/run"
 KEPT_CLIENTS = 4  # Engine clients kept between runs (more run at once only when many ask at once)
 INFO_S = 10.0  # how long the daemon's /info is reused (its runtimes and CDI folders change with its configuration)
@@ -85,9 +86,12 @@ def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
         raise UsageError("the run request names no owner for its lease", "use a hostagent of the agent's version")
     here = lease.me()
     if (owner.boot, owner.pidns) == (here.boot, here.pidns) and (
-            owner.pid != peer.pid or lease.Owner.of(peer.pid).start != owner.start):
-        raise UsageError(f"the run request's lease names pid {owner.pid}, but the caller is pid {peer.pid}",
-                         "the process that starts the container must be the one that asks")
+        owner.pid != peer.pid or lease.Owner.of(peer.pid).start != owner.start
+    ):
+        raise UsageError(
+            f"the run request's lease names pid {owner.pid}, but the caller is pid {peer.pid}",
+            "the process that starts the container must be the one that asks",
+        )
     return {lease.OWNER_LABEL: str(owner), lease.LEASE_LABEL: str(lease.LEASE_S)}
 
 
@@ -147,8 +151,17 @@ class Runs:
         api = self._client()
         try:
             daemon_info, detection = launch.daemon_view(api, req, self.info)
-            created = launch.book(api, req, cards, picks, daemon_info, detection, owner,
-                                  missing_image=self._missing(req.image), tell=lines.append)
+            created = launch.book(
+                api,
+                req,
+                cards,
+                picks,
+                daemon_info,
+                detection,
+                owner,
+                missing_image=self._missing(req.image),
+                tell=lines.append,
+            )
         finally:
             self._done(api)  # a requests session outlives a failed call: kept for the next run
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}

@@ -31,29 +31,58 @@ exit: 0 printed, or a check without errors; 64 bad usage, or a check that found 
 
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`swarm` and its subcommand among hostagent's commands."""
-    s = sub.add_parser("swarm", help="GPU nodes of a Docker Swarm",
-                       description="Configure and check the GPU nodes of a Docker Swarm.")
+    s = sub.add_parser(
+        "swarm", help="GPU nodes of a Docker Swarm", description="Configure and check the GPU nodes of a Docker Swarm."
+    )
     ssub = s.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND")
-    sn = ssub.add_parser("node-config", help="the generic resources and runtime settings of this node (--check: "
-                         "diagnose them)", description="What this GPU node must advertise to Docker Swarm, and "
-                         "the runtime settings that make it effective; or, with --check, what is wrong with them.",
-                         epilog=NODE_CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sn.add_argument("--kind", metavar="KIND", help="the generic resource kind services ask for (default GPU; "
-                    "with --check: the kind the node advertises)")
+    sn = ssub.add_parser(
+        "node-config",
+        help="the generic resources and runtime settings of this node (--check: diagnose them)",
+        description="What this GPU node must advertise to Docker Swarm, and "
+        "the runtime settings that make it effective; or, with --check, what is wrong with them.",
+        epilog=NODE_CONFIG_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sn.add_argument(
+        "--kind",
+        metavar="KIND",
+        help="the generic resource kind services ask for (default GPU; with --check: the kind the node advertises)",
+    )
     sn.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
     sn.add_argument("--check", action="store_true", help="diagnose this node's daemon.json and toolkit config")
-    offer(sn.add_argument("--daemon-json", default=DAEMON_JSON, metavar="PATH",
-                          help=f"dockerd's configuration (default {DAEMON_JSON})"), FILES)
-    offer(sn.add_argument("--toolkit-config", default=TOOLKIT_CONFIG, metavar="PATH",
-                          help=f"the NVIDIA Container Toolkit's configuration (default {TOOLKIT_CONFIG})"), FILES)
-    offer(sn.add_argument("--runtime-path", metavar="PATH", help=f"the nvidia runtime's path to print in daemon.json "
-                          f"(default {RUNTIME_PATH}, as nvidia-ctk writes it)"), FILES)
+    offer(
+        sn.add_argument(
+            "--daemon-json",
+            default=DAEMON_JSON,
+            metavar="PATH",
+            help=f"dockerd's configuration (default {DAEMON_JSON})",
+        ),
+        FILES,
+    )
+    offer(
+        sn.add_argument(
+            "--toolkit-config",
+            default=TOOLKIT_CONFIG,
+            metavar="PATH",
+            help=f"the NVIDIA Container Toolkit's configuration (default {TOOLKIT_CONFIG})",
+        ),
+        FILES,
+    )
+    offer(
+        sn.add_argument(
+            "--runtime-path",
+            metavar="PATH",
+            help=f"the nvidia runtime's path to print in daemon.json (default {RUNTIME_PATH}, as nvidia-ctk writes it)",
+        ),
+        FILES,
+    )
 
 
 def command(args: argparse.Namespace) -> int:
     if args.swarm_command == "node-config":
         from gpupin.hostagent.swarm import nodeconfig
 
-        return nodeconfig.command(args.kind, args.json, args.check, args.daemon_json, args.toolkit_config,
-                                  args.runtime_path)
+        return nodeconfig.command(
+            args.kind, args.json, args.check, args.daemon_json, args.toolkit_config, args.runtime_path
+        )
     raise UsageError("hostagent swarm needs a subcommand", "hostagent swarm node-config [--check]")

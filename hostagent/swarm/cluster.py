@@ -22,8 +22,23 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-TASK_STATES = ("new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running",
-               "complete", "shutdown", "failed", "rejected", "remove", "orphaned")
+TASK_STATES = (
+    "new",
+    "allocated",
+    "pending",
+    "assigned",
+    "accepted",
+    "preparing",
+    "ready",
+    "starting",
+    "running",
+    "complete",
+    "shutdown",
+    "failed",
+    "rejected",
+    "remove",
+    "orphaned",
+)
 WAITING = frozenset(TASK_STATES[:3])  # not placed yet: new, allocated, pending
 HOLDING = frozenset(TASK_STATES[2:9])  # pending (a node given) to running: the scheduler counts its resources
 
@@ -35,13 +50,36 @@ def _text(value: Any) -> str:
 class Node:
     """One node of the swarm: who it is, whether Swarm may place tasks on it, and what it advertises."""
 
-    __slots__ = ("addr", "arch", "availability", "engine_labels", "hostname", "id", "labels", "leader", "os",
-                 "resources", "role", "state")
+    __slots__ = (
+        "addr",
+        "arch",
+        "availability",
+        "engine_labels",
+        "hostname",
+        "id",
+        "labels",
+        "leader",
+        "os",
+        "resources",
+        "role",
+        "state",
+    )
 
-    def __init__(self, id: str, hostname: str, resources: Sequence[GenericResource] = (), role: str = "worker",
-                 availability: str = "active", state: str = "ready", addr: str = "", leader: bool = False,
-                 labels: Mapping[str, str] | None = None, engine_labels: Mapping[str, str] | None = None,
-                 os: str = "linux", arch: str = "x86_64") -> None:
+    def __init__(
+        self,
+        id: str,
+        hostname: str,
+        resources: Sequence[GenericResource] = (),
+        role: str = "worker",
+        availability: str = "active",
+        state: str = "ready",
+        addr: str = "",
+        leader: bool = False,
+        labels: Mapping[str, str] | None = None,
+        engine_labels: Mapping[str, str] | None = None,
+        os: str = "linux",
+        arch: str = "x86_64",
+    ) -> None:
         self.id = id
         self.hostname = hostname
         self.resources = list(resources)
@@ -60,12 +98,20 @@ class Node:
         """A node as `GET /nodes` describes it."""
         spec, desc, status = n.get("Spec") or {}, n.get("Description") or {}, n.get("Status") or {}
         platform, engine = desc.get("Platform") or {}, desc.get("Engine") or {}
-        return cls(_text(n.get("ID")), _text(desc.get("Hostname")),
-                   from_engine((desc.get("Resources") or {}).get("GenericResources")),
-                   _text(spec.get("Role")) or "worker", _text(spec.get("Availability")) or "active",
-                   _text(status.get("State")) or "unknown", _text(status.get("Addr")),
-                   bool((n.get("ManagerStatus") or {}).get("Leader")), spec.get("Labels") or {},
-                   engine.get("Labels") or {}, _text(platform.get("OS")), _text(platform.get("Architecture")))
+        return cls(
+            _text(n.get("ID")),
+            _text(desc.get("Hostname")),
+            from_engine((desc.get("Resources") or {}).get("GenericResources")),
+            _text(spec.get("Role")) or "worker",
+            _text(spec.get("Availability")) or "active",
+            _text(status.get("State")) or "unknown",
+            _text(status.get("Addr")),
+            bool((n.get("ManagerStatus") or {}).get("Leader")),
+            spec.get("Labels") or {},
+            engine.get("Labels") or {},
+            _text(platform.get("OS")),
+            _text(platform.get("Architecture")),
+        )
 
     @property
     def schedulable(self) -> bool:
@@ -91,13 +137,34 @@ class Node:
 class Task:
     """One task as `GET /tasks` describes it: its service, slot, node, state, and the resources it was given."""
 
-    __slots__ = ("assigned", "container_id", "desired", "err", "id", "message", "node_id", "reserves", "service_id",
-                 "slot", "state")
+    __slots__ = (
+        "assigned",
+        "container_id",
+        "desired",
+        "err",
+        "id",
+        "message",
+        "node_id",
+        "reserves",
+        "service_id",
+        "slot",
+        "state",
+    )
 
-    def __init__(self, id: str, service_id: str, slot: int = 0, node_id: str = "", state: str = "new",
-                 desired: str = "running", assigned: Sequence[GenericResource] = (),
-                 reserves: Sequence[GenericResource] = (), err: str = "", message: str = "",
-                 container_id: str = "") -> None:
+    def __init__(
+        self,
+        id: str,
+        service_id: str,
+        slot: int = 0,
+        node_id: str = "",
+        state: str = "new",
+        desired: str = "running",
+        assigned: Sequence[GenericResource] = (),
+        reserves: Sequence[GenericResource] = (),
+        err: str = "",
+        message: str = "",
+        container_id: str = "",
+    ) -> None:
         self.id = id
         self.service_id = service_id
         self.slot = slot
@@ -115,14 +182,21 @@ class Task:
         status = t.get("Status") or {}
         spec = t.get("Spec") or {}
         reservations = (spec.get("Resources") or {}).get("Reservations") or {}
-        return cls(_text(t.get("ID")), _text(t.get("ServiceID")), int(t.get("Slot") or 0), _text(t.get("NodeID")),
-                   _text(status.get("State")) or "new", _text(t.get("DesiredState")) or "running",
-                   # What Swarm gave the task: `GenericResources` as the daemon sends it (moby's types/swarm Task;
-                   # measured on Engine 20.10), `AssignedGenericResources` as the API's swagger documents it.
-                   from_engine(t.get("GenericResources") or t.get("AssignedGenericResources")),
-                   from_engine(reservations.get("GenericResources")),
-                   _text(status.get("Err")), _text(status.get("Message")),
-                   _text((status.get("ContainerStatus") or {}).get("ContainerID")))
+        return cls(
+            _text(t.get("ID")),
+            _text(t.get("ServiceID")),
+            int(t.get("Slot") or 0),
+            _text(t.get("NodeID")),
+            _text(status.get("State")) or "new",
+            _text(t.get("DesiredState")) or "running",
+            # What Swarm gave the task: `GenericResources` as the daemon sends it (moby's types/swarm Task;
+            # measured on Engine 20.10), `AssignedGenericResources` as the API's swagger documents it.
+            from_engine(t.get("GenericResources") or t.get("AssignedGenericResources")),
+            from_engine(reservations.get("GenericResources")),
+            _text(status.get("Err")),
+            _text(status.get("Message")),
+            _text((status.get("ContainerStatus") or {}).get("ContainerID")),
+        )
 
     @property
     def holds(self) -> bool:
@@ -162,18 +236,25 @@ class Constraint:
                 if not _CONSTRAINT_KEY.fullmatch(key) or not value:
                     break
                 return cls(key, op == "==", value)
-        raise UsageError(f"the placement constraint {text!r} is not KEY==VALUE or KEY!=VALUE",
-                         "write it as Swarm takes it, e.g. node.hostname==gpu-node-1 or node.labels.gpu!=none")
+        raise UsageError(
+            f"the placement constraint {text!r} is not KEY==VALUE or KEY!=VALUE",
+            "write it as Swarm takes it, e.g. node.hostname==gpu-node-1 or node.labels.gpu!=none",
+        )
 
     def _node_value(self, node: Node) -> str | None:
         key = self.key.lower()
-        fixed = {"node.id": node.id, "node.hostname": node.hostname, "node.role": node.role,
-                 "node.platform.os": node.os, "node.platform.arch": node.arch}
+        fixed = {
+            "node.id": node.id,
+            "node.hostname": node.hostname,
+            "node.role": node.role,
+            "node.platform.os": node.os,
+            "node.platform.arch": node.arch,
+        }
         if key in fixed:
             return fixed[key]
         for prefix, labels in (("node.labels.", node.labels), ("engine.labels.", node.engine_labels)):
             if key.startswith(prefix) and len(key) > len(prefix):
-                return labels.get(self.key[len(prefix):], "")  # the label's own name is case-sensitive
+                return labels.get(self.key[len(prefix) :], "")  # the label's own name is case-sensitive
         return None
 
     def matches(self, node: Node) -> bool:
@@ -205,8 +286,9 @@ class Cluster:
 
     __slots__ = ("nodes", "services", "tasks")
 
-    def __init__(self, nodes: Sequence[Node], tasks: Sequence[Task] = (), services: Mapping[str, str] | None = None
-                 ) -> None:
+    def __init__(
+        self, nodes: Sequence[Node], tasks: Sequence[Task] = (), services: Mapping[str, str] | None = None
+    ) -> None:
         self.nodes = list(nodes)
         self.tasks = list(tasks)
         self.services = dict(services or {})
@@ -222,10 +304,14 @@ def _not_a_manager(api: Any) -> None:
     state = swarm.get("LocalNodeState") or "inactive"
     if state == "active" and swarm.get("ControlAvailable"):
         return
-    what = (f"a worker of a swarm (node {swarm.get('NodeID')})" if state == "active" else
-            f"in no swarm (its swarm state is {state})")
-    raise DockerUnavailableError(f"the Docker daemon at {engine.docker_host()} is not a swarm manager: it is {what}",
-                                 NOT_A_MANAGER_HINT)
+    what = (
+        f"a worker of a swarm (node {swarm.get('NodeID')})"
+        if state == "active"
+        else f"in no swarm (its swarm state is {state})"
+    )
+    raise DockerUnavailableError(
+        f"the Docker daemon at {engine.docker_host()} is not a swarm manager: it is {what}", NOT_A_MANAGER_HINT
+    )
 
 
 def read(api: Any, tasks: bool = True) -> Cluster:

@@ -33,16 +33,30 @@ if TYPE_CHECKING:
 def _task(t: Task, cluster: Cluster, nodes: dict[str, Node]) -> dict[str, Any]:
     service = cluster.services.get(t.service_id, t.service_id[:12])
     node = nodes.get(t.node_id)
-    return {"id": t.id, "name": t.name(service), "service": service, "service_id": t.service_id, "slot": t.slot,
-            "state": t.state, "desired_state": t.desired, "node": node.hostname if node else t.node_id or None,
-            "container_id": t.container_id or None}
+    return {
+        "id": t.id,
+        "name": t.name(service),
+        "service": service,
+        "service_id": t.service_id,
+        "slot": t.slot,
+        "state": t.state,
+        "desired_state": t.desired,
+        "node": node.hostname if node else t.node_id or None,
+        "container_id": t.container_id or None,
+    }
 
 
-def _resource(r: GenericResource, holder: dict[str, Any] | None, cards: Sequence[Card] | None,
-              advertised: bool = True) -> dict[str, Any]:
+def _resource(
+    r: GenericResource, holder: dict[str, Any] | None, cards: Sequence[Card] | None, advertised: bool = True
+) -> dict[str, Any]:
     found = lookup(r.value, cards) if cards else None
-    return {"kind": r.kind, "value": r.value, "card": card_json(found) if found is not None else None,
-            "held_by": holder, "advertised": advertised}
+    return {
+        "kind": r.kind,
+        "value": r.value,
+        "card": card_json(found) if found is not None else None,
+        "held_by": holder,
+        "advertised": advertised,
+    }
 
 
 def gather(cluster: Cluster, local: tuple[str, Sequence[Card]] | None = None) -> dict[str, Any]:
@@ -67,26 +81,57 @@ def gather(cluster: Cluster, local: tuple[str, Sequence[Card]] | None = None) ->
         named = [r for r in n.resources if not r.discrete]
         rows = [_resource(r, held.pop((n.id, r.kind, r.value), None), cards) for r in named]
         # A task holding what its node no longer advertises (a daemon.json changed under it): still held.
-        rows += [_resource(GenericResource(kind, value), task, cards, advertised=False)
-                 for (node_id, kind, value), task in sorted(held.items()) if node_id == n.id]
-        out_nodes.append({
-            "id": n.id, "hostname": n.hostname, "role": n.role, "leader": n.leader, "self": n.id == self_id,
-            "availability": n.availability, "state": n.state, "addr": n.addr, "schedulable": n.schedulable,
-            "resources": rows,
-            "discrete": [{"kind": r.kind, "total": int(r.value), "used": discrete_used.get((n.id, r.kind), 0)}
-                         for r in n.resources if r.discrete],
-        })
-    pending = [{**_task(t, cluster, nodes), "why": t.err or t.message or "not placed yet",
-                "reserves": [r.term for r in t.reserves]} for t in cluster.tasks if t.waiting]
+        rows += [
+            _resource(GenericResource(kind, value), task, cards, advertised=False)
+            for (node_id, kind, value), task in sorted(held.items())
+            if node_id == n.id
+        ]
+        out_nodes.append(
+            {
+                "id": n.id,
+                "hostname": n.hostname,
+                "role": n.role,
+                "leader": n.leader,
+                "self": n.id == self_id,
+                "availability": n.availability,
+                "state": n.state,
+                "addr": n.addr,
+                "schedulable": n.schedulable,
+                "resources": rows,
+                "discrete": [
+                    {"kind": r.kind, "total": int(r.value), "used": discrete_used.get((n.id, r.kind), 0)}
+                    for r in n.resources
+                    if r.discrete
+                ],
+            }
+        )
+    pending = [
+        {
+            **_task(t, cluster, nodes),
+            "why": t.err or t.message or "not placed yet",
+            "reserves": [r.term for r in t.reserves],
+        }
+        for t in cluster.tasks
+        if t.waiting
+    ]
     pending.sort(key=lambda p: (p["service"], p["slot"], p["id"]))
     every = [r for n in out_nodes for r in n["resources"]]
-    return {"node_id": self_id or None, "nodes": out_nodes, "pending": pending,
-            "summary": {"nodes": len(out_nodes), "resources": len(every),
-                        "held": sum(1 for r in every if r["held_by"]),
-                        "free": sum(1 for r in every if not r["held_by"]), "pending": len(pending)}}
+    return {
+        "node_id": self_id or None,
+        "nodes": out_nodes,
+        "pending": pending,
+        "summary": {
+            "nodes": len(out_nodes),
+            "resources": len(every),
+            "held": sum(1 for r in every if r["held_by"]),
+            "free": sum(1 for r in every if not r["held_by"]),
+            "pending": len(pending),
+        },
+    }
 
 
 # --- text ------------------------------------------------------------------------------------------------------
+
 
 def _held_by(r: dict[str, Any], node: dict[str, Any]) -> str:
     h = r["held_by"]
@@ -111,23 +156,40 @@ def render(data: dict[str, Any]) -> str:
             rows.append((*first, "-", "", "", "no generic resources"))
         for i, r in enumerate(n["resources"]):
             card = r["card"] or {}
-            rows.append((*(first if i == 0 else ("", "", "")), f"{r['kind']}={r['value']}",
-                         card.get("bus_id") or "-", card.get("name") or "-", _held_by(r, n)))
+            rows.append(
+                (
+                    *(first if i == 0 else ("", "", "")),
+                    f"{r['kind']}={r['value']}",
+                    card.get("bus_id") or "-",
+                    card.get("name") or "-",
+                    _held_by(r, n),
+                )
+            )
         for j, d in enumerate(n["discrete"]):
-            rows.append((*(first if not n["resources"] and j == 0 else ("", "", "")), f"{d['kind']}={d['total']}",
-                         "", "", f"{d['used']} of {d['total']} reserved"))
+            rows.append(
+                (
+                    *(first if not n["resources"] and j == 0 else ("", "", "")),
+                    f"{d['kind']}={d['total']}",
+                    "",
+                    "",
+                    f"{d['used']} of {d['total']} reserved",
+                )
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     for p in data["pending"]:
         reserves = f" (reserves {', '.join(p['reserves'])})" if p["reserves"] else ""
         lines.append(f"PENDING  {p['name']} ({p['id'][:12]}){reserves}: {p['why']}")
     s = data["summary"]
-    lines.append(f"{s['nodes']} node(s), {s['resources']} advertised resource(s): {s['held']} held, {s['free']} "
-                 f"free; {s['pending']} task(s) pending")
+    lines.append(
+        f"{s['nodes']} node(s), {s['resources']} advertised resource(s): {s['held']} held, {s['free']} "
+        f"free; {s['pending']} task(s) pending"
+    )
     return "\n".join(lines) + "\n"
 
 
 # --- the command -----------------------------------------------------------------------------------------------
+
 
 def local_node(cluster: Cluster) -> tuple[str, list[Card]] | None:
     """The node this host is, and its cards: when hostagent talks to its own daemon (a unix socket), the node that
@@ -135,8 +197,9 @@ def local_node(cluster: Cluster) -> tuple[str, list[Card]] | None:
     unresolved; it never fails the listing."""
     from gpupin.hostagent import engine
 
-    if engine.endpoint().unix_path is None or not any(names_a_gpu(r.value) for n in cluster.nodes
-                                                      for r in n.resources if not r.discrete):
+    if engine.endpoint().unix_path is None or not any(
+        names_a_gpu(r.value) for n in cluster.nodes for r in n.resources if not r.discrete
+    ):
         return None
     try:
         from gpupin.core import nvml

@@ -54,8 +54,14 @@ class NodeFile:
 
     __slots__ = ("data", "error", "exists", "hint", "path")
 
-    def __init__(self, path: str, data: dict[str, Any] | None = None, exists: bool = True,
-                 error: str | None = None, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        data: dict[str, Any] | None = None,
+        exists: bool = True,
+        error: str | None = None,
+        hint: str | None = None,
+    ) -> None:
         self.path = path
         self.data = data
         self.exists = exists
@@ -70,8 +76,9 @@ def _read(path: str) -> tuple[bytes | None, NodeFile | None]:
     except FileNotFoundError:
         return None, NodeFile(path, exists=False)
     except OSError as err:
-        return None, NodeFile(path, error=f"cannot be read ({err.strerror})",
-                              hint="run the check as root, or point it at a readable copy")
+        return None, NodeFile(
+            path, error=f"cannot be read ({err.strerror})", hint="run the check as root, or point it at a readable copy"
+        )
 
 
 def read_daemon_json(path: str = DAEMON_JSON) -> NodeFile:
@@ -82,11 +89,15 @@ def read_daemon_json(path: str = DAEMON_JSON) -> NodeFile:
     try:
         data = json.loads(raw.decode("utf-8")) if raw.strip() else {}
     except (UnicodeDecodeError, ValueError) as err:
-        return NodeFile(path, error=f"is not valid JSON ({err}), so dockerd refuses to start",
-                        hint="fix the file, then restart dockerd")
+        return NodeFile(
+            path,
+            error=f"is not valid JSON ({err}), so dockerd refuses to start",
+            hint="fix the file, then restart dockerd",
+        )
     if not isinstance(data, dict):
-        return NodeFile(path, error="is not a JSON object, so dockerd refuses to start",
-                        hint="fix the file, then restart dockerd")
+        return NodeFile(
+            path, error="is not a JSON object, so dockerd refuses to start", hint="fix the file, then restart dockerd"
+        )
     return NodeFile(path, data)
 
 
@@ -102,13 +113,17 @@ def read_toolkit_config(path: str = TOOLKIT_CONFIG) -> NodeFile:
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
-        return NodeFile(path, error=f"is not valid TOML ({err}), so the NVIDIA hook fails every GPU container",
-                        hint="fix the file (`nvidia-ctk config` rewrites it)")
+        return NodeFile(
+            path,
+            error=f"is not valid TOML ({err}), so the NVIDIA hook fails every GPU container",
+            hint="fix the file (`nvidia-ctk config` rewrites it)",
+        )
     return NodeFile(path, data)
 
 
-def _check_resources(dj: NodeFile, resources: Sequence[GenericResource], cards: Sequence[Card],
-                     kind: str) -> list[Finding]:
+def _check_resources(
+    dj: NodeFile, resources: Sequence[GenericResource], cards: Sequence[Card], kind: str
+) -> list[Finding]:
     out: list[Finding] = []
     kinds = gpu_kinds(resources)
     given: dict[str, Target] = {}  # NVML's UUID of each card or MIG device advertised
@@ -116,59 +131,116 @@ def _check_resources(dj: NodeFile, resources: Sequence[GenericResource], cards: 
         gpuish = r.kind in kinds or r.kind == kind or "GPU" in r.kind.upper()
         if r.discrete:
             if gpuish:
-                out.append(Finding(dj.path, f"{r.term} is a count, not a card: each task then gets "
-                                   f"{env_var(r.kind)}=<its count>, which the runtime reads as a card index, so "
-                                   "tasks share cards", f"advertise one {r.kind}=<UUID> per card; {_REGENERATE}"))
+                out.append(
+                    Finding(
+                        dj.path,
+                        f"{r.term} is a count, not a card: each task then gets "
+                        f"{env_var(r.kind)}=<its count>, which the runtime reads as a card index, so "
+                        "tasks share cards",
+                        f"advertise one {r.kind}=<UUID> per card; {_REGENERATE}",
+                    )
+                )
             continue
         if not names_a_gpu(r.value):
             if gpuish:
-                out.append(Finding(dj.path, f"{r.term} names no card by UUID: the runtime would read "
-                                   f"{r.value!r} as an index or a bus id, which can mean another card after a "
-                                   f"reboot", _REGENERATE))
+                out.append(
+                    Finding(
+                        dj.path,
+                        f"{r.term} names no card by UUID: the runtime would read "
+                        f"{r.value!r} as an index or a bus id, which can mean another card after a "
+                        f"reboot",
+                        _REGENERATE,
+                    )
+                )
             continue
         if not is_full_uuid(r.value):
-            out.append(Finding(dj.path, f"{r.term} is a UUID prefix: the runtime takes only full UUIDs, so a task "
-                               "given it fails to start", _REGENERATE))
+            out.append(
+                Finding(
+                    dj.path,
+                    f"{r.term} is a UUID prefix: the runtime takes only full UUIDs, so a task given it fails to start",
+                    _REGENERATE,
+                )
+            )
             continue
         a = lookup(r.value, cards)
         if a is None:
             known = ", ".join(c.uuid for c in cards if c.uuid) or "none"
             unread = [f"index {c.index} ({c.error})" for c in cards if c.uuid is None]
-            hint = (f"NVML cannot read {', '.join(unread)}: it may be that card; see `nvidia-smi`" if unread
-                    else f"was this list copied from another node? {_REGENERATE}")
+            hint = (
+                f"NVML cannot read {', '.join(unread)}: it may be that card; see `nvidia-smi`"
+                if unread
+                else f"was this list copied from another node? {_REGENERATE}"
+            )
             out.append(Finding(dj.path, f"{r.term}: no such card or MIG device on this host (cards: {known})", hint))
             continue
         if a.uuid in given:
-            out.append(Finding(dj.path, f"{a.uuid} is advertised twice: Swarm can give it to two tasks at "
-                               "once", "list each card once"))
+            out.append(
+                Finding(
+                    dj.path,
+                    f"{a.uuid} is advertised twice: Swarm can give it to two tasks at once",
+                    "list each card once",
+                )
+            )
             continue
         given[a.uuid] = a
         if a.mig is None and a.card.mig_mode:
             migs = ", ".join(m.uuid for m in a.card.mig_devices) or "none configured"
-            out.append(Finding(dj.path, f"{r.term} is a card in MIG mode, which is no CUDA device: a task given "
-                               f"it sees none of its MIG devices ({migs})",
-                               f"advertise its MIG devices instead; {_REGENERATE}"))
+            out.append(
+                Finding(
+                    dj.path,
+                    f"{r.term} is a card in MIG mode, which is no CUDA device: a task given "
+                    f"it sees none of its MIG devices ({migs})",
+                    f"advertise its MIG devices instead; {_REGENERATE}",
+                )
+            )
     for a in given.values():
         if a.mig is not None and a.card.uuid in given:
-            out.append(Finding(dj.path, f"both {a.card.uuid} and its MIG device {a.mig.uuid} are advertised: two "
-                               "tasks would share the card", f"advertise the MIG devices only; {_REGENERATE}"))
+            out.append(
+                Finding(
+                    dj.path,
+                    f"both {a.card.uuid} and its MIG device {a.mig.uuid} are advertised: two "
+                    "tasks would share the card",
+                    f"advertise the MIG devices only; {_REGENERATE}",
+                )
+            )
     adverts, skipped = advertisable(cards)
     for a in adverts:
         if a.uuid not in given:
-            out.append(Finding(dj.path, f"{a.describe()} is not advertised: Swarm never gives it to a task",
-                               f'add "{kinds[0] if kinds else kind}={a.uuid}" unless it is kept out on purpose',
-                               WARNING))
+            out.append(
+                Finding(
+                    dj.path,
+                    f"{a.describe()} is not advertised: Swarm never gives it to a task",
+                    f'add "{kinds[0] if kinds else kind}={a.uuid}" unless it is kept out on purpose',
+                    WARNING,
+                )
+            )
     for card, why in skipped:
         if card.error is not None:
-            out.append(Finding(dj.path, f"the card at index {card.index} is not usable: {why}",
-                               "see `nvidia-smi`; a lost card needs a reset or a reboot", WARNING))
+            out.append(
+                Finding(
+                    dj.path,
+                    f"the card at index {card.index} is not usable: {why}",
+                    "see `nvidia-smi`; a lost card needs a reset or a reboot",
+                    WARNING,
+                )
+            )
     if not kinds:
-        out.append(Finding(dj.path, "advertises no GPU to Swarm (no node-generic-resources naming a card)",
-                           "merge the daemon.json part of `hostagent swarm node-config` and restart dockerd"))
+        out.append(
+            Finding(
+                dj.path,
+                "advertises no GPU to Swarm (no node-generic-resources naming a card)",
+                "merge the daemon.json part of `hostagent swarm node-config` and restart dockerd",
+            )
+        )
     elif kind not in kinds:
-        out.append(Finding(dj.path, f"advertises its cards as {', '.join(kinds)}, not {kind}: services asking "
-                           f"--generic-resource {kind}=1 get no task here", f"advertise {kind}=<UUID>, or ask "
-                           f"services for {kinds[0]}=1"))
+        out.append(
+            Finding(
+                dj.path,
+                f"advertises its cards as {', '.join(kinds)}, not {kind}: services asking "
+                f"--generic-resource {kind}=1 get no task here",
+                f"advertise {kind}=<UUID>, or ask services for {kinds[0]}=1",
+            )
+        )
     return out
 
 
@@ -176,25 +248,45 @@ def _check_runtime(dj: NodeFile, data: dict[str, Any]) -> list[Finding]:
     default = data.get("default-runtime")
     runtimes = data.get("runtimes") if isinstance(data.get("runtimes"), dict) else {}
     assert isinstance(runtimes, dict)
-    setting = (f'set "default-runtime": "{RUNTIME_NAME}" and "runtimes": {{"{RUNTIME_NAME}": {{"path": '
-               f'"{RUNTIME_PATH}"}}}} (`nvidia-ctk runtime configure --runtime=docker --set-as-default`)')
+    setting = (
+        f'set "default-runtime": "{RUNTIME_NAME}" and "runtimes": {{"{RUNTIME_NAME}": {{"path": '
+        f'"{RUNTIME_PATH}"}}}} (`nvidia-ctk runtime configure --runtime=docker --set-as-default`)'
+    )
     if not default or default in _PLAIN_RUNTIMES:
-        return [Finding(dj.path, f"default-runtime is {default or 'unset (runc)'}: a Swarm task cannot ask for "
-                        "--gpus, so no task gets a card unless the default runtime adds the NVIDIA hook", setting)]
+        return [
+            Finding(
+                dj.path,
+                f"default-runtime is {default or 'unset (runc)'}: a Swarm task cannot ask for "
+                "--gpus, so no task gets a card unless the default runtime adds the NVIDIA hook",
+                setting,
+            )
+        ]
     if default not in runtimes:
-        return [Finding(dj.path, f"default-runtime {default!r} is not in runtimes, so dockerd refuses to start",
-                        setting)]
+        return [
+            Finding(dj.path, f"default-runtime {default!r} is not in runtimes, so dockerd refuses to start", setting)
+        ]
     entry = runtimes[default]
     path = entry.get("path") if isinstance(entry, dict) else None
     if not isinstance(path, str) or not path:
         return [Finding(dj.path, f"runtimes.{default} has no path", setting)]
     if os.path.isabs(path):
         if not os.access(path, os.X_OK):
-            return [Finding(dj.path, f"runtimes.{default}.path {path} is not an executable on this host: every "
-                            "task fails to start", "install the NVIDIA Container Toolkit or fix the path")]
+            return [
+                Finding(
+                    dj.path,
+                    f"runtimes.{default}.path {path} is not an executable on this host: every task fails to start",
+                    "install the NVIDIA Container Toolkit or fix the path",
+                )
+            ]
     elif shutil.which(path) is None:
-        return [Finding(dj.path, f"runtimes.{default}.path {path} is not on this PATH", "check that dockerd's "
-                        "PATH finds it (the NVIDIA Container Toolkit installs it in /usr/bin)", WARNING)]
+        return [
+            Finding(
+                dj.path,
+                f"runtimes.{default}.path {path} is not on this PATH",
+                "check that dockerd's PATH finds it (the NVIDIA Container Toolkit installs it in /usr/bin)",
+                WARNING,
+            )
+        ]
     return []
 
 
@@ -209,36 +301,68 @@ def _check_toolkit(tk: NodeFile, kinds: Sequence[str]) -> list[Finding]:
     data = tk.data or {}
     out: list[Finding] = []
     if data.get(ACCEPT_ENVVAR) is False:
-        out.append(Finding(tk.path, f"{ACCEPT_ENVVAR} = false: the hook ignores device variables in unprivileged "
-                           "containers, so no Swarm task gets a card", "remove the line (its default is true)"))
+        out.append(
+            Finding(
+                tk.path,
+                f"{ACCEPT_ENVVAR} = false: the hook ignores device variables in unprivileged "
+                "containers, so no Swarm task gets a card",
+                "remove the line (its default is true)",
+            )
+        )
     raw = data.get(SWARM_RESOURCE, "")
     if not isinstance(raw, str):
-        return [*out, Finding(tk.path, f"{SWARM_RESOURCE} is not a string, so the hook fails every GPU container",
-                              f'write it as {SWARM_RESOURCE} = "{env_var(kinds[0] if kinds else DEFAULT_KIND)}"')]
+        return [
+            *out,
+            Finding(
+                tk.path,
+                f"{SWARM_RESOURCE} is not a string, so the hook fails every GPU container",
+                f'write it as {SWARM_RESOURCE} = "{env_var(kinds[0] if kinds else DEFAULT_KIND)}"',
+            ),
+        ]
     read = _swarm_vars(raw)
     for k in kinds:
         var = env_var(k)
         if var in read:
             continue
-        fallback = (f"the runtime ignores {var} and falls back to NVIDIA_VISIBLE_DEVICES, `all` in CUDA images: "
-                    "every task sees every card")
+        fallback = (
+            f"the runtime ignores {var} and falls back to NVIDIA_VISIBLE_DEVICES, `all` in CUDA images: "
+            "every task sees every card"
+        )
         if not read:
             state = "unset" + ("" if tk.exists else " (no such file: the toolkit's defaults)")
-            out.append(Finding(tk.path, f"{SWARM_RESOURCE} is {state}: {fallback}",
-                               f'set {SWARM_RESOURCE} = "{var}" at the top of the file'))
+            out.append(
+                Finding(
+                    tk.path,
+                    f"{SWARM_RESOURCE} is {state}: {fallback}",
+                    f'set {SWARM_RESOURCE} = "{var}" at the top of the file',
+                )
+            )
         else:
-            named = [r[len(SWARM_PREFIX):] for r in read if r.startswith(SWARM_PREFIX)]
+            named = [r[len(SWARM_PREFIX) :] for r in read if r.startswith(SWARM_PREFIX)]
             alt = f'advertise the kind it reads ("{named[0]}=<UUID>") or ' if named else ""
-            out.append(Finding(tk.path, f'{SWARM_RESOURCE} = "{raw}", but this node advertises its cards as {k} '
-                               f"(tasks get {var}): {fallback}", f'{alt}set {SWARM_RESOURCE} = "{var}"'))
+            out.append(
+                Finding(
+                    tk.path,
+                    f'{SWARM_RESOURCE} = "{raw}", but this node advertises its cards as {k} '
+                    f"(tasks get {var}): {fallback}",
+                    f'{alt}set {SWARM_RESOURCE} = "{var}"',
+                )
+            )
     return out
 
 
 class CheckResult:
     __slots__ = ("cards", "daemon_json", "findings", "kind", "resources", "toolkit_config")
 
-    def __init__(self, findings: list[Finding], resources: list[GenericResource], cards: Sequence[Card],
-                 kind: str, daemon_json: NodeFile, toolkit_config: NodeFile) -> None:
+    def __init__(
+        self,
+        findings: list[Finding],
+        resources: list[GenericResource],
+        cards: Sequence[Card],
+        kind: str,
+        daemon_json: NodeFile,
+        toolkit_config: NodeFile,
+    ) -> None:
         self.findings = findings
         self.resources = resources
         self.cards = cards
@@ -255,20 +379,26 @@ class CheckResult:
         n = sum(1 for r in self.resources if not r.discrete and r.kind in kinds)
         runtime = (self.daemon_json.data or {}).get("default-runtime")
         warned = sum(1 for f in self.findings if f.severity == WARNING)
-        return (f"{self.daemon_json.path}, {self.toolkit_config.path}: OK: {n} {'/'.join(kinds)} resource(s); "
-                f"tasks get them as {', '.join(env_var(k) for k in kinds)}, which the {runtime} runtime reads"
-                + (f" ({warned} warning(s))" if warned else ""))
+        return (
+            f"{self.daemon_json.path}, {self.toolkit_config.path}: OK: {n} {'/'.join(kinds)} resource(s); "
+            f"tasks get them as {', '.join(env_var(k) for k in kinds)}, which the {runtime} runtime reads"
+            + (f" ({warned} warning(s))" if warned else "")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         def card(r: GenericResource) -> dict[str, Any] | None:
             a = None if r.discrete else lookup(r.value, self.cards)
             return card_json(a) if a is not None else None
 
-        return {"ok": self.ok, "kind": self.kind,
-                "paths": {"daemon_json": self.daemon_json.path, "toolkit_config": self.toolkit_config.path},
-                "resources": [{"kind": r.kind, "value": r.value, "discrete": r.discrete, "card": card(r)}
-                              for r in self.resources],
-                "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "ok": self.ok,
+            "kind": self.kind,
+            "paths": {"daemon_json": self.daemon_json.path, "toolkit_config": self.toolkit_config.path},
+            "resources": [
+                {"kind": r.kind, "value": r.value, "discrete": r.discrete, "card": card(r)} for r in self.resources
+            ],
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
 
 def advertised_kind(resources: Sequence[GenericResource]) -> str:
@@ -285,14 +415,23 @@ def check(dj: NodeFile, tk: NodeFile, cards: Sequence[Card], kind: str | None = 
     if dj.error is not None:
         findings.append(Finding(dj.path, dj.error, dj.hint))
     elif not dj.exists:
-        findings.append(Finding(dj.path, "no such file: this node advertises no GPU to Swarm",
-                                "write the daemon.json part of `hostagent swarm node-config` there and restart "
-                                "dockerd"))
+        findings.append(
+            Finding(
+                dj.path,
+                "no such file: this node advertises no GPU to Swarm",
+                "write the daemon.json part of `hostagent swarm node-config` there and restart dockerd",
+            )
+        )
     else:
         terms = data.get("node-generic-resources", [])
         if not isinstance(terms, list):
-            findings.append(Finding(dj.path, "node-generic-resources is not a list, so dockerd refuses to start",
-                                    'write it as ["GPU=GPU-<uuid>", ...]'))
+            findings.append(
+                Finding(
+                    dj.path,
+                    "node-generic-resources is not a list, so dockerd refuses to start",
+                    'write it as ["GPU=GPU-<uuid>", ...]',
+                )
+            )
         else:
             try:
                 resources = parse_terms(terms)

@@ -75,7 +75,10 @@ class GenericResource:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GenericResource) and (self.kind, self.value, self.discrete) == (
-            other.kind, other.value, other.discrete)
+            other.kind,
+            other.value,
+            other.discrete,
+        )
 
     def __hash__(self) -> int:
         return hash((self.kind, self.value, self.discrete))
@@ -101,22 +104,25 @@ def parse_terms(terms: Iterable[str], source: str = "node-generic-resources") ->
             raise GenericResourceError(f"{source}: {term!r} is not a string", 'write each as "KIND=VALUE"')
         parts = term.split("=")
         if len(parts) != 2:
-            raise GenericResourceError(f"{source}: {term!r} is not KIND=VALUE",
-                                       'write each resource as "GPU=GPU-<uuid>", one per card')
+            raise GenericResourceError(
+                f"{source}: {term!r} is not KIND=VALUE", 'write each resource as "GPU=GPU-<uuid>", one per card'
+            )
         by_kind.setdefault(parts[0].strip(), []).append(parts[1].strip())
     out: list[GenericResource] = []
     for kind, values in by_kind.items():
         if len(values) == 1 and _is_int(values[0]):
             if int(values[0]) < 0:
-                raise GenericResourceError(f"{source}: {kind}={values[0]} is a negative count",
-                                           f"advertise one {kind}=<UUID> per card")
+                raise GenericResourceError(
+                    f"{source}: {kind}={values[0]} is a negative count", f"advertise one {kind}=<UUID> per card"
+                )
             out.append(GenericResource(kind, values[0], discrete=True))
         elif not any(_is_int(v) for v in values):
             out.extend(GenericResource(kind, v) for v in values)
         else:
             raise GenericResourceError(
                 f"{source}: {kind} mixes counts and names ({', '.join(values)})",
-                f"name each card by UUID: {kind}=GPU-<uuid>")
+                f"name each card by UUID: {kind}=GPU-<uuid>",
+            )
     return out
 
 
@@ -135,8 +141,13 @@ def from_engine(resources: Iterable[Mapping[str, Any]] | None) -> list[GenericRe
 
 def card_json(target: Target) -> dict[str, Any]:
     """A card or MIG device as the JSON outputs show it."""
-    return {"uuid": target.uuid, "index": target.card.index, "bus_id": str(target.card.bus_id),
-            "name": target.name, "parent": target.card.uuid if target.mig is not None else None}
+    return {
+        "uuid": target.uuid,
+        "index": target.card.index,
+        "bus_id": str(target.card.bus_id),
+        "name": target.name,
+        "parent": target.card.uuid if target.mig is not None else None,
+    }
 
 
 def advertisable(cards: Sequence[Card]) -> tuple[list[Target], list[tuple[Card, str]]]:

@@ -55,22 +55,33 @@ class Slurm:
     @property
     def env(self) -> dict[str, str]:
         # What a user's shell on the login node has: no fake driver, no GPU variable; the node supplies those.
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("CUDA_", "GPUPIN_", "NVIDIA_", "SLURM_", "FAKEGPU_")) and k != "LD_LIBRARY_PATH"}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CUDA_", "GPUPIN_", "NVIDIA_", "SLURM_", "FAKEGPU_")) and k != "LD_LIBRARY_PATH"
+        }
         env["SLURM_CONF"] = self.conf
         return env
 
     def run(self, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
         if args[0] in ("srun", "sbatch", "salloc"):
             self.settle()
-        return subprocess.run(list(args), env={**self.env, **extra}, capture_output=True, text=True,
-                              timeout=timeout, cwd=REPO)
+        return subprocess.run(
+            list(args), env={**self.env, **extra}, capture_output=True, text=True, timeout=timeout, cwd=REPO
+        )
 
     def settle(self) -> None:
         """Wait for the jobs that just ended to leave the node: a job submitted while the last one is still
         completing waits for Slurm's next scheduling pass (2.5 s here), not for the cards."""
-        wait_for(lambda: not subprocess.run(["squeue", "-h", "-t", "CG"], env=self.env, capture_output=True,
-                                            text=True).stdout.strip(), 60, "the jobs that ended to leave the node")
+        wait_for(
+            lambda: (
+                not subprocess.run(
+                    ["squeue", "-h", "-t", "CG"], env=self.env, capture_output=True, text=True
+                ).stdout.strip()
+            ),
+            60,
+            "the jobs that ended to leave the node",
+        )
 
     def hold(self, gpus: int) -> str:
         """Allocate `gpus` cards and keep them (salloc --no-shell); Slurm gives the lowest free gres first."""
@@ -83,8 +94,11 @@ class Slurm:
     def release(self, job: str) -> None:
         self.run("scancel", job)
         self.held.remove(job)
-        wait_for(lambda: not self.run("squeue", "-h", "-j", job, "-t", "R").stdout.strip(), 60,
-                 f"Slurm to take the cards of job {job} back")
+        wait_for(
+            lambda: not self.run("squeue", "-h", "-j", job, "-t", "R").stdout.strip(),
+            60,
+            f"Slurm to take the cards of job {job} back",
+        )
         self.settle()
 
     def release_all(self) -> None:
@@ -131,10 +145,12 @@ def slurm(slurm_cluster: Slurm) -> Iterator[Slurm]:
 
 # A workload that proves, in its own process, what each cuda:k is (the CUDA driver, by UUID and bus id) and says
 # which Slurm task it is.
-PROVE = ("import json, os; from gpupin.entrypoint import assert_pinned; "
-         "b = assert_pinned(); print(json.dumps({'rank': os.environ['SLURM_LOCALID'], "
-         "'step_gpus': os.environ.get('SLURM_STEP_GPUS'), 'cvd': os.environ['CUDA_VISIBLE_DEVICES'], "
-         "'order': os.environ.get('CUDA_DEVICE_ORDER'), 'cuda': [x.uuid for x in b]}))")
+PROVE = (
+    "import json, os; from gpupin.entrypoint import assert_pinned; "
+    "b = assert_pinned(); print(json.dumps({'rank': os.environ['SLURM_LOCALID'], "
+    "'step_gpus': os.environ.get('SLURM_STEP_GPUS'), 'cvd': os.environ['CUDA_VISIBLE_DEVICES'], "
+    "'order': os.environ.get('CUDA_DEVICE_ORDER'), 'cuda': [x.uuid for x in b]}))"
+)
 
 
 def by_rank(out: str) -> dict[str, dict[str, object]]:
@@ -143,8 +159,13 @@ def by_rank(out: str) -> dict[str, dict[str, object]]:
 
 
 def test_the_cluster_is_real_and_sets_the_gpu_variables_itself(slurm: Slurm) -> None:
-    done = slurm.run("srun", "--gres=gpu:2", "sh", "-c",
-                     "echo $CUDA_VISIBLE_DEVICES $SLURM_STEP_GPUS ${CUDA_DEVICE_ORDER:-unset} $SLURM_LOCALID")
+    done = slurm.run(
+        "srun",
+        "--gres=gpu:2",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES $SLURM_STEP_GPUS ${CUDA_DEVICE_ORDER:-unset} $SLURM_LOCALID",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0,1", "0,1", "unset", "0"]
     gres = (Path(slurm.conf).parent / "gres.conf").read_text()
@@ -176,16 +197,20 @@ def test_gpus_per_task_each_task_proves_its_own_card(slurm: Slurm) -> None:
     assert rows["0"]["cuda"] == [BY_MINOR[0]] and rows["1"]["cuda"] == [BY_MINOR[1]]
     assert (rows["0"]["step_gpus"], rows["1"]["step_gpus"]) == ("0", "1")
     # The entrypoints' own reports (JSON on stderr, as a CMD follows): each task, its card and minor number.
-    reports = sorted((json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")),
-                     key=lambda r: r["source_detail"])
+    reports = sorted(
+        (json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")),
+        key=lambda r: r["source_detail"],
+    )
     gres = f"GPU numbers are positions in {slurm.run_dir}/etc/gres.conf"
     assert [(r["source"], r["source_detail"]) for r in reports] == [
         ("SLURM_STEP_GPUS", f"SLURM_STEP_GPUS=0 and CUDA_VISIBLE_DEVICES=0 (Slurm local rank 0); {gres}"),
-        ("SLURM_STEP_GPUS", f"SLURM_STEP_GPUS=1 and CUDA_VISIBLE_DEVICES=1 (Slurm local rank 1); {gres}")]
+        ("SLURM_STEP_GPUS", f"SLURM_STEP_GPUS=1 and CUDA_VISIBLE_DEVICES=1 (Slurm local rank 1); {gres}"),
+    ]
     dev = slurm.run_dir / "dev"
     assert [(d["cuda"], d["uuid"], d["minor_number"], d["note"]) for r in reports for d in r["devices"]] == [
         ("cuda:0", BY_MINOR[0], 0, f"Slurm local rank 0, Slurm's GPU 0 = {dev}/nvidia0"),
-        ("cuda:0", BY_MINOR[1], 1, f"Slurm local rank 1, Slurm's GPU 1 = {dev}/nvidia1")]
+        ("cuda:0", BY_MINOR[1], 1, f"Slurm local rank 1, Slurm's GPU 1 = {dev}/nvidia1"),
+    ]
 
 
 def test_an_allocation_of_cards_3_and_1_rank_0_proves_1_and_rank_1_proves_3(slurm: Slurm) -> None:
@@ -203,7 +228,8 @@ def test_an_allocation_of_cards_3_and_1_rank_0_proves_1_and_rank_1_proves_3(slur
 
 
 def test_a_job_script_that_sets_cuda_visible_devices_0_after_slurm_gave_card_2_is_refused_with_78(
-        slurm: Slurm, tmp_path: Path) -> None:
+    slurm: Slurm, tmp_path: Path
+) -> None:
     slurm.hold(2)  # /dev/nvidia0 and 1
     out = tmp_path / "job.out"
     job = tmp_path / "job.sh"
@@ -222,7 +248,8 @@ srun {ENTRYPOINT} --quiet sh -c 'echo "srun rc=0 SLURM_STEP_GPUS=$SLURM_STEP_GPU
     assert errors[0].startswith(
         f"gpupin-entrypoint: ERROR: Slurm local rank 0 was allocated GPU 2 (SLURM_JOB_GPUS=2: {dev}/nvidia2 by "
         f"{etc}/gres.conf), but CUDA_VISIBLE_DEVICES=0 names {dev}/nvidia0 ({BY_MINOR[0]} at 00000000:5E:00.0), "
-        "outside the allocation. HINT: ")
+        "outside the allocation. HINT: "
+    )
     # A step inside the same job gets Slurm's own CUDA_VISIBLE_DEVICES back (measured), and is proven.
     assert "srun rc=0 SLURM_STEP_GPUS=2" in text
 
@@ -250,8 +277,10 @@ def test_assert_pinned_under_a_torchrun_style_launcher_inside_a_step(slurm: Slur
 
 
 def test_with_one_card_per_task_slurm_localid_is_not_the_cuda_index(slurm: Slurm) -> None:
-    code = ("import os; from gpupin.entrypoint import assert_pinned; "
-            "assert_pinned(local_rank=int(os.environ['SLURM_LOCALID'])); print('ok', os.environ['SLURM_LOCALID'])")
+    code = (
+        "import os; from gpupin.entrypoint import assert_pinned; "
+        "assert_pinned(local_rank=int(os.environ['SLURM_LOCALID'])); print('ok', os.environ['SLURM_LOCALID'])"
+    )
     done = slurm.run("srun", "-n2", "--gres=gpu:2", "--gpus-per-task=1", ENTRYPOINT, "--quiet", PYTHON, "-c", code)
     assert done.returncode != 0
     assert "ok 0" in done.stdout and "ok 1" not in done.stdout
@@ -260,8 +289,10 @@ def test_with_one_card_per_task_slurm_localid_is_not_the_cuda_index(slurm: Slurm
 
 def in_container(sandbox: Sandbox) -> str:
     """The job starts a container on the sandboxed daemon, passing Slurm's variables in; GPUS is the --gpus value."""
-    return (f'exec {sandbox.docker_cli} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
-            f'-e SLURM_LOCALID {TEST_IMAGE} "$@"')
+    return (
+        f'exec {sandbox.docker_cli} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
+        f'-e SLURM_LOCALID {TEST_IMAGE} "$@"'
+    )
 
 
 def test_inside_a_container_the_job_starts(slurm: Slurm, sandbox: Sandbox) -> None:
@@ -269,16 +300,36 @@ def test_inside_a_container_the_job_starts(slurm: Slurm, sandbox: Sandbox) -> No
     IN_CONTAINER = in_container(sandbox)
     try:
         # Every card in, Slurm's variables in: pinned to the allocation as on bare metal.
-        done = slurm.run("srun", "--gres=gpu:2", "sh", "-c", 'GPUS=all; ' + IN_CONTAINER, "sh", "python3", "-c",
-                         PROVE, DOCKER_HOST=sandbox.host)
+        done = slurm.run(
+            "srun",
+            "--gres=gpu:2",
+            "sh",
+            "-c",
+            "GPUS=all; " + IN_CONTAINER,
+            "sh",
+            "python3",
+            "-c",
+            PROVE,
+            DOCKER_HOST=sandbox.host,
+        )
         assert done.returncode == 0, done.stderr
         assert by_rank(done.stdout)["0"]["cuda"] == [BY_MINOR[0], BY_MINOR[1]]
         # The trap: Slurm's numbers given to the runtime, which reads NVML indices: other cards. Refused.
-        done = slurm.run("srun", "--gres=gpu:2", "sh", "-c", 'GPUS="\\"device=$CUDA_VISIBLE_DEVICES\\""; '
-                         + IN_CONTAINER, "sh", "true", DOCKER_HOST=sandbox.host)
+        done = slurm.run(
+            "srun",
+            "--gres=gpu:2",
+            "sh",
+            "-c",
+            'GPUS="\\"device=$CUDA_VISIBLE_DEVICES\\""; ' + IN_CONTAINER,
+            "sh",
+            "true",
+            DOCKER_HOST=sandbox.host,
+        )
         assert done.returncode == 78, done.stderr
-        assert ("ERROR: Slurm local rank 0 was allocated minor numbers 0, 1 (SLURM_STEP_GPUS=0,1), but no card "
-                "this process can see has minor number 0") in done.stderr
+        assert (
+            "ERROR: Slurm local rank 0 was allocated minor numbers 0, 1 (SLURM_STEP_GPUS=0,1), but no card "
+            "this process can see has minor number 0"
+        ) in done.stderr
     finally:
         sandbox.use("mixed-4")
 
@@ -305,13 +356,24 @@ def test_srun_on_a_gres_conf_out_of_minor_order_proves_the_cards_slurm_gave(slur
     assert f"(Slurm local rank 0, Slurm's GPU 0 = {dev}/nvidia7)" in done.stderr
     # The old reading (the number as the minor number), which is what is left where gres.conf cannot be read:
     # it proves /dev/nvidia0 and /dev/nvidia1 instead, cards the job was not given, and says how it read them.
-    done = slurm.run("srun", "--gres=gpu:2", "sh", "-c", 'SLURM_CONF=/nonexistent/slurm.conf exec "$@"', "sh",
-                     ENTRYPOINT, PYTHON, "-c", PROVE)
+    done = slurm.run(
+        "srun",
+        "--gres=gpu:2",
+        "sh",
+        "-c",
+        'SLURM_CONF=/nonexistent/slurm.conf exec "$@"',
+        "sh",
+        ENTRYPOINT,
+        PYTHON,
+        "-c",
+        PROVE,
+    )
     assert done.returncode == 0, done.stderr
     old = by_rank(done.stdout)["0"]["cuda"]
     assert old == [GRES_ORDER[0], GRES_ORDER[1]] and not set(old) & {GRES_ORDER[7], GRES_ORDER[3]}
-    assert ("GPU numbers read as minor numbers: no readable /nonexistent/gres.conf here (No such file or "
-            "directory)") in done.stderr
+    assert (
+        "GPU numbers read as minor numbers: no readable /nonexistent/gres.conf here (No such file or directory)"
+    ) in done.stderr
 
 
 def test_gpus_per_task_on_a_gres_conf_out_of_minor_order(slurm_cluster: Slurm) -> None:
@@ -334,27 +396,63 @@ def _variant(tmp: Path, name: str, base: str, slurm: dict[str, object]) -> Path:
 
 # Each: (base scenario, the topology's "slurm" object). Every rule of gpupin.entrypoint.gresconf, against slurmd.
 VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
-    "name-records-before-nodename-records": ("dgx-8", {"gres_conf": [
-        "NodeName={node} Name=gpu File={dev}/nvidia7", "Name=gpu File={dev}/nvidia3",
-        "NodeName=other,{node} Name=gpu File={dev}/nvidia[5,1]", "Name=gpu File={dev}/nvidia[0,2,4,6]",
-        "NodeName=other Name=gpu File={dev}/nvidia[0-3]"]}),
-    "types-in-slurm-conf-order": ("dgx-8", {"node_gres": "gpu:bb:4,gpu:a:4", "gres_conf": [
-        "Name=gpu Type=a File={dev}/nvidia[7,3]", "Name=gpu Type=bb File={dev}/nvidia[5,1]",
-        "Name=gpu Type=a File={dev}/nvidia[0,2]", "Name=gpu Type=bb File={dev}/nvidia[4,6]"]}),
-    "syntax": ("dgx-8", {"gres_conf": [
-        "# comment", "NodeName={node} Name=gpu \\", "   File={dev}/nvidia6,{dev}/nvidia[4-5] # trailing comment",
-        'nodename={node} name=gpu file="{dev}/nvidia[3,2,1,0,7]"']}),
-    "a-path-that-is-no-device-takes-no-number": ("slurm-shuffled", {"node_gres": "gpu:5", "gres_conf": [
-        "Name=gpu File={dev}/nvidia3", "Name=gpu File={dev}/../etc/task_prolog.sh",
-        "Name=gpu File={dev}/nvidia[1,0,2]"]}),
-    "autodetect-nvml-on-a-slurm-without-nvml": ("slurm-shuffled", {"gres_conf": [
-        "AutoDetect=nvml", "Name=gpu File={dev}/nvidia[2,0,3,1]"]}),
+    "name-records-before-nodename-records": (
+        "dgx-8",
+        {
+            "gres_conf": [
+                "NodeName={node} Name=gpu File={dev}/nvidia7",
+                "Name=gpu File={dev}/nvidia3",
+                "NodeName=other,{node} Name=gpu File={dev}/nvidia[5,1]",
+                "Name=gpu File={dev}/nvidia[0,2,4,6]",
+                "NodeName=other Name=gpu File={dev}/nvidia[0-3]",
+            ]
+        },
+    ),
+    "types-in-slurm-conf-order": (
+        "dgx-8",
+        {
+            "node_gres": "gpu:bb:4,gpu:a:4",
+            "gres_conf": [
+                "Name=gpu Type=a File={dev}/nvidia[7,3]",
+                "Name=gpu Type=bb File={dev}/nvidia[5,1]",
+                "Name=gpu Type=a File={dev}/nvidia[0,2]",
+                "Name=gpu Type=bb File={dev}/nvidia[4,6]",
+            ],
+        },
+    ),
+    "syntax": (
+        "dgx-8",
+        {
+            "gres_conf": [
+                "# comment",
+                "NodeName={node} Name=gpu \\",
+                "   File={dev}/nvidia6,{dev}/nvidia[4-5] # trailing comment",
+                'nodename={node} name=gpu file="{dev}/nvidia[3,2,1,0,7]"',
+            ]
+        },
+    ),
+    "a-path-that-is-no-device-takes-no-number": (
+        "slurm-shuffled",
+        {
+            "node_gres": "gpu:5",
+            "gres_conf": [
+                "Name=gpu File={dev}/nvidia3",
+                "Name=gpu File={dev}/../etc/task_prolog.sh",
+                "Name=gpu File={dev}/nvidia[1,0,2]",
+            ],
+        },
+    ),
+    "autodetect-nvml-on-a-slurm-without-nvml": (
+        "slurm-shuffled",
+        {"gres_conf": ["AutoDetect=nvml", "Name=gpu File={dev}/nvidia[2,0,3,1]"]},
+    ),
 }
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_gpupin_reads_gres_conf_as_slurmd_does(slurm_cluster: Slurm, variant: str,
-                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_gpupin_reads_gres_conf_as_slurmd_does(
+    slurm_cluster: Slurm, variant: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     from gpupin.entrypoint import gresconf
 
     base, spec = VARIANTS[variant]
@@ -367,15 +465,20 @@ def test_gpupin_reads_gres_conf_as_slurmd_does(slurm_cluster: Slurm, variant: st
     assert done.stdout.split() == [",".join(map(str, range(len(slurmd))))], done.stderr
 
 
-def test_autodetect_nvml_numbers_the_cards_in_nvml_order(slurm_cluster: Slurm,
-                                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_autodetect_nvml_numbers_the_cards_in_nvml_order(
+    slurm_cluster: Slurm, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     # Slurm's own AutoDetect merge, fed by its fake_gpus.conf test hook as gpu/nvml would feed it: each card with
     # -1 at its own NVML index in its link matrix (slurm-shuffled: NVML 0..3 are minors 1, 3, 0, 2).
     by_index = sorted(cards("slurm-shuffled"), key=lambda c: c.index)
     links = [",".join("-1" if j == i else "0" for j in range(4)) for i in range(4)]
     fake = [f"(null)|8|0-7|{links[c.index]}|{{dev}}/nvidia{c.minor_number}|(null)|nvidia_gpu_env" for c in by_index]
-    path = _variant(tmp_path_factory.mktemp("gres"), "autodetect", "slurm-shuffled",
-                    {"gres_conf": ["AutoDetect=nvml"], "fake_gpus_conf": fake})
+    path = _variant(
+        tmp_path_factory.mktemp("gres"),
+        "autodetect",
+        "slurm-shuffled",
+        {"gres_conf": ["AutoDetect=nvml"], "fake_gpus_conf": fake},
+    )
     slurm_cluster.up(path)
     dev = slurm_cluster.run_dir / "dev"
     assert slurm_cluster.slurmd_devices() == [f"{dev}/nvidia{c.minor_number}" for c in by_index]
@@ -392,14 +495,19 @@ def test_inside_a_container_given_the_nodes_gres_conf(slurm_cluster: Slurm, sand
     sandbox = sandboxes.get(engines_under_test()[0]).use("slurm-gres-order")
     slurm_cluster.up("slurm-gres-order")
     etc = slurm_cluster.run_dir / "etc"
-    run = (f"exec {sandbox.docker_cli} run --rm --gpus all -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES -e SLURM_LOCALID "
-           f'-e SLURM_CONF -e SLURMD_NODENAME -v {etc}:{etc}:ro {TEST_IMAGE} "$@"')
+    run = (
+        f"exec {sandbox.docker_cli} run --rm --gpus all -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES -e SLURM_LOCALID "
+        f'-e SLURM_CONF -e SLURMD_NODENAME -v {etc}:{etc}:ro {TEST_IMAGE} "$@"'
+    )
     try:
-        done = slurm_cluster.run("srun", "--gres=gpu:2", "sh", "-c", run, "sh", "python3", "-c", PROVE,
-                                 DOCKER_HOST=sandbox.host)
+        done = slurm_cluster.run(
+            "srun", "--gres=gpu:2", "sh", "-c", run, "sh", "python3", "-c", PROVE, DOCKER_HOST=sandbox.host
+        )
         assert done.returncode == 0, done.stderr
         assert by_rank(done.stdout)["0"]["cuda"] == [GRES_ORDER[7], GRES_ORDER[3]]
-        assert (f"Slurm's GPU 0 = {slurm_cluster.run_dir}/dev/nvidia7 (minor number from its name: no such file or "
-                "directory here)") in done.stderr
+        assert (
+            f"Slurm's GPU 0 = {slurm_cluster.run_dir}/dev/nvidia7 (minor number from its name: no such file or "
+            "directory here)"
+        ) in done.stderr
     finally:
         sandbox.use("mixed-4")

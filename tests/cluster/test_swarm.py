@@ -46,9 +46,18 @@ class Node:
         return Path(self.host.removeprefix("unix://")).parent
 
     def check(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return hostagent("swarm", "node-config", "--check", "--daemon-json", str(self.run_dir / "daemon.json"),
-                         "--toolkit-config", str(self.run_dir / "nvidia-container-runtime" / "config.toml"), *args,
-                         scenario_name=self.topology, timeout=60)
+        return hostagent(
+            "swarm",
+            "node-config",
+            "--check",
+            "--daemon-json",
+            str(self.run_dir / "daemon.json"),
+            "--toolkit-config",
+            str(self.run_dir / "nvidia-container-runtime" / "config.toml"),
+            *args,
+            scenario_name=self.topology,
+            timeout=60,
+        )
 
 
 class Cluster:
@@ -76,8 +85,9 @@ class Cluster:
         subprocess.run([str(SWARM_SCRIPT), "down"], capture_output=True, timeout=300)
 
     def docker(self, node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([self.docker_cli, "-H", self.nodes[node].host, *args], capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run(
+            [self.docker_cli, "-H", self.nodes[node].host, *args], capture_output=True, text=True, timeout=120
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"docker {' '.join(args[:3])} on {node}: {r.stderr.strip()}")
         return r
@@ -96,8 +106,14 @@ class Cluster:
         """Every JSON line the service's containers (running ones, or all) have printed so far, with the node."""
         found = []
         for node in self.nodes:
-            ids = self.docker(node, "ps", "-q", *(() if running else ("-a",)), "--filter",
-                              f"label=com.docker.swarm.service.name={service}").stdout
+            ids = self.docker(
+                node,
+                "ps",
+                "-q",
+                *(() if running else ("-a",)),
+                "--filter",
+                f"label=com.docker.swarm.service.name={service}",
+            ).stdout
             for cid in ids.split():
                 logs = self.docker(node, "logs", cid)
                 found += [(node, json.loads(x)) for x in (logs.stdout + logs.stderr).splitlines() if x.startswith("{")]
@@ -113,9 +129,13 @@ class Cluster:
 
     def hostagent(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """hostagent on the manager's host, talking to the manager (whose cards NVML sees: mixed-4)."""
-        r = subprocess.run([HOSTAGENT, *args], env=simhost_env(self.nodes["manager"].topology,
-                                                               DOCKER_HOST=self.nodes["manager"].host),
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [HOSTAGENT, *args],
+            env=simhost_env(self.nodes["manager"].topology, DOCKER_HOST=self.nodes["manager"].host),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"hostagent {' '.join(args)}: {r.returncode}: {r.stderr.strip()}")
         return r
@@ -129,9 +149,17 @@ class Cluster:
         subprocess.run([str(SWARM_SCRIPT), op, node], check=True, capture_output=True, timeout=120)
 
     def containers_gone(self, label: str, timeout: float = 60) -> None:
-        wait_for(lambda: not any(self.docker(n, "ps", "-aq", "--filter", f"label={label}").stdout.strip()
-                                   for n in self.nodes if self.docker(n, "version", check=False).returncode == 0),
-                   timeout, f"the containers labelled {label} to go")
+        wait_for(
+            lambda: (
+                not any(
+                    self.docker(n, "ps", "-aq", "--filter", f"label={label}").stdout.strip()
+                    for n in self.nodes
+                    if self.docker(n, "version", check=False).returncode == 0
+                )
+            ),
+            timeout,
+            f"the containers labelled {label} to go",
+        )
 
     @contextmanager
     def stack(self, name: str, source: str, *render_args: str, tmp: Path) -> Iterator[str]:
@@ -149,8 +177,9 @@ class Cluster:
 
     @contextmanager
     def service(self, name: str, *args: str) -> Iterator[str]:
-        self.manager("service", "create", "-d", "--name", name, "--restart-condition", "none",
-                     "--no-resolve-image", *args)
+        self.manager(
+            "service", "create", "-d", "--name", name, "--restart-condition", "none", "--no-resolve-image", *args
+        )
         try:
             yield name
         finally:
@@ -202,38 +231,58 @@ def all_resources(cluster: Cluster) -> dict[str, str]:
 
 
 def parent_of(uuid: str, topology_name: str) -> str:
-    return next(str(g["uuid"]) for g in topology(topology_name)["gpus"]
-                if uuid == g["uuid"] or uuid in [d["uuid"] for d in (g.get("mig") or {}).get("devices", [])])
+    return next(
+        str(g["uuid"])
+        for g in topology(topology_name)["gpus"]
+        if uuid == g["uuid"] or uuid in [d["uuid"] for d in (g.get("mig") or {}).get("devices", [])]
+    )
 
 
 def test_three_nodes_joined_with_their_generic_resources(swarm: Cluster) -> None:
     assert swarm.up_seconds < 120, f"swarm.sh up took {swarm.up_seconds:.1f} s"
     rows = [json.loads(x) for x in swarm.manager("node", "ls", "--format", "{{json .}}").stdout.splitlines()]
     assert sorted((r["Hostname"], r["Status"], r["ManagerStatus"]) for r in rows) == [
-        ("manager", "Ready", "Leader"), ("worker1", "Ready", ""), ("worker2", "Ready", "")]
+        ("manager", "Ready", "Leader"),
+        ("worker1", "Ready", ""),
+        ("worker2", "Ready", ""),
+    ]
     for node in swarm.nodes.values():
-        described = json.loads(swarm.manager("node", "inspect", node.name, "--format",
-                                             "{{json .Description.Resources.GenericResources}}").stdout)
+        described = json.loads(
+            swarm.manager(
+                "node", "inspect", node.name, "--format", "{{json .Description.Resources.GenericResources}}"
+            ).stdout
+        )
         assert [(r.kind, r.value, r.discrete) for r in from_engine(described)] == [
-            ("GPU", u, False) for u in swarm_resources(node.topology)], node.name
+            ("GPU", u, False) for u in swarm_resources(node.topology)
+        ], node.name
     # The nodes joined at the addresses the setup made inside their namespaces; the host's own namespace has none.
     for node in swarm.nodes.values():
-        assert swarm.manager("node", "inspect", node.name, "--format", "{{.Status.Addr}}").stdout.strip() == \
-            node.address
+        assert (
+            swarm.manager("node", "inspect", node.name, "--format", "{{.Status.Addr}}").stdout.strip() == node.address
+        )
         host_addresses = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=30).stdout
         assert f" {node.address}/" not in host_addresses
 
 
-def compose_source(service: str, replicas: int, body: str = "x-gpupin: {count: 1}", command: str = PROBE,
-                   entrypoint: tuple[str, ...] = ("gpupin-entrypoint", "--json"),
-                   environment: dict[str, str] | None = None) -> str:
+def compose_source(
+    service: str,
+    replicas: int,
+    body: str = "x-gpupin: {count: 1}",
+    command: str = PROBE,
+    entrypoint: tuple[str, ...] = ("gpupin-entrypoint", "--json"),
+    environment: dict[str, str] | None = None,
+) -> str:
     """A compose file as a user writes it for the swarm: x-gpupin asks for a count, replicas for more tasks. Its
     tasks use the host's network (the sandboxed daemons make no overlay network), are not restarted, and know their
     task ID (a service template the daemon fills in)."""
     svc: dict[str, Any] = {
-        "image": TEST_IMAGE, "entrypoint": list(entrypoint), "command": ["python3", "-c", command],
+        "image": TEST_IMAGE,
+        "entrypoint": list(entrypoint),
+        "command": ["python3", "-c", command],
         "environment": {"SWARM_TASK_ID": "{{.Task.ID}}", **(environment or {})},
-        "deploy": {"replicas": replicas, "restart_policy": {"condition": "none"}}, "networks": ["hostnet"]}
+        "deploy": {"replicas": replicas, "restart_policy": {"condition": "none"}},
+        "networks": ["hostnet"],
+    }
     svc.update(yaml.safe_load(body) or {})
     doc = {"services": {service: svc}, "networks": {"hostnet": {"external": True, "name": "host"}}}
     return str(yaml.safe_dump(doc, sort_keys=False))
@@ -244,11 +293,17 @@ STACK = "gp"
 
 def test_ls_swarm_from_a_worker_is_69_in_one_line(swarm: Cluster) -> None:
     worker = swarm.nodes["worker1"]
-    r = subprocess.run([HOSTAGENT, "ls", "--swarm"], env=simhost_env(worker.topology, DOCKER_HOST=worker.host),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [HOSTAGENT, "ls", "--swarm"],
+        env=simhost_env(worker.topology, DOCKER_HOST=worker.host),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (r.returncode, r.stdout) == (69, "")
-    assert r.stderr.startswith(f"hostagent: ERROR: the Docker daemon at {worker.host} is not a swarm manager: it is "
-                               "a worker of a swarm (node ")
+    assert r.stderr.startswith(
+        f"hostagent: ERROR: the Docker daemon at {worker.host} is not a swarm manager: it is a worker of a swarm (node "
+    )
     assert r.stderr.endswith("HINT: point DOCKER_HOST at a manager of the swarm (`docker node ls` works there)\n")
     assert r.stderr.count("\n") == 1
 
@@ -261,8 +316,14 @@ def every_card(swarm: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     tmp = tmp_path_factory.mktemp("every-card")
     with swarm.stack(STACK, compose_source("every-card", n), tmp=tmp):
         name = f"{STACK}_every-card"
-        wait_for(lambda: sum(t["CurrentState"].startswith("Running") for t in swarm.tasks(name)) == n
-                   and len(swarm.probes(name)) == n, 180, f"{n} running tasks")
+        wait_for(
+            lambda: (
+                sum(t["CurrentState"].startswith("Running") for t in swarm.tasks(name)) == n
+                and len(swarm.probes(name)) == n
+            ),
+            180,
+            f"{n} running tasks",
+        )
         yield name, n
 
 
@@ -274,7 +335,8 @@ class TestEveryCard:
         spec = json.loads(swarm.manager("service", "inspect", name, "--format", "{{json .Spec}}").stdout)
         task = spec["TaskTemplate"]
         assert task["Resources"]["Reservations"]["GenericResources"] == [
-            {"DiscreteResourceSpec": {"Kind": "GPU", "Value": 1}}]
+            {"DiscreteResourceSpec": {"Kind": "GPU", "Value": 1}}
+        ]
         assert spec["Mode"] == {"Replicated": {"Replicas": n}}
         assert "GPUPIN_REQUIRE=1" in task["ContainerSpec"]["Env"]
 
@@ -311,15 +373,17 @@ class TestEveryCard:
             proved.add(dev["uuid"])
         assert proved == set(all_resources(swarm))
 
-    def test_ls_swarm_shows_every_card_held_and_agrees_with_docker(self, swarm: Cluster,
-                                                                  every_card: tuple[str, int]) -> None:
+    def test_ls_swarm_shows_every_card_held_and_agrees_with_docker(
+        self, swarm: Cluster, every_card: tuple[str, int]
+    ) -> None:
         name, n = every_card
         data = swarm.ls()
         assert data["summary"] == {"nodes": 3, "resources": n, "held": n, "free": 0, "pending": 0}
         holders = {(nd["hostname"], r["value"]): r["held_by"] for nd in data["nodes"] for r in nd["resources"]}
         # The same facts from the docker CLI: `docker node ls` for the nodes, `docker service ps` for the tasks.
-        nodes = {json.loads(x)["Hostname"] for x in swarm.manager("node", "ls", "--format", "{{json .}}")
-                 .stdout.splitlines()}
+        nodes = {
+            json.loads(x)["Hostname"] for x in swarm.manager("node", "ls", "--format", "{{json .}}").stdout.splitlines()
+        }
         assert {nd["hostname"] for nd in data["nodes"]} == nodes
         running = {(t["Name"], t["Node"]) for t in swarm.tasks(name) if t["CurrentState"].startswith("Running")}
         assert {(h["name"], h["node"]) for h in holders.values() if h} == running
@@ -329,37 +393,49 @@ class TestEveryCard:
         # The manager's own cards are resolved through NVML; the workers' are shown by UUID.
         manager = next(nd for nd in data["nodes"] if nd["hostname"] == "manager")
         assert manager["self"] and [r["card"]["bus_id"] for r in manager["resources"]] == [
-            "00000000:1B:00.0", "00000000:3B:00.0", "00000000:86:00.0", "00000000:AF:00.0"]
+            "00000000:1B:00.0",
+            "00000000:3B:00.0",
+            "00000000:86:00.0",
+            "00000000:AF:00.0",
+        ]
         text = swarm.hostagent("ls", "--swarm").stdout
         assert text.splitlines()[-1] == f"3 node(s), {n} advertised resource(s): {n} held, 0 free; 0 task(s) pending"
 
-    def test_hostagent_run_on_a_node_does_not_take_a_card_a_task_holds(self, swarm: Cluster,
-                                                                          every_card: tuple[str, int]) -> None:
+    def test_hostagent_run_on_a_node_does_not_take_a_card_a_task_holds(
+        self, swarm: Cluster, every_card: tuple[str, int]
+    ) -> None:
         """The node's own ledger (`hostagent ls`, `run`) counts what Swarm gave its tasks (DOCKER_RESOURCE_GPU under
         the nvidia runtime): a local run on a busy swarm node waits or refuses, it never shares a task's card."""
         name, _ = every_card
         data = json.loads(swarm.hostagent("ls", "--json").stdout)
         held = {g["uuid"]: [(gr["form"], h["name"]) for h in g["holders"] for gr in h["grants"]] for g in data["gpus"]}
-        assert all(len(v) == 1 and v[0][0] == "swarm-resource" and v[0][1].startswith(f"{name}.")
-                   for v in held.values()), held
+        assert all(
+            len(v) == 1 and v[0][0] == "swarm-resource" and v[0][1].startswith(f"{name}.") for v in held.values()
+        ), held
         r = swarm.hostagent("run", "--dry-run", "--count", "1", TEST_IMAGE, "true", check=False)
         assert r.returncode == 75, r.stderr
         assert "--count 1: 0 of 4 card(s) are free" in r.stderr
 
-    def test_one_replica_more_than_cards_stays_pending(self, swarm: Cluster, every_card: tuple[str, int],
-                                                        tmp_path: Path) -> None:
+    def test_one_replica_more_than_cards_stays_pending(
+        self, swarm: Cluster, every_card: tuple[str, int], tmp_path: Path
+    ) -> None:
         name, n = every_card
         before = sorted(p["env"]["DOCKER_RESOURCE_GPU"] for _, p in swarm.probes(name))
         # Rendered again with N + 1 replicas: render says one will wait, and the stack is updated in place.
         (tmp_path / "more.yml").write_text(compose_source("every-card", n + 1))
         r = swarm.hostagent("compose", "render", "--swarm", str(tmp_path / "more.yml"), "-o", str(tmp_path / "s.yml"))
-        assert f"warning: asks for {n + 1} replica(s) x 1 GPU, but the nodes it may run on now hold {n} such task(s) " \
-               "at a time" in r.stderr
+        assert (
+            f"warning: asks for {n + 1} replica(s) x 1 GPU, but the nodes it may run on now hold {n} such task(s) "
+            "at a time" in r.stderr
+        )
         swarm.manager("stack", "deploy", "--resolve-image", "never", "-c", str(tmp_path / "s.yml"), STACK)
 
         def pending() -> list[dict[str, str]]:
-            return [t for t in swarm.tasks(name) if t["CurrentState"].startswith("Pending")
-                    and "insufficient resources on 3 nodes" in t["Error"]]
+            return [
+                t
+                for t in swarm.tasks(name)
+                if t["CurrentState"].startswith("Pending") and "insufficient resources on 3 nodes" in t["Error"]
+            ]
 
         (extra,) = wait_for(pending, 60, "the extra task to be refused for want of resources")
         assert extra["Node"] == ""
@@ -374,8 +450,10 @@ class TestEveryCard:
         assert "no suitable node (insufficient resources on 3 nodes)" in data["pending"][0]["why"]
         assert data["summary"]["free"] == 0 and data["summary"]["pending"] == 1
         text = swarm.hostagent("ls", "--swarm").stdout
-        assert f"PENDING  {extra['Name']} ({extra['ID'][:12]}) (reserves GPU=1): no suitable node (insufficient " \
-               "resources on 3 nodes)" in text
+        assert (
+            f"PENDING  {extra['Name']} ({extra['ID'][:12]}) (reserves GPU=1): no suitable node (insufficient "
+            "resources on 3 nodes)" in text
+        )
         swarm.manager("service", "scale", "-d", f"{name}={n}")
 
 
@@ -437,7 +515,8 @@ def running_on(swarm: Cluster, name: str) -> dict[str, int]:
 
 
 def test_a_drained_then_stopped_worker_and_a_stopped_one_never_put_two_tasks_on_one_card(
-        swarm: Cluster, tmp_path: Path) -> None:
+    swarm: Cluster, tmp_path: Path
+) -> None:
     """Four tasks of one GPU each. A worker with tasks is drained (they move to free cards elsewhere), then its
     daemon is stopped; then the other worker's daemon is stopped without a drain (Swarm reschedules its tasks once
     it marks the node down). Every task logs, from inside, the card it was given and the cards its NVML sees: no
@@ -445,8 +524,13 @@ def test_a_drained_then_stopped_worker_and_a_stopped_one_never_put_two_tasks_on_
     folder = tmp_path / "holds"
     folder.mkdir()
     folder.chmod(0o777)
-    source = compose_source("hold", 4, command=HOLDER, entrypoint=("gpupin-entrypoint", "--quiet"),
-                            environment={"SWARM_NODE": "{{.Node.Hostname}}"})
+    source = compose_source(
+        "hold",
+        4,
+        command=HOLDER,
+        entrypoint=("gpupin-entrypoint", "--quiet"),
+        environment={"SWARM_NODE": "{{.Node.Hostname}}"},
+    )
     doc = yaml.safe_load(source)
     svc = doc["services"]["hold"]
     svc["volumes"] = [f"{folder}:/holds"]
@@ -465,20 +549,33 @@ def test_a_drained_then_stopped_worker_and_a_stopped_one_never_put_two_tasks_on_
             other = "worker2" if drained == "worker1" else "worker1"
             assert placed.get(drained), f"no task on a worker to move: {placed}"
             swarm.manager("node", "update", "--availability", "drain", drained)
-            wait_for(lambda: drained not in running_on(swarm, name) and sum(running_on(swarm, name).values()) == 4
-                       and ticking(4), 120, f"the tasks of {drained} to move to other cards")
+            wait_for(
+                lambda: (
+                    drained not in running_on(swarm, name) and sum(running_on(swarm, name).values()) == 4 and ticking(4)
+                ),
+                120,
+                f"the tasks of {drained} to move to other cards",
+            )
             swarm.node_op("stop-node", drained)
             stopped.append(drained)
-            wait_for(lambda: swarm.manager("node", "inspect", drained, "--format", "{{.Status.State}}")
-                       .stdout.strip() == "down", 60, f"{drained} to be down")
+            wait_for(
+                lambda: (
+                    swarm.manager("node", "inspect", drained, "--format", "{{.Status.State}}").stdout.strip() == "down"
+                ),
+                60,
+                f"{drained} to be down",
+            )
             listing = {n["hostname"]: n for n in swarm.ls()["nodes"]}
             assert (listing[drained]["state"], listing[drained]["availability"]) == ("down", "drain")
             assert not any(r["held_by"] for r in listing[drained]["resources"])
             on_other = running_on(swarm, name).get(other, 0)
             swarm.node_op("stop-node", other)  # no drain: Swarm learns of it from the missed heartbeats
             stopped.append(other)
-            wait_for(lambda: running_on(swarm, name).get("manager", 0) == 4 and ticking(4), 120,
-                       f"the {on_other} task(s) of {other} to be rescheduled on the manager")
+            wait_for(
+                lambda: running_on(swarm, name).get("manager", 0) == 4 and ticking(4),
+                120,
+                f"the {on_other} task(s) of {other} to be rescheduled on the manager",
+            )
             listing = {n["hostname"]: n for n in swarm.ls()["nodes"]}
             assert sum(1 for r in listing["manager"]["resources"] if r["held_by"]) == 4
             # What the stopped node ran (and did not report stopped before it went) is shown as it last reported it,
@@ -494,8 +591,14 @@ def test_a_drained_then_stopped_worker_and_a_stopped_one_never_put_two_tasks_on_
             swarm.node_op("start-node", node)
         swarm.manager("node", "update", "--availability", "active", "worker1", check=False)
         swarm.manager("node", "update", "--availability", "active", "worker2", check=False)
-        wait_for(lambda: all(swarm.manager("node", "inspect", w, "--format", "{{.Status.State}}")
-                               .stdout.strip() == "ready" for w in ("worker1", "worker2")), 60, "the workers back")
+        wait_for(
+            lambda: all(
+                swarm.manager("node", "inspect", w, "--format", "{{.Status.State}}").stdout.strip() == "ready"
+                for w in ("worker1", "worker2")
+            ),
+            60,
+            "the workers back",
+        )
     found = holds(folder)
     assert len(found) >= 4 + placed[drained] + on_other, [(h.task, h.node) for h in found]
     cards = all_resources(swarm)
@@ -512,18 +615,23 @@ def test_check_on_a_good_node(swarm: Cluster) -> None:
     for node in swarm.nodes.values():
         r = node.check()
         assert r.returncode == 0, r.stdout
-        assert r.stdout.endswith(f"OK: {len(swarm_resources(node.topology))} GPU resource(s); tasks get them as "
-                                 "DOCKER_RESOURCE_GPU, which the nvidia runtime reads\n"), r.stdout
+        assert r.stdout.endswith(
+            f"OK: {len(swarm_resources(node.topology))} GPU resource(s); tasks get them as "
+            "DOCKER_RESOURCE_GPU, which the nvidia runtime reads\n"
+        ), r.stdout
 
 
 def test_docker_run_gpus_on_a_node_gets_the_hook_once(swarm: Cluster) -> None:
     """`--gpus` on a node whose default runtime is nvidia: Docker adds the hook, the runtime sees it there and adds
     none, so the card is exposed once, as asked."""
     uuid = swarm_resources("mixed-4")[1]
-    listing = ("import pynvml as n; n.nvmlInit(); "
-               "print([n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) for i in range(n.nvmlDeviceGetCount())])")
-    cid = swarm.docker("manager", "run", "-d", "--gpus", f"device={uuid}", "--entrypoint", "python3", TEST_IMAGE,
-                       "-c", listing).stdout.strip()
+    listing = (
+        "import pynvml as n; n.nvmlInit(); "
+        "print([n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) for i in range(n.nvmlDeviceGetCount())])"
+    )
+    cid = swarm.docker(
+        "manager", "run", "-d", "--gpus", f"device={uuid}", "--entrypoint", "python3", TEST_IMAGE, "-c", listing
+    ).stdout.strip()
     try:
         assert swarm.docker("manager", "wait", cid).stdout.strip() == "0"
         assert swarm.docker("manager", "logs", cid).stdout.strip() == repr([uuid])
@@ -550,8 +658,20 @@ def test_the_nvidia_gpu_trap_exposes_every_card(swarm: Cluster, trapped: Node, t
     assert trapped.kind == "NVIDIA-GPU"
     cards = swarm_resources(trapped.topology)
     # A CUDA image's NVIDIA_VISIBLE_DEVICES=all, and no gpupin-entrypoint: what the runtime alone gives the task.
-    with swarm.service("trap", "--replicas", "2", "--generic-resource", "NVIDIA-GPU=1",
-                       "-e", "NVIDIA_VISIBLE_DEVICES=all", "--entrypoint", "python3", TEST_IMAGE, "-c", PROBE) as name:
+    with swarm.service(
+        "trap",
+        "--replicas",
+        "2",
+        "--generic-resource",
+        "NVIDIA-GPU=1",
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "--entrypoint",
+        "python3",
+        TEST_IMAGE,
+        "-c",
+        PROBE,
+    ) as name:
         probes = wait_for(lambda: found if len(found := swarm.probes(name)) == 2 else [], 120, "2 trapped tasks")
         given = sorted(p["env"]["DOCKER_RESOURCE_NVIDIA-GPU"] for _, p in probes)
         assert len(set(given)) == 2 and set(given) <= set(cards), "Swarm still accounts each card to one task"
@@ -559,29 +679,46 @@ def test_the_nvidia_gpu_trap_exposes_every_card(swarm: Cluster, trapped: Node, t
             assert node == TRAPPED and p["cards"] == cards, "every task sees every card"
     r = trapped.check()
     assert r.returncode == 64
-    assert 'swarm-resource = "DOCKER_RESOURCE_GPU", but this node advertises its cards as NVIDIA-GPU (tasks get ' \
-           "DOCKER_RESOURCE_NVIDIA-GPU)" in r.stdout
+    assert (
+        'swarm-resource = "DOCKER_RESOURCE_GPU", but this node advertises its cards as NVIDIA-GPU (tasks get '
+        "DOCKER_RESOURCE_NVIDIA-GPU)" in r.stdout
+    )
     # With gpupin-entrypoint (the image's ENTRYPOINT) the same task is refused before its command runs, and says why.
     # The image sets NVIDIA_VISIBLE_DEVICES=all, as CUDA's base images do (built on the trapped node, offline).
-    subprocess.run([swarm.docker_cli, "-H", trapped.host, "build", "-q", "-t", CUDA_LIKE, "-"], check=True,
-                   input=f"FROM {TEST_IMAGE}\nENV NVIDIA_VISIBLE_DEVICES=all\n", capture_output=True, text=True,
-                   timeout=120)
-    source = compose_source("trap", 1, command="print('the workload ran')", entrypoint=("gpupin-entrypoint",),
-                            body=f"x-gpupin: {{count: 1}}\nimage: '{CUDA_LIKE}'")
+    subprocess.run(
+        [swarm.docker_cli, "-H", trapped.host, "build", "-q", "-t", CUDA_LIKE, "-"],
+        check=True,
+        input=f"FROM {TEST_IMAGE}\nENV NVIDIA_VISIBLE_DEVICES=all\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    source = compose_source(
+        "trap",
+        1,
+        command="print('the workload ran')",
+        entrypoint=("gpupin-entrypoint",),
+        body=f"x-gpupin: {{count: 1}}\nimage: '{CUDA_LIKE}'",
+    )
     with swarm.stack("trapgp", source, "--kind", "NVIDIA-GPU", tmp=tmp_path):
         name = "trapgp_trap"
-        (task,) = wait_for(lambda: [t for t in swarm.tasks(name, every=True)
-                                      if t["CurrentState"].startswith("Failed")], 120, "the trapped task to be refused")
+        (task,) = wait_for(
+            lambda: [t for t in swarm.tasks(name, every=True) if t["CurrentState"].startswith("Failed")],
+            120,
+            "the trapped task to be refused",
+        )
         assert task["Node"] == TRAPPED and "non-zero exit (78)" in task["Error"], task
-        (cid,) = swarm.docker(TRAPPED, "ps", "-aq", "--filter",
-                              f"label=com.docker.swarm.service.name={name}").stdout.split()
+        (cid,) = swarm.docker(
+            TRAPPED, "ps", "-aq", "--filter", f"label=com.docker.swarm.service.name={name}"
+        ).stdout.split()
         logs = swarm.docker(TRAPPED, "logs", cid)
         assert "the workload ran" not in logs.stdout
         (line,) = [ln for ln in logs.stderr.splitlines() if "ERROR:" in ln]
         assert line.startswith("gpupin-entrypoint: ERROR: DOCKER_RESOURCE_NVIDIA-GPU reserves GPU-"), line
         assert f"but it also sees {len(cards) - 1} device(s) it did not reserve" in line
-        assert "HINT: the NVIDIA runtime did not read DOCKER_RESOURCE_NVIDIA-GPU: the node advertises NVIDIA-GPU " \
-               "resources, but its runtime's swarm-resource does not name DOCKER_RESOURCE_NVIDIA-GPU, so it fell " \
-               "back to NVIDIA_VISIBLE_DEVICES (NVIDIA_VISIBLE_DEVICES='all' here); run `hostagent swarm " \
-               "node-config --check` on that node" in line
-
+        assert (
+            "HINT: the NVIDIA runtime did not read DOCKER_RESOURCE_NVIDIA-GPU: the node advertises NVIDIA-GPU "
+            "resources, but its runtime's swarm-resource does not name DOCKER_RESOURCE_NVIDIA-GPU, so it fell "
+            "back to NVIDIA_VISIBLE_DEVICES (NVIDIA_VISIBLE_DEVICES='all' here); run `hostagent swarm "
+            "node-config --check` on that node" in line
+        )

@@ -27,8 +27,10 @@ NAMES = ["0", A800, "1", RTX, "2", A800B, "3", A800C, "all"]
 
 # --- on the sandboxes --------------------------------------------------------------------------------------------
 
-def test_each_engine_says_whether_it_serves_the_cards_by_cdi(mixed4_sandbox: Sandbox,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_each_engine_says_whether_it_serves_the_cards_by_cdi(
+    mixed4_sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(address, "_ENDPOINT", engine.Endpoint(mixed4_sandbox.host, None, "DOCKER_HOST"))
     api = engine.connect(timeout=30)
     d = engine.cdi_detection(engine.info(api))
@@ -45,8 +47,18 @@ def inspect(sandbox: Sandbox, cid: str) -> dict[str, Any]:
 
 
 def test_run_pins_through_what_the_daemon_serves_and_the_entrypoint_proves_it(agent: Agent) -> None:
-    r = agent("run", "--rm", "--name", f"cdi-{agent.tag}", "--uuid", RTX, TEST_IMAGE, "sh", "-c",
-              'echo "NVD=$NVIDIA_VISIBLE_DEVICES"; python3 -m gpupin.entrypoint')
+    r = agent(
+        "run",
+        "--rm",
+        "--name",
+        f"cdi-{agent.tag}",
+        "--uuid",
+        RTX,
+        TEST_IMAGE,
+        "sh",
+        "-c",
+        'echo "NVD=$NVIDIA_VISIBLE_DEVICES"; python3 -m gpupin.entrypoint',
+    )
     assert r.returncode == 0 and saw(r.stdout) == [RTX], r.stderr
     assert f"cuda:0  {RTX}  00000000:3B:00.0  NVIDIA GeForce RTX 4090  (local rank 0)" in r.stderr
     assert "expectation from GPUPIN_EXPECT" in r.stderr
@@ -71,9 +83,21 @@ def test_via_overrides_what_the_daemon_serves(agent: Agent) -> None:
 
 def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(agent26: Agent) -> None:
     a = agent26
-    cid = a.sandbox.docker("run", "-d", "--name", f"cdi-holder-{a.tag}", "--label", f"gpupin.test={a.tag}",
-                           "--device", "nvidia.com/gpu=1", "--entrypoint", "sleep", TEST_IMAGE, "300",
-                           check=True).stdout.strip()
+    cid = a.sandbox.docker(
+        "run",
+        "-d",
+        "--name",
+        f"cdi-holder-{a.tag}",
+        "--label",
+        f"gpupin.test={a.tag}",
+        "--device",
+        "nvidia.com/gpu=1",
+        "--entrypoint",
+        "sleep",
+        TEST_IMAGE,
+        "300",
+        check=True,
+    ).stdout.strip()
     r = a("run", "--rm", "--gpu", RTX, TEST_IMAGE)
     errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
     assert r.returncode == 75 and len(errors) == 1, r.stderr
@@ -86,8 +110,18 @@ def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(agent26: Ag
 def test_privileged_with_a_cdi_gpu_holds_every_card(agent26: Agent) -> None:
     a = agent26
     mine = {**lease.claim(), "gpupin.test": a.tag}  # held while "being started": no privileged run needed
-    a.sandbox.docker("create", "--privileged", "--device", "nvidia.com/gpu=1", *(f"--label={k}={v}"
-                     for k, v in mine.items()), "--entrypoint", "sleep", TEST_IMAGE, "300", check=True)
+    a.sandbox.docker(
+        "create",
+        "--privileged",
+        "--device",
+        "nvidia.com/gpu=1",
+        *(f"--label={k}={v}" for k, v in mine.items()),
+        "--entrypoint",
+        "sleep",
+        TEST_IMAGE,
+        "300",
+        check=True,
+    )
     r = a("run", "--rm", "--count", "1", TEST_IMAGE)
     assert r.returncode == 75 and "0 of 4 card(s) are free" in r.stderr, r.stderr
 
@@ -100,8 +134,20 @@ def index_only_spec(agent26: Agent) -> Iterator[Agent]:
     kept = spec.read_bytes()
     env = dict(os.environ, FAKEGPU_TOPOLOGY=str(scenario("mixed-4")))
     tmp = spec.with_name(f".{uuid.uuid4().hex}.tmp")
-    subprocess.run([str(FAKEGPU / "bin" / "nvidia-ctk"), "cdi", "generate", "--device-name-strategy", "index",
-                    "--output", str(tmp)], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(FAKEGPU / "bin" / "nvidia-ctk"),
+            "cdi",
+            "generate",
+            "--device-name-strategy",
+            "index",
+            "--output",
+            str(tmp),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     os.replace(tmp, spec)
     try:
         yield agent26
@@ -126,10 +172,24 @@ def test_a_plain_cdi_container_runs_unpinned_and_says_why(agent26: Agent) -> Non
     sb = agent26.sandbox
     r = sb.docker("run", "--rm", "--device", "nvidia.com/gpu=1", TEST_IMAGE)
     assert r.returncode == 0, r
-    assert "no expectation (NVIDIA_VISIBLE_DEVICES=void: the cards came through CDI, which names none inside " \
-           "the container;" in r.stderr and "running unpinned" in r.stderr
-    r = sb.docker("run", "--rm", "--device", "nvidia.com/gpu=1", "-e", "GPUPIN_REQUIRE=1", TEST_IMAGE, "sh", "-c",
-                  "echo WORKLOAD-STARTED")
+    assert (
+        "no expectation (NVIDIA_VISIBLE_DEVICES=void: the cards came through CDI, which names none inside "
+        "the container;"
+        in r.stderr
+        and "running unpinned" in r.stderr
+    )
+    r = sb.docker(
+        "run",
+        "--rm",
+        "--device",
+        "nvidia.com/gpu=1",
+        "-e",
+        "GPUPIN_REQUIRE=1",
+        TEST_IMAGE,
+        "sh",
+        "-c",
+        "echo WORKLOAD-STARTED",
+    )
     errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
     assert r.returncode == 78 and "WORKLOAD-STARTED" not in r.stdout and len(errors) == 1, r
     assert "NVIDIA_VISIBLE_DEVICES=void" in errors[0] and "expectation is required" in errors[0]

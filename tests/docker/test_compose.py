@@ -46,12 +46,12 @@ class ComposeRun:
         self.project = f"gpupintest{os.getpid()}x{next(_project_ids)}"
         services = yaml.safe_load(file.read_text()).get("services") or {}
         self.no_network = file.with_name(file.stem + ".no-network.yml")
-        self.no_network.write_text(yaml.safe_dump({"services": {
-            name: {"network_mode": "none"} for name in services}}))
+        self.no_network.write_text(yaml.safe_dump({"services": {name: {"network_mode": "none"} for name in services}}))
 
     def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return self.sandbox.compose("-p", self.project, "-f", str(self.file), "-f", str(self.no_network), *args,
-                                    timeout=timeout)
+        return self.sandbox.compose(
+            "-p", self.project, "-f", str(self.file), "-f", str(self.no_network), *args, timeout=timeout
+        )
 
     def up(self) -> None:
         r = self.compose("up", "--no-color")  # attached: returns when every service has exited
@@ -81,14 +81,30 @@ def rendered(example: str, tmp_path: Path, docker_host: str) -> Path:
     return rendered_file(EXAMPLES / example, tmp_path, docker_host)
 
 
-@pytest.mark.parametrize(("example", "want"), [
-    ("two-services.yml", {"trainer": [(RTX, "00000000:3B:00.0", "NVIDIA GeForce RTX 4090")],
-                          "evaluator": [(A800C, "00000000:AF:00.0", "NVIDIA A800-SXM4-80GB")]}),
-    ("two-cards-one-service.yml", {"trainer": [(A800C, "00000000:AF:00.0", "NVIDIA A800-SXM4-80GB"),
-                                               (RTX, "00000000:3B:00.0", "NVIDIA GeForce RTX 4090")]}),
-])
+@pytest.mark.parametrize(
+    ("example", "want"),
+    [
+        (
+            "two-services.yml",
+            {
+                "trainer": [(RTX, "00000000:3B:00.0", "NVIDIA GeForce RTX 4090")],
+                "evaluator": [(A800C, "00000000:AF:00.0", "NVIDIA A800-SXM4-80GB")],
+            },
+        ),
+        (
+            "two-cards-one-service.yml",
+            {
+                "trainer": [
+                    (A800C, "00000000:AF:00.0", "NVIDIA A800-SXM4-80GB"),
+                    (RTX, "00000000:3B:00.0", "NVIDIA GeForce RTX 4090"),
+                ]
+            },
+        ),
+    ],
+)
 def test_rendered_examples_start_and_each_service_proves_its_cards(
-        mixed4_sandbox: Sandbox, tmp_path: Path, example: str, want: dict[str, list[tuple[str, str, str]]]) -> None:
+    mixed4_sandbox: Sandbox, tmp_path: Path, example: str, want: dict[str, list[tuple[str, str, str]]]
+) -> None:
     file = rendered(example, tmp_path, mixed4_sandbox.host)
     way = "cdi" if mixed4_sandbox.engine == "26" else "nvidia"  # what each engine's daemon serves
     assert all(devices(s)[0]["driver"] == way for s in load.parse(file.read_text())["services"].values())
@@ -98,8 +114,9 @@ def test_rendered_examples_start_and_each_service_proves_its_cards(
         for svc, cards in want.items():
             code, out, err = run.logs(svc)
             assert code == 0, (svc, out, err)
-            assert out.splitlines() == [f"cuda:{k} = {u} at {bus} ({name}), as expected"
-                                        for k, (u, bus, name) in enumerate(cards)], (svc, out, err)
+            assert out.splitlines() == [
+                f"cuda:{k} = {u} at {bus} ({name}), as expected" for k, (u, bus, name) in enumerate(cards)
+            ], (svc, out, err)
             for k, (u, bus, name) in enumerate(cards):
                 assert f"cuda:{k}  {u}  {bus}  {name}  (local rank {k})" in err, (svc, err)
             assert "expectation from GPUPIN_EXPECT" in err
@@ -108,7 +125,8 @@ def test_rendered_examples_start_and_each_service_proves_its_cards(
 
 
 def test_the_wrong_way_puts_both_services_on_one_card_and_check_refuses_it(
-        mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
+    mixed4_sandbox: Sandbox, tmp_path: Path
+) -> None:
     run = ComposeRun(mixed4_sandbox, EXAMPLES / "wrong-way-count.yml")
     try:
         run.up()
@@ -128,14 +146,19 @@ def test_the_wrong_way_puts_both_services_on_one_card_and_check_refuses_it(
     assert len(errors) == 1 and "service evaluator" in errors[0] and "also given to service trainer" in errors[0]
 
 
-@pytest.mark.parametrize(("text", "v1_accepts"), [
-    ("services:\n  a:\n    image: i\n    image: j\n", True),  # docker-compose 1.x keeps the last one
-    ("x-a: &a {image: i}\nx-b: &b {command: c}\nservices:\n  s:\n    <<: *a\n    <<: *b\n", True),
-    ("services:\n  123:\n    image: i\n", False),
-    ("services:\n  'a b':\n    image: i\n", False),
-], ids=["duplicate-key", "duplicate-merge-key", "unquoted-number-name", "name-with-a-space"])
+@pytest.mark.parametrize(
+    ("text", "v1_accepts"),
+    [
+        ("services:\n  a:\n    image: i\n    image: j\n", True),  # docker-compose 1.x keeps the last one
+        ("x-a: &a {image: i}\nx-b: &b {command: c}\nservices:\n  s:\n    <<: *a\n    <<: *b\n", True),
+        ("services:\n  123:\n    image: i\n", False),
+        ("services:\n  'a b':\n    image: i\n", False),
+    ],
+    ids=["duplicate-key", "duplicate-merge-key", "unquoted-number-name", "name-with-a-space"],
+)
 def test_files_compose_refuses_are_refused_and_duplicate_keys_as_compose_v2_does(
-        mixed4_sandbox: Sandbox, tmp_path: Path, text: str, v1_accepts: bool) -> None:
+    mixed4_sandbox: Sandbox, tmp_path: Path, text: str, v1_accepts: bool
+) -> None:
     """Measured against each engine's own compose: what hostagent refuses, compose v2 refuses too; docker-compose
     1.29 takes duplicate keys silently (the last one wins), which is why hostagent follows v2 there."""
     src = tmp_path / "f.yml"
@@ -155,7 +178,8 @@ V2_FORMS = {
 
 @pytest.mark.parametrize("form", list(V2_FORMS))
 def test_compose_v2_gpu_forms_render_to_files_each_engines_compose_runs(
-        mixed4_sandbox: Sandbox, tmp_path: Path, form: str) -> None:
+    mixed4_sandbox: Sandbox, tmp_path: Path, form: str
+) -> None:
     src = tmp_path / "v2.yml"
     src.write_text(f"services:\n  trainer:\n    image: {TEST_IMAGE}\n{V2_FORMS[form]}\n")
     r = hostagent("compose", "check", str(src), DOCKER_HOST=mixed4_sandbox.host)
@@ -167,7 +191,8 @@ def test_compose_v2_gpu_forms_render_to_files_each_engines_compose_runs(
         code, out, err = run.logs("trainer")
         assert code == 0 and out.splitlines() == [
             f"cuda:0 = {A800C} at 00000000:AF:00.0 (NVIDIA A800-SXM4-80GB), as expected",
-            f"cuda:1 = {RTX} at 00000000:3B:00.0 (NVIDIA GeForce RTX 4090), as expected"], (out, err)
+            f"cuda:1 = {RTX} at 00000000:3B:00.0 (NVIDIA GeForce RTX 4090), as expected",
+        ], (out, err)
         assert "expectation from GPUPIN_EXPECT" in err
     finally:
         run.down()
@@ -196,17 +221,28 @@ def test_what_older_compose_does_with_the_compose_v2_forms_as_written(mixed4_san
     try:
         r = run.compose("up", "--no-color")
         assert r.returncode != 0 and "error gathering device information while adding custom device" in (
-            r.stdout + r.stderr), r
+            r.stdout + r.stderr
+        ), r
     finally:
         run.down()
 
 
-def test_render_and_check_see_the_cards_running_pinned_containers_hold(
-        mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
+def test_render_and_check_see_the_cards_running_pinned_containers_hold(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
     sb = mixed4_sandbox
     name = f"gpupintest-holder-{os.getpid()}"
-    started = sb.docker("run", "-d", "--name", name, "--label", f"gpupin.devices={RTX}",
-                        "--gpus", f"device={RTX}", TEST_IMAGE, "sleep", "60")
+    started = sb.docker(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--label",
+        f"gpupin.devices={RTX}",
+        "--gpus",
+        f"device={RTX}",
+        TEST_IMAGE,
+        "sleep",
+        "60",
+    )
     assert started.returncode == 0, started
     try:
         src = EXAMPLES / "two-services.yml"
@@ -232,5 +268,3 @@ def test_render_and_check_see_the_cards_running_pinned_containers_hold(
         assert entry["driver"] == way and entry["device_ids"] == [prefix + u for u in (A800, A800C)]
     finally:
         sb.docker("rm", "-f", name)
-
-

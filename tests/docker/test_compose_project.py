@@ -30,18 +30,37 @@ def render(cwd: Path, sandbox: Sandbox, *args: str, compose_v2: bool = False) ->
 
 
 @pytest.mark.parametrize("compose_v2", [False, True], ids=["own-model", "compose-v2-model"])
-def test_render_of_several_files_is_one_file_compose_runs_with_every_gpu_pinned(compose_v2: bool, tmp_path: Path,
-                                                                                mixed4_sandbox: Sandbox) -> None:
+def test_render_of_several_files_is_one_file_compose_runs_with_every_gpu_pinned(
+    compose_v2: bool, tmp_path: Path, mixed4_sandbox: Sandbox
+) -> None:
     folder = PROJECTS_DIR / "multi-file"
     out = tmp_path / "pinned.yml"
-    r = render(folder, mixed4_sandbox, "compose", "render", "-f", "base.yml", "-f", "gpu.yml", "--via", "nvidia",
-               "-o", str(out),
-               compose_v2=compose_v2)
+    r = render(
+        folder,
+        mixed4_sandbox,
+        "compose",
+        "render",
+        "-f",
+        "base.yml",
+        "-f",
+        "gpu.yml",
+        "--via",
+        "nvidia",
+        "-o",
+        str(out),
+        compose_v2=compose_v2,
+    )
     assert r.returncode == 0, r.stderr
     text = out.read_text()
     assert "# Merged from base.yml, gpu.yml" in text
-    ran = subprocess.run([*tool(V2), "-p", "x", "-f", str(out), "config"], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "COMPOSE_FILE"})
+    ran = subprocess.run(
+        [*tool(V2), "-p", "x", "-f", str(out), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "COMPOSE_FILE"},
+    )
     assert ran.returncode == 0, ran.stderr
     svcs = yaml.safe_load(ran.stdout)["services"]
     ids = {n: [d["device_ids"] for d in s["deploy"]["resources"]["reservations"]["devices"]] for n, s in svcs.items()}
@@ -55,7 +74,8 @@ def test_render_of_several_files_is_one_file_compose_runs_with_every_gpu_pinned(
 @pytest.mark.parametrize("compose_v2", [False, True], ids=["own-model", "compose-v2-model"])
 @pytest.mark.parametrize(("name", "options"), [(n, o) for n, o, _ in PROJECTS], ids=IDS)
 def test_compose_reads_the_merged_render_as_the_project_outside_the_gpu_parts(
-        name: str, options: Options, compose_v2: bool, tmp_path: Path, mixed4_sandbox: Sandbox) -> None:
+    name: str, options: Options, compose_v2: bool, tmp_path: Path, mixed4_sandbox: Sandbox
+) -> None:
     """The differential of test_compose_render.py for projects: compose v2's `config` of the project (its -f
     files, override file, include, extends, profiles, .env) and of the one file render wrote."""
     folder = tmp_path / name
@@ -63,8 +83,9 @@ def test_compose_reads_the_merged_render_as_the_project_outside_the_gpu_parts(
     out = folder / "pinned.yml"
     profiles = [a for p in options.profiles for a in ("--profile", p)]
     args = [a for f in options.files for a in ("-f", f)] + profiles
-    r = render(folder, mixed4_sandbox, "compose", "render", *args, "--via", "nvidia", "-o", str(out),
-               compose_v2=compose_v2)
+    r = render(
+        folder, mixed4_sandbox, "compose", "render", *args, "--via", "nvidia", "-o", str(out), compose_v2=compose_v2
+    )
     if name == "extends-same":
         assert r.returncode == 64 and "is also given to service base" in r.stderr  # a card booked twice
         return
@@ -72,8 +93,14 @@ def test_compose_reads_the_merged_render_as_the_project_outside_the_gpu_parts(
 
     def config(cwd: Path, *argv: str) -> Any:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
-        ran = subprocess.run([*tool(V2), "-p", "x", *argv, "config", "--format", "json"], cwd=cwd, env=env,
-                             capture_output=True, text=True, timeout=60)
+        ran = subprocess.run(
+            [*tool(V2), "-p", "x", *argv, "config", "--format", "json"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert ran.returncode == 0, ran.stderr
         return strip_gpu(json.loads(ran.stdout))
 

@@ -37,8 +37,9 @@ def test_a_clean_host_is_exit_0_with_one_ok_line(root: Path, mixed4_sandbox: San
     assert data["ok"] is True and data["findings"] == []
 
 
-def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(root: Path, mixed4_sandbox: Sandbox,
-                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(
+    root: Path, mixed4_sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     topo = topology("mixed-4")
     topo["gpus"][0]["persistence_mode"] = 0
     path = tmp_path_factory.mktemp("topo") / "pm-off.json"
@@ -47,8 +48,9 @@ def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(root: Path, mixed4_s
     info = json.loads(mixed4_sandbox.docker("info", "--format", "{{json .}}", check=True).stdout)
     spec_dir = root / (info.get("CDISpecDirs") or ["/etc/cdi"])[0].lstrip("/")
     spec_dir.mkdir(parents=True)
-    (spec_dir / "nvidia.json").write_text(json.dumps(
-        {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": A800}]}))
+    (spec_dir / "nvidia.json").write_text(
+        json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": A800}]})
+    )
     r = doctor_on(root, mixed4_sandbox.host, FAKEGPU_TOPOLOGY=str(path))
     assert r.returncode == doctor.EX_FINDINGS, r
     lines = r.stdout.splitlines()

@@ -19,8 +19,7 @@ from tests.support.scenarios import topology, uuids
 
 A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86, AF
 MIG_PARENT, A100_0F = uuids("mig")
-MIG_GI1, MIG_GI2 = (d["uuid"] for g in topology("mig")["gpus"] if g["uuid"] == MIG_PARENT
-                    for d in g["mig"]["devices"])
+MIG_GI1, MIG_GI2 = (d["uuid"] for g in topology("mig")["gpus"] if g["uuid"] == MIG_PARENT for d in g["mig"]["devices"])
 _names = itertools.count()
 
 # What the container's driver libraries see: NVML's cards (with their MIG devices), CUDA's devices (own UUIDs),
@@ -99,14 +98,17 @@ def test_each_sandbox_is_the_engine_it_claims(sandbox: Sandbox) -> None:
     assert components["runc"].startswith("1.1.5")  # Debian 12's runc on both: trixie's needs glibc 2.38
 
 
-@pytest.mark.parametrize(("devices", "cards"), [
-    ((RTX,), [RTX]),
-    (("2",), [A800B]),
-    (("3", "0"), [A800, A800C]),  # NVML lists them in bus order, whatever the order asked
-    (("all",), [A800, RTX, A800B, A800C]),
-], ids=["uuid", "index", "two-indices", "all"])
-def test_a_cdi_device_gives_exactly_that_card(engine26: Sandbox, devices: tuple[str, ...],
-                                              cards: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("devices", "cards"),
+    [
+        ((RTX,), [RTX]),
+        (("2",), [A800B]),
+        (("3", "0"), [A800, A800C]),  # NVML lists them in bus order, whatever the order asked
+        (("all",), [A800, RTX, A800B, A800C]),
+    ],
+    ids=["uuid", "index", "two-indices", "all"],
+)
+def test_a_cdi_device_gives_exactly_that_card(engine26: Sandbox, devices: tuple[str, ...], cards: list[str]) -> None:
     seen, host_config = run_cdi(engine26.use("mixed-4"), *devices)
     assert seen["nvml"] == [[u, []] for u in cards]
     # CUDA's default order is FASTEST_FIRST: the 4090 (8.9) before the A800s (8.0), then bus order.
@@ -114,9 +116,10 @@ def test_a_cdi_device_gives_exactly_that_card(engine26: Sandbox, devices: tuple[
     assert seen["visible"] == "void"  # the spec's common edits: the runtime hook must not act as well
     in_file = [g["uuid"] for g in topology("mixed-4")["gpus"]]  # minor numbers: the cards' places in the file
     minors = [in_file.index(u) for u in cards]
-    assert [d for d in seen["dev"] if d[len("nvidia"):].isdigit()] == sorted(f"nvidia{m}" for m in minors)
+    assert [d for d in seen["dev"] if d[len("nvidia") :].isdigit()] == sorted(f"nvidia{m}" for m in minors)
     assert [(r["Driver"], r["DeviceIDs"]) for r in host_config["DeviceRequests"]] == [
-        ("cdi", [f"nvidia.com/gpu={d}" for d in devices])]
+        ("cdi", [f"nvidia.com/gpu={d}" for d in devices])
+    ]
     assert not host_config.get("Devices")
 
 
@@ -128,7 +131,8 @@ def test_a_cdi_mig_device_gives_exactly_that_mig_device(engine26: Sandbox, devic
     assert seen["visible"] == "void"
     assert "nvidia-caps" in seen["dev"] and "nvidia0" in seen["dev"] and "nvidia1" not in seen["dev"]
     assert [(r["Driver"], r["DeviceIDs"]) for r in host_config["DeviceRequests"]] == [
-        ("cdi", [f"nvidia.com/gpu={device}"])]
+        ("cdi", [f"nvidia.com/gpu={device}"])
+    ]
 
 
 def test_an_unknown_cdi_device_is_refused_and_nothing_runs(engine26: Sandbox) -> None:

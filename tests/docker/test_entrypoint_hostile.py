@@ -40,29 +40,66 @@ RTX = uuids("mixed-4")[1]
 
 def test_hostile_modules_in_the_user_site_are_not_imported(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
     # Container only: the image's Python reads root's user site; a venv (host mode here) has none.
-    user_site = mixed4_sandbox.docker("run", "--rm", "--entrypoint", "python3", TEST_IMAGE, "-c",
-                                      "import site; print(site.getusersitepackages())", check=True).stdout.strip()
+    user_site = mixed4_sandbox.docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        TEST_IMAGE,
+        "-c",
+        "import site; print(site.getusersitepackages())",
+        check=True,
+    ).stdout.strip()
     site_dir = plant(tmp_path / "site")
     site_dir.chmod(0o755)
-    r = mixed4_sandbox.docker("run", "--rm", "--gpus", device(RTX), "-e", f"GPUPIN_EXPECT={RTX}",
-                              "-v", f"{site_dir}:{user_site}:ro", TEST_IMAGE, "--verify", "cuda",
-                              "python3", "-c", "import importlib.util as u; print(u.find_spec('pynvml').origin)")
+    r = mixed4_sandbox.docker(
+        "run",
+        "--rm",
+        "--gpus",
+        device(RTX),
+        "-e",
+        f"GPUPIN_EXPECT={RTX}",
+        "-v",
+        f"{site_dir}:{user_site}:ro",
+        TEST_IMAGE,
+        "--verify",
+        "cuda",
+        "python3",
+        "-c",
+        "import importlib.util as u; print(u.find_spec('pynvml').origin)",
+    )
     assert r.returncode == 0, r
     assert "HOSTILE" not in r.stderr and f"cuda:0  {RTX}" in r.stderr, r.stderr
     assert r.stdout.strip() == f"{user_site}/pynvml.py"  # the workload's Python still has its user site
 
 
 def test_docker_stop_during_the_probe_stops_the_container_promptly_with_143(
-        mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
+    mixed4_sandbox: Sandbox, tmp_path: Path
+) -> None:
     # The entrypoint is PID 1: without a handler the kernel drops SIGTERM, and docker stop waits for its SIGKILL.
     topo = hung_driver(tmp_path, keep=RTX)
-    r = mixed4_sandbox.docker("run", "-d", "--gpus", device(RTX), "-e", f"GPUPIN_EXPECT={RTX}",
-                              "-e", "FAKEGPU_TOPOLOGY=/hung/topology.json", "-v", f"{topo.parent}:/hung:ro",
-                              TEST_IMAGE, *STARTED, check=True)
+    r = mixed4_sandbox.docker(
+        "run",
+        "-d",
+        "--gpus",
+        device(RTX),
+        "-e",
+        f"GPUPIN_EXPECT={RTX}",
+        "-e",
+        "FAKEGPU_TOPOLOGY=/hung/topology.json",
+        "-v",
+        f"{topo.parent}:/hung:ro",
+        TEST_IMAGE,
+        *STARTED,
+        check=True,
+    )
     cid = r.stdout.strip()
     try:
-        wait_for(lambda: "cudaprobe" in mixed4_sandbox.docker("top", cid, "-o", "pid,args").stdout, 60,
-                 "the CUDA probe to start")
+        wait_for(
+            lambda: "cudaprobe" in mixed4_sandbox.docker("top", cid, "-o", "pid,args").stdout,
+            60,
+            "the CUDA probe to start",
+        )
         t0 = time.monotonic()
         mixed4_sandbox.docker("stop", "-t", "30", cid, check=True)
         assert time.monotonic() - t0 < 10

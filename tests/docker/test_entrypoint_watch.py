@@ -32,15 +32,16 @@ from tests.unit.test_entrypoint_watch import (  # noqa: F401  (collected here ag
 
 def test_orphans_are_reaped_by_the_entrypoint_as_pid_1(ep: Entrypoint) -> None:
     """An orphan of the workload ends as the child of PID 1, which must reap it, or it stays a zombie."""
-    script = ('(sleep 0.2 & echo $! > /tmp/orphan); orphan=$(cat /tmp/orphan); i=0; '
-              'while [ -e /proc/$orphan ] && [ $i -lt 200 ]; do i=$((i+1)); sleep 0.05; done; '
-              '[ -e /proc/$orphan ] && grep State /proc/$orphan/status || echo reaped')
+    script = (
+        "(sleep 0.2 & echo $! > /tmp/orphan); orphan=$(cat /tmp/orphan); i=0; "
+        "while [ -e /proc/$orphan ] && [ $i -lt 200 ]; do i=$((i+1)); sleep 0.05; done; "
+        "[ -e /proc/$orphan ] && grep State /proc/$orphan/status || echo reaped"
+    )
     r = ep.run(*WATCH, "sh", "-c", script, env=PIN, gpus=device(RTX))
     assert (r.rc, r.out) == (0, "reaped\n"), r
 
 
-def test_a_daemon_reload_that_takes_the_devices_away_is_a_loss(ep: Entrypoint, running: list[Running]
-                                                                ) -> None:
+def test_a_daemon_reload_that_takes_the_devices_away_is_a_loss(ep: Entrypoint, running: list[Running]) -> None:
     """What `systemctl daemon-reload` does to a container under the systemd cgroup driver (cgroup v1), done by hand:
     its device cgroup stops allowing the NVIDIA nodes. Open files keep working, so NVML's session answers on, but
     a new session would fail with "Unknown Error"; the watcher sees /dev/nvidiactl no longer open. (The simulated
@@ -49,8 +50,11 @@ def test_a_daemon_reload_that_takes_the_devices_away_is_a_loss(ep: Entrypoint, r
     r = start(ep, running, "sh", "-c", LOOPING, docker_args=("--device", "/dev/full:/dev/nvidiactl"))
     r.wait_for("ready")
     pid = ep.sandbox.docker("inspect", "-f", "{{.State.Pid}}", r.cid, check=True).stdout.strip()
-    cgroup = next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-                  if line.split(":")[1] == "devices")
+    cgroup = next(
+        line.split(":", 2)[2]
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        if line.split(":")[1] == "devices"
+    )
     Path(f"/sys/fs/cgroup/devices{cgroup}/devices.deny").write_text("c 1:7 rwm")
     assert r.wait() == 79
     assert "workload got TERM" in r.output()

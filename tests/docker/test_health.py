@@ -28,8 +28,9 @@ def test_count_skips_an_unhealthy_card_on_the_daemon(agent: Agent, tmp_path: Pat
 
 
 def count(sandbox: Sandbox, n: int = 1, faults: Path | None = None) -> tuple[int, str]:
-    r = cli("run", "--dry-run", "--count", str(n), TEST_IMAGE, faults=faults, topo=idle_topology(),
-            docker_host=sandbox.host)
+    r = cli(
+        "run", "--dry-run", "--count", str(n), TEST_IMAGE, faults=faults, topo=idle_topology(), docker_host=sandbox.host
+    )
     return r.returncode, (chosen(r) if r.returncode == 0 else r.stderr)
 
 
@@ -47,8 +48,10 @@ def test_several_faults_and_count(mixed4_sandbox: Sandbox, tmp_path: Path) -> No
     assert count(mixed4_sandbox, faults=faults) == (0, A800B)
     rc, err = count(mixed4_sandbox, 3, faults)
     assert rc == 69, err
-    assert ("--count 3: only 2 of the 4 whole card(s) are fit for use (unhealthy or of unknown health: "
-            "0: XID 79 (fallen off the bus), 3: 3 volatile uncorrectable ECC errors)") in err
+    assert (
+        "--count 3: only 2 of the 4 whole card(s) are fit for use (unhealthy or of unknown health: "
+        "0: XID 79 (fallen off the bus), 3: 3 volatile uncorrectable ECC errors)"
+    ) in err
     assert count(mixed4_sandbox, 5, faults)[0] == 64  # more than there are
 
 
@@ -64,14 +67,23 @@ def test_compose_counts_skip_unhealthy_cards(mixed4_sandbox: Sandbox, tmp_path: 
     compose.write_text("services:\n  train:\n    image: img\n    x-gpupin: {count: 4}\n")
     host = mixed4_sandbox.host
     assert cli("compose", "check", str(compose), topo=idle_topology(), docker_host=host).returncode == 0
-    r = cli("compose", "check", str(compose), faults=fault_file(tmp_path, {"0": {"xid": [79]}}), topo=idle_topology(),
-            docker_host=host)
+    r = cli(
+        "compose",
+        "check",
+        str(compose),
+        faults=fault_file(tmp_path, {"0": {"xid": [79]}}),
+        topo=idle_topology(),
+        docker_host=host,
+    )
     assert r.returncode == 64  # check's code for a file with errors
-    assert ("service train: count: 4: only 3 of the 4 whole card(s) are fit for use (unhealthy or of unknown "
-            "health: 0: XID 79 (fallen off the bus))") in r.stdout + r.stderr
+    assert (
+        "service train: count: 4: only 3 of the 4 whole card(s) are fit for use (unhealthy or of unknown "
+        "health: 0: XID 79 (fallen off the bus))"
+    ) in r.stdout + r.stderr
 
 
 def test_only_the_4090_of_the_shipped_health_scenario_is_fit(mixed4_sandbox: Sandbox) -> None:
-    r = cli("run", "--dry-run", "--count", "1", TEST_IMAGE, topo=scenario("fault-health"),
-            docker_host=mixed4_sandbox.host)
+    r = cli(
+        "run", "--dry-run", "--count", "1", TEST_IMAGE, topo=scenario("fault-health"), docker_host=mixed4_sandbox.host
+    )
     assert chosen(r) == RTX

@@ -24,9 +24,19 @@ A800, RTX, A800B, A800C = uuids("mixed-4")
 
 # --- the asked card, whatever the request form -----------------------------------------------------------------
 
-@pytest.mark.parametrize("flag_spec", [("--uuid", RTX), ("--gpu", RTX), ("--gpu", "GPU-95c6"), ("--gpu", "1"),
-                                       ("--gpu", "3b:00.0"), ("--gpu", "0000:3B:00.0"),
-                                       ("--gpu", "00000000:3b:00.0")])
+
+@pytest.mark.parametrize(
+    "flag_spec",
+    [
+        ("--uuid", RTX),
+        ("--gpu", RTX),
+        ("--gpu", "GPU-95c6"),
+        ("--gpu", "1"),
+        ("--gpu", "3b:00.0"),
+        ("--gpu", "0000:3B:00.0"),
+        ("--gpu", "00000000:3b:00.0"),
+    ],
+)
 def test_each_request_form_puts_the_asked_card_at_cuda0(agent: Agent, flag_spec: tuple[str, str]) -> None:
     r = agent("run", "--rm", *flag_spec, TEST_IMAGE)
     assert r.returncode == 0, r.stderr
@@ -50,6 +60,7 @@ def test_count_takes_the_best_free_card(agent: Agent) -> None:
 
 # --- docker run's behaviour -----------------------------------------------------------------------------------
 
+
 def test_exit_codes_and_streams_pass_through(agent: Agent) -> None:
     r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh", "-c", "echo out; echo err >&2; exit 7")
     assert (r.returncode, r.stdout, r.stderr) == (7, "out\n", "err\n")
@@ -61,11 +72,36 @@ def test_docker_run_options_reach_the_container(agent: Agent, tmp_path: Path) ->
     tmp_path.chmod(0o755)  # readable by the container's user 1234
     envf = tmp_path / "job.env"
     envf.write_text("FROM_FILE=1\n")
-    r = agent("run", "--rm", "--gpu", "0", "-e", "LR=0.1", "--env-file", str(envf), "-v", f"{tmp_path}:/data:ro",
-              "-w", "/data", "-u", "1234:1234", "--shm-size", "256m", "--ipc", "private", "--network", "none",
-              "--name", f"opts-{agent.tag}", TEST_IMAGE, "--quiet", "sh", "-c",
-              'echo "$LR $FROM_FILE $(pwd) $(id -u) $(cat data.txt) $(df -m /dev/shm | tail -1 | tr -s \' \' '
-              '| cut -d\' \' -f2)"')
+    r = agent(
+        "run",
+        "--rm",
+        "--gpu",
+        "0",
+        "-e",
+        "LR=0.1",
+        "--env-file",
+        str(envf),
+        "-v",
+        f"{tmp_path}:/data:ro",
+        "-w",
+        "/data",
+        "-u",
+        "1234:1234",
+        "--shm-size",
+        "256m",
+        "--ipc",
+        "private",
+        "--network",
+        "none",
+        "--name",
+        f"opts-{agent.tag}",
+        TEST_IMAGE,
+        "--quiet",
+        "sh",
+        "-c",
+        "echo \"$LR $FROM_FILE $(pwd) $(id -u) $(cat data.txt) $(df -m /dev/shm | tail -1 | tr -s ' ' "
+        "| cut -d' ' -f2)\"",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0.1", "1", "/data", "1234", "payload", "256"]
 
@@ -81,31 +117,43 @@ def test_detach_prints_the_id_and_the_container_carries_the_pin(agent: Agent) ->
     assert env["GPUPIN_EXPECT"] == f"{RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0" and env["GPUPIN_VERIFY"] == "nvml"
     if serves_cdi(agent.sandbox):  # the spec sets NVIDIA_VISIBLE_DEVICES=void: the pin sets none
         assert "NVIDIA_VISIBLE_DEVICES" not in env
-        assert info["HostConfig"]["DeviceRequests"] == [{"Driver": "cdi", "Count": 0, "DeviceIDs": [
-            f"nvidia.com/gpu={RTX}", f"nvidia.com/gpu={A800}"], "Capabilities": [], "Options": {}}]
+        assert info["HostConfig"]["DeviceRequests"] == [
+            {
+                "Driver": "cdi",
+                "Count": 0,
+                "DeviceIDs": [f"nvidia.com/gpu={RTX}", f"nvidia.com/gpu={A800}"],
+                "Capabilities": [],
+                "Options": {},
+            }
+        ]
     else:
         assert env["NVIDIA_VISIBLE_DEVICES"] == f"{RTX},{A800}"
         assert info["HostConfig"]["DeviceRequests"] == [
-            {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800], "Capabilities": [["gpu"]], "Options": {}}]
+            {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800], "Capabilities": [["gpu"]], "Options": {}}
+        ]
     assert info["State"]["Running"]
 
 
 # --- refusals: the documented code, one line, and nothing created ---------------------------------------------
 
-@pytest.mark.parametrize(("args", "code", "says"), [
-    (["--gpu", "9", TEST_IMAGE], 64, "GPU index 9 is out of range"),
-    (["--gpu", "GPU-6c", TEST_IMAGE], 64, "ambiguous"),
-    (["--gpu", "zz:00.0", TEST_IMAGE], 64, "malformed PCI bus id"),
-    (["--gpu", "1", "--gpu", RTX, TEST_IMAGE], 64, "already asked for"),
-    (["--count", "5", TEST_IMAGE], 64, "only 4"),
-    (["--gpu", "1", "-e", f"GPUPIN_EXPECT={A800}", TEST_IMAGE], 64, "sets GPUPIN_EXPECT itself"),
-    (["--gpu", "1", "--bogus", TEST_IMAGE], 64, "unrecognized arguments"),
-    (["--gpu", "1", "--pull", "never", "no/such:image"], 125, "not found locally"),
-    (["--gpu", "1", "no/such:image"], 125, "could not be pulled"),
-    (["--gpu", "1", "-v", "/tmp:/x:badmode", TEST_IMAGE], 125, "Docker refused to create the container"),
-    (["--gpu", "1", "--shm-size", "lots", TEST_IMAGE], 64, "--shm-size"),
-    (["--gpu", "1", "--entrypoint", "/no/such/binary", TEST_IMAGE], 127, "could not start"),
-])
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["--gpu", "9", TEST_IMAGE], 64, "GPU index 9 is out of range"),
+        (["--gpu", "GPU-6c", TEST_IMAGE], 64, "ambiguous"),
+        (["--gpu", "zz:00.0", TEST_IMAGE], 64, "malformed PCI bus id"),
+        (["--gpu", "1", "--gpu", RTX, TEST_IMAGE], 64, "already asked for"),
+        (["--count", "5", TEST_IMAGE], 64, "only 4"),
+        (["--gpu", "1", "-e", f"GPUPIN_EXPECT={A800}", TEST_IMAGE], 64, "sets GPUPIN_EXPECT itself"),
+        (["--gpu", "1", "--bogus", TEST_IMAGE], 64, "unrecognized arguments"),
+        (["--gpu", "1", "--pull", "never", "no/such:image"], 125, "not found locally"),
+        (["--gpu", "1", "no/such:image"], 125, "could not be pulled"),
+        (["--gpu", "1", "-v", "/tmp:/x:badmode", TEST_IMAGE], 125, "Docker refused to create the container"),
+        (["--gpu", "1", "--shm-size", "lots", TEST_IMAGE], 64, "--shm-size"),
+        (["--gpu", "1", "--entrypoint", "/no/such/binary", TEST_IMAGE], 127, "could not start"),
+    ],
+)
 def test_refusals_create_nothing(agent: Agent, args: list[str], code: int, says: str) -> None:
     r = agent("run", *args)
     assert r.returncode == code, r.stderr
@@ -125,17 +173,22 @@ def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> 
     r = agent("run", "--dry-run", "--gpu", "1", "--rm", TEST_IMAGE, "python3", "train.py")
     assert r.returncode == 0, r.stderr
     cdi = serves_cdi(agent.sandbox)
-    assert r.stdout.startswith(f"docker run --rm --device nvidia.com/gpu={RTX} -e GPUPIN_EXPECT=" if cdi else
-                               f"docker run --rm --gpus '\"device={RTX}\"' -e NVIDIA_VISIBLE_DEVICES={RTX} ")
+    assert r.stdout.startswith(
+        f"docker run --rm --device nvidia.com/gpu={RTX} -e GPUPIN_EXPECT="
+        if cdi
+        else f"docker run --rm --gpus '\"device={RTX}\"' -e NVIDIA_VISIBLE_DEVICES={RTX} "
+    )
     assert r.stdout.rstrip().endswith(f"{TEST_IMAGE} python3 train.py")
     r = agent("run", "--dry-run", "--json", "--gpu", "1", TEST_IMAGE)
     payload = json.loads(r.stdout)
     assert payload["config"]["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [
-        f"nvidia.com/gpu={RTX}" if cdi else RTX]
+        f"nvidia.com/gpu={RTX}" if cdi else RTX
+    ]
     assert agent.containers() == []
 
 
 # --- the ledger: no card twice -------------------------------------------------------------------------------
+
 
 def test_a_held_card_is_75_naming_the_holder(agent: Agent) -> None:
     holder = agent("run", "-d", "--name", f"holder-{agent.tag}", "--gpu", "1", TEST_IMAGE, "sleep", "60")
@@ -149,8 +202,9 @@ def test_a_held_card_is_75_naming_the_holder(agent: Agent) -> None:
     assert shared.returncode == 75 and f"{RTX} is held by holder-{agent.tag}" in shared.stderr, shared.stderr
     # a foreign container given every card with plain --gpus all holds them too
     agent.sandbox.docker("rm", "-f", f"holder-{agent.tag}", check=True)
-    agent.sandbox.docker("run", "-d", "--label", f"gpupin.test={agent.tag}", "--gpus", "all", TEST_IMAGE, "sleep",
-                         "60", check=True)
+    agent.sandbox.docker(
+        "run", "-d", "--label", f"gpupin.test={agent.tag}", "--gpus", "all", TEST_IMAGE, "sleep", "60", check=True
+    )
     r = agent("run", "--rm", "--gpu", "2", TEST_IMAGE)
     assert r.returncode == 75 and "--gpus all" in r.stderr, r.stderr
 
@@ -169,6 +223,7 @@ def test_wait_runs_once_the_card_is_free_and_gives_up_after_its_limit(agent: Age
 
 
 # --- a hostagent killed mid-launch leaves no card held -------------------------------------------------------
+
 
 def test_killed_while_holding_the_lock_blocks_no_one(agent: Agent) -> None:
     r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE, GPUPIN_FAILPOINT="after-lock")

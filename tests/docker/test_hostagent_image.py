@@ -8,9 +8,14 @@ import pytest
 from tests.support.sandbox import TEST_IMAGE, Agent
 
 
-@pytest.mark.parametrize(("pull", "says"), [("missing", "not found locally and could not be pulled"),
-                                            ("always", "could not be pulled"),
-                                            ("never", "not found locally (--pull never)")])
+@pytest.mark.parametrize(
+    ("pull", "says"),
+    [
+        ("missing", "not found locally and could not be pulled"),
+        ("always", "could not be pulled"),
+        ("never", "not found locally (--pull never)"),
+    ],
+)
 def test_a_missing_image_is_125_and_creates_nothing(agent: Agent, pull: str, says: str) -> None:
     r = agent("run", "--pull", pull, "--gpu", "1", "gpupin-test/absent:1")
     assert r.returncode == 125, r.stderr

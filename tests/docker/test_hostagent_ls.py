@@ -24,6 +24,7 @@ A800, RTX, A800B, A800C = uuids("mixed-4")
 
 # --- holders, on the sandbox -----------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def tagged(mixed4_sandbox: Sandbox) -> Iterator[str]:
     tag = uuid.uuid4().hex[:12]
@@ -37,19 +38,65 @@ def test_holders_pinned_and_foreign(mixed4_sandbox: Sandbox, tagged: str) -> Non
     sb = mixed4_sandbox
     env = simhost_env("mixed-4", DOCKER_HOST=sb.host)
     run = [HOSTAGENT, "run", "-d", "--label", f"gpupin.test={tagged}"]
-    pinned = subprocess.run([*run, "--name", f"pinned-{tagged}", "--gpu", "1", TEST_IMAGE, "sleep", "60"], env=env,
-                            capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run([HOSTAGENT, "run", "--label", f"gpupin.test={tagged}", "--name", f"done-{tagged}", "--gpu",
-                    "3", TEST_IMAGE, "true"], env=env, capture_output=True, check=True)
-    sb.docker("run", "-d", "--name", f"legacy-{tagged}", "--label", f"gpupin.test={tagged}", "--gpus", "1",
-              TEST_IMAGE, "sleep", "60", check=True)
-    sb.docker("run", "-d", "--name", f"bydevice-{tagged}", "--label", f"gpupin.test={tagged}", "--gpus",
-              "device=2", TEST_IMAGE, "sleep", "60", check=True)
+    pinned = subprocess.run(
+        [*run, "--name", f"pinned-{tagged}", "--gpu", "1", TEST_IMAGE, "sleep", "60"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    subprocess.run(
+        [
+            HOSTAGENT,
+            "run",
+            "--label",
+            f"gpupin.test={tagged}",
+            "--name",
+            f"done-{tagged}",
+            "--gpu",
+            "3",
+            TEST_IMAGE,
+            "true",
+        ],
+        env=env,
+        capture_output=True,
+        check=True,
+    )
+    sb.docker(
+        "run",
+        "-d",
+        "--name",
+        f"legacy-{tagged}",
+        "--label",
+        f"gpupin.test={tagged}",
+        "--gpus",
+        "1",
+        TEST_IMAGE,
+        "sleep",
+        "60",
+        check=True,
+    )
+    sb.docker(
+        "run",
+        "-d",
+        "--name",
+        f"bydevice-{tagged}",
+        "--label",
+        f"gpupin.test={tagged}",
+        "--gpus",
+        "device=2",
+        TEST_IMAGE,
+        "sleep",
+        "60",
+        check=True,
+    )
     r = ls("--json", DOCKER_HOST=sb.host)
     assert r.returncode == 0, r.stderr
     cards = by_uuid(json.loads(r.stdout))
-    who = {u: sorted((h["name"], h["state"], h["how"], h["via"], h["holds"]) for h in g["holders"])
-           for u, g in cards.items()}
+    who = {
+        u: sorted((h["name"], h["state"], h["how"], h["via"], h["holds"]) for h in g["holders"])
+        for u, g in cards.items()
+    }
     way = "CDI" if serves_cdi(sb) else "--gpus"  # which way the daemon gave hostagent's containers their cards
     assert who[RTX] == [(f"pinned-{tagged}", "running", "gpupin", way, True)]
     assert who[A800] == [(f"legacy-{tagged}", "running", "--gpus 1", "--gpus", True)]
@@ -58,8 +105,9 @@ def test_holders_pinned_and_foreign(mixed4_sandbox: Sandbox, tagged: str) -> Non
     assert [cards[u]["held"] for u in (A800, RTX, A800B, A800C)] == [True, True, True, False]
     assert cards[RTX]["holders"][0]["id"] == pinned
     table = ls(DOCKER_HOST=sb.host).stdout
-    assert re.search(rf"^    held by +pinned-{tagged}  {pinned[:12]}  running  gpupin via {re.escape(way)}$", table,
-                     re.M), table
+    assert re.search(
+        rf"^    held by +pinned-{tagged}  {pinned[:12]}  running  gpupin via {re.escape(way)}$", table, re.M
+    ), table
     assert re.search(rf"^    held by +legacy-{tagged}  \w{{12}}  running  --gpus 1$", table, re.M), table
     assert re.search(rf"^    not holding  done-{tagged} \(exited\)$", table, re.M), table
 
@@ -68,9 +116,26 @@ def test_a_containers_process_names_its_container(mixed4_sandbox: Sandbox, tagge
     """NVML's pid is a host pid: /proc/<pid>/cgroup names the container, the ledger its name."""
     sb = mixed4_sandbox
     env = simhost_env("mixed-4", DOCKER_HOST=sb.host)
-    cid = subprocess.run([HOSTAGENT, "run", "-d", "--label", f"gpupin.test={tagged}", "--name", f"proc-{tagged}",
-                          "--gpu", "1", TEST_IMAGE, "sleep", "60"], env=env, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    cid = subprocess.run(
+        [
+            HOSTAGENT,
+            "run",
+            "-d",
+            "--label",
+            f"gpupin.test={tagged}",
+            "--name",
+            f"proc-{tagged}",
+            "--gpu",
+            "1",
+            TEST_IMAGE,
+            "sleep",
+            "60",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     pid = int(sb.docker("inspect", "-f", "{{.State.Pid}}", cid, check=True).stdout)
     comm = Path(f"/proc/{pid}/comm")
     wait_for(lambda: comm.read_text().strip() == "sleep", 30, "the entrypoint to exec sleep")
@@ -79,8 +144,12 @@ def test_a_containers_process_names_its_container(mixed4_sandbox: Sandbox, tagge
     topo = write_topology(tmp_path, "mixed-4", pid)
     data = json.loads(ls("--json", FAKEGPU_TOPOLOGY=str(topo), DOCKER_HOST=sb.host).stdout)
     (proc,) = by_uuid(data)[RTX]["processes"]
-    assert (proc["pid"], proc["command"], proc["container_id"], proc["container"]) == (pid, "sleep", cid,
-                                                                                      f"proc-{tagged}")
+    assert (proc["pid"], proc["command"], proc["container_id"], proc["container"]) == (
+        pid,
+        "sleep",
+        cid,
+        f"proc-{tagged}",
+    )
     table = ls(FAKEGPU_TOPOLOGY=str(topo), DOCKER_HOST=sb.host).stdout
     assert re.search(rf"^    process +{pid}  C  \S+  512 MiB  sleep  proc-{tagged}$", table, re.M), table
 
@@ -98,14 +167,33 @@ def test_golden_holders(mixed4_sandbox: Sandbox, tagged: str, request: pytest.Fi
     label = ["--label", f"gpupin.test={tagged}"]
     sleep = [TEST_IMAGE, "sleep", "300"]
     for name in ("g-train-a", "g-train-b"):
-        subprocess.run([HOSTAGENT, "run", "-d", *label, "--share", "--name", name, "--gpu", "1", *sleep], env=env,
-                       capture_output=True, check=True)
+        subprocess.run(
+            [HOSTAGENT, "run", "-d", *label, "--share", "--name", name, "--gpu", "1", *sleep],
+            env=env,
+            capture_output=True,
+            check=True,
+        )
     sb.docker("run", "-d", *label, "--name", "g-legacy", "--gpus", f"device={A800B}", *sleep, check=True)
     # Labelled for card 3, given card 2: a MISMATCH under both.
-    sb.docker("run", "-d", *label, "--name", "g-liar", "--label", f"gpupin.devices={A800C}", "--gpus", "device=2",
-              *sleep, check=True)
-    subprocess.run([HOSTAGENT, "run", *label, "--name", "g-done", "--gpu", "3", TEST_IMAGE, "true"], env=env,
-                   capture_output=True, check=True)
+    sb.docker(
+        "run",
+        "-d",
+        *label,
+        "--name",
+        "g-liar",
+        "--label",
+        f"gpupin.devices={A800C}",
+        "--gpus",
+        "device=2",
+        *sleep,
+        check=True,
+    )
+    subprocess.run(
+        [HOSTAGENT, "run", *label, "--name", "g-done", "--gpu", "3", TEST_IMAGE, "true"],
+        env=env,
+        capture_output=True,
+        check=True,
+    )
     ids = {name: sb.docker("inspect", "-f", "{{.Id}}", name, check=True).stdout.strip() for name in names}
     for color in (False, True):
         r = ls_on_golden_host(["--color", "always"] if color else [], env)

@@ -52,9 +52,15 @@ class Terminal:
     def __init__(self, agent: Agent, *args: str, rows: int = 33, cols: int = 101) -> None:
         self.master, slave = pty.openpty()
         self.set_size(rows, cols, slave)
-        self.proc = subprocess.Popen(agent.argv("run", *args), stdin=slave, stdout=slave, stderr=slave,
-                                     env=agent.env, start_new_session=True,
-                                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        self.proc = subprocess.Popen(
+            agent.argv("run", *args),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=agent.env,
+            start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        )
         os.close(slave)
         self.seen = b""
 
@@ -108,18 +114,35 @@ def test_an_interactive_shell_in_a_pinned_container(agent: Agent, way: str) -> N
 
 
 def test_piped_input_reaches_the_workload_with_i_and_not_without(agent: Agent, way: str) -> None:
-    r = subprocess.run(agent.argv("run", "-i", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh"),
-                       input="echo hi-from-stdin\nexit 5\n", env=agent.env, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        agent.argv("run", "-i", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh"),
+        input="echo hi-from-stdin\nexit 5\n",
+        env=agent.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (r.returncode, r.stdout) == (5, "hi-from-stdin\n"), r.stderr
-    r = subprocess.run(agent.argv("run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh", "-c", "cat; echo end"),
-                       input="not forwarded\n", env=agent.env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        agent.argv("run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh", "-c", "cat; echo end"),
+        input="not forwarded\n",
+        env=agent.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (r.returncode, r.stdout) == (0, "end\n"), r.stderr
 
 
 def test_it_without_a_terminal_is_refused_before_anything_is_created(agent: Agent) -> None:
-    r = subprocess.run(agent.argv("run", "-it", "--gpu", "1", TEST_IMAGE), input="", env=agent.env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        agent.argv("run", "-it", "--gpu", "1", TEST_IMAGE),
+        input="",
+        env=agent.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 64 and "the input is not a TTY" in r.stderr
     assert agent.containers() == []
 
@@ -153,54 +176,159 @@ def inspect(agent: Agent, cid: str) -> dict[str, Any]:
 
 
 def test_every_docker_run_option_lands_in_the_created_container(agent: Agent, way: str) -> None:
-    r = agent("run", "-d", "--gpu", "1", "--gpu-capabilities", "compute,utility",
-              "-p", "127.0.0.1:18080:80/tcp", "-p", "9000", "--cpus", "1.5", "--memory", "512m",
-              "--memory-swap", "1g", "--device", "/dev/null:/dev/mynull:rw", "--ulimit", "nofile=1024:2048",
-              "--ulimit", "core=0", "--cap-add", "SYS_PTRACE", "--cap-drop", "MKNOD",
-              "--security-opt", "no-new-privileges", "--runtime", "runc", "--restart", "on-failure:3", "--init",
-              "--hostname", "trainer", "--add-host", "db:10.1.2.3", "--mount", "type=tmpfs,target=/scratch",
-              "--mount", "type=volume,source=gpupin-test-vol,target=/vol,readonly", "--tmpfs", "/cache:size=64m",
-              "--read-only", "--group-add", "video", "--platform", "linux/amd64", "--stop-timeout", "7",
-              "--sig-proxy=false", TEST_IMAGE, "sleep", "60")
+    r = agent(
+        "run",
+        "-d",
+        "--gpu",
+        "1",
+        "--gpu-capabilities",
+        "compute,utility",
+        "-p",
+        "127.0.0.1:18080:80/tcp",
+        "-p",
+        "9000",
+        "--cpus",
+        "1.5",
+        "--memory",
+        "512m",
+        "--memory-swap",
+        "1g",
+        "--device",
+        "/dev/null:/dev/mynull:rw",
+        "--ulimit",
+        "nofile=1024:2048",
+        "--ulimit",
+        "core=0",
+        "--cap-add",
+        "SYS_PTRACE",
+        "--cap-drop",
+        "MKNOD",
+        "--security-opt",
+        "no-new-privileges",
+        "--runtime",
+        "runc",
+        "--restart",
+        "on-failure:3",
+        "--init",
+        "--hostname",
+        "trainer",
+        "--add-host",
+        "db:10.1.2.3",
+        "--mount",
+        "type=tmpfs,target=/scratch",
+        "--mount",
+        "type=volume,source=gpupin-test-vol,target=/vol,readonly",
+        "--tmpfs",
+        "/cache:size=64m",
+        "--read-only",
+        "--group-add",
+        "video",
+        "--platform",
+        "linux/amd64",
+        "--stop-timeout",
+        "7",
+        "--sig-proxy=false",
+        TEST_IMAGE,
+        "sleep",
+        "60",
+    )
     assert r.returncode == 0, r.stderr
     info = inspect(agent, r.stdout.strip())
     agent.sandbox.docker("rm", "-f", info["Id"])
     agent.sandbox.docker("volume", "rm", "gpupin-test-vol")
     host, config = info["HostConfig"], info["Config"]
-    assert host["DeviceRequests"] == [{"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX],
-                                       "Capabilities": [["gpu", "compute", "utility"]], "Options": {}}]
-    assert host["PortBindings"] == {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}],
-                                    "9000/tcp": [{"HostIp": "", "HostPort": ""}]}
+    assert host["DeviceRequests"] == [
+        {
+            "Driver": "nvidia",
+            "Count": 0,
+            "DeviceIDs": [RTX],
+            "Capabilities": [["gpu", "compute", "utility"]],
+            "Options": {},
+        }
+    ]
+    assert host["PortBindings"] == {
+        "80/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}],
+        "9000/tcp": [{"HostIp": "", "HostPort": ""}],
+    }
     assert set(config["ExposedPorts"]) == {"80/tcp", "9000/tcp"}
     assert (host["NanoCpus"], host["Memory"], host["MemorySwap"]) == (1_500_000_000, 512 << 20, 1 << 30)
-    assert host["Devices"] == [{"PathOnHost": "/dev/null", "PathInContainer": "/dev/mynull",
-                                "CgroupPermissions": "rw"}]
+    assert host["Devices"] == [{"PathOnHost": "/dev/null", "PathInContainer": "/dev/mynull", "CgroupPermissions": "rw"}]
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]} == {"nofile": (1024, 2048), "core": (0, 0)}
-    assert (host["CapAdd"], host["CapDrop"], host["SecurityOpt"]) == (["SYS_PTRACE"], ["MKNOD"],
-                                                                       ["no-new-privileges"])
-    assert (host["Runtime"], host["RestartPolicy"], host["Init"]) == ("runc", {"Name": "on-failure",
-                                                                               "MaximumRetryCount": 3}, True)
+    assert (host["CapAdd"], host["CapDrop"], host["SecurityOpt"]) == (["SYS_PTRACE"], ["MKNOD"], ["no-new-privileges"])
+    assert (host["Runtime"], host["RestartPolicy"], host["Init"]) == (
+        "runc",
+        {"Name": "on-failure", "MaximumRetryCount": 3},
+        True,
+    )
     assert host["ExtraHosts"] == ["db:10.1.2.3"] and host["Tmpfs"] == {"/cache": "size=64m"}
     assert [(m["Type"], m["Target"], m.get("ReadOnly", False)) for m in host["Mounts"]] == [
-        ("tmpfs", "/scratch", False), ("volume", "/vol", True)]
+        ("tmpfs", "/scratch", False),
+        ("volume", "/vol", True),
+    ]
     assert (host["ReadonlyRootfs"], host["GroupAdd"]) == (True, ["video"])
     assert (config["Hostname"], config["StopTimeout"]) == ("trainer", 7)
 
 
 def test_namespace_resource_and_logging_options_land_in_the_created_container(agent: Agent) -> None:
-    r = agent("run", "-d", "--gpu", "1", "--pid", "host", "--userns", "host", "--cgroupns", "private",
-              "--dns", "10.0.0.2", "--dns-search", "example.test", "--dns-option", "ndots:2",
-              "--domainname", "example.test", "--sysctl", "net.core.somaxconn=1024", "--log-driver", "json-file",
-              "--log-opt", "max-size=10m", "--log-opt", "max-file=2", "--cpuset-cpus", "0", "-c", "512",
-              "--cpu-period", "100000", "--cpu-quota", "50000", "-m", "256m", "--memory-reservation", "128m",
-              "--oom-score-adj", "100", "--pids-limit", "64", "--stop-signal", "SIGINT", "-P", "-l", "team=ml",
-              TEST_IMAGE, "sleep", "60")
+    r = agent(
+        "run",
+        "-d",
+        "--gpu",
+        "1",
+        "--pid",
+        "host",
+        "--userns",
+        "host",
+        "--cgroupns",
+        "private",
+        "--dns",
+        "10.0.0.2",
+        "--dns-search",
+        "example.test",
+        "--dns-option",
+        "ndots:2",
+        "--domainname",
+        "example.test",
+        "--sysctl",
+        "net.core.somaxconn=1024",
+        "--log-driver",
+        "json-file",
+        "--log-opt",
+        "max-size=10m",
+        "--log-opt",
+        "max-file=2",
+        "--cpuset-cpus",
+        "0",
+        "-c",
+        "512",
+        "--cpu-period",
+        "100000",
+        "--cpu-quota",
+        "50000",
+        "-m",
+        "256m",
+        "--memory-reservation",
+        "128m",
+        "--oom-score-adj",
+        "100",
+        "--pids-limit",
+        "64",
+        "--stop-signal",
+        "SIGINT",
+        "-P",
+        "-l",
+        "team=ml",
+        TEST_IMAGE,
+        "sleep",
+        "60",
+    )
     assert r.returncode == 0, r.stderr
     cid = r.stdout.strip()
     try:
         info = inspect(agent, cid)
-        inside = agent.sandbox.docker("exec", cid, "sh", "-c", "cat /etc/resolv.conf /proc/sys/net/core/somaxconn",
-                                      check=True).stdout
+        inside = agent.sandbox.docker(
+            "exec", cid, "sh", "-c", "cat /etc/resolv.conf /proc/sys/net/core/somaxconn", check=True
+        ).stdout
     finally:
         agent.sandbox.docker("rm", "-f", cid)
     host, config = info["HostConfig"], info["Config"]
@@ -215,49 +343,58 @@ def test_namespace_resource_and_logging_options_land_in_the_created_container(ag
     assert "nameserver 10.0.0.2" in inside and "options ndots:2" in inside and inside.rstrip().endswith("1024")
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--gpus", "all"], "hostagent run does not take --gpus"),
-    (["--privileged"], "hostagent run does not take --privileged"),
-    (["--device", "/dev/nvidia1"], "--device /dev/nvidia1: the host path /dev/nvidia1 reaches an NVIDIA device "
-                                   "node, which would give the container GPUs outside its pin"),
-    (["--device=/dev/nvidiactl"], "--device /dev/nvidiactl"),
-    (["--mount", "type=bind,source=/dev/nvidia0,target=/dev/nvidia0"], "--mount type=bind,source=/dev/nvidia0"),
-    (["-v", "/dev/nvidia2:/dev/nvidia2"], "-v /dev/nvidia2:/dev/nvidia2"),
-    # every spelling of a path to a node, and the folders that hold them (tests/test_ledger_docker.py: on disk)
-    (["--device", "/dev//nvidia1"], "--device /dev//nvidia1: the host path /dev/nvidia1 reaches"),
-    (["--device", "/dev/./nvidia1"], "--device /dev/./nvidia1: the host path /dev/nvidia1 reaches"),
-    (["--device", "/dev/../dev/nvidia1"], "--device /dev/../dev/nvidia1: the host path /dev/nvidia1 reaches"),
-    (["--device", "/dev:/hostdev"], "--device /dev:/hostdev: the host path /dev reaches"),
-    (["--device", "/dev/"], "--device /dev/: the host path /dev reaches"),
-    (["--device", "/dev/char/195:1"], "--device /dev/char/195:1: the host path /dev/char/195 reaches"),  # HOST:CTR
-    (["--device", "/dev/nvidia-caps/nvidia-cap1"], "the host path /dev/nvidia-caps/nvidia-cap1 reaches"),
-    (["-v", "/dev:/dev"], "-v /dev:/dev: the host path /dev reaches"),
-    (["-v", "/:/host"], "-v /:/host: the host path / reaches"),
-    (["--mount", "type=bind,src=/dev/,dst=/d"], "--mount type=bind,src=/dev/,dst=/d: the host path /dev reaches"),
-    # the variables a runtime reads to pick devices
-    (["-e", f"DOCKER_RESOURCE_GPU={RTX}"], "-e DOCKER_RESOURCE_GPU: the NVIDIA runtime reads DOCKER_RESOURCE_GPU "
-                                           "to pick the devices it exposes"),
-    (["-e", "NVIDIA_MIG_CONFIG_DEVICES=all"], "-e NVIDIA_MIG_CONFIG_DEVICES: the NVIDIA runtime reads"),
-    (["-e", "NVIDIA_MIG_MONITOR_DEVICES=0"], "-e NVIDIA_MIG_MONITOR_DEVICES: the NVIDIA runtime reads"),
-    (["-e", "NVIDIA_IMEX_CHANNELS=0"], "-e NVIDIA_IMEX_CHANNELS: the NVIDIA runtime reads"),
-    (["-e", "NVIDIA_VISIBLE_DEVICES=2"], "-e NVIDIA_VISIBLE_DEVICES: hostagent sets NVIDIA_VISIBLE_DEVICES itself"),
-    (["--restart", "always", "--rm"], "--rm and --restart always conflict"),
-    (["--restart", "sometimes"], "--restart 'sometimes'"),
-    (["--cpus", "lots"], "--cpus 'lots'"),
-    (["--ulimit", "nofile"], "--ulimit 'nofile'"),
-    (["--gpu-capabilities", "compute,telepathy"], "unknown capability telepathy"),
-    (["--mount", "type=bind,colour=red,target=/x"], "unknown key 'colour'"),
-    (["-p", "eighty"], "-p"),
-    (["-p", "80-70:80-70"], "--publish '80-70:80-70': invalid container port"),
-    (["--ip", "10.0.0.9"], "hostagent run does not take docker run's --ip"),
-    (["--label-file", "labels.txt"], "hostagent run does not take --label-file"),
-    (["--userns", "remap"], "--userns remap: not one of host"),
-    (["--sysctl", "net.core.somaxconn"], "--sysctl 'net.core.somaxconn': 'net.core.somaxconn' is not KEY=VALUE"),
-    (["--oom-score-adj", "5000"], "a whole number from -1000 to 1000"),
-    (["--nmae", "x"], "did you mean --name?"),
-])
-def test_options_that_would_escape_the_pin_or_make_no_sense_are_refused(agent: Agent, args: list[str],
-                                                                        says: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--gpus", "all"], "hostagent run does not take --gpus"),
+        (["--privileged"], "hostagent run does not take --privileged"),
+        (
+            ["--device", "/dev/nvidia1"],
+            "--device /dev/nvidia1: the host path /dev/nvidia1 reaches an NVIDIA device "
+            "node, which would give the container GPUs outside its pin",
+        ),
+        (["--device=/dev/nvidiactl"], "--device /dev/nvidiactl"),
+        (["--mount", "type=bind,source=/dev/nvidia0,target=/dev/nvidia0"], "--mount type=bind,source=/dev/nvidia0"),
+        (["-v", "/dev/nvidia2:/dev/nvidia2"], "-v /dev/nvidia2:/dev/nvidia2"),
+        # every spelling of a path to a node, and the folders that hold them (tests/test_ledger_docker.py: on disk)
+        (["--device", "/dev//nvidia1"], "--device /dev//nvidia1: the host path /dev/nvidia1 reaches"),
+        (["--device", "/dev/./nvidia1"], "--device /dev/./nvidia1: the host path /dev/nvidia1 reaches"),
+        (["--device", "/dev/../dev/nvidia1"], "--device /dev/../dev/nvidia1: the host path /dev/nvidia1 reaches"),
+        (["--device", "/dev:/hostdev"], "--device /dev:/hostdev: the host path /dev reaches"),
+        (["--device", "/dev/"], "--device /dev/: the host path /dev reaches"),
+        (["--device", "/dev/char/195:1"], "--device /dev/char/195:1: the host path /dev/char/195 reaches"),  # HOST:CTR
+        (["--device", "/dev/nvidia-caps/nvidia-cap1"], "the host path /dev/nvidia-caps/nvidia-cap1 reaches"),
+        (["-v", "/dev:/dev"], "-v /dev:/dev: the host path /dev reaches"),
+        (["-v", "/:/host"], "-v /:/host: the host path / reaches"),
+        (["--mount", "type=bind,src=/dev/,dst=/d"], "--mount type=bind,src=/dev/,dst=/d: the host path /dev reaches"),
+        # the variables a runtime reads to pick devices
+        (
+            ["-e", f"DOCKER_RESOURCE_GPU={RTX}"],
+            "-e DOCKER_RESOURCE_GPU: the NVIDIA runtime reads DOCKER_RESOURCE_GPU to pick the devices it exposes",
+        ),
+        (["-e", "NVIDIA_MIG_CONFIG_DEVICES=all"], "-e NVIDIA_MIG_CONFIG_DEVICES: the NVIDIA runtime reads"),
+        (["-e", "NVIDIA_MIG_MONITOR_DEVICES=0"], "-e NVIDIA_MIG_MONITOR_DEVICES: the NVIDIA runtime reads"),
+        (["-e", "NVIDIA_IMEX_CHANNELS=0"], "-e NVIDIA_IMEX_CHANNELS: the NVIDIA runtime reads"),
+        (["-e", "NVIDIA_VISIBLE_DEVICES=2"], "-e NVIDIA_VISIBLE_DEVICES: hostagent sets NVIDIA_VISIBLE_DEVICES itself"),
+        (["--restart", "always", "--rm"], "--rm and --restart always conflict"),
+        (["--restart", "sometimes"], "--restart 'sometimes'"),
+        (["--cpus", "lots"], "--cpus 'lots'"),
+        (["--ulimit", "nofile"], "--ulimit 'nofile'"),
+        (["--gpu-capabilities", "compute,telepathy"], "unknown capability telepathy"),
+        (["--mount", "type=bind,colour=red,target=/x"], "unknown key 'colour'"),
+        (["-p", "eighty"], "-p"),
+        (["-p", "80-70:80-70"], "--publish '80-70:80-70': invalid container port"),
+        (["--ip", "10.0.0.9"], "hostagent run does not take docker run's --ip"),
+        (["--label-file", "labels.txt"], "hostagent run does not take --label-file"),
+        (["--userns", "remap"], "--userns remap: not one of host"),
+        (["--sysctl", "net.core.somaxconn"], "--sysctl 'net.core.somaxconn': 'net.core.somaxconn' is not KEY=VALUE"),
+        (["--oom-score-adj", "5000"], "a whole number from -1000 to 1000"),
+        (["--nmae", "x"], "did you mean --name?"),
+    ],
+)
+def test_options_that_would_escape_the_pin_or_make_no_sense_are_refused(
+    agent: Agent, args: list[str], says: str
+) -> None:
     r = agent("run", "--gpu", "1", *args, TEST_IMAGE)
     assert r.returncode == 64, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
@@ -265,8 +402,7 @@ def test_options_that_would_escape_the_pin_or_make_no_sense_are_refused(agent: A
     assert agent.containers() == []
 
 
-TRAP = ("trap 'echo got TERM; exit 42' TERM; trap 'echo got INT; exit 43' INT; echo ready; "
-        "while :; do sleep 0.1; done")
+TRAP = "trap 'echo got TERM; exit 42' TERM; trap 'echo got INT; exit 43' INT; echo ready; while :; do sleep 0.1; done"
 IGNORE = "trap '' TERM INT; echo ready; while :; do sleep 0.1; done"
 
 
@@ -277,8 +413,9 @@ def _started(agent: Agent, *args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.parametrize(("sig", "code", "said"), [(signal.SIGTERM, 42, "got TERM"), (signal.SIGINT, 43, "got INT")])
-def test_a_signal_is_forwarded_to_the_workload(agent: Agent, way: str, sig: signal.Signals, code: int,
-                                               said: str) -> None:
+def test_a_signal_is_forwarded_to_the_workload(
+    agent: Agent, way: str, sig: signal.Signals, code: int, said: str
+) -> None:
     p = _started(agent, TEST_IMAGE, "--quiet", "sh", "-c", TRAP)
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
@@ -307,5 +444,3 @@ def test_without_sig_proxy_the_first_signal_stops_the_container(agent: Agent, wa
 
 def _gone(agent: Agent) -> None:
     wait_for(lambda: agent.containers() == [], 10, "the container to be removed (--rm)")
-
-

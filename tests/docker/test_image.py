@@ -23,13 +23,16 @@ def test_the_entrypoint_is_gpupin_and_the_example_cmd_proves_the_card(mixed4_san
 def test_the_image_carries_only_the_entrypoint_side(mixed4_sandbox: Sandbox) -> None:
     # Only under the gpupin namespace: a top-level `entrypoint` or `hostagent` would be shadowed by (or shadow)
     # a workload's own module of that name.
-    code = ("import importlib.util as u; print(*[m for m in ('pynvml', 'gpupin.entrypoint', 'gpupin.hostagent', "
-            "'entrypoint', 'hostagent', 'docker', 'requests', 'yaml') if u.find_spec(m)])")
+    code = (
+        "import importlib.util as u; print(*[m for m in ('pynvml', 'gpupin.entrypoint', 'gpupin.hostagent', "
+        "'entrypoint', 'hostagent', 'docker', 'requests', 'yaml') if u.find_spec(m)])"
+    )
     r = mixed4_sandbox.docker("run", "--rm", "--entrypoint", "python3", TEST_IMAGE, "-c", code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["pynvml", "gpupin.entrypoint", "gpupin.hostagent"]
     # the host side in an image without its SDK says what is missing instead of a traceback
-    r = mixed4_sandbox.docker("run", "--rm", "--gpus", "all", "--entrypoint", "hostagent", TEST_IMAGE, "run",
-                              "--gpu", "0", "img")
+    r = mixed4_sandbox.docker(
+        "run", "--rm", "--gpus", "all", "--entrypoint", "hostagent", TEST_IMAGE, "run", "--gpu", "0", "img"
+    )
     assert r.returncode == 69, r.stderr
     assert "the docker SDK is not installed" in r.stderr and "gpupin[host]" in r.stderr

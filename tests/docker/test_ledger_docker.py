@@ -56,13 +56,17 @@ def listing(agent: Agent) -> dict[str, dict[str, Any]]:
 
 def docker_run(agent: Agent, *args: str, name: str | None = None) -> str:
     name = name or f"h-{uuid.uuid4().hex[:8]}"
-    return agent.sandbox.docker("run", "-d", "--name", name, "--label", f"gpupin.test={agent.tag}", *args,
-                                check=True).stdout.strip()
+    return agent.sandbox.docker(
+        "run", "-d", "--name", name, "--label", f"gpupin.test={agent.tag}", *args, check=True
+    ).stdout.strip()
 
 
 def wait_state(agent: Agent, cid: str, state: str, timeout: float = 30) -> None:
-    wait_for(lambda: agent.sandbox.docker("inspect", "-f", "{{.State.Status}}", cid).stdout.strip() == state,
-             timeout, f"{cid[:12]} to be {state}")
+    wait_for(
+        lambda: agent.sandbox.docker("inspect", "-f", "{{.State.Status}}", cid).stdout.strip() == state,
+        timeout,
+        f"{cid[:12]} to be {state}",
+    )
 
 
 # --- every way to hold a card ----------------------------------------------------------------------------------
@@ -72,24 +76,42 @@ FORMS: dict[str, tuple[list[str], str | None, str]] = {
     # name: (docker run arguments, then `docker stop`?, what `ls` and the refusal say)
     "gpus-device": (["--gpus", "device=2", *SLEEP], None, "--gpus device=2"),
     "gpus-count": (["--gpus", "3", *SLEEP], None, "--gpus 3"),
-    "runtime-nvidia": (["--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=2", *SLEEP], None,
-                       "--runtime nvidia NVIDIA_VISIBLE_DEVICES=2"),
+    "runtime-nvidia": (
+        ["--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=2", *SLEEP],
+        None,
+        "--runtime nvidia NVIDIA_VISIBLE_DEVICES=2",
+    ),
     "device-file": (["--device", "{tmp}/nvidia2:/dev/nvidia2", *SLEEP], None, "--device {tmp}/nvidia2"),
-    "restart-always-stopped": (["--restart", "always", "--gpus", "device=2", *SLEEP], "stop",
-                               "stopped, restart=always"),
+    "restart-always-stopped": (
+        ["--restart", "always", "--gpus", "device=2", *SLEEP],
+        "stop",
+        "stopped, restart=always",
+    ),
     # pinned (the ledger label, as hostagent writes it) or not, the same rule
-    "unless-stopped-stopped": (["--restart", "unless-stopped", "--label", f"gpupin.devices={A800B}", "--gpus",
-                                f"device={A800B}", *SLEEP], "stop", "stopped, restart=unless-stopped"),
-    "on-failure-stopped": (["--restart", "on-failure:5", "--gpus", "device=2", *SLEEP], "stop",
-                           "stopped, restart=on-failure"),
+    "unless-stopped-stopped": (
+        ["--restart", "unless-stopped", "--label", f"gpupin.devices={A800B}", "--gpus", f"device={A800B}", *SLEEP],
+        "stop",
+        "stopped, restart=unless-stopped",
+    ),
+    "on-failure-stopped": (
+        ["--restart", "on-failure:5", "--gpus", "device=2", *SLEEP],
+        "stop",
+        "stopped, restart=on-failure",
+    ),
     # (it is running or restarting whenever it is looked at: both hold)
-    "restarting": (["--restart", "always", "--gpus", "device=2", TEST_IMAGE, "--quiet", "sh", "-c", "exit 3"],
-                   "restarting", "--gpus device=2"),
+    "restarting": (
+        ["--restart", "always", "--gpus", "device=2", TEST_IMAGE, "--quiet", "sh", "-c", "exit 3"],
+        "restarting",
+        "--gpus device=2",
+    ),
     # CDI (Engine 26; on 20.10 the CLI takes no CDI name and nothing runs, so nothing is held)
     "cdi-index": (["--device", "nvidia.com/gpu=2", *SLEEP], None, "--device nvidia.com/gpu=2"),
     "cdi-uuid": (["--device", f"nvidia.com/gpu={A800B}", *SLEEP], None, f"--device nvidia.com/gpu={A800B}"),
-    "cdi-restart-always-stopped": (["--restart", "always", "--device", "nvidia.com/gpu=2", *SLEEP], "stop",
-                                   "stopped, restart=always"),
+    "cdi-restart-always-stopped": (
+        ["--restart", "always", "--device", "nvidia.com/gpu=2", *SLEEP],
+        "stop",
+        "stopped, restart=always",
+    ),
 }
 
 
@@ -129,8 +151,15 @@ def test_each_holding_form_blocks_its_card_and_ls_shows_it(agent: Agent, form: s
 def test_privileged_under_the_nvidia_runtime_holds_every_card(agent: Agent) -> None:
     # Held while a hostagent starts it (a live lease), so that the reading is tested on any machine ...
     mine = {**lease.claim(), "gpupin.test": agent.tag}
-    created = agent.sandbox.docker("create", "--privileged", "--runtime", "nvidia",
-                                   *(f"--label={k}={v}" for k, v in mine.items()), *SLEEP, check=True).stdout.strip()
+    created = agent.sandbox.docker(
+        "create",
+        "--privileged",
+        "--runtime",
+        "nvidia",
+        *(f"--label={k}={v}" for k, v in mine.items()),
+        *SLEEP,
+        check=True,
+    ).stdout.strip()
     error = held_error(agent("run", "--rm", "--count", "1", TEST_IMAGE))
     assert "0 of 4 card(s) are free" in error
     cards = listing(agent)
@@ -138,8 +167,9 @@ def test_privileged_under_the_nvidia_runtime_holds_every_card(agent: Agent) -> N
     assert "--privileged --runtime nvidia, being started by hostagent" in cards[RTX]["holders"][0]["describe"]
     agent.sandbox.docker("rm", "-f", created, check=True)
     # ... and started, where this machine lets a privileged container run at all.
-    r = agent.sandbox.docker("run", "-d", "--label", f"gpupin.test={agent.tag}", "--privileged", "--runtime",
-                             "nvidia", *SLEEP)
+    r = agent.sandbox.docker(
+        "run", "-d", "--label", f"gpupin.test={agent.tag}", "--privileged", "--runtime", "nvidia", *SLEEP
+    )
     if r.returncode != 0 and "apply caps" in r.stderr:
         pytest.skip(f"this machine cannot run privileged containers: {r.stderr.strip().splitlines()[0]}")
     assert r.returncode == 0, r.stderr
@@ -203,13 +233,15 @@ def test_share_shares_only_with_sharers(agent: Agent) -> None:
 
 # --- the lock --------------------------------------------------------------------------------------------------
 
+
 def as_nobody(*argv: str) -> list[str]:
     return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv]
 
 
 @pytest.mark.parametrize("planted", ["symlink", "flocked-file"])
-def test_nothing_planted_in_a_world_writable_place_is_followed_or_trusted(agent: Agent, tmp_path: Path,
-                                                                         planted: str) -> None:
+def test_nothing_planted_in_a_world_writable_place_is_followed_or_trusted(
+    agent: Agent, tmp_path: Path, planted: str
+) -> None:
     """A /run/lock-like directory (world-writable, sticky) named as the lock's place: an unprivileged user plants a
     link to a root file at the lock's name, or a file of its own there and holds an flock on it."""
     agent.env["FAKEGPU_TOPOLOGY"] = idle_topology()  # all four cards free (mixed-4's pid 4242 holds card 2)
@@ -228,15 +260,32 @@ def test_nothing_planted_in_a_world_writable_place_is_followed_or_trusted(agent:
             wait_for((shared / name).exists, 10, "nobody's flock to create the lock file")
         before = {p.name: p.lstat() for p in shared.iterdir()}
         with ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(lambda _: agent("run", "--rm", "--count", "1", TEST_IMAGE, "--quiet", "sh", "-c",
-                                                    WORK.format(8), GPUPIN_LOCK_DIR=str(shared)), range(8)))
+            results = list(
+                pool.map(
+                    lambda _: agent(
+                        "run",
+                        "--rm",
+                        "--count",
+                        "1",
+                        TEST_IMAGE,
+                        "--quiet",
+                        "sh",
+                        "-c",
+                        WORK.format(8),
+                        GPUPIN_LOCK_DIR=str(shared),
+                    ),
+                    range(8),
+                )
+            )
         assert sorted(r.returncode for r in results) == [0] * 4 + [75] * 4, [r.stderr for r in results]
         assert sorted(intervals([r.stdout for r in results if r.returncode == 0])) == sorted(
-            [A800, RTX, A800B, A800C])  # not blocked by the planted lock, and still exclusive
+            [A800, RTX, A800B, A800C]
+        )  # not blocked by the planted lock, and still exclusive
         assert all("Traceback" not in r.stderr for r in results)
         after = {p.name: p.lstat() for p in shared.iterdir()}
         assert {k: (v.st_uid, v.st_mode) for k, v in after.items()} == {
-            k: (v.st_uid, v.st_mode) for k, v in before.items()}  # nothing created or changed there
+            k: (v.st_uid, v.st_mode) for k, v in before.items()
+        }  # nothing created or changed there
         assert (victim.stat().st_mode & 0o777, victim.stat().st_uid, victim.read_text()) == (0o600, 0, "root's\n")
     finally:
         if holder is not None:
@@ -252,10 +301,26 @@ def test_nothing_planted_in_a_world_writable_place_is_followed_or_trusted(agent:
 
 
 def plant_lock(agent: Agent, owner: str, lease_s: int, squat: bool = False) -> str:
-    labels = {"gpupin.test": agent.tag} if squat else {
-        "gpupin.test": agent.tag, lock.LOCK_LABEL: "ledger", lease.OWNER_LABEL: owner, lease.LEASE_LABEL: str(lease_s)}
-    return agent.sandbox.docker("create", "--name", lock.LOCK_NAME, *(f"--label={k}={v}" for k, v in labels.items()),
-                                "--entrypoint", "gpupin-ledger-lock", TEST_IMAGE, check=True).stdout.strip()
+    labels = (
+        {"gpupin.test": agent.tag}
+        if squat
+        else {
+            "gpupin.test": agent.tag,
+            lock.LOCK_LABEL: "ledger",
+            lease.OWNER_LABEL: owner,
+            lease.LEASE_LABEL: str(lease_s),
+        }
+    )
+    return agent.sandbox.docker(
+        "create",
+        "--name",
+        lock.LOCK_NAME,
+        *(f"--label={k}={v}" for k, v in labels.items()),
+        "--entrypoint",
+        "gpupin-ledger-lock",
+        TEST_IMAGE,
+        check=True,
+    ).stdout.strip()
 
 
 def dead_owner() -> str:
@@ -296,19 +361,39 @@ def test_a_lock_name_taken_by_another_container_is_one_line(agent: Agent) -> Non
 
 def test_a_container_being_started_holds_and_one_abandoned_is_removed(agent: Agent) -> None:
     def create(owner: str, lease_s: int, name: str, device: str) -> str:
-        labels = {"gpupin.test": agent.tag, "gpupin.devices": device, lease.OWNER_LABEL: owner,
-                  lease.LEASE_LABEL: str(lease_s)}
-        return agent.sandbox.docker("create", "--name", name, *(f"--label={k}={v}" for k, v in labels.items()),
-                                    "--gpus", f"device={device}", TEST_IMAGE, check=True).stdout.strip()
+        labels = {
+            "gpupin.test": agent.tag,
+            "gpupin.devices": device,
+            lease.OWNER_LABEL: owner,
+            lease.LEASE_LABEL: str(lease_s),
+        }
+        return agent.sandbox.docker(
+            "create",
+            "--name",
+            name,
+            *(f"--label={k}={v}" for k, v in labels.items()),
+            "--gpus",
+            f"device={device}",
+            TEST_IMAGE,
+            check=True,
+        ).stdout.strip()
 
     live = create(str(lease.me()), lease.LEASE_S, f"starting-{agent.tag}", RTX)  # this test is its owner
     error = held_error(agent("run", "--rm", "--gpu", "1", TEST_IMAGE))
     assert f"starting-{agent.tag} ({live[:12]}, created, gpupin via --gpus, being started by hostagent)" in error
     dead = create(dead_owner(), lease.MAX_LEASE_S, f"abandoned-{agent.tag}", A800C)
     remote = create("host=far pid=1 start=1 boot=elsewhere pidns=1", 1, f"remote-{agent.tag}", A800)
-    wait_for(lambda: not any(h["name"] == f"remote-{agent.tag}" and h["holds"]
-                             for g in json.loads(agent("ls", "--json").stdout)["gpus"] for h in g["holders"]),
-             30, "the remote one's lease to be up by the daemon's clock")
+    wait_for(
+        lambda: (
+            not any(
+                h["name"] == f"remote-{agent.tag}" and h["holds"]
+                for g in json.loads(agent("ls", "--json").stdout)["gpus"]
+                for h in g["holders"]
+            )
+        ),
+        30,
+        "the remote one's lease to be up by the daemon's clock",
+    )
     r = agent("run", "--rm", "--name", f"abandoned-{agent.tag}", "--gpu", "3", TEST_IMAGE)
     assert r.returncode == 0 and saw(r.stdout) == [A800C], r.stderr
     for name, cid in ((f"abandoned-{agent.tag}", dead), (f"remote-{agent.tag}", remote)):
@@ -326,6 +411,7 @@ def test_killed_between_create_and_start_frees_the_name_too(agent: Agent) -> Non
 
 
 # --- one daemon, many addresses --------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def netns(agent: Agent) -> Iterator[str]:
@@ -351,8 +437,9 @@ def stop(p: subprocess.Popen[str]) -> None:
     p.wait()
 
 
-def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(agent: Agent, netns: str,
-                                                                      tmp_path: Path) -> None:
+def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(
+    agent: Agent, netns: str, tmp_path: Path
+) -> None:
     """Two spellings of the socket (/run and /var/run, one inode) and TCP from another network namespace, where
     the clients share no local lock with anyone (GPUPIN_LOCAL_LOCK=0): the daemon's lock alone keeps them apart.
     Half the socket's clients go through a resident agent (two agents, one on each spelling, one of them without
@@ -363,16 +450,28 @@ def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(agent: A
     proxy = start_proxy([*PROXY, "--listen", "tcp://127.0.0.1:2375", "--to", sock], netns)
     addresses = [f"unix://{sock}", f"unix:///var{sock}", "tcp://127.0.0.1:2375"]
     assert os.path.samefile(sock, f"/var{sock}")
-    residents = [Resident({**agent.env, "DOCKER_HOST": addresses[0]}),
-                 Resident({**agent.env, "DOCKER_HOST": addresses[1], "GPUPIN_LOCAL_LOCK": "0"})]
+    residents = [
+        Resident({**agent.env, "DOCKER_HOST": addresses[0]}),
+        Resident({**agent.env, "DOCKER_HOST": addresses[1], "GPUPIN_LOCAL_LOCK": "0"}),
+    ]
 
     def through_an_agent(i: int) -> bool:
         return i % 3 < 2 and (i // 3) % 2 == 0
 
     def one(i: int, sleep: float, wait: bool) -> subprocess.CompletedProcess[str]:
         host = addresses[i % 3]
-        argv = agent.argv("run", "--rm", "--count", "1", *(["--wait"] if wait else []), TEST_IMAGE, "--quiet",
-                          "sh", "-c", WORK.format(sleep))
+        argv = agent.argv(
+            "run",
+            "--rm",
+            "--count",
+            "1",
+            *(["--wait"] if wait else []),
+            TEST_IMAGE,
+            "--quiet",
+            "sh",
+            "-c",
+            WORK.format(sleep),
+        )
         env = {**agent.env, "DOCKER_HOST": host, "GPUPIN_TRACE": str(tmp_path / f"trace-{i}")}
         if through_an_agent(i):
             env["GPUPIN_AGENT_SOCKET"] = residents[i % 3].socket
@@ -417,18 +516,59 @@ def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(agent: A
 
 def make_certs(d: Path) -> None:
     """A CA, a server certificate for 127.0.0.1 and a client certificate, as `dockerd --tlsverify` setups use."""
+
     def ssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
 
-    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2",
-        "-subj", "/CN=gpupin test CA")
-    for who, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
-                     ("client", "extendedKeyUsage=clientAuth")):
+    ssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=gpupin test CA",
+    )
+    for who, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
         (d / f"{who}.ext").write_text(ext + "\n")
-        ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}-key.pem", "-out", f"{who}.csr", "-subj",
-            f"/CN={who}")
-        ssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
-            "-out", f"{who}.pem", "-days", "2", "-extfile", f"{who}.ext")
+        ssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{who}-key.pem",
+            "-out",
+            f"{who}.csr",
+            "-subj",
+            f"/CN={who}",
+        )
+        ssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{who}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            f"{who}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            f"{who}.ext",
+        )
     client = d / "client"
     client.mkdir()
     for src, dst in (("ca.pem", "ca.pem"), ("client.pem", "cert.pem"), ("client-key.pem", "key.pem")):
@@ -438,21 +578,40 @@ def make_certs(d: Path) -> None:
 def test_tls_from_docker_tls_verify_and_docker_cert_path(agent: Agent, netns: str, tmp_path: Path) -> None:
     sock = socket_of(agent)
     make_certs(tmp_path)
-    proxy = start_proxy([*PROXY, "--listen", "tcp://127.0.0.1:2376", "--to", sock, "--tls",
-                         *(str(tmp_path / f) for f in ("server.pem", "server-key.pem", "ca.pem"))], netns)
+    proxy = start_proxy(
+        [
+            *PROXY,
+            "--listen",
+            "tcp://127.0.0.1:2376",
+            "--to",
+            sock,
+            "--tls",
+            *(str(tmp_path / f) for f in ("server.pem", "server-key.pem", "ca.pem")),
+        ],
+        netns,
+    )
     inside = ["nsenter", f"--net=/run/netns/{netns}"]
 
     def ha(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*inside, *agent.argv(*args)], capture_output=True, text=True, timeout=120,
-                              env={**agent.env, "DOCKER_HOST": "tcp://127.0.0.1:2376", **env})
+        return subprocess.run(
+            [*inside, *agent.argv(*args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**agent.env, "DOCKER_HOST": "tcp://127.0.0.1:2376", **env},
+        )
 
     # REQUESTS_CA_BUNDLE names another CA: requests would verify the daemon with it (psf/requests#3829) where the
     # docker CLI uses DOCKER_CERT_PATH's.
     other = tmp_path / "other"
     other.mkdir()
     make_certs(other)
-    tls = {"DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(tmp_path / "client"),
-           "REQUESTS_CA_BUNDLE": str(other / "ca.pem"), "CURL_CA_BUNDLE": str(other / "ca.pem")}
+    tls = {
+        "DOCKER_TLS_VERIFY": "1",
+        "DOCKER_CERT_PATH": str(tmp_path / "client"),
+        "REQUESTS_CA_BUNDLE": str(other / "ca.pem"),
+        "CURL_CA_BUNDLE": str(other / "ca.pem"),
+    }
     try:
         r = ha("run", "--rm", "--gpu", "1", TEST_IMAGE, **tls)
         assert r.returncode == 0 and saw(r.stdout) == [RTX], r.stderr
@@ -472,8 +631,9 @@ def test_a_docker_context_names_the_daemon(agent: Agent, tmp_path: Path) -> None
     cfg = tmp_path / "docker-config"
     env = {k: v for k, v in agent.env.items() if k != "DOCKER_HOST"}
     for args in (["context", "create", "sandbox", "--docker", f"host=unix://{sock}"], ["context", "use", "sandbox"]):
-        subprocess.run([agent.sandbox.docker_cli, "--config", str(cfg), *args], env=env, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [agent.sandbox.docker_cli, "--config", str(cfg), *args], env=env, check=True, capture_output=True
+        )
     agent.env = {**env, "DOCKER_CONFIG": str(cfg)}
     r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE)
     assert r.returncode == 0 and saw(r.stdout) == [RTX], r.stderr
@@ -496,8 +656,9 @@ FAULTS = [
 
 
 @pytest.mark.parametrize(("fault", "code", "says"), FAULTS, ids=[" ".join(f[0]) for f in FAULTS])
-def test_daemon_failures_are_one_line_and_leave_nothing(agent: Agent, tmp_path: Path, fault: list[str], code: int,
-                                                        says: str) -> None:
+def test_daemon_failures_are_one_line_and_leave_nothing(
+    agent: Agent, tmp_path: Path, fault: list[str], code: int, says: str
+) -> None:
     sock = socket_of(agent)
     docker_run(agent, "--gpus", "device=0", *SLEEP)  # a running container to inspect
     proxy = start_proxy([*PROXY, "--listen", f"unix://{tmp_path}/d.sock", "--to", sock, *fault])
@@ -522,8 +683,18 @@ def test_daemon_failures_are_one_line_and_leave_nothing(agent: Agent, tmp_path: 
 def test_a_daemon_lost_while_following_is_one_line_69(agent: Agent, tmp_path: Path) -> None:
     # The container runs on; hostagent, which can no longer learn how it ends, says so and where to look.
     proxy = start_proxy([*PROXY, "--listen", f"unix://{tmp_path}/d.sock", "--to", socket_of(agent)])
-    p = agent.popen("run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "sh", "-c", "echo started; sleep 30",
-                    DOCKER_HOST=f"unix://{tmp_path}/d.sock")
+    p = agent.popen(
+        "run",
+        "--rm",
+        "--gpu",
+        "1",
+        TEST_IMAGE,
+        "--quiet",
+        "sh",
+        "-c",
+        "echo started; sleep 30",
+        DOCKER_HOST=f"unix://{tmp_path}/d.sock",
+    )
     try:
         assert p.stdout is not None and p.stdout.readline() == "started\n"
     finally:

@@ -40,11 +40,15 @@ FORMS: dict[str, tuple[list[str], str]] = {
     "device-folder": (["--device", "{tmp}/gpus:/gpus", *SLEEP], "--device {tmp}/gpus"),
     "device-link": (["--device", "{tmp}/link:/dev/gpu", *SLEEP], "--device {tmp}/link"),
     "device-cgroup-rule": (["--device-cgroup-rule", "c 195:2 rwm", *SLEEP], "--device-cgroup-rule 'c 195:2 rwm'"),
-    "bind-mount": (["-v", "{tmp}/flat:/flat", "--device-cgroup-rule", "c 195:2 rw", "--cap-drop", "MKNOD", *SLEEP],
-                   "-v {tmp}/flat:/flat --device-cgroup-rule 'c 195:2 rw'"),
+    "bind-mount": (
+        ["-v", "{tmp}/flat:/flat", "--device-cgroup-rule", "c 195:2 rw", "--cap-drop", "MKNOD", *SLEEP],
+        "-v {tmp}/flat:/flat --device-cgroup-rule 'c 195:2 rw'",
+    ),
     "docker-resource-runc": (["-e", f"DOCKER_RESOURCE_GPU={A800B}", *SLEEP], f"DOCKER_RESOURCE_GPU={A800B}"),
-    "cdi-annotation": (["--annotation", "cdi.k8s.io/job=nvidia.com/gpu=2", *SLEEP],
-                       "--annotation cdi.k8s.io/job=nvidia.com/gpu=2"),
+    "cdi-annotation": (
+        ["--annotation", "cdi.k8s.io/job=nvidia.com/gpu=2", *SLEEP],
+        "--annotation cdi.k8s.io/job=nvidia.com/gpu=2",
+    ),
 }
 
 
@@ -78,25 +82,35 @@ def test_cdi_names_in_nvidia_visible_devices_under_the_nvidia_runtime(agent: Age
     # Created with a live lease (this test owns it), so that it holds without a start: the fake hook, like the
     # toolkit's legacy mode, reads no CDI name, and its CDI mode is not faked.
     mine = {**lease.claim(), "gpupin.test": agent.tag}
-    cid = agent.sandbox.docker("create", "--runtime", "nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=2",
-                               *(f"--label={k}={v}" for k, v in mine.items()), *SLEEP, check=True).stdout.strip()
+    cid = agent.sandbox.docker(
+        "create",
+        "--runtime",
+        "nvidia",
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=2",
+        *(f"--label={k}={v}" for k, v in mine.items()),
+        *SLEEP,
+        check=True,
+    ).stdout.strip()
     error = held_error(agent("run", "--rm", "--gpu", "2", TEST_IMAGE))
     assert f"({cid[:12]}, created, --runtime nvidia NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=2" in error, error
     r = agent("run", "--rm", "--gpu", "3", TEST_IMAGE)
     assert r.returncode == 0 and saw(r.stdout) == [A800C], r.stderr
 
 
-def test_run_refuses_what_reaches_a_node_on_disk_and_the_variables_that_pick_devices(agent: Agent, nodes: Path,
-                                                                                      tmp_path: Path) -> None:
+def test_run_refuses_what_reaches_a_node_on_disk_and_the_variables_that_pick_devices(
+    agent: Agent, nodes: Path, tmp_path: Path
+) -> None:
     env_file = tmp_path / "job.env"
     env_file.write_text(f"LR=0.1\nDOCKER_RESOURCE_GPU={A800B}\n")
     for args, says in (
-            (["--device", f"{nodes}/gpus:/gpus"], f"--device {nodes}/gpus:/gpus: the host path {nodes}/gpus reaches"),
-            (["--device", f"{nodes}/link"], f"the host path {nodes}/link (a link to {nodes}/flat/renamed) reaches"),
-            (["-v", f"{nodes}/flat:/data"], f"-v {nodes}/flat:/data: the host path {nodes}/flat reaches"),
-            (["--mount", f"type=bind,source={nodes}/link,target=/x"], f"--mount type=bind,source={nodes}/link"),
-            (["--env-file", str(env_file)], f"--env-file {env_file}: DOCKER_RESOURCE_GPU: the NVIDIA runtime reads"),
-            (["-e", f"DOCKER_RESOURCE_GPU={A800B}"], "-e DOCKER_RESOURCE_GPU: the NVIDIA runtime reads")):
+        (["--device", f"{nodes}/gpus:/gpus"], f"--device {nodes}/gpus:/gpus: the host path {nodes}/gpus reaches"),
+        (["--device", f"{nodes}/link"], f"the host path {nodes}/link (a link to {nodes}/flat/renamed) reaches"),
+        (["-v", f"{nodes}/flat:/data"], f"-v {nodes}/flat:/data: the host path {nodes}/flat reaches"),
+        (["--mount", f"type=bind,source={nodes}/link,target=/x"], f"--mount type=bind,source={nodes}/link"),
+        (["--env-file", str(env_file)], f"--env-file {env_file}: DOCKER_RESOURCE_GPU: the NVIDIA runtime reads"),
+        (["-e", f"DOCKER_RESOURCE_GPU={A800B}"], "-e DOCKER_RESOURCE_GPU: the NVIDIA runtime reads"),
+    ):
         r = agent("run", "--rm", "--gpu", "1", *args, TEST_IMAGE)
         errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
         assert r.returncode == 64 and len(errors) == 1 and says in errors[0], r.stderr
@@ -108,14 +122,16 @@ def test_run_refuses_what_reaches_a_node_on_disk_and_the_variables_that_pick_dev
 
 # --- labels belong to the container that set them ----------------------------------------------------------------
 
+
 def test_labels_inherited_from_a_committed_pinned_container_are_not_the_containers(agent: Agent) -> None:
     pinned = agent("run", "-d", "--share", "--gpu", "1", TEST_IMAGE, "sleep", "300")
     assert pinned.returncode == 0, pinned.stderr
     image = f"committed-{agent.tag}:1"
     agent.sandbox.docker("commit", pinned.stdout.strip(), image, check=True)
     try:
-        inherited = json.loads(agent.sandbox.docker("image", "inspect", "-f", "{{json .Config.Labels}}", image,
-                                                    check=True).stdout)
+        inherited = json.loads(
+            agent.sandbox.docker("image", "inspect", "-f", "{{json .Config.Labels}}", image, check=True).stdout
+        )
         assert inherited["gpupin.devices"] == RTX and inherited["gpupin.shared"] == "true"
         assert lease.OWNER_LABEL in inherited  # a hostagent that has since exited: a dead owner, to this host
         agent.sandbox.docker("rm", "-f", pinned.stdout.strip(), check=True)
@@ -130,8 +146,12 @@ def test_labels_inherited_from_a_committed_pinned_container_are_not_the_containe
         # A pinned run from that image without --share does not share, whatever the image says.
         mine = agent("run", "-d", "--gpu", "1", image, "sleep", "300")
         assert mine.returncode == 0, mine.stderr
-        assert agent.sandbox.docker("inspect", "-f", '{{index .Config.Labels "gpupin.shared"}}', mine.stdout.strip(),
-                                    check=True).stdout.strip() == "false"
+        assert (
+            agent.sandbox.docker(
+                "inspect", "-f", '{{index .Config.Labels "gpupin.shared"}}', mine.stdout.strip(), check=True
+            ).stdout.strip()
+            == "false"
+        )
         error = held_error(agent("run", "--rm", "--share", "--gpu", "1", TEST_IMAGE))
         assert f"({mine.stdout.strip()[:12]}, running, gpupin via " in error, error
     finally:
@@ -159,8 +179,9 @@ def created_container(agent: Agent, timeout: float = 60) -> tuple[str, float]:
 
 
 def test_a_start_longer_than_the_lease_is_never_removed_nor_its_card_doubled(agent: Agent) -> None:
-    first = agent.popen("run", "--rm", "--via", "nvidia", "--gpu", "1", "-e", f"FAKEGPU_HOOK_DELAY_S={HOOK_DELAY_S}",
-                        TEST_IMAGE)
+    first = agent.popen(
+        "run", "--rm", "--via", "nvidia", "--gpu", "1", "-e", f"FAKEGPU_HOOK_DELAY_S={HOOK_DELAY_S}", TEST_IMAGE
+    )
     try:
         cid, created = created_container(agent)
         # Until the lease's own time, counted from the creation, is up (the case the old rule removed) ...
@@ -171,9 +192,13 @@ def test_a_start_longer_than_the_lease_is_never_removed_nor_its_card_doubled(age
         second = agent("run", "--rm", "--gpu", "1", TEST_IMAGE)
         assert "being started by hostagent" in held_error(second) and "removed" not in second.stderr
         # One that cannot see the owner (another pid namespace, as a client on another machine) reads its renewal.
-        ns = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *agent.argv("run", "--rm", "--gpu", "1",
-                                                                                          TEST_IMAGE)],
-                            env=agent.env, capture_output=True, text=True, timeout=120)
+        ns = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", *agent.argv("run", "--rm", "--gpu", "1", TEST_IMAGE)],
+            env=agent.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert "being started by hostagent" in held_error(ns) and "removed" not in ns.stderr
         assert time.time() < created + HOOK_DELAY_S, "the checks ran past the start: nothing was proven"
         assert [c["ID"] for c in agent.containers()] == [cid]

@@ -40,6 +40,7 @@ def container_pid(agent: Agent, cid: str) -> int:
 
 # --- on the sandbox, both engines --------------------------------------------------------------------------------
 
+
 def test_a_host_process_makes_its_card_busy(agent: Agent, tmp_path: Path, sleeper: Callable[[], int]) -> None:
     first, second = sleeper(), sleeper()
     env = on_cards(tmp_path / "p.json", {A800: [first], A800C: [second]})
@@ -61,8 +62,19 @@ def test_a_host_process_makes_its_card_busy(agent: Agent, tmp_path: Path, sleepe
 
 def test_a_process_of_a_container_not_given_the_card_is_an_escape(agent: Agent, tmp_path: Path) -> None:
     name = f"escape-{agent.tag}"
-    cid = agent.sandbox.docker("run", "-d", "--name", name, "--label", f"gpupin.test={agent.tag}", "--entrypoint",
-                               "sleep", TEST_IMAGE, "300", check=True).stdout.strip()  # no GPU at all
+    cid = agent.sandbox.docker(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--label",
+        f"gpupin.test={agent.tag}",
+        "--entrypoint",
+        "sleep",
+        TEST_IMAGE,
+        "300",
+        check=True,
+    ).stdout.strip()  # no GPU at all
     env = on_cards(tmp_path / "p.json", {RTX: [container_pid(agent, cid)]})
     line = error_line(call(agent, env, "run", "--rm", "--gpu", "1", TEST_IMAGE), 75)
     assert f"in container {name} ({cid[:12]}), which was not given this card: ESCAPE" in line, line
@@ -72,8 +84,9 @@ def test_a_process_of_a_container_not_given_the_card_is_an_escape(agent: Agent, 
     assert (p["container"], p["container_id"], p["escape"], p["foreign"]) == (name, cid, True, True)
     table = call(agent, env, "ls").stdout
     assert re.search(r"^\[1\].*  busy$", table, re.M), table
-    assert re.search(rf"^    process +\d+  C  \S+  256 MiB  sleep  {name}  ESCAPE: not given this card$", table,
-                     re.M), table
+    assert re.search(
+        rf"^    process +\d+  C  \S+  256 MiB  sleep  {name}  ESCAPE: not given this card$", table, re.M
+    ), table
 
 
 def test_a_containers_own_process_is_not_foreign(agent: Agent, tmp_path: Path) -> None:
@@ -81,14 +94,20 @@ def test_a_containers_own_process_is_not_foreign(agent: Agent, tmp_path: Path) -
     env = on_cards(tmp_path / "p.json", {RTX: [container_pid(agent, cid)]})
     card = listing(agent, env)[RTX]
     (p,) = card["processes"]
-    assert (p["container_id"], p["foreign"], p["escape"], card["state"], card["busy"]) == (cid, False, False, "held",
-                                                                                           False)
+    assert (p["container_id"], p["foreign"], p["escape"], card["state"], card["busy"]) == (
+        cid,
+        False,
+        False,
+        "held",
+        False,
+    )
     line = error_line(agent("run", "--rm", "--gpu", "1", TEST_IMAGE), 75)
     assert f"{RTX} is held by " in line and "in use by" not in line, line  # its container holds it: no process line
 
 
-def test_count_limits_take_a_card_others_use_when_it_is_loaded_little(agent: Agent, tmp_path: Path,
-                                                                        sleeper: Callable[[], int]) -> None:
+def test_count_limits_take_a_card_others_use_when_it_is_loaded_little(
+    agent: Agent, tmp_path: Path, sleeper: Callable[[], int]
+) -> None:
     env = on_cards(tmp_path / "p.json", {A800: [sleeper()], RTX: [sleeper()], A800C: [sleeper()]})
     dry = ["run", "--dry-run", "--count"]
     assert "0 of 4 card(s) are free" in error_line(call(agent, env, *dry, "1", TEST_IMAGE), 75)

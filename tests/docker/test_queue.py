@@ -64,8 +64,20 @@ class Waiter:
 
     def __init__(self, agent: Agent, r: Resident, *request: str, work: str = "true") -> None:
         self.name = f"waiter-{tag()}"
-        self.proc = agent.popen("run", "--rm", "--name", self.name, *request, "--wait", "120", TEST_IMAGE,
-                                "--quiet", "sh", "-c", f"date +%s.%N; echo $GPUPIN_EXPECT; {work}")
+        self.proc = agent.popen(
+            "run",
+            "--rm",
+            "--name",
+            self.name,
+            *request,
+            "--wait",
+            "120",
+            TEST_IMAGE,
+            "--quiet",
+            "sh",
+            "-c",
+            f"date +%s.%N; echo $GPUPIN_EXPECT; {work}",
+        )
         wait_for(lambda: self.name in names(r) or self.proc.poll() is not None, 60, f"{self.name} in the queue")
         assert self.proc.poll() is None, self.proc.communicate()
         self.started = 0.0
@@ -106,8 +118,9 @@ def started() -> Iterator[list[Waiter]]:
         w.kill()
 
 
-def test_first_come_first_served_and_hostagent_queue_lists_them(agent: Agent, resident: Resident,
-                                                                 started: list[Waiter]) -> None:
+def test_first_come_first_served_and_hostagent_queue_lists_them(
+    agent: Agent, resident: Resident, started: list[Waiter]
+) -> None:
     holder = hold(agent, "1")
     for _ in range(3):
         started.append(Waiter(agent, resident, "--gpu", "1", work="sleep 0.3"))
@@ -115,7 +128,8 @@ def test_first_come_first_served_and_hostagent_queue_lists_them(agent: Agent, re
     listed = waiters(resident)
     me = pwd.getpwuid(os.getuid()).pw_name
     assert [(w["position"], w["name"], w["user"], w["request"], w["turn"]) for w in listed] == [
-        (n, w.name, me, "--gpu 1", False) for n, w in enumerate(started, 1)]
+        (n, w.name, me, "--gpu 1", False) for n, w in enumerate(started, 1)
+    ]
     assert listed[0]["since"] < listed[1]["since"] < listed[2]["since"] <= time.time()
     metrics = resident.get("/metrics")[1].decode()
     assert "\ngpupin_queue_waiters 3.0\n" in metrics and "\ngpupin_queue_oldest_wait_seconds " in metrics
@@ -138,8 +152,9 @@ def test_first_come_first_served_and_hostagent_queue_lists_them(agent: Agent, re
     assert agent("queue").stdout == "no request is waiting\n"
 
 
-def test_a_count_2_at_the_head_is_not_overtaken_by_later_count_1s(agent: Agent, resident: Resident,
-                                                                  started: list[Waiter]) -> None:
+def test_a_count_2_at_the_head_is_not_overtaken_by_later_count_1s(
+    agent: Agent, resident: Resident, started: list[Waiter]
+) -> None:
     holders = [hold(agent, gpu) for gpu in ("0", "1", "3")]  # card 2 is a host process's: never free
     pair = Waiter(agent, resident, "--count", "2", work="sleep 2")
     started += [pair, Waiter(agent, resident, "--count", "1"), Waiter(agent, resident, "--count", "1")]
@@ -190,8 +205,9 @@ def test_ctrl_c_leaves_the_queue_at_once(agent: Agent, resident: Resident, start
 
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["crash", "restart"])
-def test_a_restarted_agent_keeps_the_order(agent: Agent, resident: Resident, started: list[Waiter],
-                                           stop: signal.Signals) -> None:
+def test_a_restarted_agent_keeps_the_order(
+    agent: Agent, resident: Resident, started: list[Waiter], stop: signal.Signals
+) -> None:
     holder = hold(agent, "1")
     started += [Waiter(agent, resident, "--gpu", "1", work="sleep 0.3") for _ in range(3)]
     before = [(w["name"], w["since"]) for w in waiters(resident)]
@@ -209,8 +225,9 @@ def test_a_restarted_agent_keeps_the_order(agent: Agent, resident: Resident, sta
     assert all("is back: position" in w.stderr and "queued as new" not in w.stderr for w in started)
 
 
-def test_a_waiter_whose_agent_is_gone_says_so_and_still_gets_its_card(agent: Agent, resident: Resident,
-                                                                       started: list[Waiter]) -> None:
+def test_a_waiter_whose_agent_is_gone_says_so_and_still_gets_its_card(
+    agent: Agent, resident: Resident, started: list[Waiter]
+) -> None:
     holder = hold(agent, "1")
     started.append(Waiter(agent, resident, "--gpu", "1"))
     started[0].says("waiting in the queue of the agent at")  # its first look is over: it waits for its turn
@@ -220,8 +237,10 @@ def test_a_waiter_whose_agent_is_gone_says_so_and_still_gets_its_card(agent: Age
     w = started[0].finish()
     assert RTX in w.expect
     lines = [line for line in w.stderr.splitlines() if "went away" in line]
-    assert lines == [f"hostagent: the agent at unix://{resident.socket} went away: waiting without its queue (back "
-                     "in it if the agent returns within 30 s)"]
+    assert lines == [
+        f"hostagent: the agent at unix://{resident.socket} went away: waiting without its queue (back "
+        "in it if the agent returns within 30 s)"
+    ]
 
 
 def test_without_an_agent_queue_says_so(agent: Agent, tmp_path: Any) -> None:
@@ -230,12 +249,12 @@ def test_without_an_agent_queue_says_so(agent: Agent, tmp_path: Any) -> None:
     assert res.stderr.count("\n") == 1 and "no resident agent answers at unix://" in res.stderr, res.stderr
     # --wait without an agent polls as it always did.
     holder = hold(agent, "1")
-    run = agent.popen("run", "--rm", "--gpu", "1", "--wait", "60", TEST_IMAGE, "true",
-                      GPUPIN_AGENT_SOCKET=str(tmp_path / "none.sock"))
+    run = agent.popen(
+        "run", "--rm", "--gpu", "1", "--wait", "60", TEST_IMAGE, "true", GPUPIN_AGENT_SOCKET=str(tmp_path / "none.sock")
+    )
     assert run.stderr is not None
     said = run.stderr.readline()
     assert said.startswith("hostagent: waiting: "), said  # waiting, with no queue, when the card frees
     free(agent, holder)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 0 and "queue" not in said + err, said + err
-

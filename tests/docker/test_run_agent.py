@@ -65,9 +65,30 @@ def test_the_agent_creates_what_a_run_without_it_creates(agent: Agent, resident:
     env_file.chmod(0o600)
     made = {}
     for way, extra in (("direct", {}), ("agent", through(resident, tmp_path / "trace"))):
-        p = agent.popen("run", "-d", "--name", f"{way}-{agent.tag}", "--gpu", "1", "-e", "A=1", "--env-file",
-                        str(env_file), "-v", "./data:/data", "--label", "team=x", "--shm-size", "1g", "-w", "/tmp",
-                        TEST_IMAGE, "sleep", "300", **extra)
+        p = agent.popen(
+            "run",
+            "-d",
+            "--name",
+            f"{way}-{agent.tag}",
+            "--gpu",
+            "1",
+            "-e",
+            "A=1",
+            "--env-file",
+            str(env_file),
+            "-v",
+            "./data:/data",
+            "--label",
+            "team=x",
+            "--shm-size",
+            "1g",
+            "-w",
+            "/tmp",
+            TEST_IMAGE,
+            "sleep",
+            "300",
+            **extra,
+        )
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
         made[way] = (out.strip(), p.pid)
@@ -81,7 +102,8 @@ def test_the_agent_creates_what_a_run_without_it_creates(agent: Agent, resident:
         assert a["HostConfig"][key] == b["HostConfig"][key], key
     mine = {lease.OWNER_LABEL, lease.LEASE_LABEL}
     assert {k: v for k, v in a["Config"]["Labels"].items() if k not in mine} == {
-        k: v for k, v in b["Config"]["Labels"].items() if k not in mine}
+        k: v for k, v in b["Config"]["Labels"].items() if k not in mine
+    }
     assert "/data" in " ".join(b["HostConfig"]["Binds"]) and "FROM_FILE=secret" in b["Config"]["Env"]
     # The lease is the client's (the process that starts it), never the agent's.
     owner = lease.Owner.parse(b["Config"]["Labels"][lease.OWNER_LABEL])
@@ -98,14 +120,20 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_exit_codes_and_streams_are_the_same_either_way(agent: Agent, resident: Resident, tmp_path: Path,
-                                                        case: str) -> None:
+def test_exit_codes_and_streams_are_the_same_either_way(
+    agent: Agent, resident: Resident, tmp_path: Path, case: str
+) -> None:
     cmd, stdin, code, out, err = CASES[case]
     seen = []
     for extra in ({}, through(resident, tmp_path / "trace")):
-        r = subprocess.run(agent.argv("run", "--rm", *(["-i"] if stdin else []), "--gpu", "1", TEST_IMAGE,
-                                      "--quiet", *cmd), env={**agent.env, **extra}, input=stdin or "",
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            agent.argv("run", "--rm", *(["-i"] if stdin else []), "--gpu", "1", TEST_IMAGE, "--quiet", *cmd),
+            env={**agent.env, **extra},
+            input=stdin or "",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == code and r.stdout == out and err in r.stderr, r
         seen.append((r.returncode, r.stdout, r.stderr))
     assert seen[0] == seen[1]
@@ -124,21 +152,26 @@ def test_a_start_refused_by_docker_is_the_same_line_either_way(agent: Agent, res
     assert agent.containers() == []  # the failed start removed it
 
 
-def test_the_client_imports_neither_the_docker_sdk_nor_nvml(agent: Agent, resident: Resident,
-                                                             tmp_path: Path) -> None:
-    code = ("import sys\nfrom gpupin.hostagent.cli import main\n"
-            f"rc = main(['run', '--rm', '--label', 'gpupin.test={agent.tag}', '--gpu', '1', '{TEST_IMAGE}', "
-            "'--quiet', 'true'])\n"
-            "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('docker', 'pynvml', 'requests', 'urllib3', 'http')))\n")
-    r = subprocess.run([sys.executable, "-c", code], env={**agent.env, **through(resident, tmp_path / "trace")},
-                       capture_output=True, text=True, timeout=120)
+def test_the_client_imports_neither_the_docker_sdk_nor_nvml(agent: Agent, resident: Resident, tmp_path: Path) -> None:
+    code = (
+        "import sys\nfrom gpupin.hostagent.cli import main\n"
+        f"rc = main(['run', '--rm', '--label', 'gpupin.test={agent.tag}', '--gpu', '1', '{TEST_IMAGE}', "
+        "'--quiet', 'true'])\n"
+        "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('docker', 'pynvml', 'requests', 'urllib3', 'http')))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**agent.env, **through(resident, tmp_path / "trace")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and r.stdout.strip() == "0 []", r
     assert went_through_the_agent(tmp_path / "trace")
 
 
-def test_a_held_card_is_the_same_refusal_and_wait_waits_through_the_agent(agent: Agent,
-                                                                         resident: Resident) -> None:
+def test_a_held_card_is_the_same_refusal_and_wait_waits_through_the_agent(agent: Agent, resident: Resident) -> None:
     holder = agent("run", "-d", "--gpu", "1", TEST_IMAGE, "sleep", "300")
     assert holder.returncode == 0, holder.stderr
     refusals = []

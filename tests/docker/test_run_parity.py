@@ -74,8 +74,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("parity") / "work"
     for d in ("data", "models", "ckpt", "notebooks"):
         (root / d).mkdir(parents=True)
-    (root / "train.env").write_text("# training settings\nLR=1e-4\n\n  BATCH=64\nMSG=\"quoted as is\" \nHF_TOKEN\n"
-                                    "NOT_SET\nEMPTY=\n")
+    (root / "train.env").write_text(
+        '# training settings\nLR=1e-4\n\n  BATCH=64\nMSG="quoted as is" \nHF_TOKEN\nNOT_SET\nEMPTY=\n'
+    )
     (root / "secrets.env").write_text("WANDB_API_KEY=from-the-file\nLR=5e-5\n")
     (root / "seccomp.json").write_text(json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []}, indent=2))
     return root
@@ -85,16 +86,21 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def counted(sandbox: Sandbox) -> Iterator[dict[str, int]]:
     """This engine's counts, written out when the module's cases have run; volumes the lines made are removed."""
     before = set(sandbox.docker("volume", "ls", "-q", check=True).stdout.split())
-    counts = COUNTS.setdefault(sandbox.engine, {
-        "lines": 0, "equal": 0, "both refused": 0, "both refused at start, created equal": 0, "as the newer CLI": 0})
+    counts = COUNTS.setdefault(
+        sandbox.engine,
+        {"lines": 0, "equal": 0, "both refused": 0, "both refused at start, created equal": 0, "as the newer CLI": 0},
+    )
     yield counts
     made = set(sandbox.docker("volume", "ls", "-q", check=True).stdout.split()) - before
     if made:
         sandbox.docker("volume", "rm", "-f", *sorted(made))
     out = REPO / "build" / f"run-parity-{sandbox.engine}.txt"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(" ".join(f"{k}={v}" for k, v in counts.items()) + "\n" +
-                   "".join(f"{r}\n" for r in REFUSED.get(sandbox.engine, [])))
+    out.write_text(
+        " ".join(f"{k}={v}" for k, v in counts.items())
+        + "\n"
+        + "".join(f"{r}\n" for r in REFUSED.get(sandbox.engine, []))
+    )
 
 
 PINS: dict[str, list[str]] = {}
@@ -104,8 +110,14 @@ def pin_args(sandbox: Sandbox, env: dict[str, str]) -> list[str]:
     """The pin's `docker run` arguments as hostagent gives them on this engine (--gpu 0)."""
     if sandbox.engine in PINS:
         return PINS[sandbox.engine]
-    out = subprocess.run([HOSTAGENT, "run", "--dry-run", "--gpu", "0", TEST_IMAGE], env=env, capture_output=True,
-                         text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        [HOSTAGENT, "run", "--dry-run", "--gpu", "0", TEST_IMAGE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     argv = shlex.split(out)
     assert argv[:2] == ["docker", "run"] and argv[-1] == TEST_IMAGE, out
     PINS[sandbox.engine] = argv[2:-1]
@@ -134,12 +146,12 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: docker {a!r}, hostagent {b!r}"]
 
 
-def created(sandbox: Sandbox, argv: list[str], env: dict[str, str], cwd: Path,
-            tag: str) -> tuple[bool, dict[str, Any] | None, str]:
+def created(
+    sandbox: Sandbox, argv: list[str], env: dict[str, str], cwd: Path, tag: str
+) -> tuple[bool, dict[str, Any] | None, str]:
     """(whether `argv` succeeded, the comparable inspect of the container it left, if any: a `docker run -d` whose
     start the daemon refused leaves it created; what it said), removing the container."""
-    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=180,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     ids = sandbox.docker("ps", "-aq", "--no-trunc", "--filter", f"label=gpupin.test={tag}").stdout.split()
     try:
         assert len(ids) <= 1, (ids, proc.stdout, proc.stderr)
@@ -160,8 +172,19 @@ def test_docker_run_line(sandbox: Sandbox, counted: dict[str, int], workdir: Pat
     pin = pin_args(sandbox, env)
 
     def mine(*more: str) -> list[str]:
-        return [HOSTAGENT, "run", "-d", "--gpu", "0", "--label", f"gpupin.test={tag}", *options, *more, TEST_IMAGE,
-                *COMMAND]
+        return [
+            HOSTAGENT,
+            "run",
+            "-d",
+            "--gpu",
+            "0",
+            "--label",
+            f"gpupin.test={tag}",
+            *options,
+            *more,
+            TEST_IMAGE,
+            *COMMAND,
+        ]
 
     def theirs(*more: str, cli: str = sandbox.docker_cli) -> list[str]:
         return [cli, "run", "-d", "--label", f"gpupin.test={tag}", *options, *more, *pin, TEST_IMAGE, *COMMAND]
@@ -178,11 +201,15 @@ def test_docker_run_line(sandbox: Sandbox, counted: dict[str, int], workdir: Pat
     if not (docker_ok and ok):
         assert not docker_ok and not ok, (
             f"line {lineno} ({line}): docker {'refused: ' + docker_said if not docker_ok else 'accepted'}; "
-            f"hostagent {'refused: ' + said if not ok else 'accepted'}")
-        last = [([t for t in text.splitlines() if t.strip() and not t.startswith("See '")] or [""])[-1]
-                for text in (docker_said, said)]
-        REFUSED.setdefault(sandbox.engine, []).append(f"line {lineno} ({line})\n  docker: {last[0]}\n"
-                                                      f"  hostagent: {last[1]}")
+            f"hostagent {'refused: ' + said if not ok else 'accepted'}"
+        )
+        last = [
+            ([t for t in text.splitlines() if t.strip() and not t.startswith("See '")] or [""])[-1]
+            for text in (docker_said, said)
+        ]
+        REFUSED.setdefault(sandbox.engine, []).append(
+            f"line {lineno} ({line})\n  docker: {last[0]}\n  hostagent: {last[1]}"
+        )
         if "could not start" not in said:  # refused before anything was created, as docker's must be
             assert want is None, f"line {lineno} ({line}): docker created a container, hostagent did not: {said}"
             counted["both refused"] += 1
@@ -191,8 +218,7 @@ def test_docker_run_line(sandbox: Sandbox, counted: dict[str, int], workdir: Pat
         # hostagent's stopped right after its create as a kill would, both without --rm (which would remove
         # docker's).
         _, want, docker_said = created(sandbox, theirs("--rm=false", cli=cli), env, workdir, tag)
-        _, got, said = created(sandbox, mine("--rm=false"), {**env, "GPUPIN_FAILPOINT": "after-create"}, workdir,
-                               tag)
+        _, got, said = created(sandbox, mine("--rm=false"), {**env, "GPUPIN_FAILPOINT": "after-create"}, workdir, tag)
         assert want is not None and got is not None, f"line {lineno} ({line}): {docker_said}; {said}"
         want["Config"].pop("NetworkDisabled", None)  # what the daemon sets on a container whose start failed
         got["Config"].pop("NetworkDisabled", None)

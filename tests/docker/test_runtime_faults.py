@@ -29,9 +29,13 @@ def test_a_runtime_that_exposes_another_card_is_refused_with_78(sandbox: Sandbox
     line = error_line(r.stderr)
     assert RTX in line and A800B in line and "NVIDIA_VISIBLE_DEVICES" in line
     # through hostagent too: the container's 78 is hostagent's exit code
-    agent = subprocess.run([str(REPO / ".venv/bin/hostagent"), "run", "--rm", "--uuid", RTX, TEST_IMAGE],
-                           env=simhost_env("fault-misroute", DOCKER_HOST=sandbox.host), capture_output=True,
-                           text=True, timeout=120)
+    agent = subprocess.run(
+        [str(REPO / ".venv/bin/hostagent"), "run", "--rm", "--uuid", RTX, TEST_IMAGE],
+        env=simhost_env("fault-misroute", DOCKER_HOST=sandbox.host),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert agent.returncode == 78, agent.stderr
     assert f"GPUPIN_EXPECT asks for {RTX}@00000000:3B:00.0 at cuda:0" in agent.stderr
 

@@ -90,9 +90,19 @@ def test_metrics_per_card_and_holder_and_no_stale_series(agent: Agent, resident:
     wait_for(lambda: "gpupin_holder_info" in samples(resident), 10, "the holder's series")
     m = samples(resident)
     info = m["gpupin_holder_info"]
-    assert [labels for labels, _ in info] == [{
-        "container": name, "container_id": cid, "image": TEST_IMAGE, "user": "", "pinned": "true",
-        "verified": "true", "UUID": A800, "gpu": "0", "Hostname": os.uname().nodename}]
+    assert [labels for labels, _ in info] == [
+        {
+            "container": name,
+            "container_id": cid,
+            "image": TEST_IMAGE,
+            "user": "",
+            "pinned": "true",
+            "verified": "true",
+            "UUID": A800,
+            "gpu": "0",
+            "Hostname": os.uname().nodename,
+        }
+    ]
     states = {(lab["gpu"], lab["state"]) for lab, v in m["gpupin_gpu_state"] if v == 1}
     # Card 2 runs a host process (pid 4242 in mixed-4) that no container explains: busy.
     assert states == {("0", "held"), ("1", "free"), ("2", "busy"), ("3", "free")}
@@ -101,8 +111,13 @@ def test_metrics_per_card_and_holder_and_no_stale_series(agent: Agent, resident:
     total = {lab["UUID"]: v for lab, v in m["gpupin_gpu_memory_total_bytes"]}
     assert total[RTX] == 24564 * 2**20
     first = m["gpupin_gpu_temperature_celsius"][0][0]
-    assert first == {"gpu": "0", "UUID": A800, "pci_bus_id": "00000000:1B:00.0",
-                     "modelName": "NVIDIA A800-SXM4-80GB", "Hostname": os.uname().nodename}
+    assert first == {
+        "gpu": "0",
+        "UUID": A800,
+        "pci_bus_id": "00000000:1B:00.0",
+        "modelName": "NVIDIA A800-SXM4-80GB",
+        "Hostname": os.uname().nodename,
+    }
     assert m["gpupin_agent_docker_up"][0][1] == m["gpupin_agent_nvml_up"][0][1] == 1
     agent.sandbox.docker("rm", "-f", cid, check=True)
     wait_for(lambda: "gpupin_holder_info" not in samples(resident), 10, "the holder's series gone")
@@ -112,9 +127,20 @@ def test_idle_holders_are_flagged_and_busy_ones_are_not(agent: Agent, resident: 
     idle = f"serve-idle-{uuid.uuid4().hex[:8]}"
     pinned(agent, "0", idle)
     # Card 2 (87% in mixed-4) held by a container started with docker's own --gpus: held and busy, never idle.
-    agent.sandbox.docker("run", "-d", "--name", f"serve-busy-{uuid.uuid4().hex[:8]}", "--label",
-                         f"gpupin.test={agent.tag}", "--gpus", f"device={A800B}", TEST_IMAGE, "sleep", "300",
-                         check=True)
+    agent.sandbox.docker(
+        "run",
+        "-d",
+        "--name",
+        f"serve-busy-{uuid.uuid4().hex[:8]}",
+        "--label",
+        f"gpupin.test={agent.tag}",
+        "--gpus",
+        f"device={A800B}",
+        TEST_IMAGE,
+        "sleep",
+        "300",
+        check=True,
+    )
     busy = wait_for(lambda: (c := resident.card(A800B))["holders"] and c, 10, "card 2 held")
     assert (busy["idle"], busy["idle_seconds"]) == (False, 0)
     card = wait_for(lambda: (c := resident.card(A800))["idle"] and c, 10, "card 0 idle")
@@ -138,8 +164,17 @@ def test_idle_holders_are_flagged_and_busy_ones_are_not(agent: Agent, resident: 
 def test_ls_of_several_hosts_is_one_table(agent: Agent, resident: Resident) -> None:
     other = Resident(agent.env)
     try:
-        r = agent("ls", "--host", resident.url, "--host", f"unix://{other.socket}", "--host", "127.0.0.1:1",
-                  "--color", "never")
+        r = agent(
+            "ls",
+            "--host",
+            resident.url,
+            "--host",
+            f"unix://{other.socket}",
+            "--host",
+            "127.0.0.1:1",
+            "--color",
+            "never",
+        )
         lines = r.stdout.splitlines()
         host = os.uname().nodename
         assert r.returncode == 0 and lines[0].split()[:3] == ["HOST", "GPU", "NAME"], r.stdout + r.stderr
@@ -170,7 +205,11 @@ def test_a_daemon_restart_is_survived(agent: Agent, resident: Resident) -> None:
         assert m["gpupin_agent_docker_up"] == [({}, 0.0)] and m["gpupin_agent_nvml_up"] == [({}, 1.0)]
         # The metrics say the same: who holds a card is unknown, not 0, and the cards' readings stay.
         assert {lab["gpu"]: lab["state"] for lab, v in m["gpupin_gpu_state"] if v == 1} == {
-            "0": "unknown", "1": "unknown", "2": "busy", "3": "unknown"}
+            "0": "unknown",
+            "1": "unknown",
+            "2": "busy",
+            "3": "unknown",
+        }
         assert "gpupin_gpu_holders" not in m and "gpupin_holder_info" not in m and "gpupin_gpu_idle" not in m
         assert len(m["gpupin_gpu_temperature_celsius"]) == 4
     finally:

@@ -20,8 +20,9 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's (make test-tools): Playwright's own b
 def page(agent: Agent) -> Iterator[tuple[Resident, Page]]:
     resident = Resident(agent.env)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-background-networking"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-background-networking"]
+        )
         try:
             tab = browser.new_page()
             yield resident, tab
@@ -30,8 +31,7 @@ def page(agent: Agent) -> Iterator[tuple[Resident, Page]]:
             resident.close()
 
 
-def test_dashboard_shows_every_card_and_a_new_holder_without_reload(agent: Agent, page: tuple[Resident, Page]
-                                                                    ) -> None:
+def test_dashboard_shows_every_card_and_a_new_holder_without_reload(agent: Agent, page: tuple[Resident, Page]) -> None:
     resident, tab = page
     tab.goto(resident.url + "/")
     tab.wait_for_selector(".card", timeout=10_000)

@@ -50,8 +50,19 @@ def test_sigkill_and_a_restart_of_the_agent_lose_no_hold(agent: Agent) -> None:
         r = agent("run", "-d", "--name", running, "--gpu", "0", TEST_IMAGE, "sleep", "300")
         assert r.returncode == 0, r.stderr
         # A second client's container, created and still starting (its hook is slow): its client lives, it holds.
-        starting = agent.popen("run", "--rm", "--via", "nvidia", "--gpu", "1", "-e",
-                               f"FAKEGPU_HOOK_DELAY_S={HOOK_DELAY_S}", TEST_IMAGE, "true", GPUPIN_AGENT="0")
+        starting = agent.popen(
+            "run",
+            "--rm",
+            "--via",
+            "nvidia",
+            "--gpu",
+            "1",
+            "-e",
+            f"FAKEGPU_HOOK_DELAY_S={HOOK_DELAY_S}",
+            TEST_IMAGE,
+            "true",
+            GPUPIN_AGENT="0",
+        )
         created = wait_for(lambda: agent.containers("created"), 60, "the second run's container created")
         held = {A800: [running], RTX: [created[0]["Names"]]}
         wait_for(lambda: holds(resident) == held, 10, "both holds in the agent's view")
@@ -97,8 +108,9 @@ def test_a_held_card_lost_to_nvml_keeps_its_holder_and_its_identity(agent: Agent
         assert holds(resident) == {A800C: [name]}  # who held it when it was lost: what its owner asks first
         info = [(lab["UUID"], lab["container"]) for lab, v in metric(resident, "gpupin_holder_info") if v == 1]
         assert info == [(A800C, name)]
-        assert {lab["gpu"]: lab["state"] for lab, v in metric(resident, "gpupin_gpu_state") if v == 1}["3"] == \
-            "unhealthy"
+        assert {lab["gpu"]: lab["state"] for lab, v in metric(resident, "gpupin_gpu_state") if v == 1}[
+            "3"
+        ] == "unhealthy"
         os.unlink(faults)
         wait_for(lambda: resident.card(A800C)["error"] is None, 10, "card 3 back")
         assert resident.card(A800C)["state"] == "held"

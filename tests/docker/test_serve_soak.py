@@ -96,10 +96,18 @@ class Soak:
 
         card = CHURN_CARDS[i % len(CHURN_CARDS)]
         c = self.api.create_container(
-            TEST_IMAGE, ["1"], entrypoint=["sleep"], name=name,
+            TEST_IMAGE,
+            ["1"],
+            entrypoint=["sleep"],
+            name=name,
             labels={"gpupin.devices": card, "gpupin.test": self.agent.tag},
-            host_config=self.api.create_host_config(network_mode="none", device_requests=[
-                docker.types.DeviceRequest(driver="nvidia", device_ids=[card], capabilities=[["gpu"]])]))
+            host_config=self.api.create_host_config(
+                network_mode="none",
+                device_requests=[
+                    docker.types.DeviceRequest(driver="nvidia", device_ids=[card], capabilities=[["gpu"]])
+                ],
+            ),
+        )
         self.api.start(c["Id"])
         self.api.wait(c["Id"], timeout=120)
         self.api.remove_container(c["Id"])
@@ -172,10 +180,14 @@ def soaks(sandboxes: Sandboxes) -> Iterator[list[Soak]]:
 def test_500_containers_churned_in_10_minutes_grow_the_agent_by_less_than_10_mb(soaks: list[Soak]) -> None:
     started = time.monotonic()
     deadline = started + SECONDS * (1 + LATE)
-    threads = [threading.Thread(target=target, daemon=True, name=f"{s.agent.sandbox.engine}-{target.__name__}")
-               for s in soaks for target in (s.scrape, s.follow, s.sample)]
-    churners = [threading.Thread(target=s.churn, args=(started, deadline), daemon=True) for s in soaks
-                for _ in range(WORKERS)]
+    threads = [
+        threading.Thread(target=target, daemon=True, name=f"{s.agent.sandbox.engine}-{target.__name__}")
+        for s in soaks
+        for target in (s.scrape, s.follow, s.sample)
+    ]
+    churners = [
+        threading.Thread(target=s.churn, args=(started, deadline), daemon=True) for s in soaks for _ in range(WORKERS)
+    ]
     for t in threads + churners:
         t.start()
     baseline, files = {}, {}
@@ -196,11 +208,13 @@ def test_500_containers_churned_in_10_minutes_grow_the_agent_by_less_than_10_mb(
         fds, tasks = s.resident.fds(), s.resident.threads()
         s.stop.set()
         peak = max([r for _, r in s.rss] + [end])
-        print(f"\n[{engine}] soak: {s.done} containers in {took:.0f} s, {s.events} events streamed, "
-              f"{len(s.seen & s.names)} of them seen holding, {s.scrapes} scrapes; agent RSS "
-              f"{baseline[engine] / 2**20:.1f} MiB after {int(CONTAINERS * WARMUP)}, {end / 2**20:.1f} MiB at the end "
-              f"(+{(end - baseline[engine]) / 2**20:.2f} MiB), peak {peak / 2**20:.1f} MiB; open files "
-              f"{files[engine][0]} then {fds}, threads {files[engine][1]} then {tasks}")
+        print(
+            f"\n[{engine}] soak: {s.done} containers in {took:.0f} s, {s.events} events streamed, "
+            f"{len(s.seen & s.names)} of them seen holding, {s.scrapes} scrapes; agent RSS "
+            f"{baseline[engine] / 2**20:.1f} MiB after {int(CONTAINERS * WARMUP)}, {end / 2**20:.1f} MiB at the end "
+            f"(+{(end - baseline[engine]) / 2**20:.2f} MiB), peak {peak / 2**20:.1f} MiB; open files "
+            f"{files[engine][0]} then {fds}, threads {files[engine][1]} then {tasks}"
+        )
         assert not s.errors, s.errors[:5]
         assert s.done == CONTAINERS, f"[{engine}] only {s.done} of {CONTAINERS} containers in {took:.0f} s"
         # The view followed: most containers, alive a second each, were shown holding as they ran.
@@ -208,7 +222,10 @@ def test_500_containers_churned_in_10_minutes_grow_the_agent_by_less_than_10_mb(
         assert end - baseline[engine] < GROWTH_LIMIT, (engine, baseline[engine], end, s.rss)
         # Nor files or threads: a socket or a thread kept per container, event or scrape would count hundreds.
         # (A scrape in flight at either moment holds a connection and its thread: a few more are allowed.)
-        assert fds <= files[engine][0] + SLACK and tasks <= files[engine][1] + SLACK, (engine, files[engine],
-                                                                                      fds, tasks)
+        assert fds <= files[engine][0] + SLACK and tasks <= files[engine][1] + SLACK, (
+            engine,
+            files[engine],
+            fds,
+            tasks,
+        )
     assert took <= SECONDS * (1 + LATE), f"the churn took {took:.0f} s for {SECONDS:.0f} s asked"
-

@@ -77,8 +77,9 @@ def mig_cap_minors(gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
 class Generator:
     """One topology as `nvidia-ctk cdi generate` sees it through NVML."""
 
-    def __init__(self, topology: fg.Topology, topology_path: str, hook_path: str, lib_src: Path,
-                 hook_env: Sequence[str]) -> None:
+    def __init__(
+        self, topology: fg.Topology, topology_path: str, hook_path: str, lib_src: Path, hook_env: Sequence[str]
+    ) -> None:
         self.topology = topology
         self.topology_path = topology_path
         self.hook_path = hook_path
@@ -122,29 +123,46 @@ class Generator:
             add({"index": str(i), "uuid": gpu["uuid"], "type-index": f"gpu{i}"}, fg.Selection(gpus=[gpu["uuid"]]))
         for i, gpu in enumerate(self.gpus):
             for j, d in enumerate(fg.mig_devices(gpu)):
-                add({"index": f"{i}:{j}", "uuid": d["uuid"], "type-index": f"mig{i}:{j}"},
-                    fg.Selection(migs=[d["uuid"]]))
+                add(
+                    {"index": f"{i}:{j}", "uuid": d["uuid"], "type-index": f"mig{i}:{j}"},
+                    fg.Selection(migs=[d["uuid"]]),
+                )
         out.append({"name": "all", "containerEdits": self.device_edits(fg.resolve_devices(self.topology, "all"))})
         return out
 
     def common_edits(self) -> Edits:
         version = str(self.topology.get("driver_version", "580.159.04"))
         libdir = "/" + fg.library_dir()
-        mounts = [{"hostPath": str(self.lib_src / name),
-                   "containerPath": f"{libdir}/{name.rsplit('.so.', 1)[0]}.so.{version}",
-                   "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]} for name in fg.LIBRARIES]
+        mounts = [
+            {
+                "hostPath": str(self.lib_src / name),
+                "containerPath": f"{libdir}/{name.rsplit('.so.', 1)[0]}.so.{version}",
+                "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+            }
+            for name in fg.LIBRARIES
+        ]
         return {
             "env": [f"NVIDIA_CTK_LIBCUDA_DIR={libdir}", "NVIDIA_VISIBLE_DEVICES=void"],
-            "deviceNodes": [node("/dev/nvidia-modeset", NVIDIA_MAJOR, 254), node("/dev/nvidia-uvm", UVM_MAJOR, 0),
-                            node("/dev/nvidia-uvm-tools", UVM_MAJOR, 1), node("/dev/nvidiactl", NVIDIA_MAJOR, 255)],
-            "hooks": [self.hook("create-symlinks", "--link", f"libcuda.so.1::{libdir}/libcuda.so", env=self.hook_env),
-                      self.hook("update-ldcache", "--folder", libdir, env=self.hook_env)],
+            "deviceNodes": [
+                node("/dev/nvidia-modeset", NVIDIA_MAJOR, 254),
+                node("/dev/nvidia-uvm", UVM_MAJOR, 0),
+                node("/dev/nvidia-uvm-tools", UVM_MAJOR, 1),
+                node("/dev/nvidiactl", NVIDIA_MAJOR, 255),
+            ],
+            "hooks": [
+                self.hook("create-symlinks", "--link", f"libcuda.so.1::{libdir}/libcuda.so", env=self.hook_env),
+                self.hook("update-ldcache", "--folder", libdir, env=self.hook_env),
+            ],
             "mounts": mounts,
         }
 
     def spec(self, vendor: str, cls: str, strategies: Sequence[str]) -> dict[str, Any]:
-        return {"cdiVersion": CDI_VERSION, "kind": f"{vendor}/{cls}", "devices": self.devices(strategies),
-                "containerEdits": self.common_edits()}
+        return {
+            "cdiVersion": CDI_VERSION,
+            "kind": f"{vendor}/{cls}",
+            "devices": self.devices(strategies),
+            "containerEdits": self.common_edits(),
+        }
 
 
 def to_yaml(value: Any, indent: int = 0) -> list[str]:
@@ -202,28 +220,41 @@ def ctk_main(argv: Sequence[str], env: Mapping[str, str]) -> int:
     cdi = commands.add_parser("cdi", help="CDI specifications")
     cdi_commands = cdi.add_subparsers(dest="cdi_command", metavar="generate", required=True)
     gen = cdi_commands.add_parser(
-        "generate", help="write the CDI spec for the cards of $FAKEGPU_TOPOLOGY",
+        "generate",
+        help="write the CDI spec for the cards of $FAKEGPU_TOPOLOGY",
         description="Write the CDI spec that `nvidia-ctk cdi generate` writes on a host with the cards of "
-                    "$FAKEGPU_TOPOLOGY (default /etc/fakegpu/topology.json).")
+        "$FAKEGPU_TOPOLOGY (default /etc/fakegpu/topology.json).",
+    )
     gen.add_argument("--output", default="", help="the spec file (default: stdout); .json or .yaml sets the format")
     gen.add_argument("--format", choices=("yaml", "json"), help="the output format (default: yaml)")
-    gen.add_argument("--device-name-strategy", action="append", choices=STRATEGIES, dest="strategies",
-                     help="how devices are named; repeat for several (default: index and uuid)")
+    gen.add_argument(
+        "--device-name-strategy",
+        action="append",
+        choices=STRATEGIES,
+        dest="strategies",
+        help="how devices are named; repeat for several (default: index and uuid)",
+    )
     gen.add_argument("--vendor", "--cdi-vendor", default="nvidia.com", help="the spec's vendor (nvidia.com)")
     gen.add_argument("--class", "--cdi-class", default="gpu", dest="cls", help="the spec's class (gpu)")
-    gen.add_argument("--nvidia-cdi-hook-path", default="",
-                     help="the hook the spec runs (default: the nvidia-cdi-hook beside this program)")
+    gen.add_argument(
+        "--nvidia-cdi-hook-path",
+        default="",
+        help="the hook the spec runs (default: the nvidia-cdi-hook beside this program)",
+    )
     try:
         args = parser.parse_args(argv[1:])
         if not _VENDOR.fullmatch(args.vendor) or not _CLASS.fullmatch(args.cls):
-            raise UsageError(f"invalid CDI kind {args.vendor}/{args.cls}. HINT: a vendor like nvidia.com, "
-                             "a class like gpu")
+            raise UsageError(
+                f"invalid CDI kind {args.vendor}/{args.cls}. HINT: a vendor like nvidia.com, a class like gpu"
+            )
         output = Path(args.output) if args.output else None
         fmt = args.format or ("json" if output and output.suffix.lower() == ".json" else "yaml")
         path = env.get("FAKEGPU_TOPOLOGY") or fg.DEFAULT_TOPOLOGY
         if not os.path.isfile(path):
-            raise UsageError(f"failed to generate CDI spec: no topology at {path}. "
-                             "HINT: set FAKEGPU_TOPOLOGY to a file of tests/fakegpu/scenarios")
+            raise UsageError(
+                f"failed to generate CDI spec: no topology at {path}. "
+                "HINT: set FAKEGPU_TOPOLOGY to a file of tests/fakegpu/scenarios"
+            )
         try:
             topology = fg.load_topology(path, prog="failed to generate CDI spec")
         except fg.HookError as e:
@@ -242,8 +273,10 @@ def ctk_main(argv: Sequence[str], env: Mapping[str, str]) -> int:
             try:
                 write_atomically(output, text)
             except OSError as e:
-                raise UsageError(f"failed to save CDI spec to {output}: {e.strerror}. "
-                                 "HINT: --output names a file in a folder that exists") from None
+                raise UsageError(
+                    f"failed to save CDI spec to {output}: {e.strerror}. "
+                    "HINT: --output names a file in a folder that exists"
+                ) from None
         return 0
     except UsageError as e:
         print(f"nvidia-ctk: ERROR: {e}", file=sys.stderr)
@@ -265,15 +298,17 @@ def fakegpu_devices(config: Mapping[str, Any]) -> list[str]:
 
 
 def hook_main(argv: Sequence[str], env: Mapping[str, str], stdin_text: Optional[str] = None) -> int:
-    parser = Parser(prog=HOOK_NAME, description="Fake nvidia-cdi-hook: run by the container runtime as a CDI "
-                                                "spec's createContainer hook, with the OCI state on stdin.")
+    parser = Parser(
+        prog=HOOK_NAME,
+        description="Fake nvidia-cdi-hook: run by the container runtime as a CDI "
+        "spec's createContainer hook, with the OCI state on stdin.",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     links = commands.add_parser("create-symlinks", help="create links in the container's root file system")
     links.add_argument("--link", action="append", default=[], help="TARGET::LINK")
     ldcache = commands.add_parser("update-ldcache", help="run ldconfig on the container's root file system")
     ldcache.add_argument("--folder", action="append", default=[], help="a folder with libraries")
-    expose = commands.add_parser("fakegpu-expose",
-                                 help="write the topology of the requested cards into the container")
+    expose = commands.add_parser("fakegpu-expose", help="write the topology of the requested cards into the container")
     expose.add_argument("--device", action="append", default=[], help="a card or MIG device UUID")
     record: dict[str, Any] = {"time": time.time(), "command": " ".join(argv[1:2])}
     try:

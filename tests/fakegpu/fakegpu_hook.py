@@ -415,12 +415,16 @@ def swarm_resource_envvars(env: Mapping[str, str]) -> list[str]:
     except FileNotFoundError:
         return []  # the toolkit's defaults: swarm-resource unset
     except (OSError, ValueError, ImportError) as e:  # tomllib.TOMLDecodeError is a ValueError
-        raise HookError(f"nvidia-container-runtime-hook: failed to load config: couldn't open required "
-                        f"configuration file: {path}: {e}") from None
+        raise HookError(
+            f"nvidia-container-runtime-hook: failed to load config: couldn't open required "
+            f"configuration file: {path}: {e}"
+        ) from None
     value = data.get("swarm-resource", "")
     if not isinstance(value, str):
-        raise HookError(f"nvidia-container-runtime-hook: failed to load config: {path}: swarm-resource "
-                        f"must be a string, not {type(value).__name__}")
+        raise HookError(
+            f"nvidia-container-runtime-hook: failed to load config: {path}: swarm-resource "
+            f"must be a string, not {type(value).__name__}"
+        )
     return [v.strip() for v in value.split(",") if v.strip()]
 
 

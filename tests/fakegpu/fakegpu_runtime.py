@@ -116,8 +116,9 @@ def main(argv: Sequence[str]) -> int:
         if has_create_subcommand(args):
             hook = Path(__file__).resolve().parent / HOOK_NAME
             if not os.access(hook, os.X_OK):
-                raise RuntimeFailure(f"could not apply required modification to OCI specification: {hook}: "
-                                    "no such executable")
+                raise RuntimeFailure(
+                    f"could not apply required modification to OCI specification: {hook}: no such executable"
+                )
             modify_bundle(bundle_dir(args), str(hook))
         runtime = low_level_runtime(os.environ.get("PATH"))
     except RuntimeFailure as e:

@@ -27,23 +27,36 @@ def need(n: int) -> None:
 
 
 def real_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CUDA_", "GPUPIN_", "FAKEGPU_", "DOCKER_RESOURCE_"))
-           and k not in ("LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CUDA_", "GPUPIN_", "FAKEGPU_", "DOCKER_RESOURCE_"))
+        and k not in ("LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES")
+    }
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
 
 
 def cards() -> list[tuple[str, str]]:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,pci.bus_id", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=True, env=real_env()).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid,pci.bus_id", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=real_env(),
+    ).stdout
     return [tuple(x.strip() for x in line.split(",")) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
 
 
 def entrypoint(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpupin.entrypoint.cli", *args], env=real_env(**env),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gpupin.entrypoint.cli", *args],
+        env=real_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def saw(out: str) -> list[str]:
@@ -89,11 +102,13 @@ def test_assert_pinned_in_a_torch_workload_catches_a_rewritten_cuda_visible_devi
     need(2)
     pytest.importorskip("torch")
     u1, b1 = cards()[1]
-    code = ("import os; os.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
-            "import torch; torch.cuda.init()\n"
-            "from gpupin.entrypoint import assert_pinned\n"
-            "try:\n    assert_pinned()\n    print('not caught')\n"
-            "except Exception as e:\n    print('caught', type(e).__name__, e.exit_code)\n")
+    code = (
+        "import os; os.environ['CUDA_VISIBLE_DEVICES'] = '0'\n"
+        "import torch; torch.cuda.init()\n"
+        "from gpupin.entrypoint import assert_pinned\n"
+        "try:\n    assert_pinned()\n    print('not caught')\n"
+        "except Exception as e:\n    print('caught', type(e).__name__, e.exit_code)\n"
+    )
     r = entrypoint("--quiet", sys.executable, "-c", code, GPUPIN_EXPECT=f"{u1}@{b1}")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "caught MisalignedError 78", r.stdout
@@ -115,8 +130,10 @@ def minors() -> list[tuple[str, int]]:
 
     pynvml.nvmlInit()
     try:
-        return [(str(pynvml.nvmlDeviceGetUUID(h)), int(pynvml.nvmlDeviceGetMinorNumber(h)))
-                for h in (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount()))]
+        return [
+            (str(pynvml.nvmlDeviceGetUUID(h)), int(pynvml.nvmlDeviceGetMinorNumber(h)))
+            for h in (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount()))
+        ]
     finally:
         pynvml.nvmlShutdown()
 
@@ -127,18 +144,39 @@ def test_slurms_allocation_is_read_through_the_real_minor_numbers() -> None:
     # No gres.conf (a host without Slurm, or a container without the node's): Slurm's number is read as the minor
     # number, as `File=/dev/nvidia[0-N]` makes it. SLURM_CONF keeps a gres.conf this host may have out of it.
     for uuid, minor in ((u0, m0), (u1, m1)):
-        r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", SLURM_STEP_GPUS=str(minor),
-                       CUDA_VISIBLE_DEVICES=str(minor), SLURM_LOCALID="0", SLURM_CONF="/nonexistent/slurm.conf")
+        r = entrypoint(
+            sys.executable,
+            "-m",
+            "gpupin.entrypoint",
+            SLURM_STEP_GPUS=str(minor),
+            CUDA_VISIBLE_DEVICES=str(minor),
+            SLURM_LOCALID="0",
+            SLURM_CONF="/nonexistent/slurm.conf",
+        )
         assert r.returncode == 0, r.stderr
         assert saw(r.stdout) == [uuid], r.stdout
         assert f"minor number {minor}" in r.stderr
     # a launcher's reordering within the allocation is followed
-    r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", SLURM_STEP_GPUS=f"{m0},{m1}",
-                   CUDA_VISIBLE_DEVICES=f"{m1},{m0}", SLURM_LOCALID="0", SLURM_CONF="/nonexistent/slurm.conf")
+    r = entrypoint(
+        sys.executable,
+        "-m",
+        "gpupin.entrypoint",
+        SLURM_STEP_GPUS=f"{m0},{m1}",
+        CUDA_VISIBLE_DEVICES=f"{m1},{m0}",
+        SLURM_LOCALID="0",
+        SLURM_CONF="/nonexistent/slurm.conf",
+    )
     assert r.returncode == 0 and saw(r.stdout) == [u1, u0], r.stderr
     # a job script that points CUDA_VISIBLE_DEVICES at a card outside the allocation is refused
-    r = entrypoint("sh", "-c", "echo WORKLOAD-STARTED", SLURM_STEP_GPUS=str(m1), CUDA_VISIBLE_DEVICES=str(m0),
-                   SLURM_LOCALID="0", SLURM_CONF="/nonexistent/slurm.conf")
+    r = entrypoint(
+        "sh",
+        "-c",
+        "echo WORKLOAD-STARTED",
+        SLURM_STEP_GPUS=str(m1),
+        CUDA_VISIBLE_DEVICES=str(m0),
+        SLURM_LOCALID="0",
+        SLURM_CONF="/nonexistent/slurm.conf",
+    )
     assert r.returncode == 78 and "WORKLOAD-STARTED" not in r.stdout, r.stderr
 
 
@@ -148,8 +186,15 @@ def test_slurms_numbers_through_a_gres_conf_that_lists_the_cards_backwards(tmp_p
     need(2)
     (_, m0), (u1, m1) = minors()[:2]
     (tmp_path / "gres.conf").write_text(f"Name=gpu File=/dev/nvidia{m1}\nName=gpu File=/dev/nvidia{m0}\n")
-    r = entrypoint(sys.executable, "-m", "gpupin.entrypoint", SLURM_STEP_GPUS="0", CUDA_VISIBLE_DEVICES="0",
-                   SLURM_LOCALID="0", SLURM_CONF=str(tmp_path / "slurm.conf"))
+    r = entrypoint(
+        sys.executable,
+        "-m",
+        "gpupin.entrypoint",
+        SLURM_STEP_GPUS="0",
+        CUDA_VISIBLE_DEVICES="0",
+        SLURM_LOCALID="0",
+        SLURM_CONF=str(tmp_path / "slurm.conf"),
+    )
     assert r.returncode == 0 and saw(r.stdout) == [u1], r.stderr
     assert f"Slurm's GPU 0 = /dev/nvidia{m1})" in r.stderr and "positions in" in r.stderr
 
@@ -160,9 +205,13 @@ def test_sigterm_during_the_cuda_probe_ends_the_entrypoint_promptly() -> None:
     import time
 
     expect = ",".join(u for u, _ in cards())
-    p = subprocess.Popen([sys.executable, "-m", "gpupin.entrypoint.cli", "sh", "-c", "echo WORKLOAD-STARTED"],
-                         env=real_env(GPUPIN_EXPECT=expect), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gpupin.entrypoint.cli", "sh", "-c", "echo WORKLOAD-STARTED"],
+        env=real_env(GPUPIN_EXPECT=expect),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: children_of(p.pid), 60, "the CUDA probe to start", interval=0.005)  # SIGTERM lands in it
     sent = time.monotonic()
     p.send_signal(signal.SIGTERM)
@@ -182,6 +231,18 @@ def test_a_hostile_pythonpath_does_not_reach_the_entrypoint(tmp_path: Any) -> No
     uuid, bus = cards()[0]
     env = real_env(GPUPIN_EXPECT=f"{uuid}@{bus}")
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    r = subprocess.run([sys.executable, "-c", "import sys; from gpupin.entrypoint.cli import main; sys.exit(main())",
-                        "sh", "-c", "echo WORKLOAD-STARTED"], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gpupin.entrypoint.cli import main; sys.exit(main())",
+            "sh",
+            "-c",
+            "echo WORKLOAD-STARTED",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0 and "WORKLOAD-STARTED" in r.stdout, r.stderr

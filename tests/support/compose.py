@@ -20,8 +20,9 @@ V1 = Path(shutil.which("docker-compose") or "/usr/bin/docker-compose")
 GPU_ENV = re.compile(r"GPUPIN_\w*|NVIDIA_VISIBLE_DEVICES")
 
 # A service's CDI device request, in compose v2's long form (%s: the device_ids).
-CDI_DEPLOY = ("    deploy: {resources: {reservations: {devices: [{driver: cdi, device_ids: [%s], "
-              "capabilities: [gpu]}]}}}")
+CDI_DEPLOY = (
+    "    deploy: {resources: {reservations: {devices: [{driver: cdi, device_ids: [%s], capabilities: [gpu]}]}}}"
+)
 
 
 def devices(svc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -33,8 +34,10 @@ def devices(svc: dict[str, Any]) -> list[dict[str, Any]]:
 def tool(path: Path) -> list[str]:
     if not path.exists():
         if required():
-            pytest.fail(f"{path} is needed here (CI): `make engine26` unpacks compose v2, docker-compose is "
-                        "Debian's package", pytrace=False)
+            pytest.fail(
+                f"{path} is needed here (CI): `make engine26` unpacks compose v2, docker-compose is Debian's package",
+                pytrace=False,
+            )
         pytest.skip(f"{path} is not installed")
     return [str(path)]
 

@@ -69,8 +69,10 @@ def _serve(client: socket.socket, target: str, rules: list[Rule]) -> None:
             if m == method and pattern.search(path):
                 if status:
                     body = b'{"message":"injected by the test proxy"}'
-                    client.sendall(b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                                   b"Connection: close\r\n\r\n%s" % (status, len(body), body))
+                    client.sendall(
+                        b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                        b"Connection: close\r\n\r\n%s" % (status, len(body), body)
+                    )
                 return  # status 0: drop the connection without an answer
         upgrade = any(ln.lower().startswith("upgrade:") for ln in lines[1:])
         if not upgrade:
@@ -93,21 +95,31 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--listen", required=True, help="tcp://HOST:PORT or unix:///PATH")
     p.add_argument("--to", required=True, help="the daemon's unix socket")
-    p.add_argument("--fail", action="append", default=[], metavar="'METHOD PATH_REGEX=STATUS'",
-                   help="answer STATUS to matching requests (the path without /vX.Y, with its query)")
-    p.add_argument("--drop", action="append", default=[], metavar="'METHOD PATH_REGEX'",
-                   help="close matching requests' connections without an answer")
+    p.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="'METHOD PATH_REGEX=STATUS'",
+        help="answer STATUS to matching requests (the path without /vX.Y, with its query)",
+    )
+    p.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="'METHOD PATH_REGEX'",
+        help="close matching requests' connections without an answer",
+    )
     p.add_argument("--tls", nargs=3, metavar=("CERT", "KEY", "CA"), help="TLS, client certificates required")
     args = p.parse_args(argv)
     rules = _rules(args.fail, args.drop)
     if args.listen.startswith("unix://"):
-        path = args.listen[len("unix://"):]
+        path = args.listen[len("unix://") :]
         if os.path.exists(path):
             os.unlink(path)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(path)
     else:
-        host, _, port = args.listen[len("tcp://"):].rpartition(":")
+        host, _, port = args.listen[len("tcp://") :].rpartition(":")
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind((host, int(port)))

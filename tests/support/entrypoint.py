@@ -37,9 +37,16 @@ class Entrypoint:
         self.sandbox = sandbox
         self.py = sys.executable if mode == "host" else "python3"
 
-    def argv(self, args: list[str], env: dict[str, str], gpus: str | None, init: bool = False,
-             detach: bool = False, scenario_name: str = "mixed-4", docker_args: tuple[str, ...] = ()
-             ) -> tuple[list[str], dict[str, str]]:
+    def argv(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        gpus: str | None,
+        init: bool = False,
+        detach: bool = False,
+        scenario_name: str = "mixed-4",
+        docker_args: tuple[str, ...] = (),
+    ) -> tuple[list[str], dict[str, str]]:
         args = [a.replace("{py}", self.py) for a in args]
         if self.mode == "host":
             return [ENTRYPOINT, *args], simhost_env(scenario_name, **env)
@@ -53,14 +60,21 @@ class Entrypoint:
             cmd += ["-e", f"{k}={v}"]
         return [*cmd, TEST_IMAGE, *args], self.sandbox.env
 
-    def run(self, *args: str, env: dict[str, str] | None = None, gpus: str | None = "all",
-            init: bool = False, scenario_name: str = "mixed-4", docker_args: tuple[str, ...] = (),
-            cwd: Path | None = None) -> Result:
+    def run(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        gpus: str | None = "all",
+        init: bool = False,
+        scenario_name: str = "mixed-4",
+        docker_args: tuple[str, ...] = (),
+        cwd: Path | None = None,
+    ) -> Result:
         """`docker_args` go to `docker run` (container mode); `cwd` is the host process's directory (host mode)."""
-        argv, penv = self.argv(list(args), env or {}, gpus, init, scenario_name=scenario_name,
-                               docker_args=docker_args)
-        p = subprocess.run(argv, env=penv, capture_output=True, text=True, timeout=120,
-                           cwd=cwd if self.mode == "host" else None)
+        argv, penv = self.argv(list(args), env or {}, gpus, init, scenario_name=scenario_name, docker_args=docker_args)
+        p = subprocess.run(
+            argv, env=penv, capture_output=True, text=True, timeout=120, cwd=cwd if self.mode == "host" else None
+        )
         return Result(p.returncode, p.stdout, p.stderr)
 
 

@@ -48,26 +48,31 @@ def idle_topology(name: str = "mixed-4") -> str:
 
 def simhost_env(name: str = "mixed-4", **extra: str) -> dict[str, str]:
     """The environment of a process on the simulated host: the fake libraries, the topology, nothing CUDA."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CUDA_", "GPUPIN_", "NVIDIA_", "DOCKER_RESOURCE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPUPIN_", "NVIDIA_", "DOCKER_RESOURCE_"))}
     env["LD_LIBRARY_PATH"] = str(FAKEGPU / "lib")
     env["FAKEGPU_TOPOLOGY"] = str(scenario(name))
     env.update(extra)
     return env
 
 
-def hostagent(*args: str, scenario_name: str = "mixed-4", timeout: float = 120,
-              **env: str) -> subprocess.CompletedProcess[str]:
+def hostagent(
+    *args: str, scenario_name: str = "mixed-4", timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
     """The hostagent CLI on the simulated host with that scenario's cards (`env` added to its environment)."""
-    return subprocess.run([HOSTAGENT, *args], env=simhost_env(scenario_name, **env), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [HOSTAGENT, *args], env=simhost_env(scenario_name, **env), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def doctor_on(root: Path, docker_host: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """`hostagent doctor` on the simulated host's mixed-4, with `root` as the host's root and that daemon."""
-    return subprocess.run([HOSTAGENT, "doctor", "--root", str(root), *args],
-                          env=simhost_env("mixed-4", DOCKER_HOST=docker_host, **env), capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [HOSTAGENT, "doctor", "--root", str(root), *args],
+        env=simhost_env("mixed-4", DOCKER_HOST=docker_host, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def saw(out: str) -> list[str]:

@@ -21,8 +21,9 @@ GOLDEN_HOST = "gpu-host"
 
 def ls(*args: str, scenario_name: str = "mixed-4", **env: str) -> subprocess.CompletedProcess[str]:
     """`hostagent ls ARGS` on the simulated host with that scenario's cards."""
-    return subprocess.run([HOSTAGENT, "ls", *args], env=simhost_env(scenario_name, **env), capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [HOSTAGENT, "ls", *args], env=simhost_env(scenario_name, **env), capture_output=True, text=True, timeout=60
+    )
 
 
 def by_uuid(listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -44,8 +45,13 @@ def ls_on_golden_host(args: list[str], env: dict[str, str]) -> subprocess.Comple
     if os.geteuid() != 0:
         enter.insert(1, "--map-root-user")  # unprivileged: a user namespace gives the right to name the host
     rename = f"import os, socket, sys; socket.sethostname({GOLDEN_HOST!r}); os.execv(sys.argv[1], sys.argv[1:])"
-    return subprocess.run([*enter, sys.executable, "-c", rename, HOSTAGENT, "ls", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*enter, sys.executable, "-c", rename, HOSTAGENT, "ls", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def shown(r: subprocess.CompletedProcess[str]) -> str:
@@ -65,5 +71,6 @@ def check_golden(request: pytest.FixtureRequest, name: str, text: str) -> None:
         path.write_text(text)
         return
     assert path.exists(), f"no golden file {path.relative_to(REPO)}: `make golden` writes it (review the diff)"
-    assert text == path.read_text(), f"hostagent ls differs from {path.relative_to(REPO)} (`make golden` rewrites " \
-                                     "it when the change is meant)"
+    assert text == path.read_text(), (
+        f"hostagent ls differs from {path.relative_to(REPO)} (`make golden` rewrites it when the change is meant)"
+    )

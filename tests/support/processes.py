@@ -15,8 +15,11 @@ ME = pwd.getpwuid(os.getuid()).pw_name  # the user of the host processes the tes
 
 def on_cards(path: Path, uses: dict[str, Any]) -> dict[str, str]:
     """The fake NVML reports these processes ({uuid: [pid, ...] or an NVML error name}); the env that says so."""
-    path.write_text(json.dumps({u: v if isinstance(v, str) else [{"pid": p, "used_memory_mib": 256} for p in v]
-                                for u, v in uses.items()}))
+    path.write_text(
+        json.dumps(
+            {u: v if isinstance(v, str) else [{"pid": p, "used_memory_mib": 256} for p in v] for u, v in uses.items()}
+        )
+    )
     return {"FAKEGPU_PROCESSES": str(path)}
 
 

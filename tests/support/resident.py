@@ -47,8 +47,7 @@ class Resident:
     def restart(self) -> None:
         """Start it again after kill(), as systemd's Restart= does: the same command line, socket and port."""
         assert self.proc.poll() is not None, "the agent still runs"
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(self._up, 30, "the agent to listen again")
 
     def rss(self) -> int:

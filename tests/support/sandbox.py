@@ -30,8 +30,9 @@ def engines_under_test() -> list[str]:
     wanted = os.environ.get("GPUPIN_TEST_ENGINES", "").replace(",", " ").split()
     unknown = sorted(set(wanted) - set(ENGINES))
     if unknown:
-        raise pytest.UsageError(f"GPUPIN_TEST_ENGINES: unknown engine {' '.join(unknown)}; the engines are "
-                                f"{' '.join(ENGINES)}")
+        raise pytest.UsageError(
+            f"GPUPIN_TEST_ENGINES: unknown engine {' '.join(unknown)}; the engines are {' '.join(ENGINES)}"
+        )
     return [e for e in ENGINES if e in wanted] if wanted else list(ENGINES)
 
 
@@ -39,8 +40,14 @@ def sandbox_env(engine: str) -> dict[str, str]:
     """What sandbox.sh says a client of this engine's sandbox needs (DOCKER_HOST, its docker CLI, its run folder;
     DOCKER_CONFIG for Engine 26, whose CLI finds the compose plugin through it). GPUPIN_SANDBOX_NAME selects one
     more sandbox beside the default one, as in sandbox.sh and the Makefile."""
-    out = subprocess.run([str(SANDBOX_SCRIPT), "env"], env=dict(os.environ, GPUPIN_SANDBOX_ENGINE=engine),
-                         capture_output=True, text=True, check=True, timeout=30).stdout
+    out = subprocess.run(
+        [str(SANDBOX_SCRIPT), "env"],
+        env=dict(os.environ, GPUPIN_SANDBOX_ENGINE=engine),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -59,18 +66,29 @@ class Sandbox:
             self.env["DOCKER_CONFIG"] = info["DOCKER_CONFIG"]
         # docker-compose 1.29 (Debian 12) beside 20.10; the compose v2 CLI plugin (Debian 13) beside Engine 26.
         self.compose_cli: Sequence[str] = (
-            [shutil.which("docker-compose") or "/usr/bin/docker-compose"] if engine == "20.10"
-            else [self.docker_cli, "compose"])
+            [shutil.which("docker-compose") or "/usr/bin/docker-compose"]
+            if engine == "20.10"
+            else [self.docker_cli, "compose"]
+        )
 
-    def docker(self, *args: str, check: bool = False, timeout: float = 120,
-               input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([self.docker_cli, *args], env=self.env, capture_output=True, text=True, check=check,
-                              timeout=timeout, input=input)
+    def docker(
+        self, *args: str, check: bool = False, timeout: float = 120, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.docker_cli, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+            input=input,
+        )
 
     def compose(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """This engine's compose, with the flags both generations read (`--ansi never`, not 1.x's `--no-ansi`)."""
-        return subprocess.run([*self.compose_cli, "--ansi", "never", *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [*self.compose_cli, "--ansi", "never", *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
 
     def restart(self, scenario_name: str) -> None:
         """Run the sandbox with another topology (the hook reads it from dockerd's environment; Engine 26 also
@@ -149,12 +167,14 @@ class Agent:
         return [HOSTAGENT, *args]
 
     def __call__(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(*args), env={**self.env, **env}, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            self.argv(*args), env={**self.env, **env}, capture_output=True, text=True, timeout=timeout
+        )
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.argv(*args), env={**self.env, **env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            self.argv(*args), env={**self.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     def containers(self, state: str | None = None) -> list[dict[str, str]]:
         args = ["ps", "-a", "--no-trunc", "--filter", f"label=gpupin.test={self.tag}", "--format", "{{json .}}"]

@@ -87,17 +87,32 @@ def cards(name: str = "mixed-4") -> list[Card]:
         c.minor_number = g["minor_number"]
         c.compute_capability = g.get("compute_capability", "8.0")
         c.processes = len(g.get("processes", []))
-        c.process_list = [Process(p["pid"], None if p.get("used_memory_mib", 0) is None
-                                  else p.get("used_memory_mib", 0) * MIB, p.get("gpu_instance_id"),
-                                  p.get("compute_instance_id")) for p in g.get("processes", [])]
+        c.process_list = [
+            Process(
+                p["pid"],
+                None if p.get("used_memory_mib", 0) is None else p.get("used_memory_mib", 0) * MIB,
+                p.get("gpu_instance_id"),
+                p.get("compute_instance_id"),
+            )
+            for p in g.get("processes", [])
+        ]
         c.temperature = g.get("temperature_gpu")
         c.power_draw, c.power_limit = g.get("power_draw_mw"), g.get("power_limit_mw")
         mig = g.get("mig") or {}
         c.mig_mode = bool(mig.get("mode", 0))
         if c.mig_mode:  # NVML has no utilization for a card in MIG mode
             c.utilization_gpu = None
-            c.mig_devices = [MigDevice(m["uuid"], m["gpu_instance_id"], m["compute_instance_id"], m.get("name"),
-                                       m.get("memory_total_mib", 0) * MIB, j, m.get("memory_used_mib", 0) * MIB)
-                             for j, m in enumerate(mig.get("devices", []))]
+            c.mig_devices = [
+                MigDevice(
+                    m["uuid"],
+                    m["gpu_instance_id"],
+                    m["compute_instance_id"],
+                    m.get("name"),
+                    m.get("memory_total_mib", 0) * MIB,
+                    j,
+                    m.get("memory_used_mib", 0) * MIB,
+                )
+                for j, m in enumerate(mig.get("devices", []))
+            ]
         out.append(c)
     return out

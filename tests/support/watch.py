@@ -23,8 +23,14 @@ class Running:
     """A watched workload started in the background: its output as it comes, and signals sent to the entrypoint
     (to its process on the host, through `docker kill` in a container)."""
 
-    def __init__(self, ep: Entrypoint, *args: str, env: dict[str, str] | None = None,
-                 watch: tuple[str, ...] = WATCH, docker_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        ep: Entrypoint,
+        *args: str,
+        env: dict[str, str] | None = None,
+        watch: tuple[str, ...] = WATCH,
+        docker_args: tuple[str, ...] = (),
+    ) -> None:
         self.ep = ep
         argv, penv = ep.argv([*watch, *args], env or PIN, device(RTX), detach=True, docker_args=docker_args)
         self.out: list[str] = []
@@ -32,8 +38,10 @@ class Running:
         if ep.mode == "host":
             self.proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             self.cid = ""
-            self.readers = [threading.Thread(target=lambda s=stream, ls=lines: ls.extend(s), daemon=True)
-                            for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+            self.readers = [
+                threading.Thread(target=lambda s=stream, ls=lines: ls.extend(s), daemon=True)
+                for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+            ]
             for t in self.readers:
                 t.start()
         else:
@@ -83,8 +91,14 @@ class Running:
             self.ep.sandbox.docker("rm", "-f", self.cid)
 
 
-def start(ep: Entrypoint, started: list[Running], *args: str, env: dict[str, str] | None = None,
-          watch: tuple[str, ...] = WATCH, docker_args: tuple[str, ...] = ()) -> Running:
+def start(
+    ep: Entrypoint,
+    started: list[Running],
+    *args: str,
+    env: dict[str, str] | None = None,
+    watch: tuple[str, ...] = WATCH,
+    docker_args: tuple[str, ...] = (),
+) -> Running:
     r = Running(ep, *args, env=env, watch=watch, docker_args=docker_args)
     started.append(r)
     return r

@@ -179,24 +179,31 @@ def box_and_request(draw: st.DrawFn) -> tuple[str, list[Card], list[tuple[Card, 
 @settings(max_examples=60, deadline=None)
 @given(box_and_request(), st.booleans())
 def test_the_plan_puts_expectation_k_at_cuda_k_as_the_cuda_driver_enumerates(
-        fakegpu: Path, request: tuple[str, list[Card], list[tuple[Card, MigDevice | None]]], with_bus: bool) -> None:
+    fakegpu: Path, request: tuple[str, list[Card], list[tuple[Card, MigDevice | None]]], with_bus: bool
+) -> None:
     # The model property: whatever the box and the pick, the CUDA driver (the fake, which keeps CUDA's rules:
     # tests/fakegpu/cuda.c) reports binding k at cuda:k under the plan's CUDA_VISIBLE_DEVICES.
     name, box, picked = request
     entries = [(m.uuid if m else str(c.uuid)) + (f"@{c.bus_id}" if with_bus else "") for c, m in picked]
     p = plan(parse_expect(",".join(entries)), box)
     assert p.cuda_visible_devices is not None
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH": str(FAKEGPU / "lib"),
-           "FAKEGPU_TOPOLOGY": str(scenario(name)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-           "CUDA_VISIBLE_DEVICES": p.cuda_visible_devices}
-    out = subprocess.run([sys.executable, *cudaprobe.CHILD_ARGS], env=env, capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LD_LIBRARY_PATH": str(FAKEGPU / "lib"),
+        "FAKEGPU_TOPOLOGY": str(scenario(name)),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": p.cuda_visible_devices,
+    }
+    out = subprocess.run(
+        [sys.executable, *cudaprobe.CHILD_ARGS], env=env, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     found = [CudaDevice.from_probe(d) for d in cudaprobe.from_lines(out)["devices"]]
     assert [(d.uuid_hex, d.bus_id) for d in found] == [(uuid_hex(b.uuid), b.bus_id) for b in p.bindings]
     check_devices(p, found, box, "the CUDA driver", p.cuda_visible_devices)
 
 
 # --- a source whose cards are all the runtime was meant to expose (Swarm's reservation) -----------------------
+
 
 def swarm_expectation(value: str, key: str = "DOCKER_RESOURCE_GPU") -> Expectation:
     found = from_environ({key: value, "NVIDIA_VISIBLE_DEVICES": "all"})
@@ -224,12 +231,16 @@ def test_a_swarm_task_that_sees_more_cards_than_it_reserved_is_refused(key: str)
         check_sole(p, scenario_cards())
     err = info.value
     assert err.exit_code == 78
-    assert err.message == (f"{key} reserves {A800C} for this task, but it also sees 3 device(s) it did not reserve "
-                           f"({A800}, {RTX}, {A800B}), which the scheduler gives to other tasks")
+    assert err.message == (
+        f"{key} reserves {A800C} for this task, but it also sees 3 device(s) it did not reserve "
+        f"({A800}, {RTX}, {A800B}), which the scheduler gives to other tasks"
+    )
     assert err.hint is not None
-    assert f"the node advertises {key.removeprefix('DOCKER_RESOURCE_')} resources, but its runtime's " \
-           f"swarm-resource does not name {key}, so it fell back to NVIDIA_VISIBLE_DEVICES " \
-           "(NVIDIA_VISIBLE_DEVICES='all' here)" in err.hint
+    assert (
+        f"the node advertises {key.removeprefix('DOCKER_RESOURCE_')} resources, but its runtime's "
+        f"swarm-resource does not name {key}, so it fell back to NVIDIA_VISIBLE_DEVICES "
+        "(NVIDIA_VISIBLE_DEVICES='all' here)" in err.hint
+    )
     assert "`hostagent swarm node-config --check` on that node" in err.hint
     assert f'swarm-resource = "{key}"' in err.hint
 

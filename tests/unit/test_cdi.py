@@ -24,6 +24,7 @@ NAMES = ["0", A800, "1", RTX, "2", A800B, "3", A800C, "all"]
 
 # --- names -----------------------------------------------------------------------------------------------------
 
+
 def test_cdi_names_are_parsed_as_the_cdi_library_does() -> None:
     assert cdi.parse("nvidia.com/gpu=GPU-1c5e") == ("nvidia.com/gpu", "GPU-1c5e")
     assert cdi.parse(" vendor.com/fpga=0:1 ") == ("vendor.com/fpga", "0:1")
@@ -36,11 +37,14 @@ def test_cdi_names_are_parsed_as_the_cdi_library_does() -> None:
 
 # --- what the daemon serves --------------------------------------------------------------------------------------
 
+
 def spec_text(style: str, kind: str = "nvidia.com/gpu", names: list[str] = NAMES) -> str:
-    spec: dict[str, Any] = {"cdiVersion": "0.5.0", "kind": kind,
-                            "devices": [{"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}
-                                        for n in names],
-                            "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}
+    spec: dict[str, Any] = {
+        "cdiVersion": "0.5.0",
+        "kind": kind,
+        "devices": [{"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}} for n in names],
+        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+    }
     if style == "json":
         return json.dumps(spec)
     if style == "flow":
@@ -63,16 +67,34 @@ def test_a_local_daemons_spec_folders_are_read_for_the_kind_and_its_names(tmp_pa
 
 
 def test_the_fast_yaml_reader_reads_the_fake_specs_layout_too() -> None:
-    spec = "\n".join(["---", 'cdiVersion: "0.5.0"', 'kind: "nvidia.com/gpu"', "devices:", '  - name: "0"',
-                      "    containerEdits:", "      deviceNodes:", '        - path: "/dev/nvidia0"',
-                      "  - name: 'GPU-x' # a comment", "containerEdits:", "  env:", '    - "A=1"'])
+    spec = "\n".join(
+        [
+            "---",
+            'cdiVersion: "0.5.0"',
+            'kind: "nvidia.com/gpu"',
+            "devices:",
+            '  - name: "0"',
+            "    containerEdits:",
+            "      deviceNodes:",
+            '        - path: "/dev/nvidia0"',
+            "  - name: 'GPU-x' # a comment",
+            "containerEdits:",
+            "  env:",
+            '    - "A=1"',
+        ]
+    )
     assert cdi._block_names(spec) == ("nvidia.com/gpu", ["0", "GPU-x"])
     assert cdi._block_names(spec_text("flow")) is None  # anything else is PyYAML's
 
 
 def test_what_each_kind_of_info_says() -> None:
-    discovered = {"DiscoveredDevices": [{"Source": "cdi", "ID": f"nvidia.com/gpu={RTX}"},
-                                        {"Source": "cdi", "ID": "vendor.com/fpga=0"}], "CDISpecDirs": ["/nowhere"]}
+    discovered = {
+        "DiscoveredDevices": [
+            {"Source": "cdi", "ID": f"nvidia.com/gpu={RTX}"},
+            {"Source": "cdi", "ID": "vendor.com/fpga=0"},
+        ],
+        "CDISpecDirs": ["/nowhere"],
+    }
     d = cdi.detect(discovered, local=False)  # the daemon's own list: no spec file read, remote or not
     assert d.served and d.names == frozenset({RTX})
     none = cdi.detect({"DiscoveredDevices": [{"Source": "cdi", "ID": "vendor.com/fpga=0"}]}, local=True)
@@ -96,18 +118,17 @@ def test_the_way_to_pin() -> None:
 
 # --- the pin ---------------------------------------------------------------------------------------------------
 
+
 def test_the_cdi_pin_is_the_nvidia_pin_but_for_the_request_and_the_variable_the_spec_owns() -> None:
     cards = scenario_cards("mixed-4")
     targets = [Target(cards[3]), Target(cards[1])]
     pin = Pin(targets, share=True, verify="nvml", via="cdi")
     nvidia = Pin(targets, share=True, verify="nvml")
-    assert pin.env() == {"GPUPIN_EXPECT": f"{A800C}@00000000:AF:00.0,{RTX}@00000000:3B:00.0",
-                         "GPUPIN_VERIFY": "nvml"}
+    assert pin.env() == {"GPUPIN_EXPECT": f"{A800C}@00000000:AF:00.0,{RTX}@00000000:3B:00.0", "GPUPIN_VERIFY": "nvml"}
     assert nvidia.env() == {"NVIDIA_VISIBLE_DEVICES": f"{A800C},{RTX}", **pin.env()}
     assert pin.labels() == nvidia.labels() == {"gpupin.devices": f"{A800C},{RTX}", "gpupin.shared": "true"}
     ids = [f"nvidia.com/gpu={A800C}", f"nvidia.com/gpu={RTX}"]
-    assert pin.device_request() == {"Driver": "cdi", "Count": 0, "DeviceIDs": ids, "Capabilities": [],
-                                    "Options": {}}
+    assert pin.device_request() == {"Driver": "cdi", "Count": 0, "DeviceIDs": ids, "Capabilities": [], "Options": {}}
     assert dict(pin.sdk_device_request()) == pin.device_request()
     assert pin.compose_device() == {"driver": "cdi", "device_ids": ids, "capabilities": ["gpu"]}
     assert pin.docker_run_args() == ["--device", ids[0], "--device", ids[1]]

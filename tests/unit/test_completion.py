@@ -44,8 +44,14 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("completion")
     out = {}
     for shell in SHELLS:
-        r = subprocess.run([str(BIN / "hostagent"), "completion", shell], env=_env(), capture_output=True, text=True,
-                           timeout=60, check=True)
+        r = subprocess.run(
+            [str(BIN / "hostagent"), "completion", shell],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         out[shell] = folder / f"hostagent.{shell}"
         out[shell].write_text(r.stdout)
     return out
@@ -56,27 +62,42 @@ def bash(script: Path, line: str, cwd: Path | None = None, scenario: str = "mixe
     and COMP_WORDS split at blanks and at bash's word breaks `:` and `=` (each run of them a word of its own)."""
     full = f"hostagent {line}"
     words = [w for token in full.split(" ") for w in re.findall(r"[:=]+|[^:=]+", token) or [""]]
-    code = (f"source {script}; COMP_LINE={shlex.quote(full)}; COMP_POINT={len(full)}; "
-            f"COMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); COMP_CWORD={len(words) - 1}; _hostagent; "
-            'printf "%s\\n" "${COMPREPLY[@]}"')
-    r = subprocess.run([_shell("bash"), "--norc", "-c", code], env=_env(scenario), capture_output=True, text=True,
-                       timeout=60, cwd=cwd)
+    code = (
+        f"source {script}; COMP_LINE={shlex.quote(full)}; COMP_POINT={len(full)}; "
+        f"COMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); COMP_CWORD={len(words) - 1}; _hostagent; "
+        'printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    r = subprocess.run(
+        [_shell("bash"), "--norc", "-c", code], env=_env(scenario), capture_output=True, text=True, timeout=60, cwd=cwd
+    )
     assert r.returncode == 0, r.stderr
     return [w for w in r.stdout.splitlines() if w]
 
 
 def zsh(script: Path, line: str, cwd: Path | None = None) -> list[str]:
     """The matches zsh's completion system offers for LINE<TAB> (tests/support/complete.zsh)."""
-    r = subprocess.run([_shell("zsh"), "-f", str(ZSH_CAPTURE), str(script), line], env=_env(), capture_output=True,
-                       text=True, timeout=60, cwd=cwd)
+    r = subprocess.run(
+        [_shell("zsh"), "-f", str(ZSH_CAPTURE), str(script), line],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
     assert r.returncode == 0, r.stderr
     return [w for w in r.stdout.splitlines() if w]
 
 
 def fish(script: Path, line: str, cwd: Path | None = None) -> list[str]:
     """What fish's `complete -C LINE` offers (the candidates, without their descriptions)."""
-    r = subprocess.run([_shell("fish"), "--no-config", "-c", f"source {script}; complete -C {line!r}"], env=_env(),
-                       capture_output=True, text=True, timeout=60, cwd=cwd)
+    r = subprocess.run(
+        [_shell("fish"), "--no-config", "-c", f"source {script}; complete -C {line!r}"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
     assert r.returncode == 0, r.stderr
     return [w.split("\t")[0] for w in r.stdout.splitlines() if w]
 
@@ -90,17 +111,21 @@ def complete(shell: str, scripts: dict[str, Path], line: str, cwd: Path | None =
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-@pytest.mark.parametrize(("line", "values"), [
-    ("run --restart ", {"no", "always", "unless-stopped", "on-failure"}),
-    ("run --via ", {"cdi", "nvidia"}),
-    ("run --pull ", {"missing", "never", "always"}),
-    ("ls --color ", {"auto", "always", "never"}),
-    ("run --verify ", set(LEVELS)),
-    ("compose render --via ", {"cdi", "nvidia"}),
-    ("completion ", set(SHELLS)),
-])
-def test_an_option_with_values_offers_its_values(shell: str, scripts: dict[str, Path], line: str,
-                                                 values: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("line", "values"),
+    [
+        ("run --restart ", {"no", "always", "unless-stopped", "on-failure"}),
+        ("run --via ", {"cdi", "nvidia"}),
+        ("run --pull ", {"missing", "never", "always"}),
+        ("ls --color ", {"auto", "always", "never"}),
+        ("run --verify ", set(LEVELS)),
+        ("compose render --via ", {"cdi", "nvidia"}),
+        ("completion ", set(SHELLS)),
+    ],
+)
+def test_an_option_with_values_offers_its_values(
+    shell: str, scripts: dict[str, Path], line: str, values: set[str]
+) -> None:
     assert complete(shell, scripts, line) == values
 
 
@@ -128,8 +153,12 @@ def test_bash_completes_specs_with_colons_as_one_word(scripts: dict[str, Path]) 
     assert set(bash(scripts["bash"], "run --gpu 0:", scenario="mig")) == {":0", ":1"}  # the word is `:`
     assert set(bash(scripts["bash"], "run --gpu 0:0", scenario="mig")) == {"0"}
     assert bash(scripts["bash"], "run --gpu 00000000:3") == ["3B:00.0"]
-    assert set(bash(scripts["bash"], "run --gpu 00000000:3B:00.0 --r")) == {"--read-only", "--restart", "--rm",
-                                                                             "--runtime"}
+    assert set(bash(scripts["bash"], "run --gpu 00000000:3B:00.0 --r")) == {
+        "--read-only",
+        "--restart",
+        "--rm",
+        "--runtime",
+    }
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -207,13 +236,15 @@ class Terminal:
         os.waitpid(self.pid, 0)
 
 
-@pytest.mark.parametrize(("typed", "line"), [
-    ("hostagent run --gpu 00000000:3", "hostagent run --gpu 00000000:3B:00.0 "),
-    ("hostagent run --restart=al", "hostagent run --restart=always "),
-    ("hostagent compose render tr", "hostagent compose render train.yml "),
-])
-def test_readline_completes_the_line_in_place(scripts: dict[str, Path], tmp_path: Path, typed: str,
-                                              line: str) -> None:
+@pytest.mark.parametrize(
+    ("typed", "line"),
+    [
+        ("hostagent run --gpu 00000000:3", "hostagent run --gpu 00000000:3B:00.0 "),
+        ("hostagent run --restart=al", "hostagent run --restart=always "),
+        ("hostagent compose render tr", "hostagent compose render train.yml "),
+    ],
+)
+def test_readline_completes_the_line_in_place(scripts: dict[str, Path], tmp_path: Path, typed: str, line: str) -> None:
     """bash itself, as a user meets it: the words bash breaks at `:` and `=` come back whole."""
     (tmp_path / "train.yml").write_text("services: {}\n")
     term = Terminal(scripts["bash"], tmp_path)

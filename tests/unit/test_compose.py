@@ -33,8 +33,9 @@ A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
 EXAMPLES = REPO / "compose"
 # A "billion laughs" alias bomb of about the issue's size (461 bytes there): 9**8 strings once expanded, which is
 # gigabytes in any copy, dump or repr of it.
-ALIAS_BOMB = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
-              + "".join(f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")))
+ALIAS_BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")
+)
 
 
 def holding(*uuids: str, name: str = "other-job", shared: bool = False) -> dict[str, list[Holder]]:
@@ -76,11 +77,14 @@ def service(image: str = "img", **extra: str) -> str:
 
 def deploy_ids(*ids: str, extra: str = "") -> str:
     quoted = ", ".join(f"'{i}'" for i in ids)
-    return f"    deploy: {{resources: {{reservations: {{devices: [{{driver: nvidia, device_ids: [{quoted}], " \
-           f"capabilities: [gpu]}}]}}}}}}\n{extra}"
+    return (
+        f"    deploy: {{resources: {{reservations: {{devices: [{{driver: nvidia, device_ids: [{quoted}], "
+        f"capabilities: [gpu]}}]}}}}}}\n{extra}"
+    )
 
 
 # --- loading: bytes -> text -> YAML, with limits -----------------------------------------------------------------
+
 
 def load_error(tmp_path: Path, content: bytes | str, name: str = "f.yml") -> ServiceError:
     path = tmp_path / name
@@ -91,26 +95,41 @@ def load_error(tmp_path: Path, content: bytes | str, name: str = "f.yml") -> Ser
     return info.value
 
 
-@pytest.mark.parametrize(("content", "says", "hint"), [
-    (b"", "holds no YAML document (it is empty", "a compose file is a mapping"),
-    (b"# nothing but a comment\n", "holds no YAML document", "`services:`"),
-    (b"services:\n  a: {image: \xff}\n", "not UTF-8 text (byte 0xff at line 2, column 14)", "save it as UTF-8"),
-    ("services: {}\n".encode("utf-16"), "UTF-16 text", "save it as UTF-8"),
-    (b"services:\n\ta: {image: i}\n", "not valid YAML", "indent with spaces"),
-    (b"services: [\n", "not valid YAML", "docker compose -f FILE config"),
-    (b"services:\n  a: {image: i}\n  a: {image: j}\n", "the key 'a' is given twice in one mapping (at line 2, column 3 "
-     "and line 3, column 3): compose v2 refuses that", "keep one of them"),
-    (b"x: &x {a: 1}\ny: &y {b: 2}\nservices:\n  s:\n    <<: *x\n    <<: *y\n", "the key '<<' is given twice",
-     "`<<: [*a, *b]`"),
-    (ALIAS_BOMB.encode(), "aliases expand it to more than 4,000,000 nodes and characters", "one anchor"),
-    (b"a: &a [1, *a]\n", "refers to a node that contains it", "cannot be used inside itself"),
-    (b"[" * 100 + b"]" * 100, "nests deeper than 64 levels", "indentation"),
-    ("".join(f"a{i}: &a{i} " + "[" * 40 + (f"*a{i - 1}" if i else "1") + "]" * 40 + "\n" for i in range(3)).encode(),
-     "its YAML aliases nest it deeper than 64 levels", "not aliases of aliases"),
-    (b"services: !!set {a, b}\n", "the YAML tag '!!set'", "remove it"),
-    (b"services:\n  a:\n    ports: !custom []\n", "the YAML tag '!custom'", "compose v2 reads !reset"),
-    (b"services: {a: {image: i}}\n---\nservices: {}\n", "more than one YAML document", "docker compose"),
-])
+@pytest.mark.parametrize(
+    ("content", "says", "hint"),
+    [
+        (b"", "holds no YAML document (it is empty", "a compose file is a mapping"),
+        (b"# nothing but a comment\n", "holds no YAML document", "`services:`"),
+        (b"services:\n  a: {image: \xff}\n", "not UTF-8 text (byte 0xff at line 2, column 14)", "save it as UTF-8"),
+        ("services: {}\n".encode("utf-16"), "UTF-16 text", "save it as UTF-8"),
+        (b"services:\n\ta: {image: i}\n", "not valid YAML", "indent with spaces"),
+        (b"services: [\n", "not valid YAML", "docker compose -f FILE config"),
+        (
+            b"services:\n  a: {image: i}\n  a: {image: j}\n",
+            "the key 'a' is given twice in one mapping (at line 2, column 3 "
+            "and line 3, column 3): compose v2 refuses that",
+            "keep one of them",
+        ),
+        (
+            b"x: &x {a: 1}\ny: &y {b: 2}\nservices:\n  s:\n    <<: *x\n    <<: *y\n",
+            "the key '<<' is given twice",
+            "`<<: [*a, *b]`",
+        ),
+        (ALIAS_BOMB.encode(), "aliases expand it to more than 4,000,000 nodes and characters", "one anchor"),
+        (b"a: &a [1, *a]\n", "refers to a node that contains it", "cannot be used inside itself"),
+        (b"[" * 100 + b"]" * 100, "nests deeper than 64 levels", "indentation"),
+        (
+            "".join(
+                f"a{i}: &a{i} " + "[" * 40 + (f"*a{i - 1}" if i else "1") + "]" * 40 + "\n" for i in range(3)
+            ).encode(),
+            "its YAML aliases nest it deeper than 64 levels",
+            "not aliases of aliases",
+        ),
+        (b"services: !!set {a, b}\n", "the YAML tag '!!set'", "remove it"),
+        (b"services:\n  a:\n    ports: !custom []\n", "the YAML tag '!custom'", "compose v2 reads !reset"),
+        (b"services: {a: {image: i}}\n---\nservices: {}\n", "more than one YAML document", "docker compose"),
+    ],
+)
 def test_bad_files_are_one_problem_naming_the_place(tmp_path: Path, content: bytes, says: str, hint: str) -> None:
     err = load_error(tmp_path, content)
     assert says in err.message and err.hint is not None and hint in err.hint, (err.message, err.hint)
@@ -153,9 +172,11 @@ def test_yaml_1_1_base_60_numbers_that_compose_v2_reads_as_text_stay_text() -> N
 
 
 def test_anchors_and_merge_keys_work_and_aliases_become_copies() -> None:
-    doc = parse("x-env: &env {RUN: '1'}\nx-base: &base {image: i, environment: *env}\n"
-                "services:\n  a:\n    <<: *base\n    x-gpupin: {gpus: ['1']}\n"
-                "  b:\n    <<: [*base]\n    image: j\n    x-gpupin: {gpus: ['3']}\n")
+    doc = parse(
+        "x-env: &env {RUN: '1'}\nx-base: &base {image: i, environment: *env}\n"
+        "services:\n  a:\n    <<: *base\n    x-gpupin: {gpus: ['1']}\n"
+        "  b:\n    <<: [*base]\n    image: j\n    x-gpupin: {gpus: ['3']}\n"
+    )
     a, b = doc["services"]["a"], doc["services"]["b"]
     assert a["environment"] == b["environment"] == {"RUN": "1"} and b["image"] == "j"
     assert a["environment"] is not b["environment"]
@@ -167,6 +188,7 @@ def test_anchors_and_merge_keys_work_and_aliases_become_copies() -> None:
 
 
 # --- render: the pure core ------------------------------------------------------------------------------------
+
 
 def test_specs_are_pinned_by_uuid_in_local_rank_order_and_the_rest_is_kept() -> None:
     doc = render("""
@@ -187,9 +209,11 @@ services:
     svc = doc["services"]["trainer"]
     assert "x-gpupin" not in svc
     assert devices(svc) == [{"driver": "nvidia", "device_ids": [A800C, RTX], "capabilities": ["gpu"]}]
-    assert svc["environment"] == {"NVIDIA_VISIBLE_DEVICES": f"{A800C},{RTX}",
-                                  "GPUPIN_EXPECT": f"{A800C}@00000000:AF:00.0,{RTX}@00000000:3B:00.0",
-                                  "GPUPIN_VERIFY": "nvml"}
+    assert svc["environment"] == {
+        "NVIDIA_VISIBLE_DEVICES": f"{A800C},{RTX}",
+        "GPUPIN_EXPECT": f"{A800C}@00000000:AF:00.0,{RTX}@00000000:3B:00.0",
+        "GPUPIN_VERIFY": "nvml",
+    }
     assert svc["labels"] == {"gpupin.devices": f"{A800C},{RTX}", "gpupin.shared": "false"}
     assert svc["command"] == ["python3", "train.py"] and svc["restart"] == "no"
     assert svc["volumes"] == ["./data:/data"]
@@ -206,7 +230,8 @@ def test_environment_and_labels_keep_the_users_form(form: str) -> None:
     else:
         extra = "    environment: {RUN: '1'}\n    labels: {team: ml}"
     svc = render(f"services:\n  a:\n{service()}\n{extra}\n    x-gpupin: {{gpus: [GPU-95c6], share: true}}\n")[
-        "services"]["a"]
+        "services"
+    ]["a"]
     if form == "list":
         assert svc["environment"] == ["RUN=1", f"NVIDIA_VISIBLE_DEVICES={RTX}", f"GPUPIN_EXPECT={expect(RTX)}"]
         assert svc["labels"] == ["team=ml", f"gpupin.devices={RTX}", "gpupin.shared=true"]
@@ -216,15 +241,19 @@ def test_environment_and_labels_keep_the_users_form(form: str) -> None:
 
 
 def test_a_quoted_bus_id_an_index_and_an_unquoted_bus_id_all_name_their_card() -> None:
-    doc = render("services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['0000:3b:00.0']}\n"
-                 "  b:\n    image: i\n    x-gpupin: {gpus: [86:00.0]}\n"
-                 "  c:\n    image: i\n    x-gpupin: {gpus: [3]}\n")
+    doc = render(
+        "services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['0000:3b:00.0']}\n"
+        "  b:\n    image: i\n    x-gpupin: {gpus: [86:00.0]}\n"
+        "  c:\n    image: i\n    x-gpupin: {gpus: [3]}\n"
+    )
     assert [devices(doc["services"][s])[0]["device_ids"] for s in "abc"] == [[RTX], [A800B], [A800C]]
 
 
 def test_count_takes_the_best_free_cards_after_the_named_ones() -> None:
-    doc = render("services:\n  a:\n    image: i\n    x-gpupin: {count: 2}\n"
-                 "  b:\n    image: i\n    x-gpupin: {gpus: [GPU-6cd4]}\n")
+    doc = render(
+        "services:\n  a:\n    image: i\n    x-gpupin: {count: 2}\n"
+        "  b:\n    image: i\n    x-gpupin: {gpus: [GPU-6cd4]}\n"
+    )
     # b's named card is taken first; then the most free memory: the idle A800s, not the 24 GiB 4090.
     assert devices(doc["services"]["a"])[0]["device_ids"] == [A800, A800C]
     assert devices(doc["services"]["b"])[0]["device_ids"] == [A800B]
@@ -242,8 +271,10 @@ def test_a_count_that_the_ledger_blocks_is_75_naming_the_holder() -> None:
 
 
 def test_a_file_that_asks_for_more_cards_than_the_host_has_is_64() -> None:
-    err = refusals("services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['0', '1', '2']}\n"
-                   "  b:\n    image: i\n    x-gpupin: {count: 2}\n")
+    err = refusals(
+        "services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['0', '1', '2']}\n"
+        "  b:\n    image: i\n    x-gpupin: {count: 2}\n"
+    )
     assert err.exit_code == 64 and err.problems[0].service == "b"
     err = refusals("services:\n  a:\n    image: i\n    x-gpupin: {count: 5}\n")
     assert err.exit_code == 64 and err.problems[0].problem == "count: 5: this host has only 4 whole card(s)"
@@ -261,8 +292,10 @@ def test_a_named_card_held_by_a_running_container_is_75_unless_both_share() -> N
 
 
 def test_one_card_for_two_services_is_64_unless_both_share() -> None:
-    text = ("services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]%s}\n"
-            "  b:\n    image: i\n    x-gpupin: {gpus: ['1']%s}\n")
+    text = (
+        "services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]%s}\n"
+        "  b:\n    image: i\n    x-gpupin: {gpus: ['1']%s}\n"
+    )
     err = refusals(text % ("", ""))
     assert err.exit_code == 64 and err.problems[0].service == "b"
     assert "is also given to service a: both would run on one card" in err.problems[0].problem
@@ -272,51 +305,77 @@ def test_one_card_for_two_services_is_64_unless_both_share() -> None:
 
 
 def test_every_refusal_is_collected_and_any_usage_error_makes_it_64() -> None:
-    err = refusals("services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-0000]}\n"
-                   "  b:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]}\n", holding(RTX))
+    err = refusals(
+        "services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-0000]}\n"
+        "  b:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]}\n",
+        holding(RTX),
+    )
     assert [p.service for p in err.problems] == ["a", "b"] and [p.exit_code for p in err.problems] == [64, 75]
     assert err.exit_code == 64
 
 
-@pytest.mark.parametrize(("body", "says"), [
-    ("    x-gpupin: {gpus: [GPU-6c]}", "ambiguous"),
-    ("    x-gpupin: {gpus: [GPU-0000]}", "no card's UUID starts with"),
-    ("    x-gpupin: {gpus: ['7']}", "out of range"),
-    ("    x-gpupin: {gpus: [GPU-95c6, '1']}", "already asked for"),
-    ("    x-gpupin: {gpus: []}", "x-gpupin.gpus is empty"),
-    ("    x-gpupin: {gpus: [GPU-95c6], count: 1}", "not both"),
-    ("    x-gpupin: {}", "not both and not neither"),
-    ("    x-gpupin: {gpu: [GPU-95c6]}", "unknown key(s) 'gpu'"),
-    ("    x-gpupin: {count: 0}", "not a number of cards"),
-    ("    x-gpupin: {count: 1, verify: full}", "unknown level 'full'"),
-    ("    x-gpupin: [GPU-95c6]", "not a mapping"),
-    ("    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {replicas: 2}", "2 replicas"),
-    ("    x-gpupin: {gpus: [GPU-95c6]}\n    scale: -1", "`scale: -1` is not a number of containers"),
-    ("    x-gpupin: {gpus: [GPU-95c6]}\n    environment: [GPUPIN_EXPECT=GPU-95c6]", "sets GPUPIN_EXPECT by hand"),
-    ("    x-gpupin: {gpus: [GPU-95c6]}\n    environment: {NVIDIA_VISIBLE_DEVICES: all}",
-     "sets NVIDIA_VISIBLE_DEVICES by hand"),
-    ("    x-gpupin: {gpus: [GPU-95c6]}\n    labels: [gpupin.devices=x]", "sets the label gpupin.devices"),
-    ("    x-gpupin: {gpus: [GPU-95c6]}\n    labels: {gpupin.shared: 'true'}", "sets the label gpupin.shared"),
-    ("    x-gpupin: {gpus: [GPU-95c6], verify: nvml}\n    environment: [GPUPIN_VERIFY=cuda]",
-     "GPUPIN_VERIFY='cuda' but x-gpupin.verify is nvml"),
-    ("    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}",
-     "asks for GPUs twice"),
-    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, device_ids: ['0'], "
-     "capabilities: [gpu]}]}}}", "both `count` and `device_ids`"),
-    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, device_ids: ['1', GPU-95c6], "
-     "capabilities: [gpu]}]}}}", "already asked for"),  # the issue's case: check passed it, render refused it
-    ("    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
-     "    environment: [GPUPIN_EXPECT=x]", "sets GPUPIN_EXPECT by hand beside a count: 1, which names no card"),
-    ("    x-gpupin: {gpus: [GPU-95c6]}\n    environment: {DOCKER_RESOURCE_GPU: GPU-6cd4}",
-     "environment sets DOCKER_RESOURCE_GPU='GPU-6cd4', which the NVIDIA toolkit reads to pick the devices it "
-     "exposes, beside its pin"),
-    ("    environment: [NVIDIA_MIG_MONITOR_DEVICES=all]",  # no request: a GPU nothing names nor checks
-     "sets NVIDIA_MIG_MONITOR_DEVICES='all', which the NVIDIA toolkit reads to pick the devices it exposes, so "
-     "the NVIDIA runtime may give it devices that no request names"),
-    ("    environment: [DOCKER_RESOURCE_GPU]", "sets DOCKER_RESOURCE_GPU (from the shell)"),
-    ("    environment: 7\n    x-gpupin: {count: 1}", "neither a list nor a mapping"),
-    ("    labels: 7\n    x-gpupin: {count: 1}", "`labels` is neither a list nor a mapping"),
-])
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("    x-gpupin: {gpus: [GPU-6c]}", "ambiguous"),
+        ("    x-gpupin: {gpus: [GPU-0000]}", "no card's UUID starts with"),
+        ("    x-gpupin: {gpus: ['7']}", "out of range"),
+        ("    x-gpupin: {gpus: [GPU-95c6, '1']}", "already asked for"),
+        ("    x-gpupin: {gpus: []}", "x-gpupin.gpus is empty"),
+        ("    x-gpupin: {gpus: [GPU-95c6], count: 1}", "not both"),
+        ("    x-gpupin: {}", "not both and not neither"),
+        ("    x-gpupin: {gpu: [GPU-95c6]}", "unknown key(s) 'gpu'"),
+        ("    x-gpupin: {count: 0}", "not a number of cards"),
+        ("    x-gpupin: {count: 1, verify: full}", "unknown level 'full'"),
+        ("    x-gpupin: [GPU-95c6]", "not a mapping"),
+        ("    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {replicas: 2}", "2 replicas"),
+        ("    x-gpupin: {gpus: [GPU-95c6]}\n    scale: -1", "`scale: -1` is not a number of containers"),
+        ("    x-gpupin: {gpus: [GPU-95c6]}\n    environment: [GPUPIN_EXPECT=GPU-95c6]", "sets GPUPIN_EXPECT by hand"),
+        (
+            "    x-gpupin: {gpus: [GPU-95c6]}\n    environment: {NVIDIA_VISIBLE_DEVICES: all}",
+            "sets NVIDIA_VISIBLE_DEVICES by hand",
+        ),
+        ("    x-gpupin: {gpus: [GPU-95c6]}\n    labels: [gpupin.devices=x]", "sets the label gpupin.devices"),
+        ("    x-gpupin: {gpus: [GPU-95c6]}\n    labels: {gpupin.shared: 'true'}", "sets the label gpupin.shared"),
+        (
+            "    x-gpupin: {gpus: [GPU-95c6], verify: nvml}\n    environment: [GPUPIN_VERIFY=cuda]",
+            "GPUPIN_VERIFY='cuda' but x-gpupin.verify is nvml",
+        ),
+        (
+            "    x-gpupin: {gpus: [GPU-95c6]}\n"
+            "    deploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}",
+            "asks for GPUs twice",
+        ),
+        (
+            "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, device_ids: ['0'], "
+            "capabilities: [gpu]}]}}}",
+            "both `count` and `device_ids`",
+        ),
+        (
+            "    deploy: {resources: {reservations: {devices: [{driver: nvidia, device_ids: ['1', GPU-95c6], "
+            "capabilities: [gpu]}]}}}",
+            "already asked for",
+        ),  # the issue's case: check passed it, render refused it
+        (
+            "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
+            "    environment: [GPUPIN_EXPECT=x]",
+            "sets GPUPIN_EXPECT by hand beside a count: 1, which names no card",
+        ),
+        (
+            "    x-gpupin: {gpus: [GPU-95c6]}\n    environment: {DOCKER_RESOURCE_GPU: GPU-6cd4}",
+            "environment sets DOCKER_RESOURCE_GPU='GPU-6cd4', which the NVIDIA toolkit reads to pick the devices it "
+            "exposes, beside its pin",
+        ),
+        (
+            "    environment: [NVIDIA_MIG_MONITOR_DEVICES=all]",  # no request: a GPU nothing names nor checks
+            "sets NVIDIA_MIG_MONITOR_DEVICES='all', which the NVIDIA toolkit reads to pick the devices it exposes, so "
+            "the NVIDIA runtime may give it devices that no request names",
+        ),
+        ("    environment: [DOCKER_RESOURCE_GPU]", "sets DOCKER_RESOURCE_GPU (from the shell)"),
+        ("    environment: 7\n    x-gpupin: {count: 1}", "neither a list nor a mapping"),
+        ("    labels: 7\n    x-gpupin: {count: 1}", "`labels` is neither a list nor a mapping"),
+    ],
+)
 def test_refusals_are_64_and_name_the_service_and_check_says_the_same(body: str, says: str) -> None:
     text = f"services:\n  svc:\n    image: i\n{body}\n"
     err = refusals(text)
@@ -326,17 +385,20 @@ def test_refusals_are_64_and_name_the_service_and_check_says_the_same(body: str,
     assert not found.ok and [p.line("f") for p in found.refusals] == [p.line("f") for p in err.problems]
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("services: [", "not valid YAML"),
-    ("[1, 2]", "top level is not a mapping"),
-    ("version: '3'\n", "it has no `services:`"),
-    ("services: {}", "`services:` is empty"),
-    ("services: [a, b]", "`services` is a list, not a mapping"),
-    ("services:\n  123:\n    image: i\n", "the service name 123 is not a string (YAML reads it as a number)"),
-    ("services:\n  'a b':\n    image: i\n", "the service name 'a b' has characters compose does not allow"),
-    ('services:\n  "a\\nb":\n    image: i\n', "the service name 'a\\nb' has characters"),
-    ("services:\n  ~:\n    image: i\n", "a service has no name"),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("services: [", "not valid YAML"),
+        ("[1, 2]", "top level is not a mapping"),
+        ("version: '3'\n", "it has no `services:`"),
+        ("services: {}", "`services:` is empty"),
+        ("services: [a, b]", "`services` is a list, not a mapping"),
+        ("services:\n  123:\n    image: i\n", "the service name 123 is not a string (YAML reads it as a number)"),
+        ("services:\n  'a b':\n    image: i\n", "the service name 'a b' has characters compose does not allow"),
+        ('services:\n  "a\\nb":\n    image: i\n', "the service name 'a\\nb' has characters"),
+        ("services:\n  ~:\n    image: i\n", "a service has no name"),
+    ],
+)
 def test_a_malformed_file_is_64_naming_it(text: str, says: str) -> None:
     try:
         doc = parse(text)
@@ -364,7 +426,9 @@ def test_a_quoted_numeric_service_name_renders() -> None:
 def test_a_malformed_service_is_64_naming_it() -> None:
     err = refusals("services:\n  a: just-text\n  b:\n    image: i\n    deploy: [1]\n    x-gpupin: {count: 1}\n")
     assert err.exit_code == 64 and [(p.service, p.problem) for p in err.problems] == [
-        ("a", "the service is not a mapping"), ("b", "`deploy` is not a mapping (it is [1])")]
+        ("a", "the service is not a mapping"),
+        ("b", "`deploy` is not a mapping (it is [1])"),
+    ]
 
 
 def test_standard_deploy_requests_are_pinned_by_uuid() -> None:
@@ -410,6 +474,7 @@ def test_a_hand_set_expectation_beside_device_ids_keeps_its_local_rank_order() -
 
 # --- check: the file as written --------------------------------------------------------------------------------
 
+
 def test_a_rendered_example_checks_clean() -> None:
     text = (EXAMPLES / "two-services.yml").read_text()
     result = check(load.dump(render(text)))
@@ -426,12 +491,15 @@ def test_an_index_is_flagged_with_the_uuid_it_names_today_and_render_pins_it() -
     assert p.render_fixes and devices(render(text)["services"]["a"])[0]["device_ids"] == [RTX]
 
 
-@pytest.mark.parametrize(("ids", "says", "fixed"), [
-    (("GPU-95c6",), "is a UUID prefix", True),
-    (("3b:00.0",), "without its PCI domain", True),
-    (("GPU-00000000-0000-0000-0000-000000000000",), "no card with UUID", False),
-    (("9",), "out of range", False),
-])
+@pytest.mark.parametrize(
+    ("ids", "says", "fixed"),
+    [
+        (("GPU-95c6",), "is a UUID prefix", True),
+        (("3b:00.0",), "without its PCI domain", True),
+        (("GPU-00000000-0000-0000-0000-000000000000",), "no card with UUID", False),
+        (("9",), "out of range", False),
+    ],
+)
 def test_device_ids_the_runtime_would_not_take_are_errors(ids: tuple[str, ...], says: str, fixed: bool) -> None:
     text = f"services:\n  a:\n    image: i\n{deploy_ids(*ids)}"
     result = check(text)
@@ -456,15 +524,19 @@ def test_the_wrong_way_count_is_flagged_and_render_fixes_it() -> None:
     assert all("count: 1 is not a pin" in p.problem and A800 in p.problem for p in warnings)
     (err,) = errors_of(result)
     assert err.service == "evaluator" and err.render_fixes
-    assert err.problem == f"as written, count: 1 gets {A800} (index 0, 00000000:1B:00.0, NVIDIA A800-SXM4-80GB), " \
-                          "which is also given to service trainer: both would run on one card"
+    assert (
+        err.problem == f"as written, count: 1 gets {A800} (index 0, 00000000:1B:00.0, NVIDIA A800-SXM4-80GB), "
+        "which is also given to service trainer: both would run on one card"
+    )
     doc = render(text)
     assert [devices(doc["services"][s])[0]["device_ids"] for s in ("trainer", "evaluator")] == [[A800], [A800C]]
 
 
 def test_double_booking_by_uuid_and_index_is_one_problem_per_extra_service() -> None:
-    result = check(f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}  b:\n    image: i\n    x-gpupin: "
-                   f"{{gpus: [GPU-95c6]}}\n  c:\n    image: i\n{deploy_ids('00000000:3B:00.0')}")
+    result = check(
+        f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}  b:\n    image: i\n    x-gpupin: "
+        f"{{gpus: [GPU-95c6]}}\n  c:\n    image: i\n{deploy_ids('00000000:3B:00.0')}"
+    )
     errs = errors_of(result)
     assert [p.service for p in errs] == ["b", "c"]
     assert "also given to service a, b" in errs[1].problem
@@ -472,8 +544,10 @@ def test_double_booking_by_uuid_and_index_is_one_problem_per_extra_service() -> 
 
 def test_sharing_is_allowed_when_every_service_says_so() -> None:
     shared = "    labels: {gpupin.shared: 'true'}\n"
-    text = f"services:\n  a:\n    image: i\n{deploy_ids(RTX, extra=shared)}" \
-           f"  b:\n    image: i\n    x-gpupin: {{gpus: [GPU-95c6], share: true}}\n"
+    text = (
+        f"services:\n  a:\n    image: i\n{deploy_ids(RTX, extra=shared)}"
+        f"  b:\n    image: i\n    x-gpupin: {{gpus: [GPU-95c6], share: true}}\n"
+    )
     assert check(text).ok
     assert not check(text.replace(shared, "")).ok
 
@@ -487,30 +561,36 @@ def test_a_card_held_by_a_running_container_is_flagged_unless_both_share() -> No
 
 
 def test_a_count_as_written_on_a_held_card_is_flagged_and_render_places_it_elsewhere() -> None:
-    text = "services:\n  a:\n    image: i\n    deploy: {resources: {reservations: {devices: [{driver: nvidia, " \
-           "count: 1, capabilities: [gpu]}]}}}\n"
+    text = (
+        "services:\n  a:\n    image: i\n    deploy: {resources: {reservations: {devices: [{driver: nvidia, "
+        "count: 1, capabilities: [gpu]}]}}}\n"
+    )
     (err,) = errors_of(check(text, holding(A800, name="job7")))
     assert err.render_fixes and "as written, count: 1 gets" in err.problem and "job7" in err.problem
     assert devices(render(text, holding(A800))["services"]["a"])[0]["device_ids"] == [A800C]
 
 
 def test_replicas_and_count_with_device_ids_are_errors() -> None:
-    result = check(f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}    scale: 3\n"
-                   "  b:\n    image: i\n    deploy: {resources: {reservations: {devices: "
-                   "[{driver: nvidia, count: 1, device_ids: ['0'], capabilities: [gpu]}]}}}\n")
+    result = check(
+        f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}    scale: 3\n"
+        "  b:\n    image: i\n    deploy: {resources: {reservations: {devices: "
+        "[{driver: nvidia, count: 1, device_ids: ['0'], capabilities: [gpu]}]}}}\n"
+    )
     assert [(p.service, p.severity) for p in result.problems] == [("a", "error"), ("b", "error")]
-    assert "3 replicas" in result.problems[0].problem and "both `count` and `device_ids`" in \
-        result.problems[1].problem
+    assert "3 replicas" in result.problems[0].problem and "both `count` and `device_ids`" in result.problems[1].problem
 
 
-@pytest.mark.parametrize(("value", "ok", "says"), [
-    (f"{RTX}@3b:00.0,{A800C}", True, ""),
-    (f"{A800C},GPU-95c6", True, ""),  # another order is another local-rank order, not a mismatch
-    (RTX, False, f"names {RTX} but the service is given"),
-    (f"{RTX}@af:00.0,{A800C}", False, "but it is at 00000000:3B:00.0"),
-    ("GPU-6c", False, "ambiguous"),
-    ("cuda:0", False, "is not a GPU UUID"),
-])
+@pytest.mark.parametrize(
+    ("value", "ok", "says"),
+    [
+        (f"{RTX}@3b:00.0,{A800C}", True, ""),
+        (f"{A800C},GPU-95c6", True, ""),  # another order is another local-rank order, not a mismatch
+        (RTX, False, f"names {RTX} but the service is given"),
+        (f"{RTX}@af:00.0,{A800C}", False, "but it is at 00000000:3B:00.0"),
+        ("GPU-6c", False, "ambiguous"),
+        ("cuda:0", False, "is not a GPU UUID"),
+    ],
+)
 def test_gpupin_expect_must_agree_with_the_device_ids(value: str, ok: bool, says: str) -> None:
     env = f"    environment: ['GPUPIN_EXPECT={value}']\n"
     text = f"services:\n  a:\n    image: i\n{deploy_ids(RTX, A800C, extra=env)}"
@@ -539,14 +619,17 @@ def test_the_legacy_runtime_form_is_read_as_device_ids() -> None:
 
 def test_a_ledger_label_that_is_not_the_cards_is_an_error() -> None:
     labels = f"    labels: [gpupin.devices={A800}]\n"
-    assert "the ledger would be wrong" in errors_of(check(f"services:\n  a:\n    image: i\n"
-                                                           f"{deploy_ids(RTX, extra=labels)}"))[0].problem
+    assert (
+        "the ledger would be wrong"
+        in errors_of(check(f"services:\n  a:\n    image: i\n{deploy_ids(RTX, extra=labels)}"))[0].problem
+    )
     assert check(f"services:\n  a:\n    image: i\n{deploy_ids(RTX, extra=labels.replace(A800, RTX))}").ok
 
 
 def test_the_legacy_runtime_form_renders_to_a_device_request() -> None:
-    svc = render("services:\n  a:\n    image: i\n    runtime: nvidia\n"
-                 "    environment: [NVIDIA_VISIBLE_DEVICES=3, X=1]\n")["services"]["a"]
+    svc = render(
+        "services:\n  a:\n    image: i\n    runtime: nvidia\n    environment: [NVIDIA_VISIBLE_DEVICES=3, X=1]\n"
+    )["services"]["a"]
     assert "runtime" not in svc and devices(svc)[0]["device_ids"] == [A800C]
     assert svc["environment"] == [f"NVIDIA_VISIBLE_DEVICES={A800C}", "X=1", f"GPUPIN_EXPECT={expect(A800C)}"]
 
@@ -555,9 +638,11 @@ def test_mig_devices_collide_with_their_parent_card() -> None:
     mig = scenario_cards("mig")
     parent = mig[0].uuid
     migs = [m.uuid for m in mig[0].mig_devices]
-    doc = parse(f"services:\n  a:\n    image: i\n    x-gpupin: {{gpus: ['{migs[0]}']}}\n"
-                f"  b:\n    image: i\n    x-gpupin: {{gpus: ['0:1']}}\n"
-                f"  c:\n    image: i\n    x-gpupin: {{gpus: ['{parent}']}}\n")
+    doc = parse(
+        f"services:\n  a:\n    image: i\n    x-gpupin: {{gpus: ['{migs[0]}']}}\n"
+        f"  b:\n    image: i\n    x-gpupin: {{gpus: ['0:1']}}\n"
+        f"  c:\n    image: i\n    x-gpupin: {{gpus: ['{parent}']}}\n"
+    )
     found = examine(doc, mig, {})
     assert [p.service for p in found.refusals] == ["c"] and "is in MIG mode" in found.refusals[0].problem
     assert found.plan["b"][0].uuid == migs[1]
@@ -568,17 +653,24 @@ def test_problems_print_as_one_line_and_as_json() -> None:
     assert p.line("f.yml") == "f.yml: service a: something is wrong. HINT: fix it"
     assert Problem(None, "x", None, "warning").line("f.yml") == "f.yml: warning: x."
     assert Problem(None, "a\nb\ud800", None).line("f\n.yml") == "f\\n.yml: a\\nb\\ud800."
-    assert p.to_dict() == {"service": "a", "problem": "something is wrong", "hint": "fix it", "severity": "error",
-                           "render_fixes": False}
+    assert p.to_dict() == {
+        "service": "a",
+        "problem": "something is wrong",
+        "hint": "fix it",
+        "severity": "error",
+        "render_fixes": False,
+    }
 
 
 def test_the_projects_own_containers_are_not_counted_against_it(tmp_path: Path) -> None:
     doc = parse("name: Ml-Run\nservices: {a: {image: i}}\n")
     names = command.project_names(doc, [str(tmp_path / "My Dir" / "f.yml")], {"COMPOSE_PROJECT_NAME": "p1"})
     assert names == {"p1", "Ml-Run", "mydir"}
-    summaries = [{"Id": "1", "Labels": {"com.docker.compose.project": "p1", "com.docker.compose.service": "a"}},
-                 {"Id": "2", "Labels": {"com.docker.compose.project": "p1", "com.docker.compose.service": "z"}},
-                 {"Id": "3", "Labels": {"com.docker.compose.project": "p2", "com.docker.compose.service": "a"}}]
+    summaries = [
+        {"Id": "1", "Labels": {"com.docker.compose.project": "p1", "com.docker.compose.service": "a"}},
+        {"Id": "2", "Labels": {"com.docker.compose.project": "p1", "com.docker.compose.service": "z"}},
+        {"Id": "3", "Labels": {"com.docker.compose.project": "p2", "com.docker.compose.service": "a"}},
+    ]
     assert command.own_container_ids(summaries, names, {"a"}) == {"1"}
 
 
@@ -587,16 +679,27 @@ def test_the_projects_own_containers_are_not_counted_against_it(tmp_path: Path) 
 SERVED = cdi.Detection(True, "a test spec", [str(i) for i in range(4)] + [A800, RTX, A800B, A800C, "all"])
 
 
-@pytest.mark.parametrize(("body", "form", "specs", "count"), [
-    ("    gpus: all", "service-level `gpus:`", [], -1),
-    ("    gpus: [{driver: nvidia, device_ids: ['3', GPU-95c6]}]", "service-level `gpus:`", ["3", "GPU-95c6"], None),
-    ("    gpus: [{count: 2, capabilities: [utility]}]", "service-level `gpus:`", [], 2),
-    (CDI_DEPLOY % "'nvidia.com/gpu=3', 'nvidia.com/gpu=GPU-95c6'", "CDI device request (driver: cdi)",
-     ["3", "GPU-95c6"], None),
-    (CDI_DEPLOY % "nvidia.com/gpu=all", "CDI device request (driver: cdi)", [], -1),
-    ("    devices: ['nvidia.com/gpu=gpu3', /dev/fuse, {source: 'nvidia.com/gpu=1'}]", "CDI names in `devices:`",
-     ["3", "1"], None),
-])
+@pytest.mark.parametrize(
+    ("body", "form", "specs", "count"),
+    [
+        ("    gpus: all", "service-level `gpus:`", [], -1),
+        ("    gpus: [{driver: nvidia, device_ids: ['3', GPU-95c6]}]", "service-level `gpus:`", ["3", "GPU-95c6"], None),
+        ("    gpus: [{count: 2, capabilities: [utility]}]", "service-level `gpus:`", [], 2),
+        (
+            CDI_DEPLOY % "'nvidia.com/gpu=3', 'nvidia.com/gpu=GPU-95c6'",
+            "CDI device request (driver: cdi)",
+            ["3", "GPU-95c6"],
+            None,
+        ),
+        (CDI_DEPLOY % "nvidia.com/gpu=all", "CDI device request (driver: cdi)", [], -1),
+        (
+            "    devices: ['nvidia.com/gpu=gpu3', /dev/fuse, {source: 'nvidia.com/gpu=1'}]",
+            "CDI names in `devices:`",
+            ["3", "1"],
+            None,
+        ),
+    ],
+)
 def test_every_compose_v2_gpu_form_is_read(body: str, form: str, specs: list[str], count: int | None) -> None:
     r = gpu_request("a", parse(f"image: i\n{body[4:]}\n"))
     assert r is not None and (r.form.name, r.specs, r.count) == (form, specs, count)
@@ -610,14 +713,17 @@ def test_compose_check_of_gpus_all_says_what_each_compose_does_with_it() -> None
     notes = [p.problem for p in result.problems]
     assert [p.severity for p in result.problems] == ["warning", "warning"]
     assert any("every card is not a pin" in n for n in notes)
-    assert any("compose before v2.30 does not read it" in n and "v2.26 starts the service without any GPU" in n
-               for n in notes)
+    assert any(
+        "compose before v2.30 does not read it" in n and "v2.26 starts the service without any GPU" in n for n in notes
+    )
 
 
 def test_compose_v2_forms_render_to_a_device_entry_every_compose_reads() -> None:
-    text = ("services:\n  a:\n    image: i\n    gpus: [{device_ids: ['1']}]\n"
-            "  b:\n    image: i\n    devices: [/dev/fuse, 'nvidia.com/gpu=3']\n"
-            f"  c:\n    image: i\n{CDI_DEPLOY % 'nvidia.com/gpu=0'}\n")
+    text = (
+        "services:\n  a:\n    image: i\n    gpus: [{device_ids: ['1']}]\n"
+        "  b:\n    image: i\n    devices: [/dev/fuse, 'nvidia.com/gpu=3']\n"
+        f"  c:\n    image: i\n{CDI_DEPLOY % 'nvidia.com/gpu=0'}\n"
+    )
     doc = render(text)  # no daemon asked: the nvidia driver's request
     a, b, c = (doc["services"][n] for n in "abc")
     assert "gpus" not in a and devices(a) == [{"driver": "nvidia", "device_ids": [RTX], "capabilities": ["gpu"]}]
@@ -628,14 +734,17 @@ def test_compose_v2_forms_render_to_a_device_entry_every_compose_reads() -> None
 
 
 def test_render_pins_through_cdi_where_the_daemon_serves_the_cards_and_drops_the_variable_cdi_voids() -> None:
-    text = ("services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['1', '3']}\n"
-            "  b:\n    image: i\n    runtime: nvidia\n    environment: [NVIDIA_VISIBLE_DEVICES=0, X=1]\n"
-            "  c:\n    image: i\n    deploy: {resources: {reservations: {devices: [{driver: nvidia, "
-            "device_ids: ['2'], capabilities: [gpu, utility]}]}}}\n")
+    text = (
+        "services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['1', '3']}\n"
+        "  b:\n    image: i\n    runtime: nvidia\n    environment: [NVIDIA_VISIBLE_DEVICES=0, X=1]\n"
+        "  c:\n    image: i\n    deploy: {resources: {reservations: {devices: [{driver: nvidia, "
+        "device_ids: ['2'], capabilities: [gpu, utility]}]}}}\n"
+    )
     doc, _ = render_core(parse(text), scenario_cards(), {}, SERVED)
     a, b, c = (doc["services"][n] for n in "abc")
-    assert devices(a) == [{"driver": "cdi", "device_ids": [f"nvidia.com/gpu={RTX}", f"nvidia.com/gpu={A800C}"],
-                           "capabilities": ["gpu"]}]
+    assert devices(a) == [
+        {"driver": "cdi", "device_ids": [f"nvidia.com/gpu={RTX}", f"nvidia.com/gpu={A800C}"], "capabilities": ["gpu"]}
+    ]
     assert a["environment"] == {"GPUPIN_EXPECT": expect(RTX, A800C)}
     assert "runtime" not in b and b["environment"] == ["X=1", f"GPUPIN_EXPECT={expect(A800)}"]
     assert devices(b)[0]["device_ids"] == [f"nvidia.com/gpu={A800}"]
@@ -662,17 +771,22 @@ def test_a_cdi_index_is_flagged_and_what_the_spec_does_not_name_is_an_error() ->
     assert "is a UUID prefix, which NVIDIA's CDI spec does not name" in p.problem and p.render_fixes
 
 
-@pytest.mark.parametrize(("body", "says"), [
-    (CDI_DEPLOY.replace("device_ids: [%s]", "count: 1"), "a CDI device request has a `count`"),
-    (CDI_DEPLOY % "'nvidia.com/gpu=1', 'vendor.com/fpga=0'", "mixes 'vendor.com/fpga=0' with nvidia.com/gpu"),
-    (CDI_DEPLOY % "'nvidia.com/gpu=all', 'nvidia.com/gpu=1'", "names nvidia.com/gpu=all beside other cards"),
-    ("    gpus: some", "`gpus: 'some'` is neither `all` nor a list"),
-    ("    gpus: [{count: 1}, {count: 1}]", "`gpus:` has 2 requests"),
-    ("    gpus: [{driver: amd, count: 1}]", "asks the driver 'amd'"),
-    ("    gpus: all\n    x-gpupin: {gpus: ['1']}", "asks for GPUs twice: x-gpupin and service-level `gpus:`"),
-    (f"{CDI_DEPLOY % 'nvidia.com/gpu=1'}\n    devices: ['nvidia.com/gpu=2']",
-     "CDI device request (driver: cdi) and CDI names in `devices:`"),
-])
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (CDI_DEPLOY.replace("device_ids: [%s]", "count: 1"), "a CDI device request has a `count`"),
+        (CDI_DEPLOY % "'nvidia.com/gpu=1', 'vendor.com/fpga=0'", "mixes 'vendor.com/fpga=0' with nvidia.com/gpu"),
+        (CDI_DEPLOY % "'nvidia.com/gpu=all', 'nvidia.com/gpu=1'", "names nvidia.com/gpu=all beside other cards"),
+        ("    gpus: some", "`gpus: 'some'` is neither `all` nor a list"),
+        ("    gpus: [{count: 1}, {count: 1}]", "`gpus:` has 2 requests"),
+        ("    gpus: [{driver: amd, count: 1}]", "asks the driver 'amd'"),
+        ("    gpus: all\n    x-gpupin: {gpus: ['1']}", "asks for GPUs twice: x-gpupin and service-level `gpus:`"),
+        (
+            f"{CDI_DEPLOY % 'nvidia.com/gpu=1'}\n    devices: ['nvidia.com/gpu=2']",
+            "CDI device request (driver: cdi) and CDI names in `devices:`",
+        ),
+    ],
+)
 def test_malformed_compose_v2_gpu_requests_are_refused_by_both(body: str, says: str) -> None:
     text = f"services:\n  a:\n    image: i\n{body}\n"
     (p,) = errors_of(check(text))
@@ -681,8 +795,7 @@ def test_malformed_compose_v2_gpu_requests_are_refused_by_both(body: str, says: 
 
 
 def test_other_cdi_kinds_are_no_gpu() -> None:
-    text = ("services:\n  a:\n    image: i\n    devices: ['vendor.com/fpga=0']\n"
-            f"{CDI_DEPLOY % 'vendor.com/fpga=1'}\n")
+    text = f"services:\n  a:\n    image: i\n    devices: ['vendor.com/fpga=0']\n{CDI_DEPLOY % 'vendor.com/fpga=1'}\n"
     assert gpu_request("a", parse(text)["services"]["a"]) is None and check(text).problems == []
 
 
@@ -691,17 +804,24 @@ def test_gpu_request_reads_each_form() -> None:
     assert r is not None and r.specs == ["GPU-95c6", "3"] and r.form.name == "x-gpupin"
     r = gpu_request("s", parse("image: i\ndeploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}\n"))
     assert r is not None and r.count == -1  # no count and no ids: every card, as `--gpus all`
-    r = gpu_request("s", parse("image: i\nruntime: nvidia\nenvironment: {NVIDIA_VISIBLE_DEVICES: '1'}\n"
-                               "deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, "
-                               "capabilities: [gpu]}]}}}\n"))
+    r = gpu_request(
+        "s",
+        parse(
+            "image: i\nruntime: nvidia\nenvironment: {NVIDIA_VISIBLE_DEVICES: '1'}\n"
+            "deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, "
+            "capabilities: [gpu]}]}}}\n"
+        ),
+    )
     assert r is not None and r.form.name == "deploy device request"  # the runtime form yields to a device request
     assert gpu_request("s", parse("image: i\n")) is None
 
 
 # --- the CLI on the simulated host ----------------------------------------------------------------------------
 
-def hostagent(*args: str, docker_host: str = "unix:///nonexistent/docker.sock",
-              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+
+def hostagent(
+    *args: str, docker_host: str = "unix:///nonexistent/docker.sock", cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = simhost_env(DOCKER_HOST=docker_host)
     return subprocess.run([HOSTAGENT, *args], env=env, capture_output=True, text=True, timeout=60, cwd=cwd)
 
@@ -735,13 +855,16 @@ def test_cli_render_writes_the_pinned_file_and_says_docker_was_not_read(fakegpu:
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pinned.yml", "two-services.yml"]
     assert hostagent("compose", "check", str(out)).stdout.splitlines() == [
-        "ok: 2 service(s) with GPUs, 2 card(s) pinned"]
+        "ok: 2 service(s) with GPUs, 2 card(s) pinned"
+    ]
 
 
 def test_cli_render_refusal_writes_nothing_and_prints_one_line_each(fakegpu: Path, tmp_path: Path) -> None:
     src = tmp_path / "bad.yml"
-    src.write_text("services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-6c]}\n"
-                   "  b:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {replicas: 2}\n")
+    src.write_text(
+        "services:\n  a:\n    image: i\n    x-gpupin: {gpus: [GPU-6c]}\n"
+        "  b:\n    image: i\n    x-gpupin: {gpus: [GPU-95c6]}\n    deploy: {replicas: 2}\n"
+    )
     out = tmp_path / "out.yml"
     out.write_text("an older render\n")
     out.chmod(0o640)
@@ -761,16 +884,20 @@ def test_cli_render_refusal_writes_nothing_and_prints_one_line_each(fakegpu: Pat
     assert stat.S_IMODE(out.stat().st_mode) == 0o640 and RTX in out.read_text()
 
 
-@pytest.mark.parametrize(("output", "says"), [
-    ("/nonexistent/x.yml", "-o /nonexistent/x.yml: the directory /nonexistent does not exist"),
-    ("/tmp", "-o /tmp is a directory"),
-    ("{dir}", "is a directory"),
-    ("{src}", "is the file being rendered"),
-    ("{link}", "is the file being rendered"),
-    ("/proc/gpupin-x.yml", "-o /proc/gpupin-x.yml: cannot write it"),
-])
-def test_cli_render_refuses_an_output_it_cannot_or_must_not_write(fakegpu: Path, tmp_path: Path, output: str,
-                                                                   says: str) -> None:
+@pytest.mark.parametrize(
+    ("output", "says"),
+    [
+        ("/nonexistent/x.yml", "-o /nonexistent/x.yml: the directory /nonexistent does not exist"),
+        ("/tmp", "-o /tmp is a directory"),
+        ("{dir}", "is a directory"),
+        ("{src}", "is the file being rendered"),
+        ("{link}", "is the file being rendered"),
+        ("/proc/gpupin-x.yml", "-o /proc/gpupin-x.yml: cannot write it"),
+    ],
+)
+def test_cli_render_refuses_an_output_it_cannot_or_must_not_write(
+    fakegpu: Path, tmp_path: Path, output: str, says: str
+) -> None:
     src = tmp_path / "two-services.yml"
     shutil.copy(EXAMPLES / "two-services.yml", src)
     (tmp_path / "link.yml").symlink_to(src)
@@ -782,26 +909,30 @@ def test_cli_render_refuses_an_output_it_cannot_or_must_not_write(fakegpu: Path,
     assert listing(tmp_path) == before and not os.path.exists("/nonexistent")
 
 
-def test_cli_render_elsewhere_notes_the_relative_paths_compose_would_resolve_there(fakegpu: Path,
-                                                                                     tmp_path: Path) -> None:
+def test_cli_render_elsewhere_notes_the_relative_paths_compose_would_resolve_there(
+    fakegpu: Path, tmp_path: Path
+) -> None:
     src = tmp_path / "app" / "train.yml"
     src.parent.mkdir()
-    src.write_text("services:\n"
-                   "  trainer:\n"
-                   "    build: ./trainer\n"
-                   "    env_file: ./trainer.env\n"
-                   "    volumes: [\"named:/cache\", \"./data:/data\"]\n"
-                   "    x-gpupin: {gpus: ['1']}\n"
-                   "  evaluator:\n"
-                   "    image: gpupin:test\n"
-                   "    volumes: [{type: bind, source: ../datasets, target: /datasets}, \"/abs:/abs\"]\n"
-                   "    x-gpupin: {gpus: ['3']}\n")
+    src.write_text(
+        "services:\n"
+        "  trainer:\n"
+        "    build: ./trainer\n"
+        "    env_file: ./trainer.env\n"
+        '    volumes: ["named:/cache", "./data:/data"]\n'
+        "    x-gpupin: {gpus: ['1']}\n"
+        "  evaluator:\n"
+        "    image: gpupin:test\n"
+        '    volumes: [{type: bind, source: ../datasets, target: /datasets}, "/abs:/abs"]\n'
+        "    x-gpupin: {gpus: ['3']}\n"
+    )
     r = hostagent("compose", "render", str(src), "-o", str(tmp_path / "pinned.yml"))
     assert r.returncode == 0, r
     notes = [ln for ln in r.stderr.splitlines() if "relative paths" in ln]
     assert len(notes) == 1 and notes[0].startswith(
         "hostagent: note: trainer's build, trainer's env_file, trainer's volumes, evaluator's volumes: relative "
-        "paths, which compose resolves against"), r.stderr
+        "paths, which compose resolves against"
+    ), r.stderr
     shutil.copy(EXAMPLES / "two-services.yml", src)  # no relative path in it: nothing to say
     r = hostagent("compose", "render", str(src), "-o", str(tmp_path / "pinned.yml"))
     assert r.returncode == 0 and "relative paths" not in r.stderr, r
@@ -820,16 +951,20 @@ def test_cli_render_to_a_bare_name_writes_its_temporary_file_in_the_cwd(fakegpu:
     assert r.returncode == 0 and r.stdout.startswith("# Rendered by"), r
 
 
-@pytest.mark.parametrize(("content", "says"), [
-    (None, "is a directory, not a compose file"),
-    (b"", "holds no YAML document"),
-    (b"services:\n  a: {image: \xe9t\xe9}\n", "not UTF-8 text (byte 0xe9 at line 2, column 14)"),
-    (b"services:\n\ta: {image: i}\n", "not valid YAML"),
-    (b"services:\n  123:\n    image: i\n", "the service name 123 is not a string"),
-    (ALIAS_BOMB.encode(), "alias bomb"),
-])
-def test_cli_bad_files_are_one_line_64_for_render_and_check(fakegpu: Path, tmp_path: Path, content: bytes | None,
-                                                             says: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "is a directory, not a compose file"),
+        (b"", "holds no YAML document"),
+        (b"services:\n  a: {image: \xe9t\xe9}\n", "not UTF-8 text (byte 0xe9 at line 2, column 14)"),
+        (b"services:\n\ta: {image: i}\n", "not valid YAML"),
+        (b"services:\n  123:\n    image: i\n", "the service name 123 is not a string"),
+        (ALIAS_BOMB.encode(), "alias bomb"),
+    ],
+)
+def test_cli_bad_files_are_one_line_64_for_render_and_check(
+    fakegpu: Path, tmp_path: Path, content: bytes | None, says: str
+) -> None:
     src = tmp_path / "in.yml"
     if content is None:
         src.mkdir()
@@ -849,13 +984,17 @@ def test_cli_bad_files_are_one_line_64_for_render_and_check(fakegpu: Path, tmp_p
 
 def test_cli_check_refuses_a_double_booked_file_one_line_per_problem(fakegpu: Path, tmp_path: Path) -> None:
     src = tmp_path / "double.yml"
-    src.write_text(f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}  b:\n    image: i\n{deploy_ids(RTX)}"
-                   f"  c:\n    image: i\n{deploy_ids('1')}")
+    src.write_text(
+        f"services:\n  a:\n    image: i\n{deploy_ids(RTX)}  b:\n    image: i\n{deploy_ids(RTX)}"
+        f"  c:\n    image: i\n{deploy_ids('1')}"
+    )
     r = hostagent("compose", "check", str(src))
     assert r.returncode == 64, r
-    share = "give each service its own card (name another, or ask for a `count` and let render place it), or mark " \
-            "every service that shares it `x-gpupin: {share: true}` (or, in the standard forms, label " \
-            "gpupin.shared=true)"
+    share = (
+        "give each service its own card (name another, or ask for a `count` and let render place it), or mark "
+        "every service that shares it `x-gpupin: {share: true}` (or, in the standard forms, label "
+        "gpupin.shared=true)"
+    )
     assert r.stdout.splitlines() == [
         f"{src}: service b: {RTX} (index 1, 00000000:3B:00.0, NVIDIA GeForce RTX 4090) is also given to "
         f"service a: both would run on one card. HINT: {share}",
@@ -868,7 +1007,10 @@ def test_cli_check_refuses_a_double_booked_file_one_line_per_problem(fakegpu: Pa
     r = hostagent("compose", "check", str(src), "--json")
     problems = json.loads(r.stdout)
     assert r.returncode == 64 and [(p["service"], p["severity"], p["render_fixes"]) for p in problems] == [
-        ("b", "error", False), ("c", "error", True), ("c", "error", False)]
+        ("b", "error", False),
+        ("c", "error", True),
+        ("c", "error", False),
+    ]
     assert set(problems[0]) == {"service", "problem", "hint", "severity", "render_fixes"}
 
 
@@ -878,8 +1020,11 @@ def test_every_package_folder_is_in_the_distribution() -> None:
     import tomllib
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {f"gpupin.{p.parent.relative_to(REPO).as_posix().replace('/', '.')}"
-               for top in ("core", "entrypoint", "hostagent") for p in (REPO / top).rglob("__init__.py")}
+    folders = {
+        f"gpupin.{p.parent.relative_to(REPO).as_posix().replace('/', '.')}"
+        for top in ("core", "entrypoint", "hostagent")
+        for p in (REPO / top).rglob("__init__.py")
+    }
     assert folders == set(config["packages"])
     roots = config["package-dir"]  # a subpackage lies under its top package's folder, as setuptools finds it
     for p in config["packages"]:

@@ -35,32 +35,56 @@ BUS = {c.uuid: str(c.bus_id) for c in MIXED4}
 
 # --- documents ----------------------------------------------------------------------------------------------------
 
-def mostly(good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any], percent_bad: int = 15
-           ) -> st.SearchStrategy[Any]:
+
+def mostly(good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any], percent_bad: int = 15) -> st.SearchStrategy[Any]:
     """`good`, and now and then (percent_bad in 100) `bad`."""
     return st.integers(0, 99).flatmap(lambda n: bad if n >= 100 - percent_bad else good)  # 0 is drawn most
 
 
-junk = st.recursive(st.none() | st.booleans() | st.integers(-3, 9) | st.floats(allow_nan=False, width=16)
-                    | st.text("ab:,=\t\n-x", max_size=6),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("abx-", max_size=3), inner,
-                                                                                max_size=3),
-                    max_leaves=6)
-good_spec = st.sampled_from([*UUIDS, "GPU-95c6", "GPU-e218", "0", "1", "3", "3b:00.0", "0000:86:00.0",
-                             "00000000:AF:00.0", mig_devices("mig")[0], "0:1"]) | st.integers(0, 3)
+junk = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 9)
+    | st.floats(allow_nan=False, width=16)
+    | st.text("ab:,=\t\n-x", max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text("abx-", max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+good_spec = st.sampled_from(
+    [
+        *UUIDS,
+        "GPU-95c6",
+        "GPU-e218",
+        "0",
+        "1",
+        "3",
+        "3b:00.0",
+        "0000:86:00.0",
+        "00000000:AF:00.0",
+        mig_devices("mig")[0],
+        "0:1",
+    ]
+) | st.integers(0, 3)
 bad_spec = st.sampled_from(["GPU-6c", "7", "cuda:0", "GPU-zz", "", " 1 ", "all", "none"]) | st.integers(-1, 5) | junk
 spec = mostly(good_spec, bad_spec)
 specs = mostly(st.lists(spec, min_size=1, max_size=3), spec | st.just("1,3") | st.lists(spec, max_size=0) | junk, 25)
 count = mostly(st.integers(1, 3), st.integers(-2, 6) | st.sampled_from(["all", "2"]) | junk, 25)
 expect_value = st.lists(st.sampled_from(UUIDS), min_size=1, max_size=2, unique=True).map(
-    lambda us: ",".join(f"{u}@{BUS[u]}" for u in us)) | st.sampled_from(["GPU-6c", "cuda:0", "", UUIDS[1]])
+    lambda us: ",".join(f"{u}@{BUS[u]}" for u in us)
+) | st.sampled_from(["GPU-6c", "cuda:0", "", UUIDS[1]])
 owned = st.sampled_from(["GPUPIN_EXPECT", "NVIDIA_VISIBLE_DEVICES", "GPUPIN_VERIFY", "RUN", "RUN", "RUN"])
 env_value = expect_value | spec.map(str) | st.sampled_from(["nvml", "cuda", "all", "void"])
-environment = mostly(st.dictionaries(owned, env_value | st.none(), max_size=2)
-                     | st.lists(st.tuples(owned, env_value).map("=".join), max_size=2), junk)
+environment = mostly(
+    st.dictionaries(owned, env_value | st.none(), max_size=2)
+    | st.lists(st.tuples(owned, env_value).map("=".join), max_size=2),
+    junk,
+)
 label_key = st.sampled_from(["gpupin.devices", "gpupin.shared", "team", "team"])
-labels = mostly(st.dictionaries(label_key, st.sampled_from(["true", "x", *UUIDS, ",".join(UUIDS[:2])]), max_size=2)
-                | st.lists(st.tuples(label_key, st.sampled_from(["true", UUIDS[0]])).map("=".join), max_size=2), junk)
+labels = mostly(
+    st.dictionaries(label_key, st.sampled_from(["true", "x", *UUIDS, ",".join(UUIDS[:2])]), max_size=2)
+    | st.lists(st.tuples(label_key, st.sampled_from(["true", UUIDS[0]])).map("=".join), max_size=2),
+    junk,
+)
 
 
 def optional(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
@@ -69,29 +93,71 @@ def optional(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, An
 
 share = mostly(st.booleans(), junk)
 verify = st.sampled_from(["nvml", "cuda", "torch", "full"])
-x_gpupin = mostly(st.fixed_dictionaries({"gpus": specs}, optional={"share": share, "verify": verify})
-                  | st.fixed_dictionaries({"count": count}, optional={"share": share, "verify": verify}),
-                  optional(gpus=specs, count=count, share=share, verify=verify, other=junk) | junk)
-device = mostly(st.fixed_dictionaries({"driver": st.just("nvidia")}, optional={"device_ids": specs, "count": count})
-                | st.fixed_dictionaries({"capabilities": st.sampled_from([["gpu"], ["gpu", "utility"]])},
-                                        optional={"device_ids": specs, "count": count, "options": st.just({"a": "b"})}),
-                optional(driver=st.sampled_from(["nvidia", "other"]) | junk, device_ids=specs, count=count,
-                         capabilities=st.sampled_from([["fpga"]]) | junk), 25)
-deploy = mostly(st.fixed_dictionaries({"resources": st.fixed_dictionaries(
-    {"reservations": st.fixed_dictionaries({"devices": mostly(st.lists(device, min_size=1, max_size=2), junk)})})},
-    optional={"replicas": mostly(st.integers(0, 1), st.integers(2, 3) | junk)}), junk, 10)
-gpu_form = st.one_of(st.fixed_dictionaries({"x-gpupin": x_gpupin}), st.fixed_dictionaries({"deploy": deploy}),
-                     st.fixed_dictionaries({"runtime": st.just("nvidia"), "environment": st.fixed_dictionaries(
-                         {"NVIDIA_VISIBLE_DEVICES": spec.map(str) | st.just("all")})}),
-                     st.just({}))
-rest = optional(environment=environment, labels=labels, scale=mostly(st.just(1), junk),
-                runtime=st.sampled_from(["nvidia", "runc"]), **{"x-gpupin": x_gpupin, "deploy": deploy})
+x_gpupin = mostly(
+    st.fixed_dictionaries({"gpus": specs}, optional={"share": share, "verify": verify})
+    | st.fixed_dictionaries({"count": count}, optional={"share": share, "verify": verify}),
+    optional(gpus=specs, count=count, share=share, verify=verify, other=junk) | junk,
+)
+device = mostly(
+    st.fixed_dictionaries({"driver": st.just("nvidia")}, optional={"device_ids": specs, "count": count})
+    | st.fixed_dictionaries(
+        {"capabilities": st.sampled_from([["gpu"], ["gpu", "utility"]])},
+        optional={"device_ids": specs, "count": count, "options": st.just({"a": "b"})},
+    ),
+    optional(
+        driver=st.sampled_from(["nvidia", "other"]) | junk,
+        device_ids=specs,
+        count=count,
+        capabilities=st.sampled_from([["fpga"]]) | junk,
+    ),
+    25,
+)
+deploy = mostly(
+    st.fixed_dictionaries(
+        {
+            "resources": st.fixed_dictionaries(
+                {
+                    "reservations": st.fixed_dictionaries(
+                        {"devices": mostly(st.lists(device, min_size=1, max_size=2), junk)}
+                    )
+                }
+            )
+        },
+        optional={"replicas": mostly(st.integers(0, 1), st.integers(2, 3) | junk)},
+    ),
+    junk,
+    10,
+)
+gpu_form = st.one_of(
+    st.fixed_dictionaries({"x-gpupin": x_gpupin}),
+    st.fixed_dictionaries({"deploy": deploy}),
+    st.fixed_dictionaries(
+        {
+            "runtime": st.just("nvidia"),
+            "environment": st.fixed_dictionaries({"NVIDIA_VISIBLE_DEVICES": spec.map(str) | st.just("all")}),
+        }
+    ),
+    st.just({}),
+)
+rest = optional(
+    environment=environment,
+    labels=labels,
+    scale=mostly(st.just(1), junk),
+    runtime=st.sampled_from(["nvidia", "runc"]),
+    **{"x-gpupin": x_gpupin, "deploy": deploy},
+)
 svc = mostly(st.builds(lambda f, r: {"image": "img", **r, **f}, gpu_form, rest), junk, 10)
-name = mostly(st.sampled_from(["a", "b", "c", "svc-1", "123"]), st.sampled_from(["a b", "x\ny"]) | st.integers(0, 9),
-              10)
+name = mostly(
+    st.sampled_from(["a", "b", "c", "svc-1", "123"]), st.sampled_from(["a b", "x\ny"]) | st.integers(0, 9), 10
+)
 services = st.dictionaries(name, svc, min_size=1, max_size=4)
-document = mostly(optional(version=st.just("3.8"), name=st.just("proj")).flatmap(
-    lambda top: st.builds(lambda s: {**top, "services": s}, services)), junk | st.just({"services": {}}), 10)
+document = mostly(
+    optional(version=st.just("3.8"), name=st.just("proj")).flatmap(
+        lambda top: st.builds(lambda s: {**top, "services": s}, services)
+    ),
+    junk | st.just({"services": {}}),
+    10,
+)
 
 
 @st.composite
@@ -102,8 +168,9 @@ def documents(draw: st.DrawFn) -> Any:
     svcs = doc.get("services") if isinstance(doc, dict) else None
     if isinstance(svcs, dict) and len(svcs) > 1 and draw(st.booleans()):
         src, dst = draw(st.permutations(list(svcs)))[:2]
-        shareable = [k for k in ("environment", "labels", "x-gpupin", "deploy")
-                     if isinstance(svcs[src], dict) and k in svcs[src]]
+        shareable = [
+            k for k in ("environment", "labels", "x-gpupin", "deploy") if isinstance(svcs[src], dict) and k in svcs[src]
+        ]
         if shareable and isinstance(svcs[dst], dict):
             key = draw(st.sampled_from(shareable))
             svcs[dst][key] = svcs[src][key]
@@ -115,29 +182,62 @@ def documents(draw: st.DrawFn) -> Any:
 plain_env = st.dictionaries(st.sampled_from(["RUN", "LR"]), st.sampled_from(["1", "x"]), max_size=2)
 plausible_svc = st.builds(
     lambda form, env, as_list, labels, share: {
-        "image": "img", **form,
+        "image": "img",
+        **form,
         **({"environment": [f"{k}={v}" for k, v in env.items()] if as_list else env} if env else {}),
-        **({"labels": {"team": "ml", **({"gpupin.shared": "true"} if share and "x-gpupin" not in form else {})}}
-           if labels else {})},
+        **(
+            {"labels": {"team": "ml", **({"gpupin.shared": "true"} if share and "x-gpupin" not in form else {})}}
+            if labels
+            else {}
+        ),
+    },
     st.one_of(
-        st.builds(lambda n, v, sh: {"x-gpupin": {"count": n, **({"verify": v} if v else {}), **({"share": True}
-                                                                                            if sh else {})}},
-                  st.integers(1, 2), st.none() | verify.filter(lambda v: v != "full"), st.booleans()),
+        st.builds(
+            lambda n, v, sh: {
+                "x-gpupin": {"count": n, **({"verify": v} if v else {}), **({"share": True} if sh else {})}
+            },
+            st.integers(1, 2),
+            st.none() | verify.filter(lambda v: v != "full"),
+            st.booleans(),
+        ),
         st.builds(lambda g: {"x-gpupin": {"gpus": [g]}}, good_spec),
-        st.builds(lambda n: {"deploy": {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": n, "capabilities": ["gpu"]}]}}}}, st.integers(1, 2)),
-        st.builds(lambda u: {"deploy": {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "device_ids": [u], "capabilities": ["gpu", "utility"]}]}}}}, st.sampled_from(UUIDS)),
-        st.builds(lambda i: {"runtime": "nvidia", "environment": {"NVIDIA_VISIBLE_DEVICES": str(i)}},
-                  st.integers(0, 3)),
-        st.just({})),
-    plain_env, st.booleans(), st.booleans(), st.booleans())
+        st.builds(
+            lambda n: {
+                "deploy": {
+                    "resources": {
+                        "reservations": {"devices": [{"driver": "nvidia", "count": n, "capabilities": ["gpu"]}]}
+                    }
+                }
+            },
+            st.integers(1, 2),
+        ),
+        st.builds(
+            lambda u: {
+                "deploy": {
+                    "resources": {
+                        "reservations": {
+                            "devices": [{"driver": "nvidia", "device_ids": [u], "capabilities": ["gpu", "utility"]}]
+                        }
+                    }
+                }
+            },
+            st.sampled_from(UUIDS),
+        ),
+        st.builds(
+            lambda i: {"runtime": "nvidia", "environment": {"NVIDIA_VISIBLE_DEVICES": str(i)}}, st.integers(0, 3)
+        ),
+        st.just({}),
+    ),
+    plain_env,
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
 
 
 @st.composite
 def plausible(draw: st.DrawFn) -> Any:
-    svcs = draw(st.dictionaries(st.sampled_from(["a", "b", "c", "d", "123"]), plausible_svc, min_size=1,
-                                max_size=4))
+    svcs = draw(st.dictionaries(st.sampled_from(["a", "b", "c", "d", "123"]), plausible_svc, min_size=1, max_size=4))
     if len(svcs) > 1 and draw(st.booleans()):  # one environment for two services: an anchor and an alias
         src, dst = draw(st.permutations(list(svcs)))[:2]
         if "environment" in svcs[src] and "runtime" not in svcs[src] and "runtime" not in svcs[dst]:
@@ -146,7 +246,8 @@ def plausible(draw: st.DrawFn) -> Any:
 
 
 busy = st.lists(st.tuples(st.sampled_from(UUIDS), st.booleans()), max_size=3).map(
-    lambda hs: held(Holder(f"{i:064x}", f"job{i}", "running", [u], True, "gpupin", sh) for i, (u, sh) in enumerate(hs)))
+    lambda hs: held(Holder(f"{i:064x}", f"job{i}", "running", [u], True, "gpupin", sh) for i, (u, sh) in enumerate(hs))
+)
 
 
 def text_of(doc: Any) -> str:
@@ -155,10 +256,12 @@ def text_of(doc: Any) -> str:
 
 # --- the pure core: check and render agree, and a rendered file is clean -----------------------------------------
 
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(documents(), plausible()), busy, st.sampled_from([MIXED4, MIXED4, MIG]))
 def test_render_refuses_exactly_what_check_calls_an_error_the_render_would_keep(
-        doc: Any, ledger: dict[str, list[Holder]], cards: list[Any]) -> None:
+    doc: Any, ledger: dict[str, list[Holder]], cards: list[Any]
+) -> None:
     try:
         tree = load.parse(text_of(doc))
     except ServiceError as err:  # e.g. a document that is not a mapping once dumped
@@ -182,8 +285,24 @@ def test_render_refuses_exactly_what_check_calls_an_error_the_render_would_keep(
 
 # --- the loader over raw input ----------------------------------------------------------------------------------
 
-yamlish = st.lists(st.sampled_from([*"ab1:-[]{},&*!<>|'\"#\t\n ?%@`\\", "\ud800", "é", "\x00", "<<: ", "&a ", "*a",
-                                    "!!set ", "---\n", "\n  ", ": "]), max_size=40).map("".join)
+yamlish = st.lists(
+    st.sampled_from(
+        [
+            *"ab1:-[]{},&*!<>|'\"#\t\n ?%@`\\",
+            "\ud800",
+            "é",
+            "\x00",
+            "<<: ",
+            "&a ",
+            "*a",
+            "!!set ",
+            "---\n",
+            "\n  ",
+            ": ",
+        ]
+    ),
+    max_size=40,
+).map("".join)
 
 
 @settings(max_examples=400, deadline=None)
@@ -199,8 +318,11 @@ def test_any_bytes_load_as_a_tree_or_one_refusal(data: bytes) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(documents(), st.integers(0, 40), st.lists(st.sampled_from([*"\t&*[]{}:-!'\"\n ", "<<: ", "\udcff"]),
-                                                 min_size=1, max_size=4).map("".join))
+@given(
+    documents(),
+    st.integers(0, 40),
+    st.lists(st.sampled_from([*"\t&*[]{}:-!'\"\n ", "<<: ", "\udcff"]), min_size=1, max_size=4).map("".join),
+)
 def test_damaged_documents_load_or_are_refused_never_a_traceback(doc: Any, at: int, insert: str) -> None:
     text = text_of(doc)
     at = min(at, len(text))
@@ -237,32 +359,54 @@ json.dump(results, sys.stdout)
 
 def run_batch(argvs: list[list[str]], cwd: Path) -> list[dict[str, Any]]:
     """Many hostagent invocations in one process on the simulated host (NVML through the fake library)."""
-    r = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(argvs), capture_output=True, text=True,
-                       env=simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), cwd=cwd, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", DRIVER],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        env=simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
+        cwd=cwd,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     results: list[dict[str, Any]] = json.loads(r.stdout)
     return results
 
 
-raw_files = st.sampled_from([b"", b"services:\n\ta: {}\n", b"services: {a: {image: \xff}}\n", b"[" * 100,
-                             b"a: &a [1, *a]\n", b"services: {123: {image: i}}\n"])
+raw_files = st.sampled_from(
+    [
+        b"",
+        b"services:\n\ta: {}\n",
+        b"services: {a: {image: \xff}}\n",
+        b"[" * 100,
+        b"a: &a [1, *a]\n",
+        b"services: {123: {image: i}}\n",
+    ]
+)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(st.lists(documents().map(text_of).map(str.encode) | raw_files, min_size=1, max_size=8))
-def test_cli_never_tracebacks_and_a_refusal_writes_nothing(fakegpu: Path, tmp_path_factory: Any,
-                                                           files: list[bytes]) -> None:
+def test_cli_never_tracebacks_and_a_refusal_writes_nothing(
+    fakegpu: Path, tmp_path_factory: Any, files: list[bytes]
+) -> None:
     tmp = tmp_path_factory.mktemp("cli")
     argvs: list[list[str]] = []
     for i, data in enumerate(files):
         (tmp / f"in{i}.yml").write_bytes(data)
         (tmp / f"out{i}.yml").write_bytes(b"before\n")
-        argvs += [["compose", "render", f"in{i}.yml", "-o", f"out{i}.yml"], ["compose", "check", f"in{i}.yml"],
-                  ["compose", "check", f"in{i}.yml", "--json"]]
+        argvs += [
+            ["compose", "render", f"in{i}.yml", "-o", f"out{i}.yml"],
+            ["compose", "check", f"in{i}.yml"],
+            ["compose", "check", f"in{i}.yml", "--json"],
+        ]
     results = run_batch(argvs, tmp)
     for i in range(len(files)):
-        rendered, checked, as_json = results[3 * i:3 * i + 3]
+        rendered, checked, as_json = results[3 * i : 3 * i + 3]
         for r in (rendered, checked, as_json):
             assert r["rc"] in (0, 64, 69, 75), r
             assert all(ln.startswith("hostagent: ") for ln in r["stderr"].splitlines()), r
@@ -278,6 +422,7 @@ def test_cli_never_tracebacks_and_a_refusal_writes_nothing(fakegpu: Path, tmp_pa
         # --json lists the same problems, one object each; the text ends in a summary when there is no error.
         lines = checked["stdout"].splitlines()
         assert checked["rc"] == as_json["rc"] and len(json.loads(as_json["stdout"])) == len(lines) - (
-            checked["rc"] == 0), (checked, as_json)
+            checked["rc"] == 0
+        ), (checked, as_json)
     names = {p.name for p in tmp.iterdir()}
     assert names == {f"{k}{i}.yml" for i in range(len(files)) for k in ("in", "out")}, names  # no temporary left

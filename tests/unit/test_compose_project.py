@@ -54,15 +54,20 @@ def gpu_view(doc: Any) -> dict[str, Any]:
     for svc_name, svc in doc["services"].items():
         req = gpu_request(svc_name, svc)
         if req is not None:
-            out[svc_name] = (req.form.name, req.specs, req.count, req.share, req.verify, req.capabilities,
-                             [t.uuid for t in exam.plan.get(svc_name, [])])
-    return {"services": sorted(doc["services"]), "gpus": out,
-            "problems": sorted(p.line("F") for p in exam.problems)}
+            out[svc_name] = (
+                req.form.name,
+                req.specs,
+                req.count,
+                req.share,
+                req.verify,
+                req.capabilities,
+                [t.uuid for t in exam.plan.get(svc_name, [])],
+            )
+    return {"services": sorted(doc["services"]), "gpus": out, "problems": sorted(p.line("F") for p in exam.problems)}
 
 
 @pytest.mark.parametrize(("name", "options", "pins"), PROJECTS, ids=IDS)
-def test_hostagent_and_compose_v2_build_the_same_model(name: str, options: Options,
-                                                       pins: dict[str, list[str]]) -> None:
+def test_hostagent_and_compose_v2_build_the_same_model(name: str, options: Options, pins: dict[str, list[str]]) -> None:
     mine, theirs = own(name, options), compose(name, options)
     assert gpu_view(mine) == gpu_view(theirs)
     assert {s: v[-1] for s, v in gpu_view(mine)["gpus"].items()} == pins
@@ -71,10 +76,17 @@ def test_hostagent_and_compose_v2_build_the_same_model(name: str, options: Optio
 @pytest.mark.parametrize(("name", "options"), [(n, o) for n, o, _ in PROJECTS], ids=IDS)
 def test_the_models_agree_outside_the_gpu_parts_too(name: str, options: Options) -> None:
     """Environment and labels as compose has them (its model writes every value as text)."""
+
     def view(doc: Any) -> Any:
         doc = strip_gpu(doc)
-        return {n: {k: {e: None if v is None else str(v) for e, v in (as_mapping(s.get(k)) or {}).items()}
-                    for k in ("environment", "labels")} for n, s in doc["services"].items()}
+        return {
+            n: {
+                k: {e: None if v is None else str(v) for e, v in (as_mapping(s.get(k)) or {}).items()}
+                for k in ("environment", "labels")
+            }
+            for n, s in doc["services"].items()
+        }
+
     assert view(own(name, options)) == view(compose(name, options))
 
 
@@ -87,8 +99,9 @@ def test_hostagent_and_compose_v2_read_each_corpus_file_alike(src: Path) -> None
 
 
 def test_reset_and_override_in_one_file_mean_what_compose_says(tmp_path: Path) -> None:
-    (tmp_path / "compose.yaml").write_text("services:\n  a:\n    image: i\n    ports: !reset []\n"
-                                          "    x-gpupin: !override {gpus: ['1']}\n")
+    (tmp_path / "compose.yaml").write_text(
+        "services:\n  a:\n    image: i\n    ports: !reset []\n    x-gpupin: !override {gpus: ['1']}\n"
+    )
     project = build(Options(), {}, cwd=str(tmp_path))
     assert project.doc["services"]["a"] == {"image": "i", "x-gpupin": {"gpus": ["1"]}}
     assert project.editable is None  # written as one merged file: the tags are gone
@@ -130,8 +143,14 @@ def test_an_extends_cycle_and_a_missing_base_are_refused(tmp_path: Path) -> None
 
 # --- the CLI ---------------------------------------------------------------------------------------------------
 
-def hostagent(cwd: Path, *args: str, compose_v2: bool = False, docker_host: str = "unix:///nonexistent/docker.sock",
-              topology: str | None = None) -> subprocess.CompletedProcess[str]:
+
+def hostagent(
+    cwd: Path,
+    *args: str,
+    compose_v2: bool = False,
+    docker_host: str = "unix:///nonexistent/docker.sock",
+    topology: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """hostagent on the simulated host; without a daemon by default (`check` of named cards needs none; a count
     is placed only on a ledger that can be read: tests/docker/test_compose_project.py)."""
     env = simhost_env("mixed-4")
@@ -145,7 +164,6 @@ def test_check_sees_that_extends_books_the_same_card_twice() -> None:
     r = hostagent(PROJECTS_DIR / "extends-same", "compose", "check")
     assert r.returncode == 64, r.stdout + r.stderr
     assert f"service copy: {RTX}" in r.stdout and "is also given to service base" in r.stdout
-
 
 
 def test_render_keeps_dollars_literal_in_the_merged_file(tmp_path: Path) -> None:
@@ -164,16 +182,18 @@ def test_render_keeps_dollars_literal_in_the_merged_file(tmp_path: Path) -> None
 
 def test_render_of_one_file_with_a_variable_in_x_gpupin_is_edited_in_place(tmp_path: Path) -> None:
     src = tmp_path / "compose.yaml"
-    src.write_text("services:\n  a:\n    image: ${IMAGE:-busybox}   # the image\n"
-                   "    x-gpupin: {gpus: ['${GPU:-0}']}\n")
+    src.write_text("services:\n  a:\n    image: ${IMAGE:-busybox}   # the image\n    x-gpupin: {gpus: ['${GPU:-0}']}\n")
     r = hostagent(tmp_path, "compose", "render")
     assert r.returncode == 0, r.stderr
     assert "    image: ${IMAGE:-busybox}   # the image\n" in r.stdout and "Merged" not in r.stdout
     assert A800 in r.stdout and "x-gpupin" not in r.stdout
 
 
-@pytest.mark.parametrize(("name", "options"), [(n, o) for n, o, _ in PROJECTS if n != "profiles"],
-                         ids=[i for i, (n, _, _) in zip(IDS, PROJECTS) if n != "profiles"])
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [(n, o) for n, o, _ in PROJECTS if n != "profiles"],
+    ids=[i for i, (n, _, _) in zip(IDS, PROJECTS) if n != "profiles"],
+)
 def test_check_says_the_same_with_either_model(name: str, options: Options) -> None:
     args = [a for f in options.files for a in ("-f", f)]
     mine = hostagent(PROJECTS_DIR / name, "compose", "check", *args)

@@ -32,8 +32,9 @@ def rendered(text: str) -> str:
 
 def config(command: list[str], path: Path) -> tuple[bool, Any]:
     """(True, the model without its GPU parts) or (False, compose's refusal, the file's name taken out)."""
-    args = [*command, "-p", "corpus", "-f", path.name, "config"] + (["--format", "json"] if command[0] == str(V2)
-                                                                     else [])
+    args = [*command, "-p", "corpus", "-f", path.name, "config"] + (
+        ["--format", "json"] if command[0] == str(V2) else []
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
     r = subprocess.run(args, cwd=path.parent, env=env, capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
@@ -63,15 +64,32 @@ def differences(command: list[str], tmp_path: Path) -> dict[str, tuple[Any, Any]
 
 def test_the_corpus_covers_what_pyyaml_used_to_change() -> None:
     text = "\n".join(f.read_text() for f in FILES)
-    for needle in (": yes", ": on", ": off", ": 0777", ": 1e3", "EMPTY:\n", "<<: *", "<<: [*", "&", "# ", ": >",
-                   ": |", "${", "$$", "x-gpupin", "device_ids", "count:", "runtime: nvidia"):
+    for needle in (
+        ": yes",
+        ": on",
+        ": off",
+        ": 0777",
+        ": 1e3",
+        "EMPTY:\n",
+        "<<: *",
+        "<<: [*",
+        "&",
+        "# ",
+        ": >",
+        ": |",
+        "${",
+        "$$",
+        "x-gpupin",
+        "device_ids",
+        "count:",
+        "runtime: nvidia",
+    ):
         assert needle in text, needle
     assert len(FILES) >= 12
 
 
 @pytest.mark.parametrize("command", [V2, V1], ids=["compose-v2", "docker-compose-1.29"])
-def test_compose_reads_the_rendered_corpus_as_the_source_outside_the_gpu_parts(command: Path,
-                                                                              tmp_path: Path) -> None:
+def test_compose_reads_the_rendered_corpus_as_the_source_outside_the_gpu_parts(command: Path, tmp_path: Path) -> None:
     assert differences(tool(command), tmp_path) == {}
 
 
@@ -97,21 +115,43 @@ def test_the_old_pyyaml_render_was_a_difference_for_compose_v2(tmp_path: Path) -
 def test_the_rendered_text_keeps_comments_quotes_anchors_and_block_scalars() -> None:
     text = (CORPUS / "comments-multiline.yml").read_text()
     out = rendered(text)
-    for kept in ("# A notebook and a server.", "x-project: lab   # the project name", "  # the notebook: one card",
-                 "    command: >\n      start-notebook.sh\n", "    entrypoint: |\n      #!/bin/sh\n",
-                 '      - "8888:8888"   # browser', "    healthcheck: {test: [\"CMD\", \"curl\""):
+    for kept in (
+        "# A notebook and a server.",
+        "x-project: lab   # the project name",
+        "  # the notebook: one card",
+        "    command: >\n      start-notebook.sh\n",
+        "    entrypoint: |\n      #!/bin/sh\n",
+        '      - "8888:8888"   # browser',
+        '    healthcheck: {test: ["CMD", "curl"',
+    ):
         assert kept in out, kept
     assert "x-gpupin" not in out and "GPU-6cd4e2b7" not in out
     merged = rendered((CORPUS / "anchors-merge.yml").read_text())
-    for kept in ("x-common: &common", "  environment: &env", "x-unused: &unused {a: 1}", "    <<: *common",
-                 "    environment: *env", '  restart: "no"'):
+    for kept in (
+        "x-common: &common",
+        "  environment: &env",
+        "x-unused: &unused {a: 1}",
+        "    <<: *common",
+        "    environment: *env",
+        '  restart: "no"',
+    ):
         assert kept in merged, kept
 
 
 def test_environment_values_keep_their_spelling() -> None:
     out = rendered((CORPUS / "env-scalars.yml").read_text())
-    for kept in ("DEBUG: yes", "VERBOSE: on", "CACHE: off", "UMASK: 0777", "SCALE: 1e3", "HEX: 0x1F", "TIME: 12:30",
-                 "HALF: .5", 'BLANK: ""', "CAPS: Yes"):
+    for kept in (
+        "DEBUG: yes",
+        "VERBOSE: on",
+        "CACHE: off",
+        "UMASK: 0777",
+        "SCALE: 1e3",
+        "HEX: 0x1F",
+        "TIME: 12:30",
+        "HALF: .5",
+        'BLANK: ""',
+        "CAPS: Yes",
+    ):
         assert f"      {kept}\n" in out, kept
 
 
@@ -142,21 +182,21 @@ def test_the_edited_text_reads_back_as_exactly_the_pinned_document() -> None:
 # Anchors, aliases and merge keys around the keys the pin changes: each reads back as exactly the pinned document.
 SHARED = {
     "a service merged into another": "services:\n  a: &a\n    image: i\n    x-gpupin: {gpus: ['0']}\n"
-                                     "    environment: {K: v}\n  b:\n    <<: *a\n    x-gpupin: {gpus: ['1']}\n",
+    "    environment: {K: v}\n  b:\n    <<: *a\n    x-gpupin: {gpus: ['1']}\n",
     "a service aliased whole": "services:\n  a: &a\n    image: i\n    environment: [K=v]\n    deploy: {resources: "
-                               "{reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
-                               "  b: *a\n",
+    "{reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
+    "  b: *a\n",
     "one deploy for two services": "x-dep: &dep\n  resources:\n    reservations:\n      devices:\n"
-                                   "        - driver: nvidia\n          count: 1\n          capabilities: [gpu]\n"
-                                   "services:\n  a: {image: i, deploy: *dep}\n"
-                                   "  b: {image: i, deploy: *dep, labels: [x=1]}\n",
+    "        - driver: nvidia\n          count: 1\n          capabilities: [gpu]\n"
+    "services:\n  a: {image: i, deploy: *dep}\n"
+    "  b: {image: i, deploy: *dep, labels: [x=1]}\n",
     "one environment list for two": "services:\n  a:\n    image: i\n    environment: &e\n      - K=v\n    x-gpupin: "
-                                    "{count: 1}\n  b:\n    image: i\n    environment: *e\n",
+    "{count: 1}\n  b:\n    image: i\n    environment: *e\n",
     "a chain of merges": "x-base: &base\n  image: i\nx-gpu: &gpu\n  <<: *base\n  x-gpupin: {count: 1}\nservices:\n"
-                         "  a:\n    <<: *gpu\n  b:\n    <<: *gpu\n    environment: {B: '1'}\n",
+    "  a:\n    <<: *gpu\n  b:\n    <<: *gpu\n    environment: {B: '1'}\n",
     "a device entry from a merge": "x-dev: &dev\n  driver: nvidia\n  count: 1\n  capabilities: [gpu]\n"
-                                   "services:\n  a:\n    image: i\n"
-                                   "    deploy: {resources: {reservations: {devices: [{<<: *dev}]}}}\n",
+    "services:\n  a:\n    image: i\n"
+    "    deploy: {resources: {reservations: {devices: [{<<: *dev}]}}}\n",
 }
 
 

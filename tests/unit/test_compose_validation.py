@@ -52,34 +52,58 @@ ENTRIES = [
     ("{driver: nvidia, count: 1}", "has no `capabilities`", "capabilities is required"),
     ("{count: 1}", "has no `capabilities`", "capabilities is required"),
     ("{driver: cdi, device_ids: ['nvidia.com/gpu=0']}", "has no `capabilities`", "capabilities is required"),
-    ("{driver: nvidia, count: 1, device_ids: ['0'], capabilities: [gpu]}", "both `count` and `device_ids`",
-     '"count" and "device_ids" attributes are exclusive'),
+    (
+        "{driver: nvidia, count: 1, device_ids: ['0'], capabilities: [gpu]}",
+        "both `count` and `device_ids`",
+        '"count" and "device_ids" attributes are exclusive',
+    ),
     ("{driver: nvidia, capabilities: gpu}", "`capabilities: 'gpu'` is not a list", "capabilities must be a list"),
     ("{driver: nvidia, capabilities: [gpu, gpu]}", "capabilities lists 'gpu' twice", "must be unique"),
-    ("{driver: nvidia, device_ids: [0], capabilities: [gpu]}", "device_ids entry 0 is not text",
-     "device_ids.0 must be a string"),
-    ("{driver: nvidia, device_ids: ['1', '1'], capabilities: [gpu]}", "device_ids lists '1' twice",
-     "must be unique"),
+    (
+        "{driver: nvidia, device_ids: [0], capabilities: [gpu]}",
+        "device_ids entry 0 is not text",
+        "device_ids.0 must be a string",
+    ),
+    ("{driver: nvidia, device_ids: ['1', '1'], capabilities: [gpu]}", "device_ids lists '1' twice", "must be unique"),
     ("{driver: nvidia, device_ids: '1', capabilities: [gpu]}", "is not a list", "device_ids must be a list"),
     ("{driver: nvidia, gpus: 1, capabilities: [gpu]}", "has the key 'gpus'", "Additional property gpus"),
-    ("{driver: nvidia, count: 1.5, capabilities: [gpu]}", "count: 1.5 is not a number",
-     "count must be a string or integer"),
-    ("{driver: nvidia, count: true, capabilities: [gpu]}", "count: True is not a number",
-     "count must be a string or integer"),
-    ("{driver: nvidia, count: null, capabilities: [gpu]}", "count: None is not a number",
-     "count must be a string or integer"),
-    ("{driver: nvidia, count: ' 2', capabilities: [gpu]}", "count: ' 2' is not a number",
-     "the only value allowed is 'all' or a number"),
-    ("{driver: nvidia, count: '1.0', capabilities: [gpu]}", "count: '1.0' is not a number",
-     "the only value allowed is 'all' or a number"),
-    ("{driver: nvidia, count: two, capabilities: [gpu]}", "count: 'two' is not a number",
-     "the only value allowed is 'all' or a number"),
+    (
+        "{driver: nvidia, count: 1.5, capabilities: [gpu]}",
+        "count: 1.5 is not a number",
+        "count must be a string or integer",
+    ),
+    (
+        "{driver: nvidia, count: true, capabilities: [gpu]}",
+        "count: True is not a number",
+        "count must be a string or integer",
+    ),
+    (
+        "{driver: nvidia, count: null, capabilities: [gpu]}",
+        "count: None is not a number",
+        "count must be a string or integer",
+    ),
+    (
+        "{driver: nvidia, count: ' 2', capabilities: [gpu]}",
+        "count: ' 2' is not a number",
+        "the only value allowed is 'all' or a number",
+    ),
+    (
+        "{driver: nvidia, count: '1.0', capabilities: [gpu]}",
+        "count: '1.0' is not a number",
+        "the only value allowed is 'all' or a number",
+    ),
+    (
+        "{driver: nvidia, count: two, capabilities: [gpu]}",
+        "count: 'two' is not a number",
+        "the only value allowed is 'all' or a number",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("entry", "says", "compose_says"), ENTRIES)
-def test_a_device_request_is_refused_where_compose_refuses_it(tmp_path: Path, entry: str, says: str | None,
-                                                              compose_says: str | None) -> None:
+def test_a_device_request_is_refused_where_compose_refuses_it(
+    tmp_path: Path, entry: str, says: str | None, compose_says: str | None
+) -> None:
     text = file(deploy(entry))
     found = errors(text)
     if says is None:
@@ -97,13 +121,28 @@ def test_a_device_request_is_refused_where_compose_refuses_it(tmp_path: Path, en
     assert not (tmp_path / "out.yml").exists()
 
 
-@pytest.mark.parametrize(("count", "means"), [
-    ("1", 1), ("'2'", 2), ("'+2'", 2), ("'02'", 2), ("-1", ALL), ("'-1'", ALL), ("all", ALL), ("ALL", ALL),
-    ("All", ALL), ("0x2", 2)])
+@pytest.mark.parametrize(
+    ("count", "means"),
+    [
+        ("1", 1),
+        ("'2'", 2),
+        ("'+2'", 2),
+        ("'02'", 2),
+        ("-1", ALL),
+        ("'-1'", ALL),
+        ("all", ALL),
+        ("ALL", ALL),
+        ("All", ALL),
+        ("0x2", 2),
+    ],
+)
 def test_count_takes_every_form_compose_go_reads(count: str, means: int) -> None:
     """compose-go's DeviceCount: an integer, `all` in any case (-1), or a base-10 integer as text."""
-    exam = examine(load.parse(file(deploy(f"{{driver: nvidia, count: {count}, capabilities: [gpu]}}"))),
-                   scenario_cards("mixed-4"), {})
+    exam = examine(
+        load.parse(file(deploy(f"{{driver: nvidia, count: {count}, capabilities: [gpu]}}"))),
+        scenario_cards("mixed-4"),
+        {},
+    )
     assert [r.count for r in exam.requests] == [means] and exam.ok, exam.problems
 
 
@@ -127,11 +166,18 @@ def test_a_malformed_device_request_that_is_not_a_gpus_is_refused_too() -> None:
 
 @pytest.mark.skipif(not V2.exists() and not required(), reason="compose v2 is not unpacked")
 @pytest.mark.parametrize(("entry", "says", "compose_says"), ENTRIES)
-def test_compose_itself_agrees_with_every_row(tmp_path: Path, entry: str, says: str | None,
-                                              compose_says: str | None) -> None:
+def test_compose_itself_agrees_with_every_row(
+    tmp_path: Path, entry: str, says: str | None, compose_says: str | None
+) -> None:
     (tmp_path / "compose.yaml").write_text(file(deploy(entry)))
-    r = subprocess.run([str(V2), "-f", "compose.yaml", "config", "-q"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=60, env=dict(os.environ, COMPOSE_PROJECT_NAME="v"))
+    r = subprocess.run(
+        [str(V2), "-f", "compose.yaml", "config", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, COMPOSE_PROJECT_NAME="v"),
+    )
     if compose_says is None:
         assert r.returncode == 0, r.stderr
     else:
@@ -140,10 +186,19 @@ def test_compose_itself_agrees_with_every_row(tmp_path: Path, entry: str, says: 
 
 # --- device files ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("devices", [
-    "[/dev/nvidia1]", "['/dev/nvidia1:/dev/nvidia1']", "['/dev/nvidia1:/dev/nvidia1:rwm']",
-    "[{source: /dev/nvidia1, target: /dev/nvidia1, permissions: rwm}]", "[{source: /dev/nvidia1}]",
-    "['/dev:/dev']", "[{source: /dev/, target: /dev}]"])
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        "[/dev/nvidia1]",
+        "['/dev/nvidia1:/dev/nvidia1']",
+        "['/dev/nvidia1:/dev/nvidia1:rwm']",
+        "[{source: /dev/nvidia1, target: /dev/nvidia1, permissions: rwm}]",
+        "[{source: /dev/nvidia1}]",
+        "['/dev:/dev']",
+        "[{source: /dev/, target: /dev}]",
+    ],
+)
 def test_a_device_file_holds_its_card_in_both_syntaxes(devices: str) -> None:
     found = errors(file(f"    devices: {devices}", "    x-gpupin: {gpus: ['1']}"))
     assert len(found) == 1 and found[0].startswith("f: service b: ") and uuids("mixed-4")[1] in found[0], found
@@ -155,8 +210,7 @@ def test_the_card_is_the_one_of_that_minor_number_not_that_index() -> None:
     cards = scenario_cards("slurm-shuffled")
     minor0 = next(c for c in cards if c.minor_number == 0)
     assert minor0.index != 0
-    found = errors(file("    devices: [/dev/nvidia0]", f"    x-gpupin: {{gpus: ['{minor0.index}']}}"),
-                   "slurm-shuffled")
+    found = errors(file("    devices: [/dev/nvidia0]", f"    x-gpupin: {{gpus: ['{minor0.index}']}}"), "slurm-shuffled")
     assert len(found) == 1 and str(minor0.uuid) in found[0], found
     assert errors(file("    devices: [/dev/nvidia0]", "    x-gpupin: {gpus: ['0']}"), "slurm-shuffled") == []
 
@@ -202,8 +256,9 @@ def test_render_places_counts_off_the_cards_device_files_hold_and_keeps_the_file
 
 
 def test_check_and_render_on_the_cli_refuse_a_card_two_services_hold(tmp_path: Path) -> None:
-    (tmp_path / "f.yml").write_text(file("    devices: [{source: /dev/nvidia3, target: /dev/nvidia3}]",
-                                         "    x-gpupin: {gpus: ['3']}"))
+    (tmp_path / "f.yml").write_text(
+        file("    devices: [{source: /dev/nvidia3, target: /dev/nvidia3}]", "    x-gpupin: {gpus: ['3']}")
+    )
     for args in (["compose", "check", "f.yml"], ["compose", "render", "f.yml", "-o", "out.yml"]):
         r = hostagent(tmp_path, *args)
         lines = [x for x in (r.stdout + r.stderr).splitlines() if "service b" in x]

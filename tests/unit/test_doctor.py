@@ -35,6 +35,7 @@ def root(tmp_path: Path) -> Path:
 
 # --- the traps, one by one (pure) -----------------------------------------------------------------------------
 
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 def test_dev_char_links_are_needed_only_under_the_systemd_driver(root: Path) -> None:
     mknod(root / "dev" / "nvidia0", NVIDIA_MAJOR, 0)
@@ -64,9 +65,16 @@ def test_persistence_mode_off_is_a_warning_naming_the_card() -> None:
 
 def test_a_cdi_spec_that_names_other_cards_than_nvml(root: Path) -> None:
     box = cards("mixed-4")
-    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-            "devices": [{"name": "0"}, {"name": "7"}, {"name": box[0].uuid},
-                        {"name": "GPU-0bad0bad-0000-4000-8000-000000000000"}]}
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            {"name": "0"},
+            {"name": "7"},
+            {"name": box[0].uuid},
+            {"name": "GPU-0bad0bad-0000-4000-8000-000000000000"},
+        ],
+    }
     (root / "etc" / "cdi").mkdir()
     (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(spec))
     (finding,) = doctor.check_cdi(doctor.Host(str(root)), None, box)
@@ -85,11 +93,16 @@ def test_a_swarm_node_needs_the_nvidia_runtime_as_its_default(root: Path) -> Non
     swarm = {"LocalNodeState": "active"}
     (f,) = doctor.check_runtime({"Swarm": swarm, "Runtimes": {"runc": {}}}, host, cdi_served=False)
     assert "no nvidia runtime" in f.line()
-    (f,) = doctor.check_runtime({"Swarm": swarm, "Runtimes": {"runc": {}, "nvidia": {}}, "DefaultRuntime": "runc"},
-                                host, cdi_served=False)
+    (f,) = doctor.check_runtime(
+        {"Swarm": swarm, "Runtimes": {"runc": {}, "nvidia": {}}, "DefaultRuntime": "runc"}, host, cdi_served=False
+    )
     assert "default runtime is runc" in f.line() and '"default-runtime": "nvidia"' in f.line()
-    assert doctor.check_runtime({"Swarm": swarm, "Runtimes": {"nvidia": {}}, "DefaultRuntime": "nvidia"}, host,
-                                cdi_served=False) == []
+    assert (
+        doctor.check_runtime(
+            {"Swarm": swarm, "Runtimes": {"nvidia": {}}, "DefaultRuntime": "nvidia"}, host, cdi_served=False
+        )
+        == []
+    )
     # Not a Swarm node: the default runtime is no trap.
     assert doctor.check_runtime({"Runtimes": {"runc": {}}}, host, cdi_served=False) == []
 
@@ -104,9 +117,15 @@ def test_no_hook_no_runtime_no_cdi_means_gpus_cannot_work(root: Path, monkeypatc
 def test_a_swarm_node_without_swarm_resource_in_the_toolkit(root: Path) -> None:
     box = cards("mixed-4")
     (root / "etc" / "docker").mkdir()
-    (root / "etc" / "docker" / "daemon.json").write_text(json.dumps({
-        "default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}},
-        "node-generic-resources": [f"GPU={c.uuid}" for c in box]}))
+    (root / "etc" / "docker" / "daemon.json").write_text(
+        json.dumps(
+            {
+                "default-runtime": "nvidia",
+                "runtimes": {"nvidia": {"path": "nvidia-container-runtime"}},
+                "node-generic-resources": [f"GPU={c.uuid}" for c in box],
+            }
+        )
+    )
     (root / "etc" / "nvidia-container-runtime").mkdir()
     (root / "etc" / "nvidia-container-runtime" / "config.toml").write_text("[nvidia-container-runtime]\n")
     findings = doctor.check_swarm_resource({"Swarm": {"LocalNodeState": "active"}}, doctor.Host(str(root)), box)
@@ -116,17 +135,28 @@ def test_a_swarm_node_without_swarm_resource_in_the_toolkit(root: Path) -> None:
 
 # --- the command on the simulated host --------------------------------------------------------------------
 
+
 def test_what_cannot_be_asked_is_a_finding_not_a_traceback(root: Path) -> None:
     r = doctor_on(root, "unix:///nonexistent/docker.sock")
     assert r.returncode == doctor.EX_FINDINGS and "Traceback" not in r.stderr + r.stdout
     assert any(ln.startswith("docker: ") and "HINT:" in ln for ln in r.stdout.splitlines()), r.stdout
-    r = subprocess.run([HOSTAGENT, "doctor", "--root", str(root)], capture_output=True, text=True, timeout=60,
-                       env=simhost_env("fault-nvml-unknown", DOCKER_HOST="unix:///nonexistent/docker.sock"))
+    r = subprocess.run(
+        [HOSTAGENT, "doctor", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=simhost_env("fault-nvml-unknown", DOCKER_HOST="unix:///nonexistent/docker.sock"),
+    )
     assert r.returncode == doctor.EX_FINDINGS and "Traceback" not in r.stderr + r.stdout
     assert any(ln.startswith("NVML: ") for ln in r.stdout.splitlines()), r.stdout
 
 
 def test_a_root_that_is_not_a_folder_is_64(tmp_path: Path) -> None:
-    r = subprocess.run([HOSTAGENT, "doctor", "--root", str(tmp_path / "missing")], capture_output=True, text=True,
-                       env=simhost_env("mixed-4"), timeout=60)
+    r = subprocess.run(
+        [HOSTAGENT, "doctor", "--root", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        env=simhost_env("mixed-4"),
+        timeout=60,
+    )
     assert r.returncode == 64 and r.stderr.count("\n") == 1 and "--root" in r.stderr, r

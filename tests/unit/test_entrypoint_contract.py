@@ -26,6 +26,7 @@ A800, RTX, A800B, A800C = uuids("mixed-4")
 
 # --- the pin is proved, and the workload sees the asked card --------------------------------------------------
 
+
 def test_aligned_card_execs_and_the_workload_sees_it(ep: Entrypoint) -> None:
     r = ep.run("{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": f"{RTX}@3b:00.0"}, gpus=device(RTX))
     assert r.rc == 0, r
@@ -46,9 +47,13 @@ def test_reversed_two_card_expectation_puts_each_card_at_its_rank(ep: Entrypoint
 
 
 def test_an_inherited_cuda_visible_devices_is_overridden_and_reported(ep: Entrypoint) -> None:
-    r = ep.run("sh", "-c", 'echo "CVD=$CUDA_VISIBLE_DEVICES ORDER=$CUDA_DEVICE_ORDER"',
-               env={"GPUPIN_EXPECT": RTX, "CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
-               gpus=device(RTX, A800B))
+    r = ep.run(
+        "sh",
+        "-c",
+        'echo "CVD=$CUDA_VISIBLE_DEVICES ORDER=$CUDA_DEVICE_ORDER"',
+        env={"GPUPIN_EXPECT": RTX, "CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
+        gpus=device(RTX, A800B),
+    )
     assert r.rc == 0, r
     want = "0" if ep.mode == "container" else "1"
     assert r.out.strip() == f"CVD={want} ORDER=PCI_BUS_ID"
@@ -72,12 +77,15 @@ def test_a_swarm_task_that_sees_more_cards_than_it_reserved_is_refused(ep: Entry
     r = ep.run("sh", "-c", "echo ran", env=env, gpus="all")
     assert (r.rc, r.out) == (78, ""), r
     line = one_error_line(r.err)
-    assert line.startswith(f"gpupin-entrypoint: ERROR: DOCKER_RESOURCE_NVIDIA-GPU reserves {A800C} for this task, "
-                           f"but it also sees 3 device(s) it did not reserve ({A800}, {RTX}, {A800B}), which the "
-                           "scheduler gives to other tasks. HINT: the NVIDIA runtime did not read "
-                           "DOCKER_RESOURCE_NVIDIA-GPU: the node advertises NVIDIA-GPU resources"), line
-    assert line.endswith('set swarm-resource = "DOCKER_RESOURCE_NVIDIA-GPU" in its '
-                         "/etc/nvidia-container-runtime/config.toml"), line
+    assert line.startswith(
+        f"gpupin-entrypoint: ERROR: DOCKER_RESOURCE_NVIDIA-GPU reserves {A800C} for this task, "
+        f"but it also sees 3 device(s) it did not reserve ({A800}, {RTX}, {A800B}), which the "
+        "scheduler gives to other tasks. HINT: the NVIDIA runtime did not read "
+        "DOCKER_RESOURCE_NVIDIA-GPU: the node advertises NVIDIA-GPU resources"
+    ), line
+    assert line.endswith(
+        'set swarm-resource = "DOCKER_RESOURCE_NVIDIA-GPU" in its /etc/nvidia-container-runtime/config.toml'
+    ), line
     r = ep.run("sh", "-c", "echo ran", env=dict(env, GPUPIN_EXPECT=A800C), gpus="all")
     assert (r.rc, r.out) == (0, "ran\n"), r
     assert "expectation from GPUPIN_EXPECT" in r.err and "NVML sees 4 cards" in r.err
@@ -94,8 +102,9 @@ def test_nvidia_visible_devices_indices_are_the_expectation(ep: Entrypoint) -> N
 
 
 @pytest.mark.parametrize("ids", [(A800C, RTX), ("3", "1")], ids=["uuid-strategy", "index-strategy"])
-def test_the_device_plugins_volume_mounts_are_the_expectation(ep: Entrypoint, tmp_path: Path,
-                                                              ids: tuple[str, str]) -> None:
+def test_the_device_plugins_volume_mounts_are_the_expectation(
+    ep: Entrypoint, tmp_path: Path, ids: tuple[str, str]
+) -> None:
     """The Kubernetes device plugin's volume-mounts strategy, as the plugin sets it up: NVIDIA_VISIBLE_DEVICES
     names the folder and /dev/null is mounted there under each device id; the runtime (the fake toolkit, with
     accept-nvidia-visible-devices-as-volume-mounts) exposes those devices."""
@@ -136,7 +145,9 @@ def test_check_mode_json_report_on_stdout(ep: Entrypoint) -> None:
     assert r.rc == 0, r
     report = json.loads(r.out)
     assert [(d["cuda"], d["uuid"], d["bus_id"]) for d in report["devices"]] == [
-        ("cuda:0", A800, "00000000:1B:00.0"), ("cuda:1", RTX, "00000000:3B:00.0")]
+        ("cuda:0", A800, "00000000:1B:00.0"),
+        ("cuda:1", RTX, "00000000:3B:00.0"),
+    ]
     assert report["level"] == "cuda" and report["source"] == "GPUPIN_EXPECT"
     assert report["set"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
@@ -197,6 +208,7 @@ def test_torch_level_without_torch_is_refused_with_69(ep: Entrypoint) -> None:
 
 
 # --- the workload is exec'd: same PID, its exit codes and signals ---------------------------------------------
+
 
 @pytest.mark.parametrize("code", [0, 1, 2, 42, 64, 69, 78, 125, 126, 127, 255])
 def test_the_workload_exit_code_passes_through(ep: Entrypoint, code: int) -> None:
@@ -259,12 +271,24 @@ def test_a_command_that_cannot_be_executed_ends_in_126(ep: Entrypoint, tmp_path:
 
 
 def test_options_after_the_command_belong_to_the_workload(ep: Entrypoint) -> None:
-    r = ep.run("--quiet", "--", "sh", "-c", 'echo "$@"', "x", "--verify", "bogus", "--quiet",
-               env={"GPUPIN_EXPECT": RTX}, gpus=device(RTX))
+    r = ep.run(
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        'echo "$@"',
+        "x",
+        "--verify",
+        "bogus",
+        "--quiet",
+        env={"GPUPIN_EXPECT": RTX},
+        gpus=device(RTX),
+    )
     assert r.rc == 0 and r.out.strip() == "--verify bogus --quiet", r
 
 
 # --- no usable GPU: 69 with a cause and a hint ------------------------------------------------------------------
+
 
 def test_no_driver_library_is_69_with_a_hint(ep: Entrypoint) -> None:
     if ep.mode == "host":
@@ -293,11 +317,14 @@ def test_verify_nvml_does_not_touch_the_cuda_driver(fakegpu: Path, tmp_path: Pat
     assert "cuInit failed with CUDA_ERROR_UNKNOWN (999)" in one_error_line(p.stderr)
 
 
-@pytest.mark.parametrize(("name", "expect", "says"), [
-    ("fault-nvml-unknown", RTX, "Failed to initialize NVML: Unknown Error"),
-    # fault-lost: card 2 (A800B) is lost. Asked for, by UUID or by index, it stops the workload (69).
-    ("fault-lost", A800B, "NVML cannot read the card at index 2 (GPU is lost)"),
-])
+@pytest.mark.parametrize(
+    ("name", "expect", "says"),
+    [
+        ("fault-nvml-unknown", RTX, "Failed to initialize NVML: Unknown Error"),
+        # fault-lost: card 2 (A800B) is lost. Asked for, by UUID or by index, it stops the workload (69).
+        ("fault-lost", A800B, "NVML cannot read the card at index 2 (GPU is lost)"),
+    ],
+)
 def test_nvml_faults_are_69_with_the_cause_and_a_hint(fakegpu: Path, name: str, expect: str, says: str) -> None:
     env = simhost_env(name, GPUPIN_EXPECT=expect)
     p = subprocess.run([ENTRYPOINT, *STARTED], env=env, capture_output=True, text=True, timeout=60)
@@ -312,12 +339,22 @@ def test_a_lost_card_stops_only_what_asked_for_it(fakegpu: Path, card: str) -> N
     """On a host (Slurm, bare metal) NVML lists every card: one that fell off the bus must not stop the jobs pinned
     to the others. CUDA does not enumerate it, so indices after it shift (A800C is CUDA's 2nd PCI device, NVML's
     3rd): the pin is by UUID, and proved."""
-    p = subprocess.run([ENTRYPOINT, "sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"],
-                       env=simhost_env("fault-lost", GPUPIN_EXPECT=card), capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [ENTRYPOINT, "sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"],
+        env=simhost_env("fault-lost", GPUPIN_EXPECT=card),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == f"CVD={card}"
-    by_index = subprocess.run([ENTRYPOINT, *STARTED], env=simhost_env("fault-lost", NVIDIA_VISIBLE_DEVICES="2"),
-                              capture_output=True, text=True, timeout=60)
+    by_index = subprocess.run(
+        [ENTRYPOINT, *STARTED],
+        env=simhost_env("fault-lost", NVIDIA_VISIBLE_DEVICES="2"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert by_index.returncode == 69 and "WORKLOAD-STARTED" not in by_index.stdout
     assert "names the card at NVML index 2, which NVML cannot read (GPU is lost)" in one_error_line(by_index.stderr)
 
@@ -326,8 +363,9 @@ def test_mig_expectation_selects_the_mig_device_by_uuid(fakegpu: Path) -> None:
     mig_card = next(g for g in topology("mig")["gpus"] if g.get("mig"))
     mig_uuid = mig_card["mig"]["devices"][1]["uuid"]
     env = simhost_env("mig", GPUPIN_EXPECT=mig_uuid)
-    p = subprocess.run([ENTRYPOINT, "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"], env=env, capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [ENTRYPOINT, "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == mig_uuid
     assert mig_uuid in p.stderr
@@ -336,17 +374,29 @@ def test_mig_expectation_selects_the_mig_device_by_uuid(fakegpu: Path) -> None:
 def test_bare_metal_picks_two_of_eight_identical_cards_by_uuid(fakegpu: Path) -> None:
     cards = uuids("dgx-8")
     env = simhost_env("dgx-8", GPUPIN_EXPECT=f"{cards[6]},{cards[2]}")
-    p = subprocess.run([ENTRYPOINT, "--quiet", sys.executable, "-m", "gpupin.entrypoint"], env=env, capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [ENTRYPOINT, "--quiet", sys.executable, "-m", "gpupin.entrypoint"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert [ln.split()[2] for ln in p.stdout.splitlines()] == [cards[6], cards[2]]
 
 
 def test_the_python_api_refuses_a_rewritten_cuda_visible_devices(fakegpu: Path) -> None:
     # What a launcher that rewrites CUDA_VISIBLE_DEVICES after the entrypoint does: assert_pinned() catches it.
-    code = ("from gpupin.entrypoint import assert_pinned\n"
-            "try:\n    assert_pinned()\nexcept Exception as e:\n    print(type(e).__name__, e.exit_code)\n")
+    code = (
+        "from gpupin.entrypoint import assert_pinned\n"
+        "try:\n    assert_pinned()\nexcept Exception as e:\n    print(type(e).__name__, e.exit_code)\n"
+    )
     env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX)
-    p = subprocess.run([ENTRYPOINT, "--quiet", "sh", "-c", f"CUDA_VISIBLE_DEVICES=0 {sys.executable} -c '{code}'"],
-                       env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [ENTRYPOINT, "--quiet", "sh", "-c", f"CUDA_VISIBLE_DEVICES=0 {sys.executable} -c '{code}'"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.stdout.strip() == "MisalignedError 78", p

@@ -34,6 +34,7 @@ DOCUMENTED = {0, 64, 69, 78, 126, 127}
 
 # --- the entrypoint's own imports never come from the workload's paths ----------------------------------------
 
+
 def mounted(ep: Entrypoint, host_dir: Path, inside: str) -> tuple[str, tuple[str, ...]]:
     """The directory as the entrypoint sees it, and the `docker run` options that put it there."""
     host_dir.chmod(0o755)
@@ -43,15 +44,26 @@ def mounted(ep: Entrypoint, host_dir: Path, inside: str) -> tuple[str, tuple[str
 
 
 # What the workload prints: its PYTHONPATH as it got it, and where *its* Python finds pynvml (without importing it).
-SHOW_WORKLOAD = ["sh", "-c", 'echo "PYTHONPATH=$PYTHONPATH"; {py} -c "import importlib.util as u; '
-                 "print(u.find_spec('pynvml').origin)\""]
+SHOW_WORKLOAD = [
+    "sh",
+    "-c",
+    'echo "PYTHONPATH=$PYTHONPATH"; {py} -c "import importlib.util as u; print(u.find_spec(\'pynvml\').origin)"',
+]
 
 
 def test_hostile_modules_on_pythonpath_are_not_imported_and_the_workload_keeps_its_path(
-        ep: Entrypoint, tmp_path: Path) -> None:
+    ep: Entrypoint, tmp_path: Path
+) -> None:
     path, opts = mounted(ep, plant(tmp_path / "pp", ep.mode == "container"), "/hostile")
-    r = ep.run("--json", "--verify", "cuda", *SHOW_WORKLOAD, env={"GPUPIN_EXPECT": RTX, "PYTHONPATH": path},
-               gpus=device(RTX), docker_args=opts)
+    r = ep.run(
+        "--json",
+        "--verify",
+        "cuda",
+        *SHOW_WORKLOAD,
+        env={"GPUPIN_EXPECT": RTX, "PYTHONPATH": path},
+        gpus=device(RTX),
+        docker_args=opts,
+    )
     assert r.rc == 0, r
     assert "HOSTILE" not in r.err, r.err
     assert json.loads(r.err)["devices"][0]["uuid"] == RTX
@@ -68,19 +80,30 @@ def test_hostile_traceback_module_does_not_hide_the_debug_traceback(ep: Entrypoi
 
 @pytest.mark.parametrize("pythonpath", [None, ".", ":/nonexistent"])
 def test_hostile_modules_in_the_working_directory_are_not_imported(
-        ep: Entrypoint, tmp_path: Path, pythonpath: str | None) -> None:
+    ep: Entrypoint, tmp_path: Path, pythonpath: str | None
+) -> None:
     # "." and an empty element of PYTHONPATH both put the working directory on sys.path.
     path, opts = mounted(ep, plant(tmp_path / "work", ep.mode == "container"), "/work")
     env = {"GPUPIN_EXPECT": RTX} if pythonpath is None else {"GPUPIN_EXPECT": RTX, "PYTHONPATH": pythonpath}
-    r = ep.run("--verify", "cuda", "sh", "-c", "pwd", env=env, gpus=device(RTX),
-               docker_args=(*opts, "-w", path), cwd=tmp_path / "work")
+    r = ep.run(
+        "--verify",
+        "cuda",
+        "sh",
+        "-c",
+        "pwd",
+        env=env,
+        gpus=device(RTX),
+        docker_args=(*opts, "-w", path),
+        cwd=tmp_path / "work",
+    )
     assert r.rc == 0, r
     assert "HOSTILE" not in r.err and f"cuda:0  {RTX}" in r.err, r.err
     assert r.out.strip() == path
 
 
 def test_a_sitecustomize_that_loaded_a_hostile_module_first_does_not_leak_into_the_entrypoint(
-        ep: Entrypoint, tmp_path: Path) -> None:
+    ep: Entrypoint, tmp_path: Path
+) -> None:
     # Python runs a sitecustomize.py on PYTHONPATH at start-up, before any gpupin code: the json it loads from
     # there cannot be prevented, but the entrypoint forgets it and imports the standard library's.
     pp = tmp_path / "pp"
@@ -93,10 +116,9 @@ def test_a_sitecustomize_that_loaded_a_hostile_module_first_does_not_leak_into_t
     assert json.loads(r.out)["devices"][0]["uuid"] == RTX
 
 
-
-
 def test_isolate_keeps_the_installation_and_drops_only_the_workloads_entries(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import site
 
     from gpupin.entrypoint import isolation
@@ -110,8 +132,11 @@ def test_isolate_keeps_the_installation_and_drops_only_the_workloads_entries(
     (pp / "hostile_mod.py").write_text("")
     monkeypatch.chdir(work)
     # PYTHONPATH naming the standard library or gpupin's own place (pip install --target DIR) keeps them.
-    monkeypatch.setattr(sys, "path", [str(work), str(pp), stdlib, os.path.join(stdlib, "lib-dynload"), installed,
-                                      gpupin_root, "relative", ""])
+    monkeypatch.setattr(
+        sys,
+        "path",
+        [str(work), str(pp), stdlib, os.path.join(stdlib, "lib-dynload"), installed, gpupin_root, "relative", ""],
+    )
     hostile = type(sys)("hostile_mod")
     hostile.__file__ = str(pp / "hostile_mod.py")
     monkeypatch.setattr(sys, "modules", {**sys.modules, "hostile_mod": hostile})  # a copy: isolate() edits it
@@ -123,6 +148,7 @@ def test_isolate_keeps_the_installation_and_drops_only_the_workloads_entries(
 
 
 # --- bad values: one line, the documented code, nothing started -----------------------------------------------
+
 
 @pytest.mark.parametrize("value", ["inf", "nan", "1e999", "-1", "0", "abc", "90000", "12 s"])
 def test_an_odd_probe_timeout_is_refused_with_64(ep: Entrypoint, value: str) -> None:
@@ -139,8 +165,9 @@ def test_a_sound_probe_timeout_is_accepted(ep: Entrypoint, value: str) -> None:
 
 
 def test_a_hung_driver_is_given_up_after_the_probe_timeout_with_69(fakegpu: Path, tmp_path: Path) -> None:
-    env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX, GPUPIN_PROBE_TIMEOUT="0.5",
-                      FAKEGPU_TOPOLOGY=str(hung_driver(tmp_path)))
+    env = simhost_env(
+        "mixed-4", GPUPIN_EXPECT=RTX, GPUPIN_PROBE_TIMEOUT="0.5", FAKEGPU_TOPOLOGY=str(hung_driver(tmp_path))
+    )
     t0 = time.monotonic()
     p = subprocess.run([ENTRYPOINT, *STARTED], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 69, p
@@ -168,8 +195,7 @@ def test_nvidia_visible_devices_naming_a_card_twice_is_64_with_a_hint_about_gpup
 
 
 def test_the_workloads_own_debug_and_options_are_not_the_entrypoints(ep: Entrypoint) -> None:
-    r = ep.run("sh", "-c", "echo WORKLOAD-STARTED", "--debug", "--verify", "bogus",
-               env={"GPUPIN_EXPECT": "GPU-nothex"})
+    r = ep.run("sh", "-c", "echo WORKLOAD-STARTED", "--debug", "--verify", "bogus", env={"GPUPIN_EXPECT": "GPU-nothex"})
     assert r.rc == 64, r
     assert "GPU-nothex" in only_error_line(r.err)  # no traceback: --debug was the workload's
     r = ep.run("--debug", "sh", "-c", "true", env={"GPUPIN_EXPECT": "GPU-nothex"})
@@ -181,10 +207,16 @@ def test_the_workloads_own_debug_and_options_are_not_the_entrypoints(ep: Entrypo
     assert r.rc == 64 and "--bogus" in only_error_line(r.err), r
 
 
-@pytest.mark.parametrize(("var", "value"), [
-    ("GPUPIN_VERIFY", "fast"), ("GPUPIN_VERIFY", "nvml,cuda"), ("GPUPIN_REQUIRE", "maybe"),
-    ("GPUPIN_QUIET", "2"), ("GPUPIN_QUIET", "y e s"),
-])
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("GPUPIN_VERIFY", "fast"),
+        ("GPUPIN_VERIFY", "nvml,cuda"),
+        ("GPUPIN_REQUIRE", "maybe"),
+        ("GPUPIN_QUIET", "2"),
+        ("GPUPIN_QUIET", "y e s"),
+    ],
+)
 def test_odd_gpupin_variables_are_refused_with_64_naming_the_variable(ep: Entrypoint, var: str, value: str) -> None:
     r = ep.run(*STARTED, env={"GPUPIN_EXPECT": RTX, var: value}, gpus=device(RTX))
     assert r.rc == 64, r
@@ -192,10 +224,17 @@ def test_odd_gpupin_variables_are_refused_with_64_naming_the_variable(ep: Entryp
     assert repr(value) in line and f"HINT: set {var}" in line and "WORKLOAD-STARTED" not in r.out
 
 
-@pytest.mark.parametrize(("var", "value", "quiet"), [
-    ("GPUPIN_VERIFY", " NVML ", False), ("GPUPIN_VERIFY", "", False), ("GPUPIN_QUIET", "Yes", True),
-    ("GPUPIN_QUIET", "off", False), ("GPUPIN_QUIET", "", False), ("GPUPIN_REQUIRE", "FALSE", False),
-])
+@pytest.mark.parametrize(
+    ("var", "value", "quiet"),
+    [
+        ("GPUPIN_VERIFY", " NVML ", False),
+        ("GPUPIN_VERIFY", "", False),
+        ("GPUPIN_QUIET", "Yes", True),
+        ("GPUPIN_QUIET", "off", False),
+        ("GPUPIN_QUIET", "", False),
+        ("GPUPIN_REQUIRE", "FALSE", False),
+    ],
+)
 def test_gpupin_variables_read_any_case_and_spacing(ep: Entrypoint, var: str, value: str, quiet: bool) -> None:
     r = ep.run(*STARTED, env={"GPUPIN_EXPECT": RTX, var: value}, gpus=device(RTX))
     assert (r.rc, r.out.strip()) == (0, "WORKLOAD-STARTED"), r
@@ -203,8 +242,14 @@ def test_gpupin_variables_read_any_case_and_spacing(ep: Entrypoint, var: str, va
 
 
 def test_an_option_overrides_an_odd_variable_it_replaces(ep: Entrypoint) -> None:
-    r = ep.run("--verify", "nvml", "--quiet", *STARTED,
-               env={"GPUPIN_EXPECT": RTX, "GPUPIN_VERIFY": "bogus", "GPUPIN_QUIET": "bogus"}, gpus=device(RTX))
+    r = ep.run(
+        "--verify",
+        "nvml",
+        "--quiet",
+        *STARTED,
+        env={"GPUPIN_EXPECT": RTX, "GPUPIN_VERIFY": "bogus", "GPUPIN_QUIET": "bogus"},
+        gpus=device(RTX),
+    )
     assert (r.rc, r.out.strip(), r.err) == (0, "WORKLOAD-STARTED", ""), r
 
 
@@ -217,8 +262,12 @@ def test_non_utf8_bytes_in_the_environment_and_argv(fakegpu: Path) -> None:
     assert "GPUPIN_EXPECT" in line and "\\udcff" in line  # the bad bytes are shown escaped, on the one line
     env[b"GPUPIN_EXPECT"] = RTX.encode()
     env[b"ODD"] = b"\xff\x00"[:1]
-    p = subprocess.run([ENTRYPOINT.encode(), b"--quiet", b"sh", b"-c", b'printf %s "$ODD$1"', b"x", b"\xfe"],
-                       env=env, capture_output=True, timeout=60)
+    p = subprocess.run(
+        [ENTRYPOINT.encode(), b"--quiet", b"sh", b"-c", b'printf %s "$ODD$1"', b"x", b"\xfe"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     assert (p.returncode, p.stdout, p.stderr) == (0, b"\xff\xfe", b""), p  # the workload gets its bytes untouched
     p = subprocess.run([ENTRYPOINT.encode(), b"--v\xe9rify", b"true"], env=env, capture_output=True, timeout=60)
     assert p.returncode == 64 and "unknown option" in only_error_line(p.stderr.decode(errors="replace")), p
@@ -231,21 +280,31 @@ def test_very_long_values_give_one_short_line(ep: Entrypoint) -> None:
         assert r.rc in (64, 78), r.rc
         line = only_error_line(r.err)
         assert len(line) < 1000 and "characters)" in line, line[:2000]
-    r = ep.run("sh", "-c", 'echo "${#GPUPIN_LONG}"', env={"GPUPIN_EXPECT": RTX, "GPUPIN_LONG": "z" * 100_000},
-               gpus=device(RTX))
+    r = ep.run(
+        "sh", "-c", 'echo "${#GPUPIN_LONG}"', env={"GPUPIN_EXPECT": RTX, "GPUPIN_LONG": "z" * 100_000}, gpus=device(RTX)
+    )
     assert (r.rc, r.out.strip()) == (0, "100000"), r
 
 
 # --- signals while the probe runs -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("sig", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT"),
-                                           (signal.SIGHUP, "SIGHUP")])
+
+@pytest.mark.parametrize(
+    ("sig", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT"), (signal.SIGHUP, "SIGHUP")]
+)
 def test_a_signal_during_the_probe_ends_the_entrypoint_and_its_probe(
-        fakegpu: Path, tmp_path: Path, sig: int, name: str) -> None:
+    fakegpu: Path, tmp_path: Path, sig: int, name: str
+) -> None:
     env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX, FAKEGPU_TOPOLOGY=str(hung_driver(tmp_path)))
     # Its default disposition, as a shell gives it: a run under nohup ignores SIGHUP, which the entrypoint keeps.
-    p = subprocess.Popen([ENTRYPOINT, *STARTED], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [ENTRYPOINT, *STARTED],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
+    )
     try:
         probes = wait_for(lambda: children_of(p.pid) if p.poll() is None else [], 30, "the CUDA probe to start")
         t0 = time.monotonic()
@@ -263,11 +322,14 @@ def test_a_signal_during_the_probe_ends_the_entrypoint_and_its_probe(
 def test_a_signal_the_caller_ignores_stays_ignored(fakegpu: Path, tmp_path: Path) -> None:
     # nohup's SIGHUP: the entrypoint keeps ignoring it, and the workload inherits the ignored disposition.
     env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX)
-    p = subprocess.run(["sh", "-c", f"trap '' HUP; exec {ENTRYPOINT} --quiet sh -c 'kill -HUP $$; echo alive'"],
-                       env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        ["sh", "-c", f"trap '' HUP; exec {ENTRYPOINT} --quiet sh -c 'kill -HUP $$; echo alive'"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (p.returncode, p.stdout.strip()) == (0, "alive"), p
-
-
 
 
 # --- MIG on bare metal: CUDA shows a MIG-mode card as its MIG devices -------------------------------------------
@@ -279,8 +341,9 @@ MIG_GI1, MIG_GI2 = mig_devices("mig")
 @pytest.mark.parametrize("level", ["nvml", "cuda"])
 def test_a_whole_card_beside_a_mig_mode_card_is_the_card_the_workload_gets(on_mig: Entrypoint, level: str) -> None:
     # NVML puts the whole A100 at index 1; CUDA's index 1 is MIG device 2 of card 0. The pin is by UUID.
-    r = on_mig.run("--verify", level, "{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": WHOLE},
-                   scenario_name="mig")
+    r = on_mig.run(
+        "--verify", level, "{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": WHOLE}, scenario_name="mig"
+    )
     assert r.rc == 0, r
     assert r.out.startswith(f"cuda:0 = {WHOLE} at 00000000:0F:00.0"), r.out
     assert f"CUDA_VISIBLE_DEVICES={WHOLE}" in r.err
@@ -288,8 +351,15 @@ def test_a_whole_card_beside_a_mig_mode_card_is_the_card_the_workload_gets(on_mi
 
 @pytest.mark.parametrize("level", ["nvml", "cuda"])
 def test_a_mig_device_and_a_whole_card_together(on_mig: Entrypoint, level: str) -> None:
-    r = on_mig.run("--verify", level, "{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": f"{WHOLE},{MIG_GI2}"},
-                   scenario_name="mig")
+    r = on_mig.run(
+        "--verify",
+        level,
+        "{py}",
+        "-m",
+        "gpupin.entrypoint",
+        env={"GPUPIN_EXPECT": f"{WHOLE},{MIG_GI2}"},
+        scenario_name="mig",
+    )
     assert r.rc == 0, r
     assert [ln.split()[2] for ln in r.out.splitlines()] == [WHOLE, MIG_GI2]
 
@@ -311,8 +381,9 @@ def test_the_torch_level_on_the_mig_box_is_a_clean_69_without_torch(on_mig: Entr
 @pytest.mark.parametrize("level", ["nvml", "cuda"])
 def test_an_old_style_mig_uuid_is_resolved_to_its_device(on_mig: Entrypoint, level: str) -> None:
     legacy = f"MIG-{MIG_CARD}/2/0"
-    r = on_mig.run("--verify", level, "{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": legacy},
-                   scenario_name="mig")
+    r = on_mig.run(
+        "--verify", level, "{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": legacy}, scenario_name="mig"
+    )
     assert r.rc == 0, r
     assert r.out.startswith(f"cuda:0 = {MIG_GI2} at 00000000:07:00.0"), r.out
 
@@ -327,8 +398,9 @@ def test_assert_pinned_resolves_an_old_style_mig_uuid_and_never_matches_another_
         (MIG_GI2, f"MIG-{WHOLE}/1/0", 78, "has no MIG device with GPU instance 1"),
     ):
         env = simhost_env("mig", GPUPIN_EXPECT=legacy, CUDA_VISIBLE_DEVICES=cvd)
-        p = subprocess.run([sys.executable, "-m", "gpupin.entrypoint"], env=env, capture_output=True, text=True,
-                           timeout=60)
+        p = subprocess.run(
+            [sys.executable, "-m", "gpupin.entrypoint"], env=env, capture_output=True, text=True, timeout=60
+        )
         assert p.returncode == rc, (legacy, p)
         assert says in (p.stdout if rc == 0 else p.stderr), (legacy, p)
         if rc:
@@ -341,12 +413,14 @@ def test_an_ambiguous_mig_prefix_is_64_listing_the_matches(on_shared_prefix: Ent
     assert r.rc == 64, r
     line = only_error_line(r.err)
     assert "ambiguous" in line and mig[0]["uuid"] in line and mig[1]["uuid"] in line and mig[2]["uuid"] not in line
-    r = on_shared_prefix.run("{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": "MIG-7f3b"},
-                             scenario_name="mig-shared-prefix")
+    r = on_shared_prefix.run(
+        "{py}", "-m", "gpupin.entrypoint", env={"GPUPIN_EXPECT": "MIG-7f3b"}, scenario_name="mig-shared-prefix"
+    )
     assert r.rc == 0 and r.out.startswith(f"cuda:0 = {mig[1]['uuid']}"), r
 
 
 # --- generated input: never a traceback, always a documented exit code ------------------------------------------
+
 
 def run_main_in_fork(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
     """gpupin.entrypoint.cli.main(argv) under `env`, in a forked copy of this process: the real main(), the real
@@ -376,15 +450,17 @@ def run_main_in_fork(argv: list[str], env: dict[str, str]) -> tuple[int, str, st
         _, status = os.waitpid(pid, 0)
         out.seek(0)
         err.seek(0)
-        return (os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"),
-                err.read().decode(errors="replace"))
+        return (
+            os.waitstatus_to_exitcode(status),
+            out.read().decode(errors="replace"),
+            err.read().decode(errors="replace"),
+        )
 
 
 UUIDS = [*uuids("mixed-4"), "GPU-00000000-1111-2222-3333-444444444444", mig_devices("mig")[0]]
 # Values as a process can receive them: any bytes but NUL, decoded as Python decodes the environment and argv.
 raw_text = st.binary(max_size=24).filter(lambda b: b"\0" not in b).map(os.fsdecode)
-odd_text = st.one_of(raw_text, st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\0"),
-                                       max_size=24))
+odd_text = st.one_of(raw_text, st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\0"), max_size=24))
 
 
 @st.composite
@@ -404,8 +480,9 @@ def comma_list(item: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
 expectations = st.one_of(comma_list(uuid_spellings()), comma_list(st.one_of(uuid_spellings(), odd_text)), odd_text)
 env_values = {
     "GPUPIN_EXPECT": expectations,
-    "NVIDIA_VISIBLE_DEVICES": st.one_of(st.sampled_from(["all", "none", "void", "", "0,1", "0:1"]),
-                                        comma_list(uuid_spellings()), odd_text),
+    "NVIDIA_VISIBLE_DEVICES": st.one_of(
+        st.sampled_from(["all", "none", "void", "", "0,1", "0:1"]), comma_list(uuid_spellings()), odd_text
+    ),
     "DOCKER_RESOURCE_GPU": st.one_of(comma_list(uuid_spellings()), odd_text),
     "GPUPIN_VERIFY": st.one_of(st.sampled_from(["nvml", "cuda", "torch", " NVML", "", "fast"]), odd_text),
     "GPUPIN_REQUIRE": st.one_of(st.sampled_from(["1", "0", "yes", "off", ""]), odd_text),
@@ -415,13 +492,30 @@ env_values = {
     "CUDA_DEVICE_ORDER": st.one_of(st.sampled_from(["FASTEST_FIRST", "PCI_BUS_ID", "pci_bus_id"]), odd_text),
 }
 environments = st.fixed_dictionaries({}, optional=env_values)
-OWN_OPTIONS = ["--require", "--quiet", "-q", "--json", "--debug", "--verify=nvml", "--verify=cuda", "--verify",
-               "nvml", "--verify=fast", "--bogus", "--json=1", "-x", "--", "-"]
+OWN_OPTIONS = [
+    "--require",
+    "--quiet",
+    "-q",
+    "--json",
+    "--debug",
+    "--verify=nvml",
+    "--verify=cuda",
+    "--verify",
+    "nvml",
+    "--verify=fast",
+    "--bogus",
+    "--json=1",
+    "-x",
+    "--",
+    "-",
+]
 WORKLOAD_EXIT = 7
 commands = st.one_of(
     st.just(["sh", "-c", f"exit {WORKLOAD_EXIT}"]),
     st.just(["sh", "-c", f"exit {WORKLOAD_EXIT}", "--debug", "--verify", "bogus"]),
-    st.just(["no-such-workload-xyz"]), st.just([""]), st.just([]),
+    st.just(["no-such-workload-xyz"]),
+    st.just([""]),
+    st.just([]),
     st.lists(odd_text, min_size=1, max_size=3),
 )
 argvs = st.tuples(st.lists(st.sampled_from(OWN_OPTIONS), max_size=5), commands)
@@ -460,8 +554,9 @@ def check_contract(rc: int, out: str, err: str, debug: bool, allowed: set[int]) 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(env=environments, argv=argvs)
-def test_generated_environments_and_command_lines_in_process(env: dict[str, str],
-                                                             argv: tuple[list[str], list[str]]) -> None:
+def test_generated_environments_and_command_lines_in_process(
+    env: dict[str, str], argv: tuple[list[str], list[str]]
+) -> None:
     options, command = argv
     base = simhost_env("mixed-4")
     rc, out, err = run_main_in_fork([*options, *command], {**base, **env})
@@ -470,12 +565,21 @@ def test_generated_environments_and_command_lines_in_process(env: dict[str, str]
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(env=environments, argv=argvs)
-def test_generated_environments_and_command_lines_as_a_process(env: dict[str, str],
-                                                               argv: tuple[list[str], list[str]]) -> None:
+def test_generated_environments_and_command_lines_as_a_process(
+    env: dict[str, str], argv: tuple[list[str], list[str]]
+) -> None:
     options, command = argv
     penv = {**simhost_env("mixed-4"), **env}
-    p = subprocess.run([os.fsencode(a) for a in (ENTRYPOINT, *options, *command)],
-                       env={os.fsencode(k): os.fsencode(v) for k, v in penv.items()}, capture_output=True,
-                       timeout=120)
-    check_contract(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"),
-                   own_debug(options), DOCUMENTED | {WORKLOAD_EXIT})
+    p = subprocess.run(
+        [os.fsencode(a) for a in (ENTRYPOINT, *options, *command)],
+        env={os.fsencode(k): os.fsencode(v) for k, v in penv.items()},
+        capture_output=True,
+        timeout=120,
+    )
+    check_contract(
+        p.returncode,
+        p.stdout.decode(errors="replace"),
+        p.stderr.decode(errors="replace"),
+        own_debug(options),
+        DOCUMENTED | {WORKLOAD_EXIT},
+    )

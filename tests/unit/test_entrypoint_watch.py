@@ -43,6 +43,7 @@ REPORTER = (
 
 # --- exit codes ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("code", [0, 1, 2, 42, 78, 79, 126, 127, 255])
 def test_the_workload_exit_code_passes_through(ep: Entrypoint, code: int) -> None:
     r = ep.run(*WATCH, "sh", "-c", f"exit {code}", env=PIN, gpus=device(RTX))
@@ -63,6 +64,7 @@ def test_a_missing_command_is_127_with_one_line(ep: Entrypoint) -> None:
 
 
 # --- the parent, the child, its group and its terminal ----------------------------------------------------------
+
 
 def test_the_workload_is_a_child_in_a_process_group_of_its_own(ep: Entrypoint, running: list[Running]) -> None:
     r = start(ep, running, "{py}", "-c", REPORTER)
@@ -103,8 +105,7 @@ def test_a_signal_reaches_the_whole_process_group(ep: Entrypoint, running: list[
     assert "shell got TERM" in out and "sleep ended 143" in out, out
 
 
-def test_sigterm_to_the_parent_ends_an_untrapping_workload_with_143(ep: Entrypoint, running: list[Running]
-                                                                    ) -> None:
+def test_sigterm_to_the_parent_ends_an_untrapping_workload_with_143(ep: Entrypoint, running: list[Running]) -> None:
     r = start(ep, running, "sh", "-c", "echo ready; sleep 1000")
     r.wait_for("ready")
     r.send(signal.SIGTERM)
@@ -119,7 +120,7 @@ def test_the_workload_holds_the_terminal(ep: Entrypoint) -> None:
     pid, fd = _spawn_in_pty(argv, env)
     try:
         out = _read_until(fd, "tpgid=")
-        line = out[out.index("pgrp="):].split("\r")[0].split("\n")[0]
+        line = out[out.index("pgrp=") :].split("\r")[0].split("\n")[0]
         pgrp, tpgid = (int(f.split("=")[1]) for f in line.split())
         assert pgrp == tpgid, out
         os.write(fd, b"\x03")  # Ctrl-C
@@ -135,12 +136,13 @@ def test_the_workload_holds_the_terminal(ep: Entrypoint) -> None:
 def test_a_background_entrypoint_leaves_the_terminal_alone(fakegpu: Path) -> None:
     """Started in the background of a terminal (`gpupin-entrypoint --watch 5 CMD &`), it must not take the terminal
     from the shell: the workload's group stays in the background."""
-    script = ("read -r _ _ _ _ pgrp _ _ tpgid _ < /proc/self/stat; echo pgrp=$pgrp tpgid=$tpgid ppid=$PPID; "
-              "exec sleep 1000")
+    script = (
+        "read -r _ _ _ _ pgrp _ _ tpgid _ < /proc/self/stat; echo pgrp=$pgrp tpgid=$tpgid ppid=$PPID; exec sleep 1000"
+    )
     pid, fd = _spawn_in_pty([ENTRYPOINT, *WATCH, "sh", "-c", script], simhost_env(**PIN), background=True)
     try:
         out = _read_until(fd, "ppid=")
-        fields = dict(f.split("=") for f in out[out.index("pgrp="):].split())
+        fields = dict(f.split("=") for f in out[out.index("pgrp=") :].split())
         assert fields["pgrp"] != fields["tpgid"] and int(fields["tpgid"]) == pid, out
         os.kill(int(fields["ppid"]), signal.SIGTERM)
         _, status = os.waitpid(pid, 0)
@@ -182,13 +184,13 @@ def _read_until(fd: int, text: str, timeout: float = 60) -> str:
 
 # --- the environment the workload gets ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("watch", [True, False], ids=["watch", "exec"])
 def test_the_workload_gets_default_signal_dispositions(ep: Entrypoint, watch: bool) -> None:
     """Python ignores SIGPIPE and SIGXFSZ for itself; the workload must not inherit that: `yes | head -1` ends
     quietly, as in any shell. Nothing is left blocked either."""
     opts = WATCH if watch else ("--quiet",)
-    r = ep.run(*opts, "sh", "-c", "yes | head -1; grep -E '^Sig(Ign|Blk)' /proc/self/status", env=PIN,
-               gpus=device(RTX))
+    r = ep.run(*opts, "sh", "-c", "yes | head -1; grep -E '^Sig(Ign|Blk)' /proc/self/status", env=PIN, gpus=device(RTX))
     assert (r.rc, r.err) == (0, ""), r
     first, blocked, ignored = r.out.splitlines()
     assert first == "y" and int(blocked.split()[1], 16) == 0, r
@@ -206,6 +208,7 @@ def test_without_watch_the_workload_still_replaces_the_entrypoint(ep: Entrypoint
 
 
 # --- the watch itself ---------------------------------------------------------------------------------------
+
 
 def test_a_healthy_card_is_checked_without_a_word(ep: Entrypoint) -> None:
     """Many checks (every 0.05 s over a second) of a card that stays: the workload ends on its own, with its code."""
@@ -226,8 +229,13 @@ def test_a_bad_interval_is_64_with_one_line(ep: Entrypoint, value: str) -> None:
 
 @pytest.mark.parametrize("value", ["-1", "nan", "x"])
 def test_a_bad_grace_is_64_with_one_line(value: str, fakegpu: Path) -> None:
-    p = subprocess.run([ENTRYPOINT, "--watch", "1", "true"], env=simhost_env(GPUPIN_WATCH_GRACE=value, **PIN),
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [ENTRYPOINT, "--watch", "1", "true"],
+        env=simhost_env(GPUPIN_WATCH_GRACE=value, **PIN),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 64 and "GPUPIN_WATCH_GRACE=" in one_error_line(p.stderr), p
 
 
@@ -236,15 +244,20 @@ def test_a_bad_grace_is_64_with_one_line(value: str, fakegpu: Path) -> None:
 AT = f"{RTX} at 00000000:3B:00.0"
 
 
-@pytest.mark.parametrize("fault, says", [
-    ({"lost": True}, f"{AT} is lost to NVML (GPU is lost: fallen off the bus)"),
-    ({"xid": [79]}, f"{AT} is unhealthy: XID 79 (fallen off the bus)"),
-    ({"xid": [13, 48]}, f"{AT} is unhealthy: XID 48 (double-bit ECC error)"),
-    ({"ecc": {"volatile_uncorrected": 2}}, f"{AT} is unhealthy: 2 volatile uncorrectable ECC errors"),
-    ({"remap": {"failure": True}}, f"{AT} is unhealthy: row remapping failed"),
-], ids=["lost", "xid-79", "xid-48", "ecc", "remap-failure"])
-def test_a_card_lost_mid_run_stops_the_workload_with_79(ep: Entrypoint, running: list[Running], tmp_path: Path,
-                                                        fault: dict[str, object], says: str) -> None:
+@pytest.mark.parametrize(
+    "fault, says",
+    [
+        ({"lost": True}, f"{AT} is lost to NVML (GPU is lost: fallen off the bus)"),
+        ({"xid": [79]}, f"{AT} is unhealthy: XID 79 (fallen off the bus)"),
+        ({"xid": [13, 48]}, f"{AT} is unhealthy: XID 48 (double-bit ECC error)"),
+        ({"ecc": {"volatile_uncorrected": 2}}, f"{AT} is unhealthy: 2 volatile uncorrectable ECC errors"),
+        ({"remap": {"failure": True}}, f"{AT} is unhealthy: row remapping failed"),
+    ],
+    ids=["lost", "xid-79", "xid-48", "ecc", "remap-failure"],
+)
+def test_a_card_lost_mid_run_stops_the_workload_with_79(
+    ep: Entrypoint, running: list[Running], tmp_path: Path, fault: dict[str, object], says: str
+) -> None:
     """The fault is planted under the running workload; within the interval (0.2 s) plus a second, the workload
     gets SIGTERM, and the entrypoint exits 79 with one line that says what was lost and what to do."""
     faults = Faults(ep, tmp_path)
@@ -257,25 +270,40 @@ def test_a_card_lost_mid_run_stops_the_workload_with_79(ep: Entrypoint, running:
     assert f": {says}; the workload was stopped" in loss_line(r.stderr())
 
 
-def test_an_application_xid_does_not_stop_the_workload(ep: Entrypoint, running: list[Running],
-                                                        tmp_path: Path) -> None:
+def test_an_application_xid_does_not_stop_the_workload(ep: Entrypoint, running: list[Running], tmp_path: Path) -> None:
     """XID 13 (graphics engine exception) and 31 (memory page fault) are the application's own errors: NVIDIA's
     catalog says restart the application, the card is fine. The watch leaves that to the workload."""
     faults = Faults(ep, tmp_path)
-    r = start(ep, running, "sh", "-c", "echo ready; sleep 1; exit 3", env=faults.env,
-              docker_args=faults.docker_args, watch=("--quiet", "--watch", "0.05"))
+    r = start(
+        ep,
+        running,
+        "sh",
+        "-c",
+        "echo ready; sleep 1; exit 3",
+        env=faults.env,
+        docker_args=faults.docker_args,
+        watch=("--quiet", "--watch", "0.05"),
+    )
     r.wait_for("ready")
     faults.plant({"cards": {RTX: {"xid": [13, 31]}}})
     assert r.wait() == 3
     assert r.stderr() == ""
 
 
-def test_a_workload_that_ignores_sigterm_is_killed_after_the_grace(ep: Entrypoint, running: list[Running],
-                                                                  tmp_path: Path) -> None:
+def test_a_workload_that_ignores_sigterm_is_killed_after_the_grace(
+    ep: Entrypoint, running: list[Running], tmp_path: Path
+) -> None:
     faults = Faults(ep, tmp_path)
     env = {**faults.env, "GPUPIN_WATCH_GRACE": "0.5"}
-    r = start(ep, running, "sh", "-c", "trap 'echo ignored TERM' TERM; echo ready; while :; do sleep 0.05; done",
-              env=env, docker_args=faults.docker_args)
+    r = start(
+        ep,
+        running,
+        "sh",
+        "-c",
+        "trap 'echo ignored TERM' TERM; echo ready; while :; do sleep 0.05; done",
+        env=env,
+        docker_args=faults.docker_args,
+    )
     r.wait_for("ready")
     planted = faults.plant({"cards": {RTX: {"lost": True}}})
     assert r.wait() == 79
@@ -284,12 +312,21 @@ def test_a_workload_that_ignores_sigterm_is_killed_after_the_grace(ep: Entrypoin
     assert "SIGKILL after 0.5 s" in loss_line(r.stderr())
 
 
-def test_a_card_of_another_container_lost_does_not_stop_this_one(ep: Entrypoint, running: list[Running],
-                                                                 tmp_path: Path) -> None:
+def test_a_card_of_another_container_lost_does_not_stop_this_one(
+    ep: Entrypoint, running: list[Running], tmp_path: Path
+) -> None:
     """Only the pinned cards are watched: another card of the host falling off the bus is not this workload's."""
     faults = Faults(ep, tmp_path)
-    r = start(ep, running, "sh", "-c", "echo ready; sleep 1; exit 3", env=faults.env,
-              docker_args=faults.docker_args, watch=("--quiet", "--watch", "0.05"))
+    r = start(
+        ep,
+        running,
+        "sh",
+        "-c",
+        "echo ready; sleep 1; exit 3",
+        env=faults.env,
+        docker_args=faults.docker_args,
+        watch=("--quiet", "--watch", "0.05"),
+    )
     r.wait_for("ready")
     faults.plant({"cards": {A800: {"lost": True}}})
     assert r.wait() == 3
@@ -299,15 +336,18 @@ def test_a_card_of_another_container_lost_does_not_stop_this_one(ep: Entrypoint,
 def test_a_check_that_fails_leaves_the_workload_running_under_its_parent() -> None:
     """A bug in a check (an exception no check expects) must neither stop the workload nor leave it without its
     parent: one warning, then the workload runs on, still supervised, and its code is passed through."""
-    code = ("import sys\n"
-            "from gpupin.entrypoint.cli import run_workload\n"
-            "from gpupin.entrypoint.supervise import Watch, supervise\n"
-            "def check():\n"
-            "    raise RuntimeError('boom')\n"
-            "watch = Watch(0.05, check, lambda what: 79, 1.0)\n"
-            "sys.exit(supervise(['sh', '-c', 'sleep 0.5; exit 4'], {'PATH': '/usr/bin:/bin'}, watch, run_workload,"
-            " 'gpupin-entrypoint'))\n")
+    code = (
+        "import sys\n"
+        "from gpupin.entrypoint.cli import run_workload\n"
+        "from gpupin.entrypoint.supervise import Watch, supervise\n"
+        "def check():\n"
+        "    raise RuntimeError('boom')\n"
+        "watch = Watch(0.05, check, lambda what: 79, 1.0)\n"
+        "sys.exit(supervise(['sh', '-c', 'sleep 0.5; exit 4'], {'PATH': '/usr/bin:/bin'}, watch, run_workload,"
+        " 'gpupin-entrypoint'))\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 4, p
-    assert p.stderr == ("gpupin-entrypoint: WARNING: the card checks failed (RuntimeError: boom); the workload runs "
-                        "on, unwatched\n"), p
+    assert p.stderr == (
+        "gpupin-entrypoint: WARNING: the card checks failed (RuntimeError: boom); the workload runs on, unwatched\n"
+    ), p

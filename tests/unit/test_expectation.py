@@ -131,8 +131,10 @@ def test_an_index_is_only_a_fallback_a_source_naming_cards_wins() -> None:
 
 def test_indices_that_cannot_be_known_say_why() -> None:
     found = find({"NVIDIA_VISIBLE_DEVICES": "2,3"}, cards=lambda: MIXED[:3])
-    assert found.expectation is None and "names devices by host index, which the 3 device(s) NVML sees here " \
-        "cannot resolve" in found.why_unpinned()
+    assert (
+        found.expectation is None
+        and "names devices by host index, which the 3 device(s) NVML sees here cannot resolve" in found.why_unpinned()
+    )
 
 
 def test_the_device_plugins_volume_mounts_folder(tmp_path: Path) -> None:
@@ -142,8 +144,11 @@ def test_the_device_plugins_volume_mounts_folder(tmp_path: Path) -> None:
     folder.mkdir()
     env = {"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices", "GPUPIN_DEVICE_LIST_DIR": str(folder)}
     found = find(env, cards=lambda: MIXED)
-    assert found.expectation is None and f"{folder} (the device plugin's volume-mounts list) names no device" in \
-        found.why_unpinned() and "NVIDIA_VISIBLE_DEVICES," not in found.why_unpinned()
+    assert (
+        found.expectation is None
+        and f"{folder} (the device plugin's volume-mounts list) names no device" in found.why_unpinned()
+        and "NVIDIA_VISIBLE_DEVICES," not in found.why_unpinned()
+    )
     for name in (A800C, RTX):
         (folder / name).touch()
     (folder / "imex").mkdir()
@@ -164,7 +169,8 @@ def test_the_device_plugins_volume_mounts_folder(tmp_path: Path) -> None:
     e = find({"GPUPIN_DEVICE_LIST_DIR": str(folder)}, cards=lambda: [MIXED[1], MIXED[3]]).expectation
     assert e is not None and e.source == str(folder)
     assert find({"GPUPIN_DEVICE_LIST_DIR": str(tmp_path / "none")}, cards=lambda: MIXED).why_unpinned() == (
-        "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_*, SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")
+        "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_*, SLURM_STEP_GPUS/SLURM_JOB_GPUS unset"
+    )
 
 
 def test_set_but_malformed_expect_is_never_a_silent_fallback() -> None:
@@ -175,11 +181,14 @@ def test_set_but_malformed_expect_is_never_a_silent_fallback() -> None:
 def test_the_unpinned_line_says_why_each_source_named_no_card() -> None:
     found = find({"NVIDIA_VISIBLE_DEVICES": "void", "DOCKER_RESOURCE_FPGA": "fpga0"}, cards=list)
     assert found.expectation is None
-    assert found.why_unpinned() == ("NVIDIA_VISIBLE_DEVICES=void: the cards came through CDI, which names none "
-                                    "inside the container; DOCKER_RESOURCE_FPGA name(s) no GPU UUID; GPUPIN_EXPECT, "
-                                    "SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")
+    assert found.why_unpinned() == (
+        "NVIDIA_VISIBLE_DEVICES=void: the cards came through CDI, which names none "
+        "inside the container; DOCKER_RESOURCE_FPGA name(s) no GPU UUID; GPUPIN_EXPECT, "
+        "SLURM_STEP_GPUS/SLURM_JOB_GPUS unset"
+    )
     assert find({}, cards=list).why_unpinned() == (
-        "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_*, SLURM_STEP_GPUS/SLURM_JOB_GPUS unset")
+        "GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, DOCKER_RESOURCE_*, SLURM_STEP_GPUS/SLURM_JOB_GPUS unset"
+    )
 
 
 def test_a_runtime_variable_listing_a_card_twice_gets_a_hint_about_that_variable() -> None:
@@ -203,16 +212,22 @@ def written_cards(draw: st.DrawFn) -> tuple[str, ExpectedCard]:
     text = draw(st.sampled_from([f"{tag}-{body}", f"{tag}-{body}".upper(), f"{tag.lower()}-{body}"]))
     bus = draw(st.none() | bus_ids)
     if bus is not None:
-        text += "@" + draw(st.sampled_from([str(bus), f"{bus.domain:04x}:{bus.bus:02x}:{bus.device:02x}.0",
-                                            f"{bus.bus:02X}:{bus.device:02X}.0"] if bus.domain == 0 else [str(bus)]))
+        text += "@" + draw(
+            st.sampled_from(
+                [str(bus), f"{bus.domain:04x}:{bus.bus:02x}:{bus.device:02x}.0", f"{bus.bus:02X}:{bus.device:02X}.0"]
+                if bus.domain == 0
+                else [str(bus)]
+            )
+        )
     pad = draw(st.sampled_from(["", " ", "\t"]))
     return pad + text + pad, ExpectedCard(f"{tag}-{body}", bus)
 
 
 @settings(max_examples=300)
 @given(st.lists(written_cards(), min_size=1, max_size=6, unique_by=lambda wc: wc[1].uuid))
-def test_any_spelling_parses_to_nvmls_spelling_in_rank_order_and_round_trips(entries: list[tuple[str, ExpectedCard]]
-                                                                            ) -> None:
+def test_any_spelling_parses_to_nvmls_spelling_in_rank_order_and_round_trips(
+    entries: list[tuple[str, ExpectedCard]],
+) -> None:
     e = parse_expect(",".join(text for text, _ in entries))
     assert e.cards == tuple(card for _, card in entries)
     assert parse_expect(format_expect(e.cards)).cards == e.cards

@@ -49,6 +49,7 @@ MIG_PARENT, A100_0F = uuids("mig")
 MIG_GI1, MIG_GI2 = mig_devices("mig")
 MIG_NAME = gpus("mig")[0]["mig"]["devices"][0]["name"]
 
+
 @pytest.fixture(scope="session", autouse=True)
 def fakegpu_build() -> Path:
     """Builds build/fakegpu as the top-level `make fakegpu` does; make keeps it incremental."""
@@ -59,6 +60,7 @@ def fakegpu_build() -> Path:
 
 
 # ---------------------------------------------------------------- harness ----
+
 
 def cuda_list(topology: Path, visible: Optional[str] = None, order: Optional[str] = None) -> Any:
     return run_py("out(cuda_devices())", topology, {"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": order}).value
@@ -355,8 +357,10 @@ def test_nvml_temperature_and_power(tmp_path: Path) -> None:
         "NVMLError_InvalidArgument",
     ]
     unsupported = ["NVMLError_NotSupported", 3, "Not Supported"]
-    path = write_json(tmp_path / "t.json", {"gpus": [{"uuid": A800_1B, "bus_id": "1b:00.0", "temperature_gpu": 40,
-                                                      "power_draw_mw": None}]})
+    path = write_json(
+        tmp_path / "t.json",
+        {"gpus": [{"uuid": A800_1B, "bus_id": "1b:00.0", "temperature_gpu": 40, "power_draw_mw": None}]},
+    )
     assert run_py(code, path).value == [[40, unsupported, unsupported, unsupported], "NVMLError_InvalidArgument"]
     mig = """
     import pynvml as n
@@ -370,8 +374,18 @@ def test_nvml_temperature_and_power(tmp_path: Path) -> None:
 
 def test_nvml_process_memory_not_available(tmp_path: Path) -> None:
     """`"used_memory_mib": null` is NVML_VALUE_NOT_AVAILABLE, which nvidia-ml-py turns into None."""
-    path = write_json(tmp_path / "t.json", {"gpus": [{"uuid": A800_1B, "bus_id": "1b:00.0", "processes": [
-        {"pid": 7, "used_memory_mib": None}, {"pid": 8, "used_memory_mib": 12}]}]})
+    path = write_json(
+        tmp_path / "t.json",
+        {
+            "gpus": [
+                {
+                    "uuid": A800_1B,
+                    "bus_id": "1b:00.0",
+                    "processes": [{"pid": 7, "used_memory_mib": None}, {"pid": 8, "used_memory_mib": 12}],
+                }
+            ]
+        },
+    )
     code = """
     import pynvml as n
     n.nvmlInit()
@@ -1199,15 +1213,18 @@ def test_cdi_spec_names_every_card_and_mig_device_as_the_toolkit_does() -> None:
     for i, uuid in enumerate(MIXED_PCI_ORDER):
         assert device_of(spec, str(i)) == device_of(spec, uuid)
         assert exposed(device_of(spec, uuid)) == [uuid]
-        assert device_of(spec, uuid)["deviceNodes"] == [{"path": f"/dev/nvidia{i}", "type": "c", "major": 195,
-                                                         "minor": i}]
+        assert device_of(spec, uuid)["deviceNodes"] == [
+            {"path": f"/dev/nvidia{i}", "type": "c", "major": 195, "minor": i}
+        ]
     assert exposed(device_of(spec, "all")) == MIXED_PCI_ORDER
     mig = cdi_spec(MIG)
-    assert [d["name"] for d in mig["devices"]] == ["0", MIG_PARENT, "1", A100_0F, "0:0", MIG_GI1, "0:1", MIG_GI2,
-                                                  "all"]
+    assert [d["name"] for d in mig["devices"]] == ["0", MIG_PARENT, "1", A100_0F, "0:0", MIG_GI1, "0:1", MIG_GI2, "all"]
     assert exposed(device_of(mig, "0:1")) == [MIG_GI2]
     assert [n["path"] for n in device_of(mig, "0:1")["deviceNodes"]] == [
-        "/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
+        "/dev/nvidia0",
+        "/dev/nvidia-caps/nvidia-cap21",
+        "/dev/nvidia-caps/nvidia-cap22",
+    ]
     assert exposed(device_of(mig, "all")) == [MIG_PARENT, A100_0F, MIG_GI1, MIG_GI2]
     typed = cdi_spec(MIG, "--device-name-strategy", "type-index")
     assert [d["name"] for d in typed["devices"]] == ["gpu0", "gpu1", "mig0:0", "mig0:1", "all"]
@@ -1220,11 +1237,13 @@ def test_cdi_spec_common_edits_are_the_toolkits() -> None:
     assert {n["path"] for n in edits["deviceNodes"]} >= {"/dev/nvidiactl", "/dev/nvidia-uvm"}
     assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
         (str(LIB / "libnvidia-ml.so.1"), "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.159.04"),
-        (str(LIB / "libcuda.so.1"), "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04")]
+        (str(LIB / "libcuda.so.1"), "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04"),
+    ]
     assert all("ro" in m["options"] for m in edits["mounts"])
     hooks = edits["hooks"] + [h for d in spec["devices"] for h in d["containerEdits"]["hooks"]]
     assert {(h["hookName"], h["path"], h["args"][0]) for h in hooks} == {
-        ("createContainer", str(CDI_HOOK), "nvidia-cdi-hook")}
+        ("createContainer", str(CDI_HOOK), "nvidia-cdi-hook")
+    }
     assert [h["args"][1] for h in edits["hooks"]] == ["create-symlinks", "update-ldcache"]
 
 
@@ -1247,14 +1266,18 @@ def test_cdi_spec_carries_the_misroute_fault() -> None:
     assert [n["path"] for n in device_of(spec, "1")["deviceNodes"]] == ["/dev/nvidia2"]
 
 
-@pytest.mark.parametrize(("args", "topology", "says"), [
-    (["cdi", "generate", "--device-name-strategy", "name"], MIXED, "invalid choice: 'name'"),
-    (["cdi", "generate", "--format", "toml"], MIXED, "invalid choice: 'toml'"),
-    (["cdi", "generate", "--vendor", "nvidia_com"], MIXED, "invalid CDI kind nvidia_com/gpu"),
-    (["cdi", "generate"], Path("/nonexistent/topology.json"), "no topology at /nonexistent/topology.json"),
-    (["cdi", "generate", "--output", "/nonexistent/dir/nvidia.yaml"], MIXED, "failed to save CDI spec"),
-    (["cdi"], MIXED, "required: generate"),
-], ids=["strategy", "format", "vendor", "topology", "output", "no-command"])
+@pytest.mark.parametrize(
+    ("args", "topology", "says"),
+    [
+        (["cdi", "generate", "--device-name-strategy", "name"], MIXED, "invalid choice: 'name'"),
+        (["cdi", "generate", "--format", "toml"], MIXED, "invalid choice: 'toml'"),
+        (["cdi", "generate", "--vendor", "nvidia_com"], MIXED, "invalid CDI kind nvidia_com/gpu"),
+        (["cdi", "generate"], Path("/nonexistent/topology.json"), "no topology at /nonexistent/topology.json"),
+        (["cdi", "generate", "--output", "/nonexistent/dir/nvidia.yaml"], MIXED, "failed to save CDI spec"),
+        (["cdi"], MIXED, "required: generate"),
+    ],
+    ids=["strategy", "format", "vendor", "topology", "output", "no-command"],
+)
 def test_ctk_refuses_bad_input_in_one_line(args: list[str], topology: Path, says: str) -> None:
     r = ctk(*args, topology=topology)
     assert r.returncode == 1 and r.stdout == ""
@@ -1262,8 +1285,9 @@ def test_ctk_refuses_bad_input_in_one_line(args: list[str], topology: Path, says
     assert line.startswith("nvidia-ctk: ERROR: ") and says in line and "HINT: " in line, line
 
 
-def run_cdi_hook(tmp_path: Path, args: list[str], spec_hooks: list[list[str]],
-                 prepare: Optional[Callable[[Path], None]] = None) -> subprocess.CompletedProcess[str]:
+def run_cdi_hook(
+    tmp_path: Path, args: list[str], spec_hooks: list[list[str]], prepare: Optional[Callable[[Path], None]] = None
+) -> subprocess.CompletedProcess[str]:
     """Runs nvidia-cdi-hook ARGS as runc runs a createContainer hook: the OCI state on stdin, no environment but
     the hook's own; the bundle's config.json lists `spec_hooks` (argument lists) as its createContainer hooks."""
     bundle = tmp_path / "bundle"
@@ -1274,25 +1298,33 @@ def run_cdi_hook(tmp_path: Path, args: list[str], spec_hooks: list[list[str]],
     (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "hooks": {"createContainer": hooks}}))
     state = {"ociVersion": "1.0.2", "id": "cd1", "status": "creating", "bundle": str(bundle)}
     env = {"FAKEGPU_TOPOLOGY": str(MIXED), "FAKEGPU_HOOK_LOG": str(tmp_path / "hook.log")}
-    return subprocess.run([str(CDI_HOOK), *args], input=json.dumps(state), env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [str(CDI_HOOK), *args], input=json.dumps(state), env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cdi_hook_exposes_the_union_of_the_containers_devices(tmp_path: Path) -> None:
     """Two devices asked: two hooks, each writing both cards; the libraries see exactly those two."""
-    spec_hooks = [["fakegpu-expose", "--device", A800_AF], ["create-symlinks", "--link", "a::/b"],
-                  ["fakegpu-expose", "--device", RTX_3B]]
+    spec_hooks = [
+        ["fakegpu-expose", "--device", A800_AF],
+        ["create-symlinks", "--link", "a::/b"],
+        ["fakegpu-expose", "--device", RTX_3B],
+    ]
     for hook_args in (spec_hooks[0], spec_hooks[2]):
         r = run_cdi_hook(tmp_path, hook_args, spec_hooks)
         assert r.returncode == 0 and r.stderr == ""
         topo = tmp_path / "bundle/rootfs/etc/fakegpu/topology.json"
         assert [g["uuid"] for g in json.loads(topo.read_text())["gpus"]] == [RTX_3B, A800_AF]
-        seen = run_py("import pynvml as n; n.nvmlInit(); out([n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) "
-                      "for i in range(n.nvmlDeviceGetCount())])", topo).value
+        seen = run_py(
+            "import pynvml as n; n.nvmlInit(); out([n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) "
+            "for i in range(n.nvmlDeviceGetCount())])",
+            topo,
+        ).value
         assert seen == [RTX_3B, A800_AF]
     log = [json.loads(line) for line in (tmp_path / "hook.log").read_text().splitlines()]
     assert [(r["command"], r["container_id"], r["status"], r["exposed"]) for r in log] == [
-        ("fakegpu-expose", "cd1", "ok", [RTX_3B, A800_AF])] * 2
+        ("fakegpu-expose", "cd1", "ok", [RTX_3B, A800_AF])
+    ] * 2
 
 
 def test_cdi_hook_links_stay_inside_the_root(tmp_path: Path) -> None:
@@ -1308,11 +1340,15 @@ def test_cdi_hook_links_stay_inside_the_root(tmp_path: Path) -> None:
     assert os.readlink(rootfs / "kept") == "old" and not os.path.exists("/nonexistent-host-dir")
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["create-symlinks", "--link", "libcuda.so"], "want TARGET::/ABSOLUTE/LINK"),
-    (["chmod"], "invalid choice: 'chmod'"),
-    (["fakegpu-expose", "--device", "GPU-00000000-0000-0000-0000-000000000000"], "unknown device"),
-], ids=["link", "command", "device"])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["create-symlinks", "--link", "libcuda.so"], "want TARGET::/ABSOLUTE/LINK"),
+        (["chmod"], "invalid choice: 'chmod'"),
+        (["fakegpu-expose", "--device", "GPU-00000000-0000-0000-0000-000000000000"], "unknown device"),
+    ],
+    ids=["link", "command", "device"],
+)
 def test_cdi_hook_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], says: str) -> None:
     r = run_cdi_hook(tmp_path, args, [args])
     assert r.returncode == 1
@@ -1329,13 +1365,15 @@ SWARM_GPU = 'swarm-resource = "DOCKER_RESOURCE_GPU"\n'
 
 
 def test_hook_reads_the_swarm_variable_its_config_names(tmp_path: Path) -> None:
-    run = run_hook(tmp_path, [f"DOCKER_RESOURCE_GPU={A800_86}", "NVIDIA_VISIBLE_DEVICES=all"],
-                   toolkit_config=SWARM_GPU)
+    run = run_hook(tmp_path, [f"DOCKER_RESOURCE_GPU={A800_86}", "NVIDIA_VISIBLE_DEVICES=all"], toolkit_config=SWARM_GPU)
     assert (run.rc, run.stderr) == (0, "")
     assert [u for _, u, _ in inner_nvml(run.rootfs)["nvml"]] == [A800_86]
     (entry,) = run.log
     assert (entry["source"], entry["asked"], entry["swarm_resource"]) == (
-        "DOCKER_RESOURCE_GPU", A800_86, ["DOCKER_RESOURCE_GPU"])
+        "DOCKER_RESOURCE_GPU",
+        A800_86,
+        ["DOCKER_RESOURCE_GPU"],
+    )
 
 
 @pytest.mark.parametrize(
@@ -1346,8 +1384,7 @@ def test_hook_reads_the_swarm_variable_its_config_names(tmp_path: Path) -> None:
         (SWARM_GPU, [f"DOCKER_RESOURCE_NVIDIA-GPU={A800_86}"]),  # Docker's example kind: the variable is not read
     ],
 )
-def test_hook_falls_back_to_nvidia_visible_devices(tmp_path: Path, config: Optional[str],
-                                                    env_list: list[str]) -> None:
+def test_hook_falls_back_to_nvidia_visible_devices(tmp_path: Path, config: Optional[str], env_list: list[str]) -> None:
     """The trap: the Swarm variable goes unread, and CUDA images' NVIDIA_VISIBLE_DEVICES=all exposes every card."""
     run = run_hook(tmp_path, [*env_list, "NVIDIA_VISIBLE_DEVICES=all"], toolkit_config=config)
     assert run.rc == 0
@@ -1361,8 +1398,12 @@ def test_hook_falls_back_to_nvidia_visible_devices(tmp_path: Path, config: Optio
 
 def test_hook_swarm_variables_are_trimmed_and_concatenated(tmp_path: Path) -> None:
     config = 'swarm-resource = " DOCKER_RESOURCE_GPU , ,DOCKER_RESOURCE_MIG"\n[nvidia-container-cli]\nldconfig = "x"\n'
-    run = run_hook(tmp_path, [f"DOCKER_RESOURCE_MIG= {MIG_GI2} ", f"DOCKER_RESOURCE_GPU={A100_0F}, ",
-                              "NVIDIA_VISIBLE_DEVICES=all"], MIG, toolkit_config=config)
+    run = run_hook(
+        tmp_path,
+        [f"DOCKER_RESOURCE_MIG= {MIG_GI2} ", f"DOCKER_RESOURCE_GPU={A100_0F}, ", "NVIDIA_VISIBLE_DEVICES=all"],
+        MIG,
+        toolkit_config=config,
+    )
     assert run.rc == 0, run.stderr
     assert run.log[0]["swarm_resource"] == ["DOCKER_RESOURCE_GPU", "DOCKER_RESOURCE_MIG"]
     assert run.log[0]["asked"] == f"{A100_0F},{MIG_GI2}"
@@ -1396,8 +1437,24 @@ def load_runtime() -> ModuleType:
 @pytest.mark.parametrize(
     ("args", "create", "bundle"),
     [
-        (["--root", "/r", "--log", "/l", "--log-format", "json", "create", "--bundle", "/b", "--pid-file", "/p", "id"],
-         True, "/b"),
+        (
+            [
+                "--root",
+                "/r",
+                "--log",
+                "/l",
+                "--log-format",
+                "json",
+                "create",
+                "--bundle",
+                "/b",
+                "--pid-file",
+                "/p",
+                "id",
+            ],
+            True,
+            "/b",
+        ),
         (["create", "--bundle=/b", "id"], True, "/b"),
         (["create", "-b", "/b", "id"], True, "/b"),
         (["-bundle", "create", "start", "id"], False, "create"),  # a bundle directory named `create`
@@ -1435,13 +1492,21 @@ def run_runtime(tmp_path: Path, args: list[str], spec: Optional[dict[str, Any]] 
     runc.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin")
     proc = subprocess.run([str(RUNTIME), *args], env=env, cwd=bundle, capture_output=True, text=True, timeout=60)
-    return RuntimeRun(proc.returncode, proc.stderr, json.loads(record.read_text()) if record.exists() else None,
-                      json.loads(config.read_text()) if config.exists() else {})
+    return RuntimeRun(
+        proc.returncode,
+        proc.stderr,
+        json.loads(record.read_text()) if record.exists() else None,
+        json.loads(config.read_text()) if config.exists() else {},
+    )
 
 
 def test_runtime_adds_the_hook_on_create_and_runs_runc(tmp_path: Path) -> None:
-    spec = {"ociVersion": "1.0.2", "process": {"env": ["A=1"]}, "root": {"path": "rootfs"},
-            "hooks": {"prestart": [{"path": "/usr/bin/other-hook"}]}}
+    spec = {
+        "ociVersion": "1.0.2",
+        "process": {"env": ["A=1"]},
+        "root": {"path": "rootfs"},
+        "hooks": {"prestart": [{"path": "/usr/bin/other-hook"}]},
+    }
     args = ["--root", "/run/x", "create", "--bundle", str(tmp_path / "bundle"), "--pid-file", "/p", "c0ffee"]
     run = run_runtime(tmp_path, args, spec)
     assert (run.rc, run.stderr, run.runc_args) == (0, "", args)

@@ -32,8 +32,10 @@ FAULTS = {
     "ecc": ({"ecc": {"volatile_uncorrected": 2}}, "2 volatile uncorrectable ECC errors"),
     "remap-failure": ({"remap": {"failure": True}}, "row remapping failed"),
     "remap-pending": ({"remap": {"pending": True}}, "row remapping pending until a reset"),
-    "retired-pending": ({"row_remapping": False, "retired_pages_pending": True},
-                        "page retirement pending until a reset"),
+    "retired-pending": (
+        {"row_remapping": False, "retired_pages_pending": True},
+        "page retirement pending until a reset",
+    ),
     "lost": ({"lost": True}, "lost to NVML"),
 }
 
@@ -41,8 +43,9 @@ FAULTS = {
 NO_DAEMON = "unix:///nonexistent/gpupin-health/docker.sock"
 
 
-def cli(*args: str, faults: Path | None = None, topo: Path | str | None = None,
-        docker_host: str = NO_DAEMON) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, faults: Path | None = None, topo: Path | str | None = None, docker_host: str = NO_DAEMON
+) -> subprocess.CompletedProcess[str]:
     env = simhost_env("mixed-4", DOCKER_HOST=docker_host)
     if topo is not None:
         env["FAKEGPU_TOPOLOGY"] = str(topo)
@@ -103,7 +106,6 @@ def test_planted_in_the_topology(fakegpu: Path, tmp_path: Path) -> None:
     assert listing(topo=topo)[0]["health"]["reasons"] == ["1 volatile uncorrectable ECC error"]
 
 
-
 def test_an_application_xid_leaves_the_card_healthy(fakegpu: Path, tmp_path: Path) -> None:
     faults = fault_file(tmp_path, {A800: {"xid": [13, 31, 43, 45, 68, 109]}})
     assert listing(faults)[0]["health"] == {"healthy": True, "reasons": [], "since": None}
@@ -129,14 +131,16 @@ def test_fault_file_changes_between_runs(fakegpu: Path, tmp_path: Path) -> None:
     assert listing(faults)[0]["health"]["healthy"] is True
 
 
-
 @pytest.mark.parametrize(
     ("memory", "xids", "expected"),
     [
         ({}, [], (True, [])),
         ({}, [79, 79, 13], (False, ["XID 79 (fallen off the bus)"])),
-        ({"ecc_uncorrected": 1, "remap_pending": True, "remap_failure": True}, [],
-         (False, ["1 volatile uncorrectable ECC error", "row remapping failed"])),
+        (
+            {"ecc_uncorrected": 1, "remap_pending": True, "remap_failure": True},
+            [],
+            (False, ["1 volatile uncorrectable ECC error", "row remapping failed"]),
+        ),
         ({"error": "Unknown Error"}, [], (None, ["NVML could not read its memory errors: Unknown Error"])),
         ({"error": "Unknown Error"}, [95], (False, ["XID 95 (uncontained ECC error)"])),  # bad is bad, read or not
         ({"lost": True, "error": "GPU is lost"}, [], (False, ["lost to NVML"])),

@@ -79,8 +79,13 @@ def test_on_a_terminal_each_layer_keeps_one_line_updated_in_place() -> None:
 
 
 def test_an_error_in_the_stream_is_one_refusal() -> None:
-    bad = [*events()[:3], {"errorDetail": {"message": "unauthorized: authentication required"},
-                           "error": "unauthorized: authentication required"}]
+    bad = [
+        *events()[:3],
+        {
+            "errorDetail": {"message": "unauthorized: authentication required"},
+            "error": "unauthorized: authentication required",
+        },
+    ]
     with pytest.raises(DockerRefusedError) as e:
         render(bad, io.StringIO(), tty=False)
     assert e.value.exit_code == 125 and "unauthorized" in e.value.message and "docker login" in (e.value.hint or "")

@@ -41,6 +41,7 @@ ESC = "\x1b["
 
 # --- golden files ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("color", [False, True], ids=["plain", "color"])
 @pytest.mark.parametrize("name", SHIPPED)
 def test_golden_scenario(fakegpu: Path, request: pytest.FixtureRequest, name: str, color: bool) -> None:
@@ -50,9 +51,24 @@ def test_golden_scenario(fakegpu: Path, request: pytest.FixtureRequest, name: st
 
 # --- the data (--json) -----------------------------------------------------------------------------------------
 
-OLD_KEYS = {"index", "uuid", "bus_id", "name", "memory_total_mib", "memory_used_mib", "memory_free_mib",
-            "utilization_gpu", "mig_mode", "mig_devices", "compute_processes", "compute_capability", "error", "held",
-            "holders", "mislabelled"}
+OLD_KEYS = {
+    "index",
+    "uuid",
+    "bus_id",
+    "name",
+    "memory_total_mib",
+    "memory_used_mib",
+    "memory_free_mib",
+    "utilization_gpu",
+    "mig_mode",
+    "mig_devices",
+    "compute_processes",
+    "compute_capability",
+    "error",
+    "held",
+    "holders",
+    "mislabelled",
+}
 
 
 def test_without_docker_the_cards_are_listed_and_the_listing_says_so(fakegpu: Path, tmp_path: Path) -> None:
@@ -80,7 +96,10 @@ def test_without_docker_the_cards_are_listed_and_the_listing_says_so(fakegpu: Pa
 def test_json_adds_host_sensors_and_processes_and_keeps_its_keys(fakegpu: Path, tmp_path: Path) -> None:
     data = json.loads(ls("--json", DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout)
     assert (data["hostname"], data["driver_version"], data["cuda_driver_version"]) == (
-        os.uname().nodename, "580.159.04", "13.0")
+        os.uname().nodename,
+        "580.159.04",
+        "13.0",
+    )
     cards = by_uuid(data)
     assert all(set(g) >= OLD_KEYS for g in data["gpus"])  # scripts read these: added to, never renamed
     busy = cards[A800B]
@@ -113,8 +132,10 @@ def test_mig_devices_are_listed_under_their_card(fakegpu: Path, tmp_path: Path) 
     r = ls("--json", scenario_name="mig", DOCKER_HOST=f"unix://{tmp_path}/none.sock")
     mig = [g for g in json.loads(r.stdout)["gpus"] if g["mig_mode"]]
     assert len(mig) == 1 and len(mig[0]["mig_devices"]) == 2
-    assert [(m["uuid"][:4], m["index"], m["memory_used_mib"], m["memory_total_mib"], m["held"])
-            for m in mig[0]["mig_devices"]] == [("MIG-", 0, 0, 20096, None), ("MIG-", 1, 2560, 20096, True)]
+    assert [
+        (m["uuid"][:4], m["index"], m["memory_used_mib"], m["memory_total_mib"], m["held"])
+        for m in mig[0]["mig_devices"]
+    ] == [("MIG-", 0, 0, 20096, None), ("MIG-", 1, 2560, 20096, True)]
     # Without Docker: MIG 0 is unknown; MIG 1 runs a process whose owner /proc does not show: busy.
     assert [m["state"] for m in mig[0]["mig_devices"]] == ["unknown", "busy"]
     # The process runs in GPU instance 2: the second MIG device. A card in MIG mode has no utilization (nvml.h).
@@ -122,8 +143,21 @@ def test_mig_devices_are_listed_under_their_card(fakegpu: Path, tmp_path: Path) 
     assert mig[0]["utilization_gpu"] is None
 
 
-SLOTS = ("index", "uuid", "name", "memory_total", "memory_used", "utilization_gpu", "mig_mode", "processes",
-         "minor_number", "compute_capability", "temperature", "power_draw", "power_limit")
+SLOTS = (
+    "index",
+    "uuid",
+    "name",
+    "memory_total",
+    "memory_used",
+    "utilization_gpu",
+    "mig_mode",
+    "processes",
+    "minor_number",
+    "compute_capability",
+    "temperature",
+    "power_draw",
+    "power_limit",
+)
 
 
 @pytest.mark.parametrize("name", ["mixed-4", "dgx-8", "mig", "mig-shared-prefix", "slurm-shuffled"])
@@ -142,13 +176,23 @@ print(json.dumps([card(c) for c in nvml.list_cards(detail=True)]))
 """
 
     def card(c: Any) -> dict[str, Any]:
-        return {**{s: getattr(c, s) for s in SLOTS}, "bus_id": str(c.bus_id),
-                "procs": [[p.pid, p.used_memory, p.gpu_instance_id, p.compute_instance_id] for p in c.process_list],
-                "migs": [[m.uuid, m.index, m.gpu_instance_id, m.compute_instance_id, m.name, m.memory_total,
-                          m.memory_used] for m in c.mig_devices]}
+        return {
+            **{s: getattr(c, s) for s in SLOTS},
+            "bus_id": str(c.bus_id),
+            "procs": [[p.pid, p.used_memory, p.gpu_instance_id, p.compute_instance_id] for p in c.process_list],
+            "migs": [
+                [m.uuid, m.index, m.gpu_instance_id, m.compute_instance_id, m.name, m.memory_total, m.memory_used]
+                for m in c.mig_devices
+            ],
+        }
 
-    r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", code], env=simhost_env(name),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "python"), "-c", code],
+        env=simhost_env(name),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [card(c) for c in cards(name)]
 
@@ -162,8 +206,10 @@ def test_a_mig_devices_holders_and_processes_are_shown_under_it(fakegpu: Path, t
     data = json.loads(ls("--json", scenario_name="mig", DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout)
     card = data["gpus"][0]
     mig1 = card["mig_devices"][1]["uuid"]
-    card["holders"] = [Holder("a" * 64, "on-mig", "running", [mig1], True, "gpupin").to_dict(),
-                       Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all").to_dict()]
+    card["holders"] = [
+        Holder("a" * 64, "on-mig", "running", [mig1], True, "gpupin").to_dict(),
+        Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all").to_dict(),
+    ]
     card["held"] = card["mig_devices"][1]["held"] = True
     card["state"], card["mig_devices"][0]["state"], card["mig_devices"][1]["state"] = "held", "free", "held"
     card["unknown"] = None
@@ -189,8 +235,9 @@ def other_user_process() -> Iterator[tuple[int, str]]:
         p.wait()
 
 
-def test_processes_show_their_user_and_command_from_proc(fakegpu: Path, tmp_path: Path,
-                                                         other_user_process: tuple[int, str]) -> None:
+def test_processes_show_their_user_and_command_from_proc(
+    fakegpu: Path, tmp_path: Path, other_user_process: tuple[int, str]
+) -> None:
     pid, user = other_user_process
     topo = write_topology(tmp_path, "mixed-4", pid, used=None)
     r = ls("--json", FAKEGPU_TOPOLOGY=str(topo), DOCKER_HOST=f"unix://{tmp_path}/none.sock")
@@ -209,22 +256,29 @@ def test_a_process_that_is_gone_has_no_user_and_no_error() -> None:
     assert me.user == pwd.getpwuid(os.getuid()).pw_name and me.command
 
 
-@pytest.mark.parametrize(("cgroup", "expected"), [
-    ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", "a" * 64),  # cgroup v2, systemd driver
-    ("12:memory:/docker/" + "b" * 64 + "\n0::/\n", "b" * 64),  # cgroup v1, cgroupfs driver
-    ("0::/kubepods/burstable/pod1/cri-containerd-" + "c" * 64 + ".scope\n", "c" * 64),
-    ("0::/user.slice/user-0.slice/session-1.scope\n", None),
-    ("4:memory:/process_api/175dadd2fd383b9a881c2c184a5e745e\n", None),  # 32 hex: not a container id
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("cgroup", "expected"),
+    [
+        ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", "a" * 64),  # cgroup v2, systemd driver
+        ("12:memory:/docker/" + "b" * 64 + "\n0::/\n", "b" * 64),  # cgroup v1, cgroupfs driver
+        ("0::/kubepods/burstable/pod1/cri-containerd-" + "c" * 64 + ".scope\n", "c" * 64),
+        ("0::/user.slice/user-0.slice/session-1.scope\n", None),
+        ("4:memory:/process_api/175dadd2fd383b9a881c2c184a5e745e\n", None),  # 32 hex: not a container id
+        ("", None),
+    ],
+)
 def test_container_id_from_cgroup(cgroup: str, expected: str | None) -> None:
     assert procs.container_id(cgroup) == expected
 
 
 # --- colour ----------------------------------------------------------------------------------------------------
 
-def on_tty(argv: list[str], env: dict[str, str], stop_when: Callable[[bytes], bool] | None = None,
-           ) -> tuple[int, bytes]:
+
+def on_tty(
+    argv: list[str],
+    env: dict[str, str],
+    stop_when: Callable[[bytes], bool] | None = None,
+) -> tuple[int, bytes]:
     """Run `argv` on a pseudo-terminal until it ends (sent SIGINT, Ctrl-C, once `stop_when(output so far)`): its
     exit code and what it wrote."""
     pid, fd = pty.fork()
@@ -271,6 +325,7 @@ def test_colour_on_a_terminal_unless_no_color_or_never(fakegpu: Path, tmp_path: 
 
 # --- --watch ---------------------------------------------------------------------------------------------------
 
+
 def test_watch_redraws_in_place_and_ctrl_c_restores_the_terminal(fakegpu: Path, tmp_path: Path) -> None:
     env = simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock", TERM="xterm")
     rc, out = on_tty([HOSTAGENT, "ls", "--watch", "0.2"], env, stop_when=lambda out: out.count(b"\x1b[J") >= 3)
@@ -286,8 +341,9 @@ def test_watch_redraws_in_place_and_ctrl_c_restores_the_terminal(fakegpu: Path, 
 def test_watch_to_a_pipe_appends_frames_and_ends_on_sigint_or_sigterm(fakegpu: Path, tmp_path: Path) -> None:
     env = simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock")
     for sig, code in ((signal.SIGINT, 0), (signal.SIGTERM, 143)):
-        p = subprocess.Popen([HOSTAGENT, "ls", "--watch", "0.2"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [HOSTAGENT, "ls", "--watch", "0.2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         assert p.stdout is not None
         seen = ""
         while seen.count("[3] NVIDIA") < 2:  # two frames, however slow the machine
@@ -302,41 +358,57 @@ def test_watch_to_a_pipe_appends_frames_and_ends_on_sigint_or_sigterm(fakegpu: P
         assert re.search(r"00000000:AF:00.0\n\n\S+  driver ", out)  # frames a blank line apart
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--watch", "--json"], "--watch redraws the table on a terminal; it does not go with --json"),
-    (["--watch", "5", "--format", "{index}"], "it does not go with --format"),
-    (["--json", "--format", "{index}"], "--json and --format are two outputs for scripts"),
-    (["--watch", "0"], "seconds must be between 0.1 and 86400, not 0"),
-    (["--watch", "soon"], "invalid seconds 'soon'"),
-    (["--color", "sometimes"], "invalid choice: 'sometimes'"),
-    (["--format", "{{.Index}}"], "is a Go template; hostagent's --format takes Python str.format fields"),
-    (["--format", "{indx}"], "unknown field {indx}. HINT: did you mean {index}?"),
-    (["--format", "{}"], "{} names no field"),
-    (["--format", "{index.real}"], "unknown field {index.real}"),
-    (["--format", "{name:d}"], "{name:d}: Unknown format code 'd'"),
-    (["--format", "{index"], "expected '}' before end of string"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--watch", "--json"], "--watch redraws the table on a terminal; it does not go with --json"),
+        (["--watch", "5", "--format", "{index}"], "it does not go with --format"),
+        (["--json", "--format", "{index}"], "--json and --format are two outputs for scripts"),
+        (["--watch", "0"], "seconds must be between 0.1 and 86400, not 0"),
+        (["--watch", "soon"], "invalid seconds 'soon'"),
+        (["--color", "sometimes"], "invalid choice: 'sometimes'"),
+        (["--format", "{{.Index}}"], "is a Go template; hostagent's --format takes Python str.format fields"),
+        (["--format", "{indx}"], "unknown field {indx}. HINT: did you mean {index}?"),
+        (["--format", "{}"], "{} names no field"),
+        (["--format", "{index.real}"], "unknown field {index.real}"),
+        (["--format", "{name:d}"], "{name:d}: Unknown format code 'd'"),
+        (["--format", "{index"], "expected '}' before end of string"),
+    ],
+)
 def test_bad_options_are_one_line_and_64(fakegpu: Path, args: list[str], says: str) -> None:
     r = ls(*args, DOCKER_HOST="unix:///nonexistent/docker.sock")
     assert r.returncode == 64 and r.stdout == ""
-    assert r.stderr.startswith("hostagent: ERROR: ") and says in r.stderr and len(r.stderr.splitlines()) == 1, \
-        r.stderr
+    assert r.stderr.startswith("hostagent: ERROR: ") and says in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
 
 
 # --- --format --------------------------------------------------------------------------------------------------
 
+
 def test_format_prints_one_line_per_card(fakegpu: Path, tmp_path: Path) -> None:
-    r = ls("--format", r"{index}\t{uuid}\t{temperature_c:>3}\t{power_draw_w:.1f}\t{processes}\t{hostname}",
-           DOCKER_HOST=f"unix://{tmp_path}/none.sock")
+    r = ls(
+        "--format",
+        r"{index}\t{uuid}\t{temperature_c:>3}\t{power_draw_w:.1f}\t{processes}\t{hostname}",
+        DOCKER_HOST=f"unix://{tmp_path}/none.sock",
+    )
     host = os.uname().nodename
-    assert r.returncode == 0 and r.stdout == (f"0\t{A800}\t 31\t61.2\t\t{host}\n1\t{RTX}\t 36\t21.5\t\t{host}\n"
-                                              f"2\t{A800B}\t 71\t312.5\t4242\t{host}\n"
-                                              f"3\t{A800C}\t 30\t60.8\t\t{host}\n")
+    assert r.returncode == 0 and r.stdout == (
+        f"0\t{A800}\t 31\t61.2\t\t{host}\n1\t{RTX}\t 36\t21.5\t\t{host}\n"
+        f"2\t{A800B}\t 71\t312.5\t4242\t{host}\n"
+        f"3\t{A800C}\t 30\t60.8\t\t{host}\n"
+    )
     # N/A keeps the column: a numeric spec's width and alignment apply to it; held is unknown without Docker.
-    r = ls("--format", "{index}|{temperature_c:>5d}|{power_limit_w:6.1f}|{held}|{error}", scenario_name="fault-lost",
-           DOCKER_HOST=f"unix://{tmp_path}/none.sock")
-    assert r.stdout.splitlines() == ["0|   31| 400.0|N/A|N/A", "1|   36| 450.0|N/A|N/A",
-                                     "2|  N/A|   N/A|N/A|GPU is lost", "3|   30| 400.0|N/A|N/A"]
+    r = ls(
+        "--format",
+        "{index}|{temperature_c:>5d}|{power_limit_w:6.1f}|{held}|{error}",
+        scenario_name="fault-lost",
+        DOCKER_HOST=f"unix://{tmp_path}/none.sock",
+    )
+    assert r.stdout.splitlines() == [
+        "0|   31| 400.0|N/A|N/A",
+        "1|   36| 450.0|N/A|N/A",
+        "2|  N/A|   N/A|N/A|GPU is lost",
+        "3|   30| 400.0|N/A|N/A",
+    ]
 
 
 def test_help_explains_every_option_and_field(fakegpu: Path) -> None:
@@ -351,19 +423,32 @@ def test_help_explains_every_option_and_field(fakegpu: Path) -> None:
 def test_ls_json_stays_on_the_fast_path(fakegpu: Path, tmp_path: Path) -> None:
     """`ls --json` (benchmarked against `docker ps`) builds no parser and loads neither the docker SDK nor the
     table's or the templates' modules."""
-    code = ("import sys\nfrom gpupin.hostagent import cli\nrc = cli.main(['ls', '--json'])\n"
-            "sys.stderr.write(repr(sorted(m for m in ('docker', 'gpupin.hostagent.ls.view', "
-            "'gpupin.hostagent.ls.template', 'difflib', 'requests') if m in sys.modules)))\n")
-    r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                       env=simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock"), timeout=60)
+    code = (
+        "import sys\nfrom gpupin.hostagent import cli\nrc = cli.main(['ls', '--json'])\n"
+        "sys.stderr.write(repr(sorted(m for m in ('docker', 'gpupin.hostagent.ls.view', "
+        "'gpupin.hostagent.ls.template', 'difflib', 'requests') if m in sys.modules)))\n"
+    )
+    r = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        env=simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock"),
+        timeout=60,
+    )
     assert r.stderr.splitlines()[-1] == "[]" and json.loads(r.stdout)["gpus"]
 
 
 def test_a_reader_that_leaves_ends_it_quietly(fakegpu: Path, tmp_path: Path) -> None:
     """`hostagent ls --json | head -c1`: exit 141 as a C tool killed by SIGPIPE, no traceback, no error line."""
-    r = subprocess.run(f"{HOSTAGENT} ls --json | (exec 0<&-; sleep 0.5); echo \"${{PIPESTATUS[0]}}\"", shell=True,
-                       executable="/bin/bash", capture_output=True, text=True,
-                       env=simhost_env("dgx-8", DOCKER_HOST=f"unix://{tmp_path}/none.sock"), timeout=60)
+    r = subprocess.run(
+        f'{HOSTAGENT} ls --json | (exec 0<&-; sleep 0.5); echo "${{PIPESTATUS[0]}}"',
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        env=simhost_env("dgx-8", DOCKER_HOST=f"unix://{tmp_path}/none.sock"),
+        timeout=60,
+    )
     assert r.stdout.strip() == "141" and "ERROR" not in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

@@ -20,22 +20,26 @@ from tests.support.scenarios import uuids
 A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
 
 
-@pytest.mark.parametrize("spec", [RTX, RTX.upper().replace("GPU-", "gpu-"), RTX[:8], "1", "3b:00.0",
-                                  "0000:3B:00.0", "00000000:3b:00.0"])
+@pytest.mark.parametrize(
+    "spec", [RTX, RTX.upper().replace("GPU-", "gpu-"), RTX[:8], "1", "3b:00.0", "0000:3B:00.0", "00000000:3b:00.0"]
+)
 def test_every_spec_form_names_the_same_card(spec: str) -> None:
     p = resolve_spec(spec, scenario_cards())
     assert (p.uuid, str(p.bus_id), p.expect_entry()) == (RTX, "00000000:3B:00.0", f"{RTX}@00000000:3B:00.0")
 
 
-@pytest.mark.parametrize(("spec", "says"), [
-    ("4", f"GPU index 4 is out of range: this host has 4 card(s) (0 = {A800} at"),
-    ("GPU-6c", "ambiguous"),
-    ("GPU-ffff", "no card's UUID starts with"),
-    ("5e:00.0", "no card at bus id 00000000:5E:00.0"),
-    ("zz:00.0", "malformed PCI bus id"),
-    ("fastest", "is not a GPU UUID, index, bus id or MIG device"),
-    ("", "empty"),
-])
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("4", f"GPU index 4 is out of range: this host has 4 card(s) (0 = {A800} at"),
+        ("GPU-6c", "ambiguous"),
+        ("GPU-ffff", "no card's UUID starts with"),
+        ("5e:00.0", "no card at bus id 00000000:5E:00.0"),
+        ("zz:00.0", "malformed PCI bus id"),
+        ("fastest", "is not a GPU UUID, index, bus id or MIG device"),
+        ("", "empty"),
+    ],
+)
 def test_bad_specs_are_64_with_the_reason(spec: str, says: str) -> None:
     with pytest.raises(UsageError) as e:
         resolve_spec(spec, scenario_cards())
@@ -89,15 +93,35 @@ def request(environ: dict[str, str] | None = None, **kw: object) -> RunRequest:
 
 def test_the_container_spec_pins_by_uuid_everywhere() -> None:
     picks = resolve_specs(["1", "0"], scenario_cards())
-    spec = ContainerSpec(request(env=["A=1", "HOME_DIR", "B"], rm=True, name="job", verify="torch",
-                                 labels=["team=ml"], environ={"HOME_DIR": "/home/x"}), picks, "nvidia")
+    spec = ContainerSpec(
+        request(
+            env=["A=1", "HOME_DIR", "B"],
+            rm=True,
+            name="job",
+            verify="torch",
+            labels=["team=ml"],
+            environ={"HOME_DIR": "/home/x"},
+        ),
+        picks,
+        "nvidia",
+    )
     # docker's: -e B with B unset is passed on bare.
     assert [v.entry() for v in spec.env] == [
-        "A=1", "HOME_DIR=/home/x", "B", f"NVIDIA_VISIBLE_DEVICES={RTX},{A800}",
-        f"GPUPIN_EXPECT={RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0", "GPUPIN_VERIFY=torch"]
+        "A=1",
+        "HOME_DIR=/home/x",
+        "B",
+        f"NVIDIA_VISIBLE_DEVICES={RTX},{A800}",
+        f"GPUPIN_EXPECT={RTX}@00000000:3B:00.0,{A800}@00000000:1B:00.0",
+        "GPUPIN_VERIFY=torch",
+    ]
     assert spec.labels == {"team": "ml", "gpupin.devices": f"{RTX},{A800}", "gpupin.shared": "false"}
-    assert spec.pin.device_request() == {"Driver": "nvidia", "Count": 0, "DeviceIDs": [RTX, A800],
-                                         "Capabilities": [["gpu"]], "Options": {}}
+    assert spec.pin.device_request() == {
+        "Driver": "nvidia",
+        "Count": 0,
+        "DeviceIDs": [RTX, A800],
+        "Capabilities": [["gpu"]],
+        "Options": {},
+    }
     line = spec.docker_run_line()
     assert line.startswith(f"docker run --name job --rm --gpus '\"device={RTX},{A800}\"' -e A=1 ")
     assert line.endswith("img:1 python train.py")
@@ -107,17 +131,26 @@ def test_the_container_spec_pins_by_uuid_everywhere() -> None:
     assert config["HostConfig"]["AutoRemove"] is True and config["Cmd"] == ["python", "train.py"]
     assert config["HostConfig"]["DeviceRequests"] == [spec.pin.device_request()]
     assert config["Labels"] == spec.labels
-    assert config["Env"] == ["A=1", "HOME_DIR=<redacted from the environment>", "B",
-                             *(v.entry() for v in spec.env[3:])]
+    assert config["Env"] == ["A=1", "HOME_DIR=<redacted from the environment>", "B", *(v.entry() for v in spec.env[3:])]
 
 
 def test_dry_run_json_is_the_create_payload_field_for_field() -> None:
     # One builder: --shm-size, --entrypoint and the rest land in the payload the create call sends.
-    spec = ContainerSpec(request(shm_size="8g", entrypoint="", ipc="host", workdir="/w", user="1000:1000",
-                                 volumes=["/data:/data:ro"], stop_timeout="30"), resolve_specs(["1"], scenario_cards()),
-                         "nvidia")
+    spec = ContainerSpec(
+        request(
+            shm_size="8g",
+            entrypoint="",
+            ipc="host",
+            workdir="/w",
+            user="1000:1000",
+            volumes=["/data:/data:ro"],
+            stop_timeout="30",
+        ),
+        resolve_specs(["1"], scenario_cards()),
+        "nvidia",
+    )
     c = spec.config("1.41")
-    assert c["HostConfig"]["ShmSize"] == 8 * 1024 ** 3 and c["HostConfig"]["IpcMode"] == "host"
+    assert c["HostConfig"]["ShmSize"] == 8 * 1024**3 and c["HostConfig"]["IpcMode"] == "host"
     assert c["HostConfig"]["Binds"] == ["/data:/data:ro"] and c["Entrypoint"] == [""]
     assert (c["WorkingDir"], c["User"], c["StopTimeout"]) == ("/w", "1000:1000", 30)
     line = spec.docker_run_line()
@@ -127,8 +160,11 @@ def test_dry_run_json_is_the_create_payload_field_for_field() -> None:
 def test_env_file_then_e_as_docker_orders_them(tmp_path: Path) -> None:
     f = tmp_path / "job.env"
     f.write_text("# comment\nLR=0.1\n\nEPOCHS=3\nFROM_SHELL\n")
-    spec = ContainerSpec(request(env_files=[str(f)], env=["LR=0.2"], environ={"FROM_SHELL": "yes"}),
-                         resolve_specs(["1"], scenario_cards()), "nvidia")
+    spec = ContainerSpec(
+        request(env_files=[str(f)], env=["LR=0.2"], environ={"FROM_SHELL": "yes"}),
+        resolve_specs(["1"], scenario_cards()),
+        "nvidia",
+    )
     # The file's lines as they are, then -e: docker keeps both LRs, and the container sees the last.
     assert [v.entry() for v in spec.env][:4] == ["LR=0.1", "EPOCHS=3", "FROM_SHELL=yes", "LR=0.2"]
     f.write_text("BAD LINE=1\n")
@@ -141,17 +177,20 @@ def test_env_file_then_e_as_docker_orders_them(tmp_path: Path) -> None:
         request(env_files=[str(f)])
 
 
-@pytest.mark.parametrize(("kw", "says"), [
-    ({"gpus": []}, "say which GPUs"),
-    ({"gpus": ["1"], "count": 1}, "say which GPUs"),
-    ({"verify": "fast"}, "unknown --verify"),
-    ({"pull": "sometimes"}, "--pull sometimes: not one of missing, never, always"),
-    ({"wait": -1.0}, "--wait"),
-    ({"gpus": [], "count": 0}, "ask for at least one card"),
-    ({"stop_timeout": "soon"}, "--stop-timeout"),
-    ({"labels": ["gpupin.devices=x"]}, "gpupin.devices is the ledger"),
-    ({"labels": ["gpupin.shared=true"]}, "hostagent writes gpupin.shared itself"),
-])
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"gpus": []}, "say which GPUs"),
+        ({"gpus": ["1"], "count": 1}, "say which GPUs"),
+        ({"verify": "fast"}, "unknown --verify"),
+        ({"pull": "sometimes"}, "--pull sometimes: not one of missing, never, always"),
+        ({"wait": -1.0}, "--wait"),
+        ({"gpus": [], "count": 0}, "ask for at least one card"),
+        ({"stop_timeout": "soon"}, "--stop-timeout"),
+        ({"labels": ["gpupin.devices=x"]}, "gpupin.devices is the ledger"),
+        ({"labels": ["gpupin.shared=true"]}, "hostagent writes gpupin.shared itself"),
+    ],
+)
 def test_bad_requests_are_64(kw: dict[str, object], says: str) -> None:
     with pytest.raises(UsageError, match=says.replace("-", "\\-")):
         request(**kw)  # type: ignore[arg-type]
@@ -170,19 +209,27 @@ def test_wait_takes_an_optional_number_without_swallowing_the_image() -> None:
     assert _split("--wait", "img", "cmd") == (["--wait"], "img", ["cmd"])
     assert _split("--wait", "30", "img") == (["--wait", "30"], "img", [])
     assert _split("--gpu", "1", "--wait", "img", "python", "-u", "x.py", "--lr", "3") == (
-        ["--gpu", "1", "--wait"], "img", ["python", "-u", "x.py", "--lr", "3"])
+        ["--gpu", "1", "--wait"],
+        "img",
+        ["python", "-u", "x.py", "--lr", "3"],
+    )
 
 
-@pytest.mark.parametrize(("argv", "split"), [
-    # options after IMAGE belong to the command, untouched, as with docker run
-    (["--gpu", "1", "img", "app", "--wait", "x"], (["--gpu", "1"], "img", ["app", "--wait", "x"])),
-    (["--gpu", "1", "img", "--", "a"], (["--gpu", "1"], "img", ["--", "a"])),
-    (["--gpu", "1", "--", "img", "--rm"], (["--gpu", "1"], "img", ["--rm"])),
-    (["--gpu=1", "-e", "A=1", "-eB=2", "-dv", "/x:/x", "--rm", "img"],
-     (["--gpu=1", "-e", "A=1", "-eB=2", "-dv", "/x:/x", "--rm"], "img", [])),
-    (["--count", "2", "--name", "img", "busybox"], (["--count", "2", "--name", "img"], "busybox", [])),
-    (["--gpu", "1"], (["--gpu", "1"], None, [])),
-])
+@pytest.mark.parametrize(
+    ("argv", "split"),
+    [
+        # options after IMAGE belong to the command, untouched, as with docker run
+        (["--gpu", "1", "img", "app", "--wait", "x"], (["--gpu", "1"], "img", ["app", "--wait", "x"])),
+        (["--gpu", "1", "img", "--", "a"], (["--gpu", "1"], "img", ["--", "a"])),
+        (["--gpu", "1", "--", "img", "--rm"], (["--gpu", "1"], "img", ["--rm"])),
+        (
+            ["--gpu=1", "-e", "A=1", "-eB=2", "-dv", "/x:/x", "--rm", "img"],
+            (["--gpu=1", "-e", "A=1", "-eB=2", "-dv", "/x:/x", "--rm"], "img", []),
+        ),
+        (["--count", "2", "--name", "img", "busybox"], (["--count", "2", "--name", "img"], "busybox", [])),
+        (["--gpu", "1"], (["--gpu", "1"], None, [])),
+    ],
+)
 def test_run_splits_like_docker_run(argv: list[str], split: tuple[list[str], str | None, list[str]]) -> None:
     assert _split(*argv) == split
 
@@ -200,45 +247,71 @@ def test_malformed_image_references_are_refused_before_any_io(image: str) -> Non
         RunRequest(image, gpus=["1"])
 
 
-@pytest.mark.parametrize("image", ["gpupin:test", "busybox", "localhost:5000/team/train:v1.2", "Registry.io/a/b",
-                                   "nvcr.io/nvidia/pytorch:24.05-py3", "img@sha256:" + "a" * 64, "3f2a9c01b7d4"])
+@pytest.mark.parametrize(
+    "image",
+    [
+        "gpupin:test",
+        "busybox",
+        "localhost:5000/team/train:v1.2",
+        "Registry.io/a/b",
+        "nvcr.io/nvidia/pytorch:24.05-py3",
+        "img@sha256:" + "a" * 64,
+        "3f2a9c01b7d4",
+    ],
+)
 def test_image_references_docker_takes(image: str) -> None:
     assert RunRequest(image, gpus=["1"]).image == image
 
 
-@pytest.mark.parametrize(("port", "says"), [
-    ("99999:80", "invalid host port '99999'"),
-    ("80:70000", "invalid container port '70000'"),
-    ("80-70:80-70", "invalid container port '80-70'"),  # the SDK alone publishes nothing for it, silently
-    ("8000-8001:80-82", "don't match in length"),
-    ("80/icmp", "Invalid port"),
-])
+@pytest.mark.parametrize(
+    ("port", "says"),
+    [
+        ("99999:80", "invalid host port '99999'"),
+        ("80:70000", "invalid container port '70000'"),
+        ("80-70:80-70", "invalid container port '80-70'"),  # the SDK alone publishes nothing for it, silently
+        ("8000-8001:80-82", "don't match in length"),
+        ("80/icmp", "Invalid port"),
+    ],
+)
 def test_published_ports_docker_run_refuses_are_refused(port: str, says: str) -> None:
     with pytest.raises(UsageError, match=f"--publish '{port}': .*{says}"):
         ContainerSpec(request(publish=["9000", port]), resolve_specs(["1"], scenario_cards()), "nvidia").config("1.41")
 
 
 def test_published_ports_land_in_the_payload() -> None:
-    spec = ContainerSpec(request(publish=["127.0.0.1:18080:80/tcp", "8000-8002:90-92", "[::1]:53:53/udp", "0:7"]),
-                         resolve_specs(["1"], scenario_cards()), "nvidia")
+    spec = ContainerSpec(
+        request(publish=["127.0.0.1:18080:80/tcp", "8000-8002:90-92", "[::1]:53:53/udp", "0:7"]),
+        resolve_specs(["1"], scenario_cards()),
+        "nvidia",
+    )
     bindings = spec.config("1.41")["HostConfig"]["PortBindings"]
     assert bindings["80/tcp"] == [{"HostIp": "127.0.0.1", "HostPort": "18080"}]
-    assert [bindings[f"{p}/tcp"] for p in (90, 91, 92)] == [[{"HostIp": "", "HostPort": str(h)}]
-                                                            for h in (8000, 8001, 8002)]
+    assert [bindings[f"{p}/tcp"] for p in (90, 91, 92)] == [
+        [{"HostIp": "", "HostPort": str(h)}] for h in (8000, 8001, 8002)
+    ]
     assert bindings["53/udp"] == [{"HostIp": "::1", "HostPort": "53"}] and "7/tcp" in bindings
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["rn"], "invalid choice: 'rn' (choose from ls, run, completion, compose, swarm, doctor, serve, queue). HINT: "
-             "did you mean run? see `hostagent --help`"),
-    (["compose", "rendr", "x.yml"], "HINT: did you mean render? see `hostagent compose --help`"),
-    (["swarm", "nodeconfig"], "HINT: did you mean node-config? see `hostagent swarm --help`"),
-    (["run", "--verify", "cdua", "--gpu", "0", "img"], "HINT: did you mean cuda? see `hostagent run --help`"),
-    (["xyzzy"], "(choose from ls, run, completion, compose, swarm, doctor, serve, queue). HINT: see "
-                "`hostagent --help`"),
-])
-def test_a_mistyped_command_or_choice_gets_the_nearest_and_no_hidden_one(argv: list[str], says: str,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["rn"],
+            "invalid choice: 'rn' (choose from ls, run, completion, compose, swarm, doctor, serve, queue). HINT: "
+            "did you mean run? see `hostagent --help`",
+        ),
+        (["compose", "rendr", "x.yml"], "HINT: did you mean render? see `hostagent compose --help`"),
+        (["swarm", "nodeconfig"], "HINT: did you mean node-config? see `hostagent swarm --help`"),
+        (["run", "--verify", "cdua", "--gpu", "0", "img"], "HINT: did you mean cuda? see `hostagent run --help`"),
+        (
+            ["xyzzy"],
+            "(choose from ls, run, completion, compose, swarm, doctor, serve, queue). HINT: see `hostagent --help`",
+        ),
+    ],
+)
+def test_a_mistyped_command_or_choice_gets_the_nearest_and_no_hidden_one(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv) == 64
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err and "__complete" not in err, err
@@ -253,12 +326,29 @@ def test_log_options_without_a_driver_keep_the_daemons_default_driver() -> None:
 def test_options_the_sandbox_cannot_apply_still_land_in_the_payload() -> None:
     # --uts host conflicts with the live test's --domainname; swappiness and the OOM switch need cgroup v1; a
     # storage quota needs xfs with pquota: checked in the create payload, as the daemon would get them.
-    spec = ContainerSpec(request(uts="host", cgroup_parent="gpupin.slice", cpuset_mems="0", memory_swappiness="10",
-                                 oom_kill_disable=True, storage_opts=["size=20G"]),
-                         resolve_specs(["1"], scenario_cards()), "nvidia")
+    spec = ContainerSpec(
+        request(
+            uts="host",
+            cgroup_parent="gpupin.slice",
+            cpuset_mems="0",
+            memory_swappiness="10",
+            oom_kill_disable=True,
+            storage_opts=["size=20G"],
+        ),
+        resolve_specs(["1"], scenario_cards()),
+        "nvidia",
+    )
     host = spec.config("1.41")["HostConfig"]
     assert (host["UTSMode"], host["CgroupParent"], host["CpusetMems"]) == ("host", "gpupin.slice", "0")
     assert (host["MemorySwappiness"], host["OomKillDisable"], host["StorageOpt"]) == (10, True, {"size": "20G"})
     line = spec.docker_run_line()
-    assert all(f in line for f in ("--uts host", "--cgroup-parent gpupin.slice", "--memory-swappiness 10",
-                                   "--oom-kill-disable", "--storage-opt size=20G"))
+    assert all(
+        f in line
+        for f in (
+            "--uts host",
+            "--cgroup-parent gpupin.slice",
+            "--memory-swappiness 10",
+            "--oom-kill-disable",
+            "--storage-opt size=20G",
+        )
+    )

@@ -37,8 +37,23 @@ def test_bus_id_keeps_domain_and_function() -> None:
     assert BusId.parse("00000000:1B:00.0") < BusId.parse("0000:3b:00.0") < BusId.parse("0001:00:00.0")
 
 
-@pytest.mark.parametrize("text", ["", "3b", "zz:00.0", "3b:00.0.1", "123:00.0", "0000:3b:00:0", "3b:00.12",
-                                  "3b:40.0", "3b:-1.0", "GPU-1234", "000000000:3b:00.0", "3b:00.8"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "3b",
+        "zz:00.0",
+        "3b:00.0.1",
+        "123:00.0",
+        "0000:3b:00:0",
+        "3b:00.12",
+        "3b:40.0",
+        "3b:-1.0",
+        "GPU-1234",
+        "000000000:3b:00.0",
+        "3b:00.8",
+    ],
+)
 def test_malformed_bus_ids_are_refused(text: str) -> None:
     with pytest.raises(UsageError) as e:
         BusId.parse(text)

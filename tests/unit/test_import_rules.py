@@ -99,15 +99,21 @@ def test_the_reader_sees_every_side() -> None:
 
 
 def test_core_imports_neither_side() -> None:
-    bad = [str(i) for i in IMPORTS
-           if within(i.importer, CORE) and (within(i.imported, ENTRYPOINT) or within(i.imported, HOSTAGENT))]
+    bad = [
+        str(i)
+        for i in IMPORTS
+        if within(i.importer, CORE) and (within(i.imported, ENTRYPOINT) or within(i.imported, HOSTAGENT))
+    ]
     check(bad, "gpupin.core imports neither gpupin.entrypoint nor gpupin.hostagent")
 
 
 def test_entrypoint_and_hostagent_never_import_each_other() -> None:
-    bad = [str(i) for i in IMPORTS
-           if (within(i.importer, ENTRYPOINT) and within(i.imported, HOSTAGENT))
-           or (within(i.importer, HOSTAGENT) and within(i.imported, ENTRYPOINT))]
+    bad = [
+        str(i)
+        for i in IMPORTS
+        if (within(i.importer, ENTRYPOINT) and within(i.imported, HOSTAGENT))
+        or (within(i.importer, HOSTAGENT) and within(i.imported, ENTRYPOINT))
+    ]
     check(bad, "gpupin.entrypoint and gpupin.hostagent never import each other")
 
 

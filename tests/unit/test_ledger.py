@@ -40,50 +40,84 @@ def mig_host() -> Host:
     return Host(cards)
 
 
-def container(*, requests: list[dict[str, Any]] | None = None, runtime: str = "runc", env: list[str] | None = None,
-              devices: list[str] | None = None, privileged: bool = False, status: str = "running",
-              labels: dict[str, str] | None = None, restart: str = "no", retries: int = 0, exit_code: int = 0,
-              restart_count: int = 0, started: bool = True) -> dict[str, Any]:
+def container(
+    *,
+    requests: list[dict[str, Any]] | None = None,
+    runtime: str = "runc",
+    env: list[str] | None = None,
+    devices: list[str] | None = None,
+    privileged: bool = False,
+    status: str = "running",
+    labels: dict[str, str] | None = None,
+    restart: str = "no",
+    retries: int = 0,
+    exit_code: int = 0,
+    restart_count: int = 0,
+    started: bool = True,
+) -> dict[str, Any]:
     """`docker inspect` data in the Engine API's shape (the fields the ledger reads)."""
     return {
-        "Id": "c" * 64, "Name": "/job", "RestartCount": restart_count,
-        "State": {"Status": status, "ExitCode": exit_code,
-                  "StartedAt": "2026-11-30T10:00:00.5Z" if started else "0001-01-01T00:00:00Z"},
+        "Id": "c" * 64,
+        "Name": "/job",
+        "RestartCount": restart_count,
+        "State": {
+            "Status": status,
+            "ExitCode": exit_code,
+            "StartedAt": "2026-11-30T10:00:00.5Z" if started else "0001-01-01T00:00:00Z",
+        },
         "Config": {"Env": env or [], "Labels": labels or {}},
-        "HostConfig": {"DeviceRequests": requests, "Runtime": runtime, "Privileged": privileged,
-                       "RestartPolicy": {"Name": restart, "MaximumRetryCount": retries},
-                       "Devices": [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rwm"}
-                                   for d in devices or []]},
+        "HostConfig": {
+            "DeviceRequests": requests,
+            "Runtime": runtime,
+            "Privileged": privileged,
+            "RestartPolicy": {"Name": restart, "MaximumRetryCount": retries},
+            "Devices": [{"PathOnHost": d, "PathInContainer": d, "CgroupPermissions": "rwm"} for d in devices or []],
+        },
     }
 
 
-def gpus(ids: list[str] | None = None, count: int = 0, driver: str = "",
-         caps: list[list[str]] | None = None) -> list[dict[str, Any]]:
+def gpus(
+    ids: list[str] | None = None, count: int = 0, driver: str = "", caps: list[list[str]] | None = None
+) -> list[dict[str, Any]]:
     return [{"Driver": driver, "Count": count, "DeviceIDs": ids, "Capabilities": caps or [["gpu"]], "Options": {}}]
 
 
 # --- the table -------------------------------------------------------------------------------------------------
 
+
 def test_the_table_names_each_form_once() -> None:
     names = [f.name for f in FORMS]
-    assert names == ["device-request", "cdi", "cdi-annotation", "nvidia-runtime", "swarm-resource", "device-file",
-                     "bind-mount", "device-cgroup", "privileged"]
+    assert names == [
+        "device-request",
+        "cdi",
+        "cdi-annotation",
+        "nvidia-runtime",
+        "swarm-resource",
+        "device-file",
+        "bind-mount",
+        "device-cgroup",
+        "privileged",
+    ]
     assert len(set(names)) == len(names)
 
 
-@pytest.mark.parametrize(("requests", "want", "how"), [
-    (gpus(count=-1), ALL, "--gpus all"),
-    (gpus(count=2), [A800, RTX], "--gpus 2"),
-    (gpus(["2"]), [A800B], "--gpus device=2"),
-    (gpus([A800C, "00000000:3B:00.0"], driver="nvidia"), [A800C, RTX], f"--gpus device={A800C},00000000:3B:00.0"),
-    (gpus(["0:1"]), [MIG_B], "--gpus device=0:1"),
-    (gpus([MIG_A]), [MIG_A], f"--gpus device={MIG_A}"),
-    (gpus(["all"]), ALL, "--gpus device=all"),
-    (gpus(["1"], caps=[["nvidia", "compute", "utility"]]), [RTX], "--gpus device=1"),
-    (gpus(["1"], caps=[["tpu"], ["gpu"]]), [RTX], "--gpus device=1"),  # any one capability set that matches
-])
-def test_device_requests_as_the_daemon_hands_them_out(requests: list[dict[str, Any]], want: list[str],
-                                                      how: str) -> None:
+@pytest.mark.parametrize(
+    ("requests", "want", "how"),
+    [
+        (gpus(count=-1), ALL, "--gpus all"),
+        (gpus(count=2), [A800, RTX], "--gpus 2"),
+        (gpus(["2"]), [A800B], "--gpus device=2"),
+        (gpus([A800C, "00000000:3B:00.0"], driver="nvidia"), [A800C, RTX], f"--gpus device={A800C},00000000:3B:00.0"),
+        (gpus(["0:1"]), [MIG_B], "--gpus device=0:1"),
+        (gpus([MIG_A]), [MIG_A], f"--gpus device={MIG_A}"),
+        (gpus(["all"]), ALL, "--gpus device=all"),
+        (gpus(["1"], caps=[["nvidia", "compute", "utility"]]), [RTX], "--gpus device=1"),
+        (gpus(["1"], caps=[["tpu"], ["gpu"]]), [RTX], "--gpus device=1"),  # any one capability set that matches
+    ],
+)
+def test_device_requests_as_the_daemon_hands_them_out(
+    requests: list[dict[str, Any]], want: list[str], how: str
+) -> None:
     got = ledger.grants(container(requests=requests), mig_host())
     assert [(g.form, list(g.uuids), g.how) for g in got] == [("device-request", want, how)]
 
@@ -101,15 +135,18 @@ def cdi(*ids: str) -> list[dict[str, Any]]:
     return [{"Driver": "cdi", "Count": 0, "DeviceIDs": list(ids), "Capabilities": None, "Options": None}]
 
 
-@pytest.mark.parametrize(("ids", "want"), [
-    (["nvidia.com/gpu=2"], [A800B]),
-    ([f"nvidia.com/gpu={A800C}", "nvidia.com/gpu=1"], [A800C, RTX]),
-    (["nvidia.com/gpu=0:1"], [MIG_B]),
-    ([f"nvidia.com/gpu={MIG_A}"], [MIG_A]),
-    (["nvidia.com/gpu=all"], ALL),
-    (["nvidia.com/gpu=gpu3", "nvidia.com/gpu=mig0:0"], [A800C, MIG_A]),  # the type-index name strategy
-    (["nvidia.com/gpu=1", "vendor.com/fpga=0", "nvidia.com/nic=1"], [RTX]),  # other kinds name no GPU
-])
+@pytest.mark.parametrize(
+    ("ids", "want"),
+    [
+        (["nvidia.com/gpu=2"], [A800B]),
+        ([f"nvidia.com/gpu={A800C}", "nvidia.com/gpu=1"], [A800C, RTX]),
+        (["nvidia.com/gpu=0:1"], [MIG_B]),
+        ([f"nvidia.com/gpu={MIG_A}"], [MIG_A]),
+        (["nvidia.com/gpu=all"], ALL),
+        (["nvidia.com/gpu=gpu3", "nvidia.com/gpu=mig0:0"], [A800C, MIG_A]),  # the type-index name strategy
+        (["nvidia.com/gpu=1", "vendor.com/fpga=0", "nvidia.com/nic=1"], [RTX]),  # other kinds name no GPU
+    ],
+)
 def test_cdi_device_requests_as_nvidias_spec_names_the_cards(ids: list[str], want: list[str]) -> None:
     got = ledger.grants(container(requests=cdi(*ids)), mig_host())
     gpu_ids = [i for i in ids if i.startswith("nvidia.com/gpu=")]
@@ -129,22 +166,27 @@ def test_cdi_names_the_host_has_no_card_for_stay_unknown_and_device_paths_count_
 def test_a_cdi_gpu_voids_the_images_variable_under_the_nvidia_runtime() -> None:
     """NVIDIA's spec sets NVIDIA_VISIBLE_DEVICES=void, over the image's `all`: the runtime then gives nothing."""
     host = mig_host()
-    got = ledger.grants(container(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"], requests=cdi(
-        "nvidia.com/gpu=1")), host)
+    got = ledger.grants(
+        container(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=all"], requests=cdi("nvidia.com/gpu=1")), host
+    )
     assert [(g.form, list(g.uuids)) for g in got] == [("cdi", [RTX])]
-    other = ledger.grants(container(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=2"], requests=cdi(
-        "vendor.com/fpga=0")), host)
+    other = ledger.grants(
+        container(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=2"], requests=cdi("vendor.com/fpga=0")), host
+    )
     assert [(g.form, list(g.uuids)) for g in other] == [("nvidia-runtime", [A800B])]
 
 
-@pytest.mark.parametrize(("env", "want"), [
-    (["NVIDIA_VISIBLE_DEVICES=all"], ALL),
-    (["NVIDIA_VISIBLE_DEVICES=0:1"], [MIG_B]),
-    (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=3,1"], [A800C, RTX]),  # the last one wins
-    (["NVIDIA_VISIBLE_DEVICES=void"], []),
-    (["NVIDIA_VISIBLE_DEVICES=none"], []),
-    ([], []),
-])
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        (["NVIDIA_VISIBLE_DEVICES=all"], ALL),
+        (["NVIDIA_VISIBLE_DEVICES=0:1"], [MIG_B]),
+        (["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=3,1"], [A800C, RTX]),  # the last one wins
+        (["NVIDIA_VISIBLE_DEVICES=void"], []),
+        (["NVIDIA_VISIBLE_DEVICES=none"], []),
+        ([], []),
+    ],
+)
 def test_the_nvidia_runtime_reads_nvidia_visible_devices(env: list[str], want: list[str]) -> None:
     host = mig_host()
     got = ledger.grants(container(runtime="nvidia", env=env), host)
@@ -162,16 +204,19 @@ def test_docker_resource_holds_in_any_container() -> None:
     env = [f"DOCKER_RESOURCE_GPU={RTX},{MIG_B}", "DOCKER_RESOURCE_SSD=1"]
     got = ledger.grants(container(runtime="nvidia", env=env), host)
     assert [(g.form, list(g.uuids), g.how) for g in got] == [
-        ("swarm-resource", [RTX, MIG_B], f"DOCKER_RESOURCE_GPU={RTX},{MIG_B}")]
-    got = ledger.grants(container(runtime="nvidia", env=[f"DOCKER_RESOURCE_NVIDIA-GPU={A800C}",
-                                                         "NVIDIA_VISIBLE_DEVICES=all"]), host)
+        ("swarm-resource", [RTX, MIG_B], f"DOCKER_RESOURCE_GPU={RTX},{MIG_B}")
+    ]
+    got = ledger.grants(
+        container(runtime="nvidia", env=[f"DOCKER_RESOURCE_NVIDIA-GPU={A800C}", "NVIDIA_VISIBLE_DEVICES=all"]), host
+    )
     assert [(g.form, len(g.uuids)) for g in got] == [("nvidia-runtime", 4), ("swarm-resource", 1)]
     for c in (container(env=env), container(env=env, requests=gpus(["2"]))):  # runc, a node's default runtime hooks
         assert [u for g in ledger.grants(c, host) if g.form == "swarm-resource" for u in g.uuids] == [RTX, MIG_B]
     got = ledger.grants(container(env=["DOCKER_RESOURCE_GPU=nvidia.com/gpu=3"]), host)
     assert [(g.form, list(g.uuids)) for g in got] == [("swarm-resource", [A800C])]
-    unknown = ledger.grants(container(runtime="nvidia", env=["DOCKER_RESOURCE_GPU=GPU-00000000-0000-0000-0000-"
-                                                               "000000000000"]), host)
+    unknown = ledger.grants(
+        container(runtime="nvidia", env=["DOCKER_RESOURCE_GPU=GPU-00000000-0000-0000-0000-000000000000"]), host
+    )
     assert [(list(g.uuids), list(g.unknown)) for g in unknown] == [([], ["GPU-00000000-0000-0000-0000-000000000000"])]
 
 
@@ -193,18 +238,33 @@ def test_a_device_request_wins_over_the_images_variable_and_runtimes_are_asked_f
 
 def test_device_files_name_cards_by_minor_number() -> None:
     host = mig_host()
-    got = ledger.grants(container(devices=["/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm",
-                                           "/dev/nvidia-caps/nvidia-cap1", "/tmp/x/nvidia3", "/dev/nvidia9"]), host)
+    got = ledger.grants(
+        container(
+            devices=[
+                "/dev/nvidia2",
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-caps/nvidia-cap1",
+                "/tmp/x/nvidia3",
+                "/dev/nvidia9",
+            ]
+        ),
+        host,
+    )
     assert [(list(g.uuids), list(g.unknown), g.how) for g in got] == [
-        ([A800B], [], "--device /dev/nvidia2"), ([A800C], [], "--device /tmp/x/nvidia3"),
-        ([], ["/dev/nvidia9 (minor 9)"], "--device /dev/nvidia9")]
+        ([A800B], [], "--device /dev/nvidia2"),
+        ([A800C], [], "--device /tmp/x/nvidia3"),
+        ([], ["/dev/nvidia9 (minor 9)"], "--device /dev/nvidia9"),
+    ]
 
 
 def test_privileged_with_the_nvidia_toolkit_holds_every_card() -> None:
     host = mig_host()
-    for c in (container(privileged=True, runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=1"]),
-              container(privileged=True, requests=gpus(["1"])),
-              container(privileged=True, requests=cdi("nvidia.com/gpu=1"))):
+    for c in (
+        container(privileged=True, runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=1"]),
+        container(privileged=True, requests=gpus(["1"])),
+        container(privileged=True, requests=cdi("nvidia.com/gpu=1")),
+    ):
         assert sorted({u for g in ledger.grants(c, host) for u in g.uuids}) == sorted(ALL)
     assert ledger.grants(container(privileged=True), host) == []  # no driver put in: no card
     assert ledger.grants(container(privileged=True, requests=cdi("vendor.com/fpga=0")), host) == []
@@ -212,22 +272,28 @@ def test_privileged_with_the_nvidia_toolkit_holds_every_card() -> None:
 
 # --- when it holds ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("kw", "why"), [
-    ({"status": "running"}, "running"),
-    ({"status": "paused"}, "paused"),
-    ({"status": "restarting"}, "restarting"),
-    ({"status": "exited"}, None),
-    ({"status": "dead", "restart": "always"}, None),
-    ({"status": "exited", "restart": "always"}, "stopped, restart=always"),
-    ({"status": "exited", "restart": "unless-stopped"}, "stopped, restart=unless-stopped"),
-    ({"status": "exited", "restart": "on-failure", "exit_code": 1}, "stopped, restart=on-failure"),
-    ({"status": "exited", "restart": "on-failure", "exit_code": 0}, None),
-    ({"status": "exited", "restart": "on-failure", "exit_code": 1, "retries": 3, "restart_count": 3}, None),
-    ({"status": "exited", "restart": "on-failure", "exit_code": 137, "retries": 3, "restart_count": 2},
-     "stopped, restart=on-failure"),
-    ({"status": "exited", "restart": "always", "started": False}, None),  # never started: restore skips it
-    ({"status": "created", "restart": "always", "started": False}, None),
-])
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"status": "running"}, "running"),
+        ({"status": "paused"}, "paused"),
+        ({"status": "restarting"}, "restarting"),
+        ({"status": "exited"}, None),
+        ({"status": "dead", "restart": "always"}, None),
+        ({"status": "exited", "restart": "always"}, "stopped, restart=always"),
+        ({"status": "exited", "restart": "unless-stopped"}, "stopped, restart=unless-stopped"),
+        ({"status": "exited", "restart": "on-failure", "exit_code": 1}, "stopped, restart=on-failure"),
+        ({"status": "exited", "restart": "on-failure", "exit_code": 0}, None),
+        ({"status": "exited", "restart": "on-failure", "exit_code": 1, "retries": 3, "restart_count": 3}, None),
+        (
+            {"status": "exited", "restart": "on-failure", "exit_code": 137, "retries": 3, "restart_count": 2},
+            "stopped, restart=on-failure",
+        ),
+        ({"status": "exited", "restart": "always", "started": False}, None),  # never started: restore skips it
+        ({"status": "created", "restart": "always", "started": False}, None),
+    ],
+)
 def test_holding_follows_the_daemons_own_restart_rules(kw: dict[str, Any], why: str | None) -> None:
     assert holding(container(**kw)) == why
 
@@ -264,7 +330,11 @@ def test_holder_descriptions_say_how_and_why() -> None:
     assert c is not None and c.describe() == "job (cccccccccccc, exited, --gpus device=1, stopped, restart=always)"
     d = c.to_dict()
     assert (d["holds"], d["why"], d["grants"][0]["form"], d["describe"]) == (
-        True, "stopped, restart=always", "device-request", c.describe())
+        True,
+        "stopped, restart=always",
+        "device-request",
+        c.describe(),
+    )
 
 
 def test_share_lets_sharers_through_and_never_an_exclusive_holder() -> None:
@@ -278,19 +348,24 @@ def test_share_lets_sharers_through_and_never_an_exclusive_holder() -> None:
 
 # --- leases ----------------------------------------------------------------------------------------------------
 
+
 def test_an_owner_round_trips_through_its_label_and_is_alive() -> None:
     me = lease.me()
     again = lease.Owner.parse(str(me))
-    assert again is not None and (again.pid, again.start, again.boot, again.pidns) == (
-        os.getpid(), me.start, me.boot, me.pidns) and me.start and me.boot and me.pidns
+    assert (
+        again is not None
+        and (again.pid, again.start, again.boot, again.pidns) == (os.getpid(), me.start, me.boot, me.pidns)
+        and me.start
+        and me.boot
+        and me.pidns
+    )
     assert again.alive() is True
     assert lease.Owner.parse("") is None and lease.Owner.parse("host=x pid=notanumber") is None
 
 
 def test_a_dead_owner_of_this_host_is_dead_and_one_of_another_host_is_unknown() -> None:
     p = subprocess.Popen(["sleep", "30"])
-    child = lease.Owner(socket.gethostname(), p.pid, lease._start_time(p.pid) or "", lease.me().boot,
-                        lease.me().pidns)
+    child = lease.Owner(socket.gethostname(), p.pid, lease._start_time(p.pid) or "", lease.me().boot, lease.me().pidns)
     assert child.alive() is True
     p.kill()
     p.wait()
@@ -317,6 +392,7 @@ def test_lease_states_by_the_daemons_clock() -> None:
         def when() -> float | None:
             asked.append(1)
             return at
+
         return when
 
     assert lease.state(remote, 1000.0, 1002.0, renewed(None)) == lease.LIVE and asked == []  # not asked in time
@@ -328,6 +404,7 @@ def test_lease_states_by_the_daemons_clock() -> None:
 
 
 # --- the local lock's trust rules ------------------------------------------------------------------------------
+
 
 def test_the_local_lock_is_exclusive_in_a_private_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = tmp_path / "private"
@@ -344,8 +421,9 @@ def test_the_local_lock_is_exclusive_in_a_private_directory(tmp_path: Path, monk
 
 
 @pytest.mark.parametrize("how", ["world-writable", "symlinked-dir", "planted-symlink", "planted-fifo"])
-def test_the_local_lock_trusts_nothing_it_does_not_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        how: str) -> None:
+def test_the_local_lock_trusts_nothing_it_does_not_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
     victim = tmp_path / "victim"
     victim.write_text("x")
     victim.chmod(0o644)
@@ -369,6 +447,7 @@ def test_the_local_lock_trusts_nothing_it_does_not_own(tmp_path: Path, monkeypat
 
 
 # --- the engine's address and clock ----------------------------------------------------------------------------
+
 
 def test_two_spellings_of_one_socket_are_one_lock_key(tmp_path: Path) -> None:
     sock = socket.socket(socket.AF_UNIX)
@@ -417,6 +496,7 @@ def test_the_daemons_clock_is_parsed_exactly() -> None:
 
 
 # --- refusals whose hints fit the case -------------------------------------------------------------------------
+
 
 def _refusal(specs: list[str] | None, count: int | None, holders: list[Holder], share: bool = False) -> Any:
     from gpupin.hostagent import gpus as placement

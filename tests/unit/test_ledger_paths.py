@@ -39,33 +39,72 @@ def host(local: bool = False) -> Host:
 
 # --- normalisation ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("path", "want"), [
-    ("/dev//nvidia1", "/dev/nvidia1"), ("/dev/./nvidia1", "/dev/nvidia1"), ("/dev/../dev/nvidia1", "/dev/nvidia1"),
-    ("//dev/nvidia1", "/dev/nvidia1"), ("/dev/", "/dev"), ("/dev/.", "/dev"), ("/../dev", "/dev"), ("///", "/"),
-])
+
+@pytest.mark.parametrize(
+    ("path", "want"),
+    [
+        ("/dev//nvidia1", "/dev/nvidia1"),
+        ("/dev/./nvidia1", "/dev/nvidia1"),
+        ("/dev/../dev/nvidia1", "/dev/nvidia1"),
+        ("//dev/nvidia1", "/dev/nvidia1"),
+        ("/dev/", "/dev"),
+        ("/dev/.", "/dev"),
+        ("/../dev", "/dev"),
+        ("///", "/"),
+    ],
+)
 def test_a_path_is_normalised_as_the_kernel_reads_it(path: str, want: str) -> None:
     assert nodes.normalised(path) == want and nodes.named(path)
 
 
-@pytest.mark.parametrize("path", ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                                  "/dev/nvidia-modeset", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps",
-                                  "/dev/char/195:1", "/dev/char", "/dev", "/"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+        "/dev/nvidia-caps/nvidia-cap1",
+        "/dev/nvidia-caps",
+        "/dev/char/195:1",
+        "/dev/char",
+        "/dev",
+        "/",
+    ],
+)
 def test_the_paths_that_reach_a_node_on_every_gpu_host(path: str) -> None:
     assert nodes.named(path)
 
 
-@pytest.mark.parametrize("path", ["/dev/shm", "/dev/null", "/dev/fuse", "/data", "/dev/shm/../null", "/devices",
-                                  "/dev/char/1:3", "/home/me/nvidia-smi-logs", "/tmp"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dev/shm",
+        "/dev/null",
+        "/dev/fuse",
+        "/data",
+        "/dev/shm/../null",
+        "/devices",
+        "/dev/char/1:3",
+        "/home/me/nvidia-smi-logs",
+        "/tmp",
+    ],
+)
 def test_the_paths_that_reach_none_by_name(path: str) -> None:
     assert not nodes.named(path)
 
 
-COMPONENT = st.sampled_from(["dev", "nvidia0", "nvidia1", "nvidiactl", "char", "195:2", "shm", "data", "x",
-                             "nvidia-caps"])
+COMPONENT = st.sampled_from(
+    ["dev", "nvidia0", "nvidia1", "nvidiactl", "char", "195:2", "shm", "data", "x", "nvidia-caps"]
+)
 
 
-@given(st.lists(COMPONENT, max_size=4), st.lists(st.sampled_from(["//", "/./", "/x/../", "/"]), min_size=4,
-                                                  max_size=4), st.booleans())
+@given(
+    st.lists(COMPONENT, max_size=4),
+    st.lists(st.sampled_from(["//", "/./", "/x/../", "/"]), min_size=4, max_size=4),
+    st.booleans(),
+)
 def test_noise_in_a_path_changes_nothing(parts: list[str], seps: list[str], trailing: bool) -> None:
     """`//`, `/./`, `/x/../` between components and a trailing `/` are the same path: the same verdict."""
     clean = "/" + "/".join(parts)
@@ -78,13 +117,16 @@ def test_noise_in_a_path_changes_nothing(parts: list[str], seps: list[str], trai
 
 def test_gpu_majors_are_195_and_every_nvidia_major_of_proc_devices(tmp_path: Path) -> None:
     f = tmp_path / "devices"
-    f.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n235 nvidia-caps-imex-channels\n"
-                 "236 nvidia-caps\n237 nvidia-uvm\n248 bsg\n\nBlock devices:\n  8 sd\n238 nvidia-fake-block\n")
+    f.write_text(
+        "Character devices:\n  1 mem\n195 nvidia-frontend\n235 nvidia-caps-imex-channels\n"
+        "236 nvidia-caps\n237 nvidia-uvm\n248 bsg\n\nBlock devices:\n  8 sd\n238 nvidia-fake-block\n"
+    )
     assert nodes.gpu_majors(str(f)) == {195, 235, 236, 237}
     assert nodes.gpu_majors(str(tmp_path / "missing")) == {195}
 
 
 # --- on this host: real nodes ----------------------------------------------------------------------------------
+
 
 def mknod(path: Path, major: int, minor: int) -> None:
     try:
@@ -120,8 +162,17 @@ def test_a_node_is_known_by_its_device_number_through_links(planted: Path) -> No
 
 def test_device_folders_count_by_the_minor_numbers_they_grant(planted: Path) -> None:
     here = host(local=True)
-    got = forms.grants(container(devices=[str(planted / "gpus"), str(planted / "link-to-card"),
-                                          str(planted / "flat" / "ctl"), str(planted / "null")]), here)
+    got = forms.grants(
+        container(
+            devices=[
+                str(planted / "gpus"),
+                str(planted / "link-to-card"),
+                str(planted / "flat" / "ctl"),
+                str(planted / "null"),
+            ]
+        ),
+        here,
+    )
     assert [(g.form, list(g.uuids)) for g in got] == [("device-file", [RTX]), ("device-file", [A800C])]
     # by name where the daemon is elsewhere: /dev holds every card
     got = forms.grants(container(devices=["/dev", "/dev/char/195:2", "/dev/nvidia-uvm"]), host())
@@ -140,23 +191,36 @@ def binds(c: dict[str, Any], *sources: str) -> dict[str, Any]:
 
 def test_device_cgroup_rules_granting_major_195() -> None:
     h = host()
-    for rule, want in (("c 195:* rwm", ALL), ("a *:* rwm", ALL), ("a", ALL), ("c 195:2 rwm", [A800B]),
-                       ("c *:* rwm", ALL), ("c 195:255 rwm", []), ("c 1:3 rwm", []), ("b 195:* rwm", []),
-                       ("c 195:* rw", [])):  # no `m`: it cannot make the node, and nothing brings one in
+    for rule, want in (
+        ("c 195:* rwm", ALL),
+        ("a *:* rwm", ALL),
+        ("a", ALL),
+        ("c 195:2 rwm", [A800B]),
+        ("c *:* rwm", ALL),
+        ("c 195:255 rwm", []),
+        ("c 1:3 rwm", []),
+        ("b 195:* rwm", []),
+        ("c 195:* rw", []),
+    ):  # no `m`: it cannot make the node, and nothing brings one in
         got = forms.grants(with_host_config(container(), DeviceCgroupRules=[rule]), h)
         assert sorted(u for g in got for u in g.uuids) == sorted(want), rule
     # without CAP_MKNOD the rule opens only what a mount brings in
     dropped = with_host_config(container(), DeviceCgroupRules=["c 195:* rwm"], CapDrop=["ALL"])
     assert forms.grants(dropped, h) == []
-    assert forms.grants(with_host_config(container(), DeviceCgroupRules=["c 195:* rwm"], CapDrop=["MKNOD"],
-                                         CapAdd=["CAP_MKNOD"]), h) != []
+    assert (
+        forms.grants(
+            with_host_config(container(), DeviceCgroupRules=["c 195:* rwm"], CapDrop=["MKNOD"], CapAdd=["CAP_MKNOD"]), h
+        )
+        != []
+    )
 
 
 def test_bind_mounts_of_nodes_count_when_the_cgroup_lets_them_through(planted: Path) -> None:
     rw = with_host_config(container(), DeviceCgroupRules=["c 195:* rw"])
     got = forms.grants(binds(rw, "/dev", "/data"), host())
     assert [(g.form, len(g.uuids), g.how) for g in got] == [
-        ("bind-mount", 4, "-v /dev:/mnt0 --device-cgroup-rule 'c 195:* rw'")]
+        ("bind-mount", 4, "-v /dev:/mnt0 --device-cgroup-rule 'c 195:* rw'")
+    ]
     one = with_host_config(container(), DeviceCgroupRules=["c 195:3 rw"], CapDrop=["ALL"])
     got = forms.grants(binds(one, str(planted / "flat")), host(local=True))
     assert [(g.form, list(g.uuids)) for g in got] == [("bind-mount", [A800C])]
@@ -168,31 +232,45 @@ def test_bind_mounts_of_nodes_count_when_the_cgroup_lets_them_through(planted: P
 
 
 def test_cdi_names_in_nvidia_visible_devices_under_the_nvidia_runtime() -> None:
-    got = forms.grants(container(runtime="nvidia", env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1,nvidia.com/gpu="
-                                                         f"{A800C},vendor.com/fpga=0"]), host())
+    got = forms.grants(
+        container(
+            runtime="nvidia", env=[f"NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1,nvidia.com/gpu={A800C},vendor.com/fpga=0"]
+        ),
+        host(),
+    )
     assert [(g.form, list(g.uuids), list(g.unknown)) for g in got] == [("nvidia-runtime", [RTX, A800C], [])]
     assert forms.grants(container(env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"]), host()) == []  # runc
 
 
 def test_cdi_annotations_in_any_container() -> None:
-    c = with_host_config(container(), Annotations={
-        "cdi.k8s.io/job": "nvidia.com/gpu=2,vendor.com/fpga=0", "cdi.k8s.io/all": "nvidia.com/gpu=all",
-        "other/x": "nvidia.com/gpu=1"})
+    c = with_host_config(
+        container(),
+        Annotations={
+            "cdi.k8s.io/job": "nvidia.com/gpu=2,vendor.com/fpga=0",
+            "cdi.k8s.io/all": "nvidia.com/gpu=all",
+            "other/x": "nvidia.com/gpu=1",
+        },
+    )
     got = forms.grants(c, host())
     assert [(g.form, len(g.uuids), g.how) for g in got] == [
         ("cdi-annotation", 4, "--annotation cdi.k8s.io/all=nvidia.com/gpu=all"),
-        ("cdi-annotation", 1, "--annotation cdi.k8s.io/job=nvidia.com/gpu=2,vendor.com/fpga=0")]
+        ("cdi-annotation", 1, "--annotation cdi.k8s.io/job=nvidia.com/gpu=2,vendor.com/fpga=0"),
+    ]
     assert forms.grants(with_host_config(container(), Annotations={"cdi.k8s.io/x": "vendor.com/fpga=0"}), host()) == []
 
 
 # --- refused by run --------------------------------------------------------------------------------------------
 
+
 def test_run_refuses_a_folder_or_link_that_reaches_a_node(planted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/gpupin-test.sock")
     monkeypatch.setattr("gpupin.hostagent.engine.address._ENDPOINT", None)
-    for opt, value in (("devices", f"{planted / 'gpus'}:/gpus"), ("devices", str(planted / "link-to-card")),
-                       ("volumes", f"{planted / 'flat'}:/flat"),
-                       ("mounts", f"type=bind,src={planted / 'flat'},dst=/f")):
+    for opt, value in (
+        ("devices", f"{planted / 'gpus'}:/gpus"),
+        ("devices", str(planted / "link-to-card")),
+        ("volumes", f"{planted / 'flat'}:/flat"),
+        ("mounts", f"type=bind,src={planted / 'flat'},dst=/f"),
+    ):
         with pytest.raises(UsageError) as e:
             request(**{opt: [value]})  # type: ignore[arg-type]
         assert e.value.exit_code == 64 and "reaches an NVIDIA device node" in e.value.message
@@ -202,8 +280,16 @@ def test_run_refuses_a_folder_or_link_that_reaches_a_node(planted: Path, monkeyp
     request(volumes=[f"{planted / 'gpus'}:/g", "/data:/data", "named-volume:/v"], devices=[str(planted / "null")])
 
 
-@pytest.mark.parametrize("var", ["DOCKER_RESOURCE_GPU", "DOCKER_RESOURCE_NVIDIA-GPU", "NVIDIA_MIG_CONFIG_DEVICES",
-                                 "NVIDIA_MIG_MONITOR_DEVICES", "NVIDIA_IMEX_CHANNELS"])
+@pytest.mark.parametrize(
+    "var",
+    [
+        "DOCKER_RESOURCE_GPU",
+        "DOCKER_RESOURCE_NVIDIA-GPU",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "NVIDIA_IMEX_CHANNELS",
+    ],
+)
 def test_run_refuses_the_variables_a_runtime_reads_to_pick_devices(var: str, tmp_path: Path) -> None:
     with pytest.raises(UsageError) as e:
         request(env=[f"{var}={A800}"])
@@ -220,9 +306,15 @@ def test_run_refuses_the_variables_a_runtime_reads_to_pick_devices(var: str, tmp
 
 # --- labels belong to the container that set them -------------------------------------------------------------
 
+
 def test_a_label_equal_to_the_images_is_inherited() -> None:
-    image = {"gpupin.devices": RTX, "gpupin.shared": "true", "team": "ml",
-             lease.OWNER_LABEL: "host=h pid=1 start=1 boot=b pidns=1", lease.LEASE_LABEL: "30"}
+    image = {
+        "gpupin.devices": RTX,
+        "gpupin.shared": "true",
+        "team": "ml",
+        lease.OWNER_LABEL: "host=h pid=1 start=1 boot=b pidns=1",
+        lease.LEASE_LABEL: "30",
+    }
     # docker create from a committed image: every gpupin label is the image's
     assert labels.own(dict(image), image) == {"team": "ml"}
     # set again by hand to another value: that one is the container's own

@@ -45,8 +45,20 @@ class Venv:
         run([sys.executable, "-m", "venv", "--without-pip", path], cwd=path.parent)
 
     def install(self, requirement: str) -> None:
-        run([sys.executable, "-m", "pip", "--python", self.bin / "python", "install", "-q",
-             "--disable-pip-version-check", requirement], cwd=self.path)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                self.bin / "python",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                requirement,
+            ],
+            cwd=self.path,
+        )
 
     def python(self, code: str) -> str:
         return run([self.bin / "python", "-c", code], cwd=self.path).strip()
@@ -82,8 +94,11 @@ def test_wheel_carries_every_module_the_license_and_the_typing_markers(dists: tu
     assert "gpupin/hostagent/serve/dashboard.html" in names  # `hostagent serve` answers GET / from it
     # Every module of the checkout, under its import name (a subpackage missing from pyproject's list would be
     # absent here, though the editable install finds it).
-    modules = {f"gpupin/{p.relative_to(REPO).as_posix()}" for top in ("core", "entrypoint", "hostagent")
-               for p in (REPO / top).rglob("*.py")}
+    modules = {
+        f"gpupin/{p.relative_to(REPO).as_posix()}"
+        for top in ("core", "entrypoint", "hostagent")
+        for p in (REPO / top).rglob("*.py")
+    }
     assert {n for n in names if n.endswith(".py")} == modules
     assert not any(n.startswith("tests/") for n in names)
 
@@ -93,9 +108,17 @@ def test_sdist_carries_what_the_build_and_a_reader_need(dists: tuple[Path, Path]
     root = f"gpupin-{__version__}"
     with tarfile.open(sdist) as t:
         names = {n.removeprefix(f"{root}/") for n in t.getnames()}
-    assert {"pyproject.toml", "README.md", "LICENSE", "core/__init__.py", "hostagent/run/launch.py",
-            "entrypoint/cli.py", "docs/slurm.md", "hostagent/serve/dashboard.html",
-            "contrib/systemd/gpupin-hostagent.service"} <= names
+    assert {
+        "pyproject.toml",
+        "README.md",
+        "LICENSE",
+        "core/__init__.py",
+        "hostagent/run/launch.py",
+        "entrypoint/cli.py",
+        "docs/slurm.md",
+        "hostagent/serve/dashboard.html",
+        "contrib/systemd/gpupin-hostagent.service",
+    } <= names
     # Every page README.md links to travels with it.
     readme = (REPO / "README.md").read_text()
     for doc in (REPO / "docs").glob("*.md"):
@@ -104,14 +127,14 @@ def test_sdist_carries_what_the_build_and_a_reader_need(dists: tuple[Path, Path]
     assert not any(n.startswith("tests/") for n in names), "a partial test suite (no fakes, no sandbox) in the sdist"
 
 
-def test_wheel_installs_image_side_without_docker_then_with_host(
-        dists: tuple[Path, Path], tmp_path: Path) -> None:
+def test_wheel_installs_image_side_without_docker_then_with_host(dists: tuple[Path, Path], tmp_path: Path) -> None:
     wheel, _ = dists
     venv = Venv(tmp_path / "venv")
     venv.install(str(wheel))
     # The image's install: the entrypoint works, and nothing of the host side's dependencies came along.
-    assert run([venv.bin / "gpupin-entrypoint", "--version"], cwd=tmp_path).strip() == \
-        f"gpupin-entrypoint {__version__}"
+    assert (
+        run([venv.bin / "gpupin-entrypoint", "--version"], cwd=tmp_path).strip() == f"gpupin-entrypoint {__version__}"
+    )
     found = venv.python(f"import importlib.util as u; print(*[m for m in {HOST_ONLY!r} if u.find_spec(m)])")
     assert found == "", f"the bare install pulled {found}"
     venv.install(f"{wheel}[host]")

@@ -60,58 +60,78 @@ def test_the_fake_rereads_its_processes_file_on_each_call(fakegpu: Path, tmp_pat
     assert "fakegpu: " in r.stderr and '"0": "Unknown Error"' in r.stdout
 
 
-@pytest.mark.parametrize(("cgroup", "expected"), [
-    ("0::/system.slice/crio-" + "d" * 64 + ".scope\n", "d" * 64),
-    ("0::/machine.slice/libpod-" + "e" * 64 + ".scope/container\n", "e" * 64),  # podman, its init's sub-cgroup
-    ("0::/system.slice/docker-" + "f" * 64 + ".scope/init.scope\n", "f" * 64),
-    ("0::/default/" + "1" * 64 + "\n", "1" * 64),  # containerd (nerdctl), cgroupfs
-    ("0::/system.slice/containerd.service\n", None),  # the engine itself, a host process
-    ("0::/process_api/de60523d212cdb0b910e98b24144e911\n", None),  # seen on a real H200 host: no engine's naming
-])
+@pytest.mark.parametrize(
+    ("cgroup", "expected"),
+    [
+        ("0::/system.slice/crio-" + "d" * 64 + ".scope\n", "d" * 64),
+        ("0::/machine.slice/libpod-" + "e" * 64 + ".scope/container\n", "e" * 64),  # podman, its init's sub-cgroup
+        ("0::/system.slice/docker-" + "f" * 64 + ".scope/init.scope\n", "f" * 64),
+        ("0::/default/" + "1" * 64 + "\n", "1" * 64),  # containerd (nerdctl), cgroupfs
+        ("0::/system.slice/containerd.service\n", None),  # the engine itself, a host process
+        ("0::/process_api/de60523d212cdb0b910e98b24144e911\n", None),  # seen on a real H200 host: no engine's naming
+    ],
+)
 def test_any_engines_container_is_found_in_the_cgroup(cgroup: str, expected: str | None) -> None:
     assert procs.container_id(cgroup) == expected
 
 
 def test_in_a_pid_namespace_of_its_own_proc_is_not_trusted(fakegpu: Path, tmp_path: Path) -> None:
     """NVML gives host pids: in another pid namespace /proc/<pid> is some other process (here: pid 1, itself)."""
-    env = simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock",
-                      **on_cards(tmp_path / "p.json", {RTX: [1]}))
+    env = simhost_env(
+        "mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock", **on_cards(tmp_path / "p.json", {RTX: [1]})
+    )
     enter = ["unshare", "--pid", "--fork", "--mount-proc"] + (["--map-root-user"] if os.geteuid() else [])
     r = subprocess.run([*enter, HOSTAGENT, "ls", "--json"], env=env, capture_output=True, text=True, timeout=60)
     (p,) = {g["uuid"]: g for g in json.loads(r.stdout)["gpus"]}[RTX]["processes"]
     assert (p["owner"], p["user"], p["foreign"]) == ("unknown", None, True) and "pid namespace" in p["describe"]
 
 
-def test_a_mig_card_that_lists_to_root_only_is_asked_device_by_device(fakegpu: Path, tmp_path: Path,
-                                                                       sleeper: Callable[[], int]) -> None:
+def test_a_mig_card_that_lists_to_root_only_is_asked_device_by_device(
+    fakegpu: Path, tmp_path: Path, sleeper: Callable[[], int]
+) -> None:
     """NVML lists a MIG card's processes on its own handle to root only: the MIG devices' handles answer anyone."""
     pid = sleeper()
     card = uuids("mig")[0]
     mig = topology("mig")["gpus"][0]["mig"]["devices"]
-    env = simhost_env("mig", DOCKER_HOST=f"unix://{tmp_path}/none.sock",
-                      **on_cards(tmp_path / "p.json", {card: "no_permission", mig[0]["uuid"]: [pid]}))
+    env = simhost_env(
+        "mig",
+        DOCKER_HOST=f"unix://{tmp_path}/none.sock",
+        **on_cards(tmp_path / "p.json", {card: "no_permission", mig[0]["uuid"]: [pid]}),
+    )
     r = subprocess.run([HOSTAGENT, "ls", "--json"], env=env, capture_output=True, text=True, timeout=60)
     g = {c["uuid"]: c for c in json.loads(r.stdout)["gpus"]}[card]
     assert sorted((p["pid"], p["mig_uuid"]) for p in g["processes"]) == sorted(
-        [(pid, mig[0]["uuid"]), (5151, mig[1]["uuid"])])  # 5151: the scenario's, in GPU instance 2
+        [(pid, mig[0]["uuid"]), (5151, mig[1]["uuid"])]
+    )  # 5151: the scenario's, in GPU instance 2
     assert "NVML would not list" not in g["unknown"] and [m["state"] for m in g["mig_devices"]] == ["busy", "busy"]
 
 
 # --- unknown is not free, without a daemon -----------------------------------------------------------------------
 
+
 def test_docker_unreachable_is_unknown_never_free(fakegpu: Path, tmp_path: Path, sleeper: Callable[[], int]) -> None:
     pid = sleeper()
-    env = simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock",
-                      **on_cards(tmp_path / "p.json", {RTX: [pid]}))
+    env = simhost_env(
+        "mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock", **on_cards(tmp_path / "p.json", {RTX: [pid]})
+    )
     r = subprocess.run([HOSTAGENT, "ls", "--json"], env=env, capture_output=True, text=True, timeout=60)
     cards = {g["uuid"]: g for g in json.loads(r.stdout)["gpus"]}
     assert [(cards[u]["held"], cards[u]["state"]) for u in (A800, RTX, A800B, A800C)] == [
-        (None, "unknown"), (True, "busy"), (True, "busy"), (None, "unknown")]  # a host process is known in use
+        (None, "unknown"),
+        (True, "busy"),
+        (True, "busy"),
+        (None, "unknown"),
+    ]  # a host process is known in use
     assert "Docker unavailable" in cards[A800]["unknown"] and "does not answer" in cards[A800]["unknown"]
     (p,) = cards[RTX]["processes"]
     assert (p["pid"], p["owner"], p["user"], p["command"], p["foreign"]) == (pid, "host", ME, "sleep", True)
-    fmt = subprocess.run([HOSTAGENT, "ls", "--format", "{index} {held} {busy} {state}"], env=env,
-                         capture_output=True, text=True, timeout=60).stdout
+    fmt = subprocess.run(
+        [HOSTAGENT, "ls", "--format", "{index} {held} {busy} {state}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert fmt.splitlines() == ["0 N/A N/A unknown", "1 true true busy", "2 true true busy", "3 N/A N/A unknown"]
     table = subprocess.run([HOSTAGENT, "ls"], env=env, capture_output=True, text=True, timeout=60).stdout
     assert re.search(r"^\[0\].*  unknown$", table, re.M) and re.search(r"^\[1\].*  busy$", table, re.M), table
@@ -121,23 +141,41 @@ def test_docker_unreachable_is_unknown_never_free(fakegpu: Path, tmp_path: Path,
 def test_compose_render_places_no_count_when_the_ledger_is_unknown(fakegpu: Path, tmp_path: Path) -> None:
     f = tmp_path / "compose.yaml"
     f.write_text("services:\n  a:\n    image: i\n    x-gpupin: {count: 1}\n")
-    r = subprocess.run([HOSTAGENT, "compose", "render", str(f)], capture_output=True, text=True, timeout=60,
-                       env=simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock"))
+    r = subprocess.run(
+        [HOSTAGENT, "compose", "render", str(f)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock"),
+    )
     assert r.returncode == 69 and "which cards are free is unknown" in r.stderr and not r.stdout, r
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--gpu", "1", "--max-load", "50"], "--max-load goes with --count"),
-    (["--count", "1", "--max-memory", "150"], "--max-memory 150: give a percentage from 0 to 100"),
-    (["--count", "1", "--max-load", "nan"], "--max-load nan: give a percentage"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--gpu", "1", "--max-load", "50"], "--max-load goes with --count"),
+        (["--count", "1", "--max-memory", "150"], "--max-memory 150: give a percentage from 0 to 100"),
+        (["--count", "1", "--max-load", "nan"], "--max-load nan: give a percentage"),
+    ],
+)
 def test_limits_are_checked_before_anything_is_asked(fakegpu: Path, args: list[str], says: str) -> None:
-    r = subprocess.run([HOSTAGENT, "run", *args, TEST_IMAGE], env=simhost_env("mixed-4", DOCKER_HOST="unix:///x"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [HOSTAGENT, "run", *args, TEST_IMAGE],
+        env=simhost_env("mixed-4", DOCKER_HOST="unix:///x"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert says in error_line(r, 64)
 
 
 def test_dry_run_places_no_count_without_the_ledger(fakegpu: Path, tmp_path: Path) -> None:
-    r = subprocess.run([HOSTAGENT, "run", "--dry-run", "--count", "1", TEST_IMAGE], capture_output=True, text=True,
-                       env=simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock"), timeout=60)
+    r = subprocess.run(
+        [HOSTAGENT, "run", "--dry-run", "--count", "1", TEST_IMAGE],
+        capture_output=True,
+        text=True,
+        env=simhost_env("mixed-4", DOCKER_HOST=f"unix://{tmp_path}/none.sock"),
+        timeout=60,
+    )
     assert "which cards are free is unknown" in error_line(r, 69) and not r.stdout

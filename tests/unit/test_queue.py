@@ -25,13 +25,25 @@ from tests.support.wait import wait_for
 UUIDS = [f"GPU-{n}{n}{n}{n}0000-0000-0000-0000-00000000000{n}" for n in range(4)]
 
 
-def card(n: int, state: str = "free", util: int | None = 0, used: int = 0, healthy: bool | None = True,
-         holders: int = 0) -> dict[str, Any]:
-    return {"index": n, "uuid": UUIDS[n], "bus_id": f"00000000:{0x1b + n:02X}:00.0", "name": "A800", "error": None,
-            "mig_mode": False, "mig_devices": [], "state": state,
-            "holders": [{"holds": True, "shared": state == "shared"}] * holders,
-            "health": {"healthy": healthy}, "utilization_gpu": util, "memory_used_mib": used,
-            "memory_total_mib": 1000, "memory_free_mib": 1000 - used}
+def card(
+    n: int, state: str = "free", util: int | None = 0, used: int = 0, healthy: bool | None = True, holders: int = 0
+) -> dict[str, Any]:
+    return {
+        "index": n,
+        "uuid": UUIDS[n],
+        "bus_id": f"00000000:{0x1B + n:02X}:00.0",
+        "name": "A800",
+        "error": None,
+        "mig_mode": False,
+        "mig_devices": [],
+        "state": state,
+        "holders": [{"holds": True, "shared": state == "shared"}] * holders,
+        "health": {"healthy": healthy},
+        "utilization_gpu": util,
+        "memory_used_mib": used,
+        "memory_total_mib": 1000,
+        "memory_free_mib": 1000 - used,
+    }
 
 
 def view(*states: str) -> dict[str, Any]:
@@ -39,8 +51,16 @@ def view(*states: str) -> dict[str, Any]:
 
 
 class W:
-    def __init__(self, *gpus: str, count: int | None = None, share: bool = False, offered: list[str] | None = None,
-                 lapsed: bool = False, cooling: bool = False, **limits: float) -> None:
+    def __init__(
+        self,
+        *gpus: str,
+        count: int | None = None,
+        share: bool = False,
+        offered: list[str] | None = None,
+        lapsed: bool = False,
+        cooling: bool = False,
+        **limits: float,
+    ) -> None:
         self.ask = fair.Ask(gpus, count, share, limits.get("max_load"), limits.get("max_memory"))
         self.offered = offered
         self.lapsed = lapsed
@@ -110,11 +130,28 @@ def test_specs_resolve_as_run_resolves_them() -> None:
 
 
 def test_the_table() -> None:
-    data = {"waiters": [
-        {"position": 1, "name": "train\n1", "user": "alice", "request": "--count 2", "image": "img", "since": 100.0,
-         "turn": True},
-        {"position": 2, "name": None, "user": "bob", "request": "--gpu 0 --share", "image": "x" * 50, "since": 170.0,
-         "turn": False}]}
+    data = {
+        "waiters": [
+            {
+                "position": 1,
+                "name": "train\n1",
+                "user": "alice",
+                "request": "--count 2",
+                "image": "img",
+                "since": 100.0,
+                "turn": True,
+            },
+            {
+                "position": 2,
+                "name": None,
+                "user": "bob",
+                "request": "--gpu 0 --share",
+                "image": "x" * 50,
+                "since": 170.0,
+                "turn": False,
+            },
+        ]
+    }
     head, first, second = table(data, 4000.0).splitlines()
     assert head.split() == ["#", "NAME", "USER", "REQUEST", "IMAGE", "WAITING", "TURN"]
     assert first.split()[:6] == ["1", "train\\n1", "alice", "--count", "2", "img"] and first.endswith("yes")
@@ -127,8 +164,14 @@ def test_joining_without_a_daemon() -> None:
     agent = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--interval", "0.2")
     link = Link(agent.socket)
     try:
-        for body in ({"gpus": ["0"], "count": 1}, {}, {"count": 0}, {"gpus": "0"}, {"count": 1, "max_load": 101},
-                     {"gpus": ["7"]}):
+        for body in (
+            {"gpus": ["0"], "count": 1},
+            {},
+            {"count": 0},
+            {"gpus": "0"},
+            {"count": 1, "max_load": 101},
+            {"gpus": ["7"]},
+        ):
             with pytest.raises(GpupinError) as bad:
                 _Stream(link, body)
             assert bad.value.exit_code == 64, (body, bad.value.message)
@@ -141,15 +184,19 @@ def test_joining_without_a_daemon() -> None:
         listed = json.loads(agent.get("/api/queue")[1])["waiters"]
         me = pwd.getpwuid(os.getuid()).pw_name
         assert [(w["name"], w["user"], w["pid"], w["request"], w["turn"]) for w in listed] == [
-            ("a", me, os.getpid(), "--gpu 1", False), (None, me, os.getpid(), "--count 2 --share --max-memory 50",
-                                                       False)]
+            ("a", me, os.getpid(), "--gpu 1", False),
+            (None, me, os.getpid(), "--count 2 --share --max-memory 50", False),
+        ]
         first.close()
-        wait_for(lambda: len(json.loads(agent.get("/api/queue")[1])["waiters"]) == 1, 1.0, "the first to leave",
-                 interval=0.02)
+        wait_for(
+            lambda: len(json.loads(agent.get("/api/queue")[1])["waiters"]) == 1,
+            1.0,
+            "the first to leave",
+            interval=0.02,
+        )
         assert second.get(float("-inf")) is None  # a wait past its deadline returns at once
         assert second.send("again")
         second.close()
-        wait_for(lambda: json.loads(agent.get("/api/queue")[1])["waiters"] == [], 1.0, "the queue empty",
-                 interval=0.02)
+        wait_for(lambda: json.loads(agent.get("/api/queue")[1])["waiters"] == [], 1.0, "the queue empty", interval=0.02)
     finally:
         agent.close()

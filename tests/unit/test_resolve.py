@@ -17,20 +17,37 @@ MIG_PARENT = str(MIG[0].uuid)
 MIG1, MIG2 = (m.uuid for m in MIG[0].mig_devices)
 
 
-@pytest.mark.parametrize(("spec", "kind"), [
-    (RTX, UUID), ("gpu-95C6", UUID), (MIG1, UUID), ("MIG-2236", UUID),
-    (f"MIG-GPU-{MIG_PARENT[4:]}/2/0", MIG_LEGACY),
-    ("0:1", MIG_PAIR), ("12:00", MIG_PAIR),
-    ("3b:00.0", BUS_ID), ("0000:3B:00.0", BUS_ID), ("00000000:3b:00.0", BUS_ID), ("3b:00", BUS_ID),
-    ("0", INDEX), (" 12 ", INDEX),
-    ("²", None), ("\u0661", None), ("fastest", None), ("", None), ("GPU-", None), ("GPU-xyz", None),
-])
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        (RTX, UUID),
+        ("gpu-95C6", UUID),
+        (MIG1, UUID),
+        ("MIG-2236", UUID),
+        (f"MIG-GPU-{MIG_PARENT[4:]}/2/0", MIG_LEGACY),
+        ("0:1", MIG_PAIR),
+        ("12:00", MIG_PAIR),
+        ("3b:00.0", BUS_ID),
+        ("0000:3B:00.0", BUS_ID),
+        ("00000000:3b:00.0", BUS_ID),
+        ("3b:00", BUS_ID),
+        ("0", INDEX),
+        (" 12 ", INDEX),
+        ("²", None),
+        ("\u0661", None),
+        ("fastest", None),
+        ("", None),
+        ("GPU-", None),
+        ("GPU-xyz", None),
+    ],
+)
 def test_form(spec: str, kind: str | None) -> None:
     assert form(spec) == kind
 
 
-@pytest.mark.parametrize("spec", [RTX, RTX.upper(), "GPU-95c6", "gpu-95C6A", "1", "3b:00.0", "0000:3B:00.0",
-                                  "00000000:3b:00.0", " 1 "])
+@pytest.mark.parametrize(
+    "spec", [RTX, RTX.upper(), "GPU-95c6", "gpu-95C6A", "1", "3b:00.0", "0000:3B:00.0", "00000000:3b:00.0", " 1 "]
+)
 def test_every_form_of_one_card(spec: str) -> None:
     t = resolve(spec, MIXED4)
     assert (t.uuid, str(t.bus_id), t.mig) == (RTX, "00000000:3B:00.0", None)
@@ -53,18 +70,21 @@ def test_the_mig_index_pair_is_not_a_bus_id() -> None:
     assert "has 2 MIG device(s)" in e.value.message
 
 
-@pytest.mark.parametrize(("spec", "says"), [
-    ("²", "is not a GPU UUID, index, bus id or MIG device"),  # never taken as index 2
-    ("\u0661", "is not a GPU UUID, index, bus id or MIG device"),  # never taken as index 1
-    ("4", "GPU index 4 is out of range: this host has 4 card(s) (0 = "),
-    ("GPU-6c", "ambiguous: it matches GPU-6c39be0e"),
-    ("GPU-ffff", "no card's UUID starts with 'GPU-ffff'"),
-    ("5e:00.0", "no card at bus id 00000000:5E:00.0"),
-    ("zz:00.0", "malformed PCI bus id"),
-    ("GPU-", "is not a GPU UUID or a prefix of one"),
-    ("MIG-2236", "no card here has MIG devices"),
-    ("", "an empty GPU spec"),
-])
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("²", "is not a GPU UUID, index, bus id or MIG device"),  # never taken as index 2
+        ("\u0661", "is not a GPU UUID, index, bus id or MIG device"),  # never taken as index 1
+        ("4", "GPU index 4 is out of range: this host has 4 card(s) (0 = "),
+        ("GPU-6c", "ambiguous: it matches GPU-6c39be0e"),
+        ("GPU-ffff", "no card's UUID starts with 'GPU-ffff'"),
+        ("5e:00.0", "no card at bus id 00000000:5E:00.0"),
+        ("zz:00.0", "malformed PCI bus id"),
+        ("GPU-", "is not a GPU UUID or a prefix of one"),
+        ("MIG-2236", "no card here has MIG devices"),
+        ("", "an empty GPU spec"),
+    ],
+)
 def test_what_names_no_card_says_why(spec: str, says: str) -> None:
     with pytest.raises(GpuSpecError) as e:
         resolve(spec, MIXED4)
@@ -119,8 +139,13 @@ def test_any_text_names_a_card_or_says_why(spec: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.from_regex(r"(GPU|MIG|gpu|mig|MIG-GPU)-[0-9a-fA-F-]{0,40}(/[0-9]{1,3}/[0-9]{1,3})?|[0-9]{1,3}:[0-9]{1,3}"
-                     r"|[0-9a-fA-F]{1,9}:[0-9a-fA-F]{1,3}(:[0-9a-fA-F]{1,3})?(\.[0-9a-fA-F]{1,2})?", fullmatch=True))
+@given(
+    st.from_regex(
+        r"(GPU|MIG|gpu|mig|MIG-GPU)-[0-9a-fA-F-]{0,40}(/[0-9]{1,3}/[0-9]{1,3})?|[0-9]{1,3}:[0-9]{1,3}"
+        r"|[0-9a-fA-F]{1,9}:[0-9a-fA-F]{1,3}(:[0-9a-fA-F]{1,3})?(\.[0-9a-fA-F]{1,2})?",
+        fullmatch=True,
+    )
+)
 def test_spec_shaped_text_names_a_card_or_says_why(spec: str) -> None:
     try:
         resolve(spec, MIXED4 + MIG)

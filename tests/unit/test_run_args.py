@@ -14,7 +14,7 @@ from gpupin.hostagent.cli import build_parser, main
 from gpupin.hostagent.completion import subcommands
 from gpupin.hostagent.run.args import bool_values
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @pytest.fixture
@@ -30,32 +30,39 @@ def dry_run(capsys: pytest.CaptureFixture[str], *args: str, json_out: bool = Fal
     return out
 
 
-@pytest.mark.parametrize(("given", "read"), [
-    (["-itd"], ["--interactive", "--tty", "--detach"]),
-    (["-d=true", "-t=false"], ["--detach=true", "--tty=false"]),
-    (["-it=false"], ["--interactive", "--tty=false"]),
-    (["-ite", "A=1"], ["--interactive", "--tty", "-e", "A=1"]),
-    (["-eA=1", "-p8888:8888", "--rm=false"], ["-eA=1", "-p8888:8888", "--rm=false"]),
-    (["-dp", "80:80"], ["--detach", "-p", "80:80"]),
-])
+@pytest.mark.parametrize(
+    ("given", "read"),
+    [
+        (["-itd"], ["--interactive", "--tty", "--detach"]),
+        (["-d=true", "-t=false"], ["--detach=true", "--tty=false"]),
+        (["-it=false"], ["--interactive", "--tty=false"]),
+        (["-ite", "A=1"], ["--interactive", "--tty", "-e", "A=1"]),
+        (["-eA=1", "-p8888:8888", "--rm=false"], ["-eA=1", "-p8888:8888", "--rm=false"]),
+        (["-dp", "80:80"], ["--detach", "-p", "80:80"]),
+    ],
+)
 def test_short_bool_flags_are_read_in_their_long_form(given: list[str], read: list[str]) -> None:
     assert bool_values(given, subcommands(build_parser())["run"]) == read
 
 
 @pytest.mark.usefixtures("no_daemon")
-@pytest.mark.parametrize(("args", "shown", "absent"), [
-    (["--rm=true", "-d=true"], ["-d ", "--rm "], []),
-    (["--rm", "--rm=false", "--init=0"], ["--rm=false", "--init=false"], ["--rm"]),
-    (["--read-only=True", "-P=F"], ["--read-only "], ["-P"]),
-    (["--net", "host"], ["--network host"], []),
-    (["--net=none"], ["--network none"], []),
-    (["-h", "trainer"], ["--hostname trainer"], []),
-    (["--dns-opt", "ndots:2"], ["--dns-option ndots:2"], []),
-    (["--sig-proxy=false"], ["--sig-proxy=false"], []),  # a bool flag, as docker's: on unless =false
-    (["--sig-proxy"], ["--sig-proxy "], []),
-])
-def test_docker_spellings(capsys: pytest.CaptureFixture[str], args: list[str], shown: list[str],
-                          absent: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "shown", "absent"),
+    [
+        (["--rm=true", "-d=true"], ["-d ", "--rm "], []),
+        (["--rm", "--rm=false", "--init=0"], ["--rm=false", "--init=false"], ["--rm"]),
+        (["--read-only=True", "-P=F"], ["--read-only "], ["-P"]),
+        (["--net", "host"], ["--network host"], []),
+        (["--net=none"], ["--network none"], []),
+        (["-h", "trainer"], ["--hostname trainer"], []),
+        (["--dns-opt", "ndots:2"], ["--dns-option ndots:2"], []),
+        (["--sig-proxy=false"], ["--sig-proxy=false"], []),  # a bool flag, as docker's: on unless =false
+        (["--sig-proxy"], ["--sig-proxy "], []),
+    ],
+)
+def test_docker_spellings(
+    capsys: pytest.CaptureFixture[str], args: list[str], shown: list[str], absent: list[str]
+) -> None:
     line = dry_run(capsys, *args)
     assert all(s in line for s in shown), line
     assert all(a not in line.split() for a in absent), line
@@ -84,43 +91,71 @@ def test_init_false_is_sent_as_docker_sends_it(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.usefixtures("no_daemon")
-@pytest.mark.parametrize(("args", "key", "value"), [
-    (["--shm-size", "16GB"], "ShmSize", 16 * GIB),
-    (["--shm-size", "16GiB"], "ShmSize", 16 * GIB),
-    (["--shm-size=8 g"], "ShmSize", 8 * GIB),
-    (["-m", "1.5g", "--memory-swap", "-1"], "MemorySwap", -1),
-    (["-m", "64G"], "Memory", 64 * GIB),
-    (["--memory-reservation", "2048k"], "MemoryReservation", 2 * 1024 ** 2),
-    (["--cpus", "0.1"], "NanoCpus", 10 ** 8),
-    (["--cpus", "0"], "NanoCpus", 0),
-])
-def test_sizes_and_cpus_as_docker_reads_them(capsys: pytest.CaptureFixture[str], args: list[str], key: str,
-                                             value: int) -> None:
+@pytest.mark.parametrize(
+    ("args", "key", "value"),
+    [
+        (["--shm-size", "16GB"], "ShmSize", 16 * GIB),
+        (["--shm-size", "16GiB"], "ShmSize", 16 * GIB),
+        (["--shm-size=8 g"], "ShmSize", 8 * GIB),
+        (["-m", "1.5g", "--memory-swap", "-1"], "MemorySwap", -1),
+        (["-m", "64G"], "Memory", 64 * GIB),
+        (["--memory-reservation", "2048k"], "MemoryReservation", 2 * 1024**2),
+        (["--cpus", "0.1"], "NanoCpus", 10**8),
+        (["--cpus", "0"], "NanoCpus", 0),
+    ],
+)
+def test_sizes_and_cpus_as_docker_reads_them(
+    capsys: pytest.CaptureFixture[str], args: list[str], key: str, value: int
+) -> None:
     # 0 CPUs is no limit, the daemon's default: the SDK leaves it out, the CLI sends 0.
     assert json.loads(dry_run(capsys, *args, json_out=True))["config"]["HostConfig"].get(key, 0) == value
 
 
 @pytest.mark.usefixtures("no_daemon")
-@pytest.mark.parametrize(("args", "name"), [
-    (["--shm-size", "16x"], "--shm-size"), (["--shm-size", "1e3"], "--shm-size"), (["-m", "-1"], "--memory"),
-    (["--cpus", "0.0000000001"], "--cpus")])
-def test_what_docker_refuses_is_refused_by_option(capsys: pytest.CaptureFixture[str], args: list[str],
-                                                  name: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["--shm-size", "16x"], "--shm-size"),
+        (["--shm-size", "1e3"], "--shm-size"),
+        (["-m", "-1"], "--memory"),
+        (["--cpus", "0.0000000001"], "--cpus"),
+    ],
+)
+def test_what_docker_refuses_is_refused_by_option(
+    capsys: pytest.CaptureFixture[str], args: list[str], name: str
+) -> None:
     assert main(["run", "--dry-run", "--gpu", "0", *args, "img:1"]) == 64
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"hostagent: ERROR: {name} ")
 
 
 @pytest.mark.usefixtures("no_daemon")
-def test_mounts_as_docker_makes_them(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mounts_as_docker_makes_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PWD", str(tmp_path))
     (tmp_path / "profile.json").write_text('{\n  "defaultAction": "SCMP_ACT_ALLOW",\n  "names": ["a b"]\n}\n')
-    config = json.loads(dry_run(capsys, "-v", "./data:/data:ro", "-v", ".:/w", "-v", "../up:/up", "-v", "/scratch",
-                                "--mount", "type=bind,src=./m,dst=/m", "--security-opt",
-                                "seccomp=profile.json", "--security-opt", "systempaths=unconfined",
-                                json_out=True))["config"]
+    config = json.loads(
+        dry_run(
+            capsys,
+            "-v",
+            "./data:/data:ro",
+            "-v",
+            ".:/w",
+            "-v",
+            "../up:/up",
+            "-v",
+            "/scratch",
+            "--mount",
+            "type=bind,src=./m,dst=/m",
+            "--security-opt",
+            "seccomp=profile.json",
+            "--security-opt",
+            "systempaths=unconfined",
+            json_out=True,
+        )
+    )["config"]
     host = config["HostConfig"]
     assert host["Binds"] == [f"{tmp_path}/data:/data:ro", f"{tmp_path}:/w", "../up:/up"]
     assert config["Volumes"] == {"/scratch": {}}
@@ -131,7 +166,8 @@ def test_mounts_as_docker_makes_them(capsys: pytest.CaptureFixture[str], tmp_pat
 
 @pytest.mark.usefixtures("no_daemon")
 def test_a_dry_run_never_prints_a_value_from_a_file_or_the_environment(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secrets = tmp_path / "secrets.env"
     secrets.write_text("WANDB_API_KEY=wandb-secret-1\nHF_TOKEN\n")
     monkeypatch.setenv("HF_TOKEN", "hf-secret-2")
@@ -143,8 +179,13 @@ def test_a_dry_run_never_prints_a_value_from_a_file_or_the_environment(
     assert f"--env-file {secrets} -e AWS_SECRET -e MODE=offline -e NOT_SET_HERE " in line
     env = json.loads(dry_run(capsys, *args, json_out=True))["config"]["Env"]
     assert not [e for e in env if "secret-" in e]
-    assert env[:5] == [f"WANDB_API_KEY=<redacted from {secrets}>", f"HF_TOKEN=<redacted from {secrets}>",
-                       "AWS_SECRET=<redacted from the environment>", "MODE=offline", "NOT_SET_HERE"]
+    assert env[:5] == [
+        f"WANDB_API_KEY=<redacted from {secrets}>",
+        f"HF_TOKEN=<redacted from {secrets}>",
+        "AWS_SECRET=<redacted from the environment>",
+        "MODE=offline",
+        "NOT_SET_HERE",
+    ]
 
 
 def test_it_needs_a_terminal_only_in_the_foreground(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:

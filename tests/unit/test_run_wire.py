@@ -22,9 +22,20 @@ def test_the_request_arrives_as_the_caller_read_it(tmp_path: Path, monkeypatch: 
     env_file = tmp_path / "env"
     env_file.write_text("TOKEN=from-the-file\n")
     monkeypatch.chdir(tmp_path)
-    req = RunRequest("gpupin:test", ["python3", "train.py"], gpus=["1"], env=["A=1"], env_files=[str(env_file)],
-                     volumes=["./data:/data"], publish=["127.0.0.1:8080:80"], ulimits=["nofile=10:20"],
-                     labels=["team=x"], name="job", rm=True, environ={})
+    req = RunRequest(
+        "gpupin:test",
+        ["python3", "train.py"],
+        gpus=["1"],
+        env=["A=1"],
+        env_files=[str(env_file)],
+        volumes=["./data:/data"],
+        publish=["127.0.0.1:8080:80"],
+        ulimits=["nofile=10:20"],
+        labels=["team=x"],
+        name="job",
+        rm=True,
+        environ={},
+    )
     sent = json.loads(json.dumps(wire.dump(req)))  # through JSON, as the socket carries it
     env_file.unlink()  # the agent reads no file of the caller's ...
     monkeypatch.chdir("/")  # ... and its folder is not the caller's
@@ -32,12 +43,24 @@ def test_the_request_arrives_as_the_caller_read_it(tmp_path: Path, monkeypatch: 
     assert got.payload == req.payload and got.user_env == req.user_env
     assert got.payload["host"]["port_bindings"] == {"80": [("127.0.0.1", "8080")]}  # a tuple again
     assert got.payload["host"]["binds"] == [f"{tmp_path}/data:/data"]
-    assert (got.image, got.command, got.gpus, got.name, got.rm, got.wait) == ("gpupin:test", ["python3", "train.py"],
-                                                                              ["1"], "job", True, None)
+    assert (got.image, got.command, got.gpus, got.name, got.rm, got.wait) == (
+        "gpupin:test",
+        ["python3", "train.py"],
+        ["1"],
+        "job",
+        True,
+        None,
+    )
 
 
-@pytest.mark.parametrize("bad", [{"wire": 0}, {"wire": wire.VERSION, "options": {"privileged": True}},
-                                 {"wire": wire.VERSION, "options": {}, "payload": {}, "env": [["A"]]}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"wire": 0},
+        {"wire": wire.VERSION, "options": {"privileged": True}},
+        {"wire": wire.VERSION, "options": {}, "payload": {}, "env": [["A"]]},
+    ],
+)
 def test_a_malformed_request_is_a_usage_error(bad: dict[str, object]) -> None:
     with pytest.raises(UsageError):
         wire.load(bad)
@@ -64,11 +87,14 @@ def serve_once(answer: bytes) -> tuple[socket.socket, threading.Thread]:
     return near, t
 
 
-@pytest.mark.parametrize("raw", [
-    b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{\"Id\": \"abc\"}",
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"Id\"\r\n8\r\n: \"abc\"}\r\n0\r\n\r\n",
-    b"HTTP/1.0 200 OK\r\n\r\n{\"Id\": \"abc\"}",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{"Id": "abc"}',
+        b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"Id"\r\n8\r\n: "abc"}\r\n0\r\n\r\n',
+        b'HTTP/1.0 200 OK\r\n\r\n{"Id": "abc"}',
+    ],
+)
 def test_an_answer_by_length_chunked_or_to_the_end(raw: bytes) -> None:
     sock, t = serve_once(raw)
     answer = http1.exchange(sock, "POST", "/containers/create", {"Image": "x"})
@@ -77,8 +103,10 @@ def test_an_answer_by_length_chunked_or_to_the_end(raw: bytes) -> None:
 
 
 def test_frames_of_a_multiplexed_stream() -> None:
-    frames = b"".join(bytes([kind, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
-                      for kind, data in ((1, b"out\n"), (2, b"err\n"), (1, b""), (1, b"more")))
+    frames = b"".join(
+        bytes([kind, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+        for kind, data in ((1, b"out\n"), (2, b"err\n"), (1, b""), (1, b"more"))
+    )
     sock, t = serve_once(b"HTTP/1.1 101 UPGRADED\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n" + frames)
     stream = Stream(http1.exchange(sock, "POST", "/containers/x/attach", headers={"Upgrade": "tcp"}), tty=False)
     assert list(stream.frames()) == [(STDOUT, b"out\n"), (STDERR, b"err\n"), (STDOUT, b"more")]

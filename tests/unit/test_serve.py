@@ -29,12 +29,20 @@ NO_DOCKER = "unix:///nonexistent/docker.sock"
 
 
 def listing(util: int | None, holders: list[str], docker: bool = True) -> dict[str, Any]:
-    return {"docker": {"available": docker}, "gpus": [{"uuid": "GPU-a", "utilization_gpu": util, "error": None,
-                                                       "holders": [{"id": h, "holds": True} for h in holders]}]}
+    return {
+        "docker": {"available": docker},
+        "gpus": [
+            {
+                "uuid": "GPU-a",
+                "utilization_gpu": util,
+                "error": None,
+                "holders": [{"id": h, "holds": True} for h in holders],
+            }
+        ],
+    }
 
 
-def idle_of(t: IdleTracker, util: int | None, holders: list[str], now: float, docker: bool = True
-            ) -> tuple[Any, Any]:
+def idle_of(t: IdleTracker, util: int | None, holders: list[str], now: float, docker: bool = True) -> tuple[Any, Any]:
     data = listing(util, holders, docker)
     t.annotate(data, now)
     card = data["gpus"][0]
@@ -68,16 +76,24 @@ def test_http_address_is_loopback_unless_public() -> None:
     assert http_address("0.0.0.0:9417", True) == ("0.0.0.0", 9417)
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--http", "0.0.0.0:9417"], "--http 0.0.0.0:9417 listens beyond this host"),
-    (["--http", "9417"], "expected HOST:PORT"),
-    (["--http", "example.org:80", "--http-public"], "is not an IP address"),
-    (["--group", "no-such-group-here"], "--group no-such-group-here: no such group"),
-    (["--idle-after", "soon"], "invalid duration 'soon'"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--http", "0.0.0.0:9417"], "--http 0.0.0.0:9417 listens beyond this host"),
+        (["--http", "9417"], "expected HOST:PORT"),
+        (["--http", "example.org:80", "--http-public"], "is not an IP address"),
+        (["--group", "no-such-group-here"], "--group no-such-group-here: no such group"),
+        (["--idle-after", "soon"], "invalid duration 'soon'"),
+    ],
+)
 def test_bad_options_are_one_line_and_64(tmp_path: Path, args: list[str], says: str) -> None:
-    r = subprocess.run([HOSTAGENT, "serve", "--socket", str(tmp_path / "s.sock"), *args],
-                       env=simhost_env(DOCKER_HOST=NO_DOCKER), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [HOSTAGENT, "serve", "--socket", str(tmp_path / "s.sock"), *args],
+        env=simhost_env(DOCKER_HOST=NO_DOCKER),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 64 and r.stderr.count("\n") == 1 and says in r.stderr and "HINT:" in r.stderr, r.stderr
     assert not (tmp_path / "s.sock").exists()
 
@@ -88,8 +104,13 @@ def test_socket_is_0660_one_agent_per_socket_and_sigterm_with_a_stream_open() ->
         st = os.stat(first.socket)
         assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
         assert (st.st_uid, st.st_gid) == (0, grp.getgrnam("nogroup").gr_gid)
-        second = subprocess.run([HOSTAGENT, "serve", "--socket", first.socket, "--http", "none"],
-                                env=simhost_env(DOCKER_HOST=NO_DOCKER), capture_output=True, text=True, timeout=30)
+        second = subprocess.run(
+            [HOSTAGENT, "serve", "--socket", first.socket, "--http", "none"],
+            env=simhost_env(DOCKER_HOST=NO_DOCKER),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert second.returncode == 75 and f"an agent already listens on {first.socket}" in second.stderr
         # A dashboard's open event stream does not hold the stop.
         stream = socket.create_connection(("127.0.0.1", first.port), timeout=10)
@@ -125,12 +146,24 @@ def test_nvml_failure_is_unknown_then_recovered(tmp_path: Path) -> None:
 
 
 def test_merged_table_has_the_host_in_each_row() -> None:
-    card = {"index": 0, "name": "A800", "utilization_gpu": 0, "memory_used_mib": 1, "memory_total_mib": 80,
-            "held": True, "shared": False, "error": None, "idle": True, "idle_seconds": 95,
-            "holders": [{"name": "job", "holds": True}]}
-    a = {"hostname": "gpu-a", "docker": {"available": True}, "gpus": [card, {**card, "index": 1, "held": False,
-                                                                             "idle": False, "idle_seconds": None,
-                                                                             "holders": []}]}
+    card = {
+        "index": 0,
+        "name": "A800",
+        "utilization_gpu": 0,
+        "memory_used_mib": 1,
+        "memory_total_mib": 80,
+        "held": True,
+        "shared": False,
+        "error": None,
+        "idle": True,
+        "idle_seconds": 95,
+        "holders": [{"name": "job", "holds": True}],
+    }
+    a = {
+        "hostname": "gpu-a",
+        "docker": {"available": True},
+        "gpus": [card, {**card, "index": 1, "held": False, "idle": False, "idle_seconds": None, "holders": []}],
+    }
     text = hosts.merged([("http://a:9417", a, None), ("http://b:9417", None, "no agent answers")])
     assert text.splitlines() == [
         "HOST           GPU  NAME  UTIL      MEMORY  STATE  IDLE        HELD BY",
@@ -170,8 +203,7 @@ def metric(agent: Resident, name: str) -> list[tuple[dict[str, str], float]]:
     return [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
 
-def test_post_acts_only_on_the_unix_socket_and_refusals_keep_their_exit_code(monkeypatch: pytest.MonkeyPatch
-                                                                              ) -> None:
+def test_post_acts_only_on_the_unix_socket_and_refusals_keep_their_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpupin.hostagent import agentlink
 
     agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER))

@@ -27,8 +27,14 @@ from tests.support.wait import wait_for
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"
 A800, RTX, A800B, A800C = uuids("mixed-4")
-READINGS = ("gpupin_gpu_utilization_percent", "gpupin_gpu_memory_used_bytes", "gpupin_gpu_memory_total_bytes",
-            "gpupin_gpu_power_watts", "gpupin_gpu_temperature_celsius", "gpupin_gpu_processes")
+READINGS = (
+    "gpupin_gpu_utilization_percent",
+    "gpupin_gpu_memory_used_bytes",
+    "gpupin_gpu_memory_total_bytes",
+    "gpupin_gpu_power_watts",
+    "gpupin_gpu_temperature_celsius",
+    "gpupin_gpu_processes",
+)
 
 
 class Wedged:
@@ -81,8 +87,12 @@ def series(agent: Resident) -> dict[str, dict[str, float]]:
 def uuid_of(agent: Resident, gpu: str) -> str:
     """The UUID label of card `gpu`'s state series."""
     text = agent.get("/metrics")[1].decode()
-    return next(s.labels["UUID"] for f in text_string_to_metric_families(text) for s in f.samples
-                if s.name == "gpupin_gpu_state" and s.labels["gpu"] == gpu)
+    return next(
+        s.labels["UUID"]
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "gpupin_gpu_state" and s.labels["gpu"] == gpu
+    )
 
 
 def cards_if(agent: Resident, ok: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
@@ -98,12 +108,17 @@ def replace(path: Path, content: object) -> None:
     os.replace(tmp, path)
 
 
-def test_sigterm_while_the_first_read_waits_on_a_wedged_daemon_is_exit_0_within_5_s(wedged: Wedged,
-                                                                                      tmp_path: Path) -> None:
+def test_sigterm_while_the_first_read_waits_on_a_wedged_daemon_is_exit_0_within_5_s(
+    wedged: Wedged, tmp_path: Path
+) -> None:
     sock = tmp_path / "agent.sock"
-    proc = subprocess.Popen([HOSTAGENT, "serve", "--socket", str(sock), "--http", "none"],
-                            env=simhost_env(DOCKER_HOST=wedged.host), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [HOSTAGENT, "serve", "--socket", str(sock), "--http", "none"],
+        env=simhost_env(DOCKER_HOST=wedged.host),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: wedged.accepted, 30, "the agent's first ledger read to reach the daemon")
         assert proc.poll() is None
@@ -119,8 +134,7 @@ def test_sigterm_while_the_first_read_waits_on_a_wedged_daemon_is_exit_0_within_
     assert "stopping before the first view was read" in err and not sock.exists(), err
 
 
-def test_sigterm_with_clients_connected_and_a_read_waiting_on_the_daemon_is_exit_0_within_5_s(wedged: Wedged
-                                                                                               ) -> None:
+def test_sigterm_with_clients_connected_and_a_read_waiting_on_the_daemon_is_exit_0_within_5_s(wedged: Wedged) -> None:
     agent = Resident(simhost_env(DOCKER_HOST=wedged.host), "--interval", "0.2")
     clients: list[socket.socket] = []
     try:
@@ -148,8 +162,7 @@ def test_sigterm_with_clients_connected_and_a_read_waiting_on_the_daemon_is_exit
             s.close()
 
 
-def test_a_wedged_daemon_delays_who_holds_which_card_never_the_cards_readings(wedged: Wedged, tmp_path: Path
-                                                                              ) -> None:
+def test_a_wedged_daemon_delays_who_holds_which_card_never_the_cards_readings(wedged: Wedged, tmp_path: Path) -> None:
     faults = tmp_path / "faults.json"
     agent = Resident(simhost_env(DOCKER_HOST=wedged.host, FAKEGPU_FAULTS=str(faults)), "--interval", "0.2")
     try:
@@ -174,8 +187,18 @@ def test_one_card_lost_while_the_others_answer_is_unhealthy_without_stale_readin
         # The agent read it before: it keeps its identity, so that its holders and series stay its own.
         assert (lost["uuid"], lost["bus_id"], lost["name"]) == (A800C, "00000000:AF:00.0", "NVIDIA A800-SXM4-80GB")
         assert lost["health"]["healthy"] is False and lost["state"] != "free"
-        assert all(lost[k] is None for k in ("utilization_gpu", "memory_used_mib", "temperature_c", "power_draw_w",
-                                             "compute_processes", "idle", "idle_seconds"))
+        assert all(
+            lost[k] is None
+            for k in (
+                "utilization_gpu",
+                "memory_used_mib",
+                "temperature_c",
+                "power_draw_w",
+                "compute_processes",
+                "idle",
+                "idle_seconds",
+            )
+        )
         others = agent.ls()["gpus"][:3]
         assert [g["error"] for g in others] == [None] * 3 and others[2]["utilization_gpu"] == 87
         m = series(agent)
@@ -194,14 +217,20 @@ def test_one_card_lost_while_the_others_answer_is_unhealthy_without_stale_readin
 
 def test_a_reading_that_fails_is_unknown_for_that_card_alone(tmp_path: Path) -> None:
     faults, procs = tmp_path / "faults.json", tmp_path / "procs.json"
-    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER, FAKEGPU_FAULTS=str(faults), FAKEGPU_PROCESSES=str(procs)),
-                     "--interval", "0.2")
+    agent = Resident(
+        simhost_env(DOCKER_HOST=NO_DOCKER, FAKEGPU_FAULTS=str(faults), FAKEGPU_PROCESSES=str(procs)),
+        "--interval",
+        "0.2",
+    )
     try:
         # Card 2's process list fails (its other readings answer); card 3's memory-error counters fail.
         replace(procs, {A800B: "unknown_error"})
         replace(faults, {"cards": {A800C: {"memory_query_error": 999}}})
-        gpus = wait_for(lambda: cards_if(agent, lambda v: v[2]["compute_processes"] is None
-                                         and v[3]["health"]["healthy"] is None), 10, "both readings unknown")
+        gpus = wait_for(
+            lambda: cards_if(agent, lambda v: v[2]["compute_processes"] is None and v[3]["health"]["healthy"] is None),
+            10,
+            "both readings unknown",
+        )
         assert gpus[2]["processes"] == [] and gpus[2]["utilization_gpu"] == 87 and gpus[2]["state"] != "free"
         assert gpus[3]["health"]["reasons"] == ["NVML could not read its memory errors: Unknown Error"]
         m = series(agent)
@@ -210,8 +239,11 @@ def test_a_reading_that_fails_is_unknown_for_that_card_alone(tmp_path: Path) -> 
         assert m["gpupin_gpu_utilization_percent"]["2"] == 87 and m["gpupin_agent_nvml_up"][""] == 1
         os.unlink(procs)
         os.unlink(faults)
-        gpus = wait_for(lambda: cards_if(agent, lambda v: v[2]["compute_processes"] == 1
-                                         and v[3]["health"]["healthy"] is True), 10, "both readings back")
+        gpus = wait_for(
+            lambda: cards_if(agent, lambda v: v[2]["compute_processes"] == 1 and v[3]["health"]["healthy"] is True),
+            10,
+            "both readings back",
+        )
         assert [p["pid"] for p in gpus[2]["processes"]] == [4242]
     finally:
         agent.close()
