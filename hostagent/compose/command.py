@@ -67,7 +67,7 @@ def own_container_ids(summaries: Iterable[Mapping[str, Any]], projects: set[str]
 
 class Daemon:
     """What the daemon says for a render or a check: the ledger (card UUID -> running holders, without this
-    project's own containers, and the processes that no grant explains: gpupin.hostagent.ledger.uses), whether it
+    project's own containers, and the processes that no grant explains: gpupin.hostagent.ledger.processes), whether it
     serves the cards by CDI (gpupin.hostagent.engine.cdi), and why the ledger is unknown (None: it was read)."""
 
     def __init__(self, busy: dict[str, list[Holder]], detection: cdi.Detection, unknown: str | None = None) -> None:
@@ -81,8 +81,8 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
     ledger is unknown (a count is then not placed: unknown is not free), and the nvidia driver pins the cards."""
     from gpupin.hostagent import engine
     from gpupin.hostagent.ledger import holders as ledger
+    from gpupin.hostagent.ledger import processes
     from gpupin.hostagent.ledger import read as ledger_read
-    from gpupin.hostagent.ledger import uses
 
     try:
         api = engine.connect(timeout=10)
@@ -96,11 +96,13 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
             "checked" + ("; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else "")
         )
         return Daemon(
-            uses.blocking(cards, uses.attribute(cards, None, None)), NOT_ASKED, f"the ledger was not read ({why})"
+            processes.blocking(cards, processes.attribute(cards, None, None)),
+            NOT_ASKED,
+            f"the ledger was not read ({why})",
         )
     detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
     busy = ledger.held(h for h in book.holders if h.id not in own)
-    for key, hs in uses.blocking(cards, uses.attribute(cards, book.holders, book.names)).items():
+    for key, hs in processes.blocking(cards, processes.attribute(cards, book.holders, book.names)).items():
         busy.setdefault(key, []).extend(hs)
     return Daemon(busy, detection)
 

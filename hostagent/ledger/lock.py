@@ -16,7 +16,7 @@ lock alone still excludes. GPUPIN_LOCAL_LOCK=0 skips it on purpose (tests that p
 excludes, as clients on other machines share no local lock).
 
 The critical section is the look and the create; the lock is let go once the container exists (`commit`), before
-it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holding), so the
+it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holders.holding), so the
 start, the slowest step (the NVIDIA hook runs there), is outside. The holder checks its own time against its
 lease before and after the create; if it ran over, it removes what it made and looks again.
 """

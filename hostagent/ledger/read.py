@@ -1,5 +1,5 @@
 """The ledger as the daemon has it: one list of the containers, an inspect for each that may hold a card, and the
-image of each container that carries a gpupin label (its own or inherited: gpupin.hostagent.ledger.labels)."""
+image of each container that carries a gpupin label (its own or inherited: gpupin.hostagent.ledger.holders.own)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from gpupin.hostagent.engine.failures import EngineNotFound
 from gpupin.hostagent.engine.info import info, runtimes
 from gpupin.hostagent.engine.reader import fetch
 from gpupin.hostagent.ledger import holders as ledger
-from gpupin.hostagent.ledger import labels as own_labels
-from gpupin.hostagent.ledger import lease, renewal
-from gpupin.hostagent.ledger.grant import Host
-from gpupin.hostagent.ledger.holding import worth_inspecting
+from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.ledger.forms import Host
+from gpupin.hostagent.ledger.holders import worth_inspecting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,8 +65,8 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
     for s in summaries:
         state = str(s.get("State") or "")
         labels = s.get("Labels") or {}
-        if own_labels.gpupin_labels(labels) and LOCK_LABEL not in labels:  # the lock is made by hostagent alone
-            labels = own_labels.own(labels, _image_labels(api, str(s.get("ImageID") or ""), images))
+        if ledger.gpupin_labels(labels) and LOCK_LABEL not in labels:  # the lock is made by hostagent alone
+            labels = ledger.own(labels, _image_labels(api, str(s.get("ImageID") or ""), images))
         lease_state = None
         if state == "created" and lease.OWNER_LABEL in labels:
             cid = str(s["Id"])
@@ -75,7 +74,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
                 labels,
                 float(s.get("Created") or 0),
                 now,
-                lambda cid=cid: renewal.renewed_at(api, cid),  # type: ignore[misc]
+                lambda cid=cid: lease.renewed_at(api, cid),  # type: ignore[misc]
             )
             if lease_state != lease.LIVE:
                 orphans.append(s)

@@ -2,7 +2,7 @@
 
 The cards come from NVML; the holders from Docker, through the ledger (what the engine gives each container;
 a ledger label that disagrees is shown as a MISMATCH under both cards); the cards' processes from NVML, each
-attributed to its container or the host (gpupin.hostagent.ledger.uses): one that no grant explains makes the card
+attributed to its container or the host (gpupin.hostagent.ledger.processes): one that no grant explains makes the card
 busy, and one of a container that was not given the card is an ESCAPE. Each card's `state`: free, held, shared,
 busy or unknown. Unknown is not free: when Docker cannot be reached, or NVML will not list a card's processes,
 `held` is null (unless a process shows it in use) and `unknown` says why; the cards are still listed, and stderr
@@ -22,8 +22,8 @@ import sys
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.hostagent import engine, say
+from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
-from gpupin.hostagent.ledger import uses as ledger_uses
 from gpupin.hostagent.ledger.holders import Holder
 
 TYPE_CHECKING = False
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card, MigDevice
-    from gpupin.hostagent.ledger.uses import Use
+    from gpupin.hostagent.ledger.processes import Use
 
 MIB = 1024 * 1024
 
@@ -83,9 +83,9 @@ def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any
 
 def assemble(cards: Sequence[Card], docker: dict[str, Any], book: ledger_read.Book | None) -> dict[str, Any]:
     """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
-    attributed to their containers or the host (gpupin.hostagent.ledger.uses)."""
+    attributed to their containers or the host (gpupin.hostagent.ledger.processes)."""
     holders = book.holders if book is not None else []
-    used = ledger_uses.attribute(
+    used = ledger_processes.attribute(
         cards, book.holders if book is not None else None, book.names if book is not None else None
     )
     unread = None if book is not None else f"Docker unavailable: {docker['error']}"

@@ -22,7 +22,8 @@ from gpupin.hostagent import engine, gpus, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import holders as ledger
-from gpupin.hostagent.ledger import lease, lock, renewal, uses
+from gpupin.hostagent.ledger import lease, lock
+from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.run import image, start
 from gpupin.hostagent.run.request import ContainerSpec, RunRequest, bad_option
@@ -65,7 +66,7 @@ def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) ->
         holders = list({id(h): h for k in _keys(p) for h in busy.get(k, [])}.values())
         containers = list(dict.fromkeys(h.describe() for h in holders if not h.process))
         # A process of the container that holds the card is that container's: said once, as its holder.
-        others = [h for h in holders if h.process and not (isinstance(h, uses.Use) and h.foreign is False)]
+        others = [h for h in holders if h.process and not (isinstance(h, ledger_processes.Use) and h.foreign is False)]
         processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
         parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
             [f"in use by {', '.join(processes)}"] if processes else []
@@ -85,7 +86,7 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
             "held"
             if any(not h.process for h in hs)
             else "in use by other processes"
-            if any(isinstance(h, uses.Use) for h in hs)
+            if any(isinstance(h, ledger_processes.Use) for h in hs)
             else "who uses it is unknown"
             if hs
             else "over --max-load/--max-memory"
@@ -98,14 +99,16 @@ def _busy(
     cards: Sequence[Card], picks: Sequence[Target] | None, book: ledger_read.Book | None
 ) -> dict[str, list[ledger.Holder]]:
     """Card UUID -> what holds it now: the ledger's containers (None: the ledger was not read, so only the
-    processes are known), and the processes on the cards this request may get (gpupin.hostagent.ledger.uses),
+    processes are known), and the processes on the cards this request may get (gpupin.hostagent.ledger.processes),
     read from NVML at this look."""
     mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
     nvml.read_processes(mine)
     busy = ledger.held(book.holders) if book is not None else {}
     holders, names = (book.holders, book.names) if book is not None else (None, None)
     # Every process counts (no /proc read here): who runs it matters only to what a refusal says.
-    for key, hs in uses.blocking(mine, uses.attribute(mine, holders, names), attributed=False).items():
+    for key, hs in ledger_processes.blocking(
+        mine, ledger_processes.attribute(mine, holders, names), attributed=False
+    ).items():
         busy.setdefault(key, []).extend(hs)
     mark("attributed")
     return busy
@@ -233,7 +236,7 @@ def _remove_orphans(api: Any, book: ledger_read.Book, tell: Callable[[str], None
                 f"{engine.failure(err, 'remove').message}"
             )
             continue
-        renewal.forget(api, str(s["Id"]))
+        lease.forget(api, str(s["Id"]))
         tell(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
 
 

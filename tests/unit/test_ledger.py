@@ -18,10 +18,8 @@ from gpupin.hostagent import engine
 from gpupin.hostagent.engine import address
 from gpupin.hostagent.ledger import forms as ledger
 from gpupin.hostagent.ledger import lease, lock
-from gpupin.hostagent.ledger.forms import FORMS
-from gpupin.hostagent.ledger.grant import Host
-from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder
-from gpupin.hostagent.ledger.holding import holding
+from gpupin.hostagent.ledger.forms import FORMS, Host
+from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder, holding
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 
