@@ -25,8 +25,7 @@ from gpupin.core.contract import (
     VERIFY_VAR,
     WATCH_VAR,
 )
-from gpupin.core.errors import GpupinError, StoppedError, UsageError
-from gpupin.core.shown import shorten, shown
+from gpupin.core.errors import GpupinError, StoppedError, UsageError, shorten, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -36,10 +36,9 @@ from gpupin.core.contract import (
     VOID,
     nvd_keyword,
 )
-from gpupin.core.errors import CardUnhealthyError, GpupinError
+from gpupin.core.errors import CardUnhealthyError, GpupinError, shorten, shown
 from gpupin.core.expectation import Expectation, ExpectedCard, parse_expect
 from gpupin.core.identity import WHOLE, index_key, is_full_uuid, is_uuid_like
-from gpupin.core.shown import shorten, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

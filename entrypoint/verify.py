@@ -11,9 +11,8 @@ import subprocess
 import sys
 
 from gpupin.core.contract import EXPECT_VAR, LEVELS, LEVELS_SAID, PROBE_TIMEOUT_VAR, seconds
-from gpupin.core.errors import GpuUnavailableError, MisalignedError, UsageError
+from gpupin.core.errors import GpuUnavailableError, MisalignedError, UsageError, shorten
 from gpupin.core.expectation import ExpectedCard, format_expect
-from gpupin.core.shown import shorten
 from gpupin.entrypoint import align, sources
 
 TYPE_CHECKING = False

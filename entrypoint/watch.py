@@ -17,8 +17,7 @@ import sys
 
 from gpupin.core import health, nvml, readings
 from gpupin.core.contract import WATCH_GRACE_VAR, WATCH_VAR, seconds
-from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError
-from gpupin.core.shown import shorten
+from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError, shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

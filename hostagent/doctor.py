@@ -25,8 +25,7 @@ import stat
 import sys
 
 from gpupin.core import nvml, readings
-from gpupin.core.errors import GpupinError, UsageError
-from gpupin.core.shown import quoted
+from gpupin.core.errors import GpupinError, UsageError, quoted
 from gpupin.hostagent.completion import DIRS, offer
 from gpupin.hostagent.findings import ERROR, WARNING, Finding
 

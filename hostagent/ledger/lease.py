@@ -29,7 +29,7 @@ import json
 import os
 import threading
 
-from gpupin.hostagent import background, engine
+from gpupin.hostagent import engine, start_thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ class Renewal:
                 continue
 
     def __enter__(self) -> Renewal:
-        self._thread = background.start(self._run, "hostagent-lease")
+        self._thread = start_thread(self._run, "hostagent-lease")
         return self
 
     def __exit__(self, *exc: object) -> None:

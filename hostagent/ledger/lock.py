@@ -35,7 +35,7 @@ import time
 
 from gpupin.core.contract import LOCK_LABEL as LOCK_LABEL
 from gpupin.core.errors import CardHeldError, DockerRefusedError
-from gpupin.hostagent import background, engine
+from gpupin.hostagent import engine, start_thread
 from gpupin.hostagent.ledger import lease
 
 TYPE_CHECKING = False
@@ -310,7 +310,7 @@ class LedgerLock:
         # Not a daemon thread: the interpreter waits for it at exit, so a detached run leaves no lock behind. Its
         # own client: the main thread goes on with attach and start on this one.
         api = engine.connect(version=self.daemon.api.api_version)
-        self._released = background.start(self._release, "hostagent-unlock", (api,), daemon=False)
+        self._released = start_thread(self._release, "hostagent-unlock", (api,), daemon=False)
 
     def _release(self, api: Any = None) -> None:
         try:

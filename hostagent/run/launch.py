@@ -18,7 +18,7 @@ import signal
 
 from gpupin.core import nvml, readings
 from gpupin.core.errors import CardHeldError, DockerUnavailableError, GpupinError
-from gpupin.hostagent import engine, gpus, say
+from gpupin.hostagent import engine, gpus, mark, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import holders as ledger
@@ -29,7 +29,6 @@ from gpupin.hostagent.run import image, start
 from gpupin.hostagent.run.request import ContainerSpec, RunRequest, bad_option
 from gpupin.hostagent.run.start import refused
 from gpupin.hostagent.run.waiting import Patience
-from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -13,11 +13,10 @@ import contextlib
 import signal
 import sys
 
-from gpupin.hostagent import engine, say
+from gpupin.hostagent import engine, mark, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run.attach import Attachment
-from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -22,12 +22,11 @@ import signal
 import socket
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
-from gpupin.hostagent import agentlink, engine, http1, say
+from gpupin.hostagent import agentlink, engine, http1, mark, say
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import start, wire
 from gpupin.hostagent.run.waiting import Patience
-from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -32,8 +32,7 @@ import threading
 import time
 import weakref
 
-from gpupin.core.errors import AgentUnavailableError, UsageError
-from gpupin.core.shown import shorten
+from gpupin.core.errors import AgentUnavailableError, UsageError, shorten
 from gpupin.hostagent.serve import fair
 from gpupin.hostagent.serve.agent import say
 

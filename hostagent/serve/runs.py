@@ -24,10 +24,9 @@ import threading
 import time
 
 from gpupin.core.errors import UsageError
-from gpupin.hostagent import engine
+from gpupin.hostagent import engine, mark
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, wire
-from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
