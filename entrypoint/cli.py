@@ -17,7 +17,7 @@ import sys
 from gpupin.core.contract import (
     DEFAULT_LEVEL,
     LEVELS,
-    LEVELS_SAID,
+    LEVELS_TEXT,
     OFF,
     ON,
     QUIET_VAR,
@@ -160,9 +160,9 @@ def parse_args(
             if not eq:
                 i += 1
                 if i >= len(argv):
-                    raise UsageError("--verify needs a level", f"use --verify {LEVELS_SAID}")
+                    raise UsageError("--verify needs a level", f"use --verify {LEVELS_TEXT}")
                 value = argv[i]
-            opts.level = _level(value, "--verify", f"use --verify {LEVELS_SAID}")
+            opts.level = _level(value, "--verify", f"use --verify {LEVELS_TEXT}")
         elif name == "--watch":
             if not eq:
                 i += 1

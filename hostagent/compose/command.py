@@ -102,7 +102,7 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
     try:
         api = engine.connect(timeout=10)
         daemon_info = engine.info(api) if cdi_too and engine.may_serve_cdi(api) else None
-        book = ledger_read.read_ledger(api, cards, daemon_info)
+        reading = ledger_read.read_ledger(api, cards, daemon_info)
         own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects, service_names)
     except Exception as err:
         why = f"Docker at {engine.docker_host()}: {getattr(err, 'message', err)}"
@@ -116,8 +116,8 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
             f"the ledger was not read ({why})",
         )
     detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
-    busy = ledger.held(h for h in book.holders if h.id not in own)
-    for key, hs in processes.blocking(cards, processes.attribute(cards, book.holders, book.names)).items():
+    busy = ledger.held(h for h in reading.holders if h.id not in own)
+    for key, hs in processes.blocking(cards, processes.attribute(cards, reading.holders, reading.names)).items():
         busy.setdefault(key, []).extend(hs)
     return Daemon(busy, detection)
 

@@ -1,8 +1,8 @@
 """The one table of the ways a container can hold a card (FORMS), each row read from the container's `docker
 inspect` data by a reader of its family, and what the rows read with.
 
-What each row reads with: the host it reads for (Host: its cards, its runtimes, whether the daemon's paths are
-this machine's), the Grant it returns, and the few readers of `docker inspect` data that several rows share.
+What each row reads with: the host it reads for (HostCards: its cards, its runtimes, whether the daemon's paths are
+this machine's), the CardGrant it returns, and the few readers of `docker inspect` data that several rows share.
 
 The families of rows:
 - cards an engine hands out on request: the nvidia driver's device requests (`--gpus`), CDI device requests
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 NVIDIA_CAPABILITIES = frozenset({"gpu", "nvidia", "compute", "compat32", "graphics", "utility", "video", "display"})
 
 
-class Host:
+class HostCards:
     """What the readers need to know of this host: its cards (NVML), which runtimes are NVIDIA's, and whether the
     daemon is on this host (`local`: its device paths can be looked at here, through symlinks and device numbers)."""
 
@@ -82,7 +82,7 @@ class Host:
         return uuids, unknown
 
 
-class Grant:
+class CardGrant:
     """Cards given to a container one way: the form (a FORMS row), how it was asked, and the UUIDs it names
     (card or MIG device UUIDs); `unknown` keeps ids this host's cards do not answer to."""
 
@@ -98,7 +98,7 @@ class Grant:
         return {"form": self.form, "how": self.how, "uuids": list(self.uuids), "unknown": list(self.unknown)}
 
 
-def ids(specs: Iterable[str], host: Host) -> tuple[list[str], list[str]]:
+def ids(specs: Iterable[str], host: HostCards) -> tuple[list[str], list[str]]:
     """Device ids as the toolkit reads them (UUID, index, MIG UUID, `i:j`, bus id, `all`, and nvidia.com/gpu CDI
     names, which its CDI modes read) -> (UUIDs, unknown). A CDI name of another kind names no card."""
     uuids: list[str] = []
@@ -179,7 +179,7 @@ def runtime(c: Mapping[str, Any]) -> str:
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
-def device_requests(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def device_requests(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """`--gpus` / DeviceRequests for the nvidia driver: ids, a count (the daemon hands out indices 0..N-1,
     daemon/nvidia_linux.go), or all (count -1)."""
     grants = []
@@ -196,18 +196,18 @@ def device_requests(c: Mapping[str, Any], host: Host) -> list[Grant]:
             how = f"--gpus {count}"
         else:
             continue
-        grants.append(Grant("device-request", how, uuids, unknown))
+        grants.append(CardGrant("device-request", how, uuids, unknown))
     return grants
 
 
-def cdi_devices(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def cdi_devices(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """CDI device requests of NVIDIA's kind (`docker run --device nvidia.com/gpu=...`, compose `driver: cdi`):
     each name as NVIDIA's spec names a card (index, UUID, MIG UUID, `i:j`, `gpuN`/`migI:J`, `all`), read as the
     identity core reads specs. Other kinds name no GPU."""
     grants = []
     for devices in cdi_gpus(c):
         uuids, unknown = ids([cdi.as_spec(d) for d in devices], host)
-        grants.append(Grant("cdi", " ".join(f"--device {cdi.name(d)}" for d in devices), uuids, unknown))
+        grants.append(CardGrant("cdi", " ".join(f"--device {cdi.name(d)}" for d in devices), uuids, unknown))
     return grants
 
 
@@ -217,7 +217,7 @@ def oci_annotations(c: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
-def cdi_annotations(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def cdi_annotations(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """`cdi.k8s.io/<key>=nvidia.com/gpu=NAME[,...]`: the CDI devices an annotation asks for, which the toolkit's
     runtime (in its CDI and auto modes) injects from the OCI spec; names of other kinds name no GPU."""
     grants = []
@@ -227,11 +227,11 @@ def cdi_annotations(c: Mapping[str, Any], host: Host) -> list[Grant]:
         names = [n.strip() for n in value.split(",") if cdi.gpu_device(n.strip()) is not None]
         if names:
             uuids, unknown = ids(names, host)
-            grants.append(Grant("cdi-annotation", f"--annotation {key}={value}", uuids, unknown))
+            grants.append(CardGrant("cdi-annotation", f"--annotation {key}={value}", uuids, unknown))
     return grants
 
 
-def runtime_env(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def runtime_env(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """The nvidia runtime reading NVIDIA_VISIBLE_DEVICES (the image's own value counts: CUDA images set `all`):
     ids, or nvidia.com/gpu CDI names (`nvidia.com/gpu=1`, which its CDI modes read). A device request's value comes
     last in the process environment and wins, and an nvidia.com/gpu CDI spec sets it to `void`, so then this form
@@ -243,10 +243,10 @@ def runtime_env(c: Mapping[str, Any], host: Host) -> list[Grant]:
     if value is None or nvd_keyword(value) in ("", VOID, NONE):
         return []
     uuids, unknown = ids(value.split(","), host)
-    return [Grant("nvidia-runtime", f"--runtime {name} {NVD_VAR}={value}", uuids, unknown)]
+    return [CardGrant("nvidia-runtime", f"--runtime {name} {NVD_VAR}={value}", uuids, unknown)]
 
 
-def swarm_resources(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def swarm_resources(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """DOCKER_RESOURCE_<KIND>=<UUID>[,...] in any container, under any runtime, beside any device request: the
     toolkit reads the variable its swarm-resource setting names before NVIDIA_VISIBLE_DEVICES, whether Swarm or a
     user set it, and the ledger does not read the node's toolkit config (nor which runtime the node's default
@@ -259,11 +259,11 @@ def swarm_resources(c: Mapping[str, Any], host: Host) -> list[Grant]:
         values = [v.strip() for v in value.split(",")]
         if values and all(is_uuid_like(v) or cdi.gpu_device(v) is not None for v in values):
             uuids, unknown = ids(values, host)
-            grants.append(Grant("swarm-resource", f"{key}={value}", uuids, unknown))
+            grants.append(CardGrant("swarm-resource", f"{key}={value}", uuids, unknown))
     return grants
 
 
-def _minors(path: str, host: Host, deep: bool) -> tuple[list[int] | None, bool]:
+def _minors(path: str, host: HostCards, deep: bool) -> tuple[list[int] | None, bool]:
     """The card minors a host path reaches (None: every card) and whether it reaches any GPU node at all."""
     if host.local:
         try:
@@ -277,7 +277,7 @@ def _minors(path: str, host: Host, deep: bool) -> tuple[list[int] | None, bool]:
     return minors, nodes.named(path) or bool(minors)
 
 
-def device_files(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def device_files(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """`--device PATH`: a GPU node, or a folder whose every GPU node docker hands over (/dev/nvidiaN is the card
     of minor N; nvidiactl, nvidia-uvm and the caps name no card)."""
     grants = []
@@ -291,7 +291,7 @@ def device_files(c: Mapping[str, Any], host: Host) -> list[Grant]:
         uuids, unknown = host.by_minors(minors, path)
         if not (uuids or unknown):
             continue  # nvidiactl, nvidia-uvm, the caps: needed beside a card, name none
-        grants.append(Grant("device-file", f"--device {path}", uuids, unknown))
+        grants.append(CardGrant("device-file", f"--device {path}", uuids, unknown))
     return grants
 
 
@@ -346,7 +346,7 @@ def _can_mknod(c: Mapping[str, Any]) -> bool:
     return not ({"MKNOD", "ALL"} & names("CapDrop")) or bool({"MKNOD", "ALL"} & names("CapAdd"))
 
 
-def device_cgroup(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def device_cgroup(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """A device-cgroup rule granting major 195 (`--device-cgroup-rule 'c 195:* rwm'`) with `m`, in a container
     that keeps CAP_MKNOD: it can make /dev/nvidiaN itself and open it, mount or none."""
     if not _can_mknod(c):
@@ -355,7 +355,7 @@ def device_cgroup(c: Mapping[str, Any], host: Host) -> list[Grant]:
     for rule in _rules(c):
         if rule.make and rule.open:
             uuids, unknown = host.by_minors(rule.minors, "195")
-            grants.append(Grant("device-cgroup", f"--device-cgroup-rule '{rule.text}'", uuids, unknown))
+            grants.append(CardGrant("device-cgroup", f"--device-cgroup-rule '{rule.text}'", uuids, unknown))
     return grants
 
 
@@ -368,7 +368,7 @@ def _binds(c: Mapping[str, Any]) -> Sequence[tuple[str, str]]:
     ]
 
 
-def bind_mounts(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def bind_mounts(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """A bind mount of GPU nodes (`-v /dev:/dev`, a folder holding `c 195:1`) that a device-cgroup rule lets the
     container open: the cards of the nodes it brings in, within what the rule allows."""
     rules = [r for r in _rules(c) if r.open]
@@ -384,12 +384,12 @@ def bind_mounts(c: Mapping[str, Any], host: Host) -> list[Grant]:
             if allowed is None or allowed:  # a node that names no card grants none
                 uuids, unknown = host.by_minors(allowed, source)
                 grants.append(
-                    Grant("bind-mount", f"-v {source}:{target} --device-cgroup-rule '{rule.text}'", uuids, unknown)
+                    CardGrant("bind-mount", f"-v {source}:{target} --device-cgroup-rule '{rule.text}'", uuids, unknown)
                 )
     return grants
 
 
-def privileged(c: Mapping[str, Any], host: Host) -> list[Grant]:
+def privileged(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """`--privileged` with the NVIDIA driver put in by the toolkit (the nvidia runtime, a --gpus request, or an
     nvidia.com/gpu CDI device): a privileged container gets every /dev/nvidiaN of the host, so every card, whatever
     NVIDIA_VISIBLE_DEVICES or the request says."""
@@ -397,40 +397,40 @@ def privileged(c: Mapping[str, Any], host: Host) -> list[Grant]:
         return []
     name = runtime(c)
     if host.is_nvidia_runtime(name):
-        return [Grant("privileged", f"--privileged --runtime {name}", host.every_card())]
+        return [CardGrant("privileged", f"--privileged --runtime {name}", host.every_card())]
     if nvidia_requests(c):
-        return [Grant("privileged", "--privileged --gpus", host.every_card())]
+        return [CardGrant("privileged", "--privileged --gpus", host.every_card())]
     if cdi_gpus(c):
-        return [Grant("privileged", f"--privileged --device {cdi.KIND}", host.every_card())]
+        return [CardGrant("privileged", f"--privileged --device {cdi.KIND}", host.every_card())]
     return []
 
 
-class Form:
+class HoldingForm:
     """One row of the table: a name, the way in a word (what `ls` says of a pinned holder), and how the cards
     given that way are read from `docker inspect` data."""
 
     __slots__ = ("name", "read", "way")
 
-    def __init__(self, name: str, way: str, read: Callable[[Mapping[str, Any], Host], list[Grant]]) -> None:
+    def __init__(self, name: str, way: str, read: Callable[[Mapping[str, Any], HostCards], list[CardGrant]]) -> None:
         self.name = name
         self.way = way
         self.read = read
 
 
-FORMS: tuple[Form, ...] = (
-    Form("device-request", "--gpus", device_requests),
-    Form("cdi", "CDI", cdi_devices),
-    Form("cdi-annotation", "a CDI annotation", cdi_annotations),
-    Form("nvidia-runtime", "--runtime nvidia", runtime_env),
-    Form("swarm-resource", "DOCKER_RESOURCE_*", swarm_resources),
-    Form("device-file", "device file", device_files),
-    Form("bind-mount", "a bind mount of device files", bind_mounts),
-    Form("device-cgroup", "--device-cgroup-rule", device_cgroup),
-    Form("privileged", "--privileged", privileged),
+FORMS: tuple[HoldingForm, ...] = (
+    HoldingForm("device-request", "--gpus", device_requests),
+    HoldingForm("cdi", "CDI", cdi_devices),
+    HoldingForm("cdi-annotation", "a CDI annotation", cdi_annotations),
+    HoldingForm("nvidia-runtime", "--runtime nvidia", runtime_env),
+    HoldingForm("swarm-resource", "DOCKER_RESOURCE_*", swarm_resources),
+    HoldingForm("device-file", "device file", device_files),
+    HoldingForm("bind-mount", "a bind mount of device files", bind_mounts),
+    HoldingForm("device-cgroup", "--device-cgroup-rule", device_cgroup),
+    HoldingForm("privileged", "--privileged", privileged),
 )
 WAY = {f.name: f.way for f in FORMS}
 
 
-def grants(inspect: Mapping[str, Any], host: Host) -> list[Grant]:
+def grants(inspect: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """Every way the engine gives this container cards, in FORMS order."""
     return [g for form in FORMS for g in form.read(inspect, host)]

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
-    from gpupin.hostagent.ledger.forms import Grant, Host
+    from gpupin.hostagent.ledger.forms import CardGrant, HostCards
 
 
 LIVE_STATES = frozenset({"running", "paused", "restarting"})
@@ -150,7 +150,7 @@ class Holder:
         *,
         why: str | None = FROM_STATE,
         label: Sequence[str] | None = None,
-        grants: Sequence[Grant] = (),
+        grants: Sequence[CardGrant] = (),
         inspected: bool = False,
         image: str | None = None,
         verified: bool | None = None,
@@ -232,7 +232,7 @@ def _label_uuids(value: str, cards: Sequence[Card]) -> list[str]:
 
 
 def holder(
-    inspect: Mapping[str, Any], host: Host, lease_state: str | None = None, labels: Mapping[str, str] | None = None
+    inspect: Mapping[str, Any], host: HostCards, lease_state: str | None = None, labels: Mapping[str, str] | None = None
 ) -> Holder | None:
     """A container read in full (`docker inspect`): what the engine gives it; None when it has no card and no
     ledger label. `labels`: its own gpupin labels (gpupin.hostagent.ledger.holders.own), else all of its labels."""
@@ -287,7 +287,7 @@ def label_holder(
     )
 
 
-def starting_holder(summary: Mapping[str, Any], host: Host, labels: Mapping[str, str]) -> Holder:
+def starting_holder(summary: Mapping[str, Any], host: HostCards, labels: Mapping[str, str]) -> Holder:
     """A container in the middle of its start, which the daemon does not let be inspected until the start ends
     (the NVIDIA hook runs there): it holds what the label of the hostagent that starts it says, or, without one,
     every card (what it will be given is not known until then)."""

@@ -11,7 +11,7 @@ from gpupin.hostagent.engine.info import info, runtimes
 from gpupin.hostagent.engine.reader import fetch
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.ledger.forms import Host
+from gpupin.hostagent.ledger.forms import HostCards
 from gpupin.hostagent.ledger.holders import worth_inspecting
 
 TYPE_CHECKING = False
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 STARTING_INSPECT_S = 2.0  # how long the inspect of a container in the middle of its start may take
 
 
-class Book:
+class LedgerReading:
     """One reading of the ledger: the holders, the abandoned containers (created by a hostagent whose lease is
     dead or expired, never started), the name of every container (id -> name: whose a GPU process is) and the
     daemon's clock at the reading."""
@@ -45,7 +45,7 @@ class Book:
         self.names = names if names is not None else {}
 
 
-def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> Book:
+def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> LedgerReading:
     """Every container that holds a card (ledger.FORMS, ledger.holding), every pinned container that does not
     (for `ls`), and the abandoned ones. One list; an inspect for each container that may hold. `daemon_info`: the
     daemon's /info when the caller has it (else it is asked only if a container names a runtime)."""
@@ -53,7 +53,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
 
     summaries, now = fetch(api, "/containers/json", {"all": "1"})
     now = now if now is not None else time.time()  # the Go server always sends Date; just in case
-    host = Host(
+    host = HostCards(
         cards,
         lambda: runtimes(daemon_info if daemon_info is not None else info(api)),
         local=endpoint().unix_path is not None,
@@ -96,7 +96,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             h = ledger.label_holder(s, cards, labels)
         if h is not None:
             holders.append(h)
-    return Book(holders, orphans, now, names)
+    return LedgerReading(holders, orphans, now, names)
 
 
 def _image_labels(api: Any, image_id: str, seen: dict[str, dict[str, str]]) -> dict[str, str]:

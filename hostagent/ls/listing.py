@@ -48,8 +48,8 @@ def _watts(milliwatts: int | None) -> float | None:
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
     cards = read_cards()
-    docker, book = read_ledger(cards, warn)
-    return assemble(cards, docker, book)
+    docker, reading = read_ledger(cards, warn)
+    return assemble(cards, docker, reading)
 
 
 def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
@@ -60,14 +60,14 @@ def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
     return cards
 
 
-def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], ledger_read.Book | None]:
+def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], ledger_read.LedgerReading | None]:
     """Where Docker is and whether it answered (the listing's `docker` object), and its reading (None: it did not
     answer). The resident agent (gpupin.hostagent.serve) calls this only when the daemon reports a change."""
     docker: dict[str, Any] = {"host": None, "available": True, "error": None}
-    book: ledger_read.Book | None = None
+    reading: ledger_read.LedgerReading | None = None
     try:
         docker["host"] = engine.docker_host()
-        book = ledger_read.read_ledger(engine.reader(timeout=10), cards)
+        reading = ledger_read.read_ledger(engine.reader(timeout=10), cards)
     except GpupinError as err:
         docker.update(available=False, error=err.message)
     except Exception as err:
@@ -78,17 +78,19 @@ def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
             say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
-    return docker, book
+    return docker, reading
 
 
-def assemble(cards: Sequence[Card], docker: dict[str, Any], book: ledger_read.Book | None) -> dict[str, Any]:
+def assemble(
+    cards: Sequence[Card], docker: dict[str, Any], reading: ledger_read.LedgerReading | None
+) -> dict[str, Any]:
     """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
     attributed to their containers or the host (gpupin.hostagent.ledger.processes)."""
-    holders = book.holders if book is not None else []
+    holders = reading.holders if reading is not None else []
     used = ledger_processes.attribute(
-        cards, book.holders if book is not None else None, book.names if book is not None else None
+        cards, reading.holders if reading is not None else None, reading.names if reading is not None else None
     )
-    unread = None if book is not None else f"Docker unavailable: {docker['error']}"
+    unread = None if reading is not None else f"Docker unavailable: {docker['error']}"
     return {
         "hostname": os.uname().nodename,
         "driver_version": nvml.driver_version(),

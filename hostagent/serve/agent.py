@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from gpupin.core.identity import BusId
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
-    from gpupin.hostagent.ledger.read import Book
+    from gpupin.hostagent.ledger.read import LedgerReading
 
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
@@ -78,7 +78,7 @@ class Agent:
         self._changed = threading.Condition()
         self._snapshot = Snapshot(0, None, "not read yet", 0.0)
         self._docker: dict[str, Any] | None = None
-        self._book: Book | None = None
+        self._reading: LedgerReading | None = None
         self._cards: list[Card] | None = None
         self._cards_key: tuple[str | None, ...] | None = None  # the UUIDs of the cards the ledger was read for
         self._identity: dict[int, tuple[str, BusId | None, str | None, int | None]] = {}  # by index (_identify)
@@ -112,18 +112,18 @@ class Agent:
         self._identify(cards)
         with self._lock:
             self._cards = cards
-            docker, book, read_for = self._docker, self._book, self._cards_key
+            docker, reading, read_for = self._docker, self._reading, self._cards_key
         if docker is None or read_for != tuple(c.uuid for c in cards):
-            docker, book = self.read_ledger()  # holders read for other cards would show these free: not known
+            docker, reading = self.read_ledger()  # holders read for other cards would show these free: not known
         try:
-            view = listing.assemble(cards, docker, book)
+            view = listing.assemble(cards, docker, reading)
         except Exception as err:  # an NVML reading that failed otherwise than "not supported": unknown, not stale
             self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
             return
         self.idle.annotate(view, time.monotonic())
         self._publish(view, None)
 
-    def read_ledger(self) -> tuple[dict[str, Any], Book | None]:
+    def read_ledger(self) -> tuple[dict[str, Any], LedgerReading | None]:
         """Read who holds which of the last refresh's cards (the listing's `docker` object and the reading), and
         keep it for the views to come."""
         with self._lock:
@@ -132,9 +132,9 @@ class Agent:
             raise RuntimeError("the ledger is read for the cards of a refresh: none yet")
         self._dirty.clear()  # an event from now on asks for another read
         was = self._docker["available"] if self._docker else None
-        docker, book = listing.read_ledger(cards, warn=False)
+        docker, reading = listing.read_ledger(cards, warn=False)
         with self._lock:
-            self._docker, self._book, self._cards_key = docker, book, tuple(c.uuid for c in cards)
+            self._docker, self._reading, self._cards_key = docker, reading, tuple(c.uuid for c in cards)
             self._ledger_at = time.monotonic()
         if docker["available"] and not self.following:
             self._retry.set()
@@ -143,7 +143,7 @@ class Agent:
                 f"Docker at {docker['host']} "
                 + ("answers again" if docker["available"] else f"unavailable ({docker['error']})")
             )
-        return docker, book
+        return docker, reading
 
     def _identify(self, cards: list[Card]) -> None:
         """A card NVML can no longer read (lost, fallen off the bus) keeps the identity it was last read with, so

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gpupin.core.errors import UsageError
 from gpupin.hostagent.ledger import forms, holders, lease, nodes
-from gpupin.hostagent.ledger.forms import Host
+from gpupin.hostagent.ledger.forms import HostCards
 from gpupin.hostagent.pin import Pin
 from tests.support.scenarios import cards as mixed4
 from tests.support.scenarios import uuids
@@ -30,11 +30,11 @@ A800, RTX, A800B, A800C = uuids("mixed-4")
 ALL = [A800, RTX, A800B, A800C]
 
 
-def host(local: bool = False) -> Host:
+def host(local: bool = False) -> HostCards:
     cards = mixed4()
     for i, c in enumerate(cards):
         c.minor_number = i
-    return Host(cards, local=local)
+    return HostCards(cards, local=local)
 
 
 # --- normalisation ---------------------------------------------------------------------------------------------
