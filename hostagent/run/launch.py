@@ -39,8 +39,6 @@ if TYPE_CHECKING:
     from gpupin.core.resolve import Target
     from gpupin.hostagent.run.attach import Attachment
 
-NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
-
 
 def _failpoint(name: str) -> None:
     """Die here, as a `kill -9` would, when GPUPIN_FAILPOINT names this point: how the tests prove that a
@@ -254,15 +252,6 @@ def read_cards(req: RunRequest, notify: Callable[[str], None] = say) -> tuple[li
     return cards, picks
 
 
-def daemon_view(
-    api: Any, req: RunRequest, info: Callable[[Any], dict[str, Any]] = engine.info
-) -> tuple[dict[str, Any] | None, cdi.Detection]:
-    """One /info (`info`: how to get it; the resident agent keeps it a few seconds): whether the daemon serves CDI
-    (unless --via says how, or its API predates CDI), and its runtimes for the ledger."""
-    daemon_info = info(api) if req.via is None and engine.may_serve_cdi(api) else None
-    return daemon_info, engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
-
-
 def reserve(
     api: Any,
     req: RunRequest,
@@ -320,7 +309,7 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
         return _dry_run_spec(req, cards, picks)
     api = engine.connect()
     mark("connected")
-    daemon_info, detection = daemon_view(api, req)
+    daemon_info, detection = engine.daemon_view(api, ask=req.via is None)
     # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
     # (or --pull always asks for a pull first).
     if req.pull == "always":
@@ -354,15 +343,14 @@ def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -
 def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None) -> ContainerSpec:
     # --count needs the ledger (unknown is not free: without a daemon, a count is not placed), and the way to pin
     # (unless --via says it) the daemon's CDI devices; without a daemon, a named card's line is still printed.
-    detection = NO_CDI
+    detection = engine.NO_CDI
     if picks is not None and req.via is not None:
         _say_busy(req, cards, picks, None)
-        return ContainerSpec(req, picks, _via(req, picks, NO_CDI))
+        return ContainerSpec(req, picks, _via(req, picks, engine.NO_CDI))
     reading: ledger_read.LedgerReading | None
     try:
         api = engine.connect(timeout=5)
-        daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
-        detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
+        daemon_info, detection = engine.daemon_view(api, ask=req.via is None)
         reading = ledger_read.read_ledger(api, cards, daemon_info)
     except Exception as err:
         if picks is None:

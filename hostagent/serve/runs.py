@@ -1,7 +1,7 @@
 """`POST /api/run`: the agent books the cards and creates the container for the `hostagent run` that asks, with the
-code a run without the agent uses (gpupin.hostagent.run.launch: read_cards, daemon_view, reserve) and with its NVML
-session and docker SDK already loaded, so that the caller loads neither. The caller then attaches, starts and
-follows the container itself (gpupin.hostagent.run.via_agent); the agent never starts anything.
+code a run without the agent uses (gpupin.hostagent.run.launch: read_cards, reserve; engine.daemon_view) and with
+its NVML session and docker SDK already loaded, so that the caller loads neither. The caller then attaches, starts
+and follows the container itself (gpupin.hostagent.run.via_agent); the agent never starts anything.
 
 - *The caller owns what is made.* The container's lease names the caller (its `gpupin.owner`, checked against the
   socket's SO_PEERCRED pid where this agent can see it), not the agent: a created container lives exactly as long
@@ -149,7 +149,7 @@ class Runs:
         cards, picks = launch.read_cards(req, lines.append)
         api = self._client()
         try:
-            daemon_info, detection = launch.daemon_view(api, req, self.info)
+            daemon_info, detection = engine.daemon_view(api, ask=req.via is None, info_of=self.info)
             created = launch.reserve(
                 api,
                 req,
