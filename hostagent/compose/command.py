@@ -28,8 +28,8 @@ import json
 import os
 import re
 import sys
-import tempfile
 
+from gpupin.core import files
 from gpupin.core.errors import EX_UNAVAILABLE, EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
 from gpupin.hostagent.compose import interpolate, load, native, roundtrip
@@ -136,13 +136,15 @@ def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Da
 
 
 def output_path(output: str | None, source: str) -> str | None:
-    """Where `-o` writes (links followed), None for stdout; UsageError (64) for a target it cannot or must not
-    write, before anything else is done."""
+    """Where `-o` writes, None for stdout; UsageError (64) for a target it cannot or must not write, before
+    anything else is done. A link is never followed (gpupin.core.files.write_atomic says why)."""
     if output is None or output == "-":
         return None
     quoted = printable(output)
     if not output:
         raise UsageError("-o '' names no file", "give a file name, or leave -o out to write to stdout")
+    if "\0" in output:
+        raise UsageError(f"-o {quoted}: the path holds a NUL character", "give a file name")
     if os.path.isdir(output):
         raise UsageError(
             f"-o {quoted} is a directory", f"name the file to write, e.g. -o {quoted.rstrip('/')}/pinned.yml"
@@ -155,12 +157,16 @@ def output_path(output: str | None, source: str) -> str | None:
             "(x-gpupin, an index, a count) with the cards picked today, so the source is kept",
             "write it beside the source, e.g. -o NAME.pinned.yml",
         )
-    real = os.path.realpath(output)
-    if os.path.exists(real) and not os.path.isfile(real):  # a device or a pipe: written in place, as `>` does
-        if not os.access(real, os.W_OK):
+    if os.path.islink(output):
+        raise UsageError(
+            f"-o {quoted} is a symbolic link, which is not followed for an output (another user may have planted it)",
+            "name the file the link points to",
+        )
+    if os.path.exists(output) and not os.path.isfile(output):  # a device: written in place, as `>` does
+        if not os.access(output, os.W_OK):
             raise UsageError(f"-o {quoted} is not writable by this user", "write elsewhere")
-        return real
-    directory = os.path.dirname(real)
+        return output
+    directory = os.path.dirname(output) or "."
     if not os.path.isdir(directory):
         raise UsageError(
             f"-o {quoted}: the directory {printable(directory)} does not exist", "create it first, or write elsewhere"
@@ -169,35 +175,17 @@ def output_path(output: str | None, source: str) -> str | None:
         raise UsageError(
             f"-o {quoted}: the directory {printable(directory)} is not writable by this user", "write elsewhere"
         )
-    return real
+    return output
 
 
-def write_output(path: str, text: str, quoted: str) -> None:
-    """All or nothing: a temporary file in the target's directory, renamed over it (the mode of a file it
-    replaces is kept; a new one gets 0666 less the umask, as the shell's `>` gives)."""
-    data = text.encode("utf-8")
+def write_output(path: str, text: str, quoted: str, protected: Iterable[str] = ()) -> None:
+    """All or nothing, never through a link, never over a file the project reads (`protected`): a temporary file
+    in the target's directory, renamed over it (gpupin.core.files.write_atomic; the mode of a file it replaces is
+    kept; a new one gets 0666 less the umask, as the shell's `>` gives)."""
     try:
-        if os.path.exists(path) and not os.path.isfile(path):
-            with open(path, "wb") as fh:
-                fh.write(data)
-            return
-        if os.path.exists(path):
-            mode = os.stat(path).st_mode & 0o7777
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        fd, tmp = tempfile.mkstemp(prefix=".gpupin-render-", suffix=".tmp", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                os.fchmod(fh.fileno(), mode)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as err:
-        raise UsageError(f"-o {quoted}: cannot write it: {err.strerror or err}", "write elsewhere") from None
+        files.write_atomic(path, text.encode("utf-8"), protected)
+    except files.FileRefused as err:
+        raise UsageError(f"-o {quoted}: {err.reason}", err.hint) from None
 
 
 def _stdout(text: str) -> None:
@@ -260,14 +248,22 @@ def relative_paths(doc: Any) -> list[str]:
     return found
 
 
-def _emit(text: str, file: str, output: str | None, target: str | None, relative: Sequence[str] = ()) -> int:
-    """The rendered file to stdout or, all at once, to `target` (what output_path made of `-o`); a note when the
-    file lands in another folder than its source and names paths that compose resolves against its folder."""
+def _emit(
+    text: str,
+    file: str,
+    output: str | None,
+    target: str | None,
+    relative: Sequence[str] = (),
+    protected: Sequence[str] = (),
+) -> int:
+    """The rendered file to stdout or, all at once, to `target` (what output_path made of `-o`; never one of
+    `protected`, the files the project read); a note when the file lands in another folder than its source and
+    names paths that compose resolves against its folder."""
     if target is None:
         _stdout(text)
         return 0
     assert output is not None
-    write_output(target, text, printable(output))
+    write_output(target, text, printable(output), protected)
     if relative and os.path.dirname(target) != os.path.dirname(os.path.realpath(file)) and os.path.isfile(target):
         say(
             f"note: {', '.join(relative)}: relative paths, which compose resolves against {printable(output)}'s "
@@ -289,6 +285,7 @@ def _rendered(options: Options, output: str | None, make: Callable[[Project], tu
             targets = [output_path(output, f) for f in project.files]
         top, rendered = make(project)
         text = written_text(project, top, rendered)
+        read_back(project, text, rendered)
     except ServiceError as err:
         say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
@@ -296,7 +293,7 @@ def _rendered(options: Options, output: str | None, make: Callable[[Project], tu
         for p in refused.problems:
             say(f"ERROR: {p.line(name)}")
         return refused.exit_code
-    return _emit(text, project.files[0], output, targets[0], relative_paths(project.doc))
+    return _emit(text, project.files[0], output, targets[0], relative_paths(project.doc), project.read_files)
 
 
 def render_command(options: Options, output: str | None, via: str | None = None) -> int:
@@ -306,7 +303,7 @@ def render_command(options: Options, output: str | None, via: str | None = None)
     def make(project: Project) -> tuple[str, Any]:
         doc = project.doc
         cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
-        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
+        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via, project.file_env)
         if daemon.unknown is not None and exam.counted:
             raise RenderRefused(
                 [
@@ -355,7 +352,7 @@ def stack_command(options: Options, output: str | None, kind: str) -> int:
 
     def make(project: Project) -> tuple[str, Any]:
         name = project_name(project)
-        rendered, exam = stack.render(project.doc, kind, read_nodes())
+        rendered, exam = stack.render(project.doc, kind, read_nodes(), project.file_env)
         for p in exam.warnings:
             say(p.line(name))
         for note in exam.notes:
@@ -378,7 +375,7 @@ def check_command(options: Options, as_json: bool) -> int:
     else:
         name = project_name(project)
         cards, daemon = _host(project.doc, project.files, cdi_too=False)
-        exam = examine(project.doc, cards, daemon.busy)
+        exam = examine(project.doc, cards, daemon.busy, project.file_env)
     if as_json:
         sys.stdout.write(json.dumps([p.to_dict() for p in exam.problems], indent=2) + "\n")
     else:
@@ -400,6 +397,25 @@ def read_model(options: Options) -> Project:
             )
             project.by_compose = True
     return project
+
+
+def read_back(project: Project, text: str, rendered: Any) -> None:
+    """The text about to be written, read again as compose will read it, must be the model the rules checked and
+    pinned: an edit of the source (hostagent.compose.roundtrip, another YAML library) or the dump of a merged model
+    that reads back as anything else is refused, and nothing is written."""
+    try:
+        again = load.parse(text)
+        again = interpolate.tree(again, project.variables) if project.editable else interpolate.unescaped(again)
+    except ServiceError as err:
+        again = err
+    if again != rendered:
+        raise ServiceError(
+            None,
+            "the rendered file does not read back as the model that was checked (the YAML of the source reads "
+            "differently in the library that edits it); nothing was written",
+            "quote the keys and values that YAML 1.1 and 1.2 read differently (`on`, `0o17`...), and drop a "
+            "`%YAML 1.1` directive",
+        )
 
 
 def project_name(project: Project) -> str:

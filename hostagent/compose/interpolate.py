@@ -150,7 +150,8 @@ def unescaped(value: Any) -> Any:
 
 def dotenv(text: str, variables: Mapping[str, str]) -> dict[str, str]:
     """A `.env` file: KEY=VALUE lines (`export` allowed, `#` comments, quotes); unquoted and double-quoted values
-    may use the variables before them."""
+    may use the variables before them. A refusal names the line by number and never shows its text (the file may be
+    one the reader of the message may not read)."""
     out: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -160,9 +161,9 @@ def dotenv(text: str, variables: Mapping[str, str]) -> dict[str, str]:
         key, sep, value = line.partition("=")
         key = key.strip()
         if not _NAME.fullmatch(key):
-            raise ServiceError(
+            raise ServiceError(  # the line itself is not shown: errors never echo a file's content
                 None,
-                f".env line {number}: {quoted(raw)} is not KEY=VALUE",
+                f"line {number} is not KEY=VALUE",
                 "write one KEY=VALUE a line (# starts a comment)",
             )
         value = value.strip()
@@ -173,5 +174,12 @@ def dotenv(text: str, variables: Mapping[str, str]) -> dict[str, str]:
             value = value[1:-1].replace("\\n", "\n").replace('\\"', '"')
         else:
             value = re.sub(r"\s+#.*$", "", value)
-        out[key] = substitute(value, {**out, **variables}) if sep else ""
+        try:
+            out[key] = substitute(value, {**out, **variables}) if sep else ""
+        except ServiceError:
+            raise ServiceError(
+                None,
+                f"line {number}: a variable in its value is malformed or required and unset",
+                "write ${NAME}, ${NAME:-default} or ${NAME?message}; $$ for a literal $",
+            ) from None
     return out

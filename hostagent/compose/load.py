@@ -28,10 +28,10 @@ libyaml parses the events when PyYAML has it (about 4 times faster); the compose
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 
+from gpupin.core import files
 from gpupin.core.errors import UsageError
 from gpupin.hostagent import INSTALL_HINT
 from gpupin.hostagent.compose.problems import ServiceError, quoted
@@ -319,22 +319,19 @@ def decode(data: bytes) -> str:
 
 
 def read(path: str) -> bytes:
-    """At most MAX_BYTES of the file, or ServiceError(None, ...)."""
+    """At most MAX_BYTES of the file, or ServiceError(None, ...): a FIFO, a device or /dev/zero is refused at once,
+    never waited on (gpupin.core.files.read_bounded)."""
     if os.path.isdir(path):
         raise _refuse("it is a directory, not a compose file", "give the compose file itself (e.g. DIR/compose.yaml)")
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as err:
-        hint = {errno.ENOENT: "check the path", errno.EACCES: "run as a user who may read it"}.get(
-            err.errno or 0, "give the path of a readable compose file"
-        )
-        raise _refuse(f"cannot read it: {err.strerror or err}", hint) from None
-    if len(data) > MAX_BYTES:
-        raise _refuse(
-            f"it is larger than {MAX_BYTES >> 10} KiB, far beyond any compose file", "check that it is the compose file"
-        )
-    return data
+        return files.read_bounded(path, MAX_BYTES)
+    except files.FileRefused as err:
+        if err.reason.startswith("it is larger than"):
+            raise _refuse(
+                f"it is larger than {MAX_BYTES >> 10} KiB, far beyond any compose file",
+                "check that it is the compose file",
+            ) from None
+        raise _refuse(err.reason, err.hint or "give the path of a readable compose file") from None
 
 
 def load(path: str) -> Any:

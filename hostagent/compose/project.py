@@ -75,6 +75,10 @@ class Project:
         self.editable = editable
         self.texts = texts  # file -> the text read (the editable file's is what render edits)
         self.by_compose = False  # the model is compose v2's `config` (hostagent.compose.command.read_model)
+        # service -> the variables its `env_file:` files set (compose v2's model has them in `environment`; the
+        # rules read them under it, so that both models give one verdict)
+        self.file_env: dict[str, dict[str, str | None]] = {}
+        self.read_files: list[str] = list(texts)  # every file read: compose files and env files (-o never one)
 
 
 def _refuse(message: str, hint: str | None) -> ServiceError:
@@ -105,17 +109,56 @@ def find_files(options: Options, environ: Mapping[str, str], cwd: str) -> list[s
         folder = parent
 
 
-def variables(env_files: Sequence[str], folder: str, environ: Mapping[str, str]) -> dict[str, str]:
+def env_file(path: str, environ: Mapping[str, str], read: list[str] | None = None) -> dict[str, str]:
+    """The KEY=VALUE lines of one env file (bounded as a compose file is: gpupin.core.files), or ServiceError
+    naming the file; never a byte of its content. `read` collects the files read."""
+    if "\0" in path:
+        raise _refuse(f"the env file {printable(path)}: the path holds a NUL character", "give the path of a file")
+    try:
+        found = interpolate.dotenv(load.decode(load.read(path)), environ)
+    except ServiceError as err:
+        raise _refuse(f"the env file {printable(path)}: {err.message}", err.hint) from None
+    if read is not None:
+        read.append(path)
+    return found
+
+
+def variables(
+    env_files: Sequence[str], folder: str, environ: Mapping[str, str], read: list[str] | None = None
+) -> dict[str, str]:
     """The environment over the `.env` file of `folder` (or over `env_files`, in order)."""
     paths = list(env_files) or ([os.path.join(folder, ".env")] if os.path.isfile(os.path.join(folder, ".env")) else [])
     found: dict[str, str] = {}
     for path in paths:
-        try:
-            text = load.decode(load.read(path))
-        except ServiceError as err:
-            raise _refuse(f"the env file {printable(path)}: {err.message}", err.hint) from None
-        found.update(interpolate.dotenv(text, {**found, **environ}))
+        found.update(env_file(path, {**found, **environ}, read))
     return {**found, **environ}
+
+
+def _paths(value: Any, where: str, what: str) -> list[Any]:
+    """A key that compose takes as one path or a list of them, as a list; ServiceError for another shape."""
+    items = [value] if isinstance(value, (str, dict)) else value
+    if not isinstance(items, list):
+        raise _refuse(
+            f"{where}: `{what}` is {quoted(value, 30)}, not a path or a list of paths", f"write {what}: [PATH, ...]"
+        )
+    return items
+
+
+def service_env_files(svc: Any, name: Any, folder: str, where: str) -> list[tuple[str, bool]]:
+    """A service's `env_file:` entries as (absolute path, required): a path, a list of paths, or of
+    {path, required} (compose v2.24 and later), relative to the folder of the file that names them."""
+    if not isinstance(svc, dict) or svc.get("env_file") is None:
+        return []
+    out: list[tuple[str, bool]] = []
+    for entry in _paths(svc["env_file"], f"{where}: service {quoted(name)}", "env_file"):
+        path, required = (entry.get("path"), entry.get("required", True)) if isinstance(entry, dict) else (entry, True)
+        if not isinstance(path, str) or not path or not isinstance(required, bool):
+            raise _refuse(
+                f"{where}: service {quoted(name)}: an `env_file` entry {quoted(entry, 60)} names no file",
+                "write env_file: [PATH, ...] or [{path: PATH, required: false}]",
+            )
+        out.append((os.path.join(folder, path), required))
+    return out
 
 
 def clean(value: Any) -> Any:
@@ -178,6 +221,10 @@ class _Reader:
         self.followed = False  # include or extends met: the model is more than one file as written
         self.marked = False  # !reset or !override met
         self.including: list[str] = []  # the include chain, to refuse a file that includes itself
+        self.read: list[str] = []  # env files read
+        # (file, service) -> the service's env files there, its `extends` base's first (as compose merges them)
+        self.env_files: dict[tuple[str, Any], list[tuple[str, bool]]] = {}
+        self.projects: list[str] = []  # the files whose services are the project's (not only an extends base)
 
     def file(self, path: str, variables: Mapping[str, str]) -> dict[str, Any]:
         try:
@@ -198,11 +245,13 @@ class _Reader:
         doc = interpolate.tree(doc, variables)
         assert isinstance(doc, dict)
         folder = os.path.dirname(os.path.abspath(path))
-        for entry in doc.pop("include", None) or []:
+        for entry in _paths(doc.pop("include", None) or [], printable(path), "include"):
             self.followed = True
             self.include(doc, entry, folder, path)
         svcs = doc.get("services")
         if isinstance(svcs, dict):
+            for name, svc in svcs.items():
+                self.env_files[(path, name)] = service_env_files(svc, name, folder, printable(path))
             for name in list(svcs):
                 svcs[name] = self.extended(svcs, name, path, variables, [])
         return doc
@@ -213,21 +262,29 @@ class _Reader:
         paths = [paths] if isinstance(paths, str) else paths
         if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
             raise _refuse(f"{printable(path)}: an `include` entry names no file", "write include: [FILE, ...]")
+        if any("\0" in p for p in paths):
+            raise _refuse(f"{printable(path)}: an `include` path holds a NUL character", "give the path of a file")
         paths = [os.path.join(folder, p) for p in paths]
         real = [os.path.realpath(p) for p in paths]
         if set(real) & set(self.including):
             raise _refuse(
                 f"{printable(path)} includes {printable(paths[0])}, which includes it back", "break the include cycle"
             )
-        home = (
-            os.path.join(folder, spec["project_directory"])
-            if spec.get("project_directory")
-            else os.path.dirname(paths[0])
-        )
-        env_files = spec.get("env_file") or []
-        env_files = [os.path.join(folder, e) for e in ([env_files] if isinstance(env_files, str) else env_files)]
+        home = spec.get("project_directory")
+        if home is not None and not isinstance(home, str):
+            raise _refuse(
+                f"{printable(path)}: an `include` entry's project_directory is {quoted(home, 30)}, not a path",
+                "write project_directory: PATH",
+            )
+        home = os.path.join(folder, home) if home else os.path.dirname(paths[0])
+        env_files = _paths(spec.get("env_file") or [], printable(path), "include.env_file")
+        if not all(isinstance(e, str) for e in env_files):
+            raise _refuse(
+                f"{printable(path)}: an `include` entry's env_file is not a path", "write env_file: [PATH, ...]"
+            )
+        env_files = [os.path.join(folder, e) for e in env_files]
         self.including.append(os.path.realpath(path))
-        sub = self.project(paths, variables(env_files, home, self.environ))
+        sub = self.project(paths, variables(env_files, home, self.environ, self.read))
         self.including.pop()
         for top in ("services", "networks", "volumes", "configs", "secrets"):
             for name, item in (sub.get(top) or {}).items():
@@ -269,6 +326,9 @@ class _Reader:
             )
         base = self.extended(other, target, base_path, variables, [*chain, (path, name)])
         own = {k: v for k, v in svc.items() if k != "extends"}
+        inherited = self.env_files.get((base_path, target), [])
+        mine = self.env_files.get((path, name), [])
+        self.env_files[(path, name)] = inherited + [e for e in mine if e not in inherited]
         return merge(base, own)
 
     def file_services(self, path: str, variables: Mapping[str, str]) -> dict[str, Any]:
@@ -278,6 +338,7 @@ class _Reader:
 
     def project(self, paths: Sequence[str], variables: Mapping[str, str]) -> dict[str, Any]:
         doc: dict[str, Any] = {}
+        self.projects.extend(paths)
         for i, path in enumerate(paths):
             one = self.file(path, variables)
             merged = clean(one) if i == 0 else merge(doc, one)
@@ -318,11 +379,36 @@ def build(options: Options, environ: Mapping[str, str] | None = None, cwd: str |
     if cwd is not None:  # files given relative to another folder than this process's
         files = [os.path.join(cwd, f) for f in files]
     home = options.project_directory or os.path.dirname(os.path.abspath(files[0]))
-    found = variables(options.env_files, home, environ)
     reader = _Reader(environ)
+    found = variables(options.env_files, home, environ, reader.read)
     doc = reader.project(files, found)
     dropped = active(doc, options.profiles, environ)
     single = len(files) == 1 and not (reader.followed or reader.marked or dropped)
     if not single and isinstance(doc.get("services"), dict):  # in compose's order (by name), as its model has them
         doc["services"] = dict(sorted(doc["services"].items(), key=lambda kv: str(kv[0])))
-    return Project(doc, files, found, files[0] if single else None, reader.texts)
+    project = Project(doc, files, found, files[0] if single else None, reader.texts)
+    project.file_env = service_env(doc, reader, found)
+    project.read_files += reader.read
+    return project
+
+
+def service_env(doc: dict[str, Any], reader: _Reader, found: Mapping[str, str]) -> dict[str, dict[str, str | None]]:
+    """Each service's variables from its `env_file:` files, in order (a later file wins, `environment` over all:
+    what compose gives the container). A missing file is refused unless `required: false`, as compose does."""
+    out: dict[str, dict[str, str | None]] = {}
+    svcs = doc.get("services")
+    for name in svcs if isinstance(svcs, dict) else ():
+        entries: list[tuple[str, bool]] = []
+        for path in dict.fromkeys(reader.projects):
+            entries += [e for e in reader.env_files.get((path, name), []) if e not in entries]
+        env: dict[str, str | None] = {}
+        for path, required in entries:
+            if not required and not os.path.exists(path):
+                continue
+            try:
+                env.update(env_file(path, found, reader.read))
+            except ServiceError as err:
+                raise ServiceError(name, err.message, err.hint) from None
+        if env:
+            out[str(name)] = env
+    return out

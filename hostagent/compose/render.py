@@ -100,9 +100,10 @@ def render(
     busy: Mapping[str, Sequence[Holder]],
     detection: cdi.Detection = NOT_ASKED,
     via: str | None = None,
+    file_env: Mapping[str, Mapping[str, str | None]] | None = None,
 ) -> tuple[dict[str, Any], Examination]:
     """The pinned document and what `examine` found; RenderRefused with every refusal when there is one."""
-    exam = examine(doc, cards, busy)
+    exam = examine(doc, cards, busy, file_env)
     refusals = exam.refusals
     if via == cdi.CDI:  # as `hostagent run --via cdi --gpu-capabilities`: a CDI request carries no capabilities
         refusals += [

@@ -29,7 +29,7 @@ from gpupin.hostagent.compose.forms import gpu_request
 from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
 from gpupin.hostagent.compose.place import Assignment, bookings, place
 from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, quoted
-from gpupin.hostagent.compose.service import env_entries, label_entries, replicas
+from gpupin.hostagent.compose.service import env_entries, label_entries, replicas, with_file_env
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS
 
 TYPE_CHECKING = False
@@ -377,9 +377,16 @@ def checked_services(doc: Any) -> tuple[dict[str, Any], list[Problem]]:
     return svcs, name_problems(svcs)
 
 
-def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]]) -> Examination:
+def examine(
+    doc: Any,
+    cards: Sequence[Card],
+    busy: Mapping[str, Sequence[Holder]],
+    file_env: Mapping[str, Mapping[str, str | None]] | None = None,
+) -> Examination:
     """Every problem with a compose file's GPUs on this host, and the cards render gives each service; pure over
-    the cards and the ledger (card UUID -> the running containers that hold it)."""
+    the cards, the ledger (card UUID -> the running containers that hold it) and `file_env` (service -> what its
+    `env_file:` files set, under `environment`: hostagent.compose.project.Project.file_env)."""
+    file_env = file_env or {}
     svcs, stop = checked_services(doc)
     if stop:
         return Examination(stop)
@@ -390,6 +397,7 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
     as_written: list[Assignment] = []
     for name, svc in svcs.items():
         try:
+            svc = with_file_env(svc, file_env.get(str(name)), name)
             req = gpu_request(name, svc)
             by_file = devicefiles.assignment(svc, name, cards)
             if by_file is not None:

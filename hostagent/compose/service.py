@@ -53,6 +53,15 @@ def env_entries(svc: Mapping[str, Any], service: str) -> dict[str, str | None]:
     )
 
 
+def with_file_env(svc: Any, from_files: Mapping[str, str | None] | None, service: str) -> Any:
+    """The service as compose hands it to the container: the variables of its `env_file:` files under its
+    `environment` (which wins), so that every rule and request form reads one environment, whichever model
+    (compose v2's, which merges them itself, or hostagent's) read the files."""
+    if not from_files or not isinstance(svc, dict):
+        return svc
+    return {**svc, "environment": {**from_files, **env_entries(svc, service)}}
+
+
 def label_entries(svc: Mapping[str, Any], service: str) -> dict[str, str]:
     labels = svc.get("labels")
     if labels is None:

@@ -45,6 +45,7 @@ from gpupin.hostagent.compose.service import (
     replicas,
     reservations,
     reserved_list,
+    with_file_env,
 )
 from gpupin.hostagent.pin import Reservation
 from gpupin.hostagent.swarm.cluster import Constraint
@@ -52,7 +53,7 @@ from gpupin.hostagent.swarm.resources import gpu_kinds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from gpupin.hostagent.swarm.cluster import Node
@@ -352,9 +353,11 @@ def placement_rules(s: StackService, nodes: Sequence[Node]) -> list[Problem]:
 # --- the whole file ------------------------------------------------------------------------------------------------
 
 
-def examine(doc: Any, kind: str, nodes: Sequence[Node] | None) -> StackExamination:
+def examine(
+    doc: Any, kind: str, nodes: Sequence[Node] | None, file_env: Mapping[str, Mapping[str, str | None]] | None = None
+) -> StackExamination:
     """Every problem with a stack's GPU reservations, and the services that make them; `nodes` None: the swarm
-    was not read, so what it can place is not checked."""
+    was not read, so what it can place is not checked; `file_env` as hostagent.compose.rules.examine takes it."""
     svcs, stop = checked_services(doc)
     if stop:
         return StackExamination(stop)
@@ -362,6 +365,7 @@ def examine(doc: Any, kind: str, nodes: Sequence[Node] | None) -> StackExaminati
     reserving: list[StackService] = []
     for name, svc in svcs.items():
         try:
+            svc = with_file_env(svc, (file_env or {}).get(str(name)), name)
             found, problems_of = read_service(name, svc, kind)
             asks = found is not None or gpu_request(name, svc) is not None
             problems_of = device_var_rules(name, env_entries(svc, name), asks) + problems_of
@@ -393,9 +397,11 @@ def _apply(svc: dict[str, Any], s: StackService) -> None:
     set_entries(svc, "environment", s.reservation.env())
 
 
-def render(doc: Any, kind: str, nodes: Sequence[Node] | None) -> tuple[dict[str, Any], StackExamination]:
+def render(
+    doc: Any, kind: str, nodes: Sequence[Node] | None, file_env: Mapping[str, Mapping[str, str | None]] | None = None
+) -> tuple[dict[str, Any], StackExamination]:
     """The stack and what `examine` found; RenderRefused with every refusal when there is one."""
-    exam = examine(doc, kind, nodes)
+    exam = examine(doc, kind, nodes, file_env)
     if exam.refusals:
         raise RenderRefused(exam.refusals)
     out: dict[str, Any] = copy.deepcopy(dict(doc))
