@@ -270,6 +270,8 @@ def _minors(path: str, host: HostCards, deep: bool) -> tuple[list[int] | None, b
             found = nodes.local_nodes(path, deep)
         except nodes.TooBig:
             return None, True
+        except OSError:  # a path this user may not read: judged by its name, as on another host
+            found = None
         if found is not None:
             cards = [m for _, major, minor in found if (m := nodes.card_minor(major, minor)) is not None]
             return cards, bool(found)

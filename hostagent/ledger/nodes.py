@@ -148,10 +148,15 @@ class TooBig(Exception):
 
 
 def _walk(folder: str) -> list[Node]:
-    """Every GPU node in the tree (symlinks not followed, as docker's walk); TooBig past WALK_LIMIT entries."""
+    """Every GPU node in the tree (symlinks not followed, as docker's walk); TooBig past WALK_LIMIT entries; the
+    OSError of a folder this user cannot read (the daemon, as root, would walk it: unknown is not "none")."""
     out: list[Node] = []
     seen = 0
-    for top, dirs, files in os.walk(folder):
+
+    def unreadable(err: OSError) -> None:
+        raise err
+
+    for top, dirs, files in os.walk(folder, onerror=unreadable):
         for name in (*files, *dirs):
             seen += 1
             node = _node(os.path.join(top, name))
@@ -184,7 +189,8 @@ def local_nodes(path: str, deep: bool) -> list[Node] | None:
 
 def reaches(path: str, local: bool, deep: bool) -> bool:
     """Whether a host path reaches a GPU node: by its normalised name always; on a daemon of this host also
-    through its symlinks and the device numbers of what is there."""
+    through its symlinks and the device numbers of what is there. OSError when this user cannot read the path
+    (a link it may not follow, a folder it may not list): the caller refuses what it cannot judge."""
     if named(path):
         return True
     if not local:

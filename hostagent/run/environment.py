@@ -62,26 +62,30 @@ class EnvVar:
         return self.entry()
 
 
+ENV_FILE_LIMIT = 1 << 20  # bytes, as for a compose file: far beyond any real environment
+
+
 def read_env_file(path: str, environ: Mapping[str, str]) -> list[EnvVar]:
     """docker's --env-file: KEY=VALUE lines (the value as is, to the line's end), `#` comments, blank lines; a bare
     KEY takes this process's value, or is dropped when unset."""
+    from gpupin.core import files  # only when the option is given: run's start-up stays as it was
+
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as err:
-        raise UsageError(f"--env-file {path}: {err.strerror or err}", "give the path of a KEY=VALUE file") from None
+        data = files.read_bounded(path, ENV_FILE_LIMIT)
+    except files.FileRefused as err:
+        raise UsageError(f"--env-file {shown(path)}: {err.reason}", "give the path of a KEY=VALUE file") from None
     out: list[EnvVar] = []
     for n, raw_bytes in enumerate(data.splitlines(), 1):
         try:
             raw = raw_bytes.decode("utf-8")
         except UnicodeDecodeError:
-            raise UsageError(f"--env-file {path}:{n}: not UTF-8 text", "save the file as UTF-8") from None
+            raise UsageError(f"--env-file {shown(path)}:{n}: not UTF-8 text", "save the file as UTF-8") from None
         line = raw.lstrip()
         if not line or line.startswith("#"):
             continue
         key, eq, value = line.partition("=")
         if not key or any(c.isspace() for c in key):
-            raise UsageError(f"--env-file {path}:{n}: the line is not KEY=VALUE", "one KEY=VALUE per line")
+            raise UsageError(f"--env-file {shown(path)}:{n}: the line is not KEY=VALUE", "one KEY=VALUE per line")
         if eq:
             out.append(EnvVar(key, value, path))
         elif key in environ:

@@ -99,7 +99,15 @@ def _local_daemon() -> bool:
 def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> None:
     """Refuse a host path that reaches an NVIDIA device node (a `--device` folder is walked, as docker walks it)."""
     local = _local_daemon()
-    if nodes.reaches(host_path, local=local, deep=deep):
+    try:
+        reached = nodes.reaches(host_path, local=local, deep=deep)
+    except OSError as err:  # unreadable here, yet the daemon (root) would bind it: unknown is refused
+        raise UsageError(
+            f"{option} {shown(value)}: the host path {shown(err.filename or host_path)} cannot be read by this user "
+            f"({err.strerror or err}), so whether it reaches an NVIDIA device node cannot be told",
+            "bind a path this user may read, or run as a user who may read it",
+        ) from None
+    if reached:
         path = nodes.normalised(host_path)
         real = os.path.realpath(path) if local else path
         what = shown(path) if real == path else f"{shown(path)} (a link to {shown(real)})"
@@ -304,18 +312,24 @@ def anonymous(spec: str) -> bool:
     return ":" not in spec
 
 
+SECCOMP_LIMIT = 1 << 20  # bytes: Docker's default profile is 20 KiB
+
+
 def _compact_json(path: str) -> str:
     """A seccomp profile's text without the whitespace between tokens, as Go's json.Compact makes it (the docker CLI
     sends the profile itself, not its path)."""
+    from gpupin.core import files  # only when the option is given: run's start-up stays as it was
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"opening seccomp profile ({path}) failed: {getattr(err, 'strerror', None) or err}") from None
+        text = files.read_bounded(path, SECCOMP_LIMIT).decode("utf-8")
+    except files.FileRefused as err:
+        raise ValueError(f"opening seccomp profile ({shown(path)}) failed: {err.reason}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"the seccomp profile {shown(path)} is not UTF-8 text") from None
     try:
         json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     except ValueError:
-        raise ValueError(f"the seccomp profile {path} is not JSON") from None
+        raise ValueError(f"the seccomp profile {shown(path)} is not JSON") from None
     out: list[str] = []
     in_string = escaped = False
     for c in text:

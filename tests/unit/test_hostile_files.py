@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.host import hostagent
+from tests.support.host import HOSTAGENT, hostagent, simhost_env
 
 HOSTILE = 5001  # a bare uid: no name, no group of interest
 RUNTIME_ALL = (
@@ -208,3 +208,32 @@ def test_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path) -> None:
         r = hostagent(*argv, GPUPIN_COMPOSE="none", timeout=20)
         assert r.returncode == 64 and "not a regular file" in r.stdout + r.stderr, r
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+# --- run's path reads, as a user who may not read them ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["-v", "/proc/1/root/dev:/x"], "-v /proc/1/root/dev:/x: the host path /proc/1/root cannot be read"),
+        (["--mount", "type=bind,source=/proc/1/root/dev,target=/x"], "the host path /proc/1/root cannot be read"),
+        (["--device", "/proc/1/root/dev"], "--device /proc/1/root/dev: the host path /proc/1/root cannot be read"),
+        (["--env-file", "/dev/zero"], "--env-file /dev/zero: it is a character device, not a regular file"),
+        (["--env-file", "/proc/1/environ"], "--env-file /proc/1/environ: cannot read it: Permission denied"),
+        (["--security-opt", "seccomp=/dev/zero"], "it is a character device, not a regular file"),
+        (["--security-opt", "seccomp=/proc/1/root/etc/hostname"], "cannot read it: Permission denied"),
+    ],
+)
+def test_run_refuses_a_path_this_user_cannot_read_naming_it(
+    fakegpu: Path, sticky: Path, option: list[str], says: str
+) -> None:
+    hostile = ["setpriv", f"--reuid={HOSTILE}", f"--regid={HOSTILE}", "--clear-groups"]
+    r = subprocess.run(
+        [*hostile, str(HOSTAGENT), "run", "--dry-run", "--gpu", "0", *option, "img", "true"],
+        env=simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 64 and says in one_error(r), r
