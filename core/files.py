@@ -38,6 +38,7 @@ class FileRefused(UsageError):
         super().__init__(f"{printable(path)}: {reason}", hint)
         self.path = path
         self.reason = reason
+        self.errno: int | None = None  # the OSError's, when opening or reading failed
 
 
 _KINDS = {
@@ -66,7 +67,9 @@ def _cannot(path: str, err: OSError, verb: str = "read") -> FileRefused:
         errno.EPERM: f"run as a user who may {verb} it, or give another file",
         errno.ELOOP: "name the file itself, not a symbolic link to it",
     }.get(err.errno or 0, "give the path of a readable file" if verb == "read" else "write elsewhere")
-    return FileRefused(path, f"cannot {verb} it: {err.strerror or err}", hint)
+    refused = FileRefused(path, f"cannot {verb} it: {err.strerror or err}", hint)
+    refused.errno = err.errno
+    return refused
 
 
 def read_bounded(path: str, limit: int) -> bytes:

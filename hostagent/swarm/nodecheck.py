@@ -9,6 +9,7 @@ does not name the variable the advertised kind becomes (every task then sees eve
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -69,16 +70,24 @@ class NodeFile:
         self.hint = hint
 
 
+MAX_BYTES = 1 << 20  # a daemon.json or config.toml is a few hundred bytes
+
+
 def _read(path: str) -> tuple[bytes | None, NodeFile | None]:
+    """The file's bytes, bounded (gpupin.core.files: a FIFO, /dev/zero or a huge file is refused at once)."""
+    from gpupin.core import files
+
     try:
-        with open(path, "rb") as f:
-            return f.read(), None
-    except FileNotFoundError:
-        return None, NodeFile(path, exists=False)
-    except OSError as err:
-        return None, NodeFile(
-            path, error=f"cannot be read ({err.strerror})", hint="run the check as root, or point it at a readable copy"
+        return files.read_bounded(path, MAX_BYTES), None
+    except files.FileRefused as err:
+        if err.errno == errno.ENOENT:
+            return None, NodeFile(path, exists=False)
+        hint = (
+            "run the check as root, or point it at a readable copy"
+            if err.errno in (errno.EACCES, errno.EPERM)
+            else "point it at the file itself"
         )
+        return None, NodeFile(path, error=err.reason, hint=hint)
 
 
 def read_daemon_json(path: str = DAEMON_JSON) -> NodeFile:
@@ -88,6 +97,8 @@ def read_daemon_json(path: str = DAEMON_JSON) -> NodeFile:
     assert raw is not None
     try:
         data = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+    except RecursionError:
+        return NodeFile(path, error="nests too deeply to be read", hint="fix the file, then restart dockerd")
     except (UnicodeDecodeError, ValueError) as err:
         return NodeFile(
             path,
@@ -112,6 +123,10 @@ def read_toolkit_config(path: str = TOOLKIT_CONFIG) -> NodeFile:
         import tomli as tomllib
     try:
         data = tomllib.loads(raw.decode("utf-8"))
+    except RecursionError:
+        return NodeFile(
+            path, error="nests too deeply to be read", hint="fix the file (`nvidia-ctk config` rewrites it)"
+        )
     except (UnicodeDecodeError, ValueError) as err:
         return NodeFile(
             path,
@@ -248,6 +263,15 @@ def _check_runtime(dj: NodeFile, data: dict[str, Any]) -> list[Finding]:
     default = data.get("default-runtime")
     runtimes = data.get("runtimes") if isinstance(data.get("runtimes"), dict) else {}
     assert isinstance(runtimes, dict)
+    if default is not None and not isinstance(default, str):
+        return [
+            Finding(
+                dj.path,
+                f"default-runtime is {type(default).__name__ if not isinstance(default, list) else 'a list'}, "
+                "not a runtime's name, so dockerd refuses to start",
+                f'write it as "default-runtime": "{RUNTIME_NAME}"',
+            )
+        ]
     setting = (
         f'set "default-runtime": "{RUNTIME_NAME}" and "runtimes": {{"{RUNTIME_NAME}": {{"path": '
         f'"{RUNTIME_PATH}"}}}} (`nvidia-ctk runtime configure --runtime=docker --set-as-default`)'

@@ -5,6 +5,7 @@ tests/cluster/test_swarm.py configures a real three-node swarm from what node-co
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -325,9 +326,41 @@ def test_check_an_unreadable_file(fakegpu: Path, files: NodeFiles, tmp_path: Pat
     files.write(None, GOOD_TOML)
     r = node_config("--check", "--daemon-json", str(tmp_path), "--toolkit-config", str(files.toolkit_config))
     assert r.returncode == 64
-    assert lines(r) == [
-        f"{tmp_path}: cannot be read (Is a directory). HINT: run the check as root, or point it at a readable copy"
-    ]
+    assert lines(r) == [f"{tmp_path}: it is a directory, not a regular file. HINT: point it at the file itself"]
+
+
+def test_check_refuses_a_fifo_or_a_device_at_once(fakegpu: Path, files: NodeFiles, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    files.write(good(), GOOD_TOML)
+    for daemon, toolkit, kind in (
+        ("/dev/zero", str(files.toolkit_config), "a character device"),
+        (str(fifo), str(files.toolkit_config), "a FIFO"),
+        (str(files.daemon_json), str(fifo), "a FIFO"),
+    ):
+        r = node_config("--check", "--daemon-json", daemon, "--toolkit-config", toolkit)
+        assert r.returncode == 64 and "Traceback" not in r.stderr, r
+        assert any(
+            ln.startswith(f"{daemon if kind != 'a FIFO' or daemon == str(fifo) else toolkit}: it is {kind}")
+            for ln in lines(r)
+        ), r
+
+
+@pytest.mark.parametrize(
+    ("daemon", "says"),
+    [
+        (dict(good(), **{"default-runtime": ["nvidia"]}), "default-runtime is a list, not a runtime's name"),
+        (dict(good(), **{"default-runtime": 5}), "default-runtime is int, not a runtime's name"),
+        ("[" * 100000 + "]" * 100000, "nests too deeply to be read"),
+        ('{"a": ' * 100000 + "1" + "}" * 100000, "nests too deeply to be read"),
+    ],
+)
+def test_check_a_daemon_json_of_the_wrong_shape_is_one_line(
+    fakegpu: Path, files: NodeFiles, daemon: dict[str, Any] | str, says: str
+) -> None:
+    r = files.write(daemon, GOOD_TOML).check()
+    assert r.returncode == 64 and "Traceback" not in r.stderr, r
+    assert any(says in ln for ln in lines(r)), r
 
 
 def test_check_mig_cards(fakegpu: Path, files: NodeFiles) -> None:
