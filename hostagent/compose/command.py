@@ -428,6 +428,13 @@ def written_text(project: Project, top: str, rendered: dict[str, Any]) -> str:
     if project.editable is not None:
         source = roundtrip.without_header(project.texts[project.editable])
         return top + "\n" + roundtrip.edit(source, project.doc, rendered)  # the empty line ends the header
+    if load.larger_than(rendered, load.MAX_BYTES):  # a merged file writes every alias out in full
+        raise ServiceError(
+            None,
+            f"the merged model, with its YAML aliases written out, is larger than {load.MAX_BYTES >> 10} KiB, "
+            "more than check reads back",
+            "write the repeated values once (a merged file cannot keep aliases), or render one plain file",
+        )
     how = "compose v2's `config`" if project.by_compose else "hostagent's reading of compose's rules"
     merged = [
         f"# Merged from {', '.join(printable(os.path.basename(f)) for f in project.files)} by {how}:",

@@ -339,6 +339,24 @@ def load(path: str) -> Any:
     return parse(decode(read(path)))
 
 
+def larger_than(tree: Any, limit: int) -> bool:
+    """Whether a tree (aliases already copies) weighs more than `limit` nodes and scalar characters, as _weigh
+    counts them; the walk stops at the limit, so a tree of gigabytes costs no more than one of `limit`."""
+    size = 0
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        size += 1 + (len(node) if isinstance(node, str) else 0)
+        if size > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def dump(doc: Any) -> str:
     """The tree as YAML both compose versions read alike: text that either YAML 1.1 (docker-compose 1.x) or YAML
     1.2 (compose v2) would read as something else is quoted (`yes`, `1e3`, `22:22`); keys keep their order."""

@@ -24,7 +24,7 @@ import copy
 import io
 import re
 
-from gpupin.hostagent.compose.problems import ServiceError
+from gpupin.hostagent.compose.problems import ServiceError, quoted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -321,6 +321,21 @@ def edit(text: str, before: dict[Any, Any], after: dict[Any, Any]) -> str:
             "report it with the file; meanwhile write the file in plain block style",
         ) from None
     _keep_anchors(root)
+    try:
+        _apply(root, before, after)
+    except KeyError as err:  # a key the two libraries read differently (`on`, `0o17` under `%YAML 1.1`)
+        raise ServiceError(
+            None,
+            f"the key {quoted(err.args[0] if err.args else None)} reads differently in the YAML library that edits "
+            "the file (a `%YAML 1.1` directive makes `on`, `yes`, `0o17`... booleans or numbers there)",
+            "quote the key, or drop the `%YAML 1.1` directive (compose v2 reads YAML 1.2)",
+        ) from None
+    out = io.StringIO()
+    yaml.dump(root, out)
+    return out.getvalue()
+
+
+def _apply(root: Any, before: dict[Any, Any], after: dict[Any, Any]) -> None:
     editor = _Editor(root)
     old, new = before.get("services") or {}, after.get("services") or {}
     changed = [n for n in new if n in old and not _same(old[n], new[n])]
@@ -333,6 +348,3 @@ def edit(text: str, before: dict[Any, Any], after: dict[Any, Any]) -> str:
             svcs[name] = editor.apply(svcs[name], old[name], new[name])
     rest = {k: v for k, v in before.items() if k != "services"}
     editor.apply(root, rest, {k: v for k, v in after.items() if k != "services"})
-    out = io.StringIO()
-    yaml.dump(root, out)
-    return out.getvalue()

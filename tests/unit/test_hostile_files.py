@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -237,3 +238,32 @@ def test_run_refuses_a_path_this_user_cannot_read_naming_it(
         timeout=30,
     )
     assert r.returncode == 64 and says in one_error(r), r
+
+
+# --- what render writes: bounded, and read back as what was checked ------------------------------------------
+
+
+def test_a_merged_render_never_writes_out_an_alias_bomb(tmp_path: Path) -> None:
+    levels = ["x-a: &a [aa,aa,aa,aa,aa,aa,aa,aa,aa,aa]"]
+    for prev, name in zip("abcde", "bcdef"):
+        levels.append(f"x-{name}: &{name} [" + ",".join([f"*{prev}"] * 10) + "]")
+    src = tmp_path / "app.yml"
+    src.write_text("\n".join(levels) + "\nservices:\n  s:\n    image: i\n    x-gpupin: {gpus: ['1']}\n    x-m: *e\n")
+    (tmp_path / "over.yml").write_text("services:\n  s:\n    environment: [A=1]\n")
+    assert len(src.read_bytes()) < 400  # a million scalars once its aliases are written out
+    out = tmp_path / "pinned.yml"
+    started = time.monotonic()
+    r = hostagent(
+        "compose", "render", "-f", str(src), "-f", str(tmp_path / "over.yml"), "-o", str(out), GPUPIN_COMPOSE="none"
+    )
+    assert r.returncode == 64 and "larger than 1024 KiB" in one_error(r), r
+    assert not out.exists() and time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("key", ["on", "yes", "off"])
+def test_a_key_yaml_1_1_reads_otherwise_is_one_line(tmp_path: Path, key: str) -> None:
+    src = tmp_path / "app.yml"
+    src.write_text(f"%YAML 1.1\n---\nservices:\n  {key}:\n    image: i\n    x-gpupin: {{gpus: ['1']}}\n")
+    r = hostagent("compose", "render", str(src), "-o", str(tmp_path / "pinned.yml"))
+    assert r.returncode == 64 and f"the key '{key}' reads differently" in one_error(r), r
+    assert not (tmp_path / "pinned.yml").exists()
