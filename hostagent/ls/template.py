@@ -18,6 +18,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+MAX_WIDTH = 1000  # characters: a field's width or precision (`{name:>999999999}` would take gigabytes per line)
+
 # name -> (kind, what it is). Kinds: int, float, text, bool, list (joined by commas). The table of --help.
 FIELDS: dict[str, tuple[str, str]] = {
     "index": ("int", "NVML index, as nvidia-smi numbers the card"),
@@ -131,6 +133,11 @@ class Template:
             raise UsageError(
                 f"--format {text!r}: {{{field}:{spec}}}: a format spec cannot hold a field",
                 "write the width as a number: {name:<24}",
+            )
+        if any(len(n) > 4 or int(n) > MAX_WIDTH for n in re.findall(r"\d+", spec)):
+            raise UsageError(
+                f"--format {text!r}: {{{field}:{spec}}}: a width or precision above {MAX_WIDTH}",
+                f"give a width of at most {MAX_WIDTH} characters, e.g. {{name:<24}}",
             )
         sample = _SAMPLES[FIELDS[field][0]]
         try:

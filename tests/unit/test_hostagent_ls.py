@@ -373,6 +373,8 @@ def test_watch_to_a_pipe_appends_frames_and_ends_on_sigint_or_sigterm(fakegpu: P
         (["--format", "{index.real}"], "unknown field {index.real}"),
         (["--format", "{name:d}"], "{name:d}: Unknown format code 'd'"),
         (["--format", "{index"], "expected '}' before end of string"),
+        (["--format", "{name:>999999999}"], "{name:>999999999}: a width or precision above 1000"),
+        (["--format", "{power_draw_w:.99999}"], "a width or precision above 1000"),
     ],
 )
 def test_bad_options_are_one_line_and_64(fakegpu: Path, args: list[str], says: str) -> None:
