@@ -14,6 +14,7 @@ Read in Slurm 22.05's source (slurm-wlm 22.05.8):
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 
@@ -28,6 +29,9 @@ _PAIR = re.compile(r'\s*([A-Za-z0-9_.]+)\s*[-*+/]?=\s*(?:"([^"]*)"|(\S+))(?=\s|$
 _INCLUDE = re.compile(r"include\s+(\S+)", re.IGNORECASE)
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _MAX_INCLUDE_DEPTH = 16
+MAX_FILES = 64  # files read for one config, Includes counted (a real slurm.conf includes a handful)
+MAX_BYTES = 1 << 20  # per file: a real gres.conf or slurm.conf is a few KiB
+MAX_NAMES = 1 << 17  # names of one host list, ranges multiplied out (`nvidia[0-65536]x[0-65536]`)
 
 
 class GresConfError(Exception):
@@ -69,12 +73,28 @@ def _unescape(line: str) -> str:
     return re.sub(r"\\(.?)", r"\1", line)
 
 
-def logical_lines(path: str, _depth: int = 0) -> Iterator[str]:
+def _read(path: str) -> str:
+    """A config file's text: a regular file of at most MAX_BYTES (a FIFO or /dev/zero is refused at once, never
+    waited on: gpupin.core.files); OSError for any file that is not read, saying why."""
+    from gpupin.core import files  # inside a Slurm job only: the entrypoint's start-up imports nothing more
+
+    try:
+        return files.read_text(path, MAX_BYTES)
+    except files.FileRefused as err:
+        strerror = os.strerror(err.errno) if err.errno is not None else err.reason
+        raise OSError(err.errno or errno.EINVAL, strerror, path) from None
+
+
+def logical_lines(path: str, _depth: int = 0, _budget: list[int] | None = None) -> Iterator[str]:
     """The lines of a Slurm config file as its parser sees them: comments gone, continuations joined, escapes
     resolved, `Include FILE` (relative to this file's directory) read in place. OSError when a file cannot be
-    read; GresConfError for an include too deep or one that names the cluster (%c)."""
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
-        physical = f.read().splitlines()
+    read; GresConfError for an include too deep or one that names the cluster (%c), or past MAX_FILES files
+    read in all (`Include`s of `Include`s fan out: two a level, 16 levels deep, are 65,536 reads)."""
+    budget = [MAX_FILES] if _budget is None else _budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise GresConfError(f"more than {MAX_FILES} files through `Include`")
+    physical = _read(path).splitlines()
     pending = ""
     for raw in physical:
         text = _strip_comment(raw)
@@ -89,7 +109,7 @@ def logical_lines(path: str, _depth: int = 0) -> Iterator[str]:
             name = include.group(1)
             if "%c" in name or _depth >= _MAX_INCLUDE_DEPTH:
                 raise GresConfError(f"`Include {name}` is not followed (a cluster name, or too deep)")
-            yield from logical_lines(os.path.join(os.path.dirname(path), name), _depth + 1)
+            yield from logical_lines(os.path.join(os.path.dirname(path), name), _depth + 1, budget)
         elif line:
             yield line
     if pending:
@@ -161,6 +181,8 @@ def _expand_token(token: str, whole: str) -> list[str]:
             raise GresConfError(f"bad brackets in {whole!r}")
         outer = _expand_token(head[: close_at + 1], whole)
         rest = head[close_at + 1 :]
+        if len(outer) * len(numbers) > MAX_NAMES:
+            raise GresConfError(f"{whole!r} names more than {MAX_NAMES} files or hosts")
         return [f"{p}{rest}{n}" for p in outer for n in numbers]
     return [f"{head}{n}" for n in numbers]
 
@@ -171,6 +193,8 @@ def expand(hostlist: str) -> list[str]:
     names: list[str] = []
     for token in _tokens(hostlist):
         names.extend(_expand_token(token, hostlist))
+        if len(names) > MAX_NAMES:
+            raise GresConfError(f"{hostlist!r} names more than {MAX_NAMES} files or hosts")
     return names
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gpupin.entrypoint.verify import Verification
 
 INTERVAL_MAX = 86400.0  # a day: a longer interval watches nothing a user would wait for
+INTERVAL_MIN = 0.05  # seconds: at most 20 checks a second
 GRACE_DEFAULT = 10.0  # as `docker stop`
 GRACE_MAX = 3600.0
 
@@ -35,9 +36,13 @@ def interval(value: str, given: str) -> float:
     """The seconds between checks: a number in (0, a day]; 0, a negative number, nan, inf or text is refused."""
     unset = f", or unset {WATCH_VAR} to run without watching" if given == WATCH_VAR else ""
     named = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
-    return seconds(
-        value, named, INTERVAL_MAX, f"give the seconds between checks of the pinned cards, like --watch 5{unset}"
-    )
+    hint = f"give the seconds between checks of the pinned cards, like --watch 5{unset}"
+    checked = seconds(value, named, INTERVAL_MAX, hint)
+    if checked < INTERVAL_MIN:  # 1e-300 would check without pause: a core spent on NVML, no faster a stop
+        from gpupin.core.errors import UsageError
+
+        raise UsageError(f"{named} is below the shortest interval, {INTERVAL_MIN:g} seconds", hint)
+    return checked
 
 
 def grace(environ: "Mapping[str, str]") -> float:

@@ -227,6 +227,13 @@ def test_a_bad_interval_is_64_with_one_line(ep: Entrypoint, value: str) -> None:
         assert "unset GPUPIN_WATCH to run without watching" in one_error_line(r.err)
 
 
+@pytest.mark.parametrize("value", ["1e-300", "0.01"])
+def test_an_interval_below_the_shortest_is_64_not_a_busy_loop(ep: Entrypoint, value: str) -> None:
+    r = ep.run("sh", "-c", "echo ran", env={**PIN, "GPUPIN_WATCH": value}, gpus=device(RTX))
+    assert (r.rc, r.out) == (64, ""), r
+    assert f"GPUPIN_WATCH={value!r} is below the shortest interval, 0.05 seconds" in one_error_line(r.err)
+
+
 @pytest.mark.parametrize("value", ["-1", "nan", "x"])
 def test_a_bad_grace_is_64_with_one_line(value: str, fakegpu: Path) -> None:
     p = subprocess.run(

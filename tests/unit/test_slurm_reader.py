@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -324,7 +325,15 @@ def test_a_missing_or_unreadable_gres_conf_is_a_reason_not_an_error(tmp_path: Pa
     with pytest.raises(slurmconf.GresConfError, match=f"no readable {tmp_path}/gres.conf here .No such file"):
         gresconf.read(env)
     (tmp_path / "gres.conf").mkdir()
-    with pytest.raises(slurmconf.GresConfError, match="Is a directory"):
+    with pytest.raises(slurmconf.GresConfError, match="it is a directory, not a regular file"):
+        gresconf.read(env)
+    (tmp_path / "gres.conf").rmdir()
+    os.mkfifo(tmp_path / "gres.conf")  # never waited on
+    with pytest.raises(slurmconf.GresConfError, match="it is a FIFO, not a regular file"):
+        gresconf.read(env)
+    (tmp_path / "gres.conf").unlink()
+    (tmp_path / "gres.conf").symlink_to("/dev/zero")  # never read to its end
+    with pytest.raises(slurmconf.GresConfError, match="it is a character device, not a regular file"):
         gresconf.read(env)
     assert slurmconf.conf_path({}, "gres.conf") == "/etc/slurm/gres.conf"
 
@@ -334,6 +343,21 @@ def test_a_gres_conf_slurm_could_not_read_is_a_reason(tmp_path: Path) -> None:
         gresconf.read(gres_env(tmp_path, "Name=gpu File={dev}/nvidia[3-1]\n"))
     with pytest.raises(slurmconf.GresConfError, match="cannot read"):
         gresconf.read(gres_env(tmp_path, "Name=gpu File={dev}/nvidia0 = oops\n"))
+
+
+def test_the_limits_of_a_slurm_config(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(slurmconf.GresConfError, match="names more than 131072 files or hosts"):
+        gresconf.read(gres_env(tmp_path, "Name=gpu File={dev}/nvidia[0-65536]x[0-65536]\n"))
+    (tmp_path / "fan.conf").write_text("Include mid.conf\n" * 300)  # 90,000 reads of a few bytes
+    (tmp_path / "mid.conf").write_text("Include leaf.conf\n" * 300)
+    (tmp_path / "leaf.conf").write_text("\n")
+    with pytest.raises(slurmconf.GresConfError, match="more than 64 files through `Include`"):
+        gresconf.read(gres_env(tmp_path, "Include fan.conf\n"))
+    (tmp_path / "big.conf").write_text("#" * (slurmconf.MAX_BYTES + 1))
+    with pytest.raises(slurmconf.GresConfError, match="larger than 1 MiB"):
+        gresconf.read(gres_env(tmp_path, "Include big.conf\n"))
+    assert time.monotonic() - started < 5
 
 
 def test_the_minor_number_is_stat_ed_else_read_from_the_name(tmp_path: Path) -> None:
