@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
     from gpupin.hostagent.completion.model import Arg, Command
 
-_GPUS = 'COMPREPLY=($(compgen -W "$(hostagent __complete gpus 2>/dev/null)" -- "$3"))'
+# The specs are read line by line and matched as text: `compgen -W "$(...)"` would expand each word again (a
+# `$(cmd)` in what the command prints would run).
+_GPUS = '_hostagent_lines "$3" < <(hostagent __complete gpus 2>/dev/null)'
 _FILES = 'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$3"))'
 _DIRS = 'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$3"))'
 _DEFAULT = "compopt -o default 2>/dev/null; COMPREPLY=()"
@@ -59,6 +61,12 @@ _hostagent_command() {{  # the words of command $1: subs, opts, takes (a value),
     case "$1" in
 {nl.join(spec)}
     esac
+}}
+_hostagent_lines() {{  # COMPREPLY: the lines of stdin that begin with $1, as text (never expanded)
+    local w
+    COMPREPLY=()
+    while IFS= read -r w; do [[ $w == "$1"* ]] && COMPREPLY+=("$w"); done
+    return 0
 }}
 _hostagent_value() {{  # complete $3 as the value of option $2 (or of the positional #N) of command $1
     case "$1|$2" in

@@ -148,6 +148,24 @@ def test_gpu_specs_come_from_nvml(shell: str, scripts: dict[str, Path]) -> None:
     assert rtx in complete(shell, scripts, "run --uuid ")
 
 
+def test_bash_never_expands_what_hostagent_prints(scripts: dict[str, Path], tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "hostagent").write_text(f"#!/bin/sh\nprintf '%s\\n' 0 'GPU-$(touch {marker})' 'GPU-*' '$HOME'\n")
+    (fake / "hostagent").chmod(0o755)
+    code = (
+        f"source {scripts['bash']}; COMP_LINE='hostagent run --gpu '; COMP_POINT=20; "
+        "COMP_WORDS=(hostagent run --gpu ''); COMP_CWORD=3; _hostagent; printf '%s\\n' \"${COMPREPLY[@]}\""
+    )
+    env = dict(_env(), PATH=f"{fake}:{os.environ['PATH']}")
+    r = subprocess.run(
+        [_shell("bash"), "--norc", "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert r.returncode == 0 and not marker.exists(), r
+    assert r.stdout.splitlines() == ["0", f"GPU-$(touch {marker})", "GPU-*", "$HOME"], r
+
+
 def test_bash_completes_specs_with_colons_as_one_word(scripts: dict[str, Path]) -> None:
     """bash breaks words at `:`: the reply is what replaces the part after the last one."""
     assert set(bash(scripts["bash"], "run --gpu 0:", scenario="mig")) == {":0", ":1"}  # the word is `:`
