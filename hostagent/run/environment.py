@@ -65,9 +65,10 @@ class EnvVar:
 def read_env_file(path: str, environ: Mapping[str, str]) -> list[EnvVar]:
     """docker's --env-file: KEY=VALUE lines (the value as is, to the line's end), `#` comments, blank lines; a bare
     KEY takes this process's value, or is dropped when unset."""
+    from gpupin.hostagent.run.values import read_file
+
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = read_file(path)
     except OSError as err:
         raise UsageError(f"--env-file {path}: {err.strerror or err}", "give the path of a KEY=VALUE file") from None
     out: list[EnvVar] = []

@@ -64,6 +64,7 @@ class RunRequest:
         environ: Mapping[str, str] | None = None,
         max_load: float | None = None,
         max_memory: float | None = None,
+        reads: values.Reads | None = None,
         **options: Any,
     ) -> None:
         self.image = image
@@ -82,12 +83,19 @@ class RunRequest:
         if unknown:
             raise TypeError(f"unknown docker run option(s): {', '.join(sorted(unknown))}")
         self.options: dict[str, Any] = {o.dest: options.get(o.dest, _default(o)) for o in runopts.OPTIONS}
-        self.validate()
-        # The user's part of the environment (--env-file, then -e), read now: a bad file is refused before
-        # NVML or Docker is asked anything.
-        self.user_env = user_environment(
-            self.options["env_files"], self.options["env"], os.environ if environ is None else environ
-        )
+        # What the options read (the current folder, the files they name): kept, for the agent that builds the
+        # container from the same options (gpupin.hostagent.run.request_json), or the caller's, in that agent.
+        self.reads = values.Reads() if reads is None else reads
+        token = values.reads.set(self.reads)
+        try:
+            self.validate()
+            # The user's part of the environment (--env-file, then -e), read now: a bad file is refused before
+            # NVML or Docker is asked anything.
+            self.user_env = user_environment(
+                self.options["env_files"], self.options["env"], os.environ if environ is None else environ
+            )
+        finally:
+            values.reads.reset(token)
 
     # The options hostagent itself acts on.
     @property
