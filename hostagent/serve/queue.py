@@ -239,7 +239,7 @@ class Queue:
         """The turn's attempt was refused: keep the place, and wait for the next turn (its cards are looked at
         LAPSE_CHECK_S later: still usable, the turn was not used)."""
         with self._lock:
-            if w.offered is not None:
+            if w.offered is not None and w.again_on is None:  # (one look at a time: the first again's)
                 w.again_on = (w.offered, time.monotonic())
             w.offered, w.lapsed, w.asked_again, w.turn_at = None, False, True, time.monotonic()
             self._grant()
