@@ -134,12 +134,13 @@ class RunRequest:
     def validate(self) -> None:
         """Every check that needs no I/O, so that a bad request is refused before NVML or Docker is asked; then
         the options' conversions (themselves checks): files (a seccomp profile) and the current folder (`-v
-        ./data:/data`) are read here once, by the caller, with the caller's rights."""
+        ./data:/data`) are read once, by the caller, with the caller's rights (`reads`; in the resident agent, what
+        the caller sent)."""
         self.check()
         self.payload = runopts.payload(self.options)
 
     def check(self) -> None:
-        """The checks of what was asked that read nothing (the resident agent makes them again on what it gets)."""
+        """The checks of what was asked that read nothing."""
         if not self.image:
             raise UsageError(
                 "no IMAGE given", "hostagent run [OPTIONS] IMAGE [COMMAND [ARG...]]; see `hostagent run --help`"

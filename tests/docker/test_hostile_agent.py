@@ -34,7 +34,7 @@ SOCKET_ONLY, DOCKER_MEMBER, NOBODY = 5001, 5002, 5003
 
 # The hostile client: the standard library only, as any user could write it. Modes:
 #   post SOCKET ROUTE    one POST, the body on stdin ("owner": "SELF" becomes this process's lease owner); prints
-#                        the status and the answer
+#                        the status and the answer's first line
 #   reused SOCKET        connect from a child that hands the connection over and exits; print the child's pid, then
 #                        POST /api/run the body read from stdin on that connection
 #   again SOCKET         join the queue with the body on stdin, answer every turn with `again`; print each line
@@ -52,16 +52,12 @@ def request(sock, route, body):
     data = json.dumps(body).encode()
     sock.sendall(b"POST %s HTTP/1.0\r\nHost: agent\r\nContent-Length: %d\r\n\r\n%s" % (route.encode(), len(data), data))
 
-def answer(sock):
-    raw = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        raw += chunk
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    print(head.split()[1].decode())
-    print(rest.decode().strip())
+def answer(sock):  # the status and the first line of the body (a join that streams is not read further)
+    f = sock.makefile("rb")
+    print(f.readline().split()[1].decode())
+    while f.readline().strip():
+        pass
+    print(f.readline().decode().strip())
 
 mode, path = sys.argv[1], sys.argv[2]
 if mode == "reused":
@@ -101,6 +97,10 @@ for line in f:
     if b'"turn"' in line:
         sock.sendall(b"again\n")
 """
+
+
+# The create body of the issue: every device, the host's root bound (what an agent of wire 1 sent on as given).
+FORGED = {"container": {}, "host": {"privileged": True, "binds": ["/:/host"]}, "create": {}, "raw host": {}}
 
 
 def as_user(uid: int, *groups: int) -> list[str]:
@@ -199,12 +199,7 @@ def test_a_pid_reused_by_a_docker_member_lends_the_caller_no_rights(
         # with every device and the host's root.
         body = run_body(agent, sandbox_daemon(agent))
         body["owner"] = str(lease.Owner.of(pid))
-        body["request"]["payload"] = {
-            "container": {},
-            "host": {"privileged": True, "binds": ["/:/host"]},
-            "create": {},
-            "raw host": {},
-        }
+        body["request"]["payload"] = FORGED
         out, err = attacker.communicate(json.dumps(body) + "\n", timeout=120)
     finally:
         member.kill()
@@ -257,7 +252,7 @@ def test_a_forged_body_is_refused_and_creates_nothing(
 ) -> None:
     body = run_body(agent, sandbox_daemon(agent))
     if forged == "payload":  # a create body of the caller's making, beside the options
-        body["request"]["payload"] = {"container": {}, "host": {"privileged": True, "binds": ["/:/host"]}}
+        body["request"]["payload"] = FORGED
     elif forged == "privileged":
         body["request"]["options"]["privileged"] = True
     else:  # a lease in another process's name (it would live as long as that process)
