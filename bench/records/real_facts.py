@@ -1,6 +1,6 @@
 """Record how real NVML and the real CUDA driver behave, so that the simulated GPU host can copy them.
 
-Run on a host with NVIDIA GPUs:  python3 docs/records/real_facts.py > facts.txt
+Run on a host with NVIDIA GPUs:  python3 bench/records/real_facts.py > facts.txt
 Each CUDA case runs in its own process, because the driver reads CUDA_VISIBLE_DEVICES once, at cuInit.
 """
 
