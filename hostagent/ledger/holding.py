@@ -1,9 +1,8 @@
 """When a container holds the cards it was given (the ledger's rule, gpupin.hostagent.ledger.holders).
 
-When a container holds (`holding`): while running, paused or restarting; when stopped but the daemon will start it
-again on its own restart (restart policy `always`, `unless-stopped`, or `on-failure` after a failure with retries
-left: moby's restore rule, daemon/daemon.go and restartmanager); and, created but not yet started, while a
-hostagent that made it is still at work on it (its lease, gpupin.hostagent.ledger.lease).
+The rule is docs/ledger.md, "When a container holds"; `holding` applies it to one container's inspect data. The
+restart policies that hold a stopped container follow moby's restore rule (daemon/daemon.go and restartmanager);
+a created container holds while its hostagent's lease lives (gpupin.hostagent.ledger.lease).
 """
 
 from __future__ import annotations
