@@ -163,6 +163,14 @@ golden: test-tools image-test
 	@export $(REQUIRED); \
 	  $(call PYTEST,tests/docker/test_hostagent_ls.py tests/unit/test_hostagent_ls.py -k golden --update-golden -q)
 
+# README.md's examples, rewritten from runs on the simulated host and the Docker 20.10 sandbox
+# (tests/support/readme.py); tests/unit/test_readme.py and tests/docker/test_readme.py check them. Review with
+# `git diff README.md`.
+.PHONY: readme
+readme: ENGINES := 20.10
+readme: image-test
+	@$(SIMHOST) $(VPY) -m tests.support.readme
+
 # mypy reads the packages through a link tree named as they are imported (gpupin.core, .entrypoint, .hostagent).
 lint: setup
 	@mkdir -p build/typing/gpupin && for p in core entrypoint hostagent; do ln -sfn ../../../$$p build/typing/gpupin/$$p; done
