@@ -182,8 +182,8 @@ def main() -> None:
         "'devs':[{f:str(getattr(p,f,'MISSING')) for f in ('name','uuid','pci_domain_id','pci_bus_id',"
         "'pci_device_id','major','minor','total_memory')} for p in ps]}))"
     )
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    p = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    torch_env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    p = subprocess.run([sys.executable, "-c", child], env=torch_env, capture_output=True, text=True)
     print(p.stdout, p.stderr[-600:])
 
 
