@@ -8,7 +8,9 @@ What counts, inside a code span (one token at a time, split at spaces, quotes, `
   token with a placeholder (`<id>`, `{name}`, `$VAR`, `...`) names no one path: neither is checked;
 - a module (`gpupin.hostagent.ledger.forms`), and what follows it as attributes (`gpupin.core.contract.nvd_keyword`,
   `gpupin.entrypoint.sources.READERS`), read from the source without importing it.
-URLs and host paths (`/etc/gpupin`, `/run/...`, `/var/lib/...`, `/dev/nvidia0`) are not the checkout's: never checked.
+Outside code spans, a path is taken only whole (a folder of the checkout, then a file with its extension), and a
+module only by its full dotted name. URLs and host paths (`/etc/gpupin`, `/run/...`, `/var/lib/...`, `/dev/nvidia0`)
+are not the checkout's: never checked.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ TOKEN_SPLIT = re.compile(r"[\s\"'=,;()\[\]|]+")
 TEST_FILE = re.compile(r"^test_\w+\.py$")
 # Outside code spans, a checkout path is taken only in full: a known folder, then a file with its extension.
 PLAIN_PATH = re.compile(r"(?<![\w/.-])((?:core|entrypoint|hostagent|tests|bench|docs|compose|contrib)/[\w./-]*\w\.\w+)")
+PLAIN_MODULE = re.compile(r"(?<![\w./-])(gpupin\.(?:core|entrypoint|hostagent)(?:\.[A-Za-z_]\w*)*)")
 MODULE = re.compile(r"^gpupin\.(core|entrypoint|hostagent)(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -174,8 +177,13 @@ def problems(page: Path) -> list[str]:
                 found.append(f"{page.relative_to(REPO)}:{line}: {why}")
     blanked = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     plain = CODE.sub(lambda m: " " * len(m.group(0)), blanked)
-    for m in PLAIN_PATH.finditer(LINK.sub(lambda m: " " * len(m.group(0)), plain)):
+    plain = LINK.sub(lambda m: " " * len(m.group(0)), plain)
+    for m in PLAIN_PATH.finditer(plain):
         why = path_problem(m.group(1), tops)
+        if why:
+            found.append(f"{page.relative_to(REPO)}:{line_of(plain, m.start())}: {why}")
+    for m in PLAIN_MODULE.finditer(plain):
+        why = module_problem(m.group(1))
         if why:
             found.append(f"{page.relative_to(REPO)}:{line_of(plain, m.start())}: {why}")
     for m in LINK.finditer(blanked):
