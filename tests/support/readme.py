@@ -105,7 +105,7 @@ EXAMPLES: tuple[Example, ...] = (
         "wait",
         DOCKER,
         ("hostagent run --rm --gpu 1 --wait 30 gpupin:test --quiet python3 -m gpupin.entrypoint",),
-        before=(f"hostagent run -d --rm --name holder --label {LABEL} --gpu 1 gpupin:test sleep 3 >/dev/null",),
+        before=(f"hostagent run -d --rm --name holder --label {LABEL} --gpu 1 gpupin:test sleep 8 >/dev/null",),
         after=(_REMOVE,),
     ),
     Example(
