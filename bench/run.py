@@ -169,7 +169,7 @@ def _first_uuid() -> str:
     return str(topo["gpus"][1]["uuid"])
 
 
-# hostagent.trace's phases, in order, and what the time up to each one is spent on.
+# hostagent.mark's phases, in order, and what the time up to each one is spent on.
 PHASES = (
     ("main", "interpreter start-up and hostagent's CLI import"),
     ("parsed", "argument parsing"),

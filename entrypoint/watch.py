@@ -17,8 +17,7 @@ import sys
 
 from gpupin.core import health, nvml, readings
 from gpupin.core.contract import WATCH_GRACE_VAR, WATCH_VAR, seconds
-from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError
-from gpupin.core.shown import shorten
+from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError, shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,9 +34,9 @@ GRACE_MAX = 3600.0
 def interval(value: str, given: str) -> float:
     """The seconds between checks: a number in (0, a day]; 0, a negative number, nan, inf or text is refused."""
     unset = f", or unset {WATCH_VAR} to run without watching" if given == WATCH_VAR else ""
-    said = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
+    named = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
     return seconds(
-        value, said, INTERVAL_MAX, f"give the seconds between checks of the pinned cards, like --watch 5{unset}"
+        value, named, INTERVAL_MAX, f"give the seconds between checks of the pinned cards, like --watch 5{unset}"
     )
 
 

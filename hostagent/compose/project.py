@@ -74,7 +74,7 @@ class Project:
         self.variables = variables
         self.editable = editable
         self.texts = texts  # file -> the text read (the editable file's is what render edits)
-        self.by_compose = False  # the model is compose v2's `config` (hostagent.compose.model)
+        self.by_compose = False  # the model is compose v2's `config` (hostagent.compose.command.read_model)
 
 
 def _refuse(message: str, hint: str | None) -> ServiceError:

@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 
-from gpupin.core.contract import LABEL, LEVELS_SAID
+from gpupin.core.contract import LABEL, LEVELS_TEXT
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
 from gpupin.hostagent.pin import OWNED_LABELS, Pin, check_via
@@ -165,7 +165,7 @@ class RunRequest:
             if not 0 <= limit <= 100:  # NaN fails both
                 raise UsageError(f"{flag} {limit:g}: give a percentage from 0 to 100", f"e.g. {flag} 50 (GPUtil's 0.5)")
         if self.verify is not None and self.verify not in VERIFY_LEVELS:
-            raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_SAID}")
+            raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_TEXT}")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
         self.capabilities = values.gpu_capabilities(self.options["gpu_capabilities"])

@@ -220,7 +220,7 @@ def test_the_checks_catch_what_they_are_for() -> None:
         "https://example.com/tests/x",
     ):
         assert path_problem(elsewhere, tops) is None, elsewhere
-    assert module_problem("gpupin.hostagent.ledger.procs") is None
+    assert module_problem("gpupin.hostagent.ledger.processes") is None
     assert module_problem("gpupin.hostagent.ledger.forms.FORMS") is None
     assert (
         module_problem("gpupin.hostagent.runopts")
