@@ -7,6 +7,7 @@ host's cards, turns taken and never used, one uid's many places). Each attack he
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import socket
@@ -116,9 +117,9 @@ class Users:
     """The three hostile users' setpriv prefixes on this sandbox."""
 
     def __init__(self, agent: Agent) -> None:
-        docker_gid = os.stat(agent.sandbox.host[len("unix://") :]).st_gid
+        self.docker_gid = os.stat(agent.sandbox.host[len("unix://") :]).st_gid
         self.socket_only = as_user(SOCKET_ONLY, AGENT_GID)
-        self.docker_member = as_user(DOCKER_MEMBER, AGENT_GID, docker_gid)
+        self.docker_member = as_user(DOCKER_MEMBER, AGENT_GID, self.docker_gid)
         self.nobody = as_user(NOBODY)
 
 
@@ -325,7 +326,8 @@ def test_a_daemon_on_tcp_is_booked_for_root_only_unless_a_group_is_named(
         assert created(agent) == []
     finally:
         r.close()
-    r = serve(agent, "--daemon-group", "docker", env=env)  # the sandbox's socket group is `docker`
+    group = grp.getgrgid(users.docker_gid).gr_name  # the sandbox socket's group, whose member 5002 is
+    r = serve(agent, "--daemon-group", group, env=env)
     try:
         status, answer = post(users.docker_member, r.socket, "/api/run", run_body(agent, tcp.url))
         assert status == 200 and "id" in answer, answer
@@ -349,6 +351,9 @@ def test_only_callers_who_may_use_the_daemon_join_the_queue(resident: Resident, 
     assert status == 400 and answer["exit"] == 64, answer
     assert f"uid {SOCKET_ONLY} may not use the Docker daemon" in answer["error"]
     assert json.loads(resident.get("/api/queue")[1])["waiters"] == []
+    outside = client(users.nobody, "post", resident.socket, "/api/queue")  # not in the agent's group: no connect
+    _, err = outside.communicate(json.dumps(queue_body(gpus=["1"])) + "\n", timeout=60)
+    assert outside.returncode == 1 and "PermissionError" in err, err
 
 
 def test_one_uid_holds_at_most_8_places(resident: Resident, users: Users) -> None:
