@@ -301,7 +301,11 @@ class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def get_request(self) -> tuple[Any, Any]:
         # Who the caller is, taken once as the connection is accepted: every request on it acts for that identity.
         sock, _ = self.socket.accept()
-        return sock, Peer.at_accept(sock)
+        try:
+            return sock, Peer.at_accept(sock)
+        except BaseException:
+            sock.close()
+            raise
 
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:

@@ -23,6 +23,7 @@ and follows the container itself (gpupin.hostagent.run.via_agent); the agent nev
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -148,7 +149,8 @@ class Runs:
             self._done(api)  # a requests session outlives a failed call: kept for the next run
         # The audit line: who, as the kernel named them at accept, and what was made for them.
         cards_made = ",".join(t.uuid for t in created.spec.targets)
-        say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} pid {peer.pid}")
+        with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
+            say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} pid {peer.pid}")
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
 
     @staticmethod
