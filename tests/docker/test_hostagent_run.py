@@ -22,6 +22,7 @@ import pytest
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
+from tests.support.spawn import default_signals
 from tests.support.wait import wait_for
 
 RTX = uuids("mixed-4")[1]
@@ -46,6 +47,12 @@ def way(request: pytest.FixtureRequest, agent: Agent) -> Iterator[str]:
         resident.close()
 
 
+def _terminal_of_its_own() -> None:
+    """In the child: the pty as its controlling terminal, and the signals a shell gives a foreground job."""
+    default_signals()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 class Terminal:
     """hostagent run in a pseudo-terminal, typed at as a person would."""
 
@@ -59,7 +66,7 @@ class Terminal:
             stderr=slave,
             env=agent.env,
             start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+            preexec_fn=_terminal_of_its_own,
         )
         os.close(slave)
         self.seen = b""

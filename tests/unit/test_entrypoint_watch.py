@@ -22,6 +22,7 @@ import pytest
 from tests.support.entrypoint import Entrypoint, device, one_error_line
 from tests.support.host import ENTRYPOINT, simhost_env
 from tests.support.scenarios import uuids
+from tests.support.spawn import default_signals
 from tests.support.watch import LOOPING, PIN, WATCH, Faults, Running, loss_line, start
 
 A800, RTX, A800B, A800C = uuids("mixed-4")  # RTX is the pinned card (watch.PIN)
@@ -162,6 +163,7 @@ def _spawn_in_pty(argv: list[str], env: dict[str, str], background: bool = False
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs
         try:
+            default_signals()
             if background and (job := os.fork()):
                 os._exit(os.waitstatus_to_exitcode(os.waitpid(job, 0)[1]) & 0xFF)
             if background:
