@@ -15,10 +15,28 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
-from tests.support.host import FAKEGPU, REPO
+from tests.support.host import FAKEGPU, REPO, required
+from tests.support.hypo import BASE
 from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test
+from tests.support.spawn import default_signals_at_exec
 from tests.support.watch import Running
+
+# Hypothesis's profiles (tests/support/hypo.py scales each test's example count by the profile's max_examples):
+# `ci`, what CI and the make targets that require the daemons run, the same examples on every run (a failure is
+# one to reproduce, not luck), its blob printed; `fuzz` (`make fuzz`, --hypothesis-profile=fuzz) twenty times the
+# examples, at random. No deadline: the machines are shared and loaded, and a slow example is not a wrong one.
+settings.register_profile("ci", derandomize=True, max_examples=BASE, deadline=None, print_blob=True)
+settings.register_profile("fuzz", max_examples=20 * BASE, deadline=None, print_blob=True)
+if required():
+    settings.load_profile("ci")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # What the processes the tests start inherit: the default dispositions, even where this run was started with
+    # some ignored (nohup, CI without standard input): tests/support/spawn.py.
+    default_signals_at_exec()
 
 
 @pytest.fixture(autouse=True)
