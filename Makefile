@@ -23,7 +23,7 @@ TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
 .PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
-	image-test test-tools test test-unit test-docker test-cluster test-gpu lint bench demo clean
+	image-test test-tools test test-unit test-docker test-cluster test-gpu soak fuzz lint bench demo clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
@@ -33,7 +33,9 @@ help:
 	@echo "make test-cluster  tests/cluster: the three-node Swarm and the real Slurm"
 	@echo "make test-gpu      tests/gpu: against a real NVIDIA GPU (skipped without one)"
 	@echo "                   (PYTEST_ARGS=... adds pytest arguments; naming a test file runs just it)"
-	@echo "make lint          ruff and mypy"
+	@echo "make soak          the resident agent's full 10-minute soak (make test runs a 90 s one)"
+	@echo "make fuzz          the hypothesis tests with twenty times the examples, at random (profile fuzz)"
+	@echo "make lint          ruff (check and format --check) and mypy, as CI runs them before the tests"
 	@echo "make golden        rewrite tests/golden (hostagent ls output) after a change that is meant"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make bench-swarm   hostagent ls --swarm against docker node ls + service ps, on the three-node swarm"
@@ -123,8 +125,9 @@ PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 
 # The tiers (tests/README.md): each one's folder, and the markers that select the same tests (tests/conftest.py
 # marks each test from its folder and fixtures, and refuses one filed in another tier's folder). A tier runs its
-# folder, or the test files PYTEST_ARGS names (one of another tier is deselected: "collected no tests").
-TIER = $(call PYTEST,-m "$(2)" $(if $(findstring tests/,$(PYTEST_ARGS)),,$(1)) $(PYTEST_ARGS))
+# folder, or the test files PYTEST_ARGS names (one of another tier is deselected: "collected no tests"), with the
+# target's own pytest arguments ($(3)).
+TIER = $(call PYTEST,-m "$(2)" $(3) $(if $(findstring tests/,$(PYTEST_ARGS)),,$(1)) $(PYTEST_ARGS))
 UNIT := not docker and not swarm and not slurm and not gpu
 # What the daemon and cluster tiers need: a missing daemon or cluster fails their tests (not skips) here.
 REQUIRED := $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"
@@ -154,6 +157,16 @@ test-docker: test-tools image-test
 test-cluster: test-tools image-test
 	@export $(REQUIRED); $(call TIER,tests/cluster,swarm or slurm)
 
+# The resident agent's soak at full length, 500 containers over 10 minutes on every engine at once (`make test` runs
+# the same test for 90 s: tests/docker/test_serve_soak.py).
+soak: test-tools image-test
+	@export $(REQUIRED) GPUPIN_SOAK_SECONDS=600; $(call TIER,tests/docker/test_serve_soak.py,soak,-s)
+
+# The hypothesis tests (hypothesis marks them) under the fuzz profile (tests/conftest.py): twenty times each test's
+# examples, not derandomized.
+fuzz: fakegpu
+	@export $(SIMHOST); $(call TIER,tests/unit,hypothesis,--hypothesis-profile=fuzz)
+
 # On a real NVIDIA host, with its own driver: none of the fakes on the library path.
 test-gpu: setup
 	@$(call TIER,tests/gpu,gpu)
@@ -172,6 +185,7 @@ golden: test-tools image-test
 lint: setup
 	@mkdir -p build/typing/gpupin && for p in core entrypoint hostagent; do ln -sfn ../../../$$p build/typing/gpupin/$$p; done
 	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
 	$(VPY) -m mypy
 
 # Measured as users get it: gpupin installed from its wheel (bytecode compiled, no editable-install finder) in a
