@@ -81,6 +81,13 @@ def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
 
 
 @pytest.fixture
+def agent_any(sandboxes: Sandboxes) -> Iterator[Agent]:
+    """An Agent on the first engine under test alone: for what hostagent decides before it asks the daemon
+    anything (its argument handling, its own refusals), where a second engine would run the same code again."""
+    yield from agent_on(sandboxes.get(engines_under_test()[0]))
+
+
+@pytest.fixture
 def agent26(sandboxes: Sandboxes) -> Iterator[Agent]:
     """An Agent on Engine 26's sandbox alone: for what only an engine with CDI does."""
     if "26" not in engines_under_test():
@@ -132,6 +139,7 @@ FIXTURE_NEEDS = {
     "mixed4_sandbox": "docker",
     "agent": "docker",
     "agent26": "docker",
+    "agent_any": "docker",
     "swarm": "swarm",
     "slurm": "slurm",
     "slurm_cluster": "slurm",
