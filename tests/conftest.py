@@ -24,10 +24,11 @@ from tests.support.spawn import default_signals_at_exec
 from tests.support.watch import Running
 
 # Hypothesis's profiles (tests/support/hypo.py scales each test's example count by the profile's max_examples):
-# `ci`, what CI and the make targets that require the daemons run, the same examples on every run (a failure is
-# one to reproduce, not luck), its blob printed; `fuzz` (`make fuzz`, --hypothesis-profile=fuzz) twenty times the
-# examples, at random. No deadline: the machines are shared and loaded, and a slow example is not a wrong one.
-settings.register_profile("ci", derandomize=True, max_examples=BASE, deadline=None, print_blob=True)
+# `ci`, what CI and the make targets that require the daemons run, half each test's examples, the same ones on
+# every run (a failure is one to reproduce, not luck), its blob printed; `fuzz` (`make fuzz`,
+# --hypothesis-profile=fuzz) twenty times the examples, at random. No deadline: the machines are shared and loaded,
+# and a slow example is not a wrong one. A run with neither (a developer's) takes each test's count, at random.
+settings.register_profile("ci", derandomize=True, max_examples=BASE // 2, deadline=None, print_blob=True)
 settings.register_profile("fuzz", max_examples=20 * BASE, deadline=None, print_blob=True)
 if required():
     settings.load_profile("ci")

@@ -1,5 +1,6 @@
 """Hypothesis's example counts under the profiles tests/conftest.py registers: a test states the count it needs
-on an ordinary run; the `fuzz` profile (`make fuzz`) multiplies it, `ci` keeps it and derandomizes the examples."""
+on an ordinary run; the `fuzz` profile (`make fuzz`) multiplies it by twenty, `ci` halves it and derandomizes the
+examples."""
 
 from __future__ import annotations
 
