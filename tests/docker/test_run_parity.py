@@ -176,25 +176,34 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: docker {a!r}, hostagent {b!r}"]
 
 
+@pytest.fixture(scope="module")
+def api(sandbox: Sandbox) -> Any:
+    """The daemon's own API (the docker SDK), for what the test reads and removes: the same inspect for both sides,
+    without a CLI process for each look."""
+    import docker
+
+    return docker.APIClient(base_url=sandbox.host, version="auto", timeout=120)
+
+
 def created(
-    sandbox: Sandbox, argv: list[str], env: dict[str, str], cwd: Path, tag: str
+    api: Any, argv: list[str], env: dict[str, str], cwd: Path, tag: str
 ) -> tuple[bool, dict[str, Any] | None, str]:
-    """(whether `argv` succeeded, the comparable inspect of the container it left, if any: a `docker run -d` whose
-    start the daemon refused leaves it created; what it said), removing the container."""
+    """(whether `argv` succeeded, the comparable inspect of the container it left, if any; what it said), removing
+    the container."""
     proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
-    ids = sandbox.docker("ps", "-aq", "--no-trunc", "--filter", f"label=gpupin.test={tag}").stdout.split()
+    ids = [c["Id"] for c in api.containers(all=True, filters={"label": f"gpupin.test={tag}"})]
     try:
         assert len(ids) <= 1, (ids, proc.stdout, proc.stderr)
-        info = json.loads(sandbox.docker("inspect", ids[0], check=True).stdout)[0] if ids else None
+        info = api.inspect_container(ids[0]) if ids else None
         return proc.returncode == 0, None if info is None else comparable(info), proc.stderr.strip()
     finally:
-        if ids:
-            sandbox.docker("rm", "-fv", *ids)
+        for cid in ids:
+            api.remove_container(cid, v=True, force=True)
 
 
 @pytest.mark.parametrize(("lineno", "line"), ROWS, ids=[f"line{n}" for n, _ in ROWS])
 def test_docker_run_line(
-    sandbox: Sandbox, unstarted: str, counted: dict[str, int], workdir: Path, lineno: int, line: str
+    sandbox: Sandbox, api: Any, unstarted: str, counted: dict[str, int], workdir: Path, lineno: int, line: str
 ) -> None:
     sandbox.use("mixed-4")
     env = {**simhost_env("mixed-4"), **sandbox.env, **PASS_THROUGH, "DOCKER_HOST": unstarted}
@@ -208,12 +217,12 @@ def test_docker_run_line(
     def theirs(cli: str) -> list[str]:
         return [cli, "run", "-d", "--label", f"gpupin.test={tag}", *options, *pin, TEST_IMAGE, *COMMAND]
 
-    ok, got, said = created(sandbox, mine, env, workdir, tag)
+    ok, got, said = created(api, mine, env, workdir, tag)
     cli = sandbox.docker_cli
-    docker_ok, want, docker_said = created(sandbox, theirs(cli), env, workdir, tag)
+    docker_ok, want, docker_said = created(api, theirs(cli), env, workdir, tag)
     if want is None and ok and sandbox.engine != ENGINES[-1]:  # hostagent created, docker's CLI refused
         cli = Sandbox(ENGINES[-1]).docker_cli
-        docker_ok, want, docker_said = created(sandbox, theirs(cli), env, workdir, tag)
+        docker_ok, want, docker_said = created(api, theirs(cli), env, workdir, tag)
         counted["as the newer CLI"] += 1
     counted["lines"] += 1
     if not (docker_ok and ok):
