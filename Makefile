@@ -141,17 +141,45 @@ test-tools:
 	if [ -n "$$missing" ]; then echo "make: installing" $$missing; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
-# Every tier, in one run (fastest first: pyproject's testpaths), as CI runs it.
+# The docker tier with two engines: one pytest per engine, side by side. Each engine has a sandbox of its own
+# (daemon, containerd, topology, ledger lock; the agents' sockets are the tests' own), so the two runs share nothing
+# but the CPUs, and the tier takes about the time of its slower engine. The tests that do not depend on the engine
+# (`agent_any`) run in the first engine's run. Each run's output is shown whole once both have ended
+# (build/test-docker-ENGINE.log); a run that collects nothing fails only if the other does too.
+DOCKER_TIER = $(if $(word 2,$(ENGINES)),$(DOCKER_SIDE_BY_SIDE),$(call TIER,tests/docker,docker))
+DOCKER_SIDE_BY_SIDE = mkdir -p build; pids=; echo "make: the docker tier on $(ENGINES) side by side"; \
+	for e in $(ENGINES); do \
+	  GPUPIN_TEST_ENGINES=$$e GPUPIN_TEST_ANY_ENGINE=$(firstword $(ENGINES)) $(VPY) -m pytest -m docker \
+	    $(if $(findstring tests/,$(PYTEST_ARGS)),,tests/docker) $(PYTEST_ARGS) >build/test-docker-$$e.log 2>&1 & \
+	  pids="$$pids $$!"; \
+	done; rc=0; runs=0; empty=0; \
+	for p in $$pids; do r=0; wait $$p || r=$$?; runs=$$((runs + 1)); \
+	  if [ $$r = 5 ]; then empty=$$((empty + 1)); elif [ $$r != 0 ]; then rc=$$r; fi; \
+	done; \
+	for e in $(ENGINES); do echo "make: the docker tier on Engine $$e:"; cat build/test-docker-$$e.log; done; \
+	if [ $$empty = $$runs ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# Every tier, fastest first, as CI runs it: each tier's run (the docker tier's per engine), every one of them
+# whatever the one before gave. With PYTEST_ARGS, one run of what it names.
 test: test-tools image-test
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@export $(REQUIRED); rc=0; \
+	  ( $(call TIER,tests/unit,$(UNIT)) ) || rc=1; \
+	  ( $(DOCKER_TIER) ) || rc=1; \
+	  ( $(call TIER,tests/cluster,swarm or slurm) ) || rc=1; \
+	  ( $(call TIER,tests/gpu,gpu) ) || rc=1; \
+	  exit $$rc
+else
 	@export $(REQUIRED); $(call PYTEST,$(PYTEST_ARGS))
+endif
 
 # The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no cluster.
 test-unit: test-tools fakegpu
 	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT))
 
-# The sandbox tier: every test on each engine in ENGINES.
+# The sandbox tier: each test on each engine in ENGINES (or on one, where the engine does not matter).
 test-docker: test-tools image-test
-	@export $(REQUIRED); $(call TIER,tests/docker,docker)
+	@export $(REQUIRED); $(DOCKER_TIER)
 
 # The three-node Swarm (its images come from the 20.10 sandbox) and the real Slurm; each test starts its cluster.
 test-cluster: test-tools image-test
