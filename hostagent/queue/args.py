@@ -8,8 +8,7 @@ import json
 import sys
 import time
 
-from gpupin.core.errors import AgentUnavailableError
-from gpupin.core.shown import printable
+from gpupin.core.errors import AgentUnavailableError, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -332,9 +332,9 @@ def command(args: argparse.Namespace) -> int:
             sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
     if req.pull != "always":  # a pull is this process's own (its credentials, its terminal)
-        from gpupin.hostagent.run import thin
+        from gpupin.hostagent.run import via_agent
 
-        code = thin.run(req)
+        code = via_agent.run(req)
         if code is not None:
             return code
     from gpupin.hostagent.run import launch

@@ -61,7 +61,7 @@ class W:
         cooling: bool = False,
         **limits: float,
     ) -> None:
-        self.ask = fair.Ask(gpus, count, share, limits.get("max_load"), limits.get("max_memory"))
+        self.ask = fair.QueueRequest(gpus, count, share, limits.get("max_load"), limits.get("max_memory"))
         self.offered = offered
         self.lapsed = lapsed
         self.cooling = cooling
@@ -124,9 +124,9 @@ def test_a_newcomer_is_clear_when_no_earlier_waiter_could_take_its_cards() -> No
 
 def test_specs_resolve_as_run_resolves_them() -> None:
     v = view("free", "free")
-    assert [t.uuid for t in fair.resolve(fair.Ask(["1b:00.0", "GPU-1111"]), v)] == UUIDS[:2]
+    assert [t.uuid for t in fair.resolve(fair.QueueRequest(["1b:00.0", "GPU-1111"]), v)] == UUIDS[:2]
     with pytest.raises(GpuSpecError):
-        fair.resolve(fair.Ask(["7"]), v)
+        fair.resolve(fair.QueueRequest(["7"]), v)
 
 
 def test_the_table() -> None:
