@@ -55,7 +55,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None when unreadable.
 
     With the pid it names one process for the life of a boot: a pid that was reused has another start time."""
@@ -66,9 +66,10 @@ def _start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def _pid_namespace() -> str:
+def pid_namespace(pid: int | None = None) -> str:
+    """The pid namespace of a process (this one by default), as an inode number; "" when unreadable."""
     try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
+        return str(os.stat(f"/proc/{'self' if pid is None else pid}/ns/pid").st_ino)
     except OSError:
         return ""
 
@@ -97,9 +98,9 @@ class Owner:
         return cls(
             socket.gethostname(),
             pid,
-            _start_time(pid) or "",
+            start_time(pid) or "",
             _read("/proc/sys/kernel/random/boot_id"),
-            _pid_namespace(),
+            pid_namespace(),
         )
 
     @classmethod
@@ -134,7 +135,7 @@ class Owner:
             return False
         except PermissionError:
             pass  # another user's process: it exists
-        start = _start_time(self.pid)
+        start = start_time(self.pid)
         if start is None:
             return None  # /proc mounted with hidepid: only the lease can tell
         return start == self.start

@@ -68,12 +68,14 @@ ENV_FILE_LIMIT = 1 << 20  # bytes, as for a compose file: far beyond any real en
 def read_env_file(path: str, environ: Mapping[str, str]) -> list[EnvVar]:
     """docker's --env-file: KEY=VALUE lines (the value as is, to the line's end), `#` comments, blank lines; a bare
     KEY takes this process's value, or is dropped when unset."""
-    from gpupin.core import files  # only when the option is given: run's start-up stays as it was
+    from gpupin.hostagent.run.values import read_file
 
     try:
-        data = files.read_bounded(path, ENV_FILE_LIMIT)
-    except files.FileRefused as err:
-        raise UsageError(f"--env-file {shown(path)}: {err.reason}", "give the path of a KEY=VALUE file") from None
+        data = read_file(path, ENV_FILE_LIMIT)
+    except OSError as err:
+        raise UsageError(
+            f"--env-file {shown(path)}: {err.strerror or err}", "give the path of a KEY=VALUE file"
+        ) from None
     out: list[EnvVar] = []
     for n, raw_bytes in enumerate(data.splitlines(), 1):
         try:

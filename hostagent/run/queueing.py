@@ -7,7 +7,8 @@ earlier waiter waits for (at once, when no one waits for these cards); each `nex
 its place) and blocks until its next turn or the deadline. Closing the QueueClient closes the connection: the agent
 drops the waiter at once (the run succeeded, gave up, or was interrupted: Ctrl-C).
 
-Without an agent, `next` sleeps POLL_S (with jitter), as --wait always did. When the agent goes away while a run
+Without an agent, `next` sleeps POLL_S (with jitter), as --wait always did; so does a run whose turns went unused
+(the agent took it out of its queue, with one line). When the agent goes away while a run
 waits, the run says so in one line and polls as without an agent, and at each wait for RECONNECT_S tries to join
 again with its ticket (a restarted agent gives it its place back). A waiter never vanishes silently.
 """
@@ -23,7 +24,7 @@ import socket
 import threading
 import time
 
-from gpupin.core.errors import GpupinError
+from gpupin.core.errors import GpupinError, shown
 from gpupin.hostagent import agentlink, say
 
 TYPE_CHECKING = False
@@ -193,6 +194,11 @@ class QueueClient:
             elif "turn" in message:
                 self._turn = True
                 return
+            elif "lost" in message:  # its turns went unused: out of the queue (gpupin.hostagent.serve.queue)
+                self._stream.close()
+                self._stream = None
+                why = shown(message["lost"])
+                say(f"the agent at {self.link} took this request out of its queue ({why}): waiting without it")
             elif "position" in message:
                 self._place = f"position {message['position']} of {message['of']}"
         time.sleep(min(POLL_S * (0.5 + random.random()), max(deadline - time.monotonic(), 0.01)))

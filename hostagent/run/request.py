@@ -1,10 +1,10 @@
 """A `hostagent run` request and the container it becomes.
 
 `RunRequest` is what was asked (the GPUs, the image and command untouched, the docker run options of
-hostagent.runopts), checked before any I/O. `ContainerSpec` is the container: its environment and labels (the
-user's, then the pin's, hostagent.pin), and one create payload built with the docker SDK's own types
-(ContainerConfig, HostConfig), which both the create call and `--dry-run --json` use; `--dry-run` also prints the
-equivalent `docker run` line from the same table of options.
+gpupin.hostagent.run.options), checked before any I/O. `ContainerSpec` is the container: its environment and
+labels (the user's, then the pin's, gpupin.hostagent.pin), and one create payload built with the docker SDK's own
+types (ContainerConfig, HostConfig), which both the create call and `--dry-run --json` use; `--dry-run` also
+prints the equivalent `docker run` line from the same table of options.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class RunRequest:
         environ: Mapping[str, str] | None = None,
         max_load: float | None = None,
         max_memory: float | None = None,
+        reads: values.Reads | None = None,
         **options: Any,
     ) -> None:
         self.image = image
@@ -82,12 +83,19 @@ class RunRequest:
         if unknown:
             raise TypeError(f"unknown docker run option(s): {', '.join(sorted(unknown))}")
         self.options: dict[str, Any] = {o.dest: options.get(o.dest, _default(o)) for o in runopts.OPTIONS}
-        self.validate()
-        # The user's part of the environment (--env-file, then -e), read now: a bad file is refused before
-        # NVML or Docker is asked anything.
-        self.user_env = user_environment(
-            self.options["env_files"], self.options["env"], os.environ if environ is None else environ
-        )
+        # What the options read (the current folder, the files they name): kept, for the agent that builds the
+        # container from the same options (gpupin.hostagent.run.request_json), or the caller's, in that agent.
+        self.reads = values.Reads() if reads is None else reads
+        token = values.reads.set(self.reads)
+        try:
+            self.validate()
+            # The user's part of the environment (--env-file, then -e), read now: a bad file is refused before
+            # NVML or Docker is asked anything.
+            self.user_env = user_environment(
+                self.options["env_files"], self.options["env"], os.environ if environ is None else environ
+            )
+        finally:
+            values.reads.reset(token)
 
     # The options hostagent itself acts on.
     @property
@@ -126,12 +134,13 @@ class RunRequest:
     def validate(self) -> None:
         """Every check that needs no I/O, so that a bad request is refused before NVML or Docker is asked; then
         the options' conversions (themselves checks): files (a seccomp profile) and the current folder (`-v
-        ./data:/data`) are read here once, by the caller, with the caller's rights."""
+        ./data:/data`) are read once, by the caller, with the caller's rights (`reads`; in the resident agent, what
+        the caller sent)."""
         self.check()
         self.payload = runopts.payload(self.options)
 
     def check(self) -> None:
-        """The checks of what was asked that read nothing (the resident agent makes them again on what it gets)."""
+        """The checks of what was asked that read nothing."""
         if not self.image:
             raise UsageError(
                 "no IMAGE given", "hostagent run [OPTIONS] IMAGE [COMMAND [ARG...]]; see `hostagent run --help`"

@@ -1,49 +1,36 @@
 """A `hostagent run` request as JSON, for the resident agent, which books the cards and creates the container for
 its caller (gpupin.hostagent.serve.runs).
 
-What the caller read travels as values, never as paths: its env files and environment (the variables), its current
-folder (`-v ./data` made absolute), a seccomp profile (its text): the agent runs as root and opens nothing for a
-caller. The options' conversions are the caller's (RunRequest.validate); the agent makes again only the checks that
-read nothing (RunRequest.check). JSON, never pickle: the agent must not run what a caller sends.
+The request is what the user asked, never what to create: the image, the command, the cards, and the docker run
+options as parsed from the command line (their text). The agent builds the container itself from them, through the
+same RunRequest and the same conversions as a run without it, so that every refusal of `hostagent run` applies: a
+prepared create body is no part of the wire, and a request that carries one is malformed (64).
+
+What the caller read travels as values, never as paths for the agent to open: its current folder (`-v ./data`), the
+files its options name (env files, seccomp profiles: their bytes), and the values of its environment that `-e KEY`
+and a bare KEY in an env file pass on (gpupin.hostagent.run.values.Reads). The agent runs as root and opens nothing
+for a caller. JSON, never pickle: the agent must not run what a caller sends.
 """
 
 from __future__ import annotations
 
-from gpupin.core.errors import UsageError
+from gpupin.core.errors import UsageError, shorten
 from gpupin.hostagent.run import options as runopts
-from gpupin.hostagent.run.environment import EnvVar
+from gpupin.hostagent.run import values
 from gpupin.hostagent.run.request import RunRequest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-VERSION = 1
-_TUPLE = "__tuple__"  # JSON has no tuple; the SDK's payload types tell (host, port) bindings by it
-
-
-def _tagged(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return {_TUPLE: [_tagged(v) for v in value]}
-    if isinstance(value, list):
-        return [_tagged(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _tagged(v) for k, v in value.items()}
-    return value
-
-
-def _untagged(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_untagged(v) for v in value]
-    if isinstance(value, dict):
-        if set(value) == {_TUPLE}:
-            return tuple(_untagged(v) for v in value[_TUPLE])
-        return {k: _untagged(v) for k, v in value.items()}
-    return value
+VERSION = 2  # 2: the options as typed, and what they read; no create payload (1 sent one, and the agent used it)
+_FIELDS = {"wire", "image", "command", "gpus", "count", "share", "verify", "via", "max_load", "max_memory"}
+_READS = {"options", "environ", "cwd", "files"}
 
 
 def dump(req: RunRequest) -> dict[str, Any]:
-    """The request, as the caller parsed and read it."""
+    """The request, as the caller parsed it, with what its options read."""
+    given = {o.dest: req.options[o.dest] for o in runopts.OPTIONS if req.options[o.dest] not in (None, [])}
     return {
         "wire": VERSION,
         "image": req.image,
@@ -55,9 +42,10 @@ def dump(req: RunRequest) -> dict[str, Any]:
         "via": req.via,
         "max_load": req.max_load,
         "max_memory": req.max_memory,
-        "options": req.options,
-        "env": [list(v) for v in req.user_env],
-        "payload": _tagged(req.payload),
+        "options": given,
+        "environ": {v.key: v.value for v in req.user_env if v.passed and v.value is not None},
+        "cwd": req.reads.cwd or values.workdir(),
+        "files": {path: data.decode("utf-8", "surrogateescape") for path, data in req.reads.files.items()},
     }
 
 
@@ -65,34 +53,69 @@ def _bad(what: str) -> UsageError:
     return UsageError(f"the run request is malformed ({what})", "use a hostagent of the agent's version")
 
 
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _option(dest: str, value: Any) -> bool:
+    """Whether an option's value has the type the command line gives it (its text is checked by its conversion)."""
+    kind = runopts.BY_DEST[dest].kind
+    if kind == runopts.FLAG:
+        return value is None or isinstance(value, bool)
+    if kind == runopts.APPEND:
+        return _strings(value)
+    return value is None or isinstance(value, str)
+
+
 def load(obj: Any) -> RunRequest:
-    """The RunRequest a caller sent (without --wait: the caller waits), checked again where that reads nothing."""
+    """The RunRequest a caller sent (without --wait: the caller waits), made again here from its options as a run
+    without the agent makes it: every check and conversion of `hostagent run` (a refusal is its line and code)."""
     if not isinstance(obj, dict) or obj.get("wire") != VERSION:
-        raise _bad(f"wire version {obj.get('wire') if isinstance(obj, dict) else None!r}, not {VERSION}")
-    options = obj.get("options")
-    payload = obj.get("payload")
-    env = obj.get("env")
-    if not isinstance(options, dict) or set(options) - set(runopts.BY_DEST) or not isinstance(payload, dict):
+        raise _bad(f"wire version {shorten(obj.get('wire')) if isinstance(obj, dict) else None}, not {VERSION}")
+    extra = set(obj) - _FIELDS - _READS
+    if extra:  # a create payload among them: the agent builds the container itself
+        raise _bad(f"unknown field(s) {shorten(sorted(extra))}")
+    options, environ, cwd, files = obj.get("options"), obj.get("environ"), obj.get("cwd"), obj.get("files")
+    if not isinstance(options, dict) or not all(k in runopts.BY_DEST and _option(k, v) for k, v in options.items()):
         raise _bad("options")
-    if not isinstance(env, list) or not all(isinstance(e, list) and len(e) == 4 and isinstance(e[0], str) for e in env):
-        raise _bad("env")
-    req = RunRequest.__new__(RunRequest)
+    if not isinstance(environ, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in environ.items()):
+        raise _bad("environ")
+    if not isinstance(cwd, str) or not cwd.startswith("/"):
+        raise _bad("cwd")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise _bad("files")
+    image, command, gpus, count = obj.get("image"), obj.get("command"), obj.get("gpus"), obj.get("count")
+    verify, via = obj.get("verify"), obj.get("via")
+    if (
+        not isinstance(image, str)
+        or not _strings(command)
+        or not _strings(gpus)
+        or not (count is None or (isinstance(count, int) and not isinstance(count, bool)))
+        or not isinstance(obj.get("share"), bool)
+        or not all(v is None or isinstance(v, str) for v in (verify, via))
+        or not (_number(obj.get("max_load")) and _number(obj.get("max_memory")))
+    ):
+        raise _bad("fields")
     try:
-        req.image = str(obj["image"])
-        req.command = [str(a) for a in obj["command"]]
-        req.gpus = [str(g) for g in obj["gpus"]]
-        req.count = None if obj["count"] is None else int(obj["count"])
-        req.share = bool(obj["share"])
-        req.wait = None
-        req.verify = obj["verify"]
-        req.dry_run = False
-        req.via = obj["via"]
-        req.max_load = None if obj["max_load"] is None else float(obj["max_load"])
-        req.max_memory = None if obj["max_memory"] is None else float(obj["max_memory"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise _bad(f"{type(err).__name__}: {err}") from None
-    req.options = {o.dest: options.get(o.dest, [] if o.kind == runopts.APPEND else None) for o in runopts.OPTIONS}
-    req.check()
-    req.user_env = [EnvVar(k, v, f, bool(p)) for k, v, f, p in env]
-    req.payload = _untagged(payload)
-    return req
+        read = {k: v.encode("utf-8", "surrogateescape") for k, v in files.items()}
+    except UnicodeEncodeError:
+        raise _bad("files") from None
+    reads = values.Reads(cwd, read, given=True)
+    return RunRequest(
+        image,
+        obj["command"],
+        gpus=obj["gpus"],
+        count=count,
+        share=obj["share"],
+        verify=verify,
+        via=via,
+        environ=environ,
+        max_load=obj.get("max_load"),
+        max_memory=obj.get("max_memory"),
+        reads=reads,
+        **options,
+    )

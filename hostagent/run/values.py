@@ -17,6 +17,8 @@ an optional `i` and an optional `b`, in any case; the unit is binary (k = 1024) 
 
 from __future__ import annotations
 
+import contextvars
+import errno
 import json
 import os
 import re
@@ -277,9 +279,58 @@ def tmpfs(values: Sequence[str]) -> dict[str, str]:
     return out
 
 
+class Reads:
+    """What a run's options read beside their text: the current folder (relative bind sources) and the files they
+    name (env files, seccomp profiles). `hostagent run` reads them itself, with its user's rights, and keeps what it
+    read (`given` False); the resident agent, root, reads nothing of the caller's: it converts the same options
+    against what the caller sent (`given` True), so that a path never opens a file as root
+    (gpupin.hostagent.run.request_json)."""
+
+    __slots__ = ("cwd", "files", "given")
+
+    def __init__(self, cwd: str | None = None, files: dict[str, bytes] | None = None, given: bool = False) -> None:
+        self.cwd = cwd
+        self.files = {} if files is None else files
+        self.given = given
+
+
+# The reads of the request being converted (a context variable: the agent converts many at once, one per thread).
+reads: contextvars.ContextVar[Reads] = contextvars.ContextVar("reads")
+
+
+def read_file(path: str, limit: int = 1 << 20) -> bytes:
+    """A file an option names, as this process reads it, or as the caller sent it (not sent: ENOENT). Read here,
+    only a regular file of at most `limit` bytes (gpupin.core.files: a FIFO or /dev/zero is refused at once, never
+    waited on): OSError whose strerror says why."""
+    r = reads.get(None)
+    if r is not None and r.given:
+        if path not in r.files:
+            raise FileNotFoundError(errno.ENOENT, "not sent with the run request", path)
+        return r.files[path]
+    from gpupin.core import files  # only when an option names a file: run's start-up stays as it was
+
+    try:
+        data = files.read_bounded(path, limit)
+    except files.FileRefused as err:
+        raise OSError(err.errno or errno.EINVAL, err.reason, path) from None
+    if r is not None:
+        r.files[path] = data
+    return data
+
+
 def workdir() -> str:
     """The current folder as Go's os.Getwd gives it to the docker CLI: $PWD when it is this folder (a path through
-    a symbolic link kept as the user sees it), else the physical path."""
+    a symbolic link kept as the user sees it), else the physical path; the caller's, in the agent."""
+    r = reads.get(None)
+    if r is not None and r.cwd is not None:
+        return r.cwd
+    cwd = _workdir()
+    if r is not None:
+        r.cwd = cwd
+    return cwd
+
+
+def _workdir() -> str:
     pwd = os.environ.get("PWD", "")
     try:
         if os.path.isabs(pwd) and os.path.samefile(pwd, "."):
@@ -318,14 +369,11 @@ SECCOMP_LIMIT = 1 << 20  # bytes: Docker's default profile is 20 KiB
 def _compact_json(path: str) -> str:
     """A seccomp profile's text without the whitespace between tokens, as Go's json.Compact makes it (the docker CLI
     sends the profile itself, not its path)."""
-    from gpupin.core import files  # only when the option is given: run's start-up stays as it was
-
     try:
-        text = files.read_bounded(path, SECCOMP_LIMIT).decode("utf-8")
-    except files.FileRefused as err:
-        raise ValueError(f"opening seccomp profile ({shown(path)}) failed: {err.reason}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"the seccomp profile {shown(path)} is not UTF-8 text") from None
+        text = read_file(path, SECCOMP_LIMIT).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        why = getattr(err, "strerror", None) or err
+        raise ValueError(f"opening seccomp profile ({shown(path)}) failed: {why}") from None
     try:
         json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     except ValueError:

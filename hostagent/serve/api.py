@@ -28,7 +28,7 @@ from gpupin.core.errors import EX_SOFTWARE, EX_USAGE, GpupinError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Any
 
     from gpupin.hostagent.serve.agent import Agent
@@ -41,22 +41,35 @@ MAX_BODY = 1 << 20  # a request is a command line and its environment: a megabyt
 
 
 class Peer:
-    """Who is on the other end of a unix-socket connection, as the kernel says (not as the caller claims)."""
+    """Who is on the other end of a unix-socket connection, as the kernel said when the connection was accepted
+    (SO_PEERCRED, SO_PEERGROUPS), never as the caller claims nor as /proc says later: a pid may be reused by then
+    (docs/serve.md, "Who can reach it"). `start` and `pidns` (the process's start time and pid namespace, read at
+    accept) tie the pid to the process that connected, for the lease it signs."""
 
-    __slots__ = ("gid", "pid", "uid")
+    __slots__ = ("gid", "groups", "pid", "pidns", "start", "uid")
 
-    def __init__(self, pid: int, uid: int, gid: int) -> None:
+    def __init__(
+        self, pid: int, uid: int, gid: int, groups: Iterable[int] = (), start: str = "", pidns: str = ""
+    ) -> None:
         self.pid = pid
         self.uid = uid
         self.gid = gid
+        self.groups = frozenset(groups)
+        self.start = start
+        self.pidns = pidns
 
     @classmethod
-    def of(cls, sock: Any) -> Peer:
+    def at_accept(cls, sock: Any) -> Peer:
+        """The peer of a connection just accepted (called once, from the server's accept: UnixServer)."""
         import socket
         import struct
 
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return cls(*struct.unpack("3i", raw))
+        from gpupin.hostagent.ledger.lease import pid_namespace, start_time
+
+        pid, uid, gid = struct.unpack(
+            "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )
+        return cls(pid, uid, gid, _peer_groups(sock), start_time(pid) or "", pid_namespace(pid))
 
     def user(self) -> str:
         import pwd
@@ -65,6 +78,28 @@ class Peer:
             return pwd.getpwuid(self.uid).pw_name
         except KeyError:
             return str(self.uid)
+
+
+SO_PEERGROUPS = 59  # Linux 4.13; not in Python's socket module
+
+
+def _peer_groups(sock: Any) -> list[int]:
+    """The peer's supplementary groups as they were when it connected; the kernel says how much room they need
+    (ERANGE with the size in optlen, which Python does not pass back: grown until they fit)."""
+    import errno
+    import socket
+    import struct
+
+    size = 4 * 64
+    while True:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size)
+        except OSError as err:
+            if err.errno != errno.ERANGE or size >= 4 * 65536:
+                return []  # no SO_PEERGROUPS: the caller is judged by its uid and gid alone (fewer rights, never more)
+            size *= 4
+            continue
+        return list(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
 
 
 def _dashboard() -> bytes:
@@ -78,6 +113,13 @@ class Handler(BaseHTTPRequestHandler):
     agent: Agent
     metrics: Exposition
     posts: dict[str, PostRoute]
+
+    @property
+    def peer(self) -> Peer:
+        """The caller on the unix socket, as accepted (UnixServer.get_request hands it as the client address)."""
+        peer: Any = self.client_address  # typed a tuple in socketserver: the unix server's is the Peer
+        assert isinstance(peer, Peer)
+        return peer
 
     def address_string(self) -> str:
         return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
@@ -158,7 +200,7 @@ class Handler(BaseHTTPRequestHandler):
             bad.exit_code = EX_USAGE
             self.refusal(400, bad)
             return
-        peer = Peer.of(self.connection)
+        peer = self.peer
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client left
             try:
                 route(self, body, peer)
@@ -255,6 +297,15 @@ class TcpServer(socketserver.ThreadingMixIn, HTTPServer):
 class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     request_queue_size = BACKLOG
+
+    def get_request(self) -> tuple[Any, Any]:
+        # Who the caller is, taken once as the connection is accepted: every request on it acts for that identity.
+        sock, _ = self.socket.accept()
+        try:
+            return sock, Peer.at_accept(sock)
+        except BaseException:
+            sock.close()
+            raise
 
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:

@@ -71,6 +71,12 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         f"{DEFAULT_GROUP} where that group exists, else root only)",
     )
     s.add_argument(
+        "--daemon-group",
+        metavar="NAME",
+        help="for a Docker daemon that is not a unix socket (tcp, tls, ssh): the group whose members the agent "
+        "books for, beside root (default root only; a unix socket's own mode and group say who may use it)",
+    )
+    s.add_argument(
         "--http",
         default=DEFAULT_HTTP,
         metavar="ADDR",
@@ -101,4 +107,6 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
 def command(args: argparse.Namespace) -> int:
     from gpupin.hostagent.serve import main
 
-    return main.run(args.socket, args.group, args.http, args.http_public, args.idle_after, args.interval)
+    return main.run(
+        args.socket, args.group, args.http, args.http_public, args.idle_after, args.interval, args.daemon_group
+    )

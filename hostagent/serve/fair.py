@@ -9,6 +9,8 @@ it asks for are usable now and no earlier waiter waits for any of them:
   `--count 1`s; named requests for disjoint cards never hold each other back;
 - a waiter whose turn is out holds the cards it was offered until it succeeds (it leaves) or asks again;
 - a waiter whose turn lapsed (it neither succeeded nor asked again in time) is passed over until it asks again;
+- a `--count` larger than the host's healthy cards waits for nothing and holds back no one (the queue refuses it
+  at join; cards that fail later must not let it freeze the queue);
 - a waiter that asked again keeps its place and its cards, and is offered its next turn a moment later (the
   daemon's lock may still be held by whoever took the cards; asking at once would spin).
 A newcomer is `clear` when no earlier waiter could take any card it could take: it may look at once (overtaking no
@@ -145,9 +147,23 @@ def _could(view: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def healthy(view: dict[str, Any]) -> int:
+    """How many cards a --count could take at most."""
+    return len(_could(view))
+
+
+def still_usable(ask: QueueRequest, cards: Sequence[str], view: dict[str, Any]) -> bool:
+    """Whether every card of a turn is still usable for its request: a turn answered `again` (or let run out) on
+    such cards was not used (an attempt on them would not have been refused)."""
+    entries = {g["uuid"]: g for g in view["gpus"]} | {m["uuid"]: m for g in view["gpus"] for m in g["mig_devices"]}
+    return bool(cards) and all(c in entries and _usable(entries[c], ask) for c in cards)
+
+
 def _counted(ask: QueueRequest, view: dict[str, Any], reserved: set[str]) -> tuple[list[str] | None, set[str]]:
     assert ask.count is not None
     could = _could(view)
+    if ask.count > len(could):  # more than the host has healthy: it waits for nothing, and holds back no one
+        return None, set()
     usable = [g for g in could if _usable(g, ask) and not (_whole(g) & reserved)]
     # Best first, as `run --count` chooses (gpupin.hostagent.gpus.free_cards): the most free memory, the least load.
     usable.sort(key=lambda g: (-(g["memory_free_mib"] or 0), g["utilization_gpu"] or 0, g["index"]))

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 
-from gpupin.hostagent.serve import api, listen, queue
+from gpupin.hostagent.serve import api, listen, queue, rights
 from gpupin.hostagent.serve.agent import Agent, say
 
 TYPE_CHECKING = False
@@ -21,9 +21,18 @@ class _Stopped(BaseException):
     it waits on (BaseException, as KeyboardInterrupt, so that no `except Exception` on the way swallows it)."""
 
 
-def run(socket_path: str, group: str | None, http: str, public: bool, idle_after: float, interval: float) -> int:
+def run(
+    socket_path: str,
+    group: str | None,
+    http: str,
+    public: bool,
+    idle_after: float,
+    interval: float,
+    daemon_group: str | None = None,
+) -> int:
     address = listen.http_address(http, public)  # refused before anything is opened
     gid = listen.group_id(group)
+    rights.set_daemon_group(daemon_group)
     agent = Agent(interval=interval, idle_after=idle_after)
     handler = api.handler(agent)
     servers: list[socketserver.BaseServer] = [listen.unix_server(socket_path, gid, handler)]

@@ -8,9 +8,17 @@ caller stays:
               "turn", "clear"}}
   {"position": P, "of": N}                             when its place changes
   {"turn": {"cards": [UUID, ...]}}                    when it may try (lock, look, create)
+  {"lost": WHY}                                        when it lost its place (then the stream ends)
 A turn is one attempt: the caller writes `again` on the connection when it was refused (it keeps its place), or
 closes the connection when it succeeded or gives up (it leaves at once). A turn unanswered for TURN_S lapses. The
-daemon-side lock stays the arbiter: a turn only says when trying is worth it. Turns are decided (fair.turns) at each
+daemon-side lock stays the arbiter: a turn only says when trying is worth it.
+
+A place is not a hold (docs/serve.md, "The queue"): only callers who may use the daemon join
+(gpupin.hostagent.serve.rights, from the identity taken at accept), at most MAX_WAITERS places per uid (root's
+unbounded), a count at most the host's healthy cards. A turn not used is a *lapse*: it ran out while its cards were
+still usable, or the caller said `again` and LAPSE_CHECK_S later its cards are still usable (no attempt could have
+been refused). MAX_LAPSES of them lose the place: a client that takes its turns and never books cannot hold back
+the waiters behind it. Turns are decided (fair.turns) at each
 join, leave and `again`, at each change of the agent's view, and every TICK.
 
 GET /api/queue (both listeners) lists the waiters (`hostagent queue`).
@@ -33,8 +41,8 @@ import threading
 import time
 import weakref
 
-from gpupin.core.errors import AgentUnavailableError, UsageError, shorten
-from gpupin.hostagent.serve import fair
+from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten
+from gpupin.hostagent.serve import fair, rights
 from gpupin.hostagent.serve.agent import say
 
 TYPE_CHECKING = False
@@ -49,6 +57,8 @@ if TYPE_CHECKING:
 
         pid: int
         uid: int
+        gid: int
+        groups: frozenset[int]
 
         def user(self) -> str: ...
 
@@ -57,6 +67,9 @@ TURN_S = 5.0  # a turn unanswered this long lapses (the waiter keeps its place, 
 COOL_S = 0.5  # after `again`, the next turn no sooner than this (the lock may still be held: do not spin)
 TICK = 0.25  # seconds between two looks at lapses and cooling when the view does not change
 REJOIN_S = 60.0  # how long after its start the agent honours the tickets of the queue it found
+MAX_WAITERS = 8  # places one uid (other than root) may hold at once: more --wait runs than that are one user's loop
+MAX_LAPSES = 3  # turns not used (cards still usable) before the place is lost: a slow client is forgiven twice
+LAPSE_CHECK_S = 1.0  # after `again`, how long until its cards are looked at (the view follows the create that won)
 STATE_FILE = "queue.json"
 
 _queues: weakref.WeakKeyDictionary[Agent, Queue] = weakref.WeakKeyDictionary()
@@ -87,6 +100,8 @@ class Waiter:
         self.offered: list[str] | None = None  # the cards of the turn that is out
         self.turn_at = 0.0  # monotonic: when that turn went out, or when it last asked again
         self.lapsed = False
+        self.lapses = 0  # turns not used while their cards stayed usable (MAX_LAPSES lose the place)
+        self.again_on: tuple[list[str], float] | None = None  # the cards of a turn answered `again`, and when
         self.asked_again = False
         self.position = 0
         self._outbox: list[dict[str, Any]] = []
@@ -167,14 +182,29 @@ class Queue:
     # --- the waiters ---
 
     def join(self, body: dict[str, Any], peer: Peer) -> Waiter:
+        refused = rights.refusal(peer)
+        if refused is not None:  # a place holds others back: only for those who could book themselves
+            raise UsageError(f"POST /api/queue: {refused}", "wait without the agent's queue (run --wait polls)")
         ask = _ask(body)
         view = self.agent.snapshot().listing
         if ask.gpus and view is not None:
             fair.resolve(ask, view)  # a spec that names no card: refused now (64), not waited for forever
+        if ask.count is not None and view is not None and ask.count > fair.healthy(view):
+            raise UsageError(
+                f"POST /api/queue: --count {ask.count}, but this host has {fair.healthy(view)} healthy whole card(s)",
+                "ask for at most that many",
+            )
         ticket = body.get("ticket")
         with self._lock:
             if self.agent.stopping.is_set():  # (under the lock: a waiter that got in gets the stop's end of stream)
                 raise AgentUnavailableError("the agent is stopping", "join the next one (a restart keeps the order)")
+            if peer.uid != 0 and sum(w.uid == peer.uid for w in self._waiters) >= MAX_WAITERS:
+                full = GpupinError(
+                    f"POST /api/queue: uid {peer.uid} already waits in {MAX_WAITERS} places of the queue",
+                    "let one of them finish first",
+                )
+                full.exit_code = EX_TEMPFAIL
+                raise full
             back = self._returning.get(ticket) if isinstance(ticket, str) else None
             since, kept = time.time(), secrets.token_hex(16)
             if back is not None and back[0] == peer.uid and since - self.agent.started <= REJOIN_S:
@@ -206,8 +236,11 @@ class Queue:
                 self._save()
 
     def again(self, w: Waiter) -> None:
-        """The turn's attempt was refused: keep the place, and wait for the next turn."""
+        """The turn's attempt was refused: keep the place, and wait for the next turn (its cards are looked at
+        LAPSE_CHECK_S later: still usable, the turn was not used)."""
         with self._lock:
+            if w.offered is not None and w.again_on is None:  # (one look at a time: the first again's)
+                w.again_on = (w.offered, time.monotonic())
             w.offered, w.lapsed, w.asked_again, w.turn_at = None, False, True, time.monotonic()
             self._grant()
 
@@ -237,10 +270,20 @@ class Queue:
         """Lapse the turns unanswered too long, hand out the turns the rule gives, and tell each waiter whose
         place changed. Called under the lock."""
         now = time.monotonic()
-        for w in self._waiters:
-            if w.offered is not None and now - w.turn_at > TURN_S:
-                w.offered, w.lapsed = None, True
         view = self.agent.snapshot().listing
+        for w in list(self._waiters):
+            unused = False
+            if w.offered is not None and now - w.turn_at > TURN_S:
+                unused = view is not None and fair.still_usable(w.ask, w.offered, view)
+                w.offered, w.lapsed = None, True
+            if w.again_on is not None and now - w.again_on[1] >= LAPSE_CHECK_S:
+                unused = view is not None and fair.still_usable(w.ask, w.again_on[0], view)
+                w.again_on = None
+            w.lapses += unused
+            if w.lapses >= MAX_LAPSES:
+                self._waiters.remove(w)  # the stream ends after the line: the caller joins again as new, if at all
+                w.post({"lost": f"{MAX_LAPSES} turns went unused while their cards were free: the place is lost"})
+                w.post({})
         for n, cards in (fair.turns(self._waiters, view) if view is not None else {}).items():
             w = self._waiters[n]
             w.offered, w.turn_at, w.asked_again = cards, now, False

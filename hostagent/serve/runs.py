@@ -3,14 +3,18 @@ code a run without the agent uses (gpupin.hostagent.run.launch: read_cards, rese
 its NVML session and docker SDK already loaded, so that the caller loads neither. The caller then attaches, starts
 and follows the container itself (gpupin.hostagent.run.via_agent); the agent never starts anything.
 
+- *The agent builds what it creates.* The request is the user's options, made into the container here by the code
+  of a run without the agent (gpupin.hostagent.run.request_json): every refusal of `hostagent run` applies.
 - *The caller owns what is made.* The container's lease names the caller (its `gpupin.owner`, checked against the
-  socket's SO_PEERCRED pid where this agent can see it), not the agent: a created container lives exactly as long
-  as the process that will start it, and an agent that dies or restarts loses no hold (docs/design.md, "The
-  lease"). The ledger lock is the agent's, let go in the background once the container exists.
+  process the kernel named when the connection was accepted: pid and start time), not the agent: a created
+  container lives exactly as long as the process that will start it, and an agent that dies or restarts loses no
+  hold (docs/design.md, "The lease"). The ledger lock is the agent's, let go in the background once the
+  container exists.
 - *The same lock as every client.* The look and the create run under the daemon-side ledger lock, so runs through
   the agent and runs without it never book a card twice.
-- *Only for those who could do it themselves.* A caller that cannot open the daemon's socket itself is sent on
-  its own way (where Docker refuses it): the agent lends its speed, not its rights.
+- *Only for those who could do it themselves.* A caller that may not use the daemon (gpupin.hostagent.serve.rights,
+  judged from the identity taken at accept) is sent on its own way (where Docker refuses it): the agent lends its
+  speed, not its rights.
 - *Answers*: `{"id", "api", "via", "say"}` (the container, the API version it was made in, how it was pinned, the
   lines to print), a refusal as `{"error", "hint", "exit"}` (75 for held cards: the caller's --wait asks again), or
   `{"direct": WHY}`: this run is the caller's to make (another daemon, an image to pull, a caller without Docker,
@@ -19,14 +23,16 @@ and follows the container itself (gpupin.hostagent.run.via_agent); the agent nev
 
 from __future__ import annotations
 
-import os
+import contextlib
 import threading
 import time
 
-from gpupin.core.errors import UsageError
+from gpupin.core.errors import UsageError, shorten
 from gpupin.hostagent import engine, mark
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, request_json
+from gpupin.hostagent.serve import rights
+from gpupin.hostagent.serve.agent import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,10 +42,13 @@ if TYPE_CHECKING:
     class Handler(Protocol):  # gpupin.hostagent.serve.api.Handler, which registers this route
         def answer(self, obj: Any) -> None: ...
 
-    class Peer(Protocol):  # gpupin.hostagent.serve.api.Peer: the caller, as SO_PEERCRED names it
+    class Peer(Protocol):  # gpupin.hostagent.serve.api.Peer: the caller, as the kernel named it at accept
         pid: int
         uid: int
         gid: int
+        groups: frozenset[int]
+        start: str
+        pidns: str
 
 
 ROUTE = "/api/run"
@@ -51,44 +60,18 @@ class _Direct(Exception):
     """This run is the caller's to make (the answer says why)."""
 
 
-def _groups(pid: int) -> set[int]:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
-            line = next((ln for ln in fh if ln.startswith("Groups:")), "Groups:")
-    except OSError:
-        return set()
-    return {int(g) for g in line.split(":", 1)[1].split()}
-
-
-def may_use_docker(peer: Peer) -> bool:
-    """Whether the caller could open the daemon's socket itself (its mode, owner and group against the caller's
-    uid and groups). A daemon on TCP: whoever reaches this socket reaches that port too."""
-    path = engine.endpoint().unix_path
-    if peer.uid == 0 or path is None:
-        return True
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    if st.st_uid == peer.uid:
-        return bool(st.st_mode & 0o200)
-    if st.st_gid == peer.gid or st.st_gid in _groups(peer.pid):
-        return bool(st.st_mode & 0o020)
-    return bool(st.st_mode & 0o002)
-
-
 def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
-    """The lease the container is signed with: the caller's, as it names itself, once the kernel agrees that the
-    caller is that process (where this agent sees the caller's pid namespace)."""
+    """The lease the container is signed with: the caller's, as it names itself, once it is the process the kernel
+    named when the connection was accepted (its pid and start time then: a pid reused since names another)."""
     owner = lease.Owner.parse(claimed if isinstance(claimed, str) else None)
     if owner is None:
         raise UsageError("the run request names no owner for its lease", "use a hostagent of the agent's version")
     here = lease.me()
-    if (owner.boot, owner.pidns) == (here.boot, here.pidns) and (
-        owner.pid != peer.pid or lease.Owner.of(peer.pid).start != owner.start
-    ):
+    if peer.pidns and peer.pidns != here.pidns and (owner.boot, owner.pidns) != (here.boot, here.pidns):
+        pass  # a caller in a pid namespace of its own names itself there: its lease is renewed, as a remote one's
+    elif (owner.boot, owner.pidns, owner.pid, owner.start) != (here.boot, here.pidns, peer.pid, peer.start):
         raise UsageError(
-            f"the run request's lease names pid {owner.pid}, but the caller is pid {peer.pid}",
+            f"the run request's lease names pid {shorten(owner.pid)}, but the caller is pid {peer.pid}",
             "the process that starts the container must be the one that asks",
         )
     return {lease.OWNER_LABEL: str(owner), lease.LEASE_LABEL: str(lease.LEASE_S)}
@@ -136,8 +119,9 @@ class Runs:
         here = engine.endpoint()
         if body.get("daemon") != here.lock_key():
             raise _Direct(f"the agent serves the Docker daemon at {engine.docker_host()}")
-        if not may_use_docker(peer):
-            raise _Direct(f"uid {peer.uid} may not use the Docker daemon at {engine.docker_host()}")
+        refused = rights.refusal(peer)
+        if refused is not None:
+            raise _Direct(refused)
         sent = body.get("request")
         if not isinstance(sent, dict) or sent.get("wire") != request_json.VERSION:  # another version of hostagent
             raise _Direct(f"the agent reads run requests of version {request_json.VERSION}")
@@ -163,6 +147,10 @@ class Runs:
             )
         finally:
             self._done(api)  # a requests session outlives a failed call: kept for the next run
+        # The audit line: who, as the kernel named them at accept, and what was made for them.
+        cards_made = ",".join(t.uuid for t in created.spec.targets)
+        with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
+            say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} pid {peer.pid}")
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
 
     @staticmethod

@@ -326,7 +326,7 @@ def plant_lock(agent: Agent, owner: str, lease_s: int, squat: bool = False) -> s
 def dead_owner() -> str:
     p = subprocess.Popen(["sleep", "60"])
     me = lease.me()
-    owner = lease.Owner(me.host, p.pid, lease._start_time(p.pid) or "", me.boot, me.pidns)
+    owner = lease.Owner(me.host, p.pid, lease.start_time(p.pid) or "", me.boot, me.pidns)
     p.kill()
     p.wait()
     return str(owner)

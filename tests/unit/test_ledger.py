@@ -363,7 +363,7 @@ def test_an_owner_round_trips_through_its_label_and_is_alive() -> None:
 
 def test_a_dead_owner_of_this_host_is_dead_and_one_of_another_host_is_unknown() -> None:
     p = subprocess.Popen(["sleep", "30"])
-    child = lease.Owner(socket.gethostname(), p.pid, lease._start_time(p.pid) or "", lease.me().boot, lease.me().pidns)
+    child = lease.Owner(socket.gethostname(), p.pid, lease.start_time(p.pid) or "", lease.me().boot, lease.me().pidns)
     assert child.alive() is True
     p.kill()
     p.wait()

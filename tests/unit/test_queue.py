@@ -1,6 +1,7 @@
 """The fair queue's rule (gpupin.hostagent.serve.fair) over views written by hand: first come, first served; an
 earlier --count N holds later requests of any size back; named requests for other cards go ahead; a turn that is
-out keeps its cards; a lapsed turn is passed over; --share and --count's limits as `run` reads them. The
+out keeps its cards; a lapsed turn is passed over; a count past the host's cards holds no one back; a turn is unused
+while its cards stay usable; --share and --count's limits as `run` reads them. The
 `hostagent queue` table. And the agent's side without a daemon (no card is ever usable then: unknown is not free):
 bad requests refused with 64, the kernel's user listed, a waiter gone as soon as its connection closes."""
 
@@ -111,6 +112,20 @@ def test_an_unhealthy_card_is_never_counted() -> None:
     sick = {"gpus": [card(0, healthy=False), card(1, healthy=None), card(2)]}
     assert fair.turns([W(count=1)], sick) == {0: [UUIDS[2]]}
     assert fair.turns([W(count=2)], sick) == {}
+
+
+def test_a_count_past_the_host_s_healthy_cards_holds_no_one_back() -> None:
+    v = view("held", "free")
+    assert fair.healthy(v) == 2
+    assert fair.turns([W(count=3), W("1"), W(count=1)], v) == {1: [UUIDS[1]]}
+
+
+def test_a_turn_is_unused_while_its_cards_stay_usable() -> None:
+    assert fair.still_usable(fair.QueueRequest(["1"]), [UUIDS[1]], view("held", "free"))
+    assert not fair.still_usable(fair.QueueRequest(["1"]), [UUIDS[1]], view("held", "held"))  # someone took it
+    assert not fair.still_usable(fair.QueueRequest(["1"]), [UUIDS[1]], view("held", "unknown"))
+    assert fair.still_usable(fair.QueueRequest(["0"], share=True), [UUIDS[0]], view("shared"))
+    assert not fair.still_usable(fair.QueueRequest(["1"]), [], view("held", "free"))
 
 
 def test_a_newcomer_is_clear_when_no_earlier_waiter_could_take_its_cards() -> None:

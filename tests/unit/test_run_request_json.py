@@ -1,7 +1,7 @@
 """What `hostagent run` sends the resident agent (gpupin.hostagent.run.request_json) and how it reads the answers of
 the agent and the Engine without an HTTP library (gpupin.hostagent.http1, engine.raw's frames): the request arrives
-as the caller read it (its env files, its folder, the SDK's payload with its tuples), and the agent opens
-nothing."""
+as the user typed it with what the caller read (its env files, its folder, its seccomp profile), the agent builds
+the container from it with every check of a run, and opens nothing."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def test_the_request_arrives_as_the_caller_read_it(tmp_path: Path, monkeypatch: 
         {"wire": 0},
         {"wire": request_json.VERSION, "options": {"privileged": True}},
         {"wire": request_json.VERSION, "options": {}, "payload": {}, "env": [["A"]]},
+        {**request_json.dump(RunRequest("gpupin:test", gpus=["1"], environ={})), "payload": {"host": {}}},
+        {**request_json.dump(RunRequest("gpupin:test", gpus=["1"], environ={})), "options": {"rm": "yes"}},
+        {**request_json.dump(RunRequest("gpupin:test", gpus=["1"], environ={})), "cwd": "relative"},
+        {**request_json.dump(RunRequest("gpupin:test", gpus=["1"], environ={})), "files": {"/x": "\ud800"}},
     ],
 )
 def test_a_malformed_request_is_a_usage_error(bad: dict[str, object]) -> None:
@@ -71,6 +75,26 @@ def test_what_the_agent_checks_again_it_refuses() -> None:
     sent = request_json.dump(RunRequest("gpupin:test", gpus=["1"], environ={}))
     sent["options"]["labels"] = ["gpupin.devices=GPU-x"]  # a label the pin owns, past a client's check
     with pytest.raises(UsageError, match=r"hostagent writes gpupin\.devices itself"):
+        request_json.load(sent)
+
+
+def test_the_agent_reads_only_what_the_caller_sent(tmp_path: Path) -> None:
+    profile = tmp_path / "seccomp.json"
+    profile.write_text('{"defaultAction": "SCMP_ACT_ALLOW"}')
+    req = RunRequest("gpupin:test", gpus=["1"], environ={}, security_opt=[f"seccomp={profile}"])
+    sent = json.loads(json.dumps(request_json.dump(req)))
+    profile.unlink()
+    assert request_json.load(sent).payload == req.payload  # the profile as the caller read it
+    sent["options"]["env_files"] = ["/etc/shadow"]  # a file the caller did not send: the agent opens nothing
+    with pytest.raises(UsageError, match="--env-file /etc/shadow: not sent with the run request"):
+        request_json.load(sent)
+
+
+def test_the_environment_sent_is_checked_as_a_run_checks_it() -> None:
+    sent = request_json.dump(RunRequest("gpupin:test", gpus=["1"], environ={}))
+    sent["options"]["env"] = ["NVIDIA_VISIBLE_DEVICES"]
+    sent["environ"] = {"NVIDIA_VISIBLE_DEVICES": "all"}
+    with pytest.raises(UsageError, match="hostagent sets NVIDIA_VISIBLE_DEVICES itself"):
         request_json.load(sent)
 
 

@@ -83,6 +83,7 @@ def test_http_address_is_loopback_unless_public() -> None:
         (["--http", "9417"], "expected HOST:PORT"),
         (["--http", "example.org:80", "--http-public"], "is not an IP address"),
         (["--group", "no-such-group-here"], "--group no-such-group-here: no such group"),
+        (["--daemon-group", "no-such-group-here"], "--daemon-group no-such-group-here: no such group"),
         (["--idle-after", "soon"], "invalid duration 'soon'"),
     ],
 )
