@@ -44,10 +44,14 @@ help:
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
 	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
+# apt waits up to 10 minutes for its lock (unattended-upgrades may hold it) instead of failing at once; on apt 2.6
+# (Debian 12) DPkg::Lock::Timeout covers the lists lock of `update` too.
+APT_GET := apt-get -o DPkg::Lock::Timeout=600
+
 $(VENV)/.done: pyproject.toml
 	@command -v gcc >/dev/null && $(PY) -c 'import venv, ensurepip' 2>/dev/null || { \
-	  echo "setup: installing gcc and python3-venv"; apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc make python3-venv >/dev/null; }
+	  echo "setup: installing gcc and python3-venv"; $(APT_GET) update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq gcc make python3-venv >/dev/null; }
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
@@ -135,8 +139,8 @@ REQUIRED := $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGIN
 TEST_TOOLS := zsh fish chromium
 test-tools:
 	@missing=$$(for t in $(TEST_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
-	if [ -n "$$missing" ]; then echo "make: installing" $$missing; apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+	if [ -n "$$missing" ]; then echo "make: installing" $$missing; $(APT_GET) update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # Every tier, in one run (fastest first: pyproject's testpaths), as CI runs it.
 test: test-tools image-test
