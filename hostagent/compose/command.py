@@ -16,10 +16,10 @@ import re
 import sys
 import tempfile
 
-from gpupin.core.errors import EX_UNAVAILABLE, EX_USAGE, GpupinError, UsageError
+from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
 from gpupin.hostagent.compose import model
-from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError, printable
+from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine
 from gpupin.hostagent.engine import cdi
@@ -289,20 +289,7 @@ def render_command(options: Options, output: str | None, via: str | None = None)
     def make(project: Project) -> tuple[str, Any]:
         doc = project.doc
         cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
-        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via)
-        if daemon.unknown is not None and exam.counted:
-            raise RenderRefused(
-                [
-                    Problem(
-                        None,
-                        f"the file asks for {exam.counted} card(s) by count, which render "
-                        f"places on free cards, but which cards are free is unknown: "
-                        f"{daemon.unknown}",
-                        "start Docker or set DOCKER_HOST, or name the cards",
-                        exit_code=EX_UNAVAILABLE,
-                    )
-                ]
-            )
+        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via, daemon.unknown)
         if not exam.requests:
             say(f"note: {model.name(project)}: no service asks for GPUs; the file is written unchanged")
         return header(project.files[0], exam), rendered
@@ -361,7 +348,7 @@ def check_command(options: Options, as_json: bool) -> int:
     else:
         name = model.name(project)
         cards, daemon = _host(project.doc, project.files, cdi_too=False)
-        exam = examine(project.doc, cards, daemon.busy)
+        exam = examine(project.doc, cards, daemon.busy, daemon.unknown)
     if as_json:
         sys.stdout.write(json.dumps([p.to_dict() for p in exam.problems], indent=2) + "\n")
     else:

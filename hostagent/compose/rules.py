@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from gpupin.core.contract import EXPECT_VAR, LABEL, NVD_VAR, SHARED_LABEL, VERIFY_VAR, picks_devices
-from gpupin.core.errors import GpupinError
+from gpupin.core.errors import EX_UNAVAILABLE, GpupinError
 from gpupin.core.expectation import parse_expect
 from gpupin.core.identity import is_full_uuid, match_uuid
 from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form, resolve
@@ -377,9 +377,28 @@ def checked_services(doc: Any) -> tuple[dict[str, Any], list[Problem]]:
     return svcs, name_problems(svcs)
 
 
-def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]]) -> Examination:
+def unknown_ledger(counted: int, unknown: str | None) -> list[Problem]:
+    """A count cannot be placed while which cards are free is unknown (`unknown`: why the ledger was not read):
+    render refuses it (69), and check reports it, one rule for both."""
+    if unknown is None or not counted:
+        return []
+    return [
+        Problem(
+            None,
+            f"the file asks for {counted} card(s) by count, which render places on free cards, but which cards "
+            f"are free is unknown: {unknown}",
+            "start Docker or set DOCKER_HOST, or name the cards",
+            exit_code=EX_UNAVAILABLE,
+        )
+    ]
+
+
+def examine(
+    doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]], unknown: str | None = None
+) -> Examination:
     """Every problem with a compose file's GPUs on this host, and the cards render gives each service; pure over
-    the cards and the ledger (card UUID -> the running containers that hold it)."""
+    the cards and the ledger (card UUID -> the running containers that hold it; `unknown`: why it was not read,
+    None when it was)."""
     svcs, stop = checked_services(doc)
     if stop:
         return Examination(stop)
@@ -446,6 +465,7 @@ def examine(doc: Any, cards: Sequence[Card], busy: Mapping[str, Sequence[Holder]
     order = {name: i for i, name in enumerate(svcs)}
     written = sorted([*named, *as_written], key=lambda a: order[a.req.service])
     problems.extend(p for p in bookings(written, busy) if p.render_fixes)  # the rest came from place()
+    problems.extend(unknown_ledger(sum(r.count or 0 for r in counted), unknown))
     problems.sort(key=lambda p: order.get(p.service, -1) if p.service is not None else -1)
     return Examination(
         problems,

@@ -7,6 +7,7 @@ The verdicts are compose's own: where Engine 26's compose v2 plugin is unpacked 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -265,3 +266,17 @@ def test_check_and_render_on_the_cli_refuse_a_card_two_services_hold(tmp_path: P
         assert r.returncode == 64 and len(lines) == 1, (args, r.stderr)
         assert uuids("mixed-4")[3] in lines[0] and "service a (by device file)" in lines[0]
     assert not (tmp_path / "out.yml").exists()
+
+
+def test_check_reports_what_render_refuses_when_the_ledger_is_unread(tmp_path: Path) -> None:
+    """Issue 23, trap 2: with no daemon reachable, render refuses a count (which cards are free is unknown), and
+    check said OK. Both now share the rule: check reports render's line and fails (64)."""
+    (tmp_path / "f.yml").write_text(file("    x-gpupin: {count: 1}"))
+    rendered = hostagent(tmp_path, "compose", "render", "f.yml", "-o", "out.yml")
+    refused = [ln.removeprefix("hostagent: ERROR: ") for ln in rendered.stderr.splitlines() if "ERROR:" in ln]
+    assert rendered.returncode == 69 and len(refused) == 1, rendered.stderr
+    assert "which cards are free is unknown" in refused[0] and not (tmp_path / "out.yml").exists()
+    checked = hostagent(tmp_path, "compose", "check", "f.yml")
+    assert checked.returncode == 64 and refused[0] in checked.stdout.splitlines(), (checked.stdout, checked.stderr)
+    as_json = hostagent(tmp_path, "compose", "check", "f.yml", "--json")
+    assert as_json.returncode == 64 and len(json.loads(as_json.stdout)) == 1, as_json.stdout
