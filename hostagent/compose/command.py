@@ -21,7 +21,7 @@ from gpupin.hostagent import say
 from gpupin.hostagent.compose import model
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
-from gpupin.hostagent.compose.rules import Examination, examine
+from gpupin.hostagent.compose.rules import Examination, examine, top_level_lookalikes
 from gpupin.hostagent.engine import cdi
 
 TYPE_CHECKING = False
@@ -290,6 +290,8 @@ def render_command(options: Options, output: str | None, via: str | None = None)
         doc = project.doc
         cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
         rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via, daemon.unknown)
+        for p in top_level_lookalikes(doc):  # render says no other warning; this one may explain a missing card
+            say(p.line(model.name(project)))
         if not exam.requests:
             say(f"note: {model.name(project)}: no service asks for GPUs; the file is written unchanged")
         return header(project.files[0], exam), rendered

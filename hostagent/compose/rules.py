@@ -26,9 +26,9 @@ from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form, resolve
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose import devicefiles
 from gpupin.hostagent.compose.forms import gpu_request
-from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
+from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest, lookalike
 from gpupin.hostagent.compose.place import Assignment, bookings, place
-from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, quoted
+from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, printable, quoted
 from gpupin.hostagent.compose.service import env_entries, label_entries, replicas
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS
 
@@ -367,6 +367,26 @@ def _not_a_pin(req: GpuRequest, given: Sequence[Target]) -> Problem:
 # --- the whole file ---------------------------------------------------------------------------------------------
 
 
+def top_level_lookalikes(doc: Any) -> list[Problem]:
+    """Top-level keys that look like x-gpupin (x-gpu-pin, x-gpupins...): a warning, since x-gpupin is read in a
+    service, and a top-level x- key often only holds an anchor (in a service, a lookalike is an error:
+    hostagent.compose.forms)."""
+    if not isinstance(doc, dict):
+        return []
+    return [
+        Problem(
+            None,
+            f"the top-level key `{printable(k)}` looks like `{KEY}`, which is read in a service, never at the top "
+            "level",
+            f"did you mean {KEY}? Put it in each service that needs cards (a top-level key may hold an anchor for "
+            f"them: `{KEY}: *NAME` in the service)",
+            WARNING,
+        )
+        for k in doc
+        if lookalike(k)
+    ]
+
+
 def checked_services(doc: Any) -> tuple[dict[str, Any], list[Problem]]:
     """The document's services, or the problems that stop every further check (no services mapping, names
     compose would refuse): the first step of check, render and render --swarm alike."""
@@ -466,6 +486,7 @@ def examine(
     written = sorted([*named, *as_written], key=lambda a: order[a.req.service])
     problems.extend(p for p in bookings(written, busy) if p.render_fixes)  # the rest came from place()
     problems.extend(unknown_ledger(sum(r.count or 0 for r in counted), unknown))
+    problems.extend(top_level_lookalikes(doc))
     problems.sort(key=lambda p: order.get(p.service, -1) if p.service is not None else -1)
     return Examination(
         problems,
