@@ -12,7 +12,11 @@ closes the connection when it succeeded or gives up (it leaves at once). A turn 
 daemon-side lock stays the arbiter: a turn only says when trying is worth it. Turns are decided (fair.turns) at each
 join, leave and `again`, at each change of the agent's view, and every TICK.
 
-GET /api/queue (both listeners) lists the waiters (`hostagent queue`).
+The body names the caller's Docker daemon (`daemon`); a caller of another daemon than the agent's is answered
+`{"direct": WHY}` and joins nothing, as a run is (gpupin.hostagent.agentlink.other_daemon).
+
+GET /api/queue (both listeners) lists the waiters; `?daemon=KEY` (`hostagent queue`) is answered `{"direct": WHY}`
+when the agent serves another daemon.
 
 A restart of the agent: the waiters reconnect and join again with their ticket. The queue's tickets and arrival
 times are kept in `queue.json` beside the socket (0600, the agent's own directory); for REJOIN_S after its start the
@@ -34,6 +38,7 @@ import weakref
 
 from gpupin.core.errors import AgentUnavailableError, UsageError
 from gpupin.core.shown import shorten
+from gpupin.hostagent import agentlink
 from gpupin.hostagent.serve import fair
 from gpupin.hostagent.serve.agent import say
 
@@ -314,7 +319,13 @@ class Queue:
     # --- the routes ---
 
     def serve(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
-        """POST /api/queue: join, stream this waiter's news, leave when the caller closes (or the agent stops)."""
+        """POST /api/queue: join, stream this waiter's news, leave when the caller closes (or the agent stops). A
+        caller of another daemon is answered `{"direct": WHY}`, as a run is (gpupin.hostagent.agentlink.other_daemon):
+        this queue is for the cards of this agent's daemon."""
+        why = agentlink.other_daemon(body.get("daemon"))
+        if why is not None:
+            handler.answer({"direct": why})
+            return
         w = self.join(body, peer)
         try:
             handler.send_response(200)

@@ -24,7 +24,7 @@ import threading
 import time
 
 from gpupin.core.errors import UsageError
-from gpupin.hostagent import engine
+from gpupin.hostagent import agentlink, engine
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, wire
 from gpupin.hostagent.trace import mark
@@ -134,9 +134,9 @@ class Runs:
 
     def book(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         mark("asked")
-        here = engine.endpoint()
-        if body.get("daemon") != here.lock_key():
-            raise _Direct(f"the agent serves the Docker daemon at {engine.docker_host()}")
+        why = agentlink.other_daemon(body.get("daemon"))
+        if why is not None:
+            raise _Direct(why)
         if not may_use_docker(peer):
             raise _Direct(f"uid {peer.uid} may not use the Docker daemon at {engine.docker_host()}")
         sent = body.get("request")
