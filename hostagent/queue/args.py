@@ -28,7 +28,8 @@ it could use, so a --count 2 at the head holds every later request back until tw
 queue at once."""
 
 EPILOG = """Without an agent, `run --wait` polls the ledger without a queue: then there is nothing to list.
-exit: 0 listed; 64 bad usage; 69 no agent answers (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock)."""
+exit: 0 listed; 64 bad usage; 69 no agent answers (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock), or it
+serves another Docker daemon than DOCKER_HOST's."""
 
 COLUMNS = ("#", "NAME", "USER", "REQUEST", "IMAGE", "WAITING", "TURN")
 
