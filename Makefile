@@ -23,10 +23,11 @@ TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
 .PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
-	image-test test-tools test test-unit test-docker test-cluster test-gpu lint bench demo clean
+	image-test test-tools test test-unit test-docker test-cluster test-gpu lint bench demo shell clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
+	@echo "make shell         a shell on that simulated host, for your own hostagent commands"
 	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test (CI)"
 	@echo "make test-unit     tests/unit: the pure core, the CLIs on the simulated host, the fakes; no daemon"
 	@echo "make test-docker   tests/docker: on the sandboxed daemons, each test on both engines"
@@ -201,6 +202,13 @@ bench-swarm: swarm-up
 
 demo: image-test
 	@$(SIMHOST) tests/sandbox/demo.sh
+	@echo "Now try it yourself: make shell (a shell on the simulated host), or in your own shell:"
+	@echo "  export $(SIMHOST) PATH=$(CURDIR)/$(VENV)/bin:\$$PATH"
+
+# A shell on the simulated host, for your own commands (the demo's sandboxed 20.10 daemon, the fake cards, the
+# checkout's hostagent on PATH); `exit` leaves it, `make sandbox-down` stops the daemon.
+shell: sandbox-up
+	@$(SIMHOST) tests/sandbox/shell.sh
 
 clean:
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache
