@@ -324,14 +324,12 @@ class Queue:
         this queue is for the cards of this agent's daemon."""
         why = agentlink.other_daemon(body.get("daemon"))
         if why is not None:
-            handler.answer({"direct": why})
+            self._stream(handler)
+            self._write(handler, {"direct": why})
             return
         w = self.join(body, peer)
         try:
-            handler.send_response(200)
-            handler.send_header("Content-Type", "application/x-ndjson")
-            handler.send_header("Cache-Control", "no-store")
-            handler.end_headers()
+            self._stream(handler)
             self._write(handler, {"queued": self.standing(w)})
             conn = handler.connection
             events = select.poll()
@@ -353,6 +351,14 @@ class Queue:
                         self.again(w)
         finally:
             self.leave(w)
+
+    @staticmethod
+    def _stream(handler: Handler) -> None:
+        """The answer's head: 200, a stream of JSON lines."""
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/x-ndjson")
+        handler.send_header("Cache-Control", "no-store")
+        handler.end_headers()
 
     @staticmethod
     def _write(handler: Handler, message: dict[str, Any]) -> None:
