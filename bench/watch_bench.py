@@ -93,13 +93,13 @@ def _trial(interval: float, env: dict[str, str], folder: Path, fault: dict[str, 
     path = folder / "faults.json"
     path.unlink(missing_ok=True)
     p = _start(interval, {**env, "FAKEGPU_FAULTS": str(path), "GPUPIN_WATCH_GRACE": "1"})
-    said: list[float] = []
+    reported: list[float] = []
 
     def read() -> None:
         assert p.stderr is not None
         for line in p.stderr:
             if "a pinned card was lost" in line:
-                said.append(time.monotonic())
+                reported.append(time.monotonic())
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -116,9 +116,9 @@ def _trial(interval: float, env: dict[str, str], folder: Path, fault: dict[str, 
         if p.poll() is None:
             p.kill()
             p.wait()
-    if code != 79 or not said:
+    if code != 79 or not reported:
         raise SystemExit(f"bench: the watcher did not report {fault} (exit {code})")
-    return said[0] - planted
+    return reported[0] - planted
 
 
 def bench_latency(interval: float, trials: int, env: dict[str, str], uuid: str, results: dict[str, object]) -> None:

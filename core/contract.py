@@ -16,7 +16,7 @@ PROBE_TIMEOUT_VAR = "GPUPIN_PROBE_TIMEOUT"
 DEVICE_LIST_DIR_VAR = "GPUPIN_DEVICE_LIST_DIR"
 # Verification levels, weakest first; `cuda` when none is asked for.
 LEVELS = ("nvml", "cuda", "torch")
-LEVELS_SAID = f"{', '.join(LEVELS[:-1])} or {LEVELS[-1]}"  # as a hint lists them: "nvml, cuda or torch"
+LEVELS_TEXT = f"{', '.join(LEVELS[:-1])} or {LEVELS[-1]}"  # as a hint lists them: "nvml, cuda or torch"
 DEFAULT_LEVEL = "cuda"
 # A switch's values: on, or off (empty is off).
 ON = ("1", "true", "yes", "on")
@@ -66,9 +66,9 @@ def nvd_keyword(value: str) -> "str | None":
     return None
 
 
-def seconds(raw: str, said: str, most: float, hint: str, zero: bool = False) -> float:
+def seconds(raw: str, named: str, most: float, hint: str, zero: bool = False) -> float:
     """A switch's number of seconds, in (0, most] ([0, most] with `zero`): text, nan, inf or a value out of range
-    is refused (UsageError, 64), so that a typo never becomes no limit, or a limit nobody asked for. `said` is how
+    is refused (UsageError, 64), so that a typo never becomes no limit, or a limit nobody asked for. `named` is how
     the message names the value (`GPUPIN_WATCH='x'`, `--watch 'x'`)."""
     from gpupin.core.errors import UsageError
 
@@ -77,5 +77,5 @@ def seconds(raw: str, said: str, most: float, hint: str, zero: bool = False) -> 
     except ValueError:
         value = float("nan")
     if not ((value >= 0) if zero else (value > 0)) or not value <= most:  # nan fails every comparison
-        raise UsageError(f"{said} is not a number of seconds between 0 and {most:.0f}", hint)
+        raise UsageError(f"{named} is not a number of seconds between 0 and {most:.0f}", hint)
     return value

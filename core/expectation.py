@@ -7,9 +7,8 @@ from when GPUPIN_EXPECT is unset (NVIDIA_VISIBLE_DEVICES, Swarm, ...) is gpupin.
 from __future__ import annotations
 
 from gpupin.core.contract import EXPECT_VAR
-from gpupin.core.errors import ExpectationError, UsageError
+from gpupin.core.errors import ExpectationError, UsageError, shorten
 from gpupin.core.identity import BusId, is_full_uuid, is_uuid_like, normalize_uuid
-from gpupin.core.shown import shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

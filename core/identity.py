@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import re
 
-from gpupin.core.errors import GpuSpecError, UsageError
-from gpupin.core.shown import shorten
+from gpupin.core.errors import GpuSpecError, UsageError, shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

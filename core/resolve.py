@@ -17,7 +17,7 @@ a GpuSpecError (exit 64) that says what there is.
 
 from __future__ import annotations
 
-from gpupin.core.errors import GpuSpecError, UsageError
+from gpupin.core.errors import GpuSpecError, UsageError, shorten
 from gpupin.core.identity import (
     WHOLE,
     BusId,
@@ -28,7 +28,6 @@ from gpupin.core.identity import (
     match_uuid,
     mig_legacy_parts,
 )
-from gpupin.core.shown import shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import sys
 from gpupin.core.contract import (
     DEFAULT_LEVEL,
     LEVELS,
-    LEVELS_SAID,
+    LEVELS_TEXT,
     OFF,
     ON,
     QUIET_VAR,
@@ -25,8 +25,7 @@ from gpupin.core.contract import (
     VERIFY_VAR,
     WATCH_VAR,
 )
-from gpupin.core.errors import GpupinError, StoppedError, UsageError
-from gpupin.core.shown import shorten, shown
+from gpupin.core.errors import GpupinError, StoppedError, UsageError, shorten, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -162,9 +161,9 @@ def parse_args(
             if not eq:
                 i += 1
                 if i >= len(argv):
-                    raise UsageError("--verify needs a level", f"use --verify {LEVELS_SAID}")
+                    raise UsageError("--verify needs a level", f"use --verify {LEVELS_TEXT}")
                 value = argv[i]
-            opts.level = _level(value, "--verify", f"use --verify {LEVELS_SAID}")
+            opts.level = _level(value, "--verify", f"use --verify {LEVELS_TEXT}")
         elif name == "--watch":
             if not eq:
                 i += 1

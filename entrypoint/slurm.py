@@ -98,10 +98,10 @@ class Slot:
     """What one of Slurm's GPU numbers is under one reading: the card (or why there is none) and, for messages,
     the device file or index it was found by."""
 
-    __slots__ = ("hint", "said", "target", "why")
+    __slots__ = ("found_by", "hint", "target", "why")
 
-    def __init__(self, said: str, target: Target | None = None, why: str = "", hint: str = _HINT_GRES) -> None:
-        self.said = said
+    def __init__(self, found_by: str, target: Target | None = None, why: str = "", hint: str = _HINT_GRES) -> None:
+        self.found_by = found_by
         self.target = target
         self.why = why
         self.hint = hint
@@ -144,14 +144,14 @@ def _by_files(devices: Sequence[gresconf.Device], how: str, where: str, cards: S
                 "which gpupin does not read as a card",
             )
         minor, found = gresconf.minor_of(files[0])
-        said = f"{files[0]} ({found})" if found and minor is not None else files[0]
+        named = f"{files[0]} ({found})" if found and minor is not None else files[0]
         if minor is None:
-            return Slot(said, why=found)
+            return Slot(named, why=found)
         try:
-            return Slot(said, by_minor(minor, cards))
+            return Slot(named, by_minor(minor, cards))
         except GpuSpecError:
             return Slot(
-                said,
+                named,
                 why=f"no card this process can see has minor number {minor} ({files[0]}; cards: {_minors(cards)})",
                 hint=_HINT_CONTAINER,
             )
@@ -233,11 +233,11 @@ def _allocated(numbers: list[int], ways: list[Reading], refuse: str) -> list[Tar
         if len(ways) == 1 and failed is not None:
             raise MisalignedError(f"{refuse}, but {failed.why}", failed.hint)
         if failed is not None or len({s.target for s in mine}) > 1:
-            said = "; ".join(
-                f"{way.how}: {s.said} = {s.target.uuid if s.target else s.why}" for way, s in zip(ways, mine)
+            named = "; ".join(
+                f"{way.how}: {s.found_by} = {s.target.uuid if s.target else s.why}" for way, s in zip(ways, mine)
             )
             raise MisalignedError(
-                f"{refuse}, but Slurm's GPU {n} is another card depending on how Slurm was built ({said})",
+                f"{refuse}, but Slurm's GPU {n} is another card depending on how Slurm was built ({named})",
                 _HINT_AMBIGUOUS,
             )
     targets = [row[0].target for row in zip(*slots)]
@@ -250,8 +250,8 @@ def _allocated(numbers: list[int], ways: list[Reading], refuse: str) -> list[Tar
 def _describe_number(n: int, way: Reading) -> str:
     slot = way.slot(n)
     if slot.target is None:
-        return f"{slot.said}, which is not here"
-    return f"{slot.said} ({slot.target.uuid} at {slot.target.bus_id})"
+        return f"{slot.found_by}, which is not here"
+    return f"{slot.found_by} ({slot.target.uuid} at {slot.target.bus_id})"
 
 
 def _order(
@@ -264,9 +264,9 @@ def _order(
     entries = [e.strip() for e in cvd.split(",")]
     if entries == [str(n) for n in numbers]:  # Slurm's own value (ConstrainDevices off)
         return list(range(len(numbers)))
-    said = f"{CVD}={cvd}"
+    named = f"{CVD}={cvd}"
     if not cvd.strip():
-        raise MisalignedError(f"{refuse}, but {said} hides every card", _HINT_CHANGED)
+        raise MisalignedError(f"{refuse}, but {named} hides every card", _HINT_CHANGED)
     # Local numbering (0..n-1 into the allocation) is Slurm's under ConstrainDevices, and a container runtime's:
     # then the task can see no card beyond the allocation. Where it can, the numbers are Slurm's own.
     digits = [int(e) for e in entries if e.isascii() and e.isdigit()]
@@ -281,24 +281,24 @@ def _order(
                 positions.append(numbers.index(v))
             else:
                 raise MisalignedError(
-                    f"{refuse}, but {said} names {_describe_number(v, way)}, outside the allocation", _HINT_CHANGED
+                    f"{refuse}, but {named} names {_describe_number(v, way)}, outside the allocation", _HINT_CHANGED
                 )
         elif is_uuid_like(entry):  # a launcher's UUIDs (or Slurm's own with gres.conf Flags=env_uuid)
             try:
                 target = resolve(entry, cards)
             except GpuSpecError as err:
-                raise MisalignedError(f"{refuse}, but {said}: {err.message}", _HINT_CHANGED) from None
+                raise MisalignedError(f"{refuse}, but {named}: {err.message}", _HINT_CHANGED) from None
             if target not in allocated:
                 raise MisalignedError(
-                    f"{refuse}, but {said} names {target.uuid} (/dev/nvidia"
+                    f"{refuse}, but {named} names {target.uuid} (/dev/nvidia"
                     f"{target.card.minor_number}), outside the allocation",
                     _HINT_CHANGED,
                 )
             positions.append(allocated.index(target))
         else:
-            raise MisalignedError(f"{refuse}, but {said}: {entry!r} names no card", _HINT_CHANGED)
+            raise MisalignedError(f"{refuse}, but {named}: {entry!r} names no card", _HINT_CHANGED)
     if len(set(positions)) != len(positions):
-        raise MisalignedError(f"{refuse}, but {said} names a card twice", _HINT_CHANGED)
+        raise MisalignedError(f"{refuse}, but {named} names a card twice", _HINT_CHANGED)
     return positions
 
 
@@ -319,21 +319,21 @@ def read(env: Mapping[str, str], read_cards: Callable[[], Sequence[Card]]) -> Ex
     if way.minor:
         refuse = f"{rank} was allocated minor number{'s' if len(numbers) > 1 else ''} {listed} ({var}={value})"
     else:
-        files = ", ".join(way.slot(n).said for n in numbers)
+        files = ", ".join(way.slot(n).found_by for n in numbers)
         refuse = (
             f"{rank} was allocated GPU{'s' if len(numbers) > 1 else ''} {listed} ({var}={value}: {files} by {way.how})"
         )
     allocated = _allocated(numbers, ways, refuse)
     order = _order(numbers, cvd, allocated, way, cards, refuse)
-    said = f"{CVD}={cvd}" if cvd is not None else f"{CVD} unset"
+    named = f"{CVD}={cvd}" if cvd is not None else f"{CVD} unset"
     notes = [
         f"{rank}, minor number {allocated[p].card.minor_number}"
         if way.minor
-        else f"{rank}, Slurm's GPU {numbers[p]} = {way.slot(numbers[p]).said}"
+        else f"{rank}, Slurm's GPU {numbers[p]} = {way.slot(numbers[p]).found_by}"
         for p in order
     ]
     return Expectation(
         [ExpectedCard(allocated[p].uuid, allocated[p].bus_id, note) for p, note in zip(order, notes)],
         var,
-        f"{var}={value} and {said} ({rank}); {basis}",
+        f"{var}={value} and {named} ({rank}); {basis}",
     )

@@ -36,10 +36,9 @@ from gpupin.core.contract import (
     VOID,
     nvd_keyword,
 )
-from gpupin.core.errors import CardUnhealthyError, GpupinError
+from gpupin.core.errors import CardUnhealthyError, GpupinError, shorten, shown
 from gpupin.core.expectation import Expectation, ExpectedCard, parse_expect
 from gpupin.core.identity import WHOLE, index_key, is_full_uuid, is_uuid_like
-from gpupin.core.shown import shorten, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -112,14 +111,14 @@ def gpupin_expect(ctx: Context) -> Answer:
     return None if value is None else parse_expect(value)
 
 
-def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], source: str, said: str) -> Answer:
+def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], source: str, named: str) -> Answer:
     """Cards named by host NVML index or MIG `i:j`, as far as they can be known here (the module's docstring)."""
     from gpupin.core.resolve import Target, resolve
 
     cards = ctx.cards()
     seen = [Target(c, m) for c in cards for m in (c.mig_devices if c.mig_mode else [None])]
     if len(set(keys)) != len(keys):
-        return f"{said} lists a device twice"
+        return f"{named} lists a device twice"
     targets: list[Target] = []
     if len(seen) == len(keys):  # exactly the named devices are here: the k-th smallest name is the k-th seen
         ranked = sorted(keys)
@@ -127,7 +126,7 @@ def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], sou
             target = seen[ranked.index(key)]
             if (key[1] != WHOLE) != (target.mig is not None):
                 return (
-                    f"{said} names {'a MIG device' if key[1] != WHOLE else 'a whole card'} where this container "
+                    f"{named} names {'a MIG device' if key[1] != WHOLE else 'a whole card'} where this container "
                     f"sees {'a MIG device' if target.mig is not None else 'a whole card'}"
                 )
             targets.append(target)
@@ -137,22 +136,22 @@ def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], sou
             targets = [resolve(e, cards) for e in entries]
         except GpupinError:
             return (
-                f"{said} names devices by host index, which the {len(seen)} device(s) NVML sees here cannot "
+                f"{named} names devices by host index, which the {len(seen)} device(s) NVML sees here cannot "
                 "resolve (a container sees only the devices it was given, numbered from 0)"
             )
         how = "indices as NVML numbers this host's cards"
     lost = [t.card for t in targets if t.card.uuid is None]
     if lost:
         raise CardUnhealthyError(
-            f"{said} names the card at NVML index {lost[0].index}, which NVML cannot read "
+            f"{named} names the card at NVML index {lost[0].index}, which NVML cannot read "
             f"({lost[0].error or 'unreadable'})",
             "see `nvidia-smi` and the kernel log (Xid 79: "
             "fallen off the bus); a lost card needs a reset (`nvidia-smi -r`) or a reboot",
         )
-    return Fallback(Expectation([ExpectedCard(t.uuid, t.card.bus_id) for t in targets], source, f"{said} ({how})"))
+    return Fallback(Expectation([ExpectedCard(t.uuid, t.card.bus_id) for t in targets], source, f"{named} ({how})"))
 
 
-def _named(ctx: Context, entries: list[str], source: str, said: str, ordered: bool = True) -> Answer:
+def _named(ctx: Context, entries: list[str], source: str, named: str, ordered: bool = True) -> Answer:
     """Devices named by a runtime or scheduler: full UUIDs (in the order given, or, `ordered=False`, NVML's),
     else indices and MIG pairs; a reason for anything else."""
     if entries and all(is_full_uuid(e) for e in entries):
@@ -162,8 +161,8 @@ def _named(ctx: Context, entries: list[str], source: str, said: str, ordered: bo
         return parse_expect(",".join(entries), source)
     keys = [index_key(e) for e in entries]
     if entries and all(k is not None for k in keys):
-        return _by_index(ctx, entries, [k for k in keys if k is not None], source, said)
-    return f"{said} names no card by UUID or index"
+        return _by_index(ctx, entries, [k for k in keys if k is not None], source, named)
+    return f"{named} names no card by UUID or index"
 
 
 def nvidia_visible_devices(ctx: Context) -> Answer:
@@ -182,10 +181,10 @@ def nvidia_visible_devices(ctx: Context) -> Answer:
     if value.strip() in (DEVICE_LIST_DIR, ctx.env.get(DEVICE_LIST_DIR_VAR)):
         return ELSEWHERE  # the device plugin's folder: its reader reads it
     entries = [e.strip() for e in value.split(",")]
-    said = f"{NVD_VAR}={shown(value)}"
+    named = f"{NVD_VAR}={shown(value)}"
     if all(is_uuid_like(e) for e in entries) and not all(is_full_uuid(e) for e in entries):
-        return f"{said} names no card by full UUID"  # the toolkit takes whole UUIDs only
-    return _named(ctx, entries, NVD_VAR, said)
+        return f"{named} names no card by full UUID"  # the toolkit takes whole UUIDs only
+    return _named(ctx, entries, NVD_VAR, named)
 
 
 def device_list_dir(ctx: Context) -> Answer:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from gpupin.core.contract import EXPECT_VAR, LEVELS, LEVELS_SAID, PROBE_TIMEOUT_VAR, seconds
-from gpupin.core.errors import GpuUnavailableError, MisalignedError, UsageError
+from gpupin.core.contract import EXPECT_VAR, LEVELS, LEVELS_TEXT, PROBE_TIMEOUT_VAR, seconds
+from gpupin.core.errors import GpuUnavailableError, MisalignedError, UsageError, shorten
 from gpupin.core.expectation import ExpectedCard, format_expect
-from gpupin.core.shown import shorten
 from gpupin.entrypoint import align, sources
 
 TYPE_CHECKING = False
@@ -181,7 +180,7 @@ def verify(
 ) -> tuple[dict[str, str], Verification]:
     """Verify that every cuda:k will be expectation k; return the workload's environment and the report."""
     if level not in LEVELS:
-        raise UsageError(f"unknown verification level {shorten(level)}", f"use {LEVELS_SAID}")
+        raise UsageError(f"unknown verification level {shorten(level)}", f"use {LEVELS_TEXT}")
     probe_timeout(environ)  # a malformed limit is refused at every level, before anything runs
     found = sources.find(environ)
     expectation = found.expectation

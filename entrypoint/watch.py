@@ -18,8 +18,7 @@ import sys
 
 from gpupin.core import health, nvml, readings
 from gpupin.core.contract import WATCH_GRACE_VAR, WATCH_VAR, seconds
-from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError
-from gpupin.core.shown import shorten
+from gpupin.core.errors import CardLostError, GpupinError, GpuUnavailableError, shorten
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,9 +35,9 @@ GRACE_MAX = 3600.0
 def interval(value: str, given: str) -> float:
     """The seconds between checks: a number in (0, a day]; 0, a negative number, nan, inf or text is refused."""
     unset = f", or unset {WATCH_VAR} to run without watching" if given == WATCH_VAR else ""
-    said = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
+    named = f"{given}={shorten(value)}" if unset else f"{given} {shorten(value)}"
     return seconds(
-        value, said, INTERVAL_MAX, f"give the seconds between checks of the pinned cards, like --watch 5{unset}"
+        value, named, INTERVAL_MAX, f"give the seconds between checks of the pinned cards, like --watch 5{unset}"
     )
 
 
@@ -69,7 +68,7 @@ def watched(ver: "Verification") -> "list[Card]":
 # systemd cgroup driver takes the container's NVIDIA devices out of its device cgroup: the open files (the
 # workload's, this NVML session's) keep working, but no new one opens, so every new NVML session fails with
 # "Unknown Error" (NVIDIA/nvidia-container-toolkit#48). Opening it is the cheapest sign of that (2 us on an H200,
-# against 5 ms of CPU for a new NVML session: docs/records/watch-costs-H200-2026-12-01.jsonl).
+# against 5 ms of CPU for a new NVML session: bench/records/watch-costs-H200-2026-12-01.jsonl).
 CONTROL_NODE = "/dev/nvidiactl"
 
 
@@ -90,7 +89,7 @@ class Checks:
     - each card is not unhealthy for a reason it did not have at the start (gpupin.core.health): a critical XID
       (NVML events, registered here, drained at each check), uncorrectable ECC errors, memory repair pending or
       failed.
-    Each is a few NVML calls of the open session: microseconds (docs/records/watch-costs-H200-2026-12-01.jsonl)."""
+    Each is a few NVML calls of the open session: microseconds (bench/records/watch-costs-H200-2026-12-01.jsonl)."""
 
     __slots__ = ("baseline", "cards", "events", "nodes")
 

@@ -19,11 +19,10 @@ import sys
 
 from gpupin.core import __version__
 from gpupin.core.errors import GpupinError, InternalError, UsageError
-from gpupin.hostagent import PROG, completion
+from gpupin.hostagent import PROG, completion, mark
 from gpupin.hostagent.ls import args as ls_args
 from gpupin.hostagent.queue import args as queue_args
 from gpupin.hostagent.run import args as run_args
-from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
     @staticmethod
     def refuse(message: str, hint: str) -> NoReturn:
-        from gpupin.core.shown import printable
+        from gpupin.core.errors import printable
 
         err = UsageError(printable(message), hint)  # argparse puts the user's words in as given: one line still
         sys.stderr.write(err.line(PROG))

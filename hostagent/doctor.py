@@ -25,8 +25,7 @@ import stat
 import sys
 
 from gpupin.core import nvml, readings
-from gpupin.core.errors import GpupinError, UsageError
-from gpupin.core.shown import quoted
+from gpupin.core.errors import GpupinError, UsageError, quoted
 from gpupin.hostagent.completion import DIRS, offer
 from gpupin.hostagent.findings import ERROR, WARNING, Finding
 
@@ -45,7 +44,7 @@ _NODE_PREFIXES = ("nvidia",)
 _CAPS = "nvidia-caps"
 
 
-class Host:
+class HostFiles:
     """Where doctor reads the host's files: `root` + /dev, /sys, /etc (the real host when root is "/")."""
 
     def __init__(self, root: str = "/") -> None:
@@ -58,7 +57,7 @@ class Host:
 # --- the traps ------------------------------------------------------------------------------------------------
 
 
-def nvidia_nodes(host: Host) -> list[tuple[str, int, int]]:
+def nvidia_nodes(host: HostFiles) -> list[tuple[str, int, int]]:
     """The NVIDIA character device nodes under /dev (and /dev/nvidia-caps): (path, major, minor)."""
     found: list[tuple[str, int, int]] = []
     dev = host.path("/dev")
@@ -80,7 +79,7 @@ def nvidia_nodes(host: Host) -> list[tuple[str, int, int]]:
     return found
 
 
-def check_dev_char(host: Host, cgroup_driver: str | None) -> list[Finding]:
+def check_dev_char(host: HostFiles, cgroup_driver: str | None) -> list[Finding]:
     """The daemon-reload trap: under the systemd cgroup driver every NVIDIA node needs its /dev/char/MAJ:MIN link."""
     if cgroup_driver != "systemd":
         return []
@@ -121,12 +120,12 @@ def check_persistence(cards: Sequence[Card], modes: Mapping[int, bool | None]) -
     ]
 
 
-def _spec_dirs(host: Host, info: Mapping[str, Any] | None) -> list[str]:
+def _spec_dirs(host: HostFiles, info: Mapping[str, Any] | None) -> list[str]:
     dirs = [str(d) for d in (info or {}).get("CDISpecDirs") or []] or ["/etc/cdi", "/var/run/cdi"]
     return [host.path(d) for d in dirs]
 
 
-def check_cdi(host: Host, info: Mapping[str, Any] | None, cards: Sequence[Card]) -> list[Finding]:
+def check_cdi(host: HostFiles, info: Mapping[str, Any] | None, cards: Sequence[Card]) -> list[Finding]:
     """Every nvidia.com/gpu device a CDI spec names must be a card NVML has, and every card must be named."""
     from gpupin.core.identity import is_uuid_like
     from gpupin.hostagent.engine import cdi
@@ -156,7 +155,7 @@ def check_cdi(host: Host, info: Mapping[str, Any] | None, cards: Sequence[Card])
     return findings
 
 
-def check_runtime(info: Mapping[str, Any], host: Host, cdi_served: bool) -> list[Finding]:
+def check_runtime(info: Mapping[str, Any], host: HostFiles, cdi_served: bool) -> list[Finding]:
     findings: list[Finding] = []
     runtimes = info.get("Runtimes") or {}
     path = [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin", "/usr/local/bin"]
@@ -194,7 +193,7 @@ def check_runtime(info: Mapping[str, Any], host: Host, cdi_served: bool) -> list
     return findings
 
 
-def check_swarm_resource(info: Mapping[str, Any], host: Host, cards: Sequence[Card]) -> list[Finding]:
+def check_swarm_resource(info: Mapping[str, Any], host: HostFiles, cards: Sequence[Card]) -> list[Finding]:
     """On a Swarm node: node-config --check's findings (generic resources, runtime, the toolkit's swarm-resource)."""
     if str(((info.get("Swarm") or {}).get("LocalNodeState")) or "") != "active":
         return []
@@ -209,7 +208,7 @@ def check_swarm_resource(info: Mapping[str, Any], host: Host, cards: Sequence[Ca
     return [f for f in result.findings if "default runtime" not in f.problem]  # said once, by check_runtime
 
 
-def cgroup_line(info: Mapping[str, Any] | None, host: Host) -> str:
+def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
     if info is not None and info.get("CgroupDriver"):
         return f"cgroup v{info.get('CgroupVersion') or '?'} with the {info['CgroupDriver']} driver"
     v2 = os.path.exists(host.path("/sys/fs/cgroup/cgroup.controllers"))
@@ -250,7 +249,7 @@ class Report:
         return {"ok": not self.findings, "summary": self.summary, "findings": [f.to_dict() for f in self.findings]}
 
 
-def examine(host: Host) -> Report:
+def examine(host: HostFiles) -> Report:
     """Every check that can run: NVML and the daemon each missing is a finding, not the end of the check."""
     findings: list[Finding] = []
     cards: list[Card] = []
@@ -284,7 +283,7 @@ def command(root: str, as_json: bool) -> int:
             f"--root {quoted(root)}: not a folder",
             "give the folder that holds the host's /dev, /sys and /etc (default /)",
         )
-    report = examine(Host(root))
+    report = examine(HostFiles(root))
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:

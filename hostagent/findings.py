@@ -10,8 +10,8 @@ and as JSON for scripts.
 from __future__ import annotations
 
 from gpupin.core.errors import EX_USAGE
-from gpupin.core.shown import printable as printable
-from gpupin.core.shown import quoted as quoted
+from gpupin.core.errors import printable as printable
+from gpupin.core.errors import quoted as quoted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ The modules, in the order a file goes through them:
                 !reset/!override; native asks compose v2 (`docker compose config`) for the same model
     interpolate .env files and ${VAR} in every value
     load        bytes -> text -> YAML -> a plain tree, with the limits (size, depth, aliases, duplicate keys)
-    gpurequest  what one service asks for (GpuRequest), and what the forms of asking share (Form)
+    gpurequest  what one service asks for (GpuRequest), and what the forms of asking share (GpuRequestForm)
     forms       one reader per form (x-gpupin, deploy devices, CDI, gpus:, runtime): gpu_request
     devicerequest  a device request's keys, capabilities, count and device_ids, as compose-go reads them
     devicefiles the cards a service holds by device file (/dev/nvidiaN, or a folder above it)

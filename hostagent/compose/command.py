@@ -6,7 +6,21 @@ file come from.
 being rendered), and written all at once: a temporary file beside it, renamed over it, so that a refused or
 interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as docs/exit-codes.md
 gives hostagent's codes (64, 69, 75) and every other bad argument gets it.
-"""
+
+Which model `check` and `render` read (`read_model`), and how `render` writes the pinned one (`written_text`).
+
+The model: hostagent's own reading of the project (hostagent.compose.project). When the project is more than one
+plain file (several files, an override file, `include`, `extends`, `!reset`/`!override`, or profiles that leave
+services out) and compose v2 is installed, compose's own `config` is the model instead (hostagent.compose.native):
+the real tool's merge, whose output is the file compose itself runs.
+
+What render writes:
+- one plain file: that file, edited where the pin changes it and nowhere else (hostagent.compose.roundtrip):
+  comments, quoting, anchors and `${VAR}` stay as written;
+- a project of several parts: one standard, self-contained compose file, the merged model with every GPU pinned,
+  which `docker compose -f OUT up` runs alone (no -f of the sources, no override file: the header says so).
+  Variables are already substituted there (a `$` is written `$$`), and relative paths are compose's absolute
+  ones when compose v2 built the model."""
 
 from __future__ import annotations
 
@@ -18,8 +32,9 @@ import tempfile
 
 from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
-from gpupin.hostagent.compose import model
+from gpupin.hostagent.compose import interpolate, load, native, roundtrip
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
+from gpupin.hostagent.compose.project import Options, Project, build
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine, top_level_lookalikes
 from gpupin.hostagent.engine import cdi
@@ -30,9 +45,9 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
-    from gpupin.hostagent.compose.project import Options, Project
     from gpupin.hostagent.ledger.holders import Holder
     from gpupin.hostagent.swarm.cluster import Node
+
 
 _COMPOSE_PROJECT = "com.docker.compose.project"
 _COMPOSE_SERVICE = "com.docker.compose.service"
@@ -67,7 +82,7 @@ def own_container_ids(summaries: Iterable[Mapping[str, Any]], projects: set[str]
 
 class Daemon:
     """What the daemon says for a render or a check: the ledger (card UUID -> running holders, without this
-    project's own containers, and the processes that no grant explains: gpupin.hostagent.ledger.uses), whether it
+    project's own containers, and the processes that no grant explains: gpupin.hostagent.ledger.processes), whether it
     serves the cards by CDI (gpupin.hostagent.engine.cdi), and why the ledger is unknown (None: it was read)."""
 
     def __init__(self, busy: dict[str, list[Holder]], detection: cdi.Detection, unknown: str | None = None) -> None:
@@ -81,13 +96,13 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
     ledger is unknown (a count is then not placed: unknown is not free), and the nvidia driver pins the cards."""
     from gpupin.hostagent import engine
     from gpupin.hostagent.ledger import holders as ledger
+    from gpupin.hostagent.ledger import processes
     from gpupin.hostagent.ledger import read as ledger_read
-    from gpupin.hostagent.ledger import uses
 
     try:
         api = engine.connect(timeout=10)
         daemon_info = engine.info(api) if cdi_too and engine.may_serve_cdi(api) else None
-        book = ledger_read.read_ledger(api, cards, daemon_info)
+        reading = ledger_read.read_ledger(api, cards, daemon_info)
         own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects, service_names)
     except Exception as err:
         why = f"Docker at {engine.docker_host()}: {getattr(err, 'message', err)}"
@@ -96,11 +111,13 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
             "checked" + ("; the nvidia driver pins the cards (--via cdi to pin through CDI)" if cdi_too else "")
         )
         return Daemon(
-            uses.blocking(cards, uses.attribute(cards, None, None)), NOT_ASKED, f"the ledger was not read ({why})"
+            processes.blocking(cards, processes.attribute(cards, None, None)),
+            NOT_ASKED,
+            f"the ledger was not read ({why})",
         )
     detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
-    busy = ledger.held(h for h in book.holders if h.id not in own)
-    for key, hs in uses.blocking(cards, uses.attribute(cards, book.holders, book.names)).items():
+    busy = ledger.held(h for h in reading.holders if h.id not in own)
+    for key, hs in processes.blocking(cards, processes.attribute(cards, reading.holders, reading.names)).items():
         busy.setdefault(key, []).extend(hs)
     return Daemon(busy, detection)
 
@@ -261,17 +278,17 @@ def _emit(text: str, file: str, output: str | None, target: str | None, relative
 
 def _rendered(options: Options, output: str | None, make: Callable[[Project], tuple[str, Any]]) -> int:
     """Read the project, `make` the header and the rendered model of it (a RenderRefused names every problem), and
-    write it out (hostagent.compose.model.written): the steps `render` and `render --swarm` share, each problem one
+    write it out (written_text): the steps `render` and `render --swarm` share, each problem one
     line with the project's name."""
     name = "+".join(printable(f) for f in options.files) or "compose"
     try:
         targets = [output_path(output, f) for f in options.files] or [output_path(output, "")]
-        project = model.read(options)
-        name = model.name(project)
+        project = read_model(options)
+        name = project_name(project)
         if not options.files:
             targets = [output_path(output, f) for f in project.files]
         top, rendered = make(project)
-        text = model.written(project, top, rendered)
+        text = written_text(project, top, rendered)
     except ServiceError as err:
         say(f"ERROR: {err.problem().line(name)}")
         return err.exit_code
@@ -291,9 +308,9 @@ def render_command(options: Options, output: str | None, via: str | None = None)
         cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
         rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via, daemon.unknown)
         for p in top_level_lookalikes(doc):  # render says no other warning; this one may explain a missing card
-            say(p.line(model.name(project)))
+            say(p.line(project_name(project)))
         if not exam.requests:
-            say(f"note: {model.name(project)}: no service asks for GPUs; the file is written unchanged")
+            say(f"note: {project_name(project)}: no service asks for GPUs; the file is written unchanged")
         return header(project.files[0], exam), rendered
 
     return _rendered(options, output, make)
@@ -326,7 +343,7 @@ def stack_command(options: Options, output: str | None, kind: str) -> int:
     check_kind(kind)
 
     def make(project: Project) -> tuple[str, Any]:
-        name = model.name(project)
+        name = project_name(project)
         rendered, exam = stack.render(project.doc, kind, read_nodes())
         for p in exam.warnings:
             say(p.line(name))
@@ -344,11 +361,11 @@ def check_command(options: Options, as_json: bool) -> int:
     per problem."""
     name = "+".join(printable(f) for f in options.files) or "compose"
     try:
-        project = model.read(options)
+        project = read_model(options)
     except ServiceError as err:
         exam = Examination([err.problem()])
     else:
-        name = model.name(project)
+        name = project_name(project)
         cards, daemon = _host(project.doc, project.files, cdi_too=False)
         exam = examine(project.doc, cards, daemon.busy, daemon.unknown)
     if as_json:
@@ -359,3 +376,34 @@ def check_command(options: Options, as_json: bool) -> int:
         if exam.ok:
             sys.stdout.write(exam.summary() + "\n")
     return 0 if exam.ok else EX_USAGE
+
+
+def read_model(options: Options) -> Project:
+    """The project and the model its commands read (compose v2's where it applies, see above)."""
+    project = build(options)
+    if project.editable is None:
+        cmd = native.command()
+        if cmd is not None:
+            project.doc = native.config(
+                cmd, Options(project.files, options.project_directory, options.env_files, options.profiles)
+            )
+            project.by_compose = True
+    return project
+
+
+def project_name(project: Project) -> str:
+    """How messages name the project: its file, or its files joined with +."""
+    return "+".join(printable(f) for f in project.files)
+
+
+def written_text(project: Project, top: str, rendered: dict[str, Any]) -> str:
+    """The text render writes: `top` (the header), then the edited file or the merged model."""
+    if project.editable is not None:
+        source = roundtrip.without_header(project.texts[project.editable])
+        return top + "\n" + roundtrip.edit(source, project.doc, rendered)  # the empty line ends the header
+    how = "compose v2's `config`" if project.by_compose else "hostagent's reading of compose's rules"
+    merged = [
+        f"# Merged from {', '.join(printable(os.path.basename(f)) for f in project.files)} by {how}:",
+        "# use it alone (-f THIS_FILE), without the source files or an override file.",
+    ]
+    return top + "\n".join(merged) + "\n\n" + load.dump(interpolate.escaped(rendered))

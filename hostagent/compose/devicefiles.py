@@ -15,7 +15,7 @@ import re
 
 from gpupin.core.errors import GpupinError
 from gpupin.core.resolve import Target, by_minor
-from gpupin.hostagent.compose.gpurequest import Form, GpuRequest
+from gpupin.hostagent.compose.gpurequest import GpuRequest, GpuRequestForm
 from gpupin.hostagent.compose.place import Assignment
 from gpupin.hostagent.compose.problems import ServiceError
 
@@ -30,7 +30,7 @@ _CARD_FILE = re.compile(r"/dev/nvidia([0-9]+)")
 _ABOVE = ("/", "/dev")  # folders that hold /dev/nvidiaN
 
 
-class DeviceFiles(Form):
+class DeviceFiles(GpuRequestForm):
     """Not a way to ask for a pin: what a service is given by device file, beside whatever it asks."""
 
     name = "device files in `devices:`"

@@ -7,11 +7,10 @@
     devices: [nvidia.com/gpu=ID, ...]                                         CDI names, compose v2.30+
     runtime: nvidia + environment NVIDIA_VISIBLE_DEVICES=...                  the legacy nvidia-docker form
 
-Each is a `Form` (hostagent.compose.gpurequest): `read` turns a service into a GpuRequest (or None), `write` puts
-the pin's device request where the form was; `older_compose` says what a compose older than the form does with
-it. A CDI name is read as NVIDIA's spec names the cards (engine.cdi: index, UUID, MIG device, `all`); other CDI
-kinds are no GPU. `gpu_request` reads a service through every form, and refuses one that asks twice.
-"""
+Each is a `GpuRequestForm` (hostagent.compose.gpurequest): `read` turns a service into a GpuRequest (or None),
+`write` puts the pin's device request where the form was; `older_compose` says what a compose older than the form
+does with it. A CDI name is read as NVIDIA's spec names the cards (engine.cdi: index, UUID, MIG device, `all`);
+other CDI kinds are no GPU. `gpu_request` reads a service through every form, and refuses one that asks twice."""
 
 from __future__ import annotations
 
@@ -24,8 +23,8 @@ from gpupin.hostagent.compose.gpurequest import (
     KEY,
     LOOKALIKE_HINT,
     RESERVATIONS_AT,
-    Form,
     GpuRequest,
+    GpuRequestForm,
     cdi_request,
     count_of,
     device_entry,
@@ -52,7 +51,7 @@ X_HINT = (
 _DEVICES = "deploy.resources.reservations.devices"
 
 
-class XGpupin(Form):
+class XGpupin(GpuRequestForm):
     name = KEY
     standard = False
     share_how = f"`{KEY}: {{share: true}}`"
@@ -103,7 +102,7 @@ class XGpupin(Form):
         write_device(svc, req, pin)
 
 
-class DeployDevices(Form):
+class DeployDevices(GpuRequestForm):
     """`deploy.resources.reservations.devices` entries of the nvidia driver (or of none, asking for `gpu`)."""
 
     name = "deploy device request"
@@ -180,7 +179,7 @@ class CdiDeployDevices(DeployDevices):
         return cdi_request(self, service, ids, "the CDI device request", share, index)
 
 
-class GpusKey(Form):
+class GpusKey(GpuRequestForm):
     """Service-level `gpus:` (compose v2.30, docker/compose#12197: as `docker run --gpus`): `all`, or a list of
     device requests with the `gpu` capability implied."""
 
@@ -224,7 +223,7 @@ class GpusKey(Form):
         write_device(svc, req, pin)
 
 
-class CdiNames(Form):
+class CdiNames(GpuRequestForm):
     """CDI names of nvidia.com/gpu in the service's `devices:` (compose v2.30, docker/compose#12184, turns them
     into a CDI device request, as `docker run --device` does)."""
 
@@ -267,7 +266,7 @@ class CdiNames(Form):
         write_device(svc, req, pin)
 
 
-class RuntimeEnv(Form):
+class RuntimeEnv(GpuRequestForm):
     name = "runtime: nvidia"
     fallback = True
     spec_name = NVD_VAR
@@ -294,7 +293,14 @@ class RuntimeEnv(Form):
 
 
 # In the order they are read; the legacy runtime form last (it yields to the others).
-FORMS: tuple[Form, ...] = (XGpupin(), DeployDevices(), CdiDeployDevices(), GpusKey(), CdiNames(), RuntimeEnv())
+FORMS: tuple[GpuRequestForm, ...] = (
+    XGpupin(),
+    DeployDevices(),
+    CdiDeployDevices(),
+    GpusKey(),
+    CdiNames(),
+    RuntimeEnv(),
+)
 
 
 def gpu_request(service: str, svc: Any) -> GpuRequest | None:

@@ -1,6 +1,6 @@
-"""What one compose service asks for (GpuRequest), and what every way of asking for it has in common (Form).
+"""What one compose service asks for (GpuRequest), and what every way of asking for it has in common (GpuRequestForm).
 
-Each way a service can ask for GPUs is a `Form` (hostagent.compose.forms has one per form and reads a service
+Each way a service can ask for GPUs is a `GpuRequestForm` (hostagent.compose.forms has one per form and reads a service
 through them: gpu_request). `read` turns a service into a GpuRequest (or None); `write` puts the pin's device
 request where the form was (a `deploy` device entry, which every compose version reads). The readers here are
 the ones several forms share: a list of specs, a count, an nvidia device request (ids or a count), a list of
@@ -53,7 +53,7 @@ class GpuRequest:
     def __init__(
         self,
         service: str,
-        form: Form,
+        form: GpuRequestForm,
         specs: Sequence[str] = (),
         count: int | None = None,
         share: bool = False,
@@ -79,7 +79,7 @@ class GpuRequest:
         return f"GpuRequest({self.service}, {self.form.name}, {what}, share={self.share})"
 
 
-class Form:
+class GpuRequestForm:
     """One way a compose service can ask for GPUs."""
 
     name = ""  # how messages name the form
@@ -139,7 +139,7 @@ def _capabilities(entry: Mapping[str, Any]) -> list[str]:
 
 
 def device_entry(
-    form: Form, service: str, entry: Mapping[str, Any], share: bool, index: int | None = None
+    form: GpuRequestForm, service: str, entry: Mapping[str, Any], share: bool, index: int | None = None
 ) -> GpuRequest:
     """One nvidia device request (a deploy device entry at `index`, or a `gpus:` entry), checked as compose-go
     checks it (hostagent.compose.devicerequest): ids or a count, not both; neither is every card, as `--gpus all`
@@ -173,7 +173,7 @@ def _cdi_gpu_names(service: str, names: Sequence[str], where: str) -> list[str]:
 
 
 def cdi_request(
-    form: Form, service: str, names: Sequence[str], where: str, share: bool, index: int | None = None
+    form: GpuRequestForm, service: str, names: Sequence[str], where: str, share: bool, index: int | None = None
 ) -> GpuRequest:
     specs = _cdi_gpu_names(service, names, where)
     if "all" in specs:

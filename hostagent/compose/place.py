@@ -63,7 +63,7 @@ def holders_of(target: Target, busy: Mapping[str, Sequence[Holder]]) -> list[Hol
 
 
 def whom(holders: Sequence[Holder]) -> str:
-    """Who holds a card: the running containers, and the processes that use it (gpupin.hostagent.ledger.uses)."""
+    """Who holds a card: the running containers, and the processes that use it (gpupin.hostagent.ledger.processes)."""
     containers = ", ".join(h.describe() for h in holders if not h.process)
     processes = ", ".join(h.describe() for h in holders if h.process)
     return " and ".join(

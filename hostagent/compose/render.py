@@ -1,6 +1,6 @@
 """`render`: the rules, the placement, and the pin (hostagent.pin) written into each service that asks for GPUs.
 
-Per service: the device request by UUID (hostagent.compose.gpurequest.Form.write), through CDI (`driver: cdi`,
+Per service: the device request by UUID (hostagent.compose.gpurequest.GpuRequestForm.write), through CDI (`driver: cdi`,
 `nvidia.com/gpu=UUID`) where the daemon serves the cards by CDI, else through the nvidia driver (`driver:
 nvidia`), as `hostagent run` pins (gpupin.hostagent.engine.cdi; `--via` decides instead); the pin's environment
 (GPUPIN_EXPECT in local-rank order, NVIDIA_VISIBLE_DEVICES for the nvidia driver, GPUPIN_VERIFY when asked) and

@@ -244,11 +244,11 @@ def device_var_rules(service: str, env: Mapping[str, str | None], pinned: bool) 
             else "so the NVIDIA runtime may give it devices that no request names and nothing checks"
         )
         value = env[var]
-        said = f"{var} (from the shell)" if value is None else f"{var}={quoted(value)}"
+        named = f"{var} (from the shell)" if value is None else f"{var}={quoted(value)}"
         out.append(
             Problem(
                 service,
-                f"environment sets {said}, which the NVIDIA toolkit reads to pick the devices it exposes, {what}",
+                f"environment sets {named}, which the NVIDIA toolkit reads to pick the devices it exposes, {what}",
                 "remove it, and ask for the cards with a device request or `x-gpupin` (then "
                 f"{_RENDER})"
                 + (

@@ -18,13 +18,14 @@ from gpupin.hostagent.engine.failures import (
     is_sdk_error,
     refused,
 )
-from gpupin.hostagent.engine.info import cdi_detection, info, may_serve_cdi, runtimes
+from gpupin.hostagent.engine.info import NO_CDI, cdi_detection, daemon_view, info, may_serve_cdi, runtimes
 from gpupin.hostagent.engine.reader import EngineReader, created_time, fetch, http_date, reader
 
 __all__ = [
     "DAEMON_HINT",
     "DEFAULT_HOST",
     "MIN_API",
+    "NO_CDI",
     "Endpoint",
     "EngineNotFound",
     "EngineReader",
@@ -32,6 +33,7 @@ __all__ = [
     "cdi_detection",
     "connect",
     "created_time",
+    "daemon_view",
     "docker_host",
     "endpoint",
     "failure",

@@ -1,4 +1,5 @@
-"""What the daemon says of itself (`GET /info`): its runtimes, and whether it serves NVIDIA cards through CDI."""
+"""What the daemon says of itself (`GET /info`): its runtimes, and whether it serves NVIDIA cards through CDI; one
+place (`daemon_view`) that asks it for a run, with the agent or without, and for a dry run."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from gpupin.hostagent.engine.reader import fetch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
+
+NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
 
 
 def info(api: Any) -> dict[str, Any]:
@@ -37,3 +40,12 @@ def may_serve_cdi(api: Any) -> bool:
     from docker.utils import version_lt
 
     return not version_lt(server, cdi.MIN_API)
+
+
+def daemon_view(
+    api: Any, ask: bool = True, info_of: Callable[[Any], dict[str, Any]] = info
+) -> tuple[dict[str, Any] | None, cdi.Detection]:
+    """One /info (`info_of`: how to get it; the resident agent keeps it a few seconds): whether the daemon serves
+    CDI (unless not `ask`ed: --via says how, or its API predates CDI), and its runtimes for the ledger."""
+    daemon_info = info_of(api) if ask and may_serve_cdi(api) else None
+    return daemon_info, cdi_detection(daemon_info) if daemon_info is not None else NO_CDI

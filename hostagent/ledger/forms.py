@@ -1,46 +1,436 @@
-"""The one table of the ways a container can hold a card (FORMS), each row read from the container's
-`docker inspect` data by a reader of its family: requests an engine hands out (requests), a runtime's reading of
-the environment (environment), device nodes (devices). `hostagent run`'s conflict check, `hostagent ls` and
-compose all read holders through it. A new way is one reader function and one row."""
+"""The one table of the ways a container can hold a card (FORMS), each row read from the container's `docker
+inspect` data by a reader of its family, and what the rows read with.
+
+What each row reads with: the host it reads for (HostCards: its cards, its runtimes, whether the daemon's paths are
+this machine's), the CardGrant it returns, and the few readers of `docker inspect` data that several rows share.
+
+The families of rows:
+- cards an engine hands out on request: the nvidia driver's device requests (`--gpus`), CDI device requests
+  (`--device nvidia.com/gpu=...`) and CDI annotations (`cdi.k8s.io/*`, which the toolkit's CDI modes inject from
+  the OCI spec whatever the engine does with them);
+- cards a runtime picks from the container's environment: the nvidia runtime reading NVIDIA_VISIBLE_DEVICES (ids,
+  or CDI names in its CDI modes), and DOCKER_RESOURCE_<KIND> (Swarm's generic resources, which the toolkit reads
+  before NVIDIA_VISIBLE_DEVICES when its swarm-resource setting names them);
+- device nodes: a node or folder handed over with `--device`, a device-cgroup rule that lets the container make
+  one, a bind mount of nodes that a rule lets it open, and `--privileged` with the toolkit. Nodes count by the
+  major:minor they grant (gpupin.hostagent.ledger.nodes): on a daemon of this host by what is there, symlinks
+  resolved; on another, by name.
+
+`hostagent run`'s conflict check, `hostagent ls` and compose all read holders through the table. A new way is one
+reader function and one row."""
 
 from __future__ import annotations
 
-from gpupin.hostagent.ledger import devices, environment, requests
+from gpupin.core.contract import ALL, NONE, NVD_VAR, SWARM_PREFIX, VOID, nvd_keyword
+from gpupin.core.errors import GpupinError
+from gpupin.core.identity import is_uuid_like
+from gpupin.core.resolve import by_minor, resolve
+from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.ledger import nodes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
-    from gpupin.hostagent.ledger.grant import Grant, Host
+    from gpupin.core.nvml import Card
 
 
-class Form:
+# The capabilities moby's nvidia device driver answers to (daemon/nvidia_linux.go): a request with no driver
+# goes to it when one of its capability sets is made only of these.
+NVIDIA_CAPABILITIES = frozenset({"gpu", "nvidia", "compute", "compat32", "graphics", "utility", "video", "display"})
+
+
+class HostCards:
+    """What the readers need to know of this host: its cards (NVML), which runtimes are NVIDIA's, and whether the
+    daemon is on this host (`local`: its device paths can be looked at here, through symlinks and device numbers)."""
+
+    def __init__(
+        self, cards: Sequence[Card], runtimes: Callable[[], Mapping[str, str]] | None = None, local: bool = False
+    ) -> None:
+        self.cards = cards
+        self._runtimes = runtimes  # name -> path, from the daemon's /info, asked only when needed
+        self._known: Mapping[str, str] | None = None
+        self.local = local
+
+    def is_nvidia_runtime(self, name: str) -> bool:
+        """`nvidia`, or a runtime the daemon runs from an nvidia-container-runtime binary under another name."""
+        if name == "nvidia":
+            return True
+        if name in ("", "runc", "io.containerd.runc.v2", "io.containerd.runtime.v1.linux"):
+            return False
+        if self._known is None:
+            self._known = self._runtimes() if self._runtimes is not None else {}
+        path = self._known.get(name, "")
+        return path.rsplit("/", 1)[-1].startswith("nvidia-container-runtime")
+
+    def every_card(self) -> list[str]:
+        return [c.uuid for c in self.cards if c.uuid]
+
+    def by_minors(self, minors: Iterable[int] | None, what: str) -> tuple[list[str], list[str]]:
+        """The cards of these minor numbers (None: every card) -> (UUIDs, unknown: `what:minor` for a minor no
+        card of this host has)."""
+        if minors is None:
+            return self.every_card(), []
+        uuids: list[str] = []
+        unknown: list[str] = []
+        for minor in dict.fromkeys(minors):
+            try:
+                uuids.append(by_minor(minor, self.cards).uuid)
+            except GpupinError:
+                unknown.append(f"{what} (minor {minor})")
+        return uuids, unknown
+
+
+class CardGrant:
+    """Cards given to a container one way: the form (a FORMS row), how it was asked, and the UUIDs it names
+    (card or MIG device UUIDs); `unknown` keeps ids this host's cards do not answer to."""
+
+    __slots__ = ("form", "how", "unknown", "uuids")
+
+    def __init__(self, form: str, how: str, uuids: Sequence[str], unknown: Sequence[str] = ()) -> None:
+        self.form = form
+        self.how = how
+        self.uuids = tuple(dict.fromkeys(uuids))
+        self.unknown = tuple(unknown)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"form": self.form, "how": self.how, "uuids": list(self.uuids), "unknown": list(self.unknown)}
+
+
+def ids(specs: Iterable[str], host: HostCards) -> tuple[list[str], list[str]]:
+    """Device ids as the toolkit reads them (UUID, index, MIG UUID, `i:j`, bus id, `all`, and nvidia.com/gpu CDI
+    names, which its CDI modes read) -> (UUIDs, unknown). A CDI name of another kind names no card."""
+    uuids: list[str] = []
+    unknown: list[str] = []
+    for raw in specs:
+        spec = raw.strip()
+        if not spec:
+            continue
+        if cdi.parse(spec) is not None:
+            device = cdi.gpu_device(spec)
+            if device is None:
+                continue
+            spec = cdi.as_spec(device)
+        if nvd_keyword(spec) == ALL:
+            uuids += host.every_card()
+            continue
+        try:
+            uuids.append(resolve(spec, host.cards).uuid)
+        except GpupinError:
+            unknown.append(raw.strip())
+    return uuids, unknown
+
+
+def host_config(c: Mapping[str, Any]) -> Mapping[str, Any]:
+    return c.get("HostConfig") or {}
+
+
+def nvidia_requests(c: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    out = []
+    for req in host_config(c).get("DeviceRequests") or []:
+        driver = req.get("Driver") or ""
+        groups = req.get("Capabilities") or []
+        if driver == "nvidia" or (not driver and any(set(g or ()) <= NVIDIA_CAPABILITIES for g in groups)):
+            out.append(req)
+    return out
+
+
+def cdi_requests(c: Mapping[str, Any]) -> list[list[str]]:
+    """The CDI names of each CDI device request (the CDI driver's requests: `docker run --device VENDOR/CLASS=
+    NAME`), and those given as device paths (HostConfig.Devices), which an engine that takes them there injects
+    too; one list per request."""
+    hc = host_config(c)
+    out = [
+        [str(i) for i in req.get("DeviceIDs") or []]
+        for req in hc.get("DeviceRequests") or []
+        if req.get("Driver") == cdi.CDI
+    ]
+    paths = [str(d.get("PathOnHost") or "") for d in hc.get("Devices") or []]
+    named = [p for p in paths if cdi.parse(p) is not None]
+    return [*out, named] if named else out
+
+
+def cdi_gpus(c: Mapping[str, Any]) -> list[list[str]]:
+    """The nvidia.com/gpu device names of each CDI request (other kinds name no GPU)."""
+    out = []
+    for names in cdi_requests(c):
+        devices = [d for d in (cdi.gpu_device(n) for n in names) if d is not None]
+        if devices:
+            out.append(devices)
+    return out
+
+
+def environment(c: Mapping[str, Any]) -> dict[str, str]:
+    """The container's environment (the image's and its own), the last value of a name winning, as the toolkit
+    reads the process environment."""
+    out: dict[str, str] = {}
+    for entry in (c.get("Config") or {}).get("Env") or []:
+        key, eq, value = str(entry).partition("=")
+        if eq:
+            out[key] = value
+    return out
+
+
+def runtime(c: Mapping[str, Any]) -> str:
+    return str(host_config(c).get("Runtime") or "")
+
+
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+
+
+def device_requests(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """`--gpus` / DeviceRequests for the nvidia driver: ids, a count (the daemon hands out indices 0..N-1,
+    daemon/nvidia_linux.go), or all (count -1)."""
+    grants = []
+    for req in nvidia_requests(c):
+        asked = [str(i) for i in req.get("DeviceIDs") or []]
+        count = int(req.get("Count") or 0)
+        if asked:
+            uuids, unknown = ids(asked, host)
+            how = "--gpus device=" + ",".join(asked)
+        elif count < 0:
+            uuids, unknown, how = host.every_card(), [], "--gpus all"
+        elif count > 0:
+            uuids, unknown = ids([str(i) for i in range(count)], host)
+            how = f"--gpus {count}"
+        else:
+            continue
+        grants.append(CardGrant("device-request", how, uuids, unknown))
+    return grants
+
+
+def cdi_devices(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """CDI device requests of NVIDIA's kind (`docker run --device nvidia.com/gpu=...`, compose `driver: cdi`):
+    each name as NVIDIA's spec names a card (index, UUID, MIG UUID, `i:j`, `gpuN`/`migI:J`, `all`), read as the
+    identity core reads specs. Other kinds name no GPU."""
+    grants = []
+    for devices in cdi_gpus(c):
+        uuids, unknown = ids([cdi.as_spec(d) for d in devices], host)
+        grants.append(CardGrant("cdi", " ".join(f"--device {cdi.name(d)}" for d in devices), uuids, unknown))
+    return grants
+
+
+def oci_annotations(c: Mapping[str, Any]) -> dict[str, str]:
+    """The container's OCI annotations (HostConfig.Annotations: `docker run --annotation`, Engine API 1.43)."""
+    found = host_config(c).get("Annotations") or {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def cdi_annotations(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """`cdi.k8s.io/<key>=nvidia.com/gpu=NAME[,...]`: the CDI devices an annotation asks for, which the toolkit's
+    runtime (in its CDI and auto modes) injects from the OCI spec; names of other kinds name no GPU."""
+    grants = []
+    for key, value in sorted(oci_annotations(c).items()):
+        if not key.startswith(CDI_ANNOTATION_PREFIX):
+            continue
+        names = [n.strip() for n in value.split(",") if cdi.gpu_device(n.strip()) is not None]
+        if names:
+            uuids, unknown = ids(names, host)
+            grants.append(CardGrant("cdi-annotation", f"--annotation {key}={value}", uuids, unknown))
+    return grants
+
+
+def runtime_env(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """The nvidia runtime reading NVIDIA_VISIBLE_DEVICES (the image's own value counts: CUDA images set `all`):
+    ids, or nvidia.com/gpu CDI names (`nvidia.com/gpu=1`, which its CDI modes read). A device request's value comes
+    last in the process environment and wins, and an nvidia.com/gpu CDI spec sets it to `void`, so then this form
+    gives nothing."""
+    name = runtime(c)
+    if not host.is_nvidia_runtime(name) or nvidia_requests(c) or cdi_gpus(c):
+        return []
+    value = environment(c).get(NVD_VAR)
+    if value is None or nvd_keyword(value) in ("", VOID, NONE):
+        return []
+    uuids, unknown = ids(value.split(","), host)
+    return [CardGrant("nvidia-runtime", f"--runtime {name} {NVD_VAR}={value}", uuids, unknown)]
+
+
+def swarm_resources(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """DOCKER_RESOURCE_<KIND>=<UUID>[,...] in any container, under any runtime, beside any device request: the
+    toolkit reads the variable its swarm-resource setting names before NVIDIA_VISIBLE_DEVICES, whether Swarm or a
+    user set it, and the ledger does not read the node's toolkit config (nor which runtime the node's default
+    hooks), so every such variable counts. Only values that name cards do (UUIDs, or nvidia.com/gpu CDI names): a
+    discrete resource (DOCKER_RESOURCE_SSD=1) is a count, no index."""
+    grants = []
+    for key, value in environment(c).items():
+        if not key.startswith(SWARM_PREFIX):
+            continue
+        values = [v.strip() for v in value.split(",")]
+        if values and all(is_uuid_like(v) or cdi.gpu_device(v) is not None for v in values):
+            uuids, unknown = ids(values, host)
+            grants.append(CardGrant("swarm-resource", f"{key}={value}", uuids, unknown))
+    return grants
+
+
+def _minors(path: str, host: HostCards, deep: bool) -> tuple[list[int] | None, bool]:
+    """The card minors a host path reaches (None: every card) and whether it reaches any GPU node at all."""
+    if host.local:
+        try:
+            found = nodes.local_nodes(path, deep)
+        except nodes.TooBig:
+            return None, True
+        if found is not None:
+            cards = [m for _, major, minor in found if (m := nodes.card_minor(major, minor)) is not None]
+            return cards, bool(found)
+    minors = nodes.named_minors(path)
+    return minors, nodes.named(path) or bool(minors)
+
+
+def device_files(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """`--device PATH`: a GPU node, or a folder whose every GPU node docker hands over (/dev/nvidiaN is the card
+    of minor N; nvidiactl, nvidia-uvm and the caps name no card)."""
+    grants = []
+    for dev in host_config(c).get("Devices") or []:
+        path = str(dev.get("PathOnHost") or "")
+        if cdi.parse(path) is not None:
+            continue  # a CDI name (the cdi row)
+        minors, reaches = _minors(path, host, deep=True)
+        if not reaches:
+            continue
+        uuids, unknown = host.by_minors(minors, path)
+        if not (uuids or unknown):
+            continue  # nvidiactl, nvidia-uvm, the caps: needed beside a card, name none
+        grants.append(CardGrant("device-file", f"--device {path}", uuids, unknown))
+    return grants
+
+
+class Rule:
+    """One device-cgroup rule (`TYPE MAJOR:MINOR ACCESS`, as `--device-cgroup-rule` writes it) as it concerns
+    the cards: the card minors it allows (None: all), and whether it lets a node be made (`m`) or opened."""
+
+    __slots__ = ("make", "minors", "open", "text")
+
+    def __init__(self, text: str, minors: list[int] | None, access: str) -> None:
+        self.text = text
+        self.minors = minors
+        self.make = "m" in access
+        self.open = "r" in access or "w" in access
+
+    @classmethod
+    def parse(cls, text: str) -> Rule | None:
+        """The rule when it allows NVIDIA's major 195 (`c 195:* rwm`, `a *:* rwm`, `a`), else None."""
+        parts = text.split()
+        if parts == ["a"]:
+            return cls(text, None, "rwm")
+        if len(parts) != 3 or parts[0] not in ("a", "c"):
+            return None
+        major, _, minor = parts[1].partition(":")
+        if major not in ("*", str(nodes.NVIDIA_MAJOR)):
+            return None
+        if minor == "*":
+            return cls(text, None, parts[2])
+        if not minor.isdigit() or nodes.card_minor(nodes.NVIDIA_MAJOR, int(minor)) is None:
+            return None
+        return cls(text, [int(minor)], parts[2])
+
+
+def _rules(c: Mapping[str, Any]) -> list[Rule]:
+    return [r for r in (Rule.parse(str(t)) for t in host_config(c).get("DeviceCgroupRules") or []) if r is not None]
+
+
+def _within(minors: list[int] | None, allowed: list[int] | None) -> list[int] | None:
+    """The minors of both (None: all)."""
+    if allowed is None:
+        return minors
+    return allowed if minors is None else [m for m in minors if m in allowed]
+
+
+def _can_mknod(c: Mapping[str, Any]) -> bool:
+    """CAP_MKNOD, which docker keeps by default, unless dropped (and not added back)."""
+    hc = host_config(c)
+
+    def names(key: str) -> set[str]:
+        return {str(x).upper().removeprefix("CAP_") for x in hc.get(key) or []}
+
+    return not ({"MKNOD", "ALL"} & names("CapDrop")) or bool({"MKNOD", "ALL"} & names("CapAdd"))
+
+
+def device_cgroup(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """A device-cgroup rule granting major 195 (`--device-cgroup-rule 'c 195:* rwm'`) with `m`, in a container
+    that keeps CAP_MKNOD: it can make /dev/nvidiaN itself and open it, mount or none."""
+    if not _can_mknod(c):
+        return []
+    grants = []
+    for rule in _rules(c):
+        if rule.make and rule.open:
+            uuids, unknown = host.by_minors(rule.minors, "195")
+            grants.append(CardGrant("device-cgroup", f"--device-cgroup-rule '{rule.text}'", uuids, unknown))
+    return grants
+
+
+def _binds(c: Mapping[str, Any]) -> Sequence[tuple[str, str]]:
+    """(host path, container path) of each bind mount, as the daemon records them (Mounts: -v and --mount)."""
+    return [
+        (str(m.get("Source") or ""), str(m.get("Destination") or ""))
+        for m in c.get("Mounts") or []
+        if m.get("Type") == "bind"
+    ]
+
+
+def bind_mounts(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """A bind mount of GPU nodes (`-v /dev:/dev`, a folder holding `c 195:1`) that a device-cgroup rule lets the
+    container open: the cards of the nodes it brings in, within what the rule allows."""
+    rules = [r for r in _rules(c) if r.open]
+    if not rules:
+        return []
+    grants = []
+    for source, target in _binds(c):
+        minors, reaches = _minors(source, host, deep=False)
+        if not reaches:
+            continue
+        for rule in rules:
+            allowed = _within(minors, rule.minors)
+            if allowed is None or allowed:  # a node that names no card grants none
+                uuids, unknown = host.by_minors(allowed, source)
+                grants.append(
+                    CardGrant("bind-mount", f"-v {source}:{target} --device-cgroup-rule '{rule.text}'", uuids, unknown)
+                )
+    return grants
+
+
+def privileged(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """`--privileged` with the NVIDIA driver put in by the toolkit (the nvidia runtime, a --gpus request, or an
+    nvidia.com/gpu CDI device): a privileged container gets every /dev/nvidiaN of the host, so every card, whatever
+    NVIDIA_VISIBLE_DEVICES or the request says."""
+    if not host_config(c).get("Privileged"):
+        return []
+    name = runtime(c)
+    if host.is_nvidia_runtime(name):
+        return [CardGrant("privileged", f"--privileged --runtime {name}", host.every_card())]
+    if nvidia_requests(c):
+        return [CardGrant("privileged", "--privileged --gpus", host.every_card())]
+    if cdi_gpus(c):
+        return [CardGrant("privileged", f"--privileged --device {cdi.KIND}", host.every_card())]
+    return []
+
+
+class HoldingForm:
     """One row of the table: a name, the way in a word (what `ls` says of a pinned holder), and how the cards
     given that way are read from `docker inspect` data."""
 
     __slots__ = ("name", "read", "way")
 
-    def __init__(self, name: str, way: str, read: Callable[[Mapping[str, Any], Host], list[Grant]]) -> None:
+    def __init__(self, name: str, way: str, read: Callable[[Mapping[str, Any], HostCards], list[CardGrant]]) -> None:
         self.name = name
         self.way = way
         self.read = read
 
 
-FORMS: tuple[Form, ...] = (
-    Form("device-request", "--gpus", requests.device_requests),
-    Form("cdi", "CDI", requests.cdi_devices),
-    Form("cdi-annotation", "a CDI annotation", requests.cdi_annotations),
-    Form("nvidia-runtime", "--runtime nvidia", environment.runtime_env),
-    Form("swarm-resource", "DOCKER_RESOURCE_*", environment.swarm_resources),
-    Form("device-file", "device file", devices.device_files),
-    Form("bind-mount", "a bind mount of device files", devices.bind_mounts),
-    Form("device-cgroup", "--device-cgroup-rule", devices.device_cgroup),
-    Form("privileged", "--privileged", devices.privileged),
+FORMS: tuple[HoldingForm, ...] = (
+    HoldingForm("device-request", "--gpus", device_requests),
+    HoldingForm("cdi", "CDI", cdi_devices),
+    HoldingForm("cdi-annotation", "a CDI annotation", cdi_annotations),
+    HoldingForm("nvidia-runtime", "--runtime nvidia", runtime_env),
+    HoldingForm("swarm-resource", "DOCKER_RESOURCE_*", swarm_resources),
+    HoldingForm("device-file", "device file", device_files),
+    HoldingForm("bind-mount", "a bind mount of device files", bind_mounts),
+    HoldingForm("device-cgroup", "--device-cgroup-rule", device_cgroup),
+    HoldingForm("privileged", "--privileged", privileged),
 )
 WAY = {f.name: f.way for f in FORMS}
 
 
-def grants(inspect: Mapping[str, Any], host: Host) -> list[Grant]:
+def grants(inspect: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     """Every way the engine gives this container cards, in FORMS order."""
     return [g for form in FORMS for g in form.read(inspect, host)]

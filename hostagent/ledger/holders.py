@@ -4,21 +4,34 @@ What a container holds is what the engine gives it: the rows of one table (gpupi
 read from the container's `docker inspect` data. Containers that hostagent starts also carry the label
 `gpupin.devices=UUID[,UUID...]` and `gpupin.shared` (written always): the label says what was meant, never what is
 held; one that disagrees with the devices is shown as a mismatch, and one inherited from the image is not the
-container's (gpupin.hostagent.ledger.labels). There is no state file: a container that is gone holds nothing.
+container's (`own`, below). There is no state file: a container that is gone holds nothing. Processes hold too:
+those no grant explains are holders of their own (gpupin.hostagent.ledger.processes). Pure functions over inspect
+data and the cards.
 
-When a container holds what it was given: gpupin.hostagent.ledger.holding. Processes hold too: those no grant
-explains are holders of their own (gpupin.hostagent.ledger.uses). Pure functions over inspect data and the cards.
-"""
+When a container holds (`holding`): the rule is docs/ledger.md, "When a container holds". The restart policies that
+hold a stopped container follow moby's restore rule (daemon/daemon.go and restartmanager); a created container
+holds while its hostagent's lease lives (gpupin.hostagent.ledger.lease).
+
+Which gpupin labels are the container's own (`own`): a label equal to its image's is inherited (an image made by
+`docker commit` of a pinned container carries that container's labels into every container made from it), so it
+says nothing of this container: not pinned, not shared, not being started by a hostagent. A container that
+hostagent pins writes every gpupin label itself (gpupin.hostagent.pin, `gpupin.shared=false` included) and signs it
+with its lease's owner (gpupin.hostagent.ledger.lease): when the owner label is the container's own, so are the
+others, even one that happens to equal the image's (a new run pinned to the card the committed one had).
+
+Whether gpupin-entrypoint proved a container's cards (`verified`), read from what the container says of itself (its
+`docker inspect` data): the ledger shows it beside each holder, and the resident agent's metrics export it."""
 
 from __future__ import annotations
 
+from gpupin.core.contract import EXPECT_VAR, LABEL_PREFIX
 from gpupin.core.contract import LABEL as LABEL  # the ledger reads the labels the pin writes
 from gpupin.core.contract import SHARED_LABEL as SHARED_LABEL
-from gpupin.core.errors import GpupinError
+from gpupin.core.errors import EX_MISALIGNED, EX_UNAVAILABLE, EX_USAGE, GpupinError
 from gpupin.core.resolve import resolve
+from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.ledger.forms import WAY, grants
-from gpupin.hostagent.ledger.holding import LIVE_STATES, STARTING, holding
-from gpupin.hostagent.ledger.proof import verified
+from gpupin.hostagent.ledger.lease import OWNER_LABEL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +39,74 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
-    from gpupin.hostagent.ledger.grant import Grant, Host
+    from gpupin.hostagent.ledger.forms import CardGrant, HostCards
+
+
+LIVE_STATES = frozenset({"running", "paused", "restarting"})
+_NEVER_STARTED = "0001-01-01T00:00:00Z"
+STARTING = "being started by hostagent"  # why a created container holds while its hostagent's lease lives
+
+
+def holding(inspect: Mapping[str, Any], lease_state: str | None = None) -> str | None:
+    """Why the container holds its cards now, or None when it does not."""
+    st = inspect.get("State") or {}
+    status = str(st.get("Status") or "")
+    if status in LIVE_STATES:
+        return status
+    if status == "created":
+        return STARTING if lease_state == lease.LIVE else None
+    if status != "exited" or str(st.get("StartedAt") or _NEVER_STARTED).startswith("0001-"):
+        return None  # dead, removing, or never started: the daemon's restore starts none of them
+    policy = (inspect.get("HostConfig") or {}).get("RestartPolicy") or {}
+    name = policy.get("Name") or "no"
+    if name in ("always", "unless-stopped"):
+        # unless-stopped: whether it was stopped by hand (then it stays down) is not in the Engine API; counted.
+        return f"stopped, restart={name}"
+    if name == "on-failure" and int(st.get("ExitCode") or 0) != 0:
+        retries = int(policy.get("MaximumRetryCount") or 0)
+        if retries == 0 or int(inspect.get("RestartCount") or 0) < retries:
+            return "stopped, restart=on-failure"
+    return None
+
+
+def worth_inspecting(state: str, lease_state: str | None) -> bool:
+    """Whether a container of this list state may hold cards, so that its full inspect data must be read."""
+    return state in LIVE_STATES or state == "exited" or (state == "created" and lease_state == lease.LIVE)
+
+
+def gpupin_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX)}
+
+
+def own(labels: Mapping[str, str], image_labels: Mapping[str, str]) -> dict[str, str]:
+    """The container's labels without the gpupin labels it inherited from its image (`image_labels`)."""
+    ours = gpupin_labels(labels)
+    if not ours or not gpupin_labels(image_labels):
+        return dict(labels)
+    if OWNER_LABEL in ours and ours[OWNER_LABEL] != image_labels.get(OWNER_LABEL):
+        return dict(labels)  # signed by the hostagent that made it, which wrote them all
+    return {k: v for k, v in labels.items() if not (k in ours and image_labels.get(k) == v)}
+
+
+# The entrypoint's refusals: it stops before the workload with one of these (docs/exit-codes.md).
+_REFUSALS = frozenset({EX_MISALIGNED, EX_UNAVAILABLE, EX_USAGE})
+
+
+def verified(inspect: Mapping[str, Any]) -> bool | None:
+    """Whether gpupin-entrypoint proved the container's cards, where the container says so: its process is
+    gpupin-entrypoint and its environment names an expectation (GPUPIN_EXPECT). The entrypoint starts the workload
+    only once every card is proven, and otherwise exits with a refusal: so True once the container runs or has ended
+    otherwise, False when it ended with a refusal; None when the container does not say (another entrypoint, or no
+    expectation)."""
+    path = str(inspect.get("Path") or "")
+    env = (inspect.get("Config") or {}).get("Env") or ()
+    if path.rsplit("/", 1)[-1] != "gpupin-entrypoint" or not any(e.startswith(EXPECT_VAR + "=") for e in env):
+        return None
+    st = inspect.get("State") or {}
+    if str(st.get("Status") or "") == "exited":
+        return int(st.get("ExitCode") or 0) not in _REFUSALS
+    return True
+
 
 FROM_STATE = "from the state"  # Holder(why=FROM_STATE): it holds while its state is a live one
 
@@ -55,7 +135,7 @@ class Holder:
         "via",
         "why",
     )
-    process = False  # a process that uses the card (ledger.uses), not a container given it
+    process = False  # a process that uses the card (ledger.processes), not a container given it
 
     def __init__(
         self,
@@ -69,7 +149,7 @@ class Holder:
         *,
         why: str | None = FROM_STATE,
         label: Sequence[str] | None = None,
-        grants: Sequence[Grant] = (),
+        grants: Sequence[CardGrant] = (),
         inspected: bool = False,
         image: str | None = None,
         verified: bool | None = None,
@@ -89,7 +169,7 @@ class Holder:
         # Which way the engine gives them, a word per FORMS row (CDI, --gpus, ...); None: not read in full.
         self.via = "+".join(dict.fromkeys(WAY[g.form] for g in self.grants)) or None
         self.image = image  # as the container was created from it (a name, or an id)
-        self.verified = verified  # gpupin.hostagent.ledger.proof: None where the container does not say
+        self.verified = verified  # gpupin.hostagent.ledger.holders.verified: None where the container does not say
 
     @property
     def mismatch(self) -> bool:
@@ -151,10 +231,10 @@ def _label_uuids(value: str, cards: Sequence[Card]) -> list[str]:
 
 
 def holder(
-    inspect: Mapping[str, Any], host: Host, lease_state: str | None = None, labels: Mapping[str, str] | None = None
+    inspect: Mapping[str, Any], host: HostCards, lease_state: str | None = None, labels: Mapping[str, str] | None = None
 ) -> Holder | None:
     """A container read in full (`docker inspect`): what the engine gives it; None when it has no card and no
-    ledger label. `labels`: its own gpupin labels (gpupin.hostagent.ledger.labels.own), else all of its labels."""
+    ledger label. `labels`: its own gpupin labels (gpupin.hostagent.ledger.holders.own), else all of its labels."""
     if labels is None:
         labels = (inspect.get("Config") or {}).get("Labels") or {}
     given = grants(inspect, host)
@@ -206,7 +286,7 @@ def label_holder(
     )
 
 
-def starting_holder(summary: Mapping[str, Any], host: Host, labels: Mapping[str, str]) -> Holder:
+def starting_holder(summary: Mapping[str, Any], host: HostCards, labels: Mapping[str, str]) -> Holder:
     """A container in the middle of its start, which the daemon does not let be inspected until the start ends
     (the NVIDIA hook runs there): it holds what the label of the hostagent that starts it says, or, without one,
     every card (what it will be given is not known until then)."""

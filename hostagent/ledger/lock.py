@@ -16,7 +16,7 @@ lock alone still excludes. GPUPIN_LOCAL_LOCK=0 skips it on purpose (tests that p
 excludes, as clients on other machines share no local lock).
 
 The critical section is the look and the create; the lock is let go once the container exists (`commit`), before
-it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holding), so the
+it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holders.holding), so the
 start, the slowest step (the NVIDIA hook runs there), is outside. The holder checks its own time against its
 lease before and after the create; if it ran over, it removes what it made and looks again.
 """
@@ -35,7 +35,7 @@ import time
 
 from gpupin.core.contract import LOCK_LABEL as LOCK_LABEL
 from gpupin.core.errors import CardHeldError, DockerRefusedError
-from gpupin.hostagent import background, engine
+from gpupin.hostagent import engine, start_thread
 from gpupin.hostagent.ledger import lease
 
 TYPE_CHECKING = False
@@ -310,7 +310,7 @@ class LedgerLock:
         # Not a daemon thread: the interpreter waits for it at exit, so a detached run leaves no lock behind. Its
         # own client: the main thread goes on with attach and start on this one.
         api = engine.connect(version=self.daemon.api.api_version)
-        self._released = background.start(self._release, "hostagent-unlock", (api,), daemon=False)
+        self._released = start_thread(self._release, "hostagent-unlock", (api,), daemon=False)
 
     def _release(self, api: Any = None) -> None:
         try:

@@ -1,5 +1,5 @@
 """The ledger as the daemon has it: one list of the containers, an inspect for each that may hold a card, and the
-image of each container that carries a gpupin label (its own or inherited: gpupin.hostagent.ledger.labels)."""
+image of each container that carries a gpupin label (its own or inherited: gpupin.hostagent.ledger.holders.own)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from gpupin.hostagent.engine.failures import EngineNotFound
 from gpupin.hostagent.engine.info import info, runtimes
 from gpupin.hostagent.engine.reader import fetch
 from gpupin.hostagent.ledger import holders as ledger
-from gpupin.hostagent.ledger import labels as own_labels
-from gpupin.hostagent.ledger import lease, renewal
-from gpupin.hostagent.ledger.grant import Host
-from gpupin.hostagent.ledger.holding import worth_inspecting
+from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.ledger.forms import HostCards
+from gpupin.hostagent.ledger.holders import worth_inspecting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 STARTING_INSPECT_S = 2.0  # how long the inspect of a container in the middle of its start may take
 
 
-class Book:
+class LedgerReading:
     """One reading of the ledger: the holders, the abandoned containers (created by a hostagent whose lease is
     dead or expired, never started), the name of every container (id -> name: whose a GPU process is) and the
     daemon's clock at the reading."""
@@ -46,7 +45,7 @@ class Book:
         self.names = names if names is not None else {}
 
 
-def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> Book:
+def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> LedgerReading:
     """Every container that holds a card (ledger.FORMS, ledger.holding), every pinned container that does not
     (for `ls`), and the abandoned ones. One list; an inspect for each container that may hold. `daemon_info`: the
     daemon's /info when the caller has it (else it is asked only if a container names a runtime)."""
@@ -54,7 +53,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
 
     summaries, now = fetch(api, "/containers/json", {"all": "1"})
     now = now if now is not None else time.time()  # the Go server always sends Date; just in case
-    host = Host(
+    host = HostCards(
         cards,
         lambda: runtimes(daemon_info if daemon_info is not None else info(api)),
         local=endpoint().unix_path is not None,
@@ -66,8 +65,8 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
     for s in summaries:
         state = str(s.get("State") or "")
         labels = s.get("Labels") or {}
-        if own_labels.gpupin_labels(labels) and LOCK_LABEL not in labels:  # the lock is made by hostagent alone
-            labels = own_labels.own(labels, _image_labels(api, str(s.get("ImageID") or ""), images))
+        if ledger.gpupin_labels(labels) and LOCK_LABEL not in labels:  # the lock is made by hostagent alone
+            labels = ledger.own(labels, _image_labels(api, str(s.get("ImageID") or ""), images))
         lease_state = None
         if state == "created" and lease.OWNER_LABEL in labels:
             cid = str(s["Id"])
@@ -75,7 +74,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
                 labels,
                 float(s.get("Created") or 0),
                 now,
-                lambda cid=cid: renewal.renewed_at(api, cid),  # type: ignore[misc]
+                lambda cid=cid: lease.renewed_at(api, cid),  # type: ignore[misc]
             )
             if lease_state != lease.LIVE:
                 orphans.append(s)
@@ -97,7 +96,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             h = ledger.label_holder(s, cards, labels)
         if h is not None:
             holders.append(h)
-    return Book(holders, orphans, now, names)
+    return LedgerReading(holders, orphans, now, names)
 
 
 def _image_labels(api: Any, image_id: str, seen: dict[str, dict[str, str]]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 The cards come from NVML; the holders from Docker, through the ledger (what the engine gives each container;
 a ledger label that disagrees is shown as a MISMATCH under both cards); the cards' processes from NVML, each
-attributed to its container or the host (gpupin.hostagent.ledger.uses): one that no grant explains makes the card
+attributed to its container or the host (gpupin.hostagent.ledger.processes): one that no grant explains makes the card
 busy, and one of a container that was not given the card is an ESCAPE. Each card's `state`: free, held, shared,
 busy or unknown. Unknown is not free: when Docker cannot be reached, or NVML will not list a card's processes,
 `held` is null (unless a process shows it in use) and `unknown` says why; the cards are still listed, and stderr
@@ -22,8 +22,8 @@ import sys
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.hostagent import engine, say
+from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
-from gpupin.hostagent.ledger import uses as ledger_uses
 from gpupin.hostagent.ledger.holders import Holder
 
 TYPE_CHECKING = False
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card, MigDevice
-    from gpupin.hostagent.ledger.uses import Use
+    from gpupin.hostagent.ledger.processes import Use
 
 MIB = 1024 * 1024
 
@@ -48,8 +48,8 @@ def _watts(milliwatts: int | None) -> float | None:
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
     cards = read_cards()
-    docker, book = read_ledger(cards, warn)
-    return assemble(cards, docker, book)
+    docker, reading = read_ledger(cards, warn)
+    return assemble(cards, docker, reading)
 
 
 def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
@@ -60,14 +60,14 @@ def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
     return cards
 
 
-def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], ledger_read.Book | None]:
+def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], ledger_read.LedgerReading | None]:
     """Where Docker is and whether it answered (the listing's `docker` object), and its reading (None: it did not
     answer). The resident agent (gpupin.hostagent.serve) calls this only when the daemon reports a change."""
     docker: dict[str, Any] = {"host": None, "available": True, "error": None}
-    book: ledger_read.Book | None = None
+    reading: ledger_read.LedgerReading | None = None
     try:
         docker["host"] = engine.docker_host()
-        book = ledger_read.read_ledger(engine.reader(timeout=10), cards)
+        reading = ledger_read.read_ledger(engine.reader(timeout=10), cards)
     except GpupinError as err:
         docker.update(available=False, error=err.message)
     except Exception as err:
@@ -78,17 +78,19 @@ def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any
         docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
             say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
-    return docker, book
+    return docker, reading
 
 
-def assemble(cards: Sequence[Card], docker: dict[str, Any], book: ledger_read.Book | None) -> dict[str, Any]:
+def assemble(
+    cards: Sequence[Card], docker: dict[str, Any], reading: ledger_read.LedgerReading | None
+) -> dict[str, Any]:
     """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
-    attributed to their containers or the host (gpupin.hostagent.ledger.uses)."""
-    holders = book.holders if book is not None else []
-    used = ledger_uses.attribute(
-        cards, book.holders if book is not None else None, book.names if book is not None else None
+    attributed to their containers or the host (gpupin.hostagent.ledger.processes)."""
+    holders = reading.holders if reading is not None else []
+    used = ledger_processes.attribute(
+        cards, reading.holders if reading is not None else None, reading.names if reading is not None else None
     )
-    unread = None if book is not None else f"Docker unavailable: {docker['error']}"
+    unread = None if reading is not None else f"Docker unavailable: {docker['error']}"
     return {
         "hostname": os.uname().nodename,
         "driver_version": nvml.driver_version(),
@@ -158,7 +160,7 @@ def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str |
         "power_limit_w": _watts(c.power_limit),
         "processes": [_process(u, c) for u in procs],
         # How long the held card has shown 0% utilization, and whether that passed the agent's --idle-after: one
-        # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.idle) fills them in.
+        # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.agent.IdleTracker) fills them in.
         "idle_seconds": None,
         "idle": None,
     }

@@ -9,8 +9,7 @@ import sys
 import time
 import urllib.parse
 
-from gpupin.core.errors import AgentUnavailableError
-from gpupin.core.shown import printable
+from gpupin.core.errors import AgentUnavailableError, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -10,8 +10,7 @@ import shlex
 import sys
 
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
-from gpupin.core.errors import UsageError
-from gpupin.core.shown import printable
+from gpupin.core.errors import UsageError, printable
 from gpupin.hostagent.completion import COMMAND, GPUS, offer
 from gpupin.hostagent.engine.cdi import VIAS
 from gpupin.hostagent.run import options as runopts
@@ -357,9 +356,9 @@ def command(args: argparse.Namespace) -> int:
             sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
     if req.pull != "always":  # a pull is this process's own (its credentials, its terminal)
-        from gpupin.hostagent.run import thin
+        from gpupin.hostagent.run import via_agent
 
-        code = thin.run(req)
+        code = via_agent.run(req)
         if code is not None:
             return code
     from gpupin.hostagent.run import launch

@@ -18,9 +18,8 @@ import sys
 import threading
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent import background, engine, say
+from gpupin.hostagent import engine, mark, say, start_thread
 from gpupin.hostagent.engine.raw import STDERR
-from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,7 +55,7 @@ class Attachment:
             except Exception as err:  # reported by follow(), which then asks the daemon itself
                 self.result["Error"] = {"Message": str(err)}
 
-        self._waiter = background.start(wait, "hostagent-wait")
+        self._waiter = start_thread(wait, "hostagent-wait")
 
     def close(self) -> None:
         """Let go of the streams (a start that failed)."""
@@ -114,7 +113,7 @@ class Attachment:
                 else:
                     self.api.kill(self.cid)
 
-        background.start(act, f"hostagent-{action}")
+        start_thread(act, f"hostagent-{action}")
 
     # --- following -------------------------------------------------------------------------------------------
 
@@ -134,7 +133,7 @@ class Attachment:
                 handlers[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda _s, _f: self._resize())
                 self._resize()
             if self.req.interactive:
-                background.start(self._pump_stdin, "hostagent-stdin")
+                start_thread(self._pump_stdin, "hostagent-stdin")
             try:
                 for stream, data in self._output():
                     fh = sys.stderr if stream == STDERR else sys.stdout

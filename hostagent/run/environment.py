@@ -13,8 +13,7 @@ prints it (the line gives `--env-file PATH` and `-e KEY` back; the JSON shows `K
 from __future__ import annotations
 
 from gpupin.core.contract import picks_devices
-from gpupin.core.errors import UsageError
-from gpupin.core.shown import shown
+from gpupin.core.errors import UsageError, shown
 from gpupin.hostagent.pin import OWNED_VARS
 
 TYPE_CHECKING = False

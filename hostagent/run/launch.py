@@ -1,6 +1,6 @@
 """`hostagent run`: resolve the GPUs, take the ledger lock, look, create and start, then follow like `docker run`.
 
-`book` (the lock, the look, the choice and the create) is the one place cards are booked: a run without the
+`reserve` (the lock, the look, the choice and the create) is the one place cards are booked: a run without the
 resident agent calls it, and so does the agent for a run that goes through it (gpupin.hostagent.serve.runs), with
 the caller's lease. From the created container on, both paths are gpupin.hostagent.run.start.
 
@@ -19,17 +19,17 @@ import signal
 
 from gpupin.core import nvml, readings
 from gpupin.core.errors import CardHeldError, DockerUnavailableError, GpupinError
-from gpupin.hostagent import engine, gpus, say
+from gpupin.hostagent import engine, gpus, mark, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import holders as ledger
-from gpupin.hostagent.ledger import lease, lock, renewal, uses
+from gpupin.hostagent.ledger import lease, lock
+from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.run import image, start
 from gpupin.hostagent.run.request import ContainerSpec, RunRequest, bad_option
 from gpupin.hostagent.run.start import refused
-from gpupin.hostagent.run.waiting import Patience
-from gpupin.hostagent.trace import mark
+from gpupin.hostagent.run.waiting import WaitLoop
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,8 +39,6 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.core.resolve import Target
     from gpupin.hostagent.run.attach import Attachment
-
-NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
 
 
 def _failpoint(name: str) -> None:
@@ -66,7 +64,7 @@ def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) ->
         holders = list({id(h): h for k in _keys(p) for h in busy.get(k, [])}.values())
         containers = list(dict.fromkeys(h.describe() for h in holders if not h.process))
         # A process of the container that holds the card is that container's: said once, as its holder.
-        others = [h for h in holders if h.process and not (isinstance(h, uses.Use) and h.foreign is False)]
+        others = [h for h in holders if h.process and not (isinstance(h, ledger_processes.Use) and h.foreign is False)]
         processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
         parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
             [f"in use by {', '.join(processes)}"] if processes else []
@@ -86,7 +84,7 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
             "held"
             if any(not h.process for h in hs)
             else "in use by other processes"
-            if any(isinstance(h, uses.Use) for h in hs)
+            if any(isinstance(h, ledger_processes.Use) for h in hs)
             else "who uses it is unknown"
             if hs
             else "over --max-load/--max-memory"
@@ -96,17 +94,19 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
 
 
 def _busy(
-    cards: Sequence[Card], picks: Sequence[Target] | None, book: ledger_read.Book | None
+    cards: Sequence[Card], picks: Sequence[Target] | None, reading: ledger_read.LedgerReading | None
 ) -> dict[str, list[ledger.Holder]]:
     """Card UUID -> what holds it now: the ledger's containers (None: the ledger was not read, so only the
-    processes are known), and the processes on the cards this request may get (gpupin.hostagent.ledger.uses),
+    processes are known), and the processes on the cards this request may get (gpupin.hostagent.ledger.processes),
     read from NVML at this look."""
     mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
     nvml.read_processes(mine)
-    busy = ledger.held(book.holders) if book is not None else {}
-    holders, names = (book.holders, book.names) if book is not None else (None, None)
+    busy = ledger.held(reading.holders) if reading is not None else {}
+    holders, names = (reading.holders, reading.names) if reading is not None else (None, None)
     # Every process counts (no /proc read here): who runs it matters only to what a refusal says.
-    for key, hs in uses.blocking(mine, uses.attribute(mine, holders, names), attributed=False).items():
+    for key, hs in ledger_processes.blocking(
+        mine, ledger_processes.attribute(mine, holders, names), attributed=False
+    ).items():
         busy.setdefault(key, []).extend(hs)
     mark("attributed")
     return busy
@@ -237,10 +237,10 @@ def _create(api: Any, spec: ContainerSpec, guard: lock.LedgerLock) -> str:
     return cid
 
 
-def _remove_orphans(api: Any, book: ledger_read.Book, tell: Callable[[str], None]) -> None:
+def _remove_orphans(api: Any, reading: ledger_read.LedgerReading, notify: Callable[[str], None]) -> None:
     """Containers a hostagent created and never started, whose lease is dead or expired: they hold nothing and
     would keep their names forever. Removed by ID, under the ledger lock."""
-    for s in book.orphans:
+    for s in reading.orphans:
         labels = s.get("Labels") or {}
         name = str((s.get("Names") or ["?"])[0]).lstrip("/")
         try:
@@ -250,19 +250,19 @@ def _remove_orphans(api: Any, book: ledger_read.Book, tell: Callable[[str], None
                 continue
             if not engine.is_daemon_failure(err):
                 raise
-            tell(
+            notify(
                 f"could not remove {name} ({str(s['Id'])[:12]}), left created by {lease.holder_of(labels)}: "
                 f"{engine.failure(err, 'remove').message}"
             )
             continue
-        renewal.forget(api, str(s["Id"]))
-        tell(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
+        lease.forget(api, str(s["Id"]))
+        notify(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
 
 
 LEASE_RETRIES = 3  # looks that ran past their lease before the run gives up (a daemon far too slow)
 
 
-def read_cards(req: RunRequest, tell: Callable[[str], None] = say) -> tuple[list[Card], list[Target] | None]:
+def read_cards(req: RunRequest, notify: Callable[[str], None] = say) -> tuple[list[Card], list[Target] | None]:
     """NVML's cards (with their health) and the ones asked for by name (None for --count)."""
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
     readings.assess(cards)
@@ -270,20 +270,11 @@ def read_cards(req: RunRequest, tell: Callable[[str], None] = say) -> tuple[list
     picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
     for p in picks or ():
         if p.card.health is not None and p.card.health.healthy is None:  # asked for by name: warned, not refused
-            tell(f"warning: the health of {p.uuid} is unknown ({p.card.health.why})")
+            notify(f"warning: the health of {p.uuid} is unknown ({p.card.health.why})")
     return cards, picks
 
 
-def daemon_view(
-    api: Any, req: RunRequest, info: Callable[[Any], dict[str, Any]] = engine.info
-) -> tuple[dict[str, Any] | None, cdi.Detection]:
-    """One /info (`info`: how to get it; the resident agent keeps it a few seconds): whether the daemon serves CDI
-    (unless --via says how, or its API predates CDI), and its runtimes for the ledger."""
-    daemon_info = info(api) if req.via is None and engine.may_serve_cdi(api) else None
-    return daemon_info, engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
-
-
-def book(
+def reserve(
     api: Any,
     req: RunRequest,
     cards: Sequence[Card],
@@ -292,7 +283,7 @@ def book(
     detection: cdi.Detection,
     owner: Mapping[str, str],
     missing_image: Callable[[], None],
-    tell: Callable[[str], None] = say,
+    notify: Callable[[str], None] = say,
 ) -> Created:
     """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the labels of
     gpupin.hostagent.ledger.lease: the process that will start it); the lock is let go once it exists. The one
@@ -309,7 +300,7 @@ def book(
                 _failpoint("after-lock")
                 ledger = ledger_read.read_ledger(api, cards, daemon_info)
                 mark("looked")
-                _remove_orphans(api, ledger, tell)
+                _remove_orphans(api, ledger, notify)
                 everyone = functools.partial(_busy, cards, None, ledger)  # read only for a refusal's hint
                 chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, ledger), everyone)
                 if chosen is None:
@@ -333,23 +324,23 @@ def book(
             raise engine.failure(err, "talking to the daemon") from None
 
 
-def launch(req: RunRequest, patience: Patience | None = None) -> Launched | ContainerSpec:
-    """Everything up to a started container (or, with --dry-run, up to its spec). `patience`: the --wait this run
+def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | ContainerSpec:
+    """Everything up to a started container (or, with --dry-run, up to its spec). `wait_loop`: the --wait this run
     already waits in (a run through the agent that goes on without it keeps its place in the queue)."""
     cards, picks = read_cards(req)
     if req.dry_run:
         return _dry_run_spec(req, cards, picks)
     api = engine.connect()
     mark("connected")
-    daemon_info, detection = daemon_view(api, req)
+    daemon_info, detection = engine.daemon_view(api, ask=req.via is None)
     # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
     # (or --pull always asks for a pull first).
     if req.pull == "always":
         image.ensure(api, req)
-    with contextlib.nullcontext(patience) if patience is not None else Patience(req) as waiting:
+    with contextlib.nullcontext(wait_loop) if wait_loop is not None else WaitLoop(req) as waiting:
         while True:
             try:
-                created = book(
+                created = reserve(
                     api,
                     req,
                     cards,
@@ -375,16 +366,15 @@ def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -
 def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | None) -> ContainerSpec:
     # --count needs the ledger (unknown is not free: without a daemon, a count is not placed), and the way to pin
     # (unless --via says it) the daemon's CDI devices; without a daemon, a named card's line is still printed.
-    detection = NO_CDI
+    detection = engine.NO_CDI
     if picks is not None and req.via is not None:
         _say_busy(req, cards, picks, None)
-        return ContainerSpec(req, picks, _via(req, picks, NO_CDI))
-    book: ledger_read.Book | None
+        return ContainerSpec(req, picks, _via(req, picks, engine.NO_CDI))
+    reading: ledger_read.LedgerReading | None
     try:
         api = engine.connect(timeout=5)
-        daemon_info = engine.info(api) if req.via is None and engine.may_serve_cdi(api) else None
-        detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
-        book = ledger_read.read_ledger(api, cards, daemon_info)
+        daemon_info, detection = engine.daemon_view(api, ask=req.via is None)
+        reading = ledger_read.read_ledger(api, cards, daemon_info)
     except Exception as err:
         if picks is None:
             raise DockerUnavailableError(
@@ -398,21 +388,23 @@ def _dry_run_spec(req: RunRequest, cards: Sequence[Card], picks: list[Target] | 
                 f"dry run: the daemon was not asked ({getattr(err, 'message', err)}); the nvidia driver's form is "
                 "shown (--via cdi shows CDI's)"
             )
-        book = None
+        reading = None
     if picks is None:
-        assert book is not None
-        picks, why = _pick(req, cards, None, _busy(cards, None, book))
+        assert reading is not None
+        picks, why = _pick(req, cards, None, _busy(cards, None, reading))
         if picks is None:
             raise _held_error(why)
     else:
-        _say_busy(req, cards, picks, book)
+        _say_busy(req, cards, picks, reading)
     return ContainerSpec(req, picks, _via(req, picks, detection))
 
 
-def _say_busy(req: RunRequest, cards: Sequence[Card], picks: Sequence[Target], book: ledger_read.Book | None) -> None:
+def _say_busy(
+    req: RunRequest, cards: Sequence[Card], picks: Sequence[Target], reading: ledger_read.LedgerReading | None
+) -> None:
     """A dry run of named cards still prints its line, and says what a real run would find on them now: the
     holders that would refuse it (75) or keep it waiting (the ledger's when it was read, NVML's processes always)."""
-    for line in _conflicts(picks, ledger.blocking(_busy(cards, picks, book), req.share)):
+    for line in _conflicts(picks, ledger.blocking(_busy(cards, picks, reading), req.share)):
         then = "wait for it (--wait)" if req.wait is not None else "be refused (75)"
         say(f"dry run: {line}: a real run now would {then}")
 

@@ -1,11 +1,11 @@
 """`hostagent run --wait`'s side of the agent's fair queue: before an attempt, wait for this request's turn.
 
-`Turns` is opened once per run, around the loop "`turns.join(deadline)`; try; refused (75): `turns.next(deadline)`;
-try again". With the agent up (gpupin.hostagent.agentlink.find), `join` enters its queue (POST /api/queue, a stream
-of JSON lines: gpupin.hostagent.serve.queue) and returns when trying takes no card an earlier waiter waits for (at
-once, when no one waits for these cards); each `next` says `again` (the waiter keeps its place) and blocks until its
-next turn or the deadline. Closing the Turns closes the connection: the agent drops the waiter at once (the run
-succeeded, gave up, or was interrupted: Ctrl-C).
+`QueueClient` is opened once per run, around the loop "`client.join(deadline)`; try; refused (75):
+`client.next(deadline)`; try again". With the agent up (gpupin.hostagent.agentlink.find), `join` enters its queue
+(POST /api/queue, a stream of JSON lines: gpupin.hostagent.serve.queue) and returns when trying takes no card an
+earlier waiter waits for (at once, when no one waits for these cards); each `next` says `again` (the waiter keeps
+its place) and blocks until its next turn or the deadline. Closing the QueueClient closes the connection: the agent
+drops the waiter at once (the run succeeded, gave up, or was interrupted: Ctrl-C).
 
 Without an agent, `next` sleeps POLL_S (with jitter), as --wait always did. When the agent goes away while a run
 waits, the run says so in one line and polls as without an agent, and at each wait for RECONNECT_S tries to join
@@ -120,7 +120,7 @@ class _Stream:
         self.sock.close()
 
 
-class Turns:
+class QueueClient:
     """This run's place in the agent's queue (or, without one, the old poll). Use as a context manager around the
     --wait loop: `join(deadline)` before the first attempt, `next(deadline)` after each refused one."""
 
@@ -136,10 +136,10 @@ class Turns:
         self._lost_at: float | None = None  # when the agent went away, while this run still tries to rejoin it
 
     @classmethod
-    def of(cls, req: RunRequest) -> Turns:
+    def of(cls, req: RunRequest) -> QueueClient:
         return cls(ask_of(req))
 
-    def __enter__(self) -> Turns:
+    def __enter__(self) -> QueueClient:
         return self
 
     def __exit__(self, *_exc: object) -> None:

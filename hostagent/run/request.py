@@ -1,10 +1,10 @@
 """A `hostagent run` request and the container it becomes.
 
 `RunRequest` is what was asked (the GPUs, the image and command untouched, the docker run options of
-hostagent.runopts), checked before any I/O. `ContainerSpec` is the container: its environment and labels (the
-user's, then the pin's, hostagent.pin), and one create payload built with the docker SDK's own types
-(ContainerConfig, HostConfig), which both the create call and `--dry-run --json` use; `--dry-run` also prints the
-equivalent `docker run` line from the same table of options.
+gpupin.hostagent.run.options), checked before any I/O. `ContainerSpec` is the container: its environment and
+labels (the user's, then the pin's, gpupin.hostagent.pin), and one create payload built with the docker SDK's own
+types (ContainerConfig, HostConfig), which both the create call and `--dry-run --json` use; `--dry-run` also
+prints the equivalent `docker run` line from the same table of options.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 
-from gpupin.core.contract import LABEL, LEVELS_SAID
+from gpupin.core.contract import LABEL, LEVELS_TEXT
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
 from gpupin.hostagent.pin import OWNED_LABELS, Pin, check_via
@@ -165,7 +165,7 @@ class RunRequest:
             if not 0 <= limit <= 100:  # NaN fails both
                 raise UsageError(f"{flag} {limit:g}: give a percentage from 0 to 100", f"e.g. {flag} 50 (GPUtil's 0.5)")
         if self.verify is not None and self.verify not in VERIFY_LEVELS:
-            raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_SAID}")
+            raise UsageError(f"unknown --verify level {self.verify!r}", f"use {LEVELS_TEXT}")
         if self.wait is not None and (self.wait < 0 or math.isnan(self.wait)):
             raise UsageError(f"--wait {self.wait}: give a number of seconds >= 0, or no value to wait forever")
         self.capabilities = values.gpu_capabilities(self.options["gpu_capabilities"])

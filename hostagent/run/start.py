@@ -4,7 +4,7 @@ that fails removes the container and is refused with `docker run`'s code (125, 1
 
 Everything here talks to the daemon through the SDK-free client (gpupin.hostagent.engine.raw): through the agent,
 `hostagent run` never imports the docker SDK. The lease of a container whose start takes long is renewed here, by
-its owner (gpupin.hostagent.ledger.renewal).
+its owner (gpupin.hostagent.ledger.lease.Renewal).
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import contextlib
 import signal
 import sys
 
-from gpupin.hostagent import engine, say
+from gpupin.hostagent import engine, mark, say
 from gpupin.hostagent.engine import cdi
-from gpupin.hostagent.ledger import renewal
+from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run.attach import Attachment
-from gpupin.hostagent.trace import mark
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ def start(api: Engine, cid: str, req: RunRequest, via: str) -> Attachment | None
     try:
         # Renewed on the daemon while it starts, however long the NVIDIA hook takes, for the clients that cannot
         # see this process; those that can see it alive leave it alone.
-        with renewal.Renewal(cid, api.version):
+        with lease.Renewal(cid, api.version):
             if not req.detach:
                 attachment = Attachment(cid, req, api)
                 attachment.open()

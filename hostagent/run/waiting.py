@@ -12,12 +12,12 @@ from gpupin.hostagent import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from gpupin.hostagent.run.queueing import Turns
+    from gpupin.hostagent.run.queueing import QueueClient
     from gpupin.hostagent.run.request import RunRequest
 
 
-class Patience:
-    """One run's --wait, around all its attempts (`with Patience(req) as patience:`): `refused(err)` raises the
+class WaitLoop:
+    """One run's --wait, around all its attempts (`with WaitLoop(req) as wait_loop:`): `refused(err)` raises the
     refusal when it is time to give up, else waits for the next attempt. A --wait run waits in the resident
     agent's fair queue where one answers (gpupin.hostagent.run.queueing: it joins before its first attempt and
     leaves when the run ends), else polls."""
@@ -25,16 +25,16 @@ class Patience:
     def __init__(self, req: RunRequest) -> None:
         self.req = req
         self.started = time.monotonic()
-        self.said = False
-        self._turns: Turns | None = None
+        self.announced = False
+        self._queue: QueueClient | None = None
 
-    def __enter__(self) -> Patience:
+    def __enter__(self) -> WaitLoop:
         self.started = time.monotonic()
         if self.req.wait is not None:
             from gpupin.hostagent.run import queueing  # only a waiting run pays for the queue's client
 
-            self._turns = queueing.Turns.of(self.req)
-            self._turns.join(self.started + self.req.wait)  # behind those who already wait for these cards
+            self._queue = queueing.QueueClient.of(self.req)
+            self._queue.join(self.started + self.req.wait)  # behind those who already wait for these cards
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -42,8 +42,8 @@ class Patience:
 
     def close(self) -> None:
         """Out of the queue at once: the run booked its cards, gave up or was interrupted."""
-        if self._turns is not None:
-            self._turns.close()
+        if self._queue is not None:
+            self._queue.close()
 
     def refused(self, err: GpupinError) -> None:
         """`err`: the held cards' refusal (75), this process's own or the agent's."""
@@ -56,8 +56,8 @@ class Patience:
                 "wait longer (--wait SECONDS, or --wait alone for as long as it takes), or free it "
                 "(`hostagent ls` shows who holds what)",
             ) from None
-        if not self.said:
+        if not self.announced:
             say(f"waiting: {err.message}")
-            self.said = True
-        assert self._turns is not None
-        self._turns.next(self.started + self.req.wait)  # this run's next turn (or, without an agent, a poll)
+            self.announced = True
+        assert self._queue is not None
+        self._queue.next(self.started + self.req.wait)  # this run's next turn (or, without an agent, a poll)

@@ -1,12 +1,19 @@
 """The agent's live view: NVML re-read every `interval`, the ledger re-read when the daemon reports a container
 event (and every `resync` seconds, in case an event was lost), both through the code `hostagent ls` uses
-(gpupin.hostagent.ls.listing), with idle holders filled in (gpupin.hostagent.serve.idle).
+(gpupin.hostagent.ls.listing), with idle holders filled in (IdleTracker, below).
 
 Readers (the HTTP API, the metrics, the dashboard's event stream) take `snapshot()`; waiters block in
 `wait_change()` until the view differs from the one they have. What cannot be read is unknown, never stale: when
 NVML fails the view is withdrawn (its error is served instead) and NVML is opened again at the next refresh; when
 the daemon does not answer the listing says so (docker.available false) and the event stream reconnects.
-"""
+
+Idle holders: a held card whose utilization has stayed at 0% for `idle_after` seconds, by the agent's samples.
+
+One reading of NVML cannot tell idle from a pause between two batches, so `hostagent ls` alone leaves the fields
+null; the agent samples every card at each refresh and keeps, per card, when its current holders' idle stretch
+began. The stretch starts again when a sample shows any utilization, when the card's holders change (a new job is
+not idle for its predecessor's minutes), and when utilization cannot be read (unknown is never counted as idle).
+The card's utilization stands for its holders' processes: a card used by anyone else is busy, and shown so."""
 
 from __future__ import annotations
 
@@ -18,7 +25,6 @@ from gpupin import hostagent
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import listing
-from gpupin.hostagent.serve.idle import IdleTracker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,7 +33,8 @@ if TYPE_CHECKING:
     from gpupin.core.identity import BusId
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
-    from gpupin.hostagent.ledger.read import Book
+    from gpupin.hostagent.ledger.read import LedgerReading
+
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
 
@@ -71,7 +78,7 @@ class Agent:
         self._changed = threading.Condition()
         self._snapshot = Snapshot(0, None, "not read yet", 0.0)
         self._docker: dict[str, Any] | None = None
-        self._book: Book | None = None
+        self._reading: LedgerReading | None = None
         self._cards: list[Card] | None = None
         self._cards_key: tuple[str | None, ...] | None = None  # the UUIDs of the cards the ledger was read for
         self._identity: dict[int, tuple[str, BusId | None, str | None, int | None]] = {}  # by index (_identify)
@@ -105,18 +112,18 @@ class Agent:
         self._identify(cards)
         with self._lock:
             self._cards = cards
-            docker, book, read_for = self._docker, self._book, self._cards_key
+            docker, reading, read_for = self._docker, self._reading, self._cards_key
         if docker is None or read_for != tuple(c.uuid for c in cards):
-            docker, book = self.read_ledger()  # holders read for other cards would show these free: not known
+            docker, reading = self.read_ledger()  # holders read for other cards would show these free: not known
         try:
-            view = listing.assemble(cards, docker, book)
+            view = listing.assemble(cards, docker, reading)
         except Exception as err:  # an NVML reading that failed otherwise than "not supported": unknown, not stale
             self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
             return
         self.idle.annotate(view, time.monotonic())
         self._publish(view, None)
 
-    def read_ledger(self) -> tuple[dict[str, Any], Book | None]:
+    def read_ledger(self) -> tuple[dict[str, Any], LedgerReading | None]:
         """Read who holds which of the last refresh's cards (the listing's `docker` object and the reading), and
         keep it for the views to come."""
         with self._lock:
@@ -125,9 +132,9 @@ class Agent:
             raise RuntimeError("the ledger is read for the cards of a refresh: none yet")
         self._dirty.clear()  # an event from now on asks for another read
         was = self._docker["available"] if self._docker else None
-        docker, book = listing.read_ledger(cards, warn=False)
+        docker, reading = listing.read_ledger(cards, warn=False)
         with self._lock:
-            self._docker, self._book, self._cards_key = docker, book, tuple(c.uuid for c in cards)
+            self._docker, self._reading, self._cards_key = docker, reading, tuple(c.uuid for c in cards)
             self._ledger_at = time.monotonic()
         if docker["available"] and not self.following:
             self._retry.set()
@@ -136,7 +143,7 @@ class Agent:
                 f"Docker at {docker['host']} "
                 + ("answers again" if docker["available"] else f"unavailable ({docker['error']})")
             )
-        return docker, book
+        return docker, reading
 
     def _identify(self, cards: list[Card]) -> None:
         """A card NVML can no longer read (lost, fallen off the bus) keeps the identity it was last read with, so
@@ -254,3 +261,35 @@ class Agent:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         self.xids.release()
+
+
+class IdleTracker:
+    """Per card UUID: (the holders' ids, when their 0% stretch began, on the agent's monotonic clock)."""
+
+    def __init__(self, idle_after: float) -> None:
+        self.idle_after = idle_after
+        self._since: dict[str, tuple[frozenset[str], float]] = {}
+
+    def annotate(self, listing: dict[str, Any], now: float) -> None:
+        """Fill each card's `idle_seconds` and `idle` in `listing` (a gather() object) from this sample."""
+        seen = set()
+        docker_known = bool(listing["docker"]["available"])
+        for card in listing["gpus"]:
+            uuid = card.get("uuid")
+            holders = frozenset(h["id"] for h in card.get("holders", ()) if h.get("holds"))
+            util = card.get("utilization_gpu")
+            if not docker_known or not uuid or not holders or util is None or util > 0 or card.get("error"):
+                # Not held (nothing to reclaim), unknown or busy: no stretch, and an unknown reading is no claim.
+                known = docker_known and uuid and not card.get("error") and (not holders or util is not None)
+                card["idle_seconds"] = 0.0 if known and holders else None
+                card["idle"] = False if known else None
+                continue
+            seen.add(uuid)
+            held, since = self._since.get(uuid, (holders, now))
+            if held != holders:
+                since = now
+            self._since[uuid] = (holders, since)
+            card["idle_seconds"] = int(now - since)  # whole seconds: the view changes once a second, not per sample
+            card["idle"] = now - since >= self.idle_after
+        for gone in set(self._since) - seen:
+            del self._since[gone]

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         """A waiter as the rule sees it."""
 
         @property
-        def ask(self) -> Ask: ...
+        def ask(self) -> QueueRequest: ...
         @property
         def offered(self) -> list[str] | None: ...  # the cards of the turn that is out
         @property
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         def cooling(self) -> bool: ...  # it asked again a moment ago: it keeps its place, but no turn yet
 
 
-class Ask:
+class QueueRequest:
     """What a waiter asks for: named cards as the user wrote them, or a count; --share; --count's limits."""
 
     __slots__ = ("count", "gpus", "max_load", "max_memory", "share")
@@ -86,7 +86,7 @@ def cards_of(view: dict[str, Any]) -> list[Card]:
     return out
 
 
-def resolve(ask: Ask, view: dict[str, Any]) -> list[Target]:
+def resolve(ask: QueueRequest, view: dict[str, Any]) -> list[Target]:
     """The named cards, resolved against the view (a GpuSpecError, exit 64, when a spec names none)."""
     return resolve_all(ask.gpus, cards_of(view))
 
@@ -98,7 +98,7 @@ def _keys(t: Target) -> set[str]:
     return {t.uuid, *(m.uuid for m in t.card.mig_devices)}
 
 
-def _usable(entry: dict[str, Any], ask: Ask) -> bool:
+def _usable(entry: dict[str, Any], ask: QueueRequest) -> bool:
     """Whether `run` would take this card now (gpupin.hostagent.ledger.holders.blocking): free; or, for --share,
     held only by containers that share, and used by any processes (it shares with them on purpose)."""
     state = entry["state"]
@@ -111,7 +111,7 @@ def _usable(entry: dict[str, Any], ask: Ask) -> bool:
     return state == "busy" and not holding and _within(entry, ask)
 
 
-def _within(g: dict[str, Any], ask: Ask) -> bool:
+def _within(g: dict[str, Any], ask: QueueRequest) -> bool:
     if ask.max_load is not None and (g["utilization_gpu"] is None or g["utilization_gpu"] > ask.max_load):
         return False
     if ask.max_memory is not None:
@@ -124,7 +124,7 @@ def _whole(g: dict[str, Any]) -> set[str]:
     return {g["uuid"], *(m["uuid"] for m in g["mig_devices"])}
 
 
-def _named(ask: Ask, view: dict[str, Any], reserved: set[str]) -> tuple[list[str] | None, set[str]]:
+def _named(ask: QueueRequest, view: dict[str, Any], reserved: set[str]) -> tuple[list[str] | None, set[str]]:
     """(the cards to offer, or None), and the keys this waiter waits for."""
     try:
         targets = resolve(ask, view)
@@ -145,7 +145,7 @@ def _could(view: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _counted(ask: Ask, view: dict[str, Any], reserved: set[str]) -> tuple[list[str] | None, set[str]]:
+def _counted(ask: QueueRequest, view: dict[str, Any], reserved: set[str]) -> tuple[list[str] | None, set[str]]:
     assert ask.count is not None
     could = _could(view)
     usable = [g for g in could if _usable(g, ask) and not (_whole(g) & reserved)]
@@ -156,7 +156,7 @@ def _counted(ask: Ask, view: dict[str, Any], reserved: set[str]) -> tuple[list[s
     return None, set().union(*(_whole(g) for g in could)) if could else set()
 
 
-def wanted(ask: Ask, view: dict[str, Any]) -> set[str]:
+def wanted(ask: QueueRequest, view: dict[str, Any]) -> set[str]:
     """Every card (and MIG device) this request could ever take: its named cards, or for a count every healthy
     whole card."""
     if ask.count is not None:

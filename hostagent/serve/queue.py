@@ -1,8 +1,9 @@
 """The agent's fair queue for `hostagent run --wait`: it grants turns, the waiting stays in the client.
 
-POST /api/queue (unix socket) joins: the body says what the request needs (gpupin.hostagent.serve.fair.Ask), the
-container's name, image and command for display; the caller's user is the kernel's word (SO_PEERCRED), never the
-body's. The answer is a stream of JSON lines, for as long as the caller stays:
+POST /api/queue (unix socket) joins: the body says what the request needs
+(gpupin.hostagent.serve.fair.QueueRequest), the container's name, image and command for display; the caller's user
+is the kernel's word (SO_PEERCRED), never the body's. The answer is a stream of JSON lines, for as long as the
+caller stays:
   {"queued": {"ticket", "since", "position", "of",    at once
               "turn", "clear"}}
   {"position": P, "of": N}                             when its place changes
@@ -36,8 +37,7 @@ import threading
 import time
 import weakref
 
-from gpupin.core.errors import AgentUnavailableError, UsageError
-from gpupin.core.shown import shorten
+from gpupin.core.errors import AgentUnavailableError, UsageError, shorten
 from gpupin.hostagent import agentlink
 from gpupin.hostagent.serve import fair
 from gpupin.hostagent.serve.agent import say
@@ -80,7 +80,7 @@ def of(agent: Agent) -> Queue:
 class Waiter:
     """One `hostagent run --wait` in the queue: who (from the socket), what it asks, since when, its turn."""
 
-    def __init__(self, ask: fair.Ask, body: dict[str, Any], peer: Peer, since: float, ticket: str) -> None:
+    def __init__(self, ask: fair.QueueRequest, body: dict[str, Any], peer: Peer, since: float, ticket: str) -> None:
         self.ask = ask
         self.uid, self.pid, self.user = peer.uid, peer.pid, peer.user()
         self.name = _text(body.get("name"))
@@ -139,7 +139,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _ask(body: dict[str, Any]) -> fair.Ask:
+def _ask(body: dict[str, Any]) -> fair.QueueRequest:
     """The request in the body, checked as `run` checks its options (a refusal is exit 64)."""
     gpus, count = body.get("gpus") or [], body.get("count")
     limits = [body.get("max_load"), body.get("max_memory")]
@@ -155,7 +155,7 @@ def _ask(body: dict[str, Any]) -> fair.Ask:
             f"and limits in percent (got gpus={shorten(gpus)}, count={shorten(count)}, "
             f"limits={shorten(limits)})"
         )
-    return fair.Ask(gpus, count, bool(body.get("share")), *limits)
+    return fair.QueueRequest(gpus, count, bool(body.get("share")), *limits)
 
 
 class Queue:

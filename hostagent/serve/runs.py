@@ -1,7 +1,7 @@
 """`POST /api/run`: the agent books the cards and creates the container for the `hostagent run` that asks, with the
-code a run without the agent uses (gpupin.hostagent.run.launch: read_cards, daemon_view, book) and with its NVML
-session and docker SDK already loaded, so that the caller loads neither. The caller then attaches, starts and
-follows the container itself (gpupin.hostagent.run.thin); the agent never starts anything.
+code a run without the agent uses (gpupin.hostagent.run.launch: read_cards, reserve; engine.daemon_view) and with
+its NVML session and docker SDK already loaded, so that the caller loads neither. The caller then attaches, starts
+and follows the container itself (gpupin.hostagent.run.via_agent); the agent never starts anything.
 
 - *The caller owns what is made.* The container's lease names the caller (its `gpupin.owner`, checked against the
   socket's SO_PEERCRED pid where this agent can see it), not the agent: a created container lives exactly as long
@@ -24,10 +24,9 @@ import threading
 import time
 
 from gpupin.core.errors import UsageError
-from gpupin.hostagent import agentlink, engine
+from gpupin.hostagent import agentlink, engine, mark
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.run import launch, wire
-from gpupin.hostagent.trace import mark
+from gpupin.hostagent.run import launch, request_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -128,11 +127,11 @@ class Runs:
 
     def route(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
         try:
-            handler.answer(self.book(body, peer))
+            handler.answer(self.reserve(body, peer))
         except _Direct as why:
             handler.answer({"direct": str(why)})
 
-    def book(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+    def reserve(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         mark("asked")
         why = agentlink.other_daemon(body.get("daemon"))
         if why is not None:
@@ -140,18 +139,18 @@ class Runs:
         if not may_use_docker(peer):
             raise _Direct(f"uid {peer.uid} may not use the Docker daemon at {engine.docker_host()}")
         sent = body.get("request")
-        if not isinstance(sent, dict) or sent.get("wire") != wire.VERSION:  # another version of hostagent
-            raise _Direct(f"the agent reads run requests of version {wire.VERSION}")
+        if not isinstance(sent, dict) or sent.get("wire") != request_json.VERSION:  # another version of hostagent
+            raise _Direct(f"the agent reads run requests of version {request_json.VERSION}")
         owner = owner_labels(body.get("owner"), peer)
-        req = wire.load(sent)
+        req = request_json.load(sent)
         if req.pull == "always":
             raise _Direct("--pull always")
         lines: list[str] = []
         cards, picks = launch.read_cards(req, lines.append)
         api = self._client()
         try:
-            daemon_info, detection = launch.daemon_view(api, req, self.info)
-            created = launch.book(
+            daemon_info, detection = engine.daemon_view(api, ask=req.via is None, info_of=self.info)
+            created = launch.reserve(
                 api,
                 req,
                 cards,
@@ -160,7 +159,7 @@ class Runs:
                 detection,
                 owner,
                 missing_image=self._missing(req.image),
-                tell=lines.append,
+                notify=lines.append,
             )
         finally:
             self._done(api)  # a requests session outlives a failed call: kept for the next run

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupin.hostagent.ledger import lease, renewal
+from gpupin.hostagent.ledger import lease
 from tests.docker.test_ledger_docker import A800, A800B, A800C, RTX, SLEEP, docker_run, held_error, listing
 from tests.support.host import idle_topology, saw
 from tests.support.sandbox import TEST_IMAGE, Agent
@@ -207,5 +207,5 @@ def test_a_start_longer_than_the_lease_is_never_removed_nor_its_card_doubled(age
         if first.poll() is None:
             first.kill()
     assert first.returncode == 0 and saw(out) == [RTX], err
-    left = agent.sandbox.docker("volume", "ls", "-q", "--filter", f"label={renewal.OF_LABEL}={cid}", check=True)
+    left = agent.sandbox.docker("volume", "ls", "-q", "--filter", f"label={lease.OF_LABEL}={cid}", check=True)
     assert left.stdout.split() == []  # the renewals went with the start

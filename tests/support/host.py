@@ -31,7 +31,7 @@ def required() -> bool:
 
 def idle_topology(name: str = "mixed-4") -> str:
     """The scenario with no process on any card (written under build/), for the tests of the ledger and its lock
-    that need every card free: a process is a holder (gpupin.hostagent.ledger.uses), and mixed-4 runs pid 4242 on
+    that need every card free: a process is a holder (gpupin.hostagent.ledger.processes), and mixed-4 runs pid 4242 on
     card 2. The sandbox's hook keeps the scenario itself: the cards are the same."""
     topo = topology(name)
     for g in topo["gpus"]:

@@ -44,7 +44,7 @@ def test_dev_char_links_are_needed_only_under_the_systemd_driver(root: Path) -> 
     (root / "dev" / "char").mkdir()
     os.symlink("../nvidia0", root / "dev" / "char" / "195:0")
     os.symlink("../nvidia9", root / "dev" / "char" / "195:255")  # dangling: as bad as none
-    host = doctor.Host(str(root))
+    host = doctor.HostFiles(str(root))
     assert doctor.check_dev_char(host, "cgroupfs") == []
     (finding,) = doctor.check_dev_char(host, "systemd")
     line = finding.line()
@@ -77,17 +77,17 @@ def test_a_cdi_spec_that_names_other_cards_than_nvml(root: Path) -> None:
     }
     (root / "etc" / "cdi").mkdir()
     (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(spec))
-    (finding,) = doctor.check_cdi(doctor.Host(str(root)), None, box)
+    (finding,) = doctor.check_cdi(doctor.HostFiles(str(root)), None, box)
     line = finding.line()
     assert "names GPU-0bad0bad-0000-4000-8000-000000000000, 7, which NVML does not have" in line
     assert all(str(c.uuid) in line for c in box[1:]) and "nvidia-ctk cdi generate" in line
     spec["devices"] = [{"name": str(i)} for i in range(4)] + [{"name": c.uuid} for c in box]
     (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(spec))
-    assert doctor.check_cdi(doctor.Host(str(root)), None, box) == []
+    assert doctor.check_cdi(doctor.HostFiles(str(root)), None, box) == []
 
 
 def test_a_swarm_node_needs_the_nvidia_runtime_as_its_default(root: Path) -> None:
-    host = doctor.Host(str(root))
+    host = doctor.HostFiles(str(root))
     (root / "usr" / "bin").mkdir(parents=True)
     (root / "usr" / "bin" / doctor.HOOK).write_text("")
     swarm = {"LocalNodeState": "active"}
@@ -109,9 +109,9 @@ def test_a_swarm_node_needs_the_nvidia_runtime_as_its_default(root: Path) -> Non
 
 def test_no_hook_no_runtime_no_cdi_means_gpus_cannot_work(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(root / "nowhere"))
-    (f,) = doctor.check_runtime({"Runtimes": {"runc": {}}}, doctor.Host(str(root)), cdi_served=False)
+    (f,) = doctor.check_runtime({"Runtimes": {"runc": {}}}, doctor.HostFiles(str(root)), cdi_served=False)
     assert "could not select device driver" in f.line()
-    assert doctor.check_runtime({"Runtimes": {"runc": {}}}, doctor.Host(str(root)), cdi_served=True) == []
+    assert doctor.check_runtime({"Runtimes": {"runc": {}}}, doctor.HostFiles(str(root)), cdi_served=True) == []
 
 
 def test_a_swarm_node_without_swarm_resource_in_the_toolkit(root: Path) -> None:
@@ -128,9 +128,9 @@ def test_a_swarm_node_without_swarm_resource_in_the_toolkit(root: Path) -> None:
     )
     (root / "etc" / "nvidia-container-runtime").mkdir()
     (root / "etc" / "nvidia-container-runtime" / "config.toml").write_text("[nvidia-container-runtime]\n")
-    findings = doctor.check_swarm_resource({"Swarm": {"LocalNodeState": "active"}}, doctor.Host(str(root)), box)
+    findings = doctor.check_swarm_resource({"Swarm": {"LocalNodeState": "active"}}, doctor.HostFiles(str(root)), box)
     assert any("swarm-resource" in f.line() for f in findings), [f.line() for f in findings]
-    assert doctor.check_swarm_resource({}, doctor.Host(str(root)), box) == []
+    assert doctor.check_swarm_resource({}, doctor.HostFiles(str(root)), box) == []
 
 
 # --- the command on the simulated host --------------------------------------------------------------------

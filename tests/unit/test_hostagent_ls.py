@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.ledger import procs
+from gpupin.hostagent.ledger import processes as procs
 from gpupin.hostagent.ls import template as lsformat
 from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.ls import GOLDEN, by_uuid, check_golden, ls, ls_on_golden_host, shown, write_topology

@@ -2,7 +2,8 @@
 TYPE_CHECKING): gpupin.core is the shared base and imports neither side; gpupin.entrypoint (in the image) and
 gpupin.hostagent (on the host) never import each other; gpupin.core.nvml alone imports pynvml, and core needs nothing
 but the standard library and pynvml (it is what the training image loads); no import cycle among the modules; no
-production file over 400 lines. Each violation is reported by file and line.
+production file over 800 lines (a guard against huge modules, not small ones: a module holds one idea, whatever
+its length). Each violation is reported by file and line.
 
 No daemon, no install: the files are read, never imported.
 """
@@ -23,7 +24,7 @@ from tests.support.host import REPO
 PACKAGES = {"core": "gpupin.core", "entrypoint": "gpupin.entrypoint", "hostagent": "gpupin.hostagent"}
 CORE, ENTRYPOINT, HOSTAGENT = PACKAGES.values()
 NVML = "gpupin.core.nvml"
-MAX_LINES = 400
+MAX_LINES = 800
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_production_file_over_400_lines() -> None:
+def test_no_production_file_over_800_lines() -> None:
     bad = []
     for path in MODULES.values():
         lines = len(path.read_text().splitlines())

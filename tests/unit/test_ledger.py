@@ -18,10 +18,8 @@ from gpupin.hostagent import engine
 from gpupin.hostagent.engine import address
 from gpupin.hostagent.ledger import forms as ledger
 from gpupin.hostagent.ledger import lease, lock
-from gpupin.hostagent.ledger.forms import FORMS
-from gpupin.hostagent.ledger.grant import Host
-from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder
-from gpupin.hostagent.ledger.holding import holding
+from gpupin.hostagent.ledger.forms import FORMS, HostCards
+from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder, holding
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 
@@ -31,13 +29,13 @@ ALL = uuids("mixed-4")
 A800, RTX, A800B, A800C = ALL
 
 
-def mig_host() -> Host:
+def mig_host() -> HostCards:
     cards = scenario_cards()
     cards[0].mig_mode = True
     cards[0].mig_devices = [MigDevice(MIG_A, 1, 0, "3g.40gb", index=0), MigDevice(MIG_B, 2, 0, "3g.40gb", index=1)]
     for i, c in enumerate(cards):
         c.minor_number = i
-    return Host(cards)
+    return HostCards(cards)
 
 
 def container(
@@ -230,7 +228,7 @@ def test_a_device_request_wins_over_the_images_variable_and_runtimes_are_asked_f
         asked.append(1)
         return {"gpu-rt": "/usr/bin/nvidia-container-runtime", "kata": "/usr/bin/kata-runtime"}
 
-    custom = Host(host.cards, runtimes)
+    custom = HostCards(host.cards, runtimes)
     assert custom.is_nvidia_runtime("gpu-rt") and not custom.is_nvidia_runtime("kata")
     assert not custom.is_nvidia_runtime("runc") and custom.is_nvidia_runtime("nvidia")
     assert asked == [1]  # the daemon's /info is read once, and only for a runtime it must name
@@ -502,7 +500,7 @@ def _refusal(specs: list[str] | None, count: int | None, holders: list[Holder], 
     from gpupin.hostagent import gpus as placement
     from gpupin.hostagent.run import launch
     from gpupin.hostagent.run.request import RunRequest
-    from gpupin.hostagent.run.waiting import Patience
+    from gpupin.hostagent.run.waiting import WaitLoop
 
     cards = scenario_cards()
     req = RunRequest("img", gpus=specs or [], count=count, share=share)
@@ -511,10 +509,10 @@ def _refusal(specs: list[str] | None, count: int | None, holders: list[Holder], 
     assert chosen is None and refusal is not None
     now = launch._held_error(refusal)
     req.wait = 12.0
-    patience = Patience(req)
-    patience.started -= 12.4  # --wait 12 is up: the refusal, saying how long it waited
+    wait_loop = WaitLoop(req)
+    wait_loop.started -= 12.4  # --wait 12 is up: the refusal, saying how long it waited
     with pytest.raises(CardHeldError) as later:
-        patience.refused(now)
+        wait_loop.refused(now)
     return now, later.value
 
 

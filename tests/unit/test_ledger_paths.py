@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupin.core.errors import UsageError
-from gpupin.hostagent.ledger import forms, labels, lease, nodes
-from gpupin.hostagent.ledger.grant import Host
+from gpupin.hostagent.ledger import forms, holders, lease, nodes
+from gpupin.hostagent.ledger.forms import HostCards
 from gpupin.hostagent.pin import Pin
 from tests.support.scenarios import cards as mixed4
 from tests.support.scenarios import uuids
@@ -30,11 +30,11 @@ A800, RTX, A800B, A800C = uuids("mixed-4")
 ALL = [A800, RTX, A800B, A800C]
 
 
-def host(local: bool = False) -> Host:
+def host(local: bool = False) -> HostCards:
     cards = mixed4()
     for i, c in enumerate(cards):
         c.minor_number = i
-    return Host(cards, local=local)
+    return HostCards(cards, local=local)
 
 
 # --- normalisation ---------------------------------------------------------------------------------------------
@@ -316,14 +316,14 @@ def test_a_label_equal_to_the_images_is_inherited() -> None:
         lease.LEASE_LABEL: "30",
     }
     # docker create from a committed image: every gpupin label is the image's
-    assert labels.own(dict(image), image) == {"team": "ml"}
+    assert holders.own(dict(image), image) == {"team": "ml"}
     # set again by hand to another value: that one is the container's own
-    assert labels.own({**image, "gpupin.devices": A800}, image) == {"team": "ml", "gpupin.devices": A800}
+    assert holders.own({**image, "gpupin.devices": A800}, image) == {"team": "ml", "gpupin.devices": A800}
     # pinned by hostagent from that image: signed by its own owner, so every label is its own, even one that
     # equals the image's
     ours = {**image, **Pin([], share=False).labels(), "gpupin.devices": RTX, **lease.claim()}
-    assert labels.own(ours, image) == ours and ours["gpupin.shared"] == "false"
-    assert labels.own({"gpupin.devices": RTX}, {}) == {"gpupin.devices": RTX}
+    assert holders.own(ours, image) == ours and ours["gpupin.shared"] == "false"
+    assert holders.own({"gpupin.devices": RTX}, {}) == {"gpupin.devices": RTX}
 
 
 def test_every_pinned_container_writes_all_of_the_ledgers_labels() -> None:

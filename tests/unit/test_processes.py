@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.ledger import procs
+from gpupin.hostagent.ledger import processes as procs
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.processes import ME, error_line, on_cards
 from tests.support.sandbox import TEST_IMAGE

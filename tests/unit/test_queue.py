@@ -18,7 +18,7 @@ from gpupin.core.errors import GpupinError, GpuSpecError
 from gpupin.hostagent.agentlink import Link
 from gpupin.hostagent.engine import address
 from gpupin.hostagent.queue.args import table
-from gpupin.hostagent.run.queueing import Turns, _Stream
+from gpupin.hostagent.run.queueing import QueueClient, _Stream
 from gpupin.hostagent.run.request import RunRequest
 from gpupin.hostagent.serve import fair
 from tests.support.host import hostagent, simhost_env
@@ -64,7 +64,7 @@ class W:
         cooling: bool = False,
         **limits: float,
     ) -> None:
-        self.ask = fair.Ask(gpus, count, share, limits.get("max_load"), limits.get("max_memory"))
+        self.ask = fair.QueueRequest(gpus, count, share, limits.get("max_load"), limits.get("max_memory"))
         self.offered = offered
         self.lapsed = lapsed
         self.cooling = cooling
@@ -127,9 +127,9 @@ def test_a_newcomer_is_clear_when_no_earlier_waiter_could_take_its_cards() -> No
 
 def test_specs_resolve_as_run_resolves_them() -> None:
     v = view("free", "free")
-    assert [t.uuid for t in fair.resolve(fair.Ask(["1b:00.0", "GPU-1111"]), v)] == UUIDS[:2]
+    assert [t.uuid for t in fair.resolve(fair.QueueRequest(["1b:00.0", "GPU-1111"]), v)] == UUIDS[:2]
     with pytest.raises(GpuSpecError):
-        fair.resolve(fair.Ask(["7"]), v)
+        fair.resolve(fair.QueueRequest(["7"]), v)
 
 
 def test_the_table() -> None:
@@ -227,7 +227,7 @@ def test_the_queue_is_the_agents_only_for_callers_of_the_daemon_it_serves(monkey
         for host, queued in ((ours, 0), (theirs, 1)):
             monkeypatch.setenv("DOCKER_HOST", host)
             monkeypatch.setattr(address, "_ENDPOINT", None)
-            with Turns.of(RunRequest("img", gpus=["1"], wait=1.0)) as turns:
+            with QueueClient.of(RunRequest("img", gpus=["1"], wait=1.0)) as turns:
                 turns.join(time.monotonic() + 0.5)
                 assert len(waiters()) == queued, host
             wait_for(lambda: waiters() == [], 2.0, "the queue empty", interval=0.02)

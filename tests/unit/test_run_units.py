@@ -1,4 +1,4 @@
-"""Sizes as `docker run` reads them (hostagent.run.units): go-units' RAMInBytes, as both engines' CLIs vendor it.
+"""Sizes as `docker run` reads them (hostagent.run.values): go-units' RAMInBytes, as both engines' CLIs vendor it.
 
 The rules, from go-units' documentation and source (size.go, v0.4): a decimal number (digits, optionally `.digits`),
 one optional space, then optionally a unit k, m, g, t or p, an optional `i` and an optional `b`, in any case; the
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupin.hostagent.run.units import ram_in_bytes
+from gpupin.hostagent.run.values import ram_in_bytes
 
 KIB = 1024
 

@@ -1,5 +1,5 @@
 """Processes are holders: every process NVML reports on a card (on a MIG device: on that device), attributed to
-the container it runs in (its cgroup, gpupin.hostagent.ledger.procs) or to the host (docs/design.md, "The ledger").
+the container it runs in (its cgroup, as /proc shows it: below) or to the host (docs/design.md, "The ledger").
 
 A process of a container that was given the card (or its whole parent card) is that container's use: the ledger
 already counts the container. Any other process is *foreign* and makes the card busy: a host process, a process of
@@ -10,11 +10,27 @@ cannot be told (/proc does not show it here). A card whose processes NVML will n
 `hostagent run` and compose treat each foreign process as a holder (`Use`, a ledger.Holder) of the card it runs
 on, so that one rule decides "free"; `--share` lets a request in beside them (deliberate sharing), and
 `run --count --max-load/--max-memory` accepts them on a card loaded less than the limits.
-"""
+
+Host processes as /proc shows them: which container a GPU process runs in, who runs it, and what it is.
+
+NVML reports a card's processes by their pids in the host's pid namespace. /proc describes those pids only when
+hostagent runs in that namespace too: in a pid namespace of its own (a container without `--pid host`) a pid from
+NVML names another process or none, so nothing is read there (`pids_visible`). A process that is gone, or that
+/proc hides (a hidepid mount), gives None for what cannot be read: never an error, as a listing must survive a
+process ending while it is read.
+
+The container comes from /proc/<pid>/cgroup (cgroup v1 or v2, the systemd or the cgroupfs driver): a path part
+that ends in a 64-hex id, bare or with an engine's prefix and `.scope` (`/docker/<id>`,
+`/system.slice/docker-<id>.scope`, `cri-containerd-<id>`, `crio-<id>`, `libpod-<id>`, `nerdctl-<id>`, Kubernetes'
+`/kubepods/.../<id>`). A cgroup that names no container (a session scope, `/process_api/<32 hex>`, a service)
+is the host's."""
 
 from __future__ import annotations
 
-from gpupin.hostagent.ledger import procs
+import functools
+import os
+import re
+
 from gpupin.hostagent.ledger.holders import Holder
 
 TYPE_CHECKING = False
@@ -23,6 +39,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card, Process
+
 
 HOST, CONTAINER, UNKNOWN = "host", "container", "unknown"  # whose a process is
 _USERS: dict[int, str] = {}  # uid -> user name, for this process's life
@@ -55,14 +72,14 @@ class Use(Holder):
         self.card_uuid = card_uuid
         self._given = given  # container id -> the cards its grants name (None: the ledger is unread)
         self._names = names  # container id -> name, every container of this daemon
-        self._where: procs.HostProcess | None = None
+        self._where: HostProcess | None = None
         self.user: str | None = None
         self.command: str | None = None
 
     @property
-    def where(self) -> procs.HostProcess:
+    def where(self) -> HostProcess:
         if self._where is None:
-            self._where = procs.locate(self.pid)
+            self._where = locate(self.pid)
         return self._where
 
     @property
@@ -94,7 +111,7 @@ class Use(Holder):
     def _read(self) -> None:
         """Its user and command, from /proc, when first asked (only refusals and listings need them)."""
         if self.owner != UNKNOWN and self.command is None and self.user is None:
-            where = procs.describe(self.pid, _USERS, procs.HostProcess(self.pid, visible=True))
+            where = describe(self.pid, _USERS, HostProcess(self.pid, visible=True))
             self.user, self.command = where.user, where.command
 
     def describe(self) -> str:
@@ -109,7 +126,7 @@ class Use(Holder):
         if self.owner == UNKNOWN:
             why = (
                 "gone, or hidden from this user"
-                if procs.pids_visible()
+                if pids_visible()
                 else "hostagent runs in a pid namespace of its own: give it the host's (--pid host)"
             )
             return f"{who}, whose owner /proc does not show ({why})"
@@ -198,3 +215,98 @@ def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True
         if card.processes_error is not None and card.uuid:
             out.setdefault(card.uuid, []).append(Unlisted(card))
     return out
+
+
+# A path part that is a container's cgroup: an optional engine prefix, the 64-hex id, an optional .scope.
+_CONTAINER_PART = re.compile(r"(?:[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*-)?([0-9a-f]{64})(?:\.scope)?")
+# /proc/self/ns/pid of the initial pid namespace: the kernel's PROC_PID_INIT_INO (include/linux/proc_ns.h).
+_HOST_PID_NS = "pid:[4026531836]"
+
+
+class HostProcess:
+    """What /proc tells of one pid: whether it could be read, its user (the real uid's name, as ps and nvitop
+    show it; the number when no user has that uid), its command name (/proc/<pid>/status Name, as ps -o comm) and
+    its container id (None: the host's)."""
+
+    __slots__ = ("command", "container_id", "pid", "user", "visible")
+
+    def __init__(
+        self,
+        pid: int,
+        user: str | None = None,
+        command: str | None = None,
+        container_id: str | None = None,
+        visible: bool = False,
+    ) -> None:
+        self.pid = pid
+        self.user = user
+        self.command = command
+        self.container_id = container_id
+        self.visible = visible
+
+
+@functools.lru_cache(maxsize=1)
+def pids_visible() -> bool:
+    """Whether this process sees the host's pids (runs in the initial pid namespace), so that /proc/<pid> is the
+    process NVML names."""
+    try:
+        return os.readlink("/proc/self/ns/pid") == _HOST_PID_NS
+    except OSError:  # no /proc, or a kernel without pid namespaces: nothing to trust
+        return False
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:  # gone (ENOENT, ESRCH), hidden (EACCES), or never a pid here
+        return None
+
+
+def container_id(cgroup: str) -> str | None:
+    """The container id in /proc/<pid>/cgroup text (the innermost one), or None for a process not in one."""
+    for line in reversed(cgroup.splitlines()):
+        for part in reversed(line.split(":", 2)[-1].split("/")):
+            m = _CONTAINER_PART.fullmatch(part)
+            if m:
+                return m.group(1)
+    return None
+
+
+def _user_name(uid: int, cache: dict[int, str]) -> str:
+    if uid not in cache:
+        import pwd
+
+        try:
+            cache[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:  # a uid no user of this host has (a container's own user, say)
+            cache[uid] = str(uid)
+    return cache[uid]
+
+
+def locate(pid: int) -> HostProcess:
+    """The pid's container (one read of /proc/<pid>/cgroup: what `hostagent run` needs for every process);
+    `visible` False when /proc does not show it here."""
+    cgroup = _read(f"/proc/{pid}/cgroup") if pids_visible() else None
+    if cgroup is None:
+        return HostProcess(pid)
+    return HostProcess(pid, container_id=container_id(cgroup), visible=True)
+
+
+def describe(pid: int, users: dict[int, str] | None = None, proc: HostProcess | None = None) -> HostProcess:
+    """What /proc says of `pid` (its container too, unless `proc`, its `locate`, is given); fields that cannot be
+    read are None. `users` caches uid -> name."""
+    proc = proc if proc is not None else locate(pid)
+    status = _read(f"/proc/{pid}/status") if proc.visible else None
+    if status is None:
+        return proc
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key == "Name":
+            proc.command = value.strip()
+        elif key == "Uid":
+            fields = value.split()
+            if fields and fields[0].isdigit():
+                proc.user = _user_name(int(fields[0]), users if users is not None else {})
+            break  # Uid comes after Name
+    return proc

@@ -1,6 +1,7 @@
-"""What `hostagent run` sends the resident agent (gpupin.hostagent.run.wire) and how it reads the answers of the agent
-and the Engine without an HTTP library (gpupin.hostagent.http1, engine.raw's frames): the request arrives as the
-caller read it (its env files, its folder, the SDK's payload with its tuples), and the agent opens nothing."""
+"""What `hostagent run` sends the resident agent (gpupin.hostagent.run.request_json) and how it reads the answers of
+the agent and the Engine without an HTTP library (gpupin.hostagent.http1, engine.raw's frames): the request arrives
+as the caller read it (its env files, its folder, the SDK's payload with its tuples), and the agent opens
+nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from gpupin.core.errors import UsageError
 from gpupin.hostagent import http1
 from gpupin.hostagent.engine.raw import STDERR, STDOUT, Stream
-from gpupin.hostagent.run import wire
+from gpupin.hostagent.run import request_json
 from gpupin.hostagent.run.request import RunRequest
 
 
@@ -36,10 +37,10 @@ def test_the_request_arrives_as_the_caller_read_it(tmp_path: Path, monkeypatch: 
         rm=True,
         environ={},
     )
-    sent = json.loads(json.dumps(wire.dump(req)))  # through JSON, as the socket carries it
+    sent = json.loads(json.dumps(request_json.dump(req)))  # through JSON, as the socket carries it
     env_file.unlink()  # the agent reads no file of the caller's ...
     monkeypatch.chdir("/")  # ... and its folder is not the caller's
-    got = wire.load(sent)
+    got = request_json.load(sent)
     assert got.payload == req.payload and got.user_env == req.user_env
     assert got.payload["host"]["port_bindings"] == {"80": [("127.0.0.1", "8080")]}  # a tuple again
     assert got.payload["host"]["binds"] == [f"{tmp_path}/data:/data"]
@@ -57,20 +58,20 @@ def test_the_request_arrives_as_the_caller_read_it(tmp_path: Path, monkeypatch: 
     "bad",
     [
         {"wire": 0},
-        {"wire": wire.VERSION, "options": {"privileged": True}},
-        {"wire": wire.VERSION, "options": {}, "payload": {}, "env": [["A"]]},
+        {"wire": request_json.VERSION, "options": {"privileged": True}},
+        {"wire": request_json.VERSION, "options": {}, "payload": {}, "env": [["A"]]},
     ],
 )
 def test_a_malformed_request_is_a_usage_error(bad: dict[str, object]) -> None:
     with pytest.raises(UsageError):
-        wire.load(bad)
+        request_json.load(bad)
 
 
 def test_what_the_agent_checks_again_it_refuses() -> None:
-    sent = wire.dump(RunRequest("gpupin:test", gpus=["1"], environ={}))
+    sent = request_json.dump(RunRequest("gpupin:test", gpus=["1"], environ={}))
     sent["options"]["labels"] = ["gpupin.devices=GPU-x"]  # a label the pin owns, past a client's check
     with pytest.raises(UsageError, match=r"hostagent writes gpupin\.devices itself"):
-        wire.load(sent)
+        request_json.load(sent)
 
 
 def serve_once(answer: bytes) -> tuple[socket.socket, threading.Thread]:

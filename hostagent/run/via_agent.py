@@ -4,10 +4,10 @@ the same as without the agent). It imports neither the docker SDK nor NVML: what
 once, by the agent.
 
 The request is parsed and read here, with the caller's rights (env files, the current folder, a seccomp profile:
-gpupin.hostagent.run.wire); the container's lease names this process, so that a created container lives as long as
-the run that will start it, whatever becomes of the agent. --wait waits here: a held answer (75) is asked again
-at this run's next turn in the agent's queue (gpupin.hostagent.run.waiting), until the cards are free or --wait is
-up.
+gpupin.hostagent.run.request_json); the container's lease names this process, so that a created container lives as
+long as the run that will start it, whatever becomes of the agent. --wait waits here: a held answer (75) is asked
+again at this run's next turn in the agent's queue (gpupin.hostagent.run.waiting), until the cards are free or
+--wait is up.
 
 Where no agent answers, `run` returns None: the path without the agent, silently. Where the agent answers that the
 run is this process's own (it serves another daemon, the image must be pulled), or has gone since it was found (a
@@ -22,12 +22,11 @@ import signal
 import socket
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
-from gpupin.hostagent import agentlink, http1, say
+from gpupin.hostagent import agentlink, http1, mark, say
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.run import start, wire
-from gpupin.hostagent.run.waiting import Patience
-from gpupin.hostagent.trace import mark
+from gpupin.hostagent.run import request_json, start
+from gpupin.hostagent.run.waiting import WaitLoop
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -82,11 +81,11 @@ def run(req: RunRequest) -> int | None:
     link = agentlink.find()
     if link is None:
         return None
-    body = {"daemon": agentlink.daemon_key(), "owner": str(lease.me()), "request": wire.dump(req)}
+    body = {"daemon": agentlink.daemon_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:
-        with Patience(req) as patience:
+        with WaitLoop(req) as wait_loop:
             while True:
                 try:
                     answer = ask(link, body)
@@ -94,15 +93,15 @@ def run(req: RunRequest) -> int | None:
                 except GpupinError as err:  # the agent's refusal, with its exit code
                     if err.exit_code != CardHeldError.exit_code:
                         raise
-                    patience.refused(err)
+                    wait_loop.refused(err)
             if "direct" in answer:  # this run's own to make, in the same --wait (its place in the queue kept)
                 from gpupin.hostagent.run import launch
 
-                launched = launch.launch(req, patience)
+                launched = launch.launch(req, wait_loop)
                 assert isinstance(launched, launch.Launched)
                 cid, attachment = launched.cid, launched.attachment
                 answer = {}
-            patience.close()  # booked: out of the queue before the start
+            wait_loop.close()  # booked: out of the queue before the start
         if answer:
             mark("created")
             for line in answer.get("say") or ():
