@@ -41,6 +41,29 @@ def wanted() -> bool:
     return os.environ.get(USE_ENV, "").strip().lower() not in _OFF
 
 
+def daemon_key() -> str:
+    """The Docker daemon this process uses, as a request to the agent names it (`"daemon"`; its lock key: one text
+    per daemon, whatever spelling of its address)."""
+    from gpupin.hostagent import engine
+
+    return engine.endpoint().lock_key()
+
+
+def other_daemon(said: object) -> str | None:
+    """The one rule of every request the agent answers for a caller's daemon (a run, a place in the queue, the
+    queue's listing): it serves only callers of the daemon it serves itself. None when `said` (the caller's
+    daemon_key()) is the agent's; else why not, in words."""
+    from gpupin.hostagent import engine
+
+    if said == engine.endpoint().lock_key():
+        return None
+    return f"the agent serves the Docker daemon at {engine.docker_host()}"
+
+
+class Direct(GpupinError):
+    """The agent answered that this request is not its to serve (`other_daemon`): the caller goes on without it."""
+
+
 def _unix_connection() -> type[http.client.HTTPConnection]:
     """http.client over a unix socket (the Host header is a formality there), made when first asked for: http.client
     costs ~15 ms to import, which `hostagent run` through the agent does not pay (gpupin.hostagent.http1)."""

@@ -100,9 +100,11 @@ def render(
     busy: Mapping[str, Sequence[Holder]],
     detection: cdi.Detection = NOT_ASKED,
     via: str | None = None,
+    unknown: str | None = None,
 ) -> tuple[dict[str, Any], Examination]:
-    """The pinned document and what `examine` found; RenderRefused with every refusal when there is one."""
-    exam = examine(doc, cards, busy)
+    """The pinned document and what `examine` found; RenderRefused with every refusal when there is one (`unknown`:
+    why the ledger was not read, None when it was)."""
+    exam = examine(doc, cards, busy, unknown)
     refusals = exam.refusals
     if via == cdi.CDI:  # as `hostagent run --via cdi --gpu-capabilities`: a CDI request carries no capabilities
         refusals += [

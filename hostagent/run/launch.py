@@ -13,6 +13,7 @@ whose lease is dead: it holds nothing, and the next run removes it (gpupin.hosta
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 
@@ -134,16 +135,36 @@ def _pick(
     return chosen, refusal.why if refusal is not None else []
 
 
-def _choose(
-    req: RunRequest, cards: Sequence[Card], picks: list[Target] | None, busy: dict[str, list[ledger.Holder]]
-) -> tuple[list[Target] | None, _Refusal | None]:
-    """The cards to use now, or None and the refusal that says why, with the hint that fits."""
+def _blocked(
+    req: RunRequest, cards: Sequence[Card], busy: dict[str, list[ledger.Holder]]
+) -> dict[str, list[ledger.Holder]]:
+    """The cards this request may not take now, and who keeps it off them (none: over --count's limits)."""
     blocked = ledger.blocking(busy, req.share)
     if req.count is not None and (req.max_load is not None or req.max_memory is not None):
         # With limits, a card that only processes use is judged by its load (GPUtil's rule), as is every card.
         blocked = {k: hs for k, hs in blocked.items() if not all(h.process for h in hs)}
         over = [c.uuid for c in cards if c.uuid and not gpus.within(c, req.max_load, req.max_memory)]
         blocked.update({u: blocked.get(u, []) for u in over})
+    return blocked
+
+
+def free_now(req: RunRequest, cards: Sequence[Card], busy: dict[str, list[ledger.Holder]]) -> list[Card]:
+    """The cards a --count of this request would take from now, best first: the one rule for choosing a count's
+    cards and for the free cards a refusal names (`busy`: what holds every card, processes included)."""
+    return gpus.free_cards(cards, _blocked(req, cards, busy))
+
+
+def _choose(
+    req: RunRequest,
+    cards: Sequence[Card],
+    picks: list[Target] | None,
+    busy: dict[str, list[ledger.Holder]],
+    everyone: Callable[[], dict[str, list[ledger.Holder]]] | None = None,
+) -> tuple[list[Target] | None, _Refusal | None]:
+    """The cards to use now, or None and the refusal that says why, with the hint that fits. `busy` may know only
+    the processes of the asked cards (`_busy`); `everyone` gives what holds every card, asked only when a refusal
+    names the free cards to pick instead (None: `busy` knows them all)."""
+    blocked = _blocked(req, cards, busy)
     free = gpus.free_cards(cards, blocked)
     if req.count is not None:
         chosen = gpus.choose_free(req.count, cards, blocked)
@@ -162,7 +183,8 @@ def _choose(
     if not why:
         return picks, None
     hint = ["wait for it with --wait [SECONDS]"]
-    others = [c for c in free if all(c is not p.card for p in picks)]
+    takeable = free_now(req, cards, everyone()) if everyone is not None else free
+    others = [c for c in takeable if all(c is not p.card for p in picks)]
     if others:
         indices = ", ".join(str(i) for i in sorted(c.index for c in others))
         hint.append(f"pick a free card ({indices}: `hostagent ls`)")
@@ -279,7 +301,8 @@ def reserve(
                 ledger = ledger_read.read_ledger(api, cards, daemon_info)
                 mark("looked")
                 _remove_orphans(api, ledger, notify)
-                chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, ledger))
+                everyone = functools.partial(_busy, cards, None, ledger)  # read only for a refusal's hint
+                chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, ledger), everyone)
                 if chosen is None:
                     assert refusal is not None
                     raise _held_error(refusal)

@@ -22,7 +22,7 @@ import signal
 import socket
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
-from gpupin.hostagent import agentlink, engine, http1, mark, say
+from gpupin.hostagent import agentlink, http1, mark, say
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import request_json, start
@@ -81,7 +81,7 @@ def run(req: RunRequest) -> int | None:
     link = agentlink.find()
     if link is None:
         return None
-    body = {"daemon": engine.endpoint().lock_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
+    body = {"daemon": agentlink.daemon_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:

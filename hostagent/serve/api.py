@@ -4,7 +4,8 @@ as with the Docker socket) and TCP, loopback unless `--http-public` (docs/serve.
 GET routes, the same on both:
 - `/api/ls`: exactly the object `hostagent ls --json` prints, with the agent's idle fields filled in;
 - `/api/events`: server-sent events, one `ls` event with that object at each change (the dashboard's feed);
-- `/api/queue`: the waiters of the fair queue (gpupin.hostagent.serve.queue; `hostagent queue`);
+- `/api/queue`: the waiters of the fair queue (gpupin.hostagent.serve.queue; `hostagent queue`, which names its
+  daemon: `?daemon=KEY`, answered `{"direct": WHY}` when the agent serves another);
 - `/api/agent`: the agent itself (version, pid, start, settings, whether NVML and Docker answer);
 - `/metrics`: Prometheus text (gpupin.hostagent.serve.metrics); `/`: the dashboard.
 
@@ -21,10 +22,12 @@ import json
 import os
 import socketserver
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from gpupin.core import __version__
 from gpupin.core.errors import EX_SOFTWARE, EX_USAGE, GpupinError
+from gpupin.hostagent import agentlink
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -250,7 +253,9 @@ class Handler(BaseHTTPRequestHandler):
     def _queue(self) -> None:
         from gpupin.hostagent.serve import queue
 
-        self._json(200, queue.of(self.agent).listing())
+        said = urllib.parse.parse_qs(self.path.partition("?")[2]).get("daemon")
+        why = agentlink.other_daemon(said[0]) if said else None  # a caller of another daemon: not its queue
+        self._json(200, {"direct": why} if why is not None else queue.of(self.agent).listing())
 
     def _metrics(self) -> None:
         self._send(200, self.metrics.text(), self.metrics.content_type)

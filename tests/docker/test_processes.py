@@ -132,3 +132,14 @@ def test_a_card_whose_processes_nvml_will_not_list_is_unknown(agent: Agent, tmp_
     assert r.returncode == 0 and sorted(saw(r.stdout)) == sorted([A800, RTX]), r.stderr
     shared = call(agent, env, "run", "--rm", "--share", "--gpu", "3", TEST_IMAGE)
     assert shared.returncode == 0 and saw(shared.stdout) == [A800C], shared.stderr
+
+
+def test_a_held_cards_hint_names_only_cards_a_count_would_take(agent: Agent) -> None:
+    """Issue 23, trap 1: the README's two jobs, one card. The refusal's "pick a free card" listed card 2, which the
+    topology's pid 4242 uses (a --gpu 2 then answers 75): the hint names only the cards --count would take."""
+    agent("run", "-d", "--name", f"train-a-{agent.tag}", "--gpu", "1", TEST_IMAGE, "sleep", "300")
+    line = error_line(agent("run", "--rm", "--gpu", "1", TEST_IMAGE), 75)
+    assert f"{RTX} is held by train-a-{agent.tag}" in line, line
+    assert "pick a free card (0, 3: `hostagent ls`)" in line, line
+    taken = agent("run", "--rm", "--count", "2", TEST_IMAGE, "python3", "-m", "gpupin.entrypoint")
+    assert taken.returncode == 0 and sorted(saw(taken.stdout)) == sorted([A800, A800C]), taken.stderr
