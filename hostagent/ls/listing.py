@@ -68,6 +68,8 @@ def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any
     try:
         docker["host"] = engine.docker_host()
         reading = ledger_read.read_ledger(engine.reader(timeout=10), cards)
+        if reading.places.containers:
+            reading.places.driver()  # asked now, on this thread (the agent shows the view from another)
     except GpupinError as err:
         docker.update(available=False, error=err.message)
     except Exception as err:
@@ -87,8 +89,10 @@ def assemble(
     """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
     attributed to their containers or the host (gpupin.hostagent.ledger.processes)."""
     holders = reading.holders if reading is not None else []
-    used = ledger_processes.attribute(
-        cards, reading.holders if reading is not None else None, reading.names if reading is not None else None
+    used = (
+        ledger_processes.attribute(cards, reading.holders, reading.names, reading.places)
+        if reading is not None
+        else ledger_processes.attribute(cards, None, None)
     )
     unread = None if reading is not None else f"Docker unavailable: {docker['error']}"
     return {

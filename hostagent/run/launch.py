@@ -101,10 +101,12 @@ def _busy(
     mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
     nvml.read_processes(mine)
     busy = ledger.held(reading.holders) if reading is not None else {}
-    holders, names = (reading.holders, reading.names) if reading is not None else (None, None)
+    holders, names, places = (
+        (reading.holders, reading.names, reading.places) if reading is not None else (None, None, None)
+    )
     # Every process counts (no /proc read here): who runs it matters only to what a refusal says.
     for key, hs in ledger_processes.blocking(
-        mine, ledger_processes.attribute(mine, holders, names), attributed=False
+        mine, ledger_processes.attribute(mine, holders, names, places), attributed=False
     ).items():
         busy.setdefault(key, []).extend(hs)
     mark("attributed")
