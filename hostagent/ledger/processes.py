@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 # Whose a process is: the host's, a container's, unknown (/proc does not show it), or unnamed (its cgroup names a
 # container of this daemon that it is not in: anyone can name a cgroup so).
 HOST, CONTAINER, UNKNOWN, UNNAMED = "host", "container", "unknown", "unnamed"
+MIB = 1024 * 1024
 _USERS: dict[int, str] = {}  # uid -> user name, for this process's life
 
 
@@ -206,6 +207,43 @@ class Unlisted(Holder):
         return f"someone NVML would not name ({self.reason}; run hostagent as root, or use it anyway with --share)"
 
 
+# Use that NVML names no process for (unseen_use): an idle H200 reads 615-618 MiB used at 0% load
+# (docs/records/real-gpu-session-*-2xH200-2026-11-30.log), a bare CUDA context adds about 500 MiB.
+UNSEEN_MIB = 1024  # more memory used than this, and than UNSEEN_SHARE of the card's, is use
+UNSEEN_SHARE = 0.01
+UNSEEN_LOAD = 5  # a load of this many percent or more is use
+
+
+def unseen_use(card: Card) -> str | None:
+    """What says a card is in use though NVML lists no process on it (memory used, load), or None: a process in
+    a pid namespace or VM that NVML does not show here, or one it hides. Not asked of a card in MIG mode (its
+    memory and load are its devices'), nor of one whose processes NVML will not list (unknown already)."""
+    if card.error is not None or card.processes_error is not None or card.process_list or card.mig_mode:
+        return None
+    signs = []
+    used, total = card.memory_used, card.memory_total
+    if used is not None and total and used > max(UNSEEN_MIB * MIB, total * UNSEEN_SHARE):
+        signs.append(f"{used // MIB} MiB used")
+    if card.utilization_gpu is not None and card.utilization_gpu >= UNSEEN_LOAD:
+        signs.append(f"{card.utilization_gpu}% load")
+    return ", ".join(signs) or None
+
+
+class Unseen(Holder):
+    """A card in use by processes NVML does not name (unseen_use): busy, as a card a host process uses; --share
+    and --count --max-load/--max-memory judge it as such."""
+
+    __slots__ = ("signs",)
+    process = True
+
+    def __init__(self, card: Card, signs: str) -> None:
+        super().__init__(f"card {card.index}", "", "running", [card.uuid or ""], False, "unseen", why="in use")
+        self.signs = signs
+
+    def describe(self) -> str:
+        return f"an owner NVML does not name ({self.signs}, no process listed)"
+
+
 def mig_of(p: Process, card: Card) -> str | None:
     """The MIG device a process runs on (a card in MIG mode names its GPU and compute instance), or None."""
     if p.gpu_instance_id is None:
@@ -245,7 +283,7 @@ def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True
     """Card or MIG UUID -> what holds it besides the containers given it: its foreign processes (`attributed`:
     each process's owner read from /proc; else every process, which decides the same for a request that does not
     share, as a container given the card holds it anyway), or the card itself when NVML will not list its
-    processes."""
+    processes or when its memory or load says it is used by processes NVML does not name."""
     out: dict[str, list[Holder]] = {}
     for u in uses:
         if not attributed or u.foreign is not False:
@@ -253,6 +291,9 @@ def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True
     for card in cards:
         if card.processes_error is not None and card.uuid:
             out.setdefault(card.uuid, []).append(Unlisted(card))
+        signs = unseen_use(card)
+        if signs is not None and card.uuid:
+            out.setdefault(card.uuid, []).append(Unseen(card, signs))
     return out
 
 

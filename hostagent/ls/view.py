@@ -314,6 +314,10 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
     whole = [h for h in g["holders"] if g["uuid"] in h["uuids"] or not migs & set(h["uuids"])]
     if g["unknown"] and docker_ok:  # (Docker's absence is said once, on the header line)
         lines += _section("unknown", [[Cell(g["unknown"])]], color, "    ", f"{BOLD};{RED}")
+    if g.get("unseen"):  # in use, and NVML names no process: busy (an agent of an earlier version: absent)
+        lines += _section(
+            "in use", [[Cell(f"{g['unseen']}, owner unseen: no process listed")]], color, "    ", f"{BOLD};{RED}"
+        )
     return lines + _who(whole, [p for p in g["processes"] if not p["mig_uuid"]], color, "    ", g["mislabelled"])
 
 

@@ -62,8 +62,15 @@ def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) ->
     for p in picks:
         holders = list({id(h): h for k in _keys(p) for h in busy.get(k, [])}.values())
         containers = list(dict.fromkeys(h.describe() for h in holders if not h.process))
-        # A process of the container that holds the card is that container's: said once, as its holder.
-        others = [h for h in holders if h.process and not (isinstance(h, ledger_processes.Use) and h.foreign is False)]
+        # A process of the container that holds the card is that container's: said once, as its holder; so is the
+        # use NVML names no process for on a card a container holds (its own, most likely).
+        others = [
+            h
+            for h in holders
+            if h.process
+            and not (isinstance(h, ledger_processes.Use) and h.foreign is False)
+            and not (containers and isinstance(h, ledger_processes.Unseen))
+        ]
         processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
         parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
             [f"in use by {', '.join(processes)}"] if processes else []
@@ -84,6 +91,8 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
             if any(not h.process for h in hs)
             else "in use by other processes"
             if any(isinstance(h, ledger_processes.Use) for h in hs)
+            else "in use by an owner NVML does not name"
+            if any(isinstance(h, ledger_processes.Unseen) for h in hs)
             else "who uses it is unknown"
             if hs
             else "over --max-load/--max-memory"

@@ -22,7 +22,7 @@ import pytest
 from tests.support.host import saw
 from tests.support.processes import ME, error_line, on_cards
 from tests.support.sandbox import TEST_IMAGE, Agent
-from tests.support.scenarios import uuids
+from tests.support.scenarios import topology, uuids
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 
@@ -217,3 +217,20 @@ def test_a_cgroup_named_for_a_container_neither_hides_use_nor_frames_it(
     assert re.search(r"^\[1\].*  busy$", table, re.M), table
     line = error_line(call(agent, env, "run", "--rm", "--gpu", "0", TEST_IMAGE), 75)
     assert f"pid {framing} of " in line and "its owner cannot be named" in line and "ESCAPE" not in line, line
+
+
+def test_a_card_in_use_that_nvml_names_no_process_for_is_not_taken(agent: Agent, tmp_path: Path) -> None:
+    """Card 0 at 95% load with 40 GB used and no process named: --gpu 0 answers 75 in one line, --count skips it,
+    --share uses it on purpose (as a card a host process uses)."""
+    topo = topology("mixed-4")
+    next(g for g in topo["gpus"] if g["uuid"] == A800).update(memory_used_mib=40960, utilization_gpu=95)
+    (tmp_path / "unseen.json").write_text(json.dumps(topo))
+    env = {"FAKEGPU_TOPOLOGY": str(tmp_path / "unseen.json")}
+    line = error_line(call(agent, env, "run", "--rm", "--gpu", "0", TEST_IMAGE), 75)
+    assert f"{A800} is in use by an owner NVML does not name (40960 MiB used, 95% load, no process listed)" in line
+    refused = error_line(call(agent, env, "run", "--rm", "--count", "4", TEST_IMAGE), 75)
+    assert f"in use by an owner NVML does not name: {A800}" in refused, refused
+    r = call(agent, env, "run", "--rm", "--count", "1", TEST_IMAGE)
+    assert r.returncode == 0 and saw(r.stdout) == [A800C], r.stderr  # card 0 has the most free memory: not taken
+    shared = call(agent, env, "run", "--rm", "--share", "--gpu", "0", TEST_IMAGE)
+    assert shared.returncode == 0 and saw(shared.stdout) == [A800], shared.stderr
