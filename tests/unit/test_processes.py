@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -238,3 +239,61 @@ def test_the_thresholds_never_call_an_idle_h200_busy() -> None:
     assert procs.unseen_use(card(1025, 0, total_mib=24564)) == "1025 MiB used"  # 1 GiB on a small card
     (held,) = procs.blocking([card(40960, 95)], [])["GPU-x"]
     assert isinstance(held, procs.Unseen) and held.process
+
+
+# --- a container's real cgroup (issue 24) ------------------------------------------------------------------------
+
+CID = "c" * 64
+
+
+@pytest.mark.parametrize(
+    ("driver", "parent", "expected"),
+    [
+        ("systemd", "", f"/system.slice/docker-{CID}.scope"),
+        ("systemd", "gpu-jobs.slice", f"/gpu.slice/gpu-jobs.slice/docker-{CID}.scope"),
+        ("systemd", "-.slice", f"/docker-{CID}.scope"),
+        ("systemd", "/not/a/slice", None),  # the daemon refuses it under systemd
+        ("cgroupfs", "", f"/docker/{CID}"),  # what the sandboxed daemons use
+        ("cgroupfs", "/jobs/", f"/jobs/{CID}"),
+        ("", "", None),  # unknown: only the pid namespace can say
+    ],
+)
+def test_a_containers_real_cgroup_comes_from_the_engines_facts(driver: str, parent: str, expected: str | None) -> None:
+    assert procs.real_cgroup(driver, parent, CID) == expected
+
+
+def test_only_the_real_cgroup_or_pid_namespace_names_a_container() -> None:
+    places = procs.Places({CID: (0, "")}, "systemd", [CID])
+    forged = f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/docker-{CID}.scope\n"
+    real = f"0::/system.slice/docker-{CID}.scope\n"
+    me = os.getpid()  # in the host's pid namespace: no container's
+    assert places.owner(me, real, CID) == CID
+    assert places.owner(me, f"0::/system.slice/docker-{CID}.scope/init.scope\n", CID) == CID  # its sub-cgroup
+    assert places.owner(me, forged, CID) is None
+    assert places.owner(me, f"0::/system.slice/docker-{CID}.scope-x\n", CID) is None  # a prefix is not a parent
+    v1 = f"9:name=systemd:/user.slice/docker-{CID}.scope\n8:pids:/system.slice/docker-{CID}.scope\n"
+    assert places.owner(me, v1, CID) == CID  # any hierarchy: only root can make the daemon's path
+
+
+def test_a_process_in_a_containers_pid_namespace_is_its_own() -> None:
+    """Whatever its cgroup says: a process that shares the pid namespace of the container's State.Pid is in it."""
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sh", "-c", "sleep 300 & sleep 300"])
+    try:
+        children: list[int] = []
+        for _ in range(100):
+            children = [int(c) for c in Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()]
+            if children:
+                break
+            time.sleep(0.05)
+        (init,) = children  # sh, pid 1 of the new namespace
+        for _ in range(100):
+            worker = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+            if worker:
+                break
+            time.sleep(0.05)
+        places = procs.Places({CID: (init, "")}, None, [CID])  # the driver unknown: the namespace alone says
+        assert places.owner(int(worker[0]), f"0::/user.slice/docker-{CID}.scope\n", CID) == CID
+        assert places.owner(os.getpid(), f"0::/user.slice/docker-{CID}.scope\n", CID) is None
+    finally:
+        outer.kill()
+        outer.wait()
