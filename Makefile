@@ -28,13 +28,11 @@ BASE_IMAGE := gpupin-base:bookworm
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
 	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test (CI)"
-	@echo "make test-unit     tests/unit: the pure core, the CLIs on the simulated host, the fakes; no daemon"
-	@echo "make test-docker   tests/docker: on the sandboxed daemons, each test on both engines"
-	@echo "make test-cluster  tests/cluster: the three-node Swarm and the real Slurm"
-	@echo "make test-gpu      tests/gpu: against a real NVIDIA GPU (skipped without one)"
-	@echo "                   (PYTEST_ARGS=... adds pytest arguments; naming a test file runs just it)"
+	@echo "make test-unit     one tier (no daemon); make test-docker, test-cluster, test-gpu: the other tiers"
+	@echo "                   (what each needs and runs: docs/testing.md; PYTEST_ARGS=... adds pytest arguments)"
 	@echo "make lint          ruff and mypy"
 	@echo "make golden        rewrite tests/golden (hostagent ls output) after a change that is meant"
+	@echo "make readme        rewrite README.md's examples from runs on the simulated host"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make bench-swarm   hostagent ls --swarm against docker node ls + service ps, on the three-node swarm"
 	@echo "make dist          the sdist and the wheel into dist/"
@@ -121,9 +119,8 @@ image-test: wheels fakegpu
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# The tiers (tests/README.md): each one's folder, and the markers that select the same tests (tests/conftest.py
-# marks each test from its folder and fixtures, and refuses one filed in another tier's folder). A tier runs its
-# folder, or the test files PYTEST_ARGS names (one of another tier is deselected: "collected no tests").
+# The tiers (docs/testing.md, The tiers): TIER runs a tier's folder with its marker, or the test files PYTEST_ARGS
+# names (one of another tier is deselected: "collected no tests").
 TIER = $(call PYTEST,-m "$(2)" $(if $(findstring tests/,$(PYTEST_ARGS)),,$(1)) $(PYTEST_ARGS))
 UNIT := not docker and not swarm and not slurm and not gpu
 # What the daemon and cluster tiers need: a missing daemon or cluster fails their tests (not skips) here.
@@ -138,19 +135,17 @@ test-tools:
 	if [ -n "$$missing" ]; then echo "make: installing" $$missing; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
-# Every tier, in one run (fastest first: pyproject's testpaths), as CI runs it.
+# Every tier, in one run, as CI runs it.
 test: test-tools image-test
 	@export $(REQUIRED); $(call PYTEST,$(PYTEST_ARGS))
 
-# The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no cluster.
 test-unit: test-tools fakegpu
 	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT))
 
-# The sandbox tier: every test on each engine in ENGINES.
 test-docker: test-tools image-test
 	@export $(REQUIRED); $(call TIER,tests/docker,docker)
 
-# The three-node Swarm (its images come from the 20.10 sandbox) and the real Slurm; each test starts its cluster.
+# The Swarm's images come from the 20.10 sandbox.
 test-cluster: test-tools image-test
 	@export $(REQUIRED); $(call TIER,tests/cluster,swarm or slurm)
 
@@ -167,6 +162,14 @@ test-gpu: setup
 golden: test-tools image-test
 	@export $(REQUIRED); \
 	  $(call PYTEST,tests/docker/test_hostagent_ls.py tests/unit/test_hostagent_ls.py -k golden --update-golden -q)
+
+# README.md's examples, rewritten from runs on the simulated host and the Docker 20.10 sandbox
+# (tests/support/readme.py); tests/unit/test_readme.py and tests/docker/test_readme.py check them. Review with
+# `git diff README.md`.
+.PHONY: readme
+readme: ENGINES := 20.10
+readme: image-test
+	@$(SIMHOST) $(VPY) -m tests.support.readme
 
 # mypy reads the packages through a link tree named as they are imported (gpupin.core, .entrypoint, .hostagent).
 lint: setup

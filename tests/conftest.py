@@ -154,5 +154,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
     if misplaced:
         raise pytest.UsageError(
-            "tests filed in the wrong tier's folder (tests/README.md):\n  " + "\n  ".join(misplaced)
+            "tests filed in the wrong tier's folder (docs/testing.md, The tiers):\n  " + "\n  ".join(misplaced)
         )
