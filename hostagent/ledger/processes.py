@@ -208,7 +208,7 @@ class Unlisted(Holder):
 
 
 # Use that NVML names no process for (unseen_use): an idle H200 reads 615-618 MiB used at 0% load
-# (docs/records/real-gpu-session-*-2xH200-2026-11-30.log), a bare CUDA context adds about 500 MiB.
+# (bench/records/real-gpu-session-2-2xH200-2026-11-30.log, and -3-); a PyTorch process there used 4614 MiB.
 UNSEEN_MIB = 1024  # more memory used than this, and than UNSEEN_SHARE of the card's, is use
 UNSEEN_SHARE = 0.01
 UNSEEN_LOAD = 5  # a load of this many percent or more is use

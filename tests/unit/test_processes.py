@@ -188,7 +188,7 @@ def test_dry_run_places_no_count_without_the_ledger(fakegpu: Path, tmp_path: Pat
 
 def unseen_host(tmp_path: Path) -> dict[str, str]:
     """mixed-4 with card 0 at 95% load and 40 GB used, no process named (the issue's case); card 3 at 615 MiB and
-    0% (what an idle H200 reads: docs/records); card 1 at 1000 MiB and 4%: under both thresholds. No daemon."""
+    0% (what an idle H200 reads: bench/records); card 1 at 1000 MiB and 4%: under both thresholds. No daemon."""
     topo = topology("mixed-4")
     cards = {g["uuid"]: g for g in topo["gpus"]}
     cards[A800].update(memory_used_mib=40960, utilization_gpu=95)
@@ -223,7 +223,7 @@ def test_the_agent_shows_unseen_use_as_busy(fakegpu: Path, tmp_path: Path) -> No
 
 
 def test_the_thresholds_never_call_an_idle_h200_busy() -> None:
-    """An idle H200 reads 615-618 MiB of 143771 MiB at 0% (docs/records/real-gpu-session-*-2xH200-*.log)."""
+    """An idle H200 reads 615-618 MiB of 143771 MiB at 0% (bench/records/real-gpu-session-3-2xH200-2026-11-30.log)."""
     from gpupin.core.nvml import Card
 
     def card(used_mib: int, load: int, total_mib: int = 143771) -> Card:
