@@ -117,7 +117,9 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
         )
     detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
     busy = ledger.held(h for h in reading.holders if h.id not in own)
-    for key, hs in processes.blocking(cards, processes.attribute(cards, reading.holders, reading.names)).items():
+    for key, hs in processes.blocking(
+        cards, processes.attribute(cards, reading.holders, reading.names, reading.places)
+    ).items():
         busy.setdefault(key, []).extend(hs)
     return Daemon(busy, detection)
 

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.parse
 
-from gpupin.core.errors import AgentUnavailableError, printable
+from gpupin.core.errors import AgentUnavailableError, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,9 +56,8 @@ def _waited(seconds: float) -> str:
 
 
 def _cell(value: str | None, limit: int = 60) -> str:
-    """Another user's value, on one line and at most `limit` characters."""
-    text = printable(value or "-")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """Another user's value, by the one rule (gpupin.core.errors.shown): on one line, at most about `limit`."""
+    return shown(value or "-", limit)
 
 
 def table(data: dict[str, Any], now: float) -> str:

@@ -63,8 +63,15 @@ def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) ->
     for p in picks:
         holders = list({id(h): h for k in _keys(p) for h in busy.get(k, [])}.values())
         containers = list(dict.fromkeys(h.describe() for h in holders if not h.process))
-        # A process of the container that holds the card is that container's: said once, as its holder.
-        others = [h for h in holders if h.process and not (isinstance(h, ledger_processes.Use) and h.foreign is False)]
+        # A process of the container that holds the card is that container's: said once, as its holder; so is the
+        # use NVML names no process for on a card a container holds (its own, most likely).
+        others = [
+            h
+            for h in holders
+            if h.process
+            and not (isinstance(h, ledger_processes.Use) and h.foreign is False)
+            and not (containers and isinstance(h, ledger_processes.Unseen))
+        ]
         processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
         parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
             [f"in use by {', '.join(processes)}"] if processes else []
@@ -85,6 +92,8 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
             if any(not h.process for h in hs)
             else "in use by other processes"
             if any(isinstance(h, ledger_processes.Use) for h in hs)
+            else "in use by an owner NVML does not name"
+            if any(isinstance(h, ledger_processes.Unseen) for h in hs)
             else "who uses it is unknown"
             if hs
             else "over --max-load/--max-memory"
@@ -102,10 +111,12 @@ def _busy(
     mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
     nvml.read_processes(mine)
     busy = ledger.held(reading.holders) if reading is not None else {}
-    holders, names = (reading.holders, reading.names) if reading is not None else (None, None)
+    holders, names, places = (
+        (reading.holders, reading.names, reading.places) if reading is not None else (None, None, None)
+    )
     # Every process counts (no /proc read here): who runs it matters only to what a refusal says.
     for key, hs in ledger_processes.blocking(
-        mine, ledger_processes.attribute(mine, holders, names), attributed=False
+        mine, ledger_processes.attribute(mine, holders, names, places), attributed=False
     ).items():
         busy.setdefault(key, []).extend(hs)
     mark("attributed")

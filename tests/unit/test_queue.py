@@ -172,9 +172,10 @@ def test_the_table() -> None:
     }
     head, first, second = table(data, 4000.0).splitlines()
     assert head.split() == ["#", "NAME", "USER", "REQUEST", "IMAGE", "WAITING", "TURN"]
-    assert first.split()[:6] == ["1", "train\\n1", "alice", "--count", "2", "img"] and first.endswith("yes")
+    # Another user's value through the one rule (gpupin.core.errors.shown): escaped, quoted, cut with its length.
+    assert first.split()[:6] == ["1", "'train\\n1'", "alice", "--count", "2", "img"] and first.endswith("yes")
     assert "1h05m (since" in first and "1h03m (since" in second  # 3900 s, 3830 s
-    assert second.split()[:5] == ["2", "-", "bob", "--gpu", "0"] and "x" * 37 + "..." in second
+    assert second.split()[:5] == ["2", "-", "bob", "--gpu", "0"] and "'" + "x" * 39 + "... (50 characters)" in second
     assert table({"waiters": []}, 0) == "no request is waiting\n"
 
 
