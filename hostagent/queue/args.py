@@ -98,7 +98,7 @@ def command(args: argparse.Namespace) -> int:
 
         raise AgentUnavailableError(
             f"the agent at {link} does not queue for the Docker daemon this command uses ({engine.docker_host()}): "
-            f"{printable(str(data['direct']))}",
+            f"{shown(str(data['direct']))}",
             "point GPUPIN_AGENT_SOCKET at the socket of the agent that serves this daemon (`hostagent serve` with "
             "the same DOCKER_HOST), or DOCKER_HOST at the agent's daemon",
         )
