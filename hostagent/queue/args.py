@@ -91,6 +91,6 @@ def command(args: argparse.Namespace) -> int:
             "start it (`hostagent serve`, or systemctl start gpupin-hostagent), or point GPUPIN_AGENT_SOCKET at its "
             "socket",
         )
-    data = link.call("GET", "/api/queue", timeout=10)
+    data = link.call("GET", "/api/queue")
     sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else table(data, time.time()))
     return 0

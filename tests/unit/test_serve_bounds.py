@@ -1,0 +1,248 @@
+"""The resident agent against any local user (issue 24; docs/serve.md, "Limits" and "Who can reach it"), without a
+daemon: a flood of idle connections beyond its open-file limit neither spins it nor keeps /api/ls from answering;
+under a task limit idle connections cost no thread and a thread it cannot start is a 503, never a traceback; one
+uid's idle connections beyond its cap do not keep another uid out; a request naming a Host that is not the agent's
+is refused (DNS rebinding); and a client gives an agent that takes its connection but never answers a few
+seconds, then takes its own path (run) or says so (queue, 69). Users are bare uids under setpriv."""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.host import HOSTAGENT, simhost_env
+from tests.support.resident import Resident
+from tests.unit.test_serve_robust import Wedged
+
+NO_DOCKER = "unix:///nonexistent/docker.sock"
+FILES = 400  # the agent's open-file limit in the flood tests
+FLOOD = 420  # idle connections, beyond it
+ATTACKER, OTHER = 5001, 5002
+PYTHON = "/usr/bin/python3"  # the system's: the test's own may sit where other users cannot read
+PIDS = Path("/sys/fs/cgroup/pids")  # cgroup v1's pids hierarchy (the agent runs as root: a task limit is a cgroup's)
+SOCKET_GROUP = grp.getgrgid(65534).gr_name  # the agent socket's group in these tests (nogroup)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="setpriv and prlimit as other users need root")
+
+
+def as_user(uid: int, *argv: str) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", "--regid=65534", "--groups=65534", "--", *argv]
+
+
+def idle_tcp(port: int, n: int) -> list[socket.socket]:
+    """`n` connections that send nothing (what a local user can open in a loop)."""
+    held = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        held.append(s)
+    return held
+
+
+def cpu_share(agent: Resident, seconds: float = 2.0) -> float:
+    """The share of one core the agent used over `seconds`."""
+    before = agent.cpu_seconds()
+    time.sleep(seconds)
+    return (agent.cpu_seconds() - before) / seconds
+
+
+def timed_get(agent: Resident, path: str, unix: bool) -> tuple[int, float]:
+    started = time.monotonic()
+    try:
+        status = agent.get(path, unix=unix, timeout=5)[0]
+    except OSError:
+        status = 0
+    return status, time.monotonic() - started
+
+
+@pytest.fixture
+def closing() -> Iterator[list[socket.socket]]:
+    held: list[socket.socket] = []
+    yield held
+    for s in held:
+        s.close()
+
+
+def test_idle_connections_beyond_the_open_file_limit_neither_spin_the_agent_nor_stop_its_answers(
+    closing: list[socket.socket],
+) -> None:
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), wrap=("prlimit", f"--nofile={FILES}:{FILES}", "--"))
+    try:
+        closing += idle_tcp(agent.port, FLOOD)
+        time.sleep(1.0)  # every one reached the agent (or its backlog)
+        share = cpu_share(agent)
+        assert share < 0.3, f"the agent used {share:.0%} of a core with {FLOOD} idle connections open"
+        for unix in (True, False):
+            status, took = timed_get(agent, "/api/ls", unix)
+            assert status == 200 and took < 1.0, (unix, status, took)
+        assert agent.fds() < FILES, agent.fds()
+    finally:
+        agent.close()
+    assert "Traceback" not in agent.stderr, agent.stderr
+
+
+@pytest.fixture
+def pids_cgroup() -> Iterator[Path]:
+    """A pids cgroup of this test's own (removed after), for a task limit on a root agent."""
+    if not (PIDS / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 pids hierarchy here")
+    cg = PIDS / f"gpupin-test-{os.getpid()}"
+    cg.mkdir()
+    yield cg
+    for _ in range(50):
+        try:
+            cg.rmdir()
+            return
+        except OSError:  # its last task is still leaving
+            time.sleep(0.1)
+
+
+def test_under_a_task_limit_idle_connections_cost_no_thread_and_a_thread_refused_is_a_503(
+    closing: list[socket.socket], pids_cgroup: Path
+) -> None:
+    limit = 24  # the agent's own threads (~6), with room for a few requests
+    (pids_cgroup / "pids.max").write_text(f"{limit}\n")
+    enter = ("sh", "-c", f'echo $$ > {pids_cgroup}/cgroup.procs && exec "$@"', "sh")
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), wrap=enter)
+    try:
+        closing += idle_tcp(agent.port, 80)
+        time.sleep(1.0)
+        assert agent.threads() < 12, agent.threads()  # none per idle connection
+        status, took = timed_get(agent, "/api/ls", unix=False)
+        assert status == 200 and took < 1.0, (status, took)
+        # Event streams hold a thread each: past the task limit, the next one is answered 503 in one line.
+        answers = []
+        for _ in range(2 * limit):
+            s = socket.create_connection(("127.0.0.1", agent.port), timeout=5)
+            closing.append(s)
+            s.sendall(b"GET /api/events HTTP/1.0\r\n\r\n")
+            first = s.recv(4096)
+            answers.append(first.split(b"\r\n", 1)[0])
+            if b" 503 " in answers[-1]:
+                assert json.loads(first.split(b"\r\n\r\n", 1)[1])["error"], first
+                break
+        assert b"HTTP/1.0 503 Service Unavailable" in answers, answers
+    finally:
+        agent.close()
+    assert "Traceback" not in agent.stderr and "can't start new thread" not in agent.stderr, agent.stderr
+
+
+HOLD = """
+import socket, sys, time
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        break
+    held.append(s)
+print(len(held), flush=True)
+time.sleep(120)
+"""
+
+GET = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(sys.argv[1])
+s.sendall(b"GET /api/ls HTTP/1.0\\r\\n\\r\\n")
+print(s.recv(64).split(b"\\r\\n")[0].decode())
+"""
+
+
+def test_one_uids_idle_connections_beyond_its_cap_do_not_keep_another_uid_out() -> None:
+    agent = Resident(
+        simhost_env(DOCKER_HOST=NO_DOCKER),
+        "--group",
+        SOCKET_GROUP,
+        "--max-per-user",
+        "32",
+        wrap=("prlimit", f"--nofile={FILES}:{FILES}", "--"),
+    )
+    holder = subprocess.Popen(
+        as_user(ATTACKER, PYTHON, "-c", HOLD, agent.socket, str(FLOOD)), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        opened = int(holder.stdout.readline())
+        assert opened > 32, opened  # connected: the agent's backlog and its cap take them
+        time.sleep(1.0)
+        started = time.monotonic()
+        r = subprocess.run(as_user(OTHER, PYTHON, "-c", GET, agent.socket), capture_output=True, text=True, timeout=30)
+        took = time.monotonic() - started
+        assert r.stdout.strip() == "HTTP/1.0 200 OK" and took < 2.0, (r.stdout, r.stderr, took)
+        assert agent.fds() < 32 + 50, agent.fds()  # the attacker's beyond its cap were closed, not kept
+        assert cpu_share(agent, 1.0) < 0.3
+    finally:
+        holder.kill()
+        holder.wait()
+        agent.close()
+
+
+def raw_get(port: int, host: str | None) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /api/ls HTTP/1.1\r\n" + (b"Host: %s\r\n" % host.encode() if host else b"") + b"\r\n")
+        reply = b""
+        while chunk := s.recv(1 << 16):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_http_answers_only_to_its_own_host_names() -> None:
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), "--http-host", "gpu1.example.org")
+    try:
+        p = agent.port
+        for ok in (f"127.0.0.1:{p}", "localhost", f"LOCALHOST:{p}", f"[::1]:{p}", "gpu1.example.org:9417", None):
+            assert raw_get(p, ok)[0] == 200, ok
+        for bad in (f"rebind.example.com:{p}", "gpu1.example.org.evil.com", "localhost.evil.com"):
+            status, body = raw_get(p, bad)
+            assert status == 421, (bad, status)
+            lines = body.decode().splitlines()
+            assert len(lines) == 1 and "does not answer to the name" in json.loads(lines[0])["error"], body
+        # The unix socket: no browser reaches it, no Host check there.
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(agent.socket)
+            s.sendall(b"GET /api/ls HTTP/1.1\r\nHost: rebind.example.com\r\n\r\n")
+            assert s.recv(64).startswith(b"HTTP/1.0 200"), "the unix socket checks no Host"
+    finally:
+        agent.close()
+    bad_name = subprocess.run(
+        [HOSTAGENT, "serve", "--http-host", "a b"], env=simhost_env(), capture_output=True, text=True, timeout=30
+    )
+    assert bad_name.returncode == 64 and bad_name.stderr.startswith("hostagent: ERROR: --http-host"), bad_name.stderr
+
+
+def test_an_agent_that_never_answers_costs_a_client_a_few_seconds(tmp_path: Path) -> None:
+    wedged = Wedged(tmp_path / "agent.sock")
+    try:
+        env = simhost_env(DOCKER_HOST=NO_DOCKER, GPUPIN_AGENT_SOCKET=str(tmp_path / "agent.sock"))
+        started = time.monotonic()
+        q = subprocess.run([HOSTAGENT, "queue"], env=env, capture_output=True, text=True, timeout=30)
+        took = time.monotonic() - started
+        assert q.returncode == 69 and took < 6, (q.returncode, took, q.stderr)
+        assert q.stderr.startswith("hostagent: ERROR: the agent at unix://") and "Traceback" not in q.stderr
+        # `run`: its own path after the agent's few seconds (here it finds no daemon: the daemon's error, not the
+        # agent's).
+        started = time.monotonic()
+        r = subprocess.run(
+            [HOSTAGENT, "run", "--rm", "--gpu", "0", "img", "true"], env=env, capture_output=True, text=True, timeout=60
+        )
+        took = time.monotonic() - started
+        assert took < 10, (took, r.stderr)
+        assert "the agent at" not in r.stderr and "Docker daemon" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        wedged.close()
