@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gpupin.hostagent.serve.connections import PER_USER
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.resident import Resident
 from tests.unit.test_serve_robust import Wedged
@@ -167,8 +168,6 @@ def test_one_uids_idle_connections_beyond_its_cap_do_not_keep_another_uid_out() 
         simhost_env(DOCKER_HOST=NO_DOCKER),
         "--group",
         SOCKET_GROUP,
-        "--max-per-user",
-        "32",
         wrap=("prlimit", f"--nofile={FILES}:{FILES}", "--"),
     )
     holder = subprocess.Popen(
@@ -177,13 +176,13 @@ def test_one_uids_idle_connections_beyond_its_cap_do_not_keep_another_uid_out() 
     try:
         assert holder.stdout is not None
         opened = int(holder.stdout.readline())
-        assert opened > 32, opened  # connected: the agent's backlog and its cap take them
+        assert opened > PER_USER, opened  # connected: the agent's backlog and its cap take them
         time.sleep(1.0)
         started = time.monotonic()
         r = subprocess.run(as_user(OTHER, PYTHON, "-c", GET, agent.socket), capture_output=True, text=True, timeout=30)
         took = time.monotonic() - started
         assert r.stdout.strip() == "HTTP/1.0 200 OK" and took < 2.0, (r.stdout, r.stderr, took)
-        assert agent.fds() < 32 + 50, agent.fds()  # the attacker's beyond its cap were closed, not kept
+        assert agent.fds() < PER_USER + 50, agent.fds()  # the attacker's beyond its cap were closed, not kept
         assert cpu_share(agent, 1.0) < 0.3
     finally:
         holder.kill()
@@ -202,12 +201,12 @@ def raw_get(port: int, host: str | None) -> tuple[int, bytes]:
 
 
 def test_http_answers_only_to_its_own_host_names() -> None:
-    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), "--http-host", "gpu1.example.org")
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER))
     try:
         p = agent.port
-        for ok in (f"127.0.0.1:{p}", "localhost", f"LOCALHOST:{p}", f"[::1]:{p}", "gpu1.example.org:9417", None):
+        for ok in (f"127.0.0.1:{p}", "localhost", f"LOCALHOST:{p}", f"[::1]:{p}", "192.0.2.7", None):
             assert raw_get(p, ok)[0] == 200, ok
-        for bad in (f"rebind.example.com:{p}", "gpu1.example.org.evil.com", "localhost.evil.com"):
+        for bad in (f"rebind.example.com:{p}", "localhost.evil.com", "gpu1.example.org"):
             status, body = raw_get(p, bad)
             assert status == 421, (bad, status)
             lines = body.decode().splitlines()
@@ -220,6 +219,12 @@ def test_http_answers_only_to_its_own_host_names() -> None:
             assert s.recv(64).startswith(b"HTTP/1.0 200"), "the unix socket checks no Host"
     finally:
         agent.close()
+    named = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), "--http-host", "gpu1.example.org")  # its public name
+    try:
+        assert raw_get(named.port, "GPU1.example.org:9417")[0] == 200
+        assert raw_get(named.port, "gpu1.example.org.evil.com")[0] == 421
+    finally:
+        named.close()
     bad_name = subprocess.run(
         [HOSTAGENT, "serve", "--http-host", "a b"], env=simhost_env(), capture_output=True, text=True, timeout=30
     )
