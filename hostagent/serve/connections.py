@@ -70,6 +70,7 @@ class Accepted(socket.socket):
     end (`caller`: the unix socket's Peer, taken at accept; the remote address on TCP)."""
 
     head: bytes = b""
+    reading: bytearray  # the head while the listener reads it
     caller: Any = None
     key: Hashable = None
 
@@ -200,18 +201,26 @@ class Gate:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            now = time.monotonic()
-            due = [d for _, d in self._heads.values()][:1] + list(self._resting.values())
-            timeout = max(0.0, min(due) - now) if due else None
-            for key, _ in self._selector.select(timeout):
-                if key.data is None:
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(64)
-                elif isinstance(key.fileobj, Accepted):
-                    self._read_head(key.fileobj)
-                else:
-                    self._accept(key.data)
-            self._expire(time.monotonic())
+            try:
+                self._turn()
+            except Exception as err:  # a bug must not end the agent's listening: said, and the next turn goes on
+                say(f"internal error while accepting: {type(err).__name__}: {err}")
+                self._stopping.wait(BACK_OFF_S)
+
+    def _turn(self) -> None:
+        due = list(self._resting.values())
+        if self._heads:
+            due.append(next(iter(self._heads.values()))[1])  # the oldest head's deadline comes first
+        timeout = max(0.0, min(due) - time.monotonic()) if due else None
+        for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(64)
+            elif isinstance(key.fileobj, Accepted):
+                self._read_head(key.fileobj)
+            else:
+                self._accept(key.data)
+        self._expire(time.monotonic())
 
     def _expire(self, now: float) -> None:
         for server, until in list(self._resting.items()):
@@ -238,6 +247,7 @@ class Gate:
                 self._out_of_files = False
                 say("accepting connections again")
             sock = Accepted(raw.family, raw.type, raw.proto, fileno=raw.detach())
+            sock.reading = bytearray()
             try:
                 sock.key, sock.caller = self._identify(server, sock, address)
             except OSError:
@@ -307,9 +317,10 @@ class Gate:
         if not data:
             self._drop(sock)
             return
-        sock.head += data
-        if not _HEAD_END.search(sock.head):
-            if len(sock.head) > MAX_HEAD:
+        seen = len(sock.reading)
+        sock.reading += data
+        if not _HEAD_END.search(sock.reading, max(0, seen - 3)):  # from where the last search stopped
+            if len(sock.reading) > MAX_HEAD:
                 del self._heads[sock]
                 self._selector.unregister(sock)
                 _turn_away(sock, refusal(431, "Request Header Fields Too Large", "the request's head is too long", ""))
@@ -317,6 +328,7 @@ class Gate:
             return
         del self._heads[sock]
         self._selector.unregister(sock)
+        sock.head, sock.reading = bytes(sock.reading), bytearray()
         sock.setblocking(True)
         self._hand(server, sock)
 

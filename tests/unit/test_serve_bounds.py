@@ -251,3 +251,41 @@ def test_an_agent_that_never_answers_costs_a_client_a_few_seconds(tmp_path: Path
         assert "the agent at" not in r.stderr and "Docker daemon" in r.stderr and "Traceback" not in r.stderr, r.stderr
     finally:
         wedged.close()
+
+
+def closed_within(s: socket.socket, seconds: float, trickle: bytes = b"") -> float:
+    """How long until the agent closes `s` (sending `trickle` a byte a second meanwhile); fails past `seconds`."""
+    started = time.monotonic()
+    s.settimeout(1.0)
+    sent = 0
+    while time.monotonic() - started < seconds:
+        try:
+            data = s.recv(4096)
+        except TimeoutError:
+            if sent < len(trickle):
+                with contextlib.suppress(OSError):
+                    s.send(trickle[sent : sent + 1])
+                sent += 1
+            continue
+        except ConnectionResetError:
+            data = b""
+        if not data or data.startswith(b"HTTP/1.0 400"):
+            return time.monotonic() - started
+    raise AssertionError(f"the agent kept the connection past {seconds} s")
+
+
+def test_a_request_that_does_not_come_in_time_is_closed() -> None:
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER))
+    try:
+        with socket.create_connection(("127.0.0.1", agent.port)) as idle:
+            assert closed_within(idle, 8) >= 4  # nothing sent: HEAD_S from accept
+        with socket.create_connection(("127.0.0.1", agent.port)) as slow:
+            slow.sendall(b"GET /api/ls HTTP/1.0\r\n")
+            assert closed_within(slow, 8, b"X-Slow: " + b"y" * 60) >= 4  # a head that never ends
+        with socket.socket(socket.AF_UNIX) as body:
+            body.connect(agent.socket)
+            body.sendall(b"POST /api/queue HTTP/1.0\r\nContent-Length: 100\r\n\r\n{")
+            assert closed_within(body, 14, b" " * 99) >= 9  # a body trickled: 400 at BODY_S
+        assert agent.get("/api/ls")[0] == 200
+    finally:
+        agent.close()
