@@ -20,16 +20,14 @@ from pathlib import Path
 import pytest
 
 from gpupin.hostagent.serve.connections import PER_USER
+from tests.support.flood import FILES, FLOOD, cpu_share, has_pids_cgroup, idle_tcp, streams_until_refused, task_limit
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.resident import Resident
 from tests.unit.test_serve_robust import Wedged
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"
-FILES = 400  # the agent's open-file limit in the flood tests
-FLOOD = 420  # idle connections, beyond it
 ATTACKER, OTHER = 5001, 5002
 PYTHON = "/usr/bin/python3"  # the system's: the test's own may sit where other users cannot read
-PIDS = Path("/sys/fs/cgroup/pids")  # cgroup v1's pids hierarchy (the agent runs as root: a task limit is a cgroup's)
 SOCKET_GROUP = grp.getgrgid(65534).gr_name  # the agent socket's group in these tests (nogroup)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="setpriv and prlimit as other users need root")
@@ -37,25 +35,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="setpriv and prlimit a
 
 def as_user(uid: int, *argv: str) -> list[str]:
     return ["setpriv", f"--reuid={uid}", "--regid=65534", "--groups=65534", "--", *argv]
-
-
-def idle_tcp(port: int, n: int) -> list[socket.socket]:
-    """`n` connections that send nothing (what a local user can open in a loop)."""
-    held = []
-    for _ in range(n):
-        s = socket.socket()
-        s.setblocking(False)
-        with contextlib.suppress(BlockingIOError):
-            s.connect(("127.0.0.1", port))
-        held.append(s)
-    return held
-
-
-def cpu_share(agent: Resident, seconds: float = 2.0) -> float:
-    """The share of one core the agent used over `seconds`."""
-    before = agent.cpu_seconds()
-    time.sleep(seconds)
-    return (agent.cpu_seconds() - before) / seconds
 
 
 def timed_get(agent: Resident, path: str, unix: bool) -> tuple[int, float]:
@@ -93,29 +72,16 @@ def test_idle_connections_beyond_the_open_file_limit_neither_spin_the_agent_nor_
     assert "Traceback" not in agent.stderr, agent.stderr
 
 
-@pytest.fixture
-def pids_cgroup() -> Iterator[Path]:
-    """A pids cgroup of this test's own (removed after), for a task limit on a root agent."""
-    if not (PIDS / "cgroup.procs").exists():
-        pytest.skip("no cgroup v1 pids hierarchy here")
-    cg = PIDS / f"gpupin-test-{os.getpid()}"
-    cg.mkdir()
-    yield cg
-    for _ in range(50):
-        try:
-            cg.rmdir()
-            return
-        except OSError:  # its last task is still leaving
-            time.sleep(0.1)
-
-
+@pytest.mark.skipif(not has_pids_cgroup(), reason="no cgroup v1 pids hierarchy here")
 def test_under_a_task_limit_idle_connections_cost_no_thread_and_a_thread_refused_is_a_503(
-    closing: list[socket.socket], pids_cgroup: Path
+    closing: list[socket.socket],
 ) -> None:
     limit = 24  # the agent's own threads (~6), with room for a few requests
-    (pids_cgroup / "pids.max").write_text(f"{limit}\n")
-    enter = ("sh", "-c", f'echo $$ > {pids_cgroup}/cgroup.procs && exec "$@"', "sh")
-    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), wrap=enter)
+    with task_limit(limit) as enter:
+        under_a_task_limit(Resident(simhost_env(DOCKER_HOST=NO_DOCKER), wrap=enter), limit, closing)
+
+
+def under_a_task_limit(agent: Resident, limit: int, closing: list[socket.socket]) -> None:
     try:
         closing += idle_tcp(agent.port, 80)
         time.sleep(1.0)
@@ -123,17 +89,11 @@ def test_under_a_task_limit_idle_connections_cost_no_thread_and_a_thread_refused
         status, took = timed_get(agent, "/api/ls", unix=False)
         assert status == 200 and took < 1.0, (status, took)
         # Event streams hold a thread each: past the task limit, the next one is answered 503 in one line.
-        answers = []
-        for _ in range(2 * limit):
-            s = socket.create_connection(("127.0.0.1", agent.port), timeout=5)
-            closing.append(s)
-            s.sendall(b"GET /api/events HTTP/1.0\r\n\r\n")
-            first = s.recv(4096)
-            answers.append(first.split(b"\r\n", 1)[0])
-            if b" 503 " in answers[-1]:
-                assert json.loads(first.split(b"\r\n\r\n", 1)[1])["error"], first
-                break
-        assert b"HTTP/1.0 503 Service Unavailable" in answers, answers
+        streams, refused = streams_until_refused(agent, 2 * limit)
+        closing += streams
+        head, _, body = refused.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 503 Service Unavailable"), refused
+        assert "cannot start a thread" in json.loads(body)["error"], refused
     finally:
         agent.close()
     assert "Traceback" not in agent.stderr and "can't start new thread" not in agent.stderr, agent.stderr
