@@ -147,6 +147,8 @@ def test_an_agent_whose_log_is_gone_still_sees_the_daemon_come_back(agent: Agent
     resident = Resident({**agent.env, "DOCKER_HOST": f"unix://{sock}"}, "--interval", "0.2")
     try:
         wait_for(lambda: resident.ls()["docker"]["available"], 10, "the daemon in the view")
+        # Following the daemon's events: the stream's end is what tells it the daemon is gone.
+        wait_for(lambda: json.loads(resident.get("/api/agent")[1])["events_followed"], 10, "the event stream")
         time.sleep(0.5)  # its start-up lines are out
         assert resident.proc.stderr is not None
         resident.proc.stderr.close()  # the log's reader is gone: every write now fails (EPIPE)

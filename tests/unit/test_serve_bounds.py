@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from gpupin.hostagent.serve.connections import PER_USER
 from tests.support.flood import FILES, FLOOD, cpu_share, has_pids_cgroup, idle_tcp, streams_until_refused, task_limit
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.resident import Resident
@@ -27,6 +26,7 @@ from tests.unit.test_serve_robust import Wedged
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"
 ATTACKER, OTHER = 5001, 5002
+PER_USER = 64  # --max-per-user's default (docs/serve.md, "Limits")
 PYTHON = "/usr/bin/python3"  # the system's: the test's own may sit where other users cannot read
 SOCKET_GROUP = grp.getgrgid(65534).gr_name  # the agent socket's group in these tests (nogroup)
 
@@ -62,7 +62,7 @@ def test_idle_connections_beyond_the_open_file_limit_neither_spin_the_agent_nor_
         closing += idle_tcp(agent.port, FLOOD)
         time.sleep(1.0)  # every one reached the agent (or its backlog)
         share = cpu_share(agent)
-        assert share < 0.3, f"the agent used {share:.0%} of a core with {FLOOD} idle connections open"
+        assert share < 0.2, f"the agent used {share:.0%} of a core with {FLOOD} idle connections open"
         for unix in (True, False):
             status, took = timed_get(agent, "/api/ls", unix)
             assert status == 200 and took < 1.0, (unix, status, took)
