@@ -1,5 +1,7 @@
 """The agent's HTTP API, served on two listeners: a unix socket for the CLI (root and the socket's group only,
-as with the Docker socket) and TCP, loopback unless `--http-public` (docs/serve.md, "API").
+as with the Docker socket) and TCP, loopback unless `--http-public`, answering only to its own Host names
+(docs/serve.md, "API" and "Who can reach it"). Connections come through gpupin.hostagent.serve.connections
+(caps, deadlines, a bounded pool), one request each.
 
 GET routes, the same on both:
 - `/api/ls`: exactly the object `hostagent ls --json` prints, with the agent's idle fields filled in;
