@@ -331,14 +331,16 @@ class TcpServer(HTTPServer):
 class UnixServer(socketserver.UnixStreamServer):
     request_queue_size = BACKLOG
 
+    def get_request(self) -> tuple[Any, Any]:
+        # Who the caller is, taken once as the connection is accepted: its cap counts that uid, its request acts
+        # for it.
+        sock, _ = self.socket.accept()
+        return sock, Peer.of(sock)
 
-def identify(server: socketserver.TCPServer, sock: Accepted, address: Any) -> tuple[Hashable, Any]:
-    """Who a new connection is, once, at accept: the unix socket's Peer (its uid is the key of its cap), or the
-    remote address on TCP."""
-    if isinstance(server, UnixServer):
-        peer = Peer.of(sock)
-        return peer.uid, peer
-    return address[0], address
+
+def caller_key(caller: Any) -> Hashable:
+    """The key of a caller's cap: its uid on the unix socket (Peer), its address on TCP."""
+    return caller.uid if isinstance(caller, Peer) else caller[0]
 
 
 def serve(server: socketserver.TCPServer, sock: Accepted) -> None:
@@ -361,4 +363,4 @@ def handler(agent: Agent) -> type[Handler]:
 
 def gate(servers: list[socketserver.TCPServer], limits: Limits) -> Gate:
     """Accept and serve on `servers`, within `limits` (gpupin.hostagent.serve.connections)."""
-    return Gate(servers, limits, identify, serve)
+    return Gate(servers, limits, caller_key, serve)

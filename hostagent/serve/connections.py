@@ -135,20 +135,21 @@ def _turn_away(sock: socket.socket, answer: bytes) -> None:
 
 
 class Gate:
-    """Every listener's accept, the heads, the caps and the workers. `identify(server, sock, address)` names the
-    caller of a new connection (its cap's key and what the handler is given); `serve(server, sock)` handles one
-    request on a connection whose head is in. Both are the servers' own (gpupin.hostagent.serve.api)."""
+    """Every listener's accept, the heads, the caps and the workers. Each server's `get_request()` accepts (the
+    socket, and who the caller is: the unix server's Peer, taken there once, or the remote address); `key_of(caller)`
+    is the key of its cap; `serve(server, sock)` handles one request on a connection whose head is in. They are the
+    servers' own (gpupin.hostagent.serve.api)."""
 
     def __init__(
         self,
         servers: list[socketserver.TCPServer],
         limits: Limits,
-        identify: Callable[[socketserver.TCPServer, Accepted, Any], tuple[Hashable, Any]],
+        key_of: Callable[[Any], Hashable],
         serve: Callable[[socketserver.TCPServer, Accepted], None],
     ) -> None:
         self.limits = limits
         self._servers = servers
-        self._identify = identify
+        self._key_of = key_of
         self._serve = serve
         self._selector = selectors.DefaultSelector()
         self._stopping = threading.Event()
@@ -236,23 +237,19 @@ class Gate:
     def _accept(self, server: socketserver.TCPServer) -> None:
         for _ in range(ACCEPTS_PER_WAKE):
             try:
-                raw, address = server.socket.accept()
+                raw, caller = server.get_request()
             except BlockingIOError:
                 break
             except OSError as err:
                 if err.errno in _NO_FILES:
                     self._back_off(server, err)
-                break  # ECONNABORTED and the like: the next wake-up tries again
+                break  # ECONNABORTED, a caller gone before it was named: the next wake-up tries again
             if self._out_of_files:
                 self._out_of_files = False
                 say("accepting connections again")
             sock = Accepted(raw.family, raw.type, raw.proto, fileno=raw.detach())
             sock.reading = bytearray()
-            try:
-                sock.key, sock.caller = self._identify(server, sock, address)
-            except OSError:
-                sock.close()  # gone already
-                continue
+            sock.key, sock.caller = self._key_of(caller), caller
             if not self._admit(sock):
                 continue
             sock.setblocking(False)
