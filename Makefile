@@ -23,18 +23,18 @@ TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
 .PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
-	image-test test-tools test test-unit test-docker test-cluster test-gpu lint bench demo clean
+	image-test test-tools test test-unit test-docker test-cluster test-gpu soak fuzz lint bench demo clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
 	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test (CI)"
-	@echo "make test-unit     tests/unit: the pure core, the CLIs on the simulated host, the fakes; no daemon"
-	@echo "make test-docker   tests/docker: on the sandboxed daemons, each test on both engines"
-	@echo "make test-cluster  tests/cluster: the three-node Swarm and the real Slurm"
-	@echo "make test-gpu      tests/gpu: against a real NVIDIA GPU (skipped without one)"
-	@echo "                   (PYTEST_ARGS=... adds pytest arguments; naming a test file runs just it)"
-	@echo "make lint          ruff and mypy"
+	@echo "make test-unit     one tier (no daemon); make test-docker, test-cluster, test-gpu: the other tiers"
+	@echo "                   (what each needs and runs: docs/testing.md; PYTEST_ARGS=... adds pytest arguments)"
+	@echo "make soak          the resident agent's full 10-minute soak (make test runs a 90 s one)"
+	@echo "make fuzz          the hypothesis tests with twenty times the examples, at random (profile fuzz)"
+	@echo "make lint          ruff (check, format --check) and mypy, as CI runs them before the tests"
 	@echo "make golden        rewrite tests/golden (hostagent ls output) after a change that is meant"
+	@echo "make readme        rewrite README.md's examples from runs on the simulated host"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
 	@echo "make bench-swarm   hostagent ls --swarm against docker node ls + service ps, on the three-node swarm"
 	@echo "make dist          the sdist and the wheel into dist/"
@@ -121,10 +121,9 @@ image-test: wheels fakegpu
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# The tiers (tests/README.md): each one's folder, and the markers that select the same tests (tests/conftest.py
-# marks each test from its folder and fixtures, and refuses one filed in another tier's folder). A tier runs its
-# folder, or the test files PYTEST_ARGS names (one of another tier is deselected: "collected no tests").
-TIER = $(call PYTEST,-m "$(2)" $(if $(findstring tests/,$(PYTEST_ARGS)),,$(1)) $(PYTEST_ARGS))
+# The tiers (docs/testing.md, The tiers): TIER runs a tier's folder with its marker, or the test files PYTEST_ARGS
+# names (one of another tier is deselected: "collected no tests"), with the target's own pytest arguments ($(3)).
+TIER = $(call PYTEST,-m "$(2)" $(3) $(if $(findstring tests/,$(PYTEST_ARGS)),,$(1)) $(PYTEST_ARGS))
 UNIT := not docker and not swarm and not slurm and not gpu
 # What the daemon and cluster tiers need: a missing daemon or cluster fails their tests (not skips) here.
 REQUIRED := $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"
@@ -138,21 +137,58 @@ test-tools:
 	if [ -n "$$missing" ]; then echo "make: installing" $$missing; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
-# Every tier, in one run (fastest first: pyproject's testpaths), as CI runs it.
-test: test-tools image-test
-	@export $(REQUIRED); $(call PYTEST,$(PYTEST_ARGS))
+# The docker tier with two engines: one pytest per engine, side by side. Each engine has a sandbox of its own
+# (daemon, containerd, topology, ledger lock; the agents' sockets are the tests' own), so the two runs share nothing
+# but the CPUs, and the tier takes about the time of its slower engine. The tests that do not depend on the engine
+# (`agent_any`) run in the first engine's run. Each run's output is shown whole once both have ended
+# (build/test-docker-ENGINE.log); a run that collects nothing fails only if the other does too.
+DOCKER_TIER = $(if $(word 2,$(ENGINES)),$(DOCKER_SIDE_BY_SIDE),$(call TIER,tests/docker,docker))
+DOCKER_SIDE_BY_SIDE = mkdir -p build; pids=; echo "make: the docker tier on $(ENGINES) side by side"; \
+	for e in $(ENGINES); do \
+	  GPUPIN_TEST_ENGINES=$$e GPUPIN_TEST_ANY_ENGINE=$(firstword $(ENGINES)) $(VPY) -m pytest -m docker \
+	    $(if $(findstring tests/,$(PYTEST_ARGS)),,tests/docker) $(PYTEST_ARGS) >build/test-docker-$$e.log 2>&1 & \
+	  pids="$$pids $$!"; \
+	done; rc=0; runs=0; empty=0; \
+	for p in $$pids; do r=0; wait $$p || r=$$?; runs=$$((runs + 1)); \
+	  if [ $$r = 5 ]; then empty=$$((empty + 1)); elif [ $$r != 0 ]; then rc=$$r; fi; \
+	done; \
+	for e in $(ENGINES); do echo "make: the docker tier on Engine $$e:"; cat build/test-docker-$$e.log; done; \
+	if [ $$empty = $$runs ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# The fast run: the pure core, the CLIs on the simulated host and the fake libraries; no daemon, no cluster.
+# Every tier, fastest first, as CI runs it: each tier's run (the docker tier's per engine), every one of them
+# whatever the one before gave. With PYTEST_ARGS, one run of what it names.
+test: test-tools image-test
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@export $(REQUIRED); rc=0; \
+	  ( $(call TIER,tests/unit,$(UNIT)) ) || rc=1; \
+	  ( $(DOCKER_TIER) ) || rc=1; \
+	  ( $(call TIER,tests/cluster,swarm or slurm) ) || rc=1; \
+	  ( $(call TIER,tests/gpu,gpu) ) || rc=1; \
+	  exit $$rc
+else
+	@export $(REQUIRED); $(call PYTEST,$(PYTEST_ARGS))
+endif
+
 test-unit: test-tools fakegpu
 	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT))
 
-# The sandbox tier: every test on each engine in ENGINES.
+# The docker tier: each engine's run side by side (DOCKER_TIER).
 test-docker: test-tools image-test
-	@export $(REQUIRED); $(call TIER,tests/docker,docker)
+	@export $(REQUIRED); $(DOCKER_TIER)
 
-# The three-node Swarm (its images come from the 20.10 sandbox) and the real Slurm; each test starts its cluster.
+# The Swarm's images come from the 20.10 sandbox.
 test-cluster: test-tools image-test
 	@export $(REQUIRED); $(call TIER,tests/cluster,swarm or slurm)
+
+# The resident agent's soak at full length, 500 containers over 10 minutes on every engine at once (`make test` runs
+# the same test for 90 s: tests/docker/test_serve_soak.py).
+soak: test-tools image-test
+	@export $(REQUIRED) GPUPIN_SOAK_SECONDS=600; $(call TIER,tests/docker/test_serve_soak.py,soak,-s)
+
+# The hypothesis tests (hypothesis marks them) under the fuzz profile (tests/conftest.py): twenty times each test's
+# examples, not derandomized.
+fuzz: fakegpu
+	@export $(SIMHOST); $(call TIER,tests/unit,hypothesis,--hypothesis-profile=fuzz)
 
 # On a real NVIDIA host, with its own driver: none of the fakes on the library path.
 test-gpu: setup
@@ -168,10 +204,19 @@ golden: test-tools image-test
 	@export $(REQUIRED); \
 	  $(call PYTEST,tests/docker/test_hostagent_ls.py tests/unit/test_hostagent_ls.py -k golden --update-golden -q)
 
+# README.md's examples, rewritten from runs on the simulated host and the Docker 20.10 sandbox
+# (tests/support/readme.py); tests/unit/test_readme.py and tests/docker/test_readme.py check them. Review with
+# `git diff README.md`.
+.PHONY: readme
+readme: ENGINES := 20.10
+readme: image-test
+	@$(SIMHOST) $(VPY) -m tests.support.readme
+
 # mypy reads the packages through a link tree named as they are imported (gpupin.core, .entrypoint, .hostagent).
 lint: setup
 	@mkdir -p build/typing/gpupin && for p in core entrypoint hostagent; do ln -sfn ../../../$$p build/typing/gpupin/$$p; done
 	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
 	$(VPY) -m mypy
 
 # Measured as users get it: gpupin installed from its wheel (bytecode compiled, no editable-install finder) in a

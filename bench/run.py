@@ -29,7 +29,7 @@
 
 Runs alternate (A B B A A B ...) so that drift in the machine's load hits both sides alike; each figure is a median.
 The environment is the simulated host's (the Makefile's SIMHOST); on a real GPU host, run the `entrypoint` part
-with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as docs/records/real-gpu.md shows. `--engines 20.10 26`
+with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as bench/records/real-gpu.md shows. `--engines 20.10 26`
 runs the docker parts on each engine's sandbox (tests/sandbox/sandbox.sh env: its address and its own docker CLI)
 and prints them side by side; without it they run against DOCKER_HOST with the docker CLI on PATH.
 """

@@ -67,7 +67,7 @@ def watched(ver: "Verification") -> "list[Card]":
 # systemd cgroup driver takes the container's NVIDIA devices out of its device cgroup: the open files (the
 # workload's, this NVML session's) keep working, but no new one opens, so every new NVML session fails with
 # "Unknown Error" (NVIDIA/nvidia-container-toolkit#48). Opening it is the cheapest sign of that (2 us on an H200,
-# against 5 ms of CPU for a new NVML session: docs/records/watch-costs-H200-2026-12-01.jsonl).
+# against 5 ms of CPU for a new NVML session: bench/records/watch-costs-H200-2026-12-01.jsonl).
 CONTROL_NODE = "/dev/nvidiactl"
 
 
@@ -88,7 +88,7 @@ class Checks:
     - each card is not unhealthy for a reason it did not have at the start (gpupin.core.health): a critical XID
       (NVML events, registered here, drained at each check), uncorrectable ECC errors, memory repair pending or
       failed.
-    Each is a few NVML calls of the open session: microseconds (docs/records/watch-costs-H200-2026-12-01.jsonl)."""
+    Each is a few NVML calls of the open session: microseconds (bench/records/watch-costs-H200-2026-12-01.jsonl)."""
 
     __slots__ = ("baseline", "cards", "events", "nodes")
 

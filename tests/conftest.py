@@ -10,15 +10,35 @@ What the tests share besides fixtures is in tests/support.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
-from tests.support.host import FAKEGPU, REPO
+from tests.support.host import FAKEGPU, REPO, required
+from tests.support.hypo import BASE
 from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test
+from tests.support.spawn import default_signals_at_exec
 from tests.support.watch import Running
+
+# Hypothesis's profiles (tests/support/hypo.py scales each test's example count by the profile's max_examples):
+# `ci`, what CI and the make targets that require the daemons run, half each test's examples, the same ones on
+# every run (a failure is one to reproduce, not luck), its blob printed; `fuzz` (`make fuzz`,
+# --hypothesis-profile=fuzz) twenty times the examples, at random. No deadline: the machines are shared and loaded,
+# and a slow example is not a wrong one. A run with neither (a developer's) takes each test's count, at random.
+settings.register_profile("ci", derandomize=True, max_examples=BASE // 2, deadline=None, print_blob=True)
+settings.register_profile("fuzz", max_examples=20 * BASE, deadline=None, print_blob=True)
+if required():
+    settings.load_profile("ci")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # What the processes the tests start inherit: the default dispositions, even where this run was started with
+    # some ignored (nohup, CI without standard input): tests/support/spawn.py.
+    default_signals_at_exec()
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +80,18 @@ def mixed4_sandbox(sandbox: Sandbox) -> Sandbox:
 @pytest.fixture
 def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
     yield from agent_on(mixed4_sandbox)
+
+
+@pytest.fixture
+def agent_any(sandboxes: Sandboxes) -> Iterator[Agent]:
+    """An Agent on one engine alone: for what hostagent decides before it asks the daemon anything (its argument
+    handling, its own refusals), where a second engine would run the same code again. The first engine under test;
+    where the make targets run one pytest per engine, GPUPIN_TEST_ANY_ENGINE names the run that takes these."""
+    engines = engines_under_test()
+    chosen = os.environ.get("GPUPIN_TEST_ANY_ENGINE") or engines[0]
+    if chosen not in engines:
+        pytest.skip(f"engine-independent: the run on Engine {chosen} takes it")
+    yield from agent_on(sandboxes.get(chosen))
 
 
 @pytest.fixture
@@ -114,6 +146,7 @@ FIXTURE_NEEDS = {
     "mixed4_sandbox": "docker",
     "agent": "docker",
     "agent26": "docker",
+    "agent_any": "docker",
     "swarm": "swarm",
     "slurm": "slurm",
     "slurm_cluster": "slurm",
@@ -154,5 +187,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
     if misplaced:
         raise pytest.UsageError(
-            "tests filed in the wrong tier's folder (tests/README.md):\n  " + "\n  ".join(misplaced)
+            "tests filed in the wrong tier's folder (docs/testing.md, The tiers):\n  " + "\n  ".join(misplaced)
         )

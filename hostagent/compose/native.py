@@ -4,7 +4,7 @@ Where compose v2 is installed, `check` and `render` of a project that is more th
 an override file, `include`, `extends`, `!reset`/`!override`, profiles that leave services out) take this model,
 so that what is checked and pinned is what `docker compose up` runs, with compose's own merge rules, relative
 paths made absolute and defaults filled in. hostagent.compose.project builds the same model without compose, for
-the hosts that have none; tests/test_compose_project.py shows the two agree on the corpus.
+the hosts that have none; tests/unit/test_compose_project.py shows the two agree on the corpus.
 
 The YAML output is read, not `--format json`: compose 2.26's JSON drops a service's `x-` keys (`x-gpupin`).
 GPUPIN_COMPOSE names the compose v2 to run (a `docker-compose` v2 binary, or `docker` whose `compose` plugin

@@ -1,5 +1,5 @@
 """The compose model as compose v2 builds it from a project's files, for hosts without compose v2 (where it is
-installed, hostagent.compose.native asks it instead, and tests/test_compose_project.py shows the two agree).
+installed, hostagent.compose.native asks it instead, and tests/unit/test_compose_project.py shows the two agree).
 
     files      `-f` given (in order), else COMPOSE_FILE, else the first of compose.yaml, compose.yml,
                docker-compose.yml, docker-compose.yaml in the folder or the nearest one above it, with the first

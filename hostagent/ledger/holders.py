@@ -8,10 +8,9 @@ container's (`own`, below). There is no state file: a container that is gone hol
 those no grant explains are holders of their own (gpupin.hostagent.ledger.processes). Pure functions over inspect
 data and the cards.
 
-When a container holds (`holding`): while running, paused or restarting; when stopped but the daemon will start it
-again on its own restart (restart policy `always`, `unless-stopped`, or `on-failure` after a failure with retries
-left: moby's restore rule, daemon/daemon.go and restartmanager); and, created but not yet started, while a
-hostagent that made it is still at work on it (its lease, gpupin.hostagent.ledger.lease).
+When a container holds (`holding`): the rule is docs/ledger.md, "When a container holds". The restart policies that
+hold a stopped container follow moby's restore rule (daemon/daemon.go and restartmanager); a created container
+holds while its hostagent's lease lives (gpupin.hostagent.ledger.lease).
 
 Which gpupin labels are the container's own (`own`): a label equal to its image's is inherited (an image made by
 `docker commit` of a pinned container carries that container's labels into every container made from it), so it

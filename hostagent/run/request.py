@@ -1,10 +1,10 @@
 """A `hostagent run` request and the container it becomes.
 
 `RunRequest` is what was asked (the GPUs, the image and command untouched, the docker run options of
-hostagent.runopts), checked before any I/O. `ContainerSpec` is the container: its environment and labels (the
-user's, then the pin's, hostagent.pin), and one create payload built with the docker SDK's own types
-(ContainerConfig, HostConfig), which both the create call and `--dry-run --json` use; `--dry-run` also prints the
-equivalent `docker run` line from the same table of options.
+gpupin.hostagent.run.options), checked before any I/O. `ContainerSpec` is the container: its environment and
+labels (the user's, then the pin's, gpupin.hostagent.pin), and one create payload built with the docker SDK's own
+types (ContainerConfig, HostConfig), which both the create call and `--dry-run --json` use; `--dry-run` also
+prints the equivalent `docker run` line from the same table of options.
 """
 
 from __future__ import annotations

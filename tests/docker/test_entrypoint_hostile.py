@@ -1,7 +1,9 @@
 """gpupin-entrypoint against hostile and odd input in a container on each engine's sandbox: the tests of
-tests/unit/test_entrypoint_hostile.py that take `ep`, `on_mig` or `on_shared_prefix`, collected here again with this
-tier's fixtures (tests/docker/conftest.py), and what only a container has: the image's user site, `docker stop` of
-PID 1 while it verifies.
+tests/unit/test_entrypoint_hostile.py that a container adds to, run here again with this tier's fixtures
+(tests/docker/conftest.py): the image's wheel install under the workload's modules, the runtime's hook exposing
+MIG devices; and what only a container has: the image's user site, `docker stop` of PID 1 while it verifies. The
+checks of odd values (variables, options, probe timeouts) decide before anything a container changes, and run in
+the unit tier only.
 """
 
 from __future__ import annotations
@@ -9,33 +11,40 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.support.entrypoint import STARTED, device, hung_driver, only_error_line, plant
+from tests.support.entrypoint import STARTED, Entrypoint, device, hung_driver, only_error_line, plant
 from tests.support.sandbox import TEST_IMAGE, Sandbox
 from tests.support.scenarios import uuids
 from tests.support.wait import wait_for
+from tests.unit import test_entrypoint_hostile as unit
 from tests.unit.test_entrypoint_hostile import (  # noqa: F401  (collected here again, with this tier's `ep`)
-    test_a_mig_device_and_a_whole_card_together,
     test_a_sitecustomize_that_loaded_a_hostile_module_first_does_not_leak_into_the_entrypoint,
-    test_a_sound_probe_timeout_is_accepted,
-    test_a_whole_card_beside_a_mig_mode_card_is_the_card_the_workload_gets,
-    test_a_whole_card_in_mig_mode_is_refused_with_78,
-    test_an_ambiguous_mig_prefix_is_64_listing_the_matches,
-    test_an_empty_command_is_127_before_anything_is_verified,
-    test_an_odd_probe_timeout_is_refused_with_64,
-    test_an_old_style_mig_uuid_is_resolved_to_its_device,
-    test_an_option_overrides_an_odd_variable_it_replaces,
-    test_gpupin_variables_read_any_case_and_spacing,
-    test_hostile_modules_in_the_working_directory_are_not_imported,
     test_hostile_modules_on_pythonpath_are_not_imported_and_the_workload_keeps_its_path,
-    test_hostile_traceback_module_does_not_hide_the_debug_traceback,
-    test_nvidia_visible_devices_naming_a_card_twice_is_64_with_a_hint_about_gpupin_expect,
-    test_odd_gpupin_variables_are_refused_with_64_naming_the_variable,
-    test_the_torch_level_on_the_mig_box_is_a_clean_69_without_torch,
-    test_the_workloads_own_debug_and_options_are_not_the_entrypoints,
-    test_very_long_values_give_one_short_line,
 )
 
 RTX = uuids("mixed-4")[1]
+
+
+def test_hostile_modules_in_the_working_directory_are_not_imported(ep: Entrypoint, tmp_path: Path) -> None:
+    """The image's wheel install with the workload's modules in its working directory (the unit tier runs each
+    PYTHONPATH that puts it on sys.path)."""
+    unit.test_hostile_modules_in_the_working_directory_are_not_imported(ep, tmp_path, None)
+
+
+# The MIG box through the hook (`--gpus all`), at one level each: the unit tier runs every level.
+def test_a_whole_card_beside_a_mig_mode_card_is_the_card_the_workload_gets(on_mig: Entrypoint) -> None:
+    unit.test_a_whole_card_beside_a_mig_mode_card_is_the_card_the_workload_gets(on_mig, "cuda")
+
+
+def test_a_mig_device_and_a_whole_card_together(on_mig: Entrypoint) -> None:
+    unit.test_a_mig_device_and_a_whole_card_together(on_mig, "cuda")
+
+
+def test_a_whole_card_in_mig_mode_is_refused_with_78(on_mig: Entrypoint) -> None:
+    unit.test_a_whole_card_in_mig_mode_is_refused_with_78(on_mig, "nvml")
+
+
+def test_an_old_style_mig_uuid_is_resolved_to_its_device(on_mig: Entrypoint) -> None:
+    unit.test_an_old_style_mig_uuid_is_resolved_to_its_device(on_mig, "cuda")
 
 
 def test_hostile_modules_in_the_user_site_are_not_imported(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:

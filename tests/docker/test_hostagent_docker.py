@@ -137,6 +137,14 @@ def test_detach_prints_the_id_and_the_container_carries_the_pin(agent: Agent) ->
 # --- refusals: the documented code, one line, and nothing created ---------------------------------------------
 
 
+def refused_creating_nothing(agent: Agent, args: list[str], code: int, says: str) -> None:
+    r = agent("run", *args)
+    assert r.returncode == code, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
+    assert len(errors) == 1 and says in errors[0], r.stderr
+    assert agent.containers() == []
+
+
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
@@ -147,26 +155,35 @@ def test_detach_prints_the_id_and_the_container_carries_the_pin(agent: Agent) ->
         (["--count", "5", TEST_IMAGE], 64, "only 4"),
         (["--gpu", "1", "-e", f"GPUPIN_EXPECT={A800}", TEST_IMAGE], 64, "sets GPUPIN_EXPECT itself"),
         (["--gpu", "1", "--bogus", TEST_IMAGE], 64, "unrecognized arguments"),
+        (["--gpu", "1", "--shm-size", "lots", TEST_IMAGE], 64, "--shm-size"),
+    ],
+)
+def test_refusals_before_the_daemon_is_asked_create_nothing(
+    agent_any: Agent, args: list[str], code: int, says: str
+) -> None:
+    """The command line and the cards (NVML) alone refuse these: one engine shows it."""
+    refused_creating_nothing(agent_any, args, code, says)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
         (["--gpu", "1", "--pull", "never", "no/such:image"], 125, "not found locally"),
         (["--gpu", "1", "no/such:image"], 125, "could not be pulled"),
         (["--gpu", "1", "-v", "/tmp:/x:badmode", TEST_IMAGE], 125, "Docker refused to create the container"),
-        (["--gpu", "1", "--shm-size", "lots", TEST_IMAGE], 64, "--shm-size"),
         (["--gpu", "1", "--entrypoint", "/no/such/binary", TEST_IMAGE], 127, "could not start"),
     ],
 )
-def test_refusals_create_nothing(agent: Agent, args: list[str], code: int, says: str) -> None:
-    r = agent("run", *args)
-    assert r.returncode == code, r.stderr
-    errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
-    assert len(errors) == 1 and says in errors[0], r.stderr
-    assert agent.containers() == []
+def test_refusals_of_the_daemon_create_nothing(agent: Agent, args: list[str], code: int, says: str) -> None:
+    refused_creating_nothing(agent, args, code, says)
 
 
-def test_a_daemon_that_is_down_is_69_and_nothing_is_created(agent: Agent, tmp_path: Path) -> None:
-    r = agent("run", "--gpu", "1", TEST_IMAGE, DOCKER_HOST=f"unix://{tmp_path}/no.sock")
+def test_a_daemon_that_is_down_is_69_and_nothing_is_created(agent_any: Agent, tmp_path: Path) -> None:
+    # No engine answers here: one run shows it.
+    r = agent_any("run", "--gpu", "1", TEST_IMAGE, DOCKER_HOST=f"unix://{tmp_path}/no.sock")
     assert r.returncode == 69, r.stderr
     assert "does not answer" in r.stderr and "HINT:" in r.stderr
-    assert agent.containers() == []
+    assert agent_any.containers() == []
 
 
 def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> None:

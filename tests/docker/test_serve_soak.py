@@ -1,13 +1,18 @@
-"""The agent under churn, on every engine at once: 500 pinned containers created, started, exited and removed over
-10 minutes while Prometheus-like scrapes and a dashboard's event stream read it, and the agent's resident memory
-grows by less than 10 MB (docs/serve.md, "What survives what"), its open files and threads not at all.
+"""The agent under churn, on every engine at once: pinned containers created, started, exited and removed while
+Prometheus-like scrapes and a dashboard's event stream read it, and the agent's resident memory grows by less than
+10 MB (docs/serve.md, "What survives what"), its open files and threads not at all.
 
-Bounded by count and time alike. The i-th container starts no earlier than i/500 of the way through the 10 minutes,
-so the churn covers the whole soak rather than a burst at its start; the soak ends when the 500th is removed. A
-machine that cannot keep that pace fails the test (a quarter of the duration late, at most): a shorter churn
-would pass for a soak it is not. GPUPIN_SOAK_SECONDS and GPUPIN_SOAK_CONTAINERS scale it (for a quick run while
-developing); `-m soak` selects it. The engines churn concurrently, each with its own agent, so the soak costs the
-suite its duration once, not once per engine.
+Two lengths, one pace (500 containers in 10 minutes, one every 1.2 s per engine): `make soak` runs the full one,
+500 containers over 600 s (GPUPIN_SOAK_SECONDS=600); `make test` and CI the short one, 75 over 90 s, the default.
+Both keep every assertion: a leak of a file, a thread or a socket per container or per event counts tens at the
+least, and the memory bound is the same.
+
+Bounded by count and time alike. The i-th container starts no earlier than i/CONTAINERS of the way through the
+soak, so the churn covers the whole soak rather than a burst at its start; the soak ends when the last one is
+removed. A machine that cannot keep that pace fails the test (a quarter of the duration late, at most): a shorter
+churn would pass for a soak it is not. GPUPIN_SOAK_SECONDS and GPUPIN_SOAK_CONTAINERS (by default the pace's count
+for that length) scale it; `-m soak` selects it. The engines churn concurrently, each with its own agent, so the
+soak costs the suite its duration once, not once per engine.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.soak
 
-SECONDS = float(os.environ.get("GPUPIN_SOAK_SECONDS", "600"))
-CONTAINERS = int(os.environ.get("GPUPIN_SOAK_CONTAINERS", "500"))
+PACE = 500 / 600  # containers a second, per engine
+SECONDS = float(os.environ.get("GPUPIN_SOAK_SECONDS", "90"))
+CONTAINERS = int(os.environ.get("GPUPIN_SOAK_CONTAINERS", str(round(SECONDS * PACE))))
 GROWTH_LIMIT = 10 * 2**20  # bytes of resident memory the agent may gain over the soak
 LATE = 0.25  # how far past SECONDS (as a share of it) the last container may end
 WORKERS = 4  # containers in flight per engine: a lifecycle takes ~1.4 s here, the pace asks one every 1.2 s
@@ -177,7 +183,9 @@ def soaks(sandboxes: Sandboxes) -> Iterator[list[Soak]]:
         yield out
 
 
-def test_500_containers_churned_in_10_minutes_grow_the_agent_by_less_than_10_mb(soaks: list[Soak]) -> None:
+# The churn's length, a quarter late at most, the containers in flight at its end (130 s) and the fixtures.
+@pytest.mark.timeout(SECONDS * (1 + LATE) + 300)
+def test_churned_containers_grow_the_agent_by_less_than_10_mb(soaks: list[Soak]) -> None:
     started = time.monotonic()
     deadline = started + SECONDS * (1 + LATE)
     threads = [

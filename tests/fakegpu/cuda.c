@@ -62,7 +62,7 @@ static const char *cudev_uuid(const struct cudev *d)
 /* ------------------------------------------------------- enumeration ---- */
 
 /* Which devices a process sees, and in what order: the real driver's rules, all in this
- * function. Measured on 2xH200, driver 580.159.04 (docs/records/); the MIG
+ * function. Measured on 2xH200, driver 580.159.04 (bench/records/); the MIG
  * parts are not measured. Returns the number of devices, or -1 when cuInit must fail with
  * CUDA_ERROR_INVALID_DEVICE.
  *

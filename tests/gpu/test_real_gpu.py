@@ -1,7 +1,7 @@
 """The entrypoint against real NVML, the real CUDA driver and torch: skipped on machines without NVIDIA GPUs.
 
 What only a real host can show: that the driver's own enumeration under the environment the entrypoint sets is
-what NVML says, and that the refusals fire against real data. docs/records/real-gpu.md records a run of these.
+what NVML says, and that the refusals fire against real data. bench/records/real-gpu.md records a run of these.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A test fixture in front of the sandboxed daemon: another address for the same dockerd (TCP, optionally TLS with
 client certificates, or another unix socket), and, on request, the daemon failures a real daemon gives only on a
-bad day (a 500 on one path, a connection dropped before the answer).
+bad day (a 500 on one path, a connection dropped before the answer), or a success the daemon never gave (a 204 to
+`POST /containers/ID/start`: the container stays created, its client goes on as if it had started).
 
     daemon_proxy.py --listen tcp://127.0.0.1:2375 --to /run/gpupin-sandbox/docker.sock
     daemon_proxy.py --listen unix:///tmp/x.sock --to ... --fail 'GET /containers/json=500' --drop 'POST .*/start$'
@@ -68,7 +69,7 @@ def _serve(client: socket.socket, target: str, rules: list[Rule]) -> None:
         for m, pattern, status in rules:
             if m == method and pattern.search(path):
                 if status:
-                    body = b'{"message":"injected by the test proxy"}'
+                    body = b"" if status == 204 else b'{"message":"injected by the test proxy"}'
                     client.sendall(
                         b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                         b"Connection: close\r\n\r\n%s" % (status, len(body), body)
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="'METHOD PATH_REGEX=STATUS'",
-        help="answer STATUS to matching requests (the path without /vX.Y, with its query)",
+        help="answer STATUS to matching requests (the path without /vX.Y, with its query; 204: without a body, "
+        "a success the daemon never saw)",
     )
     p.add_argument(
         "--drop",

@@ -20,6 +20,7 @@ from gpupin.entrypoint import cudaprobe
 from gpupin.entrypoint.align import CudaDevice, check_devices, check_sole, plan, uuid_hex
 from gpupin.entrypoint.sources import from_environ
 from tests.support.host import FAKEGPU
+from tests.support.hypo import examples
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import scenario, uuids
 
@@ -176,7 +177,7 @@ def box_and_request(draw: st.DrawFn) -> tuple[str, list[Card], list[tuple[Card, 
     return name, box, picked
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(box_and_request(), st.booleans())
 def test_the_plan_puts_expectation_k_at_cuda_k_as_the_cuda_driver_enumerates(
     fakegpu: Path, request: tuple[str, list[Card], list[tuple[Card, MigDevice | None]]], with_bus: bool

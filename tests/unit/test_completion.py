@@ -22,6 +22,7 @@ from gpupin.hostagent.cli import build_parser
 from gpupin.hostagent.completion.model import commands
 from tests.support.host import BIN, REPO, simhost_env
 from tests.support.scenarios import uuids
+from tests.support.spawn import default_signals
 
 SHELLS = ("bash", "zsh", "fish")
 ZSH_CAPTURE = REPO / "tests" / "support" / "complete.zsh"
@@ -211,6 +212,7 @@ class Terminal:
     def __init__(self, script: Path, cwd: Path) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: an interactive bash without the user's files
+            default_signals()
             os.chdir(cwd)
             os.execve(_shell("bash"), ["bash", "--norc", "--noprofile", "-i"], _env())
         self.screen = ""

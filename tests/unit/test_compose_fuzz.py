@@ -25,6 +25,7 @@ from gpupin.hostagent.compose.render import render
 from gpupin.hostagent.compose.rules import examine
 from gpupin.hostagent.ledger.holders import Holder, held
 from tests.support.host import simhost_env
+from tests.support.hypo import examples
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import mig_devices
 
@@ -257,7 +258,7 @@ def text_of(doc: Any) -> str:
 # --- the pure core: check and render agree, and a rendered file is clean -----------------------------------------
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(documents(), plausible()), busy, st.sampled_from([MIXED4, MIXED4, MIG]))
 def test_render_refuses_exactly_what_check_calls_an_error_the_render_would_keep(
     doc: Any, ledger: dict[str, list[Holder]], cards: list[Any]
@@ -305,7 +306,7 @@ yamlish = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(yamlish.map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=40)))
 def test_any_bytes_load_as_a_tree_or_one_refusal(data: bytes) -> None:
     try:
@@ -317,7 +318,7 @@ def test_any_bytes_load_as_a_tree_or_one_refusal(data: bytes) -> None:
     load.dump(doc)  # whatever loads can be written back
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     documents(),
     st.integers(0, 40),
@@ -386,7 +387,7 @@ raw_files = st.sampled_from(
 
 
 @settings(
-    max_examples=12,
+    max_examples=examples(12),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from tests.support.entrypoint import STARTED, Entrypoint, device, hung_driver, one_error_line, only_error_line, plant
 from tests.support.host import ENTRYPOINT, children_of, simhost_env
+from tests.support.hypo import examples
 from tests.support.scenarios import mig_devices, topology, uuids
 from tests.support.wait import wait_for
 
@@ -552,7 +553,7 @@ def check_contract(rc: int, out: str, err: str, debug: bool, allowed: set[int]) 
         assert all(ln.startswith(("gpupin-entrypoint: ", "{")) for ln in err.splitlines()), err
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(env=environments, argv=argvs)
 def test_generated_environments_and_command_lines_in_process(
     env: dict[str, str], argv: tuple[list[str], list[str]]
@@ -563,7 +564,7 @@ def test_generated_environments_and_command_lines_in_process(
     check_contract(rc, out, err, own_debug(options), DOCUMENTED | {WORKLOAD_EXIT})
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(env=environments, argv=argvs)
 def test_generated_environments_and_command_lines_as_a_process(
     env: dict[str, str], argv: tuple[list[str], list[str]]

@@ -22,6 +22,7 @@ import pytest
 from tests.support.entrypoint import Entrypoint, device, one_error_line
 from tests.support.host import ENTRYPOINT, simhost_env
 from tests.support.scenarios import uuids
+from tests.support.spawn import default_signals
 from tests.support.watch import LOOPING, PIN, WATCH, Faults, Running, loss_line, start
 
 A800, RTX, A800B, A800C = uuids("mixed-4")  # RTX is the pinned card (watch.PIN)
@@ -112,6 +113,9 @@ def test_sigterm_to_the_parent_ends_an_untrapping_workload_with_143(ep: Entrypoi
     assert r.wait() == 143
 
 
+# The terminal tests wait for the entrypoint with waitpid: a Ctrl-C or SIGTERM that never lands (an inherited
+# "ignored": tests/support/spawn.py) fails them in two minutes instead of hanging the run.
+@pytest.mark.timeout(120)
 def test_the_workload_holds_the_terminal(ep: Entrypoint) -> None:
     """With a terminal (docker run -it), the workload's group is the terminal's foreground, so Ctrl-C is typed
     straight to it, as without --watch: its stat shows its group as the terminal's foreground group (tpgid)."""
@@ -133,6 +137,7 @@ def test_the_workload_holds_the_terminal(ep: Entrypoint) -> None:
             os.waitpid(pid, 0)
 
 
+@pytest.mark.timeout(120)
 def test_a_background_entrypoint_leaves_the_terminal_alone(fakegpu: Path) -> None:
     """Started in the background of a terminal (`gpupin-entrypoint --watch 5 CMD &`), it must not take the terminal
     from the shell: the workload's group stays in the background."""
@@ -162,6 +167,7 @@ def _spawn_in_pty(argv: list[str], env: dict[str, str], background: bool = False
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs
         try:
+            default_signals()
             if background and (job := os.fork()):
                 os._exit(os.waitstatus_to_exitcode(os.waitpid(job, 0)[1]) & 0xFF)
             if background:

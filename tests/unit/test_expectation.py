@@ -13,6 +13,7 @@ from gpupin.core.errors import ExpectationError
 from gpupin.core.expectation import ExpectedCard, format_expect, parse_expect
 from gpupin.core.identity import BusId
 from gpupin.entrypoint.sources import find, from_environ
+from tests.support.hypo import examples
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 
@@ -223,7 +224,7 @@ def written_cards(draw: st.DrawFn) -> tuple[str, ExpectedCard]:
     return pad + text + pad, ExpectedCard(f"{tag}-{body}", bus)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.lists(written_cards(), min_size=1, max_size=6, unique_by=lambda wc: wc[1].uuid))
 def test_any_spelling_parses_to_nvmls_spelling_in_rank_order_and_round_trips(
     entries: list[tuple[str, ExpectedCard]],
@@ -233,7 +234,7 @@ def test_any_spelling_parses_to_nvmls_spelling_in_rank_order_and_round_trips(
     assert parse_expect(format_expect(e.cards)).cards == e.cards
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(st.text(max_size=80) | st.binary(max_size=80).map(lambda b: b.decode("utf-8", "surrogateescape")))
 def test_any_text_is_an_expectation_or_one_line_64(value: str) -> None:
     try:

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpupin.hostagent.cli import build_parser, main
+from tests.support.hypo import examples
 from tests.support.scenarios import uuids
 
 RTX = uuids("mixed-4")[1]
@@ -119,7 +120,7 @@ def watches(argv: list[str]) -> bool:
     return getattr(args, "watch", None) is not None
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.one_of(st.sampled_from(WORDS), st.text(max_size=12)), max_size=10))
 def test_any_argument_list_ends_with_a_documented_code_and_one_line(argv: list[str]) -> None:
     assume(not watches(argv))
@@ -136,7 +137,7 @@ def test_any_argument_list_ends_with_a_documented_code_and_one_line(argv: list[s
         assert text.count("\n") == 1, (argv, text)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.permutations(["--gpu", "1", "--rm", "-e", "A=1", "--name", "job", "--shm-size", "1g"]))
 def test_option_order_does_not_change_the_dry_run(order: list[str]) -> None:
     # Pairs must stay pairs: rebuild the permutation out of (option, value) units.

@@ -33,6 +33,7 @@ from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.ls import GOLDEN, by_uuid, check_golden, ls, ls_on_golden_host, shown, write_topology
 from tests.support.sandbox import ENGINES
 from tests.support.scenarios import SHIPPED, cards, uuids
+from tests.support.spawn import default_signals
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 NO_DOCKER = "unix:///nonexistent/gpupin-golden/docker.sock"  # the same path in every golden file
@@ -284,6 +285,7 @@ def on_tty(
     pid, fd = pty.fork()
     if pid == 0:  # the child: exec at once
         try:
+            default_signals()
             os.execve(argv[0], argv, env)
         finally:
             os._exit(127)

@@ -118,6 +118,8 @@ def test_sdist_carries_what_the_build_and_a_reader_need(dists: tuple[Path, Path]
         "docs/slurm.md",
         "hostagent/serve/dashboard.html",
         "contrib/systemd/gpupin-hostagent.service",
+        "CHANGELOG.md",
+        "CONTRIBUTING.md",
     } <= names
     # Every page README.md links to travels with it.
     readme = (REPO / "README.md").read_text()

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from gpupin.core.errors import GpuSpecError
 from gpupin.core.resolve import BUS_ID, INDEX, MIG_LEGACY, MIG_PAIR, UUID, by_minor, form, resolve, resolve_all
+from tests.support.hypo import examples
 from tests.support.scenarios import cards, topology
 
 MIXED4 = cards("mixed-4")
@@ -127,7 +128,7 @@ def test_minor_numbers_follow_the_device_files_not_nvml_order() -> None:
     assert "/dev/nvidia9" in e.value.message
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.text(max_size=60))
 def test_any_text_names_a_card_or_says_why(spec: str) -> None:
     try:
@@ -138,7 +139,7 @@ def test_any_text_names_a_card_or_says_why(spec: str) -> None:
         assert t.uuid.startswith(("GPU-", "MIG-"))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.from_regex(
         r"(GPU|MIG|gpu|mig|MIG-GPU)-[0-9a-fA-F-]{0,40}(/[0-9]{1,3}/[0-9]{1,3})?|[0-9]{1,3}:[0-9]{1,3}"

@@ -2,7 +2,7 @@
 # Real-GPU session 2 (hardened entrypoint, Slurm reader, hostagent run/ls without Docker) on a host with two
 # NVIDIA GPUs and no Docker. Run from the repository root with the wheels in .whl/ (`make wheels`, then the
 # docker SDK's: `pip download --no-deps docker==7.1.0 requests urllib3 idna charset-normalizer certifi -d .whl`):
-#   bash docs/records/real_gpu_session_2.sh 2>&1 | tee real-gpu-2.log
+#   bash bench/records/real_gpu_session_2.sh 2>&1 | tee real-gpu-2.log
 . "$(dirname "$0")/host.sh"   # set -u, the wheels installed, show, U0/B0 U1/B1
 
 show nvidia-smi --query-gpu=index,uuid,pci.bus_id,name,driver_version --format=csv

@@ -1,6 +1,6 @@
 """Record what each reading `gpupin-entrypoint --watch` could make per check costs on a real host: CPU and wall time.
 
-Run on a host with NVIDIA GPUs:  python3 docs/records/watch_costs.py > watch-costs.jsonl
+Run on a host with NVIDIA GPUs:  python3 bench/records/watch_costs.py > watch-costs.jsonl
 (watch-costs-H200-2026-12-01.jsonl: one H200, driver 580.159.04, persistence mode on)
 It decides which readings the watcher can afford at a 5 s interval within 0.1% of a core (5 ms of CPU per check).
 """

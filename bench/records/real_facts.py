@@ -1,6 +1,6 @@
 """Record how real NVML and the real CUDA driver behave, so that the simulated GPU host can copy them.
 
-Run on a host with NVIDIA GPUs:  python3 docs/records/real_facts.py > facts.txt
+Run on a host with NVIDIA GPUs:  python3 bench/records/real_facts.py > facts.txt
 Each CUDA case runs in its own process, because the driver reads CUDA_VISIBLE_DEVICES once, at cuInit.
 """
 
@@ -182,8 +182,8 @@ def main() -> None:
         "'devs':[{f:str(getattr(p,f,'MISSING')) for f in ('name','uuid','pci_domain_id','pci_bus_id',"
         "'pci_device_id','major','minor','total_memory')} for p in ps]}))"
     )
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    p = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+    torch_env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    p = subprocess.run([sys.executable, "-c", child], env=torch_env, capture_output=True, text=True)
     print(p.stdout, p.stderr[-600:])
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The real-GPU session behind docs/records/real-gpu.md: gpupin against real NVML, the real CUDA driver and torch on a host
+# The real-GPU session behind bench/records/real-gpu.md: gpupin against real NVML, the real CUDA driver and torch on a host
 # with two NVIDIA GPUs and no Docker. Run from the repository root, with the gpupin and docker wheels in .whl/
 # (`make wheels`, then `pip download --no-deps docker==7.1.0 -d .whl`):
-#   bash docs/records/real_gpu_session.sh 2>&1 | tee real-gpu.log
+#   bash bench/records/real_gpu_session.sh 2>&1 | tee real-gpu.log
 . "$(dirname "$0")/host.sh"   # set -u, the wheels installed, show, U0/B0 U1/B1
 
 show nvidia-smi --query-gpu=index,uuid,pci.bus_id,name --format=csv

@@ -2,7 +2,7 @@
 # Real-GPU session 3 (the end of the session's work): the real-GPU tests, `hostagent ls` as it now looks on real
 # NVML (temperature, power, processes with user), --format, and the entrypoint's start-up against its floor.
 # Run from the repository root with the wheels in .whl/ (as real_gpu_session_2.sh):
-#   bash docs/records/real_gpu_session_3.sh 2>&1 | tee real-gpu-3.log
+#   bash bench/records/real_gpu_session_3.sh 2>&1 | tee real-gpu-3.log
 . "$(dirname "$0")/host.sh"   # set -u, the wheels installed, show, U0/B0 U1/B1
 
 echo "### 1. the real-GPU tests"

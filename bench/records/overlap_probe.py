@@ -6,7 +6,7 @@ a docker client (the SDK's import, then /_ping). Measured here in fresh processe
   serial   the cards, then the client: what run does
   overlap  the client on a thread of its own while the cards are read: a variant of run, tried and not kept
 
-Run on a real host (`python3 docs/records/overlap_probe.py [N]`); DOCKER_HOST is pointed at a socket that does not
+Run on a real host (`python3 bench/records/overlap_probe.py [N]`); DOCKER_HOST is pointed at a socket that does not
 exist, so the ping fails at once and the figure is the import's.
 """
 

@@ -1,7 +1,7 @@
 """Record the real NVML / CUDA driver behaviour that the fakes copy, edge cases included.
 
 Run on a host with two NVIDIA GPUs (MIG off), nvidia-ml-py installed:
-    python3 docs/records/real_edges.py > docs/records/edges-<host>-<date>.jsonl
+    python3 bench/records/real_edges.py > bench/records/edges-<host>-<date>.jsonl
 One JSON object per line, {"case": ..., "value": ...}. CUDA_VISIBLE_DEVICES cases each run in a fresh process
 (the driver reads it once, at cuInit); every other call runs in a forked child, since the real libraries crash
 on some bad pointers. "{u0}" / "{u1}" in a case stand for the first / second card's UUID.
