@@ -249,3 +249,47 @@ def test_a_request_that_does_not_come_in_time_is_closed() -> None:
         assert agent.get("/api/ls")[0] == 200
     finally:
         agent.close()
+
+
+def test_out_of_files_at_accept_backs_off_and_says_so_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EMFILE at accept: the listener is left alone for a while (no spinning on a backlog it cannot take), said
+    once, and the waiting connection is served once files are back."""
+    import errno
+    import socketserver
+
+    from gpupin.hostagent.serve import connections
+
+    said: list[str] = []
+    monkeypatch.setattr(connections, "say", said.append)
+    served: list[bytes] = []
+
+    class Server(socketserver.TCPServer):
+        out_of_files = True
+        tries = 0
+
+        def get_request(self) -> tuple[socket.socket, object]:
+            self.tries += 1
+            if self.out_of_files:
+                raise OSError(errno.EMFILE, "Too many open files")
+            return super().get_request()
+
+    server = Server(("127.0.0.1", 0), socketserver.BaseRequestHandler)
+
+    def serve(_server: socketserver.TCPServer, sock: connections.Accepted) -> None:
+        served.append(sock.head)
+        sock.sendall(b"HTTP/1.0 204 No Content\r\n\r\n")
+
+    gate = connections.Gate([server], connections.Limits(), lambda caller: caller[0], serve)
+    gate.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10) as client:
+            client.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            time.sleep(2.0)
+            assert server.tries <= 2.0 / connections.BACK_OFF_S + 2, server.tries  # not a spin
+            assert said == ["cannot accept connections (Too many open files): trying again every 0.5s"], said
+            server.out_of_files = False
+            assert client.recv(64).startswith(b"HTTP/1.0 204"), "served once files are back"
+        assert served == [b"GET / HTTP/1.0\r\n\r\n"] and said[-1] == "accepting connections again"
+    finally:
+        gate.stop()
+        server.server_close()
