@@ -2,8 +2,9 @@
 daemon: a flood of idle connections beyond its open-file limit neither spins it nor keeps /api/ls from answering;
 under a task limit idle connections cost no thread and a thread it cannot start is a 503, never a traceback; one
 uid's idle connections beyond its cap do not keep another uid out; a request naming a Host that is not the agent's
-is refused (DNS rebinding); and a client gives an agent that takes its connection but never answers a few
-seconds, then takes its own path (run) or says so (queue, 69). Users are bare uids under setpriv."""
+is refused (DNS rebinding); a head or a body that does not come in time is closed; EMFILE at accept backs off; and
+a client gives an agent that takes its connection but never answers a few seconds, then takes its own path (run)
+or says so (queue, 69). Users are bare uids under setpriv."""
 
 from __future__ import annotations
 
