@@ -92,7 +92,7 @@ def command(args: argparse.Namespace) -> int:
             "start it (`hostagent serve`, or systemctl start gpupin-hostagent), or point GPUPIN_AGENT_SOCKET at its "
             "socket",
         )
-    data = link.call("GET", "/api/queue?" + urllib.parse.urlencode({"daemon": agentlink.daemon_key()}), timeout=10)
+    data = link.call("GET", "/api/queue?" + urllib.parse.urlencode({"daemon": agentlink.daemon_key()}))
     if "direct" in data:  # the agent queues for another daemon's cards (agentlink.other_daemon)
         from gpupin.hostagent import engine
 

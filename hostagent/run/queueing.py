@@ -70,7 +70,7 @@ class _Stream:
                 b"POST /api/queue HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
             )
-            self.sock.settimeout(30)
+            self.sock.settimeout(agentlink.ANSWER_S)  # an agent that does not queue it at once: wait without
             res = http.client.HTTPResponse(self.sock, method="POST")
             res.begin()
             if res.status >= 400:
