@@ -23,10 +23,11 @@ TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
 .PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
-	image-test test-tools test test-unit test-docker test-cluster test-gpu soak fuzz lint bench demo clean
+	image-test test-tools test test-unit test-docker test-cluster test-gpu soak fuzz lint bench demo shell clean
 
 help:
 	@echo "make demo          show gpupin on the simulated mixed-4 GPU host (no GPU needed)"
+	@echo "make shell         a shell on that simulated host, for your own hostagent commands"
 	@echo "make test          install what is missing, build the fakes, start the sandbox, run every test (CI)"
 	@echo "make test-unit     one tier (no daemon); make test-docker, test-cluster, test-gpu: the other tiers"
 	@echo "                   (what each needs and runs: docs/testing.md; PYTEST_ARGS=... adds pytest arguments)"
@@ -44,10 +45,14 @@ help:
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
 	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
+# apt waits up to 10 minutes for its lock (unattended-upgrades may hold it) instead of failing at once; on apt 2.6
+# (Debian 12) DPkg::Lock::Timeout covers the lists lock of `update` too.
+APT_GET := apt-get -o DPkg::Lock::Timeout=600
+
 $(VENV)/.done: pyproject.toml
 	@command -v gcc >/dev/null && $(PY) -c 'import venv, ensurepip' 2>/dev/null || { \
-	  echo "setup: installing gcc and python3-venv"; apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc make python3-venv >/dev/null; }
+	  echo "setup: installing gcc and python3-venv"; $(APT_GET) update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq gcc make python3-venv >/dev/null; }
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'
@@ -134,8 +139,8 @@ REQUIRED := $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGIN
 TEST_TOOLS := zsh fish chromium
 test-tools:
 	@missing=$$(for t in $(TEST_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
-	if [ -n "$$missing" ]; then echo "make: installing" $$missing; apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+	if [ -n "$$missing" ]; then echo "make: installing" $$missing; $(APT_GET) update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # The docker tier with two engines: one pytest per engine, side by side. Each engine has a sandbox of its own
 # (daemon, containerd, topology, ledger lock; the agents' sockets are the tests' own), so the two runs share nothing
@@ -242,6 +247,13 @@ bench-swarm: swarm-up
 
 demo: image-test
 	@$(SIMHOST) tests/sandbox/demo.sh
+	@echo "Now try it yourself: make shell (a shell on the simulated host), or in your own shell:"
+	@echo "  export $(SIMHOST) PATH=$(CURDIR)/$(VENV)/bin:\$$PATH"
+
+# A shell on the simulated host, for your own commands (the demo's sandboxed 20.10 daemon, the fake cards, the
+# checkout's hostagent on PATH); `exit` leaves it, `make sandbox-down` stops the daemon.
+shell: sandbox-up
+	@$(SIMHOST) tests/sandbox/shell.sh
 
 clean:
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache

@@ -352,14 +352,22 @@ def _read_processes(nv: Any, handle: Any, card: Card) -> None:
 
 
 def read_processes(cards: Sequence[Card]) -> None:
-    """Fill in the processes of these cards (hostagent run reads them under the ledger lock, as late as it can).
-    A card NVML can no longer read gets processes_error."""
+    """Fill in the processes of these cards (hostagent run reads them under the ledger lock, as late as it can),
+    and, for a card that lists none, its memory and load when not read yet (use NVML names no process for is
+    still use: gpupin.hostagent.ledger.processes.unseen_use). A card NVML can no longer read gets processes_error."""
     nv = _module()
     for card in cards:
         if card.error is not None or card.uuid is None:
             continue
         try:
-            _read_processes(nv, nv.nvmlDeviceGetHandleByUUID(card.uuid), card)
+            handle = nv.nvmlDeviceGetHandleByUUID(card.uuid)
+            _read_processes(nv, handle, card)
+            if not card.process_list and card.processes_error is None and card.memory_used is None:
+                mem = _optional(lambda h=handle: nv.nvmlDeviceGetMemoryInfo(h))  # type: ignore[misc]
+                if mem is not None:
+                    card.memory_total, card.memory_used = int(mem.total), int(mem.used)
+                util = _optional(lambda h=handle: nv.nvmlDeviceGetUtilizationRates(h))  # type: ignore[misc]
+                card.utilization_gpu = int(util.gpu) if util is not None else None
         except nv.NVMLError as err:
             card.process_list, card.processes, card.processes_error = [], None, str(err)
 

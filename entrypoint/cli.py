@@ -67,8 +67,9 @@ options:
   --watch SECONDS stay as CMD's parent (as tini: signals passed on to its process group, zombies reaped, its exit
                   code passed through) and every SECONDS check that the GPU device nodes still open, that NVML
                   answers and finds each pinned card at its bus id, and that no card turned unhealthy (a critical
-                  XID, uncorrectable ECC errors); on a loss, say so in one line, stop CMD (SIGTERM, SIGKILL after
-                  GPUPIN_WATCH_GRACE seconds, default 10) and exit 79 (env: GPUPIN_WATCH=SECONDS)
+                  XID, uncorrectable ECC errors); on a loss, stop CMD (SIGTERM, SIGKILL after GPUPIN_WATCH_GRACE
+                  seconds, default 10), say in one line what was lost and which signal stopped CMD, and exit 79
+                  (env: GPUPIN_WATCH=SECONDS); one line says which cards it watches when it starts
   --quiet         print nothing on success; a refusal is never quiet (env: GPUPIN_QUIET=1)
   --json          print the report as one JSON object (stdout without CMD, stderr with one)
   --debug         print a traceback with a refusal
@@ -334,7 +335,7 @@ def run(argv: "Sequence[str]", opts: Options) -> int:
     if opts.watch is not None:
         from gpupin.entrypoint.watch import run_watched
 
-        return run_watched(opts.cmd, env, ver, opts.watch, opts.grace, run_workload, PROG)
+        return run_watched(opts.cmd, env, ver, opts.watch, opts.grace, run_workload, PROG, bool(opts.quiet))
     return run_workload(opts.cmd, env)
 
 

@@ -10,7 +10,8 @@ exec'ing CMD:
 - it reaps every child it is given (as PID 1, the orphans of the whole container), and returns CMD's exit code,
   128+N when CMD died of signal N, as a shell and Docker report it;
 - it waits in sigtimedwait, so it uses no CPU between checks: `check()` runs every `interval` seconds, and when it
-  names a loss, CMD's group gets SIGTERM, SIGKILL after `grace` seconds, and the parent returns EX_CARD_LOST.
+  names a loss, CMD's group gets SIGTERM, SIGKILL after `grace` seconds, and the parent says what was lost and
+  what stopping it took (`on_loss`), then returns EX_CARD_LOST.
 
 Everything the parent runs after the fork is imported before it: it adds nothing to the workload's memory or start.
 
@@ -130,12 +131,17 @@ def _exec_child(
 
 class Watch:
     """What the parent does while the workload runs: `check()` every `interval` seconds; when it names a loss,
-    `on_loss(what)` (which says it and gives the exit code), then SIGTERM, and SIGKILL `grace` seconds later."""
+    SIGTERM, and SIGKILL `grace` seconds later; once the workload ended (or outlived SIGKILL by KILL_WAIT),
+    `on_loss(what, how)`, which says what was lost and how the workload was stopped, and gives the exit code."""
 
     __slots__ = ("check", "grace", "interval", "on_loss")
 
     def __init__(
-        self, interval: float, check: "Callable[[], str | None]", on_loss: "Callable[[str], int]", grace: float
+        self,
+        interval: float,
+        check: "Callable[[], str | None]",
+        on_loss: "Callable[[str, str], int]",
+        grace: float,
     ) -> None:
         self.interval = interval
         self.check = check
@@ -170,7 +176,8 @@ def supervise(
     if pid == 0:
         _exec_child(cmd, env, mask, saved, run, prog)
     child = Child(pid)
-    lost_code: int | None = None
+    lost: str | None = None  # what check() found lost
+    lost_at = 0.0  # when SIGTERM went
     killed = False
     until = time.monotonic() + watch.interval  # the next check; then the end of a grace period
     while child.code is None:
@@ -184,7 +191,7 @@ def supervise(
         now = time.monotonic()
         if now < until:
             continue
-        if lost_code is not None:  # the grace period is over, or the wait after SIGKILL
+        if lost is not None:  # the grace period is over, or the wait after SIGKILL
             if killed:  # a process stuck in the driver outlives even SIGKILL: do not hang with it
                 break
             child.signal(signal.SIGKILL)
@@ -205,10 +212,20 @@ def supervise(
             # The next check is a whole interval after the one due, or after now if that one ran late.
             until = max(until + watch.interval, now)
             continue
-        lost_code = watch.on_loss(what)  # says what was lost before the workload's own last words
+        lost = what
         child.signal(signal.SIGTERM)
-        until = time.monotonic() + watch.grace
-    if lost_code is not None:
-        return lost_code
+        lost_at = time.monotonic()
+        until = lost_at + watch.grace
+    if lost is not None:
+        if not killed:
+            how = f"stopped with SIGTERM after {time.monotonic() - lost_at:.1f} s"
+        elif child.code is not None:
+            how = f"killed with SIGKILL after the {watch.grace:g} s grace (SIGTERM did not stop it)"
+        else:
+            how = (
+                f"sent SIGKILL after the {watch.grace:g} s grace, and had not ended {KILL_WAIT:g} s later (a "
+                "process stuck in the driver of a lost card may never end)"
+            )
+        return watch.on_loss(lost, how)
     assert child.code is not None
     return child.code

@@ -5,9 +5,10 @@ every SECONDS, runs `Checks`: the GPU device nodes still open (a `systemctl daem
 driver takes them away, and every new NVML session then fails with "Unknown Error"), NVML (the session the
 verification opened) still finds each pinned card at its bus id, not lost, and no card turned unhealthy
 (gpupin.core.health: a critical XID, uncorrectable ECC errors, memory repair pending or failed). On a loss it prints
-one line, stops the workload (SIGTERM, then SIGKILL after GPUPIN_WATCH_GRACE seconds, 10 by default, as `docker
-stop`) and ends with EX_CARD_LOST (79), so that a restart policy starts the container again on a card that works
-(docs/entrypoint.md, "Watching the cards"; docs/exit-codes.md).
+stops the workload (SIGTERM, then SIGKILL after GPUPIN_WATCH_GRACE seconds, 10 by default, as `docker stop`), says
+in one line what was lost and what stopping the workload took, and ends with EX_CARD_LOST (79), so that a restart
+policy starts the container again on a card that works (docs/entrypoint.md, "Watching the cards";
+docs/exit-codes.md). When watching starts, one line says which cards and how often (unless --quiet).
 
 No `from __future__ import annotations` here (see gpupin.core.errors).
 """
@@ -135,14 +136,23 @@ class Checks:
         return None
 
 
-def lost(what: str, grace_s: float) -> CardLostError:
+def lost(what: str, how: str) -> CardLostError:
+    """The loss line: what was lost, and `how` the workload was stopped (gpupin.entrypoint.supervise)."""
     return CardLostError(
-        f"a pinned card was lost while the workload ran: {what}; the workload was stopped (SIGTERM, SIGKILL after "
-        f"{grace_s:g} s)",
+        f"a pinned card was lost while the workload ran: {what}; the workload was {how}",
         "start the container again, on a card that works: a restart policy does it (`docker run --restart "
         "on-failure`, `hostagent run --restart on-failure`); run `hostagent doctor` on the host to find the cause "
         "(a daemon-reload without /dev/char links, an Xid in `dmesg`)",
     )
+
+
+def starting(ver: "Verification", every: float) -> str:
+    """The line said when watching starts: which cards (as the workload sees them), and how often."""
+    cards = [f"{b.uuid} (cuda:{b.local_rank})" for b in ver.plan.bindings if b.card is not None]
+    if not cards:
+        return f"watching every {every:g} s that NVML answers (no card is pinned)"
+    which = "it is" if len(cards) == 1 else "one is"
+    return f"watching {', '.join(cards)} every {every:g} s; if {which} lost, the workload is stopped (exit 79)"
 
 
 def run_watched(
@@ -153,8 +163,10 @@ def run_watched(
     grace_s: float,
     run: "Callable[[Sequence[str], dict[str, str]], int]",
     prog: str,
+    quiet: bool = False,
 ) -> int:
-    """Run CMD under the supervising parent, checking the verified cards every `every` seconds."""
+    """Run CMD under the supervising parent, checking the verified cards every `every` seconds (said in one line
+    on stderr when it starts, unless `quiet`)."""
     from gpupin.entrypoint.supervise import Watch, supervise
 
     check = Checks(watched(ver))
@@ -165,8 +177,11 @@ def run_watched(
             "check `nvidia-smi` and the host's `dmesg`; run `hostagent doctor` on the host",
         )
 
-    def on_loss(what: str) -> int:
-        err = lost(what, grace_s)
+    if not quiet:
+        sys.stderr.write(f"{prog}: {starting(ver, every)}\n")
+
+    def on_loss(what: str, how: str) -> int:
+        err = lost(what, how)
         try:
             sys.stderr.write(err.line(prog))
             sys.stderr.flush()

@@ -37,9 +37,14 @@ INSTALL_HINT = "install the host side: pip install 'gpupin[host]'"
 
 
 def say(msg: str) -> None:
-    """One line on stderr from hostagent (a warning, or what it is doing), beside the results on stdout."""
-    sys.stderr.write(f"{PROG}: {msg}\n")
-    sys.stderr.flush()
+    """One line on stderr from hostagent (a warning, or what it is doing), beside the results on stdout. A line that
+    cannot be written (stderr closed, a pipe whose reader left) is dropped: a log line is never worth the thread
+    that writes it (the agent's ledger thread, say)."""
+    try:
+        sys.stderr.write(f"{PROG}: {msg}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # ValueError: closed; AttributeError: no stderr at all
+        pass
 
 
 # --- helper threads ------------------------------------------------------------------------------------------------

@@ -28,7 +28,11 @@ if TYPE_CHECKING:
 DEFAULT_SOCKET = "/run/gpupin/hostagent.sock"
 SOCKET_ENV = "GPUPIN_AGENT_SOCKET"
 USE_ENV = "GPUPIN_AGENT"
-CONNECT_S = 2.0  # an agent that does not accept within this is treated as absent by find()
+# An agent that does not accept, or does not begin its answer, within this is treated as absent: the command takes
+# its own path (run, --wait) or says so and exits 69 (queue). A live agent answers in milliseconds; one that is
+# flooded or wedged must not hold every hostagent command with it (docs/serve.md, "Limits").
+ANSWER_S = 3.0
+CONNECT_S = ANSWER_S
 _OFF = ("0", "off", "no", "false")
 
 
@@ -39,6 +43,29 @@ def socket_path() -> str:
 def wanted() -> bool:
     """Whether commands may go through the agent (GPUPIN_AGENT=0 says never)."""
     return os.environ.get(USE_ENV, "").strip().lower() not in _OFF
+
+
+def daemon_key() -> str:
+    """The Docker daemon this process uses, as a request to the agent names it (`"daemon"`; its lock key: one text
+    per daemon, whatever spelling of its address)."""
+    from gpupin.hostagent import engine
+
+    return engine.endpoint().lock_key()
+
+
+def other_daemon(said: object) -> str | None:
+    """The one rule of every request the agent answers for a caller's daemon (a run, a place in the queue, the
+    queue's listing): it serves only callers of the daemon it serves itself. None when `said` (the caller's
+    daemon_key()) is the agent's; else why not, in words."""
+    from gpupin.hostagent import engine
+
+    if said == engine.endpoint().lock_key():
+        return None
+    return f"the agent serves the Docker daemon at {engine.docker_host()}"
+
+
+class Direct(GpupinError):
+    """The agent answered that this request is not its to serve (`other_daemon`): the caller goes on without it."""
 
 
 def _unix_connection() -> type[http.client.HTTPConnection]:
@@ -128,7 +155,7 @@ class Link:
                 f"see the agent's log (journalctl -u gpupin-hostagent), or set {USE_ENV}=0 to go without it",
             ) from None
 
-    def call(self, method: str, route: str, body: Any = None, timeout: float | None = 30.0) -> Any:
+    def call(self, method: str, route: str, body: Any = None, timeout: float | None = ANSWER_S) -> Any:
         """One request; its JSON answer, or the agent's refusal raised as its GpupinError."""
         conn, res = self._send(method, route, body, timeout)
         try:
@@ -141,9 +168,12 @@ class Link:
 
     def lines(self, method: str, route: str, body: Any = None, timeout: float | None = None) -> Iterator[Any]:
         """A streamed answer of one JSON object per line (a long wait that says where it stands), until the agent
-        ends it; closing the generator closes the connection, which the agent takes as the caller leaving."""
-        conn, res = self._send(method, route, body, timeout)
+        ends it; closing the generator closes the connection, which the agent takes as the caller leaving. Its head
+        comes within ANSWER_S; the lines, each within `timeout` (None: however long the wait)."""
+        conn, res = self._send(method, route, body, ANSWER_S)
         try:
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
             if res.status >= 400:
                 raise refusal(res, str(self))
             for line in res:

@@ -163,13 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if run_at >= 0 and all(a.startswith("-") for a in raw[:run_at]):
             # `hostagent [--debug] run OPTIONS IMAGE COMMAND...`: argparse sees the options only.
             run_parser = completion.subcommands(parser)["run"]
-            options, image, cmd = run_args.split_run_argv(raw[run_at + 1 :], run_parser)
-            options = run_args.bool_values(options, run_parser)
+            written, image, cmd = run_args.split_run_argv(raw[run_at + 1 :], run_parser)
+            options = run_args.bool_values(written, run_parser)
             refused = run_args.refusal(options)
             if refused is not None:
                 _Parser.refuse(*refused)
             args = parser.parse_args([*raw[: run_at + 1], *options])
             args.image, args.cmd = image, cmd
+            args.misplaced = run_args.misplaced(written, image, cmd, run_parser)
         else:
             args = parser.parse_args(raw)
     except SystemExit as exit_:  # --help (0) or a usage error (64, from _Parser.error)

@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import io
     import socket
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
 
@@ -83,9 +83,11 @@ def exchange(
     body: Any = None,
     host: str = "docker",
     headers: Mapping[str, str] | None = None,
+    interim: Callable[[int], None] | None = None,
 ) -> Answer:
     """Send one request on `sock` (JSON `body` when not None) and read the answer's head. The socket belongs to the
-    answer from then on (`body()` or `close()` closes it); an OSError closes it here."""
+    answer from then on (`body()` or `close()` closes it); an OSError closes it here. An interim answer (1xx but
+    101, the Engine's upgrade) is passed to `interim` and the final one read after it."""
     try:
         data = b"" if body is None else json.dumps(body).encode()
         head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "User-Agent: gpupin-hostagent"]
@@ -96,21 +98,27 @@ def exchange(
         head += [f"{k}: {v}" for k, v in (headers or {"Connection": "close"}).items()]
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
         reader = sock.makefile("rb")
-        status_line = reader.readline().decode("latin-1").split(None, 2)
-        if len(status_line) < 2 or not status_line[1].isdigit():
-            raise ConnectionError(
-                f"not an HTTP answer: {' '.join(status_line)[:80]!r}"
-                if status_line
-                else "the connection was closed before an answer"
-            )
-        fields: dict[str, str] = {}
         while True:
-            line = reader.readline()
-            if line in (b"\r\n", b"\n", b""):
+            status_line = reader.readline().decode("latin-1").split(None, 2)
+            if len(status_line) < 2 or not status_line[1].isdigit():
+                raise ConnectionError(
+                    f"not an HTTP answer: {' '.join(status_line)[:80]!r}"
+                    if status_line
+                    else "the connection was closed before an answer"
+                )
+            fields: dict[str, str] = {}
+            while True:
+                line = reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.decode("latin-1").partition(":")
+                fields[name.strip().lower()] = value.strip()
+            status = int(status_line[1])
+            if not (100 <= status < 200 and status != 101):
                 break
-            name, _, value = line.decode("latin-1").partition(":")
-            fields[name.strip().lower()] = value.strip()
+            if interim is not None:
+                interim(status)
     except BaseException:
         sock.close()
         raise
-    return Answer(sock, reader, int(status_line[1]), fields)
+    return Answer(sock, reader, status, fields)

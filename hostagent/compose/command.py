@@ -30,13 +30,13 @@ import re
 import sys
 
 from gpupin.core import files
-from gpupin.core.errors import EX_UNAVAILABLE, EX_USAGE, GpupinError, UsageError
+from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
 from gpupin.hostagent.compose import interpolate, load, native, roundtrip
-from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError, printable
+from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.project import Options, Project, build
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
-from gpupin.hostagent.compose.rules import Examination, examine
+from gpupin.hostagent.compose.rules import Examination, examine, top_level_lookalikes
 from gpupin.hostagent.engine import cdi
 
 TYPE_CHECKING = False
@@ -117,7 +117,9 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
         )
     detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
     busy = ledger.held(h for h in reading.holders if h.id not in own)
-    for key, hs in processes.blocking(cards, processes.attribute(cards, reading.holders, reading.names)).items():
+    for key, hs in processes.blocking(
+        cards, processes.attribute(cards, reading.holders, reading.names, reading.places)
+    ).items():
         busy.setdefault(key, []).extend(hs)
     return Daemon(busy, detection)
 
@@ -303,20 +305,9 @@ def render_command(options: Options, output: str | None, via: str | None = None)
     def make(project: Project) -> tuple[str, Any]:
         doc = project.doc
         cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
-        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via, project.file_env)
-        if daemon.unknown is not None and exam.counted:
-            raise RenderRefused(
-                [
-                    Problem(
-                        None,
-                        f"the file asks for {exam.counted} card(s) by count, which render "
-                        f"places on free cards, but which cards are free is unknown: "
-                        f"{daemon.unknown}",
-                        "start Docker or set DOCKER_HOST, or name the cards",
-                        exit_code=EX_UNAVAILABLE,
-                    )
-                ]
-            )
+        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via, daemon.unknown, project.file_env)
+        for p in top_level_lookalikes(doc):  # render says no other warning; this one may explain a missing card
+            say(p.line(project_name(project)))
         if not exam.requests:
             say(f"note: {project_name(project)}: no service asks for GPUs; the file is written unchanged")
         return header(project.files[0], exam), rendered
@@ -375,7 +366,7 @@ def check_command(options: Options, as_json: bool) -> int:
     else:
         name = project_name(project)
         cards, daemon = _host(project.doc, project.files, cdi_too=False)
-        exam = examine(project.doc, cards, daemon.busy, project.file_env)
+        exam = examine(project.doc, cards, daemon.busy, daemon.unknown, project.file_env)
     if as_json:
         sys.stdout.write(json.dumps([p.to_dict() for p in exam.problems], indent=2) + "\n")
     else:

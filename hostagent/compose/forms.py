@@ -21,16 +21,18 @@ from gpupin.hostagent.compose import devicerequest
 from gpupin.hostagent.compose.gpurequest import (
     ALL,
     KEY,
+    LOOKALIKE_HINT,
     RESERVATIONS_AT,
     GpuRequest,
     GpuRequestForm,
     cdi_request,
     count_of,
     device_entry,
+    lookalike,
     spec_list,
     write_device,
 )
-from gpupin.hostagent.compose.problems import ServiceError, quoted
+from gpupin.hostagent.compose.problems import ServiceError, printable, quoted
 from gpupin.hostagent.compose.service import env_entries, reservations
 from gpupin.hostagent.engine import cdi
 
@@ -59,6 +61,13 @@ class XGpupin(GpuRequestForm):
         return f"{KEY}: {{gpus: [{uuid}]}}"
 
     def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
+        misspelt = next((k for k in svc if lookalike(k)), None)
+        if misspelt is not None:  # quietly no card at all, which is never what was meant: an error
+            raise ServiceError(
+                service,
+                f"`{printable(misspelt)}` is not gpupin's `{KEY}`: the service asks for no card by it",
+                LOOKALIKE_HINT,
+            )
         x = svc.get(KEY)
         if x is None:
             return None

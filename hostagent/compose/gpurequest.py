@@ -23,10 +23,26 @@ if TYPE_CHECKING:
     from gpupin.hostagent.pin import Pin
 
 KEY = "x-gpupin"
+_KEY_LETTERS = "xgpupin"
+LOOKALIKE_HINT = f"did you mean {KEY}? Compose ignores x- keys, so a misspelt one asks for nothing"
 # Where compose-go says a deploy device request is, in its messages.
 RESERVATIONS_AT = "services.{service}.deploy.resources.reservations.devices"
 ALL = devicerequest.EVERY  # a count of every card: `count: all`, `-1`, a device entry with neither count nor ids
 _SPEC_HINT = "give UUIDs (GPU-1c5e...), unique prefixes, NVML indices or bus ids (quoted: '3b:00.0')"
+
+
+def lookalike(key: object) -> bool:
+    """Whether a key looks like KEY without being it (x-gpu-pin, x-gpupins, x_gpupin, X-GPUPIN, gpupin): its
+    letters and digits, case folded, at most one edit away from KEY's."""
+    if not isinstance(key, str) or key == KEY or len(key) > 4 * len(KEY):
+        return False
+    word = "".join(c for c in key.lower() if c.isalnum())
+    if abs(len(word) - len(_KEY_LETTERS)) > 1:
+        return False
+    if len(word) == len(_KEY_LETTERS):
+        return sum(a != b for a, b in zip(word, _KEY_LETTERS)) <= 1
+    short, long = sorted((word, _KEY_LETTERS), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
 
 
 class GpuRequest:

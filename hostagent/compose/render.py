@@ -100,10 +100,12 @@ def render(
     busy: Mapping[str, Sequence[Holder]],
     detection: cdi.Detection = NOT_ASKED,
     via: str | None = None,
+    unknown: str | None = None,
     file_env: Mapping[str, Mapping[str, str | None]] | None = None,
 ) -> tuple[dict[str, Any], Examination]:
-    """The pinned document and what `examine` found; RenderRefused with every refusal when there is one."""
-    exam = examine(doc, cards, busy, file_env)
+    """The pinned document and what `examine` found; RenderRefused with every refusal when there is one (`unknown`:
+    why the ledger was not read, None when it was; `file_env`: hostagent.compose.rules.examine)."""
+    exam = examine(doc, cards, busy, unknown, file_env)
     refusals = exam.refusals
     if via == cdi.CDI:  # as `hostagent run --via cdi --gpu-capabilities`: a CDI request carries no capabilities
         refusals += [

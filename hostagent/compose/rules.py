@@ -19,16 +19,16 @@ from __future__ import annotations
 import re
 
 from gpupin.core.contract import EXPECT_VAR, LABEL, NVD_VAR, SHARED_LABEL, VERIFY_VAR, picks_devices
-from gpupin.core.errors import GpupinError
+from gpupin.core.errors import EX_UNAVAILABLE, GpupinError
 from gpupin.core.expectation import parse_expect
 from gpupin.core.identity import is_full_uuid, match_uuid
 from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form, resolve
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose import devicefiles
 from gpupin.hostagent.compose.forms import gpu_request
-from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
+from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest, lookalike
 from gpupin.hostagent.compose.place import Assignment, bookings, place
-from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, quoted
+from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, printable, quoted
 from gpupin.hostagent.compose.service import env_entries, label_entries, replicas, with_file_env
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS
 
@@ -367,6 +367,26 @@ def _not_a_pin(req: GpuRequest, given: Sequence[Target]) -> Problem:
 # --- the whole file ---------------------------------------------------------------------------------------------
 
 
+def top_level_lookalikes(doc: Any) -> list[Problem]:
+    """Top-level keys that look like x-gpupin (x-gpu-pin, x-gpupins...): a warning, since x-gpupin is read in a
+    service, and a top-level x- key often only holds an anchor (in a service, a lookalike is an error:
+    hostagent.compose.forms)."""
+    if not isinstance(doc, dict):
+        return []
+    return [
+        Problem(
+            None,
+            f"the top-level key `{printable(k)}` looks like `{KEY}`, which is read in a service, never at the top "
+            "level",
+            f"did you mean {KEY}? Put it in each service that needs cards (a top-level key may hold an anchor for "
+            f"them: `{KEY}: *NAME` in the service)",
+            WARNING,
+        )
+        for k in doc
+        if lookalike(k)
+    ]
+
+
 def checked_services(doc: Any) -> tuple[dict[str, Any], list[Problem]]:
     """The document's services, or the problems that stop every further check (no services mapping, names
     compose would refuse): the first step of check, render and render --swarm alike."""
@@ -377,15 +397,33 @@ def checked_services(doc: Any) -> tuple[dict[str, Any], list[Problem]]:
     return svcs, name_problems(svcs)
 
 
+def unknown_ledger(counted: int, unknown: str | None) -> list[Problem]:
+    """A count cannot be placed while which cards are free is unknown (`unknown`: why the ledger was not read):
+    render refuses it (69), and check reports it, one rule for both."""
+    if unknown is None or not counted:
+        return []
+    return [
+        Problem(
+            None,
+            f"the file asks for {counted} card(s) by count, which render places on free cards, but which cards "
+            f"are free is unknown: {unknown}",
+            "start Docker or set DOCKER_HOST, or name the cards",
+            exit_code=EX_UNAVAILABLE,
+        )
+    ]
+
+
 def examine(
     doc: Any,
     cards: Sequence[Card],
     busy: Mapping[str, Sequence[Holder]],
+    unknown: str | None = None,
     file_env: Mapping[str, Mapping[str, str | None]] | None = None,
 ) -> Examination:
     """Every problem with a compose file's GPUs on this host, and the cards render gives each service; pure over
-    the cards, the ledger (card UUID -> the running containers that hold it) and `file_env` (service -> what its
-    `env_file:` files set, under `environment`: hostagent.compose.project.Project.file_env)."""
+    the cards, the ledger (card UUID -> the running containers that hold it; `unknown`: why it was not read,
+    None when it was) and `file_env` (service -> what its `env_file:` files set, under `environment`:
+    hostagent.compose.project.Project.file_env)."""
     file_env = file_env or {}
     svcs, stop = checked_services(doc)
     if stop:
@@ -454,6 +492,8 @@ def examine(
     order = {name: i for i, name in enumerate(svcs)}
     written = sorted([*named, *as_written], key=lambda a: order[a.req.service])
     problems.extend(p for p in bookings(written, busy) if p.render_fixes)  # the rest came from place()
+    problems.extend(unknown_ledger(sum(r.count or 0 for r in counted), unknown))
+    problems.extend(top_level_lookalikes(doc))
     problems.sort(key=lambda p: order.get(p.service, -1) if p.service is not None else -1)
     return Examination(
         problems,

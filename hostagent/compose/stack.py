@@ -36,7 +36,7 @@ from gpupin.hostagent.compose.forms import DeployDevices, XGpupin, gpu_request
 from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
 from gpupin.hostagent.compose.problems import WARNING, Problem, RenderRefused, ServiceError, printable, quoted
 from gpupin.hostagent.compose.render import set_entries
-from gpupin.hostagent.compose.rules import checked_services, device_var_rules, owned_rules
+from gpupin.hostagent.compose.rules import checked_services, device_var_rules, owned_rules, top_level_lookalikes
 from gpupin.hostagent.compose.service import (
     device_list,
     env_entries,
@@ -362,6 +362,7 @@ def examine(
     if stop:
         return StackExamination(stop)
     version, notes, problems = version_rule(doc)
+    problems = problems + top_level_lookalikes(doc)
     reserving: list[StackService] = []
     for name, svc in svcs.items():
         try:

@@ -18,7 +18,7 @@ def _short(err: BaseException) -> str:
 def unavailable(err: BaseException) -> DockerUnavailableError:
     return DockerUnavailableError(
         f"the Docker daemon at {docker_host()} does not answer: {_short(err)}",
-        DAEMON_HINT + " (`make sandbox-up` prints the sandbox's)",
+        DAEMON_HINT + " (`docker info` says whether it answers)",
     )
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from gpupin.core.contract import EXPECT_VAR, LABEL_PREFIX
 from gpupin.core.contract import LABEL as LABEL  # the ledger reads the labels the pin writes
 from gpupin.core.contract import SHARED_LABEL as SHARED_LABEL
-from gpupin.core.errors import EX_MISALIGNED, EX_UNAVAILABLE, EX_USAGE, GpupinError
+from gpupin.core.errors import EX_MISALIGNED, EX_UNAVAILABLE, EX_USAGE, GpupinError, shown
 from gpupin.core.resolve import resolve
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.ledger.forms import WAY, grants
@@ -177,16 +177,18 @@ class Holder:
         return self.inspected and self.label is not None and set(self.label) != set(self.uuids)
 
     def describe(self) -> str:
+        # The name, the label and how the engine gives the cards (an environment value) are the container's to
+        # choose: shown by the one rule, so that another user's refusal line stays one readable line.
         parts = [self.id[:12], self.state]
         if self.how != "gpupin":
-            parts.append(self.how)
+            parts.append(shown(self.how, 500))
         elif self.via:
             parts.append(f"gpupin via {self.via}")
         if self.mismatch:
-            parts.append(f"MISMATCH: labelled {','.join(self.label or ())}")
+            parts.append(f"MISMATCH: labelled {','.join(shown(x) for x in self.label or ())}")
         if self.holds and self.why != self.state:
             parts.append(str(self.why))
-        return f"{self.name} ({', '.join(parts)})"
+        return f"{shown(self.name)} ({', '.join(parts)})"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -19,11 +19,17 @@ NVML names another process or none, so nothing is read there (`pids_visible`). A
 /proc hides (a hidepid mount), gives None for what cannot be read: never an error, as a listing must survive a
 process ending while it is read.
 
-The container comes from /proc/<pid>/cgroup (cgroup v1 or v2, the systemd or the cgroupfs driver): a path part
-that ends in a 64-hex id, bare or with an engine's prefix and `.scope` (`/docker/<id>`,
-`/system.slice/docker-<id>.scope`, `cri-containerd-<id>`, `crio-<id>`, `libpod-<id>`, `nerdctl-<id>`, Kubernetes'
-`/kubepods/.../<id>`). A cgroup that names no container (a session scope, `/process_api/<32 hex>`, a service)
-is the host's."""
+Which container a process is in (`Places.owner`): a cgroup path is a name anyone can choose (any user makes
+`docker-<id>.scope` under their own slice with `systemd-run --user --scope --unit docker-<id>`), so a process is
+a container's of this daemon only when it is in that container's real cgroup, computed from the engine's facts (the
+daemon's cgroup driver in /info, the container's HostConfig.CgroupParent: `<parent>/docker-<id>.scope` under the
+systemd driver, `<parent or /docker>/<id>` under cgroupfs) or below it, or when its pid namespace is the
+container's (its State.Pid's, inode and device). A process whose cgroup names a container of this daemon in any
+other place is `UNNAMED`: its owner cannot be named, so it makes its card busy and is never that container's (not
+its use, not its ESCAPE). A path part that ends in a 64-hex id, bare or with an engine's prefix and `.scope`
+(`cri-containerd-<id>`, `crio-<id>`, `libpod-<id>`, Kubernetes' `/kubepods/.../<id>`), that names no container of
+this daemon is another engine's container; a cgroup that names none (a session scope, `/process_api/<32 hex>`, a
+service) is the host's."""
 
 from __future__ import annotations
 
@@ -31,17 +37,21 @@ import functools
 import os
 import re
 
+from gpupin.core.errors import shown
 from gpupin.hostagent.ledger.holders import Holder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
     from gpupin.core.nvml import Card, Process
 
 
-HOST, CONTAINER, UNKNOWN = "host", "container", "unknown"  # whose a process is
+# Whose a process is: the host's, a container's, unknown (/proc does not show it), or unnamed (its cgroup names a
+# container of this daemon that it is not in: anyone can name a cgroup so).
+HOST, CONTAINER, UNKNOWN, UNNAMED = "host", "container", "unknown", "unnamed"
+MIB = 1024 * 1024
 _USERS: dict[int, str] = {}  # uid -> user name, for this process's life
 
 
@@ -50,11 +60,22 @@ class Use(Holder):
     (`run` decides without it: any process on a card keeps an exclusive request off it, since a container given the
     card holds it anyway; only what a refusal or a listing says needs the owner).
 
-    `owner`: HOST, CONTAINER (`container_id`; `container` its name when this daemon knows it) or UNKNOWN.
+    `owner`: HOST, CONTAINER (`container_id`; `container` its name when this daemon knows it), UNKNOWN or UNNAMED.
     `foreign`: no grant of its container explains it (None: cannot be told, the ledger being unread).
     `escape`: a container of this daemon that was not given the card."""
 
-    __slots__ = ("_given", "_names", "_where", "card_uuid", "command", "kind", "pid", "used_memory", "user")
+    __slots__ = (
+        "_given",
+        "_names",
+        "_places",
+        "_where",
+        "card_uuid",
+        "command",
+        "kind",
+        "pid",
+        "used_memory",
+        "user",
+    )
     process = True
 
     def __init__(
@@ -64,6 +85,7 @@ class Use(Holder):
         card_uuid: str,
         given: Mapping[str, set[str]] | None,
         names: Mapping[str, str] | None,
+        places: Places | None = None,
     ) -> None:
         super().__init__(f"pid {p.pid}", "", "running", [key], False, "process")
         self.pid = p.pid
@@ -72,6 +94,7 @@ class Use(Holder):
         self.card_uuid = card_uuid
         self._given = given  # container id -> the cards its grants name (None: the ledger is unread)
         self._names = names  # container id -> name, every container of this daemon
+        self._places = places  # where this daemon's containers run (None: the ledger is unread)
         self._where: HostProcess | None = None
         self.user: str | None = None
         self.command: str | None = None
@@ -79,7 +102,7 @@ class Use(Holder):
     @property
     def where(self) -> HostProcess:
         if self._where is None:
-            self._where = locate(self.pid)
+            self._where = locate(self.pid, self._places)
         return self._where
 
     @property
@@ -93,7 +116,16 @@ class Use(Holder):
 
     @property
     def owner(self) -> str:
-        return UNKNOWN if not self.where.visible else CONTAINER if self.container_id else HOST
+        where = self.where
+        return (
+            UNKNOWN
+            if not where.visible
+            else UNNAMED
+            if where.claimed is not None and where.container_id is None
+            else CONTAINER
+            if where.container_id
+            else HOST
+        )
 
     @property
     def foreign(self) -> bool | None:
@@ -118,11 +150,16 @@ class Use(Holder):
         self._read()
         who = (
             f"pid {self.pid}"
-            + (f" of {self.user}" if self.user else "")
-            + (f" ({self.command})" if self.command else "")
+            + (f" of {shown(self.user)}" if self.user else "")
+            + (f" ({shown(self.command)})" if self.command else "")
         )
         if self.owner == HOST:
             return f"{who}, a process of the host"
+        if self.owner == UNNAMED:
+            return (
+                f"{who} in cgroup {shown(self.where.cgroup)}, which is not container "
+                f"{(self.where.claimed or '')[:12]}'s: its owner cannot be named"
+            )
         if self.owner == UNKNOWN:
             why = (
                 "gone, or hidden from this user"
@@ -134,8 +171,8 @@ class Use(Holder):
         if self.container is None:
             return f"{who} in container {cid}, which this Docker daemon does not know (another engine's)"
         if self.escape:
-            return f"{who} in container {self.container} ({cid}), which was not given this card: ESCAPE"
-        return f"{who} in container {self.container} ({cid})"
+            return f"{who} in container {shown(self.container)} ({cid}), which was not given this card: ESCAPE"
+        return f"{who} in container {shown(self.container)} ({cid})"
 
     def to_dict(self) -> dict[str, Any]:
         self._read()
@@ -170,6 +207,43 @@ class Unlisted(Holder):
         return f"someone NVML would not name ({self.reason}; run hostagent as root, or use it anyway with --share)"
 
 
+# Use that NVML names no process for (unseen_use): an idle H200 reads 615-618 MiB used at 0% load
+# (bench/records/real-gpu-session-2-2xH200-2026-11-30.log, and -3-); a PyTorch process there used 4614 MiB.
+UNSEEN_MIB = 1024  # more memory used than this, and than UNSEEN_SHARE of the card's, is use
+UNSEEN_SHARE = 0.01
+UNSEEN_LOAD = 5  # a load of this many percent or more is use
+
+
+def unseen_use(card: Card) -> str | None:
+    """What says a card is in use though NVML lists no process on it (memory used, load), or None: a process in
+    a pid namespace or VM that NVML does not show here, or one it hides. Not asked of a card in MIG mode (its
+    memory and load are its devices'), nor of one whose processes NVML will not list (unknown already)."""
+    if card.error is not None or card.processes_error is not None or card.process_list or card.mig_mode:
+        return None
+    signs = []
+    used, total = card.memory_used, card.memory_total
+    if used is not None and total and used > max(UNSEEN_MIB * MIB, total * UNSEEN_SHARE):
+        signs.append(f"{used // MIB} MiB used")
+    if card.utilization_gpu is not None and card.utilization_gpu >= UNSEEN_LOAD:
+        signs.append(f"{card.utilization_gpu}% load")
+    return ", ".join(signs) or None
+
+
+class Unseen(Holder):
+    """A card in use by processes NVML does not name (unseen_use): busy, as a card a host process uses; --share
+    and --count --max-load/--max-memory judge it as such."""
+
+    __slots__ = ("signs",)
+    process = True
+
+    def __init__(self, card: Card, signs: str) -> None:
+        super().__init__(f"card {card.index}", "", "running", [card.uuid or ""], False, "unseen", why="in use")
+        self.signs = signs
+
+    def describe(self) -> str:
+        return f"an owner NVML does not name ({self.signs}, no process listed)"
+
+
 def mig_of(p: Process, card: Card) -> str | None:
     """The MIG device a process runs on (a card in MIG mode names its GPU and compute instance), or None."""
     if p.gpu_instance_id is None:
@@ -185,18 +259,21 @@ def mig_of(p: Process, card: Card) -> str | None:
 
 
 def attribute(
-    cards: Sequence[Card], holders: Iterable[Holder] | None, containers: Mapping[str, str] | None
+    cards: Sequence[Card],
+    holders: Iterable[Holder] | None,
+    containers: Mapping[str, str] | None,
+    places: Places | None = None,
 ) -> list[Use]:
     """Every process of these cards, attributed (when asked: Use). `holders`: the ledger's (None: unread, so
     whether a container's process is foreign cannot be told); `containers`: id -> name of every container of this
-    daemon."""
+    daemon; `places`: where they run (the reading's)."""
     given: dict[str, set[str]] | None = None
     if holders is not None:
         given = {}
         for h in holders:
             given.setdefault(h.id, set()).update(h.uuids)
     return [
-        Use(p, mig_of(p, card) or card.uuid or "", card.uuid or "", given, containers)
+        Use(p, mig_of(p, card) or card.uuid or "", card.uuid or "", given, containers, places)
         for card in cards
         for p in card.process_list
     ]
@@ -206,7 +283,7 @@ def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True
     """Card or MIG UUID -> what holds it besides the containers given it: its foreign processes (`attributed`:
     each process's owner read from /proc; else every process, which decides the same for a request that does not
     share, as a container given the card holds it anyway), or the card itself when NVML will not list its
-    processes."""
+    processes or when its memory or load says it is used by processes NVML does not name."""
     out: dict[str, list[Holder]] = {}
     for u in uses:
         if not attributed or u.foreign is not False:
@@ -214,6 +291,9 @@ def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True
     for card in cards:
         if card.processes_error is not None and card.uuid:
             out.setdefault(card.uuid, []).append(Unlisted(card))
+        signs = unseen_use(card)
+        if signs is not None and card.uuid:
+            out.setdefault(card.uuid, []).append(Unseen(card, signs))
     return out
 
 
@@ -226,9 +306,10 @@ _HOST_PID_NS = "pid:[4026531836]"
 class HostProcess:
     """What /proc tells of one pid: whether it could be read, its user (the real uid's name, as ps and nvitop
     show it; the number when no user has that uid), its command name (/proc/<pid>/status Name, as ps -o comm) and
-    its container id (None: the host's)."""
+    its container id (None: the host's, or an unnamed owner). `claimed`: the container of this daemon that its
+    cgroup names when it is not in it (`cgroup`: that path)."""
 
-    __slots__ = ("command", "container_id", "pid", "user", "visible")
+    __slots__ = ("cgroup", "claimed", "command", "container_id", "pid", "user", "visible")
 
     def __init__(
         self,
@@ -237,12 +318,104 @@ class HostProcess:
         command: str | None = None,
         container_id: str | None = None,
         visible: bool = False,
+        claimed: str | None = None,
+        cgroup: str | None = None,
     ) -> None:
         self.pid = pid
         self.user = user
         self.command = command
         self.container_id = container_id
         self.visible = visible
+        self.claimed = claimed
+        self.cgroup = cgroup
+
+
+class Places:
+    """Where each running container of this daemon is (gpupin.hostagent.ledger.read fills it from the inspects):
+    its real cgroup, from the daemon's cgroup driver (`driver`: /info's CgroupDriver, or how to ask for it once)
+    and its HostConfig.CgroupParent, and its pid namespace (that of its State.Pid). `ids`: every container of
+    this daemon (a cgroup that names one of them elsewhere is not its)."""
+
+    def __init__(
+        self,
+        containers: Mapping[str, tuple[int, str]],
+        driver: str | Callable[[], str | None] | None,
+        ids: Iterable[str] = (),
+    ) -> None:
+        self.containers = dict(containers)  # id -> (State.Pid, HostConfig.CgroupParent)
+        self._driver = driver
+        self.ids = frozenset(ids) | frozenset(self.containers)
+        self._namespaces: dict[tuple[int, int], str] | None = None
+
+    def driver(self) -> str | None:
+        """The daemon's cgroup driver (None: unknown; then only pid namespaces name a container)."""
+        if callable(self._driver):
+            try:
+                self._driver = self._driver()
+            except Exception:  # the daemon went away since the reading: its cgroups cannot be told
+                self._driver = None
+        return self._driver
+
+    def cgroup(self, cid: str) -> str | None:
+        """The container's real cgroup path, as /proc/<pid>/cgroup shows it from the host (None: not known)."""
+        if cid not in self.containers:
+            return None
+        return real_cgroup(self.driver(), self.containers[cid][1], cid)
+
+    def owner(self, pid: int, cgroup: str, claimed: str | None) -> str | None:
+        """The container of this daemon that `pid` is in (`cgroup`: its /proc/<pid>/cgroup text; `claimed`: the
+        id its path names), or None."""
+        real = self.cgroup(claimed) if claimed is not None else None
+        if real is not None and any(_within(path, real) for path in _paths(cgroup)):
+            return claimed
+        ns = _namespace(str(pid))
+        return self.namespaces().get(ns) if ns is not None else None
+
+    def namespaces(self) -> dict[tuple[int, int], str]:
+        """(device, inode) of a pid namespace -> the container it is, read once; the host's own namespace is no
+        container's (`--pid host`)."""
+        if self._namespaces is None:
+            own = _namespace("self")
+            found: dict[tuple[int, int], str] = {}
+            for cid, (init, _) in sorted(self.containers.items()):
+                ns = _namespace(str(init)) if init > 0 else None
+                if ns is not None and ns != own:
+                    found.setdefault(ns, cid)  # `--pid container:X` shares X's: either is in that container
+            self._namespaces = found
+        return self._namespaces
+
+
+def real_cgroup(driver: str | None, parent: str, cid: str) -> str | None:
+    """Where the daemon puts a container's cgroup (moby daemon/oci_linux.go): the systemd driver makes the scope
+    `docker-<id>.scope` in the slice `parent` (default system.slice; `a-b.slice` is /a.slice/a-b.slice), cgroupfs
+    the folder `<parent>/<id>` (default /docker). None for a driver it does not know."""
+    if driver == "systemd":
+        name = parent or "system.slice"
+        if not name.endswith(".slice"):
+            return None
+        stem = name[: -len(".slice")]
+        parts = [] if stem in ("", "-") else stem.split("-")
+        return "".join(f"/{'-'.join(parts[: i + 1])}.slice" for i in range(len(parts))) + f"/docker-{cid}.scope"
+    if driver == "cgroupfs":
+        return f"/{(parent or '/docker').strip('/')}/{cid}".replace("//", "/")
+    return None
+
+
+def _paths(cgroup: str) -> list[str]:
+    """The path of each hierarchy in /proc/<pid>/cgroup text (v1: one line per hierarchy; v2: `0::path`)."""
+    return [line.split(":", 2)[-1] for line in cgroup.splitlines() if line.count(":") >= 2]
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")  # its own sub-cgroups (systemd or Docker in it) are its
+
+
+def _namespace(pid: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(f"/proc/{pid}/ns/pid")
+    except OSError:  # gone, or hidden
+        return None
+    return st.st_dev, st.st_ino
 
 
 @functools.lru_cache(maxsize=1)
@@ -264,12 +437,19 @@ def _read(path: str) -> str | None:
 
 
 def container_id(cgroup: str) -> str | None:
-    """The container id in /proc/<pid>/cgroup text (the innermost one), or None for a process not in one."""
-    for line in reversed(cgroup.splitlines()):
-        for part in reversed(line.split(":", 2)[-1].split("/")):
+    """The container id that /proc/<pid>/cgroup text names (the innermost one), or None for a path that names
+    none. A name only: anyone may name a cgroup so (Places.owner says whether it is that container's)."""
+    found = _named(cgroup)
+    return found[0] if found is not None else None
+
+
+def _named(cgroup: str) -> tuple[str, str] | None:
+    """(the id, the path that names it), innermost first."""
+    for path in reversed(_paths(cgroup)):
+        for part in reversed(path.split("/")):
             m = _CONTAINER_PART.fullmatch(part)
             if m:
-                return m.group(1)
+                return m.group(1), path
     return None
 
 
@@ -284,13 +464,24 @@ def _user_name(uid: int, cache: dict[int, str]) -> str:
     return cache[uid]
 
 
-def locate(pid: int) -> HostProcess:
-    """The pid's container (one read of /proc/<pid>/cgroup: what `hostagent run` needs for every process);
-    `visible` False when /proc does not show it here."""
+def locate(pid: int, places: Places | None = None) -> HostProcess:
+    """The pid's container (one read of /proc/<pid>/cgroup); `visible` False when /proc does not show it here.
+    With `places` (the ledger read), a cgroup that names a container of this daemon counts only when the process
+    is really in it (Places.owner); else that name is `claimed`, and whose the process is cannot be said. Without
+    them, the name is all there is (another engine's container, or the ledger unread: never free either way)."""
     cgroup = _read(f"/proc/{pid}/cgroup") if pids_visible() else None
     if cgroup is None:
         return HostProcess(pid)
-    return HostProcess(pid, container_id=container_id(cgroup), visible=True)
+    named = _named(cgroup)
+    claimed, path = named if named is not None else (None, None)
+    if places is None:
+        return HostProcess(pid, container_id=claimed, visible=True)
+    real = places.owner(pid, cgroup, claimed)
+    if real is not None:
+        return HostProcess(pid, container_id=real, visible=True)
+    if claimed is not None and claimed in places.ids:
+        return HostProcess(pid, visible=True, claimed=claimed, cgroup=path)
+    return HostProcess(pid, container_id=claimed, visible=True)
 
 
 def describe(pid: int, users: dict[int, str] | None = None, proc: HostProcess | None = None) -> HostProcess:

@@ -13,6 +13,7 @@ from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.ledger.forms import HostCards
 from gpupin.hostagent.ledger.holders import worth_inspecting
+from gpupin.hostagent.ledger.processes import Places
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,10 +28,11 @@ STARTING_INSPECT_S = 2.0  # how long the inspect of a container in the middle of
 
 class LedgerReading:
     """One reading of the ledger: the holders, the abandoned containers (created by a hostagent whose lease is
-    dead or expired, never started), the name of every container (id -> name: whose a GPU process is) and the
-    daemon's clock at the reading."""
+    dead or expired, never started), the name of every container (id -> name: whose a GPU process is), where
+    each running one is (its cgroup and pid namespace: gpupin.hostagent.ledger.processes.Places) and the daemon's
+    clock at the reading."""
 
-    __slots__ = ("holders", "names", "now", "orphans")
+    __slots__ = ("holders", "names", "now", "orphans", "places")
 
     def __init__(
         self,
@@ -38,11 +40,13 @@ class LedgerReading:
         orphans: list[dict[str, Any]],
         now: float,
         names: dict[str, str] | None = None,
+        places: Places | None = None,
     ) -> None:
         self.holders = holders
         self.orphans = orphans
         self.now = now
         self.names = names if names is not None else {}
+        self.places = places if places is not None else Places({}, None, self.names)
 
 
 def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> LedgerReading:
@@ -62,6 +66,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
     holders: list[ledger.Holder] = []
     orphans: list[dict[str, Any]] = []
     names = {str(s["Id"]): ledger.name_of(s) for s in summaries}
+    places: dict[str, tuple[int, str]] = {}  # id -> (State.Pid, HostConfig.CgroupParent) of each running one
     for s in summaries:
         state = str(s.get("State") or "")
         labels = s.get("Labels") or {}
@@ -85,6 +90,9 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             starting = lease_state == lease.LIVE
             try:
                 data = fetch(api, f"/containers/{s['Id']}/json", timeout=STARTING_INSPECT_S if starting else None)[0]
+                pid = (data.get("State") or {}).get("Pid")
+                if isinstance(pid, int) and pid > 0:
+                    places[str(s["Id"])] = (pid, str((data.get("HostConfig") or {}).get("CgroupParent") or ""))
                 h = ledger.holder(data, host, lease_state, labels)
             except EngineNotFound:
                 continue  # it went away between the list and the inspect
@@ -96,7 +104,13 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             h = ledger.label_holder(s, cards, labels)
         if h is not None:
             holders.append(h)
-    return LedgerReading(holders, orphans, now, names)
+    # The cgroup driver: /info's when the caller has it, else asked once when a process's cgroup must be told.
+    driver = (
+        str(daemon_info.get("CgroupDriver") or "")
+        if daemon_info is not None
+        else lambda: str(info(api).get("CgroupDriver") or "")
+    )
+    return LedgerReading(holders, orphans, now, names, Places(places, driver, names))
 
 
 def _image_labels(api: Any, image_id: str, seen: dict[str, dict[str, str]]) -> dict[str, str]:

@@ -68,6 +68,8 @@ def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any
     try:
         docker["host"] = engine.docker_host()
         reading = ledger_read.read_ledger(engine.reader(timeout=10), cards)
+        if reading.places.containers:
+            reading.places.driver()  # asked now, on this thread (the agent shows the view from another)
     except GpupinError as err:
         docker.update(available=False, error=err.message)
     except Exception as err:
@@ -87,8 +89,10 @@ def assemble(
     """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
     attributed to their containers or the host (gpupin.hostagent.ledger.processes)."""
     holders = reading.holders if reading is not None else []
-    used = ledger_processes.attribute(
-        cards, reading.holders if reading is not None else None, reading.names if reading is not None else None
+    used = (
+        ledger_processes.attribute(cards, reading.holders, reading.names, reading.places)
+        if reading is not None
+        else ledger_processes.attribute(cards, None, None)
     )
     unread = None if reading is not None else f"Docker unavailable: {docker['error']}"
     return {
@@ -112,11 +116,21 @@ def _state(held: bool | None, busy: bool | None, holding: Sequence[Holder]) -> s
     return "shared" if all(h.shared for h in holding) else "held"
 
 
-def _occupancy(holding: Sequence[Holder], mine: Sequence[Use], unknown: str | None) -> dict[str, Any]:
-    """held, busy, state and why they are unknown, of a card or a MIG device."""
-    held = True if holding or mine else None if unknown else False
-    busy = True if any(u.foreign for u in mine) else None if unknown or any(u.foreign is None for u in mine) else False
-    return {"held": held, "busy": busy, "state": _state(held, busy, holding), "unknown": unknown}
+def _occupancy(
+    holding: Sequence[Holder], mine: Sequence[Use], unknown: str | None, unseen: str | None = None
+) -> dict[str, Any]:
+    """held, busy, state and why they are unknown, of a card or a MIG device. `unseen`: its memory or load says it
+    is in use though NVML names no process (busy, unless a container given it explains it)."""
+    unseen = None if holding else unseen
+    held = True if holding or mine or unseen else None if unknown else False
+    busy = (
+        True
+        if unseen or any(u.foreign for u in mine)
+        else None
+        if unknown or any(u.foreign is None for u in mine)
+        else False
+    )
+    return {"held": held, "busy": busy, "state": _state(held, busy, holding), "unknown": unknown, "unseen": unseen}
 
 
 def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str | None) -> dict[str, Any]:
@@ -134,7 +148,7 @@ def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str |
         else f"NVML would not list its processes: {c.processes_error}"
     )
     unknown = "; ".join(r for r in (unread, listed) if r) or None
-    occupancy = _occupancy(holding, procs, unknown)
+    occupancy = _occupancy(holding, procs, unknown, ledger_processes.unseen_use(c))
     return {
         "index": c.index,
         "uuid": c.uuid,

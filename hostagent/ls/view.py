@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
+from gpupin.core.errors import shown
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 BOLD, DIM, RED, GREEN, YELLOW, BLUE, MAGENTA, CYAN = "1", "2", "31", "32", "33", "34", "35", "36"
 HOT_C, WARM_C = 80, 60  # temperature thresholds: red from HOT_C, yellow from WARM_C
 NA = "N/A"
+CELL = 500  # a value shown longer than this is cut (gpupin.core.errors.shown says how long it was)
 SHOWN_IDLE = 3  # pinned containers that hold nothing: named up to this many, then counted
 
 
@@ -103,6 +106,12 @@ def _section(label: str, rows: Sequence[Row], color: bool, indent: str, style: s
     return [(indent + (head if n == 0 else blank) + "  " + line).rstrip() for n, line in enumerate(lines)]
 
 
+def _text(value: object) -> str:
+    """A value a user or a container chose (a name, a label, a command), as the one rule shows it: as itself when
+    it prints on one line, else escaped (a label's ESC [ 2 J must not clear the reader's screen)."""
+    return NA if value is None else shown(value, CELL)
+
+
 def _paint(text: str, style: str, color: bool) -> str:
     return f"\x1b[{style}m{text}\x1b[0m" if color and style and text else text
 
@@ -171,22 +180,25 @@ def _holders(holders: Sequence[dict[str, Any]], color: bool, indent: str) -> lis
     rows = []
     for h in holders:
         # A pinned holder says the way hostagent pinned it (--gpus or CDI); another says how it was started.
-        how = f"gpupin via {h['via']}" if h["how"] == "gpupin" and h.get("via") else h["how"]
+        how = f"gpupin via {h['via']}" if h["how"] == "gpupin" and h.get("via") else _text(h["how"])
         tail: list[tuple[str, str]] = [(how, "")]
         if h["shared"]:
             tail += [("  ", ""), ("shared", CYAN)]
         if h["mismatch"]:
-            tail += [("  ", ""), (f"MISMATCH: labelled {','.join(h['label'] or ()) or 'nothing'}", f"{BOLD};{RED}")]
+            tail += [
+                ("  ", ""),
+                (f"MISMATCH: labelled {','.join(_text(x) for x in h['label'] or ()) or 'nothing'}", f"{BOLD};{RED}"),
+            ]
         if h["why"] and h["why"] != h["state"]:
-            tail += [("  ", ""), (f"holds: {h['why']}", "")]
-        rows.append([Cell(h["name"], BOLD), Cell(h["id"][:12]), Cell(h["state"]), Cell("", parts=tail)])
+            tail += [("  ", ""), (f"holds: {_text(h['why'])}", "")]
+        rows.append([Cell(_text(h["name"]), BOLD), Cell(h["id"][:12]), Cell(h["state"]), Cell("", parts=tail)])
     return _section("held by", rows, color, indent)
 
 
 def _mismatches(mislabelled: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
     rows = [
         [
-            Cell(h["name"], BOLD),
+            Cell(_text(h["name"]), BOLD),
             Cell(h["id"][:12]),
             Cell(h["state"]),
             Cell(f"labelled for this card, given {','.join(h['uuids']) or 'no card'}"),
@@ -197,13 +209,15 @@ def _mismatches(mislabelled: Sequence[dict[str, Any]], color: bool, indent: str)
 
 
 def _owner(p: dict[str, Any]) -> list[tuple[str, str]]:
-    """Whose a process is: its container (an ESCAPE when that container was not given the card), the host, or
-    unknown."""
+    """Whose a process is: its container (an ESCAPE when that container was not given the card), the host,
+    unknown, or one that cannot be named (its cgroup names a container it is not in)."""
     if p["owner"] == "host":
         return [("host", "")]
     if p["owner"] == "unknown":
         return [("owner unknown", DIM)]
-    out = [(p["container"] or (p["container_id"] or "")[:12], BOLD)]
+    if p["owner"] == "unnamed":
+        return [("owner cannot be named: a cgroup named for a container it is not in", f"{BOLD};{RED}")]
+    out = [(_text(p["container"]) if p["container"] else (p["container_id"] or "")[:12], BOLD)]
     if p["escape"]:
         out += [("  ", ""), ("ESCAPE: not given this card", f"{BOLD};{RED}")]
     elif p["container"] is None and p["foreign"]:
@@ -216,9 +230,9 @@ def _processes(processes: Sequence[dict[str, Any]], color: bool, indent: str) ->
         [
             Cell(str(p["pid"]), right=True),
             Cell(p["type"]),
-            Cell(_na(p["user"])),
+            Cell(_text(p["user"])),
             Cell(_na(p["used_memory_mib"], " MiB"), right=True),
-            Cell(_na(p["command"])),
+            Cell(_text(p["command"])),
             Cell("", parts=_owner(p)),
         ]
         for p in processes
@@ -230,7 +244,7 @@ def _idle(idle: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]
     """Pinned containers that hold nothing now: a few by name, the rest counted (500 stopped ones stay one line)."""
     if not idle:
         return []
-    names = ", ".join(f"{h['name']} ({h['state']})" for h in idle[:SHOWN_IDLE])
+    names = ", ".join(f"{_text(h['name'])} ({h['state']})" for h in idle[:SHOWN_IDLE])
     more = f" and {len(idle) - SHOWN_IDLE} more" if len(idle) > SHOWN_IDLE else ""
     return _section("not holding", [[Cell(names + more)]], color, indent)
 
@@ -300,6 +314,10 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
     whole = [h for h in g["holders"] if g["uuid"] in h["uuids"] or not migs & set(h["uuids"])]
     if g["unknown"] and docker_ok:  # (Docker's absence is said once, on the header line)
         lines += _section("unknown", [[Cell(g["unknown"])]], color, "    ", f"{BOLD};{RED}")
+    if g.get("unseen"):  # in use, and NVML names no process: busy (an agent of an earlier version: absent)
+        lines += _section(
+            "in use", [[Cell(f"{g['unseen']}, owner unseen: no process listed")]], color, "    ", f"{BOLD};{RED}"
+        )
     return lines + _who(whole, [p for p in g["processes"] if not p["mig_uuid"]], color, "    ", g["mislabelled"])
 
 
@@ -307,7 +325,7 @@ def render(listing: dict[str, Any], color: bool = False, now: str | None = None)
     """The table; `now` (watch mode) goes on the header line."""
     docker_ok = bool(listing["docker"]["available"])
     head = [
-        _paint(listing.get("hostname") or "", BOLD, color),
+        _paint(_text(listing.get("hostname") or ""), BOLD, color),
         f"driver {_na(listing['driver_version'])}",
         f"CUDA {_na(listing.get('cuda_driver_version'))}",
     ]
@@ -323,7 +341,7 @@ def render(listing: dict[str, Any], color: bool = False, now: str | None = None)
     rows = [
         [
             Cell(f"[{g['index']}]", CYAN, gap=1),
-            Cell(g["name"] or NA, f"{BOLD};{BLUE}" if g["held"] else BLUE),
+            Cell(_text(g["name"] or NA), f"{BOLD};{BLUE}" if g["held"] else BLUE),
             Cell(_na(g["temperature_c"], "C"), _temperature_style(g["temperature_c"]), right=True),
             Cell(_na(g["utilization_gpu"], "%"), GREEN if g["utilization_gpu"] is not None else DIM, right=True),
             Cell(mem[i], YELLOW, right=True),

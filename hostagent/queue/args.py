@@ -7,8 +7,9 @@ import argparse
 import json
 import sys
 import time
+import urllib.parse
 
-from gpupin.core.errors import AgentUnavailableError, printable
+from gpupin.core.errors import AgentUnavailableError, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ it could use, so a --count 2 at the head holds every later request back until tw
 queue at once."""
 
 EPILOG = """Without an agent, `run --wait` polls the ledger without a queue: then there is nothing to list.
-exit: 0 listed; 64 bad usage; 69 no agent answers (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock)."""
+exit: 0 listed; 64 bad usage; 69 no agent answers (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock), or it
+serves another Docker daemon than DOCKER_HOST's."""
 
 COLUMNS = ("#", "NAME", "USER", "REQUEST", "IMAGE", "WAITING", "TURN")
 
@@ -54,9 +56,8 @@ def _waited(seconds: float) -> str:
 
 
 def _cell(value: str | None, limit: int = 60) -> str:
-    """Another user's value, on one line and at most `limit` characters."""
-    text = printable(value or "-")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """Another user's value, by the one rule (gpupin.core.errors.shown): on one line, at most about `limit`."""
+    return shown(value or "-", limit)
 
 
 def table(data: dict[str, Any], now: float) -> str:
@@ -91,6 +92,15 @@ def command(args: argparse.Namespace) -> int:
             "start it (`hostagent serve`, or systemctl start gpupin-hostagent), or point GPUPIN_AGENT_SOCKET at its "
             "socket",
         )
-    data = link.call("GET", "/api/queue", timeout=10)
+    data = link.call("GET", "/api/queue?" + urllib.parse.urlencode({"daemon": agentlink.daemon_key()}))
+    if "direct" in data:  # the agent queues for another daemon's cards (agentlink.other_daemon)
+        from gpupin.hostagent import engine
+
+        raise AgentUnavailableError(
+            f"the agent at {link} does not queue for the Docker daemon this command uses ({engine.docker_host()}): "
+            f"{shown(str(data['direct']))}",
+            "point GPUPIN_AGENT_SOCKET at the socket of the agent that serves this daemon (`hostagent serve` with "
+            "the same DOCKER_HOST), or DOCKER_HOST at the agent's daemon",
+        )
     sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else table(data, time.time()))
     return 0

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
-from gpupin.core.errors import UsageError
+from gpupin.core.errors import UsageError, printable
 from gpupin.hostagent.completion import COMMAND, GPUS, offer
 from gpupin.hostagent.engine.cdi import VIAS
 from gpupin.hostagent.run import options as runopts
@@ -251,6 +252,27 @@ def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tupl
     return list(argv), None, []
 
 
+def misplaced(
+    options: Sequence[str], image: str | None, cmd: Sequence[str], parser: argparse.ArgumentParser
+) -> tuple[str, str] | None:
+    """(what, hint) when the words right after IMAGE are run's own options (`hostagent run IMAGE --gpu 1`): they
+    are the command's, as docker run has it, so the request names no card. None when they are not (a command's own
+    options come after its name: `IMAGE python3 --gpu 1`). Asked only when no GPU option came before IMAGE."""
+    if image is None or not cmd or cmd[0] == "--":
+        return None
+    late, then, rest = split_run_argv(list(cmd), parser)
+    takes = _takes(parser)
+    names = [w.split("=", 1)[0] if w.startswith("--") else w[:2] for w in late if w.startswith("-") and w != "-"]
+    if not names or any(n not in takes for n in names):
+        return None
+    fixed = [*options, *late, image, *([then] if then is not None else []), *rest]
+    return (
+        f"{printable(' '.join(late))} {'comes' if len(names) == 1 else 'come'} after the image {printable(image)}: "
+        "it is passed to the command",
+        f"put run's options before IMAGE: hostagent run {printable(shlex.join(fixed))}",
+    )
+
+
 def _takes(parser: argparse.ArgumentParser) -> dict[str, str | int | None]:
     """How many words each option takes: 0, 1, or "?" (--wait's optional seconds)."""
     takes: dict[str, str | int | None] = {}
@@ -301,6 +323,8 @@ def refusal(options: Sequence[str]) -> tuple[str, str] | None:
 def command(args: argparse.Namespace) -> int:
     from gpupin.hostagent.run.request import ContainerSpec, RunRequest
 
+    if not args.gpus and args.count is None and getattr(args, "misplaced", None) is not None:
+        raise UsageError(*args.misplaced)
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a running container's output is its own)")
     if args.interactive and args.tty and not args.detach and not args.dry_run and not sys.stdin.isatty():

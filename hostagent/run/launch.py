@@ -13,6 +13,7 @@ whose lease is dead: it holds nothing, and the next run removes it (gpupin.hosta
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 
@@ -62,8 +63,15 @@ def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) ->
     for p in picks:
         holders = list({id(h): h for k in _keys(p) for h in busy.get(k, [])}.values())
         containers = list(dict.fromkeys(h.describe() for h in holders if not h.process))
-        # A process of the container that holds the card is that container's: said once, as its holder.
-        others = [h for h in holders if h.process and not (isinstance(h, ledger_processes.Use) and h.foreign is False)]
+        # A process of the container that holds the card is that container's: said once, as its holder; so is the
+        # use NVML names no process for on a card a container holds (its own, most likely).
+        others = [
+            h
+            for h in holders
+            if h.process
+            and not (isinstance(h, ledger_processes.Use) and h.foreign is False)
+            and not (containers and isinstance(h, ledger_processes.Unseen))
+        ]
         processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
         parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
             [f"in use by {', '.join(processes)}"] if processes else []
@@ -84,6 +92,8 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
             if any(not h.process for h in hs)
             else "in use by other processes"
             if any(isinstance(h, ledger_processes.Use) for h in hs)
+            else "in use by an owner NVML does not name"
+            if any(isinstance(h, ledger_processes.Unseen) for h in hs)
             else "who uses it is unknown"
             if hs
             else "over --max-load/--max-memory"
@@ -101,10 +111,12 @@ def _busy(
     mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
     nvml.read_processes(mine)
     busy = ledger.held(reading.holders) if reading is not None else {}
-    holders, names = (reading.holders, reading.names) if reading is not None else (None, None)
+    holders, names, places = (
+        (reading.holders, reading.names, reading.places) if reading is not None else (None, None, None)
+    )
     # Every process counts (no /proc read here): who runs it matters only to what a refusal says.
     for key, hs in ledger_processes.blocking(
-        mine, ledger_processes.attribute(mine, holders, names), attributed=False
+        mine, ledger_processes.attribute(mine, holders, names, places), attributed=False
     ).items():
         busy.setdefault(key, []).extend(hs)
     mark("attributed")
@@ -134,16 +146,36 @@ def _pick(
     return chosen, refusal.why if refusal is not None else []
 
 
-def _choose(
-    req: RunRequest, cards: Sequence[Card], picks: list[Target] | None, busy: dict[str, list[ledger.Holder]]
-) -> tuple[list[Target] | None, _Refusal | None]:
-    """The cards to use now, or None and the refusal that says why, with the hint that fits."""
+def _blocked(
+    req: RunRequest, cards: Sequence[Card], busy: dict[str, list[ledger.Holder]]
+) -> dict[str, list[ledger.Holder]]:
+    """The cards this request may not take now, and who keeps it off them (none: over --count's limits)."""
     blocked = ledger.blocking(busy, req.share)
     if req.count is not None and (req.max_load is not None or req.max_memory is not None):
         # With limits, a card that only processes use is judged by its load (GPUtil's rule), as is every card.
         blocked = {k: hs for k, hs in blocked.items() if not all(h.process for h in hs)}
         over = [c.uuid for c in cards if c.uuid and not gpus.within(c, req.max_load, req.max_memory)]
         blocked.update({u: blocked.get(u, []) for u in over})
+    return blocked
+
+
+def free_now(req: RunRequest, cards: Sequence[Card], busy: dict[str, list[ledger.Holder]]) -> list[Card]:
+    """The cards a --count of this request would take from now, best first: the one rule for choosing a count's
+    cards and for the free cards a refusal names (`busy`: what holds every card, processes included)."""
+    return gpus.free_cards(cards, _blocked(req, cards, busy))
+
+
+def _choose(
+    req: RunRequest,
+    cards: Sequence[Card],
+    picks: list[Target] | None,
+    busy: dict[str, list[ledger.Holder]],
+    everyone: Callable[[], dict[str, list[ledger.Holder]]] | None = None,
+) -> tuple[list[Target] | None, _Refusal | None]:
+    """The cards to use now, or None and the refusal that says why, with the hint that fits. `busy` may know only
+    the processes of the asked cards (`_busy`); `everyone` gives what holds every card, asked only when a refusal
+    names the free cards to pick instead (None: `busy` knows them all)."""
+    blocked = _blocked(req, cards, busy)
     free = gpus.free_cards(cards, blocked)
     if req.count is not None:
         chosen = gpus.choose_free(req.count, cards, blocked)
@@ -162,7 +194,8 @@ def _choose(
     if not why:
         return picks, None
     hint = ["wait for it with --wait [SECONDS]"]
-    others = [c for c in free if all(c is not p.card for p in picks)]
+    takeable = free_now(req, cards, everyone()) if everyone is not None else free
+    others = [c for c in takeable if all(c is not p.card for p in picks)]
     if others:
         indices = ", ".join(str(i) for i in sorted(c.index for c in others))
         hint.append(f"pick a free card ({indices}: `hostagent ls`)")
@@ -279,7 +312,8 @@ def reserve(
                 ledger = ledger_read.read_ledger(api, cards, daemon_info)
                 mark("looked")
                 _remove_orphans(api, ledger, notify)
-                chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, ledger))
+                everyone = functools.partial(_busy, cards, None, ledger)  # read only for a refusal's hint
+                chosen, refusal = _choose(req, cards, picks, _busy(cards, picks, ledger), everyone)
                 if chosen is None:
                     assert refusal is not None
                     raise _held_error(refusal)

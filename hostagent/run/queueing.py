@@ -39,8 +39,10 @@ _LOST = object()  # the stream ended
 
 
 def ask_of(req: RunRequest) -> dict[str, Any]:
-    """What joining sends: the request as the user wrote it (the agent resolves it), and what to show."""
+    """What joining sends: the daemon it is for (the agent queues only for its own), the request as the user wrote
+    it (the agent resolves it), and what to show."""
     return {
+        "daemon": agentlink.daemon_key(),
         "gpus": req.gpus,
         "count": req.count,
         "share": req.share,
@@ -68,12 +70,14 @@ class _Stream:
                 b"POST /api/queue HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
             )
-            self.sock.settimeout(30)
+            self.sock.settimeout(agentlink.ANSWER_S)  # an agent that does not queue it at once: wait without
             res = http.client.HTTPResponse(self.sock, method="POST")
             res.begin()
             if res.status >= 400:
                 raise agentlink.refusal(res, str(link))
             first = json.loads(res.readline() or b"null")
+            if isinstance(first, dict) and "direct" in first:  # another daemon's agent: not this run's queue
+                raise agentlink.Direct(str(first["direct"]))
             if not isinstance(first, dict) or "queued" not in first:
                 raise ValueError(f"the agent answered {first!r}, not its place in the queue")
         except BaseException:
@@ -212,6 +216,8 @@ class QueueClient:
         assert self.link is not None
         try:
             self._stream = _Stream(self.link, {**self.ask, "ticket": self._ticket})
+        except agentlink.Direct:  # an agent of another daemon: this run waits without a queue, as without one
+            return False
         except (GpupinError, OSError, ValueError, http.client.HTTPException) as err:
             if first:
                 why = err.message if isinstance(err, GpupinError) else f"{type(err).__name__}: {err}"

@@ -22,7 +22,7 @@ import signal
 import socket
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
-from gpupin.hostagent import agentlink, engine, http1, mark, say
+from gpupin.hostagent import agentlink, http1, mark, say
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import request_json, start
@@ -36,21 +36,41 @@ if TYPE_CHECKING:
 
 ROUTE = "/api/run"
 ASK_S = 180.0  # the agent may wait for the ledger lock (up to 60 s) before it answers
+EXPECT = {"Connection": "close", "Expect": "102-processing"}  # a 102 as soon as the agent has the request
 
 
 def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
     """One POST /api/run: the agent's answer, its refusal raised with its exit code, or 69 when it stops
-    answering (it died mid-request: what it made is this process's, and holds nothing once this process ends)."""
+    answering (it died mid-request: what it made is this process's, and holds nothing once this process ends).
+    An agent that does not take the request within agentlink.ANSWER_S (its 102), or turns it away (503: its
+    connections are full), leaves the run to this process: it has made nothing for it."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(ASK_S)
+    sock.settimeout(agentlink.ANSWER_S)
     try:
         sock.connect(link.path)
     except OSError:  # gone since it was found (a restart while this run waited): nothing was asked of it
         sock.close()
         return {"direct": f"the agent at {link} is gone"}
+    taken = []  # the agent's 102: the request is in, and the answer may wait for the ledger lock
+
+    def interim(status: int) -> None:
+        taken.append(status)
+        sock.settimeout(ASK_S)
+
     try:
-        answer = http1.exchange(sock, "POST", ROUTE, body, host="agent")
+        answer = http1.exchange(sock, "POST", ROUTE, body, host="agent", headers=EXPECT, interim=interim)
+        if answer.status == 503:  # its connections are full, or it cannot start a thread: nothing was made
+            answer.close()
+            return {"direct": f"the agent at {link} is too busy to take this run"}
         raw = answer.body()
+    except TimeoutError:
+        if not taken:
+            return {"direct": f"the agent at {link} did not take this run within {agentlink.ANSWER_S:g} s"}
+        raise AgentUnavailableError(
+            f"the agent at {link} stopped answering (nothing within {ASK_S:g} s)",
+            "see the agent's log (journalctl -u gpupin-hostagent); retry, or set "
+            f"{agentlink.USE_ENV}=0 to go without it",
+        ) from None
     except OSError as err:
         sock.close()
         raise AgentUnavailableError(
@@ -81,7 +101,7 @@ def run(req: RunRequest) -> int | None:
     link = agentlink.find()
     if link is None:
         return None
-    body = {"daemon": engine.endpoint().lock_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
+    body = {"daemon": agentlink.daemon_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:

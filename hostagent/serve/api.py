@@ -1,10 +1,13 @@
 """The agent's HTTP API, served on two listeners: a unix socket for the CLI (root and the socket's group only,
-as with the Docker socket) and TCP, loopback unless `--http-public` (docs/serve.md, "API").
+as with the Docker socket) and TCP, loopback unless `--http-public`, answering only to its own Host names
+(docs/serve.md, "API" and "Who can reach it"). Connections come through gpupin.hostagent.serve.connections
+(caps, deadlines, a bounded pool), one request each.
 
 GET routes, the same on both:
 - `/api/ls`: exactly the object `hostagent ls --json` prints, with the agent's idle fields filled in;
 - `/api/events`: server-sent events, one `ls` event with that object at each change (the dashboard's feed);
-- `/api/queue`: the waiters of the fair queue (gpupin.hostagent.serve.queue; `hostagent queue`);
+- `/api/queue`: the waiters of the fair queue (gpupin.hostagent.serve.queue; `hostagent queue`, which names its
+  daemon: `?daemon=KEY`, answered `{"direct": WHY}` when the agent serves another);
 - `/api/agent`: the agent itself (version, pid, start, settings, whether NVML and Docker answer);
 - `/metrics`: Prometheus text (gpupin.hostagent.serve.metrics); `/`: the dashboard.
 
@@ -20,15 +23,18 @@ import contextlib
 import json
 import os
 import socketserver
-import threading
+import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from gpupin.core import __version__
 from gpupin.core.errors import EX_SOFTWARE, EX_USAGE, GpupinError
+from gpupin.hostagent import agentlink
+from gpupin.hostagent.serve.connections import Accepted, Gate, Limits, Writer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Hashable, Iterable
     from typing import Any
 
     from gpupin.hostagent.serve.agent import Agent
@@ -38,6 +44,9 @@ if TYPE_CHECKING:
 
 KEEPALIVE = 15.0  # seconds between two comment lines on an idle event stream (proxies drop silent connections)
 MAX_BODY = 1 << 20  # a request is a command line and its environment: a megabyte is far beyond any
+BODY_S = 10.0  # the whole body, once the head is in (docs/serve.md, "Limits")
+IO_S = 30.0  # any one read or write after the head: a client that takes nothing for this long is gone
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "127.0.0.1", "::1"})
 
 
 class Peer:
@@ -121,8 +130,32 @@ class Handler(BaseHTTPRequestHandler):
         assert isinstance(peer, Peer)
         return peer
 
+    def setup(self) -> None:
+        # The connection comes from gpupin.hostagent.serve.connections with its head already read.
+        sock: Accepted = self.request
+        self.connection = sock
+        sock.settimeout(IO_S)
+        self.rfile = sock.reader()
+        self.wfile = Writer(sock)
+
     def address_string(self) -> str:
         return self.client_address[0] if isinstance(self.client_address, tuple) else "unix"
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if isinstance(self.server, TcpServer) and not self.server.own_host(self.headers.get("Host")):
+            # DNS rebinding: a page whose name resolves to this host must not read the agent (docs/serve.md)
+            self.close_connection = True
+            self._json(
+                421,
+                {
+                    "error": f"this agent does not answer to the name {self.headers.get('Host')!r}",
+                    "hint": "use its address, or name it with hostagent serve --http-host NAME",
+                },
+            )
+            return False
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a request log would be one line per scrape and per dashboard: not a service log
@@ -192,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or 0)
             if not 0 <= length <= MAX_BODY:
                 raise ValueError(f"a body of {length} bytes")
-            body = json.loads(self.rfile.read(length) or b"{}")
+            body = json.loads(self._body(length) or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("not a JSON object")
         except ValueError as err:
@@ -203,6 +236,10 @@ class Handler(BaseHTTPRequestHandler):
         peer = self.peer
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client left
             try:
+                if self.headers.get("Expect", "").lower() == "102-processing":
+                    # The client gives an agent that does not answer a few seconds (gpupin.hostagent.agentlink):
+                    # this says the request is in before a route that may wait (the ledger lock).
+                    self.wfile.write(b"HTTP/1.1 102 Processing\r\n\r\n")
                 route(self, body, peer)
             except GpupinError as err:
                 self.refusal(409 if err.exit_code != EX_USAGE else 400, err)
@@ -213,6 +250,26 @@ class Handler(BaseHTTPRequestHandler):
                 )
                 bug.exit_code = EX_SOFTWARE
                 self.refusal(500, bug)
+
+    def _body(self, length: int) -> bytes:
+        """The body, whole within BODY_S (a per-read timeout alone would let a byte every few seconds hold on)."""
+        deadline = time.monotonic() + BODY_S
+        parts: list[bytes] = []
+        while length > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ValueError(f"the body did not come within {BODY_S:g}s")
+            self.connection.settimeout(left)
+            try:
+                part = self.rfile.read1(min(length, 1 << 16))
+            except TimeoutError:
+                raise ValueError(f"the body did not come within {BODY_S:g}s") from None
+            if not part:
+                raise ValueError("the body ended early")
+            parts.append(part)
+            length -= len(part)
+        self.connection.settimeout(IO_S)
+        return b"".join(parts)
 
     def answer(self, obj: Any) -> None:
         """A POST route's answer (200, JSON)."""
@@ -250,7 +307,9 @@ class Handler(BaseHTTPRequestHandler):
     def _queue(self) -> None:
         from gpupin.hostagent.serve import queue
 
-        self._json(200, queue.of(self.agent).listing())
+        said = urllib.parse.parse_qs(self.path.partition("?")[2]).get("daemon")
+        why = agentlink.other_daemon(said[0]) if said else None  # a caller of another daemon: not its queue
+        self._json(200, {"direct": why} if why is not None else queue.of(self.agent).listing())
 
     def _metrics(self) -> None:
         self._send(200, self.metrics.text(), self.metrics.content_type)
@@ -282,10 +341,12 @@ class Handler(BaseHTTPRequestHandler):
 BACKLOG = 4096
 
 
-class TcpServer(socketserver.ThreadingMixIn, HTTPServer):
-    daemon_threads = True  # an open event stream never holds the agent's exit
+class TcpServer(HTTPServer):
+    """The TCP listener: bound here, served by gpupin.hostagent.serve.connections (never serve_forever)."""
+
     allow_reuse_address = True
     request_queue_size = BACKLOG
+    host_names: frozenset[str] = LOOPBACK_NAMES  # the Host names it answers to, besides any IP address
 
     def server_bind(self) -> None:
         # HTTPServer's own looks its address up (socket.getfqdn), which can hang on a host without DNS.
@@ -293,9 +354,28 @@ class TcpServer(socketserver.ThreadingMixIn, HTTPServer):
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
 
+    def own_host(self, header: str | None) -> bool:
+        """Whether a request's Host names this listener: none (not a browser), an IP address (a page reached by
+        its address is no rebinding), a loopback name, or a name given with --http-host; any port."""
+        if header is None:
+            return True
+        host = header.strip().lower()
+        if host.startswith("["):
+            host = host[1 : host.find("]")] if "]" in host else host
+        elif host.count(":") == 1:
+            host = host.rsplit(":", 1)[0]
+        if host in self.host_names:
+            return True
+        import ipaddress
 
-class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return True
+
+
+class UnixServer(socketserver.UnixStreamServer):
     request_queue_size = BACKLOG
 
     def get_request(self) -> tuple[Any, Any]:
@@ -306,6 +386,16 @@ class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         except BaseException:
             sock.close()
             raise
+
+
+def caller_key(caller: Any) -> Hashable:
+    """The key of a caller's cap: its uid on the unix socket (Peer), its address on TCP."""
+    return caller.uid if isinstance(caller, Peer) else caller[0]
+
+
+def serve(server: socketserver.TCPServer, sock: Accepted) -> None:
+    """One request on a connection whose head is in (no keep-alive: HTTP/1.0 answers, one request each)."""
+    server.RequestHandlerClass(sock, sock.caller, server)
 
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:
@@ -321,7 +411,6 @@ def handler(agent: Agent) -> type[Handler]:
     return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent), "posts": _posts(agent)})
 
 
-def serve_in_thread(server: socketserver.BaseServer, name: str) -> threading.Thread:
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True)
-    t.start()
-    return t
+def gate(servers: list[socketserver.TCPServer], limits: Limits) -> Gate:
+    """Accept and serve on `servers`, within `limits` (gpupin.hostagent.serve.connections)."""
+    return Gate(servers, limits, caller_key, serve)

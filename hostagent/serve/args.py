@@ -47,8 +47,15 @@ def _interval(text: str) -> float:
     return seconds
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1, not {text!r}")
+    return int(text)
+
+
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`serve` among hostagent's commands."""
+    from gpupin.hostagent.serve.connections import FILES_KEPT, PER_USER, TOTAL
     from gpupin.hostagent.serve.listen import DEFAULT_GROUP, DEFAULT_HTTP, DEFAULT_SOCKET
 
     s = sub.add_parser(
@@ -89,6 +96,29 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         "anyone who reaches it",
     )
     s.add_argument(
+        "--http-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the HTTP listener answers to, besides localhost and IP addresses (repeatable); a request "
+        "naming another Host is refused (421): a web page must not reach the agent through a name of its own",
+    )
+    s.add_argument(
+        "--max-connections",
+        type=_count,
+        default=TOTAL,
+        metavar="N",
+        help=f"connections at once, every caller together (default {TOTAL}, at most the open-file limit less "
+        f"{FILES_KEPT}); beyond it the oldest one still silent is closed, or the new one is refused (503)",
+    )
+    s.add_argument(
+        "--max-per-user",
+        type=_count,
+        default=PER_USER,
+        metavar="N",
+        help=f"connections at once from one uid on the socket, or one address on HTTP (default {PER_USER})",
+    )
+    s.add_argument(
         "--idle-after",
         type=duration,
         default=1800.0,
@@ -106,7 +136,16 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from gpupin.hostagent.serve import main
+    from gpupin.hostagent.serve.connections import Limits
 
     return main.run(
-        args.socket, args.group, args.http, args.http_public, args.idle_after, args.interval, args.daemon_group
+        args.socket,
+        args.group,
+        args.http,
+        args.http_public,
+        args.idle_after,
+        args.interval,
+        args.http_host,
+        Limits(args.max_connections, args.max_per_user),
+        args.daemon_group,
     )

@@ -4,6 +4,7 @@ is) and its TCP address (loopback unless the public choice is made: docs/serve.m
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 from gpupin.core.errors import AgentBusyError, UsageError
@@ -117,13 +118,28 @@ def _is_socket(path: str) -> bool:
     return stat.S_ISSOCK(os.lstat(path).st_mode)
 
 
-def tcp_server(address: tuple[str, int], handler: type[Handler]) -> TcpServer:
+def host_names(given: list[str]) -> frozenset[str]:
+    """The names the TCP listener answers to (Host): the loopback names and `--http-host`'s, each a bare DNS name
+    (any port is taken; an IP address is always taken: docs/serve.md, "Who can reach it")."""
+    from gpupin.hostagent.serve.api import LOOPBACK_NAMES
+
+    for name in given:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9.])?", name):
+            raise UsageError(
+                f"--http-host {name!r}: expected a host name (letters, digits, dots and dashes), without a port",
+                "hostagent serve --http 0.0.0.0:9417 --http-public --http-host gpu1.example.org",
+            )
+    return LOOPBACK_NAMES | {n.lower() for n in given}
+
+
+def tcp_server(address: tuple[str, int], handler: type[Handler], names: frozenset[str] | None = None) -> TcpServer:
     from gpupin.hostagent.serve.api import TcpServer
 
     host, port = address
-    server: type[TcpServer] = TcpServer
+    attrs: dict[str, object] = {} if names is None else {"host_names": names}
     if ":" in host:
-        server = type("TcpServer6", (TcpServer,), {"address_family": socket.AF_INET6})
+        attrs["address_family"] = socket.AF_INET6
+    server: type[TcpServer] = type("AgentTcpServer", (TcpServer,), attrs) if attrs else TcpServer
     try:
         return server((host, port), handler)
     except OSError as err:

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 
-from gpupin.hostagent.serve import api, listen, queue, rights
+from gpupin.hostagent.serve import api, connections, listen, queue, rights
 from gpupin.hostagent.serve.agent import Agent, say
 
 TYPE_CHECKING = False
@@ -28,20 +28,23 @@ def run(
     public: bool,
     idle_after: float,
     interval: float,
+    http_hosts: list[str] | None = None,
+    limits: connections.Limits | None = None,
     daemon_group: str | None = None,
 ) -> int:
     address = listen.http_address(http, public)  # refused before anything is opened
+    names = listen.host_names(http_hosts or [])
     gid = listen.group_id(group)
     rights.set_daemon_group(daemon_group)
     agent = Agent(interval=interval, idle_after=idle_after)
     handler = api.handler(agent)
-    servers: list[socketserver.BaseServer] = [listen.unix_server(socket_path, gid, handler)]
+    servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
     queue.of(agent).keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
     try:
         if address is not None:
-            servers.append(listen.tcp_server(address, handler))
+            servers.append(listen.tcp_server(address, handler, names))
     except BaseException:
-        _close(servers, socket_path, [])
+        _close(servers, socket_path)
         raise
     stop = threading.Event()
     serving = threading.Event()
@@ -53,12 +56,10 @@ def run(
             raise _Stopped  # once: a second signal must not interrupt the stop itself
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    running: list[socketserver.BaseServer] = []
+    gate = api.gate(servers, limits or connections.Limits())
     try:
         agent.start()
-        for n, server in enumerate(servers):
-            api.serve_in_thread(server, f"listen-{n}")
-            running.append(server)
+        gate.start()
         serving.set()
         where = [f"unix://{socket_path}"] + ([f"http://{_shown(address)}"] if address else [])
         say(f"listening on {' and '.join(where)} (pid {os.getpid()}, idle after {idle_after:g}s)")
@@ -69,7 +70,8 @@ def run(
         say("stopping before the first view was read")
     finally:
         agent.stop()
-        _close(servers, socket_path, running)
+        gate.stop()
+        _close(servers, socket_path)
         for s, handler_ in previous.items():
             signal.signal(s, handler_)
         from gpupin.core import nvml
@@ -84,10 +86,8 @@ def _shown(address: tuple[str, int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _close(servers: list[socketserver.BaseServer], socket_path: str, running: list[socketserver.BaseServer]) -> None:
+def _close(servers: list[socketserver.TCPServer], socket_path: str) -> None:
     for server in servers:
-        if server in running:  # shutdown() waits for serve_forever(): only for a loop that was started
-            server.shutdown()
         server.server_close()
     with contextlib.suppress(OSError):
         os.unlink(socket_path)

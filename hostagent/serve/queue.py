@@ -21,7 +21,11 @@ been refused). MAX_LAPSES of them lose the place: a client that takes its turns 
 the waiters behind it. Turns are decided (fair.turns) at each
 join, leave and `again`, at each change of the agent's view, and every TICK.
 
-GET /api/queue (both listeners) lists the waiters (`hostagent queue`).
+The body names the caller's Docker daemon (`daemon`); a caller of another daemon than the agent's is answered
+`{"direct": WHY}` and joins nothing, as a run is (gpupin.hostagent.agentlink.other_daemon).
+
+GET /api/queue (both listeners) lists the waiters; `?daemon=KEY` (`hostagent queue`) is answered `{"direct": WHY}`
+when the agent serves another daemon.
 
 A restart of the agent: the waiters reconnect and join again with their ticket. The queue's tickets and arrival
 times are kept in `queue.json` beside the socket (0600, the agent's own directory); for REJOIN_S after its start the
@@ -42,6 +46,7 @@ import time
 import weakref
 
 from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten
+from gpupin.hostagent import agentlink
 from gpupin.hostagent.serve import fair, rights
 from gpupin.hostagent.serve.agent import say
 
@@ -357,13 +362,17 @@ class Queue:
     # --- the routes ---
 
     def serve(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
-        """POST /api/queue: join, stream this waiter's news, leave when the caller closes (or the agent stops)."""
+        """POST /api/queue: join, stream this waiter's news, leave when the caller closes (or the agent stops). A
+        caller of another daemon is answered `{"direct": WHY}`, as a run is (gpupin.hostagent.agentlink.other_daemon):
+        this queue is for the cards of this agent's daemon."""
+        why = agentlink.other_daemon(body.get("daemon"))
+        if why is not None:
+            self._stream(handler)
+            self._write(handler, {"direct": why})
+            return
         w = self.join(body, peer)
         try:
-            handler.send_response(200)
-            handler.send_header("Content-Type", "application/x-ndjson")
-            handler.send_header("Cache-Control", "no-store")
-            handler.end_headers()
+            self._stream(handler)
             self._write(handler, {"queued": self.standing(w)})
             conn = handler.connection
             events = select.poll()
@@ -385,6 +394,14 @@ class Queue:
                         self.again(w)
         finally:
             self.leave(w)
+
+    @staticmethod
+    def _stream(handler: Handler) -> None:
+        """The answer's head: 200, a stream of JSON lines."""
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/x-ndjson")
+        handler.send_header("Cache-Control", "no-store")
+        handler.end_headers()
 
     @staticmethod
     def _write(handler: Handler, message: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ import threading
 import time
 
 from gpupin.core.errors import UsageError, shorten
-from gpupin.hostagent import engine, mark
+from gpupin.hostagent import agentlink, engine, mark
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, request_json
 from gpupin.hostagent.serve import rights
@@ -116,9 +116,9 @@ class Runs:
 
     def reserve(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
         mark("asked")
-        here = engine.endpoint()
-        if body.get("daemon") != here.lock_key():
-            raise _Direct(f"the agent serves the Docker daemon at {engine.docker_host()}")
+        why = agentlink.other_daemon(body.get("daemon"))
+        if why is not None:
+            raise _Direct(why)
         refused = rights.refusal(peer)
         if refused is not None:
             raise _Direct(refused)

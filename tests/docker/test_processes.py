@@ -9,16 +9,20 @@ In mixed-4, card 2 (A800 at 86) already carries the topology's pid 4242, whose o
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support.host import saw
 from tests.support.processes import ME, error_line, on_cards
 from tests.support.sandbox import TEST_IMAGE, Agent
-from tests.support.scenarios import uuids
+from tests.support.scenarios import topology, uuids
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 
@@ -132,3 +136,112 @@ def test_a_card_whose_processes_nvml_will_not_list_is_unknown(agent: Agent, tmp_
     assert r.returncode == 0 and sorted(saw(r.stdout)) == sorted([A800, RTX]), r.stderr
     shared = call(agent, env, "run", "--rm", "--share", "--gpu", "3", TEST_IMAGE)
     assert shared.returncode == 0 and saw(shared.stdout) == [A800C], shared.stderr
+
+
+def test_a_held_cards_hint_names_only_cards_a_count_would_take(agent: Agent) -> None:
+    """Issue 23, trap 1: the README's two jobs, one card. The refusal's "pick a free card" listed card 2, which the
+    topology's pid 4242 uses (a --gpu 2 then answers 75): the hint names only the cards --count would take."""
+    agent("run", "-d", "--name", f"train-a-{agent.tag}", "--gpu", "1", TEST_IMAGE, "sleep", "300")
+    line = error_line(agent("run", "--rm", "--gpu", "1", TEST_IMAGE), 75)
+    assert f"{RTX} is held by train-a-{agent.tag}" in line, line
+    assert "pick a free card (0, 3: `hostagent ls`)" in line, line
+    taken = agent("run", "--rm", "--count", "2", TEST_IMAGE, "python3", "-m", "gpupin.entrypoint")
+    assert taken.returncode == 0 and sorted(saw(taken.stdout)) == sorted([A800, A800C]), taken.stderr
+
+
+# --- a cgroup named for a container is not that container (issue 24) ---------------------------------------------
+
+HOSTILE = 5001  # a bare uid, in no group
+
+
+@pytest.fixture
+def forged(tmp_path: Path) -> Iterator[Callable[[str], int]]:
+    """forged(cid): a process of uid 5001 in a cgroup that it made for itself, named as the container's
+    (`.../docker-<cid>.scope`, as `systemd-run --user --scope --unit docker-<cid>` makes one on cgroup v2), but not
+    under the daemon's; its pid. The cgroups and processes go at the end."""
+    v2 = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip()
+    root = Path("/sys/fs/cgroup" if v2 == "cgroup2fs" else "/sys/fs/cgroup/pids")  # v1 or hybrid: a v1 hierarchy
+    base = root / f"user.slice/user-{HOSTILE}.slice/user@{HOSTILE}.service/app.slice/gpupin-{tmp_path.name}"
+    made: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def make(cid: str) -> int:
+        scope = base / f"docker-{cid}.scope"
+        scope.mkdir(parents=True)
+        os.chown(scope, HOSTILE, HOSTILE)
+        p = subprocess.Popen(
+            ["setpriv", f"--reuid={HOSTILE}", f"--regid={HOSTILE}", "--clear-groups", "sleep", "300"],
+        )
+        made.append((p, scope))
+        (scope / "cgroup.procs").write_text(str(p.pid))
+        assert f"/docker-{cid}.scope" in Path(f"/proc/{p.pid}/cgroup").read_text()
+        return p.pid
+
+    yield make
+    for p, _ in made:
+        p.kill()
+        p.wait()
+    for _, scope in made:
+        for _ in range(50):  # a killed process leaves its cgroup a moment later
+            try:
+                scope.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    for parent in [base, *base.parents]:
+        if parent == root:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break  # not ours, or not empty
+
+
+def test_a_cgroup_named_for_a_container_neither_hides_use_nor_frames_it(
+    agent: Agent, tmp_path: Path, forged: Callable[[str], int]
+) -> None:
+    """Attack: uid 5001 runs on a held card from a cgroup named for the container that holds it (hiding its use),
+    and on another card from one named for a container without cards (framing it as an ESCAPE)."""
+    holder = agent("run", "-d", "--gpu", "1", TEST_IMAGE, "sleep", "300").stdout.strip()
+    name = f"framed-{agent.tag}"
+    framed = agent.sandbox.docker(
+        "run", "-d", "--name", name, "--label", f"gpupin.test={agent.tag}", "--entrypoint", "sleep", TEST_IMAGE, "300",
+        check=True,
+    ).stdout.strip()  # fmt: skip
+    hiding, framing = forged(holder), forged(framed)
+    env = on_cards(tmp_path / "p.json", {RTX: [container_pid(agent, holder), hiding], A800: [framing]})
+    cards = listing(agent, env)
+    for uuid, pid in ((RTX, hiding), (A800, framing)):
+        card = cards[uuid]
+        (p,) = [p for p in card["processes"] if p["pid"] == pid]
+        assert (card["state"], card["busy"]) == ("busy", True), card
+        assert (p["owner"], p["container_id"], p["container"], p["foreign"], p["escape"]) == (
+            "unnamed",
+            None,
+            None,
+            True,
+            False,
+        ), p
+    own = [p for p in cards[RTX]["processes"] if p["pid"] != hiding]
+    assert [(p["container_id"], p["foreign"]) for p in own] == [(holder, False)]  # the real one is still its own
+    table = call(agent, env, "ls").stdout
+    assert "ESCAPE" not in table and re.search(r"^\[0\].*  busy$", table, re.M), table
+    assert re.search(r"^\[1\].*  busy$", table, re.M), table
+    line = error_line(call(agent, env, "run", "--rm", "--gpu", "0", TEST_IMAGE), 75)
+    assert f"pid {framing} of " in line and "its owner cannot be named" in line and "ESCAPE" not in line, line
+
+
+def test_a_card_in_use_that_nvml_names_no_process_for_is_not_taken(agent: Agent, tmp_path: Path) -> None:
+    """Card 0 at 95% load with 40 GB used and no process named: --gpu 0 answers 75 in one line, --count skips it,
+    --share uses it on purpose (as a card a host process uses)."""
+    topo = topology("mixed-4")
+    next(g for g in topo["gpus"] if g["uuid"] == A800).update(memory_used_mib=40960, utilization_gpu=95)
+    (tmp_path / "unseen.json").write_text(json.dumps(topo))
+    env = {"FAKEGPU_TOPOLOGY": str(tmp_path / "unseen.json")}
+    line = error_line(call(agent, env, "run", "--rm", "--gpu", "0", TEST_IMAGE), 75)
+    assert f"{A800} is in use by an owner NVML does not name (40960 MiB used, 95% load, no process listed)" in line
+    refused = error_line(call(agent, env, "run", "--rm", "--count", "4", TEST_IMAGE), 75)
+    assert f"in use by an owner NVML does not name: {A800}" in refused, refused
+    r = call(agent, env, "run", "--rm", "--count", "1", TEST_IMAGE)
+    assert r.returncode == 0 and saw(r.stdout) == [A800C], r.stderr  # card 0 has the most free memory: not taken
+    shared = call(agent, env, "run", "--rm", "--share", "--gpu", "0", TEST_IMAGE)
+    assert shared.returncode == 0 and saw(shared.stdout) == [A800], shared.stderr

@@ -6,13 +6,18 @@ tests/docker/test_serve.py's; the agent without a daemon, tests/unit/test_serve_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.host import REPO
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
@@ -115,4 +120,45 @@ def test_a_held_card_lost_to_nvml_keeps_its_holder_and_its_identity(agent: Agent
         wait_for(lambda: resident.card(A800C)["error"] is None, 10, "card 3 back")
         assert resident.card(A800C)["state"] == "held"
     finally:
+        resident.close()
+
+
+PROXY = [sys.executable, str(REPO / "tests" / "support" / "daemon_proxy.py")]
+
+
+def proxy_to(agent: Agent, sock: Path) -> subprocess.Popen[str]:
+    """Another address in front of the sandbox's daemon, to take the daemon away and give it back."""
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    p = subprocess.Popen(
+        [*PROXY, "--listen", f"unix://{sock}", "--to", str(agent.sandbox.run_dir / "docker.sock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    return p
+
+
+def test_an_agent_whose_log_is_gone_still_sees_the_daemon_come_back(agent: Agent, tmp_path: Path) -> None:
+    """Issue 24: a log write that fails (its stderr pipe closed) is dropped; it must not end the ledger's thread,
+    which alone notices that the daemon answers again."""
+    sock = tmp_path / "d.sock"
+    proxy = proxy_to(agent, sock)
+    resident = Resident({**agent.env, "DOCKER_HOST": f"unix://{sock}"}, "--interval", "0.2")
+    try:
+        wait_for(lambda: resident.ls()["docker"]["available"], 10, "the daemon in the view")
+        # Following the daemon's events: the stream's end is what tells it the daemon is gone.
+        wait_for(lambda: json.loads(resident.get("/api/agent")[1])["events_followed"], 10, "the event stream")
+        time.sleep(0.5)  # its start-up lines are out
+        assert resident.proc.stderr is not None
+        resident.proc.stderr.close()  # the log's reader is gone: every write now fails (EPIPE)
+        resident.proc.stderr = None
+        proxy.kill()
+        proxy.wait()
+        wait_for(lambda: not resident.ls()["docker"]["available"], 10, "the daemon gone from the view")
+        proxy = proxy_to(agent, sock)
+        wait_for(lambda: resident.ls()["docker"]["available"], 5, "the daemon back in the view")
+    finally:
+        proxy.kill()
+        proxy.wait()
         resident.close()

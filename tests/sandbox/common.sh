@@ -26,8 +26,10 @@ ensure_packages() {
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
     fi
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # apt waits for its lock (unattended-upgrades may hold it); on apt 2.6 this covers the lists lock too.
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+        "${need[@]}" >/dev/null
     [ "$made_policy" = 1 ] && rm -f "$policy"
     return 0
 }
@@ -59,7 +61,7 @@ debian_mirror() {
     if [ -n "${DEBOOTSTRAP_MIRROR:-}" ]; then echo "$DEBOOTSTRAP_MIRROR"; return 0; fi
     local uri
     # shellcheck disable=SC2016  # $(...) here are apt's format fields, not the shell's
-    uri=$(apt-get indextargets --no-release-info --format '$(TARGET_OF) $(COMPONENT) $(RELEASE) $(SITE)' 2>/dev/null |
+    uri=$(apt-get -o DPkg::Lock::Timeout=600 indextargets --no-release-info --format '$(TARGET_OF) $(COMPONENT) $(RELEASE) $(SITE)' 2>/dev/null |
         awk '$1 == "deb" && $2 == "main" && $3 !~ /[-\/]/ && $4 ~ /^(https?|file):\/\// {print $4; exit}')
     [ -n "$uri" ] || die "no Debian archive (a deb line for the main component) in this machine's apt sources \
 (/etc/apt/sources.list, /etc/apt/sources.list.d). HINT: set DEBOOTSTRAP_MIRROR to a Debian mirror's URL"
@@ -123,10 +125,10 @@ fetch_engine26() {
                 -o "Dir::Etc::preferences=/dev/null" -o "Dir::Etc::preferencesparts=$apt/preferences.d"
                 -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=/dev/null"
                 -o "APT::Sandbox::User=root" -qq)
-    apt-get "${opts[@]}" update >"$apt/update.log" 2>&1 || die "apt-get update of trixie failed (see $apt/update.log). HINT: \
+    apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" update >"$apt/update.log" 2>&1 || die "apt-get update of trixie failed (see $apt/update.log). HINT: \
 trixie's archive keys come with debian-archive-keyring >= 2023.3+deb12u1 (apt-get install debian-archive-keyring); \
 DEBOOTSTRAP_MIRROR sets the mirror"
-    (cd "$debs" && apt-get "${opts[@]}" download "${ENGINE26_PACKAGES[@]}") >"$apt/download.log" 2>&1 \
+    (cd "$debs" && apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" download "${ENGINE26_PACKAGES[@]}") >"$apt/download.log" 2>&1 \
         || die "apt-get download ${ENGINE26_PACKAGES[*]} from trixie failed; see $apt/download.log"
     local spec pkg want deb version
     for spec in "${ENGINE26_VERSIONS[@]}"; do

@@ -10,5 +10,6 @@ compose       compose files as the compose tests write and read them
 wait          waiting on a condition, never on the clock
 spawn         the signal dispositions of the processes the tests start (the default, whatever the run inherited)
 hypo          hypothesis's example counts, scaled by the profile (ci, fuzz: tests/conftest.py)
+flood         what any local user can do to the resident agent: idle connections, a task limit to meet
 daemon_proxy  a script: another address in front of a sandboxed daemon, failing on request
 """

@@ -30,12 +30,14 @@ def required() -> bool:
 
 
 def idle_topology(name: str = "mixed-4") -> str:
-    """The scenario with no process on any card (written under build/), for the tests of the ledger and its lock
-    that need every card free: a process is a holder (gpupin.hostagent.ledger.processes), and mixed-4 runs pid 4242 on
-    card 2. The sandbox's hook keeps the scenario itself: the cards are the same."""
+    """The scenario with no process on any card and each card's readings idle (written under build/), for the tests
+    of the ledger and its lock that need every card free: a process is a holder (gpupin.hostagent.ledger.processes),
+    and mixed-4 runs pid 4242 on card 2 (40962 MiB, 87%: without the process, use NVML names no one for, busy too).
+    The sandbox's hook keeps the scenario itself: the cards are the same."""
     topo = topology(name)
     for g in topo["gpus"]:
         g.pop("processes", None)
+        g.update(memory_used_mib=0, utilization_gpu=0)
     path = REPO / "build" / "test-topologies" / f"{name}-idle.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(topo)

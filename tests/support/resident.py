@@ -31,17 +31,27 @@ def free_port() -> int:
 class Resident:
     """`hostagent serve` in a process of its own; `get(path)` reads its HTTP API."""
 
-    def __init__(self, env: dict[str, str], *args: str, directory: Path | None = None) -> None:
-        """`directory`: the socket's (and the queue file's), e.g. an earlier agent's, to start it again there."""
+    def __init__(
+        self,
+        env: dict[str, str],
+        *args: str,
+        directory: Path | None = None,
+        wrap: tuple[str, ...] = (),
+        stderr: int | None = subprocess.PIPE,
+    ) -> None:
+        """`directory`: the socket's (and the queue file's), e.g. an earlier agent's, to start it again there;
+        `wrap`: a command that execs the agent (prlimit, setpriv: its pid stays the agent's)."""
         self.dir = directory or Path(tempfile.mkdtemp(prefix="gpupin-serve-"))
+        if wrap:
+            os.chmod(self.dir, 0o777)  # an agent started as another user makes its socket there
         self.socket = str(self.dir / "agent.sock")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [HOSTAGENT, "serve", "--socket", self.socket, "--http", f"127.0.0.1:{self.port}", *args]
+        self.argv = [*wrap, HOSTAGENT, "serve", "--socket", self.socket, "--http", f"127.0.0.1:{self.port}", *args]
         self.socket_left = False
         self.stderr = ""  # its log, once stopped
         self.env = env
-        self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
         wait_for(self._up, 30, "the agent to listen")
 
     def restart(self) -> None:
@@ -67,17 +77,23 @@ class Resident:
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
-            raise AssertionError(f"hostagent serve exited {self.proc.returncode}: {self.proc.communicate()[1]}")
+            raise AssertionError(f"hostagent serve exited {self.proc.returncode}: {self.proc.communicate()}")
         try:
             return self.get("/api/agent")[0] == 200
         except OSError:
             return False
 
-    def get(self, path: str, unix: bool = False) -> tuple[int, bytes, str]:
+    def cpu_seconds(self) -> float:
+        """The user and system time it has used so far (/proc/PID/stat)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def get(self, path: str, unix: bool = False, timeout: float = 10) -> tuple[int, bytes, str]:
         """(status, body, content type) of GET `path`, over TCP or the unix socket."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         if unix:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
             sock.connect(self.socket)
             conn.sock = sock
         try:
@@ -106,7 +122,7 @@ class Resident:
             self.proc.kill()
             _, err = self.proc.communicate()
         took = time.monotonic() - started
-        self.stderr = err
+        self.stderr = err or ""
         self.socket_left = os.path.exists(self.socket)
         if self.socket_left:
             os.unlink(self.socket)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpupin.hostagent.compose import load, roundtrip
@@ -392,6 +392,8 @@ raw_files = st.sampled_from(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(st.lists(documents().map(text_of).map(str.encode) | raw_files, min_size=1, max_size=8))
+# Issue 23, trap 2, every run: a count with no daemon, which render refuses (the ledger is unread) and check passed.
+@example(files=[b"services: {a: {image: i, x-gpupin: {count: 1}}}\n"])
 def test_cli_never_tracebacks_and_a_refusal_writes_nothing(
     fakegpu: Path, tmp_path_factory: Any, files: list[bytes]
 ) -> None:

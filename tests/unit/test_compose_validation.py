@@ -7,6 +7,7 @@ The verdicts are compose's own: where Engine 26's compose v2 plugin is unpacked 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -265,3 +266,46 @@ def test_check_and_render_on_the_cli_refuse_a_card_two_services_hold(tmp_path: P
         assert r.returncode == 64 and len(lines) == 1, (args, r.stderr)
         assert uuids("mixed-4")[3] in lines[0] and "service a (by device file)" in lines[0]
     assert not (tmp_path / "out.yml").exists()
+
+
+def test_check_reports_what_render_refuses_when_the_ledger_is_unread(tmp_path: Path) -> None:
+    """Issue 23, trap 2: with no daemon reachable, render refuses a count (which cards are free is unknown), and
+    check said OK. Both now share the rule: check reports render's line and fails (64)."""
+    (tmp_path / "f.yml").write_text(file("    x-gpupin: {count: 1}"))
+    rendered = hostagent(tmp_path, "compose", "render", "f.yml", "-o", "out.yml")
+    refused = [ln.removeprefix("hostagent: ERROR: ") for ln in rendered.stderr.splitlines() if "ERROR:" in ln]
+    assert rendered.returncode == 69 and len(refused) == 1, rendered.stderr
+    assert "which cards are free is unknown" in refused[0] and not (tmp_path / "out.yml").exists()
+    checked = hostagent(tmp_path, "compose", "check", "f.yml")
+    assert checked.returncode == 64 and refused[0] in checked.stdout.splitlines(), (checked.stdout, checked.stderr)
+    as_json = hostagent(tmp_path, "compose", "check", "f.yml", "--json")
+    assert as_json.returncode == 64 and len(json.loads(as_json.stdout)) == 1, as_json.stdout
+
+
+@pytest.mark.parametrize("key", ["x-gpu-pin", "x-gpupins", "x_gpupin", "X-GPUPIN", "gpupin", "x-gpupn"])
+def test_a_misspelt_x_gpupin_in_a_service_is_an_error_that_names_the_key(tmp_path: Path, key: str) -> None:
+    """Issue 23, trap 3: a lookalike of x-gpupin quietly gave the service no card. It is an error (64) for check
+    and render, with "did you mean x-gpupin"."""
+    (tmp_path / "f.yml").write_text(file(f"    {key}: {{gpus: ['1']}}"))
+    for args in (["compose", "check", "f.yml"], ["compose", "render", "f.yml", "-o", "out.yml"]):
+        r = hostagent(tmp_path, *args)
+        lines = [x for x in (r.stdout + r.stderr).splitlines() if "service a" in x]
+        assert r.returncode == 64 and len(lines) == 1, (args, r.stdout, r.stderr)
+        assert f"`{key}`" in lines[0] and "HINT: did you mean x-gpupin?" in lines[0], lines[0]
+    assert not (tmp_path / "out.yml").exists()
+
+
+def test_a_misspelt_x_gpupin_at_the_top_level_is_a_warning(tmp_path: Path) -> None:
+    """Issue 23, trap 3: at the top level an x- key asks for no card (x-gpupin is read in a service; a top-level x-
+    key often only holds an anchor), so a lookalike there is a warning, said by check and render alike."""
+    (tmp_path / "f.yml").write_text("x-gpu-pin: {gpus: ['1']}\n" + file("    x-gpupin: {gpus: ['1']}"))
+    checked = hostagent(tmp_path, "compose", "check", "f.yml")
+    warned = [x for x in checked.stdout.splitlines() if "x-gpu-pin" in x]
+    assert checked.returncode == 0 and len(warned) == 1, checked.stdout
+    assert "warning:" in warned[0] and "did you mean x-gpupin?" in warned[0], warned[0]
+    rendered = hostagent(tmp_path, "compose", "render", "f.yml", "-o", "out.yml")
+    assert rendered.returncode == 0 and "hostagent: " + warned[0] in rendered.stderr.splitlines(), rendered.stderr
+    for fine in ("x-gpu", "x-gpus", "x-common", "x-gpupin-defaults"):  # not lookalikes: nothing said
+        (tmp_path / "g.yml").write_text(f"{fine}: &a {{}}\n" + file("    x-gpupin: {gpus: ['1']}"))
+        r = hostagent(tmp_path, "compose", "check", "g.yml")
+        assert r.returncode == 0 and "did you mean" not in r.stdout, (fine, r.stdout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import signal
 import subprocess
@@ -280,7 +281,11 @@ def test_a_card_lost_mid_run_stops_the_workload_with_79(
     r.wait_for("workload got TERM")
     assert time.monotonic() - planted < 0.2 + 1 + (1 if ep.mode == "container" else 0)  # docker logs' own delay
     assert r.wait() == 79
-    assert f": {says}; the workload was stopped" in loss_line(r.stderr())
+    line = loss_line(r.stderr())
+    assert f": {says}; the workload was stopped" in line
+    # Issue 23, trap 8: what was done, not what might have been: SIGTERM was enough.
+    assert re.search(r"; the workload was stopped with SIGTERM after \d+\.\d s\. HINT: ", line), line
+    assert "SIGKILL" not in line, line
 
 
 def test_an_application_xid_does_not_stop_the_workload(ep: Entrypoint, running: list[Running], tmp_path: Path) -> None:
@@ -322,7 +327,9 @@ def test_a_workload_that_ignores_sigterm_is_killed_after_the_grace(
     assert r.wait() == 79
     assert time.monotonic() - planted < 0.2 + 0.5 + 5
     assert "ignored TERM" in r.output()
-    assert "SIGKILL after 0.5 s" in loss_line(r.stderr())
+    # Issue 23, trap 8: the line says SIGTERM did not stop it and SIGKILL did, after the grace.
+    line = loss_line(r.stderr())
+    assert "; the workload was killed with SIGKILL after the 0.5 s grace (SIGTERM did not stop it). HINT: " in line
 
 
 def test_a_card_of_another_container_lost_does_not_stop_this_one(
@@ -355,7 +362,7 @@ def test_a_check_that_fails_leaves_the_workload_running_under_its_parent() -> No
         "from gpupin.entrypoint.supervise import Watch, supervise\n"
         "def check():\n"
         "    raise RuntimeError('boom')\n"
-        "watch = Watch(0.05, check, lambda what: 79, 1.0)\n"
+        "watch = Watch(0.05, check, lambda what, how: 79, 1.0)\n"
         "sys.exit(supervise(['sh', '-c', 'sleep 0.5; exit 4'], {'PATH': '/usr/bin:/bin'}, watch, run_workload,"
         " 'gpupin-entrypoint'))\n"
     )
@@ -364,3 +371,18 @@ def test_a_check_that_fails_leaves_the_workload_running_under_its_parent() -> No
     assert p.stderr == (
         "gpupin-entrypoint: WARNING: the card checks failed (RuntimeError: boom); the workload runs on, unwatched\n"
     ), p
+
+
+def test_watching_says_which_cards_and_how_often_when_it_starts(ep: Entrypoint, running: list[Running]) -> None:
+    """Issue 23, trap 8: --watch said nothing at start. One line on stderr says which cards it watches and how
+    often (after the report; --quiet keeps it quiet, as it keeps the report)."""
+    r = start(ep, running, "sh", "-c", "echo ready; sleep 0.5", watch=("--watch", "0.2"))
+    assert r.wait() == 0
+    lines = r.stderr().splitlines()
+    watching = [ln for ln in lines if "watching" in ln]
+    assert watching == [
+        f"gpupin-entrypoint: watching {RTX} (cuda:0) every 0.2 s; if it is lost, the workload is stopped (exit 79)"
+    ], lines
+    assert lines.index(watching[0]) > 0 and lines[0].startswith("gpupin-entrypoint: verified"), lines
+    quiet = start(ep, running, "sh", "-c", "exit 0")  # WATCH has --quiet
+    assert quiet.wait() == 0 and quiet.stderr() == ""

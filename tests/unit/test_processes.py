@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 from gpupin.hostagent.ledger import processes as procs
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.processes import ME, error_line, on_cards
+from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE
 from tests.support.scenarios import topology, uuids
 
@@ -179,3 +181,119 @@ def test_dry_run_places_no_count_without_the_ledger(fakegpu: Path, tmp_path: Pat
         timeout=60,
     )
     assert "which cards are free is unknown" in error_line(r, 69) and not r.stdout
+
+
+# --- use that NVML names no process for is not free (issue 24) ---------------------------------------------------
+
+
+def unseen_host(tmp_path: Path) -> dict[str, str]:
+    """mixed-4 with card 0 at 95% load and 40 GB used, no process named (the issue's case); card 3 at 615 MiB and
+    0% (what an idle H200 reads: bench/records); card 1 at 1000 MiB and 4%: under both thresholds. No daemon."""
+    topo = topology("mixed-4")
+    cards = {g["uuid"]: g for g in topo["gpus"]}
+    cards[A800].update(memory_used_mib=40960, utilization_gpu=95)
+    cards[A800C].update(memory_used_mib=615, utilization_gpu=0)
+    cards[RTX].update(memory_used_mib=1000, utilization_gpu=4)
+    path = tmp_path / "unseen.json"
+    path.write_text(json.dumps(topo))
+    return simhost_env("mixed-4", FAKEGPU_TOPOLOGY=str(path), DOCKER_HOST=f"unix://{tmp_path}/none.sock")
+
+
+def test_a_card_in_use_that_nvml_names_no_process_for_is_busy(fakegpu: Path, tmp_path: Path) -> None:
+    env = unseen_host(tmp_path)
+    r = subprocess.run([HOSTAGENT, "ls", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    cards = {g["uuid"]: g for g in json.loads(r.stdout)["gpus"]}
+    assert (cards[A800]["state"], cards[A800]["busy"], cards[A800]["processes"]) == ("busy", True, [])
+    assert cards[A800]["unseen"] == "40960 MiB used, 95% load"
+    # Docker is unreachable here: the others are unknown, never busy by their idle readings.
+    assert [(cards[u]["state"], cards[u]["unseen"]) for u in (RTX, A800C)] == [("unknown", None)] * 2
+    table = subprocess.run([HOSTAGENT, "ls"], env=env, capture_output=True, text=True, timeout=60).stdout
+    assert re.search(r"^\[0\].*  busy$", table, re.M), table
+    assert re.search(r"^    in use +40960 MiB used, 95% load, owner unseen: no process listed$", table, re.M), table
+
+
+def test_the_agent_shows_unseen_use_as_busy(fakegpu: Path, tmp_path: Path) -> None:
+    agent = Resident(unseen_host(tmp_path))
+    try:
+        card = agent.card(A800)
+        assert (card["state"], card["busy"], card["unseen"]) == ("busy", True, "40960 MiB used, 95% load")
+        assert agent.card(A800C)["state"] != "busy"
+    finally:
+        agent.close()
+
+
+def test_the_thresholds_never_call_an_idle_h200_busy() -> None:
+    """An idle H200 reads 615-618 MiB of 143771 MiB at 0% (bench/records/real-gpu-session-3-2xH200-2026-11-30.log)."""
+    from gpupin.core.nvml import Card
+
+    def card(used_mib: int, load: int, total_mib: int = 143771) -> Card:
+        c = Card(0, "GPU-x", None, "NVIDIA H200")
+        c.memory_total, c.memory_used, c.utilization_gpu = total_mib * procs.MIB, used_mib * procs.MIB, load
+        c.process_list, c.processes_error, c.mig_mode = [], None, False
+        return c
+
+    assert procs.unseen_use(card(618, 0)) is None
+    assert procs.unseen_use(card(1437, 4)) is None  # 1% of an H200, under 5% load
+    assert procs.unseen_use(card(1438, 0)) == "1438 MiB used"
+    assert procs.unseen_use(card(600, 5)) == "5% load"
+    assert procs.unseen_use(card(1025, 0, total_mib=24564)) == "1025 MiB used"  # 1 GiB on a small card
+    (held,) = procs.blocking([card(40960, 95)], [])["GPU-x"]
+    assert isinstance(held, procs.Unseen) and held.process
+
+
+# --- a container's real cgroup (issue 24) ------------------------------------------------------------------------
+
+CID = "c" * 64
+
+
+@pytest.mark.parametrize(
+    ("driver", "parent", "expected"),
+    [
+        ("systemd", "", f"/system.slice/docker-{CID}.scope"),
+        ("systemd", "gpu-jobs.slice", f"/gpu.slice/gpu-jobs.slice/docker-{CID}.scope"),
+        ("systemd", "-.slice", f"/docker-{CID}.scope"),
+        ("systemd", "/not/a/slice", None),  # the daemon refuses it under systemd
+        ("cgroupfs", "", f"/docker/{CID}"),  # what the sandboxed daemons use
+        ("cgroupfs", "/jobs/", f"/jobs/{CID}"),
+        ("", "", None),  # unknown: only the pid namespace can say
+    ],
+)
+def test_a_containers_real_cgroup_comes_from_the_engines_facts(driver: str, parent: str, expected: str | None) -> None:
+    assert procs.real_cgroup(driver, parent, CID) == expected
+
+
+def test_only_the_real_cgroup_or_pid_namespace_names_a_container() -> None:
+    places = procs.Places({CID: (0, "")}, "systemd", [CID])
+    forged = f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/docker-{CID}.scope\n"
+    real = f"0::/system.slice/docker-{CID}.scope\n"
+    me = os.getpid()  # in the host's pid namespace: no container's
+    assert places.owner(me, real, CID) == CID
+    assert places.owner(me, f"0::/system.slice/docker-{CID}.scope/init.scope\n", CID) == CID  # its sub-cgroup
+    assert places.owner(me, forged, CID) is None
+    assert places.owner(me, f"0::/system.slice/docker-{CID}.scope-x\n", CID) is None  # a prefix is not a parent
+    v1 = f"9:name=systemd:/user.slice/docker-{CID}.scope\n8:pids:/system.slice/docker-{CID}.scope\n"
+    assert places.owner(me, v1, CID) == CID  # any hierarchy: only root can make the daemon's path
+
+
+def test_a_process_in_a_containers_pid_namespace_is_its_own() -> None:
+    """Whatever its cgroup says: a process that shares the pid namespace of the container's State.Pid is in it."""
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sh", "-c", "sleep 300 & sleep 300"])
+    try:
+        children: list[int] = []
+        for _ in range(100):
+            children = [int(c) for c in Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()]
+            if children:
+                break
+            time.sleep(0.05)
+        (init,) = children  # sh, pid 1 of the new namespace
+        for _ in range(100):
+            worker = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+            if worker:
+                break
+            time.sleep(0.05)
+        places = procs.Places({CID: (init, "")}, None, [CID])  # the driver unknown: the namespace alone says
+        assert places.owner(int(worker[0]), f"0::/user.slice/docker-{CID}.scope\n", CID) == CID
+        assert places.owner(os.getpid(), f"0::/user.slice/docker-{CID}.scope\n", CID) is None
+    finally:
+        outer.kill()
+        outer.wait()

@@ -10,16 +10,19 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import time
 from typing import Any
 
 import pytest
 
 from gpupin.core.errors import GpupinError, GpuSpecError
 from gpupin.hostagent.agentlink import Link
+from gpupin.hostagent.engine import address
 from gpupin.hostagent.queue.args import table
-from gpupin.hostagent.run.queueing import _Stream
+from gpupin.hostagent.run.queueing import QueueClient, _Stream
+from gpupin.hostagent.run.request import RunRequest
 from gpupin.hostagent.serve import fair
-from tests.support.host import simhost_env
+from tests.support.host import hostagent, simhost_env
 from tests.support.resident import Resident
 from tests.support.wait import wait_for
 
@@ -169,15 +172,17 @@ def test_the_table() -> None:
     }
     head, first, second = table(data, 4000.0).splitlines()
     assert head.split() == ["#", "NAME", "USER", "REQUEST", "IMAGE", "WAITING", "TURN"]
-    assert first.split()[:6] == ["1", "train\\n1", "alice", "--count", "2", "img"] and first.endswith("yes")
+    # Another user's value through the one rule (gpupin.core.errors.shown): escaped, quoted, cut with its length.
+    assert first.split()[:6] == ["1", "'train\\n1'", "alice", "--count", "2", "img"] and first.endswith("yes")
     assert "1h05m (since" in first and "1h03m (since" in second  # 3900 s, 3830 s
-    assert second.split()[:5] == ["2", "-", "bob", "--gpu", "0"] and "x" * 37 + "..." in second
+    assert second.split()[:5] == ["2", "-", "bob", "--gpu", "0"] and "'" + "x" * 39 + "... (50 characters)" in second
     assert table({"waiters": []}, 0) == "no request is waiting\n"
 
 
 def test_joining_without_a_daemon() -> None:
     agent = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--interval", "0.2")
     link = Link(agent.socket)
+    mine = {"daemon": "unix:/nonexistent/docker.sock"}  # the agent's daemon: it queues for its callers only
     try:
         for body in (
             {"gpus": ["0"], "count": 1},
@@ -188,10 +193,10 @@ def test_joining_without_a_daemon() -> None:
             {"gpus": ["7"]},
         ):
             with pytest.raises(GpupinError) as bad:
-                _Stream(link, body)
+                _Stream(link, {**mine, **body})
             assert bad.value.exit_code == 64, (body, bad.value.message)
-        first = _Stream(link, {"gpus": ["1"], "name": "a", "image": "img", "user": "someone-else"})
-        second = _Stream(link, {"count": 2, "share": True, "max_memory": 50})
+        first = _Stream(link, {**mine, "gpus": ["1"], "name": "a", "image": "img", "user": "someone-else"})
+        second = _Stream(link, {**mine, "count": 2, "share": True, "max_memory": 50})
         assert (first.queued["position"], second.queued["position"], second.queued["of"]) == (1, 2, 2)
         # Unknown holders (no daemon) are never free: no turn; the first is clear (no one ahead), the count is not
         # (the first could take card 1, which it could take).
@@ -213,5 +218,34 @@ def test_joining_without_a_daemon() -> None:
         assert second.send("again")
         second.close()
         wait_for(lambda: json.loads(agent.get("/api/queue")[1])["waiters"] == [], 1.0, "the queue empty", interval=0.02)
+    finally:
+        agent.close()
+
+
+def test_the_queue_is_the_agents_only_for_callers_of_the_daemon_it_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23, trap 6: `hostagent queue` and run --wait's queue used an agent that serves another daemon. The
+    rule `run` follows (the agent acts only for callers of its daemon) now holds for the queue too: `queue` says
+    so (69), and a --wait run waits without that agent's queue."""
+    ours, theirs = "unix:///nonexistent/ours.sock", "unix:///nonexistent/theirs.sock"
+    agent = Resident(simhost_env(DOCKER_HOST=theirs), "--interval", "0.2")
+    try:
+        other = hostagent("queue", DOCKER_HOST=ours, GPUPIN_AGENT_SOCKET=agent.socket)
+        errors = [ln for ln in other.stderr.splitlines() if "ERROR:" in ln]
+        assert other.returncode == 69 and len(errors) == 1 and other.stdout == "", other
+        assert "/nonexistent/theirs.sock" in errors[0] and "/nonexistent/ours.sock" in errors[0], errors[0]
+        same = hostagent("queue", DOCKER_HOST=theirs, GPUPIN_AGENT_SOCKET=agent.socket)
+        assert (same.returncode, same.stdout) == (0, "no request is waiting\n"), same.stderr
+
+        def waiters() -> list[Any]:
+            return list(json.loads(agent.get("/api/queue")[1])["waiters"])
+
+        monkeypatch.setenv("GPUPIN_AGENT_SOCKET", agent.socket)
+        for host, queued in ((ours, 0), (theirs, 1)):
+            monkeypatch.setenv("DOCKER_HOST", host)
+            monkeypatch.setattr(address, "_ENDPOINT", None)
+            with QueueClient.of(RunRequest("img", gpus=["1"], wait=1.0)) as turns:
+                turns.join(time.monotonic() + 0.5)
+                assert len(waiters()) == queued, host
+            wait_for(lambda: waiters() == [], 2.0, "the queue empty", interval=0.02)
     finally:
         agent.close()

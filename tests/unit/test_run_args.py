@@ -208,3 +208,39 @@ def test_a_dry_run_of_a_busy_card_says_what_a_real_run_would_meet(capsys: pytest
     assert "a real run now would wait for it (--wait)" in capsys.readouterr().err
     assert main(["run", "--dry-run", "--share", "--gpu", "2", "img:1"]) == 0  # a process does not stop a sharer
     assert "a real run" not in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_daemon")
+@pytest.mark.parametrize(
+    ("argv", "late", "fixed"),
+    [
+        (["gpupin:test", "--gpu", "1"], "--gpu 1 comes", "hostagent run --gpu 1 gpupin:test"),
+        (["gpupin:test", "--count=2"], "--count=2 comes", "hostagent run --count=2 gpupin:test"),
+        (
+            ["--rm", "img:1", "-e", "A=1", "--uuid", "GPU-95c6", "python3", "x.py"],
+            "-e A=1 --uuid GPU-95c6 come",
+            "hostagent run --rm -e A=1 --uuid GPU-95c6 img:1 python3 x.py",
+        ),
+    ],
+)
+def test_run_options_after_the_image_are_named_with_the_line_that_works(
+    capsys: pytest.CaptureFixture[str], argv: list[str], late: str, fixed: str
+) -> None:
+    """Issue 23, trap 7: `hostagent run IMAGE --gpu 1` said "say which GPUs", not that options go before IMAGE."""
+    assert main(["run", *argv]) == 64
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "say which GPUs" not in err, err
+    image = next(a for a in argv if ":" in a)
+    assert f"ERROR: {late} after the image {image}: it is passed to the command" in err, err
+    assert err.rstrip("\n").endswith(f"HINT: put run's options before IMAGE: {fixed}"), err
+
+
+@pytest.mark.usefixtures("no_daemon")
+def test_a_commands_own_options_after_its_name_are_not_taken_for_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23, trap 7: only words right after IMAGE are run's options misplaced; `python3 --gpu 1` is the
+    command's, and the refusal stays "say which GPUs"."""
+    assert main(["run", "img:1", "python3", "train.py", "--gpu", "1"]) == 64
+    err = capsys.readouterr().err
+    assert "say which GPUs" in err and "after the image" not in err, err
+    assert main(["run", "--gpu", "0", "--dry-run", "img:1", "--gpu", "1"]) == 0  # a GPU given: the rest is CMD
+    assert capsys.readouterr().out.split()[-3:] == ["img:1", "--gpu", "1"]
