@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.host import HOSTAGENT, hostagent, simhost_env
+from tests.support.host import HOSTAGENT, simhost_env
+from tests.support.host import hostagent as on_simhost
+
+NO_DOCKER = "unix:///nonexistent/docker.sock"  # the ledger is not read: no daemon is touched
+
+
+def hostagent(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    return on_simhost(*args, timeout=timeout, **{"DOCKER_HOST": NO_DOCKER, **env})
+
 
 HOSTILE = 5001  # a bare uid: no name, no group of interest
 RUNTIME_ALL = (
@@ -232,7 +240,7 @@ def test_run_refuses_a_path_this_user_cannot_read_naming_it(
     hostile = ["setpriv", f"--reuid={HOSTILE}", f"--regid={HOSTILE}", "--clear-groups"]
     r = subprocess.run(
         [*hostile, str(HOSTAGENT), "run", "--dry-run", "--gpu", "0", *option, "img", "true"],
-        env=simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"),
+        env=simhost_env(DOCKER_HOST=NO_DOCKER),
         capture_output=True,
         text=True,
         timeout=30,
