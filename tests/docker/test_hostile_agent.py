@@ -336,35 +336,42 @@ def test_a_daemon_on_tcp_is_booked_for_root_only_unless_a_group_is_named(
         r.close()
 
 
-def queue_body(**ask: Any) -> dict[str, Any]:
-    return {"name": f"hostile-{uuid.uuid4().hex[:6]}", "image": TEST_IMAGE, "command": ["true"], **ask}
+def queue_body(agent: Agent, **ask: Any) -> dict[str, Any]:
+    """A join of the sandbox daemon's queue (the agent queues only for callers of the daemon it serves)."""
+    return {
+        "daemon": sandbox_daemon(agent),
+        "name": f"hostile-{uuid.uuid4().hex[:6]}",
+        "image": TEST_IMAGE,
+        "command": ["true"],
+        **ask,
+    }
 
 
-def test_the_queue_takes_no_count_past_the_host_s_healthy_cards(resident: Resident, users: Users) -> None:
-    status, answer = post(users.docker_member, resident.socket, "/api/queue", queue_body(count=99))
+def test_the_queue_takes_no_count_past_the_host_s_healthy_cards(agent: Agent, resident: Resident, users: Users) -> None:
+    status, answer = post(users.docker_member, resident.socket, "/api/queue", queue_body(agent, count=99))
     assert status == 400 and answer["exit"] == 64, answer
     assert answer["error"] == "POST /api/queue: --count 99, but this host has 4 healthy whole card(s)"
 
 
-def test_only_callers_who_may_use_the_daemon_join_the_queue(resident: Resident, users: Users) -> None:
-    status, answer = post(users.socket_only, resident.socket, "/api/queue", queue_body(gpus=["1"]))
+def test_only_callers_who_may_use_the_daemon_join_the_queue(agent: Agent, resident: Resident, users: Users) -> None:
+    status, answer = post(users.socket_only, resident.socket, "/api/queue", queue_body(agent, gpus=["1"]))
     assert status == 400 and answer["exit"] == 64, answer
     assert f"uid {SOCKET_ONLY} may not use the Docker daemon" in answer["error"]
     assert json.loads(resident.get("/api/queue")[1])["waiters"] == []
     outside = client(users.nobody, "post", resident.socket, "/api/queue")  # not in the agent's group: no connect
-    _, err = outside.communicate(json.dumps(queue_body(gpus=["1"])) + "\n", timeout=60)
+    _, err = outside.communicate(json.dumps(queue_body(agent, gpus=["1"])) + "\n", timeout=60)
     assert outside.returncode == 1 and "PermissionError" in err, err
 
 
-def test_one_uid_holds_at_most_8_places(resident: Resident, users: Users) -> None:
+def test_one_uid_holds_at_most_8_places(agent: Agent, resident: Resident, users: Users) -> None:
     held = [client(users.docker_member, "hold", resident.socket) for _ in range(8)]
     try:
         for p in held:
             assert p.stdin is not None and p.stdout is not None
-            p.stdin.write(json.dumps(queue_body(gpus=["2"])) + "\n")  # card 2: a host process's, never free
+            p.stdin.write(json.dumps(queue_body(agent, gpus=["2"])) + "\n")  # card 2: a host process's, never free
             p.stdin.flush()
             assert "queued" in p.stdout.readline()
-        status, answer = post(users.docker_member, resident.socket, "/api/queue", queue_body(gpus=["2"]))
+        status, answer = post(users.docker_member, resident.socket, "/api/queue", queue_body(agent, gpus=["2"]))
         assert status == 409 and answer["exit"] == 75, answer
         assert answer["error"] == f"POST /api/queue: uid {DOCKER_MEMBER} already waits in 8 places of the queue"
     finally:
@@ -377,7 +384,7 @@ def test_turns_taken_and_never_used_lose_the_place(agent: Agent, resident: Resid
     freezer = client(users.docker_member, "again", resident.socket)
     assert freezer.stdin is not None and freezer.stdout is not None
     try:
-        freezer.stdin.write(json.dumps(queue_body(gpus=["0"])) + "\n")
+        freezer.stdin.write(json.dumps(queue_body(agent, gpus=["0"])) + "\n")
         freezer.stdin.flush()
         assert "queued" in freezer.stdout.readline()
         while "turn" not in freezer.stdout.readline():  # its turns have begun
