@@ -64,7 +64,8 @@ def test_render_of_several_files_is_one_file_compose_runs_with_every_gpu_pinned(
     assert ran.returncode == 0, ran.stderr
     svcs = yaml.safe_load(ran.stdout)["services"]
     ids = {n: [d["device_ids"] for d in s["deploy"]["resources"]["reservations"]["devices"]] for n, s in svcs.items()}
-    assert ids == {"eval": [[A800]], "serve": [[A800C, A800B]]}
+    # The idle topology's cards read idle: the two A800s left, 80 GiB free each, by index.
+    assert ids == {"eval": [[A800]], "serve": [[A800B, A800C]]}
     assert all("x-gpupin" not in s for s in svcs.values())
     assert svcs["serve"]["environment"]["HF_HOME"] == "/cache"
     again = render(tmp_path, mixed4_sandbox, "compose", "check", str(out))

@@ -39,12 +39,13 @@ def test_count_never_takes_a_faulty_card(mixed4_sandbox: Sandbox, tmp_path: Path
     fault, _ = FAULTS[kind]
     faults = fault_file(tmp_path, {A800: fault} if kind != "lost" else {"0": fault})
     assert count(mixed4_sandbox) == (0, A800)
-    assert count(mixed4_sandbox, faults=faults) == (0, A800C)
+    # The idle topology's cards read idle: the next A800 by index (A800B, all 80 GiB free, as A800C) is taken.
+    assert count(mixed4_sandbox, faults=faults) == (0, A800B)
 
 
 def test_several_faults_and_count(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
     faults = fault_file(tmp_path, {A800: {"xid": [79]}, A800C: {"ecc": {"volatile_uncorrected": 3}}})
-    # The best card left: the A800 at 86 (40 GiB free) before the 4090 (24 GiB).
+    # The best card left: the A800 at 86 (80 GiB free, idle) before the 4090 (24 GiB).
     assert count(mixed4_sandbox, faults=faults) == (0, A800B)
     rc, err = count(mixed4_sandbox, 3, faults)
     assert rc == 69, err
@@ -56,7 +57,7 @@ def test_several_faults_and_count(mixed4_sandbox: Sandbox, tmp_path: Path) -> No
 
 
 def test_count_skips_unknown_health_and_keeps_application_xids(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
-    assert count(mixed4_sandbox, faults=fault_file(tmp_path, {A800: {"memory_query_error": 999}})) == (0, A800C)
+    assert count(mixed4_sandbox, faults=fault_file(tmp_path, {A800: {"memory_query_error": 999}})) == (0, A800B)
     app = tmp_path / "app"
     app.mkdir()
     assert count(mixed4_sandbox, faults=fault_file(app, {A800: {"xid": [13, 31, 43, 45, 68, 109]}})) == (0, A800)
