@@ -494,7 +494,9 @@ def test_32_clients_on_three_addresses_of_one_daemon_never_share_a_card(
 
     try:
         with ThreadPoolExecutor(32) as pool:
-            results = list(pool.map(lambda i: one(i, 20, False), range(32)))
+            # Each winner holds its card for 60 s: every one of the 32 has asked before the first lets go, even
+            # on a loaded machine (two engines' tiers side by side), so exactly 4 win and 28 are refused.
+            results = list(pool.map(lambda i: one(i, 60, False), range(32)))
         codes = sorted(r.returncode for r in results)
         assert codes == [0] * 4 + [75] * 28, [r.stderr for r in results if r.returncode not in (0, 75)]
         won = intervals([r.stdout for r in results if r.returncode == 0])
