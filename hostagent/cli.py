@@ -110,6 +110,9 @@ def build_parser(run_only: bool = False) -> _Parser:
     doctor.add(sub)
     serve_args.add(sub)
     queue_args.add(sub)
+    from gpupin.hostagent.record import report
+
+    report.add(sub)
     return p
 
 
@@ -204,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve_args.command(args)
         if args.command == "queue":
             return queue_args.command(args)
+        if args.command == "usage":
+            from gpupin.hostagent.record import report
+
+            return report.command(args)
         if args.command == "completion":
             return completion.main(args.shell, parser)
         if args.command == "__complete":

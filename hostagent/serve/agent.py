@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import LedgerReading
+    from gpupin.hostagent.record.keeper import Keeper
 
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
@@ -86,6 +87,7 @@ class Agent:
         self._ledger_at = 0.0
         self._stream: EventStream | None = None
         self._threads: list[threading.Thread] = []
+        self.record: Keeper | None = None  # the record's writer (gpupin.hostagent.record), when one is kept
 
     # --- readers ---
 
@@ -121,6 +123,10 @@ class Agent:
             self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
             return
         self.idle.annotate(view, time.monotonic())
+        record = self.record
+        if record is not None:
+            view["record"] = record.status()  # `degraded` says what could not be written (a full disk)
+            record.observe(view, cards)  # a few dict updates here; the keeper's thread writes
         self._publish(view, None)
 
     def read_ledger(self) -> tuple[dict[str, Any], LedgerReading | None]:
@@ -230,7 +236,9 @@ class Agent:
             delay = 0.5
             self.container_changed()  # what happened while no stream was open
             try:
-                for _event in stream:
+                for event in stream:
+                    if self.record is not None:
+                        self.record.event(event)  # start and die times, stops: the record's intervals
                     self.container_changed()
             except GpupinError:
                 pass
