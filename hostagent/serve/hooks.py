@@ -89,7 +89,10 @@ class Hooks:
         if webhook is not None and (why := webhook_refusal(webhook)) is not None:
             say(f"notify webhook ignored: {why}")
             webhook = None
-        self.command, self.webhook = (list(command) if command else None), webhook
+        command = list(command) if command else None
+        if (command, webhook) != (self.command, self.webhook):
+            self._failing.clear()  # another hook: its first failure is said again
+        self.command, self.webhook = command, webhook
 
     def run_as(self, name: str | None) -> None:
         """`serve --hook-user NAME`: the command's user and groups (UsageError, 64, for an unknown user)."""

@@ -191,6 +191,8 @@ class ViewCollector:
             rows = record.usage(None, "user")
         except Exception:  # a record that cannot be read is said in /api/ls; a scrape still answers
             return
+        if not rows:  # nothing recorded yet: no family (a card series' absence says NVML is unread)
+            return
         seconds = CounterMetricFamily(
             "gpupin_gpu_seconds",
             "GPU-seconds held per user, from the record (an open interval counts up to now).",
