@@ -320,7 +320,7 @@ class _Reader:
     def __init__(self, path: str, text: str) -> None:
         self.path = path
         self.where = _lines(text)
-        self.mistakes: list[str] = []
+        self._found: list[tuple[int, str]] = []
 
     def wrong(self, key: str, what: str) -> None:
         line = self.where.get(key)
@@ -330,7 +330,12 @@ class _Reader:
                 parent = parent.rsplit(".", 1)[0]
                 line = self.where.get(parent)
         place = f"{printable(self.path)}:{line}" if line else printable(self.path)
-        self.mistakes.append(f"{place}: {printable(key)}: {what}")
+        self._found.append((line or 0, f"{place}: {printable(key)}: {what}"))
+
+    @property
+    def mistakes(self) -> list[str]:
+        """In the file's order."""
+        return [m for _, m in sorted(self._found, key=lambda found: found[0])]
 
     def table(self, data: Any, key: str, allowed: Iterable[str]) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -339,7 +344,11 @@ class _Reader:
         known = set(allowed)
         for k in data:
             if k not in known:
-                self.wrong(f"{key}.{k}" if key else k, f"unknown key (known here: {', '.join(sorted(known))})")
+                import difflib
+
+                near = difflib.get_close_matches(k, sorted(known), 1)
+                said = f"did you mean {near[0]}? " if near else ""
+                self.wrong(f"{key}.{k}" if key else k, f"unknown key ({said}known here: {', '.join(sorted(known))})")
         return {k: v for k, v in data.items() if k in known}
 
     def duration(self, data: dict[str, Any], key: str, name: str) -> float | None:

@@ -284,3 +284,49 @@ def test_quota_values(values: dict[str, object]) -> None:
         assert "bogus" not in values
         for k, v in values.items():
             assert getattr(q, k) == v
+
+
+# --- hostagent policy check ---
+
+
+def test_check_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpupin.hostagent.cli import main
+
+    f = tmp_path / "policy.toml"
+    f.write_text(FULL)
+    assert main(["policy", "check", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"policy: OK {f}: bookings default 4h, max 2d; quota cards 2") and out.count("\n") == 1
+
+
+def test_check_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from gpupin.hostagent.cli import main
+
+    f = tmp_path / "policy.toml"
+    f.write_text('[quota]\ncard = 2\n[booking]\nmax = "2 days"\n')
+    assert main(["policy", "check", str(f)]) == 64
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"hostagent policy: ERROR: {f}:2: quota.card: unknown key (did you mean cards? known here: cards, "
+        "gpu_hours_per_day, gpu_hours_per_week, group, user, waiters)",
+        f"hostagent policy: ERROR: {f}:4: booking.max: '2 days' is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)",
+        f"hostagent policy: 2 mistakes in {f}",
+    ]
+    assert main(["policy", "check", "--json", str(f)]) == 64
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and len(out["mistakes"]) == 2 and out["policy"] is None
+    f.write_text(FULL)
+    assert main(["policy", "check", "--json", str(f)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["policy"]["quota"]["cards"] == 2
+
+
+def test_check_default_file_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpupin.hostagent.cli import main
+
+    if os.path.exists("/etc/gpupin/policy.toml"):
+        pytest.skip("this host has a policy file")
+    assert main(["policy", "check"]) == 64
+    assert "/etc/gpupin/policy.toml: cannot read it: No such file or directory" in capsys.readouterr().err
