@@ -423,7 +423,7 @@ class Keeper:
                 if iv.rid is None:
                     iv.rid = self.store.open_interval(iv.row())
                 values = {**iv.figures(), "end": end, "ended": reason}
-                self.store.update([(iv.rid, values)])
+                self.store.close_interval(iv.rid, values, iv.row())
             except Exception as err:
                 self._degrade(err)
                 return
