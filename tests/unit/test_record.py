@@ -163,16 +163,16 @@ def test_daily_sums_agree_with_the_intervals(tmp_path: Path) -> None:
         _row(s, f"c{i}", user, 1000, start, end, joules=None if end is None else (end - start) * 100)
         truth.append((user, start, end))
     now = T0 + 25 * 86400
-    for since in [None, *(T0 + rng.uniform(-86400, 22 * 86400) for _ in range(20))]:
-        lo = float("-inf") if since is None else since
+    for cut in [None, *(T0 + rng.uniform(-86400, 22 * 86400) for _ in range(20))]:
+        lo = float("-inf") if cut is None else cut
         want: dict[str, float] = {}
         for user, start, end in truth:
             part = min(end if end is not None else now, now) - max(start, lo)
             if part > 0:
                 want[user] = want.get(user, 0.0) + part
-        got = {r["user"]: r["gpu_seconds"] for r in s.usage(since, "user", now)}
-        assert got.keys() == want.keys() and all(abs(got[u] - want[u]) < 0.01 for u in want), since
-        days = s.usage(since, "day", now)
+        got = {r["user"]: r["gpu_seconds"] for r in s.usage(cut, "user", now)}
+        assert got.keys() == want.keys() and all(abs(got[u] - want[u]) < 0.01 for u in want), cut
+        days = s.usage(cut, "day", now)
         assert abs(sum(d["gpu_seconds"] for d in days) - sum(want.values())) < 0.1
     s.close()
 
