@@ -167,7 +167,8 @@ def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None
         conn.close()
         # The whole command, interleaved with `hostagent --version` (the same start-up, no record): what is left
         # once the interpreter and hostagent's parser are up is the answer's own time.
-        whole, startup = [], []
+        whole: list[float] = []
+        startup: list[float] = []
         for i in range(2 * n):
             argv = (
                 [hostagent, "usage", "--by", "user", "--json", "--record", path]
