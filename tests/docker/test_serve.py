@@ -57,10 +57,13 @@ def test_api_ls_is_what_ls_json_prints(agent: Agent, resident: Resident) -> None
     cli = agent("ls", "--json")
     assert cli.returncode == 0, cli.stderr
     api = resident.ls()
-    # The one difference, by design: one reading cannot tell idle, so `ls` alone leaves those fields null.
+    # The differences, by design: one reading cannot tell idle, so `ls` alone leaves those fields null; and it
+    # keeps no record.
     assert all(g["idle"] is None and g["idle_seconds"] is None for g in json.loads(cli.stdout)["gpus"])
+    assert json.loads(cli.stdout)["record"] is None and api["record"]["degraded"] is None
     for g in api["gpus"]:
         g["idle"] = g["idle_seconds"] = None
+    api["record"] = None
     assert api == json.loads(cli.stdout)
     # The CLI's own client reads the very same object, over the unix socket and over HTTP.
     over_unix = agent("ls", "--json", "--host", f"unix://{resident.socket}")
