@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpupin.hostagent.engine.reader import created_time
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
@@ -43,6 +45,7 @@ def started(agent: Agent, name: str, gpu: str, seconds: int, env: dict[str, str]
     return r.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.per_engine  # the run times and the events are each engine's own
 def test_sigkill_mid_interval_counts_each_run_once(agent: Agent) -> None:
     resident = Resident(agent.env, "--interval", "0.2")
     db = resident.dir / "record.db"
