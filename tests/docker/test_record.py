@@ -8,35 +8,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sqlite3
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from gpupin.hostagent.engine.reader import created_time
+from tests.support.record import intervals, run_time
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.wait import wait_for
-
-
-def intervals(path: Path) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        cur = conn.execute("SELECT * FROM intervals ORDER BY id")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-    finally:
-        conn.close()
-
-
-def run_time(agent: Agent, cid: str) -> tuple[float, float]:
-    out = agent.sandbox.docker("inspect", "--format", "{{json .State}}", cid, check=True).stdout
-    state = json.loads(out)
-    return created_time(state["StartedAt"]), created_time(state["FinishedAt"])
 
 
 def started(agent: Agent, name: str, gpu: str, seconds: int, env: dict[str, str]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.record import intervals, run_time
 from tests.support.resident import Resident
 from tests.support.sandbox import SANDBOX_SCRIPT, TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
@@ -219,6 +220,11 @@ def test_a_daemon_restart_is_survived(agent: Agent, resident: Resident) -> None:
         subprocess.run([str(SANDBOX_SCRIPT), "up"], env=env, check=True, capture_output=True, timeout=600)
     wait_for(lambda: resident.ls()["docker"]["available"], 30, "Docker back")
     wait_for(lambda: json.loads(resident.get("/api/agent")[1])["events_followed"], 10, "its events followed again")
+    # The record: the holder the daemon's stop ended is closed at its own FinishedAt, once (none while unknown).
+    rows = wait_for(lambda: [r for r in intervals(resident.dir / "record.db") if r["end"] is not None], 30, "closed")
+    begin, end = run_time(agent, name)
+    assert len(rows) == 1 and rows[0]["container_name"] == name
+    assert abs(rows[0]["start"] - begin) < 1.0 and abs(rows[0]["end"] - end) < 1.0, (rows, begin, end)
     # The event stream is followed again: a new holder appears within a second.
     agent.sandbox.docker("rm", "-f", name)
     second = f"serve-{uuid.uuid4().hex[:8]}"
