@@ -283,6 +283,9 @@ class Keeper:
             self._health_events(view)
             if view["docker"]["available"]:
                 self._diff(view, now)
+                with self._lock:  # samples of holders seen while the daemon was unread, gone since: no interval
+                    for key in [k for k in self._samples if k not in self.open]:
+                        del self._samples[key]
         self._checkpoint(now=now)
 
     def _diff(self, view: dict[str, Any], now: float) -> None:
