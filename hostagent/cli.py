@@ -112,6 +112,7 @@ def build_parser(run_only: bool = False) -> _Parser:
     serve_args.add(sub)
     queue_args.add(sub)
     policy_args.add(sub)
+    policy_args.add_extend(sub)
     return p
 
 
@@ -210,6 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpupin.hostagent.policy import args as policy_args
 
             return policy_args.command(args)
+        if args.command == "extend":
+            from gpupin.hostagent.policy import args as policy_args
+
+            return policy_args.extend(args)
         if args.command == "completion":
             return completion.main(args.shell, parser)
         if args.command == "__complete":
