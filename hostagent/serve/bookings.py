@@ -23,14 +23,25 @@ import time
 from gpupin.core.errors import GpupinError, UsageError, shown
 from gpupin.hostagent.ledger import booking as booking_label
 from gpupin.hostagent.policy import format_duration
-from gpupin.hostagent.serve.agent import say
+from gpupin.hostagent.serve.keeper import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, Protocol
 
-    from gpupin.hostagent.serve.agent import Agent
+    from gpupin.hostagent.serve.keeper import Keeper
+
+    class Snapshot(Protocol):
+        listing: dict[str, Any] | None
+
+    class Agent(Protocol):  # gpupin.hostagent.serve.agent.Agent, which makes the bookings
+        keeper: Keeper
+        stopping: threading.Event
+
+        def snapshot(self) -> Snapshot: ...
+
+        def container_changed(self) -> None: ...
 
     class Handler(Protocol):
         def answer(self, obj: Any) -> None: ...
@@ -60,6 +71,44 @@ def end_reason(container_id: str, reason: str) -> None:
         record.end_reason(container_id, reason)
 
 
+def emit(event: str, payload: dict[str, Any]) -> None:
+    """The hooks' seam (gpupin.hostagent.serve.hooks.emit: never waits); nothing until it is there."""
+    import importlib
+
+    try:
+        hooks = importlib.import_module("gpupin.hostagent.serve.hooks")
+    except ImportError:
+        return
+    hooks.emit(event, payload)
+
+
+def payload(view: dict[str, Any], cid: str, until: float | None, now: float) -> dict[str, Any]:
+    """An event's part about a booked holder (docs/serve.md, "Notifications"): its first card, the container, the
+    user who booked it, and the booking."""
+    import pwd
+
+    for card in view.get("gpus", ()):
+        for h in card.get("holders", ()):
+            b = h.get("booking")
+            if h["id"] != cid or b is None:
+                continue
+            try:
+                user = pwd.getpwuid(b["uid"]).pw_name
+            except KeyError:
+                user = str(b["uid"])
+            return {
+                "card": {"uuid": card.get("uuid"), "index": card.get("index"), "name": card.get("name")},
+                "container": {"id": cid, "name": h["name"], "image": h.get("image")},
+                "user": {"uid": b["uid"], "name": user},
+                "booking": {
+                    "since": b["since"],
+                    "until": until,
+                    "left_s": None if until is None else max(0, int(until - now)),
+                },
+            }
+    return {"container": {"id": cid}}
+
+
 def gpu_seconds() -> Callable[[int, float], float] | None:
     """The record's GPU-seconds per uid since a time, for the GPU-hour quotas; None until the record is there (the
     quotas then count what is held now: gpupin.hostagent.policy.admit.held_seconds)."""
@@ -80,6 +129,7 @@ class Bookings:
         self._until: dict[str, int] = {}  # container id -> until, as extended
         self._state: str | None = None
         self._stopping: dict[str, float] = {}  # container id -> when its stop was sent (monotonic)
+        self._told: set[tuple[str, int]] = set()  # (container id, until) whose booking.ending went out
         self.lateness: list[float] = []  # seconds between each end and its stop's signal (the log says each)
 
     # --- the state file ---
@@ -219,10 +269,30 @@ class Bookings:
                         out[h["id"]] = (h["id"], h["name"], float(until))
         return list(out.values())
 
+    def _ending(self, now: float) -> None:
+        """booking.ending, once per end, the policy's notify.before_end ahead of it."""
+        notify = self.agent.keeper.policy.notify
+        view = self.agent.snapshot().listing
+        if notify is None or view is None:
+            return
+        ids = {h["id"] for card in view["gpus"] for h in card.get("holders", ())}
+        self._told = {t for t in self._told if t[0] in ids}  # bounded by the holders there are
+        for card in view["gpus"]:
+            for h in card.get("holders", ()):
+                b = h.get("booking")
+                if b is None or h["state"] not in STOPPING:
+                    continue
+                until = self.until(h["id"], b["until"])
+                if until is None or (h["id"], until) in self._told or not 0 < until - now <= notify.before_end:
+                    continue
+                self._told.add((h["id"], until))
+                emit("booking.ending", payload(view, h["id"], until, now))
+
     def _watch(self) -> None:
         while not self.agent.stopping.wait(TICK_S):
             try:
                 now = time.time()
+                self._ending(now)
                 for cid, name, until in self.due(now):
                     with self._lock:
                         self._stopping[cid] = time.monotonic()
@@ -240,6 +310,8 @@ class Bookings:
         from gpupin.hostagent import engine
 
         end_reason(cid, "expiry")
+        view = self.agent.snapshot().listing
+        told = payload(view, cid, until, time.time()) if view is not None else {"container": {"id": cid}}
         try:
             api = engine.connect()
             try:
@@ -254,6 +326,7 @@ class Bookings:
                 api.stop(cid, timeout=None if grace is None else grace)
             finally:
                 api.close()
+            emit("booking.ended", {**told, "late_s": round(late, 3)})
         except Exception as err:
             say(f"booking ended: could not stop {shown(name)} ({cid[:12]}): {getattr(err, 'message', err)}")
         self.agent.container_changed()

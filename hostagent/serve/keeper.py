@@ -11,13 +11,30 @@ import os
 import threading
 import time
 
+from gpupin import hostagent
 from gpupin.core.errors import UsageError
 from gpupin.hostagent.policy import Policy, PolicyError, load_policy
-from gpupin.hostagent.serve.agent import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+
+def say(text: str) -> None:
+    """A line of the agent's log, as gpupin.hostagent.serve.agent.say writes it (that module makes the keeper)."""
+    hostagent.say(f"serve: {text}")
+
+
+def _hooks(policy: Policy) -> None:
+    """The notify rule in force, for the agent's hooks (gpupin.hostagent.serve.hooks, the record's part: nothing
+    until it is there)."""
+    import importlib
+
+    try:
+        hooks = importlib.import_module("gpupin.hostagent.serve.hooks")
+    except ImportError:
+        return
+    hooks.apply(policy.notify)
 
 
 class Keeper:
@@ -41,6 +58,7 @@ class Keeper:
             with self._lock:
                 was = self._policy
                 self._policy, self.loaded_at, self.error = Policy.empty(), time.time(), None
+            _hooks(Policy.empty())
             if was.path is not None or was.enforced:
                 say(f"policy: {self.path} is gone: nothing is enforced")
             else:
@@ -57,6 +75,7 @@ class Keeper:
         with self._lock:
             self._policy, self.loaded_at, self.error = new, time.time(), None
         say(f"policy: {self.path}: {new.summary()}")
+        _hooks(new)
 
     def _refused(self, mistakes: list[str]) -> None:
         with self._lock:
