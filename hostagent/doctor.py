@@ -25,7 +25,7 @@ import stat
 import sys
 
 from gpupin.core import nvml, readings
-from gpupin.core.errors import GpupinError, UsageError, quoted
+from gpupin.core.errors import GpupinError, UsageError, quoted, shown
 from gpupin.hostagent.completion import DIRS, offer
 from gpupin.hostagent.findings import ERROR, WARNING, Finding
 
@@ -133,14 +133,25 @@ def check_cdi(host: HostFiles, info: Mapping[str, Any] | None, cards: Sequence[C
     findings: list[Finding] = []
     uuids = {c.uuid for c in cards if c.uuid}
     migs = {m.uuid for c in cards for m in c.mig_devices if m.uuid}
-    for path, names in cdi.read_spec_dirs(_spec_dirs(host, info)).items():
+    refused: list[tuple[str, str]] = []
+    specs = cdi.read_spec_dirs(_spec_dirs(host, info), refused)
+    findings += [
+        Finding(
+            path,
+            f"the CDI spec is not read: {why}",
+            "remove it, or regenerate it with `nvidia-ctk cdi generate`",
+            WARNING,
+        )
+        for path, why in refused
+    ]
+    for path, names in specs.items():
         named = [n for n in names if is_uuid_like(n)]
         unknown = [n for n in named if n not in uuids and n not in migs]
         indices = [n for n in names if n.isascii() and n.isdigit() and int(n) >= len(cards)]
         absent = sorted(uuids - set(named))
         problems = []
         if unknown or indices:
-            problems.append(f"names {', '.join(unknown + indices)}, which NVML does not have")
+            problems.append(f"names {', '.join(map(shown, unknown + indices))}, which NVML does not have")
         if absent:
             problems.append(f"does not name {', '.join(absent)}, which NVML has")
         if problems:
@@ -210,7 +221,7 @@ def check_swarm_resource(info: Mapping[str, Any], host: HostFiles, cards: Sequen
 
 def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
     if info is not None and info.get("CgroupDriver"):
-        return f"cgroup v{info.get('CgroupVersion') or '?'} with the {info['CgroupDriver']} driver"
+        return f"cgroup v{shown(info.get('CgroupVersion') or '?')} with the {shown(info['CgroupDriver'])} driver"
     v2 = os.path.exists(host.path("/sys/fs/cgroup/cgroup.controllers"))
     return f"cgroup v{2 if v2 else 1} (the Docker daemon's driver unknown)"
 

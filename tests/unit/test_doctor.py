@@ -14,6 +14,7 @@ import pytest
 
 from gpupin.hostagent import doctor
 from tests.support.host import HOSTAGENT, doctor_on, simhost_env
+from tests.support.planted import plant_hostile_specs
 from tests.support.scenarios import cards, uuids
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
@@ -84,6 +85,24 @@ def test_a_cdi_spec_that_names_other_cards_than_nvml(root: Path) -> None:
     spec["devices"] = [{"name": str(i)} for i in range(4)] + [{"name": c.uuid} for c in box]
     (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(spec))
     assert doctor.check_cdi(doctor.HostFiles(str(root)), None, box) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_planted_cdi_spec_is_a_warning_never_a_hang(root: Path) -> None:
+    box = cards("mixed-4")
+    folder = root / "etc" / "cdi"
+    folder.mkdir()
+    spec = {"kind": "nvidia.com/gpu", "devices": [{"name": str(i)} for i in range(4)] + [{"name": c.uuid} for c in box]}
+    (folder / "nvidia.json").write_text(json.dumps(spec))
+    plant_hostile_specs(folder)
+    lines = sorted(f.line() for f in doctor.check_cdi(doctor.HostFiles(str(root)), None, box))
+    hint = "HINT: remove it, or regenerate it with `nvidia-ctk cdi generate`"
+    assert lines == [
+        f"{folder}/fifo.yaml: warning: the CDI spec is not read: it is a FIFO, not a regular file. {hint}",
+        f"{folder}/huge.json: warning: the CDI spec is not read: it is larger than 1 MiB, the limit for this file. "
+        + hint,
+        f"{folder}/zero.json: warning: the CDI spec is not read: it is a character device, not a regular file. {hint}",
+    ]
 
 
 def test_a_swarm_node_needs_the_nvidia_runtime_as_its_default(root: Path) -> None:
