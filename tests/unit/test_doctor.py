@@ -105,6 +105,19 @@ def test_a_planted_cdi_spec_is_a_warning_never_a_hang(root: Path) -> None:
     ]
 
 
+def test_what_the_daemon_and_a_spec_folder_say_is_shown_escaped(root: Path) -> None:
+    """The daemon's words on the summary line, and a planted spec file's name, through the one rule: one line each,
+    no terminal escape obeyed."""
+    host = doctor.HostFiles(str(root))
+    assert doctor.cgroup_line({"CgroupDriver": "systemd\x1b[2J\nok", "CgroupVersion": "2"}, host) == (
+        "cgroup v2 with the 'systemd\\x1b[2J\\nok' driver"
+    )
+    (root / "etc" / "cdi").mkdir()
+    os.mkfifo(root / "etc" / "cdi" / "evil\x1b[2J\n.yaml")
+    (finding,) = doctor.check_cdi(host, None, cards("mixed-4"))
+    assert "\x1b" not in finding.line() and "/evil\\x1b[2J\\n.yaml: warning: " in finding.line()
+
+
 def test_a_swarm_node_needs_the_nvidia_runtime_as_its_default(root: Path) -> None:
     host = doctor.HostFiles(str(root))
     (root / "usr" / "bin").mkdir(parents=True)
