@@ -32,7 +32,7 @@ from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
 from tests.support.wait import wait_for
 
-A800 = uuids("mixed-4")[0]  # card 0
+A800, RTX = uuids("mixed-4")[:2]  # cards 0 and 1
 AGENT_GID = 5100  # the agent socket's group
 SOCKET_ONLY, DOCKER_MEMBER, NOBODY = 5001, 5002, 5003
 
@@ -279,6 +279,13 @@ def test_a_caller_in_hundreds_of_groups_is_judged_by_all_of_them(
     status, answer = post(member, resident.socket, "/api/run", run_body(agent, sandbox_daemon(agent)))
     assert status == 200 and "id" in answer, answer
     assert [c["ID"] for c in created(agent)] == [answer["id"]]
+    # The agent's audit line: what it made, for whom as the kernel named them at accept.
+    resident.close()
+    made = [ln for ln in resident.stderr.splitlines() if "serve: run: " in ln]
+    assert len(made) == 1 and re.fullmatch(
+        f"hostagent: serve: run: {answer['id'][:12]} on {RTX} for uid {DOCKER_MEMBER} \\({DOCKER_MEMBER}\\) pid [0-9]+",
+        made[0],
+    ), made
 
 
 class Forwarder:
