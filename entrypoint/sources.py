@@ -29,6 +29,8 @@ import os
 from gpupin.core.contract import (
     DEVICE_LIST_DIR,
     DEVICE_LIST_DIR_VAR,
+    DRA_DIR,
+    DRA_DIR_VAR,
     EXPECT_VAR,
     NVD_VAR,
     SLURM_GPU_VARS,
@@ -109,6 +111,18 @@ def gpupin_expect(ctx: Context) -> Answer:
     """GPUPIN_EXPECT, written by hostagent, compose rendering or by hand. Set but malformed is an error."""
     value = ctx.env.get(EXPECT_VAR)
     return None if value is None else parse_expect(value)
+
+
+def dra_metadata(ctx: Context) -> Answer:
+    """Kubernetes DRA device metadata (KEP-5304): the GPUs of the claims this container references, as the DRA
+    driver records them (gpupin.entrypoint.dra). One stat where there is none (GPUPIN_DRA_METADATA_DIR moves the
+    folder, for tests)."""
+    path = ctx.env.get(DRA_DIR_VAR) or DRA_DIR
+    if not os.path.isdir(path):
+        return None
+    from gpupin.entrypoint import dra  # only in a DRA pod: start-up stays short elsewhere
+
+    return dra.read(path, ctx)
 
 
 def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], source: str, named: str) -> Answer:
@@ -244,6 +258,7 @@ def slurm_allocation(ctx: Context) -> Answer:
 # (what the unpinned line calls the source when it is absent, its reader): docs/design.md, Expectation sources.
 READERS: Sequence[tuple[str, Callable[[Context], Answer]]] = (
     (EXPECT_VAR, gpupin_expect),
+    ("", dra_metadata),  # a folder: not named among the unset ones
     (NVD_VAR, nvidia_visible_devices),
     ("", device_list_dir),  # a folder, not a variable: not named among the unset ones
     (SWARM_PREFIX + "*", swarm_resources),

@@ -14,6 +14,8 @@ import pytest
 from tests.support.entrypoint import Entrypoint
 from tests.unit import test_entrypoint_contract as unit
 from tests.unit.test_entrypoint_contract import (  # noqa: F401  (collected here again, with this tier's `ep`)
+    test_a_dra_claim_for_another_card_is_refused_with_78,
+    test_a_dra_claims_gpus_are_the_expectation,
     test_a_missing_command_ends_in_127_with_one_line,
     test_a_signal_reaches_the_workload,
     test_a_swarm_task_that_sees_more_cards_than_it_reserved_is_refused,
