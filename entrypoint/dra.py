@@ -36,9 +36,10 @@ from gpupin.core.identity import BusId, is_full_uuid, normalize_uuid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, Union
 
-    from gpupin.entrypoint.sources import Context
+    from gpupin.core.nvml import Card
 
     Answer = Union[Expectation, str, None]
 
@@ -204,7 +205,7 @@ def parse(path: str, data: bytes, label: str) -> tuple[list[Named], list[str]]:
     return named, other
 
 
-def read(root: str, ctx: Context) -> Answer:
+def read(root: str, read_cards: Callable[[], list[Card]]) -> Answer:
     """The expectation from every metadata file under `root`; a reason when they name no GPU; None without any."""
     paths = files(root)
     if not paths:
@@ -227,7 +228,7 @@ def read(root: str, ctx: Context) -> Answer:
             claims.append(label)
     if not named:
         return f"the DRA device metadata names no GPU ({', '.join(sorted(set(other))) or 'no device'})"
-    cards = ctx.cards()
+    cards = read_cards()  # NVML, once: the caller keeps what it read
     expected: list[ExpectedCard] = []
     for n in named:
         uuid, bus = n.uuid, n.bus_id

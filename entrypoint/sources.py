@@ -18,6 +18,9 @@ What the runtimes and schedulers write (NVIDIA_VISIBLE_DEVICES and the device pl
   (Slurm's numbers passed as `--gpus device=0,1` give other cards, which Slurm's reader refuses).
 - `void`: CDI (`--device nvidia.com/gpu=...`, compose `driver: cdi`; NVIDIA's spec sets it) names no card; the
   pin comes from GPUPIN_EXPECT, which `hostagent run` and `hostagent compose render` write.
+- `/var/run/kubernetes.io/dra-device-attributes`: Kubernetes DRA device metadata (KEP-5304), the GPUs of the
+  claims the container references (gpupin.entrypoint.dra says what is read), right after GPUPIN_EXPECT: it is
+  the scheduler's allocation, where NVIDIA_VISIBLE_DEVICES is what a runtime was told.
 - `/var/run/nvidia-container-devices`: the device plugin's `volume-mounts` list strategy, one empty file per
   device there, named by its id (NVIDIA/k8s-device-plugin: /dev/null mounted at that folder + "/" + id).
 """
@@ -122,7 +125,7 @@ def dra_metadata(ctx: Context) -> Answer:
         return None
     from gpupin.entrypoint import dra  # only in a DRA pod: start-up stays short elsewhere
 
-    return dra.read(path, ctx)
+    return dra.read(path, ctx.cards)
 
 
 def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], source: str, named: str) -> Answer:

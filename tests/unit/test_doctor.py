@@ -216,7 +216,8 @@ def test_a_cdi_07_spec_on_an_engine_before_26_1(root: Path) -> None:
 def test_the_fake_toolkits_spec_names_the_simulated_driver(tmp_path: Path) -> None:
     """What the sandbox's Engine 26 reads: the fake nvidia-ctk mounts the libraries by the topology's driver version,
     as the real one does, so a clean sandbox has no finding and a planted stale spec is one."""
-    from tests.support.host import FAKEGPU, scenario
+    from tests.support.host import FAKEGPU
+    from tests.support.scenarios import scenario
 
     out = tmp_path / "nvidia.json"
     env = {"PATH": "/usr/bin:/bin", "FAKEGPU_TOPOLOGY": str(scenario("mixed-4"))}
