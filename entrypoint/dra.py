@@ -110,6 +110,8 @@ def _objects(path: str, text: str) -> list[Any]:
             value, i = decoder.raw_decode(text, i)
         except ValueError as err:
             raise _refuse(shown(path), f"not a stream of JSON objects ({err})") from None
+        except RecursionError:  # nested deeper than Python's stack: no record of a claim is
+            raise _refuse(shown(path), "JSON nested too deeply") from None
         values.append(value)
 
 
@@ -227,9 +229,12 @@ def read(root: str, read_cards: Callable[[], list[Card]]) -> Answer:
         if found and label not in claims:
             claims.append(label)
     if not named:
-        return f"the DRA device metadata names no GPU ({', '.join(sorted(set(other))) or 'no device'})"
+        devices = sorted(set(other))
+        more = f" and {len(devices) - 4} more" if len(devices) > 4 else ""
+        return f"the DRA device metadata names no GPU ({', '.join(devices[:4]) or 'no device'}{more})"
     cards = read_cards()  # NVML, once: the caller keeps what it read
     expected: list[ExpectedCard] = []
+    seen: set[str] = set()
     for n in named:
         uuid, bus = n.uuid, n.bus_id
         if uuid is None:  # a bus id or a minor number: the card NVML numbers so
@@ -242,9 +247,9 @@ def read(root: str, read_cards: Callable[[], list[Card]]) -> Answer:
                     "and the container runtime's CDI support",
                 )
             uuid, bus = match[0].uuid, bus if bus is not None else match[0].bus_id
-        entry = ExpectedCard(uuid, bus)
-        if all(e.uuid != entry.uuid for e in expected):  # a claim shared by two requests names its card twice
-            expected.append(entry)
+        if uuid not in seen:  # a claim shared by two requests names its card twice
+            seen.add(uuid)
+            expected.append(ExpectedCard(uuid, bus))
     position = {u: i for i, c in enumerate(cards) for u in (c.uuid, *(m.uuid for m in c.mig_devices))}
     expected.sort(key=lambda e: (position.get(e.uuid, len(position)), e.uuid))
     source = f"the DRA claim {', '.join(claims)}"

@@ -121,6 +121,7 @@ HOSTILE = {
     ),
     "no-known-version": (dra.record([dra.gpu(RTX)], versions=("v9",)), "no DeviceMetadata object of a version"),
     "huge": (" " * (1 << 20) + "{}", "it is larger than 1 MiB"),
+    "nested": ("[" * 200_000, "JSON nested too deeply"),
 }
 
 
@@ -178,3 +179,17 @@ def test_the_entrypoint_refuses_bad_metadata_in_one_line_without_a_traceback(fak
         line
     )
     assert "HINT:" in line
+
+
+def test_a_record_of_many_devices_is_read_quickly_and_said_briefly(tmp_path: Path) -> None:
+    """A file at its limit with thousands of devices: bounded work, and the unpinned line names four of them."""
+    import time
+
+    nics = [dra.gpu(None, None, f"eth{k}", driver="dra.net") for k in range(4000)]
+    dra.plant(
+        tmp_path, dra.record(nics, versions=dra.VERSIONS[:1]).replace("\n", "").replace("  ", ""), driver="dra.net"
+    )
+    start = time.monotonic()
+    _, source, why = found(tmp_path, NVIDIA_VISIBLE_DEVICES="void")
+    assert time.monotonic() - start < 5 and source is None
+    assert "(dra.net/eth0, dra.net/eth1, dra.net/eth10, dra.net/eth100 and 3996 more)" in why, why
