@@ -313,7 +313,8 @@ def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
 
 DESCRIPTION = (
     "Check this GPU host for the traps that break pins: /dev/char links missing under the systemd cgroup "
-    "driver, persistence mode off, a CDI spec whose cards differ from NVML's, the NVIDIA hook or runtime "
+    "driver, persistence mode off, a CDI spec whose cards differ from NVML's or that was generated for another "
+    "driver, a CDI 0.7 spec on an Engine before 26.1, the NVIDIA hook or runtime "
     "missing, a Swarm node's default runtime and the toolkit's swarm-resource. One line per finding, each "
     "with a HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage."
 )

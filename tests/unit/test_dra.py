@@ -193,3 +193,14 @@ def test_a_record_of_many_devices_is_read_quickly_and_said_briefly(tmp_path: Pat
     _, source, why = found(tmp_path, NVIDIA_VISIBLE_DEVICES="void")
     assert time.monotonic() - start < 5 and source is None
     assert "(dra.net/eth0, dra.net/eth1, dra.net/eth10, dra.net/eth100 and 3996 more)" in why, why
+
+
+def test_a_mig_device_is_named_by_its_own_uuid(tmp_path: Path) -> None:
+    """NVIDIA's driver gives a MIG device's record the MIG UUID (`uuid`), which is the CUDA device pinned."""
+    mig = scenario_cards("mig")
+    whole = mig[1].uuid
+    part = mig[0].mig_devices[1].uuid
+    assert whole is not None and part is not None
+    dra.plant(tmp_path, dra.record([dra.gpu(whole, None, "gpu-1"), dra.gpu(part, None, "gpu-0-mig-1")]))
+    e = find({"GPUPIN_DRA_METADATA_DIR": str(tmp_path)}, cards=lambda: mig).expectation
+    assert e is not None and [c.uuid for c in e.cards] == [part, whole]  # NVML's order: card 0's MIG first
