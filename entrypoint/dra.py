@@ -187,11 +187,11 @@ def parse(path: str, data: bytes, label: str) -> tuple[list[Named], list[str]]:
                 if not is_full_uuid(uuid):
                     if driver == NVIDIA:
                         raise _refuse(at, f"uuid {shorten(uuid)} is not a GPU or MIG UUID")
-                    other.append(f"{driver}/{name}")
+                    other.append(f"{shown(driver)}/{shown(name)}")
                     continue
                 uuid = normalize_uuid(uuid)
             elif driver != NVIDIA:
-                other.append(f"{driver}/{name}")  # no GPU UUID: a NIC's pciBusID is no GPU's
+                other.append(f"{shown(driver)}/{shown(name)}")  # no GPU UUID: a NIC's pciBusID is no GPU's
                 continue
             bus: BusId | None = None
             if bus_text is not None:
@@ -201,7 +201,7 @@ def parse(path: str, data: bytes, label: str) -> tuple[list[Named], list[str]]:
                     raise _refuse(at, f"{PCI_BUS_ID} {shorten(bus_text)} is not a PCI bus id") from None
             m = _MINOR.fullmatch(name) if driver == NVIDIA else None
             if uuid is None and bus is None and m is None:
-                other.append(f"{driver}/{name}")
+                other.append(f"{shown(driver)}/{shown(name)}")
                 continue
             named.append(Named(at, uuid, bus, int(m.group(1)) if m else None))
     return named, other
@@ -218,7 +218,7 @@ def read(root: str, read_cards: Callable[[], list[Card]]) -> Answer:
     for path in paths:
         rel = os.path.relpath(path, root)
         parts = rel.split(os.sep)
-        label = "/".join(parts[1:3])  # claim/request
+        label = "/".join(shown(p) for p in parts[1:3])  # claim/request, on one line whatever the folders' names
         try:
             data = read_bounded(path, FILE_LIMIT)
         except FileRefused as err:

@@ -204,3 +204,14 @@ def test_a_mig_device_is_named_by_its_own_uuid(tmp_path: Path) -> None:
     dra.plant(tmp_path, dra.record([dra.gpu(whole, None, "gpu-1"), dra.gpu(part, None, "gpu-0-mig-1")]))
     e = find({"GPUPIN_DRA_METADATA_DIR": str(tmp_path)}, cards=lambda: mig).expectation
     assert e is not None and [c.uuid for c in e.cards] == [part, whole]  # NVML's order: card 0's MIG first
+
+
+def test_names_with_control_characters_stay_on_one_line(tmp_path: Path) -> None:
+    nic = dra.gpu(None, None, "eth\n0\x1b[2J", driver="dra.net")
+    dra.plant(tmp_path, dra.record([nic]), claim="a\nb", driver="dra.net")
+    why = found(tmp_path)[2]
+    assert "\n" not in why and "\x1b" not in why and "'eth\\n0\\x1b[2J'" in why, why
+    dra.plant(tmp_path, "{", claim="a\nb")
+    with pytest.raises(ExpectationError) as err:
+        found(tmp_path)
+    assert "\n" not in err.value.message, err.value.message
