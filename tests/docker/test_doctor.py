@@ -60,6 +60,7 @@ def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(
     assert all(" HINT: " in ln for ln in lines[:-1]) and r.stderr == ""
 
 
+@pytest.mark.per_engine  # the engine decides where its specs are and whether it reads CDI 0.7
 def test_a_spec_of_another_driver_is_a_line_and_cdi_07_only_before_engine_26_1(
     root: Path, mixed4_sandbox: Sandbox
 ) -> None:

@@ -38,6 +38,9 @@ from tests.unit.test_entrypoint_contract import (  # noqa: F401  (collected here
 )
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
+# Every engine runs these (the engine puts the card in the container: its hook, or CDI): docs/testing.md,
+# The engines.
+pytestmark = pytest.mark.per_engine
 
 
 @pytest.mark.parametrize("code", [0, 78, 255])
