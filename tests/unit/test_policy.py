@@ -451,3 +451,37 @@ def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
     held, since = admit.view_holdings(view)
     assert [(h.uid, h.cards) for h in held] == [(1001, 2)]
     assert since == [(1001, 2, 0.0)]
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), True, "4h", 400 * 86400])
+def test_a_run_request_with_a_bad_for_is_malformed(value: object) -> None:
+    """The agent reads `for` from a caller's JSON: anything parse_duration could not give is refused (64)."""
+    from gpupin.core.errors import UsageError
+    from gpupin.hostagent.run import request_json
+    from gpupin.hostagent.run.request import RunRequest
+
+    sent = request_json.dump(RunRequest("img", ["true"], gpus=["0"], environ={}, book_for=3600))
+    assert request_json.load(sent).book_for == 3600
+    sent["for"] = value
+    with pytest.raises(UsageError) as err:
+        request_json.load(sent)
+    assert err.value.exit_code == 64
+
+
+def test_run_for_takes_a_duration(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpupin.hostagent.cli import main
+
+    assert main(["run", "--for", "4 hours", "--gpu", "0", "img"]) == 64
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'4 hours' is not a duration" in err
+
+
+def test_a_hand_set_booking_label_is_refused() -> None:
+    from gpupin.core.errors import UsageError
+    from gpupin.hostagent.run.request import RunRequest
+
+    with pytest.raises(UsageError) as err:
+        RunRequest("img", ["true"], gpus=["0"], environ={}, labels=["gpupin.booking=uid=0 since=0"])
+    assert "hostagent writes gpupin.booking itself" in err.value.message and err.value.hint == (
+        "remove it; --for DURATION sets the end"
+    )
