@@ -37,7 +37,7 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         epilog=CHECK_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("file", nargs="?", default=DEFAULT_PATH, metavar="FILE", help=f"default {DEFAULT_PATH}")
+    check.add_argument("file", nargs="?", metavar="FILE", help=f"default {DEFAULT_PATH} (or GPUPIN_POLICY)")
     check.add_argument(
         "--json",
         action="store_true",
@@ -48,9 +48,9 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
 def command(args: argparse.Namespace) -> int:
     from gpupin.core.errors import EX_USAGE, UsageError, printable
     from gpupin.hostagent import PROG
-    from gpupin.hostagent.policy import PolicyError, load_policy
+    from gpupin.hostagent.policy import PolicyError, load_policy, policy_path
 
-    path: str = args.file
+    path: str = args.file or policy_path()
     try:
         policy = load_policy(path)
         mistakes: list[str] = []
@@ -68,4 +68,58 @@ def command(args: argparse.Namespace) -> int:
         sys.stderr.write(f"{PROG} policy: {n} mistake{'s' if n != 1 else ''} in {printable(path)}\n")
         return EX_USAGE
     sys.stdout.write(f"policy: OK {printable(path)}: {policy.summary()}\n")
+    return 0
+
+
+EXTEND_DESCRIPTION = """Extend a booking (`hostagent run --for`, or the policy's default) by DURATION (30m, 2h, 1d),
+through the resident agent, which keeps the end and stops the container when it comes. Only the container's owner (the
+user who booked it, as the agent's socket names the caller) or root may extend it, and only within the policy's
+longest booking for the caller (booking.max: the whole booking, from its start, counts). A booking that already
+ended is extended from now."""
+
+EXTEND_EPILOG = """exit: 0 extended (the new end on stdout); 64 bad usage, not the owner, no such container, no end to
+extend, or past the policy's maximum; 69 no agent answers (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock)."""
+
+
+def add_extend(sub: argparse._SubParsersAction[Any]) -> None:
+    e = sub.add_parser(
+        "extend",
+        help="extend a booking by DURATION (its owner or root, within the policy)",
+        description=EXTEND_DESCRIPTION,
+        epilog=EXTEND_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e.add_argument("container", metavar="CONTAINER", help="its name or id, as hostagent ls shows it")
+    e.add_argument("duration", metavar="DURATION", type=_duration, help="how much longer: 30m, 2h, 1d")
+    e.add_argument("--json", action="store_true", help="the agent's answer on stdout: id, name, until, left_s")
+
+
+def _duration(text: str) -> float:
+    from gpupin.hostagent.policy import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def extend(args: argparse.Namespace) -> int:
+    import time
+
+    from gpupin.core.errors import AgentUnavailableError, shown
+    from gpupin.hostagent import agentlink
+    from gpupin.hostagent.policy import format_duration
+
+    link = agentlink.find()
+    if link is None:
+        raise AgentUnavailableError(
+            f"no resident agent answers at unix://{agentlink.socket_path()}: bookings are kept by the agent",
+            "start it (systemctl start gpupin-hostagent), or set GPUPIN_AGENT_SOCKET",
+        )
+    got = link.call("POST", "/api/extend", {"container": args.container, "seconds": args.duration})
+    if args.json:
+        sys.stdout.write(json.dumps(got) + "\n")
+        return 0
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(got["until"]))
+    sys.stdout.write(f"{shown(got['name'])}: booked until {at} (ends in {format_duration(got['left_s'])})\n")
     return 0

@@ -345,7 +345,8 @@ class Keeper:
             uid = self._owners.get(cid)
             started = started or self._started.get(cid)
         if uid is None:
-            uid = self._owner_uid(cid, data)
+            booked = (h.get("booking") or {}).get("uid")  # the booking's label (gpupin.hostagent.ledger.booking)
+            uid = self._owner_uid(cid, data, booked if isinstance(booked, int) else None)
         iv = Interval(
             container_id=cid,
             container_name=h.get("name"),
@@ -361,15 +362,18 @@ class Keeper:
         self._take_samples(key, iv)
         self._write_open(iv)
 
-    def _owner_uid(self, cid: str, data: dict[str, Any] | None) -> int | None:
-        """Who booked a container the agent did not create: the uid noted earlier, else the process its lease
-        names (gpupin.owner), while it runs on this host; else unknown."""
+    def _owner_uid(self, cid: str, data: dict[str, Any] | None, booked: int | None) -> int | None:
+        """Who booked a container: the uid an earlier agent noted at accept, else its booking label's (`booked`),
+        else the process its lease names (gpupin.owner), while it runs on this host; else unknown. The labels are
+        the word of whoever created the container."""
         try:
             uid = self.store.owner(cid)
         except Exception:
             uid = None
         if uid is not None:
             return uid
+        if booked is not None:
+            return booked
         from gpupin.hostagent.ledger import lease
 
         labels = ((data or {}).get("Config") or {}).get("Labels") or {}

@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import LedgerReading
-    from gpupin.hostagent.record.keeper import Keeper
+    from gpupin.hostagent.record.keeper import Keeper as RecordKeeper
+    from gpupin.hostagent.serve.bookings import Bookings
+    from gpupin.hostagent.serve.keeper import Keeper
 
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
@@ -63,10 +65,18 @@ class Agent:
     which card, when marked dirty) and `docker-events` (the daemon's stream, which marks it dirty); `start()` reads
     once, then runs them."""
 
-    def __init__(self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0) -> None:
+    def __init__(
+        self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0, policy: str | None = None
+    ) -> None:
+        from gpupin.hostagent.policy import policy_path
+        from gpupin.hostagent.serve.bookings import Bookings
+        from gpupin.hostagent.serve.keeper import Keeper
+
         self.interval = interval
         self.resync = resync
         self.idle = IdleTracker(idle_after)
+        self.keeper: Keeper = Keeper(policy or policy_path())  # the policy in force (docs/policy.md)
+        self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
         # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
         self.xids = readings.XidLog()
         self.started = time.time()
@@ -87,7 +97,7 @@ class Agent:
         self._ledger_at = 0.0
         self._stream: EventStream | None = None
         self._threads: list[threading.Thread] = []
-        self.record: Keeper | None = None  # the record's writer (gpupin.hostagent.record), when one is kept
+        self.record: RecordKeeper | None = None  # the record's writer (gpupin.hostagent.record), when one is kept
 
     # --- readers ---
 
@@ -123,6 +133,7 @@ class Agent:
             self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
             return
         self.idle.annotate(view, time.monotonic())
+        self.bookings.annotate(view, time.time())
         record = self.record
         if record is not None:
             view["record"] = record.status()  # `degraded` says what could not be written (a full disk)

@@ -25,7 +25,8 @@ on a unix socket for the CLI (mode 0660, root and --group only) and on --http (l
 
 EPILOG = """A held card whose utilization has stayed at 0% for --idle-after is flagged idle (nothing is stopped).
 A restart of the Docker daemon and NVML errors are survived: what cannot be read is shown as unknown.
-SIGTERM or Ctrl-C stop it (exit 0). exit: 0 stopped; 64 bad usage; 75 another agent listens on --socket."""
+SIGHUP reads the --policy file again (`hostagent policy check` it first). SIGTERM or Ctrl-C stop it (exit 0).
+exit: 0 stopped; 64 bad usage; 75 another agent listens on --socket."""
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smh]?)$")
 
@@ -138,6 +139,13 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         help="run the policy's notify command as this user and its groups (default: as the agent, root)",
     )
     s.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="the host's policy: bookings, quotas, idle rules, hooks (default GPUPIN_POLICY, else "
+        "/etc/gpupin/policy.toml; no file: nothing enforced). Read again on SIGHUP; a file with mistakes keeps "
+        "the last good one (docs/policy.md)",
+    )
+    s.add_argument(
         "--interval",
         type=_interval,
         default=0.5,
@@ -147,6 +155,7 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    from gpupin.hostagent.policy import policy_path
     from gpupin.hostagent.serve import main
     from gpupin.hostagent.serve.connections import Limits
 
@@ -160,6 +169,7 @@ def command(args: argparse.Namespace) -> int:
         args.http_host,
         Limits(args.max_connections, args.max_per_user),
         args.daemon_group,
+        args.policy or policy_path(),
         args.record,
         args.hook_user,
     )

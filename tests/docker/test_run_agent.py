@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.ledger import booking, lease
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
@@ -100,7 +100,9 @@ def test_the_agent_creates_what_a_run_without_it_creates(agent: Agent, resident:
         assert a["Config"][key] == b["Config"][key], key
     for key in ("DeviceRequests", "Binds", "ShmSize", "AutoRemove", "Runtime", "Devices"):
         assert a["HostConfig"][key] == b["HostConfig"][key], key
-    mine = {lease.OWNER_LABEL, lease.LEASE_LABEL}
+    mine = {lease.OWNER_LABEL, lease.LEASE_LABEL, booking.LABEL}  # whose, and when: each run's own
+    a_booked, b_booked = booking.of(a["Config"]["Labels"]), booking.of(b["Config"]["Labels"])
+    assert a_booked is not None and b_booked is not None and a_booked.uid == b_booked.uid == 0
     assert {k: v for k, v in a["Config"]["Labels"].items() if k not in mine} == {
         k: v for k, v in b["Config"]["Labels"].items() if k not in mine
     }
@@ -153,12 +155,14 @@ def test_a_start_refused_by_docker_is_the_same_line_either_way(agent: Agent, res
 
 
 def test_the_client_imports_neither_the_docker_sdk_nor_nvml(agent: Agent, resident: Resident, tmp_path: Path) -> None:
+    """Nor what argparse's formatter would load (shutil, and with it zlib, bz2, lzma: 3 ms), nor other commands'."""
     code = (
         "import sys\nfrom gpupin.hostagent.cli import main\n"
         f"rc = main(['run', '--rm', '--label', 'gpupin.test={agent.tag}', '--gpu', '1', '{TEST_IMAGE}', "
         "'--quiet', 'true'])\n"
         "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('docker', 'pynvml', 'requests', 'urllib3', 'http')))\n"
+        "('docker', 'pynvml', 'requests', 'urllib3', 'http', 'shutil', 'bz2', 'lzma') "
+        "or m.startswith(('gpupin.hostagent.queue', 'gpupin.hostagent.compose', 'gpupin.hostagent.serve'))))\n"
     )
     r = subprocess.run(
         [sys.executable, "-c", code],
