@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,43 @@ def test_full_disk_under_the_record(agent: Agent) -> None:
         subprocess.run(["umount", str(where)], check=False)
         with contextlib.suppress(OSError):
             where.rmdir()
+
+
+def test_a_users_booking_is_hers_in_the_record_and_the_hooks(agent: Agent, tmp_path: Path) -> None:
+    """A real user (alice, under setpriv) books through the agent with --for: her interval is charged to the uid the
+    kernel named at accept, ends as `expiry` when the booking runs out, the policy's notify command gets
+    booking.ending and booking.ended on its stdin, and `hostagent usage` as her (the record is root's: through
+    the agent) shows her GPU-seconds."""
+    from tests.docker.test_policy_agent import ALICE, Lab
+
+    os.chmod(tmp_path, 0o755)
+    got = tmp_path / "got"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f'#!/bin/sh\ncat >> "{got}"; echo >> "{got}"\n')
+    hook.chmod(0o755)
+    lab = Lab(agent, tmp_path, f'[notify]\ncommand = ["{hook}"]\nbefore_end = "3s"\n')
+    try:
+        name = f"rec-alice-{agent.tag}"
+        r = lab.as_user(ALICE, "run", "-d", "--name", name, "--for", "5s", "--gpu", "1", TEST_IMAGE, "sleep", "300")
+        assert r.returncode == 0, r.stderr
+        db = lab.resident.dir / "record.db"
+        rows = wait_for(lambda: [x for x in intervals(db) if x["end"] is not None], 30, "the interval closed")
+        assert len(rows) == 1 and rows[0]["container_name"] == name, rows
+        assert (rows[0]["uid"], rows[0]["ended"]) == (ALICE, "expiry"), rows
+        begin, end = run_time(agent, name)
+        assert abs((rows[0]["end"] - rows[0]["start"]) - (end - begin)) < 1.0
+
+        def told() -> list[dict[str, Any]]:
+            lines = got.read_text().splitlines() if got.exists() else []
+            return [json.loads(ln) for ln in lines if ln]
+
+        wait_for(lambda: len(told()) >= 2, 20, "booking.ending and booking.ended on the hook's stdin")
+        events = told()
+        assert [e["event"] for e in events] == ["booking.ending", "booking.ended"]
+        assert all(e["user"]["uid"] == ALICE and e["container"]["name"] == name for e in events)
+        usage = lab.as_user(ALICE, "usage", "--json")
+        assert usage.returncode == 0, usage.stderr
+        (row,) = json.loads(usage.stdout)["rows"]
+        assert row["user"] == rows[0]["user"] and abs(row["gpu_seconds"] - (end - begin)) < 1.0
+    finally:
+        lab.resident.close()
