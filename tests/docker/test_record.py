@@ -1,7 +1,8 @@
 """The record on a real daemon: an agent killed with SIGKILL in the middle of intervals and started again counts each
 container's run once, from its own StartedAt to its own FinishedAt (within 1 s); a full disk under the database
-books runs as before, says the record is degraded in /api/ls and `ls`, and writes what it kept once there is room.
-The record's file and sums without a daemon: tests/unit/test_record.py."""
+books runs as before, says the record is degraded in /api/ls and `ls`, and writes what it kept once there is room;
+a real user's booking is charged to her uid, ends as `expiry`, and calls the policy's hooks. The record's file and
+sums without a daemon: tests/unit/test_record.py."""
 
 from __future__ import annotations
 
