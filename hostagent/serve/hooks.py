@@ -65,6 +65,7 @@ class Hooks:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.calls = 0  # calls made (tests, metrics)
+        self._running: subprocess.Popen[bytes] | None = None  # the command being called now
 
     def configure(self, command: list[str] | None, webhook: str | None) -> None:
         """The policy's notify rule (None, None: no hooks), as gpupin.hostagent.policy checked it (an absolute
@@ -174,6 +175,7 @@ class Hooks:
             )
         except (OSError, ValueError, subprocess.SubprocessError) as err:
             return f"cannot run {argv[0]!r}: {getattr(err, 'strerror', None) or err}"
+        self._running = proc
         try:
             proc.communicate(data, timeout=self.limit)
         except subprocess.TimeoutExpired:
@@ -183,9 +185,19 @@ class Hooks:
             return f"still running after {self.limit:g}s: killed"
         except OSError:  # it closed its stdin early: its exit status says whether it worked
             proc.wait()
+        finally:
+            self._running = None
         if proc.returncode != 0:
             return f"exit status {proc.returncode}"
         return None
+
+    def stop(self) -> None:
+        """The agent stops: a command still running is killed with its process group (it would outlive the agent,
+        in a session of its own); the events still queued are dropped."""
+        proc = self._running
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def _post(self, url: str, data: bytes) -> str | None:
         import http.client

@@ -94,6 +94,7 @@ def run(
         say("stopping before the first view was read")
     finally:
         agent.stop()
+        hooks.HOOKS.stop()
         if keeper is not None:
             keeper.stop()
             record.use(None)

@@ -1,7 +1,8 @@
 """The record on a real daemon: an agent killed with SIGKILL in the middle of intervals and started again counts each
 container's run once, from its own StartedAt to its own FinishedAt (within 1 s); a full disk under the database
 books runs as before, says the record is degraded in /api/ls and `ls`, and writes what it kept once there is room;
-a real user's booking is charged to her uid, ends as `expiry`, and calls the policy's hooks. The record's file and
+a real user's booking is charged to her uid, ends as `expiry`, and calls the policy's hooks; a hook that hangs
+stalls nothing and dies with the agent. The record's file and
 sums without a daemon: tests/unit/test_record.py."""
 
 from __future__ import annotations
@@ -137,3 +138,39 @@ def test_a_users_booking_is_hers_in_the_record_and_the_hooks(agent: Agent, tmp_p
         assert row["user"] == rows[0]["user"] and abs(row["gpu_seconds"] - (end - begin)) < 1.0
     finally:
         lab.resident.close()
+
+
+def test_a_hanging_hook_stalls_nothing(agent: Agent, tmp_path: Path) -> None:
+    """The policy's notify command hangs on the first event: the agent's view still answers at once, a run still
+    books, and the agent's stop (SIGTERM, within 5 s) kills the hook rather than leave it behind."""
+    from tests.docker.test_policy_agent import ALICE, Lab
+
+    os.chmod(tmp_path, 0o755)
+    pids = tmp_path / "pids"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f'#!/bin/sh\necho $$ >> "{pids}"\nexec sleep 600\n')
+    hook.chmod(0o755)
+    lab = Lab(agent, tmp_path, f'[notify]\ncommand = ["{hook}"]\nbefore_end = "10m"\n')
+    try:
+        booked = lab.as_user(ALICE, "run", "-d", "--for", "5m", "--gpu", "1", TEST_IMAGE, "sleep", "300")
+        assert booked.returncode == 0, booked.stderr
+        wait_for(pids.exists, 20, "the hook called (booking.ending) and hanging")
+        started = time.monotonic()
+        lab.resident.ls()
+        assert time.monotonic() - started < 1.0
+        other = agent("run", "-d", "--gpu", "0", TEST_IMAGE, "sleep", "300", GPUPIN_AGENT_SOCKET=lab.resident.socket)
+        assert other.returncode == 0, other.stderr
+        db = lab.resident.dir / "record.db"
+        wait_for(lambda: len(intervals(db)) == 2, 20, "both runs in the record")
+    finally:
+        lab.resident.close()  # exit 0 within 5 s
+    pid = int(pids.read_text().split()[0])
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(gone, 5, "the hanging hook killed with the agent")
