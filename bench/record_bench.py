@@ -2,8 +2,9 @@
 8-card host (1 million intervals: a job every 4.2 minutes on each card, 20 users, 30 images).
 
 - a booking's cost: what `POST /api/run` does for the record (`record.note_owner`: the caller's uid, kept in
-  memory for the keeper's thread), per call; and the keeper's own writes per booking, off the booking's path (its
-  interval opened, then closed), on that year's database;
+  memory for the keeper's thread), per call; a GPU-hour quota's look (`record.gpu_seconds` over a week, in the
+  booking's path where the policy sets such a quota); and the keeper's own writes per booking, off the booking's
+  path (its interval opened, then closed), on that year's database;
 - `hostagent usage --by user` over the year: the query alone, and the whole command (its Python start-up
   included), medians.
 
@@ -141,6 +142,18 @@ def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None
             rid = store.open_interval(row)
             store.close_interval(rid, {"end": time.time(), "ended": "exit", "energy_j": 1.0}, row)
             writes.append(time.perf_counter() - t)
+        looks = []
+        for _ in range(50):
+            t = time.perf_counter()
+            store.gpu_seconds(1005, time.time() - 7 * 86400)
+            looks.append(time.perf_counter() - t)
+        _line(
+            "a GPU-hour quota's look in its path (gpu_seconds, a week)",
+            _median_ms(looks),
+            1.0,
+            results,
+            "only where the policy sets one",
+        )
         _line(
             "the keeper's writes per booking (open, close), off its path",
             _median_ms(writes),
