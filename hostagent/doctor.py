@@ -313,6 +313,24 @@ def check_swarm_resource(info: Mapping[str, Any], host: HostFiles, cards: Sequen
     return [f for f in result.findings if "default runtime" not in f.problem]  # said once, by check_runtime
 
 
+def check_policy(host: HostFiles) -> list[Finding]:
+    """The host's policy file, when there is one (docs/policy.md): each mistake, which the agent would not take."""
+    from gpupin.hostagent.policy import DEFAULT_PATH, check_policy, policy_path
+
+    path = policy_path() if host.root == "/" else host.path(DEFAULT_PATH)
+    if not os.path.lexists(path):
+        return []
+    return [
+        Finding(
+            path,
+            f"the policy has a mistake: {m}",
+            "fix it (`hostagent policy check`), then `systemctl reload gpupin-hostagent`: meanwhile the agent keeps "
+            "the last good policy it read",
+        )
+        for m in check_policy(path)
+    ]
+
+
 def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
     if info is not None and info.get("CgroupDriver"):
         return f"cgroup v{shown(info.get('CgroupVersion') or '?')} with the {shown(info['CgroupDriver'])} driver"
@@ -379,6 +397,7 @@ def examine(host: HostFiles) -> Report:
     if cards:
         findings += check_cdi(host, info, cards)
     findings += check_cdi_versions(host, info, nvml.driver_version() if cards else None)
+    findings += check_policy(host)
     summary = f"{len(cards)} card(s), {cgroup_line(info, host)}"
     return Report(findings, summary)
 

@@ -257,3 +257,17 @@ def test_the_fake_toolkits_spec_names_the_simulated_driver(tmp_path: Path) -> No
         [str(FAKEGPU / "bin" / "nvidia-ctk"), "cdi", "generate", f"--output={out}"], env=env, check=True, timeout=60
     )
     assert doctor.spec_driver_version(json.loads(out.read_text())) == "580.159.04"
+
+
+def test_a_policy_with_mistakes_is_a_finding(root: Path) -> None:
+    """doctor names each mistake of the host's policy file, which the agent would not take (docs/policy.md)."""
+    host = doctor.HostFiles(str(root))
+    assert doctor.check_policy(host) == []  # no file: nothing enforced, nothing to say
+    policy = root / "etc/gpupin/policy.toml"
+    policy.parent.mkdir(parents=True)
+    policy.write_text("[quota]\ncard = 2\n")
+    (finding,) = doctor.check_policy(host)
+    assert finding.about == str(policy) and finding.is_error
+    assert finding.problem.startswith(f"the policy has a mistake: {policy}:2: quota.card: unknown key")
+    policy.write_text("[quota]\ncards = 2\n")
+    assert doctor.check_policy(host) == []
