@@ -7,7 +7,8 @@ The traps, each silent until a workload lands on the wrong card or loses its car
 - persistence mode off: the driver tears a card down when its last client leaves, so each container start pays the
   card's init again (seconds under the NVIDIA hook), and slow starts hold the ledger's lock longer;
 - a CDI spec whose cards differ from NVML's (a card added or replaced since `nvidia-ctk cdi generate`): a CDI name
-  then gives another card than it says, or none;
+  then gives another card than it says, or none; read from the spec files, and on Engine 28.2+ from the devices
+  the daemon itself discovered (`docker info`'s DiscoveredDevices), one line per card;
 - `--gpus` with neither the NVIDIA hook nor CDI, and a Swarm node whose default runtime is not nvidia (a service
   cannot ask for --gpus, so only the default runtime adds the hook to its tasks);
 - the toolkit's `swarm-resource` setting on a Swarm node (gpupin.hostagent.swarm.nodeconfig checks it);
@@ -155,6 +156,47 @@ def check_cdi(host: HostFiles, info: Mapping[str, Any] | None, cards: Sequence[C
     return findings
 
 
+def check_discovered(info: Mapping[str, Any], cards: Sequence[Card]) -> list[Finding]:
+    """The nvidia.com/gpu devices the daemon discovered (Engine 28.2+'s DiscoveredDevices: what a CDI name
+    resolves against) against NVML's cards, one line per card: one NVML has that the daemon does not discover, one
+    the daemon discovers that NVML does not have. Cards are matched by UUID where the daemon names any by UUID,
+    else by index (the `index` name strategy alone)."""
+    from gpupin.core.identity import is_uuid_like
+    from gpupin.hostagent.engine import cdi
+
+    names = cdi.discovered(info)
+    if not names:
+        return []  # no list (older daemon, CDI off) or no NVIDIA device: check_runtime and check_cdi say so
+    by_uuid = any(is_uuid_like(n) for n in names)
+    known = {c.uuid for c in cards if c.uuid} | {m.uuid for c in cards for m in c.mig_devices if m.uuid}
+    hint = "regenerate the CDI spec (`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`, or nvidia-cdi-refresh)"
+    specs = {cdi.as_spec(n) for n in names}  # `gpu2` (the type-index strategy) is index 2
+    findings = []
+    for c in cards:
+        if (c.uuid if by_uuid else str(c.index)) not in specs:
+            findings.append(
+                Finding(
+                    "docker",
+                    f"the daemon discovers no {cdi.KIND} device for card {c.index} ({c.uuid}), which NVML has: "
+                    "a CDI name cannot give it",
+                    hint,
+                )
+            )
+    for n in names:
+        spec = cdi.as_spec(n)
+        stale = n not in known if is_uuid_like(n) else spec.isascii() and spec.isdigit() and int(spec) >= len(cards)
+        if stale:
+            findings.append(
+                Finding(
+                    "docker",
+                    f"the daemon discovers {cdi.name(n)}, which NVML does not have: that CDI name gives another "
+                    "card than it says, or none",
+                    hint,
+                )
+            )
+    return findings
+
+
 def check_runtime(info: Mapping[str, Any], host: HostFiles, cdi_served: bool) -> list[Finding]:
     findings: list[Finding] = []
     runtimes = info.get("Runtimes") or {}
@@ -270,6 +312,8 @@ def examine(host: HostFiles) -> Report:
         cdi_served = engine.cdi_detection(info).served
         findings += check_runtime(info, host, cdi_served)
         findings += check_swarm_resource(info, host, cards)
+        if cards and engine.endpoint().unix_path is not None:  # a remote daemon's devices are another host's
+            findings += check_discovered(info, cards)
     if cards:
         findings += check_cdi(host, info, cards)
     summary = f"{len(cards)} card(s), {cgroup_line(info, host)}"
