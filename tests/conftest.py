@@ -3,7 +3,7 @@ daemons, hostagent against them; and the tiers themselves (README.md in this fol
 
 Tests that need the daemon use the `sandbox` fixture (or `sandboxes`, `agent`). It skips when no sandbox answers,
 except under CI=true or GPUPIN_TEST_REQUIRE_DOCKER=1 (what `make test` sets), where a missing daemon is a failure.
-The fixture is parametrized over the Docker engines (ids "20.10" and "26"; GPUPIN_TEST_ENGINES picks some, as
+The fixture is parametrized over the Docker engines (ids "20.10", "26", "28.5"; GPUPIN_TEST_ENGINES picks some, as
 `make test ENGINES=...` does): every docker-path test runs once per engine, each engine on its own sandbox.
 What the tests share besides fixtures is in tests/support.
 """
@@ -20,7 +20,7 @@ from hypothesis import settings
 
 from tests.support.host import FAKEGPU, REPO, required
 from tests.support.hypo import BASE
-from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test
+from tests.support.sandbox import CDI_ENGINES, Agent, Sandbox, Sandboxes, agent_on, engines_under_test
 from tests.support.spawn import default_signals_at_exec
 from tests.support.watch import Running
 
@@ -94,12 +94,10 @@ def agent_any(sandboxes: Sandboxes) -> Iterator[Agent]:
     yield from agent_on(sandboxes.get(chosen))
 
 
-@pytest.fixture
-def agent26(sandboxes: Sandboxes) -> Iterator[Agent]:
-    """An Agent on Engine 26's sandbox alone: for what only an engine with CDI does."""
-    if "26" not in engines_under_test():
-        pytest.skip("Engine 26 is not among GPUPIN_TEST_ENGINES")
-    yield from agent_on(sandboxes.get("26"))
+@pytest.fixture(params=[e for e in CDI_ENGINES if e in engines_under_test()], ids=str)
+def agent_cdi(request: pytest.FixtureRequest, sandboxes: Sandboxes) -> Iterator[Agent]:
+    """An Agent on each CDI engine's sandbox under test (26, 28.5): for what only an engine with CDI does."""
+    yield from agent_on(sandboxes.get(request.param))
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import yaml
 from gpupin.hostagent.compose import load
 from tests.support.compose import CDI_DEPLOY, devices
 from tests.support.host import REPO, hostagent, required
-from tests.support.sandbox import TEST_IMAGE, Sandbox
+from tests.support.sandbox import TEST_IMAGE, Sandbox, serves_cdi
 from tests.support.scenarios import uuids
 
 A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
@@ -106,7 +106,7 @@ def test_rendered_examples_start_and_each_service_proves_its_cards(
     mixed4_sandbox: Sandbox, tmp_path: Path, example: str, want: dict[str, list[tuple[str, str, str]]]
 ) -> None:
     file = rendered(example, tmp_path, mixed4_sandbox.host)
-    way = "cdi" if mixed4_sandbox.engine == "26" else "nvidia"  # what each engine's daemon serves
+    way = "cdi" if serves_cdi(mixed4_sandbox) else "nvidia"  # what each engine's daemon serves
     assert all(devices(s)[0]["driver"] == way for s in load.parse(file.read_text())["services"].values())
     run = ComposeRun(mixed4_sandbox, file)
     try:
@@ -263,7 +263,7 @@ def test_render_and_check_see_the_cards_running_pinned_containers_hold(mixed4_sa
         assert r.returncode == 0, r
         entry = devices(load.parse(r.stdout)["services"]["a"])[0]
         # Engine 26 serves the cards by CDI (its spec names them by UUID): render pins through it, as run does.
-        way = "cdi" if sb.engine == "26" else "nvidia"
+        way = "cdi" if serves_cdi(sb) else "nvidia"
         prefix = "nvidia.com/gpu=" if way == "cdi" else ""
         assert entry["driver"] == way and entry["device_ids"] == [prefix + u for u in (A800, A800C)]
     finally:
