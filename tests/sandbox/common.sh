@@ -135,10 +135,11 @@ fetch_engine() {
                 -o "Dir::Etc::preferences=/dev/null" -o "Dir::Etc::preferencesparts=$apt/preferences.d"
                 -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=/dev/null"
                 -o "APT::Sandbox::User=root" -qq)
-    apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" update >"$apt/update.log" 2>&1 || die "apt-get update of $suite failed (see $apt/update.log). HINT: \
-$suite's archive keys come with a recent debian-archive-keyring (apt-get install debian-archive-keyring); \
-DEBOOTSTRAP_MIRROR sets the mirror"
-    (cd "$debs" && apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" download "${ENGINE_PACKAGES[@]}") >"$apt/download.log" 2>&1 \
+    apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" update >"$apt/update.log" 2>&1 \
+        || die "apt-get update of $suite failed (see $apt/update.log). HINT: $suite's archive keys come with a \
+recent debian-archive-keyring (apt-get install debian-archive-keyring); DEBOOTSTRAP_MIRROR sets the mirror"
+    (cd "$debs" && apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" download "${ENGINE_PACKAGES[@]}") \
+        >"$apt/download.log" 2>&1 \
         || die "apt-get download ${ENGINE_PACKAGES[*]} from $suite failed; see $apt/download.log"
     local spec pkg want deb got
     for spec in "${versions[@]}"; do

@@ -4,8 +4,9 @@
 # accepts --gpus. It never talks to the system daemon or the system containerd.
 #
 #   sandbox.sh up       start it (installing docker.io, containerd, debootstrap and docker-compose if missing,
-#                       fetching Engine 26 or 28.5 into build/engines/VERSION when that is the engine), build the base image
-#                       once, print DOCKER_HOST=unix://... on stdout; restart it when it runs with another topology
+#                       fetching Engine 26 or 28.5 into build/engines/VERSION when that is the engine), build the
+#                       base image once, print DOCKER_HOST=unix://... on stdout; restart it when it runs with
+#                       another topology
 #   sandbox.sh down     remove its containers, stop it, unmount and remove its runtime state (the image cache stays)
 #   sandbox.sh purge    down, then remove the image cache and the shared root file system too
 #   sandbox.sh status   say whether it runs, and with which topology
@@ -20,10 +21,10 @@
 # containerd 2.1 and compose v2.40, CDI on by default, the same spec); GPUPIN_SANDBOX_NAME (default empty:
 # one more sandbox beside the default one, e.g. for a second checkout, at /run/gpupin-sandbox-NAME; Engine 26's
 # instance of a name is NAME-26, 28.5's NAME-28.5, so all engines run at once); GPUPIN_SANDBOX_STATE (default
-# /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]), each + -26 or -28.5 for those engines;
-# GPUPIN_CACHE (default /var/cache/gpupin: the debootstrap root file system, built once for every sandbox);
-# DEBOOTSTRAP_MIRROR (the Debian mirror of the root file system and of Engines 26 and 28.5; default: this machine's own, the
-# first main-archive entry of its apt sources).
+# /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]), each + -26 or -28.5
+# for those engines; GPUPIN_CACHE (default /var/cache/gpupin: the debootstrap root file system, built once for
+# every sandbox); DEBOOTSTRAP_MIRROR (the Debian mirror of the root file system and of Engines 26 and 28.5;
+# default: this machine's own, the first main-archive entry of its apt sources).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

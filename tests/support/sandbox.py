@@ -40,8 +40,8 @@ def engines_under_test() -> list[str]:
 
 def sandbox_env(engine: str) -> dict[str, str]:
     """What sandbox.sh says a client of this engine's sandbox needs (DOCKER_HOST, its docker CLI, its run folder;
-    DOCKER_CONFIG for Engines 26 and 28.5, whose CLI finds the compose plugin through it). GPUPIN_SANDBOX_NAME selects one
-    more sandbox beside the default one, as in sandbox.sh and the Makefile."""
+    DOCKER_CONFIG for Engines 26 and 28.5, whose CLI finds the compose plugin through it). GPUPIN_SANDBOX_NAME
+    selects one more sandbox beside the default one, as in sandbox.sh and the Makefile."""
     out = subprocess.run(
         [str(SANDBOX_SCRIPT), "env"],
         env=dict(os.environ, GPUPIN_SANDBOX_ENGINE=engine),
