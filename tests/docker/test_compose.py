@@ -198,9 +198,10 @@ def test_compose_v2_gpu_forms_render_to_files_each_engines_compose_runs(
         run.down()
 
 
-def test_what_older_compose_does_with_the_compose_v2_forms_as_written(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
+def test_what_each_compose_does_with_the_compose_v2_forms_as_written(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
     """Measured, as the warnings of `check` say: compose v2.26 starts a `gpus:` service with no GPU at all and
-    docker-compose 1.29 refuses the file; both pass a CDI name in `devices:` to the daemon as a device file."""
+    docker-compose 1.29 refuses the file; both pass a CDI name in `devices:` to the daemon as a device file. Compose
+    v2.40 (beside Engine 28.5) reads both: `gpus:` is the `--gpus` request, `devices:` CDI names the CDI driver's."""
     sb = mixed4_sandbox
     src = tmp_path / "gpus.yml"
     src.write_text(f"services:\n  trainer:\n    image: {TEST_IMAGE}\n{V2_FORMS['gpus']}\n")
@@ -212,17 +213,30 @@ def test_what_older_compose_does_with_the_compose_v2_forms_as_written(mixed4_san
         try:
             run.compose("up", "--no-color")
             cid = run.compose("ps", "-a", "-q", "trainer").stdout.strip()
-            info = json.loads(sb.docker("inspect", cid, check=True).stdout)[0]
-            assert not info["HostConfig"]["DeviceRequests"]  # the request was dropped: no GPU
+            requests = json.loads(sb.docker("inspect", cid, check=True).stdout)[0]["HostConfig"]["DeviceRequests"]
+            if sb.engine == "28.5":
+                assert [(r["Driver"], r["DeviceIDs"], r["Capabilities"]) for r in requests] == [
+                    ("", ["3", "1"], [["gpu"]])
+                ]
+            else:
+                assert not requests  # the request was dropped: no GPU
         finally:
             run.down()
     src.write_text(f"services:\n  trainer:\n    image: {TEST_IMAGE}\n{V2_FORMS['devices-cdi']}\n")
     run = ComposeRun(sb, src)
     try:
         r = run.compose("up", "--no-color")
-        assert r.returncode != 0 and "error gathering device information while adding custom device" in (
-            r.stdout + r.stderr
-        ), r
+        if sb.engine == "28.5":
+            cid = run.compose("ps", "-a", "-q", "trainer").stdout.strip()
+            host_config = json.loads(sb.docker("inspect", cid, check=True).stdout)[0]["HostConfig"]
+            assert r.returncode == 0 and not host_config["Devices"], r
+            assert [(q["Driver"], q["DeviceIDs"]) for q in host_config["DeviceRequests"]] == [
+                ("cdi", ["nvidia.com/gpu=3", f"nvidia.com/gpu={RTX}"])
+            ]
+        else:
+            assert r.returncode != 0 and "error gathering device information while adding custom device" in (
+                r.stdout + r.stderr
+            ), r
     finally:
         run.down()
 
