@@ -10,7 +10,6 @@ What the tests share besides fixtures is in tests/support.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,9 +17,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.support.engines import engine_for, engine_free_name, on_this_engine
 from tests.support.host import FAKEGPU, REPO, required
 from tests.support.hypo import BASE
-from tests.support.sandbox import CDI_ENGINES, Agent, Sandbox, Sandboxes, agent_on, engines_under_test
+from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test, serves_cdi
 from tests.support.spawn import default_signals_at_exec
 from tests.support.watch import Running
 
@@ -83,21 +83,19 @@ def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
 
 
 @pytest.fixture
-def agent_any(sandboxes: Sandboxes) -> Iterator[Agent]:
-    """An Agent on one engine alone: for what hostagent decides before it asks the daemon anything (its argument
-    handling, its own refusals), where a second engine would run the same code again. The first engine under test;
-    where the make targets run one pytest per engine, GPUPIN_TEST_ANY_ENGINE names the run that takes these."""
-    engines = engines_under_test()
-    chosen = os.environ.get("GPUPIN_TEST_ANY_ENGINE") or engines[0]
-    if chosen not in engines:
-        pytest.skip(f"engine-independent: the run on Engine {chosen} takes it")
-    yield from agent_on(sandboxes.get(chosen))
+def agent_any(request: pytest.FixtureRequest, sandboxes: Sandboxes) -> Iterator[Agent]:
+    """An Agent on one engine, the one that takes this test (engine_for): for what hostagent decides before it asks
+    the daemon anything (its argument handling, its own refusals)."""
+    yield from agent_on(sandboxes.get(engine_for(engine_free_name(request.node))))
 
 
-@pytest.fixture(params=[e for e in CDI_ENGINES if e in engines_under_test()], ids=str)
-def agent_cdi(request: pytest.FixtureRequest, sandboxes: Sandboxes) -> Iterator[Agent]:
-    """An Agent on each CDI engine's sandbox under test (26, 28.5): for what only an engine with CDI does."""
-    yield from agent_on(sandboxes.get(request.param))
+@pytest.fixture
+def agent_cdi(sandbox: Sandbox) -> Iterator[Agent]:
+    """An Agent on the sandbox of each engine with CDI (26, 28.5): for what only such an engine does; skipped on
+    the others."""
+    if not serves_cdi(sandbox):
+        pytest.skip(f"Engine {sandbox.engine} has no CDI")
+    yield from agent_on(sandbox)
 
 
 @pytest.fixture
@@ -143,7 +141,7 @@ FIXTURE_NEEDS = {
     "sandbox": "docker",
     "mixed4_sandbox": "docker",
     "agent": "docker",
-    "agent26": "docker",
+    "agent_cdi": "docker",
     "agent_any": "docker",
     "swarm": "swarm",
     "slurm": "slurm",
@@ -187,3 +185,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests filed in the wrong tier's folder (docs/testing.md, The tiers):\n  " + "\n  ".join(misplaced)
         )
+    elsewhere = [item for item in items if not on_this_engine(item)]
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [item for item in items if on_this_engine(item)]

@@ -8,14 +8,16 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.sandbox import CDI_ENGINES, TEST_IMAGE, Sandbox, Sandboxes, engines_under_test
+from tests.support.sandbox import TEST_IMAGE, Sandbox, serves_cdi
 from tests.support.scenarios import topology, uuids
+
+# Every engine runs these (what differs between the engines): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
 
 A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86, AF
 MIG_PARENT, A100_0F = uuids("mig")
@@ -57,10 +59,13 @@ def hexid(uuid: str) -> str:
     return uuid.split("-", 1)[1].replace("-", "")
 
 
-@pytest.fixture(params=[e for e in CDI_ENGINES if e in engines_under_test()], ids=str)
-def engine_cdi(request: pytest.FixtureRequest, sandboxes: Sandboxes) -> Iterator[Sandbox]:
-    """Each CDI engine's sandbox under test (26, 28.5), whatever topology it runs (the tests pick theirs)."""
-    yield sandboxes.get(request.param)
+@pytest.fixture
+def engine_cdi(sandbox: Sandbox) -> Sandbox:
+    """The sandbox of each engine with CDI (26, 28.5), whatever topology it runs (the tests pick theirs); skipped
+    on the others."""
+    if not serves_cdi(sandbox):
+        pytest.skip(f"Engine {sandbox.engine} has no CDI")
+    return sandbox
 
 
 def run_cdi(sb: Sandbox, *devices: str) -> tuple[dict[str, Any], dict[str, Any]]:
