@@ -39,7 +39,7 @@ def test_each_engine_says_whether_it_serves_the_cards_by_cdi(
     api = engine.connect(timeout=30)
     d = engine.cdi_detection(engine.info(api))
     if mixed4_sandbox.engine == "28.5":  # CDI on by default, and the daemon lists what it found: no file read
-        assert d.served and d.names == set(NAMES) and f"discovered {len(NAMES)} nvidia.com/gpu" in d.why
+        assert d.served and d.names == frozenset(NAMES) and f"discovered {len(NAMES)} nvidia.com/gpu" in d.why
     elif serves_cdi(mixed4_sandbox):
         spec = mixed4_sandbox.run_dir / "cdi" / "nvidia.yaml"
         assert d.served and d.names is not None and set(NAMES) <= d.names and str(spec) in d.why

@@ -88,7 +88,7 @@ def test_a_cdi_spec_that_names_other_cards_than_nvml(root: Path) -> None:
     assert doctor.check_cdi(doctor.HostFiles(str(root)), None, box) == []
 
 
-def discovered(*names: str) -> dict[str, object]:
+def discovered(*names: str | None) -> dict[str, object]:
     return {"DiscoveredDevices": [{"Source": "cdi", "ID": f"nvidia.com/gpu={n}"} for n in names]}
 
 
