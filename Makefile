@@ -134,6 +134,9 @@ PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 # names (one of another tier is deselected: "collected no tests"), with the target's own pytest arguments ($(3)).
 TIER = $(call PYTEST,-m "$(2)" $(3) $(if $(findstring tests/,$(PYTEST_ARGS)),,$(1)) $(PYTEST_ARGS))
 UNIT := not docker and not swarm and not slurm and not gpu
+# The unit tier in two pytest-xdist workers: its tests are mostly processes started one after the other, so one
+# pytest keeps one core busy (PYTEST_ARGS="-n 0" for one process, as for a single file or pdb).
+UNIT_WORKERS ?= 2
 # What the daemon and cluster tiers need: a missing daemon or cluster fails their tests (not skips) here.
 REQUIRED := $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"
 
@@ -169,7 +172,7 @@ DOCKER_SIDE_BY_SIDE = mkdir -p build; pids=; echo "make: the docker tier on $(EN
 test: test-tools image-test
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@export $(REQUIRED); rc=0; \
-	  ( $(call TIER,tests/unit,$(UNIT)) ) || rc=1; \
+	  ( $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS)) ) || rc=1; \
 	  ( $(DOCKER_TIER) ) || rc=1; \
 	  ( $(call TIER,tests/cluster,swarm or slurm) ) || rc=1; \
 	  ( $(call TIER,tests/gpu,gpu) ) || rc=1; \
@@ -179,7 +182,7 @@ else
 endif
 
 test-unit: test-tools fakegpu
-	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT))
+	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS))
 
 # The docker tier: each engine's run side by side (DOCKER_TIER).
 test-docker: test-tools image-test
