@@ -53,7 +53,6 @@ from gpupin.hostagent.ledger.lease import LEASE_LABEL, OWNER_LABEL
 from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.sandbox import ENGINES, TEST_IMAGE, Sandbox
 
-
 CORPUS = REPO / "tests" / "data" / "run-corpus.txt"
 COMMAND = ("sleep", "600")
 LEFT_OUT_LABELS = (OWNER_LABEL, LEASE_LABEL)
