@@ -44,6 +44,7 @@ help:
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
 	@echo "make podman-up     the sandboxed podman 4.3 service with the test image (prints DOCKER_HOST); podman-down"
+	@echo "make test-podman   the podman tests (tests/docker/test_podman.py), podman and the first engine required"
 	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
 # apt waits up to 10 minutes for its lock (unattended-upgrades may hold it) instead of failing at once; on apt 2.6
@@ -105,6 +106,13 @@ podman-up: wheels fakegpu
 
 podman-down:
 	@tests/sandbox/podman.sh down
+
+# The podman tests (the cross-runtime one on the first engine's Docker sandbox too), with podman required.
+.PHONY: test-podman
+test-podman: ENGINES := $(firstword $(ENGINES))
+test-podman: test-tools image-test podman-up
+	@export $(REQUIRED) GPUPIN_TEST_ENGINES=$(ENGINES) GPUPIN_TEST_REQUIRE_PODMAN=1; \
+	  $(call TIER,tests/docker/test_podman.py,docker)
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK). The wheel is built
 # in build isolation (setuptools from [build-system]), so the venv needs no setuptools or wheel of its own.

@@ -12,11 +12,13 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from tests.support.host import HOSTAGENT, REPO, simhost_env
-from tests.support.sandbox import TEST_IMAGE, fail_or_skip
+from tests.support.processes import error_line, on_cards
+from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
 
 PODMAN_SCRIPT = REPO / "tests" / "sandbox" / "podman.sh"
@@ -61,15 +63,23 @@ class Podman:
         return found
 
 
+def no_podman(why: str) -> NoReturn:
+    """`make test-podman` requires the sandboxed podman (GPUPIN_TEST_REQUIRE_PODMAN=1); elsewhere these tests skip
+    without it, so that the docker tier does not need podman."""
+    if os.environ.get("GPUPIN_TEST_REQUIRE_PODMAN") == "1":
+        pytest.fail(f"the sandboxed podman is required here: {why}", pytrace=False)
+    pytest.skip(f"no sandboxed podman: {why} (`make podman-up` starts it and builds {TEST_IMAGE} there)")
+
+
 @pytest.fixture
 def pod() -> Iterator[Podman]:
     try:
         p = Podman()
         ping = p.podman("image", "exists", TEST_IMAGE, timeout=30)
     except (OSError, subprocess.SubprocessError) as err:
-        fail_or_skip(f"the sandboxed podman: {err}")
+        no_podman(str(err))
     if ping.returncode != 0:
-        fail_or_skip(f"no {TEST_IMAGE} on the sandboxed podman at {p.host} (`make podman-up` starts it and builds it)")
+        no_podman(f"no {TEST_IMAGE} on the sandboxed podman at {p.host}, or it does not answer")
     yield p
     ids = p.tagged()
     if ids:
@@ -134,3 +144,28 @@ def test_doctor_finds_the_cdi_spec_podman_reads_and_says_no_cdi_trap(pod: Podman
     )
     findings = json.loads(r.stdout)["findings"]
     assert not [f for f in findings if "CDI" in f["problem"]], findings
+
+
+def test_a_podman_holder_refuses_dockers_run_on_its_card_through_nvml(
+    pod: Podman, agent: Agent, tmp_path: Path
+) -> None:
+    # Across runtimes the daemons share nothing but the cards: the podman container's process on card 1 (as NVML
+    # reports it) is what makes Docker's run refuse the card.
+    name = f"across-{pod.tag}"
+    started = pod.podman(
+        "run", "-d", "--name", name, "--label", f"gpupin.test={pod.tag}", "--device", "nvidia.com/gpu=1",
+        "gpupin-base:bookworm", "sleep", "120",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    pid = int(pod.podman("inspect", "--format", "{{.State.Pid}}", name).stdout)
+    env = on_cards(tmp_path / "p.json", {RTX: [pid]})
+    r = subprocess.run(
+        agent.argv("run", "--rm", "--gpu", "1", TEST_IMAGE, "true"),
+        env={**agent.env, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = error_line(r, 75)
+    assert f"{RTX} is in use by pid {pid}" in line, line
+    assert agent.containers() == []  # nothing created on Docker
