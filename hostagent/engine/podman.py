@@ -18,7 +18,7 @@ Podman's inspect (4.3, both APIs) does not show a container's CDI devices at all
 nvidia.com/gpu=1` inspects as a container with no device. What the CDI spec gave it is in the OCI spec podman wrote
 for it (libpod's inspect names the file: OCIConfigPath), as device nodes: the card of /dev/nvidiaN is the card of
 minor N, whatever way it came (CDI, --gpus mapped onto CDI, --device /dev/nvidiaN). The ledger reads them there
-(`oci_devices`) for a podman on this host.
+(`read_oci_spec`) for a podman on this host, with the spec's annotations.
 """
 
 from __future__ import annotations
@@ -148,24 +148,32 @@ OCI_KEY = "GpupinOciDevices"  # where the ledger puts the OCI spec's device node
 OCI_LIMIT = 16 << 20  # an OCI spec is a few KiB; one larger than this is not podman's
 
 
-def oci_devices(api: Any, cid: str) -> list[dict[str, Any]] | None:
-    """The device nodes of the OCI spec podman wrote for this container (linux.devices: path, type, major,
-    minor); None when it has none yet (created, never started) or it cannot be read here."""
+def read_oci_spec(api: Any, cid: str, data: dict[str, Any]) -> None:
+    """Complete a podman container's inspect `data` from the OCI spec podman wrote for it: its device nodes
+    (linux.devices: path, type, major, minor) under OCI_KEY, and its annotations as HostConfig.Annotations, which
+    podman's compatible inspect leaves out (a `cdi.k8s.io/*` annotation asks the toolkit's CDI mode for cards).
+    Nothing when it has no spec yet (created, never started) or the spec cannot be read here."""
     from gpupin.core.errors import GpupinError
     from gpupin.core.files import read_bounded
     from gpupin.hostagent.engine.failures import EngineNotFound
     from gpupin.hostagent.engine.reader import fetch
 
     try:
-        data = fetch(api, f"{LIBPOD}/containers/{cid}/json", versioned=False)[0]
+        found = fetch(api, f"{LIBPOD}/containers/{cid}/json", versioned=False)[0]
     except EngineNotFound:
-        return None
-    path = str(data.get("OCIConfigPath") or "")
+        return
+    path = str(found.get("OCIConfigPath") or "")
     if not path.startswith("/"):
-        return None
+        return
     try:
         spec = json.loads(read_bounded(path, OCI_LIMIT))
     except (GpupinError, ValueError):
-        return None
-    devices = ((spec.get("linux") or {}).get("devices") or []) if isinstance(spec, dict) else []
-    return [d for d in devices if isinstance(d, dict)]
+        return
+    if not isinstance(spec, dict):
+        return
+    devices = (spec.get("linux") or {}).get("devices") or []
+    data[OCI_KEY] = [d for d in devices if isinstance(d, dict)]
+    annotations = spec.get("annotations")
+    host = data.setdefault("HostConfig", {})
+    if isinstance(annotations, dict) and isinstance(host, dict) and not host.get("Annotations"):
+        host["Annotations"] = {str(k): str(v) for k, v in annotations.items()}

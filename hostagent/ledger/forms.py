@@ -298,7 +298,7 @@ def device_files(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
 
 
 def oci_devices(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
-    """Podman: the card nodes of the OCI spec podman wrote (gpupin.hostagent.engine.podman.oci_devices), however
+    """Podman: the card nodes of the OCI spec podman wrote (gpupin.hostagent.engine.podman.read_oci_spec), however
     they came (a CDI device, `--gpus` mapped onto CDI, `--device /dev/nvidiaN`): podman's inspect shows no CDI
     device."""
     found = c.get(podman.OCI_KEY) or []

@@ -95,7 +95,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
                 if isinstance(pid, int) and pid > 0:
                     places[str(s["Id"])] = (pid, str((data.get("HostConfig") or {}).get("CgroupParent") or ""))
                 if host.local and podman.version(api) and state in ("running", "paused"):
-                    data[podman.OCI_KEY] = podman.oci_devices(api, str(s["Id"]))
+                    podman.read_oci_spec(api, str(s["Id"]), data)
                 h = ledger.holder(data, host, lease_state, labels)
             except EngineNotFound:
                 continue  # it went away between the list and the inspect

@@ -116,17 +116,25 @@ def test_a_held_card_is_refused_75(pod: Podman) -> None:
     assert len(pod.tagged()) == 1
 
 
-def test_a_plain_podman_cdi_holder_is_named_by_ls_and_blocks_run(pod: Podman) -> None:
+@pytest.mark.parametrize(
+    ("form", "how"),
+    [
+        (["--device", "nvidia.com/gpu=1"], "a card node in podman's OCI spec"),
+        (["--annotation", "cdi.k8s.io/job=nvidia.com/gpu=1"], "--annotation cdi.k8s.io/job=nvidia.com/gpu=1"),
+    ],
+    ids=["cdi-device", "cdi-annotation"],
+)
+def test_a_plain_podman_holder_is_named_by_ls_and_blocks_run(pod: Podman, form: list[str], how: str) -> None:
+    # podman's inspect shows neither: the ledger reads them from the OCI spec podman wrote.
     name = f"plain-{pod.tag}"
     started = pod.podman(
-        "run", "-d", "--name", name, "--label", f"gpupin.test={pod.tag}", "--device", "nvidia.com/gpu=1",
-        "gpupin-base:bookworm", "sleep", "120",
-    )  # fmt: skip
+        "run", "-d", "--name", name, "--label", f"gpupin.test={pod.tag}", *form, "gpupin-base:bookworm", "sleep", "120"
+    )
     assert started.returncode == 0, started.stderr
     ls = pod.hostagent("ls", "--json")
     assert ls.returncode == 0, ls.stderr
     card = next(g for g in json.loads(ls.stdout)["gpus"] if g["uuid"] == RTX)
-    assert card["held"] and [h["name"] for h in card["holders"]] == [name], card["holders"]
+    assert card["held"] and [(h["name"], h["how"]) for h in card["holders"]] == [(name, how)], card["holders"]
     r = pod.hostagent("run", "--gpu", "1", TEST_IMAGE, "true")
     assert r.returncode == 75 and name in r.stderr, r.stderr
     assert pod.tagged() == [pod.podman("inspect", "--format", "{{.Id}}", name).stdout.strip()]
