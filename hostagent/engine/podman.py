@@ -90,7 +90,8 @@ def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any
     if name:
         spec["name"] = name
     env = conf.pop("Env", None) or []
-    spec["env"] = dict(e.partition("=")[::2] for e in env)
+    # An entry without `=` is a variable that is not set (docker run -e KEY, KEY unset): none, as on Docker.
+    spec["env"] = dict(e.partition("=")[::2] for e in env if "=" in e)
     spec["labels"] = dict(conf.pop("Labels", None) or {})
     for key, field in (("Cmd", "command"), ("Entrypoint", "entrypoint"), ("WorkingDir", "work_dir"), ("User", "user")):
         value = conf.pop(key, None)

@@ -36,7 +36,7 @@ def payload(**host: Any) -> dict[str, Any]:
         "OpenStdin": False,
         "AttachStdout": True,
         "AttachStderr": True,
-        "Env": ["A=B=C", f"GPUPIN_EXPECT={RTX}@00000000:3B:00.0"],
+        "Env": ["A=B=C", "UNSET", f"GPUPIN_EXPECT={RTX}@00000000:3B:00.0"],
         "Cmd": ["python3", "-m", "gpupin.entrypoint"],
         "Image": "gpupin:test",
         "Entrypoint": None,
