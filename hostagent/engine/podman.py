@@ -99,7 +99,7 @@ def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any
             spec[field] = [value] if key == "Entrypoint" and isinstance(value, str) else value
     spec["terminal"] = bool(conf.pop("Tty", False))
     spec["stdin"] = bool(conf.pop("OpenStdin", False))
-    for key in ("AttachStdin", "AttachStdout", "AttachStderr", "StdinOnce", "Volumes", "NetworkingConfig"):
+    for key in ("AttachStdin", "AttachStdout", "AttachStderr", "StdinOnce"):
         conf.pop(key, None)  # the attach is the compatible API's, after the create
     devices: list[dict[str, str]] = []
     for req in host.pop("DeviceRequests", None) or []:

@@ -80,6 +80,14 @@ def test_an_option_without_a_translation_is_refused_by_name_not_dropped(host: di
         podman.spec_generator(payload(**host), None)
 
 
+def test_an_anonymous_volume_or_a_network_endpoint_is_refused_not_dropped() -> None:
+    with pytest.raises(UsageError, match="Volumes"):
+        podman.spec_generator({**payload(), "Volumes": {"/scratch": {}}}, None)
+    networking = {"EndpointsConfig": {"net": {"Aliases": ["job"]}}}
+    with pytest.raises(UsageError, match="NetworkingConfig"):
+        podman.spec_generator({**payload(), "NetworkingConfig": networking}, None)
+
+
 def test_a_named_volume_is_refused_on_podman() -> None:
     with pytest.raises(UsageError, match="host paths only"):
         podman.spec_generator(payload(Binds=["cache:/cache"]), None)
