@@ -12,6 +12,7 @@ export FAKEGPU_TOPOLOGY ?= $(CURDIR)/tests/fakegpu/scenarios/mixed-4.json
 SANDBOX := tests/sandbox/sandbox.sh
 # The Docker engines the sandbox runs and every docker-path test runs on: Debian 12's 20.10 (docker-compose 1.29)
 # and Debian 13's Engine 26 (compose v2, CDI), unpacked under build/engines/26 (GPUPIN_SANDBOX_ENGINE, sandbox.sh).
+# sid's Engine 28.5 (compose v2.40, CDI on by default, DiscoveredDevices) is one more: ENGINES=28.5 picks it.
 ENGINES ?= 20.10 26
 # GPUPIN_SANDBOX_NAME=NAME runs one more sandbox beside the default one (a second checkout, a helper's worktree).
 export GPUPIN_SANDBOX_NAME ?=
@@ -22,7 +23,7 @@ SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TO
 TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
-.PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
+.PHONY: help setup fakegpu engine26 engine28.5 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
 	image-test test-tools test test-unit test-docker test-cluster test-gpu soak fuzz lint bench demo shell clean
 
 help:
@@ -41,7 +42,7 @@ help:
 	@echo "make dist          the sdist and the wheel into dist/"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
-	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
+	@echo "                   (GPUPIN_SANDBOX_ENGINE=26 or 28.5: that engine's; ENGINES=20.10 runs the tests on one)"
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
 	@echo "make podman-up     the sandboxed podman 4.3 service with the test image (prints DOCKER_HOST); podman-down"
 	@echo "make test-podman   the podman tests (tests/docker/test_podman.py), podman and the first engine required"
@@ -68,9 +69,12 @@ fakegpu: setup
 sandbox-up: fakegpu
 	@$(SANDBOX) up
 
-# Engine 26 from Debian 13's packages, unpacked under build/engines/26 (sandbox-up fetches it too when needed).
+# Engine 26 from Debian 13's packages, unpacked under build/engines/26 (sandbox-up fetches it too when needed);
+# Engine 28.5 from sid's, under build/engines/28.5.
 engine26:
 	@GPUPIN_SANDBOX_ENGINE=26 $(SANDBOX) install
+engine28.5:
+	@GPUPIN_SANDBOX_ENGINE=28.5 $(SANDBOX) install
 
 sandbox-down:
 	@for e in $(ENGINES); do GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) down || exit 1; done
@@ -151,6 +155,9 @@ PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
 # names (one of another tier is deselected: "collected no tests"), with the target's own pytest arguments ($(3)).
 TIER = $(call PYTEST,-m "$(2)" $(3) $(if $(findstring tests/,$(PYTEST_ARGS)),,$(1)) $(PYTEST_ARGS))
 UNIT := not docker and not swarm and not slurm and not gpu
+# The unit tier in two pytest-xdist workers: its tests are mostly processes started one after the other, so one
+# pytest keeps one core busy (PYTEST_ARGS="-n 0" for one process, as for a single file or pdb).
+UNIT_WORKERS ?= 2
 # What the daemon and cluster tiers need: a missing daemon or cluster fails their tests (not skips) here.
 REQUIRED := $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"
 
@@ -186,7 +193,7 @@ DOCKER_SIDE_BY_SIDE = mkdir -p build; pids=; echo "make: the docker tier on $(EN
 test: test-tools image-test
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@export $(REQUIRED); rc=0; \
-	  ( $(call TIER,tests/unit,$(UNIT)) ) || rc=1; \
+	  ( $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS)) ) || rc=1; \
 	  ( $(DOCKER_TIER) ) || rc=1; \
 	  ( $(call TIER,tests/cluster,swarm or slurm) ) || rc=1; \
 	  ( $(call TIER,tests/gpu,gpu) ) || rc=1; \
@@ -196,7 +203,7 @@ else
 endif
 
 test-unit: test-tools fakegpu
-	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT))
+	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS))
 
 # The docker tier: each engine's run side by side (DOCKER_TIER).
 test-docker: test-tools image-test

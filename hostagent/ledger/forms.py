@@ -5,7 +5,8 @@ What each row reads with: the host it reads for (HostCards: its cards, its runti
 this machine's), the CardGrant it returns, and the few readers of `docker inspect` data that several rows share.
 
 The families of rows:
-- cards an engine hands out on request: the nvidia driver's device requests (`--gpus`), CDI device requests
+- cards an engine hands out on request: the nvidia drivers' device requests (`--gpus`, read alike whether the
+  engine carries them by the hook or, Engine 29 with nvidia-cdi-hook, by CDI), CDI device requests
   (`--device nvidia.com/gpu=...`) and CDI annotations (`cdi.k8s.io/*`, which the toolkit's CDI modes inject from
   the OCI spec whatever the engine does with them);
 - cards a runtime picks from the container's environment: the nvidia runtime reading NVIDIA_VISIBLE_DEVICES (ids,
@@ -39,6 +40,11 @@ if TYPE_CHECKING:
 # The capabilities moby's nvidia device driver answers to (daemon/nvidia_linux.go): a request with no driver
 # goes to it when one of its capability sets is made only of these.
 NVIDIA_CAPABILITIES = frozenset({"gpu", "nvidia", "compute", "compat32", "graphics", "utility", "video", "display"})
+# moby's NVIDIA device drivers: `nvidia` (what --gpus asks for), and since Engine 29 (moby#50228) the two it
+# tries in turn, which a request may name itself (`--gpus driver=nvidia.cdi,...`): `nvidia.cdi` turns the
+# request's ids into nvidia.com/gpu CDI names, `nvidia.runtime-hook` hands them to the hook. HostConfig keeps the
+# request as it was sent either way: the ids (a count: 0..N-1, -1: all) are read the same.
+NVIDIA_DRIVERS = ("nvidia", "nvidia.cdi", "nvidia.runtime-hook")
 
 
 class HostCards:
@@ -131,7 +137,7 @@ def nvidia_requests(c: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     for req in host_config(c).get("DeviceRequests") or []:
         driver = req.get("Driver") or ""
         groups = req.get("Capabilities") or []
-        if driver == "nvidia" or (not driver and any(set(g or ()) <= NVIDIA_CAPABILITIES for g in groups)):
+        if driver in NVIDIA_DRIVERS or (not driver and any(set(g or ()) <= NVIDIA_CAPABILITIES for g in groups)):
             out.append(req)
     return out
 
@@ -180,23 +186,27 @@ CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
 def device_requests(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
-    """`--gpus` / DeviceRequests for the nvidia driver: ids, a count (the daemon hands out indices 0..N-1,
-    daemon/nvidia_linux.go), or all (count -1)."""
+    """`--gpus` / DeviceRequests for the nvidia drivers: ids (nvidia.com/gpu CDI names too, which `nvidia.cdi`
+    passes on as they are), a count (the daemon hands out indices 0..N-1, daemon/nvidia_linux.go), or all (count
+    -1). A request that names a driver of its own says so (`--gpus driver=nvidia.cdi,...`)."""
     grants = []
     for req in nvidia_requests(c):
         asked = [str(i) for i in req.get("DeviceIDs") or []]
         count = int(req.get("Count") or 0)
         if asked:
             uuids, unknown = ids(asked, host)
-            how = "--gpus device=" + ",".join(asked)
+            how = "device=" + ",".join(asked)
         elif count < 0:
-            uuids, unknown, how = host.every_card(), [], "--gpus all"
+            uuids, unknown, how = host.every_card(), [], "all"
         elif count > 0:
             uuids, unknown = ids([str(i) for i in range(count)], host)
-            how = f"--gpus {count}"
+            how = str(count)
         else:
             continue
-        grants.append(CardGrant("device-request", how, uuids, unknown))
+        driver = str(req.get("Driver") or "")
+        if driver not in ("", "nvidia"):  # the CLI's long form: --gpus driver=D,count=N|all,device=...
+            how = f"driver={driver}," + (how if how.startswith("device=") else f"count={how}")
+        grants.append(CardGrant("device-request", "--gpus " + how, uuids, unknown))
     return grants
 
 

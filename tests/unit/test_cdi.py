@@ -4,6 +4,7 @@ and the pin through CDI. What each engine does with it, on the sandboxes: tests/
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from gpupin.core.resolve import Target
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.pin import Pin
 from gpupin.hostagent.run.request import RunRequest
+from tests.support.planted import plant_hostile_specs
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 
@@ -66,6 +68,31 @@ def test_a_local_daemons_spec_folders_are_read_for_the_kind_and_its_names(tmp_pa
     assert d.served and d.names == frozenset(NAMES) and f"{tmp_path}/nvidia.{ext} names 9" in d.why
 
 
+@pytest.mark.timeout(60)
+def test_a_planted_spec_never_hangs_nor_exhausts_the_reader(tmp_path: Path) -> None:
+    (tmp_path / "nvidia.yaml").write_text(spec_text("yaml"))
+    plant_hostile_specs(tmp_path)
+    began = time.monotonic()
+    d = cdi.detect({"CDISpecDirs": [str(tmp_path)]}, local=True)
+    assert time.monotonic() - began < 5
+    assert (
+        d.served and d.names == frozenset(NAMES) and d.why == f"{tmp_path}/nvidia.yaml names 9 nvidia.com/gpu device(s)"
+    )
+    refused: list[tuple[str, str]] = []
+    cdi.read_spec_dirs([str(tmp_path)], refused)
+    assert sorted((Path(p).name, why) for p, why in refused) == [
+        ("fifo.yaml", "it is a FIFO, not a regular file"),
+        ("huge.json", "it is larger than 1 MiB, the limit for this file"),
+        ("zero.json", "it is a character device, not a regular file"),
+    ]
+
+
+def test_at_most_64_spec_files_of_a_folder_are_read(tmp_path: Path) -> None:
+    for i in range(cdi.MAX_FILES + 1):
+        (tmp_path / f"{i:03}.json").write_text(spec_text("json", names=[str(i)]))
+    assert len(cdi.read_spec_dirs([str(tmp_path)])) == cdi.MAX_FILES
+
+
 def test_the_fast_yaml_reader_reads_the_fake_specs_layout_too() -> None:
     spec = "\n".join(
         [
@@ -103,6 +130,27 @@ def test_what_each_kind_of_info_says() -> None:
     assert "CDI off" in cdi.detect({"ServerVersion": "20.10.24"}, local=True).why  # API < 1.44
     remote = cdi.detect({"CDISpecDirs": ["/etc/cdi"]}, local=False)
     assert not remote.served and "not on this host" in remote.why and remote.names is None
+
+
+def test_discovered_devices_are_read_in_the_shape_engine_28_lists_them() -> None:
+    """/info's DiscoveredDevices (Engine API 1.50+): DeviceInfo {Source, ID}, ID a qualified CDI name; left out
+    when empty. Other sources, other kinds, and entries not in that shape name no GPU."""
+    info = {
+        "DiscoveredDevices": [
+            {"Source": "cdi", "ID": "nvidia.com/gpu=0"},
+            {"Source": "cdi", "ID": f"nvidia.com/gpu={RTX}"},
+            {"Source": "cdi", "ID": "nvidia.com/gpu=all"},
+            {"Source": "cdi", "ID": "amd.com/gpu=0"},
+            {"Source": "other", "ID": "nvidia.com/gpu=1"},
+            {"Source": "cdi"},
+            "nvidia.com/gpu=2",
+            None,
+        ]
+    }
+    assert cdi.discovered(info) == ["0", RTX, "all"]
+    assert cdi.discovered({"CDISpecDirs": ["/etc/cdi"]}) is None  # an older daemon, or CDI off
+    assert cdi.discovered({"DiscoveredDevices": None}) is None
+    assert cdi.discovered({"DiscoveredDevices": []}) == []
 
 
 def test_the_way_to_pin() -> None:
