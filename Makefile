@@ -44,6 +44,8 @@ help:
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26 or 28.5: that engine's; ENGINES=20.10 runs the tests on one)"
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
+	@echo "make podman-up     the sandboxed podman 4.3 service with the test image (prints DOCKER_HOST); podman-down"
+	@echo "make test-podman   the podman tests (tests/docker/test_podman.py), podman and the first engine required"
 	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
 # apt waits up to 10 minutes for its lock (unattended-upgrades may hold it) instead of failing at once; on apt 2.6
@@ -96,6 +98,25 @@ swarm-up: image-test
 
 swarm-down:
 	@$(SWARM) down
+
+# The sandboxed podman 4.3 service (tests/sandbox/podman.sh installs podman as docker.io is installed), with the test
+# image built there by podman itself; tests/docker/test_podman.py runs against it (docs/podman.md).
+.PHONY: podman-up podman-down
+podman-up: wheels fakegpu
+	@tests/sandbox/podman.sh up >/dev/null
+	@out=$$(tests/sandbox/podman.sh podman build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . 2>&1) || \
+	  { echo "$$out" >&2; echo "make: the test image did not build on podman" >&2; exit 1; }
+	@tests/sandbox/podman.sh env | head -1
+
+podman-down:
+	@tests/sandbox/podman.sh down
+
+# The podman tests (the cross-runtime one on the first engine's Docker sandbox too), with podman required.
+.PHONY: test-podman
+test-podman: ENGINES := $(firstword $(ENGINES))
+test-podman: test-tools image-test podman-up
+	@export $(REQUIRED) GPUPIN_TEST_ENGINES=$(ENGINES) GPUPIN_TEST_REQUIRE_PODMAN=1; \
+	  $(call TIER,tests/docker/test_podman.py,docker)
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK). The wheel is built
 # in build isolation (setuptools from [build-system]), so the venv needs no setuptools or wheel of its own.

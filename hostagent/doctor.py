@@ -426,15 +426,21 @@ def examine(host: HostFiles) -> Report:
     except GpupinError as err:
         findings.append(Finding("NVML", err.message, err.hint or "check `nvidia-smi`"))
     from gpupin.hostagent import engine
+    from gpupin.hostagent.engine import podman
 
     info: dict[str, Any] | None = None
     try:
-        info = engine.info(engine.reader(timeout=10))
+        reader = engine.reader(timeout=10)
+        info = engine.info(reader)
     except GpupinError as err:
         findings.append(Finding("docker", f"{err.message}: the daemon's checks were skipped", err.hint, ERROR))
     if info is not None:
         findings += check_dev_char(host, str(info.get("CgroupDriver") or ""))
         cdi_served = engine.cdi_detection(info).served
+        if podman.version(reader):  # its /info lists no CDI folder: podman 4 reads /etc/cdi and /var/run/cdi
+            from gpupin.hostagent.engine import cdi
+
+            cdi_served = bool(cdi.read_spec_dirs(_spec_dirs(host, info)))
         findings += check_runtime(info, host, cdi_served)
         findings += check_swarm_resource(info, host, cards)
         if cards and engine.endpoint().unix_path is not None:  # a remote daemon's devices are another host's

@@ -26,7 +26,7 @@ from gpupin.core.contract import ALL, NONE, NVD_VAR, SWARM_PREFIX, VOID, nvd_key
 from gpupin.core.errors import GpupinError
 from gpupin.core.identity import is_uuid_like
 from gpupin.core.resolve import by_minor, resolve
-from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.engine import cdi, podman
 from gpupin.hostagent.ledger import nodes
 
 TYPE_CHECKING = False
@@ -307,6 +307,24 @@ def device_files(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     return grants
 
 
+def oci_devices(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """Podman: the card nodes of the OCI spec podman wrote (gpupin.hostagent.engine.podman.read_oci_spec), however
+    they came (a CDI device, `--gpus` mapped onto CDI, `--device /dev/nvidiaN`): podman's inspect shows no CDI
+    device."""
+    found = c.get(podman.OCI_KEY) or []
+    minors = [
+        m
+        for d in found
+        if str(d.get("type") or "c") == "c" and isinstance(d.get("major"), int) and isinstance(d.get("minor"), int)
+        for m in [nodes.card_minor(d["major"], d["minor"])]
+        if m is not None
+    ]
+    if not minors:
+        return []
+    uuids, unknown = host.by_minors(sorted(set(minors)), "podman OCI device")
+    return [CardGrant("oci-device", "a card node in podman's OCI spec", uuids, unknown)]
+
+
 class Rule:
     """One device-cgroup rule (`TYPE MAJOR:MINOR ACCESS`, as `--device-cgroup-rule` writes it) as it concerns
     the cards: the card minors it allows (None: all), and whether it lets a node be made (`m`) or opened."""
@@ -439,6 +457,7 @@ FORMS: tuple[HoldingForm, ...] = (
     HoldingForm("bind-mount", "a bind mount of device files", bind_mounts),
     HoldingForm("device-cgroup", "--device-cgroup-rule", device_cgroup),
     HoldingForm("privileged", "--privileged", privileged),
+    HoldingForm("oci-device", "podman (CDI or device node)", oci_devices),
 )
 WAY = {f.name: f.way for f in FORMS}
 

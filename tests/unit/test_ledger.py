@@ -95,6 +95,7 @@ def test_the_table_names_each_form_once() -> None:
         "bind-mount",
         "device-cgroup",
         "privileged",
+        "oci-device",
     ]
     assert len(set(names)) == len(names)
 
