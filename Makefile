@@ -12,6 +12,7 @@ export FAKEGPU_TOPOLOGY ?= $(CURDIR)/tests/fakegpu/scenarios/mixed-4.json
 SANDBOX := tests/sandbox/sandbox.sh
 # The Docker engines the sandbox runs and every docker-path test runs on: Debian 12's 20.10 (docker-compose 1.29)
 # and Debian 13's Engine 26 (compose v2, CDI), unpacked under build/engines/26 (GPUPIN_SANDBOX_ENGINE, sandbox.sh).
+# sid's Engine 28.5 (compose v2.40, CDI on by default, DiscoveredDevices) is one more: ENGINES=28.5 picks it.
 ENGINES ?= 20.10 26
 # GPUPIN_SANDBOX_NAME=NAME runs one more sandbox beside the default one (a second checkout, a helper's worktree).
 export GPUPIN_SANDBOX_NAME ?=
@@ -22,7 +23,7 @@ SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TO
 TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
-.PHONY: help setup fakegpu engine26 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
+.PHONY: help setup fakegpu engine26 engine28.5 sandbox-up sandbox-down sandbox-purge slurm-up slurm-down wheels image \
 	image-test test-tools test test-unit test-docker test-cluster test-gpu soak fuzz lint bench demo shell clean
 
 help:
@@ -41,8 +42,10 @@ help:
 	@echo "make dist          the sdist and the wheel into dist/"
 	@echo "make image         the training image (BASE_IMAGE=... to change its base) from offline wheels"
 	@echo "make sandbox-up    start the sandboxed Docker daemon (prints DOCKER_HOST); sandbox-down stops it"
-	@echo "                   (GPUPIN_SANDBOX_ENGINE=26: the Engine 26 one; ENGINES=20.10 runs the tests on one engine)"
+	@echo "                   (GPUPIN_SANDBOX_ENGINE=26 or 28.5: that engine's; ENGINES=20.10 runs the tests on one)"
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
+	@echo "make podman-up     the sandboxed podman 4.3 service with the test image (prints DOCKER_HOST); podman-down"
+	@echo "make test-podman   the podman tests (tests/docker/test_podman.py), podman and the first engine required"
 	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
 # apt waits up to 10 minutes for its lock (unattended-upgrades may hold it) instead of failing at once; on apt 2.6
@@ -66,9 +69,12 @@ fakegpu: setup
 sandbox-up: fakegpu
 	@$(SANDBOX) up
 
-# Engine 26 from Debian 13's packages, unpacked under build/engines/26 (sandbox-up fetches it too when needed).
+# Engine 26 from Debian 13's packages, unpacked under build/engines/26 (sandbox-up fetches it too when needed);
+# Engine 28.5 from sid's, under build/engines/28.5.
 engine26:
 	@GPUPIN_SANDBOX_ENGINE=26 $(SANDBOX) install
+engine28.5:
+	@GPUPIN_SANDBOX_ENGINE=28.5 $(SANDBOX) install
 
 sandbox-down:
 	@for e in $(ENGINES); do GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) down || exit 1; done
@@ -92,6 +98,25 @@ swarm-up: image-test
 
 swarm-down:
 	@$(SWARM) down
+
+# The sandboxed podman 4.3 service (tests/sandbox/podman.sh installs podman as docker.io is installed), with the test
+# image built there by podman itself; tests/docker/test_podman.py runs against it (docs/podman.md).
+.PHONY: podman-up podman-down
+podman-up: wheels fakegpu
+	@tests/sandbox/podman.sh up >/dev/null
+	@out=$$(tests/sandbox/podman.sh podman build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . 2>&1) || \
+	  { echo "$$out" >&2; echo "make: the test image did not build on podman" >&2; exit 1; }
+	@tests/sandbox/podman.sh env | head -1
+
+podman-down:
+	@tests/sandbox/podman.sh down
+
+# The podman tests (the cross-runtime one on the first engine's Docker sandbox too), with podman required.
+.PHONY: test-podman
+test-podman: ENGINES := $(firstword $(ENGINES))
+test-podman: test-tools image-test podman-up
+	@export $(REQUIRED) GPUPIN_TEST_ENGINES=$(ENGINES) GPUPIN_TEST_REQUIRE_PODMAN=1; \
+	  $(call TIER,tests/docker/test_podman.py,docker)
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK). The wheel is built
 # in build isolation (setuptools from [build-system]), so the venv needs no setuptools or wheel of its own.

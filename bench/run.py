@@ -31,7 +31,9 @@ Runs alternate (A B B A A B ...) so that drift in the machine's load hits both s
 The environment is the simulated host's (the Makefile's SIMHOST); on a real GPU host, run the `entrypoint` part
 with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as bench/records/real-gpu.md shows. `--engines 20.10 26`
 runs the docker parts on each engine's sandbox (tests/sandbox/sandbox.sh env: its address and its own docker CLI)
-and prints them side by side; without it they run against DOCKER_HOST with the docker CLI on PATH.
+and prints them side by side; without it they run against DOCKER_HOST with the docker CLI on PATH. `--engines podman`
+runs them against the sandboxed podman service (tests/sandbox/podman.sh, `make podman-up`), the floor being `podman
+--remote run --device nvidia.com/gpu=U` through the same service.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ BIN = Path(sys.executable).parent
 DOCKER = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else "docker"
 IMAGE = os.environ.get("GPUPIN_BENCH_IMAGE", "gpupin:test")
 SANDBOX = REPO / "tests" / "sandbox" / "sandbox.sh"
+PODMAN_SANDBOX = REPO / "tests" / "sandbox" / "podman.sh"
 
 # The floor's child: the bare minimum a process must do to learn what cuda:k is (no gpupin code).
 BARE_CUDA_PROBE = (
@@ -105,9 +108,12 @@ class Engine:
         self.name = name
         self.env = env
         self.docker = docker
+        self.cli = [docker]  # the command line of its CLI (podman's: several words)
 
     @classmethod
     def sandbox(cls, name: str) -> Engine:
+        if name == "podman":  # the sandboxed podman service (tests/sandbox/podman.sh); its CLI is `podman --remote`
+            return cls.podman()
         out = subprocess.run(
             [str(SANDBOX), "env"],
             env={**os.environ, "GPUPIN_SANDBOX_ENGINE": name},
@@ -120,6 +126,14 @@ class Engine:
         if "DOCKER_CONFIG" in info:
             env["DOCKER_CONFIG"] = info["DOCKER_CONFIG"]
         return cls(name, env, info["GPUPIN_SANDBOX_DOCKER"])
+
+    @classmethod
+    def podman(cls) -> Engine:
+        out = subprocess.run([str(PODMAN_SANDBOX), "env"], capture_output=True, text=True, check=True).stdout
+        info = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        engine = cls("podman", {**os.environ, "DOCKER_HOST": info["DOCKER_HOST"]}, "")
+        engine.cli = info["GPUPIN_SANDBOX_PODMAN"].split()
+        return engine
 
     @property
     def prefix(self) -> str:
@@ -248,7 +262,7 @@ def bench_run(n: int, results: dict[str, object], engine: Engine) -> None:
         if "--device nvidia.com/gpu=" in line
         else ("nvidia", ["--gpus", f"device={uuid}"])
     )
-    dk = [engine.docker, "run", "--rm", *pin, IMAGE, "--quiet", "true"]
+    dk = [*engine.cli, "run", "--rm", *pin, IMAGE, "--quiet", "true"]
     from bench.agent_bench import ResidentAgent
 
     agent = ResidentAgent(engine.env, str(BIN / "hostagent"))
@@ -355,7 +369,7 @@ def bench_ls(n: int, results: dict[str, object], engine: Engine, containers: int
     try:
         env = engine.env
         ha = [str(BIN / "hostagent"), "ls", "--json"]
-        dk = [engine.docker, "ps", "-a", "--filter", "label=gpupin.devices"]
+        dk = [*engine.cli, "ps", "-a", "--filter", "label=gpupin.devices"]
         ours, floor = side_by_side(lambda: timed(ha, env), lambda: timed(dk, env), n)
         report(f"{engine.prefix}hostagent ls --json vs docker ps ({containers} pinned)", ours, floor, 1.5, results)
     finally:

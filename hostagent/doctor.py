@@ -7,7 +7,8 @@ The traps, each silent until a workload lands on the wrong card or loses its car
 - persistence mode off: the driver tears a card down when its last client leaves, so each container start pays the
   card's init again (seconds under the NVIDIA hook), and slow starts hold the ledger's lock longer;
 - a CDI spec whose cards differ from NVML's (a card added or replaced since `nvidia-ctk cdi generate`): a CDI name
-  then gives another card than it says, or none;
+  then gives another card than it says, or none; read from the spec files, and on Engine 28.2+ from the devices
+  the daemon itself discovered (`docker info`'s DiscoveredDevices), one line per card;
 - a CDI spec generated for another driver than the one loaded (a driver upgrade without nvidia-cdi-refresh): its
   library mounts name the old driver's files, and a container given a card through it fails to start;
 - a CDI spec of version 0.7 or later (toolkit 1.19.1's default) on an Engine before 26.1, which cannot read it;
@@ -170,6 +171,47 @@ def check_cdi(host: HostFiles, info: Mapping[str, Any] | None, cards: Sequence[C
     return findings
 
 
+def check_discovered(info: Mapping[str, Any], cards: Sequence[Card]) -> list[Finding]:
+    """The nvidia.com/gpu devices the daemon discovered (Engine 28.2+'s DiscoveredDevices: what a CDI name
+    resolves against) against NVML's cards, one line per card: one NVML has that the daemon does not discover, one
+    the daemon discovers that NVML does not have. Cards are matched by UUID where the daemon names any by UUID,
+    else by index (the `index` name strategy alone)."""
+    from gpupin.core.identity import is_uuid_like
+    from gpupin.hostagent.engine import cdi
+
+    names = cdi.discovered(info)
+    if not names:
+        return []  # no list (older daemon, CDI off) or no NVIDIA device: check_runtime and check_cdi say so
+    by_uuid = any(is_uuid_like(n) for n in names)
+    known = {c.uuid for c in cards if c.uuid} | {m.uuid for c in cards for m in c.mig_devices if m.uuid}
+    hint = "regenerate the CDI spec (`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`, or nvidia-cdi-refresh)"
+    specs = {cdi.as_spec(n) for n in names}  # `gpu2` (the type-index strategy) is index 2
+    findings = []
+    for c in cards:
+        if (c.uuid if by_uuid else str(c.index)) not in specs:
+            findings.append(
+                Finding(
+                    "docker",
+                    f"the daemon discovers no {cdi.KIND} device for card {c.index} ({c.uuid}), which NVML has: "
+                    "a CDI name cannot give it",
+                    hint,
+                )
+            )
+    for n in names:
+        spec = cdi.as_spec(n)
+        stale = n not in known if is_uuid_like(n) else spec.isascii() and spec.isdigit() and int(spec) >= len(cards)
+        if stale:
+            findings.append(
+                Finding(
+                    "docker",
+                    f"the daemon discovers {cdi.name(n)}, which NVML does not have: that CDI name gives another "
+                    "card than it says, or none",
+                    hint,
+                )
+            )
+    return findings
+
+
 # The toolkit locates the driver's libraries by the driver's version and mounts each by its versioned name
 # (libcuda.so.580.95.05): the spec's driver is in those names.
 _LIB_VERSION = re.compile(r"lib(cuda|nvidia-ml)\.so\.([0-9]+(?:\.[0-9]+)+)")
@@ -313,6 +355,24 @@ def check_swarm_resource(info: Mapping[str, Any], host: HostFiles, cards: Sequen
     return [f for f in result.findings if "default runtime" not in f.problem]  # said once, by check_runtime
 
 
+def check_policy(host: HostFiles) -> list[Finding]:
+    """The host's policy file, when there is one (docs/policy.md): each mistake, which the agent would not take."""
+    from gpupin.hostagent.policy import DEFAULT_PATH, check_policy, policy_path
+
+    path = policy_path() if host.root == "/" else host.path(DEFAULT_PATH)
+    if not os.path.lexists(path):
+        return []
+    return [
+        Finding(
+            path,
+            f"the policy has a mistake: {m}",
+            "fix it (`hostagent policy check`), then `systemctl reload gpupin-hostagent`: meanwhile the agent keeps "
+            "the last good policy it read",
+        )
+        for m in check_policy(path)
+    ]
+
+
 def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
     if info is not None and info.get("CgroupDriver"):
         return f"cgroup v{shown(info.get('CgroupVersion') or '?')} with the {shown(info['CgroupDriver'])} driver"
@@ -324,8 +384,9 @@ def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
 
 DESCRIPTION = (
     "Check this GPU host for the traps that break pins: /dev/char links missing under the systemd cgroup "
-    "driver, persistence mode off, a CDI spec whose cards differ from NVML's or that was generated for another "
-    "driver, a CDI 0.7 spec on an Engine before 26.1, the NVIDIA hook or runtime "
+    "driver, persistence mode off, a CDI spec (or the daemon's discovered CDI devices) whose cards differ from "
+    "NVML's, or that was generated for another driver, a CDI 0.7 spec on an Engine before 26.1, the NVIDIA hook "
+    "or runtime "
     "missing, a Swarm node's default runtime and the toolkit's swarm-resource. One line per finding, each "
     "with a HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage."
 )
@@ -365,20 +426,29 @@ def examine(host: HostFiles) -> Report:
     except GpupinError as err:
         findings.append(Finding("NVML", err.message, err.hint or "check `nvidia-smi`"))
     from gpupin.hostagent import engine
+    from gpupin.hostagent.engine import podman
 
     info: dict[str, Any] | None = None
     try:
-        info = engine.info(engine.reader(timeout=10))
+        reader = engine.reader(timeout=10)
+        info = engine.info(reader)
     except GpupinError as err:
         findings.append(Finding("docker", f"{err.message}: the daemon's checks were skipped", err.hint, ERROR))
     if info is not None:
         findings += check_dev_char(host, str(info.get("CgroupDriver") or ""))
         cdi_served = engine.cdi_detection(info).served
+        if podman.version(reader):  # its /info lists no CDI folder: podman 4 reads /etc/cdi and /var/run/cdi
+            from gpupin.hostagent.engine import cdi
+
+            cdi_served = bool(cdi.read_spec_dirs(_spec_dirs(host, info)))
         findings += check_runtime(info, host, cdi_served)
         findings += check_swarm_resource(info, host, cards)
+        if cards and engine.endpoint().unix_path is not None:  # a remote daemon's devices are another host's
+            findings += check_discovered(info, cards)
     if cards:
         findings += check_cdi(host, info, cards)
     findings += check_cdi_versions(host, info, nvml.driver_version() if cards else None)
+    findings += check_policy(host)
     summary = f"{len(cards)} card(s), {cgroup_line(info, host)}"
     return Report(findings, summary)
 

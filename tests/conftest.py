@@ -3,7 +3,7 @@ daemons, hostagent against them; and the tiers themselves (README.md in this fol
 
 Tests that need the daemon use the `sandbox` fixture (or `sandboxes`, `agent`). It skips when no sandbox answers,
 except under CI=true or GPUPIN_TEST_REQUIRE_DOCKER=1 (what `make test` sets), where a missing daemon is a failure.
-The fixture is parametrized over the Docker engines (ids "20.10" and "26"; GPUPIN_TEST_ENGINES picks some, as
+The fixture is parametrized over the Docker engines (ids "20.10", "26", "28.5"; GPUPIN_TEST_ENGINES picks some, as
 `make test ENGINES=...` does): every docker-path test runs once per engine, each engine on its own sandbox.
 What the tests share besides fixtures is in tests/support.
 """
@@ -20,7 +20,7 @@ from hypothesis import settings
 from tests.support.engines import engine_for, engine_free_name, on_this_engine
 from tests.support.host import FAKEGPU, REPO, required
 from tests.support.hypo import BASE
-from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test
+from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test, serves_cdi
 from tests.support.spawn import default_signals_at_exec
 from tests.support.watch import Running
 
@@ -90,11 +90,12 @@ def agent_any(request: pytest.FixtureRequest, sandboxes: Sandboxes) -> Iterator[
 
 
 @pytest.fixture
-def agent26(sandboxes: Sandboxes) -> Iterator[Agent]:
-    """An Agent on Engine 26's sandbox alone: for what only an engine with CDI does."""
-    if "26" not in engines_under_test():
-        pytest.skip("Engine 26 is not among GPUPIN_TEST_ENGINES")
-    yield from agent_on(sandboxes.get("26"))
+def agent_cdi(sandbox: Sandbox) -> Iterator[Agent]:
+    """An Agent on the sandbox of each engine with CDI (26, 28.5): for what only such an engine does; skipped on
+    the others."""
+    if not serves_cdi(sandbox):
+        pytest.skip(f"Engine {sandbox.engine} has no CDI")
+    yield from agent_on(sandbox)
 
 
 @pytest.fixture
@@ -140,7 +141,7 @@ FIXTURE_NEEDS = {
     "sandbox": "docker",
     "mixed4_sandbox": "docker",
     "agent": "docker",
-    "agent26": "docker",
+    "agent_cdi": "docker",
     "agent_any": "docker",
     "swarm": "swarm",
     "slurm": "slurm",

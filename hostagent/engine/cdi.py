@@ -205,17 +205,26 @@ def read_spec_dirs(dirs: Sequence[str], refused: list[tuple[str, str]] | None = 
     return out
 
 
+def discovered(info: Mapping[str, Any]) -> list[str] | None:
+    """The nvidia.com/gpu device names among the devices the daemon discovered (`DiscoveredDevices`, Engine API
+    1.50+, Engine 28.2+: a list of DeviceInfo {"Source": "cdi", "ID": "nvidia.com/gpu=0"}); None when /info has no
+    such list (an older daemon, or CDI off: the list is left out when empty). Other sources and kinds name no GPU."""
+    found = info.get("DiscoveredDevices")
+    if not isinstance(found, list):
+        return None
+    return [
+        dev
+        for d in found
+        if isinstance(d, dict) and str(d.get("Source") or "") == CDI
+        for dev in [gpu_device(str(d.get("ID") or ""))]
+        if dev is not None
+    ]
+
+
 def detect(info: Mapping[str, Any], local: bool) -> Detection:
     """What a daemon's `GET /info` (and, for a daemon on this host, its spec folders) says of nvidia.com/gpu."""
-    discovered = info.get("DiscoveredDevices")
-    if isinstance(discovered, list):
-        names = [
-            dev
-            for d in discovered
-            if isinstance(d, dict) and str(d.get("Source") or "") == CDI
-            for dev in [gpu_device(str(d.get("ID") or ""))]
-            if dev is not None
-        ]
+    names = discovered(info)
+    if names is not None:
         if names:
             return Detection(True, f"the daemon discovered {len(names)} {KIND} CDI device(s)", names)
         return Detection(False, f"the daemon discovered no {KIND} CDI device", ())

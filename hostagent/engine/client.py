@@ -75,4 +75,5 @@ def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
     agreed = DEFAULT_DOCKER_API_VERSION if version_lt(DEFAULT_DOCKER_API_VERSION, server) else server
     api = client(agreed)
     api.gpupin_server_version = server  # the daemon's own API version (the agreed one may be the SDK's, lower)
+    api.gpupin_podman = ping.headers.get("Libpod-Api-Version")  # podman's version (gpupin.hostagent.engine.podman)
     return api

@@ -3,7 +3,7 @@ place (`daemon_view`) that asks it for a run, with the agent or without, and for
 
 from __future__ import annotations
 
-from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.engine import cdi, podman
 from gpupin.hostagent.engine.address import endpoint
 from gpupin.hostagent.engine.reader import fetch
 
@@ -47,5 +47,7 @@ def daemon_view(
 ) -> tuple[dict[str, Any] | None, cdi.Detection]:
     """One /info (`info_of`: how to get it; the resident agent keeps it a few seconds): whether the daemon serves
     CDI (unless not `ask`ed: --via says how, or its API predates CDI), and its runtimes for the ledger."""
+    if podman.version(api):  # its API version (1.41) predates CDI, yet podman resolves CDI names itself
+        return (info_of(api) if ask else None), podman.DETECTION
     daemon_info = info_of(api) if ask and may_serve_cdi(api) else None
     return daemon_info, cdi_detection(daemon_info) if daemon_info is not None else NO_CDI

@@ -85,6 +85,9 @@ def created_time(text: str) -> float:
     return when + offset + (float("0." + frac) if frac else 0.0)
 
 
+_LIBPOD = "libpod-api-version:"
+
+
 class EngineReader:
     """Read-only Engine API calls over a unix socket, with the method names of docker.APIClient that the ledger
     uses (`containers`, `inspect_container`, `info`). Plain HTTP/1.0 on a socket: the daemon then closes the
@@ -94,6 +97,7 @@ class EngineReader:
     def __init__(self, path: str, timeout: float | None = 60.0) -> None:
         self.path = path
         self.timeout = timeout
+        self.gpupin_podman: str | None = None
 
     def get(
         self, path: str, params: Mapping[str, str] | None = None, timeout: float | None = None
@@ -114,6 +118,10 @@ class EngineReader:
         status_line = lines[0].split()
         status = int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else 0
         date = next((ln.split(":", 1)[1].strip() for ln in lines[1:] if ln[:5].lower() == "date:"), None)
+        # podman says its version on every answer (gpupin.hostagent.engine.podman)
+        libpod = next((ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.lower().startswith(_LIBPOD)), None)
+        if libpod:
+            self.gpupin_podman = libpod
         return _decode(path, status, body), http_date(date)
 
     def containers(self, all: bool = False, filters: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -151,6 +159,8 @@ def fetch(
         body = res.content
     except Exception as err:
         raise unavailable(err) from None
+    if res.headers.get("Libpod-Api-Version"):  # podman says its version on every answer
+        api.gpupin_podman = res.headers["Libpod-Api-Version"]
     return _decode(path, res.status_code, body), http_date(res.headers.get("Date"))
 
 

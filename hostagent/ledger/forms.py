@@ -5,7 +5,8 @@ What each row reads with: the host it reads for (HostCards: its cards, its runti
 this machine's), the CardGrant it returns, and the few readers of `docker inspect` data that several rows share.
 
 The families of rows:
-- cards an engine hands out on request: the nvidia driver's device requests (`--gpus`), CDI device requests
+- cards an engine hands out on request: the nvidia drivers' device requests (`--gpus`, read alike whether the
+  engine carries them by the hook or, Engine 29 with nvidia-cdi-hook, by CDI), CDI device requests
   (`--device nvidia.com/gpu=...`) and CDI annotations (`cdi.k8s.io/*`, which the toolkit's CDI modes inject from
   the OCI spec whatever the engine does with them);
 - cards a runtime picks from the container's environment: the nvidia runtime reading NVIDIA_VISIBLE_DEVICES (ids,
@@ -25,7 +26,7 @@ from gpupin.core.contract import ALL, NONE, NVD_VAR, SWARM_PREFIX, VOID, nvd_key
 from gpupin.core.errors import GpupinError
 from gpupin.core.identity import is_uuid_like
 from gpupin.core.resolve import by_minor, resolve
-from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.engine import cdi, podman
 from gpupin.hostagent.ledger import nodes
 
 TYPE_CHECKING = False
@@ -39,6 +40,11 @@ if TYPE_CHECKING:
 # The capabilities moby's nvidia device driver answers to (daemon/nvidia_linux.go): a request with no driver
 # goes to it when one of its capability sets is made only of these.
 NVIDIA_CAPABILITIES = frozenset({"gpu", "nvidia", "compute", "compat32", "graphics", "utility", "video", "display"})
+# moby's NVIDIA device drivers: `nvidia` (what --gpus asks for), and since Engine 29 (moby#50228) the two it
+# tries in turn, which a request may name itself (`--gpus driver=nvidia.cdi,...`): `nvidia.cdi` turns the
+# request's ids into nvidia.com/gpu CDI names, `nvidia.runtime-hook` hands them to the hook. HostConfig keeps the
+# request as it was sent either way: the ids (a count: 0..N-1, -1: all) are read the same.
+NVIDIA_DRIVERS = ("nvidia", "nvidia.cdi", "nvidia.runtime-hook")
 
 
 class HostCards:
@@ -131,7 +137,7 @@ def nvidia_requests(c: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     for req in host_config(c).get("DeviceRequests") or []:
         driver = req.get("Driver") or ""
         groups = req.get("Capabilities") or []
-        if driver == "nvidia" or (not driver and any(set(g or ()) <= NVIDIA_CAPABILITIES for g in groups)):
+        if driver in NVIDIA_DRIVERS or (not driver and any(set(g or ()) <= NVIDIA_CAPABILITIES for g in groups)):
             out.append(req)
     return out
 
@@ -180,23 +186,27 @@ CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 
 
 def device_requests(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
-    """`--gpus` / DeviceRequests for the nvidia driver: ids, a count (the daemon hands out indices 0..N-1,
-    daemon/nvidia_linux.go), or all (count -1)."""
+    """`--gpus` / DeviceRequests for the nvidia drivers: ids (nvidia.com/gpu CDI names too, which `nvidia.cdi`
+    passes on as they are), a count (the daemon hands out indices 0..N-1, daemon/nvidia_linux.go), or all (count
+    -1). A request that names a driver of its own says so (`--gpus driver=nvidia.cdi,...`)."""
     grants = []
     for req in nvidia_requests(c):
         asked = [str(i) for i in req.get("DeviceIDs") or []]
         count = int(req.get("Count") or 0)
         if asked:
             uuids, unknown = ids(asked, host)
-            how = "--gpus device=" + ",".join(asked)
+            how = "device=" + ",".join(asked)
         elif count < 0:
-            uuids, unknown, how = host.every_card(), [], "--gpus all"
+            uuids, unknown, how = host.every_card(), [], "all"
         elif count > 0:
             uuids, unknown = ids([str(i) for i in range(count)], host)
-            how = f"--gpus {count}"
+            how = str(count)
         else:
             continue
-        grants.append(CardGrant("device-request", how, uuids, unknown))
+        driver = str(req.get("Driver") or "")
+        if driver not in ("", "nvidia"):  # the CLI's long form: --gpus driver=D,count=N|all,device=...
+            how = f"driver={driver}," + (how if how.startswith("device=") else f"count={how}")
+        grants.append(CardGrant("device-request", "--gpus " + how, uuids, unknown))
     return grants
 
 
@@ -295,6 +305,24 @@ def device_files(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
             continue  # nvidiactl, nvidia-uvm, the caps: needed beside a card, name none
         grants.append(CardGrant("device-file", f"--device {path}", uuids, unknown))
     return grants
+
+
+def oci_devices(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
+    """Podman: the card nodes of the OCI spec podman wrote (gpupin.hostagent.engine.podman.read_oci_spec), however
+    they came (a CDI device, `--gpus` mapped onto CDI, `--device /dev/nvidiaN`): podman's inspect shows no CDI
+    device."""
+    found = c.get(podman.OCI_KEY) or []
+    minors = [
+        m
+        for d in found
+        if str(d.get("type") or "c") == "c" and isinstance(d.get("major"), int) and isinstance(d.get("minor"), int)
+        for m in [nodes.card_minor(d["major"], d["minor"])]
+        if m is not None
+    ]
+    if not minors:
+        return []
+    uuids, unknown = host.by_minors(sorted(set(minors)), "podman OCI device")
+    return [CardGrant("oci-device", "a card node in podman's OCI spec", uuids, unknown)]
 
 
 class Rule:
@@ -429,6 +457,7 @@ FORMS: tuple[HoldingForm, ...] = (
     HoldingForm("bind-mount", "a bind mount of device files", bind_mounts),
     HoldingForm("device-cgroup", "--device-cgroup-rule", device_cgroup),
     HoldingForm("privileged", "--privileged", privileged),
+    HoldingForm("oci-device", "podman (CDI or device node)", oci_devices),
 )
 WAY = {f.name: f.way for f in FORMS}
 

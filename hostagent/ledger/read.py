@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gpupin.core.contract import LOCK_LABEL
 from gpupin.core.errors import DockerUnavailableError
+from gpupin.hostagent.engine import podman
 from gpupin.hostagent.engine.address import endpoint
 from gpupin.hostagent.engine.failures import EngineNotFound
 from gpupin.hostagent.engine.info import info, runtimes
@@ -93,6 +94,8 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
                 pid = (data.get("State") or {}).get("Pid")
                 if isinstance(pid, int) and pid > 0:
                     places[str(s["Id"])] = (pid, str((data.get("HostConfig") or {}).get("CgroupParent") or ""))
+                if host.local and podman.version(api) and state in ("running", "paused"):
+                    podman.read_oci_spec(api, str(s["Id"]), data)
                 h = ledger.holder(data, host, lease_state, labels)
             except EngineNotFound:
                 continue  # it went away between the list and the inspect

@@ -21,7 +21,7 @@ import signal
 from gpupin.core import nvml, readings
 from gpupin.core.errors import CardHeldError, DockerUnavailableError, GpupinError
 from gpupin.hostagent import engine, gpus, mark, say
-from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.engine import cdi, podman
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease, lock
@@ -233,7 +233,10 @@ def _create(api: Any, spec: ContainerSpec, guard: lock.LedgerLock) -> str:
     """Create the container inside the lock, then let the lock go (its commit); a commit past the lease removes
     what was made (the caller looks again)."""
     try:
-        cid = str(api.create_container_from_config(spec.config(api.api_version), **spec.create_args())["Id"])
+        if podman.version(api):  # its compatible API drops the pin (gpupin.hostagent.engine.podman)
+            cid = podman.create(api, spec.config(api.api_version), spec.req.name)
+        else:
+            cid = str(api.create_container_from_config(spec.config(api.api_version), **spec.create_args())["Id"])
         mark("created")
     except Exception as err:
         if engine.is_api_error(err):
@@ -324,6 +327,8 @@ def reserve(
                     assert refusal is not None
                     raise _held_error(refusal)
                 spec = ContainerSpec(req, chosen, _via(req, chosen, detection))
+                if podman.version(api):
+                    podman.refuse_nvidia(spec.pin.via, str(podman.version(api)))
                 spec.labels.update(owner)  # it holds its cards while its owner starts it
                 if admit is not None:
                     spec.labels.update(admit(ledger, len(chosen)))

@@ -1,6 +1,7 @@
-"""CDI on the sandboxes: what each engine does with it. Engine 26 (CDI on, the fake `nvidia-ctk cdi generate` spec)
-is pinned through CDI and its CDI holders block their cards; Docker 20.10 (no CDI) keeps the nvidia driver, and
-refuses a forced CDI pin as `docker run` would, leaving nothing behind. How hostagent finds what a daemon serves,
+"""CDI on the sandboxes: what each engine does with it. Engines 26 and 28.5 (CDI on, the fake `nvidia-ctk cdi
+generate` spec; 28.5 lists its devices in `docker info`) are pinned through CDI and their CDI holders block their
+cards; Docker 20.10 (no CDI) keeps the nvidia driver, and refuses a forced CDI pin as `docker run` would, leaving
+nothing behind. How hostagent finds what a daemon serves,
 and the pin itself: tests/unit/test_cdi.py."""
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def test_each_engine_says_whether_it_serves_the_cards_by_cdi(
     monkeypatch.setattr(address, "_ENDPOINT", engine.Endpoint(mixed4_sandbox.host, None, "DOCKER_HOST"))
     api = engine.connect(timeout=30)
     d = engine.cdi_detection(engine.info(api))
-    if serves_cdi(mixed4_sandbox):
+    if mixed4_sandbox.engine == "28.5":  # CDI on by default, and the daemon lists what it found: no file read
+        assert d.served and d.names == frozenset(NAMES) and f"discovered {len(NAMES)} nvidia.com/gpu" in d.why
+    elif serves_cdi(mixed4_sandbox):
         spec = mixed4_sandbox.run_dir / "cdi" / "nvidia.yaml"
         assert d.served and d.names is not None and set(NAMES) <= d.names and str(spec) in d.why
     else:
@@ -84,8 +87,8 @@ def test_via_overrides_what_the_daemon_serves(agent: Agent) -> None:
         assert len(agent.containers()) == 1  # the first one only
 
 
-def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(agent26: Agent) -> None:
-    a = agent26
+def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(agent_cdi: Agent) -> None:
+    a = agent_cdi
     cid = a.sandbox.docker(
         "run",
         "-d",
@@ -110,8 +113,8 @@ def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(agent26: Ag
     assert (holder["how"], holder["via"], holder["grants"][0]["form"]) == ("--device nvidia.com/gpu=1", "CDI", "cdi")
 
 
-def test_privileged_with_a_cdi_gpu_holds_every_card(agent26: Agent) -> None:
-    a = agent26
+def test_privileged_with_a_cdi_gpu_holds_every_card(agent_cdi: Agent) -> None:
+    a = agent_cdi
     mine = {**lease.claim(), "gpupin.test": a.tag}  # held while "being started": no privileged run needed
     a.sandbox.docker(
         "create",
@@ -130,10 +133,10 @@ def test_privileged_with_a_cdi_gpu_holds_every_card(agent26: Agent) -> None:
 
 
 @pytest.fixture
-def index_only_spec(agent26: Agent) -> Iterator[Agent]:
+def index_only_spec(agent_cdi: Agent) -> Iterator[Agent]:
     """The sandbox's spec regenerated with the `index` name strategy alone (nvidia-ctk's default before 1.14),
     then put back."""
-    spec = agent26.sandbox.run_dir / "cdi" / "nvidia.yaml"
+    spec = agent_cdi.sandbox.run_dir / "cdi" / "nvidia.yaml"
     kept = spec.read_bytes()
     env = dict(os.environ, FAKEGPU_TOPOLOGY=str(scenario("mixed-4")))
     tmp = spec.with_name(f".{uuid.uuid4().hex}.tmp")
@@ -153,7 +156,7 @@ def index_only_spec(agent26: Agent) -> Iterator[Agent]:
     )
     os.replace(tmp, spec)
     try:
-        yield agent26
+        yield agent_cdi
     finally:
         tmp.write_bytes(kept)
         os.replace(tmp, spec)
@@ -171,8 +174,8 @@ def test_a_spec_that_names_no_uuid_is_no_pin_so_the_nvidia_driver_pins(index_onl
     assert a.containers() == []
 
 
-def test_a_plain_cdi_container_runs_unpinned_and_says_why(agent26: Agent) -> None:
-    sb = agent26.sandbox
+def test_a_plain_cdi_container_runs_unpinned_and_says_why(agent_cdi: Agent) -> None:
+    sb = agent_cdi.sandbox
     r = sb.docker("run", "--rm", "--device", "nvidia.com/gpu=1", TEST_IMAGE)
     assert r.returncode == 0, r
     assert (

@@ -17,7 +17,7 @@ import yaml
 from gpupin.hostagent.compose import load
 from tests.support.compose import CDI_DEPLOY, devices
 from tests.support.host import REPO, hostagent, required
-from tests.support.sandbox import TEST_IMAGE, Sandbox
+from tests.support.sandbox import TEST_IMAGE, Sandbox, serves_cdi
 from tests.support.scenarios import uuids
 
 # Every engine runs these (each engine brings its own compose (1.29, v2) and its model): docs/testing.md, The engines.
@@ -109,7 +109,7 @@ def test_rendered_examples_start_and_each_service_proves_its_cards(
     mixed4_sandbox: Sandbox, tmp_path: Path, example: str, want: dict[str, list[tuple[str, str, str]]]
 ) -> None:
     file = rendered(example, tmp_path, mixed4_sandbox.host)
-    way = "cdi" if mixed4_sandbox.engine == "26" else "nvidia"  # what each engine's daemon serves
+    way = "cdi" if serves_cdi(mixed4_sandbox) else "nvidia"  # what each engine's daemon serves
     assert all(devices(s)[0]["driver"] == way for s in load.parse(file.read_text())["services"].values())
     run = ComposeRun(mixed4_sandbox, file)
     try:
@@ -201,9 +201,10 @@ def test_compose_v2_gpu_forms_render_to_files_each_engines_compose_runs(
         run.down()
 
 
-def test_what_older_compose_does_with_the_compose_v2_forms_as_written(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
+def test_what_each_compose_does_with_the_compose_v2_forms_as_written(mixed4_sandbox: Sandbox, tmp_path: Path) -> None:
     """Measured, as the warnings of `check` say: compose v2.26 starts a `gpus:` service with no GPU at all and
-    docker-compose 1.29 refuses the file; both pass a CDI name in `devices:` to the daemon as a device file."""
+    docker-compose 1.29 refuses the file; both pass a CDI name in `devices:` to the daemon as a device file. Compose
+    v2.40 (beside Engine 28.5) reads both: `gpus:` is the `--gpus` request, `devices:` CDI names the CDI driver's."""
     sb = mixed4_sandbox
     src = tmp_path / "gpus.yml"
     src.write_text(f"services:\n  trainer:\n    image: {TEST_IMAGE}\n{V2_FORMS['gpus']}\n")
@@ -215,17 +216,30 @@ def test_what_older_compose_does_with_the_compose_v2_forms_as_written(mixed4_san
         try:
             run.compose("up", "--no-color")
             cid = run.compose("ps", "-a", "-q", "trainer").stdout.strip()
-            info = json.loads(sb.docker("inspect", cid, check=True).stdout)[0]
-            assert not info["HostConfig"]["DeviceRequests"]  # the request was dropped: no GPU
+            requests = json.loads(sb.docker("inspect", cid, check=True).stdout)[0]["HostConfig"]["DeviceRequests"]
+            if sb.engine == "28.5":
+                assert [(r["Driver"], r["DeviceIDs"], r["Capabilities"]) for r in requests] == [
+                    ("", ["3", "1"], [["gpu"]])
+                ]
+            else:
+                assert not requests  # the request was dropped: no GPU
         finally:
             run.down()
     src.write_text(f"services:\n  trainer:\n    image: {TEST_IMAGE}\n{V2_FORMS['devices-cdi']}\n")
     run = ComposeRun(sb, src)
     try:
         r = run.compose("up", "--no-color")
-        assert r.returncode != 0 and "error gathering device information while adding custom device" in (
-            r.stdout + r.stderr
-        ), r
+        if sb.engine == "28.5":
+            cid = run.compose("ps", "-a", "-q", "trainer").stdout.strip()
+            host_config = json.loads(sb.docker("inspect", cid, check=True).stdout)[0]["HostConfig"]
+            assert r.returncode == 0 and not host_config["Devices"], r
+            assert [(q["Driver"], q["DeviceIDs"]) for q in host_config["DeviceRequests"]] == [
+                ("cdi", ["nvidia.com/gpu=3", f"nvidia.com/gpu={RTX}"])
+            ]
+        else:
+            assert r.returncode != 0 and "error gathering device information while adding custom device" in (
+                r.stdout + r.stderr
+            ), r
     finally:
         run.down()
 
@@ -266,7 +280,7 @@ def test_render_and_check_see_the_cards_running_pinned_containers_hold(mixed4_sa
         assert r.returncode == 0, r
         entry = devices(load.parse(r.stdout)["services"]["a"])[0]
         # Engine 26 serves the cards by CDI (its spec names them by UUID): render pins through it, as run does.
-        way = "cdi" if sb.engine == "26" else "nvidia"
+        way = "cdi" if serves_cdi(sb) else "nvidia"
         prefix = "nvidia.com/gpu=" if way == "cdi" else ""
         assert entry["driver"] == way and entry["device_ids"] == [prefix + u for u in (A800, A800C)]
     finally:

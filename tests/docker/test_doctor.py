@@ -60,6 +60,34 @@ def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(
     assert all(" HINT: " in ln for ln in lines[:-1]) and r.stderr == ""
 
 
+@pytest.mark.per_engine  # whether the engine lists its CDI devices
+def test_a_card_the_daemon_does_not_discover_and_one_nvml_lacks_are_a_line_each(
+    root: Path, mixed4_sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Engine 28.2+ lists the CDI devices it found (DiscoveredDevices): NVML's card 1 replaced since the spec was
+    written is a line for the new card, which the daemon does not discover, and one for the old, which NVML lacks.
+    An engine that lists nothing (20.10, 26) leaves the comparison to the spec files."""
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / doctor.HOOK).write_text("")
+    replaced = "GPU-0bad0bad-0000-4000-8000-000000000001"
+    topo = topology("mixed-4")
+    topo["gpus"][1]["uuid"] = replaced
+    path = tmp_path_factory.mktemp("topo") / "replaced.json"
+    path.write_text(json.dumps(topo))
+    r = doctor_on(root, mixed4_sandbox.host, FAKEGPU_TOPOLOGY=str(path))
+    info = json.loads(mixed4_sandbox.docker("info", "--format", "{{json .}}", check=True).stdout)
+    if not info.get("DiscoveredDevices"):
+        assert r.returncode == 0 and "discover" not in r.stdout, r
+        return
+    assert mixed4_sandbox.engine == "28.5"
+    assert r.returncode == doctor.EX_FINDINGS, r
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3 and lines[-1].startswith("2 finding(s): 4 card(s)"), lines
+    assert f"docker: the daemon discovers no nvidia.com/gpu device for card 1 ({replaced}), which NVML has" in lines[0]
+    assert f"docker: the daemon discovers nvidia.com/gpu={RTX}, which NVML does not have" in lines[1]
+    assert all(" HINT: regenerate the CDI spec" in ln for ln in lines[:2]) and r.stderr == ""
+
+
 @pytest.mark.per_engine  # the engine decides where its specs are and whether it reads CDI 0.7
 def test_a_spec_of_another_driver_is_a_line_and_cdi_07_only_before_engine_26_1(
     root: Path, mixed4_sandbox: Sandbox

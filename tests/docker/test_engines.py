@@ -1,4 +1,4 @@
-"""The engines the docker-path tests run on: each sandbox is the engine it claims to be, and Engine 26 really
+"""The engines the docker-path tests run on: each sandbox is the engine it claims to be, and Engines 26 and 28.5 really
 does CDI with the spec the fake `nvidia-ctk cdi generate` wrote: `docker run --device nvidia.com/gpu=...` gives a
 container whose fake NVML and CUDA see exactly the requested card, as on a real host with the toolkit's spec.
 """
@@ -8,13 +8,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.sandbox import TEST_IMAGE, Sandbox, Sandboxes, engines_under_test
+from tests.support.sandbox import TEST_IMAGE, Sandbox, serves_cdi
 from tests.support.scenarios import topology, uuids
 
 # Every engine runs these (what differs between the engines): docs/testing.md, The engines.
@@ -61,11 +60,12 @@ def hexid(uuid: str) -> str:
 
 
 @pytest.fixture
-def engine26(sandboxes: Sandboxes) -> Iterator[Sandbox]:
-    """Engine 26's sandbox, whatever topology it runs (the tests pick theirs)."""
-    if "26" not in engines_under_test():
-        pytest.skip("Engine 26 is not among GPUPIN_TEST_ENGINES")
-    yield sandboxes.get("26")
+def engine_cdi(sandbox: Sandbox) -> Sandbox:
+    """The sandbox of each engine with CDI (26, 28.5), whatever topology it runs (the tests pick theirs); skipped
+    on the others."""
+    if not serves_cdi(sandbox):
+        pytest.skip(f"Engine {sandbox.engine} has no CDI")
+    return sandbox
 
 
 def run_cdi(sb: Sandbox, *devices: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -92,13 +92,17 @@ def test_each_sandbox_is_the_engine_it_claims(sandbox: Sandbox) -> None:
         assert server["Version"].startswith("20.10.") and info["Client"]["Version"].startswith("20.10.")
         assert compose.stdout.strip().startswith("1.29.")
     else:
-        assert server["Version"].startswith("26.1.") and server["ApiVersion"] == "1.45"
-        assert info["Client"]["Version"].startswith("26.1.")
-        assert components["containerd"].startswith("1.7.")
-        assert compose.stdout.strip().startswith("2.26.")
+        version, api, containerd, compose_v = {
+            "26": ("26.1.", "1.45", "1.7.", "2.26."),
+            "28.5": ("28.5.", "1.51", "2.1.", "2.40."),
+        }[sandbox.engine]
+        assert server["Version"].startswith(version) and server["ApiVersion"] == api
+        assert info["Client"]["Version"].startswith(version)
+        assert components["containerd"].startswith(containerd)
+        assert compose.stdout.strip().startswith(compose_v)
         cdi_dirs = json.loads(sandbox.docker("info", "--format", "{{json .CDISpecDirs}}", check=True).stdout)
         assert cdi_dirs == [str(sandbox.run_dir / "cdi")]  # the sandbox's own, never /etc/cdi or /var/run/cdi
-    assert components["runc"].startswith("1.1.5")  # Debian 12's runc on both: trixie's needs glibc 2.38
+    assert components["runc"].startswith("1.1.5")  # Debian 12's runc on all: the newer ones need glibc 2.38
 
 
 @pytest.mark.parametrize(
@@ -111,8 +115,8 @@ def test_each_sandbox_is_the_engine_it_claims(sandbox: Sandbox) -> None:
     ],
     ids=["uuid", "index", "two-indices", "all"],
 )
-def test_a_cdi_device_gives_exactly_that_card(engine26: Sandbox, devices: tuple[str, ...], cards: list[str]) -> None:
-    seen, host_config = run_cdi(engine26.use("mixed-4"), *devices)
+def test_a_cdi_device_gives_exactly_that_card(engine_cdi: Sandbox, devices: tuple[str, ...], cards: list[str]) -> None:
+    seen, host_config = run_cdi(engine_cdi.use("mixed-4"), *devices)
     assert seen["nvml"] == [[u, []] for u in cards]
     # CUDA's default order is FASTEST_FIRST: the 4090 (8.9) before the A800s (8.0), then bus order.
     assert seen["cuda"] == [hexid(u) for u in sorted(cards, key=lambda u: u != RTX)]
@@ -127,8 +131,8 @@ def test_a_cdi_device_gives_exactly_that_card(engine26: Sandbox, devices: tuple[
 
 
 @pytest.mark.parametrize(("device", "mig"), [("0:1", MIG_GI2), (MIG_GI1, MIG_GI1)], ids=["index", "uuid"])
-def test_a_cdi_mig_device_gives_exactly_that_mig_device(engine26: Sandbox, device: str, mig: str) -> None:
-    seen, host_config = run_cdi(engine26.use("mig"), device)
+def test_a_cdi_mig_device_gives_exactly_that_mig_device(engine_cdi: Sandbox, device: str, mig: str) -> None:
+    seen, host_config = run_cdi(engine_cdi.use("mig"), device)
     assert seen["nvml"] == [[MIG_PARENT, [mig]]]
     assert seen["cuda"] == [hexid(mig)]
     assert seen["visible"] == "void"
@@ -138,8 +142,8 @@ def test_a_cdi_mig_device_gives_exactly_that_mig_device(engine26: Sandbox, devic
     ]
 
 
-def test_an_unknown_cdi_device_is_refused_and_nothing_runs(engine26: Sandbox) -> None:
-    sb = engine26.use("mixed-4")
+def test_an_unknown_cdi_device_is_refused_and_nothing_runs(engine_cdi: Sandbox) -> None:
+    sb = engine_cdi.use("mixed-4")
     name = f"gpupintest-cdi-{os.getpid()}-{next(_names)}"
     try:
         r = sb.docker("run", "--name", name, "--device", "nvidia.com/gpu=4", TEST_IMAGE, "true")
@@ -150,9 +154,9 @@ def test_an_unknown_cdi_device_is_refused_and_nothing_runs(engine26: Sandbox) ->
         sb.docker("rm", "-f", name)
 
 
-def test_compose_v2_runs_a_compose_file_with_a_cdi_device_request(engine26: Sandbox, tmp_path: Path) -> None:
+def test_compose_v2_runs_a_compose_file_with_a_cdi_device_request(engine_cdi: Sandbox, tmp_path: Path) -> None:
     """compose v2 passes a `driver: cdi` reservation through as the daemon's DeviceRequest."""
-    sb = engine26.use("mixed-4")
+    sb = engine_cdi.use("mixed-4")
     file = tmp_path / "compose.yml"
     file.write_text(f"""services:
   hello:

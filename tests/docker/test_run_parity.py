@@ -29,8 +29,11 @@ hostagent follows the current docker CLI: where Docker 20.10's CLI refuses a lin
 bind source, `-v ./data:/data`, made absolute since CLI 23), the line runs through Engine 26's CLI against the
 20.10 daemon too, and hostagent must equal that.
 
-The counts (lines, equal, both refused) of each engine, and what both sides said where both refused, are written to
-build/run-parity-ENGINE.txt for docs/run.md.
+Each line runs on one engine where the make targets run the engines side by side (docs/testing.md, The engines:
+what hostagent parses is the same whatever the engine, and the options landing in each engine's container are
+test_hostagent_run.py's, on every engine); a run on one engine (`make test-docker ENGINES=26
+PYTEST_ARGS=tests/docker/test_run_parity.py`) takes every line. The counts (lines, equal, both refused) of each
+engine, and what both sides said where both refused, are written to build/run-parity-ENGINE.txt for docs/run.md.
 """
 
 from __future__ import annotations
@@ -49,10 +52,6 @@ import pytest
 from gpupin.hostagent.ledger.lease import LEASE_LABEL, OWNER_LABEL
 from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.sandbox import ENGINES, TEST_IMAGE, Sandbox
-
-# Every engine runs these (the created container is the engine's own reading of the request): docs/testing.md,
-# The engines.
-pytestmark = pytest.mark.per_engine
 
 CORPUS = REPO / "tests" / "data" / "run-corpus.txt"
 COMMAND = ("sleep", "600")

@@ -1,7 +1,7 @@
 # Shell helpers shared by the simulated host's daemons and clusters (sourced, never run): messages, processes
 # started and stopped by their pid files, mounts a killed daemon left, Debian packages installed when missing,
-# the debootstrap root file system that every sandboxed daemon imports as its base image, and the Engine 26
-# binaries unpacked from Debian 13's packages.
+# the debootstrap root file system that every sandboxed daemon imports as its base image, and the newer
+# engines' binaries unpacked from Debian 13's and sid's packages.
 # The sourcing script sets SAY_AS (the name its messages start with) and REPO (the checkout) first.
 
 CACHE=${GPUPIN_CACHE:-/var/cache/gpupin}
@@ -95,56 +95,67 @@ build_rootfs() {
     exec 8>&-
 }
 
-# Engine 26: Debian 13 (trixie)'s dockerd, docker CLI, containerd 1.7, the compose v2 plugin and tini, unpacked with
-# `dpkg -x` into a private prefix of this checkout; nothing is installed over the system's packages. trixie's runc
-# needs glibc 2.38 (bookworm has 2.36), so it is never fetched: the daemons find Debian 12's runc on their PATH.
-ENGINE26_DIR=$REPO/build/engines/26
-ENGINE26_ROOT=$ENGINE26_DIR/root
+# Engines from Debian's newer releases: dockerd, the docker CLI, containerd, the compose v2 plugin and tini, unpacked
+# with `dpkg -x` into a private prefix of this checkout (build/engines/VERSION); nothing is installed over the
+# system's packages. Their runc needs glibc 2.38 (bookworm has 2.36), so it is never fetched: the daemons find
+# Debian 12's runc on their PATH. Engine 26 is Debian 13 (trixie)'s; Engine 28.5 is sid's.
 # tini: docker-init (`docker run --init`) is its static build.
-ENGINE26_PACKAGES=(docker.io docker-cli containerd docker-compose tini)
-# What the tests were written against; trixie's point releases keep these, a newer series would need a look.
+ENGINE_PACKAGES=(docker.io docker-cli containerd docker-compose tini)
+# What the tests were written against; a point release keeps these, a newer series would need a look.
 ENGINE26_VERSIONS=(docker.io:26.1. docker-cli:26.1. containerd:1.7. docker-compose:2.26.)
+ENGINE28_5_VERSIONS=(docker.io:28.5. docker-cli:28.5. containerd:2.1. docker-compose:2.40.)
 TRIXIE_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 
-fetch_engine26() {
-    local stamp=$ENGINE26_DIR/.unpacked
-    [ -s "$stamp" ] && [ -x "$ENGINE26_ROOT/usr/sbin/dockerd" ] && return 0
-    mkdir -p "$ENGINE26_DIR"
-    exec 7>"$ENGINE26_DIR/.lock"
+engine_dir() { echo "$REPO/build/engines/$1"; }
+
+fetch_engine() {
+    # fetch_engine VERSION: Engine 26 from trixie, Engine 28.5 from sid, into build/engines/VERSION/root.
+    local version=$1 suite versions dir root
+    case "$version" in
+        26) suite=trixie versions=("${ENGINE26_VERSIONS[@]}") ;;
+        28.5) suite=sid versions=("${ENGINE28_5_VERSIONS[@]}") ;;
+        *) die "no Debian release carries Engine $version here" ;;
+    esac
+    dir=$(engine_dir "$version") root=$(engine_dir "$version")/root
+    local stamp=$dir/.unpacked
+    [ -s "$stamp" ] && [ -x "$root/usr/sbin/dockerd" ] && return 0
+    mkdir -p "$dir"
+    exec 7>"$dir/.lock"
     flock 7
-    if [ -s "$stamp" ] && [ -x "$ENGINE26_ROOT/usr/sbin/dockerd" ]; then exec 7>&-; return 0; fi
+    if [ -s "$stamp" ] && [ -x "$root/usr/sbin/dockerd" ]; then exec 7>&-; return 0; fi
     local mirror
     mirror=$(debian_mirror) || exit 1
-    say "fetching Engine 26 (${ENGINE26_PACKAGES[*]}) from Debian 13 (trixie) at $mirror"
+    say "fetching Engine $version (${ENGINE_PACKAGES[*]}) from Debian $suite at $mirror"
     # apt with private sources, lists, cache and preferences: the system's apt state is neither read nor changed.
-    local apt=$REPO/build/engines/apt debs=$ENGINE26_DIR/debs
+    local apt=$REPO/build/engines/apt-$suite debs=$dir/debs
     rm -rf "$debs" && mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources.list.d" \
         "$apt/preferences.d" "$debs"
-    echo "deb [signed-by=$TRIXIE_KEYRING] $mirror trixie main" >"$apt/sources.list"
+    echo "deb [signed-by=$TRIXIE_KEYRING] $mirror $suite main" >"$apt/sources.list"
     local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o "Dir::Etc::sourceparts=$apt/sources.list.d"
                 -o "Dir::Etc::preferences=/dev/null" -o "Dir::Etc::preferencesparts=$apt/preferences.d"
                 -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=/dev/null"
                 -o "APT::Sandbox::User=root" -qq)
-    apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" update >"$apt/update.log" 2>&1 || die "apt-get update of trixie failed (see $apt/update.log). HINT: \
-trixie's archive keys come with debian-archive-keyring >= 2023.3+deb12u1 (apt-get install debian-archive-keyring); \
-DEBOOTSTRAP_MIRROR sets the mirror"
-    (cd "$debs" && apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" download "${ENGINE26_PACKAGES[@]}") >"$apt/download.log" 2>&1 \
-        || die "apt-get download ${ENGINE26_PACKAGES[*]} from trixie failed; see $apt/download.log"
-    local spec pkg want deb version
-    for spec in "${ENGINE26_VERSIONS[@]}"; do
+    apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" update >"$apt/update.log" 2>&1 \
+        || die "apt-get update of $suite failed (see $apt/update.log). HINT: $suite's archive keys come with a \
+recent debian-archive-keyring (apt-get install debian-archive-keyring); DEBOOTSTRAP_MIRROR sets the mirror"
+    (cd "$debs" && apt-get -o DPkg::Lock::Timeout=600 "${opts[@]}" download "${ENGINE_PACKAGES[@]}") \
+        >"$apt/download.log" 2>&1 \
+        || die "apt-get download ${ENGINE_PACKAGES[*]} from $suite failed; see $apt/download.log"
+    local spec pkg want deb got
+    for spec in "${versions[@]}"; do
         pkg=${spec%%:*} want=${spec#*:}
         deb=$(ls "$debs/${pkg}"_*.deb)
-        version=$(dpkg-deb -f "$deb" Version)
-        case "$version" in "$want"*) ;; *) die "trixie's $pkg is $version, not the ${want}x these tests expect. \
-HINT: check the Engine 26 tests against it, then update ENGINE26_VERSIONS in tests/sandbox/common.sh" ;; esac
+        got=$(dpkg-deb -f "$deb" Version)
+        # Debian's versions may carry an epoch (5:28.5.2+dfsg3-1).
+        case "${got#*:}" in "$want"*) ;; *) die "$suite's $pkg is $got, not the ${want}x these tests expect. \
+HINT: check the Engine $version tests against it, then update its versions in tests/sandbox/common.sh" ;; esac
     done
-    rm -rf "$ENGINE26_ROOT.tmp" && mkdir -p "$ENGINE26_ROOT.tmp"
-    for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$ENGINE26_ROOT.tmp"; done
-    rm -rf "$ENGINE26_ROOT" && mv "$ENGINE26_ROOT.tmp" "$ENGINE26_ROOT"
+    rm -rf "$root.tmp" && mkdir -p "$root.tmp"
+    for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$root.tmp"; done
+    rm -rf "$root" && mv "$root.tmp" "$root"
     # The docker CLI finds CLI plugins (compose v2) only in fixed system folders or those its config names.
-    mkdir -p "$ENGINE26_DIR/docker-config"
-    printf '{"cliPluginsExtraDirs": ["%s"]}\n' "$ENGINE26_ROOT/usr/libexec/docker/cli-plugins" \
-        >"$ENGINE26_DIR/docker-config/config.json"
+    mkdir -p "$dir/docker-config"
+    printf '{"cliPluginsExtraDirs": ["%s"]}\n' "$root/usr/libexec/docker/cli-plugins" >"$dir/docker-config/config.json"
     (cd "$debs" && ls ./*.deb) >"$stamp"
     rm -rf "$debs"  # unpacked is what is kept
     exec 7>&-

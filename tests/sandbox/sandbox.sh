@@ -4,25 +4,27 @@
 # accepts --gpus. It never talks to the system daemon or the system containerd.
 #
 #   sandbox.sh up       start it (installing docker.io, containerd, debootstrap and docker-compose if missing,
-#                       fetching Engine 26 into build/engines/26 when that is the engine), build the base image
-#                       once, print DOCKER_HOST=unix://... on stdout; restart it when it runs with another topology
+#                       fetching Engine 26 or 28.5 into build/engines/VERSION when that is the engine), build the
+#                       base image once, print DOCKER_HOST=unix://... on stdout; restart it when it runs with
+#                       another topology
 #   sandbox.sh down     remove its containers, stop it, unmount and remove its runtime state (the image cache stays)
 #   sandbox.sh purge    down, then remove the image cache and the shared root file system too
 #   sandbox.sh status   say whether it runs, and with which topology
 #   sandbox.sh install  install or fetch what the engine needs; start nothing
-#   sandbox.sh env      print what a client needs (KEY=VALUE lines: DOCKER_HOST, DOCKER_CONFIG for Engine 26,
+#   sandbox.sh env      print what a client needs (KEY=VALUE lines: DOCKER_HOST, DOCKER_CONFIG for Engines 26/28.5,
 #                       GPUPIN_SANDBOX_RUN, GPUPIN_SANDBOX_DOCKER: the engine's own docker CLI)
 #   sandbox.sh docker ARGS...   run the engine's docker CLI against the sandbox
 #
 # Environment: FAKEGPU_TOPOLOGY (default: the mixed-4 scenario); GPUPIN_SANDBOX_ENGINE: 20.10 (default: Debian 12's
-# docker.io and containerd 1.6) or 26 (Debian 13's Engine 26.1, containerd 1.7 and compose v2, with CDI on and a
-# CDI spec that the fake `nvidia-ctk cdi generate` writes from the topology); GPUPIN_SANDBOX_NAME (default empty:
+# docker.io and containerd 1.6), 26 (Debian 13's Engine 26.1, containerd 1.7 and compose v2, with CDI turned on and
+# a CDI spec that the fake `nvidia-ctk cdi generate` writes from the topology) or 28.5 (sid's Engine 28.5,
+# containerd 2.1 and compose v2.40, CDI on by default, the same spec); GPUPIN_SANDBOX_NAME (default empty:
 # one more sandbox beside the default one, e.g. for a second checkout, at /run/gpupin-sandbox-NAME; Engine 26's
-# instance of a name is NAME-26, so both engines run at once); GPUPIN_SANDBOX_STATE (default
-# /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]), each + -26 for Engine 26;
-# GPUPIN_CACHE (default /var/cache/gpupin: the debootstrap root file system, built once for every sandbox);
-# DEBOOTSTRAP_MIRROR (the Debian mirror of the root file system and of Engine 26; default: this machine's own, the
-# first main-archive entry of its apt sources).
+# instance of a name is NAME-26, 28.5's NAME-28.5, so all engines run at once); GPUPIN_SANDBOX_STATE (default
+# /var/lib/gpupin-sandbox[-NAME]), GPUPIN_SANDBOX_RUN (default /run/gpupin-sandbox[-NAME]), each + -26 or -28.5
+# for those engines; GPUPIN_CACHE (default /var/cache/gpupin: the debootstrap root file system, built once for
+# every sandbox); DEBOOTSTRAP_MIRROR (the Debian mirror of the root file system and of Engines 26 and 28.5;
+# default: this machine's own, the first main-archive entry of its apt sources).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -42,14 +44,16 @@ case "$ENGINE" in
         DOCKER=/usr/bin/docker
         [ -x "$DOCKER" ] || DOCKER=$(command -v docker || echo /usr/bin/docker)
         DOCKERD=dockerd CONTAINERD=containerd ENGINE_PATH= ;;
-    26)
-        ENGINE_SUFFIX=-26
-        DOCKER=$ENGINE26_ROOT/usr/bin/docker DOCKERD=$ENGINE26_ROOT/usr/sbin/dockerd
-        CONTAINERD=$ENGINE26_ROOT/usr/bin/containerd
+    26|28.5)
+        ENGINE_SUFFIX=-$ENGINE
+        ENGINE_ROOT=$(engine_dir "$ENGINE")/root
+        DOCKER=$ENGINE_ROOT/usr/bin/docker DOCKERD=$ENGINE_ROOT/usr/sbin/dockerd
+        CONTAINERD=$ENGINE_ROOT/usr/bin/containerd
         # containerd finds its shim, dockerd its containerd tools here; runc stays Debian 12's (/usr/sbin).
-        ENGINE_PATH=$ENGINE26_ROOT/usr/sbin:$ENGINE26_ROOT/usr/bin:
-        export DOCKER_CONFIG=$ENGINE26_DIR/docker-config ;;
-    *) echo "sandbox: ERROR: GPUPIN_SANDBOX_ENGINE=$ENGINE is no engine here. HINT: 20.10 (the default) or 26" >&2
+        ENGINE_PATH=$ENGINE_ROOT/usr/sbin:$ENGINE_ROOT/usr/bin:
+        DOCKER_CONFIG=$(engine_dir "$ENGINE")/docker-config
+        export DOCKER_CONFIG ;;
+    *) echo "sandbox: ERROR: GPUPIN_SANDBOX_ENGINE=$ENGINE is no engine here. HINT: 20.10 (the default), 26 or 28.5" >&2
        exit 64 ;;
 esac
 # The engine's suffix comes after an overridden folder too: two engines never share one.
@@ -73,7 +77,7 @@ dk() { "$DOCKER" -H "unix://$SOCK" "$@"; }
 
 print_env() {
     echo "DOCKER_HOST=unix://$SOCK"
-    if [ "$ENGINE" = 26 ]; then echo "DOCKER_CONFIG=$DOCKER_CONFIG"; fi
+    if [ "$ENGINE" != 20.10 ]; then echo "DOCKER_CONFIG=$DOCKER_CONFIG"; fi
     echo "GPUPIN_SANDBOX_RUN=$RUN"
     echo "GPUPIN_SANDBOX_DOCKER=$DOCKER"
 }
@@ -116,6 +120,11 @@ EOF
     if [ "$ENGINE" = 26 ]; then
         printf '{%s, "features": {"cdi": true}, "cdi-spec-dirs": ["%s"]}\n' "$RUNTIMES" "$CDI_DIR" >"$RUN/daemon.json"
         write_cdi_spec
+    elif [ "$ENGINE" = 28.5 ]; then
+        # CDI is on by default since 28.2: only the spec folder is this sandbox's own (the default is /etc/cdi and
+        # /var/run/cdi, the host's).
+        printf '{%s, "cdi-spec-dirs": ["%s"]}\n' "$RUNTIMES" "$CDI_DIR" >"$RUN/daemon.json"
+        write_cdi_spec
     else
         printf '{%s}\n' "$RUNTIMES" >"$RUN/daemon.json"
     fi
@@ -150,9 +159,9 @@ build_base_image() {
 }
 
 do_install() {
-    if [ "$ENGINE" = 26 ]; then
+    if [ "$ENGINE" != 20.10 ]; then
         ensure_packages runc:/usr/sbin/runc debootstrap
-        fetch_engine26
+        fetch_engine "$ENGINE"
     else
         ensure_packages docker.io:/usr/sbin/dockerd debootstrap containerd docker-compose
     fi
@@ -167,7 +176,7 @@ do_up() {
     if alive "$DOCKERD_PID" && dk version >/dev/null 2>&1; then
         if [ "$(cat "$RUN/config" 2>/dev/null)" = "$(config_line)" ]; then
             # A rebuilt nvidia-ctk may write another spec for the same topology.
-            if [ "$ENGINE" = 26 ]; then write_cdi_spec; fi
+            if [ "$ENGINE" != 20.10 ]; then write_cdi_spec; fi
             build_base_image
             echo "DOCKER_HOST=unix://$SOCK"
             return 0

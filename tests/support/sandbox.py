@@ -21,8 +21,10 @@ from tests.support.scenarios import scenario
 
 SANDBOX_SCRIPT = REPO / "tests" / "sandbox" / "sandbox.sh"
 TEST_IMAGE = "gpupin:test"
-# The engines' ids, as GPUPIN_SANDBOX_ENGINE names them; the first is the default engine.
-ENGINES = ("20.10", "26")
+# The engines' ids, as GPUPIN_SANDBOX_ENGINE names them; the first is the default engine. The others serve
+# nvidia.com/gpu by CDI (26 with CDI turned on, 28.5 by default) and read compose files with compose v2.
+ENGINES = ("20.10", "26", "28.5")
+CDI_ENGINES = ("26", "28.5")
 
 
 def engines_under_test() -> list[str]:
@@ -38,8 +40,8 @@ def engines_under_test() -> list[str]:
 
 def sandbox_env(engine: str) -> dict[str, str]:
     """What sandbox.sh says a client of this engine's sandbox needs (DOCKER_HOST, its docker CLI, its run folder;
-    DOCKER_CONFIG for Engine 26, whose CLI finds the compose plugin through it). GPUPIN_SANDBOX_NAME selects one
-    more sandbox beside the default one, as in sandbox.sh and the Makefile."""
+    DOCKER_CONFIG for Engines 26 and 28.5, whose CLI finds the compose plugin through it). GPUPIN_SANDBOX_NAME
+    selects one more sandbox beside the default one, as in sandbox.sh and the Makefile."""
     out = subprocess.run(
         [str(SANDBOX_SCRIPT), "env"],
         env=dict(os.environ, GPUPIN_SANDBOX_ENGINE=engine),
@@ -64,7 +66,8 @@ class Sandbox:
         self.env = dict(os.environ, DOCKER_HOST=self.host)
         if "DOCKER_CONFIG" in info:
             self.env["DOCKER_CONFIG"] = info["DOCKER_CONFIG"]
-        # docker-compose 1.29 (Debian 12) beside 20.10; the compose v2 CLI plugin (Debian 13) beside Engine 26.
+        # docker-compose 1.29 (Debian 12) beside 20.10; the compose v2 CLI plugin beside Engines 26 (2.26) and 28.5
+        # (2.40).
         self.compose_cli: Sequence[str] = (
             [shutil.which("docker-compose") or "/usr/bin/docker-compose"]
             if engine == "20.10"
@@ -92,7 +95,7 @@ class Sandbox:
 
     def restart(self, scenario_name: str) -> None:
         """Run the sandbox with another topology (the hook reads it from dockerd's environment; Engine 26 also
-        gets the CDI spec of the new topology)."""
+        and 28.5 also get the CDI spec of the new topology)."""
         env = dict(os.environ, FAKEGPU_TOPOLOGY=str(scenario(scenario_name)), GPUPIN_SANDBOX_ENGINE=self.engine)
         subprocess.run([str(SANDBOX_SCRIPT), "up"], env=env, check=True, capture_output=True, timeout=600)
 
@@ -197,10 +200,10 @@ def agent_on(sandbox: Sandbox) -> Iterator[Agent]:
 
 
 def serves_cdi(sandbox: Sandbox) -> bool:
-    """Whether the sandbox's daemon serves nvidia.com/gpu by CDI (Engine 26's runs with CDI on and the fake
+    """Whether the sandbox's daemon serves nvidia.com/gpu by CDI (Engines 26 and 28.5 run with CDI on and the fake
     `nvidia-ctk cdi generate` spec), so that hostagent pins through CDI there (the assertion; hostagent asks the
     daemon itself)."""
-    return sandbox.engine == "26"
+    return sandbox.engine in CDI_ENGINES
 
 
 def intervals(outputs: list[str]) -> dict[str, list[tuple[float, float]]]:

@@ -132,6 +132,27 @@ def test_what_each_kind_of_info_says() -> None:
     assert not remote.served and "not on this host" in remote.why and remote.names is None
 
 
+def test_discovered_devices_are_read_in_the_shape_engine_28_lists_them() -> None:
+    """/info's DiscoveredDevices (Engine API 1.50+): DeviceInfo {Source, ID}, ID a qualified CDI name; left out
+    when empty. Other sources, other kinds, and entries not in that shape name no GPU."""
+    info = {
+        "DiscoveredDevices": [
+            {"Source": "cdi", "ID": "nvidia.com/gpu=0"},
+            {"Source": "cdi", "ID": f"nvidia.com/gpu={RTX}"},
+            {"Source": "cdi", "ID": "nvidia.com/gpu=all"},
+            {"Source": "cdi", "ID": "amd.com/gpu=0"},
+            {"Source": "other", "ID": "nvidia.com/gpu=1"},
+            {"Source": "cdi"},
+            "nvidia.com/gpu=2",
+            None,
+        ]
+    }
+    assert cdi.discovered(info) == ["0", RTX, "all"]
+    assert cdi.discovered({"CDISpecDirs": ["/etc/cdi"]}) is None  # an older daemon, or CDI off
+    assert cdi.discovered({"DiscoveredDevices": None}) is None
+    assert cdi.discovered({"DiscoveredDevices": []}) == []
+
+
 def test_the_way_to_pin() -> None:
     served = cdi.Detection(True, "a spec", NAMES)
     assert served.via([RTX, A800C]) == "cdi"

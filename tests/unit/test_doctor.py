@@ -88,6 +88,32 @@ def test_a_cdi_spec_that_names_other_cards_than_nvml(root: Path) -> None:
     assert doctor.check_cdi(doctor.HostFiles(str(root)), None, box) == []
 
 
+def discovered(*names: str | None) -> dict[str, object]:
+    return {"DiscoveredDevices": [{"Source": "cdi", "ID": f"nvidia.com/gpu={n}"} for n in names]}
+
+
+def test_the_devices_the_daemon_discovered_against_nvmls_cards() -> None:
+    box = cards("mixed-4")
+    same = discovered("all", *(str(c.index) for c in box), *(c.uuid for c in box))
+    assert doctor.check_discovered(same, box) == []
+    # a card replaced since the spec was written: NVML's new card undiscovered, the old one discovered: a line each
+    stale = "GPU-0bad0bad-0000-4000-8000-000000000000"
+    lines = [f.line() for f in doctor.check_discovered(discovered("0", "1", box[0].uuid, stale), box)]
+    assert len(lines) == 4, lines
+    assert all(
+        f"no nvidia.com/gpu device for card {c.index} ({c.uuid}), which NVML has" in lines[i]
+        for i, c in enumerate(box[1:])
+    )
+    assert f"discovers nvidia.com/gpu={stale}, which NVML does not have" in lines[3]
+    assert all(" HINT: regenerate the CDI spec" in ln for ln in lines)
+    # the index strategy alone (plain or type-index): matched by index
+    assert doctor.check_discovered(discovered("gpu0", "gpu1", "gpu2", "gpu3"), box) == []
+    (extra,) = doctor.check_discovered(discovered("0", "1", "2", "3", "7"), box)
+    assert "nvidia.com/gpu=7, which NVML does not have" in extra.line()
+    # no list (Engine < 28.2, CDI off) or no NVIDIA device: nothing to compare
+    assert doctor.check_discovered({}, box) == doctor.check_discovered(discovered(), box) == []
+
+
 @pytest.mark.timeout(60)
 def test_a_planted_cdi_spec_is_a_warning_never_a_hang(root: Path) -> None:
     box = cards("mixed-4")
@@ -257,3 +283,17 @@ def test_the_fake_toolkits_spec_names_the_simulated_driver(tmp_path: Path) -> No
         [str(FAKEGPU / "bin" / "nvidia-ctk"), "cdi", "generate", f"--output={out}"], env=env, check=True, timeout=60
     )
     assert doctor.spec_driver_version(json.loads(out.read_text())) == "580.159.04"
+
+
+def test_a_policy_with_mistakes_is_a_finding(root: Path) -> None:
+    """doctor names each mistake of the host's policy file, which the agent would not take (docs/policy.md)."""
+    host = doctor.HostFiles(str(root))
+    assert doctor.check_policy(host) == []  # no file: nothing enforced, nothing to say
+    policy = root / "etc/gpupin/policy.toml"
+    policy.parent.mkdir(parents=True)
+    policy.write_text("[quota]\ncard = 2\n")
+    (finding,) = doctor.check_policy(host)
+    assert finding.about == str(policy) and finding.is_error
+    assert finding.problem.startswith(f"the policy has a mistake: {policy}:2: quota.card: unknown key")
+    policy.write_text("[quota]\ncards = 2\n")
+    assert doctor.check_policy(host) == []

@@ -95,6 +95,7 @@ def test_the_table_names_each_form_once() -> None:
         "bind-mount",
         "device-cgroup",
         "privileged",
+        "oci-device",
     ]
     assert len(set(names)) == len(names)
 
@@ -126,6 +127,43 @@ def test_requests_for_other_drivers_and_unknown_ids() -> None:
     assert ledger.grants(container(requests=gpus(["vendor.com/fpga=1"], driver="cdi")), host) == []
     g = ledger.grants(container(requests=gpus(["7", "1"])), host)[0]
     assert (list(g.uuids), list(g.unknown)) == ([RTX], ["7"])
+
+
+@pytest.mark.parametrize(
+    ("requests", "want", "how"),
+    [
+        (gpus(["1"], driver="nvidia.cdi", caps=[]), [RTX], "--gpus driver=nvidia.cdi,device=1"),
+        (gpus(count=-1, driver="nvidia.cdi", caps=[]), ALL, "--gpus driver=nvidia.cdi,count=all"),
+        (
+            gpus(count=2, driver="nvidia.runtime-hook", caps=[]),
+            [A800, RTX],
+            "--gpus driver=nvidia.runtime-hook,count=2",
+        ),
+        # nvidia.cdi passes a qualified CDI name on as it is (normalizeDeviceID)
+        (gpus([f"nvidia.com/gpu={A800C}"]), [A800C], f"--gpus device=nvidia.com/gpu={A800C}"),
+    ],
+)
+def test_engine_29s_nvidia_drivers_are_read_as_the_nvidia_driver(
+    requests: list[dict[str, Any]], want: list[str], how: str
+) -> None:
+    """Docker 29 carries --gpus by CDI where nvidia-cdi-hook is installed (moby#50228): HostConfig keeps the
+    request as sent, and a request may name `nvidia.cdi` or `nvidia.runtime-hook` itself. Each is a holder."""
+    got = ledger.grants(container(requests=requests), mig_host())
+    assert [(g.form, list(g.uuids), g.how) for g in got] == [("device-request", want, how)]
+
+
+def test_gpus_beside_a_cdi_device_for_the_same_card_is_one_holder_of_it() -> None:
+    """`--gpus device=1 --device nvidia.com/gpu=UUID`, or an engine that shows --gpus's card among its CDI
+    devices too: two grants, one card, held once."""
+    c = container(requests=gpus(["1"]) + cdi(f"nvidia.com/gpu={RTX}"))
+    got = ledger.grants(c, mig_host())
+    assert [(g.form, list(g.uuids)) for g in got] == [("device-request", [RTX]), ("cdi", [RTX])]
+    h = holder(c, mig_host())
+    assert h is not None and h.uuids == (RTX,)
+    assert held([h]) == {RTX: [h]}
+    # --gpus carried by CDI, seen only as CDI device paths (no DeviceRequests): the same card, never missed
+    only_cdi = holder(container(devices=[f"nvidia.com/gpu={RTX}"]), mig_host())
+    assert only_cdi is not None and only_cdi.uuids == (RTX,)
 
 
 def cdi(*ids: str) -> list[dict[str, Any]]:

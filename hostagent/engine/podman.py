@@ -1,0 +1,180 @@
+"""Podman behind its Docker-compatible API (`podman system service`): how it is told apart, and the one call that
+must not go through the compatible API, the pinned container's create.
+
+Podman answers `/_ping` with a `Libpod-Api-Version` header (the podman version), which gpupin.hostagent.engine.client
+keeps as `api.gpupin_podman`. Podman resolves CDI names itself (`podman run --device nvidia.com/gpu=UUID`, podman
+4.1+), from the spec folders of its own configuration (4.x: /etc/cdi and /var/run/cdi), and its compatible API
+carries neither form of the pin (measured on podman 4.3.1):
+- a device request of the nvidia driver (`--gpus`) is dropped: the container starts with NVIDIA_VISIBLE_DEVICES
+  and no card, a silent unpinned start;
+- a device request of the CDI driver is dropped the same way, and a CDI name as a device path
+  (HostConfig.Devices) fails with "stat nvidia.com/gpu=...: no such file or directory".
+So a pinned container is created through podman's own API (`POST /libpod/containers/create`, a SpecGenerator),
+whose `devices` take CDI names; everything after the create (start, attach, wait, inspect) stays on the compatible
+API. The create payload is the one gpupin builds for Docker (gpupin.hostagent.run.request), translated here field
+by field; a field with no translation is refused before anything is created, never dropped.
+
+Podman's inspect (4.3, both APIs) does not show a container's CDI devices at all: `podman run --device
+nvidia.com/gpu=1` inspects as a container with no device. What the CDI spec gave it is in the OCI spec podman wrote
+for it (libpod's inspect names the file: OCIConfigPath), as device nodes: the card of /dev/nvidiaN is the card of
+minor N, whatever way it came (CDI, --gpus mapped onto CDI, --device /dev/nvidiaN). The ledger reads them there
+(`read_oci_spec`) for a podman on this host, with the spec's annotations.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gpupin.core.errors import UsageError, shown
+from gpupin.hostagent.engine import cdi
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+HEADER = "Libpod-Api-Version"
+# The libpod API's path prefix; podman 4 and 5 serve it under any v4+ version.
+LIBPOD = "/v4.0.0/libpod"
+DETECTION = cdi.Detection(True, "podman resolves nvidia.com/gpu CDI names itself (podman 4.1+)")
+
+# What the create payload may hold at its defaults (null, empty, false, or what the docker CLI sends anyway).
+_IDLE: dict[str, Any] = {
+    "NetworkMode": ("default", ""),
+    "RestartPolicy": ({"Name": "no", "MaximumRetryCount": 0}, {"Name": "", "MaximumRetryCount": 0}),
+    "AttachStdout": (True,),
+    "AttachStderr": (True,),
+}
+
+
+def version(api: Any) -> str | None:
+    """The podman version of a daemon that is podman, None for Docker (from the /_ping the connect made)."""
+    found = getattr(api, "gpupin_podman", None)
+    return str(found) if found else None
+
+
+def refuse_nvidia(via: str, podman: str) -> None:
+    """The nvidia driver's request never pins on podman (its compatible API drops it): refused, not sent."""
+    if via == cdi.NVIDIA:
+        raise UsageError(
+            f"--via nvidia on podman {podman}: podman drops the nvidia driver's device request (`--gpus`), and the "
+            "container would start with no card pinned",
+            "leave --via out (podman pins through CDI: --device nvidia.com/gpu=UUID); "
+            "--gpu-capabilities has no CDI form either",
+        )
+
+
+def _idle(key: str, value: Any) -> bool:
+    return value in (None, "", [], {}, False, 0) or value in _IDLE.get(key, ())
+
+
+def _mount(bind: str) -> dict[str, Any]:
+    source, _, rest = bind.partition(":")
+    dest, _, mode = rest.partition(":")
+    if not source.startswith("/") or not dest:
+        raise UsageError(
+            f"-v {shown(bind)}: on podman, hostagent passes bind mounts of host paths only",
+            "give the host path (/...), or create the volume's container with podman itself",
+        )
+    options = ["rbind"] + [o for o in mode.split(",") if o in ("ro", "rw", "z", "Z")]
+    return {"destination": dest, "source": source, "type": "bind", "options": options}
+
+
+def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any]:
+    """The SpecGenerator of a Docker create payload (as gpupin.hostagent.run.request builds it): the fields
+    hostagent run sets for a pinned container, the CDI device requests as CDI devices. UsageError (64) for any
+    other field that is set: podman would be asked something that is not translated."""
+    host = dict(config.get("HostConfig") or {})
+    conf = {k: v for k, v in config.items() if k != "HostConfig"}
+    spec: dict[str, Any] = {"image": conf.pop("Image")}
+    if name:
+        spec["name"] = name
+    env = conf.pop("Env", None) or []
+    # An entry without `=` is a variable that is not set (docker run -e KEY, KEY unset): none, as on Docker.
+    spec["env"] = dict(e.partition("=")[::2] for e in env if "=" in e)
+    spec["labels"] = dict(conf.pop("Labels", None) or {})
+    for key, field in (("Cmd", "command"), ("Entrypoint", "entrypoint"), ("WorkingDir", "work_dir"), ("User", "user")):
+        value = conf.pop(key, None)
+        if value:
+            spec[field] = [value] if key == "Entrypoint" and isinstance(value, str) else value
+    spec["terminal"] = bool(conf.pop("Tty", False))
+    spec["stdin"] = bool(conf.pop("OpenStdin", False))
+    for key in ("AttachStdin", "AttachStdout", "AttachStderr", "StdinOnce"):
+        conf.pop(key, None)  # the attach is the compatible API's, after the create
+    devices: list[dict[str, str]] = []
+    for req in host.pop("DeviceRequests", None) or []:
+        if req.get("Driver") != cdi.CDI:
+            raise UsageError(
+                "podman drops device requests of the nvidia driver (`--gpus`): the container would start unpinned",
+                "pin through CDI (leave --via out)",
+            )
+        devices += [{"path": str(d)} for d in req.get("DeviceIDs") or []]
+    spec["devices"] = devices
+    spec["remove"] = bool(host.pop("AutoRemove", False))
+    binds = host.pop("Binds", None) or []
+    if binds:
+        spec["mounts"] = [_mount(b) for b in binds]
+    limits = host.pop("Ulimits", None) or []
+    if limits:
+        spec["r_limits"] = [
+            {"type": f"RLIMIT_{str(u['Name']).upper()}", "soft": int(u["Soft"]), "hard": int(u["Hard"])} for u in limits
+        ]
+    annotations = host.pop("Annotations", None)
+    if annotations:
+        spec["annotations"] = dict(annotations)
+    left = [k for k, v in conf.items() if not _idle(k, v)] + [
+        f"HostConfig.{k}" for k, v in host.items() if not _idle(k, v)
+    ]
+    if left:
+        raise UsageError(
+            f"on podman, hostagent run does not carry these options yet: {', '.join(sorted(left))}",
+            "drop them, or see docs/podman.md for the options a run on podman takes",
+        )
+    return spec
+
+
+def create(api: Any, config: Mapping[str, Any], name: str | None) -> str:
+    """Create the container through podman's own API; its ID (the compatible API's too)."""
+    body = spec_generator(config, name)
+    res = api._post(
+        api.base_url + LIBPOD + "/containers/create",
+        data=json.dumps(body),
+        headers={"Content-Type": "application/json"},
+    )
+    api._raise_for_status(res)
+    return str(res.json()["Id"])
+
+
+OCI_KEY = "GpupinOciDevices"  # where the ledger puts the OCI spec's device nodes in a container's inspect data
+OCI_LIMIT = 16 << 20  # an OCI spec is a few KiB; one larger than this is not podman's
+
+
+def read_oci_spec(api: Any, cid: str, data: dict[str, Any]) -> None:
+    """Complete a podman container's inspect `data` from the OCI spec podman wrote for it: its device nodes
+    (linux.devices: path, type, major, minor) under OCI_KEY, and its annotations as HostConfig.Annotations, which
+    podman's compatible inspect leaves out (a `cdi.k8s.io/*` annotation asks the toolkit's CDI mode for cards).
+    Nothing when it has no spec yet (created, never started) or the spec cannot be read here."""
+    from gpupin.core.errors import GpupinError
+    from gpupin.core.files import read_bounded
+    from gpupin.hostagent.engine.failures import EngineNotFound
+    from gpupin.hostagent.engine.reader import fetch
+
+    try:
+        found = fetch(api, f"{LIBPOD}/containers/{cid}/json", versioned=False)[0]
+    except EngineNotFound:
+        return
+    path = str(found.get("OCIConfigPath") or "")
+    if not path.startswith("/"):
+        return
+    try:
+        spec = json.loads(read_bounded(path, OCI_LIMIT))
+    except (GpupinError, ValueError):
+        return
+    if not isinstance(spec, dict):
+        return
+    devices = (spec.get("linux") or {}).get("devices") or []
+    data[OCI_KEY] = [d for d in devices if isinstance(d, dict)]
+    annotations = spec.get("annotations")
+    host = data.setdefault("HostConfig", {})
+    if isinstance(annotations, dict) and isinstance(host, dict) and not host.get("Annotations"):
+        host["Annotations"] = {str(k): str(v) for k, v in annotations.items()}
