@@ -1,0 +1,561 @@
+"""The host's policy: bookings with a limit, quotas, idle rules and notification hooks, from one TOML file
+(/etc/gpupin/policy.toml; docs/policy.md describes every key).
+
+This module is the model and its parser, pure (no Docker, no NVML): the agent keeps one `Policy` and asks it about
+a caller by uid and groups (the identity the kernel gave at accept, never a name the caller wrote). `load_policy`
+refuses a file with any mistake, all of them named at once, one line each (`PolicyError`); an unknown key is a
+mistake (a misspelt `gpu_hour_per_day` must not silently mean "no limit"). No file: `Policy.empty()`, nothing
+enforced.
+
+Who a rule applies to: a `user.NAME` table (a user name or a uid) first; else the `group.NAME` tables of the
+caller's groups, the most generous value among them (a group grants); else the top table. An absent key inherits;
+at the top, absent means no limit. Root (uid 0) is bound by no maximum and no quota: the host's owner can always
+stop anything anyway; a default booking still applies to root's runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+
+from gpupin.core.errors import UsageError, printable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any, Literal
+
+DEFAULT_PATH = "/etc/gpupin/policy.toml"
+FILE_LIMIT = 1 << 20  # a policy is a page of text; a megabyte is a mistake (or /dev/zero)
+LONGEST_S = 366 * 86400.0  # the longest duration a policy or `--for` may say: a year
+BEFORE_END_S = 15 * 60.0  # notify.before_end when absent
+
+
+class PolicyError(UsageError):
+    """A policy file with mistakes (exit 64): `mistakes` holds one line per mistake, `FILE:LINE: key: what`."""
+
+    def __init__(self, path: str, mistakes: list[str]) -> None:
+        n = len(mistakes)
+        super().__init__(
+            f"{printable(path)}: {n} mistake{'s' if n != 1 else ''}: {mistakes[0]}"
+            + (f" (and {n - 1} more)" if n > 1 else ""),
+            f"`hostagent policy check {printable(path)}` lists them all",
+        )
+        self.path = path
+        self.mistakes = mistakes
+
+
+# --- durations --------------------------------------------------------------------------------------------------
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_PART = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """`90m`, `4h`, `2d`, `45s`, `1w`, `1h30m`, `1.5h` -> seconds (> 0, at most a year). ValueError otherwise, with
+    what is wrong (a bare number has no unit: `90` could be seconds or minutes)."""
+    if not isinstance(text, str):
+        raise ValueError(f"a duration is text such as 90m, 4h or 2d, not {type(text).__name__}")
+    s = text.strip().lower()
+    pos, total, units = 0, 0.0, []
+    while pos < len(s):
+        m = _PART.match(s, pos)
+        if m is None:
+            raise ValueError(f"{printable(text)!r} is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)")
+        if m[2] in units:
+            raise ValueError(f"{printable(text)!r} names {m[2]} twice")
+        units.append(m[2])
+        total += float(m[1]) * _UNITS[m[2]]
+        pos = m.end()
+    if not units:
+        raise ValueError(f"{printable(text)!r} is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)")
+    if not total > 0:
+        raise ValueError(f"{printable(text)!r} is no time at all: a duration is more than 0")
+    if total > LONGEST_S:
+        raise ValueError(f"{printable(text)!r} is longer than a year, the longest duration")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as people read a time left: `45s`, `12m`, `1h12m`, `2d3h` (rounded down to the unit shown)."""
+    s = max(int(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return f"{h}h{m:02d}m" if m else f"{h}h"
+    d, h = divmod(s // 3600, 24)
+    return f"{d}d{h}h" if h else f"{d}d"
+
+
+# --- the model ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one caller may hold: cards at once, GPU-hours per day and per week, places in the queue. None: no
+    limit."""
+
+    cards: int | None = None
+    gpu_hours_per_day: float | None = None
+    gpu_hours_per_week: float | None = None
+    waiters: int | None = None
+
+
+@dataclass(frozen=True)
+class BookingRule:
+    """A booking's length: the default when a run says no --for, and the longest --for (or --for plus extensions)."""
+
+    default: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True)
+class IdleRule:
+    after: float
+    action: Literal["warn", "stop"]
+    grace: float
+    exempt: tuple[str, ...] = ()  # user names or uids, and @groups, whose containers may carry gpupin.idle=exempt
+
+
+@dataclass(frozen=True)
+class NotifyRule:
+    command: list[str] | None
+    webhook: str | None
+    before_end: float = BEFORE_END_S
+
+
+@dataclass(frozen=True, eq=False)
+class Policy:
+    """The policy the agent enforces. Built by `load_policy` (or `Policy.empty()`), never changed: a reload makes a
+    new one."""
+
+    booking: BookingRule = BookingRule()
+    booking_users: Mapping[str, BookingRule] = field(default_factory=dict)
+    booking_groups: Mapping[str, BookingRule] = field(default_factory=dict)
+    quotas: Quota = Quota()
+    quota_users: Mapping[str, Quota] = field(default_factory=dict)
+    quota_groups: Mapping[str, Quota] = field(default_factory=dict)
+    idle: IdleRule | None = None
+    notify: NotifyRule | None = None
+    path: str | None = None  # the file it was read from; None: no file, nothing enforced
+
+    @classmethod
+    def empty(cls) -> Policy:
+        return cls()
+
+    @property
+    def enforced(self) -> bool:
+        """Whether anything at all is limited (bookings or quotas)."""
+        return self != Policy.empty() and any(
+            (
+                self.booking != BookingRule(),
+                self.booking_users,
+                self.booking_groups,
+                self.quotas != Quota(),
+                self.quota_users,
+                self.quota_groups,
+            )
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Policy):
+            return NotImplemented
+        return all(
+            getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self) if f.name != "path"
+        )
+
+    __hash__ = object.__hash__
+
+    # -- who a rule applies to --
+
+    def _rules(self, users: Mapping[str, Any], groups: Mapping[str, Any], uid: int, gids: frozenset[int]) -> list[Any]:
+        """The caller's user table (as a one-item list), else its groups' tables."""
+        if users:
+            for key in _user_keys(uid):
+                if key in users:
+                    return [users[key]]
+        if groups:
+            return [groups[k] for g in sorted(gids) for k in _group_keys(g) if k in groups]
+        return []
+
+    def _pick(
+        self, users: Mapping[str, Any], groups: Mapping[str, Any], top: Any, uid: int, gids: frozenset[int]
+    ) -> Any:
+        """Per field of a rule: the user's value, else the most generous of its groups' (None there is absent), else
+        the top table's."""
+        rules = self._rules(users, groups, uid, gids)
+        values = {}
+        for f in dataclasses.fields(top):
+            found = [getattr(r, f.name) for r in rules if getattr(r, f.name) is not None]
+            values[f.name] = max(found) if found else getattr(top, f.name)
+        return type(top)(**values)
+
+    def booking_default(self, uid: int, gids: frozenset[int]) -> float | None:
+        """The length of a booking that says no --for (None: unbounded), never past the caller's max."""
+        rule: BookingRule = self._pick(self.booking_users, self.booking_groups, self.booking, uid, gids)
+        longest = self.booking_max(uid, gids)
+        if rule.default is None:
+            return None
+        return rule.default if longest is None else min(rule.default, longest)
+
+    def booking_max(self, uid: int, gids: frozenset[int]) -> float | None:
+        """The longest booking the caller may hold (--for, or --for plus extensions); None: no limit."""
+        if uid == 0:
+            return None
+        rule: BookingRule = self._pick(self.booking_users, self.booking_groups, self.booking, uid, gids)
+        return rule.max
+
+    def quota(self, uid: int, gids: frozenset[int]) -> Quota:
+        if uid == 0:
+            return Quota()
+        q: Quota = self._pick(self.quota_users, self.quota_groups, self.quotas, uid, gids)
+        return q
+
+    def may_exempt(self, uid: int, gids: frozenset[int]) -> bool:
+        """Whether the caller's containers may carry the label gpupin.idle=exempt (root's always may)."""
+        if uid == 0:
+            return True
+        if self.idle is None:
+            return False
+        names = set(_user_keys(uid)) | {"@" + k for g in gids for k in _group_keys(g)}
+        return any(e in names for e in self.idle.exempt)
+
+    def summary(self) -> str:
+        """One line: what the policy limits (policy check's OK line, the agent's log)."""
+        parts = []
+        b = self.booking
+        if b.default is not None or b.max is not None:
+            parts.append(
+                "bookings "
+                + ", ".join(
+                    f"{k} {format_duration(v)}" for k, v in (("default", b.default), ("max", b.max)) if v is not None
+                )
+            )
+        q = self.quotas
+        quota = [f"{f.name} {getattr(q, f.name):g}" for f in dataclasses.fields(q) if getattr(q, f.name) is not None]
+        if quota:
+            parts.append("quota " + ", ".join(quota))
+        n_over = len(self.booking_users) + len(self.booking_groups) + len(self.quota_users) + len(self.quota_groups)
+        if n_over:
+            parts.append(f"{n_over} user or group override{'s' if n_over != 1 else ''}")
+        if self.idle is not None:
+            parts.append(f"idle after {format_duration(self.idle.after)}: {self.idle.action}")
+        if self.notify is not None:
+            parts.append("notify " + " and ".join(k for k in ("command", "webhook") if getattr(self.notify, k)))
+        return "; ".join(parts) if parts else "nothing enforced"
+
+    def as_json(self) -> dict[str, Any]:
+        """The policy as plain data (`policy check --json`, /api/info)."""
+        return {
+            "path": self.path,
+            "booking": dataclasses.asdict(self.booking),
+            "booking_users": {k: dataclasses.asdict(v) for k, v in self.booking_users.items()},
+            "booking_groups": {k: dataclasses.asdict(v) for k, v in self.booking_groups.items()},
+            "quota": dataclasses.asdict(self.quotas),
+            "quota_users": {k: dataclasses.asdict(v) for k, v in self.quota_users.items()},
+            "quota_groups": {k: dataclasses.asdict(v) for k, v in self.quota_groups.items()},
+            "idle": dataclasses.asdict(self.idle) if self.idle else None,
+            "notify": dataclasses.asdict(self.notify) if self.notify else None,
+        }
+
+
+def _user_keys(uid: int) -> list[str]:
+    """How a policy may name this uid: its user name and its number."""
+    import pwd
+
+    keys = [str(uid)]
+    with contextlib.suppress(KeyError):
+        keys.insert(0, pwd.getpwuid(uid).pw_name)
+    return keys
+
+
+def _group_keys(gid: int) -> list[str]:
+    import grp
+
+    keys = [str(gid)]
+    with contextlib.suppress(KeyError):
+        keys.insert(0, grp.getgrgid(gid).gr_name)
+    return keys
+
+
+# --- the parser --------------------------------------------------------------------------------------------------
+
+
+def _lines(text: str) -> dict[str, int]:
+    """Where each key is written: dotted key -> line number (1-based), read from the text as written, so that a
+    mistake can name its line (tomllib keeps none). Best effort: a key not found has no line."""
+    where: dict[str, int] = {}
+    table: list[str] = []
+    header = re.compile(r"^\s*\[\[?\s*(.+?)\s*\]\]?\s*(#.*)?$")
+    keyline = re.compile(
+        r"^\s*((?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*'))*)\s*="
+    )
+    for n, line in enumerate(text.splitlines(), 1):
+        m = header.match(line)
+        if m:
+            table = _split_key(m[1])
+            where.setdefault(".".join(table), n)
+            continue
+        m = keyline.match(line)
+        if m:
+            where.setdefault(".".join([*table, *_split_key(m[1])]), n)
+    return where
+
+
+def _split_key(text: str) -> list[str]:
+    parts = re.findall(r"\"([^\"]*)\"|'([^']*)'|([A-Za-z0-9_-]+)", text)
+    return [a or b or c for a, b, c in parts]
+
+
+class _Reader:
+    """Collects mistakes while the tables are read, each named by its dotted key and, where found, its line."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.where = _lines(text)
+        self.mistakes: list[str] = []
+
+    def wrong(self, key: str, what: str) -> None:
+        line = self.where.get(key)
+        if line is None:  # a key inside an inline table: name the table's line
+            parent = key
+            while "." in parent and line is None:
+                parent = parent.rsplit(".", 1)[0]
+                line = self.where.get(parent)
+        place = f"{printable(self.path)}:{line}" if line else printable(self.path)
+        self.mistakes.append(f"{place}: {printable(key)}: {what}")
+
+    def table(self, data: Any, key: str, allowed: Iterable[str]) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            self.wrong(key, f"must be a table, not {_kind(data)}")
+            return {}
+        known = set(allowed)
+        for k in data:
+            if k not in known:
+                self.wrong(f"{key}.{k}" if key else k, f"unknown key (known here: {', '.join(sorted(known))})")
+        return {k: v for k, v in data.items() if k in known}
+
+    def duration(self, data: dict[str, Any], key: str, name: str) -> float | None:
+        if name not in data:
+            return None
+        try:
+            return parse_duration(data[name])
+        except ValueError as err:
+            self.wrong(f"{key}.{name}", str(err))
+            return None
+
+    def count(self, data: dict[str, Any], key: str, name: str) -> int | None:
+        v = data.get(name)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            self.wrong(f"{key}.{name}", f"must be a whole number, 0 or more, not {_shown(v)}")
+            return None
+        return v
+
+    def hours(self, data: dict[str, Any], key: str, name: str) -> float | None:
+        v = data.get(name)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            self.wrong(f"{key}.{name}", f"must be a number of hours, 0 or more, not {_shown(v)}")
+            return None
+        return float(v)
+
+
+def _kind(v: Any) -> str:
+    return {dict: "a table", list: "an array", str: "text", bool: "true or false"}.get(type(v), type(v).__name__)
+
+
+def _shown(v: Any) -> str:
+    return (
+        repr(printable(v)) if isinstance(v, str) else printable(str(v)) if not isinstance(v, (dict, list)) else _kind(v)
+    )
+
+
+_QUOTA_KEYS = ("cards", "gpu_hours_per_day", "gpu_hours_per_week", "waiters")
+
+
+def _quota(r: _Reader, data: Any, key: str, nested: bool) -> tuple[Quota, dict[str, Quota], dict[str, Quota]]:
+    t = r.table(data, key, (*_QUOTA_KEYS, "user", "group") if nested else _QUOTA_KEYS)
+    q = Quota(
+        cards=r.count(t, key, "cards"),
+        gpu_hours_per_day=r.hours(t, key, "gpu_hours_per_day"),
+        gpu_hours_per_week=r.hours(t, key, "gpu_hours_per_week"),
+        waiters=r.count(t, key, "waiters"),
+    )
+    users: dict[str, Quota] = {}
+    groups: dict[str, Quota] = {}
+    if nested:
+        for kind, into in (("user", users), ("group", groups)):
+            for name, sub in _named(r, t.get(kind), f"{key}.{kind}", kind).items():
+                into[name] = _quota(r, sub, f"{key}.{kind}.{name}", nested=False)[0]
+    return q, users, groups
+
+
+def _booking(
+    r: _Reader, data: Any, key: str, nested: bool
+) -> tuple[BookingRule, dict[str, BookingRule], dict[str, BookingRule]]:
+    t = r.table(data, key, ("default", "max", "user", "group") if nested else ("default", "max"))
+    rule = BookingRule(default=r.duration(t, key, "default"), max=r.duration(t, key, "max"))
+    if rule.default is not None and rule.max is not None and rule.default > rule.max:
+        r.wrong(f"{key}.default", f"{format_duration(rule.default)} is longer than max, {format_duration(rule.max)}")
+    users: dict[str, BookingRule] = {}
+    groups: dict[str, BookingRule] = {}
+    if nested:
+        for kind, into in (("user", users), ("group", groups)):
+            for name, sub in _named(r, t.get(kind), f"{key}.{kind}", kind).items():
+                into[name] = _booking(r, sub, f"{key}.{kind}.{name}", nested=False)[0]
+    return rule, users, groups
+
+
+def _named(r: _Reader, data: Any, key: str, kind: str) -> dict[str, Any]:
+    """The entries of a `user` or `group` table whose name exists on this host (a uid or gid number always does);
+    each other is a mistake (a misspelt name would otherwise limit no one)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        r.wrong(key, f"must be a table of {kind} names, not {_kind(data)}")
+        return {}
+    out = {}
+    for name, sub in data.items():
+        if _exists(kind, name):
+            out[name] = sub
+        else:
+            r.wrong(f"{key}.{name}", f"no such {kind} on this host (give a {kind} name or number)")
+    return out
+
+
+def _exists(kind: str, name: str) -> bool:
+    if name.isascii() and name.isdigit():
+        return True
+    import grp
+    import pwd
+
+    try:
+        (pwd.getpwnam if kind == "user" else grp.getgrnam)(name)
+    except (KeyError, ValueError):
+        return False
+    return True
+
+
+def _idle(r: _Reader, data: Any) -> IdleRule | None:
+    t = r.table(data, "idle", ("after", "action", "grace", "exempt"))
+    after = r.duration(t, "idle", "after")
+    if "after" not in t:
+        r.wrong("idle", 'needs `after` (e.g. after = "30m")')
+    action = t.get("action", "warn")
+    if action not in ("warn", "stop"):
+        r.wrong("idle.action", f'must be "warn" or "stop", not {_shown(action)}')
+        action = "warn"
+    grace = r.duration(t, "idle", "grace") if "grace" in t else 0.0
+    exempt = t.get("exempt", [])
+    names: list[str] = []
+    if not isinstance(exempt, list):
+        r.wrong("idle.exempt", f"must be an array of user names and @groups, not {_kind(exempt)}")
+    else:
+        for e in exempt:
+            if not isinstance(e, str) or not e.strip("@"):
+                r.wrong("idle.exempt", f"holds {_shown(e)}: each item is a user name or uid, or @group")
+            elif not _exists("group" if e.startswith("@") else "user", e.removeprefix("@")):
+                r.wrong(
+                    "idle.exempt", f"names {_shown(e)}: no such {'group' if e.startswith('@') else 'user'} on this host"
+                )
+            else:
+                names.append(e)
+    if after is None or grace is None:
+        return None
+    return IdleRule(after=after, action=action, grace=grace, exempt=tuple(names))
+
+
+_LOOPBACK = re.compile(r"^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|localhost|\[::1\])(:[0-9]{1,5})?(/[^\s]*)?$")
+
+
+def _notify(r: _Reader, data: Any) -> NotifyRule | None:
+    t = r.table(data, "notify", ("command", "webhook", "before_end"))
+    command = t.get("command")
+    if command is not None and (
+        not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command)
+    ):
+        r.wrong("notify.command", 'must be an array of words, the program first (e.g. ["/usr/local/bin/gpupin-hook"])')
+        command = None
+    elif command is not None and not command[0].startswith("/"):
+        r.wrong(
+            "notify.command",
+            f"{_shown(command[0])}: the program is named by its absolute path (the agent runs as root)",
+        )
+        command = None
+    hook = t.get("webhook")
+    if hook is not None and (not isinstance(hook, str) or not _LOOPBACK.match(hook)):
+        r.wrong("notify.webhook", f"must be a loopback http:// URL (127.0.0.1, localhost, [::1]), not {_shown(hook)}")
+        hook = None
+    before = r.duration(t, "notify", "before_end") if "before_end" in t else BEFORE_END_S
+    if command is None and hook is None:
+        if "command" not in t and "webhook" not in t:
+            r.wrong("notify", "needs a command or a webhook")
+        return None
+    return NotifyRule(command=command, webhook=hook, before_end=before or BEFORE_END_S)
+
+
+def parse_policy(text: str, path: str = "<policy>") -> Policy:
+    """A policy from the TOML text of `path`; PolicyError with every mistake."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the host extra installs tomli there
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(text)
+    except RecursionError:
+        raise PolicyError(path, [f"{printable(path)}: nests too deeply to be read"]) from None
+    except ValueError as err:  # tomllib.TOMLDecodeError, with its line and column
+        raise PolicyError(path, [f"{printable(path)}: not valid TOML: {printable(str(err))}"]) from None
+    r = _Reader(path, text)
+    top = r.table(data, "", ("booking", "quota", "idle", "notify"))
+    booking, booking_users, booking_groups = _booking(r, top.get("booking", {}), "booking", nested=True)
+    quotas, quota_users, quota_groups = _quota(r, top.get("quota", {}), "quota", nested=True)
+    idle = _idle(r, top["idle"]) if "idle" in top else None
+    notify = _notify(r, top["notify"]) if "notify" in top else None
+    if r.mistakes:
+        raise PolicyError(path, r.mistakes)
+    return Policy(
+        booking=booking,
+        booking_users=booking_users,
+        booking_groups=booking_groups,
+        quotas=quotas,
+        quota_users=quota_users,
+        quota_groups=quota_groups,
+        idle=idle,
+        notify=notify,
+        path=path,
+    )
+
+
+def load_policy(path: str) -> Policy:
+    """The policy in `path`: PolicyError (64) with every mistake; FileRefused (64) when it cannot be read (a missing
+    file too: a caller for whom no file means no policy checks that first)."""
+    from gpupin.core.files import FileRefused, read_bounded
+
+    raw = read_bounded(path, FILE_LIMIT)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FileRefused(path, f"it is not UTF-8 text (byte {err.start})", "save the file as UTF-8") from None
+    return parse_policy(text, path)
+
+
+def check_policy(path: str) -> list[str]:
+    """Every mistake of the file at `path`, one line each; [] when it is a good policy."""
+    try:
+        load_policy(path)
+    except PolicyError as err:
+        return err.mistakes
+    except UsageError as err:  # FileRefused: cannot be read
+        return [err.message]
+    return []

@@ -1,0 +1,286 @@
+"""The policy file's model and parser (gpupin.hostagent.policy; docs/policy.md): durations, who a rule applies to,
+and every mistake named once, with its key and line."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupin.core.files import FileRefused
+from gpupin.hostagent.policy import (
+    BookingRule,
+    Policy,
+    PolicyError,
+    Quota,
+    check_policy,
+    format_duration,
+    load_policy,
+    parse_duration,
+    parse_policy,
+)
+
+ROOT_GROUP = grp.getgrgid(0).gr_name
+NOBODY = pwd.getpwnam("nobody").pw_uid
+
+FULL = f"""
+[booking]
+default = "4h"
+max = "2d"
+[booking.user.nobody]
+max = "3d"
+
+[idle]
+after = "30m"
+action = "stop"
+grace = "10m"
+exempt = ["nobody", "@{ROOT_GROUP}"]
+
+[quota]
+cards = 2
+gpu_hours_per_day = 24
+gpu_hours_per_week = 100.5
+waiters = 4
+[quota.user.nobody]
+cards = 4
+[quota.group.{ROOT_GROUP}]
+gpu_hours_per_day = 48
+[quota.group."4242"]
+gpu_hours_per_day = 30
+cards = 3
+
+[notify]
+command = ["/usr/local/bin/gpupin-hook", "--quiet"]
+webhook = "http://127.0.0.1:8080/gpupin"
+before_end = "15m"
+"""
+
+
+def policy(text: str, tmp_path: Path) -> Policy:
+    f = tmp_path / "policy.toml"
+    f.write_text(text)
+    return load_policy(str(f))
+
+
+def mistakes(text: str, tmp_path: Path) -> list[str]:
+    f = tmp_path / "policy.toml"
+    f.write_text(text)
+    return check_policy(str(f))
+
+
+# --- durations ---
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("45s", 45), ("90m", 5400), ("4h", 14400), ("2d", 172800), ("1w", 604800), ("1h30m", 5400), ("1.5h", 5400)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "90", "4 hours", "-1h", "0m", "1h1h", "h", "1y", "400d", "1e3s", "nan", "inf"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@given(st.integers(min_value=1, max_value=366 * 86400))
+def test_duration_round_trip(seconds: int) -> None:
+    """format_duration names a time parse_duration reads back, never more than was left, and within its unit."""
+    shown = format_duration(seconds)
+    back = parse_duration(shown)
+    assert back <= seconds
+    assert seconds - back < (60 if seconds < 86400 else 3600) or seconds < 60
+
+
+@given(st.text(max_size=30))
+def test_any_text_is_a_duration_or_value_error(text: str) -> None:
+    try:
+        s = parse_duration(text)
+    except ValueError as err:
+        assert "\n" not in str(err)
+    else:
+        assert 0 < s <= 366 * 86400
+
+
+# --- the model ---
+
+
+def test_full_file(tmp_path: Path) -> None:
+    p = policy(FULL, tmp_path)
+    assert p.path == str(tmp_path / "policy.toml")
+    assert p.booking == BookingRule(default=4 * 3600, max=2 * 86400)
+    assert p.idle is not None and (p.idle.after, p.idle.action, p.idle.grace) == (1800, "stop", 600)
+    assert p.notify is not None and p.notify.command == ["/usr/local/bin/gpupin-hook", "--quiet"]
+    assert p.notify.webhook == "http://127.0.0.1:8080/gpupin" and p.notify.before_end == 900
+    assert p.enforced
+    assert "bookings default 4h, max 2d" in p.summary()
+
+
+def test_who_a_rule_applies_to(tmp_path: Path) -> None:
+    p = policy(FULL, tmp_path)
+    someone = frozenset({12345})
+    # the top table
+    assert p.quota(1001, someone) == Quota(cards=2, gpu_hours_per_day=24, gpu_hours_per_week=100.5, waiters=4)
+    assert p.booking_max(1001, someone) == 2 * 86400
+    assert p.booking_default(1001, someone) == 4 * 3600
+    # a user table wins, its absent keys inherit
+    assert p.quota(NOBODY, someone).cards == 4
+    assert p.quota(NOBODY, someone).waiters == 4
+    assert p.booking_max(NOBODY, someone) == 3 * 86400
+    # groups: the most generous of the caller's groups, per key; a group named by number
+    q = p.quota(1001, frozenset({0, 4242}))
+    assert (q.cards, q.gpu_hours_per_day) == (3, 48)
+    # root is bound by no max and no quota, but gets the default
+    assert p.quota(0, frozenset({0})) == Quota()
+    assert p.booking_max(0, frozenset()) is None
+    assert p.booking_default(0, frozenset()) == 4 * 3600
+
+
+def test_default_never_past_max(tmp_path: Path) -> None:
+    p = policy('[booking]\ndefault = "4h"\n[booking.user."1001"]\nmax = "1h"\n', tmp_path)
+    assert p.booking_default(1001, frozenset()) == 3600
+    assert p.booking_default(1002, frozenset()) == 4 * 3600
+
+
+def test_may_exempt(tmp_path: Path) -> None:
+    p = policy(FULL, tmp_path)
+    assert p.may_exempt(NOBODY, frozenset())
+    assert p.may_exempt(1001, frozenset({0}))  # @root's member
+    assert not p.may_exempt(1001, frozenset({4242}))
+    assert Policy.empty().may_exempt(0, frozenset())
+    assert not Policy.empty().may_exempt(1001, frozenset())
+
+
+def test_empty_enforces_nothing(tmp_path: Path) -> None:
+    e = Policy.empty()
+    assert not e.enforced and e.idle is None and e.notify is None
+    assert e.quota(1001, frozenset()) == Quota()
+    assert e.booking_default(1001, frozenset()) is None and e.booking_max(1001, frozenset()) is None
+    assert e.summary() == "nothing enforced"
+    assert policy("# nothing yet\n", tmp_path) == e
+
+
+# --- mistakes ---
+
+
+def test_every_mistake_one_line_with_key_and_line(tmp_path: Path) -> None:
+    text = """[booking]
+default = "4 hours"
+max = "1h"
+[quota]
+cards = -1
+gpu_hour_per_day = 3
+waiters = 1.5
+[quota.user.no-such-user-here]
+cards = 1
+[idle]
+after = "30m"
+action = "kill"
+[notify]
+webhook = "http://example.com/hook"
+command = "hook"
+[extra]
+"""
+    found = mistakes(text, tmp_path)
+    f = str(tmp_path / "policy.toml")
+    assert all("\n" not in m for m in found)
+    expect = {
+        f"{f}:2: booking.default:",
+        f"{f}:5: quota.cards:",
+        f"{f}:6: quota.gpu_hour_per_day: unknown key",
+        f"{f}:7: quota.waiters:",
+        f"{f}:8: quota.user.no-such-user-here: no such user",
+        f"{f}:12: idle.action:",
+        f"{f}:14: notify.webhook:",
+        f"{f}:15: notify.command:",
+        f"{f}:16: extra: unknown key",
+    }
+    for start in expect:
+        assert any(m.startswith(start) for m in found), (start, found)
+    assert len(found) == len(expect), found
+    with pytest.raises(PolicyError) as err:
+        load_policy(f)
+    assert err.value.exit_code == 64 and err.value.mistakes == found
+    assert "policy check" in (err.value.hint or "")
+
+
+def test_default_longer_than_max(tmp_path: Path) -> None:
+    (m,) = mistakes('[booking]\ndefault = "2d"\nmax = "1d"\n', tmp_path)
+    assert ":2: booking.default: 2d is longer than max, 1d" in m
+
+
+def test_inline_tables_name_their_line(tmp_path: Path) -> None:
+    (m,) = mistakes('idle = {after = "30m", action = "nap"}\n', tmp_path)
+    assert ":1: idle.action:" in m
+
+
+def test_not_toml(tmp_path: Path) -> None:
+    (m,) = mistakes("[booking\nmax = 1\n", tmp_path)
+    assert "not valid TOML" in m and "line 1" in m
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/nonexistent/policy.toml", "/"])
+def test_files_that_are_not_read(path: str) -> None:
+    (m,) = check_policy(path)
+    assert "\n" not in m
+    with pytest.raises(FileRefused):
+        load_policy(path)
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_bytes(b"[quota]\ncards = 1 # \xff\n")
+    (m,) = check_policy(str(f))
+    assert "UTF-8" in m
+
+
+def test_fifo_does_not_hang(tmp_path: Path) -> None:
+    f = tmp_path / "fifo"
+    os.mkfifo(f)
+    (m,) = check_policy(str(f))
+    assert "FIFO" in m
+
+
+@given(st.text(max_size=200))
+def test_any_text_is_a_policy_or_mistakes(text: str) -> None:
+    """Whatever the file holds, the parser answers a Policy or one-line mistakes, never another exception."""
+    try:
+        parse_policy(text, "p.toml")
+    except PolicyError as err:
+        assert err.mistakes and all("\n" not in m for m in err.mistakes)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["cards", "waiters", "gpu_hours_per_day", "gpu_hours_per_week", "bogus"]),
+        st.one_of(st.integers(-5, 50), st.floats(allow_nan=True), st.text(max_size=5), st.booleans()),
+        max_size=5,
+    )
+)
+def test_quota_values(values: dict[str, object]) -> None:
+    import json
+
+    # TOML's inline table from JSON-ish values (floats as TOML writes them)
+    def toml(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float):
+            return "nan" if v != v else ("inf" if v > 0 else "-inf") if v in (float("inf"), float("-inf")) else repr(v)
+        return json.dumps(v)
+
+    text = "[quota]\n" + "".join(f"{k} = {toml(v)}\n" for k, v in values.items())
+    try:
+        q = parse_policy(text, "p.toml").quota(1001, frozenset())
+    except PolicyError as err:
+        assert all(m.startswith("p.toml:") for m in err.mistakes)
+    else:
+        assert "bogus" not in values
+        for k, v in values.items():
+            assert getattr(q, k) == v
