@@ -129,6 +129,7 @@ class Holder:
         "name",
         "pinned",
         "shared",
+        "started",
         "state",
         "uuids",
         "verified",
@@ -153,6 +154,7 @@ class Holder:
         inspected: bool = False,
         image: str | None = None,
         verified: bool | None = None,
+        started: str | None = None,
     ) -> None:
         self.id = id
         self.name = name
@@ -170,6 +172,7 @@ class Holder:
         self.via = "+".join(dict.fromkeys(WAY[g.form] for g in self.grants)) or None
         self.image = image  # as the container was created from it (a name, or an id)
         self.verified = verified  # gpupin.hostagent.ledger.holders.verified: None where the container does not say
+        self.started = started  # the engine's State.StartedAt (RFC 3339) for one read in full that has started
 
     @property
     def mismatch(self) -> bool:
@@ -208,6 +211,7 @@ class Holder:
             "describe": self.describe(),
             "image": self.image,
             "verified": self.verified,
+            "started": self.started,
         }
 
     def __repr__(self) -> str:
@@ -261,7 +265,13 @@ def holder(
         inspected=True,
         image=(inspect.get("Config") or {}).get("Image"),
         verified=verified(inspect),
+        started=_started(inspect),
     )
+
+
+def _started(inspect: Mapping[str, Any]) -> str | None:
+    at = str((inspect.get("State") or {}).get("StartedAt") or "")
+    return at if at and not at.startswith("0001-") else None
 
 
 def label_holder(

@@ -23,13 +23,15 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gpupin.core.errors import GpupinError
+from gpupin.hostagent.pin import UID_LABEL
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
 EXEMPT_LABEL = "gpupin.idle"  # `exempt` asks for it; the policy decides
-OWNER_UID_LABEL = "gpupin.uid"  # the uid the agent booked the container for (set at create)
 
 
 class IdleTracker:
@@ -92,13 +94,29 @@ def watch(agent: Any, idle_after: float, say: Callable[[str], None]) -> IdleWatc
     """The agent's IdleWatch, wired to the policy (the agent's current one: `agent.policy`, none until it has one)
     and to the record's seams. The one place that stands in for what has not landed yet."""
 
+    standin: list[Any] = []
+
+    def policy() -> Any:
+        """The agent's policy; until it keeps one, the file GPUPIN_POLICY names, read once (none: no rule)."""
+        kept = getattr(agent, "policy", None)
+        if kept is not None:
+            return kept
+        if not standin:
+            from gpupin.hostagent.policy import Policy, load_policy
+
+            path = os.environ.get("GPUPIN_POLICY")
+            try:
+                standin.append(load_policy(path) if path else Policy.empty())
+            except GpupinError as err:
+                say(f"policy not read, nothing enforced: {err.message}")
+                standin.append(Policy.empty())
+        return standin[0]
+
     def rule() -> Any:
-        policy = getattr(agent, "policy", None)
-        return policy.idle if policy is not None else None
+        return policy().idle
 
     def may_exempt(uid: int, gids: frozenset[int]) -> bool:
-        policy = getattr(agent, "policy", None)
-        return bool(policy is not None and policy.may_exempt(uid, gids))
+        return bool(policy().may_exempt(uid, gids))
 
     def emit(event: str, payload: dict[str, Any]) -> None:  # record's hooks.emit
         pass
@@ -225,7 +243,7 @@ class IdleWatch:
             with self._lock:
                 self._asking.discard(cid)
             return
-        uid = _uid(labels.get(OWNER_UID_LABEL))
+        uid = _uid(labels.get(UID_LABEL))
         exempt = labels.get(EXEMPT_LABEL) == "exempt" and uid is not None and self._may_exempt(uid, _groups(uid))
         with self._lock:
             self._exempt[cid] = (bool(exempt), uid)

@@ -30,6 +30,7 @@ import time
 from gpupin.core.errors import UsageError, shorten
 from gpupin.hostagent import agentlink, engine, mark
 from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.pin import UID_LABEL
 from gpupin.hostagent.run import launch, request_json
 from gpupin.hostagent.serve import rights
 from gpupin.hostagent.serve.agent import say
@@ -74,7 +75,7 @@ def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
             f"the run request's lease names pid {shorten(owner.pid)}, but the caller is pid {peer.pid}",
             "the process that starts the container must be the one that asks",
         )
-    return {lease.OWNER_LABEL: str(owner), lease.LEASE_LABEL: str(lease.LEASE_S)}
+    return {lease.OWNER_LABEL: str(owner), lease.LEASE_LABEL: str(lease.LEASE_S), UID_LABEL: str(peer.uid)}
 
 
 class Runs:
