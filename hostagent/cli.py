@@ -6,8 +6,8 @@ card is held, 125 Docker refused the container; `run` otherwise returns the cont
 
 This module is the entry point: the top-level parser, and the dispatch to each command. Each command's own parser,
 help and checks of its options are beside it, in its package: hostagent.ls.args, hostagent.run.args (with the
-split of `run`'s ARGV), hostagent.compose.args, hostagent.swarm.args, hostagent.doctor, hostagent.serve.args and
-hostagent.queue.args.
+split of `run`'s ARGV), hostagent.compose.args, hostagent.swarm.args, hostagent.doctor, hostagent.serve.args,
+hostagent.queue.args and hostagent.policy.args.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def build_parser(run_only: bool = False) -> _Parser:
         return p
     from gpupin.hostagent import doctor
     from gpupin.hostagent.compose import args as compose_args
+    from gpupin.hostagent.policy import args as policy_args
     from gpupin.hostagent.serve import args as serve_args
     from gpupin.hostagent.swarm import args as swarm_args
 
@@ -110,6 +111,8 @@ def build_parser(run_only: bool = False) -> _Parser:
     doctor.add(sub)
     serve_args.add(sub)
     queue_args.add(sub)
+    policy_args.add(sub)
+    policy_args.add_extend(sub)
     return p
 
 
@@ -204,6 +207,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve_args.command(args)
         if args.command == "queue":
             return queue_args.command(args)
+        if args.command == "policy":
+            from gpupin.hostagent.policy import args as policy_args
+
+            return policy_args.command(args)
+        if args.command == "extend":
+            from gpupin.hostagent.policy import args as policy_args
+
+            return policy_args.extend(args)
         if args.command == "completion":
             return completion.main(args.shell, parser)
         if args.command == "__complete":

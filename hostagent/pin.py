@@ -34,9 +34,7 @@ if TYPE_CHECKING:
 
 VERIFY_LEVELS = LEVELS
 OWNED_VARS = (EXPECT_VAR, NVD_VAR)
-# The uid the resident agent booked the container for (the kernel's word at accept): whose policy rights it has.
-UID_LABEL = "gpupin.uid"
-OWNED_LABELS = (LABEL, SHARED_LABEL, UID_LABEL)
+OWNED_LABELS = (LABEL, SHARED_LABEL)
 
 
 def check_via(via: str, capabilities: Sequence[str] = ()) -> None:

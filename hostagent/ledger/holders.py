@@ -29,7 +29,7 @@ from gpupin.core.contract import LABEL as LABEL  # the ledger reads the labels t
 from gpupin.core.contract import SHARED_LABEL as SHARED_LABEL
 from gpupin.core.errors import EX_MISALIGNED, EX_UNAVAILABLE, EX_USAGE, GpupinError, shown
 from gpupin.core.resolve import resolve
-from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.ledger import booking, lease
 from gpupin.hostagent.ledger.forms import WAY, grants
 from gpupin.hostagent.ledger.lease import OWNER_LABEL
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
+    from gpupin.hostagent.ledger.booking import Booking
     from gpupin.hostagent.ledger.forms import CardGrant, HostCards
 
 
@@ -119,6 +120,7 @@ class Holder:
     label says, and why it holds now (`why`; None: it does not)."""
 
     __slots__ = (
+        "booking",
         "grants",
         "holds",
         "how",
@@ -155,6 +157,7 @@ class Holder:
         image: str | None = None,
         verified: bool | None = None,
         started: str | None = None,
+        booking: Booking | None = None,
     ) -> None:
         self.id = id
         self.name = name
@@ -173,6 +176,7 @@ class Holder:
         self.image = image  # as the container was created from it (a name, or an id)
         self.verified = verified  # gpupin.hostagent.ledger.holders.verified: None where the container does not say
         self.started = started  # the engine's State.StartedAt (RFC 3339) for one read in full that has started
+        self.booking = booking  # who booked it, and until when (its gpupin.booking label)
 
     @property
     def mismatch(self) -> bool:
@@ -212,6 +216,7 @@ class Holder:
             "image": self.image,
             "verified": self.verified,
             "started": self.started,
+            "booking": self.booking.to_dict() if self.booking is not None else None,
         }
 
     def __repr__(self) -> str:
@@ -266,6 +271,7 @@ def holder(
         image=(inspect.get("Config") or {}).get("Image"),
         verified=verified(inspect),
         started=_started(inspect),
+        booking=booking.of(labels),
     )
 
 
@@ -295,6 +301,7 @@ def label_holder(
         why=None,
         label=uuids,
         image=summary.get("Image"),
+        booking=booking.of(labels),
     )
 
 
@@ -314,6 +321,7 @@ def starting_holder(summary: Mapping[str, Any], host: HostCards, labels: Mapping
         labels.get(SHARED_LABEL, "") == "true",
         why=STARTING,
         label=label,
+        booking=booking.of(labels),
     )
 
 

@@ -47,9 +47,13 @@ def _watts(milliwatts: int | None) -> float | None:
 
 def gather(warn: bool = True) -> dict[str, Any]:
     """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
+    from gpupin.hostagent.ledger import booking
+
     cards = read_cards()
     docker, reading = read_ledger(cards, warn)
-    return assemble(cards, docker, reading)
+    out = assemble(cards, docker, reading)
+    booking.extend(out, booking.read_extensions(booking.agent_folder()))  # `hostagent extend`'s, kept by the agent
+    return out
 
 
 def read_cards(xids: readings.XidLog | None = None) -> list[Card]:

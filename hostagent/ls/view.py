@@ -20,6 +20,7 @@ import sys
 import time
 
 from gpupin.core.errors import shown
+from gpupin.hostagent.ledger.booking import format_duration
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -192,6 +193,9 @@ def _holders(holders: Sequence[dict[str, Any]], color: bool, indent: str) -> lis
             ]
         if h["why"] and h["why"] != h["state"]:
             tail += [("  ", ""), (f"holds: {_text(h['why'])}", "")]
+        left = (h.get("booking") or {}).get("left_s")
+        if left is not None:  # a booking with an end (hostagent run --for, or the policy's default)
+            tail += [("  ", ""), (f"ends in {format_duration(left)}" if left > 0 else "booking ended", YELLOW)]
         rows.append([Cell(_text(h["name"]), BOLD), Cell(h["id"][:12]), Cell(h["state"]), Cell("", parts=tail)])
     return _section("held by", rows, color, indent)
 

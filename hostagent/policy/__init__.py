@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 
 from gpupin.core.errors import UsageError, printable
+from gpupin.hostagent.ledger.booking import format_duration as format_duration  # how `ls` shows a time left
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from typing import Any, Literal
 
 DEFAULT_PATH = "/etc/gpupin/policy.toml"
+PATH_VARIABLE = "GPUPIN_POLICY"  # another file than DEFAULT_PATH (tests; `serve --policy` says it for the agent)
 FILE_LIMIT = 1 << 20  # a policy is a page of text; a megabyte is a mistake (or /dev/zero)
 LONGEST_S = 366 * 86400.0  # the longest duration a policy or `--for` may say: a year
 BEFORE_END_S = 15 * 60.0  # notify.before_end when absent
@@ -47,6 +49,13 @@ class PolicyError(UsageError):
         )
         self.path = path
         self.mistakes = mistakes
+
+
+def policy_path() -> str:
+    """The policy file this host reads: GPUPIN_POLICY, else /etc/gpupin/policy.toml."""
+    import os
+
+    return os.environ.get(PATH_VARIABLE) or DEFAULT_PATH
 
 
 # --- durations --------------------------------------------------------------------------------------------------
@@ -78,20 +87,6 @@ def parse_duration(text: str) -> float:
     if total > LONGEST_S:
         raise ValueError(f"{printable(text)!r} is longer than a year, the longest duration")
     return total
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds as people read a time left: `45s`, `12m`, `1h12m`, `2d3h` (rounded down to the unit shown)."""
-    s = max(int(seconds), 0)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        h, m = divmod(s // 60, 60)
-        return f"{h}h{m:02d}m" if m else f"{h}h"
-    d, h = divmod(s // 3600, 24)
-    return f"{d}d{h}h" if h else f"{d}d"
 
 
 # --- the model ---------------------------------------------------------------------------------------------------
@@ -320,7 +315,7 @@ class _Reader:
     def __init__(self, path: str, text: str) -> None:
         self.path = path
         self.where = _lines(text)
-        self.mistakes: list[str] = []
+        self._found: list[tuple[int, str]] = []
 
     def wrong(self, key: str, what: str) -> None:
         line = self.where.get(key)
@@ -330,7 +325,12 @@ class _Reader:
                 parent = parent.rsplit(".", 1)[0]
                 line = self.where.get(parent)
         place = f"{printable(self.path)}:{line}" if line else printable(self.path)
-        self.mistakes.append(f"{place}: {printable(key)}: {what}")
+        self._found.append((line or 0, f"{place}: {printable(key)}: {what}"))
+
+    @property
+    def mistakes(self) -> list[str]:
+        """In the file's order."""
+        return [m for _, m in sorted(self._found, key=lambda found: found[0])]
 
     def table(self, data: Any, key: str, allowed: Iterable[str]) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -339,7 +339,11 @@ class _Reader:
         known = set(allowed)
         for k in data:
             if k not in known:
-                self.wrong(f"{key}.{k}" if key else k, f"unknown key (known here: {', '.join(sorted(known))})")
+                import difflib
+
+                near = difflib.get_close_matches(k, sorted(known), 1)
+                said = f"did you mean {near[0]}? " if near else ""
+                self.wrong(f"{key}.{k}" if key else k, f"unknown key ({said}known here: {', '.join(sorted(known))})")
         return {k: v for k, v in data.items() if k in known}
 
     def duration(self, data: dict[str, Any], key: str, name: str) -> float | None:

@@ -38,7 +38,7 @@ The docker run options are read as docker reads them: bool flags take =true/=fal
 cluster (-itd); sizes take docker's units (16g = 16GB = 16GiB); `-v ./data:/data` is a bind of ./data.
 
 exit: the container's exit code; 64 bad request; 69 NVML or Docker unavailable, or the card is unhealthy; 75 the
-card is held or in use by another process (no --wait);
+card is held or in use by another process (no --wait), or a quota of the host's policy is used up;
 125 Docker refused the container; 126/127 the command cannot be run or was not found (as docker run);
 70 an internal error (a bug in hostagent: run again with --debug and report the traceback).
 """
@@ -49,6 +49,15 @@ def _wait_value(text: str) -> float:
         return math.inf if text in ("", "inf", "forever") else float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
+
+
+def _for_value(text: str) -> float:
+    from gpupin.hostagent.policy import parse_duration  # here: a run without --for loads none of the policy
+
+    try:
+        return parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _is_seconds(text: str | None) -> bool:
@@ -181,6 +190,14 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         const=math.inf,
         help="wait for held cards (forever, or at most SECONDS) instead of exiting 75; with the agent "
         "up, in its fair queue (`hostagent queue`)",
+    )
+    g.add_argument(
+        "--for",
+        dest="book_for",
+        type=_for_value,
+        metavar="DURATION",
+        help="book the cards for this long (90m, 4h, 2d): then the resident agent stops the container as docker "
+        "stop does; the host's policy gives a default and a maximum (docs/policy.md), `hostagent extend` more",
     )
     g.add_argument("--verify", choices=list(VERIFY_LEVELS), help="GPUPIN_VERIFY for the entrypoint")
     g.add_argument(
@@ -336,6 +353,7 @@ def command(args: argparse.Namespace) -> int:
         count=args.count,
         share=args.share,
         wait=args.wait,
+        book_for=args.book_for,
         verify=args.verify,
         dry_run=args.dry_run,
         via=args.via,

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from gpupin.core.resolve import Target
     from gpupin.hostagent.run.attach import Attachment
 
+    Admit = Callable[[ledger_read.LedgerReading, int], Mapping[str, str]]
+
 
 def _failpoint(name: str) -> None:
     """Die here, as a `kill -9` would, when GPUPIN_FAILPOINT names this point: how the tests prove that a
@@ -295,13 +297,16 @@ def reserve(
     owner: Mapping[str, str],
     missing_image: Callable[[], None],
     notify: Callable[[str], None] = say,
+    admit: Admit | None = None,
 ) -> Created:
     """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the labels of
     gpupin.hostagent.ledger.lease: the process that will start it); the lock is let go once it exists. The one
     place where cards are booked, whoever asks (this process, or the resident agent for its caller).
 
     Held cards are CardHeldError (75) with the reason and its hint (a --wait caller waits and asks again);
-    `missing_image` is called, outside the lock, when the image is not there (pull it, or refuse)."""
+    `missing_image` is called, outside the lock, when the image is not there (pull it, or refuse). `admit`, under
+    the lock with the holders just read and the cards chosen: the booking's labels, or the policy's refusal
+    (gpupin.hostagent.policy.admit)."""
     guard = lock.LedgerLock(api, req.image, missing_image=missing_image)
     overruns = 0
     while True:
@@ -319,6 +324,8 @@ def reserve(
                     raise _held_error(refusal)
                 spec = ContainerSpec(req, chosen, _via(req, chosen, detection))
                 spec.labels.update(owner)  # it holds its cards while its owner starts it
+                if admit is not None:
+                    spec.labels.update(admit(ledger, len(chosen)))
                 guard.check()
                 return Created(_create(api, spec, guard), spec)
         except lock.LeaseLost as err:
@@ -348,6 +355,7 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
     # (or --pull always asks for a pull first).
     if req.pull == "always":
         image.ensure(api, req)
+    admit = _admit(req)
     with contextlib.nullcontext(wait_loop) if wait_loop is not None else WaitLoop(req) as waiting:
         while True:
             try:
@@ -360,6 +368,7 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
                     detection,
                     lease.claim(),
                     missing_image=lambda: image.ensure(api, req),
+                    admit=admit,
                 )
                 break
             except CardHeldError as err:
@@ -367,6 +376,22 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
         waiting.close()  # booked: out of the queue before the start
     attachment = start.start(Engine(api.api_version), created.cid, req, created.spec.pin.via)
     return Launched(created.cid, created.spec, attachment)
+
+
+def _admit(req: RunRequest) -> Admit:
+    """A run without the agent books as this process's uid and groups, under the host's policy file (a file with
+    mistakes is said, and enforces nothing here: the agent keeps its last good one)."""
+    from gpupin.hostagent.ledger.booking import agent_folder, read_extensions
+    from gpupin.hostagent.policy import Policy, admit, load_policy, policy_path
+
+    path = policy_path()
+    policy = Policy.empty()
+    if os.path.lexists(path):
+        try:
+            policy = load_policy(path)
+        except GpupinError as err:
+            say(f"warning: the policy is not applied: {err.message}")
+    return admit.for_run(policy, admit.Caller.me(), req.book_for, read_extensions(agent_folder()))
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:

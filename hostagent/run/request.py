@@ -17,6 +17,7 @@ import shlex
 from gpupin.core.contract import LABEL, LEVELS_TEXT
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
+from gpupin.hostagent.ledger.booking import LABEL as BOOKING_LABEL
 from gpupin.hostagent.pin import OWNED_LABELS, Pin, check_via
 from gpupin.hostagent.run import options as runopts
 from gpupin.hostagent.run import values
@@ -58,6 +59,7 @@ class RunRequest:
         count: int | None = None,
         share: bool = False,
         wait: float | None = None,
+        book_for: float | None = None,
         verify: str | None = None,
         dry_run: bool = False,
         via: str | None = None,
@@ -73,6 +75,7 @@ class RunRequest:
         self.count = count
         self.share = share
         self.wait = wait
+        self.book_for = book_for  # --for, seconds; None: the policy's default (docs/policy.md)
         self.verify = verify
         self.dry_run = dry_run
         self.via = via  # cdi or nvidia as asked (--via); None: as the daemon serves (gpupin.hostagent.engine.cdi)
@@ -190,6 +193,11 @@ class RunRequest:
             key = spec.split("=", 1)[0]
             if not key:
                 raise UsageError(f"malformed --label {spec!r}", "use --label key=value")
+            if key == BOOKING_LABEL:
+                raise UsageError(
+                    f"--label {spec}: hostagent writes {key} itself (who booked the cards, and until when)",
+                    "remove it; --for DURATION sets the end",
+                )
             if key in OWNED_LABELS:
                 raise UsageError(
                     f"--label {spec}: hostagent writes {key} itself ({LABEL} is the ledger)",

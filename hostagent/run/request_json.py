@@ -23,8 +23,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-VERSION = 2  # 2: the options as typed, and what they read; no create payload (1 sent one, and the agent used it)
-_FIELDS = {"wire", "image", "command", "gpus", "count", "share", "verify", "via", "max_load", "max_memory"}
+# 2: the options as typed, and what they read; no create payload (1 sent one, and the agent used it). 3: `for`.
+VERSION = 3
+_FIELDS = {"wire", "image", "command", "gpus", "count", "share", "verify", "via", "max_load", "max_memory", "for"}
 _READS = {"options", "environ", "cwd", "files"}
 
 
@@ -42,6 +43,7 @@ def dump(req: RunRequest) -> dict[str, Any]:
         "via": req.via,
         "max_load": req.max_load,
         "max_memory": req.max_memory,
+        "for": req.book_for,
         "options": given,
         "environ": {v.key: v.value for v in req.user_env if v.passed and v.value is not None},
         "cwd": req.reads.cwd or values.workdir(),
@@ -59,6 +61,13 @@ def _strings(value: Any) -> bool:
 
 def _number(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _duration(value: Any) -> bool:
+    """--for's seconds: absent, or within what parse_duration gives (its bounds are the policy's rule)."""
+    from gpupin.hostagent.policy import LONGEST_S
+
+    return value is None or (_number(value) and 0 < value <= LONGEST_S)
 
 
 def _option(dest: str, value: Any) -> bool:
@@ -98,6 +107,7 @@ def load(obj: Any) -> RunRequest:
         or not isinstance(obj.get("share"), bool)
         or not all(v is None or isinstance(v, str) for v in (verify, via))
         or not (_number(obj.get("max_load")) and _number(obj.get("max_memory")))
+        or not _duration(obj.get("for"))
     ):
         raise _bad("fields")
     try:
@@ -116,6 +126,7 @@ def load(obj: Any) -> RunRequest:
         environ=environ,
         max_load=obj.get("max_load"),
         max_memory=obj.get("max_memory"),
+        book_for=obj.get("for"),
         reads=reads,
         **options,
     )

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import LedgerReading
+    from gpupin.hostagent.serve.bookings import Bookings
+    from gpupin.hostagent.serve.keeper import Keeper
 
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
@@ -58,11 +60,19 @@ class Agent:
     which card, when marked dirty) and `docker-events` (the daemon's stream, which marks it dirty); `start()` reads
     once, then runs them."""
 
-    def __init__(self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0) -> None:
+    def __init__(
+        self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0, policy: str | None = None
+    ) -> None:
+        from gpupin.hostagent.policy import policy_path
+        from gpupin.hostagent.serve.bookings import Bookings
+        from gpupin.hostagent.serve.keeper import Keeper
+
         self.interval = interval
         self.resync = resync
         self.idle = idle.watch(self, idle_after, say)
         self.samples = samples.Samples()
+        self.keeper: Keeper = Keeper(policy or policy_path())  # the policy in force (docs/policy.md)
+        self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
         # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
         self.xids = readings.XidLog()
         self.started = time.time()
@@ -119,6 +129,7 @@ class Agent:
             return
         self.idle.observe(view, time.monotonic(), time.time())
         self.samples.add(view, time.time())
+        self.bookings.annotate(view, time.time())
         self._publish(view, None)
 
     def read_ledger(self) -> tuple[dict[str, Any], LedgerReading | None]:

@@ -303,6 +303,7 @@ class Handler(BaseHTTPRequestHandler):
                 "nvml": {"available": view is not None, "error": snap.error},
                 "events_followed": self.agent.following,
                 "docker": view["docker"] if view is not None else None,
+                "policy": self.agent.keeper.status(),
             },
         )
 
@@ -405,9 +406,9 @@ def serve(server: socketserver.TCPServer, sock: Accepted) -> None:
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:
     """The POST routes, each module's own."""
-    from gpupin.hostagent.serve import queue, runs
+    from gpupin.hostagent.serve import bookings, queue, runs
 
-    return {"/api/queue": queue.of(agent).serve, **runs.routes()}
+    return {"/api/queue": queue.of(agent).serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
 
 
 def handler(agent: Agent) -> type[Handler]:

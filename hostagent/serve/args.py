@@ -26,7 +26,8 @@ on a unix socket for the CLI (mode 0660, root and --group only) and on --http (l
 EPILOG = """A held card with no compute process and 0% utilization for --idle-after is flagged idle; a policy's
 [idle] rule warns its holders and may stop them (docs/serve.md, "Idle holders"); without one nothing is stopped.
 A restart of the Docker daemon and NVML errors are survived: what cannot be read is shown as unknown.
-SIGTERM or Ctrl-C stop it (exit 0). exit: 0 stopped; 64 bad usage; 75 another agent listens on --socket."""
+SIGHUP reads the --policy file again (`hostagent policy check` it first). SIGTERM or Ctrl-C stop it (exit 0).
+exit: 0 stopped; 64 bad usage; 75 another agent listens on --socket."""
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smh]?)$")
 
@@ -129,6 +130,13 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         "default 30m; a policy's [idle] after takes its place)",
     )
     s.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="the host's policy: bookings, quotas, idle rules, hooks (default GPUPIN_POLICY, else "
+        "/etc/gpupin/policy.toml; no file: nothing enforced). Read again on SIGHUP; a file with mistakes keeps "
+        "the last good one (docs/policy.md)",
+    )
+    s.add_argument(
         "--interval",
         type=_interval,
         default=0.5,
@@ -138,6 +146,7 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    from gpupin.hostagent.policy import policy_path
     from gpupin.hostagent.serve import main
     from gpupin.hostagent.serve.connections import Limits
 
@@ -151,4 +160,5 @@ def command(args: argparse.Namespace) -> int:
         args.http_host,
         Limits(args.max_connections, args.max_per_user),
         args.daemon_group,
+        args.policy or policy_path(),
     )

@@ -23,8 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpupin.core.errors import GpupinError
-from gpupin.hostagent.pin import UID_LABEL
+from gpupin.hostagent.ledger import booking
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -91,26 +90,11 @@ class _Idle:
 
 
 def watch(agent: Any, idle_after: float, say: Callable[[str], None]) -> IdleWatch:
-    """The agent's IdleWatch, wired to the policy (the agent's current one: `agent.policy`, none until it has one)
-    and to the record's seams. The one place that stands in for what has not landed yet."""
-
-    standin: list[Any] = []
+    """The agent's IdleWatch, wired to the agent's current policy (its keeper's: a reload counts at the next
+    refresh) and to the record's seams."""
 
     def policy() -> Any:
-        """The agent's policy; until it keeps one, the file GPUPIN_POLICY names, read once (none: no rule)."""
-        kept = getattr(agent, "policy", None)
-        if kept is not None:
-            return kept
-        if not standin:
-            from gpupin.hostagent.policy import Policy, load_policy
-
-            path = os.environ.get("GPUPIN_POLICY")
-            try:
-                standin.append(load_policy(path) if path else Policy.empty())
-            except GpupinError as err:
-                say(f"policy not read, nothing enforced: {err.message}")
-                standin.append(Policy.empty())
-        return standin[0]
+        return agent.keeper.policy
 
     def rule() -> Any:
         return policy().idle
@@ -243,7 +227,8 @@ class IdleWatch:
             with self._lock:
                 self._asking.discard(cid)
             return
-        uid = _uid(labels.get(UID_LABEL))
+        booked = booking.of(labels)  # its owner: the uid the booking names (the agent's, or the run's own uid)
+        uid = booked.uid if booked is not None else None
         exempt = labels.get(EXEMPT_LABEL) == "exempt" and uid is not None and self._may_exempt(uid, _groups(uid))
         with self._lock:
             self._exempt[cid] = (bool(exempt), uid)
@@ -289,15 +274,6 @@ def _engine_stop(cid: str) -> None:
     from gpupin.hostagent import engine
 
     engine.connect(timeout=None).stop(cid)
-
-
-def _uid(text: str | None) -> int | None:
-    """The owner's uid a label gives; an owner the agent did not record is None (and may not exempt)."""
-    try:
-        uid = int(text or "")
-    except ValueError:
-        return None
-    return uid if uid >= 0 else None
 
 
 def _user_name(uid: int | None) -> str | None:

@@ -1,5 +1,6 @@
-"""`hostagent serve` from start to stop: check the options, listen, start the agent's threads, and on SIGTERM or
-Ctrl-C stop everything within a couple of seconds and exit 0 (systemd's stop waits for that)."""
+"""`hostagent serve` from start to stop: check the options, read the policy, listen, start the agent's threads, read
+the policy again on SIGHUP (systemd's reload), and on SIGTERM or Ctrl-C stop everything within a couple of seconds
+and exit 0 (systemd's stop waits for that)."""
 
 from __future__ import annotations
 
@@ -31,15 +32,18 @@ def run(
     http_hosts: list[str] | None = None,
     limits: connections.Limits | None = None,
     daemon_group: str | None = None,
+    policy: str | None = None,
 ) -> int:
     address = listen.http_address(http, public)  # refused before anything is opened
     names = listen.host_names(http_hosts or [])
     gid = listen.group_id(group)
     rights.set_daemon_group(daemon_group)
-    agent = Agent(interval=interval, idle_after=idle_after)
+    agent = Agent(interval=interval, idle_after=idle_after, policy=policy)
+    agent.keeper.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
     handler = api.handler(agent)
     servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
     queue.of(agent).keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
+    agent.bookings.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # and the extensions of bookings
     try:
         if address is not None:
             servers.append(listen.tcp_server(address, handler, names))
@@ -55,16 +59,26 @@ def run(
         if first and not serving.is_set():  # the first read may wait on a daemon that does not answer: abandon it
             raise _Stopped  # once: a second signal must not interrupt the stop itself
 
+    reload = threading.Event()
+
+    def on_hup(_signum: int, _frame: object) -> None:
+        reload.set()  # read in the main loop (within 0.5 s), not in the handler: the keeper's lock may be held
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
     gate = api.gate(servers, limits or connections.Limits())
     try:
         agent.start()
+        agent.bookings.start()
         gate.start()
         serving.set()
         where = [f"unix://{socket_path}"] + ([f"http://{_shown(address)}"] if address else [])
         say(f"listening on {' and '.join(where)} (pid {os.getpid()}, idle after {idle_after:g}s)")
         while not stop.wait(0.5):
-            pass
+            if reload.is_set():
+                reload.clear()
+                say("SIGHUP: reading the policy again")
+                agent.keeper.load()
         say("stopping")
     except _Stopped:
         say("stopping before the first view was read")

@@ -96,6 +96,7 @@ class Waiter:
     def __init__(self, ask: fair.QueueRequest, body: dict[str, Any], peer: Peer, since: float, ticket: str) -> None:
         self.ask = ask
         self.uid, self.pid, self.user = peer.uid, peer.pid, peer.user()
+        self.gids = frozenset({peer.gid, *peer.groups})  # for the policy's quotas
         self.name = _text(body.get("name"))
         self.image = _text(body.get("image"))
         command = body.get("command")
@@ -199,13 +200,23 @@ class Queue:
                 f"POST /api/queue: --count {ask.count}, but this host has {fair.healthy(view)} healthy whole card(s)",
                 "ask for at most that many",
             )
+        from gpupin.hostagent.policy import admit
+
+        never = admit.never(
+            self.agent.keeper.policy, admit.Caller(peer.uid, {peer.gid, *peer.groups}), ask.count or len(ask.gpus) or 1
+        )
+        if never is not None:  # a quota no wait can meet: refused now, not waited for forever
+            raise never
         ticket = body.get("ticket")
         with self._lock:
             if self.agent.stopping.is_set():  # (under the lock: a waiter that got in gets the stop's end of stream)
                 raise AgentUnavailableError("the agent is stopping", "join the next one (a restart keeps the order)")
-            if peer.uid != 0 and sum(w.uid == peer.uid for w in self._waiters) >= MAX_WAITERS:
+            quota = self.agent.keeper.policy.quota(peer.uid, frozenset({peer.gid, *peer.groups})).waiters
+            places = MAX_WAITERS if quota is None else min(quota, MAX_WAITERS)
+            if peer.uid != 0 and sum(w.uid == peer.uid for w in self._waiters) >= places:
                 full = GpupinError(
-                    f"POST /api/queue: uid {peer.uid} already waits in {MAX_WAITERS} places of the queue",
+                    f"POST /api/queue: uid {peer.uid} already waits in {places} places of the queue"
+                    + (" (quota waiters)" if places == quota else ""),
                     "let one of them finish first",
                 )
                 full.exit_code = EX_TEMPFAIL
@@ -271,6 +282,23 @@ class Queue:
 
     # --- the turns ---
 
+    def _within_quota(self, view: dict[str, Any]) -> list[Waiter]:
+        """The waiters the policy's quotas let take a card now, in order: one over its quota keeps its place but is
+        given no turn, and holds no card back from those after it (gpupin.hostagent.policy.admit)."""
+        from gpupin.hostagent.policy import admit
+        from gpupin.hostagent.serve import bookings
+
+        policy = self.agent.keeper.policy
+        if not policy.enforced:
+            return list(self._waiters)
+        held, since = admit.view_holdings(view)
+        used = bookings.gpu_seconds() or (lambda uid, start: admit.held_seconds(uid, start, since))
+        return [
+            w
+            for w in self._waiters
+            if admit.over(policy, admit.Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, used) is None
+        ]
+
     def _grant(self) -> None:
         """Lapse the turns unanswered too long, hand out the turns the rule gives, and tell each waiter whose
         place changed. Called under the lock."""
@@ -289,8 +317,9 @@ class Queue:
                 self._waiters.remove(w)  # the stream ends after the line: the caller joins again as new, if at all
                 w.post({"lost": f"{MAX_LAPSES} turns went unused while their cards were free: the place is lost"})
                 w.post({})
-        for n, cards in (fair.turns(self._waiters, view) if view is not None else {}).items():
-            w = self._waiters[n]
+        within = self._within_quota(view) if view is not None else []
+        for n, cards in (fair.turns(within, view) if view is not None else {}).items():
+            w = within[n]
             w.offered, w.turn_at, w.asked_again = cards, now, False
             w.post({"turn": {"cards": cards}})
         for n, w in enumerate(self._waiters, 1):

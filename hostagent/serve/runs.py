@@ -30,7 +30,6 @@ import time
 from gpupin.core.errors import UsageError, shorten
 from gpupin.hostagent import agentlink, engine, mark
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.pin import UID_LABEL
 from gpupin.hostagent.run import launch, request_json
 from gpupin.hostagent.serve import rights
 from gpupin.hostagent.serve.agent import say
@@ -42,6 +41,8 @@ if TYPE_CHECKING:
 
     class Handler(Protocol):  # gpupin.hostagent.serve.api.Handler, which registers this route
         def answer(self, obj: Any) -> None: ...
+
+    from gpupin.hostagent.serve.agent import Agent
 
     class Peer(Protocol):  # gpupin.hostagent.serve.api.Peer: the caller, as the kernel named it at accept
         pid: int
@@ -75,13 +76,14 @@ def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
             f"the run request's lease names pid {shorten(owner.pid)}, but the caller is pid {peer.pid}",
             "the process that starts the container must be the one that asks",
         )
-    return {lease.OWNER_LABEL: str(owner), lease.LEASE_LABEL: str(lease.LEASE_S), UID_LABEL: str(peer.uid)}
+    return {lease.OWNER_LABEL: str(owner), lease.LEASE_LABEL: str(lease.LEASE_S)}
 
 
 class Runs:
     """The route, and the Engine clients it keeps (one per request at a time: the SDK's is not thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
         self._idle: list[Any] = []
         self._mutex = threading.Lock()
         self._info: tuple[float, dict[str, Any]] | None = None
@@ -130,6 +132,7 @@ class Runs:
         req = request_json.load(sent)
         if req.pull == "always":
             raise _Direct("--pull always")
+        admit = self._admit(req, peer)  # a --for past the policy's maximum: refused before anything is read
         lines: list[str] = []
         cards, picks = launch.read_cards(req, lines.append)
         api = self._client()
@@ -145,6 +148,7 @@ class Runs:
                 owner,
                 missing_image=self._missing(req.image),
                 notify=lines.append,
+                admit=admit,
             )
         finally:
             self._done(api)  # a requests session outlives a failed call: kept for the next run
@@ -153,6 +157,17 @@ class Runs:
         with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
             say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} pid {peer.pid}")
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
+
+    def _admit(self, req: Any, peer: Peer) -> Any:
+        """The booking and the quotas of the policy in force, for the caller the kernel named (never a name the
+        request carries: gpupin.hostagent.policy.admit)."""
+        from gpupin.hostagent.policy import admit
+        from gpupin.hostagent.serve import bookings
+
+        caller = admit.Caller(peer.uid, {peer.gid, *peer.groups})
+        return admit.for_run(
+            self.agent.keeper.policy, caller, req.book_for, self.agent.bookings.extensions(), bookings.gpu_seconds()
+        )
 
     @staticmethod
     def _missing(image: str) -> Any:
@@ -163,5 +178,5 @@ class Runs:
         return pull_is_the_callers
 
 
-def routes() -> dict[str, Callable[[Any, dict[str, Any], Any], None]]:
-    return {ROUTE: Runs().route}
+def routes(agent: Agent) -> dict[str, Callable[[Any, dict[str, Any], Any], None]]:
+    return {ROUTE: Runs(agent).route}

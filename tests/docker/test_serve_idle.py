@@ -1,8 +1,9 @@
 """Idle cards given back (issue 25, item 2), on the sandboxed daemon with a policy's `[idle]` rule: an idle holder is
 warned (in the view and in `ls`), then stopped as `docker stop` stops it (its stop signal: it exits 0 by its own
 trap) within 5 s of its stop time; a holder with a compute process on its card is never stopped; the label
-gpupin.idle=exempt counts only for an owner the policy allows, a real other user under setpriv included, and
-no user can claim another's uid with a label. Without a daemon: tests/unit/test_serve_idle.py."""
+gpupin.idle=exempt counts only for an owner the policy allows, a real other user under setpriv included; no user
+can claim another's uid with a label (gpupin.booking is hostagent's to write). Without a daemon:
+tests/unit/test_serve_idle.py."""
 
 from __future__ import annotations
 
@@ -132,14 +133,20 @@ def test_the_exempt_label_counts_only_where_the_policy_allows(agent: Agent, resi
     for uid, name, gpu in ((ALLOWED, allowed, "0"), (REFUSED, refused, "1")):
         res = run_as(agent, uid, name, gpu, "--label", "gpupin.idle=exempt")
         assert res.returncode == 0, res.stderr
-        assert agent.sandbox.docker(
-            "inspect", "-f", '{{index .Config.Labels "gpupin.uid"}}', name
-        ).stdout.strip() == str(uid)
+        booked = agent.sandbox.docker("inspect", "-f", '{{index .Config.Labels "gpupin.booking"}}', name).stdout
+        assert booked.startswith(f"uid={uid} "), booked
     # A user who names another's uid (root's, who may always exempt) is refused: the agent writes that label.
     forged = run_as(
-        agent, REFUSED, f"forged-{agent.tag}", "3", "--label", "gpupin.idle=exempt", "--label", "gpupin.uid=0"
+        agent,
+        REFUSED,
+        f"forged-{agent.tag}",
+        "3",
+        "--label",
+        "gpupin.idle=exempt",
+        "--label",
+        "gpupin.booking=uid=0 since=1",
     )
-    assert forged.returncode == 64 and "gpupin.uid" in forged.stderr and "Traceback" not in forged.stderr, forged
+    assert forged.returncode == 64 and "gpupin.booking" in forged.stderr and "Traceback" not in forged.stderr, forged
     wait_for(lambda: not state(agent, refused)["Running"], AFTER + GRACE + 15, "the refused exemption stopped")
     assert state(agent, allowed)["Running"] and resident.card(A800)["idle"] is True
     assert resident.card(A800)["idle_warning"] is None

@@ -284,3 +284,170 @@ def test_quota_values(values: dict[str, object]) -> None:
         assert "bogus" not in values
         for k, v in values.items():
             assert getattr(q, k) == v
+
+
+# --- hostagent policy check ---
+
+
+def test_check_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpupin.hostagent.cli import main
+
+    f = tmp_path / "policy.toml"
+    f.write_text(FULL)
+    assert main(["policy", "check", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"policy: OK {f}: bookings default 4h, max 2d; quota cards 2") and out.count("\n") == 1
+
+
+def test_check_mistakes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from gpupin.hostagent.cli import main
+
+    f = tmp_path / "policy.toml"
+    f.write_text('[quota]\ncard = 2\n[booking]\nmax = "2 days"\n')
+    assert main(["policy", "check", str(f)]) == 64
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"hostagent policy: ERROR: {f}:2: quota.card: unknown key (did you mean cards? known here: cards, "
+        "gpu_hours_per_day, gpu_hours_per_week, group, user, waiters)",
+        f"hostagent policy: ERROR: {f}:4: booking.max: '2 days' is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)",
+        f"hostagent policy: 2 mistakes in {f}",
+    ]
+    assert main(["policy", "check", "--json", str(f)]) == 64
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and len(out["mistakes"]) == 2 and out["policy"] is None
+    f.write_text(FULL)
+    assert main(["policy", "check", "--json", str(f)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["policy"]["quota"]["cards"] == 2
+
+
+def test_check_default_file_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpupin.hostagent.cli import main
+
+    if os.path.exists("/etc/gpupin/policy.toml"):
+        pytest.skip("this host has a policy file")
+    assert main(["policy", "check"]) == 64
+    assert "/etc/gpupin/policy.toml: cannot read it: No such file or directory" in capsys.readouterr().err
+
+
+# --- bookings and quotas (gpupin.hostagent.policy.admit, gpupin.hostagent.ledger.booking) ---
+
+
+def quota_policy(tmp_path: Path) -> Policy:
+    return policy(
+        '[booking]\ndefault = "1h"\nmax = "4h"\n[quota]\ncards = 2\ngpu_hours_per_day = 3\n'
+        '[quota.user."1002"]\ncards = 4\n',
+        tmp_path,
+    )
+
+
+def test_booking_length(tmp_path: Path) -> None:
+    from gpupin.core.errors import UsageError
+    from gpupin.hostagent.policy import admit
+
+    p = quota_policy(tmp_path)
+    alice = admit.Caller(1001, {1001})
+    assert admit.length(p, alice, None) == 3600
+    assert admit.length(p, alice, 7200) == 7200
+    with pytest.raises(UsageError) as err:
+        admit.length(p, alice, 5 * 3600)
+    assert err.value.exit_code == 64
+    assert "--for 5h is longer than the longest booking the policy gives uid 1001" in err.value.message
+    assert "(booking.max)" in err.value.message
+    assert admit.length(p, admit.Caller(0, {0}), 30 * 86400) == 30 * 86400  # root: no maximum
+    assert admit.length(Policy.empty(), alice, None) is None
+
+
+def test_booking_label_round_trip() -> None:
+    from gpupin.hostagent.ledger import booking
+    from gpupin.hostagent.policy import admit
+
+    labels = admit.labels(admit.Caller(1001, ()), 5400, now=1000)
+    assert labels == {"gpupin.booking": "uid=1001 since=1000 until=6400"}
+    b = booking.parse(labels["gpupin.booking"])
+    assert b is not None and (b.uid, b.since, b.until) == (1001, 1000, 6400)
+    assert b.to_dict(now=2000) == {"uid": 1001, "since": 1000, "until": 6400, "left_s": 4400}
+    assert b.to_dict(now=9000)["left_s"] == 0
+    assert booking.parse(admit.labels(admit.Caller(7, ()), None, now=5)["gpupin.booking"]).until is None  # type: ignore[union-attr]
+    for forged in ("uid=0", "uid=1 since=2 until=3 extra", "uid=-1 since=2", "", "uid=1\nsince=2"):
+        assert booking.parse(forged) is None
+
+
+def test_quota_cards(tmp_path: Path) -> None:
+    from gpupin.core.errors import UsageError
+    from gpupin.hostagent.policy import admit
+
+    p = quota_policy(tmp_path)
+    alice = admit.Caller(1001, {1001})
+    held = [admit.Holding(1001, 1, 1000 + 4320, "train-a"), admit.Holding(1002, 3, None, "bob-job")]
+    admit.check(p, alice, 1, held, lambda _u, _s: 0.0, now=1000)  # 1 + 1 <= 2
+    with pytest.raises(admit.QuotaError) as err:
+        admit.check(p, alice, 2, held, lambda _u, _s: 0.0, now=1000)
+    assert err.value.exit_code == 75
+    assert err.value.message == (
+        "quota cards: uid 1001 holds 1 of 2 card(s) at once, and asks 2 more; the first frees when train-a ends, "
+        "in 1h12m"
+    )
+    with pytest.raises(UsageError) as never:
+        admit.check(p, alice, 3, [], lambda _u, _s: 0.0)
+    assert never.value.exit_code == 64 and "at most 2 at once (quota.cards)" in never.value.message
+    # bob's own quota, and bob's holdings are not alice's
+    admit.check(p, admit.Caller(1002, ()), 1, held, lambda _u, _s: 0.0)
+    assert admit.never(p, alice, 3) is not None and admit.never(p, alice, 2) is None
+
+
+def test_quota_gpu_hours(tmp_path: Path) -> None:
+    from gpupin.hostagent.policy import admit
+
+    p = quota_policy(tmp_path)
+    alice = admit.Caller(1001, ())
+    now = 100000.0
+    # two cards held for 1.5 h each: 3 GPU-hours in the last day
+    since = [(1001, 2, now - 5400), (1002, 4, now - 86400 * 3)]
+
+    def used(uid: int, start: float) -> float:
+        return admit.held_seconds(uid, start, since, now)
+
+    assert used(1001, now - 86400) == 2 * 5400
+    assert used(1002, now - 86400) == 4 * 86400  # only the last day counts
+    with pytest.raises(admit.QuotaError) as err:
+        admit.check(p, alice, 1, [], used, now=now)
+    assert err.value.message.startswith(
+        "quota gpu_hours_per_day: uid 1001 used 3.0 of 3 GPU-hours in the last 24 hours"
+    )
+
+
+def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
+    """Whose a holding is comes from the booking label's uid, whatever the container is called."""
+    from gpupin.hostagent.policy import admit
+
+    view = {
+        "gpus": [
+            {
+                "holders": [
+                    {
+                        "id": "a",
+                        "name": "uid-1002-s-job",
+                        "holds": True,
+                        "booking": {"uid": 1001, "since": 0, "until": None},
+                    }
+                ]
+            },
+            {
+                "holders": [
+                    {
+                        "id": "a",
+                        "name": "uid-1002-s-job",
+                        "holds": True,
+                        "booking": {"uid": 1001, "since": 0, "until": None},
+                    }
+                ]
+            },
+            {"holders": [{"id": "b", "name": "other", "holds": True, "booking": None}]},
+        ]
+    }
+    held, since = admit.view_holdings(view)
+    assert [(h.uid, h.cards) for h in held] == [(1001, 2)]
+    assert since == [(1001, 2, 0.0)]

@@ -129,8 +129,8 @@ def test_a_container_busy_on_another_card_is_not_idle() -> None:
 def test_the_exempt_label_counts_only_for_an_owner_the_policy_allows() -> None:
     h = Host(
         labels={
-            "allowed": {"gpupin.idle": "exempt", "gpupin.uid": "1000"},
-            "refused": {"gpupin.idle": "exempt", "gpupin.uid": "1001"},
+            "allowed": {"gpupin.idle": "exempt", "gpupin.booking": "uid=1000 since=1"},
+            "refused": {"gpupin.idle": "exempt", "gpupin.booking": "uid=1001 since=1"},
             "unrecorded": {"gpupin.idle": "exempt"},
         }
     )

@@ -1,0 +1,262 @@
+"""Bookings in the agent: the time left of each holder, `hostagent extend`, and the end of a booking.
+
+- *The end survives a restart.* A booking's first end is its container's label (gpupin.hostagent.ledger.booking,
+  written at create); an extension is kept in `bookings.json` in the agent's folder (the socket's, as the queue's
+  tickets), written atomically before the caller is answered, and read again at start.
+- *The end is kept.* A thread looks at the view every TICK_S: a holder whose booking has ended is stopped as
+  `docker stop` stops it (the engine's stop call: the container's StopSignal, then its StopTimeout), once, in a
+  thread of its own so that a long grace holds no other end back. The card is freed when the container stops; the
+  end's reason, `expiry`, is noted for the record. How late each stop was sent is logged (the target: within 5 s).
+- *Only the owner or root extends*, as the kernel named the caller at accept (the uid of the booking label, which
+  only hostagent writes), and within the policy's maximum for the caller (root's has none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import threading
+import time
+
+from gpupin.core.errors import GpupinError, UsageError, shown
+from gpupin.hostagent.ledger import booking as booking_label
+from gpupin.hostagent.policy import format_duration
+from gpupin.hostagent.serve.agent import say
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, Protocol
+
+    from gpupin.hostagent.serve.agent import Agent
+
+    class Handler(Protocol):
+        def answer(self, obj: Any) -> None: ...
+
+    class Peer(Protocol):
+        uid: int
+        gid: int
+        groups: frozenset[int]
+        pid: int
+
+
+TICK_S = 0.25  # how often ended bookings are looked for: an end is kept well within 5 s
+STOPPING = frozenset({"running", "paused", "restarting"})  # what `docker stop` has something to stop in
+ROUTE = "/api/extend"
+
+
+def end_reason(container_id: str, reason: str) -> None:
+    """The record's seam (gpupin.hostagent.record.end_reason): why a holder ended, read when its interval closes.
+    Until the record is there, nothing is noted."""
+    import importlib
+
+    try:
+        record = importlib.import_module("gpupin.hostagent.record")
+    except ImportError:
+        return
+    with contextlib.suppress(Exception):  # the record must never stop an end
+        record.end_reason(container_id, reason)
+
+
+def gpu_seconds() -> Callable[[int, float], float] | None:
+    """The record's GPU-seconds per uid since a time, for the GPU-hour quotas; None until the record is there (the
+    quotas then count what is held now: gpupin.hostagent.policy.admit.held_seconds)."""
+    import importlib
+
+    try:
+        record = importlib.import_module("gpupin.hostagent.record")
+    except ImportError:
+        return None
+    used: Callable[[int, float], float] | None = getattr(record, "gpu_seconds", None)
+    return used
+
+
+class Bookings:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._lock = threading.Lock()
+        self._until: dict[str, int] = {}  # container id -> until, as extended
+        self._state: str | None = None
+        self._stopping: dict[str, float] = {}  # container id -> when its stop was sent (monotonic)
+        self.lateness: list[float] = []  # seconds between each end and its stop's signal (the log says each)
+
+    # --- the state file ---
+
+    def keep_in(self, directory: str) -> None:
+        """Keep extensions in `directory` (the socket's), and take those an earlier agent left there; not in a
+        directory others may write (nothing there is trusted): then in memory only."""
+        st = os.stat(directory)
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_uid != os.geteuid():
+            say(f"extensions of bookings are kept in memory only: {directory} is not the agent's own directory")
+            return
+        self._state = os.path.join(directory, booking_label.STATE_FILE)
+        with self._lock:
+            self._until.update(booking_label.read_extensions(directory))
+
+    def _save(self) -> None:
+        """Write the extensions (under the lock); a failure is the caller's refusal: an extension that a restart
+        would lose is not granted."""
+        if self._state is None:
+            return
+        from gpupin.core.files import write_atomic
+
+        write_atomic(self._state, (json.dumps(self._until, sort_keys=True) + "\n").encode())
+
+    def until(self, cid: str, label: int | None) -> int | None:
+        with self._lock:
+            return self._until.get(cid, label)
+
+    def extensions(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._until)
+
+    # --- the view ---
+
+    def annotate(self, view: dict[str, Any], now: float) -> None:
+        """Each holder's `booking` with its extension and the whole seconds left (gpupin.hostagent.ledger.booking);
+        and forget the extensions of containers that no longer exist (read from the daemon: only when it answers)."""
+        with self._lock:
+            booking_label.extend(view, self._until, now)
+            seen = {h["id"] for card in view.get("gpus", ()) for h in card.get("holders", ())}
+            gone = set(self._until) - seen
+            if view.get("docker", {}).get("available") and gone:
+                for cid in gone:
+                    del self._until[cid]
+                with contextlib.suppress(GpupinError):
+                    self._save()
+
+    # --- extend ---
+
+    def extend(self, target: str, seconds: float, peer: Peer) -> dict[str, Any]:
+        """POST /api/extend's work: `target` a container id, a unique id prefix or a name."""
+        if (
+            not isinstance(target, str)
+            or not target
+            or not isinstance(seconds, (int, float))
+            or isinstance(seconds, bool)
+        ):
+            raise UsageError("POST /api/extend: {container, seconds} expected", "hostagent extend CONTAINER DURATION")
+        from gpupin.hostagent.policy import LONGEST_S
+
+        if not 0 < seconds <= LONGEST_S:
+            raise UsageError(f"POST /api/extend: {seconds!r} seconds is not a duration", "e.g. 30m, 2h, 1d")
+        h = self._find(target)
+        b = h["booking"]
+        name = shown(h["name"])
+        if b is None:
+            raise UsageError(
+                f"{name} has no booking (it was not made by hostagent run)", "only hostagent's bookings are extended"
+            )
+        if peer.uid not in (0, b["uid"]):
+            raise UsageError(
+                f"{name} is booked by uid {b['uid']}: only its owner or root extends it", "extend your own bookings"
+            )
+        policy = self.agent.keeper.policy
+        gids = frozenset({peer.gid, *peer.groups})
+        with self._lock:
+            until = self._until.get(h["id"], b["until"])
+            if until is None:
+                raise UsageError(f"{name}'s booking has no end: there is nothing to extend", "it runs until it stops")
+            new = int(max(until, time.time()) + round(seconds))
+            longest = policy.booking_max(peer.uid, gids)
+            if longest is not None and new - b["since"] > longest:
+                raise UsageError(
+                    f"extending {name} by {format_duration(seconds)} makes its booking "
+                    f"{format_duration(new - b['since'])} long, past the longest the policy gives uid {peer.uid}, "
+                    f"{format_duration(longest)} (booking.max)",
+                    f"extend by at most {format_duration(max(0, longest - (until - b['since'])))}",
+                )
+            was = self._until.get(h["id"])
+            self._until[h["id"]] = new
+            try:
+                self._save()
+            except GpupinError as err:
+                if was is None:
+                    del self._until[h["id"]]
+                else:
+                    self._until[h["id"]] = was
+                raise GpupinError(f"the extension could not be kept ({err.message})", "see the agent's log") from None
+        say(f"extend: {h['id'][:12]} until {time.strftime('%H:%M:%S', time.localtime(new))} for uid {peer.uid}")
+        return {"id": h["id"], "name": h["name"], "until": new, "left_s": max(0, int(new - time.time()))}
+
+    def _find(self, target: str) -> dict[str, Any]:
+        view = self.agent.snapshot().listing
+        if view is None:
+            raise GpupinError("the agent cannot read its view now", "try again in a moment")
+        holders = {h["id"]: h for card in view["gpus"] for h in card.get("holders", ())}
+        found = [h for h in holders.values() if h["name"] == target or h["id"] == target]
+        if not found and len(target) >= 4:
+            found = [h for h in holders.values() if h["id"].startswith(target)]
+        if len(found) != 1:
+            raise UsageError(
+                f"{shown(target)} names {'no' if not found else 'more than one'} container that holds a card",
+                "give its name or id, as hostagent ls shows it",
+            )
+        only: dict[str, Any] = found[0]
+        return only
+
+    def route(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
+        handler.answer(self.extend(body.get("container"), body.get("seconds"), peer))  # type: ignore[arg-type]
+
+    # --- the end ---
+
+    def due(self, now: float) -> list[tuple[str, str, float]]:
+        """The holders whose booking has ended and that are not being stopped: (id, name, end)."""
+        view = self.agent.snapshot().listing
+        if view is None:
+            return []
+        out = {}
+        with self._lock:
+            for card in view["gpus"]:
+                for h in card.get("holders", ()):
+                    b = h.get("booking")
+                    if b is None or h["state"] not in STOPPING or h["id"] in self._stopping:
+                        continue
+                    until = self._until.get(h["id"], b["until"])
+                    if until is not None and until <= now:
+                        out[h["id"]] = (h["id"], h["name"], float(until))
+        return list(out.values())
+
+    def _watch(self) -> None:
+        while not self.agent.stopping.wait(TICK_S):
+            try:
+                now = time.time()
+                for cid, name, until in self.due(now):
+                    with self._lock:
+                        self._stopping[cid] = time.monotonic()
+                    threading.Thread(
+                        target=self._stop, args=(cid, name, until), name="booking-end", daemon=True
+                    ).start()
+                with self._lock:  # a stop that did not take is tried again after a while
+                    for cid, at in list(self._stopping.items()):
+                        if time.monotonic() - at > 120:
+                            del self._stopping[cid]
+            except Exception as err:  # a bug must not end the ends
+                say(f"internal error while ending bookings: {type(err).__name__}: {err}")
+
+    def _stop(self, cid: str, name: str, until: float) -> None:
+        from gpupin.hostagent import engine
+
+        end_reason(cid, "expiry")
+        try:
+            api = engine.connect()
+            try:
+                data = api.inspect_container(cid)
+                grace = (data.get("Config") or {}).get("StopTimeout")
+                late = time.time() - until
+                self.lateness.append(late)
+                say(f"booking ended: stopping {shown(name)} ({cid[:12]}), {late:.2f}s after its end")
+                # No `t`: the daemon takes the container's own StopTimeout (and StopSignal), as `docker stop` does;
+                # the client waits that long and more.
+                api.timeout = max(60, (grace or 10) + 30)
+                api.stop(cid, timeout=None if grace is None else grace)
+            finally:
+                api.close()
+        except Exception as err:
+            say(f"booking ended: could not stop {shown(name)} ({cid[:12]}): {getattr(err, 'message', err)}")
+        self.agent.container_changed()
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="bookings", daemon=True).start()
