@@ -345,6 +345,9 @@ def render(listing: dict[str, Any], color: bool = False, now: str | None = None)
         head.append(now)
     if not docker_ok:
         head.append(_paint("Docker unavailable: who holds which card is unknown", f"{BOLD};{RED}", color))
+    degraded = (listing.get("record") or {}).get("degraded")  # the agent's record (docs/serve.md, "The record")
+    if degraded:
+        head.append(_paint(f"record degraded: {_text(degraded)}", f"{BOLD};{YELLOW}", color))
     out = ["  ".join(head)]
     gpus = listing["gpus"]
     ok = [g for g in gpus if not g["error"]]

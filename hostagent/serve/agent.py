@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import LedgerReading
+    from gpupin.hostagent.record.keeper import Keeper as RecordKeeper
     from gpupin.hostagent.serve.bookings import Bookings
     from gpupin.hostagent.serve.keeper import Keeper
 
@@ -93,6 +94,7 @@ class Agent:
         self._ledger_at = 0.0
         self._stream: EventStream | None = None
         self._threads: list[threading.Thread] = []
+        self.record: RecordKeeper | None = None  # the record's writer (gpupin.hostagent.record), when one is kept
 
     # --- readers ---
 
@@ -130,6 +132,10 @@ class Agent:
         self.idle.observe(view, time.monotonic(), time.time())
         self.samples.add(view, time.time())
         self.bookings.annotate(view, time.time())
+        record = self.record
+        if record is not None:
+            view["record"] = record.status()  # `degraded` says what could not be written (a full disk)
+            record.observe(view, cards)  # a few dict updates here; the keeper's thread writes
         self._publish(view, None)
 
     def read_ledger(self) -> tuple[dict[str, Any], LedgerReading | None]:
@@ -239,7 +245,9 @@ class Agent:
             delay = 0.5
             self.container_changed()  # what happened while no stream was open
             try:
-                for _event in stream:
+                for event in stream:
+                    if self.record is not None:
+                        self.record.event(event)  # start and die times, stops: the record's intervals
                     self.container_changed()
             except GpupinError:
                 pass

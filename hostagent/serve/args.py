@@ -15,6 +15,7 @@ It keeps NVML and the Docker Engine client open, follows the daemon's container 
 --interval, so that its view of the cards and their holders is current within a second, and serves it:
   /api/ls       exactly what `hostagent ls --json` prints, with idle holders filled in
   /api/events   the same object as server-sent events, at each change
+  /api/usage    GPU-hours and energy from the record (`hostagent usage` prints it)
   /api/queue    the fair queue of `hostagent run --wait` (`hostagent queue` lists it; joining is a POST on the
                 unix socket)
   /api/samples  the last hour of each card's load and memory (10 s a point)
@@ -137,6 +138,17 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         "the last good one (docs/policy.md)",
     )
     s.add_argument(
+        "--record",
+        metavar="PATH",
+        help="the record's database: who held which card, when, and its energy (default $GPUPIN_RECORD, else "
+        "/var/lib/gpupin/record.db; its folder must be the agent's own; `none`: keep no record)",
+    )
+    s.add_argument(
+        "--hook-user",
+        metavar="NAME",
+        help="run the policy's notify command as this user and its groups (default: as the agent, root)",
+    )
+    s.add_argument(
         "--interval",
         type=_interval,
         default=0.5,
@@ -161,4 +173,6 @@ def command(args: argparse.Namespace) -> int:
         Limits(args.max_connections, args.max_per_user),
         args.daemon_group,
         args.policy or policy_path(),
+        args.record,
+        args.hook_user,
     )

@@ -102,13 +102,10 @@ def watch(agent: Any, idle_after: float, say: Callable[[str], None]) -> IdleWatc
     def may_exempt(uid: int, gids: frozenset[int]) -> bool:
         return bool(policy().may_exempt(uid, gids))
 
-    def emit(event: str, payload: dict[str, Any]) -> None:  # record's hooks.emit
-        pass
+    from gpupin.hostagent import record
+    from gpupin.hostagent.serve import hooks
 
-    def end_reason(cid: str, reason: str) -> None:  # record's end_reason
-        pass
-
-    return IdleWatch(idle_after, rule, may_exempt, emit, end_reason, say)
+    return IdleWatch(idle_after, rule, may_exempt, hooks.emit, record.end_reason, say)
 
 
 class IdleWatch:

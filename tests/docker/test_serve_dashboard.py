@@ -1,8 +1,9 @@
 """The agent's dashboard in a real headless Chromium (Debian's, driven by Playwright), against the sandboxed daemon:
 the page loads, says how many cards are free and how many wait, shows every card with its last hour of load and
-memory, a new holder (with the time it has held) without a reload, the queue with positions, "no record" where
-the agent keeps no usage record, markup in a process's name as text, and stays readable at 8 and 16 cards (no
-sideways scroll, no clipped holder). Screenshots: build/test-artefacts/dashboard/*.png (docs/testing.md)."""
+memory, a new holder (with the time it has held) without a reload, the queue with positions, GPU-hours by user
+from the record ("no record" where the agent keeps none), markup in a process's or a user's name as text, and
+stays readable at 8 and 16 cards (no sideways scroll, no clipped cell). Screenshots:
+build/test-artefacts/dashboard/*.png (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,6 @@ def test_dashboard_summary_cards_charts_holder_queue_and_no_record(
         )
         assert tab.locator(".processes td", has_text=markup).count() == 1
         assert tab.locator("img").count() == 0  # the markup was not parsed
-        assert tab.text_content(".no-record") == "no record: this agent keeps no usage record"
         tab.evaluate("window.loadedOnce = 'yes'")  # gone if the page reloads
 
         name = f"dash-{uuid.uuid4().hex[:8]}-{'a-very-long-container-name-' * 3}end"
@@ -108,6 +108,10 @@ def test_dashboard_summary_cards_charts_holder_queue_and_no_record(
         row = tab.eval_on_selector_all(".waiter td", "cells => cells.map(c => c.textContent)")
         assert row[0] == "1" and row[3] in ("3", A800C) and row[4] == TEST_IMAGE and row[5].endswith("s"), row
         tab.wait_for_function("document.getElementById('summary').textContent === '1 of 4 free, 1 waiting'")
+        # The record counts the holding as it runs: a bar for the user it was booked for (root, here).
+        tab.evaluate("pollUsage()")
+        tab.wait_for_selector(".bar[data-user='root']", timeout=10_000)
+        assert (tab.text_content(".bar[data-user='root'] .value") or "").endswith(" GPU-h")
         assert tab.evaluate("window.loadedOnce") == "yes"
         readable(tab)
         shot(tab, "mixed-4")
@@ -123,7 +127,8 @@ def test_dashboard_summary_cards_charts_holder_queue_and_no_record(
 @pytest.mark.parametrize("topology", ["dgx-8", "hgx-16"])
 def test_dashboard_reads_at_8_and_16_cards(agent: Agent, browser: Browser, topology: str) -> None:
     # The agent reads this topology's NVML (the daemon's containers hold other cards: every card shows free).
-    resident = Resident({**agent.env, "FAKEGPU_TOPOLOGY": str(scenario(topology))}, "--interval", "0.2")
+    topo = {**agent.env, "FAKEGPU_TOPOLOGY": str(scenario(topology))}
+    resident = Resident(topo, "--interval", "0.2", "--record", "none")
     try:
         for width in (1400, 900):
             tab = browser.tab(resident.url, width)
@@ -134,6 +139,7 @@ def test_dashboard_reads_at_8_and_16_cards(agent: Agent, browser: Browser, topol
             )
             summary = tab.text_content("#summary") or ""
             assert summary.endswith(f"of {n} free, 0 waiting"), summary
+            assert tab.text_content(".no-record") == "no record: this agent keeps no usage record"
             readable(tab)
             shot(tab, f"{topology}-{width}")
             tab.close()
@@ -142,13 +148,14 @@ def test_dashboard_reads_at_8_and_16_cards(agent: Agent, browser: Browser, topol
 
 
 def test_usage_bars_from_the_record(agent: Agent, browser: Browser) -> None:
-    """The usage view draws a bar per user from /api/usage's rows, names as text (the route itself is the record's:
-    served here by the page's own fetch being answered)."""
+    """The usage view draws a bar per user, longest first, from rows of /api/usage's form, a user name that holds
+    markup as text (no user of this host has one: the page's fetch is answered with such rows)."""
     resident = Resident(agent.env, "--interval", "0.2")
     try:
         tab = browser.browser.new_page()
-        rows = [{"user": "alice", "gpu_seconds": 36000}, {"user": "<b>bob</b>", "gpu_seconds": 7200}]
-        tab.route("**/api/usage*", lambda route: route.fulfill(status=200, json=rows))
+        rows = [{"user": "<b>bob</b>", "gpu_seconds": 7200.0, "gpu_hours": 2.0}, {"user": "alice", "gpu_hours": 10.0}]
+        answer = {"since": 0, "by": "user", "rows": rows}
+        tab.route("**/api/usage*", lambda route: route.fulfill(status=200, json=answer))
         tab.goto(resident.url + "/")
         tab.wait_for_selector(".bar", timeout=10_000)
         bars = tab.eval_on_selector_all(".bar", "bs => bs.map(b => [b.dataset.user, b.textContent])")
