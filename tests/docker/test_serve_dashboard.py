@@ -92,7 +92,7 @@ def test_dashboard_summary_cards_charts_holder_queue_and_no_record(
         tab.evaluate("window.loadedOnce = 'yes'")  # gone if the page reloads
 
         name = f"dash-{uuid.uuid4().hex[:8]}-{'a-very-long-container-name-' * 3}end"
-        res = agent("run", "-d", "--name", name, "--gpu", "3", TEST_IMAGE, "sleep", "300")
+        res = agent("run", "-d", "--name", name, "--gpu", "3", "--for", "90m", TEST_IMAGE, "sleep", "300")
         assert res.returncode == 0, res.stderr
         card3 = f".card[data-uuid='{A800C}']"
         tab.wait_for_selector(f"{card3} .holder[data-name='{name}']", timeout=5_000)
@@ -100,6 +100,7 @@ def test_dashboard_summary_cards_charts_holder_queue_and_no_record(
         assert tab.text_content(f"{card3} .holder td:nth-child(4)") == TEST_IMAGE
         held = tab.text_content(f"{card3} .holder .held-for") or ""
         assert held.endswith("s") and held[:-1].isdigit(), held  # seconds since its start
+        assert tab.text_content(f"{card3} .holder .time-left") in ("1h29m", "1h30m")  # its booking's end
         assert tab.get_attribute(f"{card3} .health-badge", "data-health") == "healthy"
 
         # A second run for card 3 waits in the queue: a row with its position and how long it has waited.
