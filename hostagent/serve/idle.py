@@ -136,10 +136,11 @@ class IdleWatch:
         self._stop_call = stop or _engine_stop
         self._lock = threading.RLock()
         self._idle: dict[str, _Idle] = {}  # by container id
-        self._exempt: dict[
-            str, tuple[bool, int | None]
-        ] = {}  # by container id, once its labels are read: (exempt, uid)
+        # By container id, once its labels are read: (whether it asks to be exempt, its owner's uid). The policy's
+        # word on them is asked at each view, so that a reloaded policy counts at once.
+        self._asks: dict[str, tuple[bool, int | None]] = {}
         self._asking: set[str] = set()  # container ids whose labels are being read
+        self._unread: set[str] = set()  # container ids whose labels could not be read (said in the log)
 
     @property
     def idle_after(self) -> float:
@@ -173,13 +174,14 @@ class IdleWatch:
                 if not all(c.get("idle") for c in held):
                     self._idle.pop(cid, None)
                     continue
-                if cid not in self._exempt:
+                if cid not in self._asks:
                     self._ask(cid)  # its labels first: an exempt container is never warned
-                read = self._exempt.get(cid)
+                read = self._asks.get(cid)
                 if read is None:
                     continue
-                exempt, uid = read
-                if exempt:
+                asks, uid = read
+                if asks and uid is not None and self._may_exempt(uid, _groups(uid)):
+                    self._idle.pop(cid, None)
                     continue
                 entry = self._idle.get(cid)
                 if entry is None:
@@ -203,8 +205,9 @@ class IdleWatch:
                         entry.stopping = True
                         due.append(cid)
                     entry.due_seen = True
-            for cid in set(self._exempt) - set(cards):
-                del self._exempt[cid]
+            for cid in set(self._asks) - set(cards):
+                del self._asks[cid]
+            self._unread &= set(cards)
         for cid in due:
             self._thread(self._stop, cid, self._idle[cid], cards[cid][0], rule)
 
@@ -219,16 +222,17 @@ class IdleWatch:
     def _read_labels(self, cid: str) -> None:
         try:
             labels = self._labels(cid)
-        except Exception as err:  # unread: asked again at the next refresh
-            self._say(f"idle: cannot read {cid[:12]}'s labels: {type(err).__name__}: {err}")
+        except Exception as err:  # unread: asked again at the next refresh (said once, not at each)
             with self._lock:
+                if cid not in self._unread:
+                    self._unread.add(cid)
+                    self._say(f"idle: cannot read {cid[:12]}'s labels: {type(err).__name__}: {err}")
                 self._asking.discard(cid)
             return
         booked = booking.of(labels)  # its owner: the uid the booking names (the agent's, or the run's own uid)
         uid = booked.uid if booked is not None else None
-        exempt = labels.get(EXEMPT_LABEL) == "exempt" and uid is not None and self._may_exempt(uid, _groups(uid))
         with self._lock:
-            self._exempt[cid] = (bool(exempt), uid)
+            self._asks[cid] = (labels.get(EXEMPT_LABEL) == "exempt", uid)
             self._asking.discard(cid)
 
     def _stop(self, cid: str, entry: _Idle, card: dict[str, Any], rule: Any) -> None:

@@ -141,6 +141,17 @@ def test_the_exempt_label_counts_only_for_an_owner_the_policy_allows() -> None:
     assert {p["container"]["id"] for e, p in h.events if e == "idle.warning"} == {"refused", "unrecorded"}
 
 
+def test_a_reloaded_policy_counts_at_the_next_view() -> None:
+    h = Host(action="warn", labels={"a": {"gpupin.idle": "exempt", "gpupin.booking": "uid=1000 since=1"}})
+    h.exempting = set()
+    v = h.at(0, [(0, 0, ["a"])])
+    v = h.at(60, [(0, 0, ["a"])])
+    assert v["gpus"][0]["idle_warning"] is not None
+    h.exempting = {1000}  # the new policy lets its owner exempt: the warning is withdrawn
+    v = h.at(61, [(0, 0, ["a"])])
+    assert v["gpus"][0]["idle_warning"] is None and [e for e, _ in h.events] == ["idle.warning"]
+
+
 def test_no_rule_flags_only() -> None:
     h = Host()
     h.rule = None
