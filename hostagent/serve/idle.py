@@ -86,7 +86,7 @@ class _Idle:
     stop_at: float | None  # None: warned only
     due_seen: bool = False  # a view already found its stop due: the next one confirms it
     stopping: bool = False
-    uid: int | None = None  # its owner, when the agent booked it
+    uid: int | None = None  # its owner: the uid its booking label names
 
 
 def watch(agent: Any, idle_after: float, say: Callable[[str], None]) -> IdleWatch:
@@ -198,6 +198,8 @@ class IdleWatch:
                     )
                     self._emit("idle.warning", self._payload(cid, entry, held[0], rule))
                     self._say(f"idle: warned {entry.name} ({cid[:12]}), idle since {_clock(entry.since)}")
+                # A reloaded rule counts for a warning already given: its grace runs from the warning.
+                entry.stop_at = entry.warned_at + rule.grace if rule.action == "stop" else None
                 for c in held:
                     c["idle_warning"] = {"container": entry.name, "since": entry.since, "stop_at": entry.stop_at}
                 if entry.stop_at is not None and now >= entry.stop_at and not entry.stopping:
