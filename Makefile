@@ -144,13 +144,13 @@ test-tools:
 
 # The docker tier with two engines: one pytest per engine, side by side. Each engine has a sandbox of its own
 # (daemon, containerd, topology, ledger lock; the agents' sockets are the tests' own), so the two runs share nothing
-# but the CPUs, and the tier takes about the time of its slower engine. The tests that do not depend on the engine
-# (`agent_any`) run in the first engine's run. Each run's output is shown whole once both have ended
-# (build/test-docker-ENGINE.log); a run that collects nothing fails only if the other does too.
+# but the CPUs. The tests the engine matters to run in every run; the others are split between the runs, each run
+# once (docs/testing.md, The engines), so the runs take about as long. Each run's output is shown whole once all
+# have ended (build/test-docker-ENGINE.log); a run that collects nothing fails only if the other does too.
 DOCKER_TIER = $(if $(word 2,$(ENGINES)),$(DOCKER_SIDE_BY_SIDE),$(call TIER,tests/docker,docker))
 DOCKER_SIDE_BY_SIDE = mkdir -p build; pids=; echo "make: the docker tier on $(ENGINES) side by side"; \
 	for e in $(ENGINES); do \
-	  GPUPIN_TEST_ENGINES=$$e GPUPIN_TEST_ANY_ENGINE=$(firstword $(ENGINES)) $(VPY) -m pytest -m docker \
+	  GPUPIN_TEST_ENGINES=$$e GPUPIN_TEST_SHARING_ENGINES="$(ENGINES)" $(VPY) -m pytest -m docker \
 	    $(if $(findstring tests/,$(PYTEST_ARGS)),,tests/docker) $(PYTEST_ARGS) >build/test-docker-$$e.log 2>&1 & \
 	  pids="$$pids $$!"; \
 	done; rc=0; runs=0; empty=0; \

@@ -10,7 +10,6 @@ What the tests share besides fixtures is in tests/support.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.support.engines import engine_for, engine_free_name, on_this_engine
 from tests.support.host import FAKEGPU, REPO, required
 from tests.support.hypo import BASE
 from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test
@@ -83,15 +83,10 @@ def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
 
 
 @pytest.fixture
-def agent_any(sandboxes: Sandboxes) -> Iterator[Agent]:
-    """An Agent on one engine alone: for what hostagent decides before it asks the daemon anything (its argument
-    handling, its own refusals), where a second engine would run the same code again. The first engine under test;
-    where the make targets run one pytest per engine, GPUPIN_TEST_ANY_ENGINE names the run that takes these."""
-    engines = engines_under_test()
-    chosen = os.environ.get("GPUPIN_TEST_ANY_ENGINE") or engines[0]
-    if chosen not in engines:
-        pytest.skip(f"engine-independent: the run on Engine {chosen} takes it")
-    yield from agent_on(sandboxes.get(chosen))
+def agent_any(request: pytest.FixtureRequest, sandboxes: Sandboxes) -> Iterator[Agent]:
+    """An Agent on one engine, the one that takes this test (engine_for): for what hostagent decides before it asks
+    the daemon anything (its argument handling, its own refusals)."""
+    yield from agent_on(sandboxes.get(engine_for(engine_free_name(request.node))))
 
 
 @pytest.fixture
@@ -189,3 +184,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests filed in the wrong tier's folder (docs/testing.md, The tiers):\n  " + "\n  ".join(misplaced)
         )
+    elsewhere = [item for item in items if not on_this_engine(item)]
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [item for item in items if on_this_engine(item)]

@@ -21,6 +21,9 @@ from tests.support.host import FAKEGPU, saw
 from tests.support.sandbox import TEST_IMAGE, Agent, Sandbox, serves_cdi
 from tests.support.scenarios import scenario, uuids
 
+# Every engine runs these (CDI is the engine's own device path): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
+
 A800, RTX, A800B, A800C = uuids("mixed-4")
 NAMES = ["0", A800, "1", RTX, "2", A800B, "3", A800C, "all"]
 

@@ -20,6 +20,9 @@ from tests.support.host import REPO, hostagent, required
 from tests.support.sandbox import TEST_IMAGE, Sandbox
 from tests.support.scenarios import uuids
 
+# Every engine runs these (each engine brings its own compose (1.29, v2) and its model): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
+
 A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
 EXAMPLES = REPO / "compose"
 

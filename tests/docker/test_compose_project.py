@@ -22,6 +22,9 @@ from tests.support.sandbox import Sandbox
 from tests.support.scenarios import uuids
 from tests.unit.test_compose_project import IDS, PROJECTS, PROJECTS_DIR, hostagent
 
+# Every engine runs these (each engine brings its own compose (1.29, v2) and its model): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
+
 A800, RTX, A800B, A800C = uuids("mixed-4")
 
 

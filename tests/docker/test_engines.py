@@ -17,6 +17,9 @@ import pytest
 from tests.support.sandbox import TEST_IMAGE, Sandbox, Sandboxes, engines_under_test
 from tests.support.scenarios import topology, uuids
 
+# Every engine runs these (what differs between the engines): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
+
 A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86, AF
 MIG_PARENT, A100_0F = uuids("mig")
 MIG_GI1, MIG_GI2 = (d["uuid"] for g in topology("mig")["gpus"] if g["uuid"] == MIG_PARENT for d in g["mig"]["devices"])

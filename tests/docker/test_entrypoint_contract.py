@@ -30,6 +30,10 @@ from tests.unit.test_entrypoint_contract import (  # noqa: F401  (collected here
     test_without_an_expectation_it_sets_the_order_reports_and_runs,
 )
 
+# Every engine runs these (the engine puts the card in the container: its hook, or CDI): docs/testing.md,
+# The engines.
+pytestmark = pytest.mark.per_engine
+
 
 @pytest.mark.parametrize("code", [0, 78, 255])
 def test_the_workload_exit_code_passes_through(ep: Entrypoint, code: int) -> None:

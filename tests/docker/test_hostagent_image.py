@@ -7,6 +7,9 @@ import pytest
 
 from tests.support.sandbox import TEST_IMAGE, Agent
 
+# Every engine runs these (each engine builds and runs the image with its own CLI): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
+
 
 @pytest.mark.parametrize(
     ("pull", "says"),

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.support.sandbox import TEST_IMAGE, Sandbox
 from tests.support.scenarios import uuids
+
+# Every engine runs these (each engine builds and runs the image with its own CLI): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 

@@ -115,6 +115,7 @@ FORMS: dict[str, tuple[list[str], str | None, str]] = {
 }
 
 
+@pytest.mark.per_engine
 @pytest.mark.parametrize("form", list(FORMS))
 def test_each_holding_form_blocks_its_card_and_ls_shows_it(agent: Agent, form: str, tmp_path: Path) -> None:
     args, then, says = FORMS[form]
@@ -148,6 +149,7 @@ def test_each_holding_form_blocks_its_card_and_ls_shows_it(agent: Agent, form: s
     assert r.returncode == 0 and sorted(saw(r.stdout)) == sorted(free), r.stderr
 
 
+@pytest.mark.per_engine
 def test_privileged_under_the_nvidia_runtime_holds_every_card(agent: Agent) -> None:
     # Held while a hostagent starts it (a live lease), so that the reading is tested on any machine ...
     mine = {**lease.claim(), "gpupin.test": agent.tag}
@@ -176,6 +178,7 @@ def test_privileged_under_the_nvidia_runtime_holds_every_card(agent: Agent) -> N
     assert "--privileged --runtime nvidia" in held_error(agent("run", "--rm", "--gpu", "1", TEST_IMAGE))
 
 
+@pytest.mark.per_engine
 def test_mig_devices_held_by_index_pair(sandbox: Sandbox, tmp_path: Path) -> None:
     sandbox.restart("mig")
     a = Agent(sandbox, uuid.uuid4().hex[:12])
@@ -657,6 +660,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.per_engine
 @pytest.mark.parametrize(("fault", "code", "says"), FAULTS, ids=[" ".join(f[0]) for f in FAULTS])
 def test_daemon_failures_are_one_line_and_leave_nothing(
     agent: Agent, tmp_path: Path, fault: list[str], code: int, says: str

@@ -64,6 +64,7 @@ def test_a_host_process_makes_its_card_busy(agent: Agent, tmp_path: Path, sleepe
     assert (cards[RTX]["state"], cards[RTX]["held"]) == ("free", False)
 
 
+@pytest.mark.per_engine
 def test_a_process_of_a_container_not_given_the_card_is_an_escape(agent: Agent, tmp_path: Path) -> None:
     name = f"escape-{agent.tag}"
     cid = agent.sandbox.docker(
@@ -93,6 +94,7 @@ def test_a_process_of_a_container_not_given_the_card_is_an_escape(agent: Agent, 
     ), table
 
 
+@pytest.mark.per_engine
 def test_a_containers_own_process_is_not_foreign(agent: Agent, tmp_path: Path) -> None:
     cid = agent("run", "-d", "--gpu", "1", TEST_IMAGE, "sleep", "300").stdout.strip()
     env = on_cards(tmp_path / "p.json", {RTX: [container_pid(agent, cid)]})

@@ -50,6 +50,10 @@ from gpupin.hostagent.ledger.lease import LEASE_LABEL, OWNER_LABEL
 from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.sandbox import ENGINES, TEST_IMAGE, Sandbox
 
+# Every engine runs these (the created container is the engine's own reading of the request): docs/testing.md,
+# The engines.
+pytestmark = pytest.mark.per_engine
+
 CORPUS = REPO / "tests" / "data" / "run-corpus.txt"
 COMMAND = ("sleep", "600")
 LEFT_OUT_LABELS = (OWNER_LABEL, LEASE_LABEL)

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.support.host import REPO, simhost_env
 from tests.support.sandbox import TEST_IMAGE, Sandbox
 from tests.support.scenarios import uuids
+
+# Every engine runs these (each engine reports the runtime's failures in its own words): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 

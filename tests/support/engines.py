@@ -1,0 +1,67 @@
+"""The docker tier's engines, and which of them runs which test. A test marked `per_engine` runs on every engine: its
+outcome depends on the engine (how the card reaches the container, the created container, compose's model, the
+daemon's words). Every other one runs once, on one of the sharing engines chosen by its name, so that the engines'
+runs side by side split them (docs/testing.md, The engines): a second engine running the agent's own logic again
+costs CI minutes and finds nothing.
+
+Loaded as a plugin (`-p tests.support.engines`), it prints the split instead of running anything (one JSON line per
+test: tests/unit/test_engines_split.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+import pytest
+
+from tests.support.sandbox import ENGINES, engines_under_test
+
+
+def sharing_engines() -> list[str]:
+    """The engines that share the docker-tier tests the engine does not matter to (those not marked `per_engine`):
+    each runs once, on one of them (engine_for). GPUPIN_TEST_SHARING_ENGINES names them where the make targets run
+    one pytest per engine; else they are the engines under test (docs/testing.md, The engines)."""
+    named = os.environ.get("GPUPIN_TEST_SHARING_ENGINES", "").replace(",", " ").split()
+    return [e for e in ENGINES if e in named] if named else engines_under_test()
+
+
+def engine_for(name: str) -> str:
+    """The sharing engine that runs the engine-independent test `name` (its node id without the engine): the same in
+    every process, so that the engines' runs side by side split these tests between them, each exactly once."""
+    engines = sharing_engines()
+    return engines[zlib.crc32(name.encode()) % len(engines)]
+
+
+ENGINE_FIXTURES = ("sandbox", "ep", "on_mig", "on_shared_prefix")  # the fixtures parametrized by engine
+
+
+def engine_of(item: pytest.Item) -> str | None:
+    """The engine a test is parametrized with, if it is."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return next((str(params[f]) for f in ENGINE_FIXTURES if f in params), None)
+
+
+def engine_free_name(item: pytest.Item) -> str:
+    """The test's node id without its engine: the same in every engine's run."""
+    engine, callspec = engine_of(item), getattr(item, "callspec", None)
+    if engine is None or callspec is None:
+        return item.nodeid
+    ids = [i for i in callspec.id.split("-") if i != engine]  # every engine fixture's id (ep and sandbox, say)
+    return f"{item.nodeid.partition('[')[0]}[{'-'.join(ids)}]"
+
+
+def on_this_engine(item: pytest.Item) -> bool:
+    """Whether this run keeps the test: not of the docker tier, marked `per_engine`, or on the engine that takes it
+    (a test with no engine of its own runs in the run of the engine that takes it)."""
+    if item.get_closest_marker("docker") is None or item.get_closest_marker("per_engine") is not None:
+        return True
+    engine, chosen = engine_of(item), engine_for(engine_free_name(item))
+    return engine == chosen if engine is not None else chosen in engines_under_test()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """As a plugin: each collected test, its engine-free name and whether it runs on every engine."""
+    for item in session.items:
+        per_engine = item.get_closest_marker("per_engine") is not None
+        print(json.dumps({"id": item.nodeid, "name": engine_free_name(item), "per_engine": per_engine}))
