@@ -13,6 +13,7 @@ whose lease is dead: it holds nothing, and the next run removes it (gpupin.hosta
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import signal
@@ -381,16 +382,18 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
 def _admit(req: RunRequest) -> Admit:
     """A run without the agent books as this process's uid and groups, under the host's policy file (a file with
     mistakes is said, and enforces nothing here: the agent keeps its last good one)."""
+    from gpupin.core.files import FileRefused
     from gpupin.hostagent.ledger.booking import agent_folder, read_extensions
     from gpupin.hostagent.policy import Policy, admit, load_policy, policy_path
 
-    path = policy_path()
     policy = Policy.empty()
-    if os.path.lexists(path):
-        try:
-            policy = load_policy(path)
-        except GpupinError as err:
+    try:
+        policy = load_policy(policy_path())
+    except FileRefused as err:
+        if err.errno != errno.ENOENT:  # no file: no policy; one this user cannot read is said
             say(f"warning: the policy is not applied: {err.message}")
+    except GpupinError as err:
+        say(f"warning: the policy is not applied: {err.message}")
     return admit.for_run(policy, admit.Caller.me(), req.book_for, read_extensions(agent_folder()))
 
 

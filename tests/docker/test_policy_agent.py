@@ -1,0 +1,260 @@
+"""The host's policy in a real agent (docs/policy.md), on the sandboxed daemon, with real uids under setpriv: the
+policy read at start and on SIGHUP (a corrupt file keeps the last good one, and says so), bookings that end as
+`docker stop` ends them, `hostagent extend` by the owner alone, and quotas charged to the uid the kernel names."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.docker.test_hostile_agent import AGENT_GID, post, run_body, sandbox_daemon, serve
+from tests.support.resident import Resident
+from tests.support.sandbox import TEST_IMAGE, Agent
+from tests.support.wait import wait_for
+
+ALICE, BOB = 5002, 5005  # both in the agent's group and the daemon's
+
+POLICY = """
+[booking]
+default = "1h"
+max = "2h"
+[quota]
+cards = 1
+"""
+
+
+class Lab:
+    """A policy file, an agent that reads it, and two users who may use both the agent and the daemon."""
+
+    def __init__(self, agent: Agent, tmp: Path, text: str = POLICY) -> None:
+        self.agent = agent
+        self.file = tmp / "policy.toml"
+        self.file.write_text(text)
+        self.resident: Resident = serve(agent, "--policy", str(self.file))
+        docker_gid = os.stat(agent.sandbox.host[len("unix://") :]).st_gid
+        self.users = {
+            uid: ["setpriv", f"--reuid={uid}", f"--regid={uid}", f"--groups={AGENT_GID},{docker_gid}"]
+            for uid in (ALICE, BOB)
+        }
+
+    def as_user(self, uid: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        env = {**self.agent.env, "GPUPIN_AGENT_SOCKET": self.resident.socket}
+        return subprocess.run(
+            [*self.users[uid], *self.agent.argv(*args)], env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def holder(self, name: str) -> dict[str, Any] | None:
+        for g in self.resident.ls()["gpus"]:
+            for h in g["holders"]:
+                if h["name"] == name and h["holds"]:
+                    found: dict[str, Any] = h
+                    return found
+        return None
+
+    def wait_holder(self, name: str, what: str = "the agent to see the container") -> dict[str, Any]:
+        h = wait_for(lambda: self.holder(name), 20, what)
+        assert h is not None
+        return h
+
+    def policy(self) -> dict[str, Any]:
+        status, body, _ = self.resident.get("/api/agent")
+        assert status == 200
+        got: dict[str, Any] = json.loads(body)["policy"]
+        return got
+
+
+@pytest.fixture
+def lab(agent: Agent, tmp_path: Path) -> Iterator[Lab]:
+    os.chmod(tmp_path, 0o755)
+    lab = Lab(agent, tmp_path)
+    yield lab
+    lab.resident.close()
+
+
+def test_the_policy_is_read_at_start_and_on_sighup_and_a_bad_one_is_not_taken(lab: Lab) -> None:
+    assert lab.policy()["error"] is None
+    assert lab.policy()["summary"] == "bookings default 1h, max 2h; quota cards 1"
+    lab.file.write_text("[quota]\ncards = 'two'\n[booking]\nmax = '2 days'\n")
+    lab.resident.proc.send_signal(signal.SIGHUP)
+    got = wait_for(lambda: lab.policy()["error"], 10, "the agent to read the bad file")
+    assert got == [
+        f"{lab.file}:2: quota.cards: must be a whole number, 0 or more, not 'two'",
+        f"{lab.file}:4: booking.max: '2 days' is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)",
+    ]
+    assert lab.policy()["summary"] == "bookings default 1h, max 2h; quota cards 1"  # the last good one, kept
+    # and still enforced: a --for past the kept maximum is refused
+    r = lab.as_user(ALICE, "run", "--for", "3h", "--gpu", "1", TEST_IMAGE, "true")
+    assert r.returncode == 64 and "longer than the longest booking the policy gives uid 5002, 2h" in r.stderr
+    lab.file.write_text("[quota]\ncards = 2\n")
+    lab.resident.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: lab.policy()["error"] is None, 10, "the agent to read the good file")
+    assert lab.policy()["summary"] == "quota cards 2"
+    lab.file.unlink()
+    lab.resident.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: lab.policy()["summary"] == "nothing enforced", 10, "the agent to see the file gone")
+    code, _, log = lab.resident.stop()
+    assert code == 0
+    assert f"policy: {lab.file}:2: quota.cards: must be a whole number" in log
+    assert re.search(r"has 2 mistake\(s\): the agent keeps the policy it read at [0-9:]{8}", log), log
+    assert f"policy: {lab.file} is gone: nothing is enforced" in log
+
+
+def test_a_booking_ends_as_docker_stop_ends_it(lab: Lab) -> None:
+    """--for 4s: the agent sends the container's own stop signal (USR1 here) within 5 s of the end, and the card
+    is free again; the lateness is measured."""
+    name = f"booked-{lab.agent.tag}"
+    script = 'trap "echo stopped by USR1; exit 7" USR1; while :; do sleep 0.1; done'
+    r = lab.as_user(
+        ALICE,
+        "run", "-d", "--name", name, "--for", "4s", "--stop-signal", "USR1", "--stop-timeout", "3",
+        "--gpu", "1", TEST_IMAGE, "sh", "-c", script,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    h = lab.wait_holder(name)
+    b = h["booking"]
+    assert b["uid"] == ALICE and b["until"] - b["since"] == 4 and 0 <= b["left_s"] <= 4
+    wait_for(lambda: lab.holder(name) is None, 30, "the booking to end")
+    state = json.loads(lab.agent.sandbox.docker("inspect", name, check=True).stdout)[0]["State"]
+    assert state["ExitCode"] == 7  # its own stop signal, within its grace: docker stop's way
+    logs = lab.agent.sandbox.docker("logs", name, check=True).stdout
+    assert "stopped by USR1" in logs
+    code, _, log = lab.resident.stop()
+    assert code == 0, log
+    late = [float(x) for x in re.findall(r"booking ended: stopping .*, ([0-9.]+)s after its end", log)]
+    assert len(late) == 1 and late[0] < 5, log
+    print(f"expiry lateness: {late[0]:.2f}s")  # the report's figure (-s)
+
+
+def test_only_the_owner_or_root_extends_within_the_maximum_and_a_restart_keeps_it(lab: Lab) -> None:
+    name = f"ext-{lab.agent.tag}"
+    r = lab.as_user(ALICE, "run", "-d", "--name", name, "--gpu", "1", TEST_IMAGE, "sleep", "600")
+    assert r.returncode == 0, r.stderr
+    h = lab.wait_holder(name)
+    until = h["booking"]["until"]
+    assert until - h["booking"]["since"] == 3600  # the policy's default
+    ls = lab.agent("ls", GPUPIN_AGENT_SOCKET=lab.resident.socket)
+    assert re.search(rf"{name} .*ends in (59m|1h)$", ls.stdout, re.M), ls.stdout
+    # another uid, with every right on the socket and the daemon, may not extend it
+    other = lab.as_user(BOB, "extend", name, "30m")
+    assert other.returncode == 64
+    assert other.stderr.strip() == (
+        f"hostagent: ERROR: {name} is booked by uid {ALICE}: only its owner or root extends it. "
+        "HINT: extend your own bookings"
+    )
+    # a raw request naming another uid changes nothing: the socket names the caller
+    status, answer = post(
+        lab.users[BOB], lab.resident.socket, "/api/extend", {"container": name, "seconds": 60, "uid": ALICE}
+    )
+    assert status == 400 and "only its owner or root" in answer["error"]
+    # the owner, within the maximum (2h from the start)
+    mine = lab.as_user(ALICE, "extend", name, "30m", "--json")
+    assert mine.returncode == 0, mine.stderr
+    assert json.loads(mine.stdout)["until"] == until + 1800
+    past = lab.as_user(ALICE, "extend", name, "1h")
+    assert past.returncode == 64 and "past the longest the policy gives uid 5002, 2h (booking.max)" in past.stderr
+    assert "extend by at most 30m" in past.stderr
+    # root has no maximum
+    root = lab.agent("extend", name, "1d", GPUPIN_AGENT_SOCKET=lab.resident.socket)
+    assert root.returncode == 0, root.stderr
+    extended = until + 1800 + 86400
+    # the extension survives a crash of the agent
+    lab.resident.kill()
+    lab.resident.restart()
+    h = lab.wait_holder(name, "the restarted agent to see the container")
+    assert h["booking"]["until"] == extended
+    # and `hostagent ls` without the agent reads it too
+    direct = lab.agent("ls", "--json", GPUPIN_AGENT_SOCKET=lab.resident.socket)
+    held = [x for g in json.loads(direct.stdout)["gpus"] for x in g["holders"] if x["name"] == name]
+    assert held and held[0]["booking"]["until"] == extended
+
+
+def test_quotas_charge_the_caller_the_kernel_names(lab: Lab) -> None:
+    first = f"q1-{lab.agent.tag}"
+    r = lab.as_user(ALICE, "run", "-d", "--name", first, "--for", "90m", "--gpu", "1", TEST_IMAGE, "sleep", "600")
+    assert r.returncode == 0, r.stderr
+    lab.wait_holder(first)
+    over = lab.as_user(ALICE, "run", "--gpu", "0", TEST_IMAGE, "true")  # card 0 is free (card 2 runs a process)
+    assert over.returncode == 75, over.stderr
+    assert over.stderr.startswith(
+        f"hostagent: ERROR: quota cards: uid {ALICE} holds 1 of 1 card(s) at once, and asks 1 more; the first frees "
+        f"when {first} ends, in 1h29m"
+    ), over.stderr
+    never = lab.as_user(ALICE, "run", "--count", "2", TEST_IMAGE, "true")
+    assert never.returncode == 64 and "at most 1 at once (quota.cards)" in never.stderr
+    # a forged owner in the request is refused; the booking label cannot be set by hand
+    body = run_body(lab.agent, sandbox_daemon(lab.agent))
+    body["request"]["options"]["labels"].append(f"gpupin.booking=uid={BOB} since=0")
+    status, answer = post(lab.users[ALICE], lab.resident.socket, "/api/run", body)
+    assert status == 400 and answer["exit"] == 64 and "hostagent writes gpupin.booking itself" in answer["error"]
+    # a name in the request is not who asks: alice's quota is charged, whatever it says
+    body = run_body(lab.agent, sandbox_daemon(lab.agent))
+    body.update(user="bob", uid=BOB)
+    body["request"]["gpus"] = ["0"]
+    status, answer = post(lab.users[ALICE], lab.resident.socket, "/api/run", body)
+    assert status == 409 and answer["exit"] == 75 and f"uid {ALICE} holds 1 of 1" in answer["error"]
+    # bob's quota is his own
+    second = f"q2-{lab.agent.tag}"
+    r = lab.as_user(BOB, "run", "-d", "--name", second, "--gpu", "3", TEST_IMAGE, "sleep", "600")
+    assert r.returncode == 0, r.stderr
+    assert len(lab.agent.containers("running")) == 2
+
+
+def test_the_queue_gives_no_turn_to_a_waiter_over_its_quota(lab: Lab) -> None:
+    first = f"w1-{lab.agent.tag}"
+    r = lab.as_user(ALICE, "run", "-d", "--name", first, "--gpu", "1", TEST_IMAGE, "sleep", "600")
+    assert r.returncode == 0, r.stderr
+    lab.wait_holder(first)
+    env = {**lab.agent.env, "GPUPIN_AGENT_SOCKET": lab.resident.socket}
+    waiter = subprocess.Popen(
+        [*lab.users[ALICE], *lab.agent.argv("run", "--wait", "--gpu", "0", TEST_IMAGE, "true")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: lab.resident.get("/api/queue")[1].count(b'"uid"') == 1, 20, "the waiter to queue")
+        time.sleep(3)  # card 0 is free all along: only the quota holds it back
+        assert waiter.poll() is None
+        queue = json.loads(lab.resident.get("/api/queue")[1])
+        assert [w["turn"] for w in queue["waiters"]] == [False]
+        lab.agent.sandbox.docker("stop", "-t", "0", first, check=True)
+        _, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0, err
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.communicate()
+
+
+def test_a_run_without_the_agent_keeps_the_maximum(agent: Agent, tmp_path: Path) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="gpupin-policy-"))  # where another user can read it (tmp_path is root's)
+    os.chmod(folder, 0o755)
+    f = folder / "policy.toml"
+    f.write_text(POLICY)
+    r = agent(
+        "run", "--for", "3h", "--gpu", "1", TEST_IMAGE, "true", GPUPIN_AGENT="0", GPUPIN_POLICY=str(f)
+    )  # root: no maximum
+    assert r.returncode == 0, r.stderr
+    docker_gid = os.stat(agent.sandbox.host[len("unix://") :]).st_gid
+    r = subprocess.run(
+        ["setpriv", f"--reuid={ALICE}", f"--regid={ALICE}", f"--groups={docker_gid}",
+         *agent.argv("run", "--for", "3h", "--gpu", "1", TEST_IMAGE, "true")],
+        env={**agent.env, "GPUPIN_AGENT": "0", "GPUPIN_POLICY": str(f)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 64, r.stderr
+    assert "--for 3h is longer than the longest booking the policy gives uid 5002, 2h (booking.max)" in r.stderr
+    assert agent.containers() != [] and all("Exited" in c["Status"] for c in agent.containers())
+    shutil.rmtree(folder)
