@@ -27,8 +27,8 @@ import threading
 import time
 
 from gpupin.core.errors import GpupinError
+from gpupin import hostagent
 from gpupin.hostagent.record.store import Store
-from gpupin.hostagent.serve.agent import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,6 +41,11 @@ FORGET_S = 3600.0  # a container's start and die times are kept this long for an
 CHECKPOINT_S = 10.0  # the open intervals' figures and `seen` are written this often
 REASONS = ("exit", "stop", "expiry", "idle", "lost")
 NOT_STARTED = "0001-01-01T00:00:00Z"
+
+
+def say(text: str) -> None:
+    """One line of the agent's log, as the record's (the agent's own lines say `serve:`)."""
+    hostagent.say(f"record: {text}")
 
 
 def user_name(uid: int | None) -> str:
@@ -241,7 +246,7 @@ class Keeper:
             iv = Interval(**r)
             self.open[(iv.container_id, iv.card_uuid)] = iv
         if rows:
-            say(f"record: {len(rows)} interval(s) left open by an earlier agent taken up")
+            say(f"{len(rows)} interval(s) left open by an earlier agent taken up")
         self._thread = threading.Thread(target=self._run, name="record", daemon=True)
         self._thread.start()
 
@@ -264,7 +269,7 @@ class Keeper:
             except GpupinError:  # the daemon stopped answering mid-way: nothing changed, the next view tries again
                 self.stopping.wait(1.0)
             except Exception as err:  # a bug must not end the record: the next view tries again
-                say(f"record: internal error: {type(err).__name__}: {err}")
+                say(f"internal error: {type(err).__name__}: {err}")
                 self.stopping.wait(1.0)
 
     def step(self, now: float | None = None) -> None:
@@ -423,7 +428,7 @@ class Keeper:
                 if iv.rid is None:
                     iv.rid = self.store.open_interval(iv.row())
                 values = {**iv.figures(), "end": end, "ended": reason}
-                self.store.update([(iv.rid, values)])
+                self.store.close_interval(iv.rid, values, iv.row())
             except Exception as err:
                 self._degrade(err)
                 return
@@ -458,7 +463,7 @@ class Keeper:
     def _degrade(self, err: BaseException) -> None:
         text = f"{type(err).__name__}: {err}" if not str(err).startswith("database") else str(err)
         if self.degraded is None:
-            say(f"record degraded ({text}): kept in memory, written when {self.store.path} can be written again")
+            say(f"degraded ({text}): kept in memory, written when {self.store.path} can be written again")
         self.degraded = text
 
     def _recovered(self) -> None:
@@ -468,7 +473,7 @@ class Keeper:
             and not self._unwritten
             and all(iv.rid is not None for iv in self.open.values())
         ):
-            say("record written again")
+            say("written again")
             self.degraded = None
 
     # --- card health, for the notifications ---

@@ -28,6 +28,7 @@ from gpupin.core.errors import UsageError, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 DEFAULT_PATH = "/var/lib/gpupin/record.db"
@@ -65,7 +66,26 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX intervals_uid ON intervals (uid, end);
     CREATE INDEX intervals_user ON intervals (user, end, start, energy_j);
     """,
+    # v3: the closed intervals summed per local calendar day and per user, card and image (`daily`, filled from
+    # the intervals already there), so that `usage` over a year reads thousands of rows, not a million.
+    """
+    DROP INDEX intervals_user;
+    CREATE INDEX intervals_start ON intervals (start);
+    CREATE TABLE daily (
+        kind TEXT NOT NULL,
+        day TEXT NOT NULL,
+        key TEXT NOT NULL,
+        idx INTEGER,
+        seconds REAL NOT NULL DEFAULT 0,
+        joules REAL,
+        n INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (kind, day, key)
+    ) WITHOUT ROWID;
+    CREATE TABLE meta (name TEXT PRIMARY KEY, value REAL NOT NULL);
+    """,
 )
+# Run in the migration's transaction after MIGRATIONS[v], by version reached: what SQL alone cannot do.
+AFTER: dict[int, Callable[[sqlite3.Connection], None]] = {}
 VERSION = len(MIGRATIONS)
 
 
@@ -150,10 +170,12 @@ def migrate(conn: sqlite3.Connection, path: str = "the record") -> int:
     if was < VERSION:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for step in MIGRATIONS[was:]:
+            for v, step in enumerate(MIGRATIONS[was:], was + 1):
                 for statement in step.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                if v in AFTER:
+                    AFTER[v](conn)
             conn.execute("UPDATE schema SET version = ?", (VERSION,))
             conn.execute("COMMIT")
         except BaseException:
@@ -209,6 +231,21 @@ class Store:
                     self.conn.execute("ROLLBACK")
                 raise
 
+    def close_interval(self, rid: int, values: dict[str, Any], row: dict[str, Any]) -> None:
+        """Close interval `rid` with `values` (its figures, end, ended) and add it to the daily sums, at once.
+        `row`: its user, card and image."""
+        with self.lock:
+            self.conn.execute("BEGIN")
+            try:
+                cols = ", ".join(f"{k} = ?" for k in values)
+                self.conn.execute(f"UPDATE intervals SET {cols} WHERE id = ?", [*values.values(), rid])
+                roll(self.conn, {**row, **values})
+                self.conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+                raise
+
     def note_owner(self, container_id: str, uid: int) -> None:
         with self.lock:
             self.conn.execute(
@@ -253,37 +290,125 @@ def gpu_seconds(conn: sqlite3.Connection, uid: int, since: float, now: float | N
 _KEYS = {"user": "user", "card": "card_uuid", "image": "image"}
 
 
+def _day(t: float) -> tuple[str, float]:
+    """The local calendar day of `t` and the next midnight (seconds since the epoch)."""
+    import datetime
+
+    day = datetime.datetime.fromtimestamp(t).date()
+    return day.isoformat(), datetime.datetime.combine(day + datetime.timedelta(days=1), datetime.time()).timestamp()
+
+
+def _parts(a: float, b: float) -> list[tuple[str, float]]:
+    """[a, b) cut at each local midnight: (day, seconds)."""
+    out = []
+    t = a
+    while t < b:
+        day, midnight = _day(t)
+        out.append((day, min(b, midnight) - t))
+        t = min(b, midnight)
+    return out
+
+
+def roll(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+    """Add a closed interval to the daily sums: each day's part of its seconds and energy (in proportion), per
+    user, card and image; it counts once, on the day it began."""
+    start, end, joules = float(row["start"]), float(row["end"]), row.get("energy_j")
+    whole = max(end - start, 1e-9)
+    keys = (("user", row["user"], None), ("card", row["card_uuid"], row.get("card_index")), ("image", row["image"]))
+    for i, (day, part) in enumerate(_parts(start, end) or [(_day(start)[0], 0.0)]):
+        j = None if joules is None else joules * part / whole
+        for kind, key, *idx in keys:
+            conn.execute(
+                "INSERT INTO daily (kind, day, key, idx, seconds, joules, n) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (kind, day, key) DO UPDATE SET seconds = seconds + excluded.seconds, "
+                "joules = CASE WHEN excluded.joules IS NULL THEN joules ELSE COALESCE(joules, 0) + excluded.joules "
+                "END, n = n + excluded.n, idx = COALESCE(excluded.idx, idx)",
+                (kind, day, key or "", idx[0] if idx else None, part, j, int(i == 0)),
+            )
+    conn.execute(
+        "INSERT INTO meta (name, value) VALUES ('longest', ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+        (end - start,),
+    )
+
+
+def _backfill(conn: sqlite3.Connection) -> None:
+    cur = conn.execute(
+        "SELECT user, card_uuid, card_index, image, start, end, energy_j FROM intervals WHERE end IS NOT NULL"
+    )
+    names = [d[0] for d in cur.description]
+    for r in cur.fetchall():
+        roll(conn, dict(zip(names, r, strict=True)))
+
+
+AFTER[3] = _backfill
+
+
 def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | None = None) -> list[dict[str, Any]]:
     """GPU-seconds, energy (joules, in proportion to the part of an interval since `since`) and intervals per `by`
     (user, card, image or day: the host's local calendar day), largest first (days in order). An open interval
-    counts up to now."""
+    counts up to now.
+
+    Whole days come from the daily sums; the first day's part after `since` from the intervals that overlap it
+    (found by their start: none is longer than the longest closed yet), and the open intervals from theirs. An
+    interval counts in `intervals` once, where it began, or on the first day when it began before `since`."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}, not {by!r}")
     now = time.time() if now is None else now
+    kind = "card" if by == "day" else by
+    sums: dict[Any, list[Any]] = {}  # key -> [seconds, joules, n, index]
+
+    def add(key: Any, seconds: float, joules: float | None, n: int, idx: Any = None) -> None:
+        slot = sums.setdefault(key, [0.0, None, 0, None])
+        slot[0] += seconds
+        if joules is not None:
+            slot[1] = (slot[1] or 0.0) + joules
+        slot[2] += n
+        if idx is not None:
+            slot[3] = idx
+
+    first_day, midnight = _day(since) if since is not None else ("", float("-inf"))
+    group = "day" if by == "day" else "key"
+    daily = conn.execute(
+        f"SELECT {group}, MAX(idx), SUM(seconds), SUM(joules), SUM(n) FROM daily WHERE kind = ? AND day > ? "
+        f"GROUP BY {group}",
+        (kind, first_day),
+    )
+    for key, idx, seconds, joules, n in daily:
+        add(key if by == "day" else key or None, seconds, joules, n, idx)
+    col = _KEYS.get(by, "card_uuid")
+    if since is not None:
+        longest = conn.execute("SELECT value FROM meta WHERE name = 'longest'").fetchone()
+        edge = conn.execute(
+            f"SELECT {col}, card_index, MIN(end, :m) - MAX(start, :s), energy_j, end - start FROM intervals "
+            "WHERE end IS NOT NULL AND start >= :lo AND start < :m AND end > :s",
+            {"s": since, "m": midnight, "lo": since - (longest[0] if longest else 0.0) - 1.0},
+        )
+        for key, idx, part, joules, whole in edge:
+            j = None if joules is None else joules * part / max(whole, 1e-9)
+            add(first_day if by == "day" else key, part, j, 1, idx)
     lo = float("-inf") if since is None else since
-    if by == "day":
-        return _by_day(conn, lo, now)
-    key = _KEYS[by]
-    # The part of each interval inside [since, now]; energy in the same proportion (NULL: not measured).
-    rows = conn.execute(
-        f"""SELECT {key} AS k, {"MAX(card_index)," if by == "card" else ""}
-               SUM(MIN(COALESCE(end, :now), :now) - MAX(start, :lo)) AS s,
-               SUM(energy_j * (MIN(COALESCE(end, :now), :now) - MAX(start, :lo))
-                   / MAX(MIN(COALESCE(end, :now), :now) - start, 1e-9)) AS j,
-               COUNT(*) AS n
-            FROM intervals {"INDEXED BY intervals_user" if by == "user" else ""}
-            WHERE (end IS NULL OR end > :lo) AND start < :now
-            GROUP BY {key} ORDER BY s DESC""",
+    running = conn.execute(
+        f"SELECT {col}, card_index, MAX(start, :lo), energy_j, start FROM intervals WHERE end IS NULL AND start < :now",
         {"lo": lo, "now": now},
-    ).fetchall()
+    )
+    for key, idx, a, joules, start in running:
+        whole = max(now - start, 1e-9)
+        if by == "day":
+            for i, (day, part) in enumerate(_parts(a, now)):
+                add(day, part, None if joules is None else joules * part / whole, int(i == 0))
+        else:
+            add(key, now - a, None if joules is None else joules * (now - a) / whole, 1, idx)
     out = []
-    for r in rows:
-        item: dict[str, Any] = {by: r[0]}
+    for key, (seconds, joules, n, idx) in sums.items():
+        item: dict[str, Any] = {by: key}
         if by == "card":
-            item["index"] = r[1]
-        item.update(_figures(r[-3], r[-2], r[-1]))
+            item["index"] = idx
+        item.update(_figures(seconds, joules, n))
         out.append(item)
-    return out
+    if by == "day":
+        return sorted(out, key=lambda r: str(r["day"]))
+    return sorted(out, key=lambda r: (-r["gpu_seconds"], str(r[by])))
 
 
 def _figures(seconds: float | None, joules: float | None, n: int) -> dict[str, Any]:
@@ -294,29 +419,3 @@ def _figures(seconds: float | None, joules: float | None, n: int) -> dict[str, A
         "energy_j": None if joules is None else round(float(joules), 3),
         "intervals": int(n),
     }
-
-
-def _by_day(conn: sqlite3.Connection, lo: float, now: float) -> list[dict[str, Any]]:
-    """Per local calendar day: each interval split at midnight (a two-day booking counts on both days)."""
-    import datetime
-
-    days: dict[str, list[Any]] = {}
-    cur = conn.execute(
-        "SELECT MAX(start, :lo), MIN(COALESCE(end, :now), :now), start, COALESCE(end, :now), energy_j FROM intervals "
-        "WHERE (end IS NULL OR end > :lo) AND start < :now",
-        {"lo": lo, "now": now},
-    )
-    for a, b, start, end, joules in cur:
-        whole = max(end - start, 1e-9)
-        t = a
-        while t < b:
-            day = datetime.datetime.fromtimestamp(t).date()
-            midnight = datetime.datetime.combine(day + datetime.timedelta(days=1), datetime.time()).timestamp()
-            part = min(b, midnight) - t
-            slot = days.setdefault(day.isoformat(), [0.0, None, 0])
-            slot[0] += part
-            if joules is not None:
-                slot[1] = (slot[1] or 0.0) + joules * part / whole
-            slot[2] += 1
-            t = min(b, midnight)
-    return [{"day": d, **_figures(*days[d])} for d in sorted(days)]

@@ -10,8 +10,8 @@ its local webhook (a POST), from a worker thread, so that the agent never waits 
   (PATH, LANG) in /, in a session of its own. As root by default, as a cron job of root's is; `serve --hook-user
   NAME` runs it as that user and that user's groups instead (a dedicated user is safer: the payload names users and
   containers, nothing the hook needs root for).
-- *Loopback only.* The webhook is http:// to 127.0.0.1, ::1 or localhost: the payloads name the host's users and
-  must not leave it on the agent's initiative.
+- *Loopback only.* The webhook is http:// to a loopback address (the policy refuses any other): the payloads name
+  the host's users and must not leave it on the agent's initiative.
 
 Events and their payloads: docs/serve.md, "Notifications". The agent emits card.unhealthy, card.lost (the record's
 keeper, gpupin.hostagent.record.keeper) and queue.turn (gpupin.hostagent.serve.queue); the policy's bookings and the
@@ -47,25 +47,7 @@ EVENTS = (
 )
 LIMIT_S = 10.0  # each call of the command or the webhook, at most
 QUEUED = 1000  # events waiting for the worker, at most
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 MAX_PAYLOAD = 1 << 20
-
-
-def webhook_refusal(url: str) -> str | None:
-    """Why `url` is not a local webhook (None: it is one). The policy checks it with this rule too."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-        parts.port  # noqa: B018  (a bad port raises here)
-    except ValueError as err:
-        return f"not a URL ({err})"
-    if parts.scheme != "http":
-        return "only http:// to this host (loopback) is served"
-    if host not in LOOPBACK:
-        return f"{host!r} is not loopback: the payloads name this host's users (use 127.0.0.1, ::1 or localhost)"
-    return None
 
 
 class Hooks:
@@ -85,10 +67,8 @@ class Hooks:
         self.calls = 0  # calls made (tests, metrics)
 
     def configure(self, command: list[str] | None, webhook: str | None) -> None:
-        """The policy's notify rule (None, None: no hooks). A webhook that is not local is refused here too."""
-        if webhook is not None and (why := webhook_refusal(webhook)) is not None:
-            say(f"notify webhook ignored: {why}")
-            webhook = None
+        """The policy's notify rule (None, None: no hooks), as gpupin.hostagent.policy checked it (an absolute
+        program; a loopback http:// webhook)."""
         command = list(command) if command else None
         if (command, webhook) != (self.command, self.webhook):
             self._failing.clear()  # another hook: its first failure is said again

@@ -1,5 +1,5 @@
 """Notifications (gpupin.hostagent.serve.hooks): the command gets one JSON object on stdin, a hanging or failing hook
-never holds the caller and is said once, the webhook is loopback only, and the command runs as --hook-user."""
+never holds the caller and is said once, the webhook gets the same object, and the command runs as --hook-user."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.serve.hooks import Hooks, webhook_refusal
+from gpupin.hostagent.serve.hooks import Hooks
 
 PAYLOAD = {
     "card": {"uuid": "GPU-a", "index": 0, "name": "Fake"},
@@ -80,7 +80,7 @@ def test_failing_and_missing_commands(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "exit status 1" in capsys.readouterr().err
 
 
-def test_webhook_posts_on_loopback_only() -> None:
+def test_webhook_gets_a_post() -> None:
     bodies: list[bytes] = []
 
     class Sink(BaseHTTPRequestHandler):
@@ -102,11 +102,6 @@ def test_webhook_posts_on_loopback_only() -> None:
         assert json.loads(bodies[0])["left_s"] == 900
     finally:
         server.shutdown()
-    for url in ("http://example.com/x", "https://127.0.0.1/x", "http://10.0.0.1/", "ftp://localhost/"):
-        assert webhook_refusal(url) is not None, url
-    h = Hooks()
-    h.configure(None, "http://example.com/x")
-    assert not h.active
 
 
 def test_runs_as_hook_user() -> None:

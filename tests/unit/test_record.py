@@ -127,7 +127,8 @@ def _row(s: Store, cid: str, user: str, uid: int, start: float, end: float | Non
         }
     )
     if end is not None:
-        s.update([(rid, {"end": end, "ended": "exit", "energy_j": joules})])
+        row = {"user": user, "card_uuid": "GPU-a", "card_index": 0, "image": "img", "start": start}
+        s.close_interval(rid, {"end": end, "ended": "exit", "energy_j": joules}, row)
 
 
 def test_sums_since_and_open(tmp_path: Path) -> None:
@@ -144,6 +145,35 @@ def test_sums_since_and_open(tmp_path: Path) -> None:
     assert [r["card"] for r in s.usage(None, "card", now)] == ["GPU-a"]
     with pytest.raises(ValueError):
         usage(s.conn, None, "nope")
+    s.close()
+
+
+def test_daily_sums_agree_with_the_intervals(tmp_path: Path) -> None:
+    """The daily sums plus the first day's edge give what summing every interval's part since `since` gives,
+    for intervals across midnights, open ones, and any `since`."""
+    import random
+
+    rng = random.Random(7)
+    s = Store(str(private(tmp_path)))
+    truth = []
+    for i in range(300):
+        start = T0 + rng.uniform(0, 20 * 86400)
+        end = None if i % 50 == 0 else start + rng.choice([60, 3600, 30 * 3600, 3 * 86400]) * rng.random()
+        user = f"u{rng.randrange(5)}"
+        _row(s, f"c{i}", user, 1000, start, end, joules=None if end is None else (end - start) * 100)
+        truth.append((user, start, end))
+    now = T0 + 25 * 86400
+    for cut in [None, *(T0 + rng.uniform(-86400, 22 * 86400) for _ in range(20))]:
+        lo = float("-inf") if cut is None else cut
+        want: dict[str, float] = {}
+        for user, start, end in truth:
+            part = min(end if end is not None else now, now) - max(start, lo)
+            if part > 0:
+                want[user] = want.get(user, 0.0) + part
+        got = {r["user"]: r["gpu_seconds"] for r in s.usage(cut, "user", now)}
+        assert got.keys() == want.keys() and all(abs(got[u] - want[u]) < 0.01 for u in want), cut
+        days = s.usage(cut, "day", now)
+        assert abs(sum(d["gpu_seconds"] for d in days) - sum(want.values())) < 0.1
     s.close()
 
 
@@ -279,6 +309,11 @@ class FullStore(Store):
         if self.full:
             raise sqlite3.OperationalError("database or disk is full")
         super().update(rows)
+
+    def close_interval(self, rid: int, values: dict[str, Any], row: dict[str, Any]) -> None:
+        if self.full:
+            raise sqlite3.OperationalError("database or disk is full")
+        super().close_interval(rid, values, row)
 
 
 def test_full_disk_degrades_then_writes_all(tmp_path: Path) -> None:
