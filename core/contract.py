@@ -14,6 +14,7 @@ WATCH_VAR = "GPUPIN_WATCH"
 WATCH_GRACE_VAR = "GPUPIN_WATCH_GRACE"  # how long a workload stopped by --watch has between SIGTERM and SIGKILL
 PROBE_TIMEOUT_VAR = "GPUPIN_PROBE_TIMEOUT"
 DEVICE_LIST_DIR_VAR = "GPUPIN_DEVICE_LIST_DIR"
+DRA_DIR_VAR = "GPUPIN_DRA_METADATA_DIR"
 # Verification levels, weakest first; `cuda` when none is asked for.
 LEVELS = ("nvml", "cuda", "torch")
 LEVELS_TEXT = f"{', '.join(LEVELS[:-1])} or {LEVELS[-1]}"  # as a hint lists them: "nvml, cuda or torch"
@@ -26,6 +27,8 @@ OFF = ("", "0", "false", "no", "off")
 NVD_VAR = "NVIDIA_VISIBLE_DEVICES"
 # The Kubernetes device plugin's volume-mounts strategy: one file per device id in this folder.
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
+# Kubernetes DRA device metadata (KEP-5304): the kubelet plugin framework mounts each claim's records under it.
+DRA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 # Swarm's generic resources reach a task as DOCKER_RESOURCE_<KIND>; the toolkit reads the one its config names.
 SWARM_PREFIX = "DOCKER_RESOURCE_"
 # Slurm's GPU allocation in a task: a step's (srun), else the job's (the batch script, salloc's shell).

@@ -44,6 +44,8 @@ Prove that every cuda:k this container will see is the physical GPU that was ask
 The expectation (which cards, in local-rank order) comes from, in this order:
   GPUPIN_EXPECT            UUID[@BUSID],... as hostagent and `hostagent compose render` write it (through
                            CDI too: there NVIDIA_VISIBLE_DEVICES=void names no card)
+  /var/run/kubernetes.io/dra-device-attributes   Kubernetes DRA device metadata (KEP-5304): the GPUs of the
+                           claims this container references (UUID, bus id or minor number), in bus order
   NVIDIA_VISIBLE_DEVICES   UUIDs (docker --gpus device=UUID, Kubernetes); indices and MIG i:j (--gpus device=1,
                            the device plugin's index strategy) where they can be known, and only when no
                            source below names cards (an index orders the devices, it names no card)

@@ -18,6 +18,9 @@ What the runtimes and schedulers write (NVIDIA_VISIBLE_DEVICES and the device pl
   (Slurm's numbers passed as `--gpus device=0,1` give other cards, which Slurm's reader refuses).
 - `void`: CDI (`--device nvidia.com/gpu=...`, compose `driver: cdi`; NVIDIA's spec sets it) names no card; the
   pin comes from GPUPIN_EXPECT, which `hostagent run` and `hostagent compose render` write.
+- `/var/run/kubernetes.io/dra-device-attributes`: Kubernetes DRA device metadata (KEP-5304), the GPUs of the
+  claims the container references (gpupin.entrypoint.dra says what is read), right after GPUPIN_EXPECT: it is
+  the scheduler's allocation, where NVIDIA_VISIBLE_DEVICES is what a runtime was told.
 - `/var/run/nvidia-container-devices`: the device plugin's `volume-mounts` list strategy, one empty file per
   device there, named by its id (NVIDIA/k8s-device-plugin: /dev/null mounted at that folder + "/" + id).
 """
@@ -29,6 +32,8 @@ import os
 from gpupin.core.contract import (
     DEVICE_LIST_DIR,
     DEVICE_LIST_DIR_VAR,
+    DRA_DIR,
+    DRA_DIR_VAR,
     EXPECT_VAR,
     NVD_VAR,
     SLURM_GPU_VARS,
@@ -109,6 +114,18 @@ def gpupin_expect(ctx: Context) -> Answer:
     """GPUPIN_EXPECT, written by hostagent, compose rendering or by hand. Set but malformed is an error."""
     value = ctx.env.get(EXPECT_VAR)
     return None if value is None else parse_expect(value)
+
+
+def dra_metadata(ctx: Context) -> Answer:
+    """Kubernetes DRA device metadata (KEP-5304): the GPUs of the claims this container references, as the DRA
+    driver records them (gpupin.entrypoint.dra). One stat where there is none (GPUPIN_DRA_METADATA_DIR moves the
+    folder, for tests)."""
+    path = ctx.env.get(DRA_DIR_VAR) or DRA_DIR
+    if not os.path.isdir(path):
+        return None
+    from gpupin.entrypoint import dra  # only in a DRA pod: start-up stays short elsewhere
+
+    return dra.read(path, ctx.cards)
 
 
 def _by_index(ctx: Context, entries: list[str], keys: list[tuple[int, int]], source: str, named: str) -> Answer:
@@ -244,6 +261,7 @@ def slurm_allocation(ctx: Context) -> Answer:
 # (what the unpinned line calls the source when it is absent, its reader): docs/design.md, Expectation sources.
 READERS: Sequence[tuple[str, Callable[[Context], Answer]]] = (
     (EXPECT_VAR, gpupin_expect),
+    ("", dra_metadata),  # a folder: not named among the unset ones
     (NVD_VAR, nvidia_visible_devices),
     ("", device_list_dir),  # a folder, not a variable: not named among the unset ones
     (SWARM_PREFIX + "*", swarm_resources),

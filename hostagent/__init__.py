@@ -36,6 +36,22 @@ PROG = "hostagent"
 INSTALL_HINT = "install the host side: pip install 'gpupin[host]'"
 
 
+def help_width() -> int:
+    """The width argparse gives --help, found as it finds it (shutil.get_terminal_size: COLUMNS, else the
+    terminal, else 80, less 2) without importing shutil, which brings zlib, bz2 and lzma: 3 ms of every run's
+    start-up, and argparse makes a formatter for each option it adds. hostagent's parsers pass this width."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
+
+
 def say(msg: str) -> None:
     """One line on stderr from hostagent (a warning, or what it is doing), beside the results on stdout. A line that
     cannot be written (stderr closed, a pipe whose reader left) is dropped: a log line is never worth the thread

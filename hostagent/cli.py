@@ -19,24 +19,34 @@ import sys
 
 from gpupin.core import __version__
 from gpupin.core.errors import GpupinError, InternalError, UsageError
-from gpupin.hostagent import PROG, completion, mark
+from gpupin.hostagent import PROG, completion, help_width, mark
 from gpupin.hostagent.ls import args as ls_args
-from gpupin.hostagent.queue import args as queue_args
 from gpupin.hostagent.run import args as run_args
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 # argparse's wording (3.11: quoted choices; 3.12.8 and later: bare ones).
 _INVALID_CHOICE = re.compile(r"argument (?P<arg>\S+): invalid choice: (?P<word>.*) \(choose from (?P<choices>.*)\)$")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, its width found without shutil (gpupin.hostagent.help_width)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
+        super().__init__(prog, indent_increment, max_help_position, help_width() if width is None else width)
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one `ERROR: ... HINT: ...` line and exit 64, like every other refusal."""
 
     argv: Sequence[str] = ()  # what main() was given, for the hint's subcommand
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kw)
 
     @staticmethod
     def refuse(message: str, hint: str) -> NoReturn:
@@ -110,6 +120,8 @@ def build_parser(run_only: bool = False) -> _Parser:
     swarm_args.add(sub)
     doctor.add(sub)
     serve_args.add(sub)
+    from gpupin.hostagent.queue import args as queue_args
+
     queue_args.add(sub)
     policy_args.add(sub)
     policy_args.add_extend(sub)
@@ -209,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return serve_args.command(args)
         if args.command == "queue":
+            from gpupin.hostagent.queue import args as queue_args
+
             return queue_args.command(args)
         if args.command == "usage":
             from gpupin.hostagent.record import report

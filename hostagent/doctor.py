@@ -8,6 +8,9 @@ The traps, each silent until a workload lands on the wrong card or loses its car
   card's init again (seconds under the NVIDIA hook), and slow starts hold the ledger's lock longer;
 - a CDI spec whose cards differ from NVML's (a card added or replaced since `nvidia-ctk cdi generate`): a CDI name
   then gives another card than it says, or none;
+- a CDI spec generated for another driver than the one loaded (a driver upgrade without nvidia-cdi-refresh): its
+  library mounts name the old driver's files, and a container given a card through it fails to start;
+- a CDI spec of version 0.7 or later (toolkit 1.19.1's default) on an Engine before 26.1, which cannot read it;
 - `--gpus` with neither the NVIDIA hook nor CDI, and a Swarm node whose default runtime is not nvidia (a service
   cannot ask for --gpus, so only the default runtime adds the hook to its tasks);
 - the toolkit's `swarm-resource` setting on a Swarm node (gpupin.hostagent.swarm.nodeconfig checks it);
@@ -21,11 +24,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 
 from gpupin.core import nvml, readings
-from gpupin.core.errors import GpupinError, UsageError, quoted
+from gpupin.core.errors import GpupinError, UsageError, quoted, shown
 from gpupin.hostagent.completion import DIRS, offer
 from gpupin.hostagent.findings import ERROR, WARNING, Finding
 
@@ -133,14 +137,25 @@ def check_cdi(host: HostFiles, info: Mapping[str, Any] | None, cards: Sequence[C
     findings: list[Finding] = []
     uuids = {c.uuid for c in cards if c.uuid}
     migs = {m.uuid for c in cards for m in c.mig_devices if m.uuid}
-    for path, names in cdi.read_spec_dirs(_spec_dirs(host, info)).items():
+    refused: list[tuple[str, str]] = []
+    specs = cdi.read_spec_dirs(_spec_dirs(host, info), refused)
+    findings += [
+        Finding(
+            path,
+            f"the CDI spec is not read: {why}",
+            "remove it, or regenerate it with `nvidia-ctk cdi generate`",
+            WARNING,
+        )
+        for path, why in refused
+    ]
+    for path, names in specs.items():
         named = [n for n in names if is_uuid_like(n)]
         unknown = [n for n in named if n not in uuids and n not in migs]
         indices = [n for n in names if n.isascii() and n.isdigit() and int(n) >= len(cards)]
         absent = sorted(uuids - set(named))
         problems = []
         if unknown or indices:
-            problems.append(f"names {', '.join(unknown + indices)}, which NVML does not have")
+            problems.append(f"names {', '.join(map(shown, unknown + indices))}, which NVML does not have")
         if absent:
             problems.append(f"does not name {', '.join(absent)}, which NVML has")
         if problems:
@@ -150,6 +165,96 @@ def check_cdi(host: HostFiles, info: Mapping[str, Any] | None, cards: Sequence[C
                     f"the {cdi.KIND} spec {' and '.join(problems)}: a CDI name then gives "
                     "another card than it says, or none",
                     "regenerate it: `nvidia-ctk cdi generate --output=" + path + "`",
+                )
+            )
+    return findings
+
+
+# The toolkit locates the driver's libraries by the driver's version and mounts each by its versioned name
+# (libcuda.so.580.95.05): the spec's driver is in those names.
+_LIB_VERSION = re.compile(r"lib(cuda|nvidia-ml)\.so\.([0-9]+(?:\.[0-9]+)+)")
+CDI_07_ENGINE = (26, 1)  # moby#47706 (CDI library 0.7.1, spec 0.7.0) shipped in Engine 26.1
+SPEC_LIMIT = 8 << 20
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """`26.0.2` -> (26, 0, 2); the leading numbers only (`28.5.2+dfsg1` -> (28, 5, 2)); () when none."""
+    m = re.match(r"[0-9]+(?:\.[0-9]+)*", text.strip().lstrip("v"))
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
+def _spec_document(path: str) -> dict[str, Any] | None:
+    """A whole CDI spec (JSON or YAML), or None when it cannot be read as one (the daemon skips it too)."""
+    from gpupin.core.files import read_bounded
+
+    try:
+        data = read_bounded(path, SPEC_LIMIT)
+        if path.endswith(".json"):
+            doc = json.loads(data)
+        else:
+            import yaml
+
+            doc = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except Exception:  # a broken spec: check_cdi's reader skips it, and so does the daemon's
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def spec_driver_version(spec: Mapping[str, Any]) -> str | None:
+    """The driver a spec was generated for: the version in the name of its libcuda.so.X mount (else
+    libnvidia-ml.so.X), in its common edits or any device's; None when it mounts neither."""
+    edits = [spec.get("containerEdits")] + [
+        d.get("containerEdits") for d in spec.get("devices") or [] if isinstance(d, dict)
+    ]
+    found: dict[str, str] = {}
+    for e in edits:
+        for mount in (e or {}).get("mounts") or [] if isinstance(e, dict) else []:
+            if not isinstance(mount, dict):
+                continue
+            for key in ("containerPath", "hostPath"):
+                m = _LIB_VERSION.fullmatch(os.path.basename(str(mount.get(key) or "")))
+                if m:
+                    found.setdefault(m.group(1), m.group(2))
+    return found.get("cuda") or found.get("nvidia-ml")
+
+
+def check_cdi_versions(host: HostFiles, info: Mapping[str, Any] | None, driver: str | None) -> list[Finding]:
+    """Each nvidia.com/gpu spec against the loaded driver (NVML's version) and the Engine that reads it."""
+    from gpupin.hostagent.engine import cdi
+
+    findings: list[Finding] = []
+    server = str((info or {}).get("ServerVersion") or "")
+    engine = _version(server)
+    cdi_on = bool((info or {}).get("CDISpecDirs"))
+    for path in cdi.read_spec_dirs(_spec_dirs(host, info)):
+        spec = _spec_document(path)
+        if spec is None:
+            continue
+        written = spec_driver_version(spec)
+        if driver and written and written != driver:
+            older = "older than" if _version(written) < _version(driver) else "other than"
+            findings.append(
+                Finding(
+                    path,
+                    f"the {cdi.KIND} spec was generated for driver {written}, {older} the loaded driver {driver}: "
+                    f"its mounts name that driver's libraries (.so.{written}), so a container given a card "
+                    "through it fails to start or gets the old libraries",
+                    "regenerate it, as nvidia-cdi-refresh does on each driver install (toolkit 1.18+): `systemctl "
+                    f"restart nvidia-cdi-refresh.service`, or `nvidia-ctk cdi generate --output={path}`",
+                    ERROR,
+                )
+            )
+        version = str(spec.get("cdiVersion") or "")
+        if cdi_on and (25,) <= engine < CDI_07_ENGINE and _version(version) >= (0, 7):
+            findings.append(
+                Finding(
+                    path,
+                    f"the {cdi.KIND} spec is CDI {version} (toolkit 1.19.1 writes 0.7.0 by default), which Engine "
+                    f"{server} cannot read (CDI 0.7 came with Engine 26.1): every CDI name of it is an unresolvable "
+                    "device there",
+                    "upgrade Docker Engine to 26.1 or later; or keep a toolkit whose specs are older (1.19.0 and "
+                    "before) and regenerate the spec",
+                    ERROR,
                 )
             )
     return findings
@@ -210,7 +315,7 @@ def check_swarm_resource(info: Mapping[str, Any], host: HostFiles, cards: Sequen
 
 def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
     if info is not None and info.get("CgroupDriver"):
-        return f"cgroup v{info.get('CgroupVersion') or '?'} with the {info['CgroupDriver']} driver"
+        return f"cgroup v{shown(info.get('CgroupVersion') or '?')} with the {shown(info['CgroupDriver'])} driver"
     v2 = os.path.exists(host.path("/sys/fs/cgroup/cgroup.controllers"))
     return f"cgroup v{2 if v2 else 1} (the Docker daemon's driver unknown)"
 
@@ -219,7 +324,8 @@ def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
 
 DESCRIPTION = (
     "Check this GPU host for the traps that break pins: /dev/char links missing under the systemd cgroup "
-    "driver, persistence mode off, a CDI spec whose cards differ from NVML's, the NVIDIA hook or runtime "
+    "driver, persistence mode off, a CDI spec whose cards differ from NVML's or that was generated for another "
+    "driver, a CDI 0.7 spec on an Engine before 26.1, the NVIDIA hook or runtime "
     "missing, a Swarm node's default runtime and the toolkit's swarm-resource. One line per finding, each "
     "with a HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage."
 )
@@ -272,6 +378,7 @@ def examine(host: HostFiles) -> Report:
         findings += check_swarm_resource(info, host, cards)
     if cards:
         findings += check_cdi(host, info, cards)
+    findings += check_cdi_versions(host, info, nvml.driver_version() if cards else None)
     summary = f"{len(cards)} card(s), {cgroup_line(info, host)}"
     return Report(findings, summary)
 

@@ -13,7 +13,10 @@ CDI switched on or off, between two runs; nothing here is kept), from one `GET /
     are what it serves.
  2. Else `CDISpecDirs` (API 1.44+, empty while CDI is off): when the daemon runs on this host (a unix socket),
     the spec files there (`*.json`, `*.yaml`, as the CDI library scans them) are read for the kind and its
-    device names. A daemon reached over TCP or ssh whose /info does not list its devices cannot be looked into.
+    device names: as every file the project reads (a regular file of at most MAX_BYTES, gpupin.core.files), and
+    YAML that is not NVIDIA's block style through compose's bounded loader (depth, aliases), since anyone who can
+    write a spec folder would otherwise hang `hostagent run`, `doctor` and the root agent. A daemon reached over
+    TCP or ssh whose /info does not list its devices cannot be looked into.
  3. Else (API < 1.44, or CDI off): no CDI.
 `hostagent run --via cdi|nvidia` overrides the answer; `--gpu-capabilities` has no CDI meaning (the spec decides
 which driver libraries a container gets), so asking for capabilities pins with the nvidia driver.
@@ -21,6 +24,7 @@ which driver libraries a container gets), so asking for capabilities pins with t
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 
@@ -35,6 +39,8 @@ KIND = "nvidia.com/gpu"
 CDI = "cdi"  # the Engine's device driver for CDI names, and the `via` that pins through it
 NVIDIA = "nvidia"  # the Engine's nvidia device driver (`--gpus`): the `via` of every engine without CDI
 VIAS = (CDI, NVIDIA)
+MAX_BYTES = 1 << 20  # one spec file: NVIDIA's for 8 cards with every MIG device is tens of KiB
+MAX_FILES = 64  # spec files read in one folder (a host has one or two)
 MIN_API = "1.44"  # CDISpecDirs in /info (Engine 25): an older daemon has no CDI
 # The CDI library's rules: vendor and class of letters, digits, '.', '-', '_'; names add ':'.
 _QUALIFIED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)=([A-Za-z0-9_.:-]+)")
@@ -144,12 +150,17 @@ def _block_names(text: str) -> tuple[str, list[str]] | None:
     return (kind, names) if kind and names else None
 
 
-def _spec_names(path: str) -> tuple[str, list[str]] | None:
-    """(kind, device names) of one spec file, None when it cannot be read as one (the daemon skips it too)."""
+def _spec_names(path: str, refused: list[tuple[str, str]] | None = None) -> tuple[str, list[str]] | None:
+    """(kind, device names) of one spec file, None when it cannot be read as one (the daemon skips it too). The
+    file is read as every file the project reads (gpupin.core.files.read_bounded): a FIFO, a device (a link to
+    /dev/zero) or a file over MAX_BYTES is refused at once, never waited on, and said in `refused`."""
+    from gpupin.core import files
+
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(8 << 20)
-    except OSError:
+        data = files.read_bounded(path, MAX_BYTES)
+    except files.FileRefused as err:
+        if refused is not None and err.errno != errno.ENOENT:  # a file gone since the listing is no news
+            refused.append((path, err.reason))
         return None
     if KIND.encode() not in data:  # most spec folders hold NVIDIA's specs only; skip the others unparsed
         return None
@@ -158,36 +169,37 @@ def _spec_names(path: str) -> tuple[str, list[str]] | None:
         if path.endswith(".json"):
             import json
 
-            spec = json.loads(data)
+            spec = json.loads(data)  # nesting past the recursion limit: RecursionError, caught below
         else:
             fast = _block_names(data.decode("utf-8"))
             if fast is not None:
                 return fast
-            import yaml
+            from gpupin.hostagent.compose import load
 
-            spec = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            spec = load.parse(data.decode("utf-8"))  # PyYAML with limits: depth, alias expansion
     except Exception:  # a broken spec: the daemon's CDI cache refuses it as well
         return None
     if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
         return None
-    names = [str(d["name"]) for d in spec["devices"] if isinstance(d, dict) and d.get("name") is not None]
+    names = [str(d["name"]) for d in spec["devices"] if isinstance(d, dict) and isinstance(d.get("name"), (str, int))]
     return str(spec.get("kind") or ""), names
 
 
-def read_spec_dirs(dirs: Sequence[str]) -> dict[str, list[str]]:
+def read_spec_dirs(dirs: Sequence[str], refused: list[tuple[str, str]] | None = None) -> dict[str, list[str]]:
     """The device names of `nvidia.com/gpu` in the spec files of these folders: file -> names (subfolders are
-    skipped, as the CDI library skips them)."""
+    skipped, as the CDI library skips them; past MAX_FILES spec files in a folder, the rest are not read). The
+    files refused (not regular, too large, unreadable) are added to `refused` as (path, why)."""
     out: dict[str, list[str]] = {}
     for folder in dirs:
         try:
-            entries = sorted(os.listdir(folder))
+            entries = sorted(e for e in os.listdir(folder) if e.endswith((".json", ".yaml")))
         except OSError:
             continue
-        for entry in entries:
-            if not entry.endswith((".json", ".yaml")):
-                continue
+        for entry in entries[:MAX_FILES]:
             path = os.path.join(folder, entry)
-            found = _spec_names(path) if os.path.isfile(path) else None
+            if os.path.isdir(path):
+                continue
+            found = _spec_names(path, refused)
             if found is not None and found[0] == KIND:
                 out[path] = found[1]
     return out

@@ -4,6 +4,9 @@
 str.format's widths and alignment (`{name:<24}`, `{memory_used_mib:>6}`). The fields are checked before anything
 is read: an unknown one, `{}`, `{a.b}`, `{a[0]}` or a Go template (docker's `{{.Field}}`) is refused in one line.
 What a line prints: numbers as numbers, true/false, lists joined by commas, N/A for what the card does not report.
+Text, and each item of a list, goes through the one rule for a value from elsewhere (gpupin.core.errors.shown, as
+the table's cells): a container's name, the daemon's or NVML's words, a hostname print as themselves when they are
+printable, and escaped otherwise, so that a line stays one line and nothing in it is a terminal escape.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import difflib
 import re
 import string
 
-from gpupin.core.errors import UsageError
+from gpupin.core.errors import UsageError, shown
+from gpupin.hostagent.ls.view import CELL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -193,5 +197,5 @@ def _value(name: str, card: dict[str, Any], listing: dict[str, Any]) -> Any:
             items = value
         else:  # processes
             items = [p["pid"] for p in value]
-        return ",".join(str(i) for i in items)
-    return value
+        return ",".join(shown(i, CELL) if isinstance(i, str) else str(i) for i in items)
+    return shown(value, CELL) if isinstance(value, str) else value

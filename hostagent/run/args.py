@@ -11,6 +11,7 @@ import sys
 
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError, printable
+from gpupin.hostagent import help_width
 from gpupin.hostagent.completion import COMMAND, GPUS, offer
 from gpupin.hostagent.engine.cdi import VIAS
 from gpupin.hostagent.run import options as runopts
@@ -106,7 +107,11 @@ class BoolFlag(argparse._StoreTrueAction):
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Bool flags shown as flags (`--rm`), not with the optional value BoolFlag takes after `=`."""
+    """Bool flags shown as flags (`--rm`), not with the optional value BoolFlag takes after `=`; the width without
+    shutil (gpupin.hostagent.help_width)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
+        super().__init__(prog, indent_increment, max_help_position, help_width() if width is None else width)
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
         if isinstance(action, BoolFlag):

@@ -94,22 +94,34 @@ SO_PEERGROUPS = 59  # Linux 4.13; not in Python's socket module
 
 
 def _peer_groups(sock: Any) -> list[int]:
-    """The peer's supplementary groups as they were when it connected; the kernel says how much room they need
-    (ERANGE with the size in optlen, which Python does not pass back: grown until they fit)."""
+    """The peer's supplementary groups as they were when it connected. Python's getsockopt takes a buffer of at
+    most 1024 bytes (256 groups); for a caller in more (up to NGROUPS_MAX, 65536), the kernel says how much room
+    they need (ERANGE, the size in optlen, which Python does not pass back), and libc's getsockopt reads them."""
     import errno
     import socket
     import struct
 
-    size = 4 * 64
-    while True:
-        try:
-            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size)
-        except OSError as err:
-            if err.errno != errno.ERANGE or size >= 4 * 65536:
-                return []  # no SO_PEERGROUPS: the caller is judged by its uid and gid alone (fewer rights, never more)
-            size *= 4
-            continue
-        return list(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)
+    except OSError as err:
+        if err.errno != errno.ERANGE:
+            return []  # no SO_PEERGROUPS: the caller is judged by its uid and gid alone (fewer rights, never more)
+        raw = _many_peer_groups(sock.fileno())
+    return list(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+
+
+def _many_peer_groups(fd: int) -> bytes:
+    """SO_PEERGROUPS through libc, for a peer in more groups than Python's buffer holds (b"" when it fails)."""
+    import ctypes
+    import socket
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = ctypes.c_uint32(0)
+    libc.getsockopt(fd, socket.SOL_SOCKET, SO_PEERGROUPS, None, ctypes.byref(size))  # ERANGE: the room needed
+    buf = ctypes.create_string_buffer(max(size.value, 4))
+    if libc.getsockopt(fd, socket.SOL_SOCKET, SO_PEERGROUPS, buf, ctypes.byref(size)) != 0:
+        return b""
+    return buf.raw[: size.value]
 
 
 def _dashboard() -> bytes:

@@ -45,7 +45,7 @@ import threading
 import time
 import weakref
 
-from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten
+from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten, shown
 from gpupin.hostagent import agentlink
 from gpupin.hostagent.serve import fair, hooks, rights
 from gpupin.hostagent.serve.agent import say
@@ -152,6 +152,13 @@ class Waiter:
         }
 
 
+def _audit(w: Waiter, what: str) -> None:
+    """The agent's log line for a change of a waiter's place, in the form of the run's (gpupin.hostagent.serve.runs):
+    what happened, then who, as the kernel named them at accept. The request and the user name go through the one
+    rule for a user's text."""
+    say(f"queue: {what}: {shown(w.ask.shown())} for uid {w.uid} ({shown(w.user)}) pid {w.pid}")
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -235,11 +242,15 @@ class Queue:
         except BaseException:
             self.leave(w)
             raise
+        with self._lock:
+            _audit(w, f"joined at {w.position} of {len(self._waiters)}")
         return w
 
     def leave(self, w: Waiter) -> None:
         with self._lock:
             if w in self._waiters:
+                why = " (the agent stops)" if self.agent.stopping.is_set() else ""
+                _audit(w, f"left{why} from {self._waiters.index(w) + 1} of {len(self._waiters)}")
                 self._waiters.remove(w)
         w.close()
         self._changed()
@@ -306,15 +317,19 @@ class Queue:
         now = time.monotonic()
         view = self.agent.snapshot().listing
         for w in list(self._waiters):
-            unused = False
+            unused: list[str] = []  # the cards of a turn not used
             if w.offered is not None and now - w.turn_at > TURN_S:
-                unused = view is not None and fair.still_usable(w.ask, w.offered, view)
+                unused = w.offered if view is not None and fair.still_usable(w.ask, w.offered, view) else []
                 w.offered, w.lapsed = None, True
             if w.again_on is not None and now - w.again_on[1] >= LAPSE_CHECK_S:
-                unused = view is not None and fair.still_usable(w.ask, w.again_on[0], view)
+                cards = w.again_on[0]
+                unused = cards if view is not None and fair.still_usable(w.ask, cards, view) else []
                 w.again_on = None
-            w.lapses += unused
+            if unused:
+                w.lapses += 1
+                _audit(w, f"turn on {','.join(unused)} unused, lapse {w.lapses} of {MAX_LAPSES}")
             if w.lapses >= MAX_LAPSES:
+                _audit(w, f"lost its place at {self._waiters.index(w) + 1} of {len(self._waiters)}")
                 self._waiters.remove(w)  # the stream ends after the line: the caller joins again as new, if at all
                 w.post({"lost": f"{MAX_LAPSES} turns went unused while their cards were free: the place is lost"})
                 w.post({})

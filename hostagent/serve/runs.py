@@ -27,7 +27,7 @@ import contextlib
 import threading
 import time
 
-from gpupin.core.errors import UsageError, shorten
+from gpupin.core.errors import UsageError, shorten, shown
 from gpupin.hostagent import agentlink, engine, mark, record
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, request_json
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
         groups: frozenset[int]
         start: str
         pidns: str
+
+        def user(self) -> str: ...
 
 
 ROUTE = "/api/run"
@@ -155,7 +157,7 @@ class Runs:
         # The audit line: who, as the kernel named them at accept, and what was made for them.
         cards_made = ",".join(t.uuid for t in created.spec.targets)
         with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
-            say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} pid {peer.pid}")
+            say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} ({shown(peer.user())}) pid {peer.pid}")
         record.note_owner(created.cid, peer.uid)  # the caller at accept owns its intervals in the record
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
 

@@ -58,3 +58,28 @@ def test_each_planted_trap_is_a_line_with_a_hint_and_exit_1(
     assert any("persistence mode: warning: off on card(s)" in ln for ln in lines), lines
     assert any("nvidia.json" in ln and RTX in ln for ln in lines), lines
     assert all(" HINT: " in ln for ln in lines[:-1]) and r.stderr == ""
+
+
+@pytest.mark.per_engine  # the engine decides where its specs are and whether it reads CDI 0.7
+def test_a_spec_of_another_driver_is_a_line_and_cdi_07_only_before_engine_26_1(
+    root: Path, mixed4_sandbox: Sandbox
+) -> None:
+    """The sandbox's NVML reports the topology's driver (580.159.04); a spec generated for 550.54.15 is stale. Its
+    CDI 0.7.0 is no finding here: Docker 20.10 has CDI off, and the sandbox's Engine 26 is 26.1, which reads it."""
+    info = json.loads(mixed4_sandbox.docker("info", "--format", "{{json .}}", check=True).stdout)
+    spec_dir = root / (info.get("CDISpecDirs") or ["/etc/cdi"])[0].lstrip("/")
+    spec_dir.mkdir(parents=True)
+    lib = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+    spec = {
+        "cdiVersion": "0.7.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": u, "containerEdits": {}} for u in uuids("mixed-4")],
+        "containerEdits": {"mounts": [{"hostPath": lib, "containerPath": lib, "options": ["ro"]}]},
+    }
+    (spec_dir / "nvidia.json").write_text(json.dumps(spec))
+    r = doctor_on(root, mixed4_sandbox.host)
+    assert r.returncode == doctor.EX_FINDINGS, r
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(str(spec_dir / "nvidia.json"))]
+    assert len(lines) == 1, r.stdout
+    assert "was generated for driver 550.54.15, older than the loaded driver 580.159.04" in lines[0], lines
+    assert "nvidia-cdi-refresh" in lines[0] and r.stderr == ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -28,8 +29,10 @@ from gpupin.hostagent.run import request_json
 from gpupin.hostagent.run.request import RunRequest
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
+from tests.support.scenarios import uuids
 from tests.support.wait import wait_for
 
+A800, RTX = uuids("mixed-4")[:2]  # cards 0 and 1
 AGENT_GID = 5100  # the agent socket's group
 SOCKET_ONLY, DOCKER_MEMBER, NOBODY = 5001, 5002, 5003
 
@@ -265,6 +268,26 @@ def test_a_forged_body_is_refused_and_creates_nothing(
     assert created(agent) == []
 
 
+def test_a_caller_in_hundreds_of_groups_is_judged_by_all_of_them(
+    agent: Agent, resident: Resident, users: Users
+) -> None:
+    """A docker member in 400 groups: Python's getsockopt reads at most 1024 bytes (256 groups) of SO_PEERGROUPS,
+    so the agent asks libc for the rest; the daemon socket's group, far past the first 64 in the kernel's sorted
+    list, still lets the caller book (before: past 256 groups, every group was lost and the run sent direct)."""
+    many = sorted({*range(1, users.docker_gid), *range(20_000, 20_400)} - {AGENT_GID})[:399]
+    member = as_user(DOCKER_MEMBER, AGENT_GID, *many, users.docker_gid)
+    status, answer = post(member, resident.socket, "/api/run", run_body(agent, sandbox_daemon(agent)))
+    assert status == 200 and "id" in answer, answer
+    assert [c["ID"] for c in created(agent)] == [answer["id"]]
+    # The agent's audit line: what it made, for whom as the kernel named them at accept.
+    resident.close()
+    made = [ln for ln in resident.stderr.splitlines() if "serve: run: " in ln]
+    assert len(made) == 1 and re.fullmatch(
+        f"hostagent: serve: run: {answer['id'][:12]} on {RTX} for uid {DOCKER_MEMBER} \\({DOCKER_MEMBER}\\) pid [0-9]+",
+        made[0],
+    ), made
+
+
 class Forwarder:
     """tcp://127.0.0.1:PORT to the sandbox's unix socket: a daemon that is not a unix socket."""
 
@@ -377,6 +400,18 @@ def test_one_uid_holds_at_most_8_places(agent: Agent, resident: Resident, users:
     finally:
         for p in held:
             p.communicate("", timeout=30)
+    # The agent's log: one line per join and per leave, who as the kernel named them, the request, the place.
+    resident.close()
+    pids = {str(p.pid) for p in held}
+    lines = [ln for ln in resident.stderr.splitlines() if "serve: queue: " in ln]
+    who = f": --gpu 2 for uid {DOCKER_MEMBER} ({DOCKER_MEMBER}) pid "
+    joins = [ln for ln in lines if "queue: joined at " in ln]
+    leaves = [ln for ln in lines if "queue: left from " in ln]
+    assert [ln.split(" pid ")[0] for ln in joins] == [
+        f"hostagent: serve: queue: joined at {n} of {n}{who}".split(" pid ")[0] for n in range(1, 9)
+    ], lines
+    assert len(leaves) == 8 and all(who in ln for ln in leaves), lines
+    assert {ln.rsplit(" ", 1)[1] for ln in joins} == {ln.rsplit(" ", 1)[1] for ln in leaves} == pids, lines
 
 
 def test_turns_taken_and_never_used_lose_the_place(agent: Agent, resident: Resident, users: Users) -> None:
@@ -404,3 +439,14 @@ def test_turns_taken_and_never_used_lose_the_place(agent: Agent, resident: Resid
     assert json.loads(out.strip().splitlines()[-1]) == {
         "lost": "3 turns went unused while their cards were free: the place is lost"
     }
+    # Each unused turn and the loss are lines of the agent's log, naming the user and the request.
+    resident.close()
+    who = f": --gpu 0 for uid {DOCKER_MEMBER} ({DOCKER_MEMBER}) pid {freezer.pid}"
+    lines = [ln for ln in resident.stderr.splitlines() if f"pid {freezer.pid}" in ln]
+    assert lines[:4] == [
+        f"hostagent: serve: queue: joined at 1 of 1{who}",
+        *[f"hostagent: serve: queue: turn on {A800} unused, lapse {n} of 3{who}" for n in (1, 2, 3)],
+    ], lines
+    assert len(lines) == 5 and re.fullmatch(
+        "hostagent: serve: queue: lost its place at 1 of [12]" + re.escape(who), lines[4]
+    )

@@ -153,12 +153,14 @@ def test_a_start_refused_by_docker_is_the_same_line_either_way(agent: Agent, res
 
 
 def test_the_client_imports_neither_the_docker_sdk_nor_nvml(agent: Agent, resident: Resident, tmp_path: Path) -> None:
+    """Nor what argparse's formatter would load (shutil, and with it zlib, bz2, lzma: 3 ms), nor other commands'."""
     code = (
         "import sys\nfrom gpupin.hostagent.cli import main\n"
         f"rc = main(['run', '--rm', '--label', 'gpupin.test={agent.tag}', '--gpu', '1', '{TEST_IMAGE}', "
         "'--quiet', 'true'])\n"
         "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('docker', 'pynvml', 'requests', 'urllib3', 'http')))\n"
+        "('docker', 'pynvml', 'requests', 'urllib3', 'http', 'shutil', 'bz2', 'lzma') "
+        "or m.startswith(('gpupin.hostagent.queue', 'gpupin.hostagent.compose', 'gpupin.hostagent.serve'))))\n"
     )
     r = subprocess.run(
         [sys.executable, "-c", code],

@@ -4,6 +4,7 @@ and the pin through CDI. What each engine does with it, on the sandboxes: tests/
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from gpupin.core.resolve import Target
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.pin import Pin
 from gpupin.hostagent.run.request import RunRequest
+from tests.support.planted import plant_hostile_specs
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 
@@ -64,6 +66,31 @@ def test_a_local_daemons_spec_folders_are_read_for_the_kind_and_its_names(tmp_pa
     (tmp_path / "sub" / "deep.yaml").write_text(spec_text("yaml", names=["8"]))  # subfolders are skipped too
     d = cdi.detect({"CDISpecDirs": [str(tmp_path), str(tmp_path / "missing")]}, local=True)
     assert d.served and d.names == frozenset(NAMES) and f"{tmp_path}/nvidia.{ext} names 9" in d.why
+
+
+@pytest.mark.timeout(60)
+def test_a_planted_spec_never_hangs_nor_exhausts_the_reader(tmp_path: Path) -> None:
+    (tmp_path / "nvidia.yaml").write_text(spec_text("yaml"))
+    plant_hostile_specs(tmp_path)
+    began = time.monotonic()
+    d = cdi.detect({"CDISpecDirs": [str(tmp_path)]}, local=True)
+    assert time.monotonic() - began < 5
+    assert (
+        d.served and d.names == frozenset(NAMES) and d.why == f"{tmp_path}/nvidia.yaml names 9 nvidia.com/gpu device(s)"
+    )
+    refused: list[tuple[str, str]] = []
+    cdi.read_spec_dirs([str(tmp_path)], refused)
+    assert sorted((Path(p).name, why) for p, why in refused) == [
+        ("fifo.yaml", "it is a FIFO, not a regular file"),
+        ("huge.json", "it is larger than 1 MiB, the limit for this file"),
+        ("zero.json", "it is a character device, not a regular file"),
+    ]
+
+
+def test_at_most_64_spec_files_of_a_folder_are_read(tmp_path: Path) -> None:
+    for i in range(cdi.MAX_FILES + 1):
+        (tmp_path / f"{i:03}.json").write_text(spec_text("json", names=[str(i)]))
+    assert len(cdi.read_spec_dirs([str(tmp_path)])) == cdi.MAX_FILES
 
 
 def test_the_fast_yaml_reader_reads_the_fake_specs_layout_too() -> None:

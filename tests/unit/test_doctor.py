@@ -9,11 +9,13 @@ import os
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpupin.hostagent import doctor
 from tests.support.host import HOSTAGENT, doctor_on, simhost_env
+from tests.support.planted import plant_hostile_specs
 from tests.support.scenarios import cards, uuids
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
@@ -84,6 +86,37 @@ def test_a_cdi_spec_that_names_other_cards_than_nvml(root: Path) -> None:
     spec["devices"] = [{"name": str(i)} for i in range(4)] + [{"name": c.uuid} for c in box]
     (root / "etc" / "cdi" / "nvidia.json").write_text(json.dumps(spec))
     assert doctor.check_cdi(doctor.HostFiles(str(root)), None, box) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_planted_cdi_spec_is_a_warning_never_a_hang(root: Path) -> None:
+    box = cards("mixed-4")
+    folder = root / "etc" / "cdi"
+    folder.mkdir()
+    spec = {"kind": "nvidia.com/gpu", "devices": [{"name": str(i)} for i in range(4)] + [{"name": c.uuid} for c in box]}
+    (folder / "nvidia.json").write_text(json.dumps(spec))
+    plant_hostile_specs(folder)
+    lines = sorted(f.line() for f in doctor.check_cdi(doctor.HostFiles(str(root)), None, box))
+    hint = "HINT: remove it, or regenerate it with `nvidia-ctk cdi generate`"
+    assert lines == [
+        f"{folder}/fifo.yaml: warning: the CDI spec is not read: it is a FIFO, not a regular file. {hint}",
+        f"{folder}/huge.json: warning: the CDI spec is not read: it is larger than 1 MiB, the limit for this file. "
+        + hint,
+        f"{folder}/zero.json: warning: the CDI spec is not read: it is a character device, not a regular file. {hint}",
+    ]
+
+
+def test_what_the_daemon_and_a_spec_folder_say_is_shown_escaped(root: Path) -> None:
+    """The daemon's words on the summary line, and a planted spec file's name, through the one rule: one line each,
+    no terminal escape obeyed."""
+    host = doctor.HostFiles(str(root))
+    assert doctor.cgroup_line({"CgroupDriver": "systemd\x1b[2J\nok", "CgroupVersion": "2"}, host) == (
+        "cgroup v2 with the 'systemd\\x1b[2J\\nok' driver"
+    )
+    (root / "etc" / "cdi").mkdir()
+    os.mkfifo(root / "etc" / "cdi" / "evil\x1b[2J\n.yaml")
+    (finding,) = doctor.check_cdi(host, None, cards("mixed-4"))
+    assert "\x1b" not in finding.line() and "/evil\\x1b[2J\\n.yaml: warning: " in finding.line()
 
 
 def test_a_swarm_node_needs_the_nvidia_runtime_as_its_default(root: Path) -> None:
@@ -160,3 +193,67 @@ def test_a_root_that_is_not_a_folder_is_64(tmp_path: Path) -> None:
         timeout=60,
     )
     assert r.returncode == 64 and r.stderr.count("\n") == 1 and "--root" in r.stderr, r
+
+
+def _nvidia_spec(version: str, driver: str) -> dict[str, Any]:
+    """The shape `nvidia-ctk cdi generate` writes: the driver's libraries mounted by their versioned names."""
+    lib = "/usr/lib/x86_64-linux-gnu"
+    return {
+        "cdiVersion": version,
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": c.uuid, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}} for c in cards()],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "mounts": [
+                {"hostPath": f"{lib}/{n}.so.{driver}", "containerPath": f"{lib}/{n}.so.{driver}", "options": ["ro"]}
+                for n in ("libnvidia-ml", "libcuda")
+            ],
+        },
+    }
+
+
+def test_a_cdi_spec_generated_for_another_driver(root: Path) -> None:
+    """A driver upgraded without nvidia-cdi-refresh: the spec mounts the old driver's libraries."""
+    (root / "etc" / "cdi").mkdir()
+    spec = root / "etc" / "cdi" / "nvidia.json"
+    spec.write_text(json.dumps(_nvidia_spec("0.5.0", "550.54.15")))
+    host = doctor.HostFiles(str(root))
+    (f,) = doctor.check_cdi_versions(host, None, "580.159.04")
+    assert f.line().startswith(
+        f"{spec}: the nvidia.com/gpu spec was generated for driver 550.54.15, older than the loaded driver 580.159.04"
+    ), f.line()
+    assert "nvidia-cdi-refresh" in f.line() and f"nvidia-ctk cdi generate --output={spec}" in f.line()
+    assert doctor.check_cdi_versions(host, None, "550.54.15") == []
+    assert doctor.check_cdi_versions(host, None, None) == []  # NVML unread: nothing to compare
+
+
+def test_a_cdi_07_spec_on_an_engine_before_26_1(root: Path) -> None:
+    (root / "etc" / "cdi").mkdir()
+    (root / "etc" / "cdi" / "nvidia.yaml").write_text(json.dumps(_nvidia_spec("0.7.0", "580.159.04")))  # JSON is YAML
+    host = doctor.HostFiles(str(root))
+    info: dict[str, Any] = {"ServerVersion": "26.0.2", "CDISpecDirs": ["/etc/cdi"]}
+    (f,) = doctor.check_cdi_versions(host, info, "580.159.04")
+    assert "is CDI 0.7.0 (toolkit 1.19.1 writes 0.7.0 by default), which Engine 26.0.2 cannot read" in f.line()
+    assert "upgrade Docker Engine to 26.1 or later" in f.line()
+    for fine in (
+        {**info, "ServerVersion": "26.1.0"},
+        {**info, "ServerVersion": "28.5.2+dfsg1"},
+        {"ServerVersion": "20.10.24"},
+    ):
+        assert doctor.check_cdi_versions(host, fine, "580.159.04") == [], fine
+    (root / "etc" / "cdi" / "nvidia.yaml").write_text(json.dumps(_nvidia_spec("0.6.0", "580.159.04")))
+    assert doctor.check_cdi_versions(host, info, "580.159.04") == []
+
+
+def test_the_fake_toolkits_spec_names_the_simulated_driver(tmp_path: Path) -> None:
+    """What the sandbox's Engine 26 reads: the fake nvidia-ctk mounts the libraries by the topology's driver version,
+    as the real one does, so a clean sandbox has no finding and a planted stale spec is one."""
+    from tests.support.host import FAKEGPU
+    from tests.support.scenarios import scenario
+
+    out = tmp_path / "nvidia.json"
+    env = {"PATH": "/usr/bin:/bin", "FAKEGPU_TOPOLOGY": str(scenario("mixed-4"))}
+    subprocess.run(
+        [str(FAKEGPU / "bin" / "nvidia-ctk"), "cdi", "generate", f"--output={out}"], env=env, check=True, timeout=60
+    )
+    assert doctor.spec_driver_version(json.loads(out.read_text())) == "580.159.04"

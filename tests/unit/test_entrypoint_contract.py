@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import dra
 from tests.support.entrypoint import Entrypoint, Result, device, one_error_line
 from tests.support.host import ENTRYPOINT, saw, simhost_env
 from tests.support.scenarios import topology, uuids
@@ -122,6 +123,42 @@ def test_the_device_plugins_volume_mounts_are_the_expectation(
     r = ep.run("{py}", "-m", "gpupin.entrypoint", env=env, gpus=None, docker_args=docker_args)
     assert r.rc == 0 and saw(r.out) == [RTX, A800C], r  # a folder has no order: the cards' bus order
     assert f"expectation from {folder}" in r.err
+
+
+def _dra(ep: Entrypoint, tmp_path: Path, text: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """A claim's DRA device metadata where the container sees it: bind-mounted read-only at the KEP-5304 path, as
+    the kubelet plugin's CDI spec mounts it (container), or in a folder GPUPIN_DRA_METADATA_DIR names (host)."""
+    if ep.mode == "container":
+        src = tmp_path / "metadata.json"
+        src.write_text(text)
+        src.chmod(0o644)
+        tmp_path.chmod(0o755)
+        return {}, ("-v", f"{src}:{dra.path(dra.ROOT)}:ro")
+    dra.plant(tmp_path / "dra", text)
+    return {"GPUPIN_DRA_METADATA_DIR": str(tmp_path / "dra")}, ()
+
+
+def test_a_dra_claims_gpus_are_the_expectation(ep: Entrypoint, tmp_path: Path) -> None:
+    """NVIDIA's DRA driver records each allocated GPU (KEP-5304): one by UUID and bus id, one by bus id alone.
+    They are pinned in bus order (a claim has no order the workload sees), each proved to be its cuda:k."""
+    text = dra.record([dra.gpu(A800C, "0000:af:00.0", "gpu-3"), dra.gpu(None, "0000:3b:00.0", "gpu-1")])
+    env, args = _dra(ep, tmp_path, text)
+    r = ep.run("{py}", "-m", "gpupin.entrypoint", env=env, gpus=device(RTX, A800C), docker_args=args)
+    assert r.rc == 0 and saw(r.out) == [RTX, A800C], r
+    assert "expectation from DRA device metadata (gpu-claim/gpu; NVML's order)" in r.err
+
+
+def test_a_dra_claim_for_another_card_is_refused_with_78(ep: Entrypoint, tmp_path: Path) -> None:
+    """The container was given another card than its claim allocated: refused as GPUPIN_EXPECT would be."""
+    absent = "GPU-00000000-1111-2222-3333-444444444444"
+    want = A800 if ep.mode == "container" else absent
+    env, args = _dra(ep, tmp_path, dra.record([dra.gpu(want)]))
+    r = ep.run(*STARTED, env=env, gpus=device(A800B), docker_args=args)
+    assert r.rc == 78, r
+    assert "WORKLOAD-STARTED" not in r.out
+    line = one_error_line(r.err)
+    assert line.startswith(f"gpupin-entrypoint: ERROR: the DRA claim gpu-claim/gpu asks for {want} at cuda:0"), line
+    assert A800B in line
 
 
 def test_without_an_expectation_it_sets_the_order_reports_and_runs(ep: Entrypoint) -> None:

@@ -415,6 +415,23 @@ def test_format_prints_one_line_per_card(fakegpu: Path, tmp_path: Path) -> None:
     ]
 
 
+def test_format_shows_text_from_elsewhere_through_the_one_rule(fakegpu: Path, tmp_path: Path) -> None:
+    """A holder's name, the daemon's words and a hostname with a screen clear, an OSC 8 link and a newline (what a
+    daemon that does not check names, or its errors, could send): each line stays one line, nothing is obeyed, and
+    printable text prints as itself."""
+    listing = json.loads(ls("--json", DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout)
+    evil = "x\x1b[2J\x1b]8;;http://evil.example/\x07click\x1b]8;;\x07\nsecond"
+    listing["docker"]["available"] = True
+    listing["hostname"] = f"host{evil}"
+    for card in listing["gpus"]:
+        card["holders"] = [{"name": evil, "holds": True}, {"name": "plain-name", "holds": True}]
+        card["unknown"] = f"the daemon said: {evil}"
+    out = lsformat.Template("{index}|{hostname}|{holders:<12}|{unknown}").render(listing)
+    escaped = "'x\\x1b[2J\\x1b]8;;http://evil.example/\\x07click\\x1b]8;;\\x07\\nsecond'"
+    assert "\x1b" not in out and "\x07" not in out and len(out.splitlines()) == 4, out
+    assert out.splitlines()[0] == f"0|'host{escaped[1:]}|plain-name,{escaped}|'the daemon said: {escaped[1:]}", out
+
+
 def test_help_explains_every_option_and_field(fakegpu: Path) -> None:
     r = subprocess.run([HOSTAGENT, "ls", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0

@@ -181,6 +181,7 @@ def test_the_help_lists_slurm_as_a_source() -> None:
     sources = HELP.split("comes from, in this order:")[1].split("The workload gets")[0]
     assert [line.split()[0] for line in sources.splitlines() if line[:3].strip()] == [
         "GPUPIN_EXPECT",
+        "/var/run/kubernetes.io/dra-device-attributes",
         "NVIDIA_VISIBLE_DEVICES",
         "/var/run/nvidia-container-devices",
         "DOCKER_RESOURCE_*",
