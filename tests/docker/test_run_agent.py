@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpupin.hostagent.ledger import lease
+from gpupin.hostagent.ledger import booking, lease
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
@@ -100,7 +100,9 @@ def test_the_agent_creates_what_a_run_without_it_creates(agent: Agent, resident:
         assert a["Config"][key] == b["Config"][key], key
     for key in ("DeviceRequests", "Binds", "ShmSize", "AutoRemove", "Runtime", "Devices"):
         assert a["HostConfig"][key] == b["HostConfig"][key], key
-    mine = {lease.OWNER_LABEL, lease.LEASE_LABEL}
+    mine = {lease.OWNER_LABEL, lease.LEASE_LABEL, booking.LABEL}  # whose, and when: each run's own
+    a_booked, b_booked = booking.of(a["Config"]["Labels"]), booking.of(b["Config"]["Labels"])
+    assert a_booked is not None and b_booked is not None and a_booked.uid == b_booked.uid == 0
     assert {k: v for k, v in a["Config"]["Labels"].items() if k not in mine} == {
         k: v for k, v in b["Config"]["Labels"].items() if k not in mine
     }
