@@ -105,6 +105,8 @@ def assemble(
         "cuda_driver_version": nvml.cuda_driver_version(),
         "docker": docker,
         "gpus": [_card(c, holders, used, unread) for c in cards],
+        # The resident agent's record ({path, degraded}: gpupin.hostagent.record); a one-shot `ls` keeps none.
+        "record": None,
     }
 
 

@@ -26,8 +26,8 @@ import contextlib
 import threading
 import time
 
-from gpupin.core.errors import GpupinError
 from gpupin import hostagent
+from gpupin.core.errors import GpupinError
 from gpupin.hostagent.record.store import Store
 
 TYPE_CHECKING = False
@@ -200,7 +200,8 @@ class Keeper:
         self._wake.set()
 
     def status(self) -> dict[str, Any]:
-        return {"path": self.store.path, "degraded": self.degraded, "open": len(self.open)}
+        """What the view says of the record (a change makes a new view: nothing that moves with each interval)."""
+        return {"path": self.store.path, "degraded": self.degraded}
 
     # --- the refresh thread ---
 

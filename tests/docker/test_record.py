@@ -8,33 +8,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sqlite3
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from gpupin.hostagent.engine.reader import created_time
+import pytest
+
+from tests.support.record import intervals, run_time
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.wait import wait_for
-
-
-def intervals(path: Path) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        cur = conn.execute("SELECT * FROM intervals ORDER BY id")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-    finally:
-        conn.close()
-
-
-def run_time(agent: Agent, cid: str) -> tuple[float, float]:
-    out = agent.sandbox.docker("inspect", "--format", "{{json .State}}", cid, check=True).stdout
-    state = json.loads(out)
-    return created_time(state["StartedAt"]), created_time(state["FinishedAt"])
 
 
 def started(agent: Agent, name: str, gpu: str, seconds: int, env: dict[str, str]) -> str:
@@ -43,6 +27,7 @@ def started(agent: Agent, name: str, gpu: str, seconds: int, env: dict[str, str]
     return r.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.per_engine  # the run times and the events are each engine's own
 def test_sigkill_mid_interval_counts_each_run_once(agent: Agent) -> None:
     resident = Resident(agent.env, "--interval", "0.2")
     db = resident.dir / "record.db"

@@ -405,3 +405,44 @@ def test_since_forms() -> None:
     import datetime
 
     assert since("2026-11-01") == datetime.datetime(2026, 11, 1).timestamp()
+
+
+# --- as another user would ---
+
+
+def test_api_usage_takes_only_its_words(tmp_path: Path) -> None:
+    """GET /api/usage (both listeners, anyone who reaches them): `by` from its list, `since` a number, else 400 and
+    the agent goes on; no record: 404."""
+    from tests.support.host import simhost_env
+    from tests.support.resident import Resident
+
+    agent = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--interval", "0.2")
+    try:
+        status, body, _ = agent.get("/api/usage?by=user&since=0")
+        assert status == 200 and json.loads(body)["rows"] == [] and json.loads(body)["record"]["degraded"] is None
+        for query in ("by=user;DROP%20TABLE%20intervals", "by=card&since=nan", "since=yesterday", "by=%00"):
+            status, body, _ = agent.get(f"/api/usage?{query}", unix=True)
+            assert status == 400 and json.loads(body)["exit"] == 64, (query, body)
+        assert agent.get("/api/usage")[0] == 200
+    finally:
+        agent.close()
+    none = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--record", "none")
+    try:
+        assert none.get("/api/usage")[0] == 404
+    finally:
+        none.close()
+
+
+def test_usage_as_another_user(tmp_path: Path) -> None:
+    """The record is root's (0600): another user neither reads it nor gets a traceback; with no agent to ask, one
+    line and 69."""
+    path = private(tmp_path)
+    Store(str(path)).close()
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", HOSTAGENT, "usage"],
+        env={**os.environ, "GPUPIN_RECORD": str(path), "GPUPIN_AGENT_SOCKET": str(tmp_path / "no.sock")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 69 and out.stderr.count("ERROR:") == 1 and "Traceback" not in out.stderr, out
