@@ -31,7 +31,7 @@ class ResidentAgent:
         self.dir = Path(tempfile.mkdtemp(prefix="gpupin-bench-agent-"))
         self.socket = str(self.dir / "agent.sock")
         self.proc = subprocess.Popen(
-            [hostagent, "serve", "--socket", self.socket, "--http", "none"],
+            [hostagent, "serve", "--socket", self.socket, "--http", "none", "--record", str(self.dir / "record.db")],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -153,7 +153,16 @@ def bench_agent(
     folder = tempfile.mkdtemp(prefix="gpupin-bench-agent-")
     port = _port()
     agent = subprocess.Popen(
-        [hostagent, "serve", "--socket", f"{folder}/agent.sock", "--http", f"127.0.0.1:{port}"],
+        [
+            hostagent,
+            "serve",
+            "--socket",
+            f"{folder}/agent.sock",
+            "--http",
+            f"127.0.0.1:{port}",
+            "--record",
+            f"{folder}/record.db",
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -472,8 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run the docker parts on these engines' sandboxes ('20.10 26'), side by side",
     )
     args = p.parse_args(argv)
-    args.parts = args.parts or ["entrypoint", "watch", "run", "processes", "ls", "agent"]
-    known = {"entrypoint", "watch", "run", "processes", "ls", "agent", "swarm"}
+    args.parts = args.parts or ["entrypoint", "watch", "run", "processes", "ls", "agent", "record"]
+    known = {"entrypoint", "watch", "run", "processes", "ls", "agent", "record", "swarm"}
     if set(args.parts) - known:
         p.error(f"unknown part(s): {' '.join(sorted(set(args.parts) - known))}")
     sys.path.insert(0, str(REPO))  # bench/ as a package of the checkout (its other modules), as mypy reads it
@@ -501,6 +501,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench_agent(results, engine.env, str(BIN / "hostagent"), IMAGE, engine.prefix, n=args.n)
     if "run" in args.parts:
         bench_imports(max(args.n // 3, 5), results)
+    if "record" in args.parts:
+        from bench.record_bench import bench_record
+
+        bench_record(results, str(BIN / "hostagent"), n=max(args.n // 6, 5))
     if "swarm" in args.parts:
         bench_swarm(max(args.n // 3, 5), results)
     if len(engines) > 1:

@@ -115,6 +115,7 @@ class Card:
     __slots__ = (
         "bus_id",
         "compute_capability",
+        "energy",
         "error",
         "health",
         "index",
@@ -161,6 +162,7 @@ class Card:
         self.temperature: int | None = None  # degrees C
         self.power_draw: int | None = None  # milliwatts
         self.power_limit: int | None = None  # milliwatts, the enforced limit
+        self.energy: int | None = None  # millijoules since the driver was loaded (a counter: only differences count)
         self.lost = False  # NVML answered GPU_IS_LOST (the card fell off the bus)
         self.health: Health | None = None  # gpupin.core.readings.assess fills it in
 
@@ -302,6 +304,7 @@ def _read_card(nv: Any, index: int, detail: bool, mig: bool) -> Card:
         card.temperature = _optional(lambda: int(nv.nvmlDeviceGetTemperature(handle, _NVML_TEMPERATURE_GPU)))
         card.power_draw = _optional(lambda: int(nv.nvmlDeviceGetPowerUsage(handle)))
         card.power_limit = _optional(lambda: int(nv.nvmlDeviceGetEnforcedPowerLimit(handle)))
+        card.energy = _optional(lambda: int(nv.nvmlDeviceGetTotalEnergyConsumption(handle)))
     return card
 
 

@@ -125,6 +125,9 @@ def build_parser(run_only: bool = False) -> _Parser:
     queue_args.add(sub)
     policy_args.add(sub)
     policy_args.add_extend(sub)
+    from gpupin.hostagent.record import report
+
+    report.add(sub)
     return p
 
 
@@ -221,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpupin.hostagent.queue import args as queue_args
 
             return queue_args.command(args)
+        if args.command == "usage":
+            from gpupin.hostagent.record import report
+
+            return report.command(args)
         if args.command == "policy":
             from gpupin.hostagent.policy import args as policy_args
 

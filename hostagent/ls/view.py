@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from gpupin.core.errors import shown
 from gpupin.hostagent.ledger.booking import format_duration
@@ -297,6 +298,13 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
     lines += _health(g, color, "    ")
     if g.get("idle"):  # filled in by the resident agent only (hostagent ls --host)
         idle = f"IDLE: 0% utilization for {_duration(g['idle_seconds'])}"
+        warning = g.get("idle_warning")  # the policy's idle rule warned its holders
+        if warning:
+            idle += f", no process; {_text(warning['container'])} warned" + (
+                f", will be stopped at {time.strftime('%H:%M:%S', time.localtime(warning['stop_at']))}"
+                if warning.get("stop_at")
+                else ""
+            )
         lines.append("    " + _paint(idle, f"{BOLD};{RED}", color))
     if g["mig_devices"]:
         mem = _figures([(m["memory_used_mib"], m["memory_total_mib"]) for m in g["mig_devices"]], "MiB")
@@ -337,6 +345,9 @@ def render(listing: dict[str, Any], color: bool = False, now: str | None = None)
         head.append(now)
     if not docker_ok:
         head.append(_paint("Docker unavailable: who holds which card is unknown", f"{BOLD};{RED}", color))
+    degraded = (listing.get("record") or {}).get("degraded")  # the agent's record (docs/serve.md, "The record")
+    if degraded:
+        head.append(_paint(f"record degraded: {_text(degraded)}", f"{BOLD};{YELLOW}", color))
     out = ["  ".join(head)]
     gpus = listing["gpus"]
     ok = [g for g in gpus if not g["error"]]

@@ -9,12 +9,15 @@ import os
 import signal
 import threading
 
-from gpupin.hostagent.serve import api, connections, listen, queue, rights
+from gpupin.hostagent import record
+from gpupin.hostagent.serve import api, connections, hooks, listen, queue, rights
 from gpupin.hostagent.serve.agent import Agent, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socketserver
+
+    from gpupin.hostagent.record.keeper import Keeper
 
 
 class _Stopped(BaseException):
@@ -33,13 +36,18 @@ def run(
     limits: connections.Limits | None = None,
     daemon_group: str | None = None,
     policy: str | None = None,
+    record_path: str | None = None,
+    hook_user: str | None = None,
 ) -> int:
     address = listen.http_address(http, public)  # refused before anything is opened
     names = listen.host_names(http_hosts or [])
     gid = listen.group_id(group)
     rights.set_daemon_group(daemon_group)
+    hooks.HOOKS.run_as(hook_user)
     agent = Agent(interval=interval, idle_after=idle_after, policy=policy)
     agent.keeper.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
+    keeper = _record(record_path)
+    agent.record = keeper
     handler = api.handler(agent)
     servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
     queue.of(agent).keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
@@ -68,6 +76,8 @@ def run(
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
     gate = api.gate(servers, limits or connections.Limits())
     try:
+        if keeper is not None:
+            keeper.start()  # the intervals an earlier agent left open, before the first view
         agent.start()
         agent.bookings.start()
         gate.start()
@@ -84,6 +94,10 @@ def run(
         say("stopping before the first view was read")
     finally:
         agent.stop()
+        if keeper is not None:
+            keeper.stop()
+            record.use(None)
+            keeper.store.close()
         gate.stop()
         _close(servers, socket_path)
         for s, handler_ in previous.items():
@@ -93,6 +107,19 @@ def run(
         with contextlib.suppress(Exception):  # NVML was never opened, or is gone already
             nvml.shutdown()
     return 0
+
+
+def _record(path: str | None) -> Keeper | None:
+    """The record's keeper on PATH (None: `--record none`); a file or folder it may not use is refused (64) before
+    anything listens."""
+    from gpupin.hostagent.record.keeper import Keeper
+    from gpupin.hostagent.record.store import Store, default_path
+
+    if path == "none":
+        return None
+    keeper = Keeper(Store(path or default_path()), emit=hooks.emit)
+    record.use(keeper)
+    return keeper
 
 
 def _shown(address: tuple[str, int]) -> str:

@@ -94,6 +94,7 @@ class ViewCollector:
             "How long the first in the agent's queue has waited, seconds (0 when no one waits).",
             value=time.time() - waiting[0]["since"] if waiting else 0.0,
         )
+        yield from self._record()
         if view is None:
             return
         host = view.get("hostname") or ""
@@ -111,13 +112,13 @@ class ViewCollector:
             "processes": ("gpupin_gpu_processes", "Compute processes NVML reports on the card."),
             "idle": (
                 "gpupin_gpu_idle",
-                "1 when the held card has shown 0% utilization for the agent's "
-                "--idle-after, else 0; absent when not known.",
+                "1 when the held card has shown 0% utilization and no compute process "
+                "for the idle time (--idle-after, or the policy's), else 0; absent when not known.",
             ),
             "idle_seconds": (
                 "gpupin_gpu_idle_seconds",
-                "How long the held card has shown 0% utilization, by the "
-                "agent's samples; absent when not held or not known.",
+                "How long the held card has shown 0% utilization and no compute process, "
+                "by the agent's samples; absent when not held or not known.",
             ),
         }
         fam = {k: GaugeMetricFamily(name, doc, labels=CARD_LABELS) for k, (name, doc) in gauges.items()}
@@ -176,6 +177,38 @@ class ViewCollector:
         yield states
         yield health
         yield holder
+
+    @staticmethod
+    def _record() -> Iterator[Metric]:
+        """Per user, from the record (gpupin.hostagent.record): absent when the agent keeps none."""
+        from prometheus_client.core import CounterMetricFamily
+
+        from gpupin.hostagent import record
+
+        if record.current() is None:
+            return
+        try:
+            rows = record.usage(None, "user")
+        except Exception:  # a record that cannot be read is said in /api/ls; a scrape still answers
+            return
+        if not rows:  # nothing recorded yet: no family (a card series' absence says NVML is unread)
+            return
+        seconds = CounterMetricFamily(
+            "gpupin_gpu_seconds",
+            "GPU-seconds held per user, from the record (an open interval counts up to now).",
+            labels=["user"],
+        )
+        joules = CounterMetricFamily(
+            "gpupin_energy_joules",
+            "Energy the cards drew for each user's intervals, joules (NVML's counter, shared among a card's holders).",
+            labels=["user"],
+        )
+        for r in rows:
+            seconds.add_metric([str(r["user"])], r["gpu_seconds"])
+            if r["energy_j"] is not None:
+                joules.add_metric([str(r["user"])], r["energy_j"])
+        yield seconds
+        yield joules
 
     @staticmethod
     def _readings(card: dict[str, Any], docker_ok: bool) -> dict[str, float | int | None]:

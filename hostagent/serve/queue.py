@@ -47,7 +47,7 @@ import weakref
 
 from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten, shown
 from gpupin.hostagent import agentlink
-from gpupin.hostagent.serve import fair, rights
+from gpupin.hostagent.serve import fair, hooks, rights
 from gpupin.hostagent.serve.agent import say
 
 TYPE_CHECKING = False
@@ -109,6 +109,7 @@ class Waiter:
         self.lapses = 0  # turns not used while their cards stayed usable (MAX_LAPSES lose the place)
         self.again_on: tuple[list[str], float] | None = None  # the cards of a turn answered `again`, and when
         self.asked_again = False
+        self.notified = False  # queue.turn went to the hooks (gpupin.hostagent.serve.hooks)
         self.position = 0
         self._outbox: list[dict[str, Any]] = []
         self.wake_r, self._wake_w = os.pipe()
@@ -337,6 +338,17 @@ class Queue:
             w = within[n]
             w.offered, w.turn_at, w.asked_again = cards, now, False
             w.post({"turn": {"cards": cards}})
+            if not w.notified:  # its first turn only: the tries after an `again` are the same news
+                w.notified = True
+                hooks.emit(
+                    "queue.turn",
+                    {
+                        "cards": cards,
+                        "container": {"id": None, "name": w.name, "image": w.image},
+                        "user": {"uid": w.uid, "name": w.user},
+                        "waited_s": round(time.time() - w.since, 3),
+                    },
+                )
         for n, w in enumerate(self._waiters, 1):
             if w.position not in (0, n):
                 w.post({"position": n, "of": len(self._waiters)})

@@ -28,7 +28,7 @@ import threading
 import time
 
 from gpupin.core.errors import UsageError, shorten, shown
-from gpupin.hostagent import agentlink, engine, mark
+from gpupin.hostagent import agentlink, engine, mark, record
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, request_json
 from gpupin.hostagent.serve import rights
@@ -158,6 +158,7 @@ class Runs:
         cards_made = ",".join(t.uuid for t in created.spec.targets)
         with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
             say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} ({shown(peer.user())}) pid {peer.pid}")
+        record.note_owner(created.cid, peer.uid)  # the caller at accept owns its intervals in the record
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
 
     def _admit(self, req: Any, peer: Peer) -> Any:

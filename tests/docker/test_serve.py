@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.record import intervals, run_time
 from tests.support.resident import Resident
 from tests.support.sandbox import SANDBOX_SCRIPT, TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
@@ -57,10 +58,13 @@ def test_api_ls_is_what_ls_json_prints(agent: Agent, resident: Resident) -> None
     cli = agent("ls", "--json")
     assert cli.returncode == 0, cli.stderr
     api = resident.ls()
-    # The one difference, by design: one reading cannot tell idle, so `ls` alone leaves those fields null.
+    # The differences, by design: one reading cannot tell idle, so `ls` alone leaves those fields null; and it
+    # keeps no record.
     assert all(g["idle"] is None and g["idle_seconds"] is None for g in json.loads(cli.stdout)["gpus"])
+    assert json.loads(cli.stdout)["record"] is None and api["record"]["degraded"] is None
     for g in api["gpus"]:
         g["idle"] = g["idle_seconds"] = None
+    api["record"] = None
     assert api == json.loads(cli.stdout)
     # The CLI's own client reads the very same object, over the unix socket and over HTTP.
     over_unix = agent("ls", "--json", "--host", f"unix://{resident.socket}")
@@ -195,7 +199,10 @@ def test_a_daemon_restart_is_survived(agent: Agent, resident: Resident) -> None:
     pinned(agent, "0", name)
     wait_for(lambda: holders(resident, A800) == [name], 10, "the holder")
     env = dict(os.environ, GPUPIN_SANDBOX_ENGINE=agent.sandbox.engine)
+    began = run_time(agent, name)[0]
+    going = time.time()
     subprocess.run([str(SANDBOX_SCRIPT), "down"], env=env, check=True, capture_output=True, timeout=120)
+    gone = time.time()
     try:
         view = wait_for(lambda: {} if (v := resident.ls())["docker"]["available"] else v, 10, "Docker unknown")
         # Unknown is not free: no card is free then (card 2 runs mixed-4's pid 4242: busy), none idle.
@@ -216,6 +223,11 @@ def test_a_daemon_restart_is_survived(agent: Agent, resident: Resident) -> None:
         subprocess.run([str(SANDBOX_SCRIPT), "up"], env=env, check=True, capture_output=True, timeout=600)
     wait_for(lambda: resident.ls()["docker"]["available"], 30, "Docker back")
     wait_for(lambda: json.loads(resident.get("/api/agent")[1])["events_followed"], 10, "its events followed again")
+    # The record: the holder the daemon's stop ended (the sandbox's daemon comes back without it) is closed once,
+    # when it died, as its `die` event or the agent's last sight of it says; nothing while holders were unknown.
+    rows = wait_for(lambda: [r for r in intervals(resident.dir / "record.db") if r["end"] is not None], 30, "closed")
+    assert len(rows) == 1 and rows[0]["container_name"] == name and abs(rows[0]["start"] - began) < 1.0, rows
+    assert going - 1.0 < rows[0]["end"] < gone + 1.0, (rows, going, gone)
     # The event stream is followed again: a new holder appears within a second.
     agent.sandbox.docker("rm", "-f", name)
     second = f"serve-{uuid.uuid4().hex[:8]}"

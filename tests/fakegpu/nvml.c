@@ -509,6 +509,22 @@ API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned *power)
     return reading(m, g->power_draw_mw, power);
 }
 
+/* Total energy since an epoch, millijoules: the card's power draw integrated over CLOCK_BOOTTIME, so the counter
+ * grows with the draw over time and every process reads the same value at the same moment (as the driver's does). */
+API nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
+{
+    RESOLVE(device);
+    if (!energy)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m || g->power_draw_mw == FG_UNSUPPORTED)
+        return NVML_ERROR_NOT_SUPPORTED;
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    unsigned long long ms = (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL;
+    *energy = (unsigned long long)g->power_draw_mw * ms / 1000ULL;
+    return NVML_SUCCESS;
+}
+
 /* Persistence mode (0 off, 1 on): a card's setting, so a MIG handle is refused as the real driver refuses it. */
 API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned *mode)
 {

@@ -47,6 +47,10 @@ class Resident:
         self.socket = str(self.dir / "agent.sock")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        if not any(a == "--record" or a.startswith("--record=") for a in args):
+            # The record beside the socket (never the host's /var/lib/gpupin); none for an agent of another user,
+            # whose folder here is everyone's (the agent refuses a record there).
+            args = ("--record", "none" if wrap else str(self.dir / "record.db"), *args)
         self.argv = [*wrap, HOSTAGENT, "serve", "--socket", self.socket, "--http", f"127.0.0.1:{self.port}", *args]
         self.socket_left = False
         self.stderr = ""  # its log, once stopped

@@ -1,0 +1,523 @@
+"""The agent's side of the record: it turns the agent's views into intervals (gpupin.hostagent.record.store).
+
+The refresh thread hands each view to `observe()` (a few dict updates: the samples' peak memory, load and each
+card's energy since the last view, shared among the card's holders at that moment) and goes on; the keeper's own
+thread compares the holders with the open intervals, opens and closes rows, and keeps the open ones' figures every
+CHECKPOINT_S. The database never delays a view: a slow or full disk delays the record alone.
+
+- *When.* An interval begins when the container started (its State.StartedAt; a container seen while only
+  created begins at its `start` event) and ends when it finished (State.FinishedAt), as the daemon says, so the
+  record's GPU-seconds are the container's own run time, whatever the agent's sampling. A container removed before
+  its end could be read ends at its `die` event, else when the agent saw it go.
+- *Unknown is not ended.* While the daemon does not answer (holders unknown), no interval opens or closes.
+- *Restarts.* At start, the intervals an earlier agent left open are taken up: one whose container still holds the
+  card goes on (nothing counted twice), one whose container ended is closed at its own FinishedAt (nothing lost); a
+  container removed meanwhile closes at the last time the earlier agent saw it hold (at most CHECKPOINT_S early).
+- *Degraded.* A write that fails (a full disk) leaves the interval in memory, marked to write, and the record
+  `degraded` (in the view: `ls` and /api/ls say so); the next checkpoint tries again, and once it works everything
+  kept in memory is written. Runs book as before.
+- *How it ended.* What whoever stopped it noted (`end_reason`: expiry, idle, lost, stop), else `lost` when its card
+  was lost, `stop` when the daemon reported a stop or kill, else `exit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from gpupin import hostagent
+from gpupin.core.errors import GpupinError
+from gpupin.hostagent.record.store import Store
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from gpupin.core.nvml import Card
+
+FORGET_S = 3600.0  # a container's start and die times are kept this long for an interval that may need them
+CHECKPOINT_S = 10.0  # the open intervals' figures and `seen` are written this often
+REASONS = ("exit", "stop", "expiry", "idle", "lost")
+NOT_STARTED = "0001-01-01T00:00:00Z"
+
+
+def say(text: str) -> None:
+    """One line of the agent's log, as the record's (the agent's own lines say `serve:`)."""
+    hostagent.say(f"record: {text}")
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "unknown"
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _time(text: Any) -> float | None:
+    """The daemon's RFC 3339 time, or None for Go's zero time and anything unreadable."""
+    from gpupin.hostagent.engine.reader import created_time
+
+    if not isinstance(text, str) or not text or text.startswith("0001-"):
+        return None
+    try:
+        return created_time(text)
+    except (ValueError, IndexError):
+        return None
+
+
+class Interval:
+    """One open interval in memory: its row (`rid`; None while not written), its figures and what is unwritten."""
+
+    __slots__ = (
+        "card_index",
+        "card_uuid",
+        "container_id",
+        "container_name",
+        "dirty",
+        "energy_j",
+        "image",
+        "load_n",
+        "load_sum",
+        "peak_memory_mib",
+        "provisional",
+        "rid",
+        "seen",
+        "start",
+        "uid",
+        "user",
+    )
+
+    def __init__(self, **kw: Any) -> None:
+        self.rid: int | None = kw.get("id")
+        self.container_id: str = kw["container_id"]
+        self.container_name: str | None = kw.get("container_name")
+        self.image: str | None = kw.get("image")
+        self.card_uuid: str = kw["card_uuid"]
+        self.card_index: int | None = kw.get("card_index")
+        self.uid: int | None = kw.get("uid")
+        self.user: str = kw.get("user") or user_name(self.uid)
+        self.start: float = kw["start"]
+        self.seen: float = kw.get("seen") or self.start
+        self.peak_memory_mib: int | None = kw.get("peak_memory_mib")
+        self.load_sum: float = kw.get("load_sum") or 0.0
+        self.load_n: int = kw.get("load_n") or 0
+        self.energy_j: float | None = kw.get("energy_j")
+        self.provisional: bool = kw.get("provisional", False)  # opened while only created: starts at `start`
+        self.dirty = False
+
+    def row(self) -> dict[str, Any]:
+        keys = ("container_id", "container_name", "image", "card_uuid", "card_index", "uid", "user", "start", "seen")
+        return {k: getattr(self, k) for k in keys}
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "seen": self.seen,
+            "peak_memory_mib": self.peak_memory_mib,
+            "load_sum": self.load_sum,
+            "load_n": self.load_n,
+            "energy_j": self.energy_j,
+        }
+
+    def payload(self) -> dict[str, Any]:
+        """The card, container and user of the notifications' payloads (docs/serve.md, "Notifications")."""
+        return {
+            "card": {"uuid": self.card_uuid, "index": self.card_index},
+            "container": {"id": self.container_id, "name": self.container_name, "image": self.image},
+            "user": {"uid": self.uid, "name": self.user},
+        }
+
+
+class Keeper:
+    """The record's writer in the agent. `inspect(cid)` reads a container (None: it is gone); `emit` is the hooks'."""
+
+    def __init__(
+        self,
+        store: Store,
+        inspect: Callable[[str], dict[str, Any] | None] | None = None,
+        emit: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.store = store
+        self._inspect = inspect or _engine_inspect()
+        self._emit = emit
+        self.degraded: str | None = None
+        self.stopping = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # the fields below, shared with the refresh thread and the API's
+        self._latest: dict[str, Any] | None = None
+        self._samples: dict[tuple[str, str], list[Any]] = {}  # (cid, uuid) -> [peak MiB, load sum, n, joules]
+        self._energy: dict[str, int] = {}  # uuid -> the card's counter at the last view (mJ)
+        self._reasons: dict[str, str] = {}  # cid -> how it ended, as noted
+        self._started: dict[str, float] = {}  # cid -> its `start` event's time
+        self._died: dict[str, float] = {}  # cid -> its `die` event's time
+        self._owners: dict[str, int] = {}  # cid -> the caller's uid at accept (also in the store)
+        self._unwritten: list[tuple[str, int]] = []  # owners noted, not written yet
+        self.open: dict[tuple[str, str], Interval] = {}
+        self._closed: list[tuple[Interval, float, str]] = []  # closes not written yet
+        self._health: dict[str, Any] = {}  # uuid -> (healthy, lost) at the last view
+        self._thread: threading.Thread | None = None
+        self._checkpoint_at = 0.0
+
+    # --- the seams (any thread) ---
+
+    def end_reason(self, container_id: str, reason: str) -> None:
+        """How the container's intervals end, noted by whoever stops it. A `stop` (the daemon's event) does not
+        replace a reason already noted (an expiry is also a stop)."""
+        if reason not in REASONS:
+            raise ValueError(f"reason must be one of {', '.join(REASONS)}, not {reason!r}")
+        with self._lock:
+            if reason != "stop" or container_id not in self._reasons:
+                self._reasons[container_id] = reason
+
+    def note_owner(self, container_id: str, uid: int) -> None:
+        """The caller the agent created `container_id` for (its uid at accept)."""
+        with self._lock:
+            self._owners[container_id] = uid
+            self._unwritten.append((container_id, uid))  # written by the keeper's thread: the booking waits on no disk
+        self._wake.set()
+
+    def event(self, ev: dict[str, Any]) -> None:
+        """A container event of the daemon's stream: its start and die times, and stops."""
+        action = str(ev.get("Action") or ev.get("status") or "")
+        cid = str(ev.get("id") or (ev.get("Actor") or {}).get("ID") or "")
+        if not cid:
+            return
+        nano = ev.get("timeNano")
+        when = nano / 1e9 if isinstance(nano, int) else float(ev.get("time") or time.time())
+        with self._lock:
+            if action == "start":
+                self._started[cid] = when
+            elif action == "die":
+                self._died[cid] = when
+        if action in ("stop", "kill"):
+            self.end_reason(cid, "stop")
+        self._wake.set()
+
+    def status(self) -> dict[str, Any]:
+        """What the view says of the record (a change makes a new view: nothing that moves with each interval)."""
+        return {"path": self.store.path, "degraded": self.degraded}
+
+    # --- the refresh thread ---
+
+    def observe(self, view: dict[str, Any] | None, cards: list[Card] | None) -> None:
+        """One view of the agent (and the cards it was read from, for their energy counters)."""
+        if view is None:
+            return
+        energy = {c.uuid: c.energy for c in cards or () if c.uuid and c.energy is not None}
+        with self._lock:
+            for card in view["gpus"]:
+                uuid = card.get("uuid")
+                if not uuid:
+                    continue
+                holders = [h["id"] for h in card.get("holders", ()) if h.get("holds")]
+                joules = None
+                now_e, was_e = energy.get(uuid), self._energy.get(uuid)
+                if now_e is not None and was_e is not None and now_e >= was_e and holders:
+                    joules = (now_e - was_e) / 1000.0 / len(holders)  # shared among the card's holders now
+                for cid in holders:
+                    s = self._samples.setdefault((cid, uuid), [None, 0.0, 0, None])
+                    mem, load = card.get("memory_used_mib"), card.get("utilization_gpu")
+                    if mem is not None:
+                        s[0] = mem if s[0] is None else max(s[0], mem)
+                    if load is not None:
+                        s[1] += load
+                        s[2] += 1
+                    if joules is not None:
+                        s[3] = (s[3] or 0.0) + joules
+            self._energy = energy
+            self._latest = view
+        self._wake.set()
+
+    # --- the keeper's thread ---
+
+    def start(self) -> None:
+        """Take up the intervals an earlier agent left open, then run."""
+        try:
+            rows = self.store.open_rows()
+        except Exception as err:
+            self._degrade(err)
+            rows = []
+        for r in rows:
+            iv = Interval(**r)
+            self.open[(iv.container_id, iv.card_uuid)] = iv
+        if rows:
+            say(f"{len(rows)} interval(s) left open by an earlier agent taken up")
+        self._thread = threading.Thread(target=self._run, name="record", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with contextlib.suppress(Exception):
+            self._checkpoint(force=True)
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            self._wake.wait(CHECKPOINT_S)
+            self._wake.clear()
+            if self.stopping.is_set():
+                break
+            try:
+                self.step()
+            except GpupinError:  # the daemon stopped answering mid-way: nothing changed, the next view tries again
+                self.stopping.wait(1.0)
+            except Exception as err:  # a bug must not end the record: the next view tries again
+                say(f"internal error: {type(err).__name__}: {err}")
+                self.stopping.wait(1.0)
+
+    def step(self, now: float | None = None) -> None:
+        """Compare the last view with the open intervals; write what is due."""
+        now = time.time() if now is None else now
+        self._write_owners()
+        with self._lock:
+            view, self._latest = self._latest, None
+        if view is not None:
+            self._health_events(view)
+            if view["docker"]["available"]:
+                self._diff(view, now)
+        self._checkpoint(now=now)
+
+    def _diff(self, view: dict[str, Any], now: float) -> None:
+        holding: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+        lost: set[str] = set()
+        for card in view["gpus"]:
+            uuid = card.get("uuid")
+            if not uuid:
+                continue
+            if card.get("error"):
+                lost.add(uuid)
+            for h in card.get("holders", ()):
+                if h.get("holds"):
+                    holding[(h["id"], uuid)] = (h, card)
+        inspected: dict[str, dict[str, Any] | None] = {}
+
+        def inspect(cid: str) -> dict[str, Any] | None:
+            if cid not in inspected:
+                inspected[cid] = self._inspect(cid)
+            return inspected[cid]
+
+        for key, iv in list(self.open.items()):
+            self._take_samples(key, iv)
+            if key in holding:
+                iv.seen = now
+                with self._lock:
+                    started = self._started.get(iv.container_id)
+                if iv.provisional and started is not None:
+                    iv.start, iv.provisional, iv.dirty = started, False, True
+                continue
+            self._close(iv, inspect(iv.container_id), now, lost=iv.card_uuid in lost)
+        for key, (h, card) in holding.items():
+            if key not in self.open:
+                self._open(key, h, card, inspect(key[0]), now)
+
+    def _take_samples(self, key: tuple[str, str], iv: Interval) -> None:
+        with self._lock:
+            s = self._samples.pop(key, None)
+        if s is None:
+            return
+        peak, load_sum, n, joules = s
+        if peak is not None:
+            iv.peak_memory_mib = peak if iv.peak_memory_mib is None else max(iv.peak_memory_mib, peak)
+        iv.load_sum += load_sum
+        iv.load_n += n
+        if joules is not None:
+            iv.energy_j = (iv.energy_j or 0.0) + joules
+        iv.dirty = True
+
+    def _open(
+        self, key: tuple[str, str], h: dict[str, Any], card: dict[str, Any], data: dict[str, Any] | None, now: float
+    ) -> None:
+        cid, uuid = key
+        state = (data or {}).get("State") or {}
+        started = _time(state.get("StartedAt")) if state.get("Running") or state.get("Paused") else None
+        with self._lock:
+            uid = self._owners.get(cid)
+            started = started or self._started.get(cid)
+        if uid is None:
+            uid = self._owner_uid(cid, data)
+        iv = Interval(
+            container_id=cid,
+            container_name=h.get("name"),
+            image=h.get("image") or ((data or {}).get("Config") or {}).get("Image"),
+            card_uuid=uuid,
+            card_index=card.get("index"),
+            uid=uid,
+            start=started if started is not None else now,
+            seen=now,
+            provisional=started is None,
+        )
+        self.open[key] = iv
+        self._take_samples(key, iv)
+        self._write_open(iv)
+
+    def _owner_uid(self, cid: str, data: dict[str, Any] | None) -> int | None:
+        """Who booked a container the agent did not create: the uid noted earlier, else the process its lease
+        names (gpupin.owner), while it runs on this host; else unknown."""
+        try:
+            uid = self.store.owner(cid)
+        except Exception:
+            uid = None
+        if uid is not None:
+            return uid
+        from gpupin.hostagent.ledger import lease
+
+        labels = ((data or {}).get("Config") or {}).get("Labels") or {}
+        owner = lease.Owner.parse(labels.get(lease.OWNER_LABEL))
+        if owner is None or owner.alive() is not True:
+            return None
+        import os
+
+        try:
+            return os.stat(f"/proc/{owner.pid}").st_uid
+        except OSError:
+            return None
+
+    def _close(self, iv: Interval, data: dict[str, Any] | None, now: float, lost: bool) -> None:
+        del self.open[(iv.container_id, iv.card_uuid)]
+        state = (data or {}).get("State") or {}
+        with self._lock:
+            reason = self._reasons.get(iv.container_id)
+            died = self._died.get(iv.container_id)
+            started = self._started.get(iv.container_id)
+        if iv.provisional and started is not None:
+            iv.start = started
+        end = None
+        if not state.get("Running"):
+            end = _time(state.get("FinishedAt"))
+        if end is None or end < iv.start:
+            end = died if died is not None and died >= iv.start else (iv.seen if data is None else now)
+        reason = reason or ("lost" if lost else "exit")
+        self._closed.append((iv, max(end, iv.start), reason))
+        self._write_closed()
+        if not any(k[0] == iv.container_id for k in self.open):
+            with self._lock:  # what was noted for the container served its last interval
+                for kept in (self._reasons, self._started, self._died, self._owners):
+                    kept.pop(iv.container_id, None)
+
+    def _write_open(self, iv: Interval) -> None:
+        try:
+            iv.rid = self.store.open_interval(iv.row())
+            iv.dirty = False
+            self._recovered()
+        except Exception as err:
+            self._degrade(err)
+
+    def _write_owners(self) -> None:
+        with self._lock:
+            owners, self._unwritten = self._unwritten, []
+        for i, (cid, uid) in enumerate(owners):
+            try:
+                self.store.note_owner(cid, uid)
+            except Exception as err:  # kept in memory: the next checkpoint writes them
+                with self._lock:
+                    self._unwritten[:0] = owners[i:]
+                self._degrade(err)
+                return
+
+    def _write_closed(self) -> None:
+        while self._closed:
+            iv, end, reason = self._closed[0]
+            try:
+                if iv.rid is None:
+                    iv.rid = self.store.open_interval(iv.row())
+                values = {**iv.figures(), "end": end, "ended": reason}
+                self.store.close_interval(iv.rid, values, iv.row())
+            except Exception as err:
+                self._degrade(err)
+                return
+            self._closed.pop(0)
+            self._recovered()
+
+    def _checkpoint(self, now: float | None = None, force: bool = False) -> None:
+        now = time.time() if now is None else now
+        if not force and now - self._checkpoint_at < CHECKPOINT_S and self.degraded is None:
+            return
+        self._checkpoint_at = now
+        with self._lock:  # containers that never held a card: their events are not kept past FORGET_S
+            for times in (self._started, self._died):
+                for cid in [c for c, t in times.items() if t < now - FORGET_S]:
+                    del times[cid]
+            if len(self._reasons) > 10000:
+                self._reasons.clear()
+        self._write_owners()
+        self._write_closed()
+        for iv in list(self.open.values()):
+            if iv.rid is None:
+                self._write_open(iv)
+        rows = [(iv.rid, iv.figures()) for iv in self.open.values() if iv.rid is not None]
+        if not rows:
+            return
+        try:
+            self.store.update(rows)
+            self._recovered()
+        except Exception as err:
+            self._degrade(err)
+
+    def _degrade(self, err: BaseException) -> None:
+        text = f"{type(err).__name__}: {err}" if not str(err).startswith("database") else str(err)
+        if self.degraded is None:
+            say(f"degraded ({text}): kept in memory, written when {self.store.path} can be written again")
+        self.degraded = text
+
+    def _recovered(self) -> None:
+        if (
+            self.degraded is not None
+            and not self._closed
+            and not self._unwritten
+            and all(iv.rid is not None for iv in self.open.values())
+        ):
+            say("written again")
+            self.degraded = None
+
+    # --- card health, for the notifications ---
+
+    def _health_events(self, view: dict[str, Any]) -> None:
+        if self._emit is None:
+            return
+        for card in view["gpus"]:
+            uuid = card.get("uuid")
+            if not uuid:
+                continue
+            health = card.get("health") or {}
+            healthy = health.get("healthy") if isinstance(health, dict) else None
+            is_lost = bool(card.get("error")) and "lost" in str(card.get("error")).lower()
+            was = self._health.get(uuid)
+            self._health[uuid] = (healthy, is_lost)
+            if was is None:
+                continue
+            event = "card.lost" if is_lost and not was[1] else "card.unhealthy" if healthy is False and was[0] else None
+            if event is None:
+                continue
+            held = [iv for (cid, u), iv in self.open.items() if u == uuid]
+            base = {"card": {"uuid": uuid, "index": card.get("index"), "name": card.get("name")}}
+            reasons = {"reasons": list(health.get("reasons") or []) if isinstance(health, dict) else []}
+            for payload in [iv.payload() for iv in held] or [{"container": None, "user": None}]:
+                self._emit(event, {**payload, **base, **reasons})
+
+
+def _engine_inspect() -> Callable[[str], dict[str, Any] | None]:
+    """Read a container through the ledger's client (None when the daemon says it does not exist)."""
+    client: list[Any] = []
+
+    def inspect(cid: str) -> dict[str, Any] | None:
+        from gpupin.hostagent import engine
+        from gpupin.hostagent.engine.failures import EngineNotFound
+        from gpupin.hostagent.engine.reader import fetch
+
+        if not client:
+            client.append(engine.reader(timeout=10.0))
+        try:
+            data: dict[str, Any] = fetch(client[0], f"/containers/{cid}/json", versioned=False)[0]
+        except EngineNotFound:
+            return None
+        return data
+
+    return inspect

@@ -1,0 +1,174 @@
+"""`hostagent usage`: GPU-hours and energy per user, card, image or day, from the record.
+
+It reads the database itself, read-only, where this user may (root, or `--record PATH`); anyone else asks the
+resident agent (GET /api/usage on its socket), which answers from the same queries
+(gpupin.hostagent.record.store.usage)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+
+from gpupin.core.errors import AgentUnavailableError, UsageError, shown
+from gpupin.hostagent.record.store import BY
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+DESCRIPTION = """Print how much each user (or card, image, day) used the host's cards, from the agent's record.
+
+GPU-seconds are the time a container held a card (from its start to its end, as the daemon says: a container on 2
+cards for an hour counts 2 GPU-hours); energy is what the card drew meanwhile (NVML's energy counter, shared
+equally among a card's holders at each of the agent's samples; absent where the card has no counter). An
+interval still open counts up to now; one that began before --since counts from --since."""
+
+EPILOG = """The record: /var/lib/gpupin/record.db (serve --record; docs/serve.md, "The record"). Read directly where
+this user may read it, else through the agent's socket (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock).
+exit: 0 printed; 64 bad usage; 69 neither the record nor an agent that keeps one can be read."""
+
+_AGO = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def since(text: str, now: float | None = None) -> float:
+    """`7d`, `24h`, `90m` (that long ago), a date `2026-11-01` (local midnight), a time `2026-11-01T08:00`, or
+    seconds since the epoch."""
+    import datetime
+
+    now = time.time() if now is None else now
+    value = text.strip()
+    m = _AGO.match(value)
+    if m:
+        return now - float(m[1]) * _UNITS[m[2]]
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid time {text!r} (e.g. 7d, 24h, 2026-11-01, 2026-11-01T08:00, or seconds since the epoch)"
+        ) from None
+
+
+def add(sub: argparse._SubParsersAction[Any]) -> None:
+    """`usage` among hostagent's commands."""
+    u = sub.add_parser(
+        "usage",
+        help="GPU-hours and energy per user, card, image or day, from the agent's record",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    u.add_argument("--since", type=since, metavar="WHEN", help="from WHEN: 7d, 24h, 2026-11-01... (default: all)")
+    u.add_argument("--by", choices=BY, default="user", help="one line per user (default), card, image or day")
+    out = u.add_mutually_exclusive_group()
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="{since, by, rows: [{KEY, gpu_seconds, gpu_hours, energy_j, intervals}], record} on stdout",
+    )
+    out.add_argument("--csv", action="store_true", help="the rows as CSV with a header line")
+    u.add_argument("--record", metavar="PATH", help="read this database (default $GPUPIN_RECORD, else the agent's)")
+
+
+def read(path: str | None, since_: float | None, by: str) -> dict[str, Any]:
+    """The usage object: from the database when this user may read it, else from the agent."""
+    import os
+    import sqlite3
+
+    from gpupin.hostagent.record import store
+
+    where = path or store.default_path()
+    if path is not None or os.access(where, os.R_OK):
+        import stat
+
+        try:
+            mode = os.stat(where).st_mode
+        except OSError as err:
+            raise UsageError(f"record {shown(where)}: {err.strerror or err}", "check the path (--record)") from None
+        if not stat.S_ISREG(mode):  # SQLite would wait on a FIFO's writer
+            raise UsageError(f"record {shown(where)} is not a regular file", "give the path of a record database")
+        try:
+            conn = store.connect(where, readonly=True)
+            try:
+                version = store.version_of(conn)
+                if version != store.VERSION:
+                    raise UsageError(
+                        f"record {shown(where)} has schema version {version}, not {store.VERSION}",
+                        "let the agent open it first (it migrates it), or read it with the matching hostagent",
+                    )
+                rows = store.usage(conn, since_, by)
+            finally:
+                conn.close()
+        except sqlite3.Error as err:
+            raise UsageError(f"record {shown(where)} cannot be read: {err}", "check the path (--record)") from None
+        return {"since": since_, "by": by, "rows": rows, "record": {"path": where, "degraded": None}}
+    from urllib.parse import urlencode
+
+    from gpupin.hostagent import agentlink
+
+    link = agentlink.find()
+    if link is None:
+        raise AgentUnavailableError(
+            f"the record {shown(where)} cannot be read by this user, and no resident agent answers at "
+            f"unix://{agentlink.socket_path()}",
+            "run as root, start the agent (`hostagent serve`), or point GPUPIN_AGENT_SOCKET at its socket",
+        )
+    query = {"by": by, **({"since": repr(since_)} if since_ is not None else {})}
+    data: dict[str, Any] = link.call("GET", "/api/usage?" + urlencode(query))
+    return data
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}"
+
+
+def table(data: dict[str, Any]) -> str:
+    by = data["by"]
+    rows = data["rows"]
+    if not rows:
+        return "no interval recorded" + (" since then" if data.get("since") is not None else "") + "\n"
+    head = (by.upper(), *(("INDEX",) if by == "card" else ()), "GPU-HOURS", "ENERGY-KWH", "INTERVALS")
+    lines = [head] + [
+        (
+            shown(str(r[by]) if r[by] is not None else "-", 60),
+            *((str(r["index"]) if r.get("index") is not None else "-",) if by == "card" else ()),
+            _hours(r["gpu_seconds"]),
+            f"{r['energy_j'] / 3.6e6:.3f}" if r.get("energy_j") is not None else "-",
+            str(r["intervals"]),
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    text = "".join("  ".join(c.ljust(n) for c, n in zip(line, widths, strict=True)).rstrip() + "\n" for line in lines)
+    degraded = (data.get("record") or {}).get("degraded")
+    if degraded:
+        text += f"record degraded: {shown(degraded, 200)} (the agent keeps the latest intervals in memory)\n"
+    return text
+
+
+def csv_text(data: dict[str, Any]) -> str:
+    import csv
+    import io
+
+    by = data["by"]
+    keys = [by, *(["index"] if by == "card" else []), "gpu_seconds", "gpu_hours", "energy_j", "intervals"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(keys)
+    for r in data["rows"]:
+        w.writerow(["" if r.get(k) is None else r[k] for k in keys])
+    return buf.getvalue()
+
+
+def command(args: argparse.Namespace) -> int:
+    data = read(args.record, args.since, args.by)
+    out = json.dumps(data, indent=2) + "\n" if args.json else csv_text(data) if args.csv else table(data)
+    sys.stdout.write(out)
+    return 0

@@ -1,0 +1,421 @@
+"""The record's database: an SQLite file (WAL) that the agent alone writes, its schema, its migrations and its
+queries. docs/serve.md, "The record", says what is kept and what survives what.
+
+One row per interval a container holds a card (`intervals`): who booked it, the container, the card, when it began
+and ended (`end` NULL while it runs; `seen` the last time the agent saw it hold, kept every CHECKPOINT_S), how much
+energy the card drew for it, its peak memory and load, and how it ended. `owners` keeps who asked the agent for a
+container (the caller's uid at accept), so that an interval opened after a restart still names them.
+
+The schema's version is the one row of `schema`; opening a file of an older version migrates it in one transaction
+(MIGRATIONS[v] takes version v to v+1); a file of a newer version is refused (an older agent must not write what
+it does not understand).
+
+The file is root's and private: its directory is created 0700 and must be the agent's own (owned by it, written by
+no one else), and the file is created 0600 with O_EXCL|O_NOFOLLOW, so no one can plant a link for root to write
+through (the same care as gpupin.core.files.write_atomic). SQLite's -wal and -shm files live in that directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import stat
+import threading
+import time
+
+from gpupin.core.errors import UsageError, printable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+DEFAULT_PATH = "/var/lib/gpupin/record.db"
+PATH_ENV = "GPUPIN_RECORD"
+BY = ("user", "card", "image", "day")
+
+# MIGRATIONS[v]: from version v to v+1. Version 0 is a file with no schema (new, or empty).
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE schema (version INTEGER NOT NULL);
+    INSERT INTO schema (version) VALUES (0);
+    CREATE TABLE intervals (
+        id INTEGER PRIMARY KEY,
+        container_id TEXT NOT NULL,
+        container_name TEXT,
+        image TEXT,
+        card_uuid TEXT NOT NULL,
+        card_index INTEGER,
+        uid INTEGER,
+        user TEXT NOT NULL,
+        start REAL NOT NULL,
+        end REAL,
+        seen REAL NOT NULL,
+        peak_memory_mib INTEGER,
+        load_sum REAL NOT NULL DEFAULT 0,
+        load_n INTEGER NOT NULL DEFAULT 0,
+        ended TEXT
+    );
+    CREATE TABLE owners (container_id TEXT PRIMARY KEY, uid INTEGER NOT NULL, at REAL NOT NULL);
+    """,
+    # v2: energy, and the indexes `usage` and the quotas read through (an open interval has end NULL).
+    """
+    ALTER TABLE intervals ADD COLUMN energy_j REAL;
+    CREATE INDEX intervals_end ON intervals (end);
+    CREATE INDEX intervals_uid ON intervals (uid, end);
+    CREATE INDEX intervals_user ON intervals (user, end, start, energy_j);
+    """,
+    # v3: the closed intervals summed per local calendar day and per user, card and image (`daily`, filled from
+    # the intervals already there), so that `usage` over a year reads thousands of rows, not a million.
+    """
+    DROP INDEX intervals_user;
+    CREATE INDEX intervals_start ON intervals (start);
+    CREATE TABLE daily (
+        kind TEXT NOT NULL,
+        day TEXT NOT NULL,
+        key TEXT NOT NULL,
+        idx INTEGER,
+        seconds REAL NOT NULL DEFAULT 0,
+        joules REAL,
+        n INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (kind, day, key)
+    ) WITHOUT ROWID;
+    CREATE TABLE meta (name TEXT PRIMARY KEY, value REAL NOT NULL);
+    """,
+)
+# Run in the migration's transaction after MIGRATIONS[v], by version reached: what SQL alone cannot do.
+AFTER: dict[int, Callable[[sqlite3.Connection], None]] = {}
+VERSION = len(MIGRATIONS)
+
+
+def default_path() -> str:
+    """GPUPIN_RECORD (tests, a second agent), else DEFAULT_PATH."""
+    return os.environ.get(PATH_ENV) or DEFAULT_PATH
+
+
+class RecordRefused(UsageError):
+    """A record file or folder the agent will not use (exit 64)."""
+
+
+def _own_dir(path: str, create: bool) -> None:
+    """`path` is a directory the agent alone may write: made 0700 when missing (`create`), else checked (not a
+    link, owned by this user, written by no one else)."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(path, mode=0o700)
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        raise RecordRefused(
+            f"record folder {printable(path)}: {err.strerror or err}", "give --record a path in an existing folder"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise RecordRefused(
+            f"record folder {printable(path)} is not a directory (a link is not followed)",
+            "give --record a path in a folder of the agent's own",
+        )
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RecordRefused(
+            f"record folder {printable(path)} may be written by another user than the agent's",
+            "give --record a path in a folder the agent's user owns and alone may write (e.g. /var/lib/gpupin)",
+        )
+
+
+def _own_file(path: str) -> None:
+    """Create the database file 0600 when missing; refuse a link or anything but a regular file of our own."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        return
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise RecordRefused(f"record {printable(path)}: {err.strerror or err}", "give --record another path") from None
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise RecordRefused(
+            f"record {printable(path)} is not a regular file of the agent's user (a link is not followed)",
+            "remove it, or give --record another path",
+        )
+
+
+def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
+    """A connection to the record: read-only (`hostagent usage`) or the agent's own, in WAL mode."""
+    from urllib.parse import quote
+
+    uri = f"file:{quote(os.path.abspath(path))}?mode={'ro' if readonly else 'rw'}"
+    conn = sqlite3.connect(uri, uri=True, timeout=5.0, check_same_thread=False, isolation_level=None)
+    if not readonly:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a power cut may lose the last commits, never the file
+    return conn
+
+
+def version_of(conn: sqlite3.Connection) -> int:
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema'").fetchone():
+        return 0
+    row = conn.execute("SELECT version FROM schema").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: sqlite3.Connection, path: str = "the record") -> int:
+    """Bring the schema to VERSION, in one transaction; the version it had."""
+    was = version_of(conn)
+    if was > VERSION:
+        raise RecordRefused(
+            f"record {printable(path)} has schema version {was}, newer than this hostagent's {VERSION}",
+            "run the hostagent that wrote it, or give --record another path",
+        )
+    if was < VERSION:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for v, step in enumerate(MIGRATIONS[was:], was + 1):
+                for statement in step.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                if v in AFTER:
+                    AFTER[v](conn)
+            conn.execute("UPDATE schema SET version = ?", (VERSION,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return was
+
+
+class Store:
+    """The agent's connection (one writer; its calls serialised by a lock: the keeper's thread writes, the API's
+    threads read)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        _own_dir(os.path.dirname(os.path.abspath(path)), create=True)
+        _own_file(path)
+        try:
+            self.conn = connect(path)
+            was = migrate(self.conn, path)
+        except sqlite3.Error as err:
+            raise RecordRefused(
+                f"record {printable(path)} cannot be opened: {err}", "move the file aside, or give --record another"
+            ) from None
+        self.migrated_from = was
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+    # --- writes (the keeper) ---
+
+    def open_interval(self, row: dict[str, Any]) -> int:
+        keys = ("container_id", "container_name", "image", "card_uuid", "card_index", "uid", "user", "start", "seen")
+        with self.lock:
+            cur = self.conn.execute(
+                f"INSERT INTO intervals ({', '.join(keys)}) VALUES ({', '.join('?' * len(keys))})",
+                [row[k] for k in keys],
+            )
+            return int(cur.lastrowid or 0)
+
+    def update(self, rows: list[tuple[int, dict[str, Any]]]) -> None:
+        """Several intervals' new values at once (one transaction: the checkpoint, a close)."""
+        with self.lock:
+            self.conn.execute("BEGIN")
+            try:
+                for rid, values in rows:
+                    cols = ", ".join(f"{k} = ?" for k in values)
+                    self.conn.execute(f"UPDATE intervals SET {cols} WHERE id = ?", [*values.values(), rid])
+                self.conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+                raise
+
+    def close_interval(self, rid: int, values: dict[str, Any], row: dict[str, Any]) -> None:
+        """Close interval `rid` with `values` (its figures, end, ended) and add it to the daily sums, at once.
+        `row`: its user, card and image."""
+        with self.lock:
+            self.conn.execute("BEGIN")
+            try:
+                cols = ", ".join(f"{k} = ?" for k in values)
+                self.conn.execute(f"UPDATE intervals SET {cols} WHERE id = ?", [*values.values(), rid])
+                roll(self.conn, {**row, **values})
+                self.conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+                raise
+
+    def note_owner(self, container_id: str, uid: int) -> None:
+        with self.lock:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO owners (container_id, uid, at) VALUES (?, ?, ?)",
+                (container_id, uid, time.time()),
+            )
+
+    def owner(self, container_id: str) -> int | None:
+        with self.lock:
+            row = self.conn.execute("SELECT uid FROM owners WHERE container_id = ?", (container_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def open_rows(self) -> list[dict[str, Any]]:
+        """The intervals an earlier agent left open (to reconcile at start)."""
+        with self.lock:
+            cur = self.conn.execute("SELECT * FROM intervals WHERE end IS NULL")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    # --- reads ---
+
+    def gpu_seconds(self, uid: int, since: float, now: float | None = None) -> float:
+        with self.lock:
+            return gpu_seconds(self.conn, uid, since, now)
+
+    def usage(self, since: float | None, by: str, now: float | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return usage(self.conn, since, by, now)
+
+
+def gpu_seconds(conn: sqlite3.Connection, uid: int, since: float, now: float | None = None) -> float:
+    """GPU-seconds of `uid`'s intervals from `since` to now (an open interval counts up to now)."""
+    now = time.time() if now is None else now
+    row = conn.execute(
+        "SELECT SUM(MIN(COALESCE(end, :now), :now) - MAX(start, :since)) FROM intervals "
+        "WHERE uid = :uid AND (end IS NULL OR end > :since) AND start < :now",
+        {"uid": uid, "since": since, "now": now},
+    ).fetchone()
+    return max(0.0, float(row[0] or 0.0))
+
+
+_KEYS = {"user": "user", "card": "card_uuid", "image": "image"}
+
+
+def _day(t: float) -> tuple[str, float]:
+    """The local calendar day of `t` and the next midnight (seconds since the epoch)."""
+    import datetime
+
+    day = datetime.datetime.fromtimestamp(t).date()
+    return day.isoformat(), datetime.datetime.combine(day + datetime.timedelta(days=1), datetime.time()).timestamp()
+
+
+def _parts(a: float, b: float) -> list[tuple[str, float]]:
+    """[a, b) cut at each local midnight: (day, seconds)."""
+    out = []
+    t = a
+    while t < b:
+        day, midnight = _day(t)
+        out.append((day, min(b, midnight) - t))
+        t = min(b, midnight)
+    return out
+
+
+def roll(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+    """Add a closed interval to the daily sums: each day's part of its seconds and energy (in proportion), per
+    user, card and image; it counts once, on the day it began."""
+    start, end, joules = float(row["start"]), float(row["end"]), row.get("energy_j")
+    whole = max(end - start, 1e-9)
+    keys = (("user", row["user"], None), ("card", row["card_uuid"], row.get("card_index")), ("image", row["image"]))
+    for i, (day, part) in enumerate(_parts(start, end) or [(_day(start)[0], 0.0)]):
+        j = None if joules is None else joules * part / whole
+        for kind, key, *idx in keys:
+            conn.execute(
+                "INSERT INTO daily (kind, day, key, idx, seconds, joules, n) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (kind, day, key) DO UPDATE SET seconds = seconds + excluded.seconds, "
+                "joules = CASE WHEN excluded.joules IS NULL THEN joules ELSE COALESCE(joules, 0) + excluded.joules "
+                "END, n = n + excluded.n, idx = COALESCE(excluded.idx, idx)",
+                (kind, day, key or "", idx[0] if idx else None, part, j, int(i == 0)),
+            )
+    conn.execute(
+        "INSERT INTO meta (name, value) VALUES ('longest', ?) "
+        "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+        (end - start,),
+    )
+
+
+def _backfill(conn: sqlite3.Connection) -> None:
+    cur = conn.execute(
+        "SELECT user, card_uuid, card_index, image, start, end, energy_j FROM intervals WHERE end IS NOT NULL"
+    )
+    names = [d[0] for d in cur.description]
+    for r in cur.fetchall():
+        roll(conn, dict(zip(names, r, strict=True)))
+
+
+AFTER[3] = _backfill
+
+
+def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | None = None) -> list[dict[str, Any]]:
+    """GPU-seconds, energy (joules, in proportion to the part of an interval since `since`) and intervals per `by`
+    (user, card, image or day: the host's local calendar day), largest first (days in order). An open interval
+    counts up to now.
+
+    Whole days come from the daily sums; the first day's part after `since` from the intervals that overlap it
+    (found by their start: none is longer than the longest closed yet), and the open intervals from theirs. An
+    interval counts in `intervals` once, where it began, or on the first day when it began before `since`."""
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}, not {by!r}")
+    now = time.time() if now is None else now
+    kind = "card" if by == "day" else by
+    sums: dict[Any, list[Any]] = {}  # key -> [seconds, joules, n, index]
+
+    def add(key: Any, seconds: float, joules: float | None, n: int, idx: Any = None) -> None:
+        slot = sums.setdefault(key, [0.0, None, 0, None])
+        slot[0] += seconds
+        if joules is not None:
+            slot[1] = (slot[1] or 0.0) + joules
+        slot[2] += n
+        if idx is not None:
+            slot[3] = idx
+
+    first_day, midnight = _day(since) if since is not None else ("", float("-inf"))
+    group = "day" if by == "day" else "key"
+    daily = conn.execute(
+        f"SELECT {group}, MAX(idx), SUM(seconds), SUM(joules), SUM(n) FROM daily WHERE kind = ? AND day > ? "
+        f"GROUP BY {group}",
+        (kind, first_day),
+    )
+    for key, idx, seconds, joules, n in daily:
+        add(key if by == "day" else key or None, seconds, joules, n, idx)
+    col = _KEYS.get(by, "card_uuid")
+    if since is not None:
+        longest = conn.execute("SELECT value FROM meta WHERE name = 'longest'").fetchone()
+        edge = conn.execute(
+            f"SELECT {col}, card_index, MIN(end, :m) - MAX(start, :s), energy_j, end - start FROM intervals "
+            "WHERE end IS NOT NULL AND start >= :lo AND start < :m AND end > :s",
+            {"s": since, "m": midnight, "lo": since - (longest[0] if longest else 0.0) - 1.0},
+        )
+        for key, idx, part, joules, whole in edge:
+            j = None if joules is None else joules * part / max(whole, 1e-9)
+            add(first_day if by == "day" else key, part, j, 1, idx)
+    lo = float("-inf") if since is None else since
+    running = conn.execute(
+        f"SELECT {col}, card_index, MAX(start, :lo), energy_j, start FROM intervals WHERE end IS NULL AND start < :now",
+        {"lo": lo, "now": now},
+    )
+    for key, idx, a, joules, start in running:
+        whole = max(now - start, 1e-9)
+        if by == "day":
+            for i, (day, part) in enumerate(_parts(a, now)):
+                add(day, part, None if joules is None else joules * part / whole, int(i == 0))
+        else:
+            add(key, now - a, None if joules is None else joules * (now - a) / whole, 1, idx)
+    out = []
+    for key, (seconds, joules, n, idx) in sums.items():
+        item: dict[str, Any] = {by: key}
+        if by == "card":
+            item["index"] = idx
+        item.update(_figures(seconds, joules, n))
+        out.append(item)
+    if by == "day":
+        return sorted(out, key=lambda r: str(r["day"]))
+    return sorted(out, key=lambda r: (-r["gpu_seconds"], str(r[by])))
+
+
+def _figures(seconds: float | None, joules: float | None, n: int) -> dict[str, Any]:
+    s = max(0.0, float(seconds or 0.0))
+    return {
+        "gpu_seconds": round(s, 3),
+        "gpu_hours": round(s / 3600, 4),
+        "energy_j": None if joules is None else round(float(joules), 3),
+        "intervals": int(n),
+    }
