@@ -131,6 +131,7 @@ class Holder:
         "name",
         "pinned",
         "shared",
+        "started",
         "state",
         "uuids",
         "verified",
@@ -155,6 +156,7 @@ class Holder:
         inspected: bool = False,
         image: str | None = None,
         verified: bool | None = None,
+        started: str | None = None,
         booking: Booking | None = None,
     ) -> None:
         self.id = id
@@ -173,6 +175,7 @@ class Holder:
         self.via = "+".join(dict.fromkeys(WAY[g.form] for g in self.grants)) or None
         self.image = image  # as the container was created from it (a name, or an id)
         self.verified = verified  # gpupin.hostagent.ledger.holders.verified: None where the container does not say
+        self.started = started  # the engine's State.StartedAt (RFC 3339) for one read in full that has started
         self.booking = booking  # who booked it, and until when (its gpupin.booking label)
 
     @property
@@ -212,6 +215,7 @@ class Holder:
             "describe": self.describe(),
             "image": self.image,
             "verified": self.verified,
+            "started": self.started,
             "booking": self.booking.to_dict() if self.booking is not None else None,
         }
 
@@ -266,8 +270,14 @@ def holder(
         inspected=True,
         image=(inspect.get("Config") or {}).get("Image"),
         verified=verified(inspect),
+        started=_started(inspect),
         booking=booking.of(labels),
     )
+
+
+def _started(inspect: Mapping[str, Any]) -> str | None:
+    at = str((inspect.get("State") or {}).get("StartedAt") or "")
+    return at if at and not at.startswith("0001-") else None
 
 
 def label_holder(

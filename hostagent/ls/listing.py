@@ -180,9 +180,11 @@ def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str |
         "power_limit_w": _watts(c.power_limit),
         "processes": [_process(u, c) for u in procs],
         # How long the held card has shown 0% utilization, and whether that passed the agent's --idle-after: one
-        # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.agent.IdleTracker) fills them in.
+        # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.idle) fills them in, with the
+        # warning its policy's idle rule gave the holders ({container, since, stop_at}).
         "idle_seconds": None,
         "idle": None,
+        "idle_warning": None,
     }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from gpupin.core.errors import shown
 from gpupin.hostagent.ledger.booking import format_duration
@@ -297,6 +298,13 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
     lines += _health(g, color, "    ")
     if g.get("idle"):  # filled in by the resident agent only (hostagent ls --host)
         idle = f"IDLE: 0% utilization for {_duration(g['idle_seconds'])}"
+        warning = g.get("idle_warning")  # the policy's idle rule warned its holders
+        if warning:
+            idle += f", no process; {_text(warning['container'])} warned" + (
+                f", will be stopped at {time.strftime('%H:%M:%S', time.localtime(warning['stop_at']))}"
+                if warning.get("stop_at")
+                else ""
+            )
         lines.append("    " + _paint(idle, f"{BOLD};{RED}", color))
     if g["mig_devices"]:
         mem = _figures([(m["memory_used_mib"], m["memory_total_mib"]) for m in g["mig_devices"]], "MiB")

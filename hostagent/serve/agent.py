@@ -1,19 +1,14 @@
 """The agent's live view: NVML re-read every `interval`, the ledger re-read when the daemon reports a container
 event (and every `resync` seconds, in case an event was lost), both through the code `hostagent ls` uses
-(gpupin.hostagent.ls.listing), with idle holders filled in (IdleTracker, below).
+(gpupin.hostagent.ls.listing), with idle holders filled in (gpupin.hostagent.serve.idle).
 
 Readers (the HTTP API, the metrics, the dashboard's event stream) take `snapshot()`; waiters block in
 `wait_change()` until the view differs from the one they have. What cannot be read is unknown, never stale: when
 NVML fails the view is withdrawn (its error is served instead) and NVML is opened again at the next refresh; when
 the daemon does not answer the listing says so (docker.available false) and the event stream reconnects.
 
-Idle holders: a held card whose utilization has stayed at 0% for `idle_after` seconds, by the agent's samples.
-
-One reading of NVML cannot tell idle from a pause between two batches, so `hostagent ls` alone leaves the fields
-null; the agent samples every card at each refresh and keeps, per card, when its current holders' idle stretch
-began. The stretch starts again when a sample shows any utilization, when the card's holders change (a new job is
-not idle for its predecessor's minutes), and when utilization cannot be read (unknown is never counted as idle).
-The card's utilization stands for its holders' processes: a card used by anyone else is busy, and shown so."""
+Idle holders (the IdleTracker) and the policy's idle rule (the IdleWatch): gpupin.hostagent.serve.idle; the last hour
+of each card's load and memory: gpupin.hostagent.serve.samples."""
 
 from __future__ import annotations
 
@@ -25,6 +20,7 @@ from gpupin import hostagent
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import listing
+from gpupin.hostagent.serve import idle, samples
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,7 +70,8 @@ class Agent:
 
         self.interval = interval
         self.resync = resync
-        self.idle = IdleTracker(idle_after)
+        self.idle = idle.watch(self, idle_after, say)
+        self.samples = samples.Samples()
         self.keeper: Keeper = Keeper(policy or policy_path())  # the policy in force (docs/policy.md)
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
         # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
@@ -132,7 +129,8 @@ class Agent:
         except Exception as err:  # an NVML reading that failed otherwise than "not supported": unknown, not stale
             self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
             return
-        self.idle.annotate(view, time.monotonic())
+        self.idle.observe(view, time.monotonic(), time.time())
+        self.samples.add(view, time.time())
         self.bookings.annotate(view, time.time())
         record = self.record
         if record is not None:
@@ -280,35 +278,3 @@ class Agent:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         self.xids.release()
-
-
-class IdleTracker:
-    """Per card UUID: (the holders' ids, when their 0% stretch began, on the agent's monotonic clock)."""
-
-    def __init__(self, idle_after: float) -> None:
-        self.idle_after = idle_after
-        self._since: dict[str, tuple[frozenset[str], float]] = {}
-
-    def annotate(self, listing: dict[str, Any], now: float) -> None:
-        """Fill each card's `idle_seconds` and `idle` in `listing` (a gather() object) from this sample."""
-        seen = set()
-        docker_known = bool(listing["docker"]["available"])
-        for card in listing["gpus"]:
-            uuid = card.get("uuid")
-            holders = frozenset(h["id"] for h in card.get("holders", ()) if h.get("holds"))
-            util = card.get("utilization_gpu")
-            if not docker_known or not uuid or not holders or util is None or util > 0 or card.get("error"):
-                # Not held (nothing to reclaim), unknown or busy: no stretch, and an unknown reading is no claim.
-                known = docker_known and uuid and not card.get("error") and (not holders or util is not None)
-                card["idle_seconds"] = 0.0 if known and holders else None
-                card["idle"] = False if known else None
-                continue
-            seen.add(uuid)
-            held, since = self._since.get(uuid, (holders, now))
-            if held != holders:
-                since = now
-            self._since[uuid] = (holders, since)
-            card["idle_seconds"] = int(now - since)  # whole seconds: the view changes once a second, not per sample
-            card["idle"] = now - since >= self.idle_after
-        for gone in set(self._since) - seen:
-            del self._since[gone]

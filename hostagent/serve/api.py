@@ -8,6 +8,7 @@ GET routes, the same on both:
 - `/api/events`: server-sent events, one `ls` event with that object at each change (the dashboard's feed);
 - `/api/queue`: the waiters of the fair queue (gpupin.hostagent.serve.queue; `hostagent queue`, which names its
   daemon: `?daemon=KEY`, answered `{"direct": WHY}` when the agent serves another);
+- `/api/samples`: the last hour of each card's load and memory (gpupin.hostagent.serve.samples: the dashboard's charts);
 - `/api/agent`: the agent itself (version, pid, start, settings, whether NVML and Docker answer);
 - `/metrics`: Prometheus text (gpupin.hostagent.serve.metrics); `/`: the dashboard.
 
@@ -193,6 +194,7 @@ class Handler(BaseHTTPRequestHandler):
             "/api/events": self._events,
             "/api/agent": self._agent,
             "/api/queue": self._queue,
+            "/api/samples": self._samples,
             "/api/usage": self._usage,
             "/metrics": self._metrics,
         }.get(path)
@@ -201,7 +203,16 @@ class Handler(BaseHTTPRequestHandler):
                 404,
                 {
                     "error": f"no such path {path}",
-                    "paths": ["/", "/api/ls", "/api/events", "/api/queue", "/api/usage", "/api/agent", "/metrics"],
+                    "paths": [
+                        "/",
+                        "/api/ls",
+                        "/api/events",
+                        "/api/queue",
+                        "/api/samples",
+                        "/api/usage",
+                        "/api/agent",
+                        "/metrics",
+                    ],
                 },
             )
             return
@@ -324,6 +335,9 @@ class Handler(BaseHTTPRequestHandler):
         said = urllib.parse.parse_qs(self.path.partition("?")[2]).get("daemon")
         why = agentlink.other_daemon(said[0]) if said else None  # a caller of another daemon: not its queue
         self._json(200, {"direct": why} if why is not None else queue.of(self.agent).listing())
+
+    def _samples(self) -> None:
+        self._json(200, self.agent.samples.listing(time.time()))
 
     def _usage(self) -> None:
         """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS."""

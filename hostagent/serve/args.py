@@ -18,12 +18,14 @@ It keeps NVML and the Docker Engine client open, follows the daemon's container 
   /api/usage    GPU-hours and energy from the record (`hostagent usage` prints it)
   /api/queue    the fair queue of `hostagent run --wait` (`hostagent queue` lists it; joining is a POST on the
                 unix socket)
+  /api/samples  the last hour of each card's load and memory (10 s a point)
   /metrics      Prometheus text: per card and per holder (docs/serve.md lists every name)
   /             a dashboard that updates in place
 on a unix socket for the CLI (mode 0660, root and --group only) and on --http (loopback by default).
 `hostagent ls --host unix://SOCKET` or `--host http://HOST:PORT` reads it."""
 
-EPILOG = """A held card whose utilization has stayed at 0% for --idle-after is flagged idle (nothing is stopped).
+EPILOG = """A held card with no compute process and 0% utilization for --idle-after is flagged idle; a policy's
+[idle] rule warns its holders and may stop them (docs/serve.md, "Idle holders"); without one nothing is stopped.
 A restart of the Docker daemon and NVML errors are survived: what cannot be read is shown as unknown.
 SIGHUP reads the --policy file again (`hostagent policy check` it first). SIGTERM or Ctrl-C stop it (exit 0).
 exit: 0 stopped; 64 bad usage; 75 another agent listens on --socket."""
@@ -125,7 +127,15 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         type=duration,
         default=1800.0,
         metavar="DURATION",
-        help="flag a held card idle after this long at 0%% utilization (90s, 30m, 2h; default 30m)",
+        help="flag a held card idle after this long at 0%% utilization with no compute process (90s, 30m, 2h; "
+        "default 30m; a policy's [idle] after takes its place)",
+    )
+    s.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="the host's policy: bookings, quotas, idle rules, hooks (default GPUPIN_POLICY, else "
+        "/etc/gpupin/policy.toml; no file: nothing enforced). Read again on SIGHUP; a file with mistakes keeps "
+        "the last good one (docs/policy.md)",
     )
     s.add_argument(
         "--record",
@@ -137,13 +147,6 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         "--hook-user",
         metavar="NAME",
         help="run the policy's notify command as this user and its groups (default: as the agent, root)",
-    )
-    s.add_argument(
-        "--policy",
-        metavar="FILE",
-        help="the host's policy: bookings, quotas, idle rules, hooks (default GPUPIN_POLICY, else "
-        "/etc/gpupin/policy.toml; no file: nothing enforced). Read again on SIGHUP; a file with mistakes keeps "
-        "the last good one (docs/policy.md)",
     )
     s.add_argument(
         "--interval",

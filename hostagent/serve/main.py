@@ -45,9 +45,9 @@ def run(
     rights.set_daemon_group(daemon_group)
     hooks.HOOKS.run_as(hook_user)
     agent = Agent(interval=interval, idle_after=idle_after, policy=policy)
+    agent.keeper.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
     keeper = _record(record_path)
     agent.record = keeper
-    agent.keeper.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
     handler = api.handler(agent)
     servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
     queue.of(agent).keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart

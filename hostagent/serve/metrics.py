@@ -112,13 +112,13 @@ class ViewCollector:
             "processes": ("gpupin_gpu_processes", "Compute processes NVML reports on the card."),
             "idle": (
                 "gpupin_gpu_idle",
-                "1 when the held card has shown 0% utilization for the agent's "
-                "--idle-after, else 0; absent when not known.",
+                "1 when the held card has shown 0% utilization and no compute process "
+                "for the idle time (--idle-after, or the policy's), else 0; absent when not known.",
             ),
             "idle_seconds": (
                 "gpupin_gpu_idle_seconds",
-                "How long the held card has shown 0% utilization, by the "
-                "agent's samples; absent when not held or not known.",
+                "How long the held card has shown 0% utilization and no compute process, "
+                "by the agent's samples; absent when not held or not known.",
             ),
         }
         fam = {k: GaugeMetricFamily(name, doc, labels=CARD_LABELS) for k, (name, doc) in gauges.items()}

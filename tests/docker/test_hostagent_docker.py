@@ -19,13 +19,16 @@ from tests.support.host import idle_topology, saw
 from tests.support.sandbox import TEST_IMAGE, Agent, serves_cdi
 from tests.support.scenarios import uuids
 
+# Every engine runs these (`hostagent run`'s whole path on the engine: create, attach, start, signals, exit;
+# what hostagent refuses before it asks the daemon, `agent_any`, once): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
+
 A800, RTX, A800B, A800C = uuids("mixed-4")
 
 
 # --- the asked card, whatever the request form -----------------------------------------------------------------
 
 
-@pytest.mark.per_engine
 @pytest.mark.parametrize(
     "flag_spec",
     [
@@ -45,7 +48,6 @@ def test_each_request_form_puts_the_asked_card_at_cuda0(agent: Agent, flag_spec:
     assert f"cuda:0  {RTX}  00000000:3B:00.0  NVIDIA GeForce RTX 4090  (local rank 0)" in r.stderr
 
 
-@pytest.mark.per_engine
 def test_several_cards_in_the_order_asked(agent: Agent) -> None:
     r = agent("run", "--rm", "--gpu", "3", "--gpu", "1", TEST_IMAGE)
     assert r.returncode == 0, r.stderr
@@ -108,7 +110,6 @@ def test_docker_run_options_reach_the_container(agent: Agent, tmp_path: Path) ->
     assert r.stdout.split() == ["0.1", "1", "/data", "1234", "payload", "256"]
 
 
-@pytest.mark.per_engine
 def test_detach_prints_the_id_and_the_container_carries_the_pin(agent: Agent) -> None:
     r = agent("run", "-d", "--gpu", "1", "--gpu", "0", "--verify", "nvml", TEST_IMAGE, "sleep", "30")
     assert r.returncode == 0, r.stderr
@@ -168,7 +169,6 @@ def test_refusals_before_the_daemon_is_asked_create_nothing(
     refused_creating_nothing(agent_any, args, code, says)
 
 
-@pytest.mark.per_engine
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
@@ -190,7 +190,6 @@ def test_a_daemon_that_is_down_is_69_and_nothing_is_created(agent_any: Agent, tm
     assert agent_any.containers() == []
 
 
-@pytest.mark.per_engine
 def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> None:
     r = agent("run", "--dry-run", "--gpu", "1", "--rm", TEST_IMAGE, "python3", "train.py")
     assert r.returncode == 0, r.stderr
@@ -212,7 +211,6 @@ def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> 
 # --- the ledger: no card twice -------------------------------------------------------------------------------
 
 
-@pytest.mark.per_engine
 def test_a_held_card_is_75_naming_the_holder(agent: Agent) -> None:
     holder = agent("run", "-d", "--name", f"holder-{agent.tag}", "--gpu", "1", TEST_IMAGE, "sleep", "60")
     assert holder.returncode == 0, holder.stderr

@@ -25,6 +25,10 @@ from tests.support.scenarios import uuids
 from tests.support.spawn import default_signals
 from tests.support.wait import wait_for
 
+# Every engine runs these (`hostagent run`'s whole path on the engine: create, attach, start, signals, exit;
+# what hostagent refuses before it asks the daemon, `agent_any`, once): docs/testing.md, The engines.
+pytestmark = pytest.mark.per_engine
+
 RTX = uuids("mixed-4")[1]
 
 
@@ -182,7 +186,6 @@ def inspect(agent: Agent, cid: str) -> dict[str, Any]:
     return info
 
 
-@pytest.mark.per_engine
 def test_every_docker_run_option_lands_in_the_created_container(agent: Agent, way: str) -> None:
     r = agent(
         "run",
@@ -277,7 +280,6 @@ def test_every_docker_run_option_lands_in_the_created_container(agent: Agent, wa
     assert (config["Hostname"], config["StopTimeout"]) == ("trainer", 7)
 
 
-@pytest.mark.per_engine
 def test_namespace_resource_and_logging_options_land_in_the_created_container(agent: Agent) -> None:
     r = agent(
         "run",

@@ -59,6 +59,7 @@ def inspect(agent: Agent, cid: str) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.per_engine
 def test_the_agent_creates_what_a_run_without_it_creates(agent: Agent, resident: Resident, tmp_path: Path) -> None:
     env_file = tmp_path / "env"
     env_file.write_text("FROM_FILE=secret\n")
@@ -121,6 +122,7 @@ CASES = {
 }
 
 
+@pytest.mark.per_engine
 @pytest.mark.parametrize("case", list(CASES))
 def test_exit_codes_and_streams_are_the_same_either_way(
     agent: Agent, resident: Resident, tmp_path: Path, case: str

@@ -130,9 +130,10 @@ class Soak:
     # --- the readers ---
 
     def scrape(self) -> None:
-        """What Prometheus and a script do: /metrics, /api/ls and /api/agent once a second."""
+        """What Prometheus, a script and the dashboard do: /metrics, /api/ls, /api/agent and the cards' last hour
+        (/api/samples, which the agent keeps all along) once a second."""
         while not self.stop.wait(1.0):
-            for path in ("/metrics", "/api/ls", "/api/agent"):
+            for path in ("/metrics", "/api/ls", "/api/agent", "/api/samples"):
                 with contextlib.suppress(OSError):
                     self.resident.get(path)
             self.scrapes += 1

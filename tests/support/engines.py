@@ -51,10 +51,16 @@ def engine_free_name(item: pytest.Item) -> str:
     return f"{item.nodeid.partition('[')[0]}[{'-'.join(ids)}]"
 
 
+def on_every_engine(item: pytest.Item) -> bool:
+    """Marked `per_engine` (itself or its module), and not an `agent_any` test: that fixture's tests are decided
+    before the daemon is asked anything, the same whatever the engine."""
+    return item.get_closest_marker("per_engine") is not None and "agent_any" not in getattr(item, "fixturenames", ())
+
+
 def on_this_engine(item: pytest.Item) -> bool:
-    """Whether this run keeps the test: not of the docker tier, marked `per_engine`, or on the engine that takes it
-    (a test with no engine of its own runs in the run of the engine that takes it)."""
-    if item.get_closest_marker("docker") is None or item.get_closest_marker("per_engine") is not None:
+    """Whether this run keeps the test: not of the docker tier, on every engine, or on the engine that takes it (a
+    test with no engine of its own runs in the run of the engine that takes it)."""
+    if item.get_closest_marker("docker") is None or on_every_engine(item):
         return True
     engine, chosen = engine_of(item), engine_for(engine_free_name(item))
     return engine == chosen if engine is not None else chosen in engines_under_test()
@@ -63,5 +69,4 @@ def on_this_engine(item: pytest.Item) -> bool:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """As a plugin: each collected test, its engine-free name and whether it runs on every engine."""
     for item in session.items:
-        per_engine = item.get_closest_marker("per_engine") is not None
-        print(json.dumps({"id": item.nodeid, "name": engine_free_name(item), "per_engine": per_engine}))
+        print(json.dumps({"id": item.nodeid, "name": engine_free_name(item), "per_engine": on_every_engine(item)}))

@@ -17,8 +17,8 @@ import pytest
 
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import hosts
-from gpupin.hostagent.serve.agent import IdleTracker
 from gpupin.hostagent.serve.args import duration
+from gpupin.hostagent.serve.idle import IdleTracker
 from gpupin.hostagent.serve.listen import http_address
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.resident import Resident
