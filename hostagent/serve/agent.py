@@ -16,11 +16,10 @@ import contextlib
 import threading
 import time
 
-from gpupin import hostagent
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import listing
-from gpupin.hostagent.serve import idle, samples
+from gpupin.hostagent.serve import idle, samples, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,11 +35,6 @@ if TYPE_CHECKING:
 
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
-
-
-def say(text: str) -> None:
-    """One line of the agent's log, on stderr as every hostagent line (journald keeps it under the unit)."""
-    hostagent.say(f"serve: {text}")
 
 
 class Snapshot:

@@ -23,7 +23,7 @@ import time
 from gpupin.core.errors import GpupinError, UsageError, shown
 from gpupin.hostagent.ledger import booking as booking_label
 from gpupin.hostagent.policy import format_duration
-from gpupin.hostagent.serve.keeper import say
+from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -112,7 +112,7 @@ class Writer(io.BufferedIOBase):
 
 
 def say(text: str) -> None:
-    from gpupin.hostagent.serve.agent import say  # not at import: `hostagent --help` reads this module's defaults
+    from gpupin.hostagent.serve import say  # not at import: `hostagent --help` reads this module's defaults
 
     say(text)
 

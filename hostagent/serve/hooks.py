@@ -30,7 +30,7 @@ import subprocess
 import threading
 import time
 
-from gpupin.hostagent.serve.agent import say
+from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -11,18 +11,13 @@ import os
 import threading
 import time
 
-from gpupin import hostagent
 from gpupin.core.errors import UsageError
 from gpupin.hostagent.policy import Policy, PolicyError, load_policy
+from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-
-def say(text: str) -> None:
-    """A line of the agent's log, as gpupin.hostagent.serve.agent.say writes it (that module makes the keeper)."""
-    hostagent.say(f"serve: {text}")
 
 
 def _hooks(policy: Policy) -> None:

@@ -10,8 +10,8 @@ import signal
 import threading
 
 from gpupin.hostagent import record
-from gpupin.hostagent.serve import api, connections, hooks, listen, queue, rights
-from gpupin.hostagent.serve.agent import Agent, say
+from gpupin.hostagent.serve import api, connections, hooks, listen, queue, rights, say
+from gpupin.hostagent.serve.agent import Agent
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -47,8 +47,7 @@ import weakref
 
 from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten, shown
 from gpupin.hostagent import agentlink
-from gpupin.hostagent.serve import fair, hooks, rights
-from gpupin.hostagent.serve.agent import say
+from gpupin.hostagent.serve import fair, hooks, rights, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -31,8 +31,7 @@ from gpupin.core.errors import UsageError, shorten, shown
 from gpupin.hostagent import agentlink, engine, mark, record
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, request_json
-from gpupin.hostagent.serve import rights
-from gpupin.hostagent.serve.agent import say
+from gpupin.hostagent.serve import rights, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
