@@ -188,13 +188,17 @@ DOCKER_SIDE_BY_SIDE = mkdir -p build; pids=; echo "make: the docker tier on $(EN
 	for e in $(ENGINES); do echo "make: the docker tier on Engine $$e:"; cat build/test-docker-$$e.log; done; \
 	if [ $$empty = $$runs ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# Every tier, fastest first, as CI runs it: each tier's run (the docker tier's per engine), every one of them
-# whatever the one before gave. With PYTEST_ARGS, one run of what it names.
+# Every tier, as CI runs it: each tier's run (the docker tier's per engine), every one of them whatever the others
+# gave. The unit tier runs beside the docker tier: the docker tier mostly waits on its daemons (a third of the two
+# cores, measured), the unit tier keeps the cores busy; its output is shown whole when it ends
+# (build/test-unit.log). With PYTEST_ARGS, one run of what it names.
 test: test-tools image-test
 ifeq ($(strip $(PYTEST_ARGS)),)
-	@export $(REQUIRED); rc=0; \
-	  ( $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS)) ) || rc=1; \
+	@export $(REQUIRED); rc=0; mkdir -p build; \
+	  echo "make: the unit tier beside the docker tier (its output when it ends: build/test-unit.log)"; \
+	  ( $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS)) ) >build/test-unit.log 2>&1 & unit=$$!; \
 	  ( $(DOCKER_TIER) ) || rc=1; \
+	  wait $$unit || rc=1; echo "make: the unit tier:"; cat build/test-unit.log; \
 	  ( $(call TIER,tests/cluster,swarm or slurm) ) || rc=1; \
 	  ( $(call TIER,tests/gpu,gpu) ) || rc=1; \
 	  exit $$rc

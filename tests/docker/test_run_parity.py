@@ -4,7 +4,8 @@ sandbox, and the two containers' `docker inspect` (Config and HostConfig) must b
 
 What may differ, and why (nothing else is left out):
 - Config.Hostname, when neither side set one: the daemon makes it from the container's ID.
-- The lease labels (gpupin.owner, gpupin.lease): hostagent's claim on its cards while it starts the container.
+- The lease labels (gpupin.owner, gpupin.lease): hostagent's claim on its cards while it starts the container;
+  and the booking label (gpupin.booking: whose, since when, docs/policy.md), each run's own.
 - In HostConfig.DeviceRequests, all but the cards (DeviceIDs, Count): hostagent names the driver ("nvidia") where
   `--gpus` leaves it empty (the same driver), and gives CDI's request empty capabilities and options, not none.
 - A list or map left out (null) and an empty one: the same to the daemon. Docker 20.10's CLI leaves out some
@@ -49,13 +50,14 @@ from typing import Any
 
 import pytest
 
+from gpupin.hostagent.ledger import booking
 from gpupin.hostagent.ledger.lease import LEASE_LABEL, OWNER_LABEL
 from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.sandbox import ENGINES, TEST_IMAGE, Sandbox
 
 CORPUS = REPO / "tests" / "data" / "run-corpus.txt"
 COMMAND = ("sleep", "600")
-LEFT_OUT_LABELS = (OWNER_LABEL, LEASE_LABEL)
+LEFT_OUT_LABELS = (OWNER_LABEL, LEASE_LABEL, booking.LABEL)
 PASS_THROUGH = {"HF_TOKEN": "hf_corpus_token", "WANDB_API_KEY": "wandb-corpus-key"}
 PROXY = REPO / "tests" / "support" / "daemon_proxy.py"
 
