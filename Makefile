@@ -139,13 +139,15 @@ image: wheels
 	docker build $(if $(BASE),--build-arg BASE_IMAGE=$(BASE)) -t gpupin:latest .
 
 # The test image: the project's own Dockerfile on the sandbox's debootstrap base, on each engine's sandbox, built by
-# that engine's own CLI (its output only on failure: Engine 26's CLI warns that the legacy builder is deprecated).
+# that engine's own CLI (its output only on failure: Engine 26's CLI warns that the legacy builder is deprecated),
+# the engines side by side (the shared debootstrap cache and each engine's fetch are locked in sandbox.sh).
 image-test: wheels fakegpu
-	@for e in $(ENGINES); do \
-	  GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) up >/dev/null || exit 1; \
-	  out=$$(GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) \
-	    -t $(TEST_IMAGE) . 2>&1) || { echo "$$out" >&2; echo "make: the test image did not build on $$e" >&2; exit 1; }; \
-	done
+	@pids=; for e in $(ENGINES); do \
+	  ( GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) up >/dev/null || exit 1; \
+	    out=$$(GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	      -t $(TEST_IMAGE) . 2>&1) || { echo "$$out" >&2; echo "make: the test image did not build on $$e" >&2; exit 1; } \
+	  ) & pids="$$pids $$!"; \
+	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
 
 # pytest's 5 ("no tests ran") is a failure: a run that tested nothing never passes as green.
 PYTEST = rc=0; $(VPY) -m pytest $(1) || rc=$$?; \
