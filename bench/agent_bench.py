@@ -198,8 +198,8 @@ def bench_agent(
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.communicate()
-        (Path(folder) / "agent.sock").unlink(missing_ok=True)  # left by an agent that did not stop in time
-        os.rmdir(folder)
+        # Its record (and a socket left by an agent that did not stop in time): the folder is the bench's own.
+        shutil.rmtree(folder, ignore_errors=True)
     growth = after - rest
     print(
         f"{prefix + 'hostagent serve: resident memory':<44} {rest / MIB:8.1f} MiB at rest, {after / MIB:.1f} MiB "
