@@ -27,8 +27,10 @@ from gpupin.hostagent.ledger.booking import format_duration as format_duration  
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
-    from typing import Any, Literal
+    from collections.abc import Callable, Iterable, Mapping
+    from typing import Any, Literal, TypeVar
+
+    T = TypeVar("T")  # a rule read per user and per group (Quota, BookingRule)
 
 DEFAULT_PATH = "/etc/gpupin/policy.toml"
 PATH_VARIABLE = "GPUPIN_POLICY"  # another file than DEFAULT_PATH (tests; `serve --policy` says it for the agent)
@@ -395,12 +397,7 @@ def _quota(r: _Reader, data: Any, key: str, nested: bool) -> tuple[Quota, dict[s
         gpu_hours_per_week=r.hours(t, key, "gpu_hours_per_week"),
         waiters=r.count(t, key, "waiters"),
     )
-    users: dict[str, Quota] = {}
-    groups: dict[str, Quota] = {}
-    if nested:
-        for kind, into in (("user", users), ("group", groups)):
-            for name, sub in _named(r, t.get(kind), f"{key}.{kind}", kind).items():
-                into[name] = _quota(r, sub, f"{key}.{kind}.{name}", nested=False)[0]
+    users, groups = _per_name(r, t, key, nested, _quota)
     return q, users, groups
 
 
@@ -411,13 +408,24 @@ def _booking(
     rule = BookingRule(default=r.duration(t, key, "default"), max=r.duration(t, key, "max"))
     if rule.default is not None and rule.max is not None and rule.default > rule.max:
         r.wrong(f"{key}.default", f"{format_duration(rule.default)} is longer than max, {format_duration(rule.max)}")
-    users: dict[str, BookingRule] = {}
-    groups: dict[str, BookingRule] = {}
-    if nested:
-        for kind, into in (("user", users), ("group", groups)):
-            for name, sub in _named(r, t.get(kind), f"{key}.{kind}", kind).items():
-                into[name] = _booking(r, sub, f"{key}.{kind}.{name}", nested=False)[0]
+    users, groups = _per_name(r, t, key, nested, _booking)
     return rule, users, groups
+
+
+def _per_name(
+    r: _Reader,
+    t: dict[str, Any],
+    key: str,
+    nested: bool,
+    parse: Callable[[_Reader, Any, str, bool], tuple[T, Any, Any]],
+) -> tuple[dict[str, T], dict[str, T]]:
+    """A table's `user` and `group` sub-tables, each entry read by `parse` (not nested again): (users, groups)."""
+    found: tuple[dict[str, T], dict[str, T]] = ({}, {})
+    if nested:
+        for kind, into in zip(("user", "group"), found, strict=True):
+            for name, sub in _named(r, t.get(kind), f"{key}.{kind}", kind).items():
+                into[name] = parse(r, sub, f"{key}.{kind}.{name}", False)[0]
+    return found
 
 
 def _named(r: _Reader, data: Any, key: str, kind: str) -> dict[str, Any]:
