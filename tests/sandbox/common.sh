@@ -13,24 +13,31 @@ alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 ensure_packages() {
     # Each argument is PACKAGE or PACKAGE:PATH (installed when PATH is not executable, else when the command
     # named PACKAGE is missing).
+    # One install at a time on this machine: apt's lists lock is not waited for by `apt-get update` here (two
+    # engines' sandboxes coming up side by side on a fresh machine failed on it), and a package the other one
+    # installed meanwhile is not installed twice.
+    mkdir -p "$CACHE" && chmod 0755 "$CACHE"
+    exec 6>"$CACHE/.apt.lock"
+    flock 6
     local need=() spec pkg path
     for spec in "$@"; do
         pkg=${spec%%:*}; path=${spec#*:}
         if [ "$path" != "$spec" ]; then [ -x "$path" ] || need+=("$pkg")
         else command -v "$pkg" >/dev/null || need+=("$pkg"); fi
     done
-    [ ${#need[@]} = 0 ] && return 0
+    [ ${#need[@]} = 0 ] && { exec 6>&-; return 0; }
     say "installing ${need[*]}"
     # Keep the packages' init scripts from starting system daemons: those are never ours to touch.
     local policy=/usr/sbin/policy-rc.d made_policy=0
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
     fi
-    # apt waits for its lock (unattended-upgrades may hold it); on apt 2.6 this covers the lists lock too.
+    # apt waits for dpkg's lock (unattended-upgrades may hold it).
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
         "${need[@]}" >/dev/null
     [ "$made_policy" = 1 ] && rm -f "$policy"
+    exec 6>&-
     return 0
 }
 
