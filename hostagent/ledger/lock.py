@@ -15,6 +15,12 @@ owner; anything else (a world-writable place, a planted link or file) and the fa
 lock alone still excludes. GPUPIN_LOCAL_LOCK=0 skips it on purpose (tests that prove the daemon lock alone
 excludes, as clients on other machines share no local lock).
 
+The resident agent takes it cheaper (Spares): a created, never-started container of its own, made after its last
+run, renamed to `gpupin-ledger-lock` to take the lock and back to a spare's name to let it go. A rename is
+atomic against the same names (409 when taken) and costs the daemon a fraction of a create and a remove. A spare
+is used only while young (Spares.FRESH_S after its create): other clients judge a lock's lease from its Created
+time, so the holder counts its lease from the spare's create.
+
 The critical section is the look and the create; the lock is let go once the container exists (`commit`), before
 it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holders.holding), so the
 start, the slowest step (the NVIDIA hook runs there), is outside. The holder checks its own time against its
@@ -34,7 +40,7 @@ import threading
 import time
 
 from gpupin.core.contract import LOCK_LABEL as LOCK_LABEL
-from gpupin.core.errors import CardHeldError, DockerRefusedError
+from gpupin.core.errors import CardHeldError, DockerRefusedError, GpupinError
 from gpupin.hostagent import engine, start_thread
 from gpupin.hostagent.ledger import lease
 
@@ -153,26 +159,18 @@ class LocalLock:
 class DaemonLock:
     """The lock container on the daemon (see the module's docstring)."""
 
-    def __init__(self, api: Any, image: str) -> None:
+    def __init__(self, api: Any, image: str, spares: Spares | None = None) -> None:
         self.api = api
         self.image = image
         self.image_checked = False  # True once the caller made sure that the image is there
         self.id: str | None = None
         self.sent = 0.0  # when this client sent the create that took it (time.monotonic)
+        self.spares = spares
 
     def _create(self) -> str | None:
         """The new lock's ID, or None when someone holds it."""
-        api = self.api
         try:
-            return str(
-                api.create_container(
-                    self.image,
-                    entrypoint=["gpupin-ledger-lock"],
-                    name=LOCK_NAME,
-                    labels={LOCK_LABEL: "ledger", **lease.claim()},
-                    host_config=api.create_host_config(network_mode="none"),
-                )["Id"]
-            )
+            return _make(self.api, self.image, LOCK_NAME)
         except Exception as err:
             if engine.is_conflict(err):
                 return None
@@ -205,6 +203,13 @@ class DaemonLock:
                 raise engine.failure(err, f"could not break the stale ledger lock {lock_id[:12]}") from None
 
     def acquire(self, deadline: float) -> None:
+        spare = self.spares.take(self.image) if self.spares is not None else None
+        if self.spares is not None and spare is not None:
+            # Its image was there when it was made (Spares.FRESH_S ago at most): no check of the image here.
+            if _rename(self.api, spare.id, LOCK_NAME):
+                self.id, self.sent = spare.id, spare.sent
+                return
+            self.spares.discard(spare)  # someone holds the lock (or the spare is gone): the usual way
         delay = 0.005
         checked = -CHECK_S
         held_by = "another client"
@@ -241,9 +246,13 @@ class DaemonLock:
             delay = min(delay * 2, 0.1)
 
     def release(self, api: Any = None) -> None:
-        """Remove the lock by its ID (through `api` when given: a client of the releasing thread's own)."""
+        """Remove the lock by its ID (through `api` when given: a client of the releasing thread's own); with
+        spares, rename it to a spare's name while it is young, else remove it and make a new spare."""
         lock_id, self.id = self.id, None
         if lock_id is None:
+            return
+        if self.spares is not None:
+            self.spares.after(api or self.api, self.image, Spare(lock_id, self.image, self.sent))
             return
         try:
             (api or self.api).remove_container(lock_id, force=True, v=True)
@@ -255,6 +264,145 @@ class DaemonLock:
                 )
 
 
+def _make(api: Any, image: str, name: str) -> str:
+    """A lock container (or a spare): never started, signed with this process's lease."""
+    return str(
+        api.create_container(
+            image,
+            entrypoint=["gpupin-ledger-lock"],
+            name=name,
+            labels={LOCK_LABEL: "ledger", **lease.claim()},
+            host_config=api.create_host_config(network_mode="none"),
+        )["Id"]
+    )
+
+
+def _rename(api: Any, cid: str, name: str) -> bool:
+    """Whether the container now has `name` (False: the name is taken, or the container is gone)."""
+    try:
+        api.rename(cid, name)
+        return True
+    except Exception as err:
+        if engine.is_conflict(err) or engine.is_not_found(err):
+            return False
+        if not engine.is_daemon_failure(err):
+            raise
+        raise engine.failure(err, f"could not rename {cid[:12]} to {name}") from None
+
+
+def _remove(api: Any, cid: str) -> None:
+    """Remove a spare (gone already, or being removed: fine; a failure costs only its name until the next look
+    removes it as the dead agent's, or its lease ends)."""
+    try:
+        api.remove_container(cid, force=True, v=True)
+    except Exception as err:
+        if not (engine.is_not_found(err) or engine.is_conflict(err) or engine.is_daemon_failure(err)):
+            raise
+
+
+class Spare:
+    """A lock container not named as the lock: made by this process at `sent` (time.monotonic), for `image`."""
+
+    __slots__ = ("id", "image", "sent")
+
+    def __init__(self, cid: str, image: str, sent: float) -> None:
+        self.id = cid
+        self.image = image
+        self.sent = sent
+
+
+class Spares:
+    """The resident agent's next ledger lock, made ahead (see the module's docstring): one at a time, for the
+    image of its last run, removed once it is no longer young and when the agent stops."""
+
+    # A lock taken through a spare this old keeps 3/4 of its lease for the look and the create.
+    FRESH_S = lease.LEASE_S / 4
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._spare: Spare | None = None
+        self._timer: threading.Timer | None = None
+        self._version: str | None = None
+        self._closed = False
+
+    def take(self, image: str) -> Spare | None:
+        with self._mutex:
+            spare = self._spare
+            if spare is None or spare.image != image or time.monotonic() - spare.sent > self.FRESH_S:
+                return None
+            self._spare = None
+            return spare
+
+    def discard(self, spare: Spare) -> None:
+        start_thread(self._remove_later, "hostagent-spare", (spare,))
+
+    def after(self, api: Any, image: str, used: Spare) -> None:
+        """Let the lock `used` go: renamed to a spare's name while it is young, else removed and a new spare
+        made for `image` (on the releasing thread: never in a run's way)."""
+        self._version = api.api_version
+        if not self._closed and time.monotonic() - used.sent < self.FRESH_S:
+            try:
+                if _rename(api, used.id, _spare_name()):
+                    self._keep(used)
+                    return
+            except GpupinError:  # the daemon failed it: removed below, or left to its lease
+                pass
+        _remove(api, used.id)
+        if self._closed:
+            return
+        sent = time.monotonic()
+        try:
+            made = Spare(_make(api, image, _spare_name()), image, sent)
+        except Exception as err:
+            if not engine.is_daemon_failure(err):
+                raise
+            return  # no spare: the next run takes the lock the usual way
+        self._keep(made)
+
+    def _keep(self, spare: Spare) -> None:
+        with self._mutex:
+            old, self._spare = self._spare, spare
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(max(0.0, spare.sent + self.FRESH_S - time.monotonic()), self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+            closed = self._closed
+        if old is not None:
+            self._remove_later(old)
+        if closed:
+            self.close()
+
+    def _expire(self) -> None:
+        with self._mutex:
+            spare = self._spare
+            if spare is None or time.monotonic() - spare.sent <= self.FRESH_S:
+                return
+            self._spare = None
+        self._remove_later(spare)
+
+    def _remove_later(self, spare: Spare) -> None:
+        api = engine.connect(version=self._version)
+        try:
+            _remove(api, spare.id)
+        finally:
+            api.close()
+
+    def close(self) -> None:
+        """The agent stops: its spare goes (a spare of an agent that died is removed by the next look)."""
+        with self._mutex:
+            self._closed = True
+            spare, self._spare = self._spare, None
+            if self._timer is not None:
+                self._timer.cancel()
+        if spare is not None:
+            self._remove_later(spare)
+
+
+def _spare_name() -> str:
+    return f"gpupin-ledger-spare-{os.getpid()}-{random.getrandbits(32):08x}"
+
+
 # --- both, around one look-then-create -------------------------------------------------------------------------
 
 
@@ -263,10 +411,15 @@ class LedgerLock:
     keep this client inside its lease."""
 
     def __init__(
-        self, api: Any, image: str, wait_s: float = WAIT_S, missing_image: Callable[[], None] | None = None
+        self,
+        api: Any,
+        image: str,
+        wait_s: float = WAIT_S,
+        missing_image: Callable[[], None] | None = None,
+        spares: Spares | None = None,
     ) -> None:
         self.local = LocalLock(engine.endpoint().lock_key())
-        self.daemon = DaemonLock(api, image)
+        self.daemon = DaemonLock(api, image, spares)
         self.wait_s = wait_s
         # The lock's create doubles as the check that the image is there (a round trip saved on every run); when
         # it is not, this is called (pull it, or refuse) outside both locks, once.
@@ -308,15 +461,17 @@ class LedgerLock:
         if self.elapsed() > lease.LEASE_S:
             raise LeaseLost(f"the create ended {self.elapsed():.0f} s into a {lease.LEASE_S} s lease")
         # Not a daemon thread: the interpreter waits for it at exit, so a detached run leaves no lock behind. Its
-        # own client: the main thread goes on with attach and start on this one.
-        api = engine.connect(version=self.daemon.api.api_version)
-        self._released = start_thread(self._release, "hostagent-unlock", (api,), daemon=False)
+        # own client, made there: the main thread goes on with attach and start on this one.
+        self._released = start_thread(self._release, "hostagent-unlock", (self.daemon.api.api_version,), daemon=False)
 
-    def _release(self, api: Any = None) -> None:
+    def _release(self, version: str | None = None) -> None:
+        api = engine.connect(version=version) if version is not None else None
         try:
             self.daemon.release(api)  # failures are said, not raised: the lease ends a lock left behind
         finally:
             self.local.release()
+            if api is not None:
+                api.close()
 
     def __exit__(self, *exc: object) -> None:
         if self._released is None:

@@ -84,6 +84,8 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
             )
             if lease_state != lease.LIVE:
                 orphans.append(s)
+        if LOCK_LABEL in labels and state == "created":
+            continue  # the ledger lock, or a resident agent's spare of it: never started, it holds nothing
         h: ledger.Holder | None
         if worth_inspecting(state, lease_state):
             # A container being started cannot be inspected until its start ends (the daemon holds it meanwhile,

@@ -19,6 +19,7 @@ import os
 import signal
 
 from gpupin.core import nvml, readings
+from gpupin.core.contract import LOCK_LABEL
 from gpupin.core.errors import CardHeldError, DockerUnavailableError, GpupinError
 from gpupin.hostagent import engine, gpus, mark, say
 from gpupin.hostagent.engine import cdi, podman
@@ -273,6 +274,8 @@ def _remove_orphans(api: Any, reading: ledger_read.LedgerReading, notify: Callab
             )
             continue
         lease.forget(api, str(s["Id"]))
+        if LOCK_LABEL in labels:
+            continue  # a dead agent's spare of the ledger lock (gpupin.hostagent.ledger.lock): not the user's news
         notify(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
 
 
@@ -302,6 +305,7 @@ def reserve(
     missing_image: Callable[[], None],
     notify: Callable[[str], None] = say,
     admit: Admit | None = None,
+    spares: lock.Spares | None = None,
 ) -> Created:
     """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the labels of
     gpupin.hostagent.ledger.lease: the process that will start it); the lock is let go once it exists. The one
@@ -310,8 +314,8 @@ def reserve(
     Held cards are CardHeldError (75) with the reason and its hint (a --wait caller waits and asks again);
     `missing_image` is called, outside the lock, when the image is not there (pull it, or refuse). `admit`, under
     the lock with the holders just read and the cards chosen: the booking's labels, or the policy's refusal
-    (gpupin.hostagent.policy.admit)."""
-    guard = lock.LedgerLock(api, req.image, missing_image=missing_image)
+    (gpupin.hostagent.policy.admit). `spares`: the resident agent's locks made ahead (gpupin.hostagent.ledger.lock)."""
+    guard = lock.LedgerLock(api, req.image, missing_image=missing_image, spares=spares)
     overruns = 0
     while True:
         try:

@@ -18,6 +18,7 @@ import time
 
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError
+from gpupin.hostagent.ledger import lock
 from gpupin.hostagent.ls import listing
 from gpupin.hostagent.serve import idle, samples, say
 
@@ -68,6 +69,7 @@ class Agent:
         self.samples = samples.Samples()
         self.keeper: Keeper = Keeper(policy or policy_path())  # the policy in force (docs/policy.md)
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
+        self.spares = lock.Spares()  # the ledger lock its runs take by a rename (gpupin.hostagent.ledger.lock)
         # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
         self.xids = readings.XidLog()
         self.started = time.time()
@@ -271,4 +273,5 @@ class Agent:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        self.spares.close()
         self.xids.release()

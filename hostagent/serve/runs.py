@@ -150,6 +150,7 @@ class Runs:
                 missing_image=self._missing(req.image),
                 notify=lines.append,
                 admit=admit,
+                spares=self.agent.spares,
             )
         finally:
             self._done(api)  # a requests session outlives a failed call: kept for the next run

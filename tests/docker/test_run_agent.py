@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from gpupin.hostagent.ledger import booking, lease
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
+from tests.support.wait import wait_for
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 
@@ -227,3 +229,65 @@ def test_an_agent_of_another_daemon_is_passed_by(agent: Agent, tmp_path: Path) -
         assert "cards" in phases(trace)  # its own path: NVML read here
     finally:
         r.close()
+
+
+def _lock_containers(agent: Agent) -> list[str]:
+    """The names of the ledger lock and of every agent's spares of it, on this daemon."""
+    out = agent.sandbox.docker("ps", "-a", "--filter", "label=gpupin.lock", "--format", "{{.Names}}", check=True)
+    return sorted(out.stdout.split())
+
+
+def _lock_events(agent: Agent, since: str) -> list[str]:
+    """`ACTION NAME` of the daemon's container events since `since`, for the lock and its spares."""
+    until = str(int(time.time()) + 1)
+    out = agent.sandbox.docker(
+        "events",
+        "--since",
+        since,
+        "--until",
+        until,
+        "--filter",
+        "type=container",
+        "--format",
+        '{{.Action}} {{index .Actor.Attributes "name"}}',
+        check=True,
+    ).stdout
+    return [ln for ln in out.splitlines() if " gpupin-ledger-" in ln]
+
+
+@pytest.mark.per_engine
+def test_the_agents_runs_take_the_ledger_lock_by_a_rename(agent: Agent) -> None:
+    """After its first run, the agent takes the lock by renaming a spare it made (a fraction of a create and a
+    remove on the daemon), lets it go by renaming it back, and removes its spare when it stops; a spare of an
+    agent killed meanwhile holds nothing and is removed by the next look, without a word to its user."""
+    assert _lock_containers(agent) == []
+    r = Resident(agent.env)
+    try:
+        since = str(int(time.time()) - 1)
+        for _ in range(3):
+            res = ha(agent, through(r), "run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "true")
+            assert res.returncode == 0 and "ERROR" not in res.stderr, res.stderr
+        wait_for(lambda: len(_lock_containers(agent)) == 1, 10, "the agent's spare")
+        [spare] = _lock_containers(agent)
+        assert spare.startswith("gpupin-ledger-spare-")
+        events = _lock_events(agent, since)
+        assert [e for e in events if e.startswith("create ")] == ["create gpupin-ledger-lock"], events
+        assert sum(e.startswith("rename ") for e in events) >= 5, events  # taken twice, let go three times
+        cards = {g["uuid"]: g for g in json.loads(agent("ls", "--json").stdout)["gpus"]}
+        assert not cards[RTX]["held"]  # a spare holds nothing
+    finally:
+        r.close()
+    assert _lock_containers(agent) == []  # its spare went with it
+    # Killed, it leaves its spare: the next look of anyone removes it, and says nothing of it.
+    r = Resident(agent.env)
+    try:
+        res = ha(agent, through(r), "run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "true")
+        assert res.returncode == 0, res.stderr
+        wait_for(lambda: len(_lock_containers(agent)) == 1, 10, "the agent's spare")
+        r.proc.kill()
+        r.proc.wait(timeout=10)
+    finally:
+        shutil.rmtree(r.dir, ignore_errors=True)
+    res = ha(agent, {"GPUPIN_AGENT": "0"}, "run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "true")
+    assert res.returncode == 0 and "spare" not in res.stderr and "removed" not in res.stderr, res.stderr
+    assert _lock_containers(agent) == []
