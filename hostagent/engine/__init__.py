@@ -1,25 +1,57 @@
 """The Docker Engine adapter, by responsibility: where the daemon is (address), its failures as hostagent's errors
-(failures), the SDK's client (client), reads with the daemon's clock (reader), what the daemon says of itself (info),
+(failures), the SDK's client (client), reads with the daemon's clock (reads), what the daemon says of itself (daemon),
 how it serves CDI (cdi) and its event stream (events). The ledger read from the daemon is gpupin.hostagent.ledger.read.
 
 Callers write `engine.connect()`, `engine.fetch(...)`: the names below are the adapter's surface.
+The names are loaded when first used (PEP 562): `hostagent run` through the agent uses the address, the failures
+and the raw client only, and its start-up is a headline figure (docs/benchmarks.md), so the SDK's client, the
+readers and the event stream are not imported for it.
 """
 
-from gpupin.hostagent.engine.address import DAEMON_HINT, DEFAULT_HOST, Endpoint, docker_host, endpoint
-from gpupin.hostagent.engine.client import MIN_API, connect
-from gpupin.hostagent.engine.events import EventStream
-from gpupin.hostagent.engine.failures import (
-    EngineNotFound,
-    failure,
-    is_api_error,
-    is_conflict,
-    is_daemon_failure,
-    is_not_found,
-    is_sdk_error,
-    refused,
-)
-from gpupin.hostagent.engine.info import NO_CDI, cdi_detection, daemon_view, info, may_serve_cdi, runtimes
-from gpupin.hostagent.engine.reader import EngineReader, created_time, fetch, http_date, reader
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpupin.hostagent.engine.address import DAEMON_HINT, DEFAULT_HOST, Endpoint, docker_host, endpoint
+    from gpupin.hostagent.engine.client import MIN_API, connect
+    from gpupin.hostagent.engine.daemon import NO_CDI, cdi_detection, daemon_view, info, may_serve_cdi, runtimes
+    from gpupin.hostagent.engine.events import EventStream
+    from gpupin.hostagent.engine.failures import (
+        EngineNotFound,
+        failure,
+        is_api_error,
+        is_conflict,
+        is_daemon_failure,
+        is_not_found,
+        is_sdk_error,
+        refused,
+    )
+    from gpupin.hostagent.engine.reads import EngineReader, created_time, fetch, http_date, reader
+
+# Where each name lives (its module under this package).
+_WHERE = {
+    **dict.fromkeys(("DAEMON_HINT", "DEFAULT_HOST", "Endpoint", "docker_host", "endpoint"), "address"),
+    **dict.fromkeys(("MIN_API", "connect"), "client"),
+    "EventStream": "events",
+    **dict.fromkeys(
+        ("EngineNotFound", "failure", "is_api_error", "is_conflict", "is_daemon_failure", "is_not_found"),
+        "failures",
+    ),
+    **dict.fromkeys(("is_sdk_error", "refused"), "failures"),
+    **dict.fromkeys(("NO_CDI", "cdi_detection", "daemon_view", "info", "may_serve_cdi", "runtimes"), "daemon"),
+    **dict.fromkeys(("EngineReader", "created_time", "fetch", "http_date", "reader"), "reads"),
+}
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+
 
 __all__ = [
     "DAEMON_HINT",

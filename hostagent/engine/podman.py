@@ -157,7 +157,7 @@ def read_oci_spec(api: Any, cid: str, data: dict[str, Any]) -> None:
     from gpupin.core.errors import GpupinError
     from gpupin.core.files import read_bounded
     from gpupin.hostagent.engine.failures import EngineNotFound
-    from gpupin.hostagent.engine.reader import fetch
+    from gpupin.hostagent.engine.reads import fetch
 
     try:
         found = fetch(api, f"{LIBPOD}/containers/{cid}/json", versioned=False)[0]

@@ -7,9 +7,9 @@ from gpupin.core.contract import LOCK_LABEL
 from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent.engine import podman
 from gpupin.hostagent.engine.address import endpoint
+from gpupin.hostagent.engine.daemon import info, runtimes
 from gpupin.hostagent.engine.failures import EngineNotFound
-from gpupin.hostagent.engine.info import info, runtimes
-from gpupin.hostagent.engine.reader import fetch
+from gpupin.hostagent.engine.reads import fetch
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.ledger.forms import HostCards

@@ -61,7 +61,7 @@ def user_name(uid: int | None) -> str:
 
 def _time(text: Any) -> float | None:
     """The daemon's RFC 3339 time, or None for Go's zero time and anything unreadable."""
-    from gpupin.hostagent.engine.reader import created_time
+    from gpupin.hostagent.engine.reads import created_time
 
     if not isinstance(text, str) or not text or text.startswith("0001-"):
         return None
@@ -517,7 +517,7 @@ def _engine_inspect() -> Callable[[str], dict[str, Any] | None]:
     def inspect(cid: str) -> dict[str, Any] | None:
         from gpupin.hostagent import engine
         from gpupin.hostagent.engine.failures import EngineNotFound
-        from gpupin.hostagent.engine.reader import fetch
+        from gpupin.hostagent.engine.reads import fetch
 
         if not client:
             client.append(engine.reader(timeout=10.0))

@@ -315,7 +315,7 @@ def _not_a_manager(api: Any) -> None:
 
 
 def read(api: Any, tasks: bool = True) -> Cluster:
-    """The swarm as the manager behind `api` (hostagent.engine.reader) describes it; DockerUnavailableError (69)
+    """The swarm as the manager behind `api` (hostagent.engine.reads) describes it; DockerUnavailableError (69)
     when that daemon is no manager, in one line that says what it is."""
     from gpupin.core.errors import DockerUnavailableError
     from gpupin.hostagent import engine

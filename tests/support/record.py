@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from gpupin.hostagent.engine.reader import created_time
+from gpupin.hostagent.engine.reads import created_time
 from tests.support.sandbox import Agent
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpupin.hostagent.engine import cdi, podman
 from gpupin.hostagent.engine.address import endpoint
-from gpupin.hostagent.engine.reader import fetch
+from gpupin.hostagent.engine.reads import fetch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
