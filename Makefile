@@ -45,6 +45,7 @@ help:
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26 or 28.5: that engine's; ENGINES=20.10 runs the tests on one)"
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
 	@echo "make podman-up     the sandboxed podman 4.3 service with the test image (prints DOCKER_HOST); podman-down"
+	@echo "                   (PODMAN=5: Debian 13's podman 5.4 in a trixie root; make test-podman PODMAN=5 tests it)"
 	@echo "make test-podman   the podman tests (tests/docker/test_podman.py), podman and the first engine required"
 	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
@@ -100,11 +101,14 @@ swarm-down:
 	@$(SWARM) down
 
 # The sandboxed podman 4.3 service (tests/sandbox/podman.sh installs podman as docker.io is installed), with the test
-# image built there by podman itself; tests/docker/test_podman.py runs against it (docs/podman.md).
+# image built there by podman itself; tests/docker/test_podman.py runs against it (docs/podman.md). PODMAN=5: Debian
+# 13's podman 5.4 instead, chrooted in a debootstrapped trixie root under build/podman5 (GPUPIN_PODMAN, podman.sh).
+PODMAN ?= 4.3
+export GPUPIN_PODMAN := $(PODMAN)
 .PHONY: podman-up podman-down
 podman-up: wheels fakegpu
 	@tests/sandbox/podman.sh up >/dev/null
-	@out=$$(tests/sandbox/podman.sh podman build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . 2>&1) || \
+	@out=$$(tests/sandbox/podman.sh podman build -q --network none --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . 2>&1) || \
 	  { echo "$$out" >&2; echo "make: the test image did not build on podman" >&2; exit 1; }
 	@tests/sandbox/podman.sh env | head -1
 
