@@ -204,3 +204,16 @@ def test_a_podman_holder_refuses_dockers_run_on_its_card_through_nvml(
     line = error_line(r, 75)
     assert f"{RTX} is in use by pid {pid}" in line, line
     assert agent.containers() == []  # nothing created on Docker
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setpriv to another uid needs root")
+def test_another_local_user_gets_nothing_from_the_rootful_service(pod: Podman) -> None:
+    # The rootful service is root's: its socket (the chrooted podman 5's too, bound into the run folder) refuses
+    # another uid, so nobody creates a container that holds a card behind the ledger's back.
+    r = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "env", "HOME=/tmp", *pod.cli, "ps"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0 and "permission denied" in r.stderr, (r.returncode, r.stderr)

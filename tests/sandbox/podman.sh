@@ -11,7 +11,7 @@
 # host's /etc/cdi. `podman.sh exec CMD...` runs a command in that namespace (a host whose /etc/cdi has the spec).
 #
 # GPUPIN_PODMAN=5: Debian 13's podman 5.4 instead, a sandbox of its own beside 4.3's (the instance is
-# /run/gpupin-sandbox-NAME-podman5). It needs glibc 2.38 (Debian 12 has 2.36), so it runs from a Debian 13 root file
+# /run/gpupin-sandbox-NAME-podman-5). It needs glibc 2.38 (Debian 12 has 2.36), so it runs from a Debian 13 root file
 # system (debootstrap trixie, cached as a tar like the base image's, unpacked under build/podman5/root), chrooted in
 # the same mount namespace as 4.3's: a chroot, not systemd-nspawn, keeps one pid namespace and the host's paths, so
 # the pids podman reports are the host's (NVML's) and the OCI spec podman names is the host's file. The paths the
@@ -43,7 +43,7 @@ case "$NAME" in *[!a-z0-9-]*) die "GPUPIN_SANDBOX_NAME=$NAME: use a-z, 0-9 and -
 VERSION=${GPUPIN_PODMAN:-4.3}
 case "$VERSION" in
     4.3) SUFFIX=${NAME:+-$NAME}-podman ;;
-    5) SUFFIX=${NAME:+-$NAME}-podman5 ;;
+    5) SUFFIX=${NAME:+-$NAME}-podman-5 ;;
     *) die "GPUPIN_PODMAN=$VERSION: the sandbox runs podman 4.3 (Debian 12's) or 5 (Debian 13's)" ;;
 esac
 STATE=/var/lib/gpupin-sandbox$SUFFIX
