@@ -146,7 +146,7 @@ image: wheels
 # that engine's own CLI (its output only on failure: Engine 26's CLI warns that the legacy builder is deprecated),
 # the engines side by side (the shared debootstrap cache and each engine's fetch are locked in sandbox.sh).
 image-test: wheels fakegpu
-	@pids=; for e in $(ENGINES); do \
+	@pids=; for e in $(filter-out podman,$(ENGINES)); do \
 	  ( GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) up >/dev/null || exit 1; \
 	    out=$$(GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	      -t $(TEST_IMAGE) . 2>&1) || { echo "$$out" >&2; echo "make: the test image did not build on $$e" >&2; exit 1; } \
@@ -269,7 +269,8 @@ BENCH_VENV := build/bench-venv
 demo: ENGINES := 20.10
 BENCH_INSTALL = rm -rf $(BENCH_VENV) && $(PY) -m venv $(BENCH_VENV) && \
 	$(BENCH_VENV)/bin/pip install -q --find-links build/wheels "$$(ls build/wheels/gpupin-*.whl)[host]"
-bench: image-test
+# ENGINES=podman: the sandboxed podman service's (PODMAN=5: podman 5's), started here as podman-up starts it.
+bench: image-test $(if $(filter podman,$(ENGINES)),podman-up)
 	$(BENCH_INSTALL)
 	$(SIMHOST) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/results.json --engines "$(ENGINES)" $(BENCH_ARGS)
 
