@@ -103,12 +103,14 @@ swarm-down:
 # The sandboxed podman 4.3 service (tests/sandbox/podman.sh installs podman as docker.io is installed), with the test
 # image built there by podman itself; tests/docker/test_podman.py runs against it (docs/podman.md). PODMAN=5: Debian
 # 13's podman 5.4 instead, chrooted in a debootstrapped trixie root under build/podman5 (GPUPIN_PODMAN, podman.sh).
+# The build has no network (the image installs from the wheels; podman 5's chroot shares the host's network).
 PODMAN ?= 4.3
 export GPUPIN_PODMAN := $(PODMAN)
 .PHONY: podman-up podman-down
 podman-up: wheels fakegpu
 	@tests/sandbox/podman.sh up >/dev/null
-	@out=$$(tests/sandbox/podman.sh podman build -q --network none --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . 2>&1) || \
+	@out=$$(tests/sandbox/podman.sh podman build -q --network none --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	  -t $(TEST_IMAGE) . 2>&1) || \
 	  { echo "$$out" >&2; echo "make: the test image did not build on podman" >&2; exit 1; }
 	@tests/sandbox/podman.sh env | head -1
 

@@ -20,8 +20,8 @@
 # root's /etc/cdi is the sandbox's folder, as /etc/cdi is in the namespace. Its CLI (`podman.sh podman`, the
 # GPUPIN_SANDBOX_PODMAN of `env`) is the root's podman 5 run on the host by the root's own dynamic loader.
 #
-#   podman.sh up       start it (installing podman if missing), load gpupin-base:bookworm from the debootstrap
-#                      root file system once, print DOCKER_HOST=unix://... on stdout
+#   podman.sh up       start it (installing podman if missing; podman 5: its root file system), load
+#                      gpupin-base:bookworm from the debootstrap root file system once, print DOCKER_HOST=unix://...
 #   podman.sh down     remove its containers, stop it, unmount and remove its runtime state (the images stay)
 #   podman.sh purge    down, then remove its storage too
 #   podman.sh status   say whether it runs, and with which topology
@@ -154,11 +154,14 @@ chroot_mounts() {
     case "$prefix" in /usr | /) ;; *) paths+=("$prefix") ;; esac
     # The root a mount of its own: containers/storage remounts / private when it unpacks a layer (EINVAL on a
     # folder that is no mount point).
-    printf 'mount --bind %s %s && mount --rbind /dev %s/dev && mount --rbind /sys %s/sys && ' "$ROOT" "$ROOT" "$ROOT" "$ROOT"
+    printf 'mount --bind %s %s && ' "$ROOT" "$ROOT"
+    printf 'mount --rbind /dev %s/dev && mount --rbind /sys %s/sys && ' "$ROOT" "$ROOT"
     printf 'mount -t proc proc %s/proc && ' "$ROOT"
     printf 'mount -t tmpfs gpupin-podman5-run %s/run && mount -t tmpfs gpupin-podman5-tmp %s/tmp && ' "$ROOT" "$ROOT"
     local path
-    for path in "${paths[@]}"; do printf 'mkdir -p %s%s && mount --bind %s %s%s && ' "$ROOT" "$path" "$path" "$ROOT" "$path"; done
+    for path in "${paths[@]}"; do
+        printf 'mkdir -p %s%s && mount --bind %s %s%s && ' "$ROOT" "$path" "$path" "$ROOT" "$path"
+    done
     # Its /etc/cdi is the sandbox's folder, as in the namespace: 5.4.2 left a spec in containers.conf's
     # cdi_spec_dirs unread (measured: "unresolvable CDI devices").
     printf 'mkdir -p %s/etc/cdi && mount --bind %s %s/etc/cdi && ' "$ROOT" "$CDI_DIR" "$ROOT"
