@@ -10,10 +10,10 @@ carries neither form of the pin (measured on podman 4.3.1):
 - a device request of the CDI driver is dropped the same way, and a CDI name as a device path
   (HostConfig.Devices) fails with "stat nvidia.com/gpu=...: no such file or directory".
 So a pinned container is created through podman's own API (`POST /libpod/containers/create`, a SpecGenerator),
-whose `devices` take CDI names, on every podman: 5.4.2's compatible API still drops the nvidia driver's request (and
-NVIDIA_VISIBLE_DEVICES with it) but honours the CDI driver's, and the libpod create pins on 4.3 and 5 alike, so it
-stays the one way (gpupin.hostagent.run.launch's create). Everything after the create (start, attach, wait,
-inspect) stays on the compatible API. The create payload is the one gpupin builds for Docker
+whose `devices` take CDI names, on every podman: 5.4.2's compatible API still drops the nvidia driver's request but
+honours the CDI driver's, and the libpod create pins on 4.3 and 5 alike, so it stays the one way
+(gpupin.hostagent.run.launch's create). Everything after the create (start, attach, wait, inspect) stays on the
+compatible API. The create payload is the one gpupin builds for Docker
 (gpupin.hostagent.run.request), translated here field by field; a field with no translation is refused before
 anything is created, never dropped.
 

@@ -28,6 +28,7 @@
 #   podman.sh env      DOCKER_HOST, GPUPIN_SANDBOX_RUN, GPUPIN_SANDBOX_PODMAN (a podman --remote command line)
 #   podman.sh podman ARGS...   the podman CLI against the service (--remote: the service resolves CDI names)
 #   podman.sh exec CMD...      CMD in the service's mount namespace
+#                              (podman 5: outside its chroot, the host as the service serves it)
 #
 # Environment: FAKEGPU_TOPOLOGY (default: mixed-4), GPUPIN_SANDBOX_NAME (as sandbox.sh: the instance of NAME is
 # /run/gpupin-sandbox-NAME-podman), GPUPIN_PODMAN (4.3, the default, or 5), GPUPIN_CACHE, DEBOOTSTRAP_MIRROR (the
