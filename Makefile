@@ -45,6 +45,7 @@ help:
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26 or 28.5: that engine's; ENGINES=20.10 runs the tests on one)"
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
 	@echo "make podman-up     the sandboxed podman 4.3 service with the test image (prints DOCKER_HOST); podman-down"
+	@echo "                   (PODMAN=5: Debian 13's podman 5.4 in a trixie root; make test-podman PODMAN=5 tests it)"
 	@echo "make test-podman   the podman tests (tests/docker/test_podman.py), podman and the first engine required"
 	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
@@ -100,11 +101,16 @@ swarm-down:
 	@$(SWARM) down
 
 # The sandboxed podman 4.3 service (tests/sandbox/podman.sh installs podman as docker.io is installed), with the test
-# image built there by podman itself; tests/docker/test_podman.py runs against it (docs/podman.md).
+# image built there by podman itself; tests/docker/test_podman.py runs against it (docs/podman.md). PODMAN=5: Debian
+# 13's podman 5.4 instead, chrooted in a debootstrapped trixie root under build/podman5 (GPUPIN_PODMAN, podman.sh).
+# The build has no network (the image installs from the wheels; podman 5's chroot shares the host's network).
+PODMAN ?= 4.3
+export GPUPIN_PODMAN := $(PODMAN)
 .PHONY: podman-up podman-down
 podman-up: wheels fakegpu
 	@tests/sandbox/podman.sh up >/dev/null
-	@out=$$(tests/sandbox/podman.sh podman build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . 2>&1) || \
+	@out=$$(tests/sandbox/podman.sh podman build -q --network none --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+	  -t $(TEST_IMAGE) . 2>&1) || \
 	  { echo "$$out" >&2; echo "make: the test image did not build on podman" >&2; exit 1; }
 	@tests/sandbox/podman.sh env | head -1
 
@@ -142,7 +148,7 @@ image: wheels
 # that engine's own CLI (its output only on failure: Engine 26's CLI warns that the legacy builder is deprecated),
 # the engines side by side (the shared debootstrap cache and each engine's fetch are locked in sandbox.sh).
 image-test: wheels fakegpu
-	@pids=; for e in $(ENGINES); do \
+	@pids=; for e in $(filter-out podman,$(ENGINES)); do \
 	  ( GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) up >/dev/null || exit 1; \
 	    out=$$(GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 	      -t $(TEST_IMAGE) . 2>&1) || { echo "$$out" >&2; echo "make: the test image did not build on $$e" >&2; exit 1; } \
@@ -265,7 +271,8 @@ BENCH_VENV := build/bench-venv
 demo: ENGINES := 20.10
 BENCH_INSTALL = rm -rf $(BENCH_VENV) && $(PY) -m venv $(BENCH_VENV) && \
 	$(BENCH_VENV)/bin/pip install -q --find-links build/wheels "$$(ls build/wheels/gpupin-*.whl)[host]"
-bench: image-test
+# ENGINES=podman: the sandboxed podman service's (PODMAN=5: podman 5's), started here as podman-up starts it.
+bench: image-test $(if $(filter podman,$(ENGINES)),podman-up)
 	$(BENCH_INSTALL)
 	$(SIMHOST) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/results.json --engines "$(ENGINES)" $(BENCH_ARGS)
 

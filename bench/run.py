@@ -33,7 +33,8 @@ with the real driver (no LD_LIBRARY_PATH, no FAKEGPU_TOPOLOGY), as bench/records
 runs the docker parts on each engine's sandbox (tests/sandbox/sandbox.sh env: its address and its own docker CLI)
 and prints them side by side; without it they run against DOCKER_HOST with the docker CLI on PATH. `--engines podman`
 runs them against the sandboxed podman service (tests/sandbox/podman.sh, `make podman-up`), the floor being `podman
---remote run --device nvidia.com/gpu=U` through the same service.
+--remote run --device nvidia.com/gpu=U` through the same service; GPUPIN_PODMAN=5 (`make bench PODMAN=5`) picks the
+podman 5 service (its figures named podman5).
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class Engine:
     def podman(cls) -> Engine:
         out = subprocess.run([str(PODMAN_SANDBOX), "env"], capture_output=True, text=True, check=True).stdout
         info = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        engine = cls("podman", {**os.environ, "DOCKER_HOST": info["DOCKER_HOST"]}, "")
+        name = "podman5" if os.environ.get("GPUPIN_PODMAN") == "5" else "podman"
+        engine = cls(name, {**os.environ, "DOCKER_HOST": info["DOCKER_HOST"]}, "")
         engine.cli = info["GPUPIN_SANDBOX_PODMAN"].split()
         return engine
 

@@ -437,7 +437,7 @@ def examine(host: HostFiles) -> Report:
     if info is not None:
         findings += check_dev_char(host, str(info.get("CgroupDriver") or ""))
         cdi_served = engine.cdi_detection(info).served
-        if podman.version(reader):  # its /info lists no CDI folder: podman 4 reads /etc/cdi and /var/run/cdi
+        if podman.version(reader):  # its /info lists no CDI folder: podman 4 and 5 read /etc/cdi and /var/run/cdi
             from gpupin.hostagent.engine import cdi
 
             cdi_served = bool(cdi.read_spec_dirs(_spec_dirs(host, info)))

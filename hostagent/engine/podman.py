@@ -10,11 +10,14 @@ carries neither form of the pin (measured on podman 4.3.1):
 - a device request of the CDI driver is dropped the same way, and a CDI name as a device path
   (HostConfig.Devices) fails with "stat nvidia.com/gpu=...: no such file or directory".
 So a pinned container is created through podman's own API (`POST /libpod/containers/create`, a SpecGenerator),
-whose `devices` take CDI names; everything after the create (start, attach, wait, inspect) stays on the compatible
-API. The create payload is the one gpupin builds for Docker (gpupin.hostagent.run.request), translated here field
-by field; a field with no translation is refused before anything is created, never dropped.
+whose `devices` take CDI names, on every podman: 5.4.2's compatible API still drops the nvidia driver's request but
+honours the CDI driver's, and the libpod create pins on 4.3 and 5 alike, so it stays the one way
+(gpupin.hostagent.run.launch's create). Everything after the create (start, attach, wait, inspect) stays on the
+compatible API. The create payload is the one gpupin builds for Docker
+(gpupin.hostagent.run.request), translated here field by field; a field with no translation is refused before
+anything is created, never dropped.
 
-Podman's inspect (4.3, both APIs) does not show a container's CDI devices at all: `podman run --device
+Podman's inspect (4.3 and 5.4.2, both APIs) does not show a container's CDI devices at all: `podman run --device
 nvidia.com/gpu=1` inspects as a container with no device. What the CDI spec gave it is in the OCI spec podman wrote
 for it (libpod's inspect names the file: OCIConfigPath), as device nodes: the card of /dev/nvidiaN is the card of
 minor N, whatever way it came (CDI, --gpus mapped onto CDI, --device /dev/nvidiaN). The ledger reads them there

@@ -1,8 +1,9 @@
-"""Podman as a runtime (docs/podman.md): hostagent against the Docker-compatible socket of the sandboxed podman 4.3
+"""Podman as a runtime (docs/podman.md): hostagent against the Docker-compatible socket of the sandboxed podman
 service (tests/sandbox/podman.sh, `make podman-up`), whose CDI spec the fake `nvidia-ctk cdi generate` writes. The pin
 goes through CDI and the entrypoint proves it inside; holders podman's inspect does not show (a plain `podman run
 --device nvidia.com/gpu=N`) are read from their OCI spec; the nvidia driver's request, which podman drops, is refused
-before anything is created."""
+before anything is created. The same tests run on podman 4.3 and on podman 5 (`make test-podman PODMAN=5`: the
+sandbox's GPUPIN_PODMAN picks which service `podman.sh env` names); what only one of them has is marked so."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
+import docker
 import pytest
 
 from tests.support.host import HOSTAGENT, REPO, simhost_env
 from tests.support.processes import error_line, on_cards
 from tests.support.sandbox import TEST_IMAGE, Agent
-from tests.support.scenarios import uuids
+from tests.support.scenarios import bus_ids, uuids
 
 PODMAN_SCRIPT = REPO / "tests" / "sandbox" / "podman.sh"
 A800, RTX, A800B, A800C = uuids("mixed-4")
@@ -39,6 +41,7 @@ class Podman:
         self.cli = info["GPUPIN_SANDBOX_PODMAN"].split()
         self.tag = uuid.uuid4().hex[:12]
         self.env = simhost_env("mixed-4", DOCKER_HOST=self.host)
+        self.version = ""  # the service's podman version (the fixture asks it)
 
     def podman(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.cli, *args], capture_output=True, text=True, timeout=timeout)
@@ -80,21 +83,28 @@ def pod() -> Iterator[Podman]:
         no_podman(str(err))
     if ping.returncode != 0:
         no_podman(f"no {TEST_IMAGE} on the sandboxed podman at {p.host}, or it does not answer")
+    p.version = p.podman("version", "--format", "{{.Server.Version}}", timeout=30).stdout.strip()
     yield p
     ids = p.tagged()
     if ids:
         p.podman("rm", "-f", *ids)
 
 
-def test_run_pins_through_cdi_and_the_entrypoint_proves_it(pod: Podman) -> None:
-    r = pod.hostagent("run", "-d", "--gpu", "1", TEST_IMAGE)
+@pytest.mark.parametrize(
+    "pick",
+    [["--uuid", RTX], ["--gpu", "1"], ["--gpu", bus_ids("mixed-4")[1]], ["--count", "1"]],
+    ids=["uuid", "index", "bus-id", "count"],
+)
+def test_run_pins_through_cdi_and_the_entrypoint_proves_it(pod: Podman, pick: list[str]) -> None:
+    r = pod.hostagent("run", "-d", *pick, TEST_IMAGE)
     assert r.returncode == 0, r.stderr
     cid = r.stdout.strip()
     assert pod.podman("wait", cid).stdout.strip() == "0"
     logs = pod.podman("logs", cid)
     out = logs.stdout + logs.stderr
-    assert f"cuda:0 = {RTX}" in out and "as expected" in out, out
-    assert pod.exposed(cid) == [RTX]  # the CDI spec's edits gave it card 1 alone
+    exposed = pod.exposed(cid)  # the CDI spec's edits gave it the one card picked
+    assert len(exposed) == 1 and (pick[0] == "--count" or exposed == [RTX]), exposed
+    assert f"cuda:0 = {exposed[0]}" in out and "as expected" in out, out
     env = json.loads(pod.podman("inspect", cid).stdout)[0]["Config"]["Env"]
     assert not any(e.startswith("NVIDIA_VISIBLE_DEVICES=GPU-") for e in env)  # no --gpus request was sent
 
@@ -121,16 +131,33 @@ def test_a_held_card_is_refused_75(pod: Podman) -> None:
     [
         (["--device", "nvidia.com/gpu=1"], "a card node in podman's OCI spec"),
         (["--annotation", "cdi.k8s.io/job=nvidia.com/gpu=1"], "--annotation cdi.k8s.io/job=nvidia.com/gpu=1"),
+        (["--gpus", "1"], "a card node in podman's OCI spec"),
+        ([], "a card node in podman's OCI spec"),
     ],
-    ids=["cdi-device", "cdi-annotation"],
+    ids=["cdi-device", "cdi-annotation", "gpus", "compat-cdi-request"],
 )
 def test_a_plain_podman_holder_is_named_by_ls_and_blocks_run(pod: Podman, form: list[str], how: str) -> None:
-    # podman's inspect shows neither: the ledger reads them from the OCI spec podman wrote.
+    # podman's inspect shows none of them: the ledger reads them from the OCI spec podman wrote. Podman 5's CLI
+    # maps --gpus onto CDI (nvidia.com/gpu=1: the same nodes), and its compatible API honours a CDI device request
+    # (what Docker CLI 28 sends for `docker run --device nvidia.com/gpu=1`); podman 4.3 has no --gpus and drops
+    # the request (its container holds no card).
+    if form[:1] in (["--gpus"], []) and pod.version.startswith("4."):
+        pytest.skip(f"podman {pod.version} has no --gpus and drops a CDI device request")
     name = f"plain-{pod.tag}"
-    started = pod.podman(
-        "run", "-d", "--name", name, "--label", f"gpupin.test={pod.tag}", *form, "gpupin-base:bookworm", "sleep", "120"
-    )
-    assert started.returncode == 0, started.stderr
+    if form:
+        started = pod.podman(
+            "run", "-d", "--name", name, "--label", f"gpupin.test={pod.tag}", *form, "gpupin-base:bookworm", "sleep",
+            "120",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+    else:
+        api = docker.APIClient(base_url=pod.host, version="1.41", timeout=60)
+        request = docker.types.DeviceRequest(driver="cdi", device_ids=["nvidia.com/gpu=1"])
+        made = api.create_container(
+            "gpupin-base:bookworm", ["sleep", "120"], name=name, labels={"gpupin.test": pod.tag},
+            host_config=api.create_host_config(device_requests=[request]),
+        )  # fmt: skip
+        api.start(made["Id"])
     ls = pod.hostagent("ls", "--json")
     assert ls.returncode == 0, ls.stderr
     card = next(g for g in json.loads(ls.stdout)["gpus"] if g["uuid"] == RTX)
@@ -177,3 +204,16 @@ def test_a_podman_holder_refuses_dockers_run_on_its_card_through_nvml(
     line = error_line(r, 75)
     assert f"{RTX} is in use by pid {pid}" in line, line
     assert agent.containers() == []  # nothing created on Docker
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setpriv to another uid needs root")
+def test_another_local_user_gets_nothing_from_the_rootful_service(pod: Podman) -> None:
+    # The rootful service is root's: its socket (the chrooted podman 5's too, bound into the run folder) refuses
+    # another uid, so nobody creates a container that holds a card behind the ledger's back.
+    r = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "env", "HOME=/tmp", *pod.cli, "ps"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0 and "permission denied" in r.stderr, (r.returncode, r.stderr)

@@ -84,20 +84,27 @@ wait_for() {
 build_rootfs() {
     # One debootstrap for every sandbox and engine on this machine, kept as a tar (the image cache of a daemon
     # cannot be shared); the lock keeps two sandboxes from building it at once.
-    [ -s "$ROOTFS_TAR" ] && return 0
+    debootstrap_tar bookworm python3,python3-pip,procps "$ROOTFS_TAR"
+}
+
+debootstrap_tar() {
+    # debootstrap_tar SUITE INCLUDES TAR: a minbase root file system of SUITE with the packages INCLUDES (commas)
+    # into TAR, built once per machine under the cache's lock.
+    local suite=$1 include=$2 tar=$3
+    [ -s "$tar" ] && return 0
     mkdir -p "$CACHE" && chmod 0755 "$CACHE"
     exec 8>"$CACHE/.build.lock"
     flock 8
-    [ -s "$ROOTFS_TAR" ] && { exec 8>&-; return 0; }
+    [ -s "$tar" ] && { exec 8>&-; return 0; }
     local mirror
     mirror=$(debian_mirror) || exit 1
-    say "building the base root file system with debootstrap (bookworm, minbase, python3) from $mirror"
-    local root=$CACHE/rootfs.tmp
+    say "building a root file system with debootstrap ($suite, minbase, $include) from $mirror"
+    local root=$CACHE/rootfs.tmp log=$CACHE/debootstrap-$suite.log
     rm -rf "$root"
-    debootstrap --variant=minbase --include=python3,python3-pip,procps bookworm "$root" "$mirror" \
-        >"$CACHE/debootstrap.log" 2>&1 || die "debootstrap failed; see $CACHE/debootstrap.log"
+    debootstrap --variant=minbase --include="$include" "$suite" "$root" "$mirror" >"$log" 2>&1 \
+        || die "debootstrap failed; see $log"
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-    tar -C "$root" -cf "$ROOTFS_TAR.tmp" . && mv -f "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
+    tar -C "$root" -cf "$tar.tmp" . && mv -f "$tar.tmp" "$tar"
     rm -rf "$root"
     exec 8>&-
 }

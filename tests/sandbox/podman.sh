@@ -10,17 +10,29 @@
 # is the sandbox's folder: the fake `nvidia-ctk cdi generate` writes the spec there, and nothing is written to the
 # host's /etc/cdi. `podman.sh exec CMD...` runs a command in that namespace (a host whose /etc/cdi has the spec).
 #
-#   podman.sh up       start it (installing podman if missing), load gpupin-base:bookworm from the debootstrap
-#                      root file system once, print DOCKER_HOST=unix://... on stdout
+# GPUPIN_PODMAN=5: Debian 13's podman 5.4 instead, a sandbox of its own beside 4.3's (the instance is
+# /run/gpupin-sandbox-NAME-podman-5). It needs glibc 2.38 (Debian 12 has 2.36), so it runs from a Debian 13 root file
+# system (debootstrap trixie, cached as a tar like the base image's, unpacked under build/podman5/root), chrooted in
+# the same mount namespace as 4.3's: a chroot, not systemd-nspawn, keeps one pid namespace and the host's paths, so
+# the pids podman reports are the host's (NVML's) and the OCI spec podman names is the host's file. The paths the
+# service and its containers share with the host are bind-mounted at the same place inside (this checkout, whose
+# build/fakegpu the CDI spec names; the sandbox's run folder and storage; the hook interpreter's prefix), and the
+# root's /etc/cdi is the sandbox's folder, as /etc/cdi is in the namespace. Its CLI (`podman.sh podman`, the
+# GPUPIN_SANDBOX_PODMAN of `env`) is the root's podman 5 run on the host by the root's own dynamic loader.
+#
+#   podman.sh up       start it (installing podman if missing; podman 5: its root file system), load
+#                      gpupin-base:bookworm from the debootstrap root file system once, print DOCKER_HOST=unix://...
 #   podman.sh down     remove its containers, stop it, unmount and remove its runtime state (the images stay)
 #   podman.sh purge    down, then remove its storage too
 #   podman.sh status   say whether it runs, and with which topology
 #   podman.sh env      DOCKER_HOST, GPUPIN_SANDBOX_RUN, GPUPIN_SANDBOX_PODMAN (a podman --remote command line)
 #   podman.sh podman ARGS...   the podman CLI against the service (--remote: the service resolves CDI names)
 #   podman.sh exec CMD...      CMD in the service's mount namespace
+#                              (podman 5: outside its chroot, the host as the service serves it)
 #
 # Environment: FAKEGPU_TOPOLOGY (default: mixed-4), GPUPIN_SANDBOX_NAME (as sandbox.sh: the instance of NAME is
-# /run/gpupin-sandbox-NAME-podman), GPUPIN_CACHE, DEBOOTSTRAP_MIRROR (the base root file system, as sandbox.sh).
+# /run/gpupin-sandbox-NAME-podman), GPUPIN_PODMAN (4.3, the default, or 5), GPUPIN_CACHE, DEBOOTSTRAP_MIRROR (the
+# root file systems, as sandbox.sh).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -29,7 +41,12 @@ SAY_AS=podman-sandbox
 . "$REPO/tests/sandbox/common.sh"
 NAME=${GPUPIN_SANDBOX_NAME:-}
 case "$NAME" in *[!a-z0-9-]*) die "GPUPIN_SANDBOX_NAME=$NAME: use a-z, 0-9 and -" ;; esac
-SUFFIX=${NAME:+-$NAME}-podman
+VERSION=${GPUPIN_PODMAN:-4.3}
+case "$VERSION" in
+    4.3) SUFFIX=${NAME:+-$NAME}-podman ;;
+    5) SUFFIX=${NAME:+-$NAME}-podman-5 ;;
+    *) die "GPUPIN_PODMAN=$VERSION: the sandbox runs podman 4.3 (Debian 12's) or 5 (Debian 13's)" ;;
+esac
 STATE=/var/lib/gpupin-sandbox$SUFFIX
 RUN=/run/gpupin-sandbox$SUFFIX
 SOCK=$RUN/podman.sock
@@ -39,26 +56,34 @@ TOPOLOGY=$(realpath "${FAKEGPU_TOPOLOGY:-$REPO/tests/fakegpu/scenarios/mixed-4.j
 FAKEGPU_BIN=$REPO/build/fakegpu/bin
 CDI_DIR=$RUN/cdi
 PODMAN=/usr/bin/podman
+# Podman 5's root file system (the service is chrooted there) and its remote CLI run on the host through the
+# root's loader and libraries (one exec, as cheap as 4.3's CLI: the benchmark's floor runs it).
+ROOT=$REPO/build/podman5/root
+ROOT_TAR=$CACHE/rootfs-trixie-minbase-podman.tar
+ROOT_PACKAGES=podman,runc,netavark,python3
+CLI=("$PODMAN")
+[ "$VERSION" = 5 ] && CLI=("$ROOT/lib64/ld-linux-x86-64.so.2" --library-path \
+    "$ROOT/usr/lib/x86_64-linux-gnu:$ROOT/lib/x86_64-linux-gnu" "$ROOT$PODMAN")
 # What podman itself reads: the sandbox's configuration, never the system's storage.
 PODMAN_ENV=(env "CONTAINERS_CONF=$RUN/containers.conf" "CONTAINERS_STORAGE_CONF=$RUN/storage.conf")
 
 print_env() {
     echo "DOCKER_HOST=unix://$SOCK"
     echo "GPUPIN_SANDBOX_RUN=$RUN"
-    echo "GPUPIN_SANDBOX_PODMAN=$PODMAN --remote --url unix://$SOCK"
+    echo "GPUPIN_SANDBOX_PODMAN=${CLI[*]} --remote --url unix://$SOCK"
 }
 case "${1:-}" in
     env) print_env; exit 0 ;;
-    podman) shift; exec "$PODMAN" --remote --url "unix://$SOCK" "$@" ;;
+    podman) shift; exec "${CLI[@]}" --remote --url "unix://$SOCK" "$@" ;;
 esac
 
 [ "$(id -u)" = 0 ] || die "the sandboxed podman service runs rootful: it needs root"
 
 alive_service() { alive "$PID_FILE" && [ -S "$SOCK" ]; }
-pm() { "$PODMAN" --remote --url "unix://$SOCK" "$@"; }
+pm() { "${CLI[@]}" --remote --url "unix://$SOCK" "$@"; }
 
 config_line() {
-    printf '%s %s %s\n' "$REPO" "$TOPOLOGY" "$(sha256sum <"$TOPOLOGY" | cut -c1-16)"
+    printf '%s %s %s %s\n' "$REPO" "$VERSION" "$TOPOLOGY" "$(sha256sum <"$TOPOLOGY" | cut -c1-16)"
 }
 
 do_down() {
@@ -101,6 +126,49 @@ network_config_dir = "$STATE/networks"
 EOF
 }
 
+prepare_root() {
+    # Podman 5's root file system: the cached debootstrap of trixie, unpacked into this checkout once.
+    local stamp=$ROOT/.gpupin-unpacked
+    [ -s "$stamp" ] && [ -x "$ROOT$PODMAN" ] && return 0
+    debootstrap_tar trixie "$ROOT_PACKAGES" "$ROOT_TAR"
+    mkdir -p "$(dirname "$ROOT")"
+    exec 7>"$(dirname "$ROOT")/.lock"
+    flock 7
+    if ! { [ -s "$stamp" ] && [ -x "$ROOT$PODMAN" ]; }; then
+        rm -rf "$ROOT.tmp" "$ROOT" && mkdir -p "$ROOT.tmp"
+        tar -C "$ROOT.tmp" --numeric-owner -xf "$ROOT_TAR" && mv "$ROOT.tmp" "$ROOT"
+        basename "$ROOT_TAR" >"$stamp"
+    fi
+    exec 7>&-
+    local got
+    got=$("${CLI[@]}" --version) || die "podman 5 of $ROOT does not run on this host"
+    case "$got" in "podman version 5."*) ;; *) die "$ROOT holds $got, not podman 5. HINT: rm -rf $ROOT $ROOT_TAR \
+and run again (trixie's podman is 5.4)" ;; esac
+}
+
+chroot_mounts() {
+    # The shell commands that put podman 5's root in place inside the namespace, then chroot there: the kernel's
+    # file systems, and the host paths the service, the CDI spec and its hook name, at the same place.
+    local interp prefix paths=("$REPO" "$RUN" "$STATE")
+    interp=$(head -1 "$(readlink -f "$FAKEGPU_BIN/nvidia-cdi-hook")") interp=${interp#\#!}
+    prefix=$(dirname "$(dirname "$interp")")
+    case "$prefix" in /usr | /) ;; *) paths+=("$prefix") ;; esac
+    # The root a mount of its own: containers/storage remounts / private when it unpacks a layer (EINVAL on a
+    # folder that is no mount point).
+    printf 'mount --bind %s %s && ' "$ROOT" "$ROOT"
+    printf 'mount --rbind /dev %s/dev && mount --rbind /sys %s/sys && ' "$ROOT" "$ROOT"
+    printf 'mount -t proc proc %s/proc && ' "$ROOT"
+    printf 'mount -t tmpfs gpupin-podman5-run %s/run && mount -t tmpfs gpupin-podman5-tmp %s/tmp && ' "$ROOT" "$ROOT"
+    local path
+    for path in "${paths[@]}"; do
+        printf 'mkdir -p %s%s && mount --bind %s %s%s && ' "$ROOT" "$path" "$path" "$ROOT" "$path"
+    done
+    # Its /etc/cdi is the sandbox's folder, as in the namespace: 5.4.2 left a spec in containers.conf's
+    # cdi_spec_dirs unread (measured: "unresolvable CDI devices").
+    printf 'mkdir -p %s/etc/cdi && mount --bind %s %s/etc/cdi && ' "$ROOT" "$CDI_DIR" "$ROOT"
+    printf 'cd / && exec chroot %s "$@"' "$ROOT"
+}
+
 write_cdi_spec() {
     # What `nvidia-ctk cdi generate --output /etc/cdi/nvidia.yaml` writes on a real host, for this topology.
     FAKEGPU_TOPOLOGY=$TOPOLOGY FAKEGPU_HOOK_LOG=$RUN/hook.log "$FAKEGPU_BIN/nvidia-ctk" cdi generate \
@@ -114,10 +182,12 @@ start_service() {
     local inner
     inner="mount -t tmpfs gpupin-podman-etc $RUN/etc-overlay && mkdir -p $RUN/etc-overlay/upper/cdi $RUN/etc-overlay/work && \
 mount -t overlay gpupin-podman-etc -o lowerdir=/etc,upperdir=$RUN/etc-overlay/upper,workdir=$RUN/etc-overlay/work /etc && \
-mount --bind $CDI_DIR /etc/cdi && exec \"\$@\""
+mount --bind $CDI_DIR /etc/cdi && "
+    if [ "$VERSION" = 5 ]; then inner+=$(chroot_mounts); else inner+='exec "$@"'; fi
     mkdir -p "$RUN/etc-overlay"
     setsid env -i "PATH=$FAKEGPU_BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" "HOME=/root" \
         "FAKEGPU_TOPOLOGY=$TOPOLOGY" "FAKEGPU_HOOK_LOG=$RUN/hook.log" "${PODMAN_ENV[@]:1}" \
+        PODMAN_IGNORE_CGROUPSV1_WARNING=1 \
         unshare --mount --propagation private sh -c "$inner" sh \
         "$PODMAN" system service --time=0 "unix://$SOCK" >"$RUN/service.log" 2>&1 </dev/null 9>&- &
     echo $! >"$PID_FILE"
@@ -132,7 +202,8 @@ load_base_image() {
 }
 
 do_up() {
-    ensure_packages podman:/usr/bin/podman debootstrap
+    if [ "$VERSION" = 5 ]; then ensure_packages debootstrap; prepare_root
+    else ensure_packages podman:/usr/bin/podman debootstrap; fi
     [ -x "$FAKEGPU_BIN/nvidia-ctk" ] || die "$FAKEGPU_BIN lacks the fake nvidia-ctk: run 'make fakegpu' first"
     [ -f "$TOPOLOGY" ] || die "no topology file $TOPOLOGY"
     exec 9>"/run/gpupin-sandbox$SUFFIX.lock"
@@ -151,7 +222,7 @@ do_up() {
     do_down
     start_service
     load_base_image
-    say "up: $("$PODMAN" --version), topology $TOPOLOGY"
+    say "up: $("${CLI[@]}" --version), topology $TOPOLOGY"
     echo "DOCKER_HOST=unix://$SOCK"
 }
 
