@@ -21,6 +21,7 @@ import time
 
 from gpupin.core.errors import shown
 from gpupin.hostagent.ledger.booking import format_duration
+from gpupin.hostagent.ledger.processes import rootless_owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -215,9 +216,11 @@ def _mismatches(mislabelled: Sequence[dict[str, Any]], color: bool, indent: str)
 
 def _owner(p: dict[str, Any]) -> list[tuple[str, str]]:
     """Whose a process is: its container (an ESCAPE when that container was not given the card), the host,
-    unknown, or one that cannot be named (its cgroup names a container it is not in)."""
+    unknown, one that cannot be named (its cgroup names a container it is not in), or a user's rootless container."""
     if p["owner"] == "host":
         return [("host", "")]
+    if p["owner"] == "rootless" and p.get("rootless"):  # a remote host's answer may lack it
+        return [(rootless_owner(p), BOLD)]
     if p["owner"] == "unknown":
         return [("owner unknown", DIM)]
     if p["owner"] == "unnamed":
