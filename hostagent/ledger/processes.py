@@ -173,8 +173,9 @@ class Use(Holder):
                 f"{who} in cgroup {shown(self.where.cgroup)}, which is not container "
                 f"{(self.where.claimed or '')[:12]}'s: its owner cannot be named"
             )
-        if self.owner == ROOTLESS:
-            return f"{who} in {rootless_owner(self.to_dict(described=False))}"
+        rootless = self.rootless() if self.owner == ROOTLESS else None
+        if rootless is not None:
+            return f"{who} in {rootless['whose']}"
         if self.owner == UNKNOWN:
             why = (
                 "gone, or hidden from this user"
@@ -189,10 +190,26 @@ class Use(Holder):
             return f"{who} in container {shown(self.container)} ({cid}), which was not given this card: ESCAPE"
         return f"{who} in container {shown(self.container)} ({cid})"
 
-    def to_dict(self, described: bool = True) -> dict[str, Any]:
-        self._read()
+    def rootless(self) -> dict[str, Any] | None:
+        """Whose rootless container it is (ROOTLESS; else None): the uid the kernel names, its user's name, the
+        runtime and container its cgroup names (the user's own claim), and all of it in words (`whose`: "rootless
+        podman container 1f0e2d3c4b5a of uid 1001 (alice)")."""
         uid = self.where.rootless_uid
-        out = {
+        if uid is None:
+            return None
+        name = _user_name(uid, _USERS)
+        user = f"uid {uid}" + (f" ({shown(name)})" if name != str(uid) else "")
+        runtime, cid = self.where.runtime, (self.container_id or "")[:12]
+        whose = (
+            f"rootless {runtime + ' ' if runtime else ''}container {cid} of {user}"
+            if cid
+            else f"a user namespace of {user} (a rootless container)"
+        )
+        return {"uid": uid, "user": name, "runtime": runtime, "whose": whose}
+
+    def to_dict(self) -> dict[str, Any]:
+        self._read()
+        return {
             "pid": self.pid,
             "type": self.kind,
             "owner": self.owner,
@@ -202,22 +219,9 @@ class Use(Holder):
             "container": self.container,
             "foreign": self.foreign,
             "escape": self.escape,
-            "rootless": None
-            if uid is None
-            else {"uid": uid, "user": _user_name(uid, _USERS), "runtime": self.where.runtime},
+            "rootless": self.rootless(),
+            "describe": self.describe(),
         }
-        return {**out, "describe": self.describe()} if described else out
-
-
-def rootless_owner(p: Mapping[str, Any]) -> str:
-    """A ROOTLESS process's owner, in words (`p`: its Use.to_dict): the user the kernel names, and the container
-    its cgroup names (the user's own claim), e.g. "rootless podman container 1f0e2d3c4b5a of uid 1001 (alice)"."""
-    r = p["rootless"]
-    user = f"uid {r['uid']}" + (f" ({shown(r['user'])})" if r["user"] != str(r["uid"]) else "")
-    cid = (p["container_id"] or "")[:12]
-    if not cid:
-        return f"a user namespace of {user} (a rootless container)"
-    return f"rootless {r['runtime'] + ' ' if r['runtime'] else ''}container {cid} of {user}"
 
 
 class Unlisted(Holder):

@@ -21,7 +21,6 @@ import time
 
 from gpupin.core.errors import shown
 from gpupin.hostagent.ledger.booking import format_duration
-from gpupin.hostagent.ledger.processes import rootless_owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -220,7 +219,7 @@ def _owner(p: dict[str, Any]) -> list[tuple[str, str]]:
     if p["owner"] == "host":
         return [("host", "")]
     if p["owner"] == "rootless" and p.get("rootless"):  # a remote host's answer may lack it
-        return [(rootless_owner(p), BOLD)]
+        return [(_text(p["rootless"]["whose"]), BOLD)]
     if p["owner"] == "unknown":
         return [("owner unknown", DIM)]
     if p["owner"] == "unnamed":

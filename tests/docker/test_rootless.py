@@ -110,12 +110,13 @@ def test_a_rootless_podman_container_on_a_card_is_busy_as_its_users(
     assert Path(f"/proc/{pid}/status").read_text().count(f"\t{ALICE}\t") >= 1  # runs as her uid on the host
     env = on_cards(tmp_path / "p.json", {RTX: [pid]})
     card, procs = processes(agent, env, RTX)
+    hers = f"a user namespace of uid {ALICE} (a rootless container)"  # this cgroup v1 host: no libpod cgroup
     assert (card["state"], card["busy"]) == ("busy", True), card
     assert [(p["pid"], p["owner"], p["rootless"], p["foreign"], p["escape"]) for p in procs] == [
-        (pid, "rootless", {"uid": ALICE, "user": str(ALICE), "runtime": None}, True, False)
+        (pid, "rootless", {"uid": ALICE, "user": str(ALICE), "runtime": None, "whose": hers}, True, False)
     ], procs
     table = call(agent, env, "ls").stdout
-    assert re.search(rf"^\s+process\s+{pid}\s.*a user namespace of uid {ALICE} \(a rootless container\)$", table, re.M)
+    assert re.search(rf"^\s+process\s+{pid}\s.*  {re.escape(hers)}$", table, re.M), table
     line = error_line(call(agent, env, "run", "--rm", "--gpu", "1", TEST_IMAGE), 75)
     assert f"{RTX} is in use by pid {pid} of {ALICE} (sleep) in a user namespace of uid {ALICE}" in line, line
     assert agent.containers() == []  # nothing created on Docker
@@ -167,9 +168,10 @@ def test_a_libpod_cgroup_names_the_rootless_container_the_kernel_names_the_user(
     pid = placed(BOB, f"libpod-{cid}.scope/container")  # podman's init sub-cgroup
     env = on_cards(tmp_path / "p.json", {A800C: [pid]})
     card, procs = processes(agent, env, A800C)
+    his = f"rootless podman container {cid[:12]} of uid {BOB}"
     assert card["state"] == "busy" and card["busy"], card
     assert [(p["owner"], p["container_id"], p["container"], p["rootless"]) for p in procs] == [
-        ("rootless", cid, None, {"uid": BOB, "user": str(BOB), "runtime": "podman"})
+        ("rootless", cid, None, {"uid": BOB, "user": str(BOB), "runtime": "podman", "whose": his})
     ], procs
     line = error_line(call(agent, env, "run", "--rm", "--gpu", "3", TEST_IMAGE), 75)
     assert f"pid {pid} of {BOB} (sleep) in rootless podman container {cid[:12]} of uid {BOB}" in line, line

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpupin.core.nvml import Process
 from gpupin.hostagent.ledger import processes as procs
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.hypo import examples
@@ -360,13 +361,29 @@ def test_the_cgroups_user_parts_never_change_what_it_names(
         }.get(prefix)
 
 
-def test_a_rootless_owner_in_words() -> None:
-    p: dict[str, Any] = {"container_id": LIBPOD, "rootless": {"uid": 1001, "user": "alice", "runtime": "podman"}}
-    assert procs.rootless_owner(p) == f"rootless podman container {LIBPOD[:12]} of uid 1001 (alice)"
-    p = {"container_id": None, "rootless": {"uid": 5026, "user": "5026", "runtime": None}}
-    assert procs.rootless_owner(p) == "a user namespace of uid 5026 (a rootless container)"  # no account: the number
-    p = {"container_id": LIBPOD, "rootless": {"uid": 7, "user": "ev\x1b[2Jil", "runtime": None}}
-    assert procs.rootless_owner(p) == f"rootless container {LIBPOD[:12]} of uid 7 ('ev\\x1b[2Jil')"  # read, not obeyed
+def _rootless(uid: int, cid: str | None, runtime: str | None) -> procs.Use:
+    """A Use whose /proc reading was this (a process of a rootless container of `uid`)."""
+    u = procs.Use(Process(4242, None), RTX, RTX, {}, {})
+    u._where = procs.HostProcess(4242, container_id=cid, visible=True, rootless_uid=uid, runtime=runtime)
+    return u
+
+
+def test_a_rootless_owner_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(procs._USERS, 1001, "alice")
+    monkeypatch.setitem(procs._USERS, 7, "ev\x1b[2Jil")  # a hostile account name (useradd takes much)
+    monkeypatch.setitem(procs._USERS, 5026, "5026")  # no account: the number
+    cases = [
+        (_rootless(1001, LIBPOD, "podman"), f"rootless podman container {LIBPOD[:12]} of uid 1001 (alice)"),
+        (_rootless(5026, None, None), "a user namespace of uid 5026 (a rootless container)"),
+        (_rootless(7, LIBPOD, None), f"rootless container {LIBPOD[:12]} of uid 7 ('ev\\x1b[2Jil')"),  # read, not obeyed
+    ]
+    for use, whose in cases:
+        assert (use.owner, use.foreign, use.escape) == ("rootless", True, False)
+        assert use.rootless() == {**(use.rootless() or {}), "whose": whose}
+        assert use.describe().endswith(f" in {whose}")
+    assert _rootless(1001, LIBPOD, "podman").rootless() == {
+        "uid": 1001, "user": "alice", "runtime": "podman", "whose": cases[0][1]
+    }  # fmt: skip
 
 
 def _in_userns(argv: list[str]) -> subprocess.Popen[bytes]:
