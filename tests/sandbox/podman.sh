@@ -21,9 +21,9 @@
 #
 # Another user's rootless podman (docs/podman.md, "Rootless"), beside the service and independent of it:
 #   podman.sh rootless UID up      podman 4.3 rootless as the bare uid UID (no account, no /etc/subuid: one uid
-#                                  mapped, vfs storage that ignores chowns), its HOME, XDG_RUNTIME_DIR, storage and
-#                                  configuration under /var/lib and /run/gpupin-sandbox-NAME-podman-rootless-UID;
-#                                  imports gpupin-base:bookworm once
+#                                  mapped, storage that ignores chowns on the kernel's own overlay), its HOME,
+#                                  XDG_RUNTIME_DIR, storage and configuration under /var/lib and
+#                                  /run/gpupin-sandbox-NAME-podman-rootless-UID; imports gpupin-base:bookworm once
 #   podman.sh rootless UID podman ARGS...   podman as UID (what that user types), in a mount namespace where /etc/cdi
 #                                  is the sandbox's and /dev has the fake card nodes (rootless runc cannot make a
 #                                  device node: it bind-mounts the host's, and the simulated host has none)
@@ -198,9 +198,11 @@ rootless_podman() {
 }
 
 rootless_config() {
+    # overlay: the kernel's own in a user namespace (5.11+), which podman 4.3 uses without fuse-overlayfs (whose
+    # /dev/fuse is root's here); vfs would copy every layer of every image.
     cat >"$RL_RUN/storage.conf" <<EOF
 [storage]
-driver = "vfs"
+driver = "overlay"
 graphroot = "$RL_STATE/storage"
 runroot = "$RL_XDG/storage"
 rootless_storage_path = "$RL_STATE/storage"
