@@ -22,8 +22,9 @@
 # Another user's rootless podman (docs/podman.md, "Rootless"), beside the service and independent of it:
 #   podman.sh rootless UID up      podman 4.3 rootless as the bare uid UID (no account, no /etc/subuid: one uid
 #                                  mapped, storage that ignores chowns on the kernel's own overlay), its HOME,
-#                                  XDG_RUNTIME_DIR, storage and configuration under /var/lib and
-#                                  /run/gpupin-sandbox-NAME-podman-rootless-UID; imports gpupin-base:bookworm once
+#                                  storage and configuration under /var/lib and /run/gpupin-sandbox-NAME-podman-
+#                                  rootless-UID, its XDG_RUNTIME_DIR /run/gpupin-xdg-NAME-UID; imports
+#                                  gpupin-base:bookworm once
 #   podman.sh rootless UID podman ARGS...   podman as UID (what that user types), in a mount namespace where /etc/cdi
 #                                  is the sandbox's and /dev has the fake card nodes (rootless runc cannot make a
 #                                  device node: it bind-mounts the host's, and the simulated host has none)
@@ -174,7 +175,11 @@ rootless_paths() {
     case "$RL_UID" in '' | *[!0-9]* | 0) die "rootless UID: a uid other than 0, in digits (got '$RL_UID')" ;; esac
     RL_RUN=$RUN-rootless-$RL_UID
     RL_STATE=$STATE-rootless-$RL_UID
-    RL_XDG=$RL_RUN/xdg
+    # Short: podman 4.3 refuses a run root ($XDG_RUNTIME_DIR/containers when rootless) of more than 50 characters,
+    # in the cleanup it runs when a container exits; podman run then waits 20 s for an exit code never recorded.
+    RL_XDG=/run/gpupin-xdg${NAME:+-$NAME}-$RL_UID
+    [ ${#RL_XDG} -le 39 ] ||
+        die "$RL_XDG: podman needs its XDG_RUNTIME_DIR within 39 characters (use a shorter GPUPIN_SANDBOX_NAME)"
 }
 
 # What the user's podman sees: /etc/cdi the sandbox's spec, /dev the spec's nodes (an overlay whose submounts are
@@ -255,7 +260,7 @@ rootless_down() {
         setpriv --reuid="$RL_UID" --regid="$RL_UID" --clear-groups \
             sh -c 'kill "$(cat "$1")"' sh "$RL_XDG/tmp/pause.pid" 2>/dev/null || true
     fi
-    rm -rf "$RL_RUN"
+    rm -rf "$RL_RUN" "$RL_XDG"
 }
 
 do_rootless() {
@@ -269,7 +274,8 @@ do_rootless() {
         purge) flock 9; rootless_down; rm -rf "$RL_STATE"; say "purged $RL_STATE" ;;
         env) echo "GPUPIN_SANDBOX_ROOTLESS_RUN=$RL_RUN" ;;
         podman)
-            [ -f "$RL_RUN/containers.conf" ] || die "uid $RL_UID's rootless podman is not up (podman.sh rootless $RL_UID up)"
+            [ -f "$RL_RUN/containers.conf" ] ||
+                die "uid $RL_UID's rootless podman is not up (podman.sh rootless $RL_UID up)"
             rootless_podman "$@" ;;
         *) die "usage: $0 rootless UID up|down|purge|env|podman ARGS..." ;;
     esac
