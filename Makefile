@@ -117,12 +117,13 @@ podman-up: wheels fakegpu
 podman-down:
 	@tests/sandbox/podman.sh down
 
-# The podman tests (the cross-runtime one on the first engine's Docker sandbox too), with podman required.
+# The podman tests (the cross-runtime one on the first engine's Docker sandbox too), with podman required; the
+# rootless ones bring up (and down) a rootless podman of their own (podman.sh rootless).
 .PHONY: test-podman
 test-podman: ENGINES := $(firstword $(ENGINES))
 test-podman: test-tools image-test podman-up
 	@export $(REQUIRED) GPUPIN_TEST_ENGINES=$(ENGINES) GPUPIN_TEST_REQUIRE_PODMAN=1; \
-	  $(call TIER,tests/docker/test_podman.py,docker)
+	  $(call TIER,tests/docker/test_podman.py tests/docker/test_rootless.py,docker)
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK). The wheel is built
 # in build isolation (setuptools from [build-system]), so the venv needs no setuptools or wheel of its own.

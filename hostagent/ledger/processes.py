@@ -29,13 +29,23 @@ other place is `UNNAMED`: its owner cannot be named, so it makes its card busy a
 its use, not its ESCAPE). A path part that ends in a 64-hex id, bare or with an engine's prefix and `.scope`
 (`cri-containerd-<id>`, `crio-<id>`, `libpod-<id>`, Kubernetes' `/kubepods/.../<id>`), that names no container of
 this daemon is another engine's container; a cgroup that names none (a session scope, `/process_api/<32 hex>`, a
-service) is the host's."""
+service) is the host's.
+
+Whose a rootless container is (`userns_owner`): another user's rootless podman keeps its containers from the root
+daemon, and its cgroup names (`.../user@UID.service/user.slice/libpod-<id>.scope` on cgroup v2; none at all on v1,
+where a rootless container stays in the cgroup of whoever started it) are the user's to choose. What the user
+cannot choose is their user namespace's owner: the kernel's uid of whoever made the outermost user namespace the
+process runs in (NS_GET_OWNER_UID). A process in a user namespace made by a uid other than root, and not in a
+container of this daemon, is `ROOTLESS`: that uid's, in the container its cgroup names (a claim, shown as such, never
+matched to a container of this daemon: such a name makes it `UNNAMED`)."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import re
+import struct
 
 from gpupin.core.errors import shown
 from gpupin.hostagent.ledger.holders import Holder
@@ -48,9 +58,9 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card, Process
 
 
-# Whose a process is: the host's, a container's, unknown (/proc does not show it), or unnamed (its cgroup names a
-# container of this daemon that it is not in: anyone can name a cgroup so).
-HOST, CONTAINER, UNKNOWN, UNNAMED = "host", "container", "unknown", "unnamed"
+# Whose a process is: the host's, a container's, unknown (/proc does not show it), unnamed (its cgroup names a
+# container of this daemon that it is not in: anyone can name a cgroup so), or a user's rootless container.
+HOST, CONTAINER, UNKNOWN, UNNAMED, ROOTLESS = "host", "container", "unknown", "unnamed", "rootless"
 MIB = 1024 * 1024
 _USERS: dict[int, str] = {}  # uid -> user name, for this process's life
 
@@ -60,7 +70,8 @@ class Use(Holder):
     (`run` decides without it: any process on a card keeps an exclusive request off it, since a container given the
     card holds it anyway; only what a refusal or a listing says needs the owner).
 
-    `owner`: HOST, CONTAINER (`container_id`; `container` its name when this daemon knows it), UNKNOWN or UNNAMED.
+    `owner`: HOST, CONTAINER (`container_id`; `container` its name when this daemon knows it), UNKNOWN, UNNAMED or
+    ROOTLESS (`where.rootless_uid`'s; `container_id` the one its cgroup names, if any).
     `foreign`: no grant of its container explains it (None: cannot be told, the ledger being unread).
     `escape`: a container of this daemon that was not given the card."""
 
@@ -122,6 +133,8 @@ class Use(Holder):
             if not where.visible
             else UNNAMED
             if where.claimed is not None and where.container_id is None
+            else ROOTLESS
+            if where.rootless_uid is not None
             else CONTAINER
             if where.container_id
             else HOST
@@ -160,6 +173,9 @@ class Use(Holder):
                 f"{who} in cgroup {shown(self.where.cgroup)}, which is not container "
                 f"{(self.where.claimed or '')[:12]}'s: its owner cannot be named"
             )
+        rootless = self.rootless() if self.owner == ROOTLESS else None
+        if rootless is not None:
+            return f"{who} in {rootless['whose']}"
         if self.owner == UNKNOWN:
             why = (
                 "gone, or hidden from this user"
@@ -174,6 +190,23 @@ class Use(Holder):
             return f"{who} in container {shown(self.container)} ({cid}), which was not given this card: ESCAPE"
         return f"{who} in container {shown(self.container)} ({cid})"
 
+    def rootless(self) -> dict[str, Any] | None:
+        """Whose rootless container it is (ROOTLESS; else None): the uid the kernel names, its user's name, the
+        runtime and container its cgroup names (the user's own claim), and all of it in words (`whose`: "rootless
+        podman container 1f0e2d3c4b5a of uid 1001 (alice)")."""
+        uid = self.where.rootless_uid
+        if uid is None:
+            return None
+        name = _user_name(uid, _USERS)
+        user = f"uid {uid}" + (f" ({shown(name)})" if name != str(uid) else "")
+        runtime, cid = self.where.runtime, (self.container_id or "")[:12]
+        whose = (
+            f"rootless {runtime + ' ' if runtime else ''}container {cid} of {user}"
+            if cid
+            else f"a user namespace of {user} (a rootless container)"
+        )
+        return {"uid": uid, "user": name, "runtime": runtime, "whose": whose}
+
     def to_dict(self) -> dict[str, Any]:
         self._read()
         return {
@@ -186,6 +219,7 @@ class Use(Holder):
             "container": self.container,
             "foreign": self.foreign,
             "escape": self.escape,
+            "rootless": self.rootless(),
             "describe": self.describe(),
         }
 
@@ -298,7 +332,12 @@ def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True
 
 
 # A path part that is a container's cgroup: an optional engine prefix, the 64-hex id, an optional .scope.
-_CONTAINER_PART = re.compile(r"(?:[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*-)?([0-9a-f]{64})(?:\.scope)?")
+_CONTAINER_PART = re.compile(r"(?:([A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*)-)?([0-9a-f]{64})(?:\.scope)?")
+# The runtime a cgroup prefix names (libpod: podman's scopes, `libpod-<id>.scope`, and its conmon's).
+_RUNTIMES = {"libpod": "podman", "libpod-conmon": "podman", "docker": "docker"}
+# ioctl(2) requests on a namespace file (linux/nsfs.h: _IO(0xb7, 2), _IO(0xb7, 4)); user namespaces nest 32 deep.
+_NS_GET_PARENT, _NS_GET_OWNER_UID = 0xB702, 0xB704
+_USERNS_DEPTH = 32
 # /proc/self/ns/pid of the initial pid namespace: the kernel's PROC_PID_INIT_INO (include/linux/proc_ns.h).
 _HOST_PID_NS = "pid:[4026531836]"
 
@@ -307,9 +346,10 @@ class HostProcess:
     """What /proc tells of one pid: whether it could be read, its user (the real uid's name, as ps and nvitop
     show it; the number when no user has that uid), its command name (/proc/<pid>/status Name, as ps -o comm) and
     its container id (None: the host's, or an unnamed owner). `claimed`: the container of this daemon that its
-    cgroup names when it is not in it (`cgroup`: that path)."""
+    cgroup names when it is not in it (`cgroup`: that path). `rootless_uid`: the uid whose user namespace it runs
+    in (userns_owner), when it is no container's of this daemon; `runtime`: the one its cgroup's name says."""
 
-    __slots__ = ("cgroup", "claimed", "command", "container_id", "pid", "user", "visible")
+    __slots__ = ("cgroup", "claimed", "command", "container_id", "pid", "rootless_uid", "runtime", "user", "visible")
 
     def __init__(
         self,
@@ -320,8 +360,12 @@ class HostProcess:
         visible: bool = False,
         claimed: str | None = None,
         cgroup: str | None = None,
+        rootless_uid: int | None = None,
+        runtime: str | None = None,
     ) -> None:
         self.pid = pid
+        self.rootless_uid = rootless_uid
+        self.runtime = runtime
         self.user = user
         self.command = command
         self.container_id = container_id
@@ -443,14 +487,56 @@ def container_id(cgroup: str) -> str | None:
     return found[0] if found is not None else None
 
 
-def _named(cgroup: str) -> tuple[str, str] | None:
-    """(the id, the path that names it), innermost first."""
+def runtime_named(cgroup: str) -> str | None:
+    """The runtime that the innermost container name in /proc/<pid>/cgroup text says made it (`libpod-<id>.scope`:
+    podman), or None. A name only, like container_id."""
+    found = _named(cgroup)
+    return _RUNTIMES.get(found[2]) if found is not None else None
+
+
+def _named(cgroup: str) -> tuple[str, str, str] | None:
+    """(the id, the path that names it, the part's prefix), innermost first."""
     for path in reversed(_paths(cgroup)):
         for part in reversed(path.split("/")):
             m = _CONTAINER_PART.fullmatch(part)
             if m:
-                return m.group(1), path
+                return m.group(2), path, m.group(1) or ""
     return None
+
+
+def _ns_key(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def userns_owner(pid: int | str) -> int | None:
+    """The uid that made the outermost user namespace `pid` runs in below this process's own, as the kernel tells
+    it (NS_GET_OWNER_UID: for a rootless container, the user who ran the runtime, whichever uid the process has in
+    it); None when it runs in this process's user namespace, is gone or hidden (reading another user's namespace
+    needs root), or the kernel will not walk the namespaces."""
+    try:
+        own = os.stat("/proc/self/ns/user")
+        fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    own_key = (own.st_dev, own.st_ino)
+    try:
+        if _ns_key(fd) == own_key:
+            return None
+        for _ in range(_USERNS_DEPTH):
+            parent = fcntl.ioctl(fd, _NS_GET_PARENT)  # a new fd; EPERM above this process's own namespace
+            outermost = _ns_key(parent) == own_key
+            if outermost:
+                os.close(parent)
+                uid: int = struct.unpack("I", fcntl.ioctl(fd, _NS_GET_OWNER_UID, bytes(4)))[0]
+                return uid
+            os.close(fd)
+            fd = parent
+        return None
+    except OSError:  # gone meanwhile, or a namespace outside this process's
+        return None
+    finally:
+        os.close(fd)
 
 
 def _user_name(uid: int, cache: dict[int, str]) -> str:
@@ -473,15 +559,17 @@ def locate(pid: int, places: Places | None = None) -> HostProcess:
     if cgroup is None:
         return HostProcess(pid)
     named = _named(cgroup)
-    claimed, path = named if named is not None else (None, None)
-    if places is None:
-        return HostProcess(pid, container_id=claimed, visible=True)
-    real = places.owner(pid, cgroup, claimed)
-    if real is not None:
-        return HostProcess(pid, container_id=real, visible=True)
-    if claimed is not None and claimed in places.ids:
-        return HostProcess(pid, visible=True, claimed=claimed, cgroup=path)
-    return HostProcess(pid, container_id=claimed, visible=True)
+    claimed, path, prefix = named if named is not None else (None, None, "")
+    if places is not None:
+        real = places.owner(pid, cgroup, claimed)
+        if real is not None:
+            return HostProcess(pid, container_id=real, visible=True)
+        if claimed is not None and claimed in places.ids:
+            return HostProcess(pid, visible=True, claimed=claimed, cgroup=path)
+    # Root's own user namespaces (Docker's userns-remap, rootful podman's --userns) are no user's.
+    uid = userns_owner(pid) or None
+    runtime = _RUNTIMES.get(prefix) if claimed is not None else None
+    return HostProcess(pid, container_id=claimed, visible=True, rootless_uid=uid, runtime=runtime)
 
 
 def describe(pid: int, users: dict[int, str] | None = None, proc: HostProcess | None = None) -> HostProcess:

@@ -85,6 +85,7 @@ _PROCESS = {
     "container": Opt(str),
     "foreign": Opt(bool),
     "escape": Opt(bool),
+    "?rootless": Opt({"uid": int, "user": str, "runtime": Opt(str), "whose": str}),
     "used_memory_mib": Opt(NUM),
     "mig_uuid": Opt(str),
 }

@@ -215,9 +215,11 @@ def _mismatches(mislabelled: Sequence[dict[str, Any]], color: bool, indent: str)
 
 def _owner(p: dict[str, Any]) -> list[tuple[str, str]]:
     """Whose a process is: its container (an ESCAPE when that container was not given the card), the host,
-    unknown, or one that cannot be named (its cgroup names a container it is not in)."""
+    unknown, one that cannot be named (its cgroup names a container it is not in), or a user's rootless container."""
     if p["owner"] == "host":
         return [("host", "")]
+    if p["owner"] == "rootless" and p.get("rootless"):  # a remote host's answer may lack it
+        return [(_text(p["rootless"]["whose"]), BOLD)]
     if p["owner"] == "unknown":
         return [("owner unknown", DIM)]
     if p["owner"] == "unnamed":

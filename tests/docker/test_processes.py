@@ -9,10 +9,8 @@ In mixed-4, card 2 (A800 at 86) already carries the topology's pid 4242, whose o
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.host import saw
-from tests.support.processes import ME, error_line, on_cards
+from tests.support.processes import ME, Placed, error_line, on_cards
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import topology, uuids
 
@@ -161,41 +159,10 @@ def forged(tmp_path: Path) -> Iterator[Callable[[str], int]]:
     """forged(cid): a process of uid 5001 in a cgroup that it made for itself, named as the container's
     (`.../docker-<cid>.scope`, as `systemd-run --user --scope --unit docker-<cid>` makes one on cgroup v2), but not
     under the daemon's; its pid. The cgroups and processes go at the end."""
-    v2 = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip()
-    root = Path("/sys/fs/cgroup" if v2 == "cgroup2fs" else "/sys/fs/cgroup/pids")  # v1 or hybrid: a v1 hierarchy
-    base = root / f"user.slice/user-{HOSTILE}.slice/user@{HOSTILE}.service/app.slice/gpupin-{tmp_path.name}"
-    made: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-    def make(cid: str) -> int:
-        scope = base / f"docker-{cid}.scope"
-        scope.mkdir(parents=True)
-        os.chown(scope, HOSTILE, HOSTILE)
-        p = subprocess.Popen(
-            ["setpriv", f"--reuid={HOSTILE}", f"--regid={HOSTILE}", "--clear-groups", "sleep", "300"],
-        )
-        made.append((p, scope))
-        (scope / "cgroup.procs").write_text(str(p.pid))
-        assert f"/docker-{cid}.scope" in Path(f"/proc/{p.pid}/cgroup").read_text()
-        return p.pid
-
-    yield make
-    for p, _ in made:
-        p.kill()
-        p.wait()
-    for _, scope in made:
-        for _ in range(50):  # a killed process leaves its cgroup a moment later
-            try:
-                scope.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-    for parent in [base, *base.parents]:
-        if parent == root:
-            break
-        try:
-            parent.rmdir()
-        except OSError:
-            break  # not ours, or not empty
+    placed = Placed()
+    base = f"user.slice/user-{HOSTILE}.slice/user@{HOSTILE}.service/app.slice/gpupin-{tmp_path.name}"
+    yield lambda cid: placed.start(HOSTILE, f"{base}/docker-{cid}.scope")
+    placed.close()
 
 
 def test_a_cgroup_named_for_a_container_neither_hides_use_nor_frames_it(

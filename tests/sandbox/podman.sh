@@ -30,6 +30,19 @@
 #   podman.sh exec CMD...      CMD in the service's mount namespace
 #                              (podman 5: outside its chroot, the host as the service serves it)
 #
+# Another user's rootless podman (docs/podman.md, "Rootless"), beside the service and independent of it:
+#   podman.sh rootless UID up      podman 4.3 rootless as the bare uid UID (no account, no /etc/subuid: one uid
+#                                  mapped, storage that ignores chowns on the kernel's own overlay), its HOME,
+#                                  storage and configuration under /var/lib and /run/gpupin-sandbox-NAME-podman-
+#                                  rootless-UID, its XDG_RUNTIME_DIR /run/gpupin-xdg-NAME-UID; imports
+#                                  gpupin-base:bookworm once
+#   podman.sh rootless UID podman ARGS...   podman as UID (what that user types), in a mount namespace where /etc/cdi
+#                                  is the sandbox's and /dev has the fake card nodes (rootless runc cannot make a
+#                                  device node: it bind-mounts the host's, and the simulated host has none)
+#   podman.sh rootless UID down    remove its containers, stop its pause process (as UID), remove its runtime state
+#   podman.sh rootless UID purge   down, then remove its storage too
+#   podman.sh rootless UID env     GPUPIN_SANDBOX_ROOTLESS_RUN (its runtime folder: the CDI spec, the hook's log)
+#
 # Environment: FAKEGPU_TOPOLOGY (default: mixed-4), GPUPIN_SANDBOX_NAME (as sandbox.sh: the instance of NAME is
 # /run/gpupin-sandbox-NAME-podman), GPUPIN_PODMAN (4.3, the default, or 5), GPUPIN_CACHE, DEBOOTSTRAP_MIRROR (the
 # root file systems, as sandbox.sh).
@@ -226,8 +239,122 @@ do_up() {
     echo "DOCKER_HOST=unix://$SOCK"
 }
 
+# --- another user's rootless podman --------------------------------------------------------------------------------
+
+rootless_paths() {
+    RL_UID=$1
+    case "$RL_UID" in '' | *[!0-9]* | 0) die "rootless UID: a uid other than 0, in digits (got '$RL_UID')" ;; esac
+    RL_RUN=$RUN-rootless-$RL_UID
+    RL_STATE=$STATE-rootless-$RL_UID
+    # Short: podman 4.3 refuses a run root ($XDG_RUNTIME_DIR/containers when rootless) of more than 50 characters,
+    # in the cleanup it runs when a container exits; podman run then waits 20 s for an exit code never recorded.
+    RL_XDG=/run/gpupin-xdg${NAME:+-$NAME}-$RL_UID
+    [ ${#RL_XDG} -le 39 ] ||
+        die "$RL_XDG: podman needs its XDG_RUNTIME_DIR within 39 characters (use a shorter GPUPIN_SANDBOX_NAME)"
+}
+
+# What the user's podman sees: /etc/cdi the sandbox's spec, /dev the spec's nodes (an overlay whose submounts are
+# bound back). Run by root in a mount namespace of its own, then as the user ("$@").
+ROOTLESS_NS='set -e; ov=$RL_RUN/ns
+mount -t tmpfs gpupin-rootless "$ov"; mkdir -p "$ov/etc/u" "$ov/etc/w" "$ov/dev/u" "$ov/dev/w" "$ov/old"
+mount -t overlay gpupin-rootless -o "lowerdir=/etc,upperdir=$ov/etc/u,workdir=$ov/etc/w" /etc
+mkdir -p /etc/cdi; mount --bind "$RL_RUN/cdi" /etc/cdi; mount --rbind /dev "$ov/old"
+while read -r node major minor; do mknod -m 666 "$ov/dev/u/${node#/dev/}" c "$major" "$minor"; done <"$RL_RUN/nodes"
+mount -t overlay gpupin-rootless -o "lowerdir=/dev,upperdir=$ov/dev/u,workdir=$ov/dev/w" /dev
+for sub in pts shm mqueue hugepages; do [ ! -d "$ov/old/$sub" ] || mount --rbind "$ov/old/$sub" "/dev/$sub"; done
+exec "$@"'
+
+# The user's podman, with only what a login gives them (HOME, XDG_RUNTIME_DIR); its pause process keeps the mount
+# namespace of the first call.
+rootless_podman() {
+    RL_RUN=$RL_RUN unshare --mount --propagation private sh -c "$ROOTLESS_NS" sh \
+        setpriv --reuid="$RL_UID" --regid="$RL_UID" --clear-groups \
+        env -i "PATH=/usr/local/bin:/usr/bin:/bin" "HOME=$RL_STATE/home" "XDG_RUNTIME_DIR=$RL_XDG" \
+        "CONTAINERS_CONF=$RL_RUN/containers.conf" "CONTAINERS_STORAGE_CONF=$RL_RUN/storage.conf" "$PODMAN" "$@"
+}
+
+rootless_config() {
+    # overlay: the kernel's own in a user namespace (5.11+), which podman 4.3 uses without fuse-overlayfs (whose
+    # /dev/fuse is root's here); vfs would copy every layer of every image.
+    cat >"$RL_RUN/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$RL_STATE/storage"
+runroot = "$RL_XDG/storage"
+rootless_storage_path = "$RL_STATE/storage"
+[storage.options]
+ignore_chown_errors = "true"
+EOF
+    # As the service's (above), with the user's own folders.
+    cat >"$RL_RUN/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+netns = "none"
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+runtime = "runc"
+tmp_dir = "$RL_XDG/tmp"
+EOF
+    chmod 0644 "$RL_RUN/storage.conf" "$RL_RUN/containers.conf"
+}
+
+rootless_up() {
+    ensure_packages podman:/usr/bin/podman uidmap:/usr/bin/newuidmap debootstrap
+    [ -f "$TOPOLOGY" ] || die "no topology file $TOPOLOGY"
+    [ -d "$RL_RUN" ] && rootless_down
+    mkdir -p "$RL_RUN/ns" "$RL_RUN/cdi" "$RL_XDG" "$RL_STATE/home" "$RL_STATE/storage"
+    chown "$RL_UID:$RL_UID" "$RL_XDG" "$RL_STATE/home" "$RL_STATE/storage"
+    chmod 0700 "$RL_XDG"
+    # Its hooks run as the user: a copy of the fakes whose scripts start the system's python3 (root's may be private).
+    make -s -C "$REPO/tests/fakegpu" OUT="$RL_RUN/fakegpu" PYTHON=/usr/bin/python3 >/dev/null
+    install -m 0666 /dev/null "$RL_RUN/hook.log"
+    FAKEGPU_TOPOLOGY=$TOPOLOGY FAKEGPU_HOOK_LOG=$RL_RUN/hook.log "$RL_RUN/fakegpu/bin/nvidia-ctk" cdi generate \
+        --output "$RL_RUN/cdi/nvidia.yaml" || die "the fake nvidia-ctk could not write the CDI spec for $TOPOLOGY"
+    chmod 0644 "$RL_RUN/cdi/nvidia.yaml"
+    awk '/- path: "\/dev\//{gsub(/"/, "", $3); p=$3} /major:/{m=$2} /minor:/{print p, m, $2}' \
+        "$RL_RUN/cdi/nvidia.yaml" | sort -u >"$RL_RUN/nodes"
+    rootless_config
+    if ! rootless_podman image exists "localhost/$BASE_IMAGE" 2>/dev/null; then
+        build_rootfs
+        rootless_podman import --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' "$ROOTFS_TAR" \
+            "localhost/$BASE_IMAGE" >/dev/null 2>"$RL_RUN/import.log" ||
+            die "uid $RL_UID's podman could not import $ROOTFS_TAR: see $RL_RUN/import.log"
+    fi
+    say "rootless podman of uid $RL_UID up ($("$PODMAN" --version)), CDI spec $RL_RUN/cdi/nvidia.yaml"
+}
+
+rootless_down() {
+    if [ -f "$RL_RUN/containers.conf" ]; then
+        rootless_podman rm -af -t 0 >/dev/null 2>&1 || true
+        # Its pause process, named by a file the user can write: signalled as the user, never as root.
+        setpriv --reuid="$RL_UID" --regid="$RL_UID" --clear-groups \
+            sh -c 'kill "$(cat "$1")"' sh "$RL_XDG/tmp/pause.pid" 2>/dev/null || true
+    fi
+    rm -rf "$RL_RUN" "$RL_XDG"
+}
+
+do_rootless() {
+    rootless_paths "${1:-}"
+    local verb=${2:-}
+    shift 2 || true
+    exec 9>"$RL_RUN.lock"
+    case "$verb" in
+        up) flock 9; rootless_up ;;
+        down) flock 9; rootless_down; say "rootless podman of uid $RL_UID down" ;;
+        purge) flock 9; rootless_down; rm -rf "$RL_STATE"; say "purged $RL_STATE" ;;
+        env) echo "GPUPIN_SANDBOX_ROOTLESS_RUN=$RL_RUN" ;;
+        podman)
+            [ -f "$RL_RUN/containers.conf" ] ||
+                die "uid $RL_UID's rootless podman is not up (podman.sh rootless $RL_UID up)"
+            rootless_podman "$@" ;;
+        *) die "usage: $0 rootless UID up|down|purge|env|podman ARGS..." ;;
+    esac
+}
+
 case "${1:-}" in
     up) do_up ;;
+    rootless) shift; do_rootless "$@" ;;
     down) do_down; say "down" ;;
     purge) do_down; rm -rf "$STATE"; say "purged $STATE" ;;
     exec)
@@ -237,5 +364,5 @@ case "${1:-}" in
     status)
         if alive_service; then echo "running: DOCKER_HOST=unix://$SOCK ($(cat "$RUN/config"))"
         else echo "not running"; exit 1; fi ;;
-    *) echo "usage: $0 up|down|purge|status|env|podman ARGS...|exec CMD..." >&2; exit 64 ;;
+    *) echo "usage: $0 up|down|purge|status|env|podman ARGS...|exec CMD...|rootless UID ..." >&2; exit 64 ;;
 esac

@@ -5,6 +5,7 @@ line for that host, within the deadline, and the other hosts' tables still print
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -154,3 +155,27 @@ def test_remote_text_never_reaches_the_terminal_raw(server: Callable[[Serve], st
         assert not any(line.startswith("SPOOFED") for line in (r.stdout + r.stderr).splitlines()), r
     _, r = ls(good)
     assert r.returncode == 0 and "\\x1b]0;owned" in r.stdout, r
+
+
+def test_a_remote_rootless_owner_is_checked_and_never_obeyed(
+    server: Callable[[Serve], str], listing: dict[str, object]
+) -> None:
+    """A host's words for another user's rootless container (`whose`) are shown, escaped; an owner without them
+    falls back to the container id; a malformed one is that host's one line."""
+    process = {
+        "pid": 7, "type": "C", "owner": "rootless", "user": "5026", "command": "sleep", "container_id": None,
+        "container": None, "foreign": True, "escape": False, "used_memory_mib": 1, "mig_uuid": None,
+        "rootless": {"uid": 5026, "user": "5026", "runtime": None, "whose": "uid 5026" + ESC + "\nSPOOFED"},
+    }  # fmt: skip
+    evil = json.loads(json.dumps(listing))
+    evil["gpus"][1]["processes"] = [process]
+    _, r = ls(server(replying(json.dumps(evil).encode())))
+    assert r.returncode == 0 and "uid 5026\\x1b]0;owned" in r.stdout, r
+    clean(r)
+    assert not any(line.startswith("SPOOFED") for line in r.stdout.splitlines()), r
+    evil["gpus"][1]["processes"] = [{k: v for k, v in process.items() if k != "rootless"}]
+    _, r = ls(server(replying(json.dumps(evil).encode())))
+    assert r.returncode == 0 and re.search(r"^\s+process\s+7\s", r.stdout, re.M), r
+    evil["gpus"][1]["processes"] = [{**process, "rootless": {"uid": "root", "user": "x", "runtime": None, "whose": ""}}]
+    _, r = ls(server(replying(json.dumps(evil).encode())))
+    assert r.returncode == 69 and "rootless.uid is not int" in r.stderr, r

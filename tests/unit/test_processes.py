@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gpupin.core.nvml import Process
 from gpupin.hostagent.ledger import processes as procs
 from tests.support.host import HOSTAGENT, simhost_env
+from tests.support.hypo import examples
 from tests.support.processes import ME, error_line, on_cards
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE
@@ -297,3 +301,117 @@ def test_a_process_in_a_containers_pid_namespace_is_its_own() -> None:
     finally:
         outer.kill()
         outer.wait()
+
+
+# --- rootless containers: the kernel names the user, the cgroup only the container ------------------------------
+
+LIBPOD = "7" * 64
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "cid", "runtime"),
+    [
+        # podman 4 rootless on cgroup v2 with systemd: the user's manager's slice; crun's init sub-cgroup below it
+        (
+            f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{LIBPOD}.scope/container\n",
+            LIBPOD,
+            "podman",
+        ),
+        (
+            f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-conmon-{LIBPOD}.scope\n",
+            LIBPOD,
+            "podman",
+        ),
+        (f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/docker-{LIBPOD}.scope\n", LIBPOD, "docker"),
+        (f"0::/kubepods/burstable/pod1/crio-{LIBPOD}.scope\n", LIBPOD, None),  # another engine, no runtime said
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", None, None),  # a rootless container on cgroup v1/none
+    ],
+)
+def test_a_rootless_containers_cgroup_names_its_id_and_runtime(
+    cgroup: str, cid: str | None, runtime: str | None
+) -> None:
+    assert (procs.container_id(cgroup), procs.runtime_named(cgroup)) == (cid, runtime)
+
+
+_PART = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.@", min_size=1, max_size=20)
+
+
+@settings(max_examples=examples(200))
+@given(
+    above=st.lists(_PART, max_size=4),
+    uid=st.integers(min_value=0, max_value=2**32 - 1),
+    prefix=st.sampled_from(["libpod-", "libpod-conmon-", "docker-", "crio-", ""]),
+    cid=st.text(alphabet="0123456789abcdef", min_size=64, max_size=64),
+    below=st.lists(st.sampled_from(["container", "init.scope", "payload"]), max_size=2),
+)
+def test_the_cgroups_user_parts_never_change_what_it_names(
+    above: list[str], uid: int, prefix: str, cid: str, below: list[str]
+) -> None:
+    """A user names every part below their slice; the uid in `user-<uid>.slice` is never read (the kernel's is),
+    and only the innermost part that is a container's name gives the id and runtime."""
+    tail = "/".join([f"{prefix}{cid}.scope", *below])
+    plain = f"0::/{'/'.join([*above, tail])}\n"
+    slice_ = f"0::/user.slice/user-{uid}.slice/user@{uid}.service/{'/'.join([*above, tail])}\n"
+    for cgroup in (plain, slice_):
+        assert procs.container_id(cgroup) == cid
+        assert procs.runtime_named(cgroup) == {
+            "libpod-": "podman",
+            "libpod-conmon-": "podman",
+            "docker-": "docker",
+        }.get(prefix)
+
+
+def _rootless(uid: int, cid: str | None, runtime: str | None) -> procs.Use:
+    """A Use whose /proc reading was this (a process of a rootless container of `uid`)."""
+    u = procs.Use(Process(4242, None), RTX, RTX, {}, {})
+    u._where = procs.HostProcess(4242, container_id=cid, visible=True, rootless_uid=uid, runtime=runtime)
+    return u
+
+
+def test_a_rootless_owner_in_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(procs._USERS, 1001, "alice")
+    monkeypatch.setitem(procs._USERS, 7, "ev\x1b[2Jil")  # a hostile account name (useradd takes much)
+    monkeypatch.setitem(procs._USERS, 5026, "5026")  # no account: the number
+    cases = [
+        (_rootless(1001, LIBPOD, "podman"), f"rootless podman container {LIBPOD[:12]} of uid 1001 (alice)"),
+        (_rootless(5026, None, None), "a user namespace of uid 5026 (a rootless container)"),
+        (_rootless(7, LIBPOD, None), f"rootless container {LIBPOD[:12]} of uid 7 ('ev\\x1b[2Jil')"),  # read, not obeyed
+    ]
+    for use, whose in cases:
+        assert (use.owner, use.foreign, use.escape) == ("rootless", True, False)
+        assert use.rootless() == {**(use.rootless() or {}), "whose": whose}
+        assert use.describe().endswith(f" in {whose}")
+    assert _rootless(1001, LIBPOD, "podman").rootless() == {
+        "uid": 1001, "user": "alice", "runtime": "podman", "whose": cases[0][1]
+    }  # fmt: skip
+
+
+def _in_userns(argv: list[str]) -> subprocess.Popen[bytes]:
+    """argv's last process, once every `unshare` in it has exec'd the sleep at its end."""
+    p = subprocess.Popen(argv)
+    for _ in range(100):
+        if Path(f"/proc/{p.pid}/comm").read_text().strip() == "sleep":
+            break
+        time.sleep(0.05)
+    return p
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run as another uid and read its namespaces")
+def test_the_user_of_a_user_namespace_is_the_kernels_word() -> None:
+    unshare = ["unshare", "--user", "--map-root-user"]
+    as_5028 = ["setpriv", "--reuid=5028", "--regid=5028", "--clear-groups"]
+    started = [
+        _in_userns([*as_5028, *unshare, "sleep", "300"]),  # a rootless container's process: uid 5028's
+        _in_userns([*as_5028, *unshare, *unshare, "sleep", "300"]),  # nested: still 5028's (the outermost)
+        _in_userns([*unshare, "sleep", "300"]),  # root's own namespace (userns-remap, podman --userns): no user's
+        _in_userns([*as_5028, "sleep", "300"]),  # uid 5028 on the host: a host process, not a container
+    ]
+    try:
+        assert [procs.userns_owner(p.pid) for p in started] == [5028, 5028, 0, None]
+        assert procs.userns_owner(os.getpid()) is None and procs.userns_owner(2**22 + 1) is None  # gone
+        where = [procs.locate(p.pid) for p in started]
+        assert [w.rootless_uid for w in where] == [5028, 5028, None, None]
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
