@@ -19,7 +19,10 @@ The resident agent takes it cheaper (Spares): a created, never-started container
 run, renamed to `gpupin-ledger-lock` to take the lock and back to a spare's name to let it go. A rename is
 atomic against the same names (409 when taken) and costs the daemon a fraction of a create and a remove. A spare
 is used only while young (Spares.FRESH_S after its create): other clients judge a lock's lease from its Created
-time, so the holder counts its lease from the spare's create.
+time, so the holder counts its lease from the spare's create. Spares are made from an empty image of the agent's
+own (SPARE_IMAGE, imported once), never from a user's: a spare that lingers after a run must not keep
+`docker rmi` from removing that run's image. So a lock taken through a spare has not checked the run's image: the
+create does (lock.ImageMissing, then the caller's missing_image as for the lock's own create).
 
 The critical section is the look and the create; the lock is let go once the container exists (`commit`), before
 it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holders.holding), so the
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 LOCK_NAME = "gpupin-ledger-lock"
+SPARE_IMAGE = "gpupin-ledger-lock:empty"  # an image with no files: what the agent's spares are made from
 WAIT_S = 2 * lease.LEASE_S  # how long a run waits for the lock before it gives up (75)
 CHECK_S = 0.5  # how often a waiting client looks at who holds the lock
 
@@ -166,6 +170,7 @@ class DaemonLock:
         self.id: str | None = None
         self.sent = 0.0  # when this client sent the create that took it (time.monotonic)
         self.spares = spares
+        self.made_from = image  # the lock container's image: the run's, or a spare's (SPARE_IMAGE)
 
     def _create(self) -> str | None:
         """The new lock's ID, or None when someone holds it."""
@@ -205,9 +210,8 @@ class DaemonLock:
     def acquire(self, deadline: float) -> None:
         spare = self.spares.take(self.image) if self.spares is not None else None
         if self.spares is not None and spare is not None:
-            # Its image was there when it was made (Spares.FRESH_S ago at most): no check of the image here.
-            if _rename(self.api, spare.id, LOCK_NAME):
-                self.id, self.sent = spare.id, spare.sent
+            if _rename(self.api, spare.id, LOCK_NAME):  # the run's image is checked by its create
+                self.id, self.sent, self.made_from = spare.id, spare.sent, spare.image
                 return
             self.spares.discard(spare)  # someone holds the lock (or the spare is gone): the usual way
         delay = 0.005
@@ -217,7 +221,7 @@ class DaemonLock:
             sent = time.monotonic()
             lock_id = self._create()
             if lock_id is not None:
-                self.id, self.sent = lock_id, sent
+                self.id, self.sent, self.made_from = lock_id, sent, self.image
                 return
             if time.monotonic() - checked >= CHECK_S:
                 checked = time.monotonic()
@@ -252,7 +256,7 @@ class DaemonLock:
         if lock_id is None:
             return
         if self.spares is not None:
-            self.spares.after(api or self.api, self.image, Spare(lock_id, self.image, self.sent))
+            self.spares.after(api or self.api, Spare(lock_id, self.made_from, self.sent))
             return
         try:
             (api or self.api).remove_container(lock_id, force=True, v=True)
@@ -328,7 +332,7 @@ class Spares:
     def take(self, image: str) -> Spare | None:
         with self._mutex:
             spare = self._spare
-            if spare is None or spare.image != image or time.monotonic() - spare.sent > self.FRESH_S:
+            if spare is None or time.monotonic() - spare.sent > self.FRESH_S:
                 return None
             self._spare = None
             return spare
@@ -336,11 +340,12 @@ class Spares:
     def discard(self, spare: Spare) -> None:
         start_thread(self._remove_later, "hostagent-spare", (spare,))
 
-    def after(self, api: Any, image: str, used: Spare) -> None:
-        """Let the lock `used` go: renamed to a spare's name while it is young, else removed and a new spare
-        made for `image` (on the releasing thread: never in a run's way)."""
+    def after(self, api: Any, used: Spare) -> None:
+        """Let the lock `used` go: renamed to a spare's name when it was a spare and is young (half its time left,
+        for the next run), else removed and a new spare made (on the releasing thread: never in a run's way)."""
         self._version = api.api_version
-        if not self._closed and time.monotonic() - used.sent < self.FRESH_S:
+        young = time.monotonic() - used.sent < self.FRESH_S / 2
+        if not self._closed and used.image == SPARE_IMAGE and young:
             try:
                 if _rename(api, used.id, _spare_name()):
                     self._keep(used)
@@ -352,7 +357,16 @@ class Spares:
             return
         sent = time.monotonic()
         try:
-            made = Spare(_make(api, image, _spare_name()), image, sent)
+            try:
+                made = Spare(_make(api, SPARE_IMAGE, _spare_name()), SPARE_IMAGE, sent)
+            except Exception as err:
+                if not engine.is_not_found(err):
+                    raise
+                # Its image, once per daemon (again after a prune): an empty archive, no layer of substance.
+                repository, _, tag = SPARE_IMAGE.partition(":")
+                api.import_image_from_data(bytes(1024), repository=repository, tag=tag)
+                sent = time.monotonic()
+                made = Spare(_make(api, SPARE_IMAGE, _spare_name()), SPARE_IMAGE, sent)
         except Exception as err:
             if not engine.is_daemon_failure(err):
                 raise

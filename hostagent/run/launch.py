@@ -240,6 +240,8 @@ def _create(api: Any, spec: ContainerSpec, guard: lock.LedgerLock) -> str:
             cid = str(api.create_container_from_config(spec.config(api.api_version), **spec.create_args())["Id"])
         mark("created")
     except Exception as err:
+        if engine.is_not_found(err) and not guard.daemon.image_checked:  # a lock taken through a spare
+            raise lock.ImageMissing(spec.req.image) from None
         if engine.is_api_error(err):
             raise refused(err, "Docker refused to create the container", spec.pin.via) from None
         if engine.is_sdk_error(err):  # the SDK checks some options itself (sizes, modes) before sending
@@ -338,6 +340,9 @@ def reserve(
                     spec.labels.update(admit(ledger, len(chosen)))
                 guard.check()
                 return Created(_create(api, spec, guard), spec)
+        except lock.ImageMissing:  # found by the create, the lock having been a spare's: as for the lock's own
+            missing_image()
+            guard.daemon.image_checked = True
         except lock.LeaseLost as err:
             overruns += 1
             if overruns >= LEASE_RETRIES:

@@ -258,8 +258,9 @@ def _lock_events(agent: Agent, since: str) -> list[str]:
 @pytest.mark.per_engine
 def test_the_agents_runs_take_the_ledger_lock_by_a_rename(agent: Agent) -> None:
     """After its first run, the agent takes the lock by renaming a spare it made (a fraction of a create and a
-    remove on the daemon), lets it go by renaming it back, and removes its spare when it stops; a spare of an
-    agent killed meanwhile holds nothing and is removed by the next look, without a word to its user."""
+    remove on the daemon) from an empty image of its own, so that a run's image is never kept from `docker rmi`;
+    it removes its spare when it stops; a spare of an agent killed meanwhile holds nothing and is removed by the
+    next look, without a word to its user; a missing image is the same refusal with a spare as without."""
     assert _lock_containers(agent) == []
     r = Resident(agent.env)
     try:
@@ -271,10 +272,30 @@ def test_the_agents_runs_take_the_ledger_lock_by_a_rename(agent: Agent) -> None:
         [spare] = _lock_containers(agent)
         assert spare.startswith("gpupin-ledger-spare-")
         events = _lock_events(agent, since)
-        assert [e for e in events if e.startswith("create ")] == ["create gpupin-ledger-lock"], events
-        assert sum(e.startswith("rename ") for e in events) >= 5, events  # taken twice, let go three times
+        assert [e for e in events if e == "create gpupin-ledger-lock"] == ["create gpupin-ledger-lock"], events
+        assert events.count("rename gpupin-ledger-lock") >= 2, events  # the second and third runs' lock
         cards = {g["uuid"]: g for g in json.loads(agent("ls", "--json").stdout)["gpus"]}
         assert not cards[RTX]["held"]  # a spare holds nothing
+        # The run's image is free to go as soon as the run ends (an image of its own: one tag, one name).
+        mine = f"{TEST_IMAGE.split(':')[0]}:rmi-{agent.tag}"
+        base = agent.sandbox.docker("create", TEST_IMAGE, check=True).stdout.strip()
+        agent.sandbox.docker("commit", "--change", f"LABEL gpupin.test.rmi={agent.tag}", base, mine, check=True)
+        agent.sandbox.docker("rm", base, check=True)
+        try:
+            res = ha(agent, through(r), "run", "--rm", "--gpu", "1", mine, "--quiet", "true")
+            assert res.returncode == 0, res.stderr
+            gone = agent.sandbox.docker("rmi", mine)
+            assert gone.returncode == 0, gone.stderr
+        finally:
+            agent.sandbox.docker("rmi", "--force", mine)
+        # An image that is not there, with a spare to take the lock: what a run without the agent says.
+        lines = []
+        for extra in (through(r), {"GPUPIN_AGENT": "0"}):
+            wait_for(lambda: len(_lock_containers(agent)) == 1, 10, "the agent's spare")
+            res = ha(agent, extra, "run", "--rm", "--gpu", "1", f"gpupin-no-such-image:{agent.tag}")
+            assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+            lines.append((res.returncode, [ln for ln in res.stderr.splitlines() if "ERROR" in ln]))
+        assert lines[0] == lines[1]
     finally:
         r.close()
     assert _lock_containers(agent) == []  # its spare went with it
