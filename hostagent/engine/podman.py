@@ -14,7 +14,8 @@ whose `devices` take CDI names; everything after the create (start, attach, wait
 API. The create payload is the one gpupin builds for Docker (gpupin.hostagent.run.request), translated here field
 by field; a field with no translation is refused before anything is created, never dropped. Translated: the
 environment, labels, command and entrypoint, -w, -u, -t, -i, --rm, -v HOSTPATH:DEST[:OPTIONS], --ulimit,
---annotation, --shm-size, --ipc and --network (host, none, private/bridge, shareable, container:ID).
+--annotation, --stop-timeout, --shm-size, --ipc and --network (host, none, private/bridge, shareable,
+container:ID).
 
 Podman's inspect (4.3, both APIs) does not show a container's CDI devices at all: `podman run --device
 nvidia.com/gpu=1` inspects as a container with no device. What the CDI spec gave it is in the OCI spec podman wrote
@@ -136,6 +137,9 @@ def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any
     annotations = host.pop("Annotations", None)
     if annotations:
         spec["annotations"] = dict(annotations)
+    stop_timeout = conf.pop("StopTimeout", None)
+    if stop_timeout is not None:
+        spec["stop_timeout"] = int(stop_timeout)
     shm = host.pop("ShmSize", None)
     if shm:
         spec["shm_size"] = int(shm)

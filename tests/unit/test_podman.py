@@ -88,9 +88,11 @@ def test_an_anonymous_volume_or_a_network_endpoint_is_refused_not_dropped() -> N
         podman.spec_generator({**payload(), "NetworkingConfig": networking}, None)
 
 
-def test_shm_size_ipc_and_network_modes_are_carried_as_libpods() -> None:
-    spec = podman.spec_generator(payload(ShmSize=256 << 20, IpcMode="host", NetworkMode="container:abc"), None)
-    assert spec["shm_size"] == 256 << 20
+def test_stop_timeout_shm_size_ipc_and_network_modes_are_carried_as_libpods() -> None:
+    spec = podman.spec_generator(
+        {**payload(ShmSize=256 << 20, IpcMode="host", NetworkMode="container:abc"), "StopTimeout": 1}, None
+    )
+    assert spec["shm_size"] == 256 << 20 and spec["stop_timeout"] == 1
     assert spec["ipcns"] == {"nsmode": "host"} and spec["netns"] == {"nsmode": "container", "value": "abc"}
     with pytest.raises(UsageError, match=r"HostConfig\.NetworkMode"):  # a named network: not translated
         podman.spec_generator(payload(NetworkMode="mynet"), None)
