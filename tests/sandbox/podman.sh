@@ -132,7 +132,9 @@ load_base_image() {
 }
 
 do_up() {
-    ensure_packages podman:/usr/bin/podman debootstrap
+    # catatonit: podman's --init (a recommends of Debian's podman, which ensure_packages leaves out);
+    # podman-compose: the compose tests on podman (tests/docker/test_podman_compose.py)
+    ensure_packages podman:/usr/bin/podman catatonit:/usr/libexec/podman/catatonit podman-compose debootstrap
     [ -x "$FAKEGPU_BIN/nvidia-ctk" ] || die "$FAKEGPU_BIN lacks the fake nvidia-ctk: run 'make fakegpu' first"
     [ -f "$TOPOLOGY" ] || die "no topology file $TOPOLOGY"
     exec 9>"/run/gpupin-sandbox$SUFFIX.lock"
