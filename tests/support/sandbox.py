@@ -49,8 +49,8 @@ LACKS: dict[str, dict[str, str]] = {
         "compose on podman is podman-compose's (tests/docker/test_podman_compose.py)",
         "bind-create": "podman does not create a missing host folder of `-v` (Docker's daemon does): the create "
         "is refused (125)",
-        "stop-reason": "the record takes a `docker stop` of a podman container for an exit: podman's 'stop' event "
-        "(read from its events file) comes too late for it (4.3, measured; docs/podman.md, Not done yet)",
+        "stop-reason": "the agent's record counts a `docker stop` of a podman container as an exit, not a stop "
+        "(4.3, measured; the cause is not found yet: docs/podman.md, Not done yet)",
     },
 }
 
