@@ -49,8 +49,8 @@ LACKS: dict[str, dict[str, str]] = {
         "compose on podman is podman-compose's (tests/docker/test_podman_compose.py)",
         "bind-create": "podman does not create a missing host folder of `-v` (Docker's daemon does): the create "
         "is refused (125)",
-        "stop-reason": "the agent's record counts a `docker stop` of a podman container as an exit, not a stop "
-        "(4.3, measured; the cause is not found yet: docs/podman.md, Not done yet)",
+        "stop-reason": "podman sends no `kill` event and not always a `stop` for a `docker stop` (4.3, measured): "
+        "the agent's record counts it as an exit (docs/podman.md, Not done yet)",
     },
 }
 
