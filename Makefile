@@ -45,8 +45,8 @@ help:
 	@echo "                   (GPUPIN_SANDBOX_ENGINE=26 or 28.5: that engine's; ENGINES=20.10 runs the tests on one)"
 	@echo "make slurm-up      start the test Slurm (munged, slurmctld, slurmd; prints SLURM_CONF); slurm-down stops it"
 	@echo "make podman-up     the sandboxed podman 4.3 service with the test image (prints DOCKER_HOST); podman-down"
-	@echo "                   (PODMAN=5: Debian 13's podman 5.4 in a trixie root; make test-podman PODMAN=5 tests it)"
-	@echo "make test-podman   the podman tests (tests/docker/test_podman.py), podman and the first engine required"
+	@echo "                   (PODMAN=5: Debian 13's podman 5.4 in a trixie root)"
+	@echo "make test-podman   the docker tier's runtime tests and podman's own on the sandboxed podman (PODMAN=5 too)"
 	@echo "make swarm-up      a three-node Docker Swarm of simulated GPU hosts (one line per node); swarm-down"
 
 # apt waits up to 10 minutes for its lock (unattended-upgrades may hold it) instead of failing at once; on apt 2.6
@@ -78,10 +78,10 @@ engine28.5:
 	@GPUPIN_SANDBOX_ENGINE=28.5 $(SANDBOX) install
 
 sandbox-down:
-	@for e in $(ENGINES); do GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) down || exit 1; done
+	@for e in $(ENGINES); do $(call SANDBOX_OF,$$e); $$sb down || exit 1; done
 
 sandbox-purge:
-	@for e in $(ENGINES); do GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) purge || exit 1; done
+	@for e in $(ENGINES); do $(call SANDBOX_OF,$$e); $$sb purge || exit 1; done
 
 # The single-host Slurm of the simulated host (tests/cluster/test_slurm.py starts and stops its own).
 slurm-up: fakegpu
@@ -103,27 +103,24 @@ swarm-down:
 # The sandboxed podman 4.3 service (tests/sandbox/podman.sh installs podman as docker.io is installed), with the test
 # image built there by podman itself; tests/docker/test_podman.py runs against it (docs/podman.md). PODMAN=5: Debian
 # 13's podman 5.4 instead, chrooted in a debootstrapped trixie root under build/podman5 (GPUPIN_PODMAN, podman.sh).
-# The build has no network (the image installs from the wheels; podman 5's chroot shares the host's network).
 PODMAN ?= 4.3
 export GPUPIN_PODMAN := $(PODMAN)
 .PHONY: podman-up podman-down
 podman-up: wheels fakegpu
-	@tests/sandbox/podman.sh up >/dev/null
-	@out=$$(tests/sandbox/podman.sh podman build -q --network none --build-arg BASE_IMAGE=$(BASE_IMAGE) \
-	  -t $(TEST_IMAGE) . 2>&1) || \
-	  { echo "$$out" >&2; echo "make: the test image did not build on podman" >&2; exit 1; }
+	@$(call UP_WITH_TEST_IMAGE,podman)
 	@tests/sandbox/podman.sh env | head -1
 
 podman-down:
 	@tests/sandbox/podman.sh down
 
-# The podman tests (the cross-runtime one on the first engine's Docker sandbox too), with podman required; the
-# rootless ones bring up (and down) a rootless podman of their own (podman.sh rootless).
+# The docker tier on podman (docs/testing.md, The engines): its runtime tests (`per_engine`) against the sandboxed
+# podman service (PODMAN=5: podman 5's), and podman's own (tests/docker/test_podman*.py, test_rootless.py: the
+# rootless ones bring up and down a rootless podman of their own); the first Docker engine's sandbox is up too (the
+# cross-runtime test). `make test-docker ENGINES="20.10 podman"` runs it beside a Docker engine's run instead.
 .PHONY: test-podman
-test-podman: ENGINES := $(firstword $(ENGINES))
-test-podman: test-tools image-test podman-up
-	@export $(REQUIRED) GPUPIN_TEST_ENGINES=$(ENGINES) GPUPIN_TEST_REQUIRE_PODMAN=1; \
-	  $(call TIER,tests/docker/test_podman.py tests/docker/test_rootless.py,docker)
+test-podman: ENGINES := $(firstword $(ENGINES)) podman
+test-podman: test-tools image-test
+	@export $(REQUIRED) GPUPIN_TEST_ENGINES=podman GPUPIN_TEST_REQUIRE_PODMAN=1; $(call TIER,tests/docker,docker)
 
 # Offline wheels for the image: gpupin itself and what its bare install needs (no docker SDK). The wheel is built
 # in build isolation (setuptools from [build-system]), so the venv needs no setuptools or wheel of its own.
@@ -147,13 +144,17 @@ image: wheels
 
 # The test image: the project's own Dockerfile on the sandbox's debootstrap base, on each engine's sandbox, built by
 # that engine's own CLI (its output only on failure: Engine 26's CLI warns that the legacy builder is deprecated),
-# the engines side by side (the shared debootstrap cache and each engine's fetch are locked in sandbox.sh).
+# the engines side by side (the shared debootstrap cache and each engine's fetch are locked in sandbox.sh). The
+# engine `podman` is the sandboxed podman service, its image built by podman (podman.sh).
+# Podman builds without a network (the image installs from the wheels; podman 5's chroot shares the host's network).
+SANDBOX_OF = if [ "$(1)" = podman ]; then sb=tests/sandbox/podman.sh; cli="podman build --network none"; \
+	  else sb="env GPUPIN_SANDBOX_ENGINE=$(1) $(SANDBOX)"; cli="docker build"; fi
+UP_WITH_TEST_IMAGE = $(call SANDBOX_OF,$(1)); $$sb up >/dev/null || exit 1; \
+	out=$$($$sb $$cli -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(TEST_IMAGE) . 2>&1) || \
+	  { echo "$$out" >&2; echo "make: the test image did not build on $(1)" >&2; exit 1; }
 image-test: wheels fakegpu
-	@pids=; for e in $(filter-out podman,$(ENGINES)); do \
-	  ( GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) up >/dev/null || exit 1; \
-	    out=$$(GPUPIN_SANDBOX_ENGINE=$$e $(SANDBOX) docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) \
-	      -t $(TEST_IMAGE) . 2>&1) || { echo "$$out" >&2; echo "make: the test image did not build on $$e" >&2; exit 1; } \
-	  ) & pids="$$pids $$!"; \
+	@pids=; for e in $(ENGINES); do \
+	  ( $(call UP_WITH_TEST_IMAGE,$$e) ) & pids="$$pids $$!"; \
 	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; exit $$rc
 
 # pytest's 5 ("no tests ran") is a failure: a run that tested nothing never passes as green.

@@ -4,7 +4,8 @@ daemons, hostagent against them; and the tiers themselves (README.md in this fol
 Tests that need the daemon use the `sandbox` fixture (or `sandboxes`, `agent`). It skips when no sandbox answers,
 except under CI=true or GPUPIN_TEST_REQUIRE_DOCKER=1 (what `make test` sets), where a missing daemon is a failure.
 The fixture is parametrized over the Docker engines (ids "20.10", "26", "28.5"; GPUPIN_TEST_ENGINES picks some, as
-`make test ENGINES=...` does): every docker-path test runs once per engine, each engine on its own sandbox.
+`make test ENGINES=...` does): every docker-path test runs once per engine, each engine on its own sandbox. Podman
+("podman", only where named) is one more: its sandbox is the sandboxed podman service (tests/support/sandbox.py).
 What the tests share besides fixtures is in tests/support.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.support.engines import engine_for, engine_free_name, on_this_engine
+from tests.support.engines import engine_for, engine_free_name, on_this_engine, skip_what_the_engine_lacks
 from tests.support.host import FAKEGPU, REPO, required
 from tests.support.hypo import BASE
 from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test, serves_cdi
@@ -86,7 +87,9 @@ def agent(mixed4_sandbox: Sandbox) -> Iterator[Agent]:
 def agent_any(request: pytest.FixtureRequest, sandboxes: Sandboxes) -> Iterator[Agent]:
     """An Agent on one engine, the one that takes this test (engine_for): for what hostagent decides before it asks
     the daemon anything (its argument handling, its own refusals)."""
-    yield from agent_on(sandboxes.get(engine_for(engine_free_name(request.node))))
+    engine = engine_for(engine_free_name(request.node))
+    assert engine is not None, "an agent_any test is kept only where a Docker engine takes it"
+    yield from agent_on(sandboxes.get(engine))
 
 
 @pytest.fixture
@@ -185,6 +188,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests filed in the wrong tier's folder (docs/testing.md, The tiers):\n  " + "\n  ".join(misplaced)
         )
+    for item in items:
+        skip_what_the_engine_lacks(item)
     elsewhere = [item for item in items if not on_this_engine(item)]
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)

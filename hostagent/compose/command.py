@@ -85,23 +85,31 @@ class Daemon:
     project's own containers, and the processes that no grant explains: gpupin.hostagent.ledger.processes), whether it
     serves the cards by CDI (gpupin.hostagent.engine.cdi), and why the ledger is unknown (None: it was read)."""
 
-    def __init__(self, busy: dict[str, list[Holder]], detection: cdi.Detection, unknown: str | None = None) -> None:
+    def __init__(
+        self,
+        busy: dict[str, list[Holder]],
+        detection: cdi.Detection,
+        unknown: str | None = None,
+        podman: str | None = None,
+    ) -> None:
         self.busy = busy
         self.detection = detection
         self.unknown = unknown
+        self.podman = podman  # the podman version of a daemon that is podman, None for Docker
 
 
 def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[str], cdi_too: bool = True) -> Daemon:
     """The ledger, and (`cdi_too`) what the daemon serves by CDI; when Docker cannot be reached, say so: the
     ledger is unknown (a count is then not placed: unknown is not free), and the nvidia driver pins the cards."""
     from gpupin.hostagent import engine
+    from gpupin.hostagent.engine import podman
     from gpupin.hostagent.ledger import holders as ledger
     from gpupin.hostagent.ledger import processes
     from gpupin.hostagent.ledger import read as ledger_read
 
     try:
         api = engine.connect(timeout=10)
-        daemon_info = engine.info(api) if cdi_too and engine.may_serve_cdi(api) else None
+        daemon_info, detection = engine.daemon_view(api, ask=cdi_too)
         reading = ledger_read.read_ledger(api, cards, daemon_info)
         own = own_container_ids(api.containers(all=True, filters={"label": _COMPOSE_PROJECT}), projects, service_names)
     except Exception as err:
@@ -115,13 +123,12 @@ def read_daemon(cards: Sequence[Card], projects: set[str], service_names: set[st
             NOT_ASKED,
             f"the ledger was not read ({why})",
         )
-    detection = engine.cdi_detection(daemon_info) if daemon_info is not None else NOT_ASKED
     busy = ledger.held(h for h in reading.holders if h.id not in own)
     for key, hs in processes.blocking(
         cards, processes.attribute(cards, reading.holders, reading.names, reading.places)
     ).items():
         busy.setdefault(key, []).extend(hs)
-    return Daemon(busy, detection)
+    return Daemon(busy, detection, podman=podman.version(api))
 
 
 def _host(doc: Any, paths: Sequence[str], cdi_too: bool) -> tuple[list[Card], Daemon]:
@@ -305,7 +312,9 @@ def render_command(options: Options, output: str | None, via: str | None = None)
     def make(project: Project) -> tuple[str, Any]:
         doc = project.doc
         cards, daemon = _host(doc, project.files + ([output] if output else []), cdi_too=via is None)
-        rendered, exam = render(doc, cards, daemon.busy, daemon.detection, via, daemon.unknown, project.file_env)
+        rendered, exam = render(
+            doc, cards, daemon.busy, daemon.detection, via, daemon.unknown, project.file_env, daemon.podman
+        )
         for p in top_level_lookalikes(doc):  # render says no other warning; this one may explain a missing card
             say(p.line(project_name(project)))
         if not exam.requests:

@@ -203,3 +203,23 @@ def write_device(svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
     if old.get("options"):
         entry["options"] = old["options"]
     devices[req.device_index] = entry
+
+
+def as_cdi_names(svc: dict[str, Any], pin: Pin) -> None:
+    """The device entry write_device wrote, moved to CDI names in `devices:` (podman: its compose tools drop every
+    device request, while `devices:` reaches podman's own create, which resolves CDI names; docs/podman.md)."""
+    devices = device_list(svc)
+    devices[:] = [d for d in devices if not (isinstance(d, dict) and d.get("device_ids") == pin.device_ids)]
+    for path in (("deploy", "resources", "reservations", "devices"), ("deploy", "resources", "reservations")):
+        *above, last = path  # the levels write_device created, dropped again where they are left empty
+        node: Any = svc
+        for level in above:
+            node = node.get(level) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(last) in ([], {}):
+            node.pop(last)
+    for level in ("resources", "deploy"):
+        parent = svc if level == "deploy" else svc.get("deploy")
+        if isinstance(parent, dict) and parent.get(level) == {}:
+            parent.pop(level)
+    named = svc.get("devices")
+    svc["devices"] = [*(named if isinstance(named, list) else []), *pin.device_ids]

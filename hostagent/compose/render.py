@@ -6,7 +6,9 @@ nvidia`), as `hostagent run` pins (gpupin.hostagent.engine.cdi; `--via` decides 
 (GPUPIN_EXPECT in local-rank order, NVIDIA_VISIBLE_DEVICES for the nvidia driver, GPUPIN_VERIFY when asked) and
 labels (gpupin.devices, gpupin.shared), kept in the list or mapping spelling the user wrote. Everything else is
 kept; `x-gpupin` and the forms only newer compose versions read (`gpus:`, CDI names in `devices:`) become the
-device entry. Pure over the document, the cards, the ledger and what the daemon serves.
+device entry. On podman the pin is CDI names in `devices:` instead (gpurequest.as_cdi_names): podman's compose tools
+drop every device request, and a service that the nvidia driver would pin is refused there. Pure over the document,
+the cards, the ledger and what the daemon serves.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import copy
 import os
 
 from gpupin.core.contract import NVD_VAR
+from gpupin.hostagent.compose.gpurequest import as_cdi_names
 from gpupin.hostagent.compose.problems import Problem, RenderRefused, printable
 from gpupin.hostagent.compose.rules import Examination, examine
 from gpupin.hostagent.engine import cdi
@@ -64,10 +67,15 @@ NOT_ASKED = cdi.Detection(False, "the daemon was not asked")
 
 
 def pinned(
-    doc: Mapping[str, Any], exam: Examination, detection: cdi.Detection = NOT_ASKED, via: str | None = None
+    doc: Mapping[str, Any],
+    exam: Examination,
+    detection: cdi.Detection = NOT_ASKED,
+    via: str | None = None,
+    podman: str | None = None,
 ) -> dict[str, Any]:
     """A copy of the document with every service that asks for GPUs pinned to the cards of the plan, through CDI
-    or the nvidia driver (`via`, else as `detection` finds the daemon serves each service's cards)."""
+    or the nvidia driver (`via`, else as `detection` finds the daemon serves each service's cards); on `podman` (its
+    version) as CDI names in `devices:`."""
     out: dict[str, Any] = copy.deepcopy(dict(doc))
     for req in exam.requests:
         targets = exam.plan[req.service]
@@ -75,6 +83,8 @@ def pinned(
         pin = Pin(targets, share=req.share, verify=req.verify, via=way)
         svc = out["services"][req.service]
         req.form.write(svc, req, pin)
+        if podman:
+            as_cdi_names(svc, pin)
         if way == cdi.CDI:  # the spec sets it (void); one the file kept from another way would only mislead
             _unset(svc, "environment", {NVD_VAR})
         set_entries(svc, "environment", pin.env())
@@ -102,9 +112,11 @@ def render(
     via: str | None = None,
     unknown: str | None = None,
     file_env: Mapping[str, Mapping[str, str | None]] | None = None,
+    podman: str | None = None,
 ) -> tuple[dict[str, Any], Examination]:
     """The pinned document and what `examine` found; RenderRefused with every refusal when there is one (`unknown`:
-    why the ledger was not read, None when it was; `file_env`: hostagent.compose.rules.examine)."""
+    why the ledger was not read, None when it was; `file_env`: hostagent.compose.rules.examine; `podman`: the
+    version of the podman that serves, None for Docker)."""
     exam = examine(doc, cards, busy, unknown, file_env)
     refusals = exam.refusals
     if via == cdi.CDI:  # as `hostagent run --via cdi --gpu-capabilities`: a CDI request carries no capabilities
@@ -118,6 +130,17 @@ def render(
             for r in exam.requests
             if r.capabilities
         ]
+    if podman:  # only a CDI name pins there; the nvidia driver's request would start the service with no card
+        refusals += [
+            Problem(
+                r.service,
+                f"would be pinned by the nvidia driver (`--via nvidia` or driver capabilities) on podman {podman}, "
+                "whose compose tools drop that request: the service would start with no card pinned",
+                "render without --via nvidia, and drop the capabilities: podman pins by CDI names in `devices:`",
+            )
+            for r in exam.requests
+            if via == cdi.NVIDIA or (via is None and r.capabilities)
+        ]
     if refusals:
         raise RenderRefused(refusals)
-    return pinned(doc, exam, detection, via), exam
+    return pinned(doc, exam, detection, via, podman), exam

@@ -103,5 +103,11 @@ def is_not_found(err: BaseException) -> bool:
     return errors is not None and isinstance(err, errors.NotFound)
 
 
+# Podman 4.3 answers a create whose name is taken with 500, not Docker's 409 (measured): libpod's ErrCtrExists,
+# "...: that name is already in use".
+_NAME_IN_USE = "that name is already in use"
+
+
 def is_conflict(err: BaseException) -> bool:
-    return _status(err) == 409
+    status = _status(err)
+    return status == 409 or (status == 500 and _short(err).endswith(_NAME_IN_USE))

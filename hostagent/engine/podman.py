@@ -13,9 +13,11 @@ So a pinned container is created through podman's own API (`POST /libpod/contain
 whose `devices` take CDI names, on every podman: 5.4.2's compatible API still drops the nvidia driver's request but
 honours the CDI driver's, and the libpod create pins on 4.3 and 5 alike, so it stays the one way
 (gpupin.hostagent.run.launch's create). Everything after the create (start, attach, wait, inspect) stays on the
-compatible API. The create payload is the one gpupin builds for Docker
-(gpupin.hostagent.run.request), translated here field by field; a field with no translation is refused before
-anything is created, never dropped.
+compatible API. The create payload is the one gpupin builds for Docker (gpupin.hostagent.run.request), translated
+here field by field; a field with no translation is refused before anything is created, never dropped. Translated:
+the environment, labels, command and entrypoint, -w, -u, -t, -i, --rm, -v HOSTPATH:DEST[:OPTIONS], --ulimit,
+--annotation, --stop-timeout, --shm-size, --ipc and --network (host, none, private/bridge, shareable,
+container:ID).
 
 Podman's inspect (4.3 and 5.4.2, both APIs) does not show a container's CDI devices at all: `podman run --device
 nvidia.com/gpu=1` inspects as a container with no device. What the CDI spec gave it is in the OCI spec podman wrote
@@ -79,8 +81,20 @@ def _mount(bind: str) -> dict[str, Any]:
             f"-v {shown(bind)}: on podman, hostagent passes bind mounts of host paths only",
             "give the host path (/...), or create the volume's container with podman itself",
         )
-    options = ["rbind"] + [o for o in mode.split(",") if o in ("ro", "rw", "z", "Z")]
+    # Every option as given: podman refuses one it does not know (125), as Docker does; none is dropped here.
+    options = ["rbind"] + [o for o in mode.split(",") if o]
     return {"destination": dest, "source": source, "type": "bind", "options": options}
+
+
+def _namespace(mode: str) -> dict[str, str]:
+    """A Docker namespace mode (`host`, `none`, `private`, `container:ID`...) as libpod's Namespace."""
+    kind, _, value = mode.partition(":")
+    return {"nsmode": kind, "value": value} if value else {"nsmode": kind}
+
+
+# Docker's modes of --ipc and --network that libpod takes under the same name (a named network is not translated).
+_IPC_MODES = ("host", "none", "private", "shareable", "container")
+_NET_MODES = ("host", "none", "bridge", "container")
 
 
 def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any]:
@@ -125,6 +139,16 @@ def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any
     annotations = host.pop("Annotations", None)
     if annotations:
         spec["annotations"] = dict(annotations)
+    stop_timeout = conf.pop("StopTimeout", None)
+    if stop_timeout is not None:
+        spec["stop_timeout"] = int(stop_timeout)
+    shm = host.pop("ShmSize", None)
+    if shm:
+        spec["shm_size"] = int(shm)
+    for key, field, modes in (("IpcMode", "ipcns", _IPC_MODES), ("NetworkMode", "netns", _NET_MODES)):
+        mode = str(host.get(key) or "")
+        if mode.partition(":")[0] in modes:
+            spec[field] = _namespace(host.pop(key))
     left = [k for k, v in conf.items() if not _idle(k, v)] + [
         f"HostConfig.{k}" for k, v in host.items() if not _idle(k, v)
     ]

@@ -10,12 +10,16 @@ a TTY it is multiplexed: frames of an 8-byte header (stream, 0, 0, 0, big-endian
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 
 from gpupin.hostagent import http1
 from gpupin.hostagent.engine.address import endpoint
 from gpupin.hostagent.engine.failures import EngineError
+from gpupin.hostagent.engine.podman import HEADER
+
+PODMAN_HEADER = HEADER.lower()  # http1.Answer's header names are lower-case
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,14 +114,19 @@ class Stream:
 
 
 class Waiter:
-    """`POST /containers/ID/wait` registered on the daemon (its answer's head read), its body still to come."""
+    """`POST /containers/ID/wait` registered on the daemon (its answer's head read), its body still to come; `then`:
+    a second wait whose end is waited for too, its answer not used."""
 
-    def __init__(self, answer: http1.Answer) -> None:
+    def __init__(self, answer: http1.Answer, then: http1.Answer | None = None) -> None:
         self._answer = answer
+        self._then = then
 
     def result(self) -> dict[str, Any]:
         """`{"StatusCode": N, "Error": ...}`, once the condition is met (no read timeout: it may take days)."""
         data = self._answer.json()
+        if self._then is not None:
+            with contextlib.suppress(Exception):  # the exit code is known; the removal is podman's own
+                self._then.json()
         return data if isinstance(data, dict) else {}
 
 
@@ -128,6 +137,7 @@ class Engine:
         self.ep = ep or endpoint()
         self.version = version
         self.timeout = timeout
+        self.podman: str | None = None  # the podman version, once an answer said the daemon is podman
 
     def _open(
         self,
@@ -140,6 +150,7 @@ class Engine:
     ) -> http1.Answer:
         sock = _dial(self.ep, self.timeout if timeout == -1.0 else timeout)
         answer = http1.exchange(sock, method, http1.target(f"/v{self.version}{path}", params), body, headers=headers)
+        self.podman = answer.headers.get(PODMAN_HEADER) or self.podman
         if answer.status >= 400:
             raw = answer.body()
             try:
@@ -180,7 +191,13 @@ class Engine:
         return Stream(answer, tty)
 
     def wait(self, cid: str, condition: str) -> Waiter:
-        return Waiter(self._open("POST", f"/containers/{cid}/wait", {"condition": condition}, timeout=None))
+        answer = self._open("POST", f"/containers/{cid}/wait", {"condition": condition}, timeout=None)
+        if condition == "removed" and self.podman:
+            # Podman's compatible wait for "removed" answers StatusCode 0 whatever the exit (4.3, measured): the exit
+            # code comes from a wait for the exit, registered beside it before the start, as that one is.
+            exited = self._open("POST", f"/containers/{cid}/wait", {"condition": "next-exit"}, timeout=None)
+            return Waiter(exited, then=answer)
+        return Waiter(answer)
 
     def kill(self, cid: str, signal: int | None = None) -> None:
         self.call("POST", f"/containers/{cid}/kill", {"signal": signal})

@@ -81,15 +81,16 @@ def pull(api: Any, req: RunRequest) -> None:
 
     repo, tag = parse_repository_tag(req.image)
     platform = req.options.get("platform")
+    # The same words whether the daemon refuses the pull (Docker) or reports the failure in its stream (podman).
+    failed = f"image {req.image!r} {'could' if req.pull == 'always' else 'not found locally and could'} not be pulled"
     try:
         render(api.pull(repo, tag=tag or "latest", stream=True, decode=True, platform=platform))
     except DockerRefusedError as err:
-        raise DockerRefusedError(f"image {req.image!r} could not be pulled: {err.message}", err.hint) from None
+        raise DockerRefusedError(f"{failed}: {err.message}", err.hint) from None
     except Exception as err:
         reason = engine.refused(err, "pull").message.split(": ", 1)[-1]
         raise DockerRefusedError(
-            f"image {req.image!r} not found locally and could not be pulled: {reason}",
-            "check the name, or build/load it first (`docker images` lists what there is)",
+            f"{failed}: {reason}", "check the name, or build/load it first (`docker images` lists what there is)"
         ) from None
 
 

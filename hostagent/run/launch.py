@@ -243,7 +243,9 @@ def _create(api: Any, spec: ContainerSpec, guard: lock.LedgerLock) -> str:
         if engine.is_not_found(err) and not guard.daemon.image_checked:  # a lock taken through a spare
             raise lock.ImageMissing(spec.req.image) from None
         if engine.is_api_error(err):
-            raise refused(err, "Docker refused to create the container", spec.pin.via) from None
+            raise refused(
+                err, "Docker refused to create the container", spec.pin.via, bool(podman.version(api))
+            ) from None
         if engine.is_sdk_error(err):  # the SDK checks some options itself (sizes, modes) before sending
             raise bad_option(err) from None
         raise

@@ -45,12 +45,17 @@ def interrupted(err: Interrupted | KeyboardInterrupt) -> int:
     return 128 + signum
 
 
-def refused(err: BaseException, doing: str, via: str) -> DockerRefusedError:
-    """The daemon's refusal as `docker run` codes it; a CDI name it does not serve gets the hint that fits."""
+def refused(err: BaseException, doing: str, via: str, podman: bool = False) -> DockerRefusedError:
+    """The daemon's refusal as `docker run` codes it; a CDI name it does not serve gets the hint that fits (on
+    `podman`, which reads its own spec folders and takes no --via nvidia, another)."""
     out = engine.refused(err, doing)
     if via == cdi.CDI and "cdi" in out.message.lower():
         out.hint = (
-            f"the daemon does not serve {cdi.KIND} by this name: see `docker info` (CDISpecDirs) and the "
+            f"podman does not resolve this {cdi.KIND} name: it reads the specs in /etc/cdi and /var/run/cdi "
+            "(`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` writes them; `nvidia-ctk cdi list` lists "
+            "their names)"
+            if podman
+            else f"the daemon does not serve {cdi.KIND} by this name: see `docker info` (CDISpecDirs) and the "
             "spec (`nvidia-ctk cdi list` lists its names), or pin with --via nvidia"
         )
     return out
@@ -77,7 +82,7 @@ def start(api: Engine, cid: str, req: RunRequest, via: str) -> Attachment | None
         with contextlib.suppress(Exception):
             api.remove(cid, force=True)
         if engine.is_api_error(err):
-            raise refused(err, "Docker could not start the container", via) from None
+            raise refused(err, "Docker could not start the container", via, api.podman is not None) from None
         if isinstance(err, Exception) and engine.is_daemon_failure(err):
             raise engine.failure(err, "starting the container") from None
         raise

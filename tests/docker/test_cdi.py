@@ -19,7 +19,7 @@ from gpupin.hostagent import engine
 from gpupin.hostagent.engine import address
 from gpupin.hostagent.ledger import lease
 from tests.support.host import FAKEGPU, saw
-from tests.support.sandbox import TEST_IMAGE, Agent, Sandbox, serves_cdi
+from tests.support.sandbox import PODMAN, TEST_IMAGE, Agent, Sandbox, serves_cdi
 from tests.support.scenarios import scenario, uuids
 
 # Every engine runs these (CDI is the engine's own device path): docs/testing.md, The engines.
@@ -37,14 +37,17 @@ def test_each_engine_says_whether_it_serves_the_cards_by_cdi(
 ) -> None:
     monkeypatch.setattr(address, "_ENDPOINT", engine.Endpoint(mixed4_sandbox.host, None, "DOCKER_HOST"))
     api = engine.connect(timeout=30)
-    d = engine.cdi_detection(engine.info(api))
-    if mixed4_sandbox.engine == "28.5":  # CDI on by default, and the daemon lists what it found: no file read
+    d = engine.daemon_view(api)[1]  # what run, serve and compose ask
+    if mixed4_sandbox.engine == PODMAN:  # its API predates CDI, yet it resolves the names itself
+        assert d.served and d.names is None and "podman resolves" in d.why
+    elif mixed4_sandbox.engine == "28.5":  # CDI on by default, and the daemon lists what it found: no file read
         assert d.served and d.names == frozenset(NAMES) and f"discovered {len(NAMES)} nvidia.com/gpu" in d.why
     elif serves_cdi(mixed4_sandbox):
         spec = mixed4_sandbox.run_dir / "cdi" / "nvidia.yaml"
         assert d.served and d.names is not None and set(NAMES) <= d.names and str(spec) in d.why
-    else:
-        assert not d.served and "CDI off" in d.why
+    else:  # its API predates CDI: /info is not asked; were it asked, it would say CDI is off
+        assert not d.served and "predates CDI" in d.why
+        assert "CDI off" in engine.cdi_detection(engine.info(api)).why
 
 
 def inspect(sandbox: Sandbox, cid: str) -> dict[str, Any]:
@@ -72,6 +75,7 @@ def test_run_pins_through_what_the_daemon_serves_and_the_entrypoint_proves_it(ag
     assert r.stdout.splitlines()[0] == ("NVD=void" if serves_cdi(agent.sandbox) else f"NVD={RTX}")
 
 
+@pytest.mark.needs("gpus")
 def test_via_overrides_what_the_daemon_serves(agent: Agent) -> None:
     r = agent("run", "-d", "--via", "nvidia", "--gpu", "1", TEST_IMAGE, "sleep", "30")
     assert r.returncode == 0, r.stderr
@@ -87,6 +91,7 @@ def test_via_overrides_what_the_daemon_serves(agent: Agent) -> None:
         assert len(agent.containers()) == 1  # the first one only
 
 
+@pytest.mark.needs("cdi-inspect")
 def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(agent_cdi: Agent) -> None:
     a = agent_cdi
     cid = a.sandbox.docker(
@@ -113,6 +118,7 @@ def test_a_container_holding_a_card_by_cdi_index_makes_run_answer_75(agent_cdi: 
     assert (holder["how"], holder["via"], holder["grants"][0]["form"]) == ("--device nvidia.com/gpu=1", "CDI", "cdi")
 
 
+@pytest.mark.needs("cdi-inspect")
 def test_privileged_with_a_cdi_gpu_holds_every_card(agent_cdi: Agent) -> None:
     a = agent_cdi
     mine = {**lease.claim(), "gpupin.test": a.tag}  # held while "being started": no privileged run needed
@@ -162,6 +168,7 @@ def index_only_spec(agent_cdi: Agent) -> Iterator[Agent]:
         os.replace(tmp, spec)
 
 
+@pytest.mark.needs("gpus")
 def test_a_spec_that_names_no_uuid_is_no_pin_so_the_nvidia_driver_pins(index_only_spec: Agent) -> None:
     a = index_only_spec
     r = a("run", "--dry-run", "--gpu", "1", TEST_IMAGE)

@@ -21,7 +21,7 @@ from tests.support.sandbox import TEST_IMAGE, Sandbox, serves_cdi
 from tests.support.scenarios import uuids
 
 # Every engine runs these (each engine brings its own compose (1.29, v2) and its model): docs/testing.md, The engines.
-pytestmark = pytest.mark.per_engine
+pytestmark = [pytest.mark.per_engine, pytest.mark.needs("compose")]
 
 A800, RTX, A800B, A800C = uuids("mixed-4")  # NVML order: 1B, 3B, 86 (busy), AF
 EXAMPLES = REPO / "compose"

@@ -23,7 +23,7 @@ from tests.support.scenarios import uuids
 from tests.unit.test_compose_project import IDS, PROJECTS, PROJECTS_DIR, hostagent
 
 # Every engine runs these (each engine brings its own compose (1.29, v2) and its model): docs/testing.md, The engines.
-pytestmark = pytest.mark.per_engine
+pytestmark = [pytest.mark.per_engine, pytest.mark.needs("compose")]
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.sandbox import TEST_IMAGE, Sandbox, serves_cdi
+from tests.support.sandbox import PODMAN, TEST_IMAGE, Sandbox, has, serves_cdi
 from tests.support.scenarios import topology, uuids
 
 # Every engine runs these (what differs between the engines): docs/testing.md, The engines.
@@ -86,6 +86,11 @@ def test_each_sandbox_is_the_engine_it_claims(sandbox: Sandbox) -> None:
     info = json.loads(sandbox.docker("version", "--format", "{{json .}}", check=True).stdout)
     server = info["Server"]
     components = {c["Name"]: c["Version"] for c in server["Components"]}
+    if sandbox.engine == PODMAN:  # Debian 12's podman 4.3 behind its compatible API (1.41), runc its runtime
+        assert server["Version"].startswith("4.3.") and server["ApiVersion"] == "1.41"
+        assert components["Podman Engine"].startswith("4.3.")
+        assert "runc version 1.1.5" in components["OCI Runtime (runc)"]
+        return
     compose = sandbox.compose("version", "--short")
     assert compose.returncode == 0, compose.stderr
     if sandbox.engine == "20.10":
@@ -124,10 +129,11 @@ def test_a_cdi_device_gives_exactly_that_card(engine_cdi: Sandbox, devices: tupl
     in_file = [g["uuid"] for g in topology("mixed-4")["gpus"]]  # minor numbers: the cards' places in the file
     minors = [in_file.index(u) for u in cards]
     assert [d for d in seen["dev"] if d[len("nvidia") :].isdigit()] == sorted(f"nvidia{m}" for m in minors)
-    assert [(r["Driver"], r["DeviceIDs"]) for r in host_config["DeviceRequests"]] == [
-        ("cdi", [f"nvidia.com/gpu={d}" for d in devices])
-    ]
-    assert not host_config.get("Devices")
+    if has(engine_cdi, "cdi-inspect"):
+        assert [(r["Driver"], r["DeviceIDs"]) for r in host_config["DeviceRequests"]] == [
+            ("cdi", [f"nvidia.com/gpu={d}" for d in devices])
+        ]
+        assert not host_config.get("Devices")
 
 
 @pytest.mark.parametrize(("device", "mig"), [("0:1", MIG_GI2), (MIG_GI1, MIG_GI1)], ids=["index", "uuid"])
@@ -137,9 +143,10 @@ def test_a_cdi_mig_device_gives_exactly_that_mig_device(engine_cdi: Sandbox, dev
     assert seen["cuda"] == [hexid(mig)]
     assert seen["visible"] == "void"
     assert "nvidia-caps" in seen["dev"] and "nvidia0" in seen["dev"] and "nvidia1" not in seen["dev"]
-    assert [(r["Driver"], r["DeviceIDs"]) for r in host_config["DeviceRequests"]] == [
-        ("cdi", [f"nvidia.com/gpu={device}"])
-    ]
+    if has(engine_cdi, "cdi-inspect"):
+        assert [(r["Driver"], r["DeviceIDs"]) for r in host_config["DeviceRequests"]] == [
+            ("cdi", [f"nvidia.com/gpu={device}"])
+        ]
 
 
 def test_an_unknown_cdi_device_is_refused_and_nothing_runs(engine_cdi: Sandbox) -> None:
@@ -147,13 +154,15 @@ def test_an_unknown_cdi_device_is_refused_and_nothing_runs(engine_cdi: Sandbox) 
     name = f"gpupintest-cdi-{os.getpid()}-{next(_names)}"
     try:
         r = sb.docker("run", "--name", name, "--device", "nvidia.com/gpu=4", TEST_IMAGE, "true")
-        assert r.returncode == 125 and "nvidia.com/gpu=4" in r.stderr, r
+        # the docker CLI's 125; podman's CLI answers 126 (4.3, measured: it fails in the start's attach)
+        assert r.returncode == (126 if sb.engine == PODMAN else 125) and "nvidia.com/gpu=4" in r.stderr, r
         state = json.loads(sb.docker("inspect", name, check=True).stdout)[0]["State"]
         assert state["Status"] == "created" and state["StartedAt"].startswith("0001-")
     finally:
         sb.docker("rm", "-f", name)
 
 
+@pytest.mark.needs("compose")
 def test_compose_v2_runs_a_compose_file_with_a_cdi_device_request(engine_cdi: Sandbox, tmp_path: Path) -> None:
     """compose v2 passes a `driver: cdi` reservation through as the daemon's DeviceRequest."""
     sb = engine_cdi.use("mixed-4")

@@ -110,6 +110,7 @@ def test_docker_run_options_reach_the_container(agent: Agent, tmp_path: Path) ->
     assert r.stdout.split() == ["0.1", "1", "/data", "1234", "payload", "256"]
 
 
+@pytest.mark.needs("cdi-inspect")
 def test_detach_prints_the_id_and_the_container_carries_the_pin(agent: Agent) -> None:
     r = agent("run", "-d", "--gpu", "1", "--gpu", "0", "--verify", "nvml", TEST_IMAGE, "sleep", "30")
     assert r.returncode == 0, r.stderr
@@ -211,6 +212,7 @@ def test_dry_run_prints_the_docker_command_and_creates_nothing(agent: Agent) -> 
 # --- the ledger: no card twice -------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("gpus")
 def test_a_held_card_is_75_naming_the_holder(agent: Agent) -> None:
     holder = agent("run", "-d", "--name", f"holder-{agent.tag}", "--gpu", "1", TEST_IMAGE, "sleep", "60")
     assert holder.returncode == 0, holder.stderr

@@ -186,6 +186,7 @@ def inspect(agent: Agent, cid: str) -> dict[str, Any]:
     return info
 
 
+@pytest.mark.needs("gpus", "run-options")  # --gpu-capabilities: the nvidia driver's request
 def test_every_docker_run_option_lands_in_the_created_container(agent: Agent, way: str) -> None:
     r = agent(
         "run",
@@ -280,6 +281,7 @@ def test_every_docker_run_option_lands_in_the_created_container(agent: Agent, wa
     assert (config["Hostname"], config["StopTimeout"]) == ("trainer", 7)
 
 
+@pytest.mark.needs("run-options")
 def test_namespace_resource_and_logging_options_land_in_the_created_container(agent: Agent) -> None:
     r = agent(
         "run",

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.per_engine
 A800, RTX, A800B, A800C = uuids("mixed-4")
 
 
+@pytest.mark.needs("gpus")
 def test_the_entrypoint_is_gpupin_and_the_example_cmd_proves_the_card(mixed4_sandbox: Sandbox) -> None:
     info = json.loads(mixed4_sandbox.docker("image", "inspect", TEST_IMAGE, check=True).stdout)[0]["Config"]
     assert info["Entrypoint"] == ["gpupin-entrypoint"]
@@ -25,6 +26,7 @@ def test_the_entrypoint_is_gpupin_and_the_example_cmd_proves_the_card(mixed4_san
     assert r.stdout == f"cuda:0 = {A800B} at 00000000:86:00.0 (NVIDIA A800-SXM4-80GB), as expected\n"
 
 
+@pytest.mark.needs("gpus")
 def test_the_image_carries_only_the_entrypoint_side(mixed4_sandbox: Sandbox) -> None:
     # Only under the gpupin namespace: a top-level `entrypoint` or `hostagent` would be shadowed by (or shadow)
     # a workload's own module of that name.

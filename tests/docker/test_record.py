@@ -30,6 +30,7 @@ def started(agent: Agent, name: str, gpu: str, seconds: int, env: dict[str, str]
     return r.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.needs("stop-reason")
 @pytest.mark.per_engine  # the run times and the events are each engine's own
 def test_sigkill_mid_interval_counts_each_run_once(agent: Agent) -> None:
     resident = Resident(agent.env, "--interval", "0.2")

@@ -62,6 +62,7 @@ def inspect(agent: Agent, cid: str) -> dict[str, Any]:
 
 
 @pytest.mark.per_engine
+@pytest.mark.needs("bind-create")  # -v ./data:/data, a folder the daemon creates
 def test_the_agent_creates_what_a_run_without_it_creates(agent: Agent, resident: Resident, tmp_path: Path) -> None:
     env_file = tmp_path / "env"
     env_file.write_text("FROM_FILE=secret\n")

@@ -15,7 +15,7 @@ from tests.support.sandbox import TEST_IMAGE, Sandbox
 from tests.support.scenarios import uuids
 
 # Every engine runs these (each engine reports the runtime's failures in its own words): docs/testing.md, The engines.
-pytestmark = pytest.mark.per_engine
+pytestmark = [pytest.mark.per_engine, pytest.mark.needs("gpus")]  # the faults are the hook's, reached by --gpus
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
 

@@ -185,6 +185,7 @@ def soaks(sandboxes: Sandboxes) -> Iterator[list[Soak]]:
 
 
 # The churn's length, a quarter late at most, the containers in flight at its end (130 s) and the fixtures.
+@pytest.mark.needs("gpus")
 @pytest.mark.timeout(SECONDS * (1 + LATE) + 300)
 @pytest.mark.per_engine  # it churns every engine of its run: side by side, each run its own
 def test_churned_containers_grow_the_agent_by_less_than_10_mb(soaks: list[Soak]) -> None:

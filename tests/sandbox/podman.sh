@@ -215,8 +215,10 @@ load_base_image() {
 }
 
 do_up() {
-    if [ "$VERSION" = 5 ]; then ensure_packages debootstrap; prepare_root
-    else ensure_packages podman:/usr/bin/podman debootstrap; fi
+    # catatonit: podman's --init (a recommends of Debian's podman, which ensure_packages leaves out);
+    # podman-compose: the compose tests on podman (tests/docker/test_podman_compose.py), on the host for both.
+    if [ "$VERSION" = 5 ]; then ensure_packages debootstrap podman-compose; prepare_root
+    else ensure_packages podman:/usr/bin/podman catatonit:/usr/libexec/podman/catatonit podman-compose debootstrap; fi
     [ -x "$FAKEGPU_BIN/nvidia-ctk" ] || die "$FAKEGPU_BIN lacks the fake nvidia-ctk: run 'make fakegpu' first"
     [ -f "$TOPOLOGY" ] || die "no topology file $TOPOLOGY"
     exec 9>"/run/gpupin-sandbox$SUFFIX.lock"

@@ -2,7 +2,8 @@
 outcome depends on the engine (how the card reaches the container, the created container, compose's model, the
 daemon's words). Every other one runs once, on one of the sharing engines chosen by its name, so that the engines'
 runs side by side split them (docs/testing.md, The engines): a second engine running the agent's own logic again
-costs CI minutes and finds nothing.
+costs CI minutes and finds nothing. Podman (where named) runs the `per_engine` tests only, and a test marked
+`needs(CAPABILITY)` is skipped on a runtime that lacks it, with the reason tests/support/sandbox.py's LACKS gives.
 
 Loaded as a plugin (`-p tests.support.engines`), it prints the split instead of running anything (one JSON line per
 test: tests/unit/test_engines_split.py)."""
@@ -15,22 +16,23 @@ import zlib
 
 import pytest
 
-from tests.support.sandbox import ENGINES, engines_under_test
+from tests.support.sandbox import ENGINES, PODMAN, engines_under_test, lacks
 
 
 def sharing_engines() -> list[str]:
     """The engines that share the docker-tier tests the engine does not matter to (those not marked `per_engine`):
     each runs once, on one of them (engine_for). GPUPIN_TEST_SHARING_ENGINES names them where the make targets run
     one pytest per engine; else they are the engines under test (docs/testing.md, The engines)."""
-    named = os.environ.get("GPUPIN_TEST_SHARING_ENGINES", "").replace(",", " ").split()
-    return [e for e in ENGINES if e in named] if named else engines_under_test()
+    named = os.environ.get("GPUPIN_TEST_SHARING_ENGINES", "").replace(",", " ").split() or engines_under_test()
+    return [e for e in ENGINES if e in named]  # Docker's engines: podman takes no shared test
 
 
-def engine_for(name: str) -> str:
+def engine_for(name: str) -> str | None:
     """The sharing engine that runs the engine-independent test `name` (its node id without the engine): the same in
-    every process, so that the engines' runs side by side split these tests between them, each exactly once."""
+    every process, so that the engines' runs side by side split these tests between them, each exactly once. None
+    where no Docker engine shares them (a run on podman alone)."""
     engines = sharing_engines()
-    return engines[zlib.crc32(name.encode()) % len(engines)]
+    return engines[zlib.crc32(name.encode()) % len(engines)] if engines else None
 
 
 ENGINE_FIXTURES = ("sandbox", "ep", "on_mig", "on_shared_prefix")  # the fixtures parametrized by engine
@@ -59,11 +61,28 @@ def on_every_engine(item: pytest.Item) -> bool:
 
 def on_this_engine(item: pytest.Item) -> bool:
     """Whether this run keeps the test: not of the docker tier, on every engine, or on the engine that takes it (a
-    test with no engine of its own runs in the run of the engine that takes it)."""
-    if item.get_closest_marker("docker") is None or on_every_engine(item):
+    test with no engine of its own runs in the run of the engine that takes it). A test marked `podman` (podman's
+    own: tests/docker/test_podman*.py) runs in the run on podman, and only there."""
+    if item.get_closest_marker("docker") is None:
+        return True
+    if item.get_closest_marker("podman") is not None:
+        return PODMAN in engines_under_test()
+    if on_every_engine(item):
         return True
     engine, chosen = engine_of(item), engine_for(engine_free_name(item))
     return engine == chosen if engine is not None else chosen in engines_under_test()
+
+
+def skip_what_the_engine_lacks(item: pytest.Item) -> None:
+    """A test marked `needs(CAPABILITY, ...)` on an engine that lacks one of them (a test with no engine of its own:
+    on any engine of this run) is skipped, saying why (LACKS)."""
+    engine = engine_of(item)
+    for mark in item.iter_markers("needs"):
+        for e in [engine] if engine is not None else engines_under_test():
+            why = next((w for c in mark.args if (w := lacks(e, str(c))) is not None), None)
+            if why is not None:
+                item.add_marker(pytest.mark.skip(reason=f"{e}: {why}"))
+                return
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tests.support.host import ENTRYPOINT, simhost_env
-from tests.support.sandbox import TEST_IMAGE, Sandbox, Sandboxes
+from tests.support.sandbox import TEST_IMAGE, Sandbox, Sandboxes, lacks
 from tests.support.scenarios import topology
 
 STARTED = ["sh", "-c", "echo WORKLOAD-STARTED"]  # a workload that says it ran
@@ -51,11 +51,14 @@ class Entrypoint:
         if self.mode == "host":
             return [ENTRYPOINT, *args], simhost_env(scenario_name, **env)
         assert self.sandbox is not None
-        cmd = [self.sandbox.docker_cli, "run", "-d" if detach else "--rm", *docker_args]
+        # Podman takes no --gpus (tests/support/sandbox.py LACKS): its own CLI gives the same cards by CDI names.
+        cdi = lacks(self.sandbox.engine, "gpus") is not None
+        cmd = [*(self.sandbox.podman_cli if cdi else [self.sandbox.docker_cli]), "run", "-d" if detach else "--rm"]
+        cmd += docker_args
         if init:
             cmd.append("--init")
         if gpus is not None:
-            cmd += ["--gpus", gpus]
+            cmd += [a for g in cdi_names(gpus) for a in ("--device", g)] if cdi else ["--gpus", gpus]
         for k, v in env.items():
             cmd += ["-e", f"{k}={v}"]
         return [*cmd, TEST_IMAGE, *args], self.sandbox.env
@@ -86,6 +89,12 @@ def on_host() -> Entrypoint:
 def in_container(sandboxes: Sandboxes, engine: str, scenario_name: str = "mixed-4") -> Entrypoint:
     """The entrypoint in a container on that engine's sandbox, which serves that scenario's cards."""
     return Entrypoint("container", sandboxes.get(engine).use(scenario_name))
+
+
+def cdi_names(gpus: str) -> list[str]:
+    """The CDI names of what a --gpus value asks for ("all", or device(...)'s list of ids)."""
+    ids = gpus.strip('"').removeprefix("device=").split(",")
+    return [f"nvidia.com/gpu={i}" for i in ids]
 
 
 def device(*uuids: str) -> str:

@@ -207,3 +207,43 @@ def test_shared_nodes_are_copied_before_the_pin_changes_them(text: str) -> None:
     edited = roundtrip.edit(text, doc, out)
     assert load.parse(edited) == out
     assert load.parse(rendered(edited).split("\n\n", 1)[1]) == out  # and renders to itself
+
+
+def podman_rendered(text: str, via: str | None = None) -> dict[str, Any]:
+    """What render pins on podman (4.3.1, which resolves CDI names itself), as a plain document."""
+    from gpupin.hostagent.engine import podman
+
+    source = roundtrip.without_header(text)
+    doc = load.parse(source)
+    out, _ = render_core(doc, cards("mixed-4"), {}, podman.DETECTION, via, podman="4.3.1")
+    plain: dict[str, Any] = yaml.safe_load(roundtrip.edit(source, doc, out))
+    return plain
+
+
+def test_on_podman_every_form_is_pinned_by_cdi_names_in_devices_and_renders_to_itself() -> None:
+    # podman's compose tools drop every device request; `devices:` reaches podman's own create.
+    forms = {
+        "x": "x-gpupin: {gpus: ['1']}",
+        "deploy": "deploy: {resources: {reservations: {devices: "
+        "[{driver: nvidia, device_ids: ['1'], capabilities: [gpu]}]}}}",
+        "cdi": "devices: [nvidia.com/gpu=1, /dev/fuse]",
+    }
+    for name, form in forms.items():
+        out = podman_rendered(f"services:\n  job:\n    image: gpupin:test\n    {form}\n")
+        svc = out["services"]["job"]
+        uuid = svc["labels"]["gpupin.devices"]
+        want = [f"nvidia.com/gpu={uuid}"] if name != "cdi" else ["/dev/fuse", f"nvidia.com/gpu={uuid}"]
+        assert svc["devices"] == want and "deploy" not in svc and "x-gpupin" not in svc, (name, svc)
+        assert not [e for e in svc.get("environment") or [] if e.startswith("NVIDIA_VISIBLE_DEVICES")], name
+        again = podman_rendered(yaml.safe_dump(out))["services"]["job"]
+        assert again["devices"] == svc["devices"], name  # the rendered file renders to itself
+
+
+def test_on_podman_the_nvidia_drivers_request_is_refused_not_written() -> None:
+    from gpupin.hostagent.compose.problems import RenderRefused
+
+    text = "services:\n  job:\n    image: gpupin:test\n    x-gpupin: {gpus: ['1']}\n"
+    with pytest.raises(RenderRefused) as refused:
+        podman_rendered(text, via="nvidia")
+    assert [p.service for p in refused.value.problems] == ["job"]
+    assert "on podman 4.3.1" in refused.value.problems[0].problem

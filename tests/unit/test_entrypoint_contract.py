@@ -61,6 +61,7 @@ def test_an_inherited_cuda_visible_devices_is_overridden_and_reported(ep: Entryp
     assert "overrode CUDA_VISIBLE_DEVICES=2" in r.err and "overrode CUDA_DEVICE_ORDER=FASTEST_FIRST" in r.err
 
 
+@pytest.mark.needs("nvidia-runtime")
 def test_nvidia_visible_devices_uuids_are_the_expectation(ep: Entrypoint) -> None:
     env = {} if ep.mode == "container" else {"NVIDIA_VISIBLE_DEVICES": f"{A800B},{A800}"}
     r = ep.run("{py}", "-m", "gpupin.entrypoint", env=env, gpus=device(A800B, A800))
@@ -92,6 +93,7 @@ def test_a_swarm_task_that_sees_more_cards_than_it_reserved_is_refused(ep: Entry
     assert "expectation from GPUPIN_EXPECT" in r.err and "NVML sees 4 cards" in r.err
 
 
+@pytest.mark.needs("nvidia-runtime")
 def test_nvidia_visible_devices_indices_are_the_expectation(ep: Entrypoint) -> None:
     """`--gpus device=3,1` gives the container NVIDIA_VISIBLE_DEVICES=3,1 and the two cards, renumbered 0 and 1 in
     bus order; on the host the indices are NVML's own. Either way cuda:0 is index 3 and cuda:1 index 1."""
@@ -102,6 +104,7 @@ def test_nvidia_visible_devices_indices_are_the_expectation(ep: Entrypoint) -> N
     assert "expectation from NVIDIA_VISIBLE_DEVICES=3,1 (indices " in r.err and how in r.err
 
 
+@pytest.mark.needs("nvidia-runtime")
 @pytest.mark.parametrize("ids", [(A800C, RTX), ("3", "1")], ids=["uuid-strategy", "index-strategy"])
 def test_the_device_plugins_volume_mounts_are_the_expectation(
     ep: Entrypoint, tmp_path: Path, ids: tuple[str, str]

@@ -88,6 +88,34 @@ def test_an_anonymous_volume_or_a_network_endpoint_is_refused_not_dropped() -> N
         podman.spec_generator({**payload(), "NetworkingConfig": networking}, None)
 
 
+def test_stop_timeout_shm_size_ipc_and_network_modes_are_carried_as_libpods() -> None:
+    spec = podman.spec_generator(
+        {**payload(ShmSize=256 << 20, IpcMode="host", NetworkMode="container:abc"), "StopTimeout": 1}, None
+    )
+    assert spec["shm_size"] == 256 << 20 and spec["stop_timeout"] == 1
+    assert spec["ipcns"] == {"nsmode": "host"} and spec["netns"] == {"nsmode": "container", "value": "abc"}
+    with pytest.raises(UsageError, match=r"HostConfig\.NetworkMode"):  # a named network: not translated
+        podman.spec_generator(payload(NetworkMode="mynet"), None)
+
+
+def test_every_bind_option_goes_to_podman_none_dropped() -> None:
+    # podman refuses one it does not know (125), as Docker does: nothing is silently left out here.
+    spec = podman.spec_generator(payload(Binds=["/tmp:/x:ro,badmode"]), None)
+    assert spec["mounts"][0]["options"] == ["rbind", "ro", "badmode"]
+
+
+def test_podmans_500_for_a_name_in_use_is_a_conflict() -> None:
+    from gpupin.hostagent.engine import is_conflict
+    from gpupin.hostagent.engine.failures import EngineError
+
+    taken = 'container create: creating container storage: the container name "gpupin-ledger-lock" is already in use'
+    assert is_conflict(
+        EngineError(500, f"{taken} by abc. You have to remove that container: that name is already in use")
+    )
+    assert is_conflict(EngineError(409, "Conflict"))
+    assert not is_conflict(EngineError(500, "container create: no space left on device"))
+
+
 def test_a_named_volume_is_refused_on_podman() -> None:
     with pytest.raises(UsageError, match="host paths only"):
         podman.spec_generator(payload(Binds=["cache:/cache"]), None)
