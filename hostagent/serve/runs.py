@@ -29,6 +29,7 @@ import time
 
 from gpupin.core.errors import UsageError, shorten, shown
 from gpupin.hostagent import agentlink, engine, mark, record
+from gpupin.hostagent.engine import podman
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, request_json
 from gpupin.hostagent.serve import rights, say
@@ -150,7 +151,7 @@ class Runs:
                 missing_image=self._missing(req.image),
                 notify=lines.append,
                 admit=admit,
-                spares=self.agent.spares,
+                spares=None if podman.version(api) else self.agent.spares,  # Docker's rename and import: measured
             )
         finally:
             self._done(api)  # a requests session outlives a failed call: kept for the next run

@@ -257,6 +257,7 @@ def _lock_events(agent: Agent, since: str) -> list[str]:
 
 
 @pytest.mark.per_engine
+@pytest.mark.needs("lock-spares")
 def test_the_agents_runs_take_the_ledger_lock_by_a_rename(agent: Agent) -> None:
     """After its first run, the agent takes the lock by renaming a spare it made (a fraction of a create and a
     remove on the daemon) from an empty image of its own, so that a run's image is never kept from `docker rmi`;

@@ -49,6 +49,9 @@ LACKS: dict[str, dict[str, str]] = {
         "compose on podman is podman-compose's (tests/docker/test_podman_compose.py)",
         "bind-create": "podman does not create a missing host folder of `-v` (Docker's daemon does): the create "
         "is refused (125)",
+        "lock-spares": "the resident agent takes the ledger lock by a create on podman, as a run without it does: "
+        "its spares (a rename, an imported empty image) are measured on Docker's engines only (docs/design.md, "
+        "The lock)",
         "stop-reason": "podman sends no `kill` event and not always a `stop` for a `docker stop` (4.3, measured): "
         "the agent's record counts it as an exit (docs/podman.md, Not done yet)",
     },
