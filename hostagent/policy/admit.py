@@ -12,6 +12,7 @@ waits until it frees, and the agent's queue gives no turn to a waiter over its q
 
 from __future__ import annotations
 
+import math
 import time
 
 from gpupin.core.errors import EX_TEMPFAIL, GpupinError, UsageError
@@ -20,8 +21,12 @@ from gpupin.hostagent.policy import Policy, format_duration
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
+
+    # A uid's finished use since a time: (start, end) of each card's interval that ended after it, from the record
+    # (gpupin.hostagent.record.finished); the holdings add what runs now.
+    Past = Callable[[int, float], Sequence[tuple[float, float]]]
 
     from gpupin.hostagent.ledger.holders import Holder
     from gpupin.hostagent.ledger.read import LedgerReading
@@ -56,15 +61,17 @@ class Caller:
 
 
 class Holding:
-    """One container's hold, as a quota counts it: whose, how many cards, and when its booking ends."""
+    """One container's hold, as a quota counts it: whose, how many cards, since when (its start: the GPU-hours it
+    adds while it runs) and when its booking ends."""
 
-    __slots__ = ("cards", "name", "uid", "until")
+    __slots__ = ("cards", "name", "since", "uid", "until")
 
-    def __init__(self, uid: int, cards: int, until: float | None, name: str) -> None:
+    def __init__(self, uid: int, cards: int, until: float | None, name: str, since: float | None = None) -> None:
         self.uid = uid
         self.cards = cards
         self.until = until
         self.name = name
+        self.since = since
 
 
 def length(policy: Policy, caller: Caller, asked: float | None) -> float | None:
@@ -88,18 +95,55 @@ def labels(caller: Caller, seconds: float | None, now: float | None = None) -> d
     return {LABEL: Booking(caller.uid, since, until).label()}
 
 
+WINDOWS = (("day", 86400.0, "24 hours"), ("week", 7 * 86400.0, "7 days"))
+
+
+def used_seconds(spans: Iterable[tuple[float, float]], live: Iterable[Holding], window: float, t: float) -> float:
+    """GPU-seconds in the window (t - window, t]: the finished `spans` (one card each), and the `live` holdings as
+    if they still run at t."""
+    lo = t - window
+    done = sum(max(0.0, min(b, t) - max(a, lo)) for a, b in spans)
+    return done + sum(h.cards * max(0.0, t - max(h.since or t, lo)) for h in live)
+
+
+def frees_at(
+    spans: Sequence[tuple[float, float]], live: Sequence[Holding], window: float, limit: float, now: float
+) -> float | None:
+    """When the use in a rolling window first falls below `limit` (GPU-seconds), the live holdings running on
+    meanwhile; None: not while they run. The use is linear between the times an edge of a span or a holding's start
+    leaves the window, so it is looked at there and solved within the first piece that crosses."""
+    edges = sorted(
+        {
+            now,
+            now + window,
+            *(x + window for a, b in spans for x in (a, b)),
+            *(h.since + window for h in live if h.since),
+        }
+    )
+    points = [t for t in edges if now <= t <= now + window]
+    prev_t, prev_u = now, used_seconds(spans, live, window, now)
+    for t in points[1:]:
+        u = used_seconds(spans, live, window, t)
+        if u < limit:
+            # linear from prev_u (>= limit) to u: where it reaches the limit
+            return prev_t + (prev_u - limit) / (prev_u - u) * (t - prev_t)
+        prev_t, prev_u = t, u
+    return None
+
+
 def check(
     policy: Policy,
     caller: Caller,
     cards: int,
     holdings: Iterable[Holding],
-    gpu_seconds: Callable[[int, float], float],
+    past: Past,
     now: float | None = None,
 ) -> None:
     """QuotaError (75) when `cards` more would pass a quota of the caller's; UsageError (64) when they never
-    could. `gpu_seconds(uid, since)`: the caller's use since then (the record's)."""
+    could. `past(uid, since)`: the caller's finished use (the record's); its holdings add what runs now."""
     q = policy.quota(caller.uid, caller.gids)
     now = time.time() if now is None else now
+    mine = [h for h in holdings if h.uid == caller.uid]
     if q.cards is not None:
         if cards > q.cards:
             raise UsageError(
@@ -107,7 +151,6 @@ def check(
                 "(quota.cards)",
                 f"ask for at most {q.cards}",
             )
-        mine = [h for h in holdings if h.uid == caller.uid]
         held = sum(h.cards for h in mine)
         if held + cards > q.cards:
             ends = sorted((h.until, h.name) for h in mine if h.until is not None)
@@ -121,22 +164,35 @@ def check(
                 + frees,
                 "wait for it (--wait), or stop one of your containers",
             )
-    for hours, window, name in ((q.gpu_hours_per_day, 86400.0, "day"), (q.gpu_hours_per_week, 7 * 86400.0, "week")):
+    for (name, window, said), hours in zip(WINDOWS, (q.gpu_hours_per_day, q.gpu_hours_per_week), strict=True):
         if hours is None:
             continue
-        used = gpu_seconds(caller.uid, now - window) / 3600
-        if used >= hours:
-            raise QuotaError(
-                f"quota gpu_hours_per_{name}: {caller.who()} used {used:.1f} of {hours:g} GPU-hours in the last "
-                f"{'24 hours' if name == 'day' else '7 days'}; it frees as that use leaves the window",
-                "wait for it (--wait), or ask the host's owner",
-            )
+        spans = [(a, b) for a, b in past(caller.uid, now - window) if b > now - window]
+        limit = hours * 3600
+        used = used_seconds(spans, mine, window, now)
+        if used < limit:
+            continue
+        at = frees_at(spans, mine, window, limit, now)
+        running = ", ".join(sorted(h.name for h in mine))
+        if at is None:
+            frees = f"it does not free while what it holds runs ({running}): stop it first"
+        else:
+            end = math.ceil(at)
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end))
+            frees = f"it frees in {format_duration(end - now)}, at {when}"
+            if running:
+                frees += f", counting {running} as running on"
+        raise QuotaError(
+            f"quota gpu_hours_per_{name}: {caller.who()} used {used / 3600:.1f} of {hours:g} GPU-hours in the last "
+            f"{said}; {frees}",
+            "wait for it (--wait), or ask the host's owner",
+        )
 
 
 def never(policy: Policy, caller: Caller, cards: int) -> UsageError | None:
     """The refusal (64) of a request that no wait can meet (more cards than the caller may ever hold at once)."""
     try:
-        check(policy, caller, cards, (), lambda _uid, _since: 0.0)
+        check(policy, caller, cards, (), nothing)
     except UsageError as err:
         return err
     except QuotaError:
@@ -144,69 +200,63 @@ def never(policy: Policy, caller: Caller, cards: int) -> UsageError | None:
     return None
 
 
-def over(
-    policy: Policy,
-    caller: Caller,
-    cards: int,
-    holdings: Iterable[Holding],
-    gpu_seconds: Callable[[int, float], float],
-) -> str | None:
+def nothing(_uid: int, _since: float) -> list[tuple[float, float]]:
+    """No finished use known: a run without the agent, which alone keeps the record (docs/policy.md, "Quotas")."""
+    return []
+
+
+def over(policy: Policy, caller: Caller, cards: int, holdings: Iterable[Holding], past: Past) -> str | None:
     """Why the caller may not take `cards` now (the refusal's message), or None: the queue's question."""
     try:
-        check(policy, caller, cards, holdings, gpu_seconds)
+        check(policy, caller, cards, holdings, past)
     except GpupinError as err:
         return err.message
     return None
 
 
-def held_seconds(uid: int, since: float, holdings: Iterable[tuple[int, int, float]], now: float | None = None) -> float:
-    """GPU-seconds from what is held now ((uid, cards, held since) each): what the quotas count until the record
-    (gpupin.hostagent.record) keeps the past."""
-    now = time.time() if now is None else now
-    return sum(n * max(0.0, now - max(start, since)) for u, n, start in holdings if u == uid)
+def started(booking_since: float, started_at: str | None) -> float:
+    """When a holding began to count: its container's own start (State.StartedAt; a restarted container's last),
+    else its booking's."""
+    from gpupin.hostagent.engine.reader import created_time
+
+    try:
+        return max(float(booking_since), created_time(started_at)) if started_at else float(booking_since)
+    except (ValueError, IndexError):
+        return float(booking_since)
 
 
 def holdings(holders: Iterable[Holder], extensions: Mapping[str, int]) -> list[Holding]:
     """The booked holds among the ledger's holders (a container without a booking label is no one's to count)."""
     return [
-        Holding(h.booking.uid, len(h.uuids), extensions.get(h.id, h.booking.until), h.name)
+        Holding(
+            h.booking.uid,
+            len(h.uuids),
+            extensions.get(h.id, h.booking.until),
+            h.name,
+            started(h.booking.since, h.started),
+        )
         for h in holders
         if h.holds and h.booking is not None
     ]
 
 
 def for_run(
-    policy: Policy,
-    caller: Caller,
-    asked: float | None,
-    extensions: Mapping[str, int],
-    gpu_seconds: Callable[[int, float], float] | None = None,
+    policy: Policy, caller: Caller, asked: float | None, extensions: Mapping[str, int], past: Past = nothing
 ) -> Callable[[LedgerReading, int], dict[str, str]]:
     """The admission of one run, for gpupin.hostagent.run.launch.reserve: the booking's length is judged now (64
-    before any lock or wait), the quotas under the lock with the holders just read. `gpu_seconds`: the record's;
-    None: what is held now (held_seconds)."""
+    before any lock or wait), the quotas under the lock with the holders just read. `past`: the record's finished
+    intervals (the agent's); without the agent, none."""
     seconds = length(policy, caller, asked)
 
     def admit(reading: LedgerReading, cards: int) -> dict[str, str]:
-        held = holdings(reading.holders, extensions)
-        if gpu_seconds is not None:
-            used = gpu_seconds
-        else:
-            since = [
-                (h.booking.uid, len(h.uuids), float(h.booking.since)) for h in reading.holders if h.holds and h.booking
-            ]
-
-            def used(uid: int, start: float) -> float:
-                return held_seconds(uid, start, since)
-
-        check(policy, caller, cards, held, used)
+        check(policy, caller, cards, holdings(reading.holders, extensions), past)
         return labels(caller, seconds)
 
     return admit
 
 
-def view_holdings(view: Mapping[str, Any]) -> tuple[list[Holding], list[tuple[int, int, float]]]:
-    """The booked holds in an `ls` object (the agent's view), and (uid, cards, since) each for held_seconds."""
+def view_holdings(view: Mapping[str, Any]) -> list[Holding]:
+    """The booked holds in an `ls` object (the agent's view)."""
     seen: dict[str, dict[str, Any]] = {}
     cards: dict[str, int] = {}
     for card in view.get("gpus", ()):
@@ -214,6 +264,13 @@ def view_holdings(view: Mapping[str, Any]) -> tuple[list[Holding], list[tuple[in
             if h.get("holds") and h.get("booking") is not None:
                 seen[h["id"]] = h
                 cards[h["id"]] = cards.get(h["id"], 0) + 1
-    held = [Holding(h["booking"]["uid"], cards[i], h["booking"]["until"], h["name"]) for i, h in seen.items()]
-    since = [(h["booking"]["uid"], cards[i], float(h["booking"]["since"])) for i, h in seen.items()]
-    return held, since
+    return [
+        Holding(
+            h["booking"]["uid"],
+            cards[i],
+            h["booking"]["until"],
+            h["name"],
+            started(h["booking"]["since"], h.get("started")),
+        )
+        for i, h in seen.items()
+    ]

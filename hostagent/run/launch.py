@@ -399,7 +399,13 @@ def _admit(req: RunRequest) -> Admit:
             say(f"warning: the policy is not applied: {err.message}")
     except GpupinError as err:
         say(f"warning: the policy is not applied: {err.message}")
-    return admit.for_run(policy, admit.Caller.me(), req.book_for, read_extensions(agent_folder()))
+    me = admit.Caller.me()
+    q = policy.quota(me.uid, me.gids)
+    if q.gpu_hours_per_day is not None or q.gpu_hours_per_week is not None:
+        # The past is the agent's record (root's, written by the agent alone): a run of its own counts only the
+        # present (docs/policy.md, "Quotas").
+        say("warning: the GPU-hour quotas count only what you hold now: past use is counted through the agent")
+    return admit.for_run(policy, me, req.book_for, read_extensions(agent_folder()))
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:

@@ -27,7 +27,6 @@ from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any, Protocol
 
     from gpupin.hostagent.serve.keeper import Keeper
@@ -107,19 +106,6 @@ def payload(view: dict[str, Any], cid: str, until: float | None, now: float) -> 
                 },
             }
     return {"container": {"id": cid}}
-
-
-def gpu_seconds() -> Callable[[int, float], float] | None:
-    """The record's GPU-seconds per uid since a time, for the GPU-hour quotas; None until the record is there (the
-    quotas then count what is held now: gpupin.hostagent.policy.admit.held_seconds)."""
-    import importlib
-
-    try:
-        record = importlib.import_module("gpupin.hostagent.record")
-    except ImportError:
-        return None
-    used: Callable[[int, float], float] | None = getattr(record, "gpu_seconds", None)
-    return used
 
 
 class Bookings:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.docker.test_hostile_agent import AGENT_GID, post, run_body, sandbox_daemon, serve
+from tests.support.record import intervals
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.wait import wait_for
@@ -208,6 +209,33 @@ def test_quotas_charge_the_caller_the_kernel_names(lab: Lab) -> None:
     r = lab.as_user(BOB, "run", "-d", "--name", second, "--gpu", "3", TEST_IMAGE, "sleep", "600")
     assert r.returncode == 0, r.stderr
     assert len(lab.agent.containers("running")) == 2
+
+
+def test_the_gpu_hours_of_a_finished_run_are_counted_from_the_record(agent: Agent, tmp_path: Path) -> None:
+    """A user who used her GPU-hours and stopped holds nothing, yet is refused (75): the agent's record has her
+    finished interval, and the line says when that use leaves the 24-hour window."""
+    os.chmod(tmp_path, 0o755)
+    lab = Lab(agent, tmp_path, "[quota]\ngpu_hours_per_day = 0.002\n")  # 7.2 GPU-seconds
+    try:
+        first = lab.as_user(ALICE, "run", "--gpu", "1", TEST_IMAGE, "sleep", "8")
+        assert first.returncode == 0, first.stderr
+        db = lab.resident.dir / "record.db"
+        rows = wait_for(lambda: [r for r in intervals(db) if r["end"] is not None], 30, "the interval closed")
+        assert rows[0]["uid"] == ALICE and rows[0]["end"] - rows[0]["start"] > 7.2
+        assert not agent.containers("running")  # nothing held now
+        again = lab.as_user(ALICE, "run", "--gpu", "0", TEST_IMAGE, "true")
+        assert again.returncode == 75, again.stderr
+        assert re.fullmatch(
+            rf"hostagent: ERROR: quota gpu_hours_per_day: uid {ALICE}(?: \([^)]*\))? used 0\.0 of 0\.002 GPU-hours "
+            r"in the last 24 hours; it frees in 23h59m, at [0-9-]{10} [0-9:]{8}\. HINT: wait for it \(--wait\), "
+            r"or ask the host's owner\n",
+            again.stderr,
+        ), again.stderr
+        assert len(agent.containers()) == 1  # nothing created for the refused run
+        bob = lab.as_user(BOB, "run", "--gpu", "0", TEST_IMAGE, "true")  # her use is not his
+        assert bob.returncode == 0, bob.stderr
+    finally:
+        lab.resident.close()
 
 
 def test_the_queue_gives_no_turn_to_a_waiter_over_its_quota(lab: Lab) -> None:
