@@ -39,9 +39,12 @@ class QuotaError(GpupinError):
 
 
 class Caller:
+    """Who asks: the uid and groups the kernel named; uid None is no one it named (a compose or swarm service's
+    own label, gpupin.booking.for: the policy's rules for everyone apply)."""
+
     __slots__ = ("gids", "uid")
 
-    def __init__(self, uid: int, gids: Iterable[int]) -> None:
+    def __init__(self, uid: int | None, gids: Iterable[int]) -> None:
         self.uid = uid
         self.gids = frozenset(gids)
 
@@ -54,6 +57,8 @@ class Caller:
     def who(self) -> str:
         import pwd
 
+        if self.uid is None:
+            return "everyone (a service's own label names no one)"
         try:
             return f"uid {self.uid} ({pwd.getpwuid(self.uid).pw_name})"
         except KeyError:
@@ -74,22 +79,38 @@ class Holding:
         self.since = since
 
 
-def length(policy: Policy, caller: Caller, asked: float | None) -> float | None:
-    """The booking's length in seconds (None: no end): --for within the caller's maximum, else the default."""
+def length(policy: Policy, caller: Caller, asked: float | None, key: str = "--for") -> float | None:
+    """The booking's length in seconds (None: no end): `key` (--for, x-gpupin.for) within the caller's maximum,
+    else the default."""
     longest = policy.booking_max(caller.uid, caller.gids)
     if asked is None:
         return policy.booking_default(caller.uid, caller.gids)
     if longest is not None and asked > longest:
+        later = ", and `hostagent extend` later within it" if caller.uid is not None else ""
         raise UsageError(
-            f"--for {format_duration(asked)} is longer than the longest booking the policy gives {caller.who()}, "
+            f"{key} {format_duration(asked)} is longer than the longest booking the policy gives {caller.who()}, "
             f"{format_duration(longest)} (booking.max)",
-            f"ask for at most --for {format_duration(longest)}, and `hostagent extend` later within it",
+            f"ask for at most {key} {format_duration(longest)}{later}",
         )
     return asked
 
 
+NO_ONE = Caller(None, ())  # a service's own label: no one the kernel named
+
+
+def label_length(policy: Policy, asked: float | None) -> float | None:
+    """The length of a running container's own booking (gpupin.booking.for; None: a value that is no duration), by
+    run's rule for everyone (length): it is running, so what run would refuse is cut to the maximum, and a value
+    that cannot be read books the default, as a run without --for."""
+    try:
+        return length(policy, NO_ONE, asked)
+    except UsageError:
+        return policy.booking_max(None, frozenset())
+
+
 def labels(caller: Caller, seconds: float | None, now: float | None = None) -> dict[str, str]:
-    """The booking label written at create."""
+    """The booking label written at create (by hostagent run, for a caller the kernel named)."""
+    assert caller.uid is not None
     since = int(time.time() if now is None else now)
     until = None if seconds is None else since + max(1, round(seconds))
     return {LABEL: Booking(caller.uid, since, until).label()}
@@ -141,9 +162,12 @@ def check(
 ) -> None:
     """QuotaError (75) when `cards` more would pass a quota of the caller's; UsageError (64) when they never
     could. `past(uid, since)`: the caller's finished use (the record's); its holdings add what runs now."""
-    q = policy.quota(caller.uid, caller.gids)
+    uid = caller.uid
+    if uid is None:  # quotas are a person's; a service's own label is no one's
+        return
+    q = policy.quota(uid, caller.gids)
     now = time.time() if now is None else now
-    mine = [h for h in holdings if h.uid == caller.uid]
+    mine = [h for h in holdings if h.uid == uid]
     if q.cards is not None:
         if cards > q.cards:
             raise UsageError(
@@ -167,7 +191,7 @@ def check(
     for (name, window, said), hours in zip(WINDOWS, (q.gpu_hours_per_day, q.gpu_hours_per_week), strict=True):
         if hours is None:
             continue
-        spans = [(a, b) for a, b in past(caller.uid, now - window) if b > now - window]
+        spans = [(a, b) for a, b in past(uid, now - window) if b > now - window]
         limit = hours * 3600
         used = used_seconds(spans, mine, window, now)
         if used < limit:
@@ -226,7 +250,8 @@ def started(booking_since: float, started_at: str | None) -> float:
 
 
 def holdings(holders: Iterable[Holder], extensions: Mapping[str, int]) -> list[Holding]:
-    """The booked holds among the ledger's holders (a container without a booking label is no one's to count)."""
+    """The booked holds among the ledger's holders (a container without hostagent's booking label is no one's to
+    count: a compose service's own booking names no one)."""
     return [
         Holding(
             h.booking.uid,
@@ -236,7 +261,7 @@ def holdings(holders: Iterable[Holder], extensions: Mapping[str, int]) -> list[H
             started(h.booking.since, h.started),
         )
         for h in holders
-        if h.holds and h.booking is not None
+        if h.holds and h.booking is not None and h.booking.uid is not None
     ]
 
 
@@ -261,7 +286,7 @@ def view_holdings(view: Mapping[str, Any]) -> list[Holding]:
     cards: dict[str, int] = {}
     for card in view.get("gpus", ()):
         for h in card.get("holders", ()):
-            if h.get("holds") and h.get("booking") is not None:
+            if h.get("holds") and h.get("booking") is not None and h["booking"]["uid"] is not None:
                 seen[h["id"]] = h
                 cards[h["id"]] = cards.get(h["id"], 0) + 1
     return [
