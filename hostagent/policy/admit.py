@@ -100,12 +100,13 @@ NO_ONE = Caller(None, ())  # a service's own label: no one the kernel named
 
 def label_length(policy: Policy, asked: float | None) -> float | None:
     """The length of a running container's own booking (gpupin.booking.for; None: a value that is no duration), by
-    run's rule for everyone (length): it is running, so what run would refuse is cut to the maximum, and a value
-    that cannot be read books the default, as a run without --for."""
+    run's rule for everyone (length). The container runs already, so what run would refuse is cut to the maximum,
+    and a value that cannot be read books the default, else the maximum: a label never escapes the policy."""
     try:
-        return length(policy, NO_ONE, asked)
+        got = length(policy, NO_ONE, asked)
     except UsageError:
-        return policy.booking_max(None, frozenset())
+        got = None
+    return got if got is not None else policy.booking_max(None, frozenset())
 
 
 def labels(caller: Caller, seconds: float | None, now: float | None = None) -> dict[str, str]:

@@ -168,7 +168,7 @@ class Bookings:
     def _label_ends(self, view: dict[str, Any]) -> None:
         """A compose service's own booking (gpupin.booking.for, no owner) by the policy in force, as run's rule
         judges a length (gpupin.hostagent.policy.admit.label_length): past the maximum it is cut to it (said once
-        per container), a value that is no duration books the default."""
+        per container), a value that is no duration books the default, else the maximum."""
         from gpupin.hostagent.policy import admit
 
         policy = self.agent.keeper.policy

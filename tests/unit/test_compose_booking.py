@@ -107,10 +107,11 @@ def test_the_same_rule_judges_a_run_and_a_label() -> None:
     with pytest.raises(UsageError) as run:
         admit.length(LAB, admit.NO_ONE, 5 * 3600, "x-gpupin.for")
     assert p.problem == run.value.message
-    # a running container's label cannot be refused: cut to the maximum; no duration: the default
+    # a running container's label cannot be refused: cut to the maximum; no duration: the default (else the max)
     assert admit.label_length(LAB, 5 * 3600.0) == 4 * 3600
     assert admit.label_length(LAB, 600.0) == 600
     assert admit.label_length(LAB, None) == 3600
+    assert admit.label_length(policy('[booking]\nmax = "4h"\n'), None) == 4 * 3600  # no default: the maximum
     assert admit.label_length(Policy.empty(), None) is None
 
 
