@@ -365,4 +365,16 @@ def test_a_run_without_the_agent_keeps_the_maximum(agent: Agent, tmp_path: Path)
     assert r.returncode == 64, r.stderr
     assert "--for 3h is longer than the longest booking the policy gives uid 5002, 2h (booking.max)" in r.stderr
     assert agent.containers() != [] and all("Exited" in c["Status"] for c in agent.containers())
+    # the past is the agent's record: a run of its own counts only what is held now, and says so
+    f.write_text("[quota]\ngpu_hours_per_day = 1\n")
+    r = subprocess.run(
+        ["setpriv", f"--reuid={ALICE}", f"--regid={ALICE}", f"--groups={docker_gid}",
+         *agent.argv("run", "--gpu", "1", TEST_IMAGE, "true")],
+        env={**agent.env, "GPUPIN_AGENT": "0", "GPUPIN_POLICY": str(f)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "warning: the GPU-hour quotas count only what you hold now: past use is counted through the agent" in (
+        r.stderr
+    )
     shutil.rmtree(folder)

@@ -568,3 +568,7 @@ def test_a_hand_set_booking_label_is_refused() -> None:
     assert "hostagent writes gpupin.booking itself" in err.value.message and err.value.hint == (
         "remove it; --for DURATION sets the end"
     )
+    # a compose service's label is a run's --for, judged for the caller
+    with pytest.raises(UsageError) as err:
+        RunRequest("img", ["true"], gpus=["0"], environ={}, labels=["gpupin.booking.for=30d"])
+    assert "hostagent writes gpupin.booking.for itself" in err.value.message
