@@ -125,7 +125,7 @@ def used_seconds(spans: Iterable[tuple[float, float]], live: Iterable[Holding], 
     if they still run at t."""
     lo = t - window
     done = sum(max(0.0, min(b, t) - max(a, lo)) for a, b in spans)
-    return done + sum(h.cards * max(0.0, t - max(h.since or t, lo)) for h in live)
+    return done + sum(h.cards * max(0.0, t - max(t if h.since is None else h.since, lo)) for h in live)
 
 
 def frees_at(
@@ -139,7 +139,7 @@ def frees_at(
             now,
             now + window,
             *(x + window for a, b in spans for x in (a, b)),
-            *(h.since + window for h in live if h.since),
+            *(h.since + window for h in live if h.since is not None),
         }
     )
     points = [t for t in edges if now <= t <= now + window]

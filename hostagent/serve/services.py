@@ -60,6 +60,8 @@ def stop(api: Any, service: dict[str, Any]) -> str:
     sid, spec = service["ID"], dict(service["Spec"])
     mode = spec.get("Mode") or {}
     if "Replicated" in mode:
+        # The spec as read, at its version (docker-py's update_service rebuilds a spec from its arguments): a
+        # change made meanwhile is a conflict, not overwritten.
         spec["Mode"] = {"Replicated": {**mode["Replicated"], "Replicas": 0}}
         url = api._url("/services/{0}/update", sid)
         res = api._post_json(url, data=spec, params={"version": service["Version"]["Index"]})
@@ -72,8 +74,7 @@ def stop(api: Any, service: dict[str, Any]) -> str:
 class Services:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self.ended: dict[str, float] = {}  # service id -> how late its stop was sent (seconds)
-        self._said: set[str] = set()
+        self._said = ""  # the last trouble said (said again only when it changes)
 
     def start(self) -> None:
         threading.Thread(target=self._watch, name="swarm-bookings", daemon=True).start()
@@ -92,10 +93,10 @@ class Services:
                     manager = bool((engine.info(api).get("Swarm") or {}).get("ControlAvailable"))
                 if manager:
                     self.step(api, time.time())
-            except Exception as err:  # a daemon away, a bug: said once per kind, tried again at the next tick
+            except Exception as err:  # a daemon away, a bug: said once, tried again at the next tick
                 what = f"{type(err).__name__}: {getattr(err, 'message', err)}"
-                if what not in self._said:
-                    self._said.add(what)
+                if what != self._said:
+                    self._said = what
                     say(f"swarm bookings: {what}")
                 api = None
 
@@ -109,7 +110,6 @@ class Services:
             name = shown(str((service.get("Spec") or {}).get("Name")))
             late = now - end
             done = stop(api, service)
-            self.ended[service["ID"]] = late
             say(f"booking ended: swarm service {name} ({service['ID'][:12]}) {done}, {late:.2f}s after its end")
             _emit(service, end, late, done)
 

@@ -476,7 +476,7 @@ def test_quota_gpu_hours_while_holding(tmp_path: Path) -> None:
     now = 1_800_000_000.0
     p = policy("[quota]\ngpu_hours_per_day = 3\n", tmp_path)
     alice = admit.Caller(1001, ())
-    two = [admit.Holding(1001, 2, None, "train", since=now - 5400), admit.Holding(1002, 4, None, "bob", since=0)]
+    two = [admit.Holding(1001, 2, None, "train", since=now - 5400), admit.Holding(1002, 4, None, "bob", since=now)]
     with pytest.raises(admit.QuotaError) as err:
         admit.check(p, alice, 1, two, admit.nothing, now=now)
     assert err.value.message == (
