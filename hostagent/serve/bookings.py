@@ -172,11 +172,13 @@ class Bookings:
         from gpupin.hostagent.policy import admit
 
         policy = self.agent.keeper.policy
+        labelled = set()
         for card in view.get("gpus", ()):
             for h in card.get("holders", ()):
                 b = h.get("booking")
                 if b is None or b["uid"] is not None:
                     continue
+                labelled.add(h["id"])
                 asked = None if b["until"] is None else b["until"] - b["since"]
                 length = admit.label_length(policy, asked)
                 b["until"] = None if length is None else b["since"] + max(1, round(length))
@@ -185,6 +187,8 @@ class Bookings:
                     given = "no end" if length is None else format_duration(length)
                     said = "no duration" if asked is None else format_duration(asked)
                     say(f"booking: {shown(h['name'])} ({h['id'][:12]}) asks {said} by its label: booked {given}")
+        if view.get("docker", {}).get("available"):
+            self._cut &= labelled  # bounded by the containers there are
 
     # --- extend ---
 
