@@ -503,6 +503,35 @@ def test_quota_gpu_hours_while_holding(tmp_path: Path) -> None:
     assert admit.over(p, admit.Caller(1002, ()), 1, two, admit.nothing) is None  # bob: no quota of 1001's
 
 
+@given(
+    st.lists(st.tuples(st.floats(0, 3000), st.floats(1, 3000)), max_size=8),
+    st.lists(st.tuples(st.integers(1, 4), st.floats(0, 3000)), max_size=3),
+    st.floats(1, 8000),
+)
+def test_when_a_rolling_window_frees_is_the_first_time_below_the_limit(
+    spans: list[tuple[float, float]], live: list[tuple[int, float]], limit: float
+) -> None:
+    """The sweep's answer against the use itself, looked at on a fine grid: below the limit from then on for a
+    moment, and never below it before; None only where the use never falls below it while the holdings run."""
+    from gpupin.hostagent.policy import admit
+
+    now, window = 10_000.0, 3600.0
+    past = [(now - a - d, now - a) for a, d in spans if now - a > now - window]  # ended within the window
+    held = [admit.Holding(1001, n, None, "h", since=now - ago) for n, ago in live]
+    use = admit.used_seconds(past, held, window, now)
+    if use < limit:
+        return
+    at = admit.frees_at(past, held, window, limit, now)
+    grid = [now + window * k / 2000 for k in range(2001)]
+    if at is None:
+        assert all(admit.used_seconds(past, held, window, t) >= limit - 1e-6 for t in grid)
+        return
+    assert now <= at <= now + window
+    assert admit.used_seconds(past, held, window, at) == pytest.approx(limit, abs=1e-6)
+    assert all(admit.used_seconds(past, held, window, t) >= limit - 1e-6 for t in grid if t <= at)
+    assert admit.used_seconds(past, held, window, min(at + 2.0, now + window)) < limit + 1e-6
+
+
 def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
     """Whose a holding is comes from the booking label's uid, whatever the container is called."""
     from gpupin.hostagent.policy import admit
