@@ -2,7 +2,7 @@
 8-card host (1 million intervals: a job every 4.2 minutes on each card, 20 users, 30 images).
 
 - a booking's cost: what `POST /api/run` does for the record (`record.note_owner`: the caller's uid, kept in
-  memory for the keeper's thread), per call; a GPU-hour quota's look (`record.gpu_seconds` over a week, in the
+  memory for the keeper's thread), per call; a GPU-hour quota's look (`record.finished` over a week, in the
   booking's path where the policy sets such a quota); and the keeper's own writes per booking, off the booking's
   path (its interval opened, then closed), on that year's database;
 - `hostagent usage --by user` over the year: the query alone, and the whole command (its Python start-up
@@ -145,10 +145,10 @@ def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None
         looks = []
         for _ in range(50):
             t = time.perf_counter()
-            store.gpu_seconds(1005, time.time() - 7 * 86400)
+            store.finished(1005, time.time() - 7 * 86400)
             looks.append(time.perf_counter() - t)
         _line(
-            "a GPU-hour quota's look in its path (gpu_seconds, a week)",
+            "a GPU-hour quota's look in its path (finished, a week)",
             _median_ms(looks),
             1.0,
             results,

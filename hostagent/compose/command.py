@@ -32,12 +32,13 @@ import sys
 from gpupin.core import files
 from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
-from gpupin.hostagent.compose import interpolate, load, native, roundtrip
+from gpupin.hostagent.compose import booking, interpolate, load, native, roundtrip
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.project import Options, Project, build
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine, top_level_lookalikes
 from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.policy import host_policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -292,6 +293,9 @@ def _rendered(options: Options, output: str | None, make: Callable[[Project], tu
         name = project_name(project)
         if not options.files:
             targets = [output_path(output, f) for f in project.files]
+        refused = booking.problems(project.doc, host_policy(say))  # a booking no run could have: before the host
+        if refused:
+            raise RenderRefused(refused)
         top, rendered = make(project)
         text = written_text(project, top, rendered)
         read_back(project, text, rendered)
@@ -376,6 +380,7 @@ def check_command(options: Options, as_json: bool) -> int:
         name = project_name(project)
         cards, daemon = _host(project.doc, project.files, cdi_too=False)
         exam = examine(project.doc, cards, daemon.busy, daemon.unknown, project.file_env)
+        exam.problems += booking.problems(project.doc, host_policy(say))
     if as_json:
         sys.stdout.write(json.dumps([p.to_dict() for p in exam.problems], indent=2) + "\n")
     else:

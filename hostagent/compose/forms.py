@@ -1,6 +1,7 @@
 """The forms in which a compose service can ask for GPUs, one small reader (and writer) each:
 
-    x-gpupin: {gpus: [SPEC, ...] | count: N, share: BOOL, verify: LEVEL}     gpupin's own (compose ignores x- keys)
+    x-gpupin: {gpus: [SPEC, ...] | count: N, share: BOOL, verify: LEVEL, for: DURATION}   gpupin's own (compose
+                                                                              ignores x- keys; `for`: compose.booking)
     deploy.resources.reservations.devices: [{driver: nvidia, device_ids: [...] | count: N|all, capabilities: [gpu]}]
     deploy.resources.reservations.devices: [{driver: cdi, device_ids: [nvidia.com/gpu=ID, ...], capabilities: [gpu]}]
     gpus: all | [{driver: nvidia, device_ids: [...] | count: N}]             compose v2.30+, as `docker run --gpus`
@@ -43,10 +44,10 @@ if TYPE_CHECKING:
 
     from gpupin.hostagent.pin import Pin
 
-_X_KEYS = ("gpus", "count", "share", "verify")
+_X_KEYS = ("gpus", "count", "share", "verify", "for")
 X_HINT = (
-    f"write `{KEY}: {{gpus: [UUID-or-SPEC, ...]}}` or `{KEY}: {{count: N}}`, optionally with share: true "
-    f"and verify: {'|'.join(VERIFY_LEVELS)}"
+    f"write `{KEY}: {{gpus: [UUID-or-SPEC, ...]}}` or `{KEY}: {{count: N}}`, optionally with share: true, "
+    f"verify: {'|'.join(VERIFY_LEVELS)} and for: 4h"
 )
 _DEVICES = "deploy.resources.reservations.devices"
 

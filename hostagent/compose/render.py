@@ -4,11 +4,11 @@ Per service: the device request by UUID (hostagent.compose.gpurequest.GpuRequest
 `nvidia.com/gpu=UUID`) where the daemon serves the cards by CDI, else through the nvidia driver (`driver:
 nvidia`), as `hostagent run` pins (gpupin.hostagent.engine.cdi; `--via` decides instead); the pin's environment
 (GPUPIN_EXPECT in local-rank order, NVIDIA_VISIBLE_DEVICES for the nvidia driver, GPUPIN_VERIFY when asked) and
-labels (gpupin.devices, gpupin.shared), kept in the list or mapping spelling the user wrote. Everything else is
-kept; `x-gpupin` and the forms only newer compose versions read (`gpus:`, CDI names in `devices:`) become the
-device entry. On podman the pin is CDI names in `devices:` instead (gpurequest.as_cdi_names): podman's compose tools
-drop every device request, and a service that the nvidia driver would pin is refused there. Pure over the document,
-the cards, the ledger and what the daemon serves.
+labels (gpupin.devices, gpupin.shared; gpupin.booking.for from `x-gpupin.for`: compose.booking), kept in the list
+or mapping spelling the user wrote. Everything else is kept; `x-gpupin` and the forms only newer compose versions
+read (`gpus:`, CDI names in `devices:`) become the device entry. On podman the pin is CDI names in `devices:`
+instead (gpurequest.as_cdi_names): podman's compose tools drop every device request, and a service that the nvidia
+driver would pin is refused there. Pure over the document, the cards, the ledger and what the daemon serves.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import copy
 import os
 
 from gpupin.core.contract import NVD_VAR
+from gpupin.hostagent.compose import booking
 from gpupin.hostagent.compose.gpurequest import as_cdi_names
 from gpupin.hostagent.compose.problems import Problem, RenderRefused, printable
 from gpupin.hostagent.compose.rules import Examination, examine
 from gpupin.hostagent.engine import cdi
+from gpupin.hostagent.ledger.booking import FOR_LABEL
 from gpupin.hostagent.pin import Pin
 
 TYPE_CHECKING = False
@@ -82,13 +84,14 @@ def pinned(
         way = detection.via([t.uuid for t in targets], via, req.capabilities)
         pin = Pin(targets, share=req.share, verify=req.verify, via=way)
         svc = out["services"][req.service]
+        length = booking.asked(req.service, svc)  # before the form's key goes
         req.form.write(svc, req, pin)
         if podman:
             as_cdi_names(svc, pin)
         if way == cdi.CDI:  # the spec sets it (void); one the file kept from another way would only mislead
             _unset(svc, "environment", {NVD_VAR})
         set_entries(svc, "environment", pin.env())
-        set_entries(svc, "labels", pin.labels())
+        set_entries(svc, "labels", pin.labels() | ({} if length is None else {FOR_LABEL: length}))
     return out
 
 

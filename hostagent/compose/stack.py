@@ -32,6 +32,7 @@ import os
 import re
 
 from gpupin.core.errors import GpupinError
+from gpupin.hostagent.compose import booking
 from gpupin.hostagent.compose.forms import DeployDevices, XGpupin, gpu_request
 from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
 from gpupin.hostagent.compose.problems import WARNING, Problem, RenderRefused, ServiceError, printable, quoted
@@ -47,6 +48,7 @@ from gpupin.hostagent.compose.service import (
     reserved_list,
     with_file_env,
 )
+from gpupin.hostagent.ledger.booking import FOR_LABEL
 from gpupin.hostagent.pin import Reservation
 from gpupin.hostagent.swarm.cluster import Constraint
 from gpupin.hostagent.swarm.resources import gpu_kinds
@@ -385,6 +387,9 @@ def examine(
 def _apply(svc: dict[str, Any], s: StackService) -> None:
     """The reservation in place of the request, and the pin's environment."""
     form = s.req.form if s.req is not None else None
+    length = booking.asked(s.service, svc)  # before the form's key goes: the task's label, from its service
+    if length is not None:
+        set_entries(svc, "labels", {FOR_LABEL: length})
     if isinstance(form, XGpupin):
         svc.pop(KEY, None)
     elif isinstance(form, DeployDevices):  # docker stack deploy takes no device request (format 3 has none)

@@ -5,7 +5,13 @@ agent), when, and until when (`hostagent run --for`, or the policy's default; do
 
 Written once at create (a label cannot change); an extension (`hostagent extend`) is kept by the agent in its state
 file beside its socket (`bookings.json`: container id -> until), read by the agent and by `hostagent ls`. The label
-is refused when set by hand (gpupin.hostagent.pin.OWNED_LABELS): through the agent it is the agent's to write."""
+is refused when set by hand (gpupin.hostagent.pin.OWNED_LABELS): through the agent it is the agent's to write.
+
+A compose service (`x-gpupin: {for: 4h}`, rendered as the label `gpupin.booking.for=4h`) books from the container's
+own start, which a rendered file cannot know: its Booking is read from that label and State.StartedAt, with no
+owner (uid None: no one the kernel named created it), and the resident agent cuts it to the policy's maximum
+(gpupin.hostagent.policy.admit.label_length). A Swarm task's label is its service's, which the agent of a manager
+ends (gpupin.hostagent.serve.services): it books nothing here."""
 
 from __future__ import annotations
 
@@ -14,12 +20,17 @@ import os
 import re
 import time
 
+from gpupin.core.errors import printable
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
 LABEL = "gpupin.booking"
+FOR_LABEL = "gpupin.booking.for"  # a compose or swarm service's booking: its length (`4h`), from its start
+SWARM_SERVICE_LABEL = "com.docker.swarm.service.id"  # on the containers of a swarm service's tasks
+LONGEST_S = 366 * 86400.0  # the longest duration a policy, `--for` or a compose service may say: a year
 STATE_FILE = "bookings.json"
 _FORM = re.compile(r"^uid=([0-9]{1,10}) since=([0-9]{1,12})(?: until=([0-9]{1,12}))?$")
 
@@ -27,7 +38,7 @@ _FORM = re.compile(r"^uid=([0-9]{1,10}) since=([0-9]{1,12})(?: until=([0-9]{1,12
 class Booking:
     __slots__ = ("since", "uid", "until")
 
-    def __init__(self, uid: int, since: int, until: int | None) -> None:
+    def __init__(self, uid: int | None, since: int, until: int | None) -> None:
         self.uid = uid
         self.since = since
         self.until = until
@@ -46,6 +57,37 @@ class Booking:
             "until": end,
             "left_s": None if end is None else max(0, int(end - now)),
         }
+
+
+# --- durations --------------------------------------------------------------------------------------------------
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_PART = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """`90m`, `4h`, `2d`, `45s`, `1w`, `1h30m`, `1.5h` -> seconds (> 0, at most a year). ValueError otherwise, with
+    what is wrong (a bare number has no unit: `90` could be seconds or minutes)."""
+    if not isinstance(text, str):
+        raise ValueError(f"a duration is text such as 90m, 4h or 2d, not {type(text).__name__}")
+    s = text.strip().lower()
+    pos, total, units = 0, 0.0, []
+    while pos < len(s):
+        m = _PART.match(s, pos)
+        if m is None:
+            raise ValueError(f"{printable(text)!r} is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)")
+        if m[2] in units:
+            raise ValueError(f"{printable(text)!r} names {m[2]} twice")
+        units.append(m[2])
+        total += float(m[1]) * _UNITS[m[2]]
+        pos = m.end()
+    if not units:
+        raise ValueError(f"{printable(text)!r} is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)")
+    if not total > 0:
+        raise ValueError(f"{printable(text)!r} is no time at all: a duration is more than 0")
+    if total > LONGEST_S:
+        raise ValueError(f"{printable(text)!r} is longer than a year, the longest duration")
+    return total
 
 
 def format_duration(seconds: float) -> str:
@@ -70,8 +112,19 @@ def parse(value: str | None) -> Booking | None:
     return Booking(int(m[1]), int(m[2]), int(m[3]) if m[3] else None)
 
 
-def of(labels: Mapping[str, str]) -> Booking | None:
-    return parse(labels.get(LABEL))
+def of(labels: Mapping[str, str], started: float | None = None) -> Booking | None:
+    """The booking of a container with these labels: hostagent's label, else a compose service's FOR_LABEL from
+    `started` (its State.StartedAt; None: not known, no booking read) as it asks (a value that is no duration: no
+    end here; the agent gives it the policy's default)."""
+    found = parse(labels.get(LABEL))
+    asked = labels.get(FOR_LABEL)
+    if found is not None or asked is None or started is None or SWARM_SERVICE_LABEL in labels:
+        return found
+    since = int(started)
+    try:
+        return Booking(None, since, since + max(1, round(parse_duration(asked))))
+    except ValueError:
+        return Booking(None, since, None)
 
 
 def agent_folder() -> str:

@@ -271,13 +271,24 @@ def holder(
         image=(inspect.get("Config") or {}).get("Image"),
         verified=verified(inspect),
         started=_started(inspect),
-        booking=booking.of(labels),
+        booking=booking.of(labels, _started_at(inspect)),
     )
 
 
 def _started(inspect: Mapping[str, Any]) -> str | None:
     at = str((inspect.get("State") or {}).get("StartedAt") or "")
     return at if at and not at.startswith("0001-") else None
+
+
+def _started_at(inspect: Mapping[str, Any]) -> float | None:
+    """State.StartedAt in seconds since the epoch (None: never started, or unreadable): a compose booking's start."""
+    from gpupin.hostagent.engine.reads import created_time
+
+    at = _started(inspect)
+    try:
+        return None if at is None else created_time(at)
+    except (ValueError, IndexError):
+        return None
 
 
 def label_holder(

@@ -23,7 +23,9 @@ import sys
 from dataclasses import dataclass, field
 
 from gpupin.core.errors import UsageError, printable
+from gpupin.hostagent.ledger.booking import LONGEST_S as LONGEST_S  # the longest duration said anywhere
 from gpupin.hostagent.ledger.booking import format_duration as format_duration  # how `ls` shows a time left
+from gpupin.hostagent.ledger.booking import parse_duration as parse_duration  # --for, the policy, compose
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
 DEFAULT_PATH = "/etc/gpupin/policy.toml"
 PATH_VARIABLE = "GPUPIN_POLICY"  # another file than DEFAULT_PATH (tests; `serve --policy` says it for the agent)
 FILE_LIMIT = 1 << 20  # a policy is a page of text; a megabyte is a mistake (or /dev/zero)
-LONGEST_S = 366 * 86400.0  # the longest duration a policy or `--for` may say: a year
 BEFORE_END_S = 15 * 60.0  # notify.before_end when absent
 
 
@@ -58,37 +59,6 @@ def policy_path() -> str:
     import os
 
     return os.environ.get(PATH_VARIABLE) or DEFAULT_PATH
-
-
-# --- durations --------------------------------------------------------------------------------------------------
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-_PART = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhdw])")
-
-
-def parse_duration(text: str) -> float:
-    """`90m`, `4h`, `2d`, `45s`, `1w`, `1h30m`, `1.5h` -> seconds (> 0, at most a year). ValueError otherwise, with
-    what is wrong (a bare number has no unit: `90` could be seconds or minutes)."""
-    if not isinstance(text, str):
-        raise ValueError(f"a duration is text such as 90m, 4h or 2d, not {type(text).__name__}")
-    s = text.strip().lower()
-    pos, total, units = 0, 0.0, []
-    while pos < len(s):
-        m = _PART.match(s, pos)
-        if m is None:
-            raise ValueError(f"{printable(text)!r} is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)")
-        if m[2] in units:
-            raise ValueError(f"{printable(text)!r} names {m[2]} twice")
-        units.append(m[2])
-        total += float(m[1]) * _UNITS[m[2]]
-        pos = m.end()
-    if not units:
-        raise ValueError(f"{printable(text)!r} is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)")
-    if not total > 0:
-        raise ValueError(f"{printable(text)!r} is no time at all: a duration is more than 0")
-    if total > LONGEST_S:
-        raise ValueError(f"{printable(text)!r} is longer than a year, the longest duration")
-    return total
 
 
 # --- the model ---------------------------------------------------------------------------------------------------
@@ -172,8 +142,13 @@ class Policy:
 
     # -- who a rule applies to --
 
-    def _rules(self, users: Mapping[str, Any], groups: Mapping[str, Any], uid: int, gids: frozenset[int]) -> list[Any]:
-        """The caller's user table (as a one-item list), else its groups' tables."""
+    def _rules(
+        self, users: Mapping[str, Any], groups: Mapping[str, Any], uid: int | None, gids: frozenset[int]
+    ) -> list[Any]:
+        """The caller's user table (as a one-item list), else its groups' tables; none for no one (uid None: a
+        compose service's own label, which no one the kernel named wrote)."""
+        if uid is None:
+            return []
         if users:
             for key in _user_keys(uid):
                 if key in users:
@@ -183,7 +158,7 @@ class Policy:
         return []
 
     def _pick(
-        self, users: Mapping[str, Any], groups: Mapping[str, Any], top: Any, uid: int, gids: frozenset[int]
+        self, users: Mapping[str, Any], groups: Mapping[str, Any], top: Any, uid: int | None, gids: frozenset[int]
     ) -> Any:
         """Per field of a rule: the user's value, else the most generous of its groups' (None there is absent), else
         the top table's."""
@@ -194,7 +169,7 @@ class Policy:
             values[f.name] = max(found) if found else getattr(top, f.name)
         return type(top)(**values)
 
-    def booking_default(self, uid: int, gids: frozenset[int]) -> float | None:
+    def booking_default(self, uid: int | None, gids: frozenset[int]) -> float | None:
         """The length of a booking that says no --for (None: unbounded), never past the caller's max."""
         rule: BookingRule = self._pick(self.booking_users, self.booking_groups, self.booking, uid, gids)
         longest = self.booking_max(uid, gids)
@@ -202,7 +177,7 @@ class Policy:
             return None
         return rule.default if longest is None else min(rule.default, longest)
 
-    def booking_max(self, uid: int, gids: frozenset[int]) -> float | None:
+    def booking_max(self, uid: int | None, gids: frozenset[int]) -> float | None:
         """The longest booking the caller may hold (--for, or --for plus extensions); None: no limit."""
         if uid == 0:
             return None
@@ -547,6 +522,25 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
         notify=notify,
         path=path,
     )
+
+
+def host_policy(warn: Callable[[str], None]) -> Policy:
+    """This host's policy where a command reads it itself (a run without the agent, `compose render`): its file, or
+    none when there is no file; one this user cannot read, or with mistakes, is said through `warn` and enforces
+    nothing here (the agent keeps its last good one)."""
+    import errno
+
+    from gpupin.core.errors import GpupinError
+    from gpupin.core.files import FileRefused
+
+    try:
+        return load_policy(policy_path())
+    except FileRefused as err:
+        if err.errno != errno.ENOENT:  # no file: no policy; one this user cannot read is said
+            warn(f"warning: the policy is not applied: {err.message}")
+    except GpupinError as err:
+        warn(f"warning: the policy is not applied: {err.message}")
+    return Policy.empty()
 
 
 def load_policy(path: str) -> Policy:

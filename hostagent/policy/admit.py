@@ -12,6 +12,7 @@ waits until it frees, and the agent's queue gives no turn to a waiter over its q
 
 from __future__ import annotations
 
+import math
 import time
 
 from gpupin.core.errors import EX_TEMPFAIL, GpupinError, UsageError
@@ -20,8 +21,12 @@ from gpupin.hostagent.policy import Policy, format_duration
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
+
+    # A uid's finished use since a time: (start, end) of each card's interval that ended after it, from the record
+    # (gpupin.hostagent.record.finished); the holdings add what runs now.
+    Past = Callable[[int, float], Sequence[tuple[float, float]]]
 
     from gpupin.hostagent.ledger.holders import Holder
     from gpupin.hostagent.ledger.read import LedgerReading
@@ -34,9 +39,12 @@ class QuotaError(GpupinError):
 
 
 class Caller:
+    """Who asks: the uid and groups the kernel named; uid None is no one it named (a compose or swarm service's
+    own label, gpupin.booking.for: the policy's rules for everyone apply)."""
+
     __slots__ = ("gids", "uid")
 
-    def __init__(self, uid: int, gids: Iterable[int]) -> None:
+    def __init__(self, uid: int | None, gids: Iterable[int]) -> None:
         self.uid = uid
         self.gids = frozenset(gids)
 
@@ -49,6 +57,8 @@ class Caller:
     def who(self) -> str:
         import pwd
 
+        if self.uid is None:
+            return "everyone (a service's own label names no one)"
         try:
             return f"uid {self.uid} ({pwd.getpwuid(self.uid).pw_name})"
         except KeyError:
@@ -56,36 +66,94 @@ class Caller:
 
 
 class Holding:
-    """One container's hold, as a quota counts it: whose, how many cards, and when its booking ends."""
+    """One container's hold, as a quota counts it: whose, how many cards, since when (its start: the GPU-hours it
+    adds while it runs) and when its booking ends."""
 
-    __slots__ = ("cards", "name", "uid", "until")
+    __slots__ = ("cards", "name", "since", "uid", "until")
 
-    def __init__(self, uid: int, cards: int, until: float | None, name: str) -> None:
+    def __init__(self, uid: int, cards: int, until: float | None, name: str, since: float | None = None) -> None:
         self.uid = uid
         self.cards = cards
         self.until = until
         self.name = name
+        self.since = since
 
 
-def length(policy: Policy, caller: Caller, asked: float | None) -> float | None:
-    """The booking's length in seconds (None: no end): --for within the caller's maximum, else the default."""
+def length(policy: Policy, caller: Caller, asked: float | None, key: str = "--for") -> float | None:
+    """The booking's length in seconds (None: no end): `key` (--for, x-gpupin.for) within the caller's maximum,
+    else the default."""
     longest = policy.booking_max(caller.uid, caller.gids)
     if asked is None:
         return policy.booking_default(caller.uid, caller.gids)
     if longest is not None and asked > longest:
+        later = ", and `hostagent extend` later within it" if caller.uid is not None else ""
         raise UsageError(
-            f"--for {format_duration(asked)} is longer than the longest booking the policy gives {caller.who()}, "
+            f"{key} {format_duration(asked)} is longer than the longest booking the policy gives {caller.who()}, "
             f"{format_duration(longest)} (booking.max)",
-            f"ask for at most --for {format_duration(longest)}, and `hostagent extend` later within it",
+            f"ask for at most {key} {format_duration(longest)}{later}",
         )
     return asked
 
 
+NO_ONE = Caller(None, ())  # a service's own label: no one the kernel named
+
+
+def label_length(policy: Policy, asked: float | None) -> float | None:
+    """The length of a running container's own booking (gpupin.booking.for; None: a value that is no duration), by
+    run's rule for everyone (length). The container runs already, so what run would refuse is cut to the maximum,
+    and a value that cannot be read books the default, else the maximum: a label never escapes the policy."""
+    try:
+        got = length(policy, NO_ONE, asked)
+    except UsageError:
+        got = None
+    return got if got is not None else policy.booking_max(None, frozenset())
+
+
 def labels(caller: Caller, seconds: float | None, now: float | None = None) -> dict[str, str]:
-    """The booking label written at create."""
+    """The booking label written at create (by hostagent run, for a caller the kernel named)."""
+    assert caller.uid is not None
     since = int(time.time() if now is None else now)
     until = None if seconds is None else since + max(1, round(seconds))
     return {LABEL: Booking(caller.uid, since, until).label()}
+
+
+WINDOWS = (("day", 86400.0, "24 hours"), ("week", 7 * 86400.0, "7 days"))
+
+
+def used_seconds(spans: Iterable[tuple[float, float]], live: Iterable[Holding], window: float, t: float) -> float:
+    """GPU-seconds in the window (t - window, t]: the finished `spans` (one card each), and the `live` holdings as
+    if they still run at t."""
+    lo = t - window
+    done = sum(max(0.0, min(b, t) - max(a, lo)) for a, b in spans)
+    return done + sum(h.cards * max(0.0, t - max(t if h.since is None else h.since, lo)) for h in live)
+
+
+def frees_at(
+    spans: Sequence[tuple[float, float]], live: Sequence[Holding], window: float, limit: float, now: float
+) -> float | None:
+    """When the use in a rolling window first falls below `limit` (GPU-seconds), the live holdings running on
+    meanwhile; None: not while they run. The use is linear between the times an edge of a span, or a holding's
+    start, leaves the window: one sweep over those times (a week of a busy user is a thousand spans, looked at
+    under the ledger lock), solved within the first piece that falls below."""
+    slope, changes = 0.0, []  # d(use)/dt now, and (time, change of the slope) after now
+    for a, b in spans:  # counts b - a until a leaves the window, then falls by 1 s a second until b has left
+        for at, change in ((a + window, -1.0), (b + window, 1.0)):
+            if at <= now:
+                slope += change
+            else:
+                changes.append((at, change))
+    for h in live:  # grows by its cards until its start leaves the window, then stays
+        if h.since is not None and h.since + window > now:
+            slope += h.cards
+            changes.append((h.since + window, -float(h.cards)))
+    changes.sort()
+    t, use = now, used_seconds(spans, live, window, now)
+    for at, change in [*changes, (now + window, 0.0)]:
+        if slope < 0 and use + slope * (at - t) < limit:
+            return t + (use - limit) / -slope
+        use, t = use + slope * (at - t), at
+        slope += change
+    return None
 
 
 def check(
@@ -93,13 +161,17 @@ def check(
     caller: Caller,
     cards: int,
     holdings: Iterable[Holding],
-    gpu_seconds: Callable[[int, float], float],
+    past: Past,
     now: float | None = None,
 ) -> None:
     """QuotaError (75) when `cards` more would pass a quota of the caller's; UsageError (64) when they never
-    could. `gpu_seconds(uid, since)`: the caller's use since then (the record's)."""
-    q = policy.quota(caller.uid, caller.gids)
+    could. `past(uid, since)`: the caller's finished use (the record's); its holdings add what runs now."""
+    uid = caller.uid
+    if uid is None:  # quotas are a person's; a service's own label is no one's
+        return
+    q = policy.quota(uid, caller.gids)
     now = time.time() if now is None else now
+    mine = [h for h in holdings if h.uid == uid]
     if q.cards is not None:
         if cards > q.cards:
             raise UsageError(
@@ -107,7 +179,6 @@ def check(
                 "(quota.cards)",
                 f"ask for at most {q.cards}",
             )
-        mine = [h for h in holdings if h.uid == caller.uid]
         held = sum(h.cards for h in mine)
         if held + cards > q.cards:
             ends = sorted((h.until, h.name) for h in mine if h.until is not None)
@@ -121,22 +192,35 @@ def check(
                 + frees,
                 "wait for it (--wait), or stop one of your containers",
             )
-    for hours, window, name in ((q.gpu_hours_per_day, 86400.0, "day"), (q.gpu_hours_per_week, 7 * 86400.0, "week")):
+    for (name, window, said), hours in zip(WINDOWS, (q.gpu_hours_per_day, q.gpu_hours_per_week), strict=True):
         if hours is None:
             continue
-        used = gpu_seconds(caller.uid, now - window) / 3600
-        if used >= hours:
-            raise QuotaError(
-                f"quota gpu_hours_per_{name}: {caller.who()} used {used:.1f} of {hours:g} GPU-hours in the last "
-                f"{'24 hours' if name == 'day' else '7 days'}; it frees as that use leaves the window",
-                "wait for it (--wait), or ask the host's owner",
-            )
+        spans = [(a, b) for a, b in past(uid, now - window) if b > now - window]
+        limit = hours * 3600
+        used = used_seconds(spans, mine, window, now)
+        if used < limit:
+            continue
+        at = frees_at(spans, mine, window, limit, now)
+        running = ", ".join(sorted(h.name for h in mine))
+        if at is None:
+            frees = f"it does not free while what it holds runs ({running}): stop it first"
+        else:
+            end = math.ceil(at)
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end))
+            frees = f"it frees in {format_duration(end - now)}, at {when}"
+            if running:
+                frees += f", counting {running} as running on"
+        raise QuotaError(
+            f"quota gpu_hours_per_{name}: {caller.who()} used {used / 3600:.1f} of {hours:g} GPU-hours in the last "
+            f"{said}; {frees}",
+            "wait for it (--wait), or ask the host's owner",
+        )
 
 
 def never(policy: Policy, caller: Caller, cards: int) -> UsageError | None:
     """The refusal (64) of a request that no wait can meet (more cards than the caller may ever hold at once)."""
     try:
-        check(policy, caller, cards, (), lambda _uid, _since: 0.0)
+        check(policy, caller, cards, (), nothing)
     except UsageError as err:
         return err
     except QuotaError:
@@ -144,76 +228,78 @@ def never(policy: Policy, caller: Caller, cards: int) -> UsageError | None:
     return None
 
 
-def over(
-    policy: Policy,
-    caller: Caller,
-    cards: int,
-    holdings: Iterable[Holding],
-    gpu_seconds: Callable[[int, float], float],
-) -> str | None:
+def nothing(_uid: int, _since: float) -> list[tuple[float, float]]:
+    """No finished use known: a run without the agent, which alone keeps the record (docs/policy.md, "Quotas")."""
+    return []
+
+
+def over(policy: Policy, caller: Caller, cards: int, holdings: Iterable[Holding], past: Past) -> str | None:
     """Why the caller may not take `cards` now (the refusal's message), or None: the queue's question."""
     try:
-        check(policy, caller, cards, holdings, gpu_seconds)
+        check(policy, caller, cards, holdings, past)
     except GpupinError as err:
         return err.message
     return None
 
 
-def held_seconds(uid: int, since: float, holdings: Iterable[tuple[int, int, float]], now: float | None = None) -> float:
-    """GPU-seconds from what is held now ((uid, cards, held since) each): what the quotas count until the record
-    (gpupin.hostagent.record) keeps the past."""
-    now = time.time() if now is None else now
-    return sum(n * max(0.0, now - max(start, since)) for u, n, start in holdings if u == uid)
+def started(booking_since: float, started_at: str | None) -> float:
+    """When a holding began to count: its container's own start (State.StartedAt; a restarted container's last),
+    else its booking's."""
+    from gpupin.hostagent.engine.reads import created_time
+
+    try:
+        return max(float(booking_since), created_time(started_at)) if started_at else float(booking_since)
+    except (ValueError, IndexError):
+        return float(booking_since)
 
 
 def holdings(holders: Iterable[Holder], extensions: Mapping[str, int]) -> list[Holding]:
-    """The booked holds among the ledger's holders (a container without a booking label is no one's to count)."""
+    """The booked holds among the ledger's holders (a container without hostagent's booking label is no one's to
+    count: a compose service's own booking names no one)."""
     return [
-        Holding(h.booking.uid, len(h.uuids), extensions.get(h.id, h.booking.until), h.name)
+        Holding(
+            h.booking.uid,
+            len(h.uuids),
+            extensions.get(h.id, h.booking.until),
+            h.name,
+            started(h.booking.since, h.started),
+        )
         for h in holders
-        if h.holds and h.booking is not None
+        if h.holds and h.booking is not None and h.booking.uid is not None
     ]
 
 
 def for_run(
-    policy: Policy,
-    caller: Caller,
-    asked: float | None,
-    extensions: Mapping[str, int],
-    gpu_seconds: Callable[[int, float], float] | None = None,
+    policy: Policy, caller: Caller, asked: float | None, extensions: Mapping[str, int], past: Past = nothing
 ) -> Callable[[LedgerReading, int], dict[str, str]]:
     """The admission of one run, for gpupin.hostagent.run.launch.reserve: the booking's length is judged now (64
-    before any lock or wait), the quotas under the lock with the holders just read. `gpu_seconds`: the record's;
-    None: what is held now (held_seconds)."""
+    before any lock or wait), the quotas under the lock with the holders just read. `past`: the record's finished
+    intervals (the agent's); without the agent, none."""
     seconds = length(policy, caller, asked)
 
     def admit(reading: LedgerReading, cards: int) -> dict[str, str]:
-        held = holdings(reading.holders, extensions)
-        if gpu_seconds is not None:
-            used = gpu_seconds
-        else:
-            since = [
-                (h.booking.uid, len(h.uuids), float(h.booking.since)) for h in reading.holders if h.holds and h.booking
-            ]
-
-            def used(uid: int, start: float) -> float:
-                return held_seconds(uid, start, since)
-
-        check(policy, caller, cards, held, used)
+        check(policy, caller, cards, holdings(reading.holders, extensions), past)
         return labels(caller, seconds)
 
     return admit
 
 
-def view_holdings(view: Mapping[str, Any]) -> tuple[list[Holding], list[tuple[int, int, float]]]:
-    """The booked holds in an `ls` object (the agent's view), and (uid, cards, since) each for held_seconds."""
+def view_holdings(view: Mapping[str, Any]) -> list[Holding]:
+    """The booked holds in an `ls` object (the agent's view)."""
     seen: dict[str, dict[str, Any]] = {}
     cards: dict[str, int] = {}
     for card in view.get("gpus", ()):
         for h in card.get("holders", ()):
-            if h.get("holds") and h.get("booking") is not None:
+            if h.get("holds") and h.get("booking") is not None and h["booking"]["uid"] is not None:
                 seen[h["id"]] = h
                 cards[h["id"]] = cards.get(h["id"], 0) + 1
-    held = [Holding(h["booking"]["uid"], cards[i], h["booking"]["until"], h["name"]) for i, h in seen.items()]
-    since = [(h["booking"]["uid"], cards[i], float(h["booking"]["since"])) for i, h in seen.items()]
-    return held, since
+    return [
+        Holding(
+            h["booking"]["uid"],
+            cards[i],
+            h["booking"]["until"],
+            h["name"],
+            started(h["booking"]["since"], h.get("started")),
+        )
+        for i, h in seen.items()
+    ]

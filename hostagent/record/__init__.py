@@ -41,11 +41,15 @@ def note_owner(container_id: str, uid: int) -> None:
         _keeper.note_owner(container_id, uid)
 
 
-def gpu_seconds(uid: int, since: float) -> float:
-    """GPU-seconds of `uid` since `since` (seconds since the epoch), the intervals still open up to now."""
+def finished(uid: int, since: float) -> list[tuple[float, float]]:
+    """`uid`'s closed intervals that ended after `since` (the GPU-hour quotas' past; what runs now is the
+    ledger's); none without a record, or while it cannot be read (a degraded record must not refuse runs)."""
     if _keeper is None:
-        return 0.0
-    return _keeper.store.gpu_seconds(uid, since, time.time())
+        return []
+    try:
+        return _keeper.store.finished(uid, since)
+    except Exception:  # sqlite3.Error, a closed store: the record's trouble is said by its keeper
+        return []
 
 
 def usage(since: float | None, by: str) -> list[dict[str, Any]]:

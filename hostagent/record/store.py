@@ -270,28 +270,22 @@ class Store:
 
     # --- reads ---
 
-    def gpu_seconds(self, uid: int, since: float, now: float | None = None) -> float:
+    def finished(self, uid: int, since: float) -> list[tuple[float, float]]:
         with self.lock:
-            return gpu_seconds(self.conn, uid, since, now)
+            return finished(self.conn, uid, since)
 
     def usage(self, since: float | None, by: str, now: float | None = None) -> list[dict[str, Any]]:
         with self.lock:
             return usage(self.conn, since, by, now)
 
 
-def gpu_seconds(conn: sqlite3.Connection, uid: int, since: float, now: float | None = None) -> float:
-    """GPU-seconds of `uid`'s intervals from `since` to now (an open interval counts up to now)."""
-    now = time.time() if now is None else now
-    # Two ranges of the (uid, end) index, the closed since `since` and the open: an OR of both would scan them all.
-    total = 0.0
-    for where in ("end > :since", "end IS NULL"):
-        row = conn.execute(
-            f"SELECT SUM(MIN(COALESCE(end, :now), :now) - MAX(start, :since)) FROM intervals "
-            f"WHERE uid = :uid AND {where} AND start < :now",
-            {"uid": uid, "since": since, "now": now},
-        ).fetchone()
-        total += float(row[0] or 0.0)
-    return max(0.0, total)
+def finished(conn: sqlite3.Connection, uid: int, since: float) -> list[tuple[float, float]]:
+    """(start, end) of `uid`'s closed intervals that ended after `since`, one per card: the GPU-hour quotas' past
+    (gpupin.hostagent.policy.admit), read from the (uid, end, start) index alone."""
+    rows = conn.execute(
+        "SELECT start, end FROM intervals WHERE uid = ? AND end > ? ORDER BY end", (uid, since)
+    ).fetchall()
+    return [(float(a), float(b)) for a, b in rows]
 
 
 _KEYS = {"user": "user", "card": "card_uuid", "image": "image"}

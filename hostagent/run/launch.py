@@ -13,7 +13,6 @@ whose lease is dead: it holds nothing, and the next run removes it (gpupin.hosta
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import os
 import signal
@@ -398,19 +397,17 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
 def _admit(req: RunRequest) -> Admit:
     """A run without the agent books as this process's uid and groups, under the host's policy file (a file with
     mistakes is said, and enforces nothing here: the agent keeps its last good one)."""
-    from gpupin.core.files import FileRefused
     from gpupin.hostagent.ledger.booking import agent_folder, read_extensions
-    from gpupin.hostagent.policy import Policy, admit, load_policy, policy_path
+    from gpupin.hostagent.policy import admit, host_policy
 
-    policy = Policy.empty()
-    try:
-        policy = load_policy(policy_path())
-    except FileRefused as err:
-        if err.errno != errno.ENOENT:  # no file: no policy; one this user cannot read is said
-            say(f"warning: the policy is not applied: {err.message}")
-    except GpupinError as err:
-        say(f"warning: the policy is not applied: {err.message}")
-    return admit.for_run(policy, admit.Caller.me(), req.book_for, read_extensions(agent_folder()))
+    policy = host_policy(say)
+    me = admit.Caller.me()
+    q = policy.quota(os.getuid(), me.gids)
+    if q.gpu_hours_per_day is not None or q.gpu_hours_per_week is not None:
+        # The past is the agent's record (root's, written by the agent alone): a run of its own counts only the
+        # present (docs/policy.md, "Quotas").
+        say("warning: the GPU-hour quotas count only what you hold now: past use is counted through the agent")
+    return admit.for_run(policy, me, req.book_for, read_extensions(agent_folder()))
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:

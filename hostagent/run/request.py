@@ -17,6 +17,7 @@ import shlex
 from gpupin.core.contract import LABEL, LEVELS_TEXT
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError
+from gpupin.hostagent.ledger.booking import FOR_LABEL
 from gpupin.hostagent.ledger.booking import LABEL as BOOKING_LABEL
 from gpupin.hostagent.pin import OWNED_LABELS, Pin, check_via
 from gpupin.hostagent.run import options as runopts
@@ -193,7 +194,7 @@ class RunRequest:
             key = spec.split("=", 1)[0]
             if not key:
                 raise UsageError(f"malformed --label {spec!r}", "use --label key=value")
-            if key == BOOKING_LABEL:
+            if key in (BOOKING_LABEL, FOR_LABEL):  # a run's booking is --for, judged for the caller
                 raise UsageError(
                     f"--label {spec}: hostagent writes {key} itself (who booked the cards, and until when)",
                     "remove it; --for DURATION sets the end",

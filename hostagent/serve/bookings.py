@@ -27,7 +27,6 @@ from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any, Protocol
 
     from gpupin.hostagent.serve.keeper import Keeper
@@ -93,7 +92,7 @@ def payload(view: dict[str, Any], cid: str, until: float | None, now: float) -> 
             if h["id"] != cid or b is None:
                 continue
             try:
-                user = pwd.getpwuid(b["uid"]).pw_name
+                user = None if b["uid"] is None else pwd.getpwuid(b["uid"]).pw_name
             except KeyError:
                 user = str(b["uid"])
             return {
@@ -109,19 +108,6 @@ def payload(view: dict[str, Any], cid: str, until: float | None, now: float) -> 
     return {"container": {"id": cid}}
 
 
-def gpu_seconds() -> Callable[[int, float], float] | None:
-    """The record's GPU-seconds per uid since a time, for the GPU-hour quotas; None until the record is there (the
-    quotas then count what is held now: gpupin.hostagent.policy.admit.held_seconds)."""
-    import importlib
-
-    try:
-        record = importlib.import_module("gpupin.hostagent.record")
-    except ImportError:
-        return None
-    used: Callable[[int, float], float] | None = getattr(record, "gpu_seconds", None)
-    return used
-
-
 class Bookings:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -130,6 +116,7 @@ class Bookings:
         self._state: str | None = None
         self._stopping: dict[str, float] = {}  # container id -> when its stop was sent (monotonic)
         self._told: set[tuple[str, int]] = set()  # (container id, until) whose booking.ending went out
+        self._cut: set[str] = set()  # container ids whose own booking label the policy changed (said once)
         self.lateness: list[float] = []  # seconds between each end and its stop's signal (the log says each)
 
     # --- the state file ---
@@ -167,6 +154,7 @@ class Bookings:
     def annotate(self, view: dict[str, Any], now: float) -> None:
         """Each holder's `booking` with its extension and the whole seconds left (gpupin.hostagent.ledger.booking);
         and forget the extensions of containers that no longer exist (read from the daemon: only when it answers)."""
+        self._label_ends(view)
         with self._lock:
             booking_label.extend(view, self._until, now)
             seen = {h["id"] for card in view.get("gpus", ()) for h in card.get("holders", ())}
@@ -176,6 +164,31 @@ class Bookings:
                     del self._until[cid]
                 with contextlib.suppress(GpupinError):
                     self._save()
+
+    def _label_ends(self, view: dict[str, Any]) -> None:
+        """A compose service's own booking (gpupin.booking.for, no owner) by the policy in force, as run's rule
+        judges a length (gpupin.hostagent.policy.admit.label_length): past the maximum it is cut to it (said once
+        per container), a value that is no duration books the default, else the maximum."""
+        from gpupin.hostagent.policy import admit
+
+        policy = self.agent.keeper.policy
+        labelled = set()
+        for card in view.get("gpus", ()):
+            for h in card.get("holders", ()):
+                b = h.get("booking")
+                if b is None or b["uid"] is not None:
+                    continue
+                labelled.add(h["id"])
+                asked = None if b["until"] is None else b["until"] - b["since"]
+                length = admit.label_length(policy, asked)
+                b["until"] = None if length is None else b["since"] + max(1, round(length))
+                if b["until"] != (None if asked is None else b["since"] + asked) and h["id"] not in self._cut:
+                    self._cut.add(h["id"])
+                    given = "no end" if length is None else format_duration(length)
+                    said = "no duration" if asked is None else format_duration(asked)
+                    say(f"booking: {shown(h['name'])} ({h['id'][:12]}) asks {said} by its label: booked {given}")
+        if view.get("docker", {}).get("available"):
+            self._cut &= labelled  # bounded by the containers there are
 
     # --- extend ---
 
@@ -198,6 +211,12 @@ class Bookings:
         if b is None:
             raise UsageError(
                 f"{name} has no booking (it was not made by hostagent run)", "only hostagent's bookings are extended"
+            )
+        if b["uid"] is None and peer.uid != 0:
+            raise UsageError(
+                f"{name} is booked by its own label ({booking_label.FOR_LABEL}), which names no owner: only root "
+                "extends it",
+                "ask the host's owner, or start it again with a longer x-gpupin.for",
             )
         if peer.uid not in (0, b["uid"]):
             raise UsageError(

@@ -10,7 +10,7 @@ import signal
 import threading
 
 from gpupin.hostagent import record
-from gpupin.hostagent.serve import api, connections, hooks, listen, queue, rights, say
+from gpupin.hostagent.serve import api, connections, hooks, listen, queue, rights, say, services
 from gpupin.hostagent.serve.agent import Agent
 
 TYPE_CHECKING = False
@@ -80,6 +80,7 @@ def run(
             keeper.start()  # the intervals an earlier agent left open, before the first view
         agent.start()
         agent.bookings.start()
+        services.Services(agent).start()  # a swarm service's booking, where this daemon is a manager
         gate.start()
         serving.set()
         where = [f"unix://{socket_path}"] + ([f"http://{_shown(address)}"] if address else [])

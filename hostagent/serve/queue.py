@@ -296,18 +296,20 @@ class Queue:
     def _within_quota(self, view: dict[str, Any]) -> list[Waiter]:
         """The waiters the policy's quotas let take a card now, in order: one over its quota keeps its place but is
         given no turn, and holds no card back from those after it (gpupin.hostagent.policy.admit)."""
+        from gpupin.hostagent import record
         from gpupin.hostagent.policy import admit
-        from gpupin.hostagent.serve import bookings
 
         policy = self.agent.keeper.policy
         if not policy.enforced:
             return list(self._waiters)
-        held, since = admit.view_holdings(view)
-        used = bookings.gpu_seconds() or (lambda uid, start: admit.held_seconds(uid, start, since))
+        held = admit.view_holdings(view)
         return [
             w
             for w in self._waiters
-            if admit.over(policy, admit.Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, used) is None
+            if admit.over(
+                policy, admit.Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, record.finished
+            )
+            is None
         ]
 
     def _grant(self) -> None:

@@ -166,11 +166,10 @@ class Runs:
         """The booking and the quotas of the policy in force, for the caller the kernel named (never a name the
         request carries: gpupin.hostagent.policy.admit)."""
         from gpupin.hostagent.policy import admit
-        from gpupin.hostagent.serve import bookings
 
         caller = admit.Caller(peer.uid, {peer.gid, *peer.groups})
         return admit.for_run(
-            self.agent.keeper.policy, caller, req.book_for, self.agent.bookings.extensions(), bookings.gpu_seconds()
+            self.agent.keeper.policy, caller, req.book_for, self.agent.bookings.extensions(), record.finished
         )
 
     @staticmethod

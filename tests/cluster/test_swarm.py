@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,8 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpupin.hostagent.engine import created_time
 from gpupin.hostagent.swarm.resources import from_engine
 from tests.support.host import HOSTAGENT, REPO, hostagent, simhost_env
+from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Sandboxes
 from tests.support.scenarios import swarm_resources, topology
 from tests.support.wait import wait_for
@@ -722,3 +725,34 @@ def test_the_nvidia_gpu_trap_exposes_every_card(swarm: Cluster, trapped: Node, t
             "back to NVIDIA_VISIBLE_DEVICES (NVIDIA_VISIBLE_DEVICES='all' here); run `hostagent swarm "
             "node-config --check` on that node" in line
         )
+
+
+def test_a_swarm_services_booking_is_ended_by_the_managers_agent(swarm: Cluster, tmp_path: Path) -> None:
+    """x-gpupin: {count: 1, for: 8s} in a stack: the tasks carry the length as a label, and the agent of the manager
+    scales the service to 0 once 8 s from the service's creation have passed (a task started again would renew
+    nothing: the booking is the service's)."""
+    m = swarm.nodes["manager"]
+    agent = Resident(simhost_env(m.topology, DOCKER_HOST=m.host), "--interval", "0.2")
+    name = "booked_train"
+    try:
+        source = compose_source("train", 2, "x-gpupin: {count: 1, for: 8s}")
+        with swarm.stack("booked", source, tmp=tmp_path) as rendered:
+            assert yaml.safe_load(Path(rendered).read_text())["services"]["train"]["labels"] == {
+                "gpupin.booking.for": "8s"
+            }
+            service = json.loads(swarm.manager("service", "inspect", name).stdout)[0]
+            assert service["Spec"]["TaskTemplate"]["ContainerSpec"]["Labels"]["gpupin.booking.for"] == "8s"
+
+            def mode() -> Any:
+                return json.loads(swarm.manager("service", "inspect", name, "--format", "{{json .Spec.Mode}}").stdout)
+
+            wait_for(lambda: mode() == {"Replicated": {"Replicas": 0}}, 60, "the manager's agent to scale it to 0")
+            assert time.time() - created_time(service["CreatedAt"]) >= 8
+            swarm.containers_gone(f"com.docker.swarm.service.name={name}")
+        code, _, log = agent.stop()
+        assert code == 0, log
+        late = re.findall(rf"booking ended: swarm service {name} \(\w+\) scaled to 0, ([0-9.]+)s after its end", log)
+        assert len(late) == 1 and float(late[0]) < 5, log
+        print(f"swarm expiry lateness: {late[0]}s")  # the report's figure (-s)
+    finally:
+        agent.close()

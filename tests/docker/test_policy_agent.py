@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 
+from gpupin.hostagent.engine import created_time
+from tests.docker.test_compose import ComposeRun
 from tests.docker.test_hostile_agent import AGENT_GID, post, run_body, sandbox_daemon, serve
+from tests.support.host import hostagent
+from tests.support.record import intervals
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.wait import wait_for
@@ -210,6 +214,110 @@ def test_quotas_charge_the_caller_the_kernel_names(lab: Lab) -> None:
     assert len(lab.agent.containers("running")) == 2
 
 
+def test_the_gpu_hours_of_a_finished_run_are_counted_from_the_record(agent: Agent, tmp_path: Path) -> None:
+    """A user who used her GPU-hours and stopped holds nothing, yet is refused (75): the agent's record has her
+    finished interval, and the line says when that use leaves the 24-hour window."""
+    os.chmod(tmp_path, 0o755)
+    lab = Lab(agent, tmp_path, "[quota]\ngpu_hours_per_day = 0.002\n")  # 7.2 GPU-seconds
+    try:
+        first = lab.as_user(ALICE, "run", "--gpu", "1", TEST_IMAGE, "sleep", "8")
+        assert first.returncode == 0, first.stderr
+        db = lab.resident.dir / "record.db"
+        rows = wait_for(lambda: [r for r in intervals(db) if r["end"] is not None], 30, "the interval closed")
+        assert rows[0]["uid"] == ALICE and rows[0]["end"] - rows[0]["start"] > 7.2
+        assert not agent.containers("running")  # nothing held now
+        again = lab.as_user(ALICE, "run", "--gpu", "0", TEST_IMAGE, "true")
+        assert again.returncode == 75, again.stderr
+        assert re.fullmatch(
+            rf"hostagent: ERROR: quota gpu_hours_per_day: uid {ALICE}(?: \([^)]*\))? used 0\.0 of 0\.002 GPU-hours "
+            r"in the last 24 hours; it frees in 23h59m, at [0-9-]{10} [0-9:]{8}\. HINT: wait for it \(--wait\), "
+            r"or ask the host's owner\n",
+            again.stderr,
+        ), again.stderr
+        assert len(agent.containers()) == 1  # nothing created for the refused run
+        bob = lab.as_user(BOB, "run", "--gpu", "0", TEST_IMAGE, "true")  # her use is not his
+        assert bob.returncode == 0, bob.stderr
+    finally:
+        lab.resident.close()
+
+
+@pytest.mark.per_engine
+def test_a_compose_services_booking_ends_from_its_own_start(agent: Agent, tmp_path: Path) -> None:
+    """x-gpupin: {for: 4s}, rendered as a label that each engine's compose (1.29, v2) passes on: the agent books
+    the container from its own start and stops it as `docker stop` does; past the policy's maximum render refuses."""
+    os.chmod(tmp_path, 0o755)
+    lab = Lab(agent, tmp_path, '[booking]\nmax = "20s"\n')
+    src = tmp_path / "train.yml"
+    service = (
+        "services:\n  train:\n    image: %s\n    command: [sleep, '600']\n    stop_grace_period: 1s\n"
+        "    x-gpupin: {gpus: ['1'], for: %s}\n"
+    )
+    out = tmp_path / "train.pinned.yml"
+    try:
+        src.write_text(service % (TEST_IMAGE, "30s"))
+        host, policy = agent.sandbox.host, str(lab.file)
+        over = hostagent("compose", "render", str(src), "-o", str(out), DOCKER_HOST=host, GPUPIN_POLICY=policy)
+        assert over.returncode == 64 and not out.exists(), over.stderr
+        assert "x-gpupin.for 30s is longer than the longest booking the policy gives everyone" in over.stderr
+        src.write_text(service % (TEST_IMAGE, "4s"))
+        r = hostagent("compose", "render", str(src), "-o", str(out), DOCKER_HOST=host, GPUPIN_POLICY=policy)
+        assert r.returncode == 0, r.stderr
+        run = ComposeRun(agent.sandbox, out)
+        try:
+            up = run.compose("up", "-d")
+            assert up.returncode == 0, up.stdout + up.stderr
+            cid = run.compose("ps", "-a", "-q", "train").stdout.strip()
+            h = lab.wait_holder(json.loads(agent.sandbox.docker("inspect", cid, check=True).stdout)[0]["Name"][1:])
+            b = h["booking"]
+            assert b["uid"] is None and b["until"] - b["since"] == 4 and 0 <= b["left_s"] <= 4
+
+            def ended() -> dict[str, Any] | None:
+                state: dict[str, Any] = json.loads(agent.sandbox.docker("inspect", cid).stdout)[0]["State"]
+                return None if state["Running"] else state
+
+            state = wait_for(ended, 30, "the booking to end")
+            assert state is not None
+            started, finished = (created_time(state[k]) for k in ("StartedAt", "FinishedAt"))
+            assert 4 <= finished - started < 4 + 5 + 2, state  # its end, then its 1 s grace (sleep ignores SIGTERM)
+        finally:
+            run.down()
+        code, _, log = lab.resident.stop()
+        assert code == 0, log
+        late = [float(x) for x in re.findall(r"booking ended: stopping .*, ([0-9.]+)s after its end", log)]
+        assert len(late) == 1 and late[0] < 5, log
+    finally:
+        lab.resident.close()
+
+
+def test_a_label_booking_is_cut_to_the_maximum_and_no_user_owns_it(lab: Lab) -> None:
+    """A user with the daemon's socket labels a container gpupin.booking.for=30d (or names a uid in it): the agent
+    books it the policy's maximum for everyone, no user's quota counts it, and only root extends it."""
+    lab.file.write_text('[booking]\nmax = "6s"\n[quota]\ncards = 1\n')  # no default
+    lab.resident.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "max 6s" in lab.policy()["summary"], 10, "the agent to read the policy")
+    name = f"label-{lab.agent.tag}"
+    docker = [*lab.users[ALICE], "docker", "-H", lab.agent.sandbox.host]
+    r = subprocess.run(
+        [*docker, "run", "-d", "--name", name, "--label", f"gpupin.test={lab.agent.tag}",
+         "--label", "gpupin.booking.for=30d uid=0", "--gpus", "device=1", TEST_IMAGE, "sleep", "600"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    h = lab.wait_holder(name)
+    assert (
+        h["booking"]["uid"] is None and h["booking"]["until"] - h["booking"]["since"] == 6
+    )  # no duration, no default: the max
+    # no one's: alice's quota of one card is not used by it, and she may not extend it
+    mine = lab.as_user(ALICE, "run", "-d", "--gpu", "0", TEST_IMAGE, "sleep", "600")
+    assert mine.returncode == 0, mine.stderr
+    ext = lab.as_user(ALICE, "extend", name, "1m")
+    assert ext.returncode == 64 and "which names no owner: only root extends it" in ext.stderr
+    wait_for(lambda: lab.holder(name) is None, 30, "the cut booking to end")
+    code, _, log = lab.resident.stop()
+    assert code == 0, log
+    assert f"booking: {name} (" in log and "asks no duration by its label: booked 6s" in log
+
+
 def test_the_queue_gives_no_turn_to_a_waiter_over_its_quota(lab: Lab) -> None:
     first = f"w1-{lab.agent.tag}"
     r = lab.as_user(ALICE, "run", "-d", "--name", first, "--gpu", "1", TEST_IMAGE, "sleep", "600")
@@ -257,4 +365,16 @@ def test_a_run_without_the_agent_keeps_the_maximum(agent: Agent, tmp_path: Path)
     assert r.returncode == 64, r.stderr
     assert "--for 3h is longer than the longest booking the policy gives uid 5002, 2h (booking.max)" in r.stderr
     assert agent.containers() != [] and all("Exited" in c["Status"] for c in agent.containers())
+    # the past is the agent's record: a run of its own counts only what is held now, and says so
+    f.write_text("[quota]\ngpu_hours_per_day = 1\n")
+    r = subprocess.run(
+        ["setpriv", f"--reuid={ALICE}", f"--regid={ALICE}", f"--groups={docker_gid}",
+         *agent.argv("run", "--gpu", "1", TEST_IMAGE, "true")],
+        env={**agent.env, "GPUPIN_AGENT": "0", "GPUPIN_POLICY": str(f)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "warning: the GPU-hour quotas count only what you hold now: past use is counted through the agent" in (
+        r.stderr
+    )
     shutil.rmtree(folder)

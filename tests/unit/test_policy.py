@@ -6,7 +6,9 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -382,41 +384,152 @@ def test_quota_cards(tmp_path: Path) -> None:
     p = quota_policy(tmp_path)
     alice = admit.Caller(1001, {1001})
     held = [admit.Holding(1001, 1, 1000 + 4320, "train-a"), admit.Holding(1002, 3, None, "bob-job")]
-    admit.check(p, alice, 1, held, lambda _u, _s: 0.0, now=1000)  # 1 + 1 <= 2
+    admit.check(p, alice, 1, held, admit.nothing, now=1000)  # 1 + 1 <= 2
     with pytest.raises(admit.QuotaError) as err:
-        admit.check(p, alice, 2, held, lambda _u, _s: 0.0, now=1000)
+        admit.check(p, alice, 2, held, admit.nothing, now=1000)
     assert err.value.exit_code == 75
     assert err.value.message == (
         "quota cards: uid 1001 holds 1 of 2 card(s) at once, and asks 2 more; the first frees when train-a ends, "
         "in 1h12m"
     )
     with pytest.raises(UsageError) as never:
-        admit.check(p, alice, 3, [], lambda _u, _s: 0.0)
+        admit.check(p, alice, 3, [], admit.nothing)
     assert never.value.exit_code == 64 and "at most 2 at once (quota.cards)" in never.value.message
     # bob's own quota, and bob's holdings are not alice's
-    admit.check(p, admit.Caller(1002, ()), 1, held, lambda _u, _s: 0.0)
+    admit.check(p, admit.Caller(1002, ()), 1, held, admit.nothing)
     assert admit.never(p, alice, 3) is not None and admit.never(p, alice, 2) is None
 
 
-def test_quota_gpu_hours(tmp_path: Path) -> None:
+def _record(tmp_path: Path, intervals: list[tuple[int, float, float | None]]) -> Any:
+    """A record (the agent's SQLite file) with `intervals` planted: (uid, start, end or None while open)."""
+    from gpupin.hostagent.record.store import Store
+
+    folder = tmp_path / "record"
+    folder.mkdir(mode=0o700)
+    s = Store(str(folder / "record.db"))
+    for n, (uid, start, end) in enumerate(intervals):
+        row = {"user": f"u{uid}", "card_uuid": "GPU-a", "card_index": 0, "image": "img", "start": start}
+        rid = s.open_interval({**row, "container_id": f"c{n}", "container_name": f"c{n}", "uid": uid, "seen": start})
+        if end is not None:
+            s.close_interval(rid, {"end": end, "ended": "exit", "energy_j": None}, row)
+    return s
+
+
+def test_quota_gpu_hours_count_the_records_past_and_what_runs_now(tmp_path: Path) -> None:
+    """GPU-hours in a rolling window: the record's finished intervals (their part inside the window) plus the
+    holdings running now; an interval still open in the record is the ledger's to count, not counted twice."""
     from gpupin.hostagent.policy import admit
 
-    p = quota_policy(tmp_path)
-    alice = admit.Caller(1001, ())
-    now = 100000.0
-    # two cards held for 1.5 h each: 3 GPU-hours in the last day
-    since = [(1001, 2, now - 5400), (1002, 4, now - 86400 * 3)]
-
-    def used(uid: int, start: float) -> float:
-        return admit.held_seconds(uid, start, since, now)
-
-    assert used(1001, now - 86400) == 2 * 5400
-    assert used(1002, now - 86400) == 4 * 86400  # only the last day counts
-    with pytest.raises(admit.QuotaError) as err:
-        admit.check(p, alice, 1, [], used, now=now)
-    assert err.value.message.startswith(
-        "quota gpu_hours_per_day: uid 1001 used 3.0 of 3 GPU-hours in the last 24 hours"
+    now = 1_800_000_000.0
+    day, week = 86400.0, 7 * 86400.0
+    s = _record(
+        tmp_path,
+        [
+            (1001, now - 4 * 3600, now - 3 * 3600),  # 1 h this morning
+            (1001, now - 4 * 3600, now - 3 * 3600),  # and on a second card: 2 GPU-hours today
+            (1001, now - day - 1800, now - day + 1800),  # half inside the day's window
+            (1001, now - 3 * day, now - 3 * day + 7200),  # this week, not today
+            (1001, now - week - 3600, now - week),  # ended as the week's window begins: not counted
+            (1002, now - 3600, now),  # bob's
+            (1001, now - 600, None),  # open: running now, as the holdings say
+        ],
     )
+    past = s.finished
+    assert past(1001, now - day) == [
+        (now - day - 1800, now - day + 1800),
+        (now - 4 * 3600, now - 3 * 3600),
+        (now - 4 * 3600, now - 3 * 3600),
+    ]
+    spans = past(1001, now - day)
+    running = [admit.Holding(1001, 1, None, "train", since=now - 600)]
+    assert admit.used_seconds(spans, [], day, now) == 2 * 3600 + 1800
+    assert admit.used_seconds(spans, running, day, now) == 2 * 3600 + 1800 + 600
+    week_spans = past(1001, now - week)
+    assert admit.used_seconds(week_spans, [], week, now) == 2 * 3600 + 3600 + 7200
+    # a limit of 2 GPU-hours a day: alice, who used 2.5 this morning and stopped, is refused, 75
+    p = policy("[quota]\ngpu_hours_per_day = 2\n", tmp_path)
+    alice = admit.Caller(1001, ())
+    with pytest.raises(admit.QuotaError) as err:
+        admit.check(p, alice, 1, [], past, now=now)
+    assert err.value.exit_code == 75
+    # yesterday's half hour leaves by now + 30 min: 2.0 GPU-hours, still not below 2; this morning's two cards
+    # begin to leave the window at now + 20 h: free from then
+    frees = now + 20 * 3600
+    assert admit.frees_at(spans, [], day, 7200.0, now) == pytest.approx(frees)
+    assert err.value.message == (
+        "quota gpu_hours_per_day: uid 1001 used 2.5 of 2 GPU-hours in the last 24 hours; it frees in 20h, at "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(frees))}"
+    )
+    # bob's use is his own; a week's quota reads the week
+    admit.check(p, admit.Caller(1002, ()), 1, [], past, now=now)
+    weekly = policy("[quota]\ngpu_hours_per_week = 5\n", tmp_path)
+    with pytest.raises(admit.QuotaError) as err:
+        admit.check(weekly, alice, 1, [], past, now=now)
+    assert "used 5.0 of 5 GPU-hours in the last 7 days; it frees in 4d, at " in err.value.message
+    admit.check(policy("[quota]\ngpu_hours_per_week = 5.01\n", tmp_path), alice, 1, [], past, now=now)
+
+
+def test_quota_gpu_hours_while_holding(tmp_path: Path) -> None:
+    """What runs now counts, and runs on: a use that only its holdings keep up does not free while they run."""
+    from gpupin.hostagent.policy import admit
+
+    now = 1_800_000_000.0
+    p = policy("[quota]\ngpu_hours_per_day = 3\n", tmp_path)
+    alice = admit.Caller(1001, ())
+    two = [admit.Holding(1001, 2, None, "train", since=now - 5400), admit.Holding(1002, 4, None, "bob", since=now)]
+    with pytest.raises(admit.QuotaError) as err:
+        admit.check(p, alice, 1, two, admit.nothing, now=now)
+    assert err.value.message == (
+        "quota gpu_hours_per_day: uid 1001 used 3.0 of 3 GPU-hours in the last 24 hours; it does not free while "
+        "what it holds runs (train): stop it first"
+    )
+    # one card's 2 h of the past leave the window from now + 10 min while one card runs on: the use stays at the
+    # limit, then grows; it does not free while that runs
+    day = 86400.0
+    past = [(now - day + 600, now - day + 7800)]
+    one = [admit.Holding(1001, 1, None, "train", since=now - 3600)]
+    assert admit.used_seconds(past, one, day, now) == 7200 + 3600
+    assert admit.frees_at(past, one, day, 10800.0, now) is None
+    # two cards of the past leave while one card runs on: the use falls by 1 s a second from now + 10 min, and
+    # is below 5 GPU-hours from now + 20 min
+    with pytest.raises(admit.QuotaError) as err:
+        admit.check(policy("[quota]\ngpu_hours_per_day = 5\n", tmp_path), alice, 1, one, lambda _u, _s: past * 2, now)
+    assert admit.frees_at(past * 2, one, day, 18000.0, now) == pytest.approx(now + 1200)
+    assert err.value.message.startswith("quota gpu_hours_per_day: uid 1001 used 5.0 of 5 GPU-hours")
+    assert err.value.message.endswith(
+        f"it frees in 20m, at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now + 1200))}, counting train as "
+        "running on"
+    )
+    assert admit.over(p, admit.Caller(1002, ()), 1, two, admit.nothing) is None  # bob: no quota of 1001's
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 3000), st.floats(1, 3000)), max_size=8),
+    st.lists(st.tuples(st.integers(1, 4), st.floats(0, 3000)), max_size=3),
+    st.floats(1, 8000),
+)
+def test_when_a_rolling_window_frees_is_the_first_time_below_the_limit(
+    spans: list[tuple[float, float]], live: list[tuple[int, float]], limit: float
+) -> None:
+    """The sweep's answer against the use itself, looked at on a fine grid: below the limit from then on for a
+    moment, and never below it before; None only where the use never falls below it while the holdings run."""
+    from gpupin.hostagent.policy import admit
+
+    now, window = 10_000.0, 3600.0
+    past = [(now - a - d, now - a) for a, d in spans if now - a > now - window]  # ended within the window
+    held = [admit.Holding(1001, n, None, "h", since=now - ago) for n, ago in live]
+    use = admit.used_seconds(past, held, window, now)
+    if use < limit:
+        return
+    at = admit.frees_at(past, held, window, limit, now)
+    grid = [now + window * k / 2000 for k in range(2001)]
+    if at is None:
+        assert all(admit.used_seconds(past, held, window, t) >= limit - 1e-6 for t in grid)
+        return
+    assert now <= at <= now + window
+    assert admit.used_seconds(past, held, window, at) == pytest.approx(limit, abs=1e-6)
+    assert all(admit.used_seconds(past, held, window, t) >= limit - 1e-6 for t in grid if t <= at)
+    assert admit.used_seconds(past, held, window, min(at + 2.0, now + window)) < limit + 1e-6
 
 
 def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
@@ -448,9 +561,8 @@ def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
             {"holders": [{"id": "b", "name": "other", "holds": True, "booking": None}]},
         ]
     }
-    held, since = admit.view_holdings(view)
-    assert [(h.uid, h.cards) for h in held] == [(1001, 2)]
-    assert since == [(1001, 2, 0.0)]
+    held = admit.view_holdings(view)
+    assert [(h.uid, h.cards, h.since) for h in held] == [(1001, 2, 0.0)]
 
 
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), True, "4h", 400 * 86400])
@@ -485,3 +597,7 @@ def test_a_hand_set_booking_label_is_refused() -> None:
     assert "hostagent writes gpupin.booking itself" in err.value.message and err.value.hint == (
         "remove it; --for DURATION sets the end"
     )
+    # a compose service's label is a run's --for, judged for the caller
+    with pytest.raises(UsageError) as err:
+        RunRequest("img", ["true"], gpus=["0"], environ={}, labels=["gpupin.booking.for=30d"])
+    assert "hostagent writes gpupin.booking.for itself" in err.value.message

@@ -17,7 +17,7 @@ import pytest
 from gpupin.hostagent.record import store as record_store
 from gpupin.hostagent.record.keeper import Keeper
 from gpupin.hostagent.record.report import since
-from gpupin.hostagent.record.store import MIGRATIONS, VERSION, RecordRefused, Store, gpu_seconds, usage
+from gpupin.hostagent.record.store import MIGRATIONS, VERSION, RecordRefused, Store, finished, usage
 from tests.support.host import HOSTAGENT
 
 T0 = 1_700_000_000.0  # a fixed epoch for the sums, in the past (`usage` counts up to now)
@@ -140,8 +140,10 @@ def test_sums_since_and_open(tmp_path: Path) -> None:
     by_user = {r["user"]: r for r in s.usage(T0 + 1800, "user", now)}
     assert by_user["alice"]["gpu_seconds"] == 1800 and by_user["alice"]["energy_j"] == 1800.0
     assert by_user["bob"]["gpu_seconds"] == 5400 and by_user["bob"]["energy_j"] is None
-    assert s.gpu_seconds(1000, T0, now) == 3600 and s.gpu_seconds(1001, T0 + 7000, now) == 200
-    assert gpu_seconds(s.conn, 1000, T0 + 3600, now) == 0
+    # the quotas' past: the closed intervals that ended after `since`, whole (the quota clips them); an open one is
+    # the ledger's to count, not the record's
+    assert s.finished(1000, T0) == [(T0, T0 + 3600)] and s.finished(1001, T0) == []
+    assert finished(s.conn, 1000, T0 + 3600) == []
     assert [r["card"] for r in s.usage(None, "card", now)] == ["GPU-a"]
     with pytest.raises(ValueError):
         usage(s.conn, None, "nope")
