@@ -48,6 +48,8 @@ def daemon_view(
     """One /info (`info_of`: how to get it; the resident agent keeps it a few seconds): whether the daemon serves
     CDI (unless not `ask`ed: --via says how, or its API predates CDI), and its runtimes for the ledger."""
     if podman.version(api):  # its API version (1.41) predates CDI, yet podman resolves CDI names itself
-        return (info_of(api) if ask else None), podman.DETECTION
+        # Nothing to detect, and podman's /info takes a quarter of a second (4.3, measured): the ledger asks it only
+        # if it needs the runtimes or the cgroup driver (gpupin.hostagent.ledger.read).
+        return None, podman.DETECTION
     daemon_info = info_of(api) if ask and may_serve_cdi(api) else None
     return daemon_info, cdi_detection(daemon_info) if daemon_info is not None else NO_CDI
