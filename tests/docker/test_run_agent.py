@@ -272,7 +272,7 @@ def test_the_agents_runs_take_the_ledger_lock_by_a_rename(agent: Agent) -> None:
     assert _lock_containers(agent) == []
     r = Resident(agent.env)
     try:
-        since = str(int(time.time()) - 1)
+        since = f"{time.time():.6f}"  # this test's events only (an earlier test's lock was made a moment ago)
         for _ in range(3):  # each after the last one's spare is made (in the background, after the run)
             res = ha(agent, through(r), "run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "true")
             assert res.returncode == 0 and "ERROR" not in res.stderr, res.stderr
