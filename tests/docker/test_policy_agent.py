@@ -242,6 +242,7 @@ def test_the_gpu_hours_of_a_finished_run_are_counted_from_the_record(agent: Agen
 
 
 @pytest.mark.per_engine
+@pytest.mark.needs("compose")
 def test_a_compose_services_booking_ends_from_its_own_start(agent: Agent, tmp_path: Path) -> None:
     """x-gpupin: {for: 4s}, rendered as a label that each engine's compose (1.29, v2) passes on: the agent books
     the container from its own start and stops it as `docker stop` does; past the policy's maximum render refuses."""
