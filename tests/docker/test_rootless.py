@@ -27,7 +27,7 @@ import pytest
 from tests.docker.test_podman import no_podman
 from tests.support.host import REPO
 from tests.support.processes import Placed, error_line, on_cards
-from tests.support.sandbox import TEST_IMAGE, Agent
+from tests.support.sandbox import TEST_IMAGE, Agent, exposed_in
 from tests.support.scenarios import uuids
 
 PODMAN_SCRIPT = REPO / "tests" / "sandbox" / "podman.sh"
@@ -56,12 +56,7 @@ class Rootless:
 
     def exposed(self, cid: str) -> list[str]:
         """The cards the fake CDI hook gave this container (its log)."""
-        found: list[str] = []
-        for line in (self.run_dir / "hook.log").read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("container_id") == cid and rec.get("command") == "fakegpu-expose":
-                found = list(rec.get("exposed") or [])
-        return found
+        return exposed_in(self.run_dir, cid)
 
 
 @pytest.fixture(scope="module")

@@ -72,8 +72,8 @@ PODMAN=/usr/bin/podman
 # Podman 5's root file system (the service is chrooted there) and its remote CLI run on the host through the
 # root's loader and libraries (one exec, as cheap as 4.3's CLI: the benchmark's floor runs it).
 ROOT=$REPO/build/podman5/root
-ROOT_TAR=$CACHE/rootfs-trixie-minbase-podman.tar
-ROOT_PACKAGES=podman,runc,netavark,python3
+ROOT_TAR=$CACHE/rootfs-trixie-minbase-podman-catatonit.tar
+ROOT_PACKAGES=podman,runc,netavark,python3,catatonit  # catatonit: podman's --init
 CLI=("$PODMAN")
 [ "$VERSION" = 5 ] && CLI=("$ROOT/lib64/ld-linux-x86-64.so.2" --library-path \
     "$ROOT/usr/lib/x86_64-linux-gnu:$ROOT/lib/x86_64-linux-gnu" "$ROOT$PODMAN")
@@ -142,12 +142,12 @@ EOF
 prepare_root() {
     # Podman 5's root file system: the cached debootstrap of trixie, unpacked into this checkout once.
     local stamp=$ROOT/.gpupin-unpacked
-    [ -s "$stamp" ] && [ -x "$ROOT$PODMAN" ] && return 0
+    [ "$(cat "$stamp" 2>/dev/null)" = "$(basename "$ROOT_TAR")" ] && [ -x "$ROOT$PODMAN" ] && return 0
     debootstrap_tar trixie "$ROOT_PACKAGES" "$ROOT_TAR"
     mkdir -p "$(dirname "$ROOT")"
     exec 7>"$(dirname "$ROOT")/.lock"
     flock 7
-    if ! { [ -s "$stamp" ] && [ -x "$ROOT$PODMAN" ]; }; then
+    if ! { [ "$(cat "$stamp" 2>/dev/null)" = "$(basename "$ROOT_TAR")" ] && [ -x "$ROOT$PODMAN" ]; }; then
         rm -rf "$ROOT.tmp" "$ROOT" && mkdir -p "$ROOT.tmp"
         tar -C "$ROOT.tmp" --numeric-owner -xf "$ROOT_TAR" && mv "$ROOT.tmp" "$ROOT"
         basename "$ROOT_TAR" >"$stamp"
@@ -171,7 +171,8 @@ chroot_mounts() {
     printf 'mount --bind %s %s && ' "$ROOT" "$ROOT"
     printf 'mount --rbind /dev %s/dev && mount --rbind /sys %s/sys && ' "$ROOT" "$ROOT"
     printf 'mount -t proc proc %s/proc && ' "$ROOT"
-    printf 'mount -t tmpfs gpupin-podman5-run %s/run && mount -t tmpfs gpupin-podman5-tmp %s/tmp && ' "$ROOT" "$ROOT"
+    # The host's /tmp, as Docker's daemon sees it: bind sources and files the tests name there.
+    printf 'mount -t tmpfs gpupin-podman5-run %s/run && mount --bind /tmp %s/tmp && ' "$ROOT" "$ROOT"
     local path
     for path in "${paths[@]}"; do
         printf 'mkdir -p %s%s && mount --bind %s %s%s && ' "$ROOT" "$path" "$path" "$ROOT" "$path"

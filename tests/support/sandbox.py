@@ -149,12 +149,7 @@ class Sandbox:
 
     def exposed(self, cid: str) -> list[str]:
         """The cards the fake hook (or CDI's) exposed to this container, from its log in the sandbox's run folder."""
-        found: list[str] = []
-        for line in (self.run_dir / "hook.log").read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("container_id") == cid and rec.get("command") == "fakegpu-expose":
-                found = list(rec.get("exposed") or [])
-        return found
+        return exposed_in(self.run_dir, cid)
 
     def restart(self, scenario_name: str) -> None:
         """Run the sandbox with another topology (the hook reads it from dockerd's environment; Engine 26 also
@@ -178,6 +173,16 @@ def fail_or_skip(why: str) -> NoReturn:
     if required():
         pytest.fail(f"the sandboxed Docker daemon is required here (CI): {why}", pytrace=False)
     pytest.skip(f"no sandboxed Docker daemon: {why} (`make image-test` starts every engine's)")
+
+
+def exposed_in(run_dir: Path, cid: str) -> list[str]:
+    """The cards the fake hook (or CDI's) last exposed to container `cid`, from `run_dir`'s hook.log."""
+    found: list[str] = []
+    for line in (run_dir / "hook.log").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("container_id") == cid and rec.get("command") == "fakegpu-expose":
+            found = list(rec.get("exposed") or [])
+    return found
 
 
 class Sandboxes:
