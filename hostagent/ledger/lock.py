@@ -208,7 +208,7 @@ class DaemonLock:
                 raise engine.failure(err, f"could not break the stale ledger lock {lock_id[:12]}") from None
 
     def acquire(self, deadline: float) -> None:
-        spare = self.spares.take(self.image) if self.spares is not None else None
+        spare = self.spares.take() if self.spares is not None else None
         if self.spares is not None and spare is not None:
             if _rename(self.api, spare.id, LOCK_NAME):  # the run's image is checked by its create
                 self.id, self.sent, self.made_from = spare.id, spare.sent, spare.image
@@ -329,7 +329,7 @@ class Spares:
         self._version: str | None = None
         self._closed = False
 
-    def take(self, image: str) -> Spare | None:
+    def take(self) -> Spare | None:
         with self._mutex:
             spare = self._spare
             if spare is None or time.monotonic() - spare.sent > self.FRESH_S:
