@@ -18,8 +18,10 @@ from gpupin.hostagent.run import options as runopts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
+
+    from gpupin.hostagent.run.request import RunRequest
 
 EPILOG = """GPU specs (--gpu): a UUID (GPU-1c5e8f3a-...), a unique UUID prefix (GPU-1c5e), a MIG UUID, an NVML
 index as nvidia-smi shows it (2), or a PCI bus id in any form (3b:00.0, 0000:3B:00.0). Several --uuid/--gpu
@@ -342,16 +344,36 @@ def refusal(options: Sequence[str]) -> tuple[str, str] | None:
     return None
 
 
-def command(args: argparse.Namespace) -> int:
-    from gpupin.hostagent.run.request import ContainerSpec, RunRequest
+def parse(words: Sequence[str], parser: argparse.ArgumentParser, top: Sequence[str] = ()) -> argparse.Namespace:
+    """`hostagent [TOP] run WORDS` parsed by `parser` (hostagent.parser's, whole or run's only): options split from
+    IMAGE and COMMAND as docker run splits them, bool flags read as docker reads them, a refused option refused by
+    name (UsageError). The one parse of a run's words, here and in the agent that parses them for its caller."""
+    from gpupin.hostagent.completion import subcommands
+
+    run_parser = subcommands(parser)["run"]
+    written, image, cmd = split_run_argv(words, run_parser)
+    options = bool_values(written, run_parser)
+    refused = refusal(options)
+    if refused is not None:
+        raise UsageError(printable(refused[0]), refused[1])
+    args = parser.parse_args([*top, "run", *options])
+    args.image, args.cmd = image, cmd
+    args.misplaced = misplaced(written, image, cmd, run_parser)
+    return args
+
+
+def request(args: argparse.Namespace, stdin_tty: Callable[[], bool], **reading: Any) -> RunRequest:
+    """The RunRequest of parsed words, after the checks between options; `stdin_tty` says whether the caller's
+    input is a terminal (asked only for -it), `reading` what the options may read (RunRequest's environ, reads)."""
+    from gpupin.hostagent.run.request import RunRequest
 
     if not args.gpus and args.count is None and getattr(args, "misplaced", None) is not None:
         raise UsageError(*args.misplaced)
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run (a running container's output is its own)")
-    if args.interactive and args.tty and not args.detach and not args.dry_run and not sys.stdin.isatty():
+    if args.interactive and args.tty and not args.detach and not args.dry_run and not stdin_tty():
         raise UsageError("-it needs a terminal, but the input is not a TTY", "drop -t to pipe input with -i")
-    req = RunRequest(
+    return RunRequest(
         args.image,
         args.cmd,
         gpus=args.gpus,
@@ -364,8 +386,15 @@ def command(args: argparse.Namespace) -> int:
         via=args.via,
         max_load=args.max_load,
         max_memory=args.max_memory,
+        **reading,
         **{opt.dest: getattr(args, opt.dest) for opt in runopts.OPTIONS},
     )
+
+
+def command(args: argparse.Namespace) -> int:
+    from gpupin.hostagent.run.request import ContainerSpec
+
+    req = request(args, lambda: sys.stdin.isatty())
     if req.dry_run:
         from gpupin.hostagent.run import launch
 
@@ -378,7 +407,8 @@ def command(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
-    if req.pull != "always":  # a pull is this process's own (its credentials, its terminal)
+    # A pull is this process's own (its credentials, its terminal); so is a run the agent left to it.
+    if req.pull != "always" and not getattr(args, "declined", None):
         from gpupin.hostagent.run import via_agent
 
         code = via_agent.run(req)

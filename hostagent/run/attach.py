@@ -30,11 +30,49 @@ if TYPE_CHECKING:
     from gpupin.hostagent.run.request import RunRequest
 
 
+class Follow:
+    """What following a container reads of `hostagent run`'s options (-d, -i, -t, --rm, --sig-proxy,
+    --stop-timeout): taken from the RunRequest where this process parsed it, or from the resident agent's answer
+    where the agent parsed the words (gpupin.hostagent.run.via_agent.run_words)."""
+
+    __slots__ = ("detach", "interactive", "rm", "sig_proxy", "stop_timeout", "tty")
+
+    def __init__(
+        self, detach: bool, interactive: bool, tty: bool, rm: bool, sig_proxy: bool, stop_timeout: int | None
+    ) -> None:
+        self.detach = detach
+        self.interactive = interactive
+        self.tty = tty
+        self.rm = rm
+        self.sig_proxy = sig_proxy
+        self.stop_timeout = stop_timeout
+
+    @classmethod
+    def of(cls, req: RunRequest) -> Follow:
+        return cls(req.detach, req.interactive, req.tty, req.rm, req.sig_proxy, req.stop_timeout)
+
+    def wire(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Follow | None:
+        """The agent's `follow`, or None when it is not one (the caller then says the agent answered nonsense)."""
+        if not isinstance(obj, dict) or set(obj) != set(cls.__slots__):
+            return None
+        detach, interactive, tty, rm, sig_proxy = (obj[k] for k in ("detach", "interactive", "tty", "rm", "sig_proxy"))
+        timeout = obj["stop_timeout"]
+        if not all(isinstance(f, bool) for f in (detach, interactive, tty, rm, sig_proxy)) or not (
+            timeout is None or (isinstance(timeout, int) and not isinstance(timeout, bool))
+        ):
+            return None
+        return cls(detach, interactive, tty, rm, sig_proxy, timeout)
+
+
 class Attachment:
     """The container's streams and its exit, opened before it starts (`open`), followed after (`follow`), through
     the SDK-free client (gpupin.hostagent.engine.raw): the same follow whoever created the container."""
 
-    def __init__(self, cid: str, req: RunRequest, api: Engine) -> None:
+    def __init__(self, cid: str, req: Follow, api: Engine) -> None:
         self.cid = cid
         self.req = req
         self.api = api

@@ -68,7 +68,7 @@ ENV_FILE_LIMIT = 1 << 20  # bytes, as for a compose file: far beyond any real en
 def read_env_file(path: str, environ: Mapping[str, str]) -> list[EnvVar]:
     """docker's --env-file: KEY=VALUE lines (the value as is, to the line's end), `#` comments, blank lines; a bare
     KEY takes this process's value, or is dropped when unset."""
-    from gpupin.hostagent.run.values import read_file
+    from gpupin.hostagent.run.reads import read_file
 
     try:
         data = read_file(path, ENV_FILE_LIMIT)

@@ -28,6 +28,7 @@ from gpupin.hostagent.ledger import lease, lock
 from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.run import image, start
+from gpupin.hostagent.run.attach import Follow
 from gpupin.hostagent.run.request import ContainerSpec, RunRequest, bad_option
 from gpupin.hostagent.run.start import refused
 from gpupin.hostagent.run.waiting import WaitLoop
@@ -390,7 +391,7 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
             except CardHeldError as err:
                 waiting.refused(err)
         waiting.close()  # booked: out of the queue before the start
-    attachment = start.start(Engine(api.api_version), created.cid, req, created.spec.pin.via)
+    attachment = start.start(Engine(api.api_version), created.cid, Follow.of(req), created.spec.pin.via)
     return Launched(created.cid, created.spec, attachment)
 
 
@@ -472,4 +473,4 @@ def run(req: RunRequest) -> int:
         signal.signal(signal.SIGTERM, old_term)
     if isinstance(result, ContainerSpec):
         return 0
-    return start.finish(req, result.cid, result.attachment)
+    return start.finish(result.cid, result.attachment)

@@ -21,6 +21,7 @@ from gpupin.hostagent.ledger.booking import FOR_LABEL
 from gpupin.hostagent.ledger.booking import LABEL as BOOKING_LABEL
 from gpupin.hostagent.pin import OWNED_LABELS, Pin, check_via
 from gpupin.hostagent.run import options as runopts
+from gpupin.hostagent.run import reads as runreads
 from gpupin.hostagent.run import values
 from gpupin.hostagent.run.environment import EnvVar, user_environment
 
@@ -67,7 +68,7 @@ class RunRequest:
         environ: Mapping[str, str] | None = None,
         max_load: float | None = None,
         max_memory: float | None = None,
-        reads: values.Reads | None = None,
+        reads: runreads.Reads | None = None,
         **options: Any,
     ) -> None:
         self.image = image
@@ -89,8 +90,8 @@ class RunRequest:
         self.options: dict[str, Any] = {o.dest: options.get(o.dest, _default(o)) for o in runopts.OPTIONS}
         # What the options read (the current folder, the files they name): kept, for the agent that builds the
         # container from the same options (gpupin.hostagent.run.request_json), or the caller's, in that agent.
-        self.reads = values.Reads() if reads is None else reads
-        token = values.reads.set(self.reads)
+        self.reads = runreads.Reads() if reads is None else reads
+        token = runreads.reads.set(self.reads)
         try:
             self.validate()
             # The user's part of the environment (--env-file, then -e), read now: a bad file is refused before
@@ -99,7 +100,7 @@ class RunRequest:
                 self.options["env_files"], self.options["env"], os.environ if environ is None else environ
             )
         finally:
-            values.reads.reset(token)
+            runreads.reads.reset(token)
 
     # The options hostagent itself acts on.
     @property

@@ -8,15 +8,19 @@ prepared create body is no part of the wire, and a request that carries one is m
 
 What the caller read travels as values, never as paths for the agent to open: its current folder (`-v ./data`), the
 files its options name (env files, seccomp profiles: their bytes), and the values of its environment that `-e KEY`
-and a bare KEY in an env file pass on (gpupin.hostagent.run.values.Reads). The agent runs as root and opens nothing
+and a bare KEY in an env file pass on (gpupin.hostagent.run.reads.Reads). The agent runs as root and opens nothing
 for a caller. JSON, never pickle: the agent must not run what a caller sends.
+
+A run may also come as its words: `hostagent run`'s command line, its current folder and whether its input is a
+terminal, sent before the caller has parsed anything; the agent parses them with the caller's parser
+(gpupin.hostagent.serve.runs), or sends the parse back to the caller, which then sends the request above.
 """
 
 from __future__ import annotations
 
 from gpupin.core.errors import UsageError, shorten
 from gpupin.hostagent.run import options as runopts
-from gpupin.hostagent.run import values
+from gpupin.hostagent.run import reads
 from gpupin.hostagent.run.request import RunRequest
 
 TYPE_CHECKING = False
@@ -46,12 +50,12 @@ def dump(req: RunRequest) -> dict[str, Any]:
         "for": req.book_for,
         "options": given,
         "environ": {v.key: v.value for v in req.user_env if v.passed and v.value is not None},
-        "cwd": req.reads.cwd or values.workdir(),
+        "cwd": req.reads.cwd or reads.workdir(),
         "files": {path: data.decode("utf-8", "surrogateescape") for path, data in req.reads.files.items()},
     }
 
 
-def _bad(what: str) -> UsageError:
+def malformed(what: str) -> UsageError:
     return UsageError(f"the run request is malformed ({what})", "use a hostagent of the agent's version")
 
 
@@ -84,19 +88,19 @@ def load(obj: Any) -> RunRequest:
     """The RunRequest a caller sent (without --wait: the caller waits), made again here from its options as a run
     without the agent makes it: every check and conversion of `hostagent run` (a refusal is its line and code)."""
     if not isinstance(obj, dict) or obj.get("wire") != VERSION:
-        raise _bad(f"wire version {shorten(obj.get('wire')) if isinstance(obj, dict) else None}, not {VERSION}")
+        raise malformed(f"wire version {shorten(obj.get('wire')) if isinstance(obj, dict) else None}, not {VERSION}")
     extra = set(obj) - _FIELDS - _READS
     if extra:  # a create payload among them: the agent builds the container itself
-        raise _bad(f"unknown field(s) {shorten(sorted(extra))}")
+        raise malformed(f"unknown field(s) {shorten(sorted(extra))}")
     options, environ, cwd, files = obj.get("options"), obj.get("environ"), obj.get("cwd"), obj.get("files")
     if not isinstance(options, dict) or not all(k in runopts.BY_DEST and _option(k, v) for k, v in options.items()):
-        raise _bad("options")
+        raise malformed("options")
     if not isinstance(environ, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in environ.items()):
-        raise _bad("environ")
+        raise malformed("environ")
     if not isinstance(cwd, str) or not cwd.startswith("/"):
-        raise _bad("cwd")
+        raise malformed("cwd")
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-        raise _bad("files")
+        raise malformed("files")
     image, command, gpus, count = obj.get("image"), obj.get("command"), obj.get("gpus"), obj.get("count")
     verify, via = obj.get("verify"), obj.get("via")
     if (
@@ -109,12 +113,12 @@ def load(obj: Any) -> RunRequest:
         or not (_number(obj.get("max_load")) and _number(obj.get("max_memory")))
         or not _duration(obj.get("for"))
     ):
-        raise _bad("fields")
+        raise malformed("fields")
     try:
         read = {k: v.encode("utf-8", "surrogateescape") for k, v in files.items()}
     except UnicodeEncodeError:
-        raise _bad("files") from None
-    reads = values.Reads(cwd, read, given=True)
+        raise malformed("files") from None
+    given = reads.Reads(cwd, read, given=True)
     return RunRequest(
         image,
         obj["command"],
@@ -127,6 +131,6 @@ def load(obj: Any) -> RunRequest:
         max_load=obj.get("max_load"),
         max_memory=obj.get("max_memory"),
         book_for=obj.get("for"),
-        reads=reads,
+        reads=given,
         **options,
     )

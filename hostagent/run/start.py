@@ -16,13 +16,12 @@ import sys
 from gpupin.hostagent import engine, mark, say
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.run.attach import Attachment
+from gpupin.hostagent.run.attach import Attachment, Follow
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpupin.core.errors import DockerRefusedError
     from gpupin.hostagent.engine.raw import Engine
-    from gpupin.hostagent.run.request import RunRequest
 
 
 class Interrupted(Exception):
@@ -61,7 +60,7 @@ def refused(err: BaseException, doing: str, via: str, podman: bool = False) -> D
     return out
 
 
-def start(api: Engine, cid: str, req: RunRequest, via: str) -> Attachment | None:
+def start(api: Engine, cid: str, req: Follow, via: str) -> Attachment | None:
     """Attach (in the foreground) and start; the attachment to follow, or None with -d. Any failure removes the
     container (it holds its cards while its lease is live: nothing is left holding them)."""
     attachment = None
@@ -88,7 +87,7 @@ def start(api: Engine, cid: str, req: RunRequest, via: str) -> Attachment | None
         raise
 
 
-def finish(req: RunRequest, cid: str, attachment: Attachment | None) -> int:
+def finish(cid: str, attachment: Attachment | None) -> int:
     """The ID with -d; else the container followed to its end, and its exit code."""
     if attachment is None:
         sys.stdout.write(cid + "\n")

@@ -17,14 +17,13 @@ an optional `i` and an optional `b`, in any case; the unit is binary (k = 1024) 
 
 from __future__ import annotations
 
-import contextvars
-import errno
 import json
 import os
 import re
 
 from gpupin.core.errors import GpupinError, UsageError, shown
 from gpupin.hostagent.ledger import nodes
+from gpupin.hostagent.run.reads import read_file, workdir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -277,67 +276,6 @@ def tmpfs(values: Sequence[str]) -> dict[str, str]:
             raise ValueError("give an absolute PATH[:OPTIONS]")
         out[path] = opts
     return out
-
-
-class Reads:
-    """What a run's options read beside their text: the current folder (relative bind sources) and the files they
-    name (env files, seccomp profiles). `hostagent run` reads them itself, with its user's rights, and keeps what it
-    read (`given` False); the resident agent, root, reads nothing of the caller's: it converts the same options
-    against what the caller sent (`given` True), so that a path never opens a file as root
-    (gpupin.hostagent.run.request_json)."""
-
-    __slots__ = ("cwd", "files", "given")
-
-    def __init__(self, cwd: str | None = None, files: dict[str, bytes] | None = None, given: bool = False) -> None:
-        self.cwd = cwd
-        self.files = {} if files is None else files
-        self.given = given
-
-
-# The reads of the request being converted (a context variable: the agent converts many at once, one per thread).
-reads: contextvars.ContextVar[Reads] = contextvars.ContextVar("reads")
-
-
-def read_file(path: str, limit: int = 1 << 20) -> bytes:
-    """A file an option names, as this process reads it, or as the caller sent it (not sent: ENOENT). Read here,
-    only a regular file of at most `limit` bytes (gpupin.core.files: a FIFO or /dev/zero is refused at once, never
-    waited on): OSError whose strerror says why."""
-    r = reads.get(None)
-    if r is not None and r.given:
-        if path not in r.files:
-            raise FileNotFoundError(errno.ENOENT, "not sent with the run request", path)
-        return r.files[path]
-    from gpupin.core import files  # only when an option names a file: run's start-up stays as it was
-
-    try:
-        data = files.read_bounded(path, limit)
-    except files.FileRefused as err:
-        raise OSError(err.errno or errno.EINVAL, err.reason, path) from None
-    if r is not None:
-        r.files[path] = data
-    return data
-
-
-def workdir() -> str:
-    """The current folder as Go's os.Getwd gives it to the docker CLI: $PWD when it is this folder (a path through
-    a symbolic link kept as the user sees it), else the physical path; the caller's, in the agent."""
-    r = reads.get(None)
-    if r is not None and r.cwd is not None:
-        return r.cwd
-    cwd = _workdir()
-    if r is not None:
-        r.cwd = cwd
-    return cwd
-
-
-def _workdir() -> str:
-    pwd = os.environ.get("PWD", "")
-    try:
-        if os.path.isabs(pwd) and os.path.samefile(pwd, "."):
-            return pwd
-    except OSError:
-        pass
-    return os.getcwd()
 
 
 def absolute(path: str) -> str:

@@ -9,6 +9,12 @@ long as the run that will start it, whatever becomes of the agent. --wait waits 
 again at this run's next turn in the agent's queue (gpupin.hostagent.run.waiting), until the cards are free or
 --wait is up.
 
+`run_words` comes first: `hostagent run WORDS` sent as its words, before this process has imported argparse or any
+option's module, for the agent to parse with the same parser (gpupin.hostagent.run.request_json.from_words). The
+agent sends the parse back (`{"parse": WHY}`) where it is the caller's: an option that reads a file or this
+process's environment, --wait, --dry-run, a usage error or --help to print. This process then parses, and asks
+again with the request (`run`).
+
 Where no agent answers, `run` returns None: the path without the agent, silently. Where the agent answers that the
 run is this process's own (it serves another daemon, the image must be pulled), or has gone since it was found (a
 restart while the run waited), the run goes on without it (gpupin.hostagent.run.launch), in the same --wait: its
@@ -20,13 +26,14 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import sys
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
 from gpupin.hostagent import agentlink, http1, mark, say
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.run import request_json, start
-from gpupin.hostagent.run.waiting import WaitLoop
+from gpupin.hostagent.run import reads, start
+from gpupin.hostagent.run.attach import Follow
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -86,7 +93,7 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
         return {"direct": f"the agent at {link} does not serve POST {ROUTE}"}
     if answer.status >= 400:
         raise agentlink.error_from(answer.status, obj, str(link))
-    if not isinstance(obj, dict) or not ("direct" in obj or isinstance(obj.get("id"), str)):
+    if not isinstance(obj, dict) or not ("direct" in obj or "parse" in obj or isinstance(obj.get("id"), str)):
         raise AgentUnavailableError(
             f"the agent at {link} answered POST {ROUTE} with nonsense",
             f"see the agent's log; set {agentlink.USE_ENV}=0 to go without it",
@@ -94,10 +101,67 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def run_words(words: list[str]) -> int | str | None:
+    """`hostagent run WORDS` parsed by the agent, to its exit code. None: the agent left the parse to this process
+    (gpupin.hostagent.cli then parses, and `run` asks the agent again with the request). A text: why the run is
+    this process's own (no agent answers, another daemon, an image to pull...): it parses, and goes without."""
+    if not agentlink.wanted():
+        return "GPUPIN_AGENT says never"
+    if "-h" in words or "--help" in words:  # help is printed by this process's parser
+        return None
+    link = agentlink.Link(agentlink.socket_path())
+    body = {
+        "daemon": agentlink.daemon_key(),
+        "owner": str(lease.me()),
+        "words": words,
+        "cwd": reads.workdir(),
+        "stdin_tty": _stdin_tty(),
+    }
+    old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
+    mark("asking")
+    try:
+        answer = ask(link, body)
+        if "parse" in answer:
+            return None
+        if "direct" in answer:  # this run is this process's own (no agent, another daemon...): it goes without
+            return str(answer["direct"])
+        follow = Follow.from_wire(answer.get("follow"))
+        if follow is None:
+            raise AgentUnavailableError(
+                f"the agent at {link} answered POST {ROUTE} with nonsense",
+                f"see the agent's log; set {agentlink.USE_ENV}=0 to go without it",
+            )
+        cid, attachment = _start(answer, follow)
+    except (start.Interrupted, KeyboardInterrupt) as err:
+        return start.interrupted(err)  # a container the agent made meanwhile is this process's, as without it
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    return start.finish(cid, attachment)
+
+
+def _stdin_tty() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):  # no stdin, or a closed one
+        return False
+
+
+def _start(answer: dict[str, Any], follow: Follow) -> tuple[str, Any]:
+    """The agent's container, attached and started: its ID and the attachment to follow (None with -d)."""
+    mark("created")
+    for line in answer.get("say") or ():
+        say(str(line))
+    cid = str(answer["id"])
+    return cid, start.start(Engine(str(answer["api"])), cid, follow, str(answer.get("via")))
+
+
 def run(req: RunRequest) -> int | None:
     """The run through the agent, to its exit code; None when no agent answers (the run is this process's own).
     An agent that answers that the run is the caller's own (another daemon, an image to pull...), or that has gone
     since, leaves it to gpupin.hostagent.run.launch, within the same --wait."""
+    from gpupin.hostagent.run import request_json
+    from gpupin.hostagent.run.waiting import WaitLoop
+
     link = agentlink.find()
     if link is None:
         return None
@@ -114,7 +178,7 @@ def run(req: RunRequest) -> int | None:
                     if err.exit_code != CardHeldError.exit_code:
                         raise
                     wait_loop.refused(err)
-            if "direct" in answer:  # this run's own to make, in the same --wait (its place in the queue kept)
+            if "direct" in answer or "parse" in answer:  # this run's own to make, in the same --wait
                 from gpupin.hostagent.run import launch
 
                 launched = launch.launch(req, wait_loop)
@@ -123,13 +187,9 @@ def run(req: RunRequest) -> int | None:
                 answer = {}
             wait_loop.close()  # booked: out of the queue before the start
         if answer:
-            mark("created")
-            for line in answer.get("say") or ():
-                say(str(line))
-            cid = answer["id"]
-            attachment = start.start(Engine(str(answer["api"])), cid, req, str(answer.get("via")))
+            cid, attachment = _start(answer, Follow.of(req))
     except (start.Interrupted, KeyboardInterrupt) as err:
         return start.interrupted(err)  # a container the agent made meanwhile is this process's, as without it
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    return start.finish(req, cid, attachment)
+    return start.finish(cid, attachment)
