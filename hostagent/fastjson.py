@@ -32,14 +32,16 @@ def _unserializable(o: object) -> Any:
     raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
 
 
+_scan: Any = None
+_encode: Any = None
 try:
     from _json import encode_basestring_ascii, make_encoder, make_scanner
 
-    _scan = make_scanner(_Decoder())
+    _scan = make_scanner(_Decoder())  # type: ignore[arg-type]  # the context is duck-typed (its attributes)
     # json.dumps's defaults: circular references checked, ASCII only, ", " and ": ", keys unsorted, NaN allowed.
     _encode = make_encoder({}, _unserializable, encode_basestring_ascii, None, ": ", ", ", False, False, True)
 except (ImportError, TypeError):  # not CPython, or a _json of another signature
-    _scan = _encode = None
+    pass
 
 
 def loads(text: str | bytes) -> Any:

@@ -8,12 +8,13 @@ costs ~15 ms to import (ssl, email), the docker SDK with requests 60 to 90 ms, o
 
 from __future__ import annotations
 
-import json
+import io
+
+from gpupin.hostagent import fastjson
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import io
-    import socket
+    import _socket
     from collections.abc import Callable, Mapping
     from typing import Any
 
@@ -32,10 +33,25 @@ def target(path: str, params: Mapping[str, Any] | None = None) -> str:
     return quote(path, "/") + ("?" + query if query else "")
 
 
+class _Reads(io.RawIOBase):
+    """A socket of _socket's (no makefile: the socket module costs ~3 ms to import) as a raw stream to buffer."""
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._sock.recv_into(buffer)
+
+
 class Answer:
     """An answer's status, headers (lower-case names) and the reader its body comes from."""
 
-    def __init__(self, sock: socket.socket, reader: io.BufferedReader, status: int, headers: dict[str, str]) -> None:
+    def __init__(
+        self, sock: _socket.socket, reader: io.BufferedReader[Any], status: int, headers: dict[str, str]
+    ) -> None:
         self.sock = sock
         self.reader = reader
         self.status = status
@@ -69,7 +85,7 @@ class Answer:
 
     def json(self) -> Any:
         raw = self.body()
-        return json.loads(raw) if raw.strip() else None
+        return fastjson.loads(raw) if raw.strip() else None
 
     def close(self) -> None:
         self.reader.close()
@@ -77,7 +93,7 @@ class Answer:
 
 
 def exchange(
-    sock: socket.socket,
+    sock: _socket.socket,
     method: str,
     path: str,
     body: Any = None,
@@ -89,7 +105,7 @@ def exchange(
     answer from then on (`body()` or `close()` closes it); an OSError closes it here. An interim answer (1xx but
     101, the Engine's upgrade) is passed to `interim` and the final one read after it."""
     try:
-        data = b"" if body is None else json.dumps(body).encode()
+        data = b"" if body is None else fastjson.dumps(body).encode()
         head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "User-Agent: gpupin-hostagent"]
         if body is not None:
             head += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
@@ -97,7 +113,7 @@ def exchange(
             head.append("Content-Length: 0")
         head += [f"{k}: {v}" for k, v in (headers or {"Connection": "close"}).items()]
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
-        reader = sock.makefile("rb")
+        reader = sock.makefile("rb") if hasattr(sock, "makefile") else io.BufferedReader(_Reads(sock))
         while True:
             status_line = reader.readline().decode("latin-1").split(None, 2)
             if len(status_line) < 2 or not status_line[1].isdigit():

@@ -8,6 +8,11 @@ and the raw client only, and its start-up is a headline figure (docs/benchmarks.
 readers and the event stream are not imported for it.
 """
 
+import sys
+
+# Podman's answers carry its version in this header (gpupin.hostagent.engine.podman); Docker's do not.
+PODMAN_HEADER = "Libpod-Api-Version"
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpupin.hostagent.engine.address import DAEMON_HINT, DEFAULT_HOST, Endpoint, docker_host, endpoint
@@ -46,9 +51,8 @@ if not TYPE_CHECKING:
         module = _WHERE.get(name)
         if module is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(f"{__name__}.{module}"), name)
+        __import__(f"{__name__}.{module}")  # not importlib's import_module: importlib imports warnings
+        value = getattr(sys.modules[f"{__name__}.{module}"], name)
         globals()[name] = value
         return value
 
@@ -58,6 +62,7 @@ __all__ = [
     "DEFAULT_HOST",
     "MIN_API",
     "NO_CDI",
+    "PODMAN_HEADER",
     "Endpoint",
     "EngineNotFound",
     "EngineReader",

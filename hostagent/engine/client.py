@@ -4,6 +4,7 @@ costs 60 to 90 ms on a 2-core machine, more than `docker ps` takes to list 500 c
 from __future__ import annotations
 
 from gpupin.core.errors import DockerUnavailableError
+from gpupin.hostagent.engine import PODMAN_HEADER
 from gpupin.hostagent.engine.address import DAEMON_HINT, docker_host, endpoint, sdk_missing
 from gpupin.hostagent.engine.failures import unavailable
 
@@ -75,5 +76,5 @@ def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
     agreed = DEFAULT_DOCKER_API_VERSION if version_lt(DEFAULT_DOCKER_API_VERSION, server) else server
     api = client(agreed)
     api.gpupin_server_version = server  # the daemon's own API version (the agreed one may be the SDK's, lower)
-    api.gpupin_podman = ping.headers.get("Libpod-Api-Version")  # podman's version (gpupin.hostagent.engine.podman)
+    api.gpupin_podman = ping.headers.get(PODMAN_HEADER)  # podman's version (gpupin.hostagent.engine.podman)
     return api

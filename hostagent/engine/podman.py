@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-HEADER = "Libpod-Api-Version"
 # The libpod API's path prefix; podman 4 and 5 serve it under any v4+ version.
 LIBPOD = "/v4.0.0/libpod"
 DETECTION = cdi.Detection(True, "podman resolves nvidia.com/gpu CDI names itself (podman 4.1+)")

@@ -10,19 +10,19 @@ a TTY it is multiplexed: frames of an 8-byte header (stream, 0, 0, 0, big-endian
 
 from __future__ import annotations
 
+import _socket  # not socket: its import costs ~3 ms of every run's start-up (tcp:// and ssh:// import it)
 import contextlib
-import json
-import socket
 
-from gpupin.hostagent import http1
+from gpupin.hostagent import fastjson, http1
+from gpupin.hostagent.engine import PODMAN_HEADER
 from gpupin.hostagent.engine.address import endpoint
 from gpupin.hostagent.engine.failures import EngineError
-from gpupin.hostagent.engine.podman import HEADER
 
-PODMAN_HEADER = HEADER.lower()  # http1.Answer's header names are lower-case
+_PODMAN = PODMAN_HEADER.lower()  # http1.Answer's header names are lower-case
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Iterator, Mapping
     from typing import Any
 
@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 STDOUT, STDERR = 1, 2
 
 
-def _dial(ep: Endpoint, timeout: float | None) -> socket.socket:
+def _dial(ep: Endpoint, timeout: float | None) -> _socket.socket:
     url = ep.url
     scheme, _, rest = url.partition("://")
     if scheme == "unix":
         path = ep.unix_path or "/var/run/docker.sock"
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(path)
@@ -49,6 +49,8 @@ def _dial(ep: Endpoint, timeout: float | None) -> socket.socket:
     hostport = rest.split("/", 1)[0]
     host, _, port = hostport.rpartition(":") if ":" in hostport.lstrip("[").split("]")[-1] else (hostport, "", "")
     tls = ep.tls or scheme == "https"
+    import socket
+
     sock = socket.create_connection((host.strip("[]"), int(port or (2376 if tls else 2375))), timeout)
     if not tls:
         return sock
@@ -68,6 +70,7 @@ def _dial(ep: Endpoint, timeout: float | None) -> socket.socket:
 
 def _ssh(rest: str) -> socket.socket:
     """A socket whose other end is `docker system dial-stdio` on the far host, as the docker CLI reaches ssh://."""
+    import socket
     import subprocess
 
     where = rest.split("/", 1)[0]
@@ -107,7 +110,7 @@ class Stream:
         self._answer.sock.sendall(data)
 
     def close_input(self) -> None:
-        self._answer.sock.shutdown(socket.SHUT_WR)
+        self._answer.sock.shutdown(_socket.SHUT_WR)
 
     def close(self) -> None:
         self._answer.close()
@@ -150,11 +153,11 @@ class Engine:
     ) -> http1.Answer:
         sock = _dial(self.ep, self.timeout if timeout == -1.0 else timeout)
         answer = http1.exchange(sock, method, http1.target(f"/v{self.version}{path}", params), body, headers=headers)
-        self.podman = answer.headers.get(PODMAN_HEADER) or self.podman
+        self.podman = answer.headers.get(_PODMAN) or self.podman
         if answer.status >= 400:
             raw = answer.body()
             try:
-                message = str(json.loads(raw).get("message") or "")
+                message = str(fastjson.loads(raw).get("message") or "")
             except (ValueError, AttributeError):
                 message = raw.decode(errors="replace").strip()
             raise EngineError(answer.status, message or f"{method} {path} answered {answer.status}")

@@ -8,6 +8,7 @@ import json
 import socket
 
 from gpupin.core.errors import DockerUnavailableError
+from gpupin.hostagent.engine import PODMAN_HEADER
 from gpupin.hostagent.engine.address import docker_host, endpoint
 from gpupin.hostagent.engine.client import connect
 from gpupin.hostagent.engine.failures import LOG_HINT, EngineNotFound, unavailable
@@ -85,7 +86,7 @@ def created_time(text: str) -> float:
     return when + offset + (float("0." + frac) if frac else 0.0)
 
 
-_LIBPOD = "libpod-api-version:"
+_LIBPOD = PODMAN_HEADER.lower() + ":"
 
 
 class EngineReader:
@@ -159,8 +160,8 @@ def fetch(
         body = res.content
     except Exception as err:
         raise unavailable(err) from None
-    if res.headers.get("Libpod-Api-Version"):  # podman says its version on every answer
-        api.gpupin_podman = res.headers["Libpod-Api-Version"]
+    if res.headers.get(PODMAN_HEADER):  # podman says its version on every answer
+        api.gpupin_podman = res.headers[PODMAN_HEADER]
     return _decode(path, res.status_code, body), http_date(res.headers.get("Date"))
 
 

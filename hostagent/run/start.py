@@ -14,7 +14,6 @@ import signal
 import sys
 
 from gpupin.hostagent import engine, mark, say
-from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run.attach import Attachment, Follow
 
@@ -47,6 +46,8 @@ def interrupted(err: Interrupted | KeyboardInterrupt) -> int:
 def refused(err: BaseException, doing: str, via: str, podman: bool = False) -> DockerRefusedError:
     """The daemon's refusal as `docker run` codes it; a CDI name it does not serve gets the hint that fits (on
     `podman`, which reads its own spec folders and takes no --via nvidia, another)."""
+    from gpupin.hostagent.engine import cdi  # its names' rules compile regular expressions: only on a refusal
+
     out = engine.refused(err, doing)
     if via == cdi.CDI and "cdi" in out.message.lower():
         out.hint = (

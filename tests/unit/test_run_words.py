@@ -154,5 +154,6 @@ def test_the_follow_the_agent_sends_is_checked() -> None:
     back = Follow.from_wire(follow.wire())
     assert back is not None and back.wire() == follow.wire()
     assert (back.interactive, back.rm, back.sig_proxy, back.stop_timeout) == (True, True, False, 7)
-    for bad in (None, [], {**follow.wire(), "tty": "yes"}, {**follow.wire(), "stop_timeout": True}, {"rm": True}):
+    bads: list[Any] = [None, [], {**follow.wire(), "tty": "yes"}, {**follow.wire(), "stop_timeout": True}, {"rm": True}]
+    for bad in bads:
         assert Follow.from_wire(bad) is None
