@@ -431,6 +431,7 @@ class LedgerLock:
         wait_s: float = WAIT_S,
         missing_image: Callable[[], None] | None = None,
         spares: Spares | None = None,
+        after: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self.local = LocalLock(engine.endpoint().lock_key())
         self.daemon = DaemonLock(api, image, spares)
@@ -439,9 +440,15 @@ class LedgerLock:
         # it is not, this is called (pull it, or refuse) outside both locks, once.
         self.missing_image = missing_image
         self.daemon.image_checked = missing_image is None
+        # Who lets the lock go once the container is made, instead of a thread of its own: the resident agent, on
+        # the request's thread and client once its answer is sent (gpupin.hostagent.serve.runs). A thread of this
+        # process's would take the interpreter's lock from the answer (~5 ms, a switch interval).
+        self.after = after
+        self._handed = False
         self._released: threading.Thread | None = None
 
     def __enter__(self) -> LedgerLock:
+        self._handed = False
         if self._released is not None:
             self._released.join()
             self._released = None
@@ -474,6 +481,10 @@ class LedgerLock:
         makes it hold until it is started). Then let the lock go, in the background: the start need not wait."""
         if self.elapsed() > lease.LEASE_S:
             raise LeaseLost(f"the create ended {self.elapsed():.0f} s into a {lease.LEASE_S} s lease")
+        if self.after is not None:
+            self._handed = True
+            self.after(self._release)
+            return
         # Not a daemon thread: the interpreter waits for it at exit, so a detached run leaves no lock behind. Its
         # own client, made there: the main thread goes on with attach and start on this one.
         self._released = start_thread(self._release, "hostagent-unlock", (self.daemon.api.api_version,), daemon=False)
@@ -488,5 +499,5 @@ class LedgerLock:
                 api.close()
 
     def __exit__(self, *exc: object) -> None:
-        if self._released is None:
+        if self._released is None and not self._handed:
             self._release()

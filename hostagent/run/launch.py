@@ -310,6 +310,7 @@ def reserve(
     notify: Callable[[str], None] = say,
     admit: Admit | None = None,
     spares: lock.Spares | None = None,
+    after: Callable[[Callable[[], None]], None] | None = None,
 ) -> Created:
     """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the labels of
     gpupin.hostagent.ledger.lease: the process that will start it); the lock is let go once it exists. The one
@@ -318,8 +319,9 @@ def reserve(
     Held cards are CardHeldError (75) with the reason and its hint (a --wait caller waits and asks again);
     `missing_image` is called, outside the lock, when the image is not there (pull it, or refuse). `admit`, under
     the lock with the holders just read and the cards chosen: the booking's labels, or the policy's refusal
-    (gpupin.hostagent.policy.admit). `spares`: the resident agent's locks made ahead (gpupin.hostagent.ledger.lock)."""
-    guard = lock.LedgerLock(api, req.image, missing_image=missing_image, spares=spares)
+    (gpupin.hostagent.policy.admit). `spares`: the resident agent's locks made ahead (gpupin.hostagent.ledger.lock);
+    `after`: who lets the lock go once the container is made (gpupin.hostagent.ledger.lock.LedgerLock)."""
+    guard = lock.LedgerLock(api, req.image, missing_image=missing_image, spares=spares, after=after)
     overruns = 0
     while True:
         try:

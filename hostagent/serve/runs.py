@@ -161,14 +161,20 @@ class Runs:
         api.close()
 
     def route(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
+        # What waits until the answer is sent: the ledger lock let go, then the request's client kept. The caller
+        # starts meanwhile; a thread of the agent's own would take the interpreter's lock from the answer.
+        after: list[Callable[[], None]] = []
         try:
-            handler.answer(self.reserve(body, peer))
+            handler.answer(self.reserve(body, peer, after))
         except _Direct as why:
             handler.answer({"direct": str(why)})
         except _Parse as why:
             handler.answer({"parse": str(why)})
+        finally:
+            for then in after:
+                then()
 
-    def reserve(self, body: dict[str, Any], peer: Peer) -> dict[str, Any]:
+    def reserve(self, body: dict[str, Any], peer: Peer, after: list[Callable[[], None]]) -> dict[str, Any]:
         mark("asked")
         why = agentlink.other_daemon(body.get("daemon"))
         if why is not None:
@@ -201,9 +207,10 @@ class Runs:
                 notify=lines.append,
                 admit=admit,
                 spares=None if podman.version(api) else self.agent.spares,  # Docker's rename and import: measured
+                after=after.append,
             )
         finally:
-            self._done(api)  # a requests session outlives a failed call: kept for the next run
+            after.append(lambda: self._done(api))  # a requests session outlives a failed call: kept for the next run
         # The audit line: who, as the kernel named them at accept, and what was made for them.
         cards_made = ",".join(t.uuid for t in created.spec.targets)
         with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
