@@ -38,6 +38,20 @@ if TYPE_CHECKING:
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
 
 
+# What the ledger lock's containers do on every run (taken and let go by a rename, a spare made or removed): never
+# started, they hold nothing, and the ledger read passes them by. Their events would only cost a read of the ledger
+# while the caller starts its container.
+_LOCK_ACTIONS = frozenset({"create", "rename", "destroy"})
+
+
+def _lock_only(event: Any) -> bool:
+    """Whether a container event is the ledger lock's own (a lock label, and an action that starts nothing)."""
+    if not isinstance(event, dict) or event.get("Action") not in _LOCK_ACTIONS:
+        return False
+    attributes = (event.get("Actor") or {}).get("Attributes") or {}
+    return isinstance(attributes, dict) and lock.LOCK_LABEL in attributes
+
+
 class Snapshot:
     """The view at one refresh: the listing (None while NVML cannot be read), the error that withdrew it, a
     version that grows with every change, and when it was read (seconds since the epoch)."""
@@ -242,6 +256,8 @@ class Agent:
             self.container_changed()  # what happened while no stream was open
             try:
                 for event in stream:
+                    if _lock_only(event):
+                        continue
                     if self.record is not None:
                         self.record.event(event)  # start and die times, stops: the record's intervals
                     self.container_changed()

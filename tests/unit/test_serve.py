@@ -255,3 +255,18 @@ def test_a_burst_of_clients_is_queued_by_the_kernel_not_turned_away() -> None:
         for c in clients:
             c.close()
         agent.close()
+
+
+def test_the_ledger_locks_own_events_wake_no_read_of_the_ledger() -> None:
+    """A run through the agent renames the lock's container twice (taken, let go) and now and then makes or removes
+    a spare: none of it changes what anyone holds. A lock-labelled container that starts is read as any other."""
+    from gpupin.hostagent.serve.agent import _lock_only
+
+    def event(action: str, **labels: str) -> dict[str, object]:
+        return {"Type": "container", "Action": action, "Actor": {"ID": "c", "Attributes": {"name": "n", **labels}}}
+
+    lock = {"gpupin.lock": "ledger"}
+    assert all(_lock_only(event(a, **lock)) for a in ("create", "rename", "destroy"))
+    assert not any(_lock_only(event(a, **lock)) for a in ("start", "die", "kill"))
+    assert not any(_lock_only(event(a)) for a in ("create", "rename", "destroy", "start"))
+    assert not _lock_only({"Action": "rename"}) and not _lock_only("rename")
