@@ -16,11 +16,12 @@ lock alone still excludes. GPUPIN_LOCAL_LOCK=0 skips it on purpose (tests that p
 excludes, as clients on other machines share no local lock).
 
 The resident agent takes it cheaper (Spares): a created, never-started container of its own, made after its last
-run, renamed to `gpupin-ledger-lock` to take the lock and back to a spare's name to let it go. A rename is
-atomic against the same names (409 when taken) and costs the daemon a fraction of a create and a remove. A spare
-is used only while young (Spares.FRESH_S after its create): other clients judge a lock's lease from its Created
-time, so the holder counts its lease from the spare's create. Spares are made from an empty image of the agent's
-own (SPARE_IMAGE, imported once), never from a user's: a spare that lingers after a run must not keep
+run, renamed to `gpupin-ledger-lock` to take the lock and back to a spare's name to let it go. A rename is atomic
+against the same names (409 when taken) and costs the daemon a fraction of a create and a remove. A spare is used
+only while young (Spares.FRESH_S after its create): other clients judge a lock's lease from its Created time, so the
+holder counts its lease from the spare's create. One that grows old is replaced then, while runs come (a timer), so
+that the daemon's create falls in no run's start; an idle agent keeps none. Spares are made from an empty image of
+the agent's own (SPARE_IMAGE, imported once), never from a user's: a spare that lingers after a run must not keep
 `docker rmi` from removing that run's image. So a lock taken through a spare has not checked the run's image: the
 create does (lock.ImageMissing, then the caller's missing_image as for the lock's own create).
 
@@ -38,13 +39,12 @@ import os
 import random
 import re
 import stat
-import sys
 import threading
 import time
 
 from gpupin.core.contract import LOCK_LABEL as LOCK_LABEL
 from gpupin.core.errors import CardHeldError, DockerRefusedError, GpupinError
-from gpupin.hostagent import engine, start_thread
+from gpupin.hostagent import engine, say, start_thread
 from gpupin.hostagent.ledger import lease
 
 TYPE_CHECKING = False
@@ -68,10 +68,6 @@ class ImageMissing(Exception):
 
 class LockBusyError(CardHeldError):
     """Another client held the ledger lock for longer than a run waits (exit 75)."""
-
-
-def _say(msg: str) -> None:
-    sys.stderr.write(f"hostagent: {msg}\n")
 
 
 # --- the local fast path ---------------------------------------------------------------------------------------
@@ -262,7 +258,7 @@ class DaemonLock:
             (api or self.api).remove_container(lock_id, force=True, v=True)
         except Exception as err:
             if not engine.is_not_found(err):  # 404: broken by another, after this client's lease
-                _say(
+                say(
                     f"could not remove the ledger lock {lock_id[:12]} ({engine.failure(err, 'remove').message}): "
                     f"other clients wait until its lease ({lease.LEASE_S} s) is up"
                 )
@@ -328,6 +324,7 @@ class Spares:
         self._timer: threading.Timer | None = None
         self._version: str | None = None
         self._closed = False
+        self._taken = -self.FRESH_S  # when a run last took a spare (time.monotonic)
 
     def take(self) -> Spare | None:
         with self._mutex:
@@ -335,16 +332,18 @@ class Spares:
             if spare is None or time.monotonic() - spare.sent > self.FRESH_S:
                 return None
             self._spare = None
+            self._taken = time.monotonic()
             return spare
 
     def discard(self, spare: Spare) -> None:
         start_thread(self._remove_later, "hostagent-spare", (spare,))
 
     def after(self, api: Any, used: Spare) -> None:
-        """Let the lock `used` go: renamed to a spare's name when it was a spare and is young (half its time left,
-        for the next run), else removed and a new spare made (on the releasing thread: never in a run's way)."""
+        """Let the lock `used` go (once the run's answer is sent): renamed to a spare's name when it was a spare
+        and is still young, else removed and a new spare made. A spare that grows old waiting is replaced when it
+        does (`_expire`), not after a run: the daemon's create then falls in no run's start."""
         self._version = api.api_version
-        young = time.monotonic() - used.sent < self.FRESH_S / 2
+        young = time.monotonic() - used.sent < self.FRESH_S
         if not self._closed and used.image == SPARE_IMAGE and young:
             try:
                 if _rename(api, used.id, _spare_name()):
@@ -353,6 +352,11 @@ class Spares:
             except GpupinError:  # the daemon failed it: removed below, or left to its lease
                 pass
         _remove(api, used.id)
+        self._renew(api)
+
+    def _renew(self, api: Any) -> None:
+        """A new spare, kept (none when the agent stops, or the daemon fails: the next run takes the lock by a
+        create)."""
         if self._closed:
             return
         sent = time.monotonic()
@@ -370,7 +374,7 @@ class Spares:
         except Exception as err:
             if not engine.is_daemon_failure(err):
                 raise
-            return  # no spare: the next run takes the lock the usual way
+            return
         self._keep(made)
 
     def _keep(self, spare: Spare) -> None:
@@ -388,12 +392,24 @@ class Spares:
             self.close()
 
     def _expire(self) -> None:
+        """The spare is no longer young: removed, and replaced while runs come (one took a spare within FRESH_S);
+        an agent left idle keeps none, and its next run takes the lock by a create."""
         with self._mutex:
             spare = self._spare
             if spare is None or time.monotonic() - spare.sent <= self.FRESH_S:
                 return
             self._spare = None
-        self._remove_later(spare)
+            busy = time.monotonic() - self._taken < self.FRESH_S
+        api = engine.connect(version=self._version)
+        try:
+            if busy:
+                self._renew(api)
+            _remove(api, spare.id)
+        except Exception as err:  # on the timer's thread: said, never raised (the lease ends what is left)
+            if not engine.is_daemon_failure(err):
+                say(f"internal error while renewing the ledger lock's spare: {type(err).__name__}: {err}")
+        finally:
+            api.close()
 
     def _remove_later(self, spare: Spare) -> None:
         api = engine.connect(version=self._version)
