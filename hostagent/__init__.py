@@ -11,6 +11,8 @@ only, and only once it wakes. A process-directed signal that the kernel hands to
 thread asleep in its read of the container's output, so Ctrl-C or a window resize would wait for the container's
 next output. A thread started by `start_thread` blocks those signals from its first instruction on (it inherits the
 mask its starter had at `start_thread`), so the kernel delivers them to the main thread, whose read they interrupt.
+They and their signals are made from the interpreter's C modules (_thread, _signal), not from threading and signal:
+those bring enum, functools and collections, about 6 ms of `hostagent run`'s start-up through the agent.
 
 Where `hostagent run`'s time goes: phase marks for `make bench`'s breakdown, written only when GPUPIN_TRACE names a
 file (one `PHASE WALLCLOCK` line per mark, appended); otherwise a mark costs one global lookup. The phases, in
@@ -21,14 +23,15 @@ processes attributed), created, attached, started, exited (the container's exit 
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # the signal module's C half (no type stubs)
+import _thread
 import os
-import signal
 import sys
-import threading
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Callable
     from typing import Any
 
@@ -65,21 +68,114 @@ def say(msg: str) -> None:
 
 # --- helper threads ------------------------------------------------------------------------------------------------
 
-HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGWINCH)
+SIGINT: int = _signal.SIGINT
+SIGTERM: int = _signal.SIGTERM
+SIGWINCH: int = _signal.SIGWINCH
+HANDLED = (SIGINT, SIGTERM, SIGWINCH)
+
+
+def on_signal(signum: int, handler: Any) -> Any:
+    """signal.signal: `handler(signum, frame)` for `signum` from now on; the handler it replaces."""
+    return _signal.signal(signum, handler)
+
+
+def signal_name(signum: int) -> str:
+    """SIGINT for 2 (signal's names are enums: imported only when a signal came)."""
+    import signal
+
+    return signal.Signals(signum).name
+
+
+class suppress:
+    """contextlib.suppress, without contextlib's imports (collections, functools)."""
+
+    __slots__ = ("_kinds",)
+
+    def __init__(self, *kinds: type[BaseException]) -> None:
+        self._kinds = kinds
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, self._kinds)
+
+
+class Helper:
+    """A daemon thread of start_thread's: `join` it, ask whether it `is_alive`."""
+
+    __slots__ = ("_done", "_ended", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._ended = False
+        self._done = _thread.allocate_lock()
+        self._done.acquire()  # released when its target returns
+
+    def is_alive(self) -> bool:
+        return not self._ended
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            self._done.release()
+
+    def _run(self, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            target(*args)
+        except BaseException as err:  # as threading's excepthook: said, and the thread ends
+            if not isinstance(err, SystemExit):
+                say(f"internal error in thread {self.name}: {type(err).__name__}: {err}")
+        finally:
+            self._ended = True
+            self._done.release()
+
+
+class Flag:
+    """threading.Event's set and wait, on locks of _thread's: a lock held while unset, released once by `set`."""
+
+    __slots__ = ("_guard", "_lock", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._guard = _thread.allocate_lock()
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        with self._guard:
+            if not self._set:
+                self._set = True
+                self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        """True once set (at once when it is), False after `timeout` seconds."""
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=max(timeout, 0.0)):
+            self._lock.release()
+            return True
+        return self._set
 
 
 def start_thread(
     target: Callable[..., Any], name: str, args: tuple[Any, ...] = (), daemon: bool = True
-) -> threading.Thread:
-    """Start `target(*args)` on a thread that never takes SIGINT, SIGTERM or SIGWINCH."""
-    thread = threading.Thread(target=target, args=args, name=name, daemon=daemon)
+) -> Helper | threading.Thread:
+    """Start `target(*args)` on a thread that never takes SIGINT, SIGTERM or SIGWINCH. A daemon thread is a Helper
+    (it ends with the process); one that the process must wait for at its exit (`daemon` False) is threading's."""
     # Blocked here only for the start; a signal that comes meanwhile waits, and the main thread takes it after.
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    previous = _signal.pthread_sigmask(_signal.SIG_BLOCK, HANDLED)
     try:
+        if daemon:
+            helper = Helper(name)
+            _thread.start_new_thread(helper._run, (target, args))
+            return helper
+        import threading
+
+        thread = threading.Thread(target=target, args=args, name=name, daemon=False)
         thread.start()
+        return thread
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-    return thread
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, previous)
 
 
 # --- phase marks ---------------------------------------------------------------------------------------------------

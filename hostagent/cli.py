@@ -91,11 +91,11 @@ def _exit_now(code: int) -> None:
     docker SDK's and requests' modules costs ~25 ms after the container has already ended (`make bench`'s phase
     breakdown). What teardown would do that matters is done first: the output flushed, the threads that must end
     (the ledger lock's release) joined."""
-    import threading
-
-    for t in threading.enumerate():
-        if t is not threading.main_thread() and not t.daemon:
-            t.join()
+    threading = sys.modules.get("threading")  # not loaded: no such thread (start_thread's helpers are daemons)
+    if threading is not None:
+        for t in threading.enumerate():
+            if t is not threading.main_thread() and not t.daemon:
+                t.join()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

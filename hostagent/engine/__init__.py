@@ -10,12 +10,16 @@ readers and the event stream are not imported for it.
 
 import sys
 
-# Podman's answers carry its version in this header (gpupin.hostagent.engine.podman); Docker's do not.
-PODMAN_HEADER = "Libpod-Api-Version"
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from gpupin.hostagent.engine.address import DAEMON_HINT, DEFAULT_HOST, Endpoint, docker_host, endpoint
+    from gpupin.hostagent.engine.address import (
+        DAEMON_HINT,
+        DEFAULT_HOST,
+        PODMAN_HEADER,
+        Endpoint,
+        docker_host,
+        endpoint,
+    )
     from gpupin.hostagent.engine.client import MIN_API, connect
     from gpupin.hostagent.engine.daemon import NO_CDI, cdi_detection, daemon_view, info, may_serve_cdi, runtimes
     from gpupin.hostagent.engine.events import EventStream
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
 
 # Where each name lives (its module under this package).
 _WHERE = {
-    **dict.fromkeys(("DAEMON_HINT", "DEFAULT_HOST", "Endpoint", "docker_host", "endpoint"), "address"),
+    **dict.fromkeys(("DAEMON_HINT", "DEFAULT_HOST", "PODMAN_HEADER", "Endpoint", "docker_host", "endpoint"), "address"),
     **dict.fromkeys(("MIN_API", "connect"), "client"),
     "EventStream": "events",
     **dict.fromkeys(

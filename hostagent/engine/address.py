@@ -9,6 +9,10 @@ import os
 from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent import INSTALL_HINT, fastjson
 
+# What answers there: podman says its version in this header on every answer (gpupin.hostagent.engine.podman);
+# Docker does not.
+PODMAN_HEADER = "Libpod-Api-Version"
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -4,8 +4,7 @@ costs 60 to 90 ms on a 2-core machine, more than `docker ps` takes to list 500 c
 from __future__ import annotations
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent.engine import PODMAN_HEADER
-from gpupin.hostagent.engine.address import DAEMON_HINT, docker_host, endpoint, sdk_missing
+from gpupin.hostagent.engine.address import DAEMON_HINT, PODMAN_HEADER, docker_host, endpoint, sdk_missing
 from gpupin.hostagent.engine.failures import unavailable
 
 TYPE_CHECKING = False

@@ -11,11 +11,9 @@ a TTY it is multiplexed: frames of an 8-byte header (stream, 0, 0, 0, big-endian
 from __future__ import annotations
 
 import _socket  # not socket: its import costs ~3 ms of every run's start-up (tcp:// and ssh:// import it)
-import contextlib
 
-from gpupin.hostagent import fastjson, http1
-from gpupin.hostagent.engine import PODMAN_HEADER
-from gpupin.hostagent.engine.address import endpoint
+from gpupin.hostagent import fastjson, http1, suppress
+from gpupin.hostagent.engine.address import PODMAN_HEADER, endpoint
 from gpupin.hostagent.engine.failures import EngineError
 
 _PODMAN = PODMAN_HEADER.lower()  # http1.Answer's header names are lower-case
@@ -128,7 +126,7 @@ class Waiter:
         """`{"StatusCode": N, "Error": ...}`, once the condition is met (no read timeout: it may take days)."""
         data = self._answer.json()
         if self._then is not None:
-            with contextlib.suppress(Exception):  # the exit code is known; the removal is podman's own
+            with suppress(Exception):  # the exit code is known; the removal is podman's own
                 self._then.json()
         return data if isinstance(data, dict) else {}
 

@@ -8,8 +8,7 @@ import json
 import socket
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent.engine import PODMAN_HEADER
-from gpupin.hostagent.engine.address import docker_host, endpoint
+from gpupin.hostagent.engine.address import PODMAN_HEADER, docker_host, endpoint
 from gpupin.hostagent.engine.client import connect
 from gpupin.hostagent.engine.failures import LOG_HINT, EngineNotFound, unavailable
 

@@ -24,14 +24,13 @@ with it. No volume is made for a start shorter than a third of the lease."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 
-from gpupin.hostagent import engine, start_thread
+from gpupin.hostagent import Flag, Helper, engine, start_thread, suppress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Callable, Mapping
     from typing import Any
 
@@ -218,7 +217,7 @@ def renewed_at(api: Any, cid: str) -> float | None:
 def forget(api: Any, cid: str) -> None:
     """Remove the container's renewals (its start is over, or it was abandoned)."""
     for v in _renewals(api, cid):
-        with contextlib.suppress(Exception):  # gone already, or in use by nothing that matters: best effort
+        with suppress(Exception):  # gone already, or in use by nothing that matters: best effort
             api.remove_volume(v["Name"], force=True)
 
 
@@ -231,8 +230,8 @@ class Renewal:
         self.cid = cid
         self.version = version
         self._api: Any = None
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._done = Flag()
+        self._thread: Helper | threading.Thread | None = None
         self._made = False
 
     def _run(self) -> None:

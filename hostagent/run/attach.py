@@ -11,18 +11,28 @@ the terminal), the first signal stops it and the second kills it.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
-import threading
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent import engine, mark, say, start_thread
+from gpupin.hostagent import (
+    SIGINT,
+    SIGTERM,
+    SIGWINCH,
+    Helper,
+    engine,
+    mark,
+    on_signal,
+    say,
+    signal_name,
+    start_thread,
+    suppress,
+)
 from gpupin.hostagent.engine.raw import STDERR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Iterator
     from typing import Any
 
@@ -78,7 +88,7 @@ class Attachment:
         self.api = api
         self.result: dict[str, Any] = {}
         self._stream: Stream | None = None
-        self._waiter: threading.Thread | None = None
+        self._waiter: Helper | threading.Thread | None = None
 
     def open(self) -> None:
         # No read timeout on the streams: a quiet workload may print nothing for hours.
@@ -125,7 +135,7 @@ class Attachment:
             size = os.get_terminal_size(sys.stdout.fileno())
         except OSError:
             return
-        with contextlib.suppress(Exception):
+        with suppress(Exception):
             self.api.resize(self.cid, height=size.lines, width=size.columns)
 
     # --- signals -------------------------------------------------------------------------------------------
@@ -135,7 +145,7 @@ class Attachment:
         proxy = self.req.sig_proxy and not self.req.tty
         actions = ("forward", "stop", "kill") if proxy else ("stop", "kill")
         action = actions[min(len(seen), len(actions)) - 1]
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         if action == "stop":
             say(f"{name}: stopping {self.cid[:12]} (again: kill it)")
         elif action == "kill":
@@ -143,7 +153,7 @@ class Attachment:
 
         def act() -> None:
             # It may have exited or gone already: the waiter reports how it ended.
-            with contextlib.suppress(Exception):
+            with suppress(Exception):
                 if action == "forward":
                     self.api.kill(self.cid, signal=signum)
                 elif action == "stop":
@@ -159,16 +169,13 @@ class Attachment:
         """Stream until the container exits; return its exit code (125 when it cannot be learned)."""
         assert self._waiter is not None, "open() before start"
         seen: list[int] = []
-        handlers = {
-            s: signal.signal(s, lambda signum, _f: self._on_signal(seen, signum))
-            for s in (signal.SIGINT, signal.SIGTERM)
-        }
+        handlers = {s: on_signal(s, lambda signum, _f: self._on_signal(seen, signum)) for s in (SIGINT, SIGTERM)}
         restore_tty = None
         assert self._stream is not None
         try:
             if self.req.tty:
                 restore_tty = _raw_terminal()
-                handlers[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda _s, _f: self._resize())
+                handlers[SIGWINCH] = on_signal(SIGWINCH, lambda _s, _f: self._resize())
                 self._resize()
             if self.req.interactive:
                 start_thread(self._pump_stdin, "hostagent-stdin")
@@ -187,7 +194,7 @@ class Attachment:
             if restore_tty is not None:
                 restore_tty()
             for s, h in handlers.items():
-                signal.signal(s, h)
+                on_signal(s, h)
         code = self._exit_code()
         mark("exited")
         return code

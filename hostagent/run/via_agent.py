@@ -24,11 +24,10 @@ place in the queue kept.
 from __future__ import annotations
 
 import _socket  # not socket: ~3 ms of this path's start-up
-import signal
 import sys
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
-from gpupin.hostagent import agentlink, fastjson, http1, mark, say
+from gpupin.hostagent import SIGTERM, agentlink, fastjson, http1, mark, on_signal, say
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import reads, start
@@ -116,7 +115,7 @@ def run_words(words: list[str]) -> int | str | None:
         "cwd": reads.workdir(),
         "stdin_tty": _stdin_tty(),
     }
-    old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
+    old_term = on_signal(SIGTERM, start.raise_interrupted)
     mark("asking")
     try:
         answer = ask(link, body)
@@ -134,7 +133,7 @@ def run_words(words: list[str]) -> int | str | None:
     except (start.Interrupted, KeyboardInterrupt) as err:
         return start.interrupted(err)  # a container the agent made meanwhile is this process's, as without it
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        on_signal(SIGTERM, old_term)
     return start.finish(cid, attachment)
 
 
@@ -165,7 +164,7 @@ def run(req: RunRequest) -> int | None:
     if link is None:
         return None
     body = {"daemon": agentlink.daemon_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
-    old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
+    old_term = on_signal(SIGTERM, start.raise_interrupted)
     mark("asking")
     try:
         with WaitLoop(req) as wait_loop:
@@ -190,5 +189,5 @@ def run(req: RunRequest) -> int | None:
     except (start.Interrupted, KeyboardInterrupt) as err:
         return start.interrupted(err)  # a container the agent made meanwhile is this process's, as without it
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        on_signal(SIGTERM, old_term)
     return start.finish(cid, attachment)
