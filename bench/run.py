@@ -11,8 +11,9 @@
               run --rm --device nvidia.com/gpu=U IMG true` where hostagent pins through CDI (as its --dry-run line
               says), else `--gpus device=U`. Through the resident agent (a `hostagent serve` of the bench's own:
               the agent parses, books and creates, the client neither imports the docker SDK nor opens NVML),
-              target: at most 1.05x; without it (GPUPIN_AGENT=0), at most 1.25x. And what asking the daemon whether it serves
-              CDI costs (its /info, its spec files): `hostagent run` against `hostagent run --via` the same way.
+              target: at most 1.05x; without it (GPUPIN_AGENT=0), at most 1.25x. And what asking the daemon
+              whether it serves CDI costs (its /info, its spec files): `hostagent run` against `hostagent run --via`
+              the same way.
               Target: at most 1.05x.
   processes   what the cards' processes cost `hostagent run --count 1` (NVML's process lists, each process a
               holder: the phase from `looked` to `attributed`; /proc is read only for what a refusal says), with 64

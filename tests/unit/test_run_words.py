@@ -66,6 +66,7 @@ def test_the_agent_parses_words_into_the_request_the_caller_would_make(words: tu
         ("--dry-run", "--gpu", "1", "img"),  # the caller prints
         ("--bogus", "img"),  # argparse's error, which the caller's parser prints
         ("--help",),
+        ("-e", "A=1") * (runs.WORDS_MAX // 2) + ("--gpu", "1", "img"),  # argparse's time is the square of its options
     ],
 )
 def test_words_whose_parse_is_the_callers_are_sent_back(words: tuple[str, ...]) -> None:
