@@ -287,6 +287,37 @@ def _stop(signum: int, frame: "FrameType | None") -> None:
     raise StoppedError(signum, signal.Signals(signum).name, "verifying the GPU pin")
 
 
+def end_children() -> None:
+    """Kill and reap what this process started and has not reaped: a stop signal that comes while a probe is being
+    spawned (after its fork, before subprocess has its handle) leaves a child nothing else would end. Its children
+    are read from /proc/self/task/*/children."""
+    import os
+    import signal
+    import time
+
+    pids: set[int] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", encoding="ascii") as fh:
+                pids.update(int(p) for p in fh.read().split())
+    except (OSError, ValueError):  # no /proc, or a kernel without the children file: subprocess's own kill stands
+        return
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        deadline = time.monotonic() + 1.0  # a child stuck in the driver may outlive SIGKILL: not waited on forever
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+
+
 def catch_stop_signals() -> "dict[int, object]":
     """Make STOP_SIGNALS end the entrypoint with 128+N (a probe child is killed on the way out); return the
     handlers to put back. A signal inherited as ignored stays ignored, for this process and, through exec, CMD.
@@ -355,6 +386,8 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     try:
         return run(argv, opts)
     except GpupinError as err:
+        if isinstance(err, StoppedError):
+            end_children()
         if opts.debug:  # only the entrypoint's own --debug, never one in CMD's arguments
             import traceback
 
