@@ -44,6 +44,11 @@ def run(
     gid = listen.group_id(group)
     rights.set_daemon_group(daemon_group)
     hooks.HOOKS.run_as(hook_user)
+    # What runs through the agent convert with (--mount, --ulimit, the create payload), imported here, on one thread:
+    # the docker SDK's types import one another in a cycle that holds on one thread, but two request threads that
+    # import them first at once meet it half made ("cannot import name 'EndpointConfig'", seen in CI).
+    import docker.types  # noqa: F401
+
     agent = Agent(interval=interval, idle_after=idle_after, policy=policy)
     agent.keeper.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
     keeper = _record(record_path)
