@@ -347,7 +347,7 @@ def refusal(options: Sequence[str]) -> tuple[str, str] | None:
 def parse(words: Sequence[str], parser: argparse.ArgumentParser, top: Sequence[str] = ()) -> argparse.Namespace:
     """`hostagent [TOP] run WORDS` parsed by `parser` (hostagent.parser's, whole or run's only): options split from
     IMAGE and COMMAND as docker run splits them, bool flags read as docker reads them, a refused option refused by
-    name (UsageError). The one parse of a run's words, here and in the agent that parses them for its caller."""
+    name (UsageError). The one parse of a run's words."""
     from gpupin.hostagent.completion import subcommands
 
     run_parser = subcommands(parser)["run"]
@@ -407,8 +407,8 @@ def command(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
-    # A pull is this process's own (its credentials, its terminal); so is a run the agent left to it.
-    if req.pull != "always" and not getattr(args, "declined", None):
+    # A pull is this process's own (its credentials, its terminal).
+    if req.pull != "always":
         from gpupin.hostagent.run import via_agent
 
         code = via_agent.run(req)

@@ -42,8 +42,7 @@ if TYPE_CHECKING:
 
 class Follow:
     """What following a container reads of `hostagent run`'s options (-d, -i, -t, --rm, --sig-proxy,
-    --stop-timeout): taken from the RunRequest where this process parsed it, or from the resident agent's answer
-    where the agent parsed the words (gpupin.hostagent.run.via_agent.run_words)."""
+    --stop-timeout), taken from the RunRequest."""
 
     __slots__ = ("detach", "interactive", "rm", "sig_proxy", "stop_timeout", "tty")
 
@@ -60,22 +59,6 @@ class Follow:
     @classmethod
     def of(cls, req: RunRequest) -> Follow:
         return cls(req.detach, req.interactive, req.tty, req.rm, req.sig_proxy, req.stop_timeout)
-
-    def wire(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    @classmethod
-    def from_wire(cls, obj: Any) -> Follow | None:
-        """The agent's `follow`, or None when it is not one (the caller then says the agent answered nonsense)."""
-        if not isinstance(obj, dict) or set(obj) != set(cls.__slots__):
-            return None
-        detach, interactive, tty, rm, sig_proxy = (obj[k] for k in ("detach", "interactive", "tty", "rm", "sig_proxy"))
-        timeout = obj["stop_timeout"]
-        if not all(isinstance(f, bool) for f in (detach, interactive, tty, rm, sig_proxy)) or not (
-            timeout is None or (isinstance(timeout, int) and not isinstance(timeout, bool))
-        ):
-            return None
-        return cls(detach, interactive, tty, rm, sig_proxy, timeout)
 
 
 class Attachment:
