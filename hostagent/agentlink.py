@@ -12,12 +12,12 @@ GpupinError with that exit code, so a refusal reads and exits the same whichever
 
 from __future__ import annotations
 
-import _socket  # not socket: ~3 ms of `hostagent run`'s start-up through the agent
+import json
 import os
+import socket
 import sys
 
 from gpupin.core.errors import AgentUnavailableError, GpupinError
-from gpupin.hostagent import fastjson
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def __getattr__(name: str) -> Any:
 def parsed(raw: bytes) -> Any:
     """An answer's JSON, or None when it has none (an empty body, or not JSON)."""
     try:
-        return fastjson.loads(raw) if raw else None
+        return json.loads(raw) if raw else None
     except ValueError:
         return None
 
@@ -144,7 +144,7 @@ class Link:
         self, method: str, route: str, body: Any, timeout: float | None
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         conn = _unix_connection()(self.path, timeout)  # type: ignore[arg-type]
-        data = None if body is None else fastjson.dumps(body).encode()
+        data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
             conn.request(method, route, body=data, headers=headers)
@@ -179,7 +179,7 @@ class Link:
                 raise refusal(res, str(self))
             for line in res:
                 if line.strip():
-                    yield fastjson.loads(line)
+                    yield json.loads(line)
         except (OSError, sys.modules["http.client"].HTTPException) as err:
             raise AgentUnavailableError(
                 f"the agent at {self} dropped the connection ({err})",
@@ -194,7 +194,7 @@ def find() -> Link | None:
     if not wanted():
         return None
     path = socket_path()
-    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(CONNECT_S)
     try:
         probe.connect(path)

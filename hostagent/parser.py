@@ -11,8 +11,9 @@ import sys
 
 from gpupin.core import __version__
 from gpupin.core.errors import UsageError
-from gpupin.hostagent import PROG, completion, help_width
+from gpupin.hostagent import PROG, completion
 from gpupin.hostagent.run import args as run_args
+from gpupin.hostagent.run.args import help_width
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ _INVALID_CHOICE = re.compile(r"argument (?P<arg>\S+): invalid choice: (?P<word>.
 
 
 class Formatter(argparse.HelpFormatter):
-    """argparse's formatter, its width found without shutil (gpupin.hostagent.help_width)."""
+    """argparse's formatter, its width found without shutil (gpupin.hostagent.run.args.help_width)."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
         super().__init__(prog, indent_increment, max_help_position, help_width() if width is None else width)

@@ -10,9 +10,11 @@ a TTY it is multiplexed: frames of an 8-byte header (stream, 0, 0, 0, big-endian
 
 from __future__ import annotations
 
-import _socket  # not socket: its import costs ~3 ms of every run's start-up (tcp:// and ssh:// import it)
+import contextlib
+import json
+import socket
 
-from gpupin.hostagent import fastjson, http1, suppress
+from gpupin.hostagent import http1
 from gpupin.hostagent.engine.address import PODMAN_HEADER, endpoint
 from gpupin.hostagent.engine.failures import EngineError
 
@@ -29,12 +31,12 @@ if TYPE_CHECKING:
 STDOUT, STDERR = 1, 2
 
 
-def _dial(ep: Endpoint, timeout: float | None) -> _socket.socket:
+def _dial(ep: Endpoint, timeout: float | None) -> socket.socket:
     url = ep.url
     scheme, _, rest = url.partition("://")
     if scheme == "unix":
         path = ep.unix_path or "/var/run/docker.sock"
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(path)
@@ -47,8 +49,6 @@ def _dial(ep: Endpoint, timeout: float | None) -> _socket.socket:
     hostport = rest.split("/", 1)[0]
     host, _, port = hostport.rpartition(":") if ":" in hostport.lstrip("[").split("]")[-1] else (hostport, "", "")
     tls = ep.tls or scheme == "https"
-    import socket
-
     sock = socket.create_connection((host.strip("[]"), int(port or (2376 if tls else 2375))), timeout)
     if not tls:
         return sock
@@ -68,7 +68,6 @@ def _dial(ep: Endpoint, timeout: float | None) -> _socket.socket:
 
 def _ssh(rest: str) -> socket.socket:
     """A socket whose other end is `docker system dial-stdio` on the far host, as the docker CLI reaches ssh://."""
-    import socket
     import subprocess
 
     where = rest.split("/", 1)[0]
@@ -108,7 +107,7 @@ class Stream:
         self._answer.sock.sendall(data)
 
     def close_input(self) -> None:
-        self._answer.sock.shutdown(_socket.SHUT_WR)
+        self._answer.sock.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
         self._answer.close()
@@ -126,7 +125,7 @@ class Waiter:
         """`{"StatusCode": N, "Error": ...}`, once the condition is met (no read timeout: it may take days)."""
         data = self._answer.json()
         if self._then is not None:
-            with suppress(Exception):  # the exit code is known; the removal is podman's own
+            with contextlib.suppress(Exception):  # the exit code is known; the removal is podman's own
                 self._then.json()
         return data if isinstance(data, dict) else {}
 
@@ -155,7 +154,7 @@ class Engine:
         if answer.status >= 400:
             raw = answer.body()
             try:
-                message = str(fastjson.loads(raw).get("message") or "")
+                message = str(json.loads(raw).get("message") or "")
             except (ValueError, AttributeError):
                 message = raw.decode(errors="replace").strip()
             raise EngineError(answer.status, message or f"{method} {path} answered {answer.status}")

@@ -24,13 +24,14 @@ with it. No volume is made for a start shorter than a third of the lease."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
-from gpupin.hostagent import Flag, Helper, engine, start_thread, suppress
+from gpupin.hostagent import engine, start_thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import threading
     from collections.abc import Callable, Mapping
     from typing import Any
 
@@ -91,10 +92,10 @@ class Owner:
     @classmethod
     def of(cls, pid: int) -> Owner:
         """A process of this host and pid namespace (the resident agent signs its caller's container so)."""
-        import _socket  # not socket: ~3 ms of `hostagent run`'s start-up through the agent
+        import socket
 
         return cls(
-            _socket.gethostname(),
+            socket.gethostname(),
             pid,
             start_time(pid) or "",
             _read("/proc/sys/kernel/random/boot_id"),
@@ -217,7 +218,7 @@ def renewed_at(api: Any, cid: str) -> float | None:
 def forget(api: Any, cid: str) -> None:
     """Remove the container's renewals (its start is over, or it was abandoned)."""
     for v in _renewals(api, cid):
-        with suppress(Exception):  # gone already, or in use by nothing that matters: best effort
+        with contextlib.suppress(Exception):  # gone already, or in use by nothing that matters: best effort
             api.remove_volume(v["Name"], force=True)
 
 
@@ -230,8 +231,8 @@ class Renewal:
         self.cid = cid
         self.version = version
         self._api: Any = None
-        self._done = Flag()
-        self._thread: Helper | threading.Thread | None = None
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
         self._made = False
 
     def _run(self) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import sys
 
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError, printable
-from gpupin.hostagent import help_width
 from gpupin.hostagent.completion import COMMAND, GPUS, offer
 from gpupin.hostagent.engine.cdi import VIAS
 from gpupin.hostagent.run import options as runopts
@@ -108,9 +108,24 @@ class BoolFlag(argparse._StoreTrueAction):
         setattr(namespace, self.dest, bool(values))
 
 
+def help_width() -> int:
+    """The width argparse gives --help, found as shutil.get_terminal_size finds it (COLUMNS, else the terminal,
+    else 80; less 2) without importing shutil, which brings zlib, bz2 and lzma into every run's start-up."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Bool flags shown as flags (`--rm`), not with the optional value BoolFlag takes after `=`; the width without
-    shutil (gpupin.hostagent.help_width)."""
+    """Bool flags shown as flags (`--rm`), not with the optional value BoolFlag takes after `=`; the width
+    without shutil (help_width)."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
         super().__init__(prog, indent_increment, max_help_position, help_width() if width is None else width)

@@ -11,23 +11,13 @@ the terminal), the first signal stops it and the second kills it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent import (
-    SIGINT,
-    SIGTERM,
-    SIGWINCH,
-    Helper,
-    engine,
-    mark,
-    on_signal,
-    say,
-    signal_name,
-    start_thread,
-    suppress,
-)
+from gpupin.hostagent import engine, mark, say, start_thread
 from gpupin.hostagent.engine.raw import STDERR
 
 TYPE_CHECKING = False
@@ -71,7 +61,7 @@ class Attachment:
         self.api = api
         self.result: dict[str, Any] = {}
         self._stream: Stream | None = None
-        self._waiter: Helper | threading.Thread | None = None
+        self._waiter: threading.Thread | None = None
 
     def open(self) -> None:
         # No read timeout on the streams: a quiet workload may print nothing for hours.
@@ -118,7 +108,7 @@ class Attachment:
             size = os.get_terminal_size(sys.stdout.fileno())
         except OSError:
             return
-        with suppress(Exception):
+        with contextlib.suppress(Exception):
             self.api.resize(self.cid, height=size.lines, width=size.columns)
 
     # --- signals -------------------------------------------------------------------------------------------
@@ -128,7 +118,7 @@ class Attachment:
         proxy = self.req.sig_proxy and not self.req.tty
         actions = ("forward", "stop", "kill") if proxy else ("stop", "kill")
         action = actions[min(len(seen), len(actions)) - 1]
-        name = signal_name(signum)
+        name = signal.Signals(signum).name
         if action == "stop":
             say(f"{name}: stopping {self.cid[:12]} (again: kill it)")
         elif action == "kill":
@@ -136,7 +126,7 @@ class Attachment:
 
         def act() -> None:
             # It may have exited or gone already: the waiter reports how it ended.
-            with suppress(Exception):
+            with contextlib.suppress(Exception):
                 if action == "forward":
                     self.api.kill(self.cid, signal=signum)
                 elif action == "stop":
@@ -152,13 +142,16 @@ class Attachment:
         """Stream until the container exits; return its exit code (125 when it cannot be learned)."""
         assert self._waiter is not None, "open() before start"
         seen: list[int] = []
-        handlers = {s: on_signal(s, lambda signum, _f: self._on_signal(seen, signum)) for s in (SIGINT, SIGTERM)}
+        handlers = {
+            s: signal.signal(s, lambda signum, _f: self._on_signal(seen, signum))
+            for s in (signal.SIGINT, signal.SIGTERM)
+        }
         restore_tty = None
         assert self._stream is not None
         try:
             if self.req.tty:
                 restore_tty = _raw_terminal()
-                handlers[SIGWINCH] = on_signal(SIGWINCH, lambda _s, _f: self._resize())
+                handlers[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda _s, _f: self._resize())
                 self._resize()
             if self.req.interactive:
                 start_thread(self._pump_stdin, "hostagent-stdin")
@@ -177,7 +170,7 @@ class Attachment:
             if restore_tty is not None:
                 restore_tty()
             for s, h in handlers.items():
-                on_signal(s, h)
+                signal.signal(s, h)
         code = self._exit_code()
         mark("exited")
         return code

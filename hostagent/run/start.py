@@ -9,9 +9,11 @@ its owner (gpupin.hostagent.ledger.lease.Renewal).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 
-from gpupin.hostagent import SIGINT, engine, mark, say, signal_name, suppress
+from gpupin.hostagent import engine, mark, say
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run.attach import Attachment, Follow
 
@@ -25,7 +27,7 @@ class Interrupted(Exception):
     """SIGTERM before the container started (SIGINT is KeyboardInterrupt)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal_name(signum))
+        super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
@@ -36,8 +38,8 @@ def raise_interrupted(signum: int, _frame: object) -> None:
 def interrupted(err: Interrupted | KeyboardInterrupt) -> int:
     """A signal before the container started: said in one line, and 128+N. Nothing is left behind: a container
     created meanwhile carries this process's lease, so once it ends nothing holds its cards."""
-    signum = err.signum if isinstance(err, Interrupted) else SIGINT
-    say(f"{signal_name(signum)} before the container started: nothing left behind")
+    signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
+    say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
     return 128 + signum
 
 
@@ -77,7 +79,7 @@ def start(api: Engine, cid: str, req: Follow, via: str) -> Attachment | None:
     except BaseException as err:
         if attachment is not None:
             attachment.close()
-        with suppress(Exception):
+        with contextlib.suppress(Exception):
             api.remove(cid, force=True)
         if engine.is_api_error(err):
             raise refused(err, "Docker could not start the container", via, api.podman is not None) from None

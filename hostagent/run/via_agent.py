@@ -17,10 +17,12 @@ place in the queue kept.
 
 from __future__ import annotations
 
-import _socket  # not socket: ~3 ms of this path's start-up
+import json
+import signal
+import socket
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
-from gpupin.hostagent import SIGTERM, agentlink, fastjson, http1, mark, on_signal, say
+from gpupin.hostagent import agentlink, http1, mark, say
 from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import start
@@ -42,7 +44,7 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
     answering (it died mid-request: what it made is this process's, and holds nothing once this process ends).
     An agent that does not take the request within agentlink.ANSWER_S (its 102), or turns it away (503: its
     connections are full), leaves the run to this process: it has made nothing for it."""
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(agentlink.ANSWER_S)
     try:
         sock.connect(link.path)
@@ -77,7 +79,7 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
             f"{agentlink.USE_ENV}=0 to go without it",
         ) from None
     try:
-        obj = fastjson.loads(raw) if raw.strip() else None
+        obj = json.loads(raw) if raw.strip() else None
     except ValueError:
         obj = None
     if answer.status == 404:  # an agent older than POST /api/run: the run is this process's own
@@ -112,7 +114,7 @@ def run(req: RunRequest) -> int | None:
     if link is None:
         return None
     body = {"daemon": agentlink.daemon_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
-    old_term = on_signal(SIGTERM, start.raise_interrupted)
+    old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:
         with WaitLoop(req) as wait_loop:
@@ -137,5 +139,5 @@ def run(req: RunRequest) -> int | None:
     except (start.Interrupted, KeyboardInterrupt) as err:
         return start.interrupted(err)  # a container the agent made meanwhile is this process's, as without it
     finally:
-        on_signal(SIGTERM, old_term)
+        signal.signal(signal.SIGTERM, old_term)
     return start.finish(cid, attachment)
