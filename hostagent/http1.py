@@ -29,7 +29,7 @@ def quote(text: str, safe: str = "") -> str:
 def target(path: str, params: Mapping[str, Any] | None = None) -> str:
     """The request target: the path, and the query of the parameters that are not None."""
     query = "&".join(f"{quote(k)}={quote(str(v))}" for k, v in (params or {}).items() if v is not None)
-    return quote(path, "/") + ("?" + query if query else "")
+    return quote(path, "/:") + ("?" + query if query else "")
 
 
 class Answer:
@@ -91,10 +91,12 @@ def exchange(
     answer from then on (`body()` or `close()` closes it); an OSError closes it here. An interim answer (1xx but
     101, the Engine's upgrade) is passed to `interim` and the final one read after it."""
     try:
-        data = b"" if body is None else json.dumps(body).encode()
+        raw = isinstance(body, bytes)  # an archive (an image's import); anything else is sent as JSON
+        data = body if raw else b"" if body is None else json.dumps(body).encode()
         head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "User-Agent: gpupin-hostagent"]
         if body is not None:
-            head += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+            kind = "application/x-tar" if raw else "application/json"
+            head += [f"Content-Type: {kind}", f"Content-Length: {len(data)}"]
         elif method in ("POST", "PUT"):
             head.append("Content-Length: 0")
         head += [f"{k}: {v}" for k, v in (headers or {"Connection": "close"}).items()]

@@ -18,7 +18,7 @@ import sys
 
 from gpupin.core.errors import DockerUnavailableError
 from gpupin.hostagent import engine, mark, say, start_thread
-from gpupin.hostagent.engine.raw import STDERR
+from gpupin.hostagent.engine.unix import STDERR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-    from gpupin.hostagent.engine.raw import Engine, Stream, Waiter
+    from gpupin.hostagent.engine.unix import ExitWait, Stream, UnixClient
     from gpupin.hostagent.run.request import RunRequest
 
 
@@ -53,9 +53,9 @@ class Follow:
 
 class Attachment:
     """The container's streams and its exit, opened before it starts (`open`), followed after (`follow`), through
-    the SDK-free client (gpupin.hostagent.engine.raw): the same follow whoever created the container."""
+    the client of its transport (gpupin.hostagent.engine.follower): the same follow whoever created it."""
 
-    def __init__(self, cid: str, req: Follow, api: Engine) -> None:
+    def __init__(self, cid: str, req: Follow, api: UnixClient) -> None:
         self.cid = cid
         self.req = req
         self.api = api
@@ -68,7 +68,7 @@ class Attachment:
         self._stream = self.api.attach(self.cid, stdin=self.req.interactive, tty=self.req.tty)
         # The wait is registered (the daemon has sent its answer's head) before the start: a quick exit, and --rm's
         # removal, cannot be missed.
-        waiting: Waiter = self.api.wait(self.cid, "removed" if self.req.rm else "next-exit")
+        waiting: ExitWait = self.api.wait(self.cid, "removed" if self.req.rm else "next-exit")
 
         def wait() -> None:
             try:

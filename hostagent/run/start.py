@@ -2,9 +2,9 @@
 resident agent for it): attach (in the foreground), register the wait, start, then follow or print the ID; a start
 that fails removes the container and is refused with `docker run`'s code (125, 126, 127).
 
-Everything here talks to the daemon through the SDK-free client (gpupin.hostagent.engine.raw): through the agent,
-`hostagent run` never imports the docker SDK. The lease of a container whose start takes long is renewed here, by
-its owner (gpupin.hostagent.ledger.lease.Renewal).
+Everything here talks to the daemon through the client of its transport (engine.follower: on a unix socket, the
+hand-made one): through the agent, `hostagent run` never imports the docker SDK. The lease of a container whose
+start takes long is renewed here, by its owner (gpupin.hostagent.ledger.lease.Renewal).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gpupin.hostagent.run.attach import Attachment, Follow
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpupin.core.errors import DockerRefusedError
-    from gpupin.hostagent.engine.raw import Engine
+    from gpupin.hostagent.engine.unix import UnixClient
 
 
 class Interrupted(Exception):
@@ -61,7 +61,7 @@ def refused(err: BaseException, doing: str, via: str, podman: bool = False) -> D
     return out
 
 
-def start(api: Engine, cid: str, req: Follow, via: str) -> Attachment | None:
+def start(api: UnixClient, cid: str, req: Follow, via: str) -> Attachment | None:
     """Attach (in the foreground) and start; the attachment to follow, or None with -d. Any failure removes the
     container (it holds its cards while its lease is live: nothing is left holding them)."""
     attachment = None

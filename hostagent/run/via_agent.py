@@ -22,8 +22,7 @@ import signal
 import socket
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
-from gpupin.hostagent import agentlink, http1, mark, say
-from gpupin.hostagent.engine.raw import Engine
+from gpupin.hostagent import agentlink, engine, http1, mark, say
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import start
 from gpupin.hostagent.run.attach import Follow
@@ -100,7 +99,7 @@ def _start(answer: dict[str, Any], follow: Follow) -> tuple[str, Any]:
     for line in answer.get("say") or ():
         say(str(line))
     cid = str(answer["id"])
-    return cid, start.start(Engine(str(answer["api"])), cid, follow, str(answer.get("via")))
+    return cid, start.start(engine.follower(str(answer["api"])), cid, follow, str(answer.get("via")))
 
 
 def run(req: RunRequest) -> int | None:
