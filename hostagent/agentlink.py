@@ -18,6 +18,9 @@ import socket
 import sys
 
 from gpupin.core.errors import AgentUnavailableError, GpupinError
+from gpupin.hostagent.agentdir import DEFAULT_SOCKET as DEFAULT_SOCKET
+from gpupin.hostagent.agentdir import SOCKET_ENV as SOCKET_ENV
+from gpupin.hostagent.agentdir import socket_path as socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,8 +28,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-DEFAULT_SOCKET = "/run/gpupin/hostagent.sock"
-SOCKET_ENV = "GPUPIN_AGENT_SOCKET"
 USE_ENV = "GPUPIN_AGENT"
 # An agent that does not accept, or does not begin its answer, within this is treated as absent: the command takes
 # its own path (run, --wait) or says so and exits 69 (queue). A live agent answers in milliseconds; one that is
@@ -34,10 +35,6 @@ USE_ENV = "GPUPIN_AGENT"
 ANSWER_S = 3.0
 CONNECT_S = ANSWER_S
 _OFF = ("0", "off", "no", "false")
-
-
-def socket_path() -> str:
-    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
 
 
 def wanted() -> bool:
