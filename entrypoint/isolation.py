@@ -1,10 +1,9 @@
 """The entrypoint's own imports come from the installation, never from the workload's paths.
 
-PYTHONPATH, the working directory and the user site are the workload's (CMD gets them untouched), but Python
-puts them ahead of the standard library in *this* process's sys.path: a workload's `json.py` or old
-`pynvml.py` would run as the check. `isolate()` runs first in main(): it takes those entries out of sys.path
-and forgets modules already loaded from them. Its own imports are `os` and `sys` only. What it cannot guard:
-docs/entrypoint.md, "The workload's paths do not reach the entrypoint".
+PYTHONPATH, the working directory and the user site are the workload's, but Python puts them ahead of the
+standard library in *this* process's sys.path too: a workload's `json.py` or old `pynvml.py` would run as the
+check. `isolate()`, first in main(), takes those entries out and forgets modules loaded from them. It imports
+only `os` and `sys`. What it cannot guard: docs/entrypoint.md, "The workload's paths do not reach the entrypoint".
 """
 
 import os

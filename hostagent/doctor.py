@@ -1,9 +1,8 @@
 """`hostagent doctor`: check a GPU host for the traps that break pins, one line per finding with a HINT.
 
-Each trap is silent until a workload lands on the wrong card or loses its card mid-run: missing /dev/char links
-under the systemd cgroup driver, persistence mode off, stale or unreadable CDI specs, `--gpus` without the NVIDIA
-hook or CDI, a Swarm node's runtime settings, the policy file (docs/design.md, "The host's traps"). `--root DIR`
-reads /dev, /sys and /etc under DIR (tests plant a host there); NVML and the daemon are asked as they are.
+Each trap is silent until a workload lands on the wrong card or loses it mid-run (docs/design.md, "The host's
+traps"). `--root DIR` reads /dev, /sys and /etc under DIR (tests plant a host there); NVML and the daemon are
+asked as they are.
 """
 
 from __future__ import annotations
