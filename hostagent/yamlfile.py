@@ -1,19 +1,7 @@
-"""YAML read with limits, for every YAML file hostagent reads from a user or a folder anyone may write to (compose
-files, CDI specs): PyYAML's safe loader, but
-
-- nesting deeper than MAX_DEPTH is refused while composing (PyYAML's composer recurses: a few hundred `[`
-  would end in RecursionError);
-- aliases are weighed before anything walks the document: a 461-byte "billion laughs" file composes into a few
-  shared nodes but expands to gigabytes in any copy, so a document that expands to more than MAX_EXPANDED nodes
-  and characters, or contains itself, is refused;
-- a key given twice in one mapping is refused (as compose v2 does); merge keys and anchors work;
-- scalars are read as YAML 1.2 reads them (go-yaml v3, compose v2's): `yes`, `on`, `off` are text, `1e3` a number,
-  base-60 looking text (`86:00.0`) text, as bus ids must be;
-- only the tags compose files use, and compose v2's `!reset` and `!override`; other tags are refused by name.
-
-The result is a tree: every occurrence of an alias is its own copy. libyaml parses the events when PyYAML has it.
-A refusal is YamlRefused (64) saying where and why.
-"""
+"""YAML read with limits, for every YAML file hostagent reads that a user or anyone who can write a folder wrote
+(compose files, CDI specs): PyYAML's safe loader with a depth limit, aliases weighed before any walk (a "billion
+laughs" file is refused), duplicate keys refused, scalars read as YAML 1.2 (compose v2's go-yaml v3), only the tags
+compose files use; the result a tree in which every alias is its own copy (docs/compose.md, "Bad input")."""
 
 from __future__ import annotations
 
