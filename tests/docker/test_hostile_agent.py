@@ -11,10 +11,8 @@ import grp
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +25,7 @@ from gpupin.hostagent.engine.address import Endpoint
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import request_json
 from gpupin.hostagent.run.request import RunRequest
+from tests.support.forwarder import Forwarder
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
@@ -301,43 +300,6 @@ def test_a_caller_in_hundreds_of_groups_is_judged_by_all_of_them(
         f"hostagent: serve: run: {answer['id'][:12]} on {RTX} for uid {DOCKER_MEMBER} \\({DOCKER_MEMBER}\\) pid [0-9]+",
         made[0],
     ), made
-
-
-class Forwarder:
-    """tcp://127.0.0.1:PORT to the sandbox's unix socket: a daemon that is not a unix socket."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                near, _ = self.listener.accept()
-            except OSError:
-                return
-            far = socket.socket(socket.AF_UNIX)
-            far.connect(self.path)
-            self.open += [near, far]
-            for a, b in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-            b.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.open:
-            s.close()
 
 
 @pytest.fixture
