@@ -86,10 +86,6 @@ class Owner:
         self.pidns = pidns
 
     @classmethod
-    def me(cls) -> Owner:
-        return cls.of(os.getpid())
-
-    @classmethod
     def of(cls, pid: int) -> Owner:
         """A process of this host and pid namespace (the resident agent signs its caller's container so)."""
         import socket
@@ -125,7 +121,7 @@ class Owner:
     def alive(self) -> bool | None:
         """Whether the owner still runs: True or False for a process of this boot and pid namespace, None when
         this process cannot tell (another machine or namespace, or /proc hides it)."""
-        here = me()
+        here = this_process()
         if not (self.boot and self.pidns and self.start) or (self.boot, self.pidns) != (here.boot, here.pidns):
             return None
         try:
@@ -140,20 +136,20 @@ class Owner:
         return start == self.start
 
 
-_ME: Owner | None = None
+_THIS_PROCESS: Owner | None = None
 
 
-def me() -> Owner:
+def this_process() -> Owner:
     """This process, as it signs its leases (read once)."""
-    global _ME
-    if _ME is None:
-        _ME = Owner.me()
-    return _ME
+    global _THIS_PROCESS
+    if _THIS_PROCESS is None:
+        _THIS_PROCESS = Owner.of(os.getpid())
+    return _THIS_PROCESS
 
 
 def claim(seconds: int = LEASE_S) -> dict[str, str]:
     """The labels of a lease held by this process."""
-    return {OWNER_LABEL: str(me()), LEASE_LABEL: str(seconds)}
+    return {OWNER_LABEL: str(this_process()), LEASE_LABEL: str(seconds)}
 
 
 def seconds(labels: Mapping[str, str]) -> float:

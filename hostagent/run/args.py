@@ -77,7 +77,7 @@ _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
 
-def go_bool(text: str) -> bool:
+def go_parse_bool(text: str) -> bool:
     """A bool flag's `=VALUE`, as Go's strconv.ParseBool (docker's flags) reads it; ValueError if not a bool."""
     if text in _TRUE or text in _FALSE:
         return text in _TRUE
@@ -102,7 +102,7 @@ class BoolFlag(argparse._StoreTrueAction):
     ) -> None:
         if isinstance(values, str):
             try:
-                values = go_bool(values)
+                values = go_parse_bool(values)
             except ValueError:
                 raise argparse.ArgumentError(self, f"{values!r} is not a boolean: use true or false") from None
         setattr(namespace, self.dest, bool(values))

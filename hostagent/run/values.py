@@ -101,7 +101,7 @@ def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> No
     """Refuse a host path that reaches an NVIDIA device node (a `--device` folder is walked, as docker walks it)."""
     local = _local_daemon()
     try:
-        reached = nodes.reaches(host_path, local=local, deep=deep)
+        reached = nodes.reaches_gpu_node(host_path, local=local, deep=deep)
     except OSError as err:  # unreadable here, yet the daemon (root) would bind it: unknown is refused
         raise UsageError(
             f"{option} {shown(value)}: the host path {shown(err.filename or host_path)} cannot be read by this user "

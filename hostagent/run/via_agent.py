@@ -112,7 +112,7 @@ def run(req: RunRequest) -> int | None:
     link = agentlink.find()
     if link is None:
         return None
-    body = {"daemon": agentlink.daemon_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
+    body = {"daemon": agentlink.daemon_key(), "owner": str(lease.this_process()), "request": request_json.dump(req)}
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:

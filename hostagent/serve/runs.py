@@ -72,7 +72,7 @@ def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
     owner = lease.Owner.parse(claimed if isinstance(claimed, str) else None)
     if owner is None:
         raise UsageError("the run request names no owner for its lease", "use a hostagent of the agent's version")
-    here = lease.me()
+    here = lease.this_process()
     if peer.pidns and peer.pidns != here.pidns and (owner.boot, owner.pidns) != (here.boot, here.pidns):
         pass  # a caller in a pid namespace of its own names itself there: its lease is renewed, as a remote one's
     elif (owner.boot, owner.pidns, owner.pid, owner.start) != (here.boot, here.pidns, peer.pid, peer.start):

@@ -29,7 +29,8 @@ NVML = "gpupin.core.nvml"
 MAX_LINES = 800
 MAX_LAYERS = 8  # packages on the longest import path from gpupin.hostagent.cli down to gpupin.core, both counted
 # The host side's commands and their front ends: what the engine adapter and the ledger sit below.
-COMMANDS = ("cli", "parser", "completion", "compose", "doctor", "ls", "policy", "queue", "record", "run", "serve", "swarm")
+COMMANDS: tuple[str, ...] = ("cli", "parser", "completion", "compose", "doctor", "ls", "policy", "queue", "record")
+COMMANDS += ("run", "serve", "swarm")
 
 
 @dataclass(frozen=True)
