@@ -15,8 +15,7 @@ if TYPE_CHECKING:
 
 # Device requests (--gpus) arrived in Engine API 1.40 (Docker 19.03).
 MIN_API = "1.40"
-# The newest API version hostagent speaks: the create body is built by the SDK's types, which know versions up to
-# their DEFAULT_DOCKER_API_VERSION (tests/unit/test_engine_unix.py holds the two together).
+# The newest API version hostagent speaks (the docker SDK 7.1's default; the create body's fields are all older).
 MAX_API = "1.45"
 
 

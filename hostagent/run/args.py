@@ -416,9 +416,9 @@ def command(args: argparse.Namespace) -> int:
         spec = launch.launch(req)
         assert isinstance(spec, ContainerSpec)
         if args.json:
-            from docker.constants import DEFAULT_DOCKER_API_VERSION
+            from gpupin.hostagent.engine.client import MAX_API
 
-            sys.stdout.write(json.dumps(spec.to_dict(DEFAULT_DOCKER_API_VERSION), indent=2) + "\n")
+            sys.stdout.write(json.dumps(spec.to_dict(MAX_API), indent=2) + "\n")
         else:
             sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
