@@ -22,7 +22,6 @@ import os
 import re
 
 from gpupin.core.errors import GpupinError, UsageError, shown
-from gpupin.hostagent.ledger import nodes
 from gpupin.hostagent.run.reads import read_file, workdir
 
 TYPE_CHECKING = False
@@ -99,6 +98,8 @@ def _local_daemon() -> bool:
 
 def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> None:
     """Refuse a host path that reaches an NVIDIA device node (a `--device` folder is walked, as docker walks it)."""
+    from gpupin.hostagent.ledger import nodes  # only for a bind or a device: a plain run's parse does without
+
     local = _local_daemon()
     try:
         reached = nodes.reaches_gpu_node(host_path, local=local, deep=deep)
