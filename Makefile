@@ -4,7 +4,8 @@ SHELL := /bin/bash
 
 PY ?= python3
 VENV := .venv
-VPY := $(CURDIR)/$(VENV)/bin/python
+# Quoted: the checkout's path may hold spaces (every recipe that names a path of it quotes it).
+VPY := "$(CURDIR)/$(VENV)/bin/python"
 # The hook runs under dockerd's environment, so it gets an absolute interpreter, not a shim or a venv.
 HOST_PYTHON := $(shell $(PY) -c 'import sys; print(sys.executable)' 2>/dev/null)
 FAKEGPU := $(CURDIR)/build/fakegpu
@@ -19,7 +20,7 @@ export GPUPIN_SANDBOX_NAME ?=
 SANDBOX_RUN := /run/gpupin-sandbox$(if $(GPUPIN_SANDBOX_NAME),-$(GPUPIN_SANDBOX_NAME))
 SANDBOX_HOST := unix://$(SANDBOX_RUN)/docker.sock
 # What the host-side tools need to see the simulated cards (the same topology as the sandbox's hook).
-SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TOPOLOGY=$(FAKEGPU_TOPOLOGY)
+SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH="$(FAKEGPU)/lib" FAKEGPU_TOPOLOGY="$(FAKEGPU_TOPOLOGY)"
 TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
@@ -65,7 +66,7 @@ $(VENV)/.done: pyproject.toml
 setup: $(VENV)/.done
 
 fakegpu: setup
-	$(MAKE) -s -C tests/fakegpu OUT=$(FAKEGPU) PYTHON=$(HOST_PYTHON)
+	$(MAKE) -s -C tests/fakegpu OUT=../../build/fakegpu PYTHON="$(HOST_PYTHON)"
 
 sandbox-up: fakegpu
 	@$(SANDBOX) up
@@ -293,7 +294,7 @@ bench-swarm: swarm-up
 demo: image-test
 	@$(SIMHOST) tests/sandbox/demo.sh
 	@echo "Now try it yourself: make shell (a shell on the simulated host), or in your own shell:"
-	@echo "  export $(SIMHOST) PATH=$(CURDIR)/$(VENV)/bin:\$$PATH"
+	@echo '  export $(SIMHOST) PATH="$(CURDIR)/$(VENV)/bin:$$PATH"'
 
 # A shell on the simulated host, for your own commands (the demo's sandboxed 20.10 daemon, the fake cards, the
 # checkout's hostagent on PATH); `exit` leaves it, `make sandbox-down` stops the daemon.

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,19 +24,19 @@ import pytest
 from tests.support.flood import FILES, FLOOD, cpu_share, has_pids_cgroup, idle_tcp, streams_until_refused, task_limit
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.resident import Resident
+from tests.support.users import as_other, setpriv
 from tests.unit.test_serve_robust import Wedged
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"
 ATTACKER, OTHER = 5001, 5002
 PER_USER = 64  # --max-per-user's default (docs/serve.md, "Limits")
-PYTHON = "/usr/bin/python3"  # the system's: the test's own may sit where other users cannot read
 SOCKET_GROUP = grp.getgrgid(65534).gr_name  # the agent socket's group in these tests (nogroup)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="setpriv and prlimit as other users need root")
 
 
 def as_user(uid: int, *argv: str) -> list[str]:
-    return ["setpriv", f"--reuid={uid}", "--regid=65534", "--groups=65534", "--", *argv]
+    return as_other(setpriv(uid, 65534, gid=65534), argv)
 
 
 def timed_get(agent: Resident, path: str, unix: bool) -> tuple[int, float]:
@@ -132,7 +133,7 @@ def test_one_uids_idle_connections_beyond_its_cap_do_not_keep_another_uid_out() 
         wrap=("prlimit", f"--nofile={FILES}:{FILES}", "--"),
     )
     holder = subprocess.Popen(
-        as_user(ATTACKER, PYTHON, "-c", HOLD, agent.socket, str(FLOOD)), stdout=subprocess.PIPE, text=True
+        as_user(ATTACKER, sys.executable, "-c", HOLD, agent.socket, str(FLOOD)), stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout is not None
@@ -140,7 +141,9 @@ def test_one_uids_idle_connections_beyond_its_cap_do_not_keep_another_uid_out() 
         assert opened > PER_USER, opened  # connected: the agent's backlog and its cap take them
         time.sleep(1.0)
         started = time.monotonic()
-        r = subprocess.run(as_user(OTHER, PYTHON, "-c", GET, agent.socket), capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            as_user(OTHER, sys.executable, "-c", GET, agent.socket), capture_output=True, text=True, timeout=30
+        )
         took = time.monotonic() - started
         assert r.stdout.strip() == "HTTP/1.0 200 OK" and took < 2.0, (r.stdout, r.stderr, took)
         assert agent.fds() < PER_USER + 50, agent.fds()  # the attacker's beyond its cap were closed, not kept
