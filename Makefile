@@ -36,6 +36,7 @@ help:
 	@echo "make soak          the resident agent's full 10-minute soak (make test runs a 90 s one)"
 	@echo "make fuzz          the hypothesis tests with twenty times the examples, at random (profile fuzz)"
 	@echo "make lint          ruff (check, format --check) and mypy, as CI runs them before the tests"
+	@echo "make commit-subjects  every commit after SUBJECTS_SINCE has a subject of at most 72 characters (CI)"
 	@echo "make golden        rewrite tests/golden (hostagent ls output) after a change that is meant"
 	@echo "make readme        rewrite README.md's examples from runs on the simulated host"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
@@ -261,6 +262,13 @@ readme: image-test
 	@$(SIMHOST) $(VPY) -m tests.support.readme
 
 # mypy reads the packages through a link tree named as they are imported (gpupin.core, .entrypoint, .hostagent).
+# Every commit after SUBJECTS_SINCE has a subject of at most 72 characters (.ci/commit_msg.py --since; the
+# commit-msg hook checks each as it is made). The commits before it are history, never rewritten (some are over).
+SUBJECTS_SINCE := 00f6b3b
+.PHONY: commit-subjects
+commit-subjects:
+	@$(PY) .ci/commit_msg.py --since $(SUBJECTS_SINCE)
+
 lint: setup
 	@mkdir -p build/typing/gpupin && for p in core entrypoint hostagent; do ln -sfn ../../../$$p build/typing/gpupin/$$p; done
 	$(VPY) -m ruff check .
