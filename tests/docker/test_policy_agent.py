@@ -322,9 +322,9 @@ def test_the_queue_gives_no_turn_to_a_waiter_over_its_quota(lab: Lab) -> None:
     r = lab.as_user(ALICE, "run", "-d", "--name", first, "--gpu", "1", TEST_IMAGE, "sleep", "600")
     assert r.returncode == 0, r.stderr
     lab.wait_holder(first)
-    env = {**lab.agent.env, "GPUPIN_AGENT_SOCKET": lab.resident.socket}
+    env = reach_env({**lab.agent.env, "GPUPIN_AGENT_SOCKET": lab.resident.socket})
     waiter = subprocess.Popen(
-        [*lab.users[ALICE], *lab.agent.argv("run", "--wait", "--gpu", "0", TEST_IMAGE, "true")],
+        as_other(lab.users[ALICE], lab.agent.argv("run", "--wait", "--gpu", "0", TEST_IMAGE, "true")),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
