@@ -362,7 +362,7 @@ def test_a_lock_whose_holder_died_here_is_broken_at_once(agent: Agent) -> None:
     t0 = time.monotonic()
     r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE)
     assert r.returncode == 0 and saw(r.stdout) == [RTX], r.stderr
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # at once: not after the lease it was planted with (MAX_LEASE_S)
     assert agent.sandbox.docker("inspect", planted).returncode != 0  # removed, by its ID
 
 
