@@ -50,9 +50,12 @@ class Machine:
     def __init__(self, sandbox: Sandbox, *dropin: str) -> None:
         self.sandbox = sandbox
         self.name = f"gpupin-systemd-{uuid.uuid4().hex[:8]}"
-        # systemd needs the cgroup tree writable (its own hierarchy on a v1 host) and namespaces for the unit's
-        # ProtectSystem=, PrivateTmp=: a privileged container, the host's cgroup namespace, /run on a tmpfs.
-        args = ["run", "-d", "--name", self.name, "--privileged", "--cgroupns=host", "--network", "none"]
+        # systemd needs the cgroup tree writable (its own hierarchy on a v1 host) and mount namespaces for the
+        # unit's ProtectSystem= and PrivateTmp= (CAP_SYS_ADMIN, no seccomp filter), /run on a tmpfs. Not
+        # --privileged: it asks for every capability, and a machine that is itself a container may lack some
+        # (CAP_SYS_RESOURCE: "unable to apply caps").
+        args = ["run", "-d", "--name", self.name, "--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE"]
+        args += ["--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined", "--network", "none"]
         args += ["-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock", IMAGE]
         r = sandbox.docker(*args)
         assert r.returncode == 0, r.stderr
@@ -60,7 +63,8 @@ class Machine:
         if dropin:
             self.sh(f"mkdir -p /etc/systemd/system/{UNIT}.service.d")
             self.write(f"/etc/systemd/system/{UNIT}.service.d/test.conf", "[Service]\n" + "\n".join(dropin) + "\n")
-            self.sh(f"systemctl daemon-reload && systemctl restart {UNIT} || true")
+            # as on a host where it never ran: no state folder yet
+            self.sh(f"systemctl stop {UNIT}; rm -rf /var/lib/gpupin; systemctl daemon-reload; systemctl start {UNIT}")
 
     def sh(self, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return self.sandbox.docker("exec", self.name, "sh", "-c", script, timeout=timeout)

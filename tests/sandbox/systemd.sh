@@ -23,7 +23,7 @@ image() {
     "$DOCKER" image inspect "$IMAGE-base" >/dev/null 2>&1 || "$DOCKER" import - "$IMAGE-base" <"$SYSTEMD_TAR" >/dev/null
     local ctx
     ctx=$(mktemp -d)
-    trap 'rm -rf "$ctx"' EXIT
+    trap "rm -rf '$ctx'" EXIT
     cp "$REPO"/build/wheels/gpupin-*.whl "$REPO"/build/wheels/nvidia_ml_py-*.whl "$ctx/"
     docker_sdk "$ctx"
     cp "$REPO/contrib/systemd/gpupin-hostagent.service" "$ctx/"
