@@ -48,8 +48,15 @@ COMPUTE = (
 )
 
 
+# A rehearsal of the tier's logic on the simulated host and a CDI sandbox (GPUPIN_TEST_GPU_REHEARSE=1 with the
+# Makefile's SIMHOST variables): what needs real hardware (torch, a real CUDA context, energy) skips or fails there.
+REHEARSE = os.environ.get("GPUPIN_TEST_GPU_REHEARSE") == "1"
+
+
 def real_env(**extra: str) -> dict[str, str]:
-    """The host's own environment: none of the simulated host's variables."""
+    """The host's own environment: none of the simulated host's variables (kept in a rehearsal)."""
+    if REHEARSE:
+        return {**os.environ, **extra}
     env = {
         k: v
         for k, v in os.environ.items()
@@ -98,7 +105,7 @@ class Host:
 
 
 def _unavailable() -> str | None:
-    if real_gpu_count() == 0:
+    if real_gpu_count() == 0 and not REHEARSE:
         return "needs a real NVIDIA GPU"
     if shutil.which(DOCKER) is None:
         return "needs the docker CLI on PATH (tests/gpu/engine.sh: an engine of the tier's own)"
@@ -176,6 +183,8 @@ def test_run_pins_and_the_entrypoint_proves_the_card_inside(host: Host, names: l
         assert [r["Driver"] for r in requests] == ["cdi"] and requests[0]["DeviceIDs"] == [f"nvidia.com/gpu={uuid}"]
     else:
         assert [r["DeviceIDs"] for r in requests] == [[uuid]], requests
+    if REHEARSE:  # the simulated host's containers have no nvidia-smi
+        return
     # and the container sees that card alone (nvidia-smi, bound in by CDI or the runtime)
     seen = docker("run", "--rm", "--network", "none", *pin_of(via, uuid), "--entrypoint", "nvidia-smi", IMAGE, "-L")
     assert seen.returncode == 0 and seen.stdout.count("UUID: GPU-") == 1 and uuid in seen.stdout, seen
@@ -244,12 +253,23 @@ def test_the_containers_process_is_attributed_by_its_cgroup(host: Host, names: l
     assert (lines[0].startswith("0::/") and len(lines) == 1) == (cgroup == "v2"), lines
 
 
+def resident(tmp_path: Path, policy: str) -> Resident:
+    """An agent of the test's own: its record and its policy in tmp_path."""
+    (tmp_path / "policy.toml").write_text(policy)
+    return Resident(real_env(), "--policy", str(tmp_path / "policy.toml"), "--record", str(tmp_path / "record.db"))
+
+
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[Resident]:
-    """An agent of the test's own: its record in tmp_path, an idle rule that stops (20 s at 0%, 5 s grace)."""
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[idle]\nafter = "20s"\naction = "stop"\ngrace = "5s"\n')
-    a = Resident(real_env(), "--policy", str(policy), "--record", str(tmp_path / "record.db"))
+    a = resident(tmp_path, "")
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def idle_agent(tmp_path: Path) -> Iterator[Resident]:
+    """With an idle rule that stops: 20 s at 0% with no compute process, then 5 s of grace."""
+    a = resident(tmp_path, '[idle]\nafter = "20s"\naction = "stop"\ngrace = "5s"\n')
     yield a
     a.stop()
 
@@ -258,7 +278,8 @@ def running(container: str) -> bool:
     return bool(inspect(container)["State"]["Running"])
 
 
-def test_idle_stop_spares_a_computing_holder(host: Host, names: list[str], agent: Resident) -> None:
+def test_idle_stop_spares_a_computing_holder(host: Host, names: list[str], idle_agent: Resident) -> None:
+    agent = idle_agent
     if not host.torch:
         pytest.skip(f"no torch in {IMAGE}: nothing to compute with")
     uuid, _ = host.cards[-1]
@@ -292,7 +313,8 @@ def test_for_ends_the_booking_and_the_agent_stops_the_container(host: Host, name
     started = time.monotonic()
     wait_for(lambda: not running(n), 60, "the agent to stop the container at its booking's end")
     took = time.monotonic() - started
-    print(f"stopped {took:.1f} s after create (booked 15 s)")
+    # `docker stop`'s 10 s grace: the workload (sleep, PID 1) ignores SIGTERM and is killed at its end
+    print(f"stopped {took:.1f} s after create (booked 15 s; docker stop's grace 10 s)")
     assert took > 10
 
 
