@@ -13,7 +13,9 @@ uname -r; grep PRETTY /etc/os-release; nvidia-smi --query-gpu=index,uuid,pci.bus
 python3 -c 'import sys; print(sys.version.split()[0], sys.prefix, sys.base_prefix)'; readlink -f "$(command -v python3)"
 stat -fc %T /sys/fs/cgroup; cat /proc/self/cgroup | head -3; nproc
 du -sh /opt/torch 2>/dev/null; mount | grep -E ' on /(opt|usr|) ' | head
-mkdir -p /tmp/engine /tmp/src && tar -C /tmp/engine -xJf "$C/engine.tar.xz" && tar -C /tmp/src -xf "$C/src.tar"
+mkdir -p /tmp/engine /tmp/src && tar -C /tmp/src -xf "$C/src.tar"
+tar -C /tmp/engine -xJf "$C/engine.tar.xz" 2>/dev/null || python3 -c \
+    "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/engine.tar.xz" /tmp/engine
 el unpacked
 cd /tmp/src
 bash tests/gpu/engine.sh up /tmp/engine || { tail -40 /run/gpupin-gpu/*.log; exit 1; }
@@ -27,7 +29,7 @@ SP=$(python3 -c 'import site; print(site.getsitepackages()[0])'); SP=${SP#/}
 ex=(--exclude=usr/local/nvidia --exclude=usr/local/cuda --exclude='usr/local/cuda-*' --exclude=usr/share/doc
     --exclude=usr/share/man --exclude="$SP/jax*" --exclude="$SP/cupy*" --exclude="$SP/onnx*" --exclude="$SP/tensorflow*"
     --exclude="$SP/transformers" --exclude="$SP/torch_geometric" --exclude="$SP/cv2" --exclude="$SP/opencv*")
-tar -C / -cf - "${ex[@]}" "${dirs[@]}" 2>/dev/null | docker import \
+tar -C / -cf - "${ex[@]}" "${dirs[@]}" 2>/dev/null | timeout 240 docker import \
     --change "ENV PATH=$(dirname "$(command -v python3)"):/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
     - gpupin-base:host >/dev/null
 el base imported; docker images
@@ -43,10 +45,10 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site "$C"/wheels/gp
     "$C"/wheels/ruamel_yaml-*.whl
 el venvs
 show .venv/bin/hostagent run --dry-run --uuid $U gpupin:test
-PYTHONPATH=/tmp/site:/tmp/src timeout 330 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rs -s \
+PYTHONPATH=/tmp/site:/tmp/src timeout 300 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rs -s \
     -o addopts="" --timeout 200 2>&1 | tee "$OUT/test-gpu.log" | grep -vE '^\s*$' | tail -150
 el tier done
 docker ps -aq | xargs -r docker rm -f >/dev/null
-PATH=/tmp/src/.venv/bin:$PATH timeout 170 .venv/bin/python bench/run.py -n ${BENCH_N:-15} --expect "$U" --json "$OUT/bench.json" entrypoint run
+PATH=/tmp/src/.venv/bin:$PATH timeout 150 .venv/bin/python bench/run.py -n ${BENCH_N:-12} --expect "$U" --json "$OUT/bench.json" entrypoint run
 el bench done
 tail -5 /run/gpupin-gpu/dockerd.log
