@@ -42,7 +42,7 @@ TOML
     setsid env -i PATH="$path" HOME=/root "$bin/bin/dockerd" --config-file "$RUN/daemon.json" \
         --host "unix://$SOCK" --containerd "$CTRD_SOCK" --data-root "$STATE/docker" --exec-root "$RUN/exec" \
         --pidfile "$RUN/dockerd.pid" >"$RUN/dockerd.log" 2>&1 </dev/null &
-    wait_for "$bin/bin/docker" -H "unix://$SOCK" version || { tail -30 "$RUN/dockerd.log" >&2; die "dockerd did not start"; }
+    wait_for "$bin/bin/docker" -H "unix://$SOCK" version >/dev/null || { tail -30 "$RUN/dockerd.log" >&2; die "dockerd did not start"; }
     echo "DOCKER_HOST=unix://$SOCK"
 }
 
