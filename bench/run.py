@@ -182,6 +182,15 @@ def bench_entrypoint(n: int, results: dict[str, object], expect: str | None) -> 
 
 
 def _first_uuid() -> str:
+    """The simulated host's card 1; on a real host (no FAKEGPU_TOPOLOGY: the gpu tier's run) NVML's last card."""
+    if not os.environ.get("FAKEGPU_TOPOLOGY"):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(pynvml.nvmlDeviceGetCount() - 1)))
+        finally:
+            pynvml.nvmlShutdown()
     topo = json.loads(Path(os.environ["FAKEGPU_TOPOLOGY"]).read_text())
     return str(topo["gpus"][1]["uuid"])
 

@@ -242,9 +242,9 @@ def _create(api: Any, spec: ContainerSpec, guard: lock.LedgerLock) -> str:
         if engine.is_not_found(err) and not guard.daemon.image_checked:  # a lock taken through a spare
             raise lock.ImageMissing(spec.req.image) from None
         if engine.is_api_error(err):
-            raise refused(
-                err, "Docker refused to create the container", spec.pin.via, bool(podman.version(api))
-            ) from None
+            on_podman = bool(podman.version(api))  # the error names the runtime it came from
+            doing = f"{'podman' if on_podman else 'Docker'} refused to create the container"
+            raise refused(err, doing, spec.pin.via, on_podman) from None
         if engine.is_sdk_error(err):  # the SDK checks some options itself (sizes, modes) before sending
             raise bad_option(err) from None
         raise

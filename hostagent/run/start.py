@@ -82,7 +82,8 @@ def start(api: UnixClient, cid: str, req: Follow, via: str) -> Attachment | None
         with contextlib.suppress(Exception):
             api.remove(cid, force=True)
         if engine.is_api_error(err):
-            raise refused(err, "Docker could not start the container", via, api.podman is not None) from None
+            runtime = "podman" if api.podman is not None else "Docker"  # the error names the runtime it came from
+            raise refused(err, f"{runtime} could not start the container", via, api.podman is not None) from None
         if isinstance(err, Exception) and engine.is_daemon_failure(err):
             raise engine.failure(err, "starting the container") from None
         raise

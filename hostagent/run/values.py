@@ -249,7 +249,7 @@ def mount(value: str) -> Any:
     kind = fields.get("type", "volume")
     target = fields.get("target") or fields.get("destination") or fields.get("dst")
     source = fields.get("source") or fields.get("src")
-    if source == "." or (source or "").startswith("./"):  # made absolute, as -v's (docker CLI 23 and later)
+    if (source or "").startswith("."):  # made absolute, as -v's (docker CLI 28; 23 to 27: `.` and `./` only)
         source = absolute(str(source))
     if not target:
         raise ValueError("a mount needs target=PATH")
@@ -285,10 +285,11 @@ def absolute(path: str) -> str:
 
 
 def volume(value: str) -> str:
-    # docker CLI 23 and later: a bind source written relative (`.`, or beginning `./`) is made absolute; any other
-    # source without a `/` (`../x` too) is a volume name.
+    # The current docker CLI (28, measured on 28.5): a source that begins with `.` (`.`, `./x`, `../x`, `.x`) is made
+    # absolute; any other without a `/` is a volume name. CLI 23 to 27 made only `.` and `./x` absolute (a `../x` was
+    # a volume name, which the daemon refuses): hostagent follows the current CLI.
     source, sep, rest = value.partition(":")
-    if sep and (source == "." or source.startswith("./")):
+    if sep and source.startswith("."):
         source = absolute(source)
         value = f"{source}:{rest}"
     if source.startswith("/"):  # else a named volume

@@ -29,6 +29,7 @@ from tests.support.forwarder import Forwarder
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
+from tests.support.users import as_other, reach_env, setpriv
 from tests.support.wait import wait_for
 
 A800, RTX = uuids("mixed-4")[:2]  # cards 0 and 1
@@ -107,12 +108,7 @@ FORGED = {"container": {}, "host": {"privileged": True, "binds": ["/:/host"]}, "
 
 
 def as_user(uid: int, *groups: int) -> list[str]:
-    return [
-        "setpriv",
-        f"--reuid={uid}",
-        f"--regid={uid}",
-        f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
-    ]
+    return setpriv(uid, *groups)
 
 
 class Users:
@@ -127,7 +123,7 @@ class Users:
 
 def client(user: list[str], mode: str, sock: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*user, sys.executable, "-c", CLIENT, mode, sock, *args],
+        as_other(user, [sys.executable, "-c", CLIENT, mode, sock, *args]),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -237,8 +233,8 @@ def test_a_hand_made_request_gets_the_refusal_hostagent_run_gives(
     sent.get("env", []).append(["DOCKER_RESOURCE_GPU", "0", None, False])
     status, answer = post(users.docker_member, resident.socket, "/api/run", body)
     direct = subprocess.run(
-        [*users.docker_member, *agent.argv("run", "--gpu", "1", *argv, TEST_IMAGE, "true")],
-        env={**agent.env, "GPUPIN_AGENT": "0"},
+        as_other(users.docker_member, agent.argv("run", "--gpu", "1", *argv, TEST_IMAGE, "true")),
+        env=reach_env({**agent.env, "GPUPIN_AGENT": "0"}),
         capture_output=True,
         text=True,
         timeout=120,
