@@ -1,12 +1,7 @@
 """Following a container in the foreground, as `docker run` does: its output, this process's input (`-i`), a TTY in
-raw mode that follows this terminal's window size (`-t`), signals (`--sig-proxy`) and, at the end, its exit code.
-
-The streams are attached before the container starts, so that no output is lost, and the exit is waited for on a
-connection of its own registered before start, so that a quick exit (and `--rm`'s removal) cannot be missed.
-Signals, as docker run handles them: without a TTY, SIGINT and SIGTERM are forwarded to the container's main
-process (`--sig-proxy`, on by default); a second signal stops the container (SIGTERM, then SIGKILL after the stop
-timeout) and a third kills it. With `--sig-proxy=false`, or with a TTY (where Ctrl-C reaches the container through
-the terminal), the first signal stops it and the second kills it.
+raw mode that follows this terminal's window size (`-t`), signals (`--sig-proxy`) and its exit code. The streams
+are attached, and the exit waited for on a connection of its own, before the container starts, so that no output
+and no quick exit (`--rm`) is missed. Signals: docs/run.md, "What it does".
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""The container's environment as the user gives it to `hostagent run`: --env-file, then -e, merged as docker
-merges them, and each variable's origin, so that a dry run shows where a value came from instead of the value.
-
-docker's order (seen the same in Docker 20.10 and Engine 26): every env file's lines in order, duplicates kept;
-then the -e variables, one per name (the first one's place, the last one's value). A bare KEY takes this process's
-value: in a file it is dropped when unset; `-e KEY` unset is passed on bare (the daemon keeps it so).
-
-A value read from a file or from this process's environment may be a secret (an API token): `--dry-run` never
-prints it (the line gives `--env-file PATH` and `-e KEY` back; the JSON shows `KEY=<redacted from PATH>` or
-`KEY=<redacted from the environment>`). Values typed with `-e KEY=VALUE` are shown as typed.
+"""The container's environment as the user gives it to `hostagent run`: --env-file, then -e, merged as docker merges
+them (seen the same in Docker 20.10 and Engine 26), and each variable's origin, so that `--dry-run` can say where
+a value came from instead of printing it: it may be a secret (docs/run.md, "--dry-run").
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """`hostagent run`: resolve the GPUs, take the ledger lock, look, create and start, then follow like `docker run`.
-
-`reserve` (the lock, the look, the choice and the create) is the one place cards are booked: a run without the
-resident agent calls it, and so does the agent for a run that goes through it (gpupin.hostagent.serve.runs), with
-the caller's lease. From the created container on, both paths are gpupin.hostagent.run.start.
-
-Order matters for "nothing started or lost on refusal": the request, the GPUs and the image are checked before
-anything is created; a container that was created but could not be started is removed; a hostagent interrupted
-between create and start removes what it created. One killed outright leaves a created, never-started container
-whose lease is dead: it holds nothing, and the next run removes it (gpupin.hostagent.ledger.lease, .ledger, .lock).
+`reserve` is the one place cards are booked, for this process or for the resident agent's caller. Nothing is left
+on refusal: the request, the GPUs and the image are checked before anything is created, and a container created
+but not started is removed (killed outright, its dead lease holds nothing: docs/design.md, "The lease").
 """
 
 from __future__ import annotations
@@ -311,15 +305,10 @@ def reserve(
     spares: lock.Spares | None = None,
     after: Callable[[Callable[[], None]], None] | None = None,
 ) -> Created:
-    """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the labels of
-    gpupin.hostagent.ledger.lease: the process that will start it); the lock is let go once it exists. The one
-    place where cards are booked, whoever asks (this process, or the resident agent for its caller).
-
-    Held cards are CardHeldError (75) with the reason and its hint (a --wait caller waits and asks again);
-    `missing_image` is called, outside the lock, when the image is not there (pull it, or refuse). `admit`, under
-    the lock with the holders just read and the cards chosen: the booking's labels, or the policy's refusal
-    (gpupin.hostagent.policy.admit). `spares`: the resident agent's locks made ahead (gpupin.hostagent.ledger.lock);
-    `after`: who lets the lock go once the container is made (gpupin.hostagent.ledger.lock.LedgerLock)."""
+    """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the process that
+    will start it); the lock is let go once it exists. Held cards are CardHeldError (75). `missing_image` is called
+    outside the lock; `admit` judges the booking under it (gpupin.hostagent.policy.admit); `spares` and `after` are
+    the resident agent's (gpupin.hostagent.ledger.lock)."""
     guard = lock.LedgerLock(api, req.image, missing_image=missing_image, spares=spares, after=after)
     overruns = 0
     while True:

@@ -1,18 +1,8 @@
 """The `docker run` options that `hostagent run` takes: one table, read by the parser, the argument splitter, the
-create payload and the dry-run line alike, so that an option means the same thing everywhere.
-
-Spellings and meanings are docker run's. Each row says where its value goes in the Engine API: a keyword of the
-docker SDK's ContainerConfig or HostConfig (or of the create call itself), through a conversion where the CLI's text
-is not the API's value (hostagent.run.values). A conversion refuses bad text with one line naming the option, before
-any I/O. Options with a meaning of their own in hostagent (`-e`, `--env-file`, `--label`, which meet the pin;
-`--name`, `--pull`, `-d`, `-i`, `-t`, `--sig-proxy`) are rows too, with no payload keyword: the request reads them
-itself.
-
-Options that would hand the container other GPUs than the pinned ones are refused by name: `--gpus` (the pin is
-hostagent's), `--privileged` (every device), `--device-cgroup-rule`; so is a `--device`, `-v` or `--mount` whose
-host path reaches an NVIDIA device node (hostagent.run.values). The rest of
-docker run's options are refused by name too (NOT_TAKEN): a user learns that hostagent does not pass that docker
-option, not that it looks like one of hostagent's own.
+create payload and the dry-run line alike, so that an option means the same thing everywhere. Each row says where
+its value goes in the Engine API (through hostagent.run.values where the text is not the value); options that
+would reach other GPUs, and those hostagent does not pass (NOT_TAKEN), are refused by name (docs/run.md, "The
+docker run options").
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""`hostagent run --wait`'s side of the agent's fair queue: before an attempt, wait for this request's turn.
-
-`QueueClient` is opened once per run, around the loop "`client.join(deadline)`; try; refused (75):
-`client.next(deadline)`; try again". With the agent up (gpupin.hostagent.agentlink.find), `join` enters its queue
-(POST /api/queue, a stream of JSON lines: gpupin.hostagent.serve.queue) and returns when trying takes no card an
-earlier waiter waits for (at once, when no one waits for these cards); each `next` says `again` (the waiter keeps
-its place) and blocks until its next turn or the deadline. Closing the QueueClient closes the connection: the agent
-drops the waiter at once (the run succeeded, gave up, or was interrupted: Ctrl-C).
-
-Without an agent, `next` sleeps POLL_S (with jitter), as --wait always did; so does a run whose turns went unused
-(the agent took it out of its queue, with one line). When the agent goes away while a run
-waits, the run says so in one line and polls as without an agent, and at each wait for RECONNECT_S tries to join
-again with its ticket (a restarted agent gives it its place back). A waiter never vanishes silently.
+"""`hostagent run --wait`'s side of the agent's fair queue: `QueueClient`, opened once per run, `join`s before the
+first attempt and waits for the `next` turn after each refusal (75); without an agent, or once it goes away, it
+polls every POLL_S as --wait always did, and joins again with its ticket when an agent returns (docs/run.md,
+"--wait with the agent: a fair queue").
 """
 
 from __future__ import annotations

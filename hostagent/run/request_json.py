@@ -1,15 +1,7 @@
-"""A `hostagent run` request as JSON, for the resident agent, which books the cards and creates the container for
-its caller (gpupin.hostagent.serve.runs).
-
-The request is what the user asked, never what to create: the image, the command, the cards, and the docker run
-options as parsed from the command line (their text). The agent builds the container itself from them, through the
-same RunRequest and the same conversions as a run without it, so that every refusal of `hostagent run` applies: a
-prepared create body is no part of the wire, and a request that carries one is malformed (64).
-
-What the caller read travels as values, never as paths for the agent to open: its current folder (`-v ./data`), the
-files its options name (env files, seccomp profiles: their bytes), and the values of its environment that `-e KEY`
-and a bare KEY in an env file pass on (gpupin.hostagent.run.reads.Reads). The agent runs as root and opens nothing
-for a caller. JSON, never pickle: the agent must not run what a caller sends.
+"""A `hostagent run` request as JSON, for the resident agent (gpupin.hostagent.serve.runs): what the user asked,
+never what to create, so that the agent builds the container through the same RunRequest and every refusal of a run
+applies. What the caller read (its folder, its files, its environment) travels as values: the agent runs as root
+and opens nothing for a caller. JSON, never pickle: the agent must not run what a caller sends.
 """
 
 from __future__ import annotations

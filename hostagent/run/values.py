@@ -1,19 +1,9 @@
 """The values of docker run's options as `hostagent run` takes them: each conversion from the command line's text to
-the Engine API's value (hostagent.run.options attaches each to its option, as docker/cli's opts.go does).
-
-A conversion raises ValueError (or UsageError) on text docker run would refuse; the option's row turns that into
-one line naming the option, before any I/O but the file system's. The ones that take a host path refuse one that
-reaches an NVIDIA device node, normalised and, on a daemon of this host, through its symlinks and device numbers
-(gpupin.hostagent.ledger.nodes): it would give the container GPUs outside its pin.
-
-Sizes as the docker CLI reads them: go-units' RAMInBytes, which every size option of `docker run` goes through
-(--memory, --memory-reservation, --memory-swap, --shm-size, --mount's tmpfs-size). Sizes docker passes on as text
-(--log-opt max-size, --storage-opt size, --tmpfs size=) are the daemon's to read, and hostagent passes them so too.
-
-The grammar is that of the go-units both engines' CLIs vendor (v0.4, seen the same in Docker 20.10's and Engine
-26's): digits with optional `.digits` groups, one optional space, then an optional unit letter k, m, g, t or p,
-an optional `i` and an optional `b`, in any case; the unit is binary (k = 1024) whatever the spelling (16g, 16GB,
-16GiB are all 16 x 2^30). The number is read as a float64 and truncated to whole bytes."""
+the Engine API's value (hostagent.run.options attaches each to its option, as docker/cli's opts.go does). A
+conversion raises ValueError on text docker run would refuse, and a host path that reaches an NVIDIA device node
+is refused: it would give the container GPUs outside its pin. Sizes read as go-units' RAMInBytes: docs/run.md,
+"Parsed as docker parses them".
+"""
 
 from __future__ import annotations
 

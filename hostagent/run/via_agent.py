@@ -1,18 +1,8 @@
 """`hostagent run` through the resident agent: the agent books the cards and creates the container (`POST
-/api/run`, gpupin.hostagent.serve.runs), this process attaches, starts and follows it (gpupin.hostagent.run.start,
-the same as without the agent). It imports neither the docker SDK nor NVML: what costs a run its start-up is paid
-once, by the agent.
-
-The request is parsed and read here, with the caller's rights (env files, the current folder, a seccomp profile:
-gpupin.hostagent.run.request_json), and sent as the one shape the agent takes; the container's lease names this
-process, so that a created container lives as long as the run that will start it, whatever becomes of the agent.
---wait waits here: a held answer (75) is asked again at this run's next turn in the agent's queue
-(gpupin.hostagent.run.waiting), until the cards are free or --wait is up.
-
-Where no agent answers, `run` returns None: the path without the agent, silently. Where the agent answers that the
-run is this process's own (it serves another daemon, the image must be pulled), or has gone since it was found (a
-restart while the run waited), the run goes on without it (gpupin.hostagent.run.launch), in the same --wait: its
-place in the queue kept.
+/api/run`, gpupin.hostagent.serve.runs), this process attaches, starts and follows it, importing neither the docker
+SDK nor NVML. The request is read here with the caller's rights, and the container's lease names this process.
+Where no agent answers, or it hands the run back, `run` returns None and the run goes on without it (docs/run.md,
+"Through the resident agent").
 """
 
 from __future__ import annotations
