@@ -1,17 +1,8 @@
-"""A container's booking, as its label says: who booked it (the uid the kernel named, or the uid of a run without the
-agent), when, and until when (`hostagent run --for`, or the policy's default; docs/policy.md).
-
-    gpupin.booking = "uid=1001 since=1764662400 until=1764676800"      (until absent: no end)
-
-Written once at create (a label cannot change); an extension (`hostagent extend`) is kept by the agent in its state
-file beside its socket (`bookings.json`: container id -> until), read by the agent and by `hostagent ls`. The label
-is refused when set by hand (gpupin.hostagent.pin.OWNED_LABELS): through the agent it is the agent's to write.
-
-A compose service (`x-gpupin: {for: 4h}`, rendered as the label `gpupin.booking.for=4h`) books from the container's
-own start, which a rendered file cannot know: its Booking is read from that label and State.StartedAt, with no
-owner (uid None: no one the kernel named created it), and the resident agent cuts it to the policy's maximum
-(gpupin.hostagent.policy.admit.label_length). A Swarm task's label is its service's, which the agent of a manager
-ends (gpupin.hostagent.serve.services): it books nothing here."""
+"""A container's booking, as its label `gpupin.booking` says (`uid=1001 since=T until=T`): who booked it, when, and
+until when. Written once at create; an extension is kept in the agent's `bookings.json`, and a compose service's
+booking (`gpupin.booking.for`) runs from the container's own start (docs/policy.md, "Bookings"). A Swarm task books
+nothing here: its booking is its service's, which a manager's agent ends.
+"""
 
 from __future__ import annotations
 

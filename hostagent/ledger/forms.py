@@ -1,24 +1,8 @@
 """The one table of the ways a container can hold a card (FORMS), each row read from the container's `docker
-inspect` data by a reader of its family, and what the rows read with.
-
-What each row reads with: the host it reads for (HostCards: its cards, its runtimes, whether the daemon's paths are
-this machine's), the CardGrant it returns, and the few readers of `docker inspect` data that several rows share.
-
-The families of rows:
-- cards an engine hands out on request: the nvidia drivers' device requests (`--gpus`, read alike whether the
-  engine carries them by the hook or, Engine 29 with nvidia-cdi-hook, by CDI), CDI device requests
-  (`--device nvidia.com/gpu=...`) and CDI annotations (`cdi.k8s.io/*`, which the toolkit's CDI modes inject from
-  the OCI spec whatever the engine does with them);
-- cards a runtime picks from the container's environment: the nvidia runtime reading NVIDIA_VISIBLE_DEVICES (ids,
-  or CDI names in its CDI modes), and DOCKER_RESOURCE_<KIND> (Swarm's generic resources, which the toolkit reads
-  before NVIDIA_VISIBLE_DEVICES when its swarm-resource setting names them);
-- device nodes: a node or folder handed over with `--device`, a device-cgroup rule that lets the container make
-  one, a bind mount of nodes that a rule lets it open, and `--privileged` with the toolkit. Nodes count by the
-  major:minor they grant (gpupin.hostagent.ledger.nodes): on a daemon of this host by what is there, symlinks
-  resolved; on another, by name.
-
-`hostagent run`'s conflict check, `hostagent ls` and compose all read holders through the table. A new way is one
-reader function and one row."""
+inspect` data by a reader function, and what the rows read with (HostCards, the host they read for; CardGrant, what
+a row returns). `hostagent run`'s conflict check, `hostagent ls` and compose all read holders through it; a new way
+is one reader and one row. The rows by family: docs/design.md, "The ledger".
+"""
 
 from __future__ import annotations
 

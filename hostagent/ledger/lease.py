@@ -1,26 +1,8 @@
-"""Leases: what a hostagent writes on the objects that count only while it works on them (the ledger lock, and a
-pinned container between its create and its start), so that every other client can tell whether they still count.
-
-A lease is two labels on the object: `gpupin.owner` (who: host name, pid, process start time, boot id and pid
-namespace) and `gpupin.lease` (for how many seconds from the object's creation, or from its owner's last renewal,
-by the daemon's clock). A container's lease is
-- *live* while its owner runs, however long its start takes (the NVIDIA hook alone takes 2 to 25 s without
-  persistence mode): an owner of this boot and pid namespace is looked up by pid and process start time; one
-  that this process cannot see (another machine, another pid namespace) renews the lease on the daemon while it
-  works (renewals, below), and its lease is live while its time since the last renewal is not up;
-- *dead* at once when its owner was a process of this same boot and pid namespace that is gone (a killed
-  hostagent on this host: no one waits for it);
-- *expired* when the time since the last renewal is up and its owner cannot be seen.
-The ledger lock's lease (`owner_alive_holds=False`) expires on time whoever holds it: its holder checks its own
-time and gives up past its lease (gpupin.hostagent.ledger.lock), so a frozen holder blocks no one for long.
-Ages are the daemon's (its `Date` header against the object's `Created`), never this machine's clock.
-
-Renewals: renewing a container's lease on the daemon while its start takes long, for the clients that cannot see its
-owner: labels cannot change after a create, so the owner renews through objects it creates, whose creation the
-daemon dates. A renewal is a volume named `gpupin-lease-<container>-<n>`, labelled with the container's ID; the
-lease is renewed at the newest one's `CreatedAt` (the daemon's clock). Each renewal removes the one before; the
-owner removes the last once the start is over, and a client that removes an abandoned container removes its renewals
-with it. No volume is made for a start shorter than a third of the lease."""
+"""Leases: the labels a hostagent writes on the objects that count only while it works on them (the ledger lock, and a
+pinned container between its create and its start), so that every other client can tell whether they still count:
+live, dead or expired, by the daemon's clock. `Renewal` renews a long start's lease on the daemon, through volumes,
+for the clients that cannot see its owner (docs/design.md, "The lease").
+"""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
 """GPU device nodes: which host paths reach one, read by name (any daemon) and, for a daemon on this host, through
 its symlinks and the nodes' own device numbers. `hostagent run` refuses a `--device`, `-v` or `--mount` that
-reaches one; the ledger counts the cards that a container's devices and mounts reach.
-
-A node is NVIDIA's when its character major is: 195 (nvidia: the cards by minor number, nvidiactl 255,
-nvidia-modeset 254) or one that /proc/devices names nvidia-* (nvidia-uvm, nvidia-caps, nvidia-caps-imex-channels,
-nvidia-nvlink: dynamic majors). Only major 195 below 254 names a card; the others are needed beside it.
-
-What a path reaches:
-- `--device PATH` (docker walks a folder and hands over every device node in it, symlinks resolved first): the
-  node, or every node in the folder's tree;
-- a bind mount: the node, a node right in the folder, and /dev's own GPU nodes when the folder is /dev or holds it
-  (`/`). Its tree is not walked (a dataset folder would cost seconds on every run): a bind mount opens no node the
-  container's device cgroup denies, and hostagent refuses the options that widen it.
-By name, the paths that reach a node on every GPU host: /dev, its ancestors, /dev/nvidia*, /dev/nvidia-caps*/...,
-/dev/char/195:N.
+reaches one; the ledger counts the cards that a container's devices and mounts reach. Which majors, and how far a
+folder is walked: docs/design.md, "Device nodes".
 """
 
 from __future__ import annotations
