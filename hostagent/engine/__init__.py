@@ -1,6 +1,7 @@
 """The Docker Engine adapter, by responsibility: where the daemon is (address), its failures as hostagent's errors
-(failures), the SDK's client (client), reads with the daemon's clock (reads), what the daemon says of itself (daemon),
-how it serves CDI (cdi) and its event stream (events). The ledger read from the daemon is gpupin.hostagent.ledger.read.
+(failures), its clients, one per transport (client, unix), reads with the daemon's clock (reads), what the daemon
+says of itself (daemon), how it serves CDI (cdi) and its event stream (events). The ledger read from the daemon is
+gpupin.hostagent.ledger.read.
 
 Callers write `engine.connect()`, `engine.fetch(...)`: the names below are the adapter's surface.
 The names are loaded when first used (PEP 562): `hostagent run` through the agent uses the address, the failures

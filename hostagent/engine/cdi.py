@@ -1,25 +1,7 @@
-"""CDI, the Container Device Interface: the names NVIDIA's spec gives the cards, and whether a daemon serves them.
-
-A CDI device is named `VENDOR/CLASS=NAME`. The NVIDIA Container Toolkit's spec (`nvidia-ctk cdi generate`) is of
-kind `nvidia.com/gpu` and names each card by its index (`0`) and its UUID, each MIG device by `i:j` and its MIG
-UUID (the default `index` and `uuid` name strategies; `type-index` writes `gpu0`, `mig0:1`), and every card `all`.
-Docker takes them as device requests of the `cdi` driver (`docker run --device nvidia.com/gpu=GPU-...`, CLI 25+;
-compose's `driver: cdi`); the spec's common edits set NVIDIA_VISIBLE_DEVICES=void, so that the runtime hook does
-nothing of its own.
-
-Whether the daemon serves `nvidia.com/gpu` devices is asked of the daemon on every run (a spec can be regenerated,
-CDI switched on or off, between two runs; nothing here is kept), from one `GET /info`:
- 1. `DiscoveredDevices` (Engine API 1.50+): the CDI devices the daemon itself found; the `nvidia.com/gpu` ones
-    are what it serves.
- 2. Else `CDISpecDirs` (API 1.44+, empty while CDI is off): when the daemon runs on this host (a unix socket),
-    the spec files there (`*.json`, `*.yaml`, as the CDI library scans them) are read for the kind and its
-    device names: as every file the project reads (a regular file of at most MAX_BYTES, gpupin.core.files), and
-    YAML that is not NVIDIA's block style through the bounded loader (gpupin.hostagent.yamlfile: depth, aliases),
-    since anyone who can write a spec folder would otherwise hang `hostagent run`, `doctor` and the root agent.
-    A daemon reached over TCP or ssh whose /info does not list its devices cannot be looked into.
- 3. Else (API < 1.44, or CDI off): no CDI.
-`hostagent run --via cdi|nvidia` overrides the answer; `--gpu-capabilities` has no CDI meaning (the spec decides
-which driver libraries a container gets), so asking for capabilities pins with the nvidia driver.
+"""CDI, the Container Device Interface: the names NVIDIA's spec gives the cards (`nvidia.com/gpu=` index, UUID, MIG
+device, `all`), and whether a daemon serves them, asked on every run from one `GET /info` (its discovered devices,
+else the spec files of a daemon on this host, read with limits: anyone who can write a spec folder must not hang
+`run`, `doctor` or the root agent). docs/cdi.md, "What is asked".
 """
 
 from __future__ import annotations

@@ -1,29 +1,7 @@
-"""Podman behind its Docker-compatible API (`podman system service`): how it is told apart, and the one call that
-must not go through the compatible API, the pinned container's create.
-
-Podman answers `/_ping` with a `Libpod-Api-Version` header (the podman version), which gpupin.hostagent.engine.client
-keeps as `api.gpupin_podman`. Podman resolves CDI names itself (`podman run --device nvidia.com/gpu=UUID`, podman
-4.1+), from the spec folders of its own configuration (4.x: /etc/cdi and /var/run/cdi), and its compatible API
-carries neither form of the pin (measured on podman 4.3.1):
-- a device request of the nvidia driver (`--gpus`) is dropped: the container starts with NVIDIA_VISIBLE_DEVICES
-  and no card, a silent unpinned start;
-- a device request of the CDI driver is dropped the same way, and a CDI name as a device path
-  (HostConfig.Devices) fails with "stat nvidia.com/gpu=...: no such file or directory".
-So a pinned container is created through podman's own API (`POST /libpod/containers/create`, a SpecGenerator),
-whose `devices` take CDI names, on every podman: 5.4.2's compatible API still drops the nvidia driver's request but
-honours the CDI driver's, and the libpod create pins on 4.3 and 5 alike, so it stays the one way
-(gpupin.hostagent.run.launch's create). Everything after the create (start, attach, wait, inspect) stays on the
-compatible API. The create payload is the one gpupin builds for Docker (gpupin.hostagent.run.request), translated
-here field by field; a field with no translation is refused before anything is created, never dropped. Translated:
-the environment, labels, command and entrypoint, -w, -u, -t, -i, --rm, -v HOSTPATH:DEST[:OPTIONS], --ulimit,
---annotation, --stop-timeout, --shm-size, --ipc and --network (host, none, private/bridge, shareable,
-container:ID).
-
-Podman's inspect (4.3 and 5.4.2, both APIs) does not show a container's CDI devices at all: `podman run --device
-nvidia.com/gpu=1` inspects as a container with no device. What the CDI spec gave it is in the OCI spec podman wrote
-for it (libpod's inspect names the file: OCIConfigPath), as device nodes: the card of /dev/nvidiaN is the card of
-minor N, whatever way it came (CDI, --gpus mapped onto CDI, --device /dev/nvidiaN). The ledger reads them there
-(`read_oci_spec`) for a podman on this host, with the spec's annotations.
+"""Podman behind its Docker-compatible API (`podman system service`): how it is told apart (its `Libpod-Api-Version`
+header, kept as `api.gpupin_podman`), the pinned container's create through podman's own API (the compatible
+create drops both forms of the pin; a field with no translation is refused, never dropped), and the ledger's read
+of the card nodes in the OCI spec podman wrote, since its inspect shows no CDI device (docs/podman.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The Engine API over the local unix socket, in the standard library: the one client hostagent uses for a daemon on
-this host (engine.client.connect gives it for unix://; tcp, TLS and ssh go through the docker SDK). A run follows
-its container with it (start, attach, wait, kill, stop, resize, inspect, remove), books with it (the ledger's
-reads, the lock's and the lease's containers and volumes, the create) and the agent reads events with it; the
-method names are docker.APIClient's where the SDK has the call, so that the ledger's code reads either client.
-
-One connection per call (HTTP/1.1, `Connection: close`); the attach stream is the connection itself, hijacked
-(`Upgrade: tcp`), and without a TTY it is multiplexed: frames of an 8-byte header (stream, 0, 0, 0, big-endian
-size) and their bytes.
+this host (tcp, TLS and ssh go through the docker SDK), to follow a run, book and read events. Method names are
+docker.APIClient's where the SDK has the call, so that the ledger's code reads either client. One connection per
+call (`Connection: close`); attach hijacks it, multiplexed without a TTY (8-byte frame headers).
 """
 
 from __future__ import annotations
