@@ -1,13 +1,8 @@
-"""The CLI's side of the resident agent (`hostagent serve`): whether one answers on its unix socket, and JSON
-requests to it, over the standard library's http.client (no docker SDK, no NVML: the point of asking the agent is
-not to pay for them).
-
-Which socket: GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock. GPUPIN_AGENT=0 (or off, no, false) never asks
-the agent: every command then takes its own path, as it does when no agent answers. A socket this user may not
-open (not in the agent's group) counts as no agent.
-
-The agent answers an error as `{"error": MESSAGE, "hint": HINT, "exit": CODE}`; `Link.call` raises it here as the
-GpupinError with that exit code, so a refusal reads and exits the same whichever process found it.
+"""The CLI's side of the resident agent (`hostagent serve`): whether one answers on its unix socket
+(GPUPIN_AGENT_SOCKET; none when GPUPIN_AGENT=0, or when this user may not open it), and JSON requests to it, with
+no docker SDK and no NVML: the point of asking the agent is not to pay for them. An error the agent answers
+(`{"error", "hint", "exit"}`) is raised here with its exit code, so a refusal reads the same whichever process
+found it.
 """
 
 from __future__ import annotations

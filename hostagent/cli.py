@@ -1,13 +1,7 @@
-"""`hostagent`: pin containers to physical GPUs through the Docker Engine, and never double-book a card.
-
-Results go to stdout, diagnostics to stderr as `hostagent: ERROR: ... HINT: ...` (a traceback only with --debug);
-each kind of failure has its exit code (docs/exit-codes.md): 64 bad request, 69 NVML or Docker unavailable, 75 the
-card is held, 125 Docker refused the container; `run` otherwise returns the container's own exit code.
-
-This module is the entry point: the dispatch to each command, its imports made when a command needs them. The
-top-level parser is hostagent.parser; each command's own parser, help and checks of its options are beside it, in
-its package: hostagent.ls.args, hostagent.run.args (with the split of `run`'s ARGV), hostagent.compose.args,
-hostagent.swarm.args, hostagent.doctor, hostagent.serve.args, hostagent.queue.args and hostagent.policy.args.
+"""`hostagent`: pin containers to physical GPUs through the Docker Engine, and never double-book a card. This module
+is the entry point: the dispatch to each command, its imports made when a command needs them. The top-level parser
+is hostagent.parser; each command's own parser is in its package (hostagent.run.args, hostagent.ls.args, ...).
+Refusals are one `ERROR: ... HINT: ...` line with their exit code (docs/exit-codes.md).
 """
 
 from __future__ import annotations

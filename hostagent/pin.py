@@ -1,21 +1,7 @@
-"""The pin: what ties a container to its cards, built once here for `run`, `--dry-run` and compose rendering.
-
-A pinned container gets
-- the device request that makes the engine expose exactly these cards, by UUID, one of two ways (`via`):
-  `nvidia`, the nvidia driver's request as `docker run --gpus '"device=UUID,..."'` sends it, with
-  NVIDIA_VISIBLE_DEVICES (the same UUIDs: what the runtime and an older toolkit read); or `cdi`, the CDI driver's
-  request for `nvidia.com/gpu=UUID` as `docker run --device nvidia.com/gpu=UUID` sends it, with no
-  NVIDIA_VISIBLE_DEVICES of its own (the CDI spec sets it to `void`);
-- GPUPIN_EXPECT (UUID@BUSID in local-rank order: what the entrypoint proves, whichever way) and, when asked,
-  GPUPIN_VERIFY;
-- the ledger's labels: gpupin.devices (the UUIDs) and gpupin.shared (`true` when the cards may be shared, else
-  `false`: written always, so that an image's own label, inherited, never speaks for the container).
-A request that sets any of these by hand would defeat the pin, so they are owned here (OWNED_VARS, OWNED_LABELS).
-
-A Swarm service gets its part of the pin from `Reservation`: Swarm picks each task's cards as it places it, so
-no card is named here; the task's own DOCKER_RESOURCE_<KIND> is the expectation.
-
-Which way a daemon takes is gpupin.hostagent.engine.cdi's question.
+"""The pin: what ties a container to its cards, built once here for `run`, `--dry-run` and compose rendering: the
+device request by UUID (through the nvidia driver or CDI: `via`), GPUPIN_EXPECT for the entrypoint, and the
+ledger's labels. A request that sets any of these by hand would defeat the pin, so they are owned here (OWNED_VARS,
+OWNED_LABELS). A Swarm service's part, `Reservation`, names no card: Swarm picks them. docs/design.md, "Pinning".
 """
 
 from __future__ import annotations
