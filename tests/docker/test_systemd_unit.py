@@ -18,6 +18,8 @@ from tests.support.host import REPO
 from tests.support.sandbox import Sandbox
 from tests.support.wait import wait_for
 
+# The image's first build on a machine runs debootstrap (about 2 minutes, cached under GPUPIN_CACHE after).
+pytestmark = pytest.mark.timeout(900)
 IMAGE = "gpupin-systemd:test"
 UNIT = "gpupin-hostagent"
 # /api/agent over the agent's socket, from inside the container (its Python, no curl there).
