@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -235,8 +236,8 @@ def test_a_job_script_that_sets_cuda_visible_devices_0_after_slurm_gave_card_2_i
     job = tmp_path / "job.sh"
     job.write_text(f"""#!/bin/sh
 export CUDA_VISIBLE_DEVICES=0
-{ENTRYPOINT} true; echo "direct rc=$?"
-srun {ENTRYPOINT} --quiet sh -c 'echo "srun rc=0 SLURM_STEP_GPUS=$SLURM_STEP_GPUS"'
+{shlex.quote(ENTRYPOINT)} true; echo "direct rc=$?"
+srun {shlex.quote(ENTRYPOINT)} --quiet sh -c 'echo "srun rc=0 SLURM_STEP_GPUS=$SLURM_STEP_GPUS"'
 """)
     done = slurm.run("sbatch", "--wait", "--gres=gpu:1", f"--output={out}", str(job))
     assert done.returncode == 0, done.stderr
