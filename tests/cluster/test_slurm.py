@@ -291,7 +291,7 @@ def test_with_one_card_per_task_slurm_localid_is_not_the_cuda_index(slurm: Slurm
 def in_container(sandbox: Sandbox) -> str:
     """The job starts a container on the sandboxed daemon, passing Slurm's variables in; GPUS is the --gpus value."""
     return (
-        f'exec {sandbox.docker_cli} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
+        f'exec {shlex.quote(sandbox.docker_cli)} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
         f'-e SLURM_LOCALID {TEST_IMAGE} "$@"'
     )
 
@@ -497,7 +497,8 @@ def test_inside_a_container_given_the_nodes_gres_conf(slurm_cluster: Slurm, sand
     slurm_cluster.up("slurm-gres-order")
     etc = slurm_cluster.run_dir / "etc"
     run = (
-        f"exec {sandbox.docker_cli} run --rm --gpus all -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES -e SLURM_LOCALID "
+        f"exec {shlex.quote(sandbox.docker_cli)} run --rm --gpus all -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES "
+        "-e SLURM_LOCALID "
         f'-e SLURM_CONF -e SLURMD_NODENAME -v {etc}:{etc}:ro {TEST_IMAGE} "$@"'
     )
     try:
