@@ -170,6 +170,10 @@ def _rlimit(value: Any) -> int:
 def create(api: Any, config: Mapping[str, Any], name: str | None) -> str:
     """Create the container through podman's own API; its ID (the compatible API's too)."""
     body = spec_generator(config, name)
+    from gpupin.hostagent.engine.unix import UnixClient
+
+    if isinstance(api, UnixClient):
+        return str(api.call("POST", LIBPOD + "/containers/create", body=body, versioned=False)["Id"])
     res = api._post(
         api.base_url + LIBPOD + "/containers/create",
         data=json.dumps(body),

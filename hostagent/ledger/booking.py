@@ -127,13 +127,6 @@ def of(labels: Mapping[str, str], started: float | None = None) -> Booking | Non
         return Booking(None, since, None)
 
 
-def agent_folder() -> str:
-    """Where the resident agent keeps its state: its socket's folder (GPUPIN_AGENT_SOCKET)."""
-    from gpupin.hostagent import agentlink
-
-    return os.path.dirname(os.path.abspath(agentlink.socket_path()))
-
-
 def extend(listing: Mapping[str, Any], extensions: Mapping[str, int], now: float | None = None) -> None:
     """Each holder's booking in `listing` (an `ls` object) with its extension, and its seconds left."""
     now = time.time() if now is None else now

@@ -21,7 +21,7 @@ import sys
 
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
-from gpupin.hostagent import engine, say
+from gpupin.hostagent import agentdir, engine, say
 from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
@@ -52,7 +52,7 @@ def gather(warn: bool = True) -> dict[str, Any]:
     cards = read_cards()
     docker, reading = read_ledger(cards, warn)
     out = assemble(cards, docker, reading)
-    booking.extend(out, booking.read_extensions(booking.agent_folder()))  # `hostagent extend`'s, kept by the agent
+    booking.extend(out, booking.read_extensions(agentdir.state_folder()))  # `hostagent extend`'s, kept by the agent
     return out
 
 

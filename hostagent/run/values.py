@@ -22,7 +22,6 @@ import os
 import re
 
 from gpupin.core.errors import GpupinError, UsageError, shown
-from gpupin.hostagent.ledger import nodes
 from gpupin.hostagent.run.reads import read_file, workdir
 
 TYPE_CHECKING = False
@@ -99,9 +98,11 @@ def _local_daemon() -> bool:
 
 def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> None:
     """Refuse a host path that reaches an NVIDIA device node (a `--device` folder is walked, as docker walks it)."""
+    from gpupin.hostagent.ledger import nodes  # only for a bind or a device: a plain run's parse does without
+
     local = _local_daemon()
     try:
-        reached = nodes.reaches(host_path, local=local, deep=deep)
+        reached = nodes.reaches_gpu_node(host_path, local=local, deep=deep)
     except OSError as err:  # unreadable here, yet the daemon (root) would bind it: unknown is refused
         raise UsageError(
             f"{option} {shown(value)}: the host path {shown(err.filename or host_path)} cannot be read by this user "

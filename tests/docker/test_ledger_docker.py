@@ -359,7 +359,7 @@ def plant_lock(agent: Agent, owner: str, lease_s: int, squat: bool = False) -> s
 
 def dead_owner() -> str:
     p = subprocess.Popen(["sleep", "60"])
-    me = lease.me()
+    me = lease.this_process()
     owner = lease.Owner(me.host, p.pid, lease.start_time(p.pid) or "", me.boot, me.pidns)
     p.kill()
     p.wait()
@@ -412,7 +412,7 @@ def test_a_container_being_started_holds_and_one_abandoned_is_removed(agent: Age
             check=True,
         ).stdout.strip()
 
-    live = create(str(lease.me()), lease.LEASE_S, f"starting-{agent.tag}", RTX)  # this test is its owner
+    live = create(str(lease.this_process()), lease.LEASE_S, f"starting-{agent.tag}", RTX)  # this test is its owner
     error = held_error(agent("run", "--rm", "--gpu", "1", TEST_IMAGE))
     assert f"starting-{agent.tag} ({live[:12]}, created, gpupin via --gpus, being started by hostagent)" in error
     dead = create(dead_owner(), lease.MAX_LEASE_S, f"abandoned-{agent.tag}", A800C)
