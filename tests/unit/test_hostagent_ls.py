@@ -18,6 +18,7 @@ import pty
 import pwd
 import re
 import select
+import shlex
 import signal
 import subprocess
 import time
@@ -461,7 +462,7 @@ def test_ls_json_stays_on_the_fast_path(fakegpu: Path, tmp_path: Path) -> None:
 def test_a_reader_that_leaves_ends_it_quietly(fakegpu: Path, tmp_path: Path) -> None:
     """`hostagent ls --json | head -c1`: exit 141 as a C tool killed by SIGPIPE, no traceback, no error line."""
     r = subprocess.run(
-        f'{HOSTAGENT} ls --json | (exec 0<&-; sleep 0.5); echo "${{PIPESTATUS[0]}}"',
+        f'{shlex.quote(HOSTAGENT)} ls --json | (exec 0<&-; sleep 0.5); echo "${{PIPESTATUS[0]}}"',
         shell=True,
         executable="/bin/bash",
         capture_output=True,
