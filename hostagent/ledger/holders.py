@@ -197,28 +197,6 @@ class Holder:
             parts.append(str(self.why))
         return f"{shown(self.name)} ({', '.join(parts)})"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "state": self.state,
-            "pinned": self.pinned,
-            "how": self.how,
-            "via": self.via,
-            "shared": self.shared,
-            "holds": self.holds,
-            "why": self.why,
-            "uuids": list(self.uuids),
-            "label": list(self.label) if self.label is not None else None,
-            "mismatch": self.mismatch,
-            "grants": [g.to_dict() for g in self.grants],
-            "describe": self.describe(),
-            "image": self.image,
-            "verified": self.verified,
-            "started": self.started,
-            "booking": self.booking.to_dict() if self.booking is not None else None,
-        }
-
     def __repr__(self) -> str:
         return f"Holder({self.describe()}: {','.join(self.uuids)})"
 

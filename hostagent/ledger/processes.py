@@ -207,22 +207,6 @@ class Use(Holder):
         )
         return {"uid": uid, "user": name, "runtime": runtime, "whose": whose}
 
-    def to_dict(self) -> dict[str, Any]:
-        self._read()
-        return {
-            "pid": self.pid,
-            "type": self.kind,
-            "owner": self.owner,
-            "user": self.user,
-            "command": self.command,
-            "container_id": self.container_id,
-            "container": self.container,
-            "foreign": self.foreign,
-            "escape": self.escape,
-            "rootless": self.rootless(),
-            "describe": self.describe(),
-        }
-
 
 class Unlisted(Holder):
     """A card whose processes NVML will not list: who uses it is unknown, so it holds the card for every request

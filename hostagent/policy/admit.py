@@ -22,7 +22,8 @@ from gpupin.hostagent.policy import Policy, format_duration
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
-    from typing import Any
+
+    from gpupin.hostagent.ls.model import BookingShown, HolderShown, Listing
 
     # A uid's finished use since a time: (start, end) of each card's interval that ended after it, from the record
     # (gpupin.hostagent.record.finished); the holdings add what runs now.
@@ -284,22 +285,17 @@ def for_run(
     return admit
 
 
-def view_holdings(view: Mapping[str, Any]) -> list[Holding]:
-    """The booked holds in an `ls` object (the agent's view)."""
-    seen: dict[str, dict[str, Any]] = {}
+def view_holdings(view: Listing) -> list[Holding]:
+    """The booked holds in the agent's view."""
+    seen: dict[str, tuple[HolderShown, BookingShown]] = {}
     cards: dict[str, int] = {}
-    for card in view.get("gpus", ()):
-        for h in card.get("holders", ()):
-            if h.get("holds") and h.get("booking") is not None and h["booking"]["uid"] is not None:
-                seen[h["id"]] = h
-                cards[h["id"]] = cards.get(h["id"], 0) + 1
+    for card in view.gpus:
+        for h in card.holders:
+            if h.holds and h.booking is not None and h.booking.uid is not None:
+                seen[h.id] = (h, h.booking)
+                cards[h.id] = cards.get(h.id, 0) + 1
     return [
-        Holding(
-            h["booking"]["uid"],
-            cards[i],
-            h["booking"]["until"],
-            h["name"],
-            started(h["booking"]["since"], h.get("started")),
-        )
-        for i, h in seen.items()
+        Holding(b.uid, cards[i], b.until, h.name, started(b.since, h.started))
+        for i, (h, b) in seen.items()
+        if b.uid is not None
     ]

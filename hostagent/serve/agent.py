@@ -20,6 +20,7 @@ from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ledger import lock
 from gpupin.hostagent.ls import listing
+from gpupin.hostagent.ls.model import DockerState
 from gpupin.hostagent.serve import idle, samples, say
 
 TYPE_CHECKING = False
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import LedgerReading
+    from gpupin.hostagent.ls.model import Listing
     from gpupin.hostagent.record.keeper import Keeper as RecordKeeper
     from gpupin.hostagent.serve.bookings import Bookings
     from gpupin.hostagent.serve.keeper import Keeper
@@ -56,13 +58,20 @@ class Snapshot:
     """The view at one refresh: the listing (None while NVML cannot be read), the error that withdrew it, a
     version that grows with every change, and when it was read (seconds since the epoch)."""
 
-    __slots__ = ("error", "listing", "read_at", "version")
+    __slots__ = ("_json", "error", "listing", "read_at", "version")
 
-    def __init__(self, version: int, listing: dict[str, Any] | None, error: str | None, read_at: float) -> None:
+    def __init__(self, version: int, listing: Listing | None, error: str | None, read_at: float) -> None:
         self.version = version
         self.listing = listing
         self.error = error
         self.read_at = read_at
+        self._json: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any] | None:
+        """The listing as /api/ls serves it, made once per snapshot (every reader of a version shares it)."""
+        if self._json is None and self.listing is not None:
+            self._json = self.listing.to_json()
+        return self._json
 
 
 class Agent:
@@ -95,7 +104,7 @@ class Agent:
         self._dirty = threading.Event()  # the ledger must be read again
         self._changed = threading.Condition()
         self._snapshot = Snapshot(0, None, "not read yet", 0.0)
-        self._docker: dict[str, Any] | None = None
+        self._docker: DockerState | None = None
         self._reading: LedgerReading | None = None
         self._cards: list[Card] | None = None
         self._cards_key: tuple[str | None, ...] | None = None  # the UUIDs of the cards the ledger was read for
@@ -144,11 +153,11 @@ class Agent:
         self.bookings.annotate(view, time.time())
         record = self.record
         if record is not None:
-            view["record"] = record.status()  # `degraded` says what could not be written (a full disk)
+            view.record = record.status()  # `degraded` says what could not be written (a full disk)
             record.observe(view, cards)  # a few dict updates here; the keeper's thread writes
         self._publish(view, None)
 
-    def read_ledger(self) -> tuple[dict[str, Any], LedgerReading | None]:
+    def read_ledger(self) -> tuple[DockerState, LedgerReading | None]:
         """Read who holds which of the last refresh's cards (the listing's `docker` object and the reading), and
         keep it for the views to come."""
         with self._lock:
@@ -156,17 +165,16 @@ class Agent:
         if cards is None:
             raise RuntimeError("the ledger is read for the cards of a refresh: none yet")
         self._dirty.clear()  # an event from now on asks for another read
-        was = self._docker["available"] if self._docker else None
+        was = self._docker.available if self._docker else None
         docker, reading = listing.read_ledger(cards, warn=False)
         with self._lock:
             self._docker, self._reading, self._cards_key = docker, reading, tuple(c.uuid for c in cards)
             self._ledger_at = time.monotonic()
-        if docker["available"] and not self.following:
+        if docker.available and not self.following:
             self._retry.set()
-        if was is not None and was != docker["available"]:
+        if was is not None and was != docker.available:
             say(
-                f"Docker at {docker['host']} "
-                + ("answers again" if docker["available"] else f"unavailable ({docker['error']})")
+                f"Docker at {docker.host} " + ("answers again" if docker.available else f"unavailable ({docker.error})")
             )
         return docker, reading
 
@@ -193,7 +201,7 @@ class Agent:
         with contextlib.suppress(Exception):
             nvml.shutdown()
 
-    def _publish(self, view: dict[str, Any] | None, error: str | None) -> None:
+    def _publish(self, view: Listing | None, error: str | None) -> None:
         with self._changed:
             old = self._snapshot
             if error is None and old.error is not None and old.version > 0:
@@ -223,7 +231,7 @@ class Agent:
         which card (each read gives up after 10 s), never the cards' own readings."""
         while not self.stopping.is_set():
             with self._lock:
-                down = self._docker is None or not self._docker["available"]
+                down = self._docker is None or not self._docker.available
                 due = self._ledger_at + (self.interval if down else self.resync) - time.monotonic()
             self._dirty.wait(max(0.0, due))
             if self.stopping.is_set():

@@ -307,7 +307,7 @@ class Handler(BaseHTTPRequestHandler):
         if snap.listing is None:
             self._json(503, {"error": snap.error})
         else:
-            self._json(200, snap.listing)
+            self._json(200, snap.as_json())
 
     def _agent(self) -> None:
         snap = self.agent.snapshot()
@@ -324,7 +324,7 @@ class Handler(BaseHTTPRequestHandler):
                 "view_version": snap.version,
                 "nvml": {"available": view is not None, "error": snap.error},
                 "events_followed": self.agent.following,
-                "docker": view["docker"] if view is not None else None,
+                "docker": view.docker.to_json() if view is not None else None,
                 "policy": self.agent.keeper.status(),
             },
         )
@@ -358,7 +358,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": f"by must be one of {', '.join(BY)}, since seconds since the epoch", "exit": 64})
             return
         rows = record.usage(since, by)
-        self._json(200, {"since": since, "by": by, "rows": rows, "record": keeper.status()})
+        self._json(200, {"since": since, "by": by, "rows": rows, "record": keeper.status().to_json()})
 
     def _metrics(self) -> None:
         self._send(200, self.metrics.text(), self.metrics.content_type)
@@ -376,7 +376,7 @@ class Handler(BaseHTTPRequestHandler):
         while not self.agent.stopping.is_set():
             if snap.version != version:
                 version = snap.version
-                data = json.dumps(snap.listing if snap.listing is not None else {"error": snap.error})
+                data = json.dumps(snap.as_json() if snap.listing is not None else {"error": snap.error})
                 self.wfile.write(f"event: ls\nid: {version}\ndata: {data}\n\n".encode())
             else:
                 self.wfile.write(b": keep-alive\n\n")

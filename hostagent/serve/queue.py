@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from http.server import BaseHTTPRequestHandler as Handler
     from typing import Any, Protocol
 
+    from gpupin.hostagent.ls.model import Listing
     from gpupin.hostagent.serve.agent import Agent
 
     class Peer(Protocol):
@@ -293,7 +294,7 @@ class Queue:
 
     # --- the turns ---
 
-    def _within_quota(self, view: dict[str, Any]) -> list[Waiter]:
+    def _within_quota(self, view: Listing) -> list[Waiter]:
         """The waiters the policy's quotas let take a card now, in order: one over its quota keeps its place but is
         given no turn, and holds no card back from those after it (gpupin.hostagent.policy.admit)."""
         from gpupin.hostagent import record

@@ -239,13 +239,14 @@ def test_a_mig_devices_holders_and_processes_are_shown_under_it(fakegpu: Path, t
     card put in (the sandbox's hook exposes no MIG device by UUID to a container of mixed-4)."""
     from gpupin.hostagent.ledger.holders import Holder
     from gpupin.hostagent.ls import view as lsview
+    from gpupin.hostagent.ls.listing import holder_shown
 
     data = json.loads(ls("--json", scenario_name="mig", DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout)
     card = data["gpus"][0]
     mig1 = card["mig_devices"][1]["uuid"]
     card["holders"] = [
-        Holder("a" * 64, "on-mig", "running", [mig1], True, "gpupin").to_dict(),
-        Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all").to_dict(),
+        holder_shown(Holder("a" * 64, "on-mig", "running", [mig1], True, "gpupin"), 0).to_json(),
+        holder_shown(Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all"), 0).to_json(),
     ]
     card["held"] = card["mig_devices"][1]["held"] = True
     card["state"], card["mig_devices"][0]["state"], card["mig_devices"][1]["state"] = "held", "free", "held"

@@ -18,6 +18,7 @@ import pytest
 from gpupin.core.errors import GpupinError, GpuSpecError
 from gpupin.hostagent.agentlink import Link
 from gpupin.hostagent.engine import address
+from gpupin.hostagent.ls.model import Listing
 from gpupin.hostagent.queue.args import table
 from gpupin.hostagent.run.queueing import QueueClient, _Stream
 from gpupin.hostagent.run.request import RunRequest
@@ -50,8 +51,13 @@ def card(
     }
 
 
-def view(*states: str) -> dict[str, Any]:
-    return {"gpus": [card(n, s, holders=s in ("held", "shared")) for n, s in enumerate(states)]}
+def view(*states: str) -> Listing:
+    return cards(*(card(n, s, holders=s in ("held", "shared")) for n, s in enumerate(states)))
+
+
+def cards(*listed: dict[str, Any]) -> Listing:
+    """A listing of these cards (each as `ls --json` shows one)."""
+    return Listing.from_json({"gpus": listed})
 
 
 class W:
@@ -102,17 +108,17 @@ def test_a_lapsed_turn_is_passed_over_and_cooling_keeps_the_place() -> None:
 def test_share_takes_a_shared_card_and_limits_take_a_card_only_processes_use() -> None:
     assert fair.turns([W("0")], view("shared")) == {}
     assert fair.turns([W("0", share=True)], view("shared")) == {0: [UUIDS[0]]}
-    assert fair.turns([W("0", share=True)], {"gpus": [card(0, "busy")]}) == {0: [UUIDS[0]]}  # processes only
+    assert fair.turns([W("0", share=True)], cards(card(0, "busy"))) == {0: [UUIDS[0]]}  # processes only
     assert fair.turns([W("0", share=True)], view("held")) == {}
     assert fair.turns([W("0", share=True)], view("unknown")) == {}
-    busy = {"gpus": [card(0, "busy", util=10, used=100), card(1, "busy", util=90, used=100)]}
+    busy = cards(card(0, "busy", util=10, used=100), card(1, "busy", util=90, used=100))
     assert fair.turns([W(count=1)], busy) == {}
     assert fair.turns([W(count=1, max_load=50)], busy) == {0: [UUIDS[0]]}
     assert fair.turns([W(count=1, max_memory=5)], busy) == {}
 
 
 def test_an_unhealthy_card_is_never_counted() -> None:
-    sick = {"gpus": [card(0, healthy=False), card(1, healthy=None), card(2)]}
+    sick = cards(card(0, healthy=False), card(1, healthy=None), card(2))
     assert fair.turns([W(count=1)], sick) == {0: [UUIDS[2]]}
     assert fair.turns([W(count=2)], sick) == {}
 

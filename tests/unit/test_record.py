@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpupin.hostagent.ls.model import Health, Listing
 from gpupin.hostagent.record import store as record_store
 from gpupin.hostagent.record.keeper import Keeper
 from gpupin.hostagent.record.report import since
@@ -193,23 +194,25 @@ def test_by_day_splits_at_midnight(tmp_path: Path) -> None:
 # --- the keeper ---
 
 
-def view(holders: dict[str, list[str]], docker: bool = True, mem: int = 100, util: int = 50) -> dict[str, Any]:
-    return {
-        "docker": {"available": docker},
-        "gpus": [
-            {
-                "uuid": uuid,
-                "index": i,
-                "name": "Fake",
-                "error": None,
-                "health": {"healthy": True, "reasons": []},
-                "memory_used_mib": mem,
-                "utilization_gpu": util,
-                "holders": [{"id": c, "name": f"n-{c}", "image": "img:1", "holds": True} for c in cids],
-            }
-            for i, (uuid, cids) in enumerate(holders.items())
-        ],
-    }
+def view(holders: dict[str, list[str]], docker: bool = True, mem: int = 100, util: int = 50) -> Listing:
+    return Listing.from_json(
+        {
+            "docker": {"available": docker},
+            "gpus": [
+                {
+                    "uuid": uuid,
+                    "index": i,
+                    "name": "Fake",
+                    "error": None,
+                    "health": {"healthy": True, "reasons": []},
+                    "memory_used_mib": mem,
+                    "utilization_gpu": util,
+                    "holders": [{"id": c, "name": f"n-{c}", "image": "img:1", "holds": True} for c in cids],
+                }
+                for i, (uuid, cids) in enumerate(holders.items())
+            ],
+        }
+    )
 
 
 class Daemon:
@@ -328,10 +331,10 @@ def test_full_disk_degrades_then_writes_all(tmp_path: Path) -> None:
     d.end("c1", T0 + 20)
     k.observe(view({"GPU-a": []}), None)
     k.step(now=T0 + 21)
-    assert k.status()["degraded"] == "database or disk is full"
+    assert k.status().degraded == "database or disk is full"
     s.full = False
     k.step(now=T0 + 40)
-    assert k.status()["degraded"] is None
+    assert k.status().degraded is None
     (r,) = rows(s)
     assert (r["start"], r["end"]) == (T0, T0 + 20)
 
@@ -362,7 +365,7 @@ def test_unhealthy_card_notifies_its_holder(tmp_path: Path) -> None:
     k.observe(view({"GPU-a": ["c1"]}), None)
     k.step(now=T0 + 1)
     sick = view({"GPU-a": ["c1"]})
-    sick["gpus"][0]["health"] = {"healthy": False, "reasons": ["XID 79"]}
+    sick.gpus[0].health = Health(False, ["XID 79"])
     k.observe(sick, None)
     k.step(now=T0 + 2)
     ((event, payload),) = got
