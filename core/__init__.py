@@ -1,12 +1,7 @@
-"""gpupin's GPU-identity core, shared by the in-container side (gpupin.entrypoint) and the host side
-(gpupin.hostagent), which import it and never each other.
-
-It holds what both sides must agree on, each written once: card identity and resolution (identity, resolve), the
-NVML adapter (nvml, the one module that imports pynvml), the expectation grammar (expectation), the error tree and
-its exit codes (errors), the contract's names and values (contract) and the rule for showing a user's value (shown).
-Its dependencies are the standard library and nvidia-ml-py, as light as the entrypoint that loads it.
-
-Importing this package is cheap on purpose: it is on the entrypoint's start-up path.
+"""gpupin's core: what the in-container side (gpupin.entrypoint) and the host side (gpupin.hostagent) must agree
+on, each written once (card identity, the NVML adapter, the expectation, the error tree, the contract's names).
+Both import it and never each other. It needs the standard library and nvidia-ml-py only, and its import is
+cheap on purpose: it is on the entrypoint's start-up path.
 """
 
 # No `from __future__ import annotations` in this package's modules that the entrypoint imports before it takes the

@@ -1,15 +1,7 @@
-"""The exception tree of both sides: each class carries its exit code (docs/design.md, "Exit codes").
-
-A CLI catches `GpupinError`, prints `ERROR: <message>` and, when there is one, `HINT: <hint>`, and exits with
-`exit_code`. Messages say what was asked and what was found; hints say what to do.
-
-No `from __future__ import annotations` here (nor in gpupin.core, gpupin.entrypoint, .cli, .isolation): those are
-imported before the entrypoint takes the workload's paths out of sys.path, and `__future__` is a module like any
-other.
-
-How a message shows a user's value (`shown`, `shorten`, `quoted`, `printable`): one rule, so that refusal lines
-stay one line that a person can read, whatever the input held (a megabyte of environment, a newline, a lone
-surrogate from YAML's "\\uD800").
+"""The exception tree of both sides: each class carries its exit code (docs/design.md, "Exit codes"), and a CLI
+prints it as `ERROR: what was asked, what was found. HINT: what to do`. `shown` and its helpers are the one
+rule for putting a user's value in such a line. No `from __future__ import annotations` here, nor in the other
+modules loaded before isolation (docs/design.md, Import rules).
 """
 
 EX_SOFTWARE = 70  # an internal error, i.e. a bug (sysexits)

@@ -1,21 +1,7 @@
-"""Reading a file a user names, and writing one, so that neither can be turned against the process (often root).
-
-Reading (`read_bounded`): what a user names may be a FIFO that never ends (`check` would hang), /dev/zero (a read
-without end: MemoryError), a device, or a file of gigabytes. Every configuration file the project reads comes
-through here: opened with O_NONBLOCK (opening a FIFO does not wait for a writer), refused unless fstat says it is
-a regular file, and read up to a limit; a longer one is refused with the limit named. A /proc file is regular: the
-limit bounds it. Links are followed (the user named the path; a link only moves where it is read from).
-
-Writing (`write_atomic`): root's `compose render -o /tmp/x` must not write through a link that another user planted
-in a sticky directory (protected_symlinks only guards the kernel's own path walk, not a path resolved in Python),
-nor over a file the project itself reads. So the directory is opened once (O_DIRECTORY|O_NOFOLLOW) and everything
-happens relative to it: the target, checked with lstat, is refused when it is a link; a temporary file is created
-beside it with O_CREAT|O_EXCL|O_NOFOLLOW, written, fsynced, and renamed over the target inside that directory (a
-rename replaces a link planted meanwhile instead of following it). A character device (/dev/null) is written in
-place, as the shell's `>` does.
-
-Messages name the path and the limit, never a byte of the file: a refusal shown to a user must not become a way to
-read a file the user may not read.
+"""Reading a file a user names, and writing one, so that neither can be turned against the process (often root):
+`read_bounded` refuses a FIFO, a device or anything too large before waiting on it, and `write_atomic` never
+follows a link another user planted. The rules: docs/design.md, "Files a user names". Messages name the path
+and the limit, never a byte of the file.
 """
 
 import contextlib

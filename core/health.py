@@ -1,22 +1,8 @@
 """A card's health: whether it may be handed out and, when not, why, in a short phrase a user reads.
 
-A card is unhealthy (docs/design.md, "Health") when NVML reports:
-
-- a critical XID: one that NVIDIA's XID catalog files under an action on the card or the node (reset the GPU,
-  reboot, drain), not under restarting the application (`CRITICAL_XIDS`);
-- volatile uncorrectable ECC errors (since the driver loaded or the card was last reset);
-- page retirement pending, or row remapping pending or failed (the repair of bad memory, which needs a reset);
-- or the card lost (GPU_IS_LOST: fallen off the bus).
-
-Health is unknown (`healthy` None) when NVML cannot say: a reading that fails otherwise than "not supported".
-Unknown is never shown as healthy.
-
-XIDs come as NVML events, and only as they happen: a one-shot reader (`hostagent run`, `hostagent ls`) registers
-for them and reads those that arrive while it reads the cards (milliseconds); an XID from before is in the host's
-kernel log (`dmesg`), out of NVML's reach. A long-lived reader keeps one registration (`readings.XidEvents`) and
-sees each XID as it comes.
-The other readings are state, true whenever they are read. NVML gives no time for them: `since` is known only for
-an XID, as the moment this reader received it.
+Judged from NVML's readings (gpupin.core.readings): critical XIDs (`CRITICAL_XIDS`), uncorrectable ECC errors,
+memory repair pending or failed, a lost card. Unknown (`healthy` None) is never shown as healthy. The rules,
+and why an XID is seen only as it happens: docs/design.md, "Health".
 """
 
 from __future__ import annotations

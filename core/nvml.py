@@ -1,11 +1,9 @@
 """The NVML adapter: the only module that imports `pynvml` (NVIDIA's nvidia-ml-py binding).
 
-NVML numbers cards by PCI bus id and ignores CUDA_VISIBLE_DEVICES, which is what makes it the physical truth on
-both sides. `pynvml` is imported and NVML initialised lazily, on first use, so importing gpupin never fails for
-want of a driver; every NVML failure that makes cards unusable becomes one `GpuUnavailableError` (exit 69) with a
-cause and a hint, never a traceback. Optional fields that a card does not support become None; a card that NVML
-cannot read becomes a `Card` with `error` set, so a listing survives it. It also reads what gpupin.core.health
-judges: a card's memory errors (`memory_health`) and critical-XID events (`XidEvents`).
+NVML numbers cards by PCI bus id and ignores CUDA_VISIBLE_DEVICES: the physical truth on both sides. It is
+imported and initialised lazily, so importing gpupin never needs a driver; a failure that makes cards unusable
+is one `GpuUnavailableError` (69) with a hint; an unsupported field is None, and an unreadable card a `Card`
+with `error` set, so a listing survives it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """GPU spec resolution: the one place that turns what a person, a runtime or a scheduler wrote into a card.
 
-Every side uses it: `hostagent run --gpu`, the ledger (what a container's device request or device files hold),
-compose, and the entrypoint (its expectation). The forms (docs/design.md, "GPU identity"):
-
-    GPU-1c5e8f3a-...  GPU-1c5e         a GPU UUID, or a unique prefix of one (as CUDA allows)
-    MIG-22360576-...  MIG-2236         a MIG device's UUID (R470+ drivers), or a unique prefix
-    MIG-GPU-<uuid>/1/0                 a MIG device in the old form: parent UUID, GPU instance, compute instance
-    0:1                                a MIG device by index pair: card 0, its MIG device 1 (the toolkit's form)
-    3b:00.0  0000:3B:00.0              a PCI bus id, any spelling (compared as integers)
-    2                                  an NVML index, as nvidia-smi numbers the cards (ASCII digits only)
-    minor number 3                     /dev/nvidia3 (asked for explicitly: `by_minor`, never guessed from digits)
-
-Pure over the cards NVML reported (`gpupin.core.nvml.Card`); a spec that names no card, or more than one, is
-a GpuSpecError (exit 64) that says what there is.
+`hostagent run --gpu`, the ledger, compose and the entrypoint all read specs through it; the forms are in
+docs/design.md, "GPU identity". Pure over the cards NVML reported (`gpupin.core.nvml.Card`); a spec that names
+no card, or more than one, is a GpuSpecError (64) that says what there is.
 """
 
 from __future__ import annotations

@@ -92,15 +92,8 @@ def plan(expectation: Expectation | None, cards: Sequence[Card]) -> Plan:
     """Map the expectation onto the cards NVML sees; raise MisalignedError when an expected card is absent, sits
     at another bus id than expected, or is in MIG mode (CUDA cannot give the whole card).
 
-    CUDA's enumeration, as tests/fakegpu/cuda.c models it: a card in MIG mode is no CUDA device itself, its MIG
-    devices take its place. So as soon as NVML sees one such card, an NVML position is no longer a CUDA index
-    (`1` would be a MIG device of card 0, not card 1), and which of its MIG devices one process may enumerate
-    differs between drivers (not measured here). Then every entry of CUDA_VISIBLE_DEVICES is a UUID, which names
-    the same device whatever the enumeration; without MIG, entries are the indices nvidia-smi shows.
-
-    A card NVML cannot read (lost: fallen off the bus) stops only the containers that asked for it: the others are
-    proved on the cards they asked for. CUDA does not enumerate a lost card, so its indices after it shift: then,
-    too, every entry is a UUID.
+    Entries of CUDA_VISIBLE_DEVICES are nvidia-smi's indices, or UUIDs as soon as a card is in MIG mode or
+    unreadable: CUDA's numbering then differs from NVML's (docs/environment.md, CUDA_VISIBLE_DEVICES).
     """
     unreadable = [c for c in cards if c.uuid is None]
     in_pci_order = sorted(

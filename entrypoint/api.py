@@ -1,21 +1,9 @@
 """`assert_pinned()`: the entrypoint's check, from inside a running Python workload.
 
-The snippets people copy compare `torch.cuda.get_device_name(k)` with a name, or trust that CUDA_VISIBLE_DEVICES
-means what nvidia-smi shows; both pass on the wrong card of a box of identical cards. This asks the CUDA driver
-(or torch) of *this* process what each `cuda:k` is, by UUID and PCI bus id, and compares it with the
-expectation (by default GPUPIN_EXPECT, which the entrypoint exports fully resolved):
-
-    from gpupin.entrypoint import assert_pinned
-    assert_pinned()                      # raises MisalignedError on the wrong card
-    assert_pinned(local_rank=int(os.environ["LOCAL_RANK"]))   # check only the card this rank uses
-
-Under torchrun-style launchers inside a Slurm step (`srun gpupin-entrypoint torchrun ...`), every child shares
-one SLURM_LOCALID but has its own LOCAL_RANK: the card a child uses is cuda:LOCAL_RANK, so pass that. With one card
-per Slurm task (--gpus-per-task), each task's card is cuda:0, whatever its SLURM_LOCALID.
-
-It initialises CUDA in the calling process, which is where the workload runs anyway; NVML is asked only when the
-expectation comes from Slurm's allocation (read through the node's gres.conf), i.e. when no gpupin-entrypoint ran
-before.
+It asks the CUDA driver (or torch) of *this* process what each `cuda:k` is, by UUID and bus id, and compares
+it with the expectation (GPUPIN_EXPECT by default), so it also catches a launcher that rewrote
+CUDA_VISIBLE_DEVICES after the entrypoint. Name-based checks pass on the wrong card of a box of identical cards.
+Usage, and `local_rank` under torchrun: docs/entrypoint.md, "From inside a Python workload".
 """
 
 from __future__ import annotations

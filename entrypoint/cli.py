@@ -1,14 +1,8 @@
-"""`gpupin-entrypoint [options] [--] CMD...`: the image's ENTRYPOINT.
+"""`gpupin-entrypoint [options] [--] CMD...`: the image's ENTRYPOINT (docs/entrypoint.md).
 
-Verifies that every `cuda:k` the workload will see is the card that was asked for, prints a short mapping to
-stderr, and execs CMD (same PID: its exit code and signals are its own). Refuses with exit 78 on a mismatch, 69
-when no GPU is usable, 64 on bad usage or a malformed expectation; 127/126 when CMD cannot be run, as Docker does.
-
-The options are parsed by hand: argparse would cost start-up time on every container start, and everything
-from the first non-option word on belongs to the workload untouched (its own `--debug` or `--verify` included).
-
-No `from __future__ import annotations` here: this module is imported before gpupin.entrypoint.isolation takes the
-workload's paths out of sys.path.
+Proves that every `cuda:k` the workload will see is the card asked for, then execs CMD. Options are parsed by
+hand: argparse costs start-up time on every container start, and every word from CMD on is the workload's.
+No `from __future__ import annotations`: imported before isolation (docs/design.md, Import rules).
 """
 
 import os

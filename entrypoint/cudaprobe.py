@@ -1,18 +1,8 @@
 """Ask the CUDA driver (libcuda.so.1, through ctypes) what each `cuda:k` is: UUID, PCI bus id, name.
 
-The driver reads CUDA_DEVICE_ORDER and CUDA_VISIBLE_DEVICES once, at cuInit, and a process that has called cuInit
-holds driver state. So the entrypoint runs this file as a child (`python -I -S cudaprobe.py`) under exactly the
-environment the workload will get, and never initialises CUDA itself before it execs. The child prints one
-tab-separated line per fact (cheaper to parse than JSON on the entrypoint's start-up path):
-
-    rc      <CUresult of cuInit>  <error name>  <error string>
-    driver  <cuDriverGetVersion>
-    dev     <k>  <uuid hex (v2)>  <uuid hex (v1)>  <pci bus id>  <compute capability>  <name>
-
-This module imports nothing from gpupin, so that it runs with `-I -S` (no site, no user paths) in ~10 ms: the
-child imports it as a top-level module from this directory (`CHILD_ARGS`), so its cached bytecode is used rather
-than compiled again as a script on every container start. `probe()` is also called in-process by
-gpupin.entrypoint.api, where the workload will hold a context anyway.
+The entrypoint runs it as a child (`CHILD_ARGS`: `python -I -S`, importing nothing from gpupin) under the
+workload's final environment, since cuInit reads CUDA_VISIBLE_DEVICES once and leaves driver state behind;
+`gpupin.entrypoint.api` calls `probe()` in-process. The child's output: docs/design.md, "The CUDA probe".
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
 """Kubernetes DRA device metadata (KEP-5304) as an expectation: the GPUs of the claims this container uses.
 
-Imported only when the metadata folder exists (gpupin.entrypoint.sources), so start-up elsewhere stays short.
-
-What the kubelet plugin framework (k8s.io/dynamic-resource-allocation/kubeletplugin) bind-mounts, read-only, into
-a container that references a claim's request (docs/kubernetes.md cites the sources):
-- `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json` for a
-  claim the Pod names, `resourceclaimtemplates/<podClaimName>/<request>/...` for one made from a template;
-- each file is a stream of one or more `DeviceMetadata` objects, the same metadata once per API version the driver
-  writes (`metadata.resource.k8s.io/v1beta1`, `/v1alpha1`), in the driver's order: a reader takes the first
-  version it knows and skips the others; a malformed object in a known version is an error;
-- `requests[].devices[]` name each allocated device (driver, pool, name) and carry its `attributes` as a
-  ResourceSlice does, a value per key in a typed wrapper (`{"string": ...}`, `{"int": ...}`).
-
-A device names a GPU by its `uuid` attribute (NVIDIA's driver publishes the NVML UUID, a MIG UUID for a MIG
-device), else by `resource.kubernetes.io/pciBusID` (the standard attribute) of a `gpu.nvidia.com` device, else,
-for a `gpu.nvidia.com` device without attributes (the driver attaches them to passthrough devices only), by its
-name `gpu-<minor>`, the card's minor number (the driver's canonical device name). Devices of other drivers without
-a GPU UUID (a NIC's pciBusID) name no GPU and are left out. A claim has no order that the workload sees, so the
-cards are taken in NVML's (bus) order, as the device plugin's folder is.
-
-Bad metadata (a link, a file too large, not JSON, wrong types) is refused with one line (exit 64): a claim
+Imported only when the metadata folder exists. What is read (files, format, attributes) and how a device names
+a card: docs/kubernetes.md, "DRA: the claim is the expectation". Bad metadata is refused (64): a claim
 allocated GPUs and its record cannot be read, so a silent unpinned start is no answer.
 """
 

@@ -1,32 +1,9 @@
 """Slurm's gres.conf as slurmd reads it: which device file each GPU number in SLURM_STEP_GPUS / SLURM_JOB_GPUS is.
 
-Slurm numbers a node's GPUs by their position in its list of gpu device files (`gres_device->index`), not by
-minor number: with gres.conf listing nvidia7, nvidia3, nvidia5, nvidia1, `srun --gres=gpu:2` gets nvidia7 and
-nvidia3 as SLURM_STEP_GPUS=0,1. This module rebuilds that list the way Slurm 22.05 does (read in its source,
-slurm-wlm 22.05.8; each rule checked against the real slurmd by tests/cluster/test_slurm.py, which compares with the
-list slurmd logs under DebugFlags=Gres):
-
-- gres.conf is the file of that name beside slurm.conf, in Slurm's config syntax (gpupin.entrypoint.slurmconf:
-  where, the syntax, host lists). A line starts with `Name=`, `NodeName=` or `AutoDetect=`.
-- Records with `NodeName=` count only where the host list names this node (slurmd's NodeName: SLURMD_NODENAME in a
-  task, else the host's short name); Slurm takes every `Name=` record first, in file order, then the matching
-  `NodeName=` records, in file order (src/common/gres.c, gres_g_node_config_load).
-- When the gpu records carry two or more `Type=`s, they are regrouped by the type order of the node's `Gres=` in
-  slurm.conf, file order within a type, each type cut at its count (gres.c, _merge_config); one type (or none)
-  keeps file order.
-- Each `File=` (or `Files=`) is a host list, expanded in the order written: `/dev/nvidia[7,3]` is nvidia7, then
-  nvidia3; each file is one GPU. A `MultipleFiles=` record is one GPU with several files.
-  Only records named exactly `gpu` make devices (src/plugins/gres/common/gres_common.c, common_node_config_load),
-  and an existing path that is not a device file is skipped without a number.
-- `AutoDetect=nvml` (node-local wins over global, `off` turns it off) changes the order when slurmd was built with
-  NVML: the detected GPUs are sorted by their NVLink matrix, "a stand-in for PCI bus ID order", i.e. by NVML index
-  (src/plugins/gres/gpu/gres_gpu.c, _merge_system_gres_conf; src/plugins/gpu/nvml/gpu_nvml.c puts -1 at the
-  card's own NVML index), listed files that NVML did not detect after them. Debian's slurm-wlm is built without
-  NVML, and then the File= order stands. Which applies cannot be seen from a task: gpupin.entrypoint.slurm checks
-  both.
-
-Costs a few small file reads (and slurm.conf only when the gpu records have several types); imported only inside a
-Slurm job.
+Slurm numbers a node's GPUs by their position in its list of gpu device files, not by minor number. This
+module rebuilds that list as Slurm 22.05 does (record order, types, host lists, `AutoDetect=nvml`), each rule
+checked against the real slurmd: docs/slurm.md, "How slurmd numbers the gpu device files". Imported only
+inside a Slurm job.
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
 """The entrypoint's own imports come from the installation, never from the workload's paths.
 
-PYTHONPATH, the working directory and the user site belong to the workload, which gets them untouched: the
-environment passed to CMD is not changed. But Python puts those places in *this* process's sys.path too, ahead of the
-standard library and site-packages, so a workload's `json.py`, `subprocess.py`, an old `pynvml.py` or its own
-`entrypoint.py` would be what the entrypoint imports next, and the check would run someone else's code (or die with
-a traceback). `isolate()` runs first in `gpupin-entrypoint`'s main(): it takes those entries out of sys.path and
-forgets any module already loaded from them, so everything imported afterwards (pynvml, json, subprocess, signal,
-ctypes, re, the rest of gpupin.entrypoint) comes from the standard library, site-packages and the place gpupin itself
-was installed. The CUDA probe child runs with `python -I -S` (no PYTHONPATH, no site, no working directory) anyway.
-
-What is guarded: every import after main() starts; modules loaded from the workload's paths before it (by a
-`sitecustomize.py` there, say) are dropped and loaded again from the installation.
-
-What cannot be guarded, because it runs before any code of gpupin does: Python's own start-up (a `sitecustomize.py`
-or `usercustomize.py` on those paths, `.pth` files in the user site, an `encodings` package), what the console-script
-wrapper imports (pip before 23.1 writes `import re` into it), and the `gpupin` package itself: a regular package
-named `gpupin` (with an `__init__.py`) earlier on PYTHONPATH than site-packages, or anywhere in the user site,
-replaces gpupin before this module exists. A `gpupin/` folder without `__init__.py` cannot: the installed
-gpupin.entrypoint, a regular package, wins over it. (An editable install, `pip install -e`, is the exception: its
-finder is asked after sys.path, so there such a folder does join gpupin.entrypoint.)
-
-Where gpupin itself lives is always kept, even when that is a PYTHONPATH entry or the user site (`pip install
---target DIR` with PYTHONPATH=DIR, `pip install --user`): its dependencies, nvidia-ml-py among them, were installed
-beside it. The standard library and the interpreter's site-packages are kept even when PYTHONPATH names them too.
-
-Its own imports are `os` and `sys` only, both loaded before any path is searched.
+PYTHONPATH, the working directory and the user site are the workload's, but Python puts them ahead of the
+standard library in *this* process's sys.path too: a workload's `json.py` or old `pynvml.py` would run as the
+check. `isolate()`, first in main(), takes those entries out and forgets modules loaded from them. It imports
+only `os` and `sys`. What it cannot guard: docs/entrypoint.md, "The workload's paths do not reach the entrypoint".
 """
 
 import os

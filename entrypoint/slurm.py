@@ -1,29 +1,9 @@
 """Slurm's GPU allocation as the expectation: SLURM_STEP_GPUS / SLURM_JOB_GPUS, in CUDA_VISIBLE_DEVICES' order.
 
-Imported only when a SLURM_*_GPUS variable is present (gpupin.entrypoint.sources). What Slurm writes into a task's
-environment (gres/gpu, src/plugins/gres/common/gres_common.c; measured on Debian's slurm-wlm 22.05.8 by
-tests/cluster/test_slurm.py and docs/slurm.md):
-
-- SLURM_STEP_GPUS (a step's tasks, srun) or SLURM_JOB_GPUS (the batch script, salloc's shell): the allocated
-  GPUs, ascending, each as its number in the node's list of gpu device files (`gres_device->index`): the order of
-  gres.conf's File= records as slurmd reads them (gpupin.entrypoint.gresconf), not the minor number. Only a
-  gres.conf that lists `/dev/nvidia[0-N]` in order makes the two the same.
-- CUDA_VISIBLE_DEVICES: the same numbers in the same order; with ConstrainDevices=yes (task/cgroup) it is 0..n-1
-  instead, positions in the allocation, and the task can open only the allocated cards.
-- --gpus-per-task (or --gpu-bind): each task's own SLURM_STEP_GPUS and CUDA_VISIBLE_DEVICES name its cards only.
-- Never CUDA_DEVICE_ORDER: CUDA then numbers FASTEST_FIRST, so `cuda:k` is Slurm's k-th card only by luck.
-
-So the cards are found as slurmd numbers them: through the node's gres.conf, each number's device file, the file's
-minor number (stat; the N of /dev/nvidiaN in a container that lacks the file) and NVML's card with that minor
-number. Under `AutoDetect=nvml` a Slurm built with NVML numbers in NVML's order instead; where gres.conf also lists
-File= records, both orders must name the same cards, as it cannot be seen from a task which Slurm this is. Where
-gres.conf cannot be read here (a container without it), the number is read as the minor number, as the usual
-`File=/dev/nvidia[0-N]` makes it, and the report says so. Every reading that finds no card, or two that disagree,
-is refused (exit 78).
-
-The order is the one CUDA_VISIBLE_DEVICES gives this task. A CUDA_VISIBLE_DEVICES that names a card outside the
-allocation was changed after Slurm set it (a job script, a launcher): that is refused (exit 78), naming the local
-rank, the allocation and both values.
+Each number is read as slurmd numbers it (its device file in gres.conf, that file's minor number, NVML's card
+with it), ordered as this task's CUDA_VISIBLE_DEVICES; a reading that finds no card, two that disagree, or a
+CUDA_VISIBLE_DEVICES outside the allocation is refused (78). Imported only when a SLURM_*_GPUS variable is set.
+The rules, as measured: docs/slurm.md, "What gpupin-entrypoint does under srun".
 """
 
 from __future__ import annotations

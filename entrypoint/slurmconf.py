@@ -1,15 +1,7 @@
-"""Slurm's own config files as slurmd reads them: where they are, their syntax, host lists, and slurm.conf's `Gres=`
-of a node. gres.conf's records are gpupin.entrypoint.gresconf's, which reads them through this module.
-
-Read in Slurm 22.05's source (slurm-wlm 22.05.8):
-- A config file is the file of its name beside slurm.conf: in the directory of SLURM_CONF (which slurmd puts into
-  every task's environment), else of the compiled-in /etc/slurm/slurm.conf (src/common/read_config.c,
-  get_extra_conf_path).
-- The syntax (src/common/parse_config.c): `#` starts a comment, a line ending in `\\` continues on the next, `\\x` is
-  x, keys are case-insensitive, a value is one word or "quoted", `Include FILE` reads another file.
-- A host list (src/common/hostlist.c) names node names and device files alike, expanded in the order written:
-  `/dev/nvidia[7,3]` is nvidia7, then nvidia3; `n[08-10]` keeps the width of the lower bound.
-- slurm.conf's `Gres=` of a node (src/common/gres.c, _get_gres_cnt) gives the order of its gpu types.
+"""Slurm's own config files as slurmd 22.05 reads them: where they are (beside SLURM_CONF's slurm.conf), their
+syntax (comments, continuations, quoting, `Include`), host lists (`/dev/nvidia[7,3]`, expanded in the order
+written), and slurm.conf's `Gres=` of a node. gpupin.entrypoint.gresconf reads gres.conf through it
+(docs/slurm.md, "How slurmd numbers the gpu device files").
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""Where the expectation comes from: readers tried in order (docs/design.md, Expectation sources); the first wins.
+"""Where the expectation comes from: readers tried in order, the first that names cards wins (docs/design.md,
+Expectation sources).
 
-Each reader looks at one source and answers with an `Expectation` (the source names cards), a `Fallback` (it names
-cards by index only: taken when no later source names cards), a reason (the source is set but names no card; the
-reason goes into the one line that says why the workload runs unpinned), None (the source is absent) or ELSEWHERE
-(it points at another source, which says the rest). A reader that needs NVML (a
-source naming cards by index or device file) asks the `Context`, which reads the cards once, and only then.
-Adding a source is one function and one entry in `READERS`.
-
-What the runtimes and schedulers write (NVIDIA_VISIBLE_DEVICES and the device plugin's folder):
-- UUIDs (`docker run --gpus device=UUID`, the Kubernetes device plugin's default `uuid` id strategy): the cards.
-- Indices and MIG `i:j` (`--gpus device=1`, `--gpus 2`, the plugin's `index` id strategy): host NVML numbers. In a
-  container that sees exactly as many devices as are named, the runtime exposed those and renumbered them from 0
-  in bus order, so the k-th smallest name is the k-th device seen there; where every card is seen (a host, or a
-  container given all of them), they are read as NVML numbers them. Otherwise they cannot be known. An index
-  says which devices the runtime was told, not which physical card was meant, so it is only a fallback: a later
-  source that names cards (Swarm's UUIDs, Slurm's allocation) wins, and proves the runtime gave the right ones
-  (Slurm's numbers passed as `--gpus device=0,1` give other cards, which Slurm's reader refuses).
-- `void`: CDI (`--device nvidia.com/gpu=...`, compose `driver: cdi`; NVIDIA's spec sets it) names no card; the
-  pin comes from GPUPIN_EXPECT, which `hostagent run` and `hostagent compose render` write.
-- `/var/run/kubernetes.io/dra-device-attributes`: Kubernetes DRA device metadata (KEP-5304), the GPUs of the
-  claims the container references (gpupin.entrypoint.dra says what is read), right after GPUPIN_EXPECT: it is
-  the scheduler's allocation, where NVIDIA_VISIBLE_DEVICES is what a runtime was told.
-- `/var/run/nvidia-container-devices`: the device plugin's `volume-mounts` list strategy, one empty file per
-  device there, named by its id (NVIDIA/k8s-device-plugin: /dev/null mounted at that folder + "/" + id).
+A reader answers an `Expectation`, a `Fallback` (indices only: taken when no later source names cards), a
+reason (set but names no card: said in the unpinned line), None (absent), or ELSEWHERE (it hands over to
+another source). A reader that needs NVML asks the `Context`, which reads the cards once, and only then.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The supervising parent of `gpupin-entrypoint --watch`: start CMD as a child, pass signals on, reap, report.
 
-Modelled on tini (with -g) and dumb-init, because with --watch the entrypoint stays PID 1 of the container instead of
-exec'ing CMD:
-- the child runs in a process group of its own, made the terminal's foreground group when there is a terminal, so
-  that Ctrl-C and a resize reach the workload directly, as without --watch;
-- every catchable signal sent to the parent is passed on to that group (docker stop's SIGTERM, docker kill -s ...),
-  except those that concern the parent itself: its own faults (SIGSEGV and friends), SIGCHLD (its cue to reap),
-  and SIGTTIN/SIGTTOU, which it ignores so that a background write to the terminal never stops it;
-- it reaps every child it is given (as PID 1, the orphans of the whole container), and returns CMD's exit code,
-  128+N when CMD died of signal N, as a shell and Docker report it;
-- it waits in sigtimedwait, so it uses no CPU between checks: `check()` runs every `interval` seconds, and when it
-  names a loss, CMD's group gets SIGTERM, SIGKILL after `grace` seconds, and the parent says what was lost and
-  what stopping it took (`on_loss`), then returns EX_CARD_LOST.
-
-Everything the parent runs after the fork is imported before it: it adds nothing to the workload's memory or start.
-
-No `from __future__ import annotations` here (see gpupin.core.errors).
+Modelled on tini (with -g) and dumb-init, since with --watch the entrypoint stays PID 1 instead of exec'ing CMD
+(the rules: docs/entrypoint.md, "Watching the cards"). Everything the parent runs after the fork is imported
+before it, so it adds nothing to the workload's memory or start. No `from __future__ import annotations`
+(docs/design.md, Import rules).
 """
 
 import contextlib

@@ -1,16 +1,9 @@
 """`gpupin-entrypoint --watch SECONDS`: keep proving the pin while the workload runs.
 
-Once the pin is proven, the entrypoint stays as the workload's supervising parent (gpupin.entrypoint.supervise) and,
-every SECONDS, runs `Checks`: the GPU device nodes still open (a `systemctl daemon-reload` under the systemd cgroup
-driver takes them away, and every new NVML session then fails with "Unknown Error"), NVML (the session the
-verification opened) still finds each pinned card at its bus id, not lost, and no card turned unhealthy
-(gpupin.core.health: a critical XID, uncorrectable ECC errors, memory repair pending or failed). On a loss it prints
-stops the workload (SIGTERM, then SIGKILL after GPUPIN_WATCH_GRACE seconds, 10 by default, as `docker stop`), says
-in one line what was lost and what stopping the workload took, and ends with EX_CARD_LOST (79), so that a restart
-policy starts the container again on a card that works (docs/entrypoint.md, "Watching the cards";
-docs/exit-codes.md). When watching starts, one line says which cards and how often (unless --quiet).
-
-No `from __future__ import annotations` here (see gpupin.core.errors).
+Every SECONDS it runs `Checks` under the supervising parent (gpupin.entrypoint.supervise); on a loss it stops
+the workload and exits EX_CARD_LOST (79), so that a restart policy starts it again on a card that works
+(docs/entrypoint.md, "Watching the cards"). No `from __future__ import annotations` (docs/design.md, Import
+rules).
 """
 
 import os
@@ -88,13 +81,10 @@ def _cannot_open(path: str) -> "str | None":
 
 class Checks:
     """One check of the pinned cards, set up before the workload starts: None while all is well, else what was
-    lost, in words. Each check, in the order a cause comes before its effects:
-    - the device node still opens (only where it opened at the start: a simulated host has none);
-    - NVML still answers, and finds each card at its NVML index, by its UUID, at its bus id, not lost;
-    - each card is not unhealthy for a reason it did not have at the start (gpupin.core.health): a critical XID
-      (NVML events, registered here, drained at each check), uncorrectable ECC errors, memory repair pending or
-      failed.
-    Each is a few NVML calls of the open session: microseconds (bench/records/watch-costs-H200-2026-12-01.jsonl)."""
+    lost, in words. In the order a cause comes before its effects: the device node opens, NVML finds each card
+    where it was, and no card has a new reason to be unhealthy (gpupin.core.health). Each is a few NVML calls of
+    the open session: microseconds.
+    """
 
     __slots__ = ("baseline", "cards", "events", "nodes")
 

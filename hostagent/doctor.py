@@ -1,24 +1,8 @@
 """`hostagent doctor`: check a GPU host for the traps that break pins, one line per finding with a HINT.
 
-The traps, each silent until a workload lands on the wrong card or loses its card mid-run:
-- /dev/char links missing for the NVIDIA device nodes while Docker uses the systemd cgroup driver: after a
-  `systemctl daemon-reload`, systemd rewrites the containers' device rules from /dev/char and drops the GPUs, and the
-  workload sees "Failed to initialize NVML: Unknown Error" (NVIDIA/nvidia-container-toolkit#48);
-- persistence mode off: the driver tears a card down when its last client leaves, so each container start pays the
-  card's init again (seconds under the NVIDIA hook), and slow starts hold the ledger's lock longer;
-- a CDI spec whose cards differ from NVML's (a card added or replaced since `nvidia-ctk cdi generate`): a CDI name
-  then gives another card than it says, or none; read from the spec files, and on Engine 28.2+ from the devices
-  the daemon itself discovered (`docker info`'s DiscoveredDevices), one line per card;
-- a CDI spec generated for another driver than the one loaded (a driver upgrade without nvidia-cdi-refresh): its
-  library mounts name the old driver's files, and a container given a card through it fails to start;
-- a CDI spec of version 0.7 or later (toolkit 1.19.1's default) on an Engine before 26.1, which cannot read it;
-- `--gpus` with neither the NVIDIA hook nor CDI, and a Swarm node whose default runtime is not nvidia (a service
-  cannot ask for --gpus, so only the default runtime adds the hook to its tasks);
-- the toolkit's `swarm-resource` setting on a Swarm node (gpupin.hostagent.swarm.nodeconfig checks it);
-- the cgroup driver and version, said on the summary line because the first trap depends on them.
-
-Where the files are read: `--root DIR` reads /dev, /sys and /etc under DIR (tests plant a host there); NVML and
-the Docker daemon are asked as they are.
+Each trap is silent until a workload lands on the wrong card or loses it mid-run (docs/design.md, "The host's
+traps"). `--root DIR` reads /dev, /sys and /etc under DIR (tests plant a host there); NVML and the daemon are
+asked as they are.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """Shell completion for bash, zsh and fish (`hostagent completion bash|zsh|fish`), generated from the CLI's own
-parsers: the subcommands, the options, and what each value is are read from argparse's actions, so a shell offers
-exactly what hostagent takes, and a new option or choice needs no second list.
-
-What a value is comes from where the option is declared: argparse's `choices` (--via, --verify, --color, ...), or
-`offer(action, ...)` beside the add_argument for the rest (as shtab's `action.complete`): words that argparse does
-not check itself (--restart's policies, docker run's --pull), FILES, DIRS, GPUS, or COMMAND (a positional from
-which on the words are another program's: `run`'s command after IMAGE). GPU specs come from NVML at completion
-time, through `hostagent __complete gpus` (hidden; prints nothing on failure).
-
-    eval "$(hostagent completion bash)"                          # in ~/.bashrc
-    eval "$(hostagent completion zsh)"                           # in ~/.zshrc, after compinit
-    hostagent completion fish | source                           # in ~/.config/fish/config.fish
-
-Not shtab: it writes no fish (tqdm/shtab#134), and a GPU spec from NVML and run's stop at IMAGE would need hooks
-of our own in each shell anyway; argcomplete answers a TAB by running the whole program (its imports, NVML).
+parsers, so a shell offers exactly what hostagent takes and a new option needs no second list. What a value is
+comes from argparse's `choices`, or `offer(action, ...)` beside the add_argument; GPU specs come from NVML at
+completion time (`hostagent __complete gpus`). Why not shtab or argcomplete: docs/run.md, "Shell completion".
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""A compose or swarm service's booking: `x-gpupin: {for: DURATION}`, which render writes as the container label
-gpupin.booking.for (gpupin.hostagent.ledger.booking.FOR_LABEL), where every compose version and `docker stack
-deploy` pass it on. A rendered file cannot know when its containers start, so it carries the length: the resident
-agent books each container from its own start, and a swarm service from its creation (docs/policy.md, "Compose
-and Swarm").
-
-The length is judged by run's rule (gpupin.hostagent.policy.admit.length) for everyone's table (no one the kernel
-names creates a compose container): a value that is no duration, or one past the policy's maximum where this user
-can read the policy, is refused (64), as `run --for` is; hostagent's own label gpupin.booking, which names a uid, is
-hostagent's to write and refused by hand."""
+"""A compose or swarm service's booking, `x-gpupin: {for: DURATION}`, written as the container label
+gpupin.booking.for: a rendered file cannot know when its containers start, so it carries the length and the
+resident agent books each container from its own start. Judged by run's rule for everyone's table
+(docs/policy.md, "Compose and Swarm").
+"""
 
 from __future__ import annotations
 

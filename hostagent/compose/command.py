@@ -1,26 +1,9 @@
 """The two commands, `hostagent compose render FILE [-o OUT]` and `hostagent compose check FILE [--json]`: thin
 adapters from the command line to the rules, and where the cards (NVML), the ledger (Docker) and the output
-file come from.
-
-`-o OUT` is checked before anything is read (not a directory, its directory exists and is writable, not the file
-being rendered), and written all at once: a temporary file beside it, renamed over it, so that a refused or
-interrupted render leaves nothing behind and never half a file. A bad `-o` is a usage error (64), as docs/exit-codes.md
-gives hostagent's codes (64, 69, 75) and every other bad argument gets it.
-
-Which model `check` and `render` read (`read_model`), and how `render` writes the pinned one (`written_text`).
-
-The model: hostagent's own reading of the project (hostagent.compose.project). When the project is more than one
-plain file (several files, an override file, `include`, `extends`, `!reset`/`!override`, or profiles that leave
-services out) and compose v2 is installed, compose's own `config` is the model instead (hostagent.compose.native):
-the real tool's merge, whose output is the file compose itself runs.
-
-What render writes:
-- one plain file: that file, edited where the pin changes it and nowhere else (hostagent.compose.roundtrip):
-  comments, quoting, anchors and `${VAR}` stay as written;
-- a project of several parts: one standard, self-contained compose file, the merged model with every GPU pinned,
-  which `docker compose -f OUT up` runs alone (no -f of the sources, no override file: the header says so).
-  Variables are already substituted there (a `$` is written `$$`), and relative paths are compose's absolute
-  ones when compose v2 built the model."""
+file come from. `read_model` picks the model (hostagent's own reading, or compose v2's `config` for a project
+of several parts) and `written_text` what render writes: the source edited in place, or one merged file
+(docs/compose.md, "Projects").
+"""
 
 from __future__ import annotations
 

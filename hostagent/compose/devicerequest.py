@@ -1,17 +1,7 @@
-"""A device request (a `deploy.resources.reservations.devices` entry, or a `gpus:` entry) as compose-go reads it,
-so that `check` refuses what `docker compose` would refuse, with compose's own words beside gpupin's.
-
-compose-go reads an entry in three steps, and so does `schema` here, in the same order (measured on compose
-v2.26, Debian 13's):
-
-1. the JSON schema (compose-spec.json, `devices`): only `capabilities`, `count`, `device_ids`, `driver`, `options`
-   and `x-` keys; `capabilities` required in a deploy reservation (not in `gpus:`, where `gpu` is implied), a list
-   of unique strings, as `device_ids` is; `count` a string or an integer (a float, a boolean or null is not);
-2. the transform (transform/devices.go): `count` and `device_ids` exclude each other; neither is `count: all`;
-3. the decoding of `count` (types/device.go, DeviceCount): an integer as it is, `all` in any case as -1, else a
-   string of a base-10 integer (`"2"`, `"+2"`, `"02"`, `"-1"`); any other text is refused.
-
-A count compose reads but that gives no card (0, or below -1) is gpupin's refusal: Docker hands out none.
+"""A device request (a `deploy.resources.reservations.devices` entry, or a `gpus:` entry) as compose-go reads it:
+its JSON schema, its transform, then the decoding of `count`, in that order (measured on compose v2.26), so that
+`check` refuses what `docker compose` would refuse, with compose's own words beside gpupin's (docs/compose.md,
+"A device request as compose reads it").
 """
 
 from __future__ import annotations

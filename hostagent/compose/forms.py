@@ -1,17 +1,8 @@
-"""The forms in which a compose service can ask for GPUs, one small reader (and writer) each:
-
-    x-gpupin: {gpus: [SPEC, ...] | count: N, share: BOOL, verify: LEVEL, for: DURATION}   gpupin's own (compose
-                                                                              ignores x- keys; `for`: compose.booking)
-    deploy.resources.reservations.devices: [{driver: nvidia, device_ids: [...] | count: N|all, capabilities: [gpu]}]
-    deploy.resources.reservations.devices: [{driver: cdi, device_ids: [nvidia.com/gpu=ID, ...], capabilities: [gpu]}]
-    gpus: all | [{driver: nvidia, device_ids: [...] | count: N}]             compose v2.30+, as `docker run --gpus`
-    devices: [nvidia.com/gpu=ID, ...]                                         CDI names, compose v2.30+
-    runtime: nvidia + environment NVIDIA_VISIBLE_DEVICES=...                  the legacy nvidia-docker form
-
-Each is a `GpuRequestForm` (hostagent.compose.gpurequest): `read` turns a service into a GpuRequest (or None),
-`write` puts the pin's device request where the form was; `older_compose` says what a compose older than the form
-does with it. A CDI name is read as NVIDIA's spec names the cards (engine.cdi: index, UUID, MIG device, `all`);
-other CDI kinds are no GPU. `gpu_request` reads a service through every form, and refuses one that asks twice."""
+"""The forms in which a compose service can ask for GPUs (`x-gpupin`, deploy devices for the nvidia or the CDI
+driver, `gpus:`, CDI names in `devices:`, `runtime: nvidia`), one `GpuRequestForm` each: how it is read, where
+the pin is written back, and what an older compose does with it. `gpu_request` reads a service through every
+form and refuses one that asks twice. The table: docs/compose.md.
+"""
 
 from __future__ import annotations
 

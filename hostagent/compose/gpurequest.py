@@ -1,10 +1,6 @@
-"""What one compose service asks for (GpuRequest), and what every way of asking for it has in common (GpuRequestForm).
-
-Each way a service can ask for GPUs is a `GpuRequestForm` (hostagent.compose.forms has one per form and reads a service
-through them: gpu_request). `read` turns a service into a GpuRequest (or None); `write` puts the pin's device
-request where the form was (a `deploy` device entry, which every compose version reads). The readers here are
-the ones several forms share: a list of specs, a count, an nvidia device request (ids or a count), a list of
-CDI names, and the writing of the pin's device entry.
+"""What one compose service asks for (GpuRequest), and what every way of asking has in common (GpuRequestForm:
+`read` a service into a request, `write` the pin's device entry where the form was). The readers several forms
+share live here; one form each is in hostagent.compose.forms.
 """
 
 from __future__ import annotations

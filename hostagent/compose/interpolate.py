@@ -1,15 +1,6 @@
-"""Variables in compose files, as compose substitutes them: `.env` files and `${VAR}` in every value.
-
-    $VAR  ${VAR}          the value, empty when unset (compose warns)
-    ${VAR:-default}       default when VAR is unset or empty; ${VAR-default}: only when unset
-    ${VAR:?message}       an error when VAR is unset or empty; ${VAR?message}: only when unset
-    ${VAR:+other}         other when VAR is set and not empty; ${VAR+other}: when set
-    $$                    a literal $
-
-Values are substituted, keys are not, and extension keys (`x-gpupin` too) are values like any other: compose v2
-substitutes them, so `x-gpupin: {gpus: ["${GPU:-0}"]}` asks for the card GPU names. A default may itself hold
-`${...}`. The variables are the process environment over the `.env` file (or the `--env-file` files), as in
-compose: the environment wins.
+"""Variables in compose files, as compose substitutes them: `.env` files and `${VAR}`, `${VAR:-default}`,
+`${VAR:?message}`, `${VAR:+other}` (and their forms without `:`) and `$$`, in every value, extension keys
+included; keys are not substituted. The environment wins over the `.env` file (docs/compose.md, "Projects").
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
-"""Reading a compose file: bytes, then text, then YAML, then a plain tree; every limit is here, once.
+"""Reading a compose file: bytes, then text, then YAML, then a plain tree; every limit is here, once (size,
+encoding, depth, alias expansion, duplicate keys, tags: docs/compose.md, "Bad input").
 
-- The file is read as bytes, at most MAX_BYTES of them (a compose file is a few KiB; 1 MiB is already 15 times
-  the largest real ones seen), so that a huge file, /dev/zero or a wrong path is refused at once.
-- The text is UTF-8 (a BOM is dropped): what compose reads. Anything else is refused with the byte's position.
-- YAML as both compose versions read it, with PyYAML's safe loader, but:
-  - nesting deeper than MAX_DEPTH is refused while composing (PyYAML's composer recurses: a few hundred `[`
-    would end in RecursionError);
-  - aliases are weighed before anything walks the document: a 461-byte "billion laughs" file composes into a
-    few shared nodes but expands to gigabytes in any copy, dump or repr, so a document that expands to more
-    than MAX_EXPANDED nodes and characters, or contains itself, is refused;
-  - a key given twice in one mapping is refused, as compose v2 does (go-yaml v3: `mapping key "x" already
-    defined at line N`; v2.17 and later refuse a second `<<` too). docker-compose 1.x kept the last one
-    silently, which could drop the very `x-gpupin` or `environment` the user meant;
-  - merge keys (`<<: *base`, `<<: [*a, *b]`) and anchors work as in both compose versions;
-  - scalars are read as compose v2 reads them (YAML 1.2, go-yaml v3), the tool whose view of a file
-    (`docker compose config`) is the model here: `yes`, `on`, `off` are text (YAML 1.1, and docker-compose
-    1.x, read booleans, which 1.x then refuses in `environment` and `labels`), `1e3` a number, and base-60
-    looking text (`86:00.0`, `22:22`) text, as bus ids must be; `0777` stays 511 and an unquoted date a
-    timestamp, in both (measured with compose v2.26 and docker-compose 1.29);
-  - only the tags compose files use (str, int, float, bool, null, map, seq), and compose v2's `!reset` and
-    `!override` (merging several files: hostagent.compose.project reads them as RESET and Override);
-    `!!set`, `!!binary` and custom tags are refused by name.
-- The result is a tree: every occurrence of an alias is its own copy, so that pinning one service never
-  changes another that shared an anchor with it.
-libyaml parses the events when PyYAML has it (about 4 times faster); the composer is PyYAML's own either way.
+Scalars are read as compose v2 reads them (YAML 1.2), the tool whose `config` is the model here. The result is
+a tree in which every alias is its own copy, so that pinning one service never changes another that shared an
+anchor with it.
 """
 
 from __future__ import annotations

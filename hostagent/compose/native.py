@@ -1,14 +1,7 @@
-"""compose v2's own model of a project: `docker compose config`, the real tool's view of the files.
-
-Where compose v2 is installed, `check` and `render` of a project that is more than one plain file (several `-f`,
-an override file, `include`, `extends`, `!reset`/`!override`, profiles that leave services out) take this model,
-so that what is checked and pinned is what `docker compose up` runs, with compose's own merge rules, relative
-paths made absolute and defaults filled in. hostagent.compose.project builds the same model without compose, for
-the hosts that have none; tests/unit/test_compose_project.py shows the two agree on the corpus.
-
-The YAML output is read, not `--format json`: compose 2.26's JSON drops a service's `x-` keys (`x-gpupin`).
-GPUPIN_COMPOSE names the compose v2 to run (a `docker-compose` v2 binary, or `docker` whose `compose` plugin
-is v2), or `none` to use hostagent's own model; by default `docker compose` from PATH, when it is v2.
+"""compose v2's own model of a project: `docker compose config`, the real tool's view of the files, taken for a
+project of more than one plain file so that what is checked and pinned is what `docker compose up` runs. Its
+YAML is read: compose 2.26's JSON drops a service's `x-` keys. GPUPIN_COMPOSE names the binary, or `none`
+(docs/compose.md, "Projects").
 """
 
 from __future__ import annotations

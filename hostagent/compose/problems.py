@@ -1,11 +1,6 @@
-"""What `check` reports and `render` refuses on: one Problem type, printed one line each, for both commands (the
-finding type hostagent.findings.Finding, which `swarm node-config --check` prints too, about a service here).
-
-A problem is about one service (or, with service None, the whole file). Its severity says whether `check` fails
-(error) or only says it (warning); `render_fixes` marks a problem of the file *as written* (what docker compose
-would do with it unrendered: a count that lands on index 0, an index, a UUID prefix) which the rendered file no
-longer has, so `check` reports it and `render` does not refuse for it. `exit_code` is what `render` exits with
-when it refuses: 64, or 75 when only running containers stand in the way.
+"""What `check` reports and `render` refuses on: one Problem per service (or the whole file), printed one line
+each, on the finding type hostagent.findings.Finding. `render_fixes` marks a problem of the file as written that
+the rendered file no longer has; `exit_code` is render's: 64, or 75 when only running containers stand in the way.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
-"""The compose model as compose v2 builds it from a project's files, for hosts without compose v2 (where it is
-installed, hostagent.compose.native asks it instead, and tests/unit/test_compose_project.py shows the two agree).
-
-    files      `-f` given (in order), else COMPOSE_FILE, else the first of compose.yaml, compose.yml,
-               docker-compose.yml, docker-compose.yaml in the folder or the nearest one above it, with the first
-               of compose.override.yml, compose.override.yaml, docker-compose.override.yml, .yaml beside it
-    variables  the environment over `.env` in the project folder (or the `--env-file` files), in every value
-               (hostagent.compose.interpolate)
-    per file   `include:` (each a project of its own, its services added; a name defined twice is refused), then
-               `extends:` (same file, or `file:`), each service merged over the one it extends
-    merged     each file over the ones before it: mappings key by key, `environment`/`labels` (and the other
-               KEY=VALUE lists) entry by entry, lists appended, `command`, `entrypoint`, `profiles` and `x-` keys
-               replaced; `!reset` drops a key, `!override` replaces it
-    profiles   a service with `profiles:` only when one of them is active (`--profile`, COMPOSE_PROFILES)
-
-The project folder is `--project-directory`, else the first file's folder. A merged model lists its services by
-name, as compose's does (counts are placed in that order). `editable` names the one file
-`render` may edit in place (hostagent.compose.roundtrip) when the model is that file and nothing else.
+"""The compose model as compose v2 builds it from a project's files (`-f`, override file, `include`, `extends`,
+variables, the merge, `!reset`/`!override`, profiles), for hosts without compose v2; where it is installed,
+hostagent.compose.native asks it instead, and tests/unit/test_compose_project.py holds the two equal. The
+rules: docs/compose.md, "Projects". `editable` names the one file render may edit in place.
 """
 
 from __future__ import annotations

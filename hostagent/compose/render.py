@@ -1,14 +1,7 @@
-"""`render`: the rules, the placement, and the pin (hostagent.pin) written into each service that asks for GPUs.
-
-Per service: the device request by UUID (hostagent.compose.gpurequest.GpuRequestForm.write), through CDI (`driver: cdi`,
-`nvidia.com/gpu=UUID`) where the daemon serves the cards by CDI, else through the nvidia driver (`driver:
-nvidia`), as `hostagent run` pins (gpupin.hostagent.engine.cdi; `--via` decides instead); the pin's environment
-(GPUPIN_EXPECT in local-rank order, NVIDIA_VISIBLE_DEVICES for the nvidia driver, GPUPIN_VERIFY when asked) and
-labels (gpupin.devices, gpupin.shared; gpupin.booking.for from `x-gpupin.for`: compose.booking), kept in the list
-or mapping spelling the user wrote. Everything else is kept; `x-gpupin` and the forms only newer compose versions
-read (`gpus:`, CDI names in `devices:`) become the device entry. On podman the pin is CDI names in `devices:`
-instead (gpurequest.as_cdi_names): podman's compose tools drop every device request, and a service that the nvidia
-driver would pin is refused there. Pure over the document, the cards, the ledger and what the daemon serves.
+"""`render`: the rules, the placement, and the pin (hostagent.pin) written into each service that asks for GPUs:
+the device request by UUID, through CDI or the nvidia driver as `hostagent run` pins, with the pin's variables
+and labels in the spelling the user wrote; everything else is kept. On podman the pin is CDI names in
+`devices:` (docs/podman.md). Pure over the document, the cards, the ledger and what the daemon serves.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The lossless writer of `compose render`: the source text edited where the pin changes it, and nowhere else.
 
-The rules read the file through hostagent.compose.load (PyYAML with every limit: size, depth, alias expansion,
-duplicate keys, tags). That plain tree cannot be written back as it was: PyYAML forgets comments, quoting, anchors
-and scalar spellings, and its dump turns `DEBUG: yes` into `true`, which compose v2 reads as "true", not "yes".
-So the writer is ruamel.yaml in round-trip mode, over text that load already accepted (ruamel never sees a file
-beyond the limits): `edit` reads the same text into ruamel's tree and applies only the difference between the
-plain document before and after the pin (hostagent.compose.render.pinned), key by key. Everything else is the
-source's own nodes, written back with their comments, quotes, flow or block style, anchors, merge keys and block
-scalars (`|`, `>`). Measured differences: indentation is made regular (the file's own is guessed and kept when it
-is regular), and a `~` null is written as an empty value (the same null for both compose versions).
-
-Anchors and merge keys: a node that several places share (an anchor with its aliases, a `<<:` source) is never
-edited in place, or the pin of one service would change another. The service gets a private copy of the key it
-changes (a key it inherits through `<<:` becomes its own, which compose reads as overriding the merged one), made
-before any edit, so that each service's change applies to what that service read. A key the pin removes that a
-service inherits through `<<:` (an inherited `x-gpupin`) can only go by writing that service's merged keys out in
-full: its `<<:` is replaced by the keys it brought.
+PyYAML's tree (hostagent.compose.load) forgets comments, quoting and spellings, so ruamel.yaml re-reads text
+that load already accepted and `edit` applies only the difference the pin made, key by key. A node several
+services share (an anchor, a `<<:` source) is never edited in place: the service gets its own copy first
+(docs/compose.md, "The rendered file is the source, with only the GPU keys changed").
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Every rule about a compose file's GPUs, each written once; `examine` runs them all for `check` and `render`.
-
-`check` reports what `examine` finds; `render` refuses on exactly the errors among them that the rendered file
-would still have (`Problem.refuses_render`), with the same lines. The rest are problems of the file as written,
-which docker compose would act on if it ran the file unrendered (a count lands on the first cards by index, an
-index names another card after a hot-plug, the runtime refuses a UUID prefix), and which render fixes by pinning.
-
-The rules, per service: the request is well-formed (hostagent.compose.forms); replicas <= 1; the variables and
-labels the pin owns (GPUPIN_EXPECT, NVIDIA_VISIBLE_DEVICES, gpupin.devices, gpupin.shared) are not set beside
-`x-gpupin` or a count, and agree with the cards where a standard form names them; no other variable the NVIDIA
-toolkit reads to pick devices (DOCKER_RESOURCE_*, NVIDIA_MIG_*_DEVICES, ...) is set by hand, pinned service or not;
-each spec names one card that can be handed out, once. Across services (hostagent.compose.place): no card is given
-twice (cards held by device file included: hostagent.compose.devicefiles) or held by a running container unless
-shared, and every count finds enough free cards.
+`render` refuses on exactly the errors the rendered file would still have (`Problem.refuses_render`); the rest
+are problems of the file as written, which rendering fixes. The rules: docs/compose.md, "One set of rules for
+`check` and `render`".
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """`hostagent compose render --swarm`: a compose file as a Docker Swarm stack whose GPU services reserve cards.
 
-Under Swarm, render does not place: Swarm does, when it schedules each task, from the cards the nodes advertise
-(`hostagent swarm node-config`), and it never gives one card to two tasks. So every service that asks for a
-number of cards becomes a reservation of that many generic resources per task (hostagent.pin.Reservation):
-
-    deploy:
-      resources:
-        reservations:
-          generic_resources:
-            - discrete_resource_spec: {kind: GPU, value: 1}
-
-Replicas are fine: each task reserves cards of its own. Inside each task Swarm sets DOCKER_RESOURCE_<KIND> to the
-cards it was given, which gpupin-entrypoint proves (and refuses when the task sees more). A task spec can only
-reserve a number of resources, never named ones (swarmkit's genericresource.ValidateTask), so a request that
-names cards, or asks for every card, or shares them, is refused.
-
-What a service asks for is read by the compose package's readers (hostagent.compose.forms: x-gpupin's count,
-a deploy device request's count), plus a `generic_resources` reservation of the kind already written; the rules
-that apply to both renders are the compose package's (service names, the pin's variables and labels set by hand).
-When the swarm's nodes can be read (DOCKER_HOST is a manager), what Swarm could never place is refused too: a kind
-no node advertises, more cards per task than any node that the service's placement constraints allow has.
-
-`docker stack deploy` (Docker 20.10's CLI) wants a format 3 file, and generic_resources need 3.5: a file without
-`version` gets 3.8, a 3.0 to 3.4 one gets 3.5, a format 1 or 2 file is refused.
+Swarm, not render, places the tasks, and a task can reserve only a number of generic resources, never named
+cards: each count becomes `generic_resources` per task, and gpupin-entrypoint proves the cards Swarm sets in
+DOCKER_RESOURCE_<KIND>. Named cards, `all` and sharing are refused; so is what no node could place, when the
+swarm can be read (docs/compose.md, "Docker Swarm"; docs/swarm.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""The swarm as a manager describes it: nodes (and the generic resources each advertises), tasks (and the ones
-each was given or reserves), services' names, and placement constraints, read through the Engine API.
-`hostagent ls --swarm` lists it, and `hostagent compose render --swarm` checks that Swarm can place what a stack
-reserves. The resources themselves are hostagent.swarm.resources.
-
-Checked against moby's api/types/swarm (Node, Task, Service) and swarmkit: the scheduler counts a task's
-resources as taken from the moment it is assigned a node until it is past running (manager/scheduler
-setupTasksList: "Ignore all tasks that have not reached PENDING state and tasks that no longer consume
-resources"); placement constraints are swarmkit's manager/constraint (== and !=, case-insensitive values,
-node.labels/engine.labels with the label name as written, an unknown key matches no node).
+"""The swarm as a manager describes it, read through the Engine API: nodes and the generic resources each
+advertises, tasks and what each holds or reserves, services' names, and placement constraints. `hostagent ls
+--swarm` lists it; `hostagent compose render --swarm` checks that Swarm can place what a stack reserves. When a
+task holds, and how constraints match, follow swarmkit (docs/swarm.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """`hostagent ls --swarm`: every node of a Docker Swarm, every card it advertises, which task of which service holds
-each, the free ones, and the tasks that wait for cards, with Swarm's own reason.
-
-Read from a manager through the Engine API (hostagent.swarm.cluster.read: /nodes, /tasks, /services), the way
-`docker node ls` and `docker service ps` read it, in one listing. A card is held by the task Swarm assigned it to
-while that task counts as placed (from pending on a node to running: the scheduler's own rule); a task that
-holds a resource its node no longer advertises is listed under the node too. The tasks of a node that is down
-are shown as it last reported them (Swarm has moved them elsewhere; the node stops them when it is back). The
-node hostagent runs on (with its own daemon: the node that advertises the cards NVML sees here) is marked `*`,
-and its cards are resolved through NVML (bus id, name); NVML here knows nothing of the other nodes, so theirs
-are shown by UUID.
-
-Exit codes: 0 listed; 69 Docker unavailable, or a daemon that is not a swarm manager (one line that says what it
-is).
+each, the free ones, and the tasks that wait for cards, with Swarm's own reason. Read from a manager (/nodes,
+/tasks, /services) in one listing; only this node's cards are resolved through NVML. Exit 69 when Docker is
+unavailable or the daemon is no manager (docs/swarm.md, "What the swarm holds").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """`hostagent swarm node-config --check`: what is wrong with a GPU node's Swarm settings, one finding per problem.
-
-It reads the node's daemon.json and the NVIDIA Container Toolkit's config.toml, and compares them with the cards
-NVML sees and with one another (hostagent.swarm.nodeconfig says why the three settings must agree): resources
-that are not this host's cards or name a card twice, counts or indices instead of UUIDs, a MIG-mode card
-advertised whole, cards left out (a warning), a default runtime that is not nvidia, and a `swarm-resource` that
-does not name the variable the advertised kind becomes (every task then sees every card).
+It compares the node's daemon.json and the toolkit's config.toml with the cards NVML sees and with one another
+(hostagent.swarm.nodeconfig says why the three settings must agree; the findings: docs/swarm.md, "Node setup").
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """`hostagent swarm node-config`: what a GPU node must advertise to Docker Swarm, and a check of a node that does.
 
-Swarm gives a task its cards only through three settings that must agree, and nothing errors when they do not:
-1. daemon.json `node-generic-resources`: one `KIND=UUID` per card (per MIG device where MIG is on);
-2. daemon.json `default-runtime: nvidia`: a service cannot ask for `--gpus`, so only the node's default runtime
-   can add the NVIDIA hook to its tasks;
-3. the toolkit's config.toml `swarm-resource = "DOCKER_RESOURCE_<KIND>"`: the hook reads Swarm's variable only
-   when named there; otherwise it takes NVIDIA_VISIBLE_DEVICES, which CUDA images set to `all`, so every task
-   sees every card (nvidia-container-toolkit, cmd/nvidia-container-runtime-hook/container_config.go,
-   getDevicesFromEnvvar). Docker's own example advertises the kind `NVIDIA-GPU` while the toolkit's commented
-   default reads `DOCKER_RESOURCE_GPU`: the classic silent trap.
-
-Without `--check` it prints those settings for this host's cards (from NVML); with `--check` it reads the
-node's daemon.json and config.toml and prints one line per problem (hostagent.swarm.nodecheck; exit 64 when any
-is an error, 0 otherwise).
+Swarm gives a task its cards only when three settings agree (daemon.json's `node-generic-resources` by UUID and
+`default-runtime: nvidia`, the toolkit's `swarm-resource`), and nothing errors when they do not: every task
+then sees every card (docs/swarm.md, "Node setup"). Without `--check` it prints them for this host's cards;
+with it, hostagent.swarm.nodecheck diagnoses the node.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Docker Swarm's generic resources, as a GPU node advertises them, matched to the cards NVML sees.
-
-A node advertises each card as a named generic resource (`node-generic-resources` in daemon.json, one
-`KIND=UUID` per card); Swarm's accounting hands each one to one task at a time and gives the task
-`DOCKER_RESOURCE_<KIND>=<UUID>[,...]`, which the NVIDIA runtime reads only when its `swarm-resource`
-setting names that variable. This module is the pure core of that contract: parsing the two spellings of a
-node's resources (daemon.json's strings and the engine's node description), the variable a kind becomes, what
-a host should advertise (cards, or their MIG devices where MIG is on), and which card each advertised value
-is. `hostagent swarm node-config` (hostagent.swarm.nodeconfig) builds on it; the swarm itself (nodes, tasks) is
-hostagent.swarm.cluster.
-
-Checked against the sources: swarmkit's `api/genericresource` (Parse: `KIND=VALUE` terms, trimmed, grouped
-by kind; a kind with one integer value is a discrete count, a kind whose values are all non-integers is a set
-of named resources, anything else is refused; EnvFormat: `strings.ToUpper("DOCKER_RESOURCE_" + kind)`, the
-values joined by commas).
+"""Docker Swarm's generic resources, as a GPU node advertises them, matched to the cards NVML sees: the pure core
+of `node-config`. It parses a node's resources in both spellings (daemon.json's strings, the engine's node
+description) as swarmkit does, names the variable a kind becomes, says what a host should advertise (cards, or
+MIG devices where MIG is on) and which card each value is (docs/swarm.md, "How a node's resources are read").
 """
 
 from __future__ import annotations

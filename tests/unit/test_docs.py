@@ -242,3 +242,27 @@ def test_the_checks_catch_what_they_are_for() -> None:
     )
     assert link_problem(REPO / "README.md", "https://example.com") is None
     assert link_problem(REPO / "README.md", OUTSIDE + "/DESIGN.md") is not None
+
+
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+def table_rows(text: str, heading: str) -> list[list[str]]:
+    """The body rows of the first table under `## heading`, each a list of its cells."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    return [[c.strip() for c in ln.strip().strip("|").split(" | ")] for ln in lines[2:]]
+
+
+def test_the_benchmarks_page_is_a_current_table_not_a_diary() -> None:
+    """docs/benchmarks.md: each figure with its target, command, last value and machine; no dated entries."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    machines = {row[0] for row in table_rows(text, "The machines")}
+    rows = table_rows(text, "The figures")
+    assert len(rows) >= 15
+    for figure, target, command, value, machine in rows:
+        assert figure and target and value, figure
+        assert command.startswith(("`make ", "`python", "`bench/", "the GPU tier")), (figure, command)
+        assert machine in machines, (figure, machine)
+    assert not DATE.search(text), f"a dated entry: {DATE.search(text)}"
+    assert not re.search(r"\b(Later|Again on|Earlier)\b", text)
