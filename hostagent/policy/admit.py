@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gpupin.hostagent.ls.model import BookingShown, HolderShown, Listing
 
     # A uid's finished use since a time: (start, end) of each card's interval that ended after it, from the record
-    # (gpupin.hostagent.record.finished); the holdings add what runs now.
+    # (the agent's record: Agent.finished); the holdings add what runs now.
     Past = Callable[[int, float], Sequence[tuple[float, float]]]
 
     from gpupin.hostagent.ledger.holders import Holder

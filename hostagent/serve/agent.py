@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from gpupin.hostagent.ls.model import Listing
     from gpupin.hostagent.record.keeper import Keeper as RecordKeeper
     from gpupin.hostagent.serve.bookings import Bookings
+    from gpupin.hostagent.serve.hooks import Hooks
     from gpupin.hostagent.serve.keeper import Keeper
+    from gpupin.hostagent.serve.queue import Queue
 
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
@@ -80,18 +82,32 @@ class Agent:
     once, then runs them."""
 
     def __init__(
-        self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0, policy: str | None = None
+        self,
+        interval: float = 0.5,
+        idle_after: float = 1800.0,
+        resync: float = 30.0,
+        policy: str | None = None,
+        record: RecordKeeper | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
+        """`policy`: the policy file (its default: /etc/gpupin/policy.toml); `record`: the record's writer (None:
+        `--record none`); `hooks`: the notifications (a Hooks of its own when not given)."""
         from gpupin.hostagent.policy import policy_path
         from gpupin.hostagent.serve.bookings import Bookings
+        from gpupin.hostagent.serve.hooks import Hooks
         from gpupin.hostagent.serve.keeper import Keeper
+        from gpupin.hostagent.serve.queue import Queue
 
         self.interval = interval
         self.resync = resync
+        self.hooks = hooks if hooks is not None else Hooks()
+        self.record = record  # the record's writer (gpupin.hostagent.record.keeper), when one is kept
+        # The policy in force (docs/policy.md); the hooks take each one's notify rule.
+        self.keeper: Keeper = Keeper(policy or policy_path(), on_load=lambda p: self.hooks.apply(p.notify))
         self.idle = idle.watch(self, idle_after, say)
         self.samples = samples.Samples()
-        self.keeper: Keeper = Keeper(policy or policy_path())  # the policy in force (docs/policy.md)
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
+        self.queue: Queue = Queue(self)  # the fair queue of `run --wait`
         self.spares = lock.Spares()  # the ledger lock its runs take by a rename (gpupin.hostagent.ledger.lock)
         # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
         self.xids = readings.XidLog()
@@ -113,7 +129,30 @@ class Agent:
         self._ledger_at = 0.0
         self._stream: EventStream | None = None
         self._threads: list[threading.Thread] = []
-        self.record: RecordKeeper | None = None  # the record's writer (gpupin.hostagent.record), when one is kept
+
+    # --- the record, for the parts that note or read it (nothing without one) ---
+
+    def end_reason(self, container_id: str, reason: str) -> None:
+        """How `container_id`'s intervals end ("expiry", "idle", ...), noted before it stops; read when they close.
+        The record must never stop an end: its trouble is its keeper's to say."""
+        if self.record is not None:
+            with contextlib.suppress(Exception):
+                self.record.end_reason(container_id, reason)
+
+    def note_owner(self, container_id: str, uid: int) -> None:
+        """The caller the agent created `container_id` for: its uid at accept owns the container's intervals."""
+        if self.record is not None:
+            self.record.note_owner(container_id, uid)
+
+    def finished(self, uid: int, since: float) -> list[tuple[float, float]]:
+        """`uid`'s closed intervals that ended after `since` (the GPU-hour quotas' past); none without a record, or
+        while it cannot be read (a degraded record must not refuse runs)."""
+        if self.record is None:
+            return []
+        try:
+            return self.record.store.finished(uid, since)
+        except Exception:  # sqlite3.Error, a closed store: the record's trouble is said by its keeper
+            return []
 
     # --- readers ---
 
@@ -276,11 +315,14 @@ class Agent:
             stream.close()
 
     def start(self) -> None:
+        """Read once, then run the threads: the view's three, the fair queue's and the bookings' ends."""
         self.refresh()
         for target, name in ((self._tick, "refresh"), (self._ledger, "ledger"), (self._follow, "docker-events")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+        self.queue.start()
+        self.bookings.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         self.stopping.set()

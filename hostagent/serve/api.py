@@ -330,21 +330,18 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def _queue(self) -> None:
-        from gpupin.hostagent.serve import queue
-
         said = urllib.parse.parse_qs(self.path.partition("?")[2]).get("daemon")
         why = agentlink.other_daemon(said[0]) if said else None  # a caller of another daemon: not its queue
-        self._json(200, {"direct": why} if why is not None else queue.of(self.agent).listing())
+        self._json(200, {"direct": why} if why is not None else self.agent.queue.listing())
 
     def _samples(self) -> None:
         self._json(200, self.agent.samples.listing(time.time()))
 
     def _usage(self) -> None:
         """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS."""
-        from gpupin.hostagent import record
         from gpupin.hostagent.record.store import BY
 
-        keeper = record.current()
+        keeper = self.agent.record
         if keeper is None:
             self._json(404, {"error": "this agent keeps no record (serve --record none)", "exit": 69})
             return
@@ -357,7 +354,7 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._json(400, {"error": f"by must be one of {', '.join(BY)}, since seconds since the epoch", "exit": 64})
             return
-        rows = record.usage(since, by)
+        rows = keeper.store.usage(since, by, time.time())
         self._json(200, {"since": since, "by": by, "rows": rows, "record": keeper.status().to_json()})
 
     def _metrics(self) -> None:
@@ -449,9 +446,9 @@ def serve(server: socketserver.TCPServer, sock: Accepted) -> None:
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:
     """The POST routes, each module's own."""
-    from gpupin.hostagent.serve import bookings, queue, runs
+    from gpupin.hostagent.serve import bookings, runs
 
-    return {"/api/queue": queue.of(agent).serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
+    return {"/api/queue": agent.queue.serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
 
 
 def handler(agent: Agent) -> type[Handler]:

@@ -28,59 +28,15 @@ from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any
 
     from gpupin.hostagent.ls.model import HolderShown, Listing
-    from gpupin.hostagent.serve.keeper import Keeper
-
-    class Snapshot(Protocol):
-        listing: Listing | None
-
-    class Agent(Protocol):  # gpupin.hostagent.serve.agent.Agent, which makes the bookings
-        keeper: Keeper
-        stopping: threading.Event
-
-        def snapshot(self) -> Snapshot: ...
-
-        def container_changed(self) -> None: ...
-
-    class Handler(Protocol):
-        def answer(self, obj: Any) -> None: ...
-
-    class Peer(Protocol):
-        uid: int
-        gid: int
-        groups: frozenset[int]
-        pid: int
+    from gpupin.hostagent.serve.interfaces import Agent, Handler, Peer
 
 
 TICK_S = 0.25  # how often ended bookings are looked for: an end is kept well within 5 s
 STOPPING = frozenset({"running", "paused", "restarting"})  # what `docker stop` has something to stop in
 ROUTE = "/api/extend"
-
-
-def end_reason(container_id: str, reason: str) -> None:
-    """The record's seam (gpupin.hostagent.record.end_reason): why a holder ended, read when its interval closes.
-    Until the record is there, nothing is noted."""
-    import importlib
-
-    try:
-        record = importlib.import_module("gpupin.hostagent.record")
-    except ImportError:
-        return
-    with contextlib.suppress(Exception):  # the record must never stop an end
-        record.end_reason(container_id, reason)
-
-
-def emit(event: str, payload: dict[str, Any]) -> None:
-    """The hooks' seam (gpupin.hostagent.serve.hooks.emit: never waits); nothing until it is there."""
-    import importlib
-
-    try:
-        hooks = importlib.import_module("gpupin.hostagent.serve.hooks")
-    except ImportError:
-        return
-    hooks.emit(event, payload)
 
 
 def payload(view: Listing, cid: str, until: float | None, now: float) -> dict[str, Any]:
@@ -306,7 +262,7 @@ class Bookings:
                 if until is None or (h.id, until) in self._told or not 0 < until - now <= notify.before_end:
                     continue
                 self._told.add((h.id, until))
-                emit("booking.ending", payload(view, h.id, until, now))
+                self.agent.hooks.emit("booking.ending", payload(view, h.id, until, now))
 
     def _watch(self) -> None:
         while not self.agent.stopping.wait(TICK_S):
@@ -329,7 +285,7 @@ class Bookings:
     def _stop(self, cid: str, name: str, until: float) -> None:
         from gpupin.hostagent import engine
 
-        end_reason(cid, "expiry")
+        self.agent.end_reason(cid, "expiry")
         view = self.agent.snapshot().listing
         told = payload(view, cid, until, time.time()) if view is not None else {"container": {"id": cid}}
         try:
@@ -346,7 +302,7 @@ class Bookings:
                 api.stop(cid, timeout=None if grace is None else grace)
             finally:
                 api.close()
-            emit("booking.ended", {**told, "late_s": round(late, 3)})
+            self.agent.hooks.emit("booking.ended", {**told, "late_s": round(late, 3)})
         except Exception as err:
             say(f"booking ended: could not stop {shown(name)} ({cid[:12]}): {getattr(err, 'message', err)}")
         self.agent.container_changed()

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.hostagent.ls.model import CardShown, HolderShown, Listing
+    from gpupin.hostagent.serve.interfaces import Agent
 
 EXEMPT_LABEL = "gpupin.idle"  # `exempt` asks for it; the policy decides
 
@@ -84,7 +85,7 @@ class _Idle:
     uid: int | None = None  # its owner: the uid its booking label names
 
 
-def watch(agent: Any, idle_after: float, say: Callable[[str], None]) -> IdleWatch:
+def watch(agent: Agent, idle_after: float, say: Callable[[str], None]) -> IdleWatch:
     """The agent's IdleWatch, wired to the agent's current policy (its keeper's: a reload counts at the next
     refresh) and to the record's seams."""
 
@@ -97,10 +98,7 @@ def watch(agent: Any, idle_after: float, say: Callable[[str], None]) -> IdleWatc
     def may_exempt(uid: int, gids: frozenset[int]) -> bool:
         return bool(policy().may_exempt(uid, gids))
 
-    from gpupin.hostagent import record
-    from gpupin.hostagent.serve import hooks
-
-    return IdleWatch(idle_after, rule, may_exempt, hooks.emit, record.end_reason, say)
+    return IdleWatch(idle_after, rule, may_exempt, agent.hooks.emit, agent.end_reason, say)
 
 
 class IdleWatch:

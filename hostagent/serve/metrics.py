@@ -81,9 +81,7 @@ class ViewCollector:
             "When the view was last read (seconds since the epoch).",
             value=snap.read_at,
         )
-        from gpupin.hostagent.serve import queue
-
-        waiting = queue.of(self.agent).listing()["waiters"]
+        waiting = self.agent.queue.listing()["waiters"]
         yield GaugeMetricFamily(
             "gpupin_queue_waiters", "Requests waiting in the agent's queue (run --wait).", value=len(waiting)
         )
@@ -176,17 +174,15 @@ class ViewCollector:
         yield health
         yield holder
 
-    @staticmethod
-    def _record() -> Iterator[Metric]:
+    def _record(self) -> Iterator[Metric]:
         """Per user, from the record (gpupin.hostagent.record): absent when the agent keeps none."""
         from prometheus_client.core import CounterMetricFamily
 
-        from gpupin.hostagent import record
-
-        if record.current() is None:
+        record = self.agent.record
+        if record is None:
             return
         try:
-            rows = record.usage(None, "user")
+            rows = record.store.usage(None, "user", time.time())
         except Exception:  # a record that cannot be read is said in /api/ls; a scrape still answers
             return
         if not rows:  # nothing recorded yet: no family (a card series' absence says NVML is unread)

@@ -43,29 +43,17 @@ import select
 import stat
 import threading
 import time
-import weakref
 
 from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten, shown
 from gpupin.hostagent import agentlink
-from gpupin.hostagent.serve import fair, hooks, rights, say
+from gpupin.hostagent.serve import fair, rights, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from http.server import BaseHTTPRequestHandler as Handler
-    from typing import Any, Protocol
+    from typing import Any
 
     from gpupin.hostagent.ls.model import Listing
-    from gpupin.hostagent.serve.agent import Agent
-
-    class Peer(Protocol):
-        """The caller as the kernel names it (gpupin.hostagent.serve.api.Peer: api imports this module)."""
-
-        pid: int
-        uid: int
-        gid: int
-        groups: frozenset[int]
-
-        def user(self) -> str: ...
+    from gpupin.hostagent.serve.interfaces import Agent, Handler, Peer
 
 
 TURN_S = 5.0  # a turn unanswered this long lapses (the waiter keeps its place, passed over until it asks again)
@@ -76,18 +64,6 @@ MAX_WAITERS = 8  # places one uid (other than root) may hold at once: more --wai
 MAX_LAPSES = 3  # turns not used (cards still usable) before the place is lost: a slow client is forgiven twice
 LAPSE_CHECK_S = 1.0  # after `again`, how long until its cards are looked at (the view follows the create that won)
 STATE_FILE = "queue.json"
-
-_queues: weakref.WeakKeyDictionary[Agent, Queue] = weakref.WeakKeyDictionary()
-_made = threading.Lock()
-
-
-def of(agent: Agent) -> Queue:
-    """The agent's queue (one per agent; its granting thread starts with it)."""
-    with _made:
-        q = _queues.get(agent)
-        if q is None:
-            q = _queues[agent] = Queue(agent)
-        return q
 
 
 class Waiter:
@@ -191,6 +167,9 @@ class Queue:
         self._waiters: list[Waiter] = []
         self._returning: dict[str, tuple[int, float]] = {}  # ticket -> (uid, arrival) from the file, until REJOIN_S
         self._state: str | None = None
+
+    def start(self) -> None:
+        """The thread that grants the turns (the agent starts it with its own)."""
         threading.Thread(target=self._run, name="queue", daemon=True).start()
 
     # --- the waiters ---
@@ -297,7 +276,6 @@ class Queue:
     def _within_quota(self, view: Listing) -> list[Waiter]:
         """The waiters the policy's quotas let take a card now, in order: one over its quota keeps its place but is
         given no turn, and holds no card back from those after it (gpupin.hostagent.policy.admit)."""
-        from gpupin.hostagent import record
         from gpupin.hostagent.policy import admit
 
         policy = self.agent.keeper.policy
@@ -308,7 +286,7 @@ class Queue:
             w
             for w in self._waiters
             if admit.over(
-                policy, admit.Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, record.finished
+                policy, admit.Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, self.agent.finished
             )
             is None
         ]
@@ -342,7 +320,7 @@ class Queue:
             w.post({"turn": {"cards": cards}})
             if not w.notified:  # its first turn only: the tries after an `again` are the same news
                 w.notified = True
-                hooks.emit(
+                self.agent.hooks.emit(
                     "queue.turn",
                     {
                         "cards": cards,
