@@ -105,8 +105,8 @@ def _line(name: str, ms: float, target_ms: float, results: dict[str, object], no
 
 
 def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None:
-    from gpupin.hostagent.record.keeper import Keeper
     from gpupin.hostagent.record.store import Store, connect, usage
+    from gpupin.hostagent.record.writer import RecordWriter
 
     folder = tempfile.mkdtemp(prefix="gpupin-bench-record-")
     os.chmod(folder, 0o700)
@@ -118,7 +118,7 @@ def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None
         print(f"record: {INTERVALS} intervals written in {time.monotonic() - took:.1f} s ({size:.0f} MiB)", flush=True)
 
         store = Store(path)
-        keeper = Keeper(store, inspect=lambda cid: None)
+        keeper = RecordWriter(store, inspect=lambda cid: None)
         calls = []
         for i in range(20000):
             t = time.perf_counter()

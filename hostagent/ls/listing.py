@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card, MigDevice
     from gpupin.hostagent.ledger.booking import Booking
-    from gpupin.hostagent.ledger.processes import Use
+    from gpupin.hostagent.ledger.processes import GpuProcess
 
 MIB = 1024 * 1024
 
@@ -147,7 +147,7 @@ def _state(held: bool | None, busy: bool | None, holding: Sequence[Holder]) -> s
 
 
 def _occupancy(
-    holding: Sequence[Holder], mine: Sequence[Use], unknown: str | None, unseen: str | None = None
+    holding: Sequence[Holder], mine: Sequence[GpuProcess], unknown: str | None, unseen: str | None = None
 ) -> Occupancy:
     """held, busy, state and why they are unknown, of a card or a MIG device. `unseen`: its memory or load says it
     is in use though NVML names no process (busy, unless a container given it explains it)."""
@@ -163,7 +163,7 @@ def _occupancy(
     return Occupancy(held, busy, _state(held, busy, holding), unknown, unseen)
 
 
-def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str | None, now: float) -> CardShown:
+def _card(c: Card, holders: Sequence[Holder], used: Sequence[GpuProcess], unread: str | None, now: float) -> CardShown:
     keys = {c.uuid, *(m.uuid for m in c.mig_devices)}
     mine = [h for h in holders if keys & set(h.uuids)]
     # Containers labelled for this card that the engine gives other cards: shown here too, never counted.
@@ -206,7 +206,7 @@ def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str |
     )
 
 
-def _mig(m: MigDevice, holding: Sequence[Holder], procs: Sequence[Use], unknown: str | None) -> MigShown:
+def _mig(m: MigDevice, holding: Sequence[Holder], procs: Sequence[GpuProcess], unknown: str | None) -> MigShown:
     return MigShown(
         m.uuid,
         m.index,
@@ -248,7 +248,7 @@ def holder_shown(h: Holder, now: float) -> HolderShown:
     )
 
 
-def _process(u: Use, c: Card) -> ProcessShown:
+def _process(u: GpuProcess, c: Card) -> ProcessShown:
     describe = u.describe()  # reads its user and command from /proc, when first asked
     rootless = u.rootless()
     return ProcessShown(

@@ -1,5 +1,5 @@
 """The record: who used which card, when, for how long and how much energy (docs/serve.md, "The record").
 
-`store` is the SQLite file and its queries, `keeper` the agent's writer (the agent holds it: `agent.record`), `report`
+`store` is the SQLite file and its queries, `writer` the agent's writer (the agent holds it: `agent.record`), `report`
 the `hostagent usage` command.
 """

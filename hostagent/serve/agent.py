@@ -32,10 +32,10 @@ if TYPE_CHECKING:
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import LedgerReading
     from gpupin.hostagent.ls.model import Listing
-    from gpupin.hostagent.record.keeper import Keeper as RecordKeeper
+    from gpupin.hostagent.record.writer import RecordWriter
     from gpupin.hostagent.serve.bookings import Bookings
     from gpupin.hostagent.serve.hooks import Hooks
-    from gpupin.hostagent.serve.keeper import Keeper
+    from gpupin.hostagent.serve.policy_in_force import PolicyInForce
     from gpupin.hostagent.serve.queue import Queue
 
 
@@ -87,7 +87,7 @@ class Agent:
         idle_after: float = 1800.0,
         resync: float = 30.0,
         policy: str | None = None,
-        record: RecordKeeper | None = None,
+        record: RecordWriter | None = None,
         hooks: Hooks | None = None,
     ) -> None:
         """`policy`: the policy file (its default: /etc/gpupin/policy.toml); `record`: the record's writer (None:
@@ -95,20 +95,24 @@ class Agent:
         from gpupin.hostagent.policy import policy_path
         from gpupin.hostagent.serve.bookings import Bookings
         from gpupin.hostagent.serve.hooks import Hooks
-        from gpupin.hostagent.serve.keeper import Keeper
+        from gpupin.hostagent.serve.policy_in_force import PolicyInForce
         from gpupin.hostagent.serve.queue import Queue
 
         self.interval = interval
         self.resync = resync
         self.hooks = hooks if hooks is not None else Hooks()
-        self.record = record  # the record's writer (gpupin.hostagent.record.keeper), when one is kept
+        self.record = record  # the record's writer (gpupin.hostagent.record.writer), when one is kept
         # The policy in force (docs/policy.md); the hooks take each one's notify rule.
-        self.keeper: Keeper = Keeper(policy or policy_path(), on_load=lambda p: self.hooks.apply(p.notify))
+        self.in_force: PolicyInForce = PolicyInForce(
+            policy or policy_path(), on_load=lambda p: self.hooks.apply(p.notify)
+        )
         self.idle = idle.watch(self, idle_after, say)
         self.samples = samples.Samples()
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
         self.queue: Queue = Queue(self)  # the fair queue of `run --wait`
-        self.spares = lock.Spares()  # the ledger lock its runs take by a rename (gpupin.hostagent.ledger.lock)
+        self.standby_locks = (
+            lock.StandbyLocks()
+        )  # the ledger lock its runs take by a rename (gpupin.hostagent.ledger.lock)
         # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
         self.xids = readings.XidLog()
         self.started = time.time()
@@ -134,7 +138,7 @@ class Agent:
 
     def end_reason(self, container_id: str, reason: str) -> None:
         """How `container_id`'s intervals end ("expiry", "idle", ...), noted before it stops; read when they close.
-        The record must never stop an end: its trouble is its keeper's to say."""
+        The record must never stop an end: its trouble is its writer's to say."""
         if self.record is not None:
             with contextlib.suppress(Exception):
                 self.record.end_reason(container_id, reason)
@@ -151,7 +155,7 @@ class Agent:
             return []
         try:
             return self.record.store.finished(uid, since)
-        except Exception:  # sqlite3.Error, a closed store: the record's trouble is said by its keeper
+        except Exception:  # sqlite3.Error, a closed store: the record's trouble is said by its writer
             return []
 
     # --- readers ---
@@ -193,7 +197,7 @@ class Agent:
         record = self.record
         if record is not None:
             view.record = record.status()  # `degraded` says what could not be written (a full disk)
-            record.observe(view, cards)  # a few dict updates here; the keeper's thread writes
+            record.observe(view, cards)  # a few dict updates here; the writer's thread writes
         self._publish(view, None)
 
     def read_ledger(self) -> tuple[DockerState, LedgerReading | None]:
@@ -339,5 +343,5 @@ class Agent:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        self.spares.close()
+        self.standby_locks.close()
         self.xids.release()

@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from gpupin.core import __version__
 from gpupin.core.errors import EX_SOFTWARE, EX_USAGE, GpupinError
 from gpupin.hostagent import agentlink
-from gpupin.hostagent.serve.connections import Accepted, Gate, Limits, Writer
+from gpupin.hostagent.serve.connections import AcceptedConnection, Acceptor, Limits, Writer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         # The connection comes from gpupin.hostagent.serve.connections with its head already read.
-        sock: Accepted = self.request
+        sock: AcceptedConnection = self.request
         self.connection = sock
         sock.settimeout(IO_S)
         self.rfile = sock.reader()
@@ -325,7 +325,7 @@ class Handler(BaseHTTPRequestHandler):
                 "nvml": {"available": view is not None, "error": snap.error},
                 "events_followed": self.agent.following,
                 "docker": view.docker.to_json() if view is not None else None,
-                "policy": self.agent.keeper.status(),
+                "policy": self.agent.in_force.status(),
             },
         )
 
@@ -341,8 +341,8 @@ class Handler(BaseHTTPRequestHandler):
         """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS."""
         from gpupin.hostagent.record.store import BY
 
-        keeper = self.agent.record
-        if keeper is None:
+        writer = self.agent.record
+        if writer is None:
             self._json(404, {"error": "this agent keeps no record (serve --record none)", "exit": 69})
             return
         query = urllib.parse.parse_qs(self.path.partition("?")[2])
@@ -354,8 +354,8 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._json(400, {"error": f"by must be one of {', '.join(BY)}, since seconds since the epoch", "exit": 64})
             return
-        rows = keeper.store.usage(since, by, time.time())
-        self._json(200, {"since": since, "by": by, "rows": rows, "record": keeper.status().to_json()})
+        rows = writer.store.usage(since, by, time.time())
+        self._json(200, {"since": since, "by": by, "rows": rows, "record": writer.status().to_json()})
 
     def _metrics(self) -> None:
         self._send(200, self.metrics.text(), self.metrics.content_type)
@@ -439,7 +439,7 @@ def caller_key(caller: Any) -> Hashable:
     return caller.uid if isinstance(caller, Peer) else caller[0]
 
 
-def serve(server: socketserver.TCPServer, sock: Accepted) -> None:
+def serve(server: socketserver.TCPServer, sock: AcceptedConnection) -> None:
     """One request on a connection whose head is in (no keep-alive: HTTP/1.0 answers, one request each)."""
     server.RequestHandlerClass(sock, sock.caller, server)
 
@@ -457,6 +457,6 @@ def handler(agent: Agent) -> type[Handler]:
     return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent), "posts": _posts(agent)})
 
 
-def gate(servers: list[socketserver.TCPServer], limits: Limits) -> Gate:
+def acceptor(servers: list[socketserver.TCPServer], limits: Limits) -> Acceptor:
     """Accept and serve on `servers`, within `limits` (gpupin.hostagent.serve.connections)."""
-    return Gate(servers, limits, caller_key, serve)
+    return Acceptor(servers, limits, caller_key, serve)

@@ -129,7 +129,7 @@ class Bookings:
         per container), a value that is no duration books the default, else the maximum."""
         from gpupin.hostagent.policy import admit
 
-        policy = self.agent.keeper.policy
+        policy = self.agent.in_force.policy
         labelled = set()
         for card in view.gpus:
             for h in card.holders:
@@ -180,7 +180,7 @@ class Bookings:
             raise UsageError(
                 f"{name} is booked by uid {b.uid}: only its owner or root extends it", "extend your own bookings"
             )
-        policy = self.agent.keeper.policy
+        policy = self.agent.in_force.policy
         gids = frozenset({peer.gid, *peer.groups})
         with self._lock:
             until = self._until.get(h.id, b.until)
@@ -247,7 +247,7 @@ class Bookings:
 
     def _ending(self, now: float) -> None:
         """booking.ending, once per end, the policy's notify.before_end ahead of it."""
-        notify = self.agent.keeper.policy.notify
+        notify = self.agent.in_force.policy.notify
         view = self.agent.snapshot().listing
         if notify is None or view is None:
             return

@@ -174,7 +174,7 @@ def _counted(ask: QueueRequest, view: Listing, reserved: set[str]) -> tuple[list
     return None, set().union(*(_whole(g) for g in could)) if could else set()
 
 
-def wanted(ask: QueueRequest, view: Listing) -> set[str]:
+def could_take(ask: QueueRequest, view: Listing) -> set[str]:
     """Every card (and MIG device) this request could ever take: its named cards, or for a count every healthy
     whole card."""
     if ask.count is not None:
@@ -183,13 +183,13 @@ def wanted(ask: QueueRequest, view: Listing) -> set[str]:
 
 
 def clear(waiters: Sequence[Waiting], n: int, view: Listing) -> bool:
-    """Whether no earlier waiter than the n-th could take any card it could take: then its look, at any moment,
+    """Whether no earlier waiter than the n-th could take any card it could take: then its ledger read, at any moment,
     overtakes no one (a newcomer that is not clear waits for its turn instead)."""
-    mine = wanted(waiters[n].ask, view)
-    return not any(mine & wanted(w.ask, view) for w in waiters[:n] if not w.lapsed)
+    mine = could_take(waiters[n].ask, view)
+    return not any(mine & could_take(w.ask, view) for w in waiters[:n] if not w.lapsed)
 
 
-def turns(waiters: Sequence[Waiting], view: Listing) -> dict[int, list[str]]:
+def grantable(waiters: Sequence[Waiting], view: Listing) -> dict[int, list[str]]:
     """Which waiters (by position in `waiters`, which is arrival order) may take a turn now, and the cards each is
     offered. A waiter whose turn is out is not offered another."""
     reserved: set[str] = set()

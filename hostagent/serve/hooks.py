@@ -14,7 +14,7 @@ and to its local webhook (a POST), from a worker thread, so that the agent never
   the host's users and must not leave it on the agent's initiative.
 
 Events and their payloads: docs/serve.md, "Notifications". The agent holds one Hooks (`agent.hooks`); the record's
-keeper emits card.unhealthy and card.lost, the queue queue.turn, the bookings and the idle rule the others.
+writer emits card.unhealthy and card.lost, the queue queue.turn, the bookings and the idle rule the others.
 """
 
 from __future__ import annotations

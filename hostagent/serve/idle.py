@@ -86,11 +86,11 @@ class _Idle:
 
 
 def watch(agent: Agent, idle_after: float, say: Callable[[str], None]) -> IdleWatch:
-    """The agent's IdleWatch, wired to the agent's current policy (its keeper's: a reload counts at the next
+    """The agent's IdleWatch, wired to the agent's current policy (the policy in force: a reload counts at the next
     refresh) and to the record's seams."""
 
     def policy() -> Any:
-        return agent.keeper.policy
+        return agent.in_force.policy
 
     def rule() -> Any:
         return policy().idle

@@ -11,9 +11,9 @@ if TYPE_CHECKING:
     from typing import Any, Protocol
 
     from gpupin.hostagent.ls.model import Listing
-    from gpupin.hostagent.record.keeper import Keeper as RecordKeeper
+    from gpupin.hostagent.record.writer import RecordWriter
     from gpupin.hostagent.serve.hooks import Hooks
-    from gpupin.hostagent.serve.keeper import Keeper
+    from gpupin.hostagent.serve.policy_in_force import PolicyInForce
 
     class Peer(Protocol):
         """The caller on the unix socket, as the kernel named it at accept."""
@@ -57,9 +57,9 @@ if TYPE_CHECKING:
     class Agent(Protocol):
         """The agent as its parts (bookings, queue, idle rule, services) use it."""
 
-        keeper: Keeper
+        in_force: PolicyInForce
         hooks: Hooks
-        record: RecordKeeper | None
+        record: RecordWriter | None
         stopping: threading.Event
         started: float
 

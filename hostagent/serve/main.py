@@ -17,7 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socketserver
 
-    from gpupin.hostagent.record.keeper import Keeper
+    from gpupin.hostagent.record.writer import RecordWriter
 
 
 class _Stopped(BaseException):
@@ -50,10 +50,10 @@ def run(
     # import them first at once meet it half made ("cannot import name 'EndpointConfig'", seen in CI).
     import docker.types  # noqa: F401
 
-    keeper = _record(record_path, hooks)
+    writer = _record(record_path, hooks)
     # The agent from its parts: the policy's file, the record's writer, the hooks (it makes the rest).
-    agent = Agent(interval=interval, idle_after=idle_after, policy=policy, record=keeper, hooks=hooks)
-    agent.keeper.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
+    agent = Agent(interval=interval, idle_after=idle_after, policy=policy, record=writer, hooks=hooks)
+    agent.in_force.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
     handler = api.handler(agent)
     servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
     agent.queue.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
@@ -76,14 +76,14 @@ def run(
     reload = threading.Event()
 
     def on_hup(_signum: int, _frame: object) -> None:
-        reload.set()  # read in the main loop (within 0.5 s), not in the handler: the keeper's lock may be held
+        reload.set()  # read in the main loop (within 0.5 s), not in the handler: the writer's lock may be held
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
-    gate = api.gate(servers, limits or connections.Limits())
+    gate = api.acceptor(servers, limits or connections.Limits())
     try:
-        if keeper is not None:
-            keeper.start()  # the intervals an earlier agent left open, before the first view
+        if writer is not None:
+            writer.start()  # the intervals an earlier agent left open, before the first view
         agent.start()
         services.Services(agent).start()  # a swarm service's booking, where this daemon is a manager
         gate.start()
@@ -94,16 +94,16 @@ def run(
             if reload.is_set():
                 reload.clear()
                 say("SIGHUP: reading the policy again")
-                agent.keeper.load()
+                agent.in_force.load()
         say("stopping")
     except _Stopped:
         say("stopping before the first view was read")
     finally:
         agent.stop()
         hooks.stop()
-        if keeper is not None:
-            keeper.stop()
-            keeper.store.close()
+        if writer is not None:
+            writer.stop()
+            writer.store.close()
         gate.stop()
         _close(servers, socket_path)
         for s, handler_ in previous.items():
@@ -115,15 +115,15 @@ def run(
     return 0
 
 
-def _record(path: str | None, hooks: Hooks) -> Keeper | None:
-    """The record's keeper on PATH (None: `--record none`); a file or folder it may not use is refused (64) before
+def _record(path: str | None, hooks: Hooks) -> RecordWriter | None:
+    """The record's writer on PATH (None: `--record none`); a file or folder it may not use is refused (64) before
     anything listens."""
-    from gpupin.hostagent.record.keeper import Keeper
     from gpupin.hostagent.record.store import Store, default_path
+    from gpupin.hostagent.record.writer import RecordWriter
 
     if path == "none":
         return None
-    return Keeper(Store(path or default_path()), emit=hooks.emit)
+    return RecordWriter(Store(path or default_path()), emit=hooks.emit)
 
 
 def _shown(address: tuple[str, int]) -> str:

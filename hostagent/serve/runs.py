@@ -199,7 +199,9 @@ class Runs:
                 missing_image=self._missing(req.image),
                 notify=lines.append,
                 admit=admit,
-                spares=None if podman.version(api) else self.agent.spares,  # Docker's rename and import: measured
+                spares=None
+                if podman.version(api)
+                else self.agent.standby_locks,  # Docker's rename and import: measured
                 after=after.append,
             )
         finally:
@@ -221,7 +223,7 @@ class Runs:
 
         caller = admit.Caller(peer.uid, {peer.gid, *peer.groups})
         return admit.for_run(
-            self.agent.keeper.policy, caller, req.book_for, self.agent.bookings.extensions(), self.agent.finished
+            self.agent.in_force.policy, caller, req.book_for, self.agent.bookings.extensions(), self.agent.finished
         )
 
     @staticmethod

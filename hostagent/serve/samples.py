@@ -21,7 +21,7 @@ POINTS = 360  # an hour of them
 NONE = -1.0  # a reading that could not be made, in the ring's float arrays
 
 
-class Ring:
+class CardSeries:
     """One card's points: three float arrays of POINTS, filled round; `head` is the next slot to write."""
 
     __slots__ = ("_acc", "at", "count", "head", "load", "memory")
@@ -76,10 +76,10 @@ class Ring:
 
 
 class Samples:
-    """Per card UUID, its Ring; fed by the agent's refresh, read by any thread."""
+    """Per card UUID, its CardSeries; fed by the agent's refresh, read by any thread."""
 
     def __init__(self) -> None:
-        self._rings: dict[str, Ring] = {}
+        self._rings: dict[str, CardSeries] = {}
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -92,7 +92,7 @@ class Samples:
                     continue
                 ring = self._rings.get(uuid)
                 if ring is None:
-                    ring = self._rings[uuid] = Ring()
+                    ring = self._rings[uuid] = CardSeries()
                 ring.add(now, card.utilization_gpu, card.memory_used_mib)
                 self._seen[uuid] = now
             for gone in [u for u, t in self._seen.items() if now - t > STEP * POINTS]:

@@ -99,7 +99,7 @@ class Services:
     def step(self, api: Any, now: float) -> None:
         """End the services whose booking has ended, once each (a service scaled up again is scaled down again)."""
         for service in api.services():
-            end = end_of(service, self.agent.keeper.policy)
+            end = end_of(service, self.agent.in_force.policy)
             mode = (service.get("Spec") or {}).get("Mode") or {}
             if end is None or end > now or (mode.get("Replicated") or {}).get("Replicas") == 0:
                 continue

@@ -16,9 +16,9 @@ import pytest
 
 from gpupin.hostagent.ls.model import Health, Listing
 from gpupin.hostagent.record import store as record_store
-from gpupin.hostagent.record.keeper import Keeper
 from gpupin.hostagent.record.report import since
 from gpupin.hostagent.record.store import MIGRATIONS, VERSION, RecordRefused, Store, finished, usage
+from gpupin.hostagent.record.writer import RecordWriter
 from tests.support.host import HOSTAGENT
 
 T0 = 1_700_000_000.0  # a fixed epoch for the sums, in the past (`usage` counts up to now)
@@ -245,7 +245,7 @@ def rows(s: Store) -> list[dict[str, Any]]:
 def test_keeper_opens_and_closes_at_the_daemons_times(tmp_path: Path) -> None:
     s = Store(str(private(tmp_path)))
     d = Daemon()
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     d.run("c1", T0)
     k.note_owner("c1", 0)
     k.observe(view({"GPU-a": ["c1"], "GPU-b": []}), None)
@@ -267,7 +267,7 @@ def test_unknown_holders_close_nothing(tmp_path: Path) -> None:
     s = Store(str(private(tmp_path)))
     d = Daemon()
     d.run("c1", T0)
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     k.observe(view({"GPU-a": ["c1"]}), None)
     k.step(now=T0 + 1)
     k.observe(view({"GPU-a": []}, docker=False), None)  # the daemon does not answer: holders unknown
@@ -283,13 +283,13 @@ def test_restart_takes_up_and_closes_at_finished(tmp_path: Path) -> None:
     d = Daemon()
     d.run("c1", T0)
     d.run("c2", T0 + 5)
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     k.observe(view({"GPU-a": ["c1"], "GPU-b": ["c2"]}), None)
     k.step(now=T0 + 6)
     # SIGKILL: nothing more from this keeper. c2 ends while no agent runs.
     d.end("c2", T0 + 30.25)
     s2 = Store(path)
-    k2 = Keeper(s2, d.inspect)
+    k2 = RecordWriter(s2, d.inspect)
     k2.start()
     k2.stopping.set()  # its thread stops; the test steps it
     k2.observe(view({"GPU-a": ["c1"], "GPU-b": []}), None)
@@ -325,7 +325,7 @@ def test_full_disk_degrades_then_writes_all(tmp_path: Path) -> None:
     s = FullStore(str(private(tmp_path)))
     d = Daemon()
     d.run("c1", T0)
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     k.observe(view({"GPU-a": ["c1"]}), None)
     k.step(now=T0 + 1)
     d.end("c1", T0 + 20)
@@ -346,7 +346,7 @@ def test_energy_shared_among_holders(tmp_path: Path) -> None:
     d = Daemon()
     d.run("c1", T0)
     d.run("c2", T0)
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     card = Card(0, "GPU-a")
     for mj in (1_000_000, 3_000_000):  # 2000 J between two views, two holders
         card.energy = mj
@@ -361,7 +361,7 @@ def test_unhealthy_card_notifies_its_holder(tmp_path: Path) -> None:
     d = Daemon()
     d.run("c1", T0)
     got: list[tuple[str, dict[str, Any]]] = []
-    k = Keeper(s, d.inspect, emit=lambda e, p: got.append((e, p)))
+    k = RecordWriter(s, d.inspect, emit=lambda e, p: got.append((e, p)))
     k.observe(view({"GPU-a": ["c1"]}), None)
     k.step(now=T0 + 1)
     sick = view({"GPU-a": ["c1"]})

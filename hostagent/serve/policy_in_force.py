@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-class Keeper:
+class PolicyInForce:
     """The policy in force, and what the last read of its file found."""
 
     def __init__(self, path: str, on_load: Callable[[Policy], None] | None = None) -> None:

@@ -1,7 +1,7 @@
 """The agent's side of the record: it turns the agent's views into intervals (gpupin.hostagent.record.store).
 
 The refresh thread hands each view to `observe()` (a few dict updates: the samples' peak memory, load and each
-card's energy since the last view, shared among the card's holders at that moment) and goes on; the keeper's own
+card's energy since the last view, shared among the card's holders at that moment) and goes on; the writer's own
 thread compares the holders with the open intervals, opens and closes rows, and keeps the open ones' figures every
 CHECKPOINT_S. The database never delays a view: a slow or full disk delays the record alone.
 
@@ -136,7 +136,7 @@ class Interval:
         }
 
 
-class Keeper:
+class RecordWriter:
     """The record's writer in the agent. `inspect(cid)` reads a container (None: it is gone); `emit` is the hooks'."""
 
     def __init__(
@@ -181,7 +181,7 @@ class Keeper:
         """The caller the agent created `container_id` for (its uid at accept)."""
         with self._lock:
             self._owners[container_id] = uid
-            self._unwritten.append((container_id, uid))  # written by the keeper's thread: the booking waits on no disk
+            self._unwritten.append((container_id, uid))  # written by the writer's thread: the booking waits on no disk
         self._wake.set()
 
     def event(self, ev: dict[str, Any]) -> None:
@@ -236,7 +236,7 @@ class Keeper:
             self._latest = view
         self._wake.set()
 
-    # --- the keeper's thread ---
+    # --- the writer's thread ---
 
     def start(self) -> None:
         """Take up the intervals an earlier agent left open, then run."""
