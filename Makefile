@@ -4,22 +4,25 @@ SHELL := /bin/bash
 
 PY ?= python3
 VENV := .venv
-VPY := $(CURDIR)/$(VENV)/bin/python
+# Quoted: the checkout's path may hold spaces (every recipe that names a path of it quotes it).
+VPY := "$(CURDIR)/$(VENV)/bin/python"
 # The hook runs under dockerd's environment, so it gets an absolute interpreter, not a shim or a venv.
 HOST_PYTHON := $(shell $(PY) -c 'import sys; print(sys.executable)' 2>/dev/null)
 FAKEGPU := $(CURDIR)/build/fakegpu
 export FAKEGPU_TOPOLOGY ?= $(CURDIR)/tests/fakegpu/scenarios/mixed-4.json
 SANDBOX := tests/sandbox/sandbox.sh
-# The Docker engines the sandbox runs and every docker-path test runs on: Debian 12's 20.10 (docker-compose 1.29)
-# and Debian 13's Engine 26 (compose v2, CDI), unpacked under build/engines/26 (GPUPIN_SANDBOX_ENGINE, sandbox.sh).
-# sid's Engine 28.5 (compose v2.40, CDI on by default, DiscoveredDevices) is one more: ENGINES=28.5 picks it.
-ENGINES ?= 20.10 26
+# The runtimes the docker tier runs on, each in a sandbox of its own: Debian 12's Docker 20.10 (docker-compose 1.29),
+# Debian 13's Engine 26 (compose v2, CDI) and sid's Engine 28.5 (compose v2.40, CDI on by default, DiscoveredDevices),
+# unpacked under build/engines/ (GPUPIN_SANDBOX_ENGINE, sandbox.sh), and Debian 12's podman 4.3 (`podman`: the
+# sandboxed podman service, podman.sh). ENGINES=20.10 (or "20.10 podman", ...) runs the tests on those alone.
+ENGINES ?= 20.10 26 28.5 podman
+DOCKER_ENGINES = $(filter-out podman,$(ENGINES))
 # GPUPIN_SANDBOX_NAME=NAME runs one more sandbox beside the default one (a second checkout, a helper's worktree).
 export GPUPIN_SANDBOX_NAME ?=
 SANDBOX_RUN := /run/gpupin-sandbox$(if $(GPUPIN_SANDBOX_NAME),-$(GPUPIN_SANDBOX_NAME))
 SANDBOX_HOST := unix://$(SANDBOX_RUN)/docker.sock
 # What the host-side tools need to see the simulated cards (the same topology as the sandbox's hook).
-SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH=$(FAKEGPU)/lib FAKEGPU_TOPOLOGY=$(FAKEGPU_TOPOLOGY)
+SIMHOST := DOCKER_HOST=$(SANDBOX_HOST) LD_LIBRARY_PATH="$(FAKEGPU)/lib" FAKEGPU_TOPOLOGY="$(FAKEGPU_TOPOLOGY)"
 TEST_IMAGE := gpupin:test
 BASE_IMAGE := gpupin-base:bookworm
 
@@ -35,6 +38,7 @@ help:
 	@echo "make soak          the resident agent's full 10-minute soak (make test runs a 90 s one)"
 	@echo "make fuzz          the hypothesis tests with twenty times the examples, at random (profile fuzz)"
 	@echo "make lint          ruff (check, format --check) and mypy, as CI runs them before the tests"
+	@echo "make commit-subjects  every commit after SUBJECTS_SINCE has a subject of at most 72 characters (CI)"
 	@echo "make golden        rewrite tests/golden (hostagent ls output) after a change that is meant"
 	@echo "make readme        rewrite README.md's examples from runs on the simulated host"
 	@echo "make bench         start-up and Docker-path benchmarks, as ratios against their floors"
@@ -65,7 +69,7 @@ $(VENV)/.done: pyproject.toml
 setup: $(VENV)/.done
 
 fakegpu: setup
-	$(MAKE) -s -C tests/fakegpu OUT=$(FAKEGPU) PYTHON=$(HOST_PYTHON)
+	$(MAKE) -s -C tests/fakegpu OUT=../../build/fakegpu PYTHON="$(HOST_PYTHON)"
 
 sandbox-up: fakegpu
 	@$(SANDBOX) up
@@ -169,7 +173,8 @@ UNIT := not docker and not swarm and not slurm and not gpu
 # pytest keeps one core busy (PYTEST_ARGS="-n 0" for one process, as for a single file or pdb).
 UNIT_WORKERS ?= 2
 # What the daemon and cluster tiers need: a missing daemon or cluster fails their tests (not skips) here.
-REQUIRED := $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)"
+REQUIRED = $(SIMHOST) GPUPIN_TEST_REQUIRE_DOCKER=1 GPUPIN_TEST_ENGINES="$(ENGINES)" \
+	GPUPIN_TEST_REQUIRE_PODMAN=$(if $(filter podman,$(ENGINES)),1,0)
 
 # Tools some tests drive besides Docker: zsh and fish (the completion scripts, completed by the shells themselves),
 # Debian's chromium (the agent's dashboard, driven by Playwright from the dev extra: its own browser download is never
@@ -180,22 +185,24 @@ test-tools:
 	if [ -n "$$missing" ]; then echo "make: installing" $$missing; $(APT_GET) update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
-# The docker tier with two engines: one pytest per engine, side by side. Each engine has a sandbox of its own
-# (daemon, containerd, topology, ledger lock; the agents' sockets are the tests' own), so the two runs share nothing
-# but the CPUs. The tests the engine matters to run in every run; the others are split between the runs, each run
-# once (docs/testing.md, The engines), so the runs take about as long. Each run's output is shown whole once all
-# have ended (build/test-docker-ENGINE.log); a run that collects nothing fails only if the other does too.
+# The docker tier on several runtimes: one pytest per runtime, side by side. Each has a sandbox of its own (daemon,
+# containerd, topology; the agents' sockets and the ledger locks are the tests' own), so the runs share nothing but
+# the CPUs. The tests the runtime matters to (`per_engine`: the runtime paths) run in every run; the others (the
+# parsing, the agent's own logic) are split between the Docker engines' runs, each run once (docs/testing.md, The
+# engines), and podman's run takes podman's own. Each run's output, with its 15 slowest tests (where the time
+# goes), is shown whole once all have ended (build/test-docker-ENGINE.log); a run that collects nothing fails only
+# if every run does.
 DOCKER_TIER = $(if $(word 2,$(ENGINES)),$(DOCKER_SIDE_BY_SIDE),$(call TIER,tests/docker,docker))
 DOCKER_SIDE_BY_SIDE = mkdir -p build; pids=; echo "make: the docker tier on $(ENGINES) side by side"; \
 	for e in $(ENGINES); do \
-	  GPUPIN_TEST_ENGINES=$$e GPUPIN_TEST_SHARING_ENGINES="$(ENGINES)" $(VPY) -m pytest -m docker \
+	  GPUPIN_TEST_ENGINES=$$e GPUPIN_TEST_SHARING_ENGINES="$(ENGINES)" $(VPY) -m pytest -m docker --durations=15 \
 	    $(if $(findstring tests/,$(PYTEST_ARGS)),,tests/docker) $(PYTEST_ARGS) >build/test-docker-$$e.log 2>&1 & \
 	  pids="$$pids $$!"; \
 	done; rc=0; runs=0; empty=0; \
 	for p in $$pids; do r=0; wait $$p || r=$$?; runs=$$((runs + 1)); \
 	  if [ $$r = 5 ]; then empty=$$((empty + 1)); elif [ $$r != 0 ]; then rc=$$r; fi; \
 	done; \
-	for e in $(ENGINES); do echo "make: the docker tier on Engine $$e:"; cat build/test-docker-$$e.log; done; \
+	for e in $(ENGINES); do echo "make: the docker tier on $$e:"; cat build/test-docker-$$e.log; done; \
 	if [ $$empty = $$runs ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # Every tier, as CI runs it: each tier's run (the docker tier's per engine), every one of them whatever the others
@@ -209,7 +216,7 @@ ifeq ($(strip $(PYTEST_ARGS)),)
 	  ( $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS)) ) >build/test-unit.log 2>&1 & unit=$$!; \
 	  ( $(DOCKER_TIER) ) || rc=1; \
 	  wait $$unit || rc=1; echo "make: the unit tier:"; cat build/test-unit.log; \
-	  ( $(call TIER,tests/cluster,swarm or slurm) ) || rc=1; \
+	  ( export GPUPIN_TEST_ENGINES="$(DOCKER_ENGINES)"; $(call TIER,tests/cluster,swarm or slurm) ) || rc=1; \
 	  ( $(call TIER,tests/gpu,gpu) ) || rc=1; \
 	  exit $$rc
 else
@@ -224,6 +231,7 @@ test-docker: test-tools image-test
 	@export $(REQUIRED); $(DOCKER_TIER)
 
 # The Swarm's images come from the 20.10 sandbox.
+test-cluster: ENGINES := $(filter-out podman,$(ENGINES))
 test-cluster: test-tools image-test
 	@export $(REQUIRED); $(call TIER,tests/cluster,swarm or slurm)
 
@@ -247,6 +255,7 @@ test-gpu: setup
 .PHONY: golden
 # Every engine: the holders golden differs by the way hostagent pins there (--gpus, CDI). The docker tier's first:
 # the unit tier's check that every golden file is for a shipped scenario or engine reads what it wrote.
+golden: ENGINES := $(filter-out podman,$(ENGINES))
 golden: test-tools image-test
 	@export $(REQUIRED); \
 	  $(call PYTEST,tests/docker/test_hostagent_ls.py tests/unit/test_hostagent_ls.py -k golden --update-golden -q)
@@ -260,6 +269,13 @@ readme: image-test
 	@$(SIMHOST) $(VPY) -m tests.support.readme
 
 # mypy reads the packages through a link tree named as they are imported (gpupin.core, .entrypoint, .hostagent).
+# Every commit after SUBJECTS_SINCE has a subject of at most 72 characters (.ci/commit_msg.py --since; the
+# commit-msg hook checks each as it is made). The commits before it are history, never rewritten (some are over).
+SUBJECTS_SINCE := 00f6b3b
+.PHONY: commit-subjects
+commit-subjects:
+	@$(PY) .ci/commit_msg.py --since $(SUBJECTS_SINCE)
+
 lint: setup
 	@mkdir -p build/typing/gpupin && for p in core entrypoint hostagent; do ln -sfn ../../../$$p build/typing/gpupin/$$p; done
 	$(VPY) -m ruff check .
@@ -293,7 +309,7 @@ bench-swarm: swarm-up
 demo: image-test
 	@$(SIMHOST) tests/sandbox/demo.sh
 	@echo "Now try it yourself: make shell (a shell on the simulated host), or in your own shell:"
-	@echo "  export $(SIMHOST) PATH=$(CURDIR)/$(VENV)/bin:\$$PATH"
+	@echo '  export $(SIMHOST) PATH="$(CURDIR)/$(VENV)/bin:$$PATH"'
 
 # A shell on the simulated host, for your own commands (the demo's sandboxed 20.10 daemon, the fake cards, the
 # checkout's hostagent on PATH); `exit` leaves it, `make sandbox-down` stops the daemon.

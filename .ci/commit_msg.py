@@ -1,9 +1,12 @@
 """A commit's subject (its first line) is at most 72 characters, so that `git log --oneline`, shortlogs and
 e-mailed patches show it whole. pre-commit runs this as the commit-msg hook (.pre-commit-config.yaml); by hand:
-`python3 .ci/commit_msg.py FILE` (the message, as git writes it to .git/COMMIT_EDITMSG)."""
+`python3 .ci/commit_msg.py FILE` (the message, as git writes it to .git/COMMIT_EDITMSG). CI checks every commit
+after a base (`python3 .ci/commit_msg.py --since REV`, `make commit-subjects`): a commit the hook never saw (a
+clone without pre-commit, a merge) fails CI, one line per commit."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 LIMIT = 72
@@ -14,9 +17,40 @@ def subject(message: str) -> str:
     return next((line.rstrip() for line in message.splitlines() if line.strip() and not line.startswith("#")), "")
 
 
+def since(base: str) -> int:
+    """Every commit reachable from HEAD and not from `base`, merges too: one line for each long subject."""
+    log = subprocess.run(
+        ["git", "log", "--format=%h%x00%B%x01", f"{base}..HEAD"], capture_output=True, text=True, encoding="utf-8"
+    )
+    if log.returncode != 0:
+        why = (log.stderr.strip().splitlines() or [f"git log exited {log.returncode}"])[0]
+        print(
+            f"commit-msg: cannot list the commits after {base}: {why}. HINT: run it in a full clone (not a shallow "
+            "one) that holds that commit",
+            file=sys.stderr,
+        )
+        return 64
+    rc = 0
+    for entry in log.stdout.split("\x01"):
+        if "\x00" not in entry:
+            continue
+        commit, message = entry.strip("\n").split("\x00", 1)
+        first = subject(message)
+        if len(first) > LIMIT:
+            print(
+                f"commit-msg: {commit}'s subject is {len(first)} characters, more than {LIMIT}: {first!r}. HINT: "
+                "reword it (git rebase -i) before it is merged",
+                file=sys.stderr,
+            )
+            rc = 1
+    return rc
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: commit_msg.py FILE", file=sys.stderr)
+    if len(argv) == 3 and argv[1] == "--since":
+        return since(argv[2])
+    if len(argv) != 2 or argv[1].startswith("-"):
+        print("usage: commit_msg.py FILE | commit_msg.py --since REV", file=sys.stderr)
         return 64
     with open(argv[1], encoding="utf-8") as f:
         first = subject(f.read())

@@ -10,7 +10,7 @@
   run         `hostagent run --rm --uuid U IMG true` against `docker run` of the same pin on the same engine: `docker
               run --rm --device nvidia.com/gpu=U IMG true` where hostagent pins through CDI (as its --dry-run line
               says), else `--gpus device=U`. Through the resident agent (a `hostagent serve` of the bench's own:
-              the agent parses, books and creates, the client neither imports the docker SDK nor opens NVML),
+              the client parses, the agent books and creates; the client imports no docker SDK and opens no NVML),
               target: at most 1.05x; without it (GPUPIN_AGENT=0), at most 1.25x. And what asking the daemon
               whether it serves CDI costs (its /info, its spec files): `hostagent run` against `hostagent run --via`
               the same way.
@@ -182,6 +182,15 @@ def bench_entrypoint(n: int, results: dict[str, object], expect: str | None) -> 
 
 
 def _first_uuid() -> str:
+    """The simulated host's card 1; on a real host (no FAKEGPU_TOPOLOGY: the gpu tier's run) NVML's last card."""
+    if not os.environ.get("FAKEGPU_TOPOLOGY"):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(pynvml.nvmlDeviceGetCount() - 1)))
+        finally:
+            pynvml.nvmlShutdown()
     topo = json.loads(Path(os.environ["FAKEGPU_TOPOLOGY"]).read_text())
     return str(topo["gpus"][1]["uuid"])
 
@@ -192,7 +201,7 @@ PHASES = (
     ("parsed", "argument parsing"),
     ("asking", "through the agent: the agent found, the request put in JSON"),
     ("cards", "NVML: the cards"),
-    ("connected", "the docker SDK's import and the API version"),
+    ("connected", "the API version (the daemon's /_ping)"),
     ("locked", "the ledger's lock (local, then the daemon's)"),
     ("looked", "the ledger read"),
     ("attributed", "the cards' processes, attributed to containers or the host"),

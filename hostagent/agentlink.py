@@ -12,12 +12,15 @@ GpupinError with that exit code, so a refusal reads and exits the same whichever
 
 from __future__ import annotations
 
-import _socket  # not socket: ~3 ms of `hostagent run`'s start-up through the agent
+import json
 import os
+import socket
 import sys
 
 from gpupin.core.errors import AgentUnavailableError, GpupinError
-from gpupin.hostagent import fastjson
+from gpupin.hostagent.agentdir import DEFAULT_SOCKET as DEFAULT_SOCKET
+from gpupin.hostagent.agentdir import SOCKET_ENV as SOCKET_ENV
+from gpupin.hostagent.agentdir import socket_path as socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,8 +28,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-DEFAULT_SOCKET = "/run/gpupin/hostagent.sock"
-SOCKET_ENV = "GPUPIN_AGENT_SOCKET"
 USE_ENV = "GPUPIN_AGENT"
 # An agent that does not accept, or does not begin its answer, within this is treated as absent: the command takes
 # its own path (run, --wait) or says so and exits 69 (queue). A live agent answers in milliseconds; one that is
@@ -34,10 +35,6 @@ USE_ENV = "GPUPIN_AGENT"
 ANSWER_S = 3.0
 CONNECT_S = ANSWER_S
 _OFF = ("0", "off", "no", "false")
-
-
-def socket_path() -> str:
-    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
 
 
 def wanted() -> bool:
@@ -107,7 +104,7 @@ def __getattr__(name: str) -> Any:
 def parsed(raw: bytes) -> Any:
     """An answer's JSON, or None when it has none (an empty body, or not JSON)."""
     try:
-        return fastjson.loads(raw) if raw else None
+        return json.loads(raw) if raw else None
     except ValueError:
         return None
 
@@ -144,7 +141,7 @@ class Link:
         self, method: str, route: str, body: Any, timeout: float | None
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         conn = _unix_connection()(self.path, timeout)  # type: ignore[arg-type]
-        data = None if body is None else fastjson.dumps(body).encode()
+        data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
             conn.request(method, route, body=data, headers=headers)
@@ -179,7 +176,7 @@ class Link:
                 raise refusal(res, str(self))
             for line in res:
                 if line.strip():
-                    yield fastjson.loads(line)
+                    yield json.loads(line)
         except (OSError, sys.modules["http.client"].HTTPException) as err:
             raise AgentUnavailableError(
                 f"the agent at {self} dropped the connection ({err})",
@@ -194,7 +191,7 @@ def find() -> Link | None:
     if not wanted():
         return None
     path = socket_path()
-    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(CONNECT_S)
     try:
         probe.connect(path)

@@ -8,10 +8,6 @@ This module is the entry point: the dispatch to each command, its imports made w
 top-level parser is hostagent.parser; each command's own parser, help and checks of its options are beside it, in
 its package: hostagent.ls.args, hostagent.run.args (with the split of `run`'s ARGV), hostagent.compose.args,
 hostagent.swarm.args, hostagent.doctor, hostagent.serve.args, hostagent.queue.args and hostagent.policy.args.
-
-`hostagent run ...` first goes to the resident agent as its words, before argparse or any option's module is
-imported (gpupin.hostagent.run.via_agent.run_words): the agent parses them with the same parser. Only where the
-agent says the parse is the caller's (files to read, --wait, a usage error to print) does this process parse.
 """
 
 from __future__ import annotations
@@ -104,45 +100,20 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _through_agent(words: list[str], argv: Sequence[str] | None) -> int | str | None:
-    """`hostagent run WORDS` parsed by the resident agent, to its exit code; else None (the agent left the parse
-    here) or why the run is this process's own (gpupin.hostagent.run.via_agent.run_words)."""
-    from gpupin.hostagent.run import via_agent
-
-    try:
-        code = via_agent.run_words(words)
-    except GpupinError as err:
-        code = _error(err, False)
-    except KeyboardInterrupt:
-        code = 130
-    except Exception as err:  # a bug
-        code = _error(_internal(err), False)
-    if isinstance(code, int):
-        mark("done")
-        if argv is None:
-            _exit_now(code)
-    return code
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     mark("main")
     raw = list(sys.argv[1:] if argv is None else argv)
-    declined = None  # why the agent left a run to this process (it is not asked again)
-    if raw[:1] == ["run"]:
-        code = _through_agent(raw[1:], argv)
-        if isinstance(code, int):
-            return code
-        declined = code
-    from gpupin.hostagent.ls import args as ls_args
+    if raw[:1] != ["run"]:  # `ls`'s own quick parse; a run pays for none of ls's modules
+        from gpupin.hostagent.ls import args as ls_args
 
-    fast = ls_args.fast(raw)
-    if fast is not None:
-        try:
-            return ls_args.command(fast)
-        except GpupinError as err:
-            return _error(err, fast.debug)
-        except Exception as err:
-            return _error(_internal(err), fast.debug)
+        fast = ls_args.fast(raw)
+        if fast is not None:
+            try:
+                return ls_args.command(fast)
+            except GpupinError as err:
+                return _error(err, fast.debug)
+            except Exception as err:
+                return _error(_internal(err), fast.debug)
     from gpupin.hostagent import completion
     from gpupin.hostagent.run import args as run_args
 
@@ -162,10 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(args.debug)
     try:
         if args.command == "ls":
+            from gpupin.hostagent.ls import args as ls_args
+
             return ls_args.command(args)
         if args.command == "run":
             mark("parsed")
-            args.declined = declined
             code = run_args.command(args)
             mark("done")
             if argv is None:

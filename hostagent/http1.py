@@ -9,12 +9,11 @@ costs ~15 ms to import (ssl, email), the docker SDK with requests 60 to 90 ms, o
 from __future__ import annotations
 
 import io
-
-from gpupin.hostagent import fastjson
+import json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import _socket
+    import socket
     from collections.abc import Callable, Mapping
     from typing import Any
 
@@ -30,27 +29,14 @@ def quote(text: str, safe: str = "") -> str:
 def target(path: str, params: Mapping[str, Any] | None = None) -> str:
     """The request target: the path, and the query of the parameters that are not None."""
     query = "&".join(f"{quote(k)}={quote(str(v))}" for k, v in (params or {}).items() if v is not None)
-    return quote(path, "/") + ("?" + query if query else "")
-
-
-class _Reads(io.RawIOBase):
-    """A socket of _socket's (no makefile: the socket module costs ~3 ms to import) as a raw stream to buffer."""
-
-    def __init__(self, sock: _socket.socket) -> None:
-        self._sock = sock
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        return self._sock.recv_into(buffer)
+    return quote(path, "/:") + ("?" + query if query else "")
 
 
 class Answer:
     """An answer's status, headers (lower-case names) and the reader its body comes from."""
 
     def __init__(
-        self, sock: _socket.socket, reader: io.BufferedReader[Any], status: int, headers: dict[str, str]
+        self, sock: socket.socket, reader: io.BufferedReader[Any], status: int, headers: dict[str, str]
     ) -> None:
         self.sock = sock
         self.reader = reader
@@ -85,7 +71,7 @@ class Answer:
 
     def json(self) -> Any:
         raw = self.body()
-        return fastjson.loads(raw) if raw.strip() else None
+        return json.loads(raw) if raw.strip() else None
 
     def close(self) -> None:
         self.reader.close()
@@ -93,7 +79,7 @@ class Answer:
 
 
 def exchange(
-    sock: _socket.socket,
+    sock: socket.socket,
     method: str,
     path: str,
     body: Any = None,
@@ -105,15 +91,17 @@ def exchange(
     answer from then on (`body()` or `close()` closes it); an OSError closes it here. An interim answer (1xx but
     101, the Engine's upgrade) is passed to `interim` and the final one read after it."""
     try:
-        data = b"" if body is None else fastjson.dumps(body).encode()
+        raw = isinstance(body, bytes)  # an archive (an image's import); anything else is sent as JSON
+        data = body if raw else b"" if body is None else json.dumps(body).encode()
         head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "User-Agent: gpupin-hostagent"]
         if body is not None:
-            head += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+            kind = "application/x-tar" if raw else "application/json"
+            head += [f"Content-Type: {kind}", f"Content-Length: {len(data)}"]
         elif method in ("POST", "PUT"):
             head.append("Content-Length: 0")
         head += [f"{k}: {v}" for k, v in (headers or {"Connection": "close"}).items()]
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
-        reader = sock.makefile("rb") if hasattr(sock, "makefile") else io.BufferedReader(_Reads(sock))
+        reader = sock.makefile("rb")
         while True:
             status_line = reader.readline().decode("latin-1").split(None, 2)
             if len(status_line) < 2 or not status_line[1].isdigit():

@@ -1,6 +1,5 @@
 """hostagent's parsers: argparse made to refuse as every other refusal does (one `ERROR: ... HINT: ...` line, exit
-64), its top-level options, and the parser of `hostagent [--debug] run` alone, for this process or for the resident
-agent that parses a caller's run (a Quiet one, which never prints). The whole command line is hostagent.cli's
+64), its top-level options, and the parser of `hostagent [--debug] run` alone. The whole command line is hostagent.cli's
 (build_parser); each command's own options are beside it, in its package (hostagent.ls.args, hostagent.run.args,
 ...)."""
 
@@ -12,8 +11,9 @@ import sys
 
 from gpupin.core import __version__
 from gpupin.core.errors import UsageError
-from gpupin.hostagent import PROG, completion, help_width
+from gpupin.hostagent import PROG, completion
 from gpupin.hostagent.run import args as run_args
+from gpupin.hostagent.run.args import help_width
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ _INVALID_CHOICE = re.compile(r"argument (?P<arg>\S+): invalid choice: (?P<word>.
 
 
 class Formatter(argparse.HelpFormatter):
-    """argparse's formatter, its width found without shutil (gpupin.hostagent.help_width)."""
+    """argparse's formatter, its width found without shutil (gpupin.hostagent.run.args.help_width)."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
         super().__init__(prog, indent_increment, max_help_position, help_width() if width is None else width)
@@ -81,35 +81,17 @@ class Parser(argparse.ArgumentParser):
         self.refuse(message, hint)
 
 
-class Unparsed(Exception):
-    """What a Quiet parser raises where Parser would print (an error, --help) and exit."""
-
-
-class Quiet(Parser):
-    """The resident agent's parser of a caller's `run` words (gpupin.hostagent.run.request_json): it never prints
-    and never exits. Whatever Parser would say goes back to the caller, whose own parser says it."""
-
-    def error(self, message: str) -> NoReturn:
-        raise Unparsed(message)
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        raise Unparsed(message or f"exit {status}")
-
-    def _print_message(self, message: str, file: Any = None) -> None:
-        raise Unparsed("help")
-
-
-def top(quiet: bool = False) -> Parser:
-    """The top-level parser, without commands: --debug and --version (`quiet`: a Quiet one)."""
-    p = (Quiet if quiet else Parser)(prog=PROG, description=DESCRIPTION)
+def top() -> Parser:
+    """The top-level parser, without commands: --debug and --version."""
+    p = Parser(prog=PROG, description=DESCRIPTION)
     p.add_argument("--debug", action="store_true", help="print a traceback with an error")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return p
 
 
-def run_only(quiet: bool = False) -> Parser:
+def run_only() -> Parser:
     """The top options and `run` alone, for `hostagent [--debug] run ...`, whose start-up then pays for no other
     command's modules (`make bench`'s run phases)."""
-    p = top(quiet)
+    p = top()
     run_args.add(p.add_subparsers(dest="command", metavar="COMMAND"))
     return p

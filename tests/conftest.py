@@ -11,6 +11,7 @@ What the tests share besides fixtures is in tests/support.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import settings
 
 from tests.support.engines import engine_for, engine_free_name, on_this_engine, skip_what_the_engine_lacks
-from tests.support.host import FAKEGPU, REPO, required
+from tests.support.host import FAKEGPU, REPO, lock_dir, required
 from tests.support.hypo import BASE
 from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test, serves_cdi
 from tests.support.spawn import default_signals_at_exec
@@ -29,17 +30,20 @@ from tests.support.watch import Running
 # `ci`, what CI and the make targets that require the daemons run, half each test's examples, the same ones on
 # every run (a failure is one to reproduce, not luck), its blob printed; `fuzz` (`make fuzz`,
 # --hypothesis-profile=fuzz) twenty times the examples, at random. No deadline: the machines are shared and loaded,
-# and a slow example is not a wrong one. A run with neither (a developer's) takes each test's count, at random.
+# and a slow example is not a wrong one. A run with neither (a developer's, `dev`) takes each test's count, at random.
 settings.register_profile("ci", derandomize=True, max_examples=BASE // 2, deadline=None, print_blob=True)
 settings.register_profile("fuzz", max_examples=20 * BASE, deadline=None, print_blob=True)
-if required():
-    settings.load_profile("ci")
+settings.register_profile("dev", deadline=None)
+settings.load_profile("ci" if required() else "dev")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # What the processes the tests start inherit: the default dispositions, even where this run was started with
     # some ignored (nohup, CI without standard input): tests/support/spawn.py.
     default_signals_at_exec()
+    # The ledger's local lock, taken in this process and in those that inherit its environment, in the run's own
+    # folder: root's default, /run/gpupin, is the host's.
+    os.environ["GPUPIN_LOCK_DIR"] = lock_dir()
 
 
 @pytest.fixture(autouse=True)

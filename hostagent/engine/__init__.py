@@ -4,8 +4,7 @@ how it serves CDI (cdi) and its event stream (events). The ledger read from the 
 
 Callers write `engine.connect()`, `engine.fetch(...)`: the names below are the adapter's surface.
 The names are loaded when first used (PEP 562): `hostagent run` through the agent uses the address, the failures
-and the raw client only, and its start-up is a headline figure (docs/benchmarks.md), so the SDK's client, the
-readers and the event stream are not imported for it.
+and the unix socket's client only, and its start-up is a headline figure (docs/benchmarks.md).
 """
 
 import sys
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
         docker_host,
         endpoint,
     )
-    from gpupin.hostagent.engine.client import MIN_API, connect
+    from gpupin.hostagent.engine.client import MIN_API, connect, follower, sdk_of
     from gpupin.hostagent.engine.daemon import NO_CDI, cdi_detection, daemon_view, info, may_serve_cdi, runtimes
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.engine.failures import (
@@ -33,12 +32,12 @@ if TYPE_CHECKING:
         is_sdk_error,
         refused,
     )
-    from gpupin.hostagent.engine.reads import EngineReader, created_time, fetch, http_date, reader
+    from gpupin.hostagent.engine.reads import created_time, fetch, http_date, reader
 
 # Where each name lives (its module under this package).
 _WHERE = {
     **dict.fromkeys(("DAEMON_HINT", "DEFAULT_HOST", "PODMAN_HEADER", "Endpoint", "docker_host", "endpoint"), "address"),
-    **dict.fromkeys(("MIN_API", "connect"), "client"),
+    **dict.fromkeys(("MIN_API", "connect", "follower", "sdk_of"), "client"),
     "EventStream": "events",
     **dict.fromkeys(
         ("EngineNotFound", "failure", "is_api_error", "is_conflict", "is_daemon_failure", "is_not_found"),
@@ -46,7 +45,7 @@ _WHERE = {
     ),
     **dict.fromkeys(("is_sdk_error", "refused"), "failures"),
     **dict.fromkeys(("NO_CDI", "cdi_detection", "daemon_view", "info", "may_serve_cdi", "runtimes"), "daemon"),
-    **dict.fromkeys(("EngineReader", "created_time", "fetch", "http_date", "reader"), "reads"),
+    **dict.fromkeys(("created_time", "fetch", "http_date", "reader"), "reads"),
 }
 
 if not TYPE_CHECKING:
@@ -69,7 +68,6 @@ __all__ = [
     "PODMAN_HEADER",
     "Endpoint",
     "EngineNotFound",
-    "EngineReader",
     "EventStream",
     "cdi_detection",
     "connect",
@@ -79,6 +77,7 @@ __all__ = [
     "endpoint",
     "failure",
     "fetch",
+    "follower",
     "http_date",
     "info",
     "is_api_error",
@@ -90,4 +89,5 @@ __all__ = [
     "reader",
     "refused",
     "runtimes",
+    "sdk_of",
 ]

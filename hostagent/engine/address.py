@@ -4,10 +4,11 @@ config file's `currentContext` names (the SDK's `ContextAPI`), else the default 
 
 from __future__ import annotations
 
+import json
 import os
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent import INSTALL_HINT, fastjson
+from gpupin.hostagent import INSTALL_HINT
 
 # What answers there: podman says its version in this header on every answer (gpupin.hostagent.engine.podman);
 # Docker does not.
@@ -60,7 +61,7 @@ def _context_name(environ: Mapping[str, str]) -> str:
     config_dir = environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
     try:
         with open(os.path.join(config_dir, "config.json"), encoding="utf-8") as fh:
-            data = fastjson.loads(fh.read())
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         return "default"
     value = data.get("currentContext") if isinstance(data, dict) else None

@@ -14,9 +14,9 @@ CDI switched on or off, between two runs; nothing here is kept), from one `GET /
  2. Else `CDISpecDirs` (API 1.44+, empty while CDI is off): when the daemon runs on this host (a unix socket),
     the spec files there (`*.json`, `*.yaml`, as the CDI library scans them) are read for the kind and its
     device names: as every file the project reads (a regular file of at most MAX_BYTES, gpupin.core.files), and
-    YAML that is not NVIDIA's block style through compose's bounded loader (depth, aliases), since anyone who can
-    write a spec folder would otherwise hang `hostagent run`, `doctor` and the root agent. A daemon reached over
-    TCP or ssh whose /info does not list its devices cannot be looked into.
+    YAML that is not NVIDIA's block style through the bounded loader (gpupin.hostagent.yamlfile: depth, aliases),
+    since anyone who can write a spec folder would otherwise hang `hostagent run`, `doctor` and the root agent.
+    A daemon reached over TCP or ssh whose /info does not list its devices cannot be looked into.
  3. Else (API < 1.44, or CDI off): no CDI.
 `hostagent run --via cdi|nvidia` overrides the answer; `--gpu-capabilities` has no CDI meaning (the spec decides
 which driver libraries a container gets), so asking for capabilities pins with the nvidia driver.
@@ -174,9 +174,9 @@ def _spec_names(path: str, refused: list[tuple[str, str]] | None = None) -> tupl
             fast = _block_names(data.decode("utf-8"))
             if fast is not None:
                 return fast
-            from gpupin.hostagent.compose import load
+            from gpupin.hostagent import yamlfile
 
-            spec = load.parse(data.decode("utf-8"))  # PyYAML with limits: depth, alias expansion
+            spec = yamlfile.parse(data.decode("utf-8"))  # PyYAML with limits: depth, alias expansion
     except Exception:  # a broken spec: the daemon's CDI cache refuses it as well
         return None
     if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):

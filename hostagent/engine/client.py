@@ -1,5 +1,7 @@
-"""The docker SDK's low-level client (docker.APIClient), imported only when needed: with requests under it, it
-costs 60 to 90 ms on a 2-core machine, more than `docker ps` takes to list 500 containers."""
+"""The one client per transport: the hand-made one for a local unix socket (gpupin.hostagent.engine.unix), the docker
+SDK's low-level client (docker.APIClient) for tcp, TLS and ssh, and for what needs the SDK's own knowledge (a pull:
+its registry credentials). The SDK is imported only then: with requests under it, it costs 60 to 90 ms on a
+2-core machine, more than `docker ps` takes to list 500 containers."""
 
 from __future__ import annotations
 
@@ -13,6 +15,13 @@ if TYPE_CHECKING:
 
 # Device requests (--gpus) arrived in Engine API 1.40 (Docker 19.03).
 MIN_API = "1.40"
+# The newest API version hostagent speaks (the docker SDK 7.1's default; the create body's fields are all older).
+MAX_API = "1.45"
+
+
+def version_lt(a: str, b: str) -> bool:
+    """Whether API version `a` is older than `b` (docker.utils.version_lt, without the SDK)."""
+    return tuple(int(p) for p in a.split(".")) < tuple(int(p) for p in b.split("."))
 
 
 def _keep_daemon_ca(api: Any) -> None:
@@ -31,16 +40,68 @@ def _keep_daemon_ca(api: Any) -> None:
 
 
 def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
-    """A docker.APIClient talking to the daemon, or DockerUnavailableError (69) with the address and a hint.
+    """A client of the daemon (UnixClient on a unix socket, else the SDK's), or DockerUnavailableError (69) with
+    the address and a hint; `version`: that API version, else the one negotiated as the docker CLI does it, from
+    `GET /_ping`'s API-Version header (the SDK's "auto" asks `GET /version`, which makes the daemon query containerd
+    and runc and costs ~8 ms a call)."""
+    path = endpoint().unix_path
+    if path is None:
+        return sdk(timeout, version)
+    from gpupin.hostagent.engine.unix import UnixClient
 
-    The API version is negotiated as the docker CLI does it, from `GET /_ping`'s API-Version header: the SDK's
-    "auto" asks `GET /version`, which makes the daemon query containerd and runc and costs ~8 ms a call.
-    """
+    api = UnixClient(version, path, timeout)
+    if version is not None:
+        return api
+    try:
+        answer = api.open("GET", "/_ping", versioned=False)
+        answer.body()
+    except Exception as err:  # the socket's errors, a refusal
+        raise unavailable(err) from None
+    server = answer.headers.get("api-version") or ""
+    _check(server, answer.status)
+    api.api_version = MAX_API if version_lt(MAX_API, server) else server
+    api.gpupin_server_version = server
+    return api
+
+
+def _check(server: str, status: int) -> None:
+    if status != 200 or not server:
+        raise DockerUnavailableError(
+            f"the Docker daemon at {docker_host()} answered /_ping with {status} and no API version", DAEMON_HINT
+        )
+    if version_lt(server, MIN_API):
+        raise DockerUnavailableError(
+            f"the Docker daemon at {docker_host()} speaks API {server}; device requests "
+            f"(--gpus) need {MIN_API} (Docker 19.03) or newer",
+            "upgrade Docker",
+        )
+
+
+def sdk_of(api: Any) -> Any:
+    """The SDK's client for the daemon `api` talks to, in its API version (`api` itself when it is one)."""
+    from gpupin.hostagent.engine.unix import UnixClient
+
+    return sdk(api.timeout, api.api_version) if isinstance(api, UnixClient) else api
+
+
+def follower(version: str) -> Any:
+    """The client that follows a created container (gpupin.hostagent.run.start), in the API version it was made in."""
+    path = endpoint().unix_path
+    if path is not None:
+        from gpupin.hostagent.engine.unix import UnixClient
+
+        return UnixClient(version, path)
+    from gpupin.hostagent.engine.sdk_follow import SdkFollower
+
+    return SdkFollower(sdk(60.0, version))
+
+
+def sdk(timeout: float | None = 60.0, version: str | None = None) -> Any:
+    """A docker.APIClient talking to the daemon, its version negotiated from `GET /_ping` (or `version`)."""
     ep = endpoint()
     try:
         import docker
         from docker.constants import DEFAULT_DOCKER_API_VERSION
-        from docker.utils import version_lt
     except ImportError:
         raise sdk_missing() from None
 
@@ -61,17 +122,7 @@ def connect(timeout: float | None = 60.0, version: str | None = None) -> Any:
     except Exception as err:  # the SDK's, requests' and the socket's errors alike
         raise unavailable(err) from None
     server = ping.headers.get("Api-Version") or ""
-    if ping.status_code != 200 or not server:
-        raise DockerUnavailableError(
-            f"the Docker daemon at {docker_host()} answered /_ping with {ping.status_code} and no API version",
-            DAEMON_HINT,
-        )
-    if version_lt(server, MIN_API):
-        raise DockerUnavailableError(
-            f"the Docker daemon at {docker_host()} speaks API {server}; device requests "
-            f"(--gpus) need {MIN_API} (Docker 19.03) or newer",
-            "upgrade Docker",
-        )
+    _check(server, ping.status_code)
     agreed = DEFAULT_DOCKER_API_VERSION if version_lt(DEFAULT_DOCKER_API_VERSION, server) else server
     api = client(agreed)
     api.gpupin_server_version = server  # the daemon's own API version (the agreed one may be the SDK's, lower)

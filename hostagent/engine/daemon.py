@@ -37,7 +37,7 @@ def may_serve_cdi(api: Any) -> bool:
     server = getattr(api, "gpupin_server_version", None)
     if not server:
         return True
-    from docker.utils import version_lt
+    from gpupin.hostagent.engine.client import version_lt
 
     return not version_lt(server, cdi.MIN_API)
 

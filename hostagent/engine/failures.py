@@ -61,7 +61,7 @@ def failure(err: BaseException, doing: str) -> GpupinError:
 
 
 class EngineError(Exception):
-    """The daemon's answer to a call of the SDK-free client (gpupin.hostagent.engine.raw) when it is not a success:
+    """The daemon's refusal of a call of the unix socket's client (gpupin.hostagent.engine.unix):
     its status and its message, under the names the SDK's APIError gives them."""
 
     def __init__(self, status_code: int, explanation: str) -> None:

@@ -133,7 +133,7 @@ def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any
     limits = host.pop("Ulimits", None) or []
     if limits:
         spec["r_limits"] = [
-            {"type": f"RLIMIT_{str(u['Name']).upper()}", "soft": int(u["Soft"]), "hard": int(u["Hard"])} for u in limits
+            {"type": str(u["Name"]), "soft": _rlimit(u["Soft"]), "hard": _rlimit(u["Hard"])} for u in limits
         ]
     annotations = host.pop("Annotations", None)
     if annotations:
@@ -159,9 +159,21 @@ def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any
     return spec
 
 
+def _rlimit(value: Any) -> int:
+    """A --ulimit value as libpod's create takes it. libpod names a limit as the docker CLI does (`nofile`: it adds
+    the RLIMIT_ itself, so RLIMIT_NOFILE reached runc as RLIMIT_RLIMIT_NOFILE) but reads the values unsigned:
+    Docker's -1 (unlimited) is the largest, as podman's own CLI sends it."""
+    n = int(value)
+    return n if n >= 0 else 2**64 - 1
+
+
 def create(api: Any, config: Mapping[str, Any], name: str | None) -> str:
     """Create the container through podman's own API; its ID (the compatible API's too)."""
     body = spec_generator(config, name)
+    from gpupin.hostagent.engine.unix import UnixClient
+
+    if isinstance(api, UnixClient):
+        return str(api.call("POST", LIBPOD + "/containers/create", body=body, versioned=False)["Id"])
     res = api._post(
         api.base_url + LIBPOD + "/containers/create",
         data=json.dumps(body),

@@ -113,13 +113,6 @@ def of(labels: Mapping[str, str], started: float | None = None) -> Booking | Non
         return Booking(None, since, None)
 
 
-def agent_folder() -> str:
-    """Where the resident agent keeps its state: its socket's folder (GPUPIN_AGENT_SOCKET)."""
-    from gpupin.hostagent import agentlink
-
-    return os.path.dirname(os.path.abspath(agentlink.socket_path()))
-
-
 def read_extensions(folder: str) -> dict[str, int]:
     """The agent's extensions (container id -> until), {} when there are none or the file cannot be read (a user
     who may not read the agent's folder sees the label's end)."""

@@ -278,7 +278,7 @@ def _minors(path: str, host: HostCards, deep: bool) -> tuple[list[int] | None, b
     if host.local:
         try:
             found = nodes.local_nodes(path, deep)
-        except nodes.TooBig:
+        except nodes.TreeTooLarge:
             return None, True
         except OSError:  # a path this user may not read: judged by its name, as on another host
             found = None
@@ -286,7 +286,7 @@ def _minors(path: str, host: HostCards, deep: bool) -> tuple[list[int] | None, b
             cards = [m for _, major, minor in found if (m := nodes.card_minor(major, minor)) is not None]
             return cards, bool(found)
     minors = nodes.named_minors(path)
-    return minors, nodes.named(path) or bool(minors)
+    return minors, nodes.names_gpu_node(path) or bool(minors)
 
 
 def device_files(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:

@@ -24,13 +24,14 @@ with it. No volume is made for a start shorter than a third of the lease."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
-from gpupin.hostagent import Flag, Helper, engine, start_thread, suppress
+from gpupin.hostagent import engine, start_thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import threading
     from collections.abc import Callable, Mapping
     from typing import Any
 
@@ -85,16 +86,12 @@ class Owner:
         self.pidns = pidns
 
     @classmethod
-    def me(cls) -> Owner:
-        return cls.of(os.getpid())
-
-    @classmethod
     def of(cls, pid: int) -> Owner:
         """A process of this host and pid namespace (the resident agent signs its caller's container so)."""
-        import _socket  # not socket: ~3 ms of `hostagent run`'s start-up through the agent
+        import socket
 
         return cls(
-            _socket.gethostname(),
+            socket.gethostname(),
             pid,
             start_time(pid) or "",
             _read("/proc/sys/kernel/random/boot_id"),
@@ -124,7 +121,7 @@ class Owner:
     def alive(self) -> bool | None:
         """Whether the owner still runs: True or False for a process of this boot and pid namespace, None when
         this process cannot tell (another machine or namespace, or /proc hides it)."""
-        here = me()
+        here = this_process()
         if not (self.boot and self.pidns and self.start) or (self.boot, self.pidns) != (here.boot, here.pidns):
             return None
         try:
@@ -139,20 +136,20 @@ class Owner:
         return start == self.start
 
 
-_ME: Owner | None = None
+_THIS_PROCESS: Owner | None = None
 
 
-def me() -> Owner:
+def this_process() -> Owner:
     """This process, as it signs its leases (read once)."""
-    global _ME
-    if _ME is None:
-        _ME = Owner.me()
-    return _ME
+    global _THIS_PROCESS
+    if _THIS_PROCESS is None:
+        _THIS_PROCESS = Owner.of(os.getpid())
+    return _THIS_PROCESS
 
 
 def claim(seconds: int = LEASE_S) -> dict[str, str]:
     """The labels of a lease held by this process."""
-    return {OWNER_LABEL: str(me()), LEASE_LABEL: str(seconds)}
+    return {OWNER_LABEL: str(this_process()), LEASE_LABEL: str(seconds)}
 
 
 def seconds(labels: Mapping[str, str]) -> float:
@@ -217,7 +214,7 @@ def renewed_at(api: Any, cid: str) -> float | None:
 def forget(api: Any, cid: str) -> None:
     """Remove the container's renewals (its start is over, or it was abandoned)."""
     for v in _renewals(api, cid):
-        with suppress(Exception):  # gone already, or in use by nothing that matters: best effort
+        with contextlib.suppress(Exception):  # gone already, or in use by nothing that matters: best effort
             api.remove_volume(v["Name"], force=True)
 
 
@@ -230,8 +227,8 @@ class Renewal:
         self.cid = cid
         self.version = version
         self._api: Any = None
-        self._done = Flag()
-        self._thread: Helper | threading.Thread | None = None
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
         self._made = False
 
     def _run(self) -> None:

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpupin.hostagent import Helper
 
 LOCK_NAME = "gpupin-ledger-lock"
 SPARE_IMAGE = "gpupin-ledger-lock:empty"  # an image with no files: what the agent's spares are made from
@@ -464,7 +463,7 @@ class LedgerLock:
         # process's would take the interpreter's lock from the answer (~5 ms, a switch interval).
         self.after = after
         self._handed = False
-        self._released: Helper | threading.Thread | None = None
+        self._released: threading.Thread | None = None
 
     def __enter__(self) -> LedgerLock:
         self._handed = False

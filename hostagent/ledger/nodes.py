@@ -82,7 +82,7 @@ def _named_minor(path: str) -> int | None:
     return None
 
 
-def named(path: str) -> bool:
+def names_gpu_node(path: str) -> bool:
     """Whether the normalised path reaches a GPU node by its name alone (the rule for a daemon on another host,
     and a floor for one on this host, whose /dev may hold no node yet)."""
     p = normalised(path)
@@ -143,12 +143,12 @@ def dev_nodes(dev: str = DEV) -> list[Node]:
     return out
 
 
-class TooBig(Exception):
+class TreeTooLarge(Exception):
     """A --device folder's tree too big to walk: it counts as reaching every node."""
 
 
 def _walk(folder: str) -> list[Node]:
-    """Every GPU node in the tree (symlinks not followed, as docker's walk); TooBig past WALK_LIMIT entries; the
+    """Every GPU node in the tree (symlinks not followed, as docker's walk); TreeTooLarge past WALK_LIMIT entries; the
     OSError of a folder this user cannot read (the daemon, as root, would walk it: unknown is not "none")."""
     out: list[Node] = []
     seen = 0
@@ -163,14 +163,14 @@ def _walk(folder: str) -> list[Node]:
             if node is not None:
                 out.append(node)
         if seen > WALK_LIMIT:
-            raise TooBig(folder)
+            raise TreeTooLarge(folder)
     return out
 
 
 def local_nodes(path: str, deep: bool) -> list[Node] | None:
     """The GPU nodes a path on this host reaches, symlinks resolved: the node; a folder's tree (`deep`, a
     `--device` folder) or its own entries and, for /dev or a folder that holds it, /dev's nodes (a bind mount).
-    None when the path is not here; TooBig for a tree too big to walk."""
+    None when the path is not here; TreeTooLarge for a tree too big to walk."""
     real = os.path.realpath(path)
     try:
         st = os.stat(real)
@@ -187,17 +187,17 @@ def local_nodes(path: str, deep: bool) -> list[Node] | None:
     return out
 
 
-def reaches(path: str, local: bool, deep: bool) -> bool:
+def reaches_gpu_node(path: str, local: bool, deep: bool) -> bool:
     """Whether a host path reaches a GPU node: by its normalised name always; on a daemon of this host also
     through its symlinks and the device numbers of what is there. OSError when this user cannot read the path
     (a link it may not follow, a folder it may not list): the caller refuses what it cannot judge."""
-    if named(path):
+    if names_gpu_node(path):
         return True
     if not local:
         return False
-    if named(os.path.realpath(path)):
+    if names_gpu_node(os.path.realpath(path)):
         return True
     try:
         return bool(local_nodes(path, deep))
-    except TooBig:
+    except TreeTooLarge:
         return True

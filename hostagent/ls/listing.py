@@ -23,7 +23,7 @@ import time
 
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
-from gpupin.hostagent import engine, say
+from gpupin.hostagent import agentdir, engine, say
 from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
@@ -67,7 +67,7 @@ def gather(warn: bool = True) -> Listing:
     cards = read_cards()
     docker, reading = read_ledger(cards, warn)
     out = assemble(cards, docker, reading)
-    extend(out, booking.read_extensions(booking.agent_folder()))  # `hostagent extend`'s, kept by the agent
+    extend(out, booking.read_extensions(agentdir.state_folder()))  # `hostagent extend`'s, kept by the agent
     return out
 
 

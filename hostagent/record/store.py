@@ -97,6 +97,12 @@ def default_path() -> str:
     return os.environ.get(PATH_ENV) or DEFAULT_PATH
 
 
+WRITABLE_HINT = (
+    "give --record a path in a folder the agent may write (under systemd: StateDirectory=gpupin, as "
+    "contrib/systemd/gpupin-hostagent.service has it), or --record none"
+)
+
+
 class RecordRefused(UsageError):
     """A record file or folder the agent will not use (exit 64)."""
 
@@ -105,8 +111,14 @@ def _own_dir(path: str, create: bool) -> None:
     """`path` is a directory the agent alone may write: made 0700 when missing (`create`), else checked (not a
     link, owned by this user, written by no one else)."""
     if create:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.makedirs(path, mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError as err:  # a read-only file system (systemd's ProtectSystem=strict), a parent not ours
+            raise RecordRefused(
+                f"record folder {printable(path)} cannot be created: {err.strerror or err}", WRITABLE_HINT
+            ) from None
     try:
         st = os.lstat(path)
     except OSError as err:
@@ -123,6 +135,10 @@ def _own_dir(path: str, create: bool) -> None:
             f"record folder {printable(path)} may be written by another user than the agent's",
             "give --record a path in a folder the agent's user owns and alone may write (e.g. /var/lib/gpupin)",
         )
+    # Owned and 0700 yet not writable: a read-only mount (ProtectSystem=strict without StateDirectory=gpupin).
+    # access() asks the kernel, so the mount's flag counts too; refused here, not as SQLite's error at first write.
+    if create and not os.access(path, os.W_OK | os.X_OK):
+        raise RecordRefused(f"record folder {printable(path)} cannot be written (a read-only mount?)", WRITABLE_HINT)
 
 
 def _own_file(path: str) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import sys
 
 from gpupin.core.contract import LEVELS as VERIFY_LEVELS
 from gpupin.core.errors import UsageError, printable
-from gpupin.hostagent import help_width
 from gpupin.hostagent.completion import COMMAND, GPUS, offer
 from gpupin.hostagent.engine.cdi import VIAS
 from gpupin.hostagent.run import options as runopts
@@ -77,7 +77,7 @@ _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 _FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
 
-def go_bool(text: str) -> bool:
+def go_parse_bool(text: str) -> bool:
     """A bool flag's `=VALUE`, as Go's strconv.ParseBool (docker's flags) reads it; ValueError if not a bool."""
     if text in _TRUE or text in _FALSE:
         return text in _TRUE
@@ -102,15 +102,30 @@ class BoolFlag(argparse._StoreTrueAction):
     ) -> None:
         if isinstance(values, str):
             try:
-                values = go_bool(values)
+                values = go_parse_bool(values)
             except ValueError:
                 raise argparse.ArgumentError(self, f"{values!r} is not a boolean: use true or false") from None
         setattr(namespace, self.dest, bool(values))
 
 
+def help_width() -> int:
+    """The width argparse gives --help, found as shutil.get_terminal_size finds it (COLUMNS, else the terminal,
+    else 80; less 2) without importing shutil, which brings zlib, bz2 and lzma into every run's start-up."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Bool flags shown as flags (`--rm`), not with the optional value BoolFlag takes after `=`; the width without
-    shutil (gpupin.hostagent.help_width)."""
+    """Bool flags shown as flags (`--rm`), not with the optional value BoolFlag takes after `=`; the width
+    without shutil (help_width)."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
         super().__init__(prog, indent_increment, max_help_position, help_width() if width is None else width)
@@ -347,7 +362,7 @@ def refusal(options: Sequence[str]) -> tuple[str, str] | None:
 def parse(words: Sequence[str], parser: argparse.ArgumentParser, top: Sequence[str] = ()) -> argparse.Namespace:
     """`hostagent [TOP] run WORDS` parsed by `parser` (hostagent.parser's, whole or run's only): options split from
     IMAGE and COMMAND as docker run splits them, bool flags read as docker reads them, a refused option refused by
-    name (UsageError). The one parse of a run's words, here and in the agent that parses them for its caller."""
+    name (UsageError). The one parse of a run's words."""
     from gpupin.hostagent.completion import subcommands
 
     run_parser = subcommands(parser)["run"]
@@ -401,14 +416,14 @@ def command(args: argparse.Namespace) -> int:
         spec = launch.launch(req)
         assert isinstance(spec, ContainerSpec)
         if args.json:
-            from docker.constants import DEFAULT_DOCKER_API_VERSION
+            from gpupin.hostagent.engine.client import MAX_API
 
-            sys.stdout.write(json.dumps(spec.to_dict(DEFAULT_DOCKER_API_VERSION), indent=2) + "\n")
+            sys.stdout.write(json.dumps(spec.to_dict(MAX_API), indent=2) + "\n")
         else:
             sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
-    # A pull is this process's own (its credentials, its terminal); so is a run the agent left to it.
-    if req.pull != "always" and not getattr(args, "declined", None):
+    # A pull is this process's own (its credentials, its terminal).
+    if req.pull != "always":
         from gpupin.hostagent.run import via_agent
 
         code = via_agent.run(req)

@@ -11,24 +11,14 @@ the terminal), the first signal stops it and the second kills it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 
 from gpupin.core.errors import DockerUnavailableError
-from gpupin.hostagent import (
-    SIGINT,
-    SIGTERM,
-    SIGWINCH,
-    Helper,
-    engine,
-    mark,
-    on_signal,
-    say,
-    signal_name,
-    start_thread,
-    suppress,
-)
-from gpupin.hostagent.engine.raw import STDERR
+from gpupin.hostagent import engine, mark, say, start_thread
+from gpupin.hostagent.engine.unix import STDERR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,14 +26,13 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-    from gpupin.hostagent.engine.raw import Engine, Stream, Waiter
+    from gpupin.hostagent.engine.unix import ExitWait, Stream, UnixClient
     from gpupin.hostagent.run.request import RunRequest
 
 
 class Follow:
     """What following a container reads of `hostagent run`'s options (-d, -i, -t, --rm, --sig-proxy,
-    --stop-timeout): taken from the RunRequest where this process parsed it, or from the resident agent's answer
-    where the agent parsed the words (gpupin.hostagent.run.via_agent.run_words)."""
+    --stop-timeout), taken from the RunRequest."""
 
     __slots__ = ("detach", "interactive", "rm", "sig_proxy", "stop_timeout", "tty")
 
@@ -61,41 +50,25 @@ class Follow:
     def of(cls, req: RunRequest) -> Follow:
         return cls(req.detach, req.interactive, req.tty, req.rm, req.sig_proxy, req.stop_timeout)
 
-    def wire(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    @classmethod
-    def from_wire(cls, obj: Any) -> Follow | None:
-        """The agent's `follow`, or None when it is not one (the caller then says the agent answered nonsense)."""
-        if not isinstance(obj, dict) or set(obj) != set(cls.__slots__):
-            return None
-        detach, interactive, tty, rm, sig_proxy = (obj[k] for k in ("detach", "interactive", "tty", "rm", "sig_proxy"))
-        timeout = obj["stop_timeout"]
-        if not all(isinstance(f, bool) for f in (detach, interactive, tty, rm, sig_proxy)) or not (
-            timeout is None or (isinstance(timeout, int) and not isinstance(timeout, bool))
-        ):
-            return None
-        return cls(detach, interactive, tty, rm, sig_proxy, timeout)
-
 
 class Attachment:
     """The container's streams and its exit, opened before it starts (`open`), followed after (`follow`), through
-    the SDK-free client (gpupin.hostagent.engine.raw): the same follow whoever created the container."""
+    the client of its transport (gpupin.hostagent.engine.follower): the same follow whoever created it."""
 
-    def __init__(self, cid: str, req: Follow, api: Engine) -> None:
+    def __init__(self, cid: str, req: Follow, api: UnixClient) -> None:
         self.cid = cid
         self.req = req
         self.api = api
         self.result: dict[str, Any] = {}
         self._stream: Stream | None = None
-        self._waiter: Helper | threading.Thread | None = None
+        self._waiter: threading.Thread | None = None
 
     def open(self) -> None:
         # No read timeout on the streams: a quiet workload may print nothing for hours.
         self._stream = self.api.attach(self.cid, stdin=self.req.interactive, tty=self.req.tty)
         # The wait is registered (the daemon has sent its answer's head) before the start: a quick exit, and --rm's
         # removal, cannot be missed.
-        waiting: Waiter = self.api.wait(self.cid, "removed" if self.req.rm else "next-exit")
+        waiting: ExitWait = self.api.wait(self.cid, "removed" if self.req.rm else "next-exit")
 
         def wait() -> None:
             try:
@@ -135,7 +108,7 @@ class Attachment:
             size = os.get_terminal_size(sys.stdout.fileno())
         except OSError:
             return
-        with suppress(Exception):
+        with contextlib.suppress(Exception):
             self.api.resize(self.cid, height=size.lines, width=size.columns)
 
     # --- signals -------------------------------------------------------------------------------------------
@@ -145,7 +118,7 @@ class Attachment:
         proxy = self.req.sig_proxy and not self.req.tty
         actions = ("forward", "stop", "kill") if proxy else ("stop", "kill")
         action = actions[min(len(seen), len(actions)) - 1]
-        name = signal_name(signum)
+        name = signal.Signals(signum).name
         if action == "stop":
             say(f"{name}: stopping {self.cid[:12]} (again: kill it)")
         elif action == "kill":
@@ -153,7 +126,7 @@ class Attachment:
 
         def act() -> None:
             # It may have exited or gone already: the waiter reports how it ended.
-            with suppress(Exception):
+            with contextlib.suppress(Exception):
                 if action == "forward":
                     self.api.kill(self.cid, signal=signum)
                 elif action == "stop":
@@ -169,13 +142,16 @@ class Attachment:
         """Stream until the container exits; return its exit code (125 when it cannot be learned)."""
         assert self._waiter is not None, "open() before start"
         seen: list[int] = []
-        handlers = {s: on_signal(s, lambda signum, _f: self._on_signal(seen, signum)) for s in (SIGINT, SIGTERM)}
+        handlers = {
+            s: signal.signal(s, lambda signum, _f: self._on_signal(seen, signum))
+            for s in (signal.SIGINT, signal.SIGTERM)
+        }
         restore_tty = None
         assert self._stream is not None
         try:
             if self.req.tty:
                 restore_tty = _raw_terminal()
-                handlers[SIGWINCH] = on_signal(SIGWINCH, lambda _s, _f: self._resize())
+                handlers[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda _s, _f: self._resize())
                 self._resize()
             if self.req.interactive:
                 start_thread(self._pump_stdin, "hostagent-stdin")
@@ -194,7 +170,7 @@ class Attachment:
             if restore_tty is not None:
                 restore_tty()
             for s, h in handlers.items():
-                on_signal(s, h)
+                signal.signal(s, h)
         code = self._exit_code()
         mark("exited")
         return code

@@ -80,6 +80,7 @@ def pull(api: Any, req: RunRequest) -> None:
     from docker.utils import parse_repository_tag
 
     repo, tag = parse_repository_tag(req.image)
+    api = engine.sdk_of(api)  # a pull is the SDK's: the registry credentials of the user's Docker config
     platform = req.options.get("platform")
     # The same words whether the daemon refuses the pull (Docker) or reports the failure in its stream (podman).
     failed = f"image {req.image!r} {'could' if req.pull == 'always' else 'not found locally and could'} not be pulled"

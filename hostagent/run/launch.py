@@ -22,7 +22,6 @@ from gpupin.core.contract import LOCK_LABEL
 from gpupin.core.errors import CardHeldError, DockerUnavailableError, GpupinError
 from gpupin.hostagent import engine, gpus, mark, say
 from gpupin.hostagent.engine import cdi, podman
-from gpupin.hostagent.engine.raw import Engine
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease, lock
 from gpupin.hostagent.ledger import processes as ledger_processes
@@ -243,9 +242,9 @@ def _create(api: Any, spec: ContainerSpec, guard: lock.LedgerLock) -> str:
         if engine.is_not_found(err) and not guard.daemon.image_checked:  # a lock taken through a spare
             raise lock.ImageMissing(spec.req.image) from None
         if engine.is_api_error(err):
-            raise refused(
-                err, "Docker refused to create the container", spec.pin.via, bool(podman.version(api))
-            ) from None
+            on_podman = bool(podman.version(api))  # the error names the runtime it came from
+            doing = f"{'podman' if on_podman else 'Docker'} refused to create the container"
+            raise refused(err, doing, spec.pin.via, on_podman) from None
         if engine.is_sdk_error(err):  # the SDK checks some options itself (sizes, modes) before sending
             raise bad_option(err) from None
         raise
@@ -393,14 +392,15 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
             except CardHeldError as err:
                 waiting.refused(err)
         waiting.close()  # booked: out of the queue before the start
-    attachment = start.start(Engine(api.api_version), created.cid, Follow.of(req), created.spec.pin.via)
+    attachment = start.start(engine.follower(api.api_version), created.cid, Follow.of(req), created.spec.pin.via)
     return Launched(created.cid, created.spec, attachment)
 
 
 def _admit(req: RunRequest) -> Admit:
     """A run without the agent books as this process's uid and groups, under the host's policy file (a file with
     mistakes is said, and enforces nothing here: the agent keeps its last good one)."""
-    from gpupin.hostagent.ledger.booking import agent_folder, read_extensions
+    from gpupin.hostagent.agentdir import state_folder
+    from gpupin.hostagent.ledger.booking import read_extensions
     from gpupin.hostagent.policy import admit, host_policy
 
     policy = host_policy(say)
@@ -410,7 +410,7 @@ def _admit(req: RunRequest) -> Admit:
         # The past is the agent's record (root's, written by the agent alone): a run of its own counts only the
         # present (docs/policy.md, "Quotas").
         say("warning: the GPU-hour quotas count only what you hold now: past use is counted through the agent")
-    return admit.for_run(policy, me, req.book_for, read_extensions(agent_folder()))
+    return admit.for_run(policy, me, req.book_for, read_extensions(state_folder()))
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:

@@ -38,7 +38,7 @@ RECONNECT_S = 30.0  # how long a waiter tries to rejoin an agent that went away 
 _LOST = object()  # the stream ended
 
 
-def ask_of(req: RunRequest) -> dict[str, Any]:
+def queue_request(req: RunRequest) -> dict[str, Any]:
     """What joining sends: the daemon it is for (the agent queues only for its own), the request as the user wrote
     it (the agent resolves it), and what to show."""
     return {
@@ -138,7 +138,7 @@ class QueueClient:
 
     @classmethod
     def of(cls, req: RunRequest) -> QueueClient:
-        return cls(ask_of(req))
+        return cls(queue_request(req))
 
     def __enter__(self) -> QueueClient:
         return self

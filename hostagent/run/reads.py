@@ -15,45 +15,14 @@ class Reads:
     name (env files, seccomp profiles). `hostagent run` reads them itself, with its user's rights, and keeps what it
     read (`given` False); the resident agent, root, reads nothing of the caller's: it converts the same options
     against what the caller sent (`given` True), so that a path never opens a file as root
-    (gpupin.hostagent.run.request_json).
+    (gpupin.hostagent.run.request_json)."""
 
-    A caller that sent its words only (`missed` a list: `hostagent run` through the agent, before it parsed
-    anything) sent no file and none of its environment: what its options would read of them is noted in `missed`,
-    and the agent leaves the parse to the caller, which reads them itself."""
+    __slots__ = ("cwd", "files", "given")
 
-    __slots__ = ("cwd", "files", "given", "missed")
-
-    def __init__(
-        self, cwd: str | None = None, files: dict[str, bytes] | None = None, given: bool = False, words: bool = False
-    ) -> None:
+    def __init__(self, cwd: str | None = None, files: dict[str, bytes] | None = None, given: bool = False) -> None:
         self.cwd = cwd
         self.files = {} if files is None else files
         self.given = given
-        self.missed: list[str] | None = [] if words else None
-
-    def environ(self) -> dict[str, str]:
-        """The caller's environment as a request of words only has it: empty, each value asked for noted."""
-        return _Unsent(self.missed if self.missed is not None else [])
-
-
-class _Unsent(dict):  # type: ignore[type-arg]
-    """An environment that was not sent: every lookup finds nothing, and is noted (`-e KEY`, a bare KEY in a file)."""
-
-    def __init__(self, missed: list[str]) -> None:
-        super().__init__()
-        self.missed = missed
-
-    def __getitem__(self, key: str) -> str:
-        self.missed.append(f"${key}")
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        self.missed.append(f"${key}")
-        return False
-
-    def get(self, key: str, default: object = None) -> object:
-        self.missed.append(f"${key}")
-        return default
 
 
 # The reads of the request being converted (a context variable: the agent converts many at once, one per thread).
@@ -67,8 +36,6 @@ def read_file(path: str, limit: int = 1 << 20) -> bytes:
     r = reads.get(None)
     if r is not None and r.given:
         if path not in r.files:
-            if r.missed is not None:
-                r.missed.append(path)
             raise FileNotFoundError(errno.ENOENT, "not sent with the run request", path)
         return r.files[path]
     from gpupin.core import files  # only when an option names a file: run's start-up stays as it was

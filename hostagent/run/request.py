@@ -224,36 +224,32 @@ class ContainerSpec:
         self.labels = labels(req, self.pin)
 
     def config(self, version: str, redact: bool = False) -> dict[str, Any]:
-        """The create payload (`POST /containers/create`'s body), built by the docker SDK's types for this API
-        version; a bad option value is the SDK's error, turned into a UsageError. `redact`: the values read from
-        env files and the environment hidden (hostagent.run.environment), for showing."""
-        from docker.errors import DockerException
-        from docker.types import ContainerConfig, HostConfig
+        """The create payload (`POST /containers/create`'s body: gpupin.hostagent.run.body, the SDK's types' dict
+        without the SDK); a bad option value is a UsageError. `redact`: the values read from env files and the
+        environment hidden (hostagent.run.environment), for showing. `version`: the API version it is sent in (every
+        field here is older than MIN_API)."""
+        from gpupin.hostagent.run import body
 
         r = self.req
         import copy  # here, not on the path of a run through the agent, which never builds the payload
 
         kw = copy.deepcopy(r.payload)
         try:
-            host_config = HostConfig(
-                version=version, device_requests=[self.pin.sdk_device_request()], **kw[runopts.HOST]
-            )
-            host_config.update(kw[runopts.RAW_HOST])
+            host = body.host_config(device_requests=[self.pin.device_request()], **kw[runopts.HOST])
+            host.update(kw[runopts.RAW_HOST])
             for key, value in runopts.CLI_HOST_DEFAULTS.items():
-                host_config.setdefault(key, copy.deepcopy(value))
-            config: dict[str, Any] = ContainerConfig(
-                version,
+                host.setdefault(key, copy.deepcopy(value))
+            return body.container_config(
                 r.image,
                 r.command or None,
-                detach=r.detach,
+                host,
                 environment=[v.shown() if redact else v.entry() for v in self.env],
                 labels=self.labels,
-                host_config=host_config,
+                detach=r.detach,
                 **kw[runopts.CONTAINER],
             )
-        except (DockerException, ValueError, TypeError) as err:
+        except (body.BodyError, ValueError, TypeError) as err:
             raise bad_option(err) from None
-        return config
 
     def create_args(self) -> dict[str, Any]:
         """The create call's own arguments beside the payload (name, platform)."""

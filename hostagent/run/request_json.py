@@ -10,10 +10,6 @@ What the caller read travels as values, never as paths for the agent to open: it
 files its options name (env files, seccomp profiles: their bytes), and the values of its environment that `-e KEY`
 and a bare KEY in an env file pass on (gpupin.hostagent.run.reads.Reads). The agent runs as root and opens nothing
 for a caller. JSON, never pickle: the agent must not run what a caller sends.
-
-A run may also come as its words: `hostagent run`'s command line, its current folder and whether its input is a
-terminal, sent before the caller has parsed anything; the agent parses them with the caller's parser
-(gpupin.hostagent.serve.runs), or sends the parse back to the caller, which then sends the request above.
 """
 
 from __future__ import annotations

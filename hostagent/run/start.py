@@ -2,30 +2,32 @@
 resident agent for it): attach (in the foreground), register the wait, start, then follow or print the ID; a start
 that fails removes the container and is refused with `docker run`'s code (125, 126, 127).
 
-Everything here talks to the daemon through the SDK-free client (gpupin.hostagent.engine.raw): through the agent,
-`hostagent run` never imports the docker SDK. The lease of a container whose start takes long is renewed here, by
-its owner (gpupin.hostagent.ledger.lease.Renewal).
+Everything here talks to the daemon through the client of its transport (engine.follower: on a unix socket, the
+hand-made one): through the agent, `hostagent run` never imports the docker SDK. The lease of a container whose
+start takes long is renewed here, by its owner (gpupin.hostagent.ledger.lease.Renewal).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 
-from gpupin.hostagent import SIGINT, engine, mark, say, signal_name, suppress
+from gpupin.hostagent import engine, mark, say
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run.attach import Attachment, Follow
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpupin.core.errors import DockerRefusedError
-    from gpupin.hostagent.engine.raw import Engine
+    from gpupin.hostagent.engine.unix import UnixClient
 
 
 class Interrupted(Exception):
     """SIGTERM before the container started (SIGINT is KeyboardInterrupt)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal_name(signum))
+        super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
@@ -36,8 +38,8 @@ def raise_interrupted(signum: int, _frame: object) -> None:
 def interrupted(err: Interrupted | KeyboardInterrupt) -> int:
     """A signal before the container started: said in one line, and 128+N. Nothing is left behind: a container
     created meanwhile carries this process's lease, so once it ends nothing holds its cards."""
-    signum = err.signum if isinstance(err, Interrupted) else SIGINT
-    say(f"{signal_name(signum)} before the container started: nothing left behind")
+    signum = err.signum if isinstance(err, Interrupted) else signal.SIGINT
+    say(f"{signal.Signals(signum).name} before the container started: nothing left behind")
     return 128 + signum
 
 
@@ -59,7 +61,7 @@ def refused(err: BaseException, doing: str, via: str, podman: bool = False) -> D
     return out
 
 
-def start(api: Engine, cid: str, req: Follow, via: str) -> Attachment | None:
+def start(api: UnixClient, cid: str, req: Follow, via: str) -> Attachment | None:
     """Attach (in the foreground) and start; the attachment to follow, or None with -d. Any failure removes the
     container (it holds its cards while its lease is live: nothing is left holding them)."""
     attachment = None
@@ -77,10 +79,11 @@ def start(api: Engine, cid: str, req: Follow, via: str) -> Attachment | None:
     except BaseException as err:
         if attachment is not None:
             attachment.close()
-        with suppress(Exception):
+        with contextlib.suppress(Exception):
             api.remove(cid, force=True)
         if engine.is_api_error(err):
-            raise refused(err, "Docker could not start the container", via, api.podman is not None) from None
+            runtime = "podman" if api.podman is not None else "Docker"  # the error names the runtime it came from
+            raise refused(err, f"{runtime} could not start the container", via, api.podman is not None) from None
         if isinstance(err, Exception) and engine.is_daemon_failure(err):
             raise engine.failure(err, "starting the container") from None
         raise

@@ -22,7 +22,6 @@ import os
 import re
 
 from gpupin.core.errors import GpupinError, UsageError, shown
-from gpupin.hostagent.ledger import nodes
 from gpupin.hostagent.run.reads import read_file, workdir
 
 TYPE_CHECKING = False
@@ -99,9 +98,11 @@ def _local_daemon() -> bool:
 
 def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> None:
     """Refuse a host path that reaches an NVIDIA device node (a `--device` folder is walked, as docker walks it)."""
+    from gpupin.hostagent.ledger import nodes  # only for a bind or a device: a plain run's parse does without
+
     local = _local_daemon()
     try:
-        reached = nodes.reaches(host_path, local=local, deep=deep)
+        reached = nodes.reaches_gpu_node(host_path, local=local, deep=deep)
     except OSError as err:  # unreadable here, yet the daemon (root) would bind it: unknown is refused
         raise UsageError(
             f"{option} {shown(value)}: the host path {shown(err.filename or host_path)} cannot be read by this user "
@@ -248,7 +249,7 @@ def mount(value: str) -> Any:
     kind = fields.get("type", "volume")
     target = fields.get("target") or fields.get("destination") or fields.get("dst")
     source = fields.get("source") or fields.get("src")
-    if source == "." or (source or "").startswith("./"):  # made absolute, as -v's (docker CLI 23 and later)
+    if (source or "").startswith("."):  # made absolute, as -v's (docker CLI 28; 23 to 27: `.` and `./` only)
         source = absolute(str(source))
     if not target:
         raise ValueError("a mount needs target=PATH")
@@ -284,10 +285,11 @@ def absolute(path: str) -> str:
 
 
 def volume(value: str) -> str:
-    # docker CLI 23 and later: a bind source written relative (`.`, or beginning `./`) is made absolute; any other
-    # source without a `/` (`../x` too) is a volume name.
+    # The current docker CLI (28, measured on 28.5): a source that begins with `.` (`.`, `./x`, `../x`, `.x`) is made
+    # absolute; any other without a `/` is a volume name. CLI 23 to 27 made only `.` and `./x` absolute (a `../x` was
+    # a volume name, which the daemon refuses): hostagent follows the current CLI.
     source, sep, rest = value.partition(":")
-    if sep and (source == "." or source.startswith("./")):
+    if sep and source.startswith("."):
         source = absolute(source)
         value = f"{source}:{rest}"
     if source.startswith("/"):  # else a named volume

@@ -4,16 +4,10 @@ the same as without the agent). It imports neither the docker SDK nor NVML: what
 once, by the agent.
 
 The request is parsed and read here, with the caller's rights (env files, the current folder, a seccomp profile:
-gpupin.hostagent.run.request_json); the container's lease names this process, so that a created container lives as
-long as the run that will start it, whatever becomes of the agent. --wait waits here: a held answer (75) is asked
-again at this run's next turn in the agent's queue (gpupin.hostagent.run.waiting), until the cards are free or
---wait is up.
-
-`run_words` comes first: `hostagent run WORDS` sent as its words, before this process has imported argparse or any
-option's module, for the agent to parse with the same parser (gpupin.hostagent.run.request_json.from_words). The
-agent sends the parse back (`{"parse": WHY}`) where it is the caller's: an option that reads a file or this
-process's environment, --wait, --dry-run, a usage error or --help to print. This process then parses, and asks
-again with the request (`run`).
+gpupin.hostagent.run.request_json), and sent as the one shape the agent takes; the container's lease names this
+process, so that a created container lives as long as the run that will start it, whatever becomes of the agent.
+--wait waits here: a held answer (75) is asked again at this run's next turn in the agent's queue
+(gpupin.hostagent.run.waiting), until the cards are free or --wait is up.
 
 Where no agent answers, `run` returns None: the path without the agent, silently. Where the agent answers that the
 run is this process's own (it serves another daemon, the image must be pulled), or has gone since it was found (a
@@ -23,14 +17,14 @@ place in the queue kept.
 
 from __future__ import annotations
 
-import _socket  # not socket: ~3 ms of this path's start-up
-import sys
+import json
+import signal
+import socket
 
 from gpupin.core.errors import AgentUnavailableError, CardHeldError, GpupinError
-from gpupin.hostagent import SIGTERM, agentlink, fastjson, http1, mark, on_signal, say
-from gpupin.hostagent.engine.raw import Engine
+from gpupin.hostagent import agentlink, engine, http1, mark, say
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.run import reads, start
+from gpupin.hostagent.run import start
 from gpupin.hostagent.run.attach import Follow
 
 TYPE_CHECKING = False
@@ -49,7 +43,7 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
     answering (it died mid-request: what it made is this process's, and holds nothing once this process ends).
     An agent that does not take the request within agentlink.ANSWER_S (its 102), or turns it away (503: its
     connections are full), leaves the run to this process: it has made nothing for it."""
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(agentlink.ANSWER_S)
     try:
         sock.connect(link.path)
@@ -84,64 +78,19 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
             f"{agentlink.USE_ENV}=0 to go without it",
         ) from None
     try:
-        obj = fastjson.loads(raw) if raw.strip() else None
+        obj = json.loads(raw) if raw.strip() else None
     except ValueError:
         obj = None
     if answer.status == 404:  # an agent older than POST /api/run: the run is this process's own
         return {"direct": f"the agent at {link} does not serve POST {ROUTE}"}
     if answer.status >= 400:
         raise agentlink.error_from(answer.status, obj, str(link))
-    if not isinstance(obj, dict) or not ("direct" in obj or "parse" in obj or isinstance(obj.get("id"), str)):
+    if not isinstance(obj, dict) or not ("direct" in obj or isinstance(obj.get("id"), str)):
         raise AgentUnavailableError(
             f"the agent at {link} answered POST {ROUTE} with nonsense",
             f"see the agent's log; set {agentlink.USE_ENV}=0 to go without it",
         )
     return obj
-
-
-def run_words(words: list[str]) -> int | str | None:
-    """`hostagent run WORDS` parsed by the agent, to its exit code. None: the agent left the parse to this process
-    (gpupin.hostagent.cli then parses, and `run` asks the agent again with the request). A text: why the run is
-    this process's own (no agent answers, another daemon, an image to pull...): it parses, and goes without."""
-    if not agentlink.wanted():
-        return "GPUPIN_AGENT says never"
-    if "-h" in words or "--help" in words:  # help is printed by this process's parser
-        return None
-    link = agentlink.Link(agentlink.socket_path())
-    body = {
-        "daemon": agentlink.daemon_key(),
-        "owner": str(lease.me()),
-        "words": words,
-        "cwd": reads.workdir(),
-        "stdin_tty": _stdin_tty(),
-    }
-    old_term = on_signal(SIGTERM, start.raise_interrupted)
-    mark("asking")
-    try:
-        answer = ask(link, body)
-        if "parse" in answer:
-            return None
-        if "direct" in answer:  # this run is this process's own (no agent, another daemon...): it goes without
-            return str(answer["direct"])
-        follow = Follow.from_wire(answer.get("follow"))
-        if follow is None:
-            raise AgentUnavailableError(
-                f"the agent at {link} answered POST {ROUTE} with nonsense",
-                f"see the agent's log; set {agentlink.USE_ENV}=0 to go without it",
-            )
-        cid, attachment = _start(answer, follow)
-    except (start.Interrupted, KeyboardInterrupt) as err:
-        return start.interrupted(err)  # a container the agent made meanwhile is this process's, as without it
-    finally:
-        on_signal(SIGTERM, old_term)
-    return start.finish(cid, attachment)
-
-
-def _stdin_tty() -> bool:
-    try:
-        return sys.stdin.isatty()
-    except (AttributeError, ValueError):  # no stdin, or a closed one
-        return False
 
 
 def _start(answer: dict[str, Any], follow: Follow) -> tuple[str, Any]:
@@ -150,7 +99,7 @@ def _start(answer: dict[str, Any], follow: Follow) -> tuple[str, Any]:
     for line in answer.get("say") or ():
         say(str(line))
     cid = str(answer["id"])
-    return cid, start.start(Engine(str(answer["api"])), cid, follow, str(answer.get("via")))
+    return cid, start.start(engine.follower(str(answer["api"])), cid, follow, str(answer.get("via")))
 
 
 def run(req: RunRequest) -> int | None:
@@ -163,8 +112,8 @@ def run(req: RunRequest) -> int | None:
     link = agentlink.find()
     if link is None:
         return None
-    body = {"daemon": agentlink.daemon_key(), "owner": str(lease.me()), "request": request_json.dump(req)}
-    old_term = on_signal(SIGTERM, start.raise_interrupted)
+    body = {"daemon": agentlink.daemon_key(), "owner": str(lease.this_process()), "request": request_json.dump(req)}
+    old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
     try:
         with WaitLoop(req) as wait_loop:
@@ -176,7 +125,7 @@ def run(req: RunRequest) -> int | None:
                     if err.exit_code != CardHeldError.exit_code:
                         raise
                     wait_loop.refused(err)
-            if "direct" in answer or "parse" in answer:  # this run's own to make, in the same --wait
+            if "direct" in answer:  # this run's own to make, in the same --wait
                 from gpupin.hostagent.run import launch
 
                 launched = launch.launch(req, wait_loop)
@@ -189,5 +138,5 @@ def run(req: RunRequest) -> int | None:
     except (start.Interrupted, KeyboardInterrupt) as err:
         return start.interrupted(err)  # a container the agent made meanwhile is this process's, as without it
     finally:
-        on_signal(SIGTERM, old_term)
+        signal.signal(signal.SIGTERM, old_term)
     return start.finish(cid, attachment)

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
     from _typeshed import WriteableBuffer
 
-    from gpupin.hostagent import Helper
 
 HEAD_S = 5.0  # the request line and its headers, from accept (a client sends them at once)
 MAX_HEAD = 64 << 10  # a head beyond this is no client of ours (431)
@@ -172,7 +171,7 @@ class Acceptor:
         self._total = 0
         self._jobs: collections.deque[tuple[socketserver.TCPServer, AcceptedConnection]] = collections.deque()
         self._waiting = 0  # workers waiting for a job
-        self._thread: Helper | threading.Thread | None = None
+        self._thread: threading.Thread | None = None
 
     # --- what the tests and /api/agent read ---
 

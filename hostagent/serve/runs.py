@@ -19,10 +19,8 @@ and follows the container itself (gpupin.hostagent.run.via_agent); the agent nev
   lines to print), a refusal as `{"error", "hint", "exit"}` (75 for held cards: the caller's --wait asks again), or
   `{"direct": WHY}`: this run is the caller's to make (another daemon, an image to pull, a caller without Docker,
   a hostagent of another version).
-- *Words, or a request.* A run comes as its command line (`words`: the agent parses it with the caller's parser,
-  adding `follow` to its answer) or as the request the caller parsed (`request`). Where the words' parse is the
-  caller's (its files, its environment, --wait, an error to print), the answer is `{"parse": WHY}` and nothing is
-  made: the caller parses, and sends the request.
+- *One shape.* A run comes as the request its caller parsed, with what its options read of the caller's files and
+  environment (gpupin.hostagent.run.request_json): the agent parses no command line and opens nothing for a caller.
 """
 
 from __future__ import annotations
@@ -33,12 +31,9 @@ import time
 
 from gpupin.core.errors import UsageError, shorten, shown
 from gpupin.hostagent import agentlink, engine, mark
-from gpupin.hostagent import parser as parsers
 from gpupin.hostagent.engine import podman
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.run import args as run_args
-from gpupin.hostagent.run import launch, reads, request_json
-from gpupin.hostagent.run.attach import Follow
+from gpupin.hostagent.run import launch, request_json
 from gpupin.hostagent.serve import rights, say
 
 TYPE_CHECKING = False
@@ -55,53 +50,8 @@ KEPT_CLIENTS = 4  # Engine clients kept between runs (more run at once only when
 INFO_S = 10.0  # how long the daemon's /info is reused (its runtimes and CDI folders change with its configuration)
 
 
-class _Direct(Exception):
-    """This run is the caller's to make (the answer says why)."""
-
-
-class _Parse(Exception):
-    """The words' parse is the caller's (the answer says why): it reads the caller's files or environment, prints,
-    or is for a run the caller follows itself."""
-
-
-_PARSER: Any = None
-_PARSER_LOCK = threading.Lock()  # argparse is not written for threads: one parse at a time (a fraction of a ms)
-# argparse's time grows with the square of the options (1,000 words: 16 ms; 20,000: 3.4 s, measured): longer
-# command lines are parsed by their caller, so that no caller holds the agent's parser for others.
-WORDS_MAX = 256
-
-
-def from_words(body: dict[str, Any]) -> Any:
-    """The RunRequest of a caller's `run` words (`words`, `cwd`, `stdin_tty`), parsed as its own parser parses
-    them (gpupin.hostagent.run.args.parse, .request); _Parse where the parse is the caller's: what it would read
-    of the caller's (a file, a value of its environment) was not sent, and the agent opens nothing for a caller."""
-    global _PARSER
-    words, cwd, stdin_tty = body.get("words"), body.get("cwd"), body.get("stdin_tty")
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-        raise request_json.malformed("words")
-    if not isinstance(cwd, str) or not cwd.startswith("/") or not isinstance(stdin_tty, bool):
-        raise request_json.malformed("cwd or stdin_tty")
-    if len(words) > WORDS_MAX:
-        raise _Parse(f"more than {WORDS_MAX} words")
-    with _PARSER_LOCK:
-        if _PARSER is None:
-            _PARSER = parsers.run_only(quiet=True)
-        try:
-            args = run_args.parse(words, _PARSER)
-        except parsers.Unparsed:
-            raise _Parse("a usage error or help, which the caller's parser prints") from None
-    if args.wait is not None or args.dry_run:
-        raise _Parse("--wait or --dry-run: the caller's to follow")
-    given = reads.Reads(cwd, {}, given=True, words=True)
-    try:
-        req = run_args.request(args, lambda: stdin_tty, environ=given.environ(), reads=given)
-    except Exception:
-        if given.missed:
-            raise _Parse("its options read the caller's files or environment") from None
-        raise
-    if given.missed:
-        raise _Parse("its options read the caller's files or environment")
-    return req
+class LeftToCaller(Exception):
+    """This run is the caller's to make (the answer says why): the agent has made nothing for it."""
 
 
 def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
@@ -110,7 +60,7 @@ def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
     owner = lease.Owner.parse(claimed if isinstance(claimed, str) else None)
     if owner is None:
         raise UsageError("the run request names no owner for its lease", "use a hostagent of the agent's version")
-    here = lease.me()
+    here = lease.this_process()
     if peer.pidns and peer.pidns != here.pidns and (owner.boot, owner.pidns) != (here.boot, here.pidns):
         pass  # a caller in a pid namespace of its own names itself there: its lease is renewed, as a remote one's
     elif (owner.boot, owner.pidns, owner.pid, owner.start) != (here.boot, here.pidns, peer.pid, peer.start):
@@ -159,10 +109,8 @@ class Runs:
         after: list[Callable[[], None]] = []
         try:
             handler.answer(self.reserve(body, peer, after))
-        except _Direct as why:
+        except LeftToCaller as why:
             handler.answer({"direct": str(why)})
-        except _Parse as why:
-            handler.answer({"parse": str(why)})
         finally:
             for then in after:
                 then()
@@ -171,17 +119,17 @@ class Runs:
         mark("asked")
         why = agentlink.other_daemon(body.get("daemon"))
         if why is not None:
-            raise _Direct(why)
+            raise LeftToCaller(why)
         refused = rights.refusal(peer)
         if refused is not None:
-            raise _Direct(refused)
-        sent, words = body.get("request"), "words" in body
-        if not words and (not isinstance(sent, dict) or sent.get("wire") != request_json.VERSION):
-            raise _Direct(f"the agent reads run requests of version {request_json.VERSION}")  # another hostagent's
+            raise LeftToCaller(refused)
+        sent = body.get("request")
+        if not isinstance(sent, dict) or sent.get("wire") != request_json.VERSION:
+            raise LeftToCaller(f"the agent reads run requests of version {request_json.VERSION}")  # another hostagent's
         owner = owner_labels(body.get("owner"), peer)
-        req = from_words(body) if words else request_json.load(sent)
+        req = request_json.load(sent)
         if req.pull == "always":
-            raise _Direct("--pull always")
+            raise LeftToCaller("--pull always")
         admit = self._admit(req, peer)  # a --for past the policy's maximum: refused before anything is read
         lines: list[str] = []
         cards, picks = launch.read_cards(req, lines.append)
@@ -211,10 +159,7 @@ class Runs:
         with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
             say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} ({shown(peer.user())}) pid {peer.pid}")
         self.agent.note_owner(created.cid, peer.uid)  # the caller at accept owns its intervals in the record
-        answer = {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
-        if words:  # the caller follows the container as the options it did not parse say
-            answer["follow"] = Follow.of(req).wire()
-        return answer
+        return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
 
     def _admit(self, req: Any, peer: Peer) -> Any:
         """The booking and the quotas of the policy in force, for the caller the kernel named (never a name the
@@ -230,7 +175,7 @@ class Runs:
     def _missing(image: str) -> Any:
         def pull_is_the_callers() -> None:
             # Pulls are the caller's: its registry credentials, its progress on its terminal.
-            raise _Direct(f"the image {image} is not on the daemon")
+            raise LeftToCaller(f"the image {image} is not on the daemon")
 
         return pull_is_the_callers
 

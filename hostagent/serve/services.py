@@ -59,9 +59,14 @@ def stop(api: Any, service: dict[str, Any]) -> str:
         # The spec as read, at its version (docker-py's update_service rebuilds a spec from its arguments): a
         # change made meanwhile is a conflict, not overwritten.
         spec["Mode"] = {"Replicated": {**mode["Replicated"], "Replicas": 0}}
-        url = api._url("/services/{0}/update", sid)
-        res = api._post_json(url, data=spec, params={"version": service["Version"]["Index"]})
-        api._raise_for_status(res)
+        params = {"version": service["Version"]["Index"]}
+        from gpupin.hostagent.engine.unix import UnixClient
+
+        if isinstance(api, UnixClient):
+            api.call("POST", f"/services/{sid}/update", params, spec)
+        else:
+            res = api._post_json(api._url("/services/{0}/update", sid), data=spec, params=params)
+            api._raise_for_status(res)
         return "scaled to 0"
     api.remove_service(sid)
     return "removed"

@@ -11,10 +11,8 @@ import grp
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,9 +25,11 @@ from gpupin.hostagent.engine.address import Endpoint
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import request_json
 from gpupin.hostagent.run.request import RunRequest
+from tests.support.forwarder import Forwarder
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
+from tests.support.users import as_other, reach_env, setpriv
 from tests.support.wait import wait_for
 
 A800, RTX = uuids("mixed-4")[:2]  # cards 0 and 1
@@ -108,12 +108,7 @@ FORGED = {"container": {}, "host": {"privileged": True, "binds": ["/:/host"]}, "
 
 
 def as_user(uid: int, *groups: int) -> list[str]:
-    return [
-        "setpriv",
-        f"--reuid={uid}",
-        f"--regid={uid}",
-        f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups",
-    ]
+    return setpriv(uid, *groups)
 
 
 class Users:
@@ -128,7 +123,7 @@ class Users:
 
 def client(user: list[str], mode: str, sock: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*user, sys.executable, "-c", CLIENT, mode, sock, *args],
+        as_other(user, [sys.executable, "-c", CLIENT, mode, sock, *args]),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -238,8 +233,8 @@ def test_a_hand_made_request_gets_the_refusal_hostagent_run_gives(
     sent.get("env", []).append(["DOCKER_RESOURCE_GPU", "0", None, False])
     status, answer = post(users.docker_member, resident.socket, "/api/run", body)
     direct = subprocess.run(
-        [*users.docker_member, *agent.argv("run", "--gpu", "1", *argv, TEST_IMAGE, "true")],
-        env={**agent.env, "GPUPIN_AGENT": "0"},
+        as_other(users.docker_member, agent.argv("run", "--gpu", "1", *argv, TEST_IMAGE, "true")),
+        env=reach_env({**agent.env, "GPUPIN_AGENT": "0"}),
         capture_output=True,
         text=True,
         timeout=120,
@@ -250,62 +245,18 @@ def test_a_hand_made_request_gets_the_refusal_hostagent_run_gives(
     assert created(agent) == []
 
 
-def words_body(agent: Agent, *words: str) -> dict[str, Any]:
-    """What `hostagent run --gpu 1 WORDS TEST_IMAGE true` sends first: its words, for the agent to parse."""
-    return {
+def test_words_instead_of_a_request_are_left_to_the_caller(agent: Agent, resident: Resident, users: Users) -> None:
+    """The agent parses no command line (an older client sent its words first): it makes nothing and says the run
+    is the caller's own, which then parses, reads its own files and goes without it."""
+    body = {
         "daemon": sandbox_daemon(agent),
         "owner": "SELF",
-        "words": ["--gpu", "1", "--label", f"gpupin.test={agent.tag}", *words, TEST_IMAGE, "true"],
+        "words": ["--gpu", "1", "--label", f"gpupin.test={agent.tag}", TEST_IMAGE, "true"],
         "cwd": "/",
         "stdin_tty": False,
     }
-
-
-@pytest.mark.parametrize(
-    "words",
-    [["-v", "/:/host"], ["--device", "/dev/nvidia1"], ["-e", "DOCKER_RESOURCE_GPU=0"], ["--privileged"], ["--bogus"]],
-    ids=["bind-root", "device", "docker-resource-env", "privileged", "unknown-option"],
-)
-def test_words_the_agent_parses_get_the_refusal_hostagent_run_gives(
-    agent: Agent, resident: Resident, users: Users, words: list[str]
-) -> None:
-    """The agent parses a caller's words with the caller's own parser: every refusal applies; a usage error that
-    the caller's parser prints (an unknown option, with its suggestion) is sent back to the caller to print."""
-    status, answer = post(users.docker_member, resident.socket, "/api/run", words_body(agent, *words))
-    direct = subprocess.run(
-        [*users.docker_member, *agent.argv("run", "--gpu", "1", *words, TEST_IMAGE, "true")],
-        env={**agent.env, "GPUPIN_AGENT": "0"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert direct.returncode == 64 and direct.stderr.count("\n") == 1, direct.stderr
-    if words == ["--bogus"]:
-        assert status == 200 and set(answer) == {"parse"}, answer
-    else:
-        assert answer.get("exit") == 64 and status == 400, answer
-        assert answer["error"] in direct.stderr and answer["hint"] in direct.stderr
-    assert created(agent) == []
-
-
-@pytest.mark.parametrize(
-    "words",
-    [["--env-file", "SECRET"], ["--security-opt", "seccomp=SECRET"], ["-e", "HOME"]],
-    ids=["env-file", "seccomp-profile", "environment"],
-)
-def test_words_that_read_the_callers_files_are_sent_back_unread(
-    agent: Agent, resident: Resident, users: Users, tmp_path: Path, words: list[str]
-) -> None:
-    """The agent, root, opens nothing for a caller: words whose options read a file (root's only, here) or the
-    caller's environment are sent back for the caller to parse and read with its own rights."""
-    secret = tmp_path / "secret"
-    secret.write_text("TOKEN=root-only-secret\n")
-    secret.chmod(0o600)
-    os.chmod(tmp_path, 0o755)
-    words = [w.replace("SECRET", str(secret)) for w in words]
-    status, answer = post(users.docker_member, resident.socket, "/api/run", words_body(agent, *words))
-    assert status == 200 and set(answer) == {"parse"}, answer
-    assert "root-only-secret" not in json.dumps(answer)
+    status, answer = post(users.docker_member, resident.socket, "/api/run", body)
+    assert status == 200 and set(answer) == {"direct"}, answer
     assert created(agent) == []
 
 
@@ -345,43 +296,6 @@ def test_a_caller_in_hundreds_of_groups_is_judged_by_all_of_them(
         f"hostagent: serve: run: {answer['id'][:12]} on {RTX} for uid {DOCKER_MEMBER} \\({DOCKER_MEMBER}\\) pid [0-9]+",
         made[0],
     ), made
-
-
-class Forwarder:
-    """tcp://127.0.0.1:PORT to the sandbox's unix socket: a daemon that is not a unix socket."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                near, _ = self.listener.accept()
-            except OSError:
-                return
-            far = socket.socket(socket.AF_UNIX)
-            far.connect(self.path)
-            self.open += [near, far]
-            for a, b in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-            b.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.open:
-            s.close()
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from tests.support.host import hostagent
 from tests.support.record import intervals
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
+from tests.support.users import as_other, reach_env, setpriv
 from tests.support.wait import wait_for
 
 ALICE, BOB = 5002, 5005  # both in the agent's group and the daemon's
@@ -47,15 +48,12 @@ class Lab:
         self.file.write_text(text)
         self.resident: Resident = serve(agent, "--policy", str(self.file))
         docker_gid = os.stat(agent.sandbox.host[len("unix://") :]).st_gid
-        self.users = {
-            uid: ["setpriv", f"--reuid={uid}", f"--regid={uid}", f"--groups={AGENT_GID},{docker_gid}"]
-            for uid in (ALICE, BOB)
-        }
+        self.users = {uid: setpriv(uid, AGENT_GID, docker_gid) for uid in (ALICE, BOB)}
 
     def as_user(self, uid: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        env = {**self.agent.env, "GPUPIN_AGENT_SOCKET": self.resident.socket}
+        env = reach_env({**self.agent.env, "GPUPIN_AGENT_SOCKET": self.resident.socket})
         return subprocess.run(
-            [*self.users[uid], *self.agent.argv(*args)], env=env, capture_output=True, text=True, timeout=timeout
+            as_other(self.users[uid], self.agent.argv(*args)), env=env, capture_output=True, text=True, timeout=timeout
         )
 
     def holder(self, name: str) -> dict[str, Any] | None:
@@ -324,9 +322,9 @@ def test_the_queue_gives_no_turn_to_a_waiter_over_its_quota(lab: Lab) -> None:
     r = lab.as_user(ALICE, "run", "-d", "--name", first, "--gpu", "1", TEST_IMAGE, "sleep", "600")
     assert r.returncode == 0, r.stderr
     lab.wait_holder(first)
-    env = {**lab.agent.env, "GPUPIN_AGENT_SOCKET": lab.resident.socket}
+    env = reach_env({**lab.agent.env, "GPUPIN_AGENT_SOCKET": lab.resident.socket})
     waiter = subprocess.Popen(
-        [*lab.users[ALICE], *lab.agent.argv("run", "--wait", "--gpu", "0", TEST_IMAGE, "true")],
+        as_other(lab.users[ALICE], lab.agent.argv("run", "--wait", "--gpu", "0", TEST_IMAGE, "true")),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -358,9 +356,8 @@ def test_a_run_without_the_agent_keeps_the_maximum(agent: Agent, tmp_path: Path)
     assert r.returncode == 0, r.stderr
     docker_gid = os.stat(agent.sandbox.host[len("unix://") :]).st_gid
     r = subprocess.run(
-        ["setpriv", f"--reuid={ALICE}", f"--regid={ALICE}", f"--groups={docker_gid}",
-         *agent.argv("run", "--for", "3h", "--gpu", "1", TEST_IMAGE, "true")],
-        env={**agent.env, "GPUPIN_AGENT": "0", "GPUPIN_POLICY": str(f)},
+        as_other(setpriv(ALICE, docker_gid), agent.argv("run", "--for", "3h", "--gpu", "1", TEST_IMAGE, "true")),
+        env=reach_env({**agent.env, "GPUPIN_AGENT": "0", "GPUPIN_POLICY": str(f)}),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 64, r.stderr
@@ -369,9 +366,8 @@ def test_a_run_without_the_agent_keeps_the_maximum(agent: Agent, tmp_path: Path)
     # the past is the agent's record: a run of its own counts only what is held now, and says so
     f.write_text("[quota]\ngpu_hours_per_day = 1\n")
     r = subprocess.run(
-        ["setpriv", f"--reuid={ALICE}", f"--regid={ALICE}", f"--groups={docker_gid}",
-         *agent.argv("run", "--gpu", "1", TEST_IMAGE, "true")],
-        env={**agent.env, "GPUPIN_AGENT": "0", "GPUPIN_POLICY": str(f)},
+        as_other(setpriv(ALICE, docker_gid), agent.argv("run", "--gpu", "1", TEST_IMAGE, "true")),
+        env=reach_env({**agent.env, "GPUPIN_AGENT": "0", "GPUPIN_POLICY": str(f)}),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr

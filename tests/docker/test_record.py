@@ -158,7 +158,7 @@ def test_a_hanging_hook_stalls_nothing(agent: Agent, tmp_path: Path) -> None:
         wait_for(pids.exists, 20, "the hook called (booking.ending) and hanging")
         started = time.monotonic()
         lab.resident.ls()
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 10  # not held by the hook, which hangs for 600 s
         other = agent("run", "-d", "--gpu", "0", TEST_IMAGE, "sleep", "300", GPUPIN_AGENT_SOCKET=lab.resident.socket)
         assert other.returncode == 0, other.stderr
         db = lab.resident.dir / "record.db"

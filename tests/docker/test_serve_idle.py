@@ -23,6 +23,7 @@ from tests.support.processes import on_cards
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 from tests.support.scenarios import uuids
+from tests.support.users import as_other, reach_env, setpriv
 from tests.support.wait import wait_for
 
 A800, RTX, A800B, A800C = uuids("mixed-4")
@@ -66,11 +67,14 @@ def resident(agent: Agent, policy: Path) -> Iterator[Resident]:
 def run_as(agent: Agent, uid: int | None, name: str, gpu: str, *options: str) -> subprocess.CompletedProcess[str]:
     """`hostagent run -d` through the agent, as root or as a real other user who may use the daemon."""
     docker_gid = os.stat(agent.sandbox.host[len("unix://") :]).st_gid
-    user = [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}", f"--groups={AGENT_GID},{docker_gid}"]
-    argv = [*user, HOSTAGENT, "run", "-d", "--name", name, "--label", f"gpupin.test={agent.tag}", "--gpu", gpu]
+    argv = [HOSTAGENT, "run", "-d", "--name", name, "--label", f"gpupin.test={agent.tag}", "--gpu", gpu]
+    argv += [*options, TEST_IMAGE, *TRAPPED]
+    env = {**agent.env, "HOME": "/tmp"}
+    if uid is not None:
+        argv, env = as_other(setpriv(uid, AGENT_GID, docker_gid), argv), reach_env(env)
     return subprocess.run(
-        [*argv, *options, TEST_IMAGE, *TRAPPED],
-        env={**agent.env, "HOME": "/tmp"},
+        argv,
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,

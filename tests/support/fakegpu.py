@@ -38,7 +38,9 @@ def hook_python() -> str:
 
 
 def make_fakegpu() -> None:
-    subprocess.run(["make", "-s", "-C", str(SRC), f"OUT={BUILD}", f"PYTHON={hook_python()}"], check=True, timeout=300)
+    # OUT relative to the fakes' folder: make takes a path with spaces (the checkout's may have them) as two targets.
+    out = os.path.relpath(BUILD, SRC)
+    subprocess.run(["make", "-s", "-C", str(SRC), f"OUT={out}", f"PYTHON={hook_python()}"], check=True, timeout=300)
 
 
 PRELUDE = """

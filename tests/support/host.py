@@ -3,10 +3,14 @@ a scenario's cards), the CLIs run there, and whether this run requires the daemo
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from tests.support.scenarios import scenario, topology
@@ -48,9 +52,20 @@ def idle_topology(name: str = "mixed-4") -> str:
     return str(path)
 
 
+@functools.cache
+def lock_dir() -> str:
+    """The folder of the ledger's local locks (GPUPIN_LOCK_DIR) for this pytest process, removed when it exits:
+    root's default is the host's own /run/gpupin, which the tests leave as they found it."""
+    folder = tempfile.mkdtemp(prefix="gpupin-locks-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
 def simhost_env(name: str = "mixed-4", **extra: str) -> dict[str, str]:
-    """The environment of a process on the simulated host: the fake libraries, the topology, nothing CUDA."""
+    """The environment of a process on the simulated host: the fake libraries, the topology, the test run's lock
+    folder, nothing CUDA."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPUPIN_", "NVIDIA_", "DOCKER_RESOURCE_"))}
+    env["GPUPIN_LOCK_DIR"] = lock_dir()
     env["LD_LIBRARY_PATH"] = str(FAKEGPU / "lib")
     env["FAKEGPU_TOPOLOGY"] = str(scenario(name))
     env.update(extra)

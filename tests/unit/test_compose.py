@@ -146,21 +146,24 @@ def test_the_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
     assert len(ALIAS_BOMB) < 461
     started = time.monotonic()
     load_error(tmp_path, ALIAS_BOMB)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10  # expanded, the bomb is billions of nodes: hours, not seconds
 
 
-def test_a_huge_file_a_directory_and_a_missing_file_are_refused_before_parsing(tmp_path: Path) -> None:
-    started = time.monotonic()
+def test_a_huge_file_a_directory_and_a_missing_file_are_refused_before_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def parsed(text: str) -> None:
+        raise AssertionError("parsed: the refusal came too late")
+
+    monkeypatch.setattr(load, "parse", parsed)  # refused before the YAML parser is ever asked
     err = load_error(tmp_path, b"services:\n" + b"#" * (load.MAX_BYTES + 10))
-    assert "larger than 1024 KiB" in err.message and time.monotonic() - started < 1.0
+    assert "larger than 1024 KiB" in err.message
     with pytest.raises(ServiceError, match="is a directory"):
         load.load(str(tmp_path))
     with pytest.raises(ServiceError, match="cannot read it: No such file or directory"):
         load.load(str(tmp_path / "missing.yml"))
-    started = time.monotonic()
     with pytest.raises(ServiceError, match="it is a character device, not a regular file"):
-        load.load("/dev/zero")  # endless: refused before a byte is read
-    assert time.monotonic() - started < 1.0
+        load.load("/dev/zero")  # endless: refused before a byte is read (a read would hang to the test's timeout)
 
 
 def test_yaml_1_1_base_60_numbers_that_compose_v2_reads_as_text_stay_text() -> None:

@@ -266,3 +266,54 @@ def test_the_benchmarks_page_is_a_current_table_not_a_diary() -> None:
         assert machine in machines, (figure, machine)
     assert not DATE.search(text), f"a dated entry: {DATE.search(text)}"
     assert not re.search(r"\b(Later|Again on|Earlier)\b", text)
+
+
+IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def module_map() -> dict[Path, str]:
+    """docs/design.md's module map: each package's folder and its row's "what it holds" cell."""
+    rows = table_rows((REPO / "docs" / "design.md").read_text(), "Parts")
+    found: dict[Path, str] = {}
+    for _part, package, holds in rows:
+        name = package.strip("`")
+        if name.startswith("gpupin."):
+            top, _, rest = name.removeprefix("gpupin.").partition(".")
+            found[REPO.joinpath(top, *rest.split(".") if rest else [])] = holds
+        elif name.startswith("."):
+            found[REPO / "hostagent" / name[1:]] = holds
+    return found
+
+
+def defined_names(folder: Path) -> set[str]:
+    """The modules under a folder and every top-level name they define, read from the source."""
+    names: set[str] = set()
+    for src in folder.rglob("*.py"):
+        names.update((src.stem, src.parent.name))
+        for node in ast.parse(src.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_the_module_map_names_every_module_and_only_what_exists() -> None:
+    """docs/design.md's map of the parts lists every module of each package (a subpackage without a row of its
+    own counts as a module), and each lowercase name it writes in backticks is a module or a name defined there."""
+    rows = module_map()
+    assert len(rows) >= 12
+    problems: list[str] = []
+    for folder, holds in rows.items():
+        named = {m.group(2) for m in CODE.finditer(holds)}
+        own = {p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")}
+        own |= {p.name for p in folder.iterdir() if (p / "__init__.py").exists() and p not in rows}
+        problems += [f"{folder.relative_to(REPO)}: module {m} is not in the map" for m in sorted(own - named)]
+        known = defined_names(folder) | {"__init__"}
+        problems += [
+            f"{folder.relative_to(REPO)}: the map names {n}, which is no module or name there"
+            for n in sorted(named)
+            if IDENT.match(n) and n not in known
+        ]
+    assert not problems, "docs/design.md's module map:\n" + "\n".join(problems)

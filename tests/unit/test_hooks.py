@@ -57,7 +57,7 @@ def test_hanging_hook_never_holds_the_caller(tmp_path: Path, capsys: pytest.Capt
     started = time.monotonic()
     for _ in range(50):
         h.emit("queue.turn", PAYLOAD)
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 5  # an emit that waited for the hook would take its 1 s limit: 50 s
     time.sleep(2.5)
     (tmp_path / "hang").unlink()
     assert h.wait_idle(120)

@@ -24,6 +24,7 @@ import pytest
 
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.host import hostagent as on_simhost
+from tests.support.users import as_other, reach_env, setpriv
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"  # the ledger is not read: no daemon is touched
 
@@ -43,7 +44,7 @@ PINNED = "services:\n  a:\n    image: i\n    x-gpupin: {gpus: ['1']}\n"
 def as_hostile(*argv: str) -> None:
     """Run argv as uid/gid 5001, with no supplementary group."""
     subprocess.run(
-        ["setpriv", f"--reuid={HOSTILE}", f"--regid={HOSTILE}", "--clear-groups", *argv],
+        [*setpriv(HOSTILE), *argv],
         check=True,
         capture_output=True,
         timeout=30,
@@ -237,10 +238,9 @@ def test_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path) -> None:
 def test_run_refuses_a_path_this_user_cannot_read_naming_it(
     fakegpu: Path, sticky: Path, option: list[str], says: str
 ) -> None:
-    hostile = ["setpriv", f"--reuid={HOSTILE}", f"--regid={HOSTILE}", "--clear-groups"]
     r = subprocess.run(
-        [*hostile, str(HOSTAGENT), "run", "--dry-run", "--gpu", "0", *option, "img", "true"],
-        env=simhost_env(DOCKER_HOST=NO_DOCKER),
+        as_other(setpriv(HOSTILE), [HOSTAGENT, "run", "--dry-run", "--gpu", "0", *option, "img", "true"]),
+        env=reach_env(simhost_env(DOCKER_HOST=NO_DOCKER)),
         capture_output=True,
         text=True,
         timeout=30,

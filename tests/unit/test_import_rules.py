@@ -1,7 +1,9 @@
 """The package's layering, read from the source with `ast` (every import: top-level, in functions, under
 TYPE_CHECKING): gpupin.core is the shared base and imports neither side; gpupin.entrypoint (in the image) and
 gpupin.hostagent (on the host) never import each other; gpupin.core.nvml alone imports pynvml, and core needs nothing
-but the standard library and pynvml (it is what the training image loads); no import cycle among the modules; no
+but the standard library and pynvml (it is what the training image loads); no import cycle among the modules; the
+host side's packages in layers that import only downward (no cycle between packages, the engine adapter imports no
+command, the ledger no agent client) and at most MAX_LAYERS deep from the CLI to the core; no
 production file over 800 lines (a guard against huge modules, not small ones: a module holds one idea, whatever
 its length). Each violation is reported by file and line.
 
@@ -25,6 +27,10 @@ PACKAGES = {"core": "gpupin.core", "entrypoint": "gpupin.entrypoint", "hostagent
 CORE, ENTRYPOINT, HOSTAGENT = PACKAGES.values()
 NVML = "gpupin.core.nvml"
 MAX_LINES = 800
+MAX_LAYERS = 8  # packages on the longest import path from gpupin.hostagent.cli down to gpupin.core, both counted
+# The host side's commands and their front ends: what the engine adapter and the ledger sit below.
+COMMANDS: tuple[str, ...] = ("cli", "parser", "completion", "compose", "doctor", "ls", "policy", "queue", "record")
+COMMANDS += ("run", "serve", "swarm")
 
 
 @dataclass(frozen=True)
@@ -194,3 +200,64 @@ def test_no_production_file_over_800_lines() -> None:
         if lines > MAX_LINES:
             bad.append(f"{path.relative_to(REPO)}:{lines}: {lines} lines")
     check(bad, f"no production .py file over {MAX_LINES} lines")
+
+
+def layer(module: str) -> str:
+    """A module's layer: a package of the host side (gpupin.hostagent.engine), a module directly under it
+    (gpupin.hostagent.cli), or one of the other two packages as a whole (gpupin.core)."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[1] == "hostagent" and len(parts) > 2 else ".".join(parts[:2])
+
+
+def layer_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for i in IMPORTS:
+        if i.imported in MODULES and layer(i.importer) != layer(i.imported):
+            edges.setdefault(layer(i.importer), set()).add(layer(i.imported))
+    return edges
+
+
+def deepest(edges: dict[str, set[str]], start: str) -> list[str]:
+    """The longest import path from `start` (the layers are acyclic: test_layers_flow_one_way)."""
+    memo: dict[str, list[str]] = {}
+
+    def walk(node: str) -> list[str]:
+        if node not in memo:
+            below = [walk(n) for n in sorted(edges.get(node, ()))]
+            memo[node] = [node, *max(below, key=len, default=[])]
+        return memo[node]
+
+    return walk(start)
+
+
+def test_layers_flow_one_way_at_most_max_layers_deep() -> None:
+    edges = layer_edges()
+    bad = []
+    for component in cycles(edges):
+        members = set(component)
+        bad.append(f"a cycle among the layers {', '.join(component)}, through:")
+        bad += [f"    {i}" for i in IMPORTS if layer(i.importer) in members and layer(i.imported) in members]
+        bad = bad[:40]
+    check(bad, "no import cycle between the host side's packages")
+    path = deepest(edges, f"{HOSTAGENT}.cli")
+    print(f"import graph: {len(path)} layers from the CLI to the core: {' -> '.join(path)}")
+    assert len(path) <= MAX_LAYERS, f"{len(path)} layers: {' -> '.join(path)}"
+
+
+def test_the_engine_adapter_imports_no_command_and_the_ledger_no_agent_client() -> None:
+    commands = tuple(f"{HOSTAGENT}.{c}" for c in COMMANDS)
+    rules = [
+        (f"{HOSTAGENT}.engine", (*commands, f"{HOSTAGENT}.agentlink", f"{HOSTAGENT}.ledger")),
+        (f"{HOSTAGENT}.ledger", (*commands, f"{HOSTAGENT}.agentlink")),
+    ]
+    bad = [
+        str(i)
+        for below, above in rules
+        for i in IMPORTS
+        if within(i.importer, below) and any(within(i.imported, a) for a in above)
+    ]
+    check(bad, "the engine adapter imports no command (nor the ledger), the ledger no command nor the agent's client")
+
+
+def test_the_depth_finder_finds_the_longest_path() -> None:
+    assert deepest({"a": {"b", "c"}, "c": {"d"}, "d": set()}, "a") == ["a", "c", "d"]

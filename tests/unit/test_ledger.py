@@ -387,7 +387,7 @@ def test_share_lets_sharers_through_and_never_an_exclusive_holder() -> None:
 
 
 def test_an_owner_round_trips_through_its_label_and_is_alive() -> None:
-    me = lease.me()
+    me = lease.this_process()
     again = lease.Owner.parse(str(me))
     assert (
         again is not None
@@ -402,14 +402,20 @@ def test_an_owner_round_trips_through_its_label_and_is_alive() -> None:
 
 def test_a_dead_owner_of_this_host_is_dead_and_one_of_another_host_is_unknown() -> None:
     p = subprocess.Popen(["sleep", "30"])
-    child = lease.Owner(socket.gethostname(), p.pid, lease.start_time(p.pid) or "", lease.me().boot, lease.me().pidns)
+    child = lease.Owner(
+        socket.gethostname(),
+        p.pid,
+        lease.start_time(p.pid) or "",
+        lease.this_process().boot,
+        lease.this_process().pidns,
+    )
     assert child.alive() is True
     p.kill()
     p.wait()
     assert child.alive() is False
     reused = lease.Owner(child.host, os.getpid(), "1", child.boot, child.pidns)  # a pid reused by another process
     assert reused.alive() is False
-    elsewhere = lease.Owner("other", os.getpid(), lease.me().start, "another-boot-id", child.pidns)
+    elsewhere = lease.Owner("other", os.getpid(), lease.this_process().start, "another-boot-id", child.pidns)
     assert elsewhere.alive() is None
 
 

@@ -54,7 +54,7 @@ def host(local: bool = False) -> HostCards:
     ],
 )
 def test_a_path_is_normalised_as_the_kernel_reads_it(path: str, want: str) -> None:
-    assert nodes.normalised(path) == want and nodes.named(path)
+    assert nodes.normalised(path) == want and nodes.names_gpu_node(path)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_a_path_is_normalised_as_the_kernel_reads_it(path: str, want: str) -> No
     ],
 )
 def test_the_paths_that_reach_a_node_on_every_gpu_host(path: str) -> None:
-    assert nodes.named(path)
+    assert nodes.names_gpu_node(path)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_the_paths_that_reach_a_node_on_every_gpu_host(path: str) -> None:
     ],
 )
 def test_the_paths_that_reach_none_by_name(path: str) -> None:
-    assert not nodes.named(path)
+    assert not nodes.names_gpu_node(path)
 
 
 COMPONENT = st.sampled_from(
@@ -111,7 +111,7 @@ def test_noise_in_a_path_changes_nothing(parts: list[str], seps: list[str], trai
     noisy = "/" + "".join(p + s for p, s in zip(parts, seps)) if parts else "/"
     noisy = noisy if trailing else noisy.rstrip("/") or "/"
     assert nodes.normalised(noisy) == posixpath.normpath(clean)
-    assert nodes.named(noisy) == nodes.named(clean)
+    assert nodes.names_gpu_node(noisy) == nodes.names_gpu_node(clean)
     assert nodes.named_minors(noisy) == nodes.named_minors(clean)
 
 
@@ -151,13 +151,13 @@ def planted(tmp_path: Path) -> Path:
 
 def test_a_node_is_known_by_its_device_number_through_links(planted: Path) -> None:
     for path in ("link-to-card", "flat/renamed", "flat/../flat//renamed", "flat", "gpus", "link-to-folder"):
-        assert nodes.reaches(str(planted / path), local=True, deep=True), path
-    assert not nodes.reaches(str(planted / "null"), local=True, deep=True)
+        assert nodes.reaches_gpu_node(str(planted / path), local=True, deep=True), path
+    assert not nodes.reaches_gpu_node(str(planted / "null"), local=True, deep=True)
     # a bind mount: the node or a node right in the folder; a --device folder: its whole tree (docker walks it)
-    assert nodes.reaches(str(planted / "flat"), local=True, deep=False)
-    assert not nodes.reaches(str(planted / "gpus"), local=True, deep=False)
+    assert nodes.reaches_gpu_node(str(planted / "flat"), local=True, deep=False)
+    assert not nodes.reaches_gpu_node(str(planted / "gpus"), local=True, deep=False)
     # a daemon elsewhere: its paths are not this machine's, by name only
-    assert not nodes.reaches(str(planted / "link-to-card"), local=False, deep=True)
+    assert not nodes.reaches_gpu_node(str(planted / "link-to-card"), local=False, deep=True)
 
 
 def test_device_folders_count_by_the_minor_numbers_they_grant(planted: Path) -> None:

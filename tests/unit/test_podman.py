@@ -55,7 +55,10 @@ def test_the_cdi_request_becomes_podmans_cdi_device_and_the_rest_is_carried() ->
     assert spec["labels"]["gpupin.devices"] == RTX and spec["name"] == "job" and spec["remove"] is True
     assert spec["command"] == ["python3", "-m", "gpupin.entrypoint"] and spec["image"] == "gpupin:test"
     assert spec["mounts"] == [{"destination": "/data", "source": "/data", "type": "bind", "options": ["rbind", "ro"]}]
-    assert spec["r_limits"] == [{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 1024}]
+    # libpod names a limit as the docker CLI does (it adds the RLIMIT_ itself) and reads it unsigned.
+    assert spec["r_limits"] == [{"type": "nofile", "soft": 1024, "hard": 1024}]
+    unlimited = podman.spec_generator(payload(Ulimits=[{"Name": "memlock", "Soft": -1, "Hard": -1}]), None)
+    assert unlimited["r_limits"] == [{"type": "memlock", "soft": 2**64 - 1, "hard": 2**64 - 1}]
 
 
 def test_the_nvidia_drivers_request_is_never_sent_to_podman() -> None:

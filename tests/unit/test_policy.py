@@ -31,6 +31,21 @@ from gpupin.hostagent.policy import (
 
 ROOT_GROUP = grp.getgrgid(0).gr_name
 NOBODY = pwd.getpwnam("nobody").pw_uid
+NAMELESS = (1001, 1002)  # the users of these tests, bare uids whatever the machine's passwd names them
+
+
+@pytest.fixture(autouse=True)
+def _bare_uids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' users have no name here (a machine where uid 1001 is someone's would change their messages)."""
+    named = pwd.getpwuid
+
+    def getpwuid(uid: int) -> pwd.struct_passwd:
+        if uid in NAMELESS:
+            raise KeyError(f"getpwuid(): uid not found: {uid}")
+        return named(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", getpwuid)
+
 
 FULL = f"""
 [booking]

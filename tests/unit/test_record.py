@@ -20,6 +20,7 @@ from gpupin.hostagent.record.report import since
 from gpupin.hostagent.record.store import MIGRATIONS, VERSION, RecordRefused, Store, finished, usage
 from gpupin.hostagent.record.writer import RecordWriter
 from tests.support.host import HOSTAGENT
+from tests.support.users import as_other, reach_env, setpriv
 
 T0 = 1_700_000_000.0  # a fixed epoch for the sums, in the past (`usage` counts up to now)
 
@@ -444,8 +445,8 @@ def test_usage_as_another_user(tmp_path: Path) -> None:
     path = private(tmp_path)
     Store(str(path)).close()
     out = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", HOSTAGENT, "usage"],
-        env={**os.environ, "GPUPIN_RECORD": str(path), "GPUPIN_AGENT_SOCKET": str(tmp_path / "no.sock")},
+        as_other(setpriv(65534), [HOSTAGENT, "usage"]),
+        env=reach_env({**os.environ, "GPUPIN_RECORD": str(path), "GPUPIN_AGENT_SOCKET": str(tmp_path / "no.sock")}),
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,5 +1,5 @@
 """What `hostagent run` sends the resident agent (gpupin.hostagent.run.request_json) and how it reads the answers of
-the agent and the Engine without an HTTP library (gpupin.hostagent.http1, engine.raw's frames): the request arrives
+the agent and the Engine without an HTTP library (gpupin.hostagent.http1, engine.unix's frames): the request arrives
 as the user typed it with what the caller read (its env files, its folder, its seccomp profile), the agent builds
 the container from it with every check of a run, and opens nothing."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from gpupin.core.errors import UsageError
 from gpupin.hostagent import http1
-from gpupin.hostagent.engine.raw import STDERR, STDOUT, Stream
+from gpupin.hostagent.engine.unix import STDERR, STDOUT, Stream
 from gpupin.hostagent.run import request_json
 from gpupin.hostagent.run.request import RunRequest
 

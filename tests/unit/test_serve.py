@@ -102,6 +102,33 @@ def test_bad_options_are_one_line_and_64(tmp_path: Path, args: list[str], says: 
     assert not (tmp_path / "s.sock").exists()
 
 
+@pytest.mark.parametrize("made", [False, True], ids=["folder-missing", "folder-there"])
+def test_record_folder_on_a_read_only_mount_is_one_line_and_64(tmp_path: Path, made: bool) -> None:
+    """systemd's ProtectSystem=strict without StateDirectory=: /var/lib is mounted read-only for the agent. Its record
+    folder, missing (it cannot be created) or there (it cannot be written), is refused before anything listens."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare(1) and root: the read-only mount is made in a mount namespace of its own")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    if made:
+        (lib / "gpupin").mkdir(mode=0o700)
+    sock = tmp_path / "s.sock"
+    # The bind mount read-only, as ProtectSystem=strict makes /var/lib, in a namespace of the command's own.
+    script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && exec "$2" serve --socket "$3" --http none'
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(lib), HOSTAGENT, str(sock)],
+        env=simhost_env(DOCKER_HOST=NO_DOCKER, GPUPIN_RECORD=str(lib / "gpupin" / "record.db")),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    says = "cannot be written" if made else "cannot be created: Read-only file system"
+    errors = [line for line in r.stderr.splitlines() if "ERROR:" in line]  # besides: the policy's note
+    assert r.returncode == 64 and len(errors) == 1 and says in errors[0], r.stderr
+    assert "StateDirectory=gpupin" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not sock.exists()
+
+
 def test_socket_is_0660_one_agent_per_socket_and_sigterm_with_a_stream_open() -> None:
     first = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), "--group", "nogroup")  # Debian's: every host has it
     try:

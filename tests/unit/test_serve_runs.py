@@ -72,11 +72,11 @@ def test_the_identity_is_the_kernel_s_at_accept() -> None:
         peer = Peer.at_accept(near)
     assert (peer.pid, peer.uid, peer.gid) == (os.getpid(), os.getuid(), os.getgid())
     assert peer.groups == frozenset(os.getgroups())
-    assert peer.start == lease.start_time(os.getpid()) and peer.pidns == lease.me().pidns
+    assert peer.start == lease.start_time(os.getpid()) and peer.pidns == lease.this_process().pidns
 
 
 def test_the_lease_is_the_callers_as_the_kernel_names_it() -> None:
-    me = lease.me()
+    me = lease.this_process()
     labels = owner_labels(str(me), Peer(me.pid, 0, 0, start=me.start, pidns=me.pidns))
     assert labels == {lease.OWNER_LABEL: str(me), lease.LEASE_LABEL: str(lease.LEASE_S)}
     other = subprocess.Popen(["sleep", "30"])
