@@ -23,8 +23,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
-    from gpupin.hostagent.ls.model import BookingShown, HolderShown, Listing
-
     # A uid's finished use since a time: (start, end) of each card's interval that ended after it, from the record
     # (the agent's record: Agent.finished); the holdings add what runs now.
     Past = Callable[[int, float], Sequence[tuple[float, float]]]
@@ -283,19 +281,3 @@ def for_run(
         return labels(caller, seconds)
 
     return admit
-
-
-def view_holdings(view: Listing) -> list[Holding]:
-    """The booked holds in the agent's view."""
-    seen: dict[str, tuple[HolderShown, BookingShown]] = {}
-    cards: dict[str, int] = {}
-    for card in view.gpus:
-        for h in card.holders:
-            if h.holds and h.booking is not None and h.booking.uid is not None:
-                seen[h.id] = (h, h.booking)
-                cards[h.id] = cards.get(h.id, 0) + 1
-    return [
-        Holding(b.uid, cards[i], b.until, h.name, started(b.since, h.started))
-        for i, (h, b) in seen.items()
-        if b.uid is not None
-    ]

@@ -52,7 +52,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpupin.hostagent.ls.model import Listing
+    from gpupin.hostagent.ls.model import BookingShown, HolderShown, Listing
+    from gpupin.hostagent.policy import admit
     from gpupin.hostagent.serve.interfaces import Agent, Handler, Peer
 
 
@@ -283,7 +284,7 @@ class Queue:
         policy = self.agent.in_force.policy
         if not policy.enforced:
             return list(self._waiters)
-        held = admit.view_holdings(view)
+        held = view_holdings(view)
         return [
             w
             for w in self._waiters
@@ -445,3 +446,21 @@ class Queue:
     def _write(handler: Handler, message: dict[str, Any]) -> None:
         handler.wfile.write((json.dumps(message) + "\n").encode())
         handler.wfile.flush()
+
+
+def view_holdings(view: Listing) -> list[admit.Holding]:
+    """The booked holds in the agent's view, as the quotas count them (gpupin.hostagent.policy.admit)."""
+    from gpupin.hostagent.policy import admit
+
+    seen: dict[str, tuple[HolderShown, BookingShown]] = {}
+    cards: dict[str, int] = {}
+    for card in view.gpus:
+        for h in card.holders:
+            if h.holds and h.booking is not None and h.booking.uid is not None:
+                seen[h.id] = (h, h.booking)
+                cards[h.id] = cards.get(h.id, 0) + 1
+    return [
+        admit.Holding(b.uid, cards[i], b.until, h.name, admit.started(b.since, h.started))
+        for i, (h, b) in seen.items()
+        if b.uid is not None
+    ]

@@ -19,7 +19,7 @@ from gpupin.hostagent.ledger import booking
 from gpupin.hostagent.ls.listing import booking_shown
 from gpupin.hostagent.ls.model import Listing
 from gpupin.hostagent.policy import Policy, admit, parse_policy
-from gpupin.hostagent.serve import services
+from gpupin.hostagent.serve import queue, services
 from tests.support.host import hostagent
 
 NOWHERE = "unix:///nonexistent/docker.sock"
@@ -133,7 +133,7 @@ def test_the_ledger_books_a_container_from_its_own_start() -> None:
     # a label's booking is no one's: it counts for no quota
     view = Listing.from_json({"gpus": [{"holders": [{"id": "a", "name": "c", "holds": True}]}]})
     view.gpus[0].holders[0].booking = booking_shown(b, now=2000)
-    assert admit.view_holdings(view) == []
+    assert queue.view_holdings(view) == []
 
 
 def test_a_swarm_services_end_counts_from_its_creation() -> None:

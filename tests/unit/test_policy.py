@@ -28,6 +28,7 @@ from gpupin.hostagent.policy import (
     parse_duration,
     parse_policy,
 )
+from gpupin.hostagent.serve import queue
 
 ROOT_GROUP = grp.getgrgid(0).gr_name
 NOBODY = pwd.getpwnam("nobody").pw_uid
@@ -551,7 +552,6 @@ def test_when_a_rolling_window_frees_is_the_first_time_below_the_limit(
 
 def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
     """Whose a holding is comes from the booking label's uid, whatever the container is called."""
-    from gpupin.hostagent.policy import admit
 
     view = Listing.from_json(
         {
@@ -580,7 +580,7 @@ def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
             ]
         }
     )
-    held = admit.view_holdings(view)
+    held = queue.view_holdings(view)
     assert [(h.uid, h.cards, h.since) for h in held] == [(1001, 2, 0.0)]
 
 
