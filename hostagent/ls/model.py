@@ -5,8 +5,6 @@ tests/golden holds byte for byte), and `from_json()` reads such an object back (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -15,13 +13,40 @@ if TYPE_CHECKING:
     JSON = dict[str, Any]
 
 
-@dataclass
-class Health:
+class _Value:
+    """Equal when of one type with equal fields (`_fields`, in the JSON's order), as a dataclass is: the agent
+    compares each view with the last one. Written out: dataclasses would cost `ls` ~30 ms of imports and code
+    generated at import."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self._fields)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self._fields)})"
+
+
+class Health(_Value):
     """`healthy`: True, False or None (unknown); `reasons`: why it is not healthy; `since`: ISO 8601, where known."""
 
-    healthy: bool | None = None
-    reasons: list[str] = field(default_factory=list)
-    since: str | None = None
+    _fields = ("healthy", "reasons", "since")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        healthy: bool | None = None,
+        reasons: list[str] | None = None,
+        since: str | None = None,
+    ) -> None:
+        self.healthy = healthy
+        self.reasons = [] if reasons is None else reasons
+        self.since = since
 
     def to_json(self) -> JSON:
         return {"healthy": self.healthy, "reasons": list(self.reasons), "since": self.since}
@@ -31,14 +56,23 @@ class Health:
         return cls(d.get("healthy"), list(d.get("reasons") or ()), d.get("since"))
 
 
-@dataclass
-class Grant:
+class Grant(_Value):
     """One way the engine gives a container cards (a FORMS row: CDI, --gpus, ...), the UUIDs it names."""
 
-    form: str
-    how: str
-    uuids: list[str]
-    unknown: list[str]
+    _fields = ("form", "how", "uuids", "unknown")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        form: str,
+        how: str,
+        uuids: list[str],
+        unknown: list[str],
+    ) -> None:
+        self.form = form
+        self.how = how
+        self.uuids = uuids
+        self.unknown = unknown
 
     def to_json(self) -> JSON:
         return {"form": self.form, "how": self.how, "uuids": list(self.uuids), "unknown": list(self.unknown)}
@@ -48,15 +82,24 @@ class Grant:
         return cls(d.get("form", ""), d.get("how", ""), list(d.get("uuids") or ()), list(d.get("unknown") or ()))
 
 
-@dataclass
-class BookingShown:
+class BookingShown(_Value):
     """A holder's booking as listed: its owner, since and until when (an extension's end, when extended), and the
     whole seconds left (0 once past)."""
 
-    uid: int | None
-    since: int
-    until: float | None
-    left_s: int | None
+    _fields = ("uid", "since", "until", "left_s")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        uid: int | None,
+        since: int,
+        until: float | None,
+        left_s: int | None,
+    ) -> None:
+        self.uid = uid
+        self.since = since
+        self.until = until
+        self.left_s = left_s
 
     def to_json(self) -> JSON:
         return {"uid": self.uid, "since": self.since, "until": self.until, "left_s": self.left_s}
@@ -66,28 +109,69 @@ class BookingShown:
         return cls(d.get("uid"), d.get("since", 0), d.get("until"), d.get("left_s"))
 
 
-@dataclass
-class HolderShown:
+class HolderShown(_Value):
     """A container that holds (or is labelled for, or held) a card, as listed (gpupin.hostagent.ledger.holders)."""
 
-    id: str
-    name: str
-    state: str
-    pinned: bool = False
-    how: str = ""
-    via: str | None = None
-    shared: bool = False
-    holds: bool = False
-    why: str | None = None
-    uuids: list[str] = field(default_factory=list)
-    label: list[str] | None = None
-    mismatch: bool = False
-    grants: list[Grant] = field(default_factory=list)
-    describe: str = ""
-    image: str | None = None
-    verified: bool | None = None
-    started: str | None = None
-    booking: BookingShown | None = None
+    __slots__ = _fields = (
+        "id",
+        "name",
+        "state",
+        "pinned",
+        "how",
+        "via",
+        "shared",
+        "holds",
+        "why",
+        "uuids",
+        "label",
+        "mismatch",
+        "grants",
+        "describe",
+        "image",
+        "verified",
+        "started",
+        "booking",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        name: str,
+        state: str,
+        pinned: bool = False,
+        how: str = "",
+        via: str | None = None,
+        shared: bool = False,
+        holds: bool = False,
+        why: str | None = None,
+        uuids: list[str] | None = None,
+        label: list[str] | None = None,
+        mismatch: bool = False,
+        grants: list[Grant] | None = None,
+        describe: str = "",
+        image: str | None = None,
+        verified: bool | None = None,
+        started: str | None = None,
+        booking: BookingShown | None = None,
+    ) -> None:
+        self.id = id
+        self.name = name
+        self.state = state
+        self.pinned = pinned
+        self.how = how
+        self.via = via
+        self.shared = shared
+        self.holds = holds
+        self.why = why
+        self.uuids = [] if uuids is None else uuids
+        self.label = label
+        self.mismatch = mismatch
+        self.grants = [] if grants is None else grants
+        self.describe = describe
+        self.image = image
+        self.verified = verified
+        self.started = started
+        self.booking = booking
 
     def to_json(self) -> JSON:
         return {
@@ -136,14 +220,23 @@ class HolderShown:
         )
 
 
-@dataclass
-class RootlessOwner:
+class RootlessOwner(_Value):
     """Whose rootless container a process is in: the uid the kernel names, its user, the runtime, in words."""
 
-    uid: int
-    user: str | None
-    runtime: str | None
-    whose: str
+    _fields = ("uid", "user", "runtime", "whose")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        uid: int,
+        user: str | None,
+        runtime: str | None,
+        whose: str,
+    ) -> None:
+        self.uid = uid
+        self.user = user
+        self.runtime = runtime
+        self.whose = whose
 
     def to_json(self) -> JSON:
         return {"uid": self.uid, "user": self.user, "runtime": self.runtime, "whose": self.whose}
@@ -153,23 +246,54 @@ class RootlessOwner:
         return cls(d.get("uid", -1), d.get("user"), d.get("runtime"), d.get("whose", ""))
 
 
-@dataclass
-class ProcessShown:
+class ProcessShown(_Value):
     """A compute process on a card, attributed to its container or the host (gpupin.hostagent.ledger.processes)."""
 
-    pid: int
-    type: str = "C"
-    owner: str = "unknown"
-    user: str | None = None
-    command: str | None = None
-    container_id: str | None = None
-    container: str | None = None
-    foreign: bool | None = None
-    escape: bool = False
-    rootless: RootlessOwner | None = None
-    describe: str = ""
-    used_memory_mib: int | None = None
-    mig_uuid: str | None = None
+    __slots__ = _fields = (
+        "pid",
+        "type",
+        "owner",
+        "user",
+        "command",
+        "container_id",
+        "container",
+        "foreign",
+        "escape",
+        "rootless",
+        "describe",
+        "used_memory_mib",
+        "mig_uuid",
+    )
+
+    def __init__(
+        self,
+        pid: int,
+        type: str = "C",
+        owner: str = "unknown",
+        user: str | None = None,
+        command: str | None = None,
+        container_id: str | None = None,
+        container: str | None = None,
+        foreign: bool | None = None,
+        escape: bool = False,
+        rootless: RootlessOwner | None = None,
+        describe: str = "",
+        used_memory_mib: int | None = None,
+        mig_uuid: str | None = None,
+    ) -> None:
+        self.pid = pid
+        self.type = type
+        self.owner = owner
+        self.user = user
+        self.command = command
+        self.container_id = container_id
+        self.container = container
+        self.foreign = foreign
+        self.escape = escape
+        self.rootless = rootless
+        self.describe = describe
+        self.used_memory_mib = used_memory_mib
+        self.mig_uuid = mig_uuid
 
     def to_json(self) -> JSON:
         return {
@@ -208,28 +332,59 @@ class ProcessShown:
         )
 
 
-@dataclass
-class Occupancy:
+class Occupancy(_Value):
     """Who uses a card or a MIG device: held, busy (a use no grant explains), its state (free, held, shared, busy,
     unknown), why that is unknown, and the use NVML names no process for."""
 
-    held: bool | None = None
-    busy: bool | None = None
-    state: str = "unknown"
-    unknown: str | None = None
-    unseen: str | None = None
+    _fields = ("held", "busy", "state", "unknown", "unseen")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        held: bool | None = None,
+        busy: bool | None = None,
+        state: str = "unknown",
+        unknown: str | None = None,
+        unseen: str | None = None,
+    ) -> None:
+        self.held = held
+        self.busy = busy
+        self.state = state
+        self.unknown = unknown
+        self.unseen = unseen
 
 
-@dataclass
-class MigShown:
-    uuid: str
-    index: int | None = None
-    gpu_instance_id: int | None = None
-    compute_instance_id: int | None = None
-    name: str | None = None
-    memory_total_mib: int | None = None
-    memory_used_mib: int | None = None
-    use: Occupancy = field(default_factory=Occupancy)
+class MigShown(_Value):
+    __slots__ = _fields = (
+        "uuid",
+        "index",
+        "gpu_instance_id",
+        "compute_instance_id",
+        "name",
+        "memory_total_mib",
+        "memory_used_mib",
+        "use",
+    )
+
+    def __init__(
+        self,
+        uuid: str,
+        index: int | None = None,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+        name: str | None = None,
+        memory_total_mib: int | None = None,
+        memory_used_mib: int | None = None,
+        use: Occupancy | None = None,
+    ) -> None:
+        self.uuid = uuid
+        self.index = index
+        self.gpu_instance_id = gpu_instance_id
+        self.compute_instance_id = compute_instance_id
+        self.name = name
+        self.memory_total_mib = memory_total_mib
+        self.memory_used_mib = memory_used_mib
+        self.use = Occupancy() if use is None else use
 
     def to_json(self) -> JSON:
         u = self.use
@@ -262,14 +417,22 @@ class MigShown:
         )
 
 
-@dataclass
-class IdleWarning:
+class IdleWarning(_Value):
     """The policy's idle rule warned this card's holder `container`, idle since `since`; `stop_at`: when it is
     stopped (None: warned only)."""
 
-    container: str
-    since: float
-    stop_at: float | None
+    _fields = ("container", "since", "stop_at")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        container: str,
+        since: float,
+        stop_at: float | None,
+    ) -> None:
+        self.container = container
+        self.since = since
+        self.stop_at = stop_at
 
     def to_json(self) -> JSON:
         return {"container": self.container, "since": self.since, "stop_at": self.stop_at}
@@ -279,37 +442,96 @@ class IdleWarning:
         return cls(d.get("container", ""), d.get("since", 0), d.get("stop_at"))
 
 
-@dataclass
-class CardShown:
+class CardShown(_Value):
     """A physical card as listed: NVML's readings (None: the card does not give one), its health, who uses it,
     and (the resident agent only) how long it has been idle."""
 
-    index: int
-    uuid: str | None = None
-    bus_id: str | None = None
-    name: str | None = None
-    memory_total_mib: int | None = None
-    memory_used_mib: int | None = None
-    memory_free_mib: int | None = None
-    utilization_gpu: int | None = None
-    mig_mode: bool | None = None
-    mig_devices: list[MigShown] = field(default_factory=list)
-    compute_processes: int | None = 0  # None: NVML could not list them
-    compute_capability: str | None = None
-    error: str | None = None
-    health: Health | None = None
-    use: Occupancy = field(default_factory=Occupancy)
-    shared: bool | None = None  # held only by containers that let --share requests in
-    holders: list[HolderShown] = field(default_factory=list)
-    mislabelled: list[HolderShown] = field(default_factory=list)  # labelled for it, given other cards
-    temperature_c: int | None = None
-    power_draw_w: float | None = None
-    power_limit_w: float | None = None
-    processes: list[ProcessShown] = field(default_factory=list)
-    # One reading cannot tell idle from a pause: only the resident agent (gpupin.hostagent.serve.idle) fills these.
-    idle_seconds: float | None = None
-    idle: bool | None = None
-    idle_warning: IdleWarning | None = None
+    __slots__ = _fields = (
+        "index",
+        "uuid",
+        "bus_id",
+        "name",
+        "memory_total_mib",
+        "memory_used_mib",
+        "memory_free_mib",
+        "utilization_gpu",
+        "mig_mode",
+        "mig_devices",
+        "compute_processes",
+        "compute_capability",
+        "error",
+        "health",
+        "use",
+        "shared",
+        "holders",
+        "mislabelled",
+        "temperature_c",
+        "power_draw_w",
+        "power_limit_w",
+        "processes",
+        "idle_seconds",
+        "idle",
+        "idle_warning",
+    )
+
+    # compute_processes: None: NVML could not list them
+    # shared: held only by containers that let --share requests in
+    # mislabelled: labelled for it, given other cards
+    # idle_seconds, idle, idle_warning: one reading cannot tell idle from a pause; only the resident agent
+    # (gpupin.hostagent.serve.idle) fills them.
+    def __init__(
+        self,
+        index: int,
+        uuid: str | None = None,
+        bus_id: str | None = None,
+        name: str | None = None,
+        memory_total_mib: int | None = None,
+        memory_used_mib: int | None = None,
+        memory_free_mib: int | None = None,
+        utilization_gpu: int | None = None,
+        mig_mode: bool | None = None,
+        mig_devices: list[MigShown] | None = None,
+        compute_processes: int | None = 0,
+        compute_capability: str | None = None,
+        error: str | None = None,
+        health: Health | None = None,
+        use: Occupancy | None = None,
+        shared: bool | None = None,
+        holders: list[HolderShown] | None = None,
+        mislabelled: list[HolderShown] | None = None,
+        temperature_c: int | None = None,
+        power_draw_w: float | None = None,
+        power_limit_w: float | None = None,
+        processes: list[ProcessShown] | None = None,
+        idle_seconds: float | None = None,
+        idle: bool | None = None,
+        idle_warning: IdleWarning | None = None,
+    ) -> None:
+        self.index = index
+        self.uuid = uuid
+        self.bus_id = bus_id
+        self.name = name
+        self.memory_total_mib = memory_total_mib
+        self.memory_used_mib = memory_used_mib
+        self.memory_free_mib = memory_free_mib
+        self.utilization_gpu = utilization_gpu
+        self.mig_mode = mig_mode
+        self.mig_devices = [] if mig_devices is None else mig_devices
+        self.compute_processes = compute_processes
+        self.compute_capability = compute_capability
+        self.error = error
+        self.health = health
+        self.use = Occupancy() if use is None else use
+        self.shared = shared
+        self.holders = [] if holders is None else holders
+        self.mislabelled = [] if mislabelled is None else mislabelled
+        self.temperature_c = temperature_c
+        self.power_draw_w = power_draw_w
+        self.power_limit_w = power_limit_w
+        self.processes = [] if processes is None else processes
+        self.idle_seconds = idle_seconds
+        self.idle = idle
+        self.idle_warning = idle_warning
 
     def to_json(self) -> JSON:
         u = self.use
@@ -381,13 +603,21 @@ def _occupancy(d: Mapping[str, Any]) -> Occupancy:
     return Occupancy(d.get("held"), d.get("busy"), d.get("state", "unknown"), d.get("unknown"), d.get("unseen"))
 
 
-@dataclass
-class DockerState:
+class DockerState(_Value):
     """Where the daemon is and whether it answered (when not, who holds which card is unknown)."""
 
-    host: str | None = None
-    available: bool = True
-    error: str | None = None
+    _fields = ("host", "available", "error")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        host: str | None = None,
+        available: bool = True,
+        error: str | None = None,
+    ) -> None:
+        self.host = host
+        self.available = available
+        self.error = error
 
     def to_json(self) -> JSON:
         return {"host": self.host, "available": self.available, "error": self.error}
@@ -397,27 +627,46 @@ class DockerState:
         return cls(d.get("host"), bool(d.get("available", True)), d.get("error"))
 
 
-@dataclass
-class RecordState:
+class RecordState(_Value):
     """The resident agent's record: its file, and what could not be written to it (a full disk), if anything."""
 
-    path: str | None
-    degraded: str | None
+    _fields = ("path", "degraded")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        path: str | None,
+        degraded: str | None,
+    ) -> None:
+        self.path = path
+        self.degraded = degraded
 
     def to_json(self) -> JSON:
         return {"path": self.path, "degraded": self.degraded}
 
 
-@dataclass
-class Listing:
+class Listing(_Value):
     """The host's cards at one reading: what `ls --json` prints and the resident agent's view."""
 
-    hostname: str = ""
-    driver_version: str | None = None
-    cuda_driver_version: str | None = None
-    docker: DockerState = field(default_factory=DockerState)
-    gpus: list[CardShown] = field(default_factory=list)
-    record: RecordState | None = None  # the resident agent's (gpupin.hostagent.record); a one-shot `ls` keeps none
+    _fields = ("hostname", "driver_version", "cuda_driver_version", "docker", "gpus", "record")
+    __slots__ = _fields
+
+    # record: the resident agent's (gpupin.hostagent.record); a one-shot `ls` keeps none
+    def __init__(
+        self,
+        hostname: str = "",
+        driver_version: str | None = None,
+        cuda_driver_version: str | None = None,
+        docker: DockerState | None = None,
+        gpus: list[CardShown] | None = None,
+        record: RecordState | None = None,
+    ) -> None:
+        self.hostname = hostname
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.docker = DockerState() if docker is None else docker
+        self.gpus = [] if gpus is None else gpus
+        self.record = record
 
     def to_json(self) -> JSON:
         return {
