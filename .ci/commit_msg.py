@@ -17,10 +17,20 @@ def subject(message: str) -> str:
     return next((line.rstrip() for line in message.splitlines() if line.strip() and not line.startswith("#")), "")
 
 
+def _shallow() -> bool:
+    probe = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True)
+    return probe.stdout.strip() == "true"
+
+
 def since(base: str) -> int:
     """Every commit reachable from HEAD and not from `base`, merges too: one line for each long subject."""
+    span = f"{base}..HEAD"
+    if _shallow() and subprocess.run(["git", "cat-file", "-e", f"{base}^{{commit}}"], capture_output=True).returncode:
+        # A shallow clone cut after `base`: every commit it holds came after it.
+        print(f"commit-msg: a shallow clone without {base}: checking the commits it holds", file=sys.stderr)
+        span = "HEAD"
     log = subprocess.run(
-        ["git", "log", "--format=%h%x00%B%x01", f"{base}..HEAD"], capture_output=True, text=True, encoding="utf-8"
+        ["git", "log", "--format=%h%x00%B%x01", span], capture_output=True, text=True, encoding="utf-8"
     )
     if log.returncode != 0:
         why = (log.stderr.strip().splitlines() or [f"git log exited {log.returncode}"])[0]

@@ -1,9 +1,9 @@
 """`make bench`'s `record` part: what the record costs (gpupin.hostagent.record), on one simulated year of a busy
 8-card host (1 million intervals: a job every 4.2 minutes on each card, 20 users, 30 images).
 
-- a booking's cost: what `POST /api/run` does for the record (`record.note_owner`: the caller's uid, kept in
-  memory for the keeper's thread), per call; a GPU-hour quota's look (`record.finished` over a week, in the
-  booking's path where the policy sets such a quota); and the keeper's own writes per booking, off the booking's
+- a booking's cost: what `POST /api/run` does for the record (`RecordWriter.note_owner`: the caller's uid, kept in
+  memory for the writer's thread), per call; a GPU-hour quota's read (`Store.finished` over a week, in the
+  booking's path where the policy sets such a quota); and the writer's own writes per booking, off the booking's
   path (its interval opened, then closed), on that year's database;
 - `hostagent usage --by user` over the year: the query alone, and the whole command (its Python start-up
   included), medians.
@@ -105,8 +105,8 @@ def _line(name: str, ms: float, target_ms: float, results: dict[str, object], no
 
 
 def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None:
-    from gpupin.hostagent.record.keeper import Keeper
     from gpupin.hostagent.record.store import Store, connect, usage
+    from gpupin.hostagent.record.writer import RecordWriter
 
     folder = tempfile.mkdtemp(prefix="gpupin-bench-record-")
     os.chmod(folder, 0o700)
@@ -118,7 +118,7 @@ def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None
         print(f"record: {INTERVALS} intervals written in {time.monotonic() - took:.1f} s ({size:.0f} MiB)", flush=True)
 
         store = Store(path)
-        keeper = Keeper(store, inspect=lambda cid: None)
+        keeper = RecordWriter(store, inspect=lambda cid: None)
         calls = []
         for i in range(20000):
             t = time.perf_counter()

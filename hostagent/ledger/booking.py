@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 
 from gpupin.core.errors import printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any
 
 LABEL = "gpupin.booking"
 FOR_LABEL = "gpupin.booking.for"  # a compose or swarm service's booking: its length (`4h`), from its start
@@ -36,18 +34,6 @@ class Booking:
 
     def label(self) -> str:
         return f"uid={self.uid} since={self.since}" + (f" until={self.until}" if self.until is not None else "")
-
-    def to_dict(self, now: float | None = None, until: float | None = None) -> dict[str, Any]:
-        """As `ls --json` and /api/ls carry it: `until` (an extension's, when given) and `left_s` (whole seconds,
-        0 once past)."""
-        end = until if until is not None else self.until
-        now = time.time() if now is None else now
-        return {
-            "uid": self.uid,
-            "since": self.since,
-            "until": end,
-            "left_s": None if end is None else max(0, int(end - now)),
-        }
 
 
 # --- durations --------------------------------------------------------------------------------------------------
@@ -116,17 +102,6 @@ def of(labels: Mapping[str, str], started: float | None = None) -> Booking | Non
         return Booking(None, since, since + max(1, round(parse_duration(asked))))
     except ValueError:
         return Booking(None, since, None)
-
-
-def extend(listing: Mapping[str, Any], extensions: Mapping[str, int], now: float | None = None) -> None:
-    """Each holder's booking in `listing` (an `ls` object) with its extension, and its seconds left."""
-    now = time.time() if now is None else now
-    for card in listing.get("gpus", ()):
-        for h in card.get("holders", ()):
-            b = h.get("booking")
-            if b is not None:
-                b["until"] = extensions.get(h["id"], b["until"])
-                b["left_s"] = None if b["until"] is None else max(0, int(b["until"] - now))
 
 
 def read_extensions(folder: str) -> dict[str, int]:

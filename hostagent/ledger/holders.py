@@ -79,7 +79,7 @@ def gpupin_labels(labels: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX)}
 
 
-def own(labels: Mapping[str, str], image_labels: Mapping[str, str]) -> dict[str, str]:
+def not_inherited(labels: Mapping[str, str], image_labels: Mapping[str, str]) -> dict[str, str]:
     """The container's labels without the gpupin labels it inherited from its image (`image_labels`)."""
     ours = gpupin_labels(labels)
     if not ours or not gpupin_labels(image_labels):
@@ -197,28 +197,6 @@ class Holder:
             parts.append(str(self.why))
         return f"{shown(self.name)} ({', '.join(parts)})"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "state": self.state,
-            "pinned": self.pinned,
-            "how": self.how,
-            "via": self.via,
-            "shared": self.shared,
-            "holds": self.holds,
-            "why": self.why,
-            "uuids": list(self.uuids),
-            "label": list(self.label) if self.label is not None else None,
-            "mismatch": self.mismatch,
-            "grants": [g.to_dict() for g in self.grants],
-            "describe": self.describe(),
-            "image": self.image,
-            "verified": self.verified,
-            "started": self.started,
-            "booking": self.booking.to_dict() if self.booking is not None else None,
-        }
-
     def __repr__(self) -> str:
         return f"Holder({self.describe()}: {','.join(self.uuids)})"
 
@@ -245,7 +223,8 @@ def holder(
     inspect: Mapping[str, Any], host: HostCards, lease_state: str | None = None, labels: Mapping[str, str] | None = None
 ) -> Holder | None:
     """A container read in full (`docker inspect`): what the engine gives it; None when it has no card and no
-    ledger label. `labels`: its own gpupin labels (gpupin.hostagent.ledger.holders.own), else all of its labels."""
+    ledger label. `labels`: its own gpupin labels (gpupin.hostagent.ledger.holders.not_inherited), else all of its
+    labels."""
     if labels is None:
         labels = (inspect.get("Config") or {}).get("Labels") or {}
     given = grants(inspect, host)

@@ -15,17 +15,18 @@ owner; anything else (a world-writable place, a planted link or file) and the fa
 lock alone still excludes. GPUPIN_LOCAL_LOCK=0 skips it on purpose (tests that prove the daemon lock alone
 excludes, as clients on other machines share no local lock).
 
-The resident agent takes it cheaper (Spares): a created, never-started container of its own, made after its last
+The resident agent takes it cheaper (StandbyLocks): a created, never-started container of its own, made after its last
 run, renamed to `gpupin-ledger-lock` to take the lock and back to a spare's name to let it go. A rename is atomic
 against the same names (409 when taken) and costs the daemon a fraction of a create and a remove. A spare is used
-only while young (Spares.FRESH_S after its create): other clients judge a lock's lease from its Created time, so the
-holder counts its lease from the spare's create. One that grows old is replaced then, while runs come (a timer), so
-that the daemon's create falls in no run's start; an idle agent keeps none. Spares are made from an empty image of
+only while young (StandbyLocks.FRESH_S after its create): other clients judge a lock's lease from its Created time,
+so the holder counts its lease from the spare's create. One that grows old is replaced then, while runs come (a
+timer), so that the daemon's create falls in no run's start; an idle agent keeps none. Spares are made from an empty
+image of
 the agent's own (SPARE_IMAGE, imported once), never from a user's: a spare that lingers after a run must not keep
 `docker rmi` from removing that run's image. So a lock taken through a spare has not checked the run's image: the
 create does (lock.ImageMissing, then the caller's missing_image as for the lock's own create).
 
-The critical section is the look and the create; the lock is let go once the container exists (`commit`), before
+The critical section is the ledger read and the create; the lock is let go once the container exists (`commit`), before
 it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holders.holding), so the
 start, the slowest step (the NVIDIA hook runs there), is outside. The holder checks its own time against its
 lease before and after the create; if it ran over, it removes what it made and looks again.
@@ -160,7 +161,7 @@ class LocalLock:
 class DaemonLock:
     """The lock container on the daemon (see the module's docstring)."""
 
-    def __init__(self, api: Any, image: str, spares: Spares | None = None) -> None:
+    def __init__(self, api: Any, image: str, spares: StandbyLocks | None = None) -> None:
         self.api = api
         self.image = image
         self.image_checked = False  # True once the caller made sure that the image is there
@@ -253,7 +254,7 @@ class DaemonLock:
         if lock_id is None:
             return
         if self.spares is not None:
-            self.spares.after(api or self.api, Spare(lock_id, self.made_from, self.sent))
+            self.spares.after(api or self.api, StandbyLock(lock_id, self.made_from, self.sent))
             return
         try:
             (api or self.api).remove_container(lock_id, force=True, v=True)
@@ -301,7 +302,7 @@ def _remove(api: Any, cid: str) -> None:
             raise
 
 
-class Spare:
+class StandbyLock:
     """A lock container not named as the lock: made by this process at `sent` (time.monotonic), for `image`."""
 
     __slots__ = ("id", "image", "sent")
@@ -312,22 +313,22 @@ class Spare:
         self.sent = sent
 
 
-class Spares:
+class StandbyLocks:
     """The resident agent's next ledger lock, made ahead (see the module's docstring): one at a time, for the
     image of its last run, removed once it is no longer young and when the agent stops."""
 
-    # A lock taken through a spare this old keeps 3/4 of its lease for the look and the create.
+    # A lock taken through a spare this old keeps 3/4 of its lease for the ledger read and the create.
     FRESH_S = lease.LEASE_S / 4
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._spare: Spare | None = None
+        self._spare: StandbyLock | None = None
         self._timer: threading.Timer | None = None
         self._version: str | None = None
         self._closed = False
         self._taken = -self.FRESH_S  # when a run last took a spare (time.monotonic)
 
-    def take(self) -> Spare | None:
+    def take(self) -> StandbyLock | None:
         with self._mutex:
             spare = self._spare
             if spare is None or time.monotonic() - spare.sent > self.FRESH_S:
@@ -336,10 +337,10 @@ class Spares:
             self._taken = time.monotonic()
             return spare
 
-    def discard(self, spare: Spare) -> None:
+    def discard(self, spare: StandbyLock) -> None:
         start_thread(self._remove_later, "hostagent-spare", (spare,))
 
-    def after(self, api: Any, used: Spare) -> None:
+    def after(self, api: Any, used: StandbyLock) -> None:
         """Let the lock `used` go (once the run's answer is sent): renamed to a spare's name when it was a spare
         and is still young, else removed and a new spare made. A spare that grows old waiting is replaced when it
         does (`_expire`), not after a run: the daemon's create then falls in no run's start."""
@@ -363,7 +364,7 @@ class Spares:
         sent = time.monotonic()
         try:
             try:
-                made = Spare(_make(api, SPARE_IMAGE, _spare_name()), SPARE_IMAGE, sent)
+                made = StandbyLock(_make(api, SPARE_IMAGE, _spare_name()), SPARE_IMAGE, sent)
             except Exception as err:
                 if not engine.is_not_found(err):
                     raise
@@ -371,14 +372,14 @@ class Spares:
                 repository, _, tag = SPARE_IMAGE.partition(":")
                 api.import_image_from_data(bytes(1024), repository=repository, tag=tag)
                 sent = time.monotonic()
-                made = Spare(_make(api, SPARE_IMAGE, _spare_name()), SPARE_IMAGE, sent)
+                made = StandbyLock(_make(api, SPARE_IMAGE, _spare_name()), SPARE_IMAGE, sent)
         except Exception as err:
             if not engine.is_daemon_failure(err):
                 raise
             return
         self._keep(made)
 
-    def _keep(self, spare: Spare) -> None:
+    def _keep(self, spare: StandbyLock) -> None:
         with self._mutex:
             old, self._spare = self._spare, spare
             if self._timer is not None:
@@ -412,7 +413,7 @@ class Spares:
         finally:
             api.close()
 
-    def _remove_later(self, spare: Spare) -> None:
+    def _remove_later(self, spare: StandbyLock) -> None:
         api = engine.connect(version=self._version)
         try:
             _remove(api, spare.id)
@@ -447,7 +448,7 @@ class LedgerLock:
         image: str,
         wait_s: float = WAIT_S,
         missing_image: Callable[[], None] | None = None,
-        spares: Spares | None = None,
+        spares: StandbyLocks | None = None,
         after: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self.local = LocalLock(engine.endpoint().lock_key())
@@ -491,7 +492,7 @@ class LedgerLock:
     def check(self) -> None:
         """Before the create: half the lease is left, so that the create lands well inside it."""
         if self.elapsed() > lease.LEASE_S / 2:
-            raise LeaseLost(f"the look took {self.elapsed():.0f} s of a {lease.LEASE_S} s lease")
+            raise LeaseLost(f"the ledger read took {self.elapsed():.0f} s of a {lease.LEASE_S} s lease")
 
     def commit(self, cid: str) -> None:
         """After the create: the container was made inside the lease, so every later look sees it (its own lease

@@ -19,7 +19,7 @@ NVML names another process or none, so nothing is read there (`pids_visible`). A
 /proc hides (a hidepid mount), gives None for what cannot be read: never an error, as a listing must survive a
 process ending while it is read.
 
-Which container a process is in (`Places.owner`): a cgroup path is a name anyone can choose (any user makes
+Which container a process is in (`ContainerCgroups.owner`): a cgroup path is a name anyone can choose (any user makes
 `docker-<id>.scope` under their own slice with `systemd-run --user --scope --unit docker-<id>`), so a process is
 a container's of this daemon only when it is in that container's real cgroup, computed from the engine's facts (the
 daemon's cgroup driver in /info, the container's HostConfig.CgroupParent: `<parent>/docker-<id>.scope` under the
@@ -65,7 +65,7 @@ MIB = 1024 * 1024
 _USERS: dict[int, str] = {}  # uid -> user name, for this process's life
 
 
-class Use(Holder):
+class GpuProcess(Holder):
     """One process on a card or MIG device (`uuids`: that one), and whose it is, read from /proc when first asked
     (`run` decides without it: any process on a card keeps an exclusive request off it, since a container given the
     card holds it anyway; only what a refusal or a listing says needs the owner).
@@ -96,7 +96,7 @@ class Use(Holder):
         card_uuid: str,
         given: Mapping[str, set[str]] | None,
         names: Mapping[str, str] | None,
-        places: Places | None = None,
+        places: ContainerCgroups | None = None,
     ) -> None:
         super().__init__(f"pid {p.pid}", "", "running", [key], False, "process")
         self.pid = p.pid
@@ -207,24 +207,8 @@ class Use(Holder):
         )
         return {"uid": uid, "user": name, "runtime": runtime, "whose": whose}
 
-    def to_dict(self) -> dict[str, Any]:
-        self._read()
-        return {
-            "pid": self.pid,
-            "type": self.kind,
-            "owner": self.owner,
-            "user": self.user,
-            "command": self.command,
-            "container_id": self.container_id,
-            "container": self.container,
-            "foreign": self.foreign,
-            "escape": self.escape,
-            "rootless": self.rootless(),
-            "describe": self.describe(),
-        }
 
-
-class Unlisted(Holder):
+class UnlistedProcesses(Holder):
     """A card whose processes NVML will not list: who uses it is unknown, so it holds the card for every request
     that is not --share."""
 
@@ -263,7 +247,7 @@ def unseen_use(card: Card) -> str | None:
     return ", ".join(signs) or None
 
 
-class Unseen(Holder):
+class UnseenUse(Holder):
     """A card in use by processes NVML does not name (unseen_use): busy, as a card a host process uses; --share
     and --count --max-load/--max-memory judge it as such."""
 
@@ -296,9 +280,9 @@ def attribute(
     cards: Sequence[Card],
     holders: Iterable[Holder] | None,
     containers: Mapping[str, str] | None,
-    places: Places | None = None,
-) -> list[Use]:
-    """Every process of these cards, attributed (when asked: Use). `holders`: the ledger's (None: unread, so
+    places: ContainerCgroups | None = None,
+) -> list[GpuProcess]:
+    """Every process of these cards, attributed (when asked: GpuProcess). `holders`: the ledger's (None: unread, so
     whether a container's process is foreign cannot be told); `containers`: id -> name of every container of this
     daemon; `places`: where they run (the reading's)."""
     given: dict[str, set[str]] | None = None
@@ -307,13 +291,13 @@ def attribute(
         for h in holders:
             given.setdefault(h.id, set()).update(h.uuids)
     return [
-        Use(p, mig_of(p, card) or card.uuid or "", card.uuid or "", given, containers, places)
+        GpuProcess(p, mig_of(p, card) or card.uuid or "", card.uuid or "", given, containers, places)
         for card in cards
         for p in card.process_list
     ]
 
 
-def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True) -> dict[str, list[Holder]]:
+def blocking(cards: Sequence[Card], uses: Iterable[GpuProcess], attributed: bool = True) -> dict[str, list[Holder]]:
     """Card or MIG UUID -> what holds it besides the containers given it: its foreign processes (`attributed`:
     each process's owner read from /proc; else every process, which decides the same for a request that does not
     share, as a container given the card holds it anyway), or the card itself when NVML will not list its
@@ -324,10 +308,10 @@ def blocking(cards: Sequence[Card], uses: Iterable[Use], attributed: bool = True
             out.setdefault(u.uuids[0], []).append(u)
     for card in cards:
         if card.processes_error is not None and card.uuid:
-            out.setdefault(card.uuid, []).append(Unlisted(card))
+            out.setdefault(card.uuid, []).append(UnlistedProcesses(card))
         signs = unseen_use(card)
         if signs is not None and card.uuid:
-            out.setdefault(card.uuid, []).append(Unseen(card, signs))
+            out.setdefault(card.uuid, []).append(UnseenUse(card, signs))
     return out
 
 
@@ -374,7 +358,7 @@ class HostProcess:
         self.cgroup = cgroup
 
 
-class Places:
+class ContainerCgroups:
     """Where each running container of this daemon is (gpupin.hostagent.ledger.read fills it from the inspects):
     its real cgroup, from the daemon's cgroup driver (`driver`: /info's CgroupDriver, or how to ask for it once)
     and its HostConfig.CgroupParent, and its pid namespace (that of its State.Pid). `ids`: every container of
@@ -482,7 +466,7 @@ def _read(path: str) -> str | None:
 
 def container_id(cgroup: str) -> str | None:
     """The container id that /proc/<pid>/cgroup text names (the innermost one), or None for a path that names
-    none. A name only: anyone may name a cgroup so (Places.owner says whether it is that container's)."""
+    none. A name only: anyone may name a cgroup so (ContainerCgroups.owner says whether it is that container's)."""
     found = _named(cgroup)
     return found[0] if found is not None else None
 
@@ -550,11 +534,11 @@ def _user_name(uid: int, cache: dict[int, str]) -> str:
     return cache[uid]
 
 
-def locate(pid: int, places: Places | None = None) -> HostProcess:
+def locate(pid: int, places: ContainerCgroups | None = None) -> HostProcess:
     """The pid's container (one read of /proc/<pid>/cgroup); `visible` False when /proc does not show it here.
     With `places` (the ledger read), a cgroup that names a container of this daemon counts only when the process
-    is really in it (Places.owner); else that name is `claimed`, and whose the process is cannot be said. Without
-    them, the name is all there is (another engine's container, or the ledger unread: never free either way)."""
+    is really in it (ContainerCgroups.owner); else that name is `claimed`, and whose the process is cannot be said.
+    Without them, the name is all there is (another engine's container, or the ledger unread: never free either way)."""
     cgroup = _read(f"/proc/{pid}/cgroup") if pids_visible() else None
     if cgroup is None:
         return HostProcess(pid)

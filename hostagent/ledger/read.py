@@ -1,5 +1,6 @@
 """The ledger as the daemon has it: one list of the containers, an inspect for each that may hold a card, and the
-image of each container that carries a gpupin label (its own or inherited: gpupin.hostagent.ledger.holders.own)."""
+image of each container that carries a gpupin label (its own or inherited:
+gpupin.hostagent.ledger.holders.not_inherited)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.ledger.forms import HostCards
 from gpupin.hostagent.ledger.holders import worth_inspecting
-from gpupin.hostagent.ledger.processes import Places
+from gpupin.hostagent.ledger.processes import ContainerCgroups
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ STARTING_INSPECT_S = 2.0  # how long the inspect of a container in the middle of
 class LedgerReading:
     """One reading of the ledger: the holders, the abandoned containers (created by a hostagent whose lease is
     dead or expired, never started), the name of every container (id -> name: whose a GPU process is), where
-    each running one is (its cgroup and pid namespace: gpupin.hostagent.ledger.processes.Places) and the daemon's
-    clock at the reading."""
+    each running one is (its cgroup and pid namespace: gpupin.hostagent.ledger.processes.ContainerCgroups) and the
+    daemon's clock at the reading."""
 
     __slots__ = ("holders", "names", "now", "orphans", "places")
 
@@ -41,13 +42,13 @@ class LedgerReading:
         orphans: list[dict[str, Any]],
         now: float,
         names: dict[str, str] | None = None,
-        places: Places | None = None,
+        places: ContainerCgroups | None = None,
     ) -> None:
         self.holders = holders
         self.orphans = orphans
         self.now = now
         self.names = names if names is not None else {}
-        self.places = places if places is not None else Places({}, None, self.names)
+        self.places = places if places is not None else ContainerCgroups({}, None, self.names)
 
 
 def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] | None = None) -> LedgerReading:
@@ -72,7 +73,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
         state = str(s.get("State") or "")
         labels = s.get("Labels") or {}
         if ledger.gpupin_labels(labels) and LOCK_LABEL not in labels:  # the lock is made by hostagent alone
-            labels = ledger.own(labels, _image_labels(api, str(s.get("ImageID") or ""), images))
+            labels = ledger.not_inherited(labels, _image_labels(api, str(s.get("ImageID") or ""), images))
         lease_state = None
         if state == "created" and lease.OWNER_LABEL in labels:
             cid = str(s["Id"])
@@ -115,7 +116,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
         if daemon_info is not None
         else lambda: str(info(api).get("CgroupDriver") or "")
     )
-    return LedgerReading(holders, orphans, now, names, Places(places, driver, names))
+    return LedgerReading(holders, orphans, now, names, ContainerCgroups(places, driver, names))
 
 
 def _image_labels(api: Any, image_id: str, seen: dict[str, dict[str, str]]) -> dict[str, str]:

@@ -10,14 +10,16 @@ says so (stdout is the listing only). A card NVML cannot read is shown as such, 
 (temperature, power, ...) is null in the JSON and N/A in the table.
 
 Each card's health (gpupin.core.health) is `"health": {"healthy": ..., "reasons": [...], "since": ...}`, with
-`healthy` null where NVML cannot say (never shown as healthy). `gather()` is the data (`--json` prints it as is);
-the table (gpupin.hostagent.ls.view) and `--format` lines (gpupin.hostagent.ls.template) are read from it alone.
+`healthy` null where NVML cannot say (never shown as healthy). `gather()` is the data, typed
+(gpupin.hostagent.ls.model); `--json` prints its `to_json()`, and the table (gpupin.hostagent.ls.view) and `--format`
+lines (gpupin.hostagent.ls.template) are read from that alone, as they read another host's.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
@@ -25,14 +27,27 @@ from gpupin.hostagent import agentdir, engine, say
 from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
+from gpupin.hostagent.ls.model import (
+    BookingShown,
+    CardShown,
+    DockerState,
+    Grant,
+    Health,
+    HolderShown,
+    Listing,
+    MigShown,
+    Occupancy,
+    ProcessShown,
+    RootlessOwner,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from typing import Any
+    from collections.abc import Mapping, Sequence
 
     from gpupin.core.nvml import Card, MigDevice
-    from gpupin.hostagent.ledger.processes import Use
+    from gpupin.hostagent.ledger.booking import Booking
+    from gpupin.hostagent.ledger.processes import GpuProcess
 
 MIB = 1024 * 1024
 
@@ -45,15 +60,26 @@ def _watts(milliwatts: int | None) -> float | None:
     return None if milliwatts is None else milliwatts / 1000
 
 
-def gather(warn: bool = True) -> dict[str, Any]:
-    """The listing as data (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
+def gather(warn: bool = True) -> Listing:
+    """The listing (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
     from gpupin.hostagent.ledger import booking
 
     cards = read_cards()
     docker, reading = read_ledger(cards, warn)
     out = assemble(cards, docker, reading)
-    booking.extend(out, booking.read_extensions(agentdir.state_folder()))  # `hostagent extend`'s, kept by the agent
+    extend(out, booking.read_extensions(agentdir.state_folder()))  # `hostagent extend`'s, kept by the agent
     return out
+
+
+def extend(listing: Listing, ends: Mapping[str, int], now: float | None = None) -> None:
+    """Each booked holder's end as extended (`ends`: container id -> until), and its seconds left from `now`."""
+    now = time.time() if now is None else now
+    for card in listing.gpus:
+        for h in card.holders:
+            b = h.booking
+            if b is not None:
+                b.until = ends.get(h.id, b.until)
+                b.left_s = None if b.until is None else max(0, int(b.until - now))
 
 
 def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
@@ -64,32 +90,30 @@ def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
     return cards
 
 
-def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[dict[str, Any], ledger_read.LedgerReading | None]:
-    """Where Docker is and whether it answered (the listing's `docker` object), and its reading (None: it did not
+def read_ledger(cards: Sequence[Card], warn: bool = True) -> tuple[DockerState, ledger_read.LedgerReading | None]:
+    """Where Docker is and whether it answered (the listing's `docker`), and its reading (None: it did not
     answer). The resident agent (gpupin.hostagent.serve) calls this only when the daemon reports a change."""
-    docker: dict[str, Any] = {"host": None, "available": True, "error": None}
+    docker = DockerState()
     reading: ledger_read.LedgerReading | None = None
     try:
-        docker["host"] = engine.docker_host()
+        docker.host = engine.docker_host()
         reading = ledger_read.read_ledger(engine.reader(timeout=10), cards)
         if reading.places.containers:
             reading.places.driver()  # asked now, on this thread (the agent shows the view from another)
     except GpupinError as err:
-        docker.update(available=False, error=err.message)
+        docker.available, docker.error = False, err.message
     except Exception as err:
         if not engine.is_daemon_failure(err):
             raise
-        docker.update(available=False, error=engine.failure(err, "reading the ledger").message)
-    if not docker["available"]:
-        docker["host"] = docker["host"] or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
+        docker.available, docker.error = False, engine.failure(err, "reading the ledger").message
+    if not docker.available:
+        docker.host = docker.host or os.environ.get("DOCKER_HOST") or engine.DEFAULT_HOST
         if warn:
-            say(f"WARNING: Docker unavailable at {docker['host']} ({docker['error']}): who holds which card is unknown")
+            say(f"WARNING: Docker unavailable at {docker.host} ({docker.error}): who holds which card is unknown")
     return docker, reading
 
 
-def assemble(
-    cards: Sequence[Card], docker: dict[str, Any], reading: ledger_read.LedgerReading | None
-) -> dict[str, Any]:
+def assemble(cards: Sequence[Card], docker: DockerState, reading: ledger_read.LedgerReading | None) -> Listing:
     """The listing from NVML's cards and the ledger's reading (None: Docker was not read), each card's processes
     attributed to their containers or the host (gpupin.hostagent.ledger.processes)."""
     holders = reading.holders if reading is not None else []
@@ -98,16 +122,16 @@ def assemble(
         if reading is not None
         else ledger_processes.attribute(cards, None, None)
     )
-    unread = None if reading is not None else f"Docker unavailable: {docker['error']}"
-    return {
-        "hostname": os.uname().nodename,
-        "driver_version": nvml.driver_version(),
-        "cuda_driver_version": nvml.cuda_driver_version(),
-        "docker": docker,
-        "gpus": [_card(c, holders, used, unread) for c in cards],
-        # The resident agent's record ({path, degraded}: gpupin.hostagent.record); a one-shot `ls` keeps none.
-        "record": None,
-    }
+    unread = None if reading is not None else f"Docker unavailable: {docker.error}"
+    now = time.time()
+    return Listing(
+        os.uname().nodename,
+        nvml.driver_version(),
+        nvml.cuda_driver_version(),
+        # A copy: the agent keeps its reading's for the views to come.
+        DockerState(docker.host, docker.available, docker.error),
+        [_card(c, holders, used, unread, now) for c in cards],
+    )
 
 
 def _state(held: bool | None, busy: bool | None, holding: Sequence[Holder]) -> str:
@@ -123,8 +147,8 @@ def _state(held: bool | None, busy: bool | None, holding: Sequence[Holder]) -> s
 
 
 def _occupancy(
-    holding: Sequence[Holder], mine: Sequence[Use], unknown: str | None, unseen: str | None = None
-) -> dict[str, Any]:
+    holding: Sequence[Holder], mine: Sequence[GpuProcess], unknown: str | None, unseen: str | None = None
+) -> Occupancy:
     """held, busy, state and why they are unknown, of a card or a MIG device. `unseen`: its memory or load says it
     is in use though NVML names no process (busy, unless a container given it explains it)."""
     unseen = None if holding else unseen
@@ -136,10 +160,10 @@ def _occupancy(
         if unknown or any(u.foreign is None for u in mine)
         else False
     )
-    return {"held": held, "busy": busy, "state": _state(held, busy, holding), "unknown": unknown, "unseen": unseen}
+    return Occupancy(held, busy, _state(held, busy, holding), unknown, unseen)
 
 
-def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str | None) -> dict[str, Any]:
+def _card(c: Card, holders: Sequence[Holder], used: Sequence[GpuProcess], unread: str | None, now: float) -> CardShown:
     keys = {c.uuid, *(m.uuid for m in c.mig_devices)}
     mine = [h for h in holders if keys & set(h.uuids)]
     # Containers labelled for this card that the engine gives other cards: shown here too, never counted.
@@ -154,59 +178,94 @@ def _card(c: Card, holders: Sequence[Holder], used: Sequence[Use], unread: str |
         else f"NVML would not list its processes: {c.processes_error}"
     )
     unknown = "; ".join(r for r in (unread, listed) if r) or None
-    occupancy = _occupancy(holding, procs, unknown, ledger_processes.unseen_use(c))
-    return {
-        "index": c.index,
-        "uuid": c.uuid,
-        "bus_id": str(c.bus_id) if c.bus_id else None,
-        "name": c.name,
-        "memory_total_mib": _mib(c.memory_total),
-        "memory_used_mib": _mib(c.memory_used),
-        "memory_free_mib": _mib(c.memory_free),
-        "utilization_gpu": c.utilization_gpu,
-        "mig_mode": c.mig_mode,
-        "mig_devices": [_mig(m, holding, procs, unknown) for m in c.mig_devices],
-        "compute_processes": c.processes,
-        "compute_capability": c.compute_capability,
-        "error": c.error,
-        "health": c.health.to_dict() if c.health is not None else None,
-        **occupancy,
-        # Held, but only by containers that let --share requests in (every holder started with --share).
-        "shared": None if occupancy["held"] is None else occupancy["state"] == "shared",
-        "holders": [h.to_dict() for h in mine],
-        "mislabelled": [h.to_dict() for h in labelled],
-        "temperature_c": c.temperature,
-        "power_draw_w": _watts(c.power_draw),
-        "power_limit_w": _watts(c.power_limit),
-        "processes": [_process(u, c) for u in procs],
-        # How long the held card has shown 0% utilization, and whether that passed the agent's --idle-after: one
-        # reading cannot tell, so only the resident agent (gpupin.hostagent.serve.idle) fills them in, with the
-        # warning its policy's idle rule gave the holders ({container, since, stop_at}).
-        "idle_seconds": None,
-        "idle": None,
-        "idle_warning": None,
-    }
+    use = _occupancy(holding, procs, unknown, ledger_processes.unseen_use(c))
+    h = c.health
+    return CardShown(
+        c.index,
+        c.uuid,
+        str(c.bus_id) if c.bus_id else None,
+        c.name,
+        _mib(c.memory_total),
+        _mib(c.memory_used),
+        _mib(c.memory_free),
+        c.utilization_gpu,
+        c.mig_mode,
+        [_mig(m, holding, procs, unknown) for m in c.mig_devices],
+        c.processes,
+        c.compute_capability,
+        c.error,
+        Health(h.healthy, list(h.reasons), h.since) if h is not None else None,
+        use,
+        None if use.held is None else use.state == "shared",
+        [holder_shown(x, now) for x in mine],
+        [holder_shown(x, now) for x in labelled],
+        c.temperature,
+        _watts(c.power_draw),
+        _watts(c.power_limit),
+        [_process(u, c) for u in procs],
+    )
 
 
-def _mig(m: MigDevice, holding: Sequence[Holder], procs: Sequence[Use], unknown: str | None) -> dict[str, Any]:
-    return {
-        "uuid": m.uuid,
-        "index": m.index,
-        "gpu_instance_id": m.gpu_instance_id,
-        "compute_instance_id": m.compute_instance_id,
-        "name": m.name,
-        "memory_total_mib": _mib(m.memory_total),
-        "memory_used_mib": _mib(m.memory_used),
-        **_occupancy([h for h in holding if m.uuid in h.uuids], [u for u in procs if u.uuids[0] == m.uuid], unknown),
-    }
+def _mig(m: MigDevice, holding: Sequence[Holder], procs: Sequence[GpuProcess], unknown: str | None) -> MigShown:
+    return MigShown(
+        m.uuid,
+        m.index,
+        m.gpu_instance_id,
+        m.compute_instance_id,
+        m.name,
+        _mib(m.memory_total),
+        _mib(m.memory_used),
+        _occupancy([h for h in holding if m.uuid in h.uuids], [u for u in procs if u.uuids[0] == m.uuid], unknown),
+    )
 
 
-def _process(u: Use, c: Card) -> dict[str, Any]:
-    return {
-        **u.to_dict(),
-        "used_memory_mib": _mib(u.used_memory),
-        "mig_uuid": u.uuids[0] if u.uuids[0] != c.uuid else None,
-    }
+def booking_shown(b: Booking, now: float, until: float | None = None) -> BookingShown:
+    """A booking as listed: `until` (an extension's, when given) and the whole seconds left (0 once past)."""
+    end = until if until is not None else b.until
+    return BookingShown(b.uid, b.since, end, None if end is None else max(0, int(end - now)))
+
+
+def holder_shown(h: Holder, now: float) -> HolderShown:
+    return HolderShown(
+        h.id,
+        h.name,
+        h.state,
+        h.pinned,
+        h.how,
+        h.via,
+        h.shared,
+        h.holds,
+        h.why,
+        list(h.uuids),
+        list(h.label) if h.label is not None else None,
+        h.mismatch,
+        [Grant(g.form, g.how, list(g.uuids), list(g.unknown)) for g in h.grants],
+        h.describe(),
+        h.image,
+        h.verified,
+        h.started,
+        booking_shown(h.booking, now) if h.booking is not None else None,
+    )
+
+
+def _process(u: GpuProcess, c: Card) -> ProcessShown:
+    describe = u.describe()  # reads its user and command from /proc, when first asked
+    rootless = u.rootless()
+    return ProcessShown(
+        u.pid,
+        u.kind,
+        u.owner,
+        u.user,
+        u.command,
+        u.container_id,
+        u.container,
+        u.foreign,
+        u.escape,
+        RootlessOwner(**rootless) if rootless is not None else None,
+        describe,
+        _mib(u.used_memory),
+        u.uuids[0] if u.uuids[0] != c.uuid else None,
+    )
 
 
 def command(as_json: bool = False, template: str | None = None, color: str = "auto", watch: float | None = None) -> int:
@@ -238,14 +297,14 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
         from gpupin.hostagent.ls import template as lsformat
 
         compiled = lsformat.Template(template)  # refused before anything is read
-        sys.stdout.write(compiled.render(gather()))
+        sys.stdout.write(compiled.render(gather().to_json()))
         sys.stdout.flush()
         return 0
     if as_json:
         import json
 
         # Compact JSON: with indent, json falls back to its pure-Python encoder (~20 ms for 500 holders).
-        sys.stdout.write(json.dumps(gather()) + "\n")
+        sys.stdout.write(json.dumps(gather().to_json()) + "\n")
         sys.stdout.flush()
         return 0
     from gpupin.hostagent.ls import view as lsview
@@ -253,7 +312,7 @@ def _command(as_json: bool, template: str | None, color: str, watch: float | Non
     paint = lsview.use_color(color, sys.stdout)
     if watch is not None:
         # Docker's absence is on the header line; a warning on stderr would land inside the redrawn screen.
-        return lsview.watch(watch, paint, lambda: gather(warn=False))
-    sys.stdout.write(lsview.render(gather(), paint))
+        return lsview.watch(watch, paint, lambda: gather(warn=False).to_json())
+    sys.stdout.write(lsview.render(gather().to_json(), paint))
     sys.stdout.flush()
     return 0

@@ -286,7 +286,7 @@ def _split_key(text: str) -> list[str]:
     return [a or b or c for a, b, c in parts]
 
 
-class _Reader:
+class _Mistakes:
     """Collects mistakes while the tables are read, each named by its dotted key and, where found, its line."""
 
     def __init__(self, path: str, text: str) -> None:
@@ -364,7 +364,7 @@ def _shown(v: Any) -> str:
 _QUOTA_KEYS = ("cards", "gpu_hours_per_day", "gpu_hours_per_week", "waiters")
 
 
-def _quota(r: _Reader, data: Any, key: str, nested: bool) -> tuple[Quota, dict[str, Quota], dict[str, Quota]]:
+def _quota(r: _Mistakes, data: Any, key: str, nested: bool) -> tuple[Quota, dict[str, Quota], dict[str, Quota]]:
     t = r.table(data, key, (*_QUOTA_KEYS, "user", "group") if nested else _QUOTA_KEYS)
     q = Quota(
         cards=r.count(t, key, "cards"),
@@ -377,7 +377,7 @@ def _quota(r: _Reader, data: Any, key: str, nested: bool) -> tuple[Quota, dict[s
 
 
 def _booking(
-    r: _Reader, data: Any, key: str, nested: bool
+    r: _Mistakes, data: Any, key: str, nested: bool
 ) -> tuple[BookingRule, dict[str, BookingRule], dict[str, BookingRule]]:
     t = r.table(data, key, ("default", "max", "user", "group") if nested else ("default", "max"))
     rule = BookingRule(default=r.duration(t, key, "default"), max=r.duration(t, key, "max"))
@@ -388,11 +388,11 @@ def _booking(
 
 
 def _per_name(
-    r: _Reader,
+    r: _Mistakes,
     t: dict[str, Any],
     key: str,
     nested: bool,
-    parse: Callable[[_Reader, Any, str, bool], tuple[T, Any, Any]],
+    parse: Callable[[_Mistakes, Any, str, bool], tuple[T, Any, Any]],
 ) -> tuple[dict[str, T], dict[str, T]]:
     """A table's `user` and `group` sub-tables, each entry read by `parse` (not nested again): (users, groups)."""
     found: tuple[dict[str, T], dict[str, T]] = ({}, {})
@@ -403,7 +403,7 @@ def _per_name(
     return found
 
 
-def _named(r: _Reader, data: Any, key: str, kind: str) -> dict[str, Any]:
+def _named(r: _Mistakes, data: Any, key: str, kind: str) -> dict[str, Any]:
     """The entries of a `user` or `group` table whose name exists on this host (a uid or gid number always does);
     each other is a mistake (a misspelt name would otherwise limit no one)."""
     if data is None:
@@ -433,7 +433,7 @@ def _exists(kind: str, name: str) -> bool:
     return True
 
 
-def _idle(r: _Reader, data: Any) -> IdleRule | None:
+def _idle(r: _Mistakes, data: Any) -> IdleRule | None:
     t = r.table(data, "idle", ("after", "action", "grace", "exempt"))
     after = r.duration(t, "idle", "after")
     if "after" not in t:
@@ -465,7 +465,7 @@ def _idle(r: _Reader, data: Any) -> IdleRule | None:
 _LOOPBACK = re.compile(r"^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|localhost|\[::1\])(:[0-9]{1,5})?(/[^\s]*)?$")
 
 
-def _notify(r: _Reader, data: Any) -> NotifyRule | None:
+def _notify(r: _Mistakes, data: Any) -> NotifyRule | None:
     t = r.table(data, "notify", ("command", "webhook", "before_end"))
     command = t.get("command")
     if command is not None and (
@@ -503,7 +503,7 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
         raise PolicyError(path, [f"{printable(path)}: nests too deeply to be read"]) from None
     except ValueError as err:  # tomllib.TOMLDecodeError, with its line and column
         raise PolicyError(path, [f"{printable(path)}: not valid TOML: {printable(str(err))}"]) from None
-    r = _Reader(path, text)
+    r = _Mistakes(path, text)
     top = r.table(data, "", ("booking", "quota", "idle", "notify"))
     booking, booking_users, booking_groups = _booking(r, top.get("booking", {}), "booking", nested=True)
     quotas, quota_users, quota_groups = _quota(r, top.get("quota", {}), "quota", nested=True)

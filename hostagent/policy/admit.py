@@ -22,10 +22,9 @@ from gpupin.hostagent.policy import Policy, format_duration
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
-    from typing import Any
 
     # A uid's finished use since a time: (start, end) of each card's interval that ended after it, from the record
-    # (gpupin.hostagent.record.finished); the holdings add what runs now.
+    # (the agent's record: Agent.finished); the holdings add what runs now.
     Past = Callable[[int, float], Sequence[tuple[float, float]]]
 
     from gpupin.hostagent.ledger.holders import Holder
@@ -282,24 +281,3 @@ def for_run(
         return labels(caller, seconds)
 
     return admit
-
-
-def view_holdings(view: Mapping[str, Any]) -> list[Holding]:
-    """The booked holds in an `ls` object (the agent's view)."""
-    seen: dict[str, dict[str, Any]] = {}
-    cards: dict[str, int] = {}
-    for card in view.get("gpus", ()):
-        for h in card.get("holders", ()):
-            if h.get("holds") and h.get("booking") is not None and h["booking"]["uid"] is not None:
-                seen[h["id"]] = h
-                cards[h["id"]] = cards.get(h["id"], 0) + 1
-    return [
-        Holding(
-            h["booking"]["uid"],
-            cards[i],
-            h["booking"]["until"],
-            h["name"],
-            started(h["booking"]["since"], h.get("started")),
-        )
-        for i, h in seen.items()
-    ]

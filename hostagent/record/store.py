@@ -204,7 +204,7 @@ def migrate(conn: sqlite3.Connection, path: str = "the record") -> int:
 
 
 class Store:
-    """The agent's connection (one writer; its calls serialised by a lock: the keeper's thread writes, the API's
+    """The agent's connection (one writer; its calls serialised by a lock: the writer's thread writes, the API's
     threads read)."""
 
     def __init__(self, path: str) -> None:
@@ -225,7 +225,7 @@ class Store:
         with self.lock:
             self.conn.close()
 
-    # --- writes (the keeper) ---
+    # --- writes (the writer) ---
 
     def open_interval(self, row: dict[str, Any]) -> int:
         keys = ("container_id", "container_name", "image", "card_uuid", "card_index", "uid", "user", "start", "seen")

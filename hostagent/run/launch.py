@@ -66,8 +66,8 @@ def _conflicts(picks: Sequence[Target], busy: dict[str, list[ledger.Holder]]) ->
             h
             for h in holders
             if h.process
-            and not (isinstance(h, ledger_processes.Use) and h.foreign is False)
-            and not (containers and isinstance(h, ledger_processes.Unseen))
+            and not (isinstance(h, ledger_processes.GpuProcess) and h.foreign is False)
+            and not (containers and isinstance(h, ledger_processes.UnseenUse))
         ]
         processes = list(dict.fromkeys(h.describe() for h in others or ([] if containers else holders)))
         parts = ([f"held by {', '.join(containers)}"] if containers else []) + (
@@ -88,9 +88,9 @@ def _taken(blocked: dict[str, list[ledger.Holder]]) -> str:
             "held"
             if any(not h.process for h in hs)
             else "in use by other processes"
-            if any(isinstance(h, ledger_processes.Use) for h in hs)
+            if any(isinstance(h, ledger_processes.GpuProcess) for h in hs)
             else "in use by an owner NVML does not name"
-            if any(isinstance(h, ledger_processes.Unseen) for h in hs)
+            if any(isinstance(h, ledger_processes.UnseenUse) for h in hs)
             else "who uses it is unknown"
             if hs
             else "over --max-load/--max-memory"
@@ -302,7 +302,7 @@ def reserve(
     missing_image: Callable[[], None],
     notify: Callable[[str], None] = say,
     admit: Admit | None = None,
-    spares: lock.Spares | None = None,
+    spares: lock.StandbyLocks | None = None,
     after: Callable[[Callable[[], None]], None] | None = None,
 ) -> Created:
     """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the process that

@@ -20,6 +20,7 @@ from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ledger import lock
 from gpupin.hostagent.ls import listing
+from gpupin.hostagent.ls.model import DockerState
 from gpupin.hostagent.serve import idle, samples, say
 
 TYPE_CHECKING = False
@@ -30,9 +31,12 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import LedgerReading
-    from gpupin.hostagent.record.keeper import Keeper as RecordKeeper
+    from gpupin.hostagent.ls.model import Listing
+    from gpupin.hostagent.record.writer import RecordWriter
     from gpupin.hostagent.serve.bookings import Bookings
-    from gpupin.hostagent.serve.keeper import Keeper
+    from gpupin.hostagent.serve.hooks import Hooks
+    from gpupin.hostagent.serve.policy_in_force import PolicyInForce
+    from gpupin.hostagent.serve.queue import Queue
 
 
 RECONNECT_MAX = 5.0  # seconds between two attempts to reach the daemon's event stream, at most
@@ -56,13 +60,20 @@ class Snapshot:
     """The view at one refresh: the listing (None while NVML cannot be read), the error that withdrew it, a
     version that grows with every change, and when it was read (seconds since the epoch)."""
 
-    __slots__ = ("error", "listing", "read_at", "version")
+    __slots__ = ("_json", "error", "listing", "read_at", "version")
 
-    def __init__(self, version: int, listing: dict[str, Any] | None, error: str | None, read_at: float) -> None:
+    def __init__(self, version: int, listing: Listing | None, error: str | None, read_at: float) -> None:
         self.version = version
         self.listing = listing
         self.error = error
         self.read_at = read_at
+        self._json: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any] | None:
+        """The listing as /api/ls serves it, made once per snapshot (every reader of a version shares it)."""
+        if self._json is None and self.listing is not None:
+            self._json = self.listing.to_json()
+        return self._json
 
 
 class Agent:
@@ -71,19 +82,37 @@ class Agent:
     once, then runs them."""
 
     def __init__(
-        self, interval: float = 0.5, idle_after: float = 1800.0, resync: float = 30.0, policy: str | None = None
+        self,
+        interval: float = 0.5,
+        idle_after: float = 1800.0,
+        resync: float = 30.0,
+        policy: str | None = None,
+        record: RecordWriter | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
+        """`policy`: the policy file (its default: /etc/gpupin/policy.toml); `record`: the record's writer (None:
+        `--record none`); `hooks`: the notifications (a Hooks of its own when not given)."""
         from gpupin.hostagent.policy import policy_path
         from gpupin.hostagent.serve.bookings import Bookings
-        from gpupin.hostagent.serve.keeper import Keeper
+        from gpupin.hostagent.serve.hooks import Hooks
+        from gpupin.hostagent.serve.policy_in_force import PolicyInForce
+        from gpupin.hostagent.serve.queue import Queue
 
         self.interval = interval
         self.resync = resync
+        self.hooks = hooks if hooks is not None else Hooks()
+        self.record = record  # the record's writer (gpupin.hostagent.record.writer), when one is kept
+        # The policy in force (docs/policy.md); the hooks take each one's notify rule.
+        self.in_force: PolicyInForce = PolicyInForce(
+            policy or policy_path(), on_load=lambda p: self.hooks.apply(p.notify)
+        )
         self.idle = idle.watch(self, idle_after, say)
         self.samples = samples.Samples()
-        self.keeper: Keeper = Keeper(policy or policy_path())  # the policy in force (docs/policy.md)
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
-        self.spares = lock.Spares()  # the ledger lock its runs take by a rename (gpupin.hostagent.ledger.lock)
+        self.queue: Queue = Queue(self)  # the fair queue of `run --wait`
+        self.standby_locks = (
+            lock.StandbyLocks()
+        )  # the ledger lock its runs take by a rename (gpupin.hostagent.ledger.lock)
         # XIDs come as NVML events, only to a registration that exists when they happen: the agent holds one.
         self.xids = readings.XidLog()
         self.started = time.time()
@@ -95,7 +124,7 @@ class Agent:
         self._dirty = threading.Event()  # the ledger must be read again
         self._changed = threading.Condition()
         self._snapshot = Snapshot(0, None, "not read yet", 0.0)
-        self._docker: dict[str, Any] | None = None
+        self._docker: DockerState | None = None
         self._reading: LedgerReading | None = None
         self._cards: list[Card] | None = None
         self._cards_key: tuple[str | None, ...] | None = None  # the UUIDs of the cards the ledger was read for
@@ -104,7 +133,30 @@ class Agent:
         self._ledger_at = 0.0
         self._stream: EventStream | None = None
         self._threads: list[threading.Thread] = []
-        self.record: RecordKeeper | None = None  # the record's writer (gpupin.hostagent.record), when one is kept
+
+    # --- the record, for the parts that note or read it (nothing without one) ---
+
+    def end_reason(self, container_id: str, reason: str) -> None:
+        """How `container_id`'s intervals end ("expiry", "idle", ...), noted before it stops; read when they close.
+        The record must never stop an end: its trouble is its writer's to say."""
+        if self.record is not None:
+            with contextlib.suppress(Exception):
+                self.record.end_reason(container_id, reason)
+
+    def note_owner(self, container_id: str, uid: int) -> None:
+        """The caller the agent created `container_id` for: its uid at accept owns the container's intervals."""
+        if self.record is not None:
+            self.record.note_owner(container_id, uid)
+
+    def finished(self, uid: int, since: float) -> list[tuple[float, float]]:
+        """`uid`'s closed intervals that ended after `since` (the GPU-hour quotas' past); none without a record, or
+        while it cannot be read (a degraded record must not refuse runs)."""
+        if self.record is None:
+            return []
+        try:
+            return self.record.store.finished(uid, since)
+        except Exception:  # sqlite3.Error, a closed store: the record's trouble is said by its writer
+            return []
 
     # --- readers ---
 
@@ -144,11 +196,11 @@ class Agent:
         self.bookings.annotate(view, time.time())
         record = self.record
         if record is not None:
-            view["record"] = record.status()  # `degraded` says what could not be written (a full disk)
-            record.observe(view, cards)  # a few dict updates here; the keeper's thread writes
+            view.record = record.status()  # `degraded` says what could not be written (a full disk)
+            record.observe(view, cards)  # a few dict updates here; the writer's thread writes
         self._publish(view, None)
 
-    def read_ledger(self) -> tuple[dict[str, Any], LedgerReading | None]:
+    def read_ledger(self) -> tuple[DockerState, LedgerReading | None]:
         """Read who holds which of the last refresh's cards (the listing's `docker` object and the reading), and
         keep it for the views to come."""
         with self._lock:
@@ -156,17 +208,16 @@ class Agent:
         if cards is None:
             raise RuntimeError("the ledger is read for the cards of a refresh: none yet")
         self._dirty.clear()  # an event from now on asks for another read
-        was = self._docker["available"] if self._docker else None
+        was = self._docker.available if self._docker else None
         docker, reading = listing.read_ledger(cards, warn=False)
         with self._lock:
             self._docker, self._reading, self._cards_key = docker, reading, tuple(c.uuid for c in cards)
             self._ledger_at = time.monotonic()
-        if docker["available"] and not self.following:
+        if docker.available and not self.following:
             self._retry.set()
-        if was is not None and was != docker["available"]:
+        if was is not None and was != docker.available:
             say(
-                f"Docker at {docker['host']} "
-                + ("answers again" if docker["available"] else f"unavailable ({docker['error']})")
+                f"Docker at {docker.host} " + ("answers again" if docker.available else f"unavailable ({docker.error})")
             )
         return docker, reading
 
@@ -193,7 +244,7 @@ class Agent:
         with contextlib.suppress(Exception):
             nvml.shutdown()
 
-    def _publish(self, view: dict[str, Any] | None, error: str | None) -> None:
+    def _publish(self, view: Listing | None, error: str | None) -> None:
         with self._changed:
             old = self._snapshot
             if error is None and old.error is not None and old.version > 0:
@@ -223,7 +274,7 @@ class Agent:
         which card (each read gives up after 10 s), never the cards' own readings."""
         while not self.stopping.is_set():
             with self._lock:
-                down = self._docker is None or not self._docker["available"]
+                down = self._docker is None or not self._docker.available
                 due = self._ledger_at + (self.interval if down else self.resync) - time.monotonic()
             self._dirty.wait(max(0.0, due))
             if self.stopping.is_set():
@@ -268,11 +319,14 @@ class Agent:
             stream.close()
 
     def start(self) -> None:
+        """Read once, then run the threads: the view's three, the fair queue's and the bookings' ends."""
         self.refresh()
         for target, name in ((self._tick, "refresh"), (self._ledger, "ledger"), (self._follow, "docker-events")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+        self.queue.start()
+        self.bookings.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         self.stopping.set()
@@ -289,5 +343,5 @@ class Agent:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        self.spares.close()
+        self.standby_locks.close()
         self.xids.release()

@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from gpupin.core import __version__
 from gpupin.core.errors import EX_SOFTWARE, EX_USAGE, GpupinError
 from gpupin.hostagent import agentlink
-from gpupin.hostagent.serve.connections import Accepted, Gate, Limits, Writer
+from gpupin.hostagent.serve.connections import AcceptedConnection, Acceptor, Limits, Writer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         # The connection comes from gpupin.hostagent.serve.connections with its head already read.
-        sock: Accepted = self.request
+        sock: AcceptedConnection = self.request
         self.connection = sock
         sock.settimeout(IO_S)
         self.rfile = sock.reader()
@@ -307,7 +307,7 @@ class Handler(BaseHTTPRequestHandler):
         if snap.listing is None:
             self._json(503, {"error": snap.error})
         else:
-            self._json(200, snap.listing)
+            self._json(200, snap.as_json())
 
     def _agent(self) -> None:
         snap = self.agent.snapshot()
@@ -324,28 +324,25 @@ class Handler(BaseHTTPRequestHandler):
                 "view_version": snap.version,
                 "nvml": {"available": view is not None, "error": snap.error},
                 "events_followed": self.agent.following,
-                "docker": view["docker"] if view is not None else None,
-                "policy": self.agent.keeper.status(),
+                "docker": view.docker.to_json() if view is not None else None,
+                "policy": self.agent.in_force.status(),
             },
         )
 
     def _queue(self) -> None:
-        from gpupin.hostagent.serve import queue
-
         said = urllib.parse.parse_qs(self.path.partition("?")[2]).get("daemon")
         why = agentlink.other_daemon(said[0]) if said else None  # a caller of another daemon: not its queue
-        self._json(200, {"direct": why} if why is not None else queue.of(self.agent).listing())
+        self._json(200, {"direct": why} if why is not None else self.agent.queue.listing())
 
     def _samples(self) -> None:
         self._json(200, self.agent.samples.listing(time.time()))
 
     def _usage(self) -> None:
         """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS."""
-        from gpupin.hostagent import record
         from gpupin.hostagent.record.store import BY
 
-        keeper = record.current()
-        if keeper is None:
+        writer = self.agent.record
+        if writer is None:
             self._json(404, {"error": "this agent keeps no record (serve --record none)", "exit": 69})
             return
         query = urllib.parse.parse_qs(self.path.partition("?")[2])
@@ -357,8 +354,8 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._json(400, {"error": f"by must be one of {', '.join(BY)}, since seconds since the epoch", "exit": 64})
             return
-        rows = record.usage(since, by)
-        self._json(200, {"since": since, "by": by, "rows": rows, "record": keeper.status()})
+        rows = writer.store.usage(since, by, time.time())
+        self._json(200, {"since": since, "by": by, "rows": rows, "record": writer.status().to_json()})
 
     def _metrics(self) -> None:
         self._send(200, self.metrics.text(), self.metrics.content_type)
@@ -376,7 +373,7 @@ class Handler(BaseHTTPRequestHandler):
         while not self.agent.stopping.is_set():
             if snap.version != version:
                 version = snap.version
-                data = json.dumps(snap.listing if snap.listing is not None else {"error": snap.error})
+                data = json.dumps(snap.as_json() if snap.listing is not None else {"error": snap.error})
                 self.wfile.write(f"event: ls\nid: {version}\ndata: {data}\n\n".encode())
             else:
                 self.wfile.write(b": keep-alive\n\n")
@@ -442,16 +439,16 @@ def caller_key(caller: Any) -> Hashable:
     return caller.uid if isinstance(caller, Peer) else caller[0]
 
 
-def serve(server: socketserver.TCPServer, sock: Accepted) -> None:
+def serve(server: socketserver.TCPServer, sock: AcceptedConnection) -> None:
     """One request on a connection whose head is in (no keep-alive: HTTP/1.0 answers, one request each)."""
     server.RequestHandlerClass(sock, sock.caller, server)
 
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:
     """The POST routes, each module's own."""
-    from gpupin.hostagent.serve import bookings, queue, runs
+    from gpupin.hostagent.serve import bookings, runs
 
-    return {"/api/queue": queue.of(agent).serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
+    return {"/api/queue": agent.queue.serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
 
 
 def handler(agent: Agent) -> type[Handler]:
@@ -460,6 +457,6 @@ def handler(agent: Agent) -> type[Handler]:
     return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent), "posts": _posts(agent)})
 
 
-def gate(servers: list[socketserver.TCPServer], limits: Limits) -> Gate:
+def acceptor(servers: list[socketserver.TCPServer], limits: Limits) -> Acceptor:
     """Accept and serve on `servers`, within `limits` (gpupin.hostagent.serve.connections)."""
-    return Gate(servers, limits, caller_key, serve)
+    return Acceptor(servers, limits, caller_key, serve)

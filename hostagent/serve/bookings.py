@@ -22,34 +22,16 @@ import time
 
 from gpupin.core.errors import GpupinError, UsageError, shown
 from gpupin.hostagent.ledger import booking as booking_label
+from gpupin.hostagent.ls import listing
 from gpupin.hostagent.policy import format_duration
 from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any
 
-    from gpupin.hostagent.serve.keeper import Keeper
-
-    class Snapshot(Protocol):
-        listing: dict[str, Any] | None
-
-    class Agent(Protocol):  # gpupin.hostagent.serve.agent.Agent, which makes the bookings
-        keeper: Keeper
-        stopping: threading.Event
-
-        def snapshot(self) -> Snapshot: ...
-
-        def container_changed(self) -> None: ...
-
-    class Handler(Protocol):
-        def answer(self, obj: Any) -> None: ...
-
-    class Peer(Protocol):
-        uid: int
-        gid: int
-        groups: frozenset[int]
-        pid: int
+    from gpupin.hostagent.ls.model import HolderShown, Listing
+    from gpupin.hostagent.serve.interfaces import Agent, Handler, Peer
 
 
 TICK_S = 0.25  # how often ended bookings are looked for: an end is kept well within 5 s
@@ -57,50 +39,26 @@ STOPPING = frozenset({"running", "paused", "restarting"})  # what `docker stop` 
 ROUTE = "/api/extend"
 
 
-def end_reason(container_id: str, reason: str) -> None:
-    """The record's seam (gpupin.hostagent.record.end_reason): why a holder ended, read when its interval closes.
-    Until the record is there, nothing is noted."""
-    import importlib
-
-    try:
-        record = importlib.import_module("gpupin.hostagent.record")
-    except ImportError:
-        return
-    with contextlib.suppress(Exception):  # the record must never stop an end
-        record.end_reason(container_id, reason)
-
-
-def emit(event: str, payload: dict[str, Any]) -> None:
-    """The hooks' seam (gpupin.hostagent.serve.hooks.emit: never waits); nothing until it is there."""
-    import importlib
-
-    try:
-        hooks = importlib.import_module("gpupin.hostagent.serve.hooks")
-    except ImportError:
-        return
-    hooks.emit(event, payload)
-
-
-def payload(view: dict[str, Any], cid: str, until: float | None, now: float) -> dict[str, Any]:
+def payload(view: Listing, cid: str, until: float | None, now: float) -> dict[str, Any]:
     """An event's part about a booked holder (docs/serve.md, "Notifications"): its first card, the container, the
     user who booked it, and the booking."""
     import pwd
 
-    for card in view.get("gpus", ()):
-        for h in card.get("holders", ()):
-            b = h.get("booking")
-            if h["id"] != cid or b is None:
+    for card in view.gpus:
+        for h in card.holders:
+            b = h.booking
+            if h.id != cid or b is None:
                 continue
             try:
-                user = None if b["uid"] is None else pwd.getpwuid(b["uid"]).pw_name
+                user = None if b.uid is None else pwd.getpwuid(b.uid).pw_name
             except KeyError:
-                user = str(b["uid"])
+                user = str(b.uid)
             return {
-                "card": {"uuid": card.get("uuid"), "index": card.get("index"), "name": card.get("name")},
-                "container": {"id": cid, "name": h["name"], "image": h.get("image")},
-                "user": {"uid": b["uid"], "name": user},
+                "card": {"uuid": card.uuid, "index": card.index, "name": card.name},
+                "container": {"id": cid, "name": h.name, "image": h.image},
+                "user": {"uid": b.uid, "name": user},
                 "booking": {
-                    "since": b["since"],
+                    "since": b.since,
                     "until": until,
                     "left_s": None if until is None else max(0, int(until - now)),
                 },
@@ -151,43 +109,43 @@ class Bookings:
 
     # --- the view ---
 
-    def annotate(self, view: dict[str, Any], now: float) -> None:
+    def annotate(self, view: Listing, now: float) -> None:
         """Each holder's `booking` with its extension and the whole seconds left (gpupin.hostagent.ledger.booking);
         and forget the extensions of containers that no longer exist (read from the daemon: only when it answers)."""
         self._label_ends(view)
         with self._lock:
-            booking_label.extend(view, self._until, now)
-            seen = {h["id"] for card in view.get("gpus", ()) for h in card.get("holders", ())}
+            listing.extend(view, self._until, now)
+            seen = {h.id for card in view.gpus for h in card.holders}
             gone = set(self._until) - seen
-            if view.get("docker", {}).get("available") and gone:
+            if view.docker.available and gone:
                 for cid in gone:
                     del self._until[cid]
                 with contextlib.suppress(GpupinError):
                     self._save()
 
-    def _label_ends(self, view: dict[str, Any]) -> None:
+    def _label_ends(self, view: Listing) -> None:
         """A compose service's own booking (gpupin.booking.for, no owner) by the policy in force, as run's rule
         judges a length (gpupin.hostagent.policy.admit.label_length): past the maximum it is cut to it (said once
         per container), a value that is no duration books the default, else the maximum."""
         from gpupin.hostagent.policy import admit
 
-        policy = self.agent.keeper.policy
+        policy = self.agent.in_force.policy
         labelled = set()
-        for card in view.get("gpus", ()):
-            for h in card.get("holders", ()):
-                b = h.get("booking")
-                if b is None or b["uid"] is not None:
+        for card in view.gpus:
+            for h in card.holders:
+                b = h.booking
+                if b is None or b.uid is not None:
                     continue
-                labelled.add(h["id"])
-                asked = None if b["until"] is None else b["until"] - b["since"]
+                labelled.add(h.id)
+                asked = None if b.until is None else b.until - b.since
                 length = admit.label_length(policy, asked)
-                b["until"] = None if length is None else b["since"] + max(1, round(length))
-                if b["until"] != (None if asked is None else b["since"] + asked) and h["id"] not in self._cut:
-                    self._cut.add(h["id"])
+                b.until = None if length is None else b.since + max(1, round(length))
+                if b.until != (None if asked is None else b.since + asked) and h.id not in self._cut:
+                    self._cut.add(h.id)
                     given = "no end" if length is None else format_duration(length)
                     said = "no duration" if asked is None else format_duration(asked)
-                    say(f"booking: {shown(h['name'])} ({h['id'][:12]}) asks {said} by its label: booked {given}")
-        if view.get("docker", {}).get("available"):
+                    say(f"booking: {shown(h.name)} ({h.id[:12]}) asks {said} by its label: booked {given}")
+        if view.docker.available:
             self._cut &= labelled  # bounded by the containers there are
 
     # --- extend ---
@@ -206,65 +164,64 @@ class Bookings:
         if not 0 < seconds <= LONGEST_S:
             raise UsageError(f"POST /api/extend: {seconds!r} seconds is not a duration", "e.g. 30m, 2h, 1d")
         h = self._find(target)
-        b = h["booking"]
-        name = shown(h["name"])
+        b = h.booking
+        name = shown(h.name)
         if b is None:
             raise UsageError(
                 f"{name} has no booking (it was not made by hostagent run)", "only hostagent's bookings are extended"
             )
-        if b["uid"] is None and peer.uid != 0:
+        if b.uid is None and peer.uid != 0:
             raise UsageError(
                 f"{name} is booked by its own label ({booking_label.FOR_LABEL}), which names no owner: only root "
                 "extends it",
                 "ask the host's owner, or start it again with a longer x-gpupin.for",
             )
-        if peer.uid not in (0, b["uid"]):
+        if peer.uid not in (0, b.uid):
             raise UsageError(
-                f"{name} is booked by uid {b['uid']}: only its owner or root extends it", "extend your own bookings"
+                f"{name} is booked by uid {b.uid}: only its owner or root extends it", "extend your own bookings"
             )
-        policy = self.agent.keeper.policy
+        policy = self.agent.in_force.policy
         gids = frozenset({peer.gid, *peer.groups})
         with self._lock:
-            until = self._until.get(h["id"], b["until"])
+            until = self._until.get(h.id, b.until)
             if until is None:
                 raise UsageError(f"{name}'s booking has no end: there is nothing to extend", "it runs until it stops")
             new = int(max(until, time.time()) + round(seconds))
             longest = policy.booking_max(peer.uid, gids)
-            if longest is not None and new - b["since"] > longest:
+            if longest is not None and new - b.since > longest:
                 raise UsageError(
                     f"extending {name} by {format_duration(seconds)} makes its booking "
-                    f"{format_duration(new - b['since'])} long, past the longest the policy gives uid {peer.uid}, "
+                    f"{format_duration(new - b.since)} long, past the longest the policy gives uid {peer.uid}, "
                     f"{format_duration(longest)} (booking.max)",
-                    f"extend by at most {format_duration(max(0, longest - (until - b['since'])))}",
+                    f"extend by at most {format_duration(max(0, longest - (until - b.since)))}",
                 )
-            was = self._until.get(h["id"])
-            self._until[h["id"]] = new
+            was = self._until.get(h.id)
+            self._until[h.id] = new
             try:
                 self._save()
             except GpupinError as err:
                 if was is None:
-                    del self._until[h["id"]]
+                    del self._until[h.id]
                 else:
-                    self._until[h["id"]] = was
+                    self._until[h.id] = was
                 raise GpupinError(f"the extension could not be kept ({err.message})", "see the agent's log") from None
-        say(f"extend: {h['id'][:12]} until {time.strftime('%H:%M:%S', time.localtime(new))} for uid {peer.uid}")
-        return {"id": h["id"], "name": h["name"], "until": new, "left_s": max(0, int(new - time.time()))}
+        say(f"extend: {h.id[:12]} until {time.strftime('%H:%M:%S', time.localtime(new))} for uid {peer.uid}")
+        return {"id": h.id, "name": h.name, "until": new, "left_s": max(0, int(new - time.time()))}
 
-    def _find(self, target: str) -> dict[str, Any]:
+    def _find(self, target: str) -> HolderShown:
         view = self.agent.snapshot().listing
         if view is None:
             raise GpupinError("the agent cannot read its view now", "try again in a moment")
-        holders = {h["id"]: h for card in view["gpus"] for h in card.get("holders", ())}
-        found = [h for h in holders.values() if h["name"] == target or h["id"] == target]
+        holders = {h.id: h for card in view.gpus for h in card.holders}
+        found = [h for h in holders.values() if h.name == target or h.id == target]
         if not found and len(target) >= 4:
-            found = [h for h in holders.values() if h["id"].startswith(target)]
+            found = [h for h in holders.values() if h.id.startswith(target)]
         if len(found) != 1:
             raise UsageError(
                 f"{shown(target)} names {'no' if not found else 'more than one'} container that holds a card",
                 "give its name or id, as hostagent ls shows it",
             )
-        only: dict[str, Any] = found[0]
-        return only
+        return found[0]
 
     def route(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
         handler.answer(self.extend(body.get("container"), body.get("seconds"), peer))  # type: ignore[arg-type]
@@ -278,34 +235,34 @@ class Bookings:
             return []
         out = {}
         with self._lock:
-            for card in view["gpus"]:
-                for h in card.get("holders", ()):
-                    b = h.get("booking")
-                    if b is None or h["state"] not in STOPPING or h["id"] in self._stopping:
+            for card in view.gpus:
+                for h in card.holders:
+                    b = h.booking
+                    if b is None or h.state not in STOPPING or h.id in self._stopping:
                         continue
-                    until = self._until.get(h["id"], b["until"])
+                    until = self._until.get(h.id, b.until)
                     if until is not None and until <= now:
-                        out[h["id"]] = (h["id"], h["name"], float(until))
+                        out[h.id] = (h.id, h.name, float(until))
         return list(out.values())
 
     def _ending(self, now: float) -> None:
         """booking.ending, once per end, the policy's notify.before_end ahead of it."""
-        notify = self.agent.keeper.policy.notify
+        notify = self.agent.in_force.policy.notify
         view = self.agent.snapshot().listing
         if notify is None or view is None:
             return
-        ids = {h["id"] for card in view["gpus"] for h in card.get("holders", ())}
+        ids = {h.id for card in view.gpus for h in card.holders}
         self._told = {t for t in self._told if t[0] in ids}  # bounded by the holders there are
-        for card in view["gpus"]:
-            for h in card.get("holders", ()):
-                b = h.get("booking")
-                if b is None or h["state"] not in STOPPING:
+        for card in view.gpus:
+            for h in card.holders:
+                b = h.booking
+                if b is None or h.state not in STOPPING:
                     continue
-                until = self.until(h["id"], b["until"])
-                if until is None or (h["id"], until) in self._told or not 0 < until - now <= notify.before_end:
+                until = self.until(h.id, None if b.until is None else int(b.until))
+                if until is None or (h.id, until) in self._told or not 0 < until - now <= notify.before_end:
                     continue
-                self._told.add((h["id"], until))
-                emit("booking.ending", payload(view, h["id"], until, now))
+                self._told.add((h.id, until))
+                self.agent.hooks.emit("booking.ending", payload(view, h.id, until, now))
 
     def _watch(self) -> None:
         while not self.agent.stopping.wait(TICK_S):
@@ -328,7 +285,7 @@ class Bookings:
     def _stop(self, cid: str, name: str, until: float) -> None:
         from gpupin.hostagent import engine
 
-        end_reason(cid, "expiry")
+        self.agent.end_reason(cid, "expiry")
         view = self.agent.snapshot().listing
         told = payload(view, cid, until, time.time()) if view is not None else {"container": {"id": cid}}
         try:
@@ -345,7 +302,7 @@ class Bookings:
                 api.stop(cid, timeout=None if grace is None else grace)
             finally:
                 api.close()
-            emit("booking.ended", {**told, "late_s": round(late, 3)})
+            self.agent.hooks.emit("booking.ended", {**told, "late_s": round(late, 3)})
         except Exception as err:
             say(f"booking ended: could not stop {shown(name)} ({cid[:12]}): {getattr(err, 'message', err)}")
         self.agent.container_changed()

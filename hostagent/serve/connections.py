@@ -66,7 +66,7 @@ class Limits:
         self.head_s = head_s
 
 
-class Accepted(socket.socket):
+class AcceptedConnection(socket.socket):
     """An accepted connection, with what the listener read of it (its head, perhaps more) and who is on the other
     end (`caller`: the unix socket's Peer, taken at accept; the remote address on TCP)."""
 
@@ -81,7 +81,7 @@ class Accepted(socket.socket):
 
 
 class _Prefixed(io.RawIOBase):
-    def __init__(self, sock: Accepted) -> None:
+    def __init__(self, sock: AcceptedConnection) -> None:
         self._sock = sock
 
     def readable(self) -> bool:
@@ -135,7 +135,7 @@ def _turn_away(sock: socket.socket, answer: bytes) -> None:
     sock.close()
 
 
-class Gate:
+class Acceptor:
     """Every listener's accept, the heads, the caps and the workers. Each server's `get_request()` accepts (the
     socket, and who the caller is: the unix server's Peer, taken there once, or the remote address); `key_of(caller)`
     is the key of its cap; `serve(server, sock)` handles one request on a connection whose head is in. They are the
@@ -146,7 +146,7 @@ class Gate:
         servers: list[socketserver.TCPServer],
         limits: Limits,
         key_of: Callable[[Any], Hashable],
-        serve: Callable[[socketserver.TCPServer, Accepted], None],
+        serve: Callable[[socketserver.TCPServer, AcceptedConnection], None],
     ) -> None:
         self.limits = limits
         self._servers = servers
@@ -163,11 +163,13 @@ class Gate:
             server.socket.setblocking(False)
             self._selector.register(server.socket, selectors.EVENT_READ, server)
         # Connections waiting for their head: socket -> (server, deadline), oldest first.
-        self._heads: collections.OrderedDict[Accepted, tuple[socketserver.TCPServer, float]] = collections.OrderedDict()
+        self._heads: collections.OrderedDict[AcceptedConnection, tuple[socketserver.TCPServer, float]] = (
+            collections.OrderedDict()
+        )
         self._mutex = threading.Condition()  # the counts (workers end connections) and the workers' jobs
         self._open: collections.Counter[Hashable] = collections.Counter()
         self._total = 0
-        self._jobs: collections.deque[tuple[socketserver.TCPServer, Accepted]] = collections.deque()
+        self._jobs: collections.deque[tuple[socketserver.TCPServer, AcceptedConnection]] = collections.deque()
         self._waiting = 0  # workers waiting for a job
         self._thread: threading.Thread | None = None
 
@@ -218,7 +220,7 @@ class Gate:
             if key.data is None:
                 with contextlib.suppress(OSError):
                     self._wake_r.recv(64)
-            elif isinstance(key.fileobj, Accepted):
+            elif isinstance(key.fileobj, AcceptedConnection):
                 self._read_head(key.fileobj)
             else:
                 self._accept(key.data)
@@ -248,7 +250,7 @@ class Gate:
             if self._out_of_files:
                 self._out_of_files = False
                 say("accepting connections again")
-            sock = Accepted(raw.family, raw.type, raw.proto, fileno=raw.detach())
+            sock = AcceptedConnection(raw.family, raw.type, raw.proto, fileno=raw.detach())
             sock.reading = bytearray()
             sock.key, sock.caller = self._key_of(caller), caller
             if not self._admit(sock):
@@ -264,7 +266,7 @@ class Gate:
         self._selector.unregister(server.socket)
         self._resting[server] = time.monotonic() + BACK_OFF_S
 
-    def _admit(self, sock: Accepted) -> bool:
+    def _admit(self, sock: AcceptedConnection) -> bool:
         """Count `sock` in, making room by closing the oldest connection of the same caller (at its cap) or of
         anyone (at the total) that still waits for its head; or refuse it where there is none to close."""
         key = sock.key
@@ -291,20 +293,20 @@ class Gate:
                 return False
             self._drop(victim)
 
-    def _drop(self, sock: Accepted) -> None:
+    def _drop(self, sock: AcceptedConnection) -> None:
         del self._heads[sock]
         self._selector.unregister(sock)
         sock.close()
         self._release(sock)
 
-    def _release(self, sock: Accepted) -> None:
+    def _release(self, sock: AcceptedConnection) -> None:
         with self._mutex:
             self._total -= 1
             self._open[sock.key] -= 1
             if self._open[sock.key] <= 0:
                 del self._open[sock.key]
 
-    def _read_head(self, sock: Accepted) -> None:
+    def _read_head(self, sock: AcceptedConnection) -> None:
         server, _ = self._heads[sock]
         try:
             data = sock.recv(MAX_HEAD)
@@ -332,7 +334,7 @@ class Gate:
 
     # --- the workers ---
 
-    def _hand(self, server: socketserver.TCPServer, sock: Accepted) -> None:
+    def _hand(self, server: socketserver.TCPServer, sock: AcceptedConnection) -> None:
         with self._mutex:
             if self._waiting > len(self._jobs):
                 self._jobs.append((server, sock))
@@ -354,8 +356,8 @@ class Gate:
             )
             self._release(sock)
 
-    def _work(self, server: socketserver.TCPServer, sock: Accepted) -> None:
-        job: tuple[socketserver.TCPServer, Accepted] | None = (server, sock)
+    def _work(self, server: socketserver.TCPServer, sock: AcceptedConnection) -> None:
+        job: tuple[socketserver.TCPServer, AcceptedConnection] | None = (server, sock)
         while job is not None:
             server, sock = job
             try:

@@ -1,5 +1,5 @@
-"""Notifications: `emit(event, payload)` hands one JSON object to the policy's notify command (on its stdin) and to
-its local webhook (a POST), from a worker thread, so that the agent never waits on a hook.
+"""Notifications: `Hooks.emit(event, payload)` hands one JSON object to the policy's notify command (on its stdin)
+and to its local webhook (a POST), from a worker thread, so that the agent never waits on a hook.
 
 - *Never blocking.* `emit` only puts the event on a bounded queue (QUEUED); a full queue drops the event and says
   so once. The worker runs one call at a time, each within LIMIT_S: a command still running then is killed with its
@@ -13,9 +13,8 @@ its local webhook (a POST), from a worker thread, so that the agent never waits 
 - *Loopback only.* The webhook is http:// to a loopback address (the policy refuses any other): the payloads name
   the host's users and must not leave it on the agent's initiative.
 
-Events and their payloads: docs/serve.md, "Notifications". The agent emits card.unhealthy, card.lost (the record's
-keeper, gpupin.hostagent.record.keeper) and queue.turn (gpupin.hostagent.serve.queue); the policy's bookings and the
-idle rule emit the others through the same function.
+Events and their payloads: docs/serve.md, "Notifications". The agent holds one Hooks (`agent.hooks`); the record's
+writer emits card.unhealthy and card.lost, the queue queue.turn, the bookings and the idle rule the others.
 """
 
 from __future__ import annotations
@@ -66,6 +65,10 @@ class Hooks:
         self._lock = threading.Lock()
         self.calls = 0  # calls made (tests, metrics)
         self._running: subprocess.Popen[bytes] | None = None  # the command being called now
+
+    def apply(self, rule: Any) -> None:
+        """The policy's NotifyRule (command, webhook; None: no hooks), at load and at each reload."""
+        self.configure(getattr(rule, "command", None), getattr(rule, "webhook", None))
 
     def configure(self, command: list[str] | None, webhook: str | None) -> None:
         """The policy's notify rule (None, None: no hooks), as gpupin.hostagent.policy checked it (an absolute
@@ -218,16 +221,3 @@ class Hooks:
         finally:
             conn.close()
         return None if 200 <= status < 300 else f"{url} answered {status}"
-
-
-HOOKS = Hooks()
-
-
-def emit(event: str, payload: dict[str, Any]) -> None:
-    """The seam the agent's parts call: queue `event` for the hooks (docs/serve.md, "Notifications")."""
-    HOOKS.emit(event, payload)
-
-
-def apply(rule: Any) -> None:
-    """The policy's NotifyRule (command, webhook; None: no hooks), at load and at each reload."""
-    HOOKS.configure(getattr(rule, "command", None), getattr(rule, "webhook", None))

@@ -24,11 +24,15 @@ import time
 from dataclasses import dataclass
 
 from gpupin.hostagent.ledger import booking
+from gpupin.hostagent.ls.model import IdleWarning
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+    from gpupin.hostagent.ls.model import CardShown, HolderShown, Listing
+    from gpupin.hostagent.serve.interfaces import Agent
 
 EXEMPT_LABEL = "gpupin.idle"  # `exempt` asks for it; the policy decides
 
@@ -40,36 +44,28 @@ class IdleTracker:
         self.idle_after = idle_after
         self._since: dict[str, tuple[frozenset[str], float]] = {}
 
-    def annotate(self, listing: dict[str, Any], now: float) -> None:
+    def annotate(self, listing: Listing, now: float) -> None:
         """Fill each card's `idle_seconds` and `idle` in `listing` (a gather() object) from this sample."""
         seen = set()
-        docker_known = bool(listing["docker"]["available"])
-        for card in listing["gpus"]:
-            uuid = card.get("uuid")
-            holders = frozenset(h["id"] for h in card.get("holders", ()) if h.get("holds"))
-            util = card.get("utilization_gpu")
-            procs = card.get("compute_processes", 0)  # None: NVML could not list them
-            if (
-                not docker_known
-                or not uuid
-                or not holders
-                or util is None
-                or util > 0
-                or procs != 0
-                or card.get("error")
-            ):
+        docker_known = bool(listing.docker.available)
+        for card in listing.gpus:
+            uuid = card.uuid
+            holders = frozenset(h.id for h in card.holders if h.holds)
+            util = card.utilization_gpu
+            procs = card.compute_processes  # None: NVML could not list them
+            if not docker_known or not uuid or not holders or util is None or util > 0 or procs != 0 or card.error:
                 # Not held (nothing to reclaim), unknown or in use: no stretch, and an unknown reading is no claim.
-                known = docker_known and uuid and not card.get("error") and (not holders or None not in (util, procs))
-                card["idle_seconds"] = 0.0 if known and holders else None
-                card["idle"] = False if known else None
+                known = docker_known and uuid and not card.error and (not holders or None not in (util, procs))
+                card.idle_seconds = 0.0 if known and holders else None
+                card.idle = False if known else None
                 continue
             seen.add(uuid)
             held, since = self._since.get(uuid, (holders, now))
             if held != holders:
                 since = now
             self._since[uuid] = (holders, since)
-            card["idle_seconds"] = int(now - since)  # whole seconds: the view changes once a second, not per sample
-            card["idle"] = now - since >= self.idle_after
+            card.idle_seconds = int(now - since)  # whole seconds: the view changes once a second, not per sample
+            card.idle = now - since >= self.idle_after
         for gone in set(self._since) - seen:
             del self._since[gone]
 
@@ -89,12 +85,12 @@ class _Idle:
     uid: int | None = None  # its owner: the uid its booking label names
 
 
-def watch(agent: Any, idle_after: float, say: Callable[[str], None]) -> IdleWatch:
-    """The agent's IdleWatch, wired to the agent's current policy (its keeper's: a reload counts at the next
+def watch(agent: Agent, idle_after: float, say: Callable[[str], None]) -> IdleWatch:
+    """The agent's IdleWatch, wired to the agent's current policy (the policy in force: a reload counts at the next
     refresh) and to the record's seams."""
 
     def policy() -> Any:
-        return agent.keeper.policy
+        return agent.in_force.policy
 
     def rule() -> Any:
         return policy().idle
@@ -102,10 +98,7 @@ def watch(agent: Any, idle_after: float, say: Callable[[str], None]) -> IdleWatc
     def may_exempt(uid: int, gids: frozenset[int]) -> bool:
         return bool(policy().may_exempt(uid, gids))
 
-    from gpupin.hostagent import record
-    from gpupin.hostagent.serve import hooks
-
-    return IdleWatch(idle_after, rule, may_exempt, hooks.emit, record.end_reason, say)
+    return IdleWatch(idle_after, rule, may_exempt, agent.hooks.emit, agent.end_reason, say)
 
 
 class IdleWatch:
@@ -146,24 +139,24 @@ class IdleWatch:
     def idle_after(self) -> float:
         return self.tracker.idle_after
 
-    def observe(self, view: dict[str, Any], now_mono: float, now: float) -> None:
+    def observe(self, view: Listing, now_mono: float, now: float) -> None:
         """Annotate `view` (idle fields, `idle_warning` per card), and warn, stop, or withdraw as the rule says."""
         rule = self._rule()
         self.tracker.idle_after = rule.after if rule is not None else self.default_after
         self.tracker.annotate(view, now_mono)
-        for card in view["gpus"]:
-            card["idle_warning"] = None
+        for card in view.gpus:
+            card.idle_warning = None
         if rule is None:
             with self._lock:
                 self._idle.clear()
             return
-        cards: dict[str, list[dict[str, Any]]] = {}
-        holder: dict[str, dict[str, Any]] = {}
-        for card in view["gpus"]:
-            for h in card.get("holders", ()):
-                if h.get("holds"):
-                    cards.setdefault(h["id"], []).append(card)
-                    holder[h["id"]] = h
+        cards: dict[str, list[CardShown]] = {}
+        holder: dict[str, HolderShown] = {}
+        for card in view.gpus:
+            for h in card.holders:
+                if h.holds:
+                    cards.setdefault(h.id, []).append(card)
+                    holder[h.id] = h
         due: list[str] = []
         with self._lock:
             for cid in list(self._idle):
@@ -171,7 +164,7 @@ class IdleWatch:
                     del self._idle[cid]
             for cid, held in cards.items():
                 # Idle only when every card it holds is: its work on another card is work.
-                if not all(c.get("idle") for c in held):
+                if not all(c.idle for c in held):
                     self._idle.pop(cid, None)
                     continue
                 if cid not in self._asks:
@@ -185,12 +178,12 @@ class IdleWatch:
                     continue
                 entry = self._idle.get(cid)
                 if entry is None:
-                    idle_for = min(float(c["idle_seconds"]) for c in held)
+                    idle_for = min(float(c.idle_seconds or 0) for c in held)
                     h = holder[cid]
                     entry = self._idle[cid] = _Idle(
-                        str(h.get("name")),
-                        h.get("image"),
-                        tuple(str(c["uuid"]) for c in held),
+                        str(h.name),
+                        h.image,
+                        tuple(str(c.uuid) for c in held),
                         round(now - idle_for),
                         now,
                         now + rule.grace if rule.action == "stop" else None,
@@ -201,7 +194,7 @@ class IdleWatch:
                 # A reloaded rule counts for a warning already given: its grace runs from the warning.
                 entry.stop_at = entry.warned_at + rule.grace if rule.action == "stop" else None
                 for c in held:
-                    c["idle_warning"] = {"container": entry.name, "since": entry.since, "stop_at": entry.stop_at}
+                    c.idle_warning = IdleWarning(entry.name, entry.since, entry.stop_at)
                 if entry.stop_at is not None and now >= entry.stop_at and not entry.stopping:
                     if entry.due_seen:  # two views in a row: a process started in between would have saved it
                         entry.stopping = True
@@ -237,7 +230,7 @@ class IdleWatch:
             self._asks[cid] = (labels.get(EXEMPT_LABEL) == "exempt", uid)
             self._asking.discard(cid)
 
-    def _stop(self, cid: str, entry: _Idle, card: dict[str, Any], rule: Any) -> None:
+    def _stop(self, cid: str, entry: _Idle, card: CardShown, rule: Any) -> None:
         started = time.time()
         try:
             self._end_reason(cid, "idle")  # before the stop: the interval that closes reads it
@@ -254,9 +247,9 @@ class IdleWatch:
         )
         self._emit("idle.stopped", self._payload(cid, entry, card, rule))
 
-    def _payload(self, cid: str, entry: _Idle, card: dict[str, Any], rule: Any) -> dict[str, Any]:
+    def _payload(self, cid: str, entry: _Idle, card: CardShown, rule: Any) -> dict[str, Any]:
         return {
-            "card": {"uuid": card.get("uuid"), "index": card.get("index"), "name": card.get("name")},
+            "card": {"uuid": card.uuid, "index": card.index, "name": card.name},
             "cards": list(entry.uuids),
             "container": {"id": cid, "name": entry.name, "image": entry.image},
             "user": {"uid": entry.uid, "name": _user_name(entry.uid)},

@@ -9,15 +9,15 @@ import os
 import signal
 import threading
 
-from gpupin.hostagent import record
-from gpupin.hostagent.serve import api, connections, hooks, listen, queue, rights, say, services
+from gpupin.hostagent.serve import api, connections, listen, rights, say, services
 from gpupin.hostagent.serve.agent import Agent
+from gpupin.hostagent.serve.hooks import Hooks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socketserver
 
-    from gpupin.hostagent.record.keeper import Keeper
+    from gpupin.hostagent.record.writer import RecordWriter
 
 
 class _Stopped(BaseException):
@@ -43,19 +43,20 @@ def run(
     names = listen.host_names(http_hosts or [])
     gid = listen.group_id(group)
     rights.set_daemon_group(daemon_group)
-    hooks.HOOKS.run_as(hook_user)
+    hooks = Hooks()
+    hooks.run_as(hook_user)
     # What runs through the agent convert with (--mount, --ulimit, the create payload), imported here, on one thread:
     # the docker SDK's types import one another in a cycle that holds on one thread, but two request threads that
     # import them first at once meet it half made ("cannot import name 'EndpointConfig'", seen in CI).
     import docker.types  # noqa: F401
 
-    agent = Agent(interval=interval, idle_after=idle_after, policy=policy)
-    agent.keeper.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
-    keeper = _record(record_path)
-    agent.record = keeper
+    writer = _record(record_path, hooks)
+    # The agent from its parts: the policy's file, the record's writer, the hooks (it makes the rest).
+    agent = Agent(interval=interval, idle_after=idle_after, policy=policy, record=writer, hooks=hooks)
+    agent.in_force.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
     handler = api.handler(agent)
     servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
-    queue.of(agent).keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
+    agent.queue.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
     agent.bookings.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # and the extensions of bookings
     try:
         if address is not None:
@@ -75,16 +76,15 @@ def run(
     reload = threading.Event()
 
     def on_hup(_signum: int, _frame: object) -> None:
-        reload.set()  # read in the main loop (within 0.5 s), not in the handler: the keeper's lock may be held
+        reload.set()  # read in the main loop (within 0.5 s), not in the handler: the writer's lock may be held
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
-    gate = api.gate(servers, limits or connections.Limits())
+    gate = api.acceptor(servers, limits or connections.Limits())
     try:
-        if keeper is not None:
-            keeper.start()  # the intervals an earlier agent left open, before the first view
+        if writer is not None:
+            writer.start()  # the intervals an earlier agent left open, before the first view
         agent.start()
-        agent.bookings.start()
         services.Services(agent).start()  # a swarm service's booking, where this daemon is a manager
         gate.start()
         serving.set()
@@ -94,17 +94,16 @@ def run(
             if reload.is_set():
                 reload.clear()
                 say("SIGHUP: reading the policy again")
-                agent.keeper.load()
+                agent.in_force.load()
         say("stopping")
     except _Stopped:
         say("stopping before the first view was read")
     finally:
         agent.stop()
-        hooks.HOOKS.stop()
-        if keeper is not None:
-            keeper.stop()
-            record.use(None)
-            keeper.store.close()
+        hooks.stop()
+        if writer is not None:
+            writer.stop()
+            writer.store.close()
         gate.stop()
         _close(servers, socket_path)
         for s, handler_ in previous.items():
@@ -116,17 +115,15 @@ def run(
     return 0
 
 
-def _record(path: str | None) -> Keeper | None:
-    """The record's keeper on PATH (None: `--record none`); a file or folder it may not use is refused (64) before
+def _record(path: str | None, hooks: Hooks) -> RecordWriter | None:
+    """The record's writer on PATH (None: `--record none`); a file or folder it may not use is refused (64) before
     anything listens."""
-    from gpupin.hostagent.record.keeper import Keeper
     from gpupin.hostagent.record.store import Store, default_path
+    from gpupin.hostagent.record.writer import RecordWriter
 
     if path == "none":
         return None
-    keeper = Keeper(Store(path or default_path()), emit=hooks.emit)
-    record.use(keeper)
-    return keeper
+    return RecordWriter(Store(path or default_path()), emit=hooks.emit)
 
 
 def _shown(address: tuple[str, int]) -> str:

@@ -15,10 +15,10 @@ from gpupin.core import __version__
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from typing import Any
 
     from prometheus_client.core import Metric
 
+    from gpupin.hostagent.ls.model import CardShown
     from gpupin.hostagent.serve.agent import Agent
 
 MIB = 1024 * 1024
@@ -28,24 +28,22 @@ HEALTH = ("healthy", "unhealthy", "unknown")
 HOLDER_LABELS = ["container", "container_id", "image", "user", "pinned", "verified", "UUID", "gpu", "Hostname"]
 
 
-def healthy(card: dict[str, Any]) -> bool | None:
+def healthy(card: CardShown) -> bool | None:
     """The card's health: the listing's `health.healthy` where the listing carries health readings
     (gpupin.core.health; None: unknown); without them, a card NVML cannot read is unhealthy and one it reads healthy,
     as `hostagent ls` shows them."""
-    health = card.get("health")
-    if isinstance(health, dict):
-        value = health.get("healthy")
-        return value if isinstance(value, bool) else None
-    return not card.get("error")
+    if card.health is not None:
+        return card.health.healthy
+    return not card.error
 
 
-def state(card: dict[str, Any]) -> str:
+def state(card: CardShown) -> str:
     """One word for the card: unhealthy first, then the listing's own (gpupin.hostagent.ls.listing): held or shared
     (a container holds it), busy (processes run on it that no holder explains: the host's, or a container's that
     was not given it), free, or unknown (who holds it cannot be read: Docker or the card's processes unread)."""
     if healthy(card) is False:
         return "unhealthy"
-    return str(card.get("state") or "unknown")
+    return card.use.state or "unknown"
 
 
 def _bool(value: bool | None) -> str:
@@ -72,7 +70,7 @@ class ViewCollector:
         yield GaugeMetricFamily(
             "gpupin_agent_nvml_up", "1 when the agent's last NVML read succeeded, else 0.", value=int(view is not None)
         )
-        docker_ok = bool(view and view["docker"]["available"])
+        docker_ok = bool(view and view.docker.available)
         yield GaugeMetricFamily(
             "gpupin_agent_docker_up",
             "1 when the agent's last ledger read reached the Docker daemon, else 0 (holders unknown).",
@@ -83,9 +81,7 @@ class ViewCollector:
             "When the view was last read (seconds since the epoch).",
             value=snap.read_at,
         )
-        from gpupin.hostagent.serve import queue
-
-        waiting = queue.of(self.agent).listing()["waiters"]
+        waiting = self.agent.queue.listing()["waiters"]
         yield GaugeMetricFamily(
             "gpupin_queue_waiters", "Requests waiting in the agent's queue (run --wait).", value=len(waiting)
         )
@@ -97,7 +93,7 @@ class ViewCollector:
         yield from self._record()
         if view is None:
             return
-        host = view.get("hostname") or ""
+        host = view.hostname or ""
         gauges = {
             "utilization": (
                 "gpupin_gpu_utilization_percent",
@@ -139,12 +135,12 @@ class ViewCollector:
             "gpupin-entrypoint verified it (unknown: the container does not say).",
             labels=HOLDER_LABELS,
         )
-        for card in view["gpus"]:
+        for card in view.gpus:
             labels = [
-                str(card["index"]),
-                card.get("uuid") or "",
-                card.get("bus_id") or "",
-                card.get("name") or "",
+                str(card.index),
+                card.uuid or "",
+                card.bus_id or "",
+                card.name or "",
                 host,
             ]
             for key, value in self._readings(card, docker_ok).items():
@@ -156,17 +152,17 @@ class ViewCollector:
             h = _bool(healthy(card)).replace("true", "healthy").replace("false", "unhealthy")
             for s in HEALTH:
                 health.add_metric([*labels, s], float(s == h))
-            users = {p["container_id"]: p["user"] for p in card.get("processes", ()) if p.get("container_id")}
-            for hd in card.get("holders", ()):
-                if hd.get("holds"):
+            users = {p.container_id: p.user for p in card.processes if p.container_id}
+            for hd in card.holders:
+                if hd.holds:
                     holder.add_metric(
                         [
-                            hd["name"],
-                            hd["id"],
-                            hd.get("image") or "",
-                            users.get(hd["id"]) or "",
-                            _bool(hd.get("pinned")),
-                            _bool(hd.get("verified")),
+                            hd.name,
+                            hd.id,
+                            hd.image or "",
+                            users.get(hd.id) or "",
+                            _bool(hd.pinned),
+                            _bool(hd.verified),
                             labels[1],
                             labels[0],
                             host,
@@ -178,17 +174,15 @@ class ViewCollector:
         yield health
         yield holder
 
-    @staticmethod
-    def _record() -> Iterator[Metric]:
+    def _record(self) -> Iterator[Metric]:
         """Per user, from the record (gpupin.hostagent.record): absent when the agent keeps none."""
         from prometheus_client.core import CounterMetricFamily
 
-        from gpupin.hostagent import record
-
-        if record.current() is None:
+        record = self.agent.record
+        if record is None:
             return
         try:
-            rows = record.usage(None, "user")
+            rows = record.store.usage(None, "user", time.time())
         except Exception:  # a record that cannot be read is said in /api/ls; a scrape still answers
             return
         if not rows:  # nothing recorded yet: no family (a card series' absence says NVML is unread)
@@ -211,24 +205,24 @@ class ViewCollector:
         yield joules
 
     @staticmethod
-    def _readings(card: dict[str, Any], docker_ok: bool) -> dict[str, float | int | None]:
+    def _readings(card: CardShown, docker_ok: bool) -> dict[str, float | int | None]:
         def mib(v: int | None) -> int | None:
             return None if v is None else v * MIB
 
-        idle = card.get("idle")
+        idle = card.idle
         # Who holds a card is the daemon's to say: while it is unread, the count is unknown (absent), not 0.
-        held = docker_ok and not card.get("error")
+        held = docker_ok and not card.error
         return {
-            "utilization": card.get("utilization_gpu"),
-            "mem_used": mib(card.get("memory_used_mib")),
-            "mem_total": mib(card.get("memory_total_mib")),
-            "power": card.get("power_draw_w"),
-            "power_limit": card.get("power_limit_w"),
-            "temperature": card.get("temperature_c"),
-            "holders": sum(1 for h in card.get("holders", ()) if h.get("holds")) if held else None,
-            "processes": card.get("compute_processes"),
+            "utilization": card.utilization_gpu,
+            "mem_used": mib(card.memory_used_mib),
+            "mem_total": mib(card.memory_total_mib),
+            "power": card.power_draw_w,
+            "power_limit": card.power_limit_w,
+            "temperature": card.temperature_c,
+            "holders": sum(1 for h in card.holders if h.holds) if held else None,
+            "processes": card.compute_processes,
             "idle": None if idle is None else int(idle),
-            "idle_seconds": card.get("idle_seconds"),
+            "idle_seconds": card.idle_seconds,
         }
 
 

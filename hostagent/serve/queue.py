@@ -18,7 +18,7 @@ A place is not a hold (docs/serve.md, "The queue"): only callers who may use the
 unbounded), a count at most the host's healthy cards. A turn not used is a *lapse*: it ran out while its cards were
 still usable, or the caller said `again` and LAPSE_CHECK_S later its cards are still usable (no attempt could have
 been refused). MAX_LAPSES of them lose the place: a client that takes its turns and never books cannot hold back
-the waiters behind it. Turns are decided (fair.turns) at each
+the waiters behind it. Turns are decided (fair.grantable) at each
 join, leave and `again`, at each change of the agent's view, and every TICK.
 
 The body names the caller's Docker daemon (`daemon`); a caller of another daemon than the agent's is answered
@@ -43,28 +43,18 @@ import select
 import stat
 import threading
 import time
-import weakref
 
 from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten, shown
 from gpupin.hostagent import agentlink
-from gpupin.hostagent.serve import fair, hooks, rights, say
+from gpupin.hostagent.serve import fair, rights, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from http.server import BaseHTTPRequestHandler as Handler
-    from typing import Any, Protocol
+    from typing import Any
 
-    from gpupin.hostagent.serve.agent import Agent
-
-    class Peer(Protocol):
-        """The caller as the kernel names it (gpupin.hostagent.serve.api.Peer: api imports this module)."""
-
-        pid: int
-        uid: int
-        gid: int
-        groups: frozenset[int]
-
-        def user(self) -> str: ...
+    from gpupin.hostagent.ls.model import BookingShown, HolderShown, Listing
+    from gpupin.hostagent.policy import admit
+    from gpupin.hostagent.serve.interfaces import Agent, Handler, Peer
 
 
 TURN_S = 5.0  # a turn unanswered this long lapses (the waiter keeps its place, passed over until it asks again)
@@ -76,20 +66,8 @@ MAX_LAPSES = 3  # turns not used (cards still usable) before the place is lost: 
 LAPSE_CHECK_S = 1.0  # after `again`, how long until its cards are looked at (the view follows the create that won)
 STATE_FILE = "queue.json"
 
-_queues: weakref.WeakKeyDictionary[Agent, Queue] = weakref.WeakKeyDictionary()
-_made = threading.Lock()
 
-
-def of(agent: Agent) -> Queue:
-    """The agent's queue (one per agent; its granting thread starts with it)."""
-    with _made:
-        q = _queues.get(agent)
-        if q is None:
-            q = _queues[agent] = Queue(agent)
-        return q
-
-
-class Waiter:
+class QueuedRun:
     """One `hostagent run --wait` in the queue: who (from the socket), what it asks, since when, its turn."""
 
     def __init__(self, ask: fair.QueueRequest, body: dict[str, Any], peer: Peer, since: float, ticket: str) -> None:
@@ -151,7 +129,7 @@ class Waiter:
         }
 
 
-def _audit(w: Waiter, what: str) -> None:
+def _audit(w: QueuedRun, what: str) -> None:
     """The agent's log line for a change of a waiter's place, in the form of the run's (gpupin.hostagent.serve.runs):
     what happened, then who, as the kernel named them at accept. The request and the user name go through the one
     rule for a user's text."""
@@ -187,14 +165,17 @@ class Queue:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self._lock = threading.RLock()
-        self._waiters: list[Waiter] = []
+        self._waiters: list[QueuedRun] = []
         self._returning: dict[str, tuple[int, float]] = {}  # ticket -> (uid, arrival) from the file, until REJOIN_S
         self._state: str | None = None
+
+    def start(self) -> None:
+        """The thread that grants the turns (the agent starts it with its own)."""
         threading.Thread(target=self._run, name="queue", daemon=True).start()
 
     # --- the waiters ---
 
-    def join(self, body: dict[str, Any], peer: Peer) -> Waiter:
+    def join(self, body: dict[str, Any], peer: Peer) -> QueuedRun:
         refused = rights.refusal(peer)
         if refused is not None:  # a place holds others back: only for those who could book themselves
             raise UsageError(f"POST /api/queue: {refused}", "wait without the agent's queue (run --wait polls)")
@@ -210,7 +191,9 @@ class Queue:
         from gpupin.hostagent.policy import admit
 
         never = admit.never(
-            self.agent.keeper.policy, admit.Caller(peer.uid, {peer.gid, *peer.groups}), ask.count or len(ask.gpus) or 1
+            self.agent.in_force.policy,
+            admit.Caller(peer.uid, {peer.gid, *peer.groups}),
+            ask.count or len(ask.gpus) or 1,
         )
         if never is not None:  # a quota no wait can meet: refused now, not waited for forever
             raise never
@@ -218,7 +201,7 @@ class Queue:
         with self._lock:
             if self.agent.stopping.is_set():  # (under the lock: a waiter that got in gets the stop's end of stream)
                 raise AgentUnavailableError("the agent is stopping", "join the next one (a restart keeps the order)")
-            quota = self.agent.keeper.policy.quota(peer.uid, frozenset({peer.gid, *peer.groups})).waiters
+            quota = self.agent.in_force.policy.quota(peer.uid, frozenset({peer.gid, *peer.groups})).waiters
             places = MAX_WAITERS if quota is None else min(quota, MAX_WAITERS)
             if peer.uid != 0 and sum(w.uid == peer.uid for w in self._waiters) >= places:
                 full = GpupinError(
@@ -233,7 +216,7 @@ class Queue:
             if back is not None and back[0] == peer.uid and since - self.agent.started <= REJOIN_S:
                 since, kept = back[1], str(ticket)
                 del self._returning[kept]  # once
-            w = Waiter(ask, body, peer, since, kept)
+            w = QueuedRun(ask, body, peer, since, kept)
             self._waiters.append(w)
             self._waiters.sort(key=lambda x: x.since)  # stable: equal times keep the order they came in
         try:
@@ -245,7 +228,7 @@ class Queue:
             _audit(w, f"joined at {w.position} of {len(self._waiters)}")
         return w
 
-    def leave(self, w: Waiter) -> None:
+    def leave(self, w: QueuedRun) -> None:
         with self._lock:
             if w in self._waiters:
                 why = " (the agent stops)" if self.agent.stopping.is_set() else ""
@@ -262,7 +245,7 @@ class Queue:
             if not self.agent.stopping.is_set():
                 self._save()
 
-    def again(self, w: Waiter) -> None:
+    def again(self, w: QueuedRun) -> None:
         """The turn's attempt was refused: keep the place, and wait for the next turn (its cards are looked at
         LAPSE_CHECK_S later: still usable, the turn was not used)."""
         with self._lock:
@@ -271,7 +254,7 @@ class Queue:
             w.offered, w.lapsed, w.asked_again, w.turn_at = None, False, True, time.monotonic()
             self._grant()
 
-    def standing(self, w: Waiter) -> dict[str, Any]:
+    def standing(self, w: QueuedRun) -> dict[str, Any]:
         """A waiter's place as it joins: its ticket, arrival, position; whether its turn came with it, and if not,
         whether it is clear: no earlier waiter could take any card it could take, so that looking now (and
         saying who holds its cards) overtakes no one, whenever they free. Otherwise it waits for its turn."""
@@ -293,21 +276,20 @@ class Queue:
 
     # --- the turns ---
 
-    def _within_quota(self, view: dict[str, Any]) -> list[Waiter]:
+    def _within_quota(self, view: Listing) -> list[QueuedRun]:
         """The waiters the policy's quotas let take a card now, in order: one over its quota keeps its place but is
         given no turn, and holds no card back from those after it (gpupin.hostagent.policy.admit)."""
-        from gpupin.hostagent import record
         from gpupin.hostagent.policy import admit
 
-        policy = self.agent.keeper.policy
+        policy = self.agent.in_force.policy
         if not policy.enforced:
             return list(self._waiters)
-        held = admit.view_holdings(view)
+        held = view_holdings(view)
         return [
             w
             for w in self._waiters
             if admit.over(
-                policy, admit.Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, record.finished
+                policy, admit.Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, self.agent.finished
             )
             is None
         ]
@@ -335,13 +317,13 @@ class Queue:
                 w.post({"lost": f"{MAX_LAPSES} turns went unused while their cards were free: the place is lost"})
                 w.post({})
         within = self._within_quota(view) if view is not None else []
-        for n, cards in (fair.turns(within, view) if view is not None else {}).items():
+        for n, cards in (fair.grantable(within, view) if view is not None else {}).items():
             w = within[n]
             w.offered, w.turn_at, w.asked_again = cards, now, False
             w.post({"turn": {"cards": cards}})
             if not w.notified:  # its first turn only: the tries after an `again` are the same news
                 w.notified = True
-                hooks.emit(
+                self.agent.hooks.emit(
                     "queue.turn",
                     {
                         "cards": cards,
@@ -464,3 +446,21 @@ class Queue:
     def _write(handler: Handler, message: dict[str, Any]) -> None:
         handler.wfile.write((json.dumps(message) + "\n").encode())
         handler.wfile.flush()
+
+
+def view_holdings(view: Listing) -> list[admit.Holding]:
+    """The booked holds in the agent's view, as the quotas count them (gpupin.hostagent.policy.admit)."""
+    from gpupin.hostagent.policy import admit
+
+    seen: dict[str, tuple[HolderShown, BookingShown]] = {}
+    cards: dict[str, int] = {}
+    for card in view.gpus:
+        for h in card.holders:
+            if h.holds and h.booking is not None and h.booking.uid is not None:
+                seen[h.id] = (h, h.booking)
+                cards[h.id] = cards.get(h.id, 0) + 1
+    return [
+        admit.Holding(b.uid, cards[i], b.until, h.name, admit.started(b.since, h.started))
+        for i, (h, b) in seen.items()
+        if b.uid is not None
+    ]

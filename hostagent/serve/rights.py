@@ -18,12 +18,7 @@ from gpupin.hostagent import engine
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Protocol
-
-    class Peer(Protocol):  # gpupin.hostagent.serve.api.Peer
-        uid: int
-        gid: int
-        groups: frozenset[int]
+    from gpupin.hostagent.serve.interfaces import Peer
 
 
 _daemon_gid: int | None = None  # --daemon-group: who may use a daemon that is not a unix socket, beside root

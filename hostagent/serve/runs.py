@@ -30,7 +30,7 @@ import threading
 import time
 
 from gpupin.core.errors import UsageError, shorten, shown
-from gpupin.hostagent import agentlink, engine, mark, record
+from gpupin.hostagent import agentlink, engine, mark
 from gpupin.hostagent.engine import podman
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, request_json
@@ -39,22 +39,10 @@ from gpupin.hostagent.serve import rights, say
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any, Protocol
-
-    class Handler(Protocol):  # gpupin.hostagent.serve.api.Handler, which registers this route
-        def answer(self, obj: Any) -> None: ...
+    from typing import Any
 
     from gpupin.hostagent.serve.agent import Agent
-
-    class Peer(Protocol):  # gpupin.hostagent.serve.api.Peer: the caller, as the kernel named it at accept
-        pid: int
-        uid: int
-        gid: int
-        groups: frozenset[int]
-        start: str
-        pidns: str
-
-        def user(self) -> str: ...
+    from gpupin.hostagent.serve.interfaces import Handler, Peer
 
 
 ROUTE = "/api/run"
@@ -159,7 +147,9 @@ class Runs:
                 missing_image=self._missing(req.image),
                 notify=lines.append,
                 admit=admit,
-                spares=None if podman.version(api) else self.agent.spares,  # Docker's rename and import: measured
+                spares=None
+                if podman.version(api)
+                else self.agent.standby_locks,  # Docker's rename and import: measured
                 after=after.append,
             )
         finally:
@@ -168,7 +158,7 @@ class Runs:
         cards_made = ",".join(t.uuid for t in created.spec.targets)
         with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
             say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} ({shown(peer.user())}) pid {peer.pid}")
-        record.note_owner(created.cid, peer.uid)  # the caller at accept owns its intervals in the record
+        self.agent.note_owner(created.cid, peer.uid)  # the caller at accept owns its intervals in the record
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
 
     def _admit(self, req: Any, peer: Peer) -> Any:
@@ -178,7 +168,7 @@ class Runs:
 
         caller = admit.Caller(peer.uid, {peer.gid, *peer.groups})
         return admit.for_run(
-            self.agent.keeper.policy, caller, req.book_for, self.agent.bookings.extensions(), record.finished
+            self.agent.in_force.policy, caller, req.book_for, self.agent.bookings.extensions(), self.agent.finished
         )
 
     @staticmethod

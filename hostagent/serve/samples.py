@@ -14,12 +14,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.hostagent.ls.model import Listing
+
 STEP = 10.0  # seconds per point
 POINTS = 360  # an hour of them
 NONE = -1.0  # a reading that could not be made, in the ring's float arrays
 
 
-class Ring:
+class CardSeries:
     """One card's points: three float arrays of POINTS, filled round; `head` is the next slot to write."""
 
     __slots__ = ("_acc", "at", "count", "head", "load", "memory")
@@ -74,24 +76,24 @@ class Ring:
 
 
 class Samples:
-    """Per card UUID, its Ring; fed by the agent's refresh, read by any thread."""
+    """Per card UUID, its CardSeries; fed by the agent's refresh, read by any thread."""
 
     def __init__(self) -> None:
-        self._rings: dict[str, Ring] = {}
+        self._rings: dict[str, CardSeries] = {}
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def add(self, listing: dict[str, Any], now: float) -> None:
+    def add(self, listing: Listing, now: float) -> None:
         """One refresh's readings (a gather() object): each card's utilization and memory used."""
         with self._lock:
-            for card in listing["gpus"]:
-                uuid = card.get("uuid")
+            for card in listing.gpus:
+                uuid = card.uuid
                 if not uuid:
                     continue
                 ring = self._rings.get(uuid)
                 if ring is None:
-                    ring = self._rings[uuid] = Ring()
-                ring.add(now, card.get("utilization_gpu"), card.get("memory_used_mib"))
+                    ring = self._rings[uuid] = CardSeries()
+                ring.add(now, card.utilization_gpu, card.memory_used_mib)
                 self._seen[uuid] = now
             for gone in [u for u, t in self._seen.items() if now - t > STEP * POINTS]:
                 del self._rings[gone], self._seen[gone]

@@ -24,13 +24,9 @@ from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any
 
-    from gpupin.hostagent.serve.keeper import Keeper
-
-    class Agent(Protocol):
-        keeper: Keeper
-        stopping: threading.Event
+    from gpupin.hostagent.serve.interfaces import Agent
 
 
 TICK_S = 1.0
@@ -108,7 +104,7 @@ class Services:
     def step(self, api: Any, now: float) -> None:
         """End the services whose booking has ended, once each (a service scaled up again is scaled down again)."""
         for service in api.services():
-            end = end_of(service, self.agent.keeper.policy)
+            end = end_of(service, self.agent.in_force.policy)
             mode = (service.get("Spec") or {}).get("Mode") or {}
             if end is None or end > now or (mode.get("Replicated") or {}).get("Replicas") == 0:
                 continue
@@ -116,7 +112,7 @@ class Services:
             late = now - end
             done = stop(api, service)
             say(f"booking ended: swarm service {name} ({service['ID'][:12]}) {done}, {late:.2f}s after its end")
-            _emit(service, end, late, done)
+            _emit(self.agent, service, end, late, done)
 
 
 def created(service: dict[str, Any]) -> float:
@@ -126,12 +122,10 @@ def created(service: dict[str, Any]) -> float:
     return engine.created_time(str(service.get("CreatedAt")))
 
 
-def _emit(service: dict[str, Any], end: float, late: float, done: str) -> None:
+def _emit(agent: Agent, service: dict[str, Any], end: float, late: float, done: str) -> None:
     """booking.ended for a swarm service (docs/serve.md, "Notifications"): the service, not a container."""
-    from gpupin.hostagent.serve import bookings
-
     spec = service.get("Spec") or {}
-    bookings.emit(
+    agent.hooks.emit(
         "booking.ended",
         {
             "service": {"id": service["ID"], "name": spec.get("Name"), "action": done},

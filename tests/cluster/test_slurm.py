@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -235,8 +236,8 @@ def test_a_job_script_that_sets_cuda_visible_devices_0_after_slurm_gave_card_2_i
     job = tmp_path / "job.sh"
     job.write_text(f"""#!/bin/sh
 export CUDA_VISIBLE_DEVICES=0
-{ENTRYPOINT} true; echo "direct rc=$?"
-srun {ENTRYPOINT} --quiet sh -c 'echo "srun rc=0 SLURM_STEP_GPUS=$SLURM_STEP_GPUS"'
+{shlex.quote(ENTRYPOINT)} true; echo "direct rc=$?"
+srun {shlex.quote(ENTRYPOINT)} --quiet sh -c 'echo "srun rc=0 SLURM_STEP_GPUS=$SLURM_STEP_GPUS"'
 """)
     done = slurm.run("sbatch", "--wait", "--gres=gpu:1", f"--output={out}", str(job))
     assert done.returncode == 0, done.stderr
@@ -290,7 +291,7 @@ def test_with_one_card_per_task_slurm_localid_is_not_the_cuda_index(slurm: Slurm
 def in_container(sandbox: Sandbox) -> str:
     """The job starts a container on the sandboxed daemon, passing Slurm's variables in; GPUS is the --gpus value."""
     return (
-        f'exec {sandbox.docker_cli} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
+        f'exec {shlex.quote(sandbox.docker_cli)} run --rm --gpus "$GPUS" -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES '
         f'-e SLURM_LOCALID {TEST_IMAGE} "$@"'
     )
 
@@ -496,7 +497,8 @@ def test_inside_a_container_given_the_nodes_gres_conf(slurm_cluster: Slurm, sand
     slurm_cluster.up("slurm-gres-order")
     etc = slurm_cluster.run_dir / "etc"
     run = (
-        f"exec {sandbox.docker_cli} run --rm --gpus all -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES -e SLURM_LOCALID "
+        f"exec {shlex.quote(sandbox.docker_cli)} run --rm --gpus all -e SLURM_STEP_GPUS -e CUDA_VISIBLE_DEVICES "
+        "-e SLURM_LOCALID "
         f'-e SLURM_CONF -e SLURMD_NODENAME -v {etc}:{etc}:ro {TEST_IMAGE} "$@"'
     )
     try:

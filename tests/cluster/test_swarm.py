@@ -78,7 +78,8 @@ class Cluster:
             pytest.fail(f"swarm.sh up failed ({r.returncode}):\n{r.stderr}", pytrace=False)
         self.nodes = {}
         for line in r.stdout.splitlines():
-            name, host, topo, address, kind = line.split()
+            head, address, kind = line.rsplit(None, 2)
+            name, host, topo = head.split(None, 2)  # the topology's path may hold spaces
             self.nodes[name] = Node(name, host, Path(topo).stem, address, kind)
 
     def down(self) -> None:

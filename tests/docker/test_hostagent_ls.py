@@ -156,7 +156,8 @@ def test_a_containers_process_names_its_container(mixed4_sandbox: Sandbox, tagge
 
 def test_golden_holders(mixed4_sandbox: Sandbox, tagged: str, request: pytest.FixtureRequest) -> None:
     """Several holders on one card, a shared card, a MISMATCH under both its cards, a pinned container that holds
-    nothing: the table against tests/golden/ls-holders[-color].txt, container ids replaced by placeholders."""
+    nothing: the table and --json against tests/golden/ls-holders-<way>[-color].txt and .json, container ids
+    replaced by placeholders."""
     sb = mixed4_sandbox
     env = simhost_env("mixed-4", DOCKER_HOST=sb.host)
     before = json.loads(ls("--json", DOCKER_HOST=sb.host).stdout)["gpus"]
@@ -195,12 +196,20 @@ def test_golden_holders(mixed4_sandbox: Sandbox, tagged: str, request: pytest.Fi
         check=True,
     )
     ids = {name: sb.docker("inspect", "-f", "{{.Id}}", name, check=True).stdout.strip() for name in names}
-    for color in (False, True):
-        r = ls_on_golden_host(["--color", "always"] if color else [], env)
-        text = shown(r)
+    # The way hostagent pins differs by engine (--gpus on 20.10, CDI on 26 and 28.5): a golden file each way,
+    # named by the engine it was first written on.
+    way = "26" if serves_cdi(sb) else "20.10"
+    for args, golden in [
+        ([], f"ls-holders-{way}.txt"),
+        (["--color", "always"], f"ls-holders-{way}-color.txt"),
+        (["--json"], f"ls-holders-{way}.json"),  # byte for byte too: what scripts read
+    ]:
+        text = shown(ls_on_golden_host(args, env))
         for n, name in enumerate(names):
-            text = text.replace(ids[name][:12], f"<id-{n}>".ljust(12, "-"))
-        # The way hostagent pins differs by engine (--gpus on 20.10, CDI on 26 and 28.5): a golden file each way,
-        # named by the engine it was first written on.
-        way = "26" if serves_cdi(sb) else "20.10"
-        check_golden(request, f"ls-holders-{way}{'-color' if color else ''}.txt", text)
+            text = text.replace(ids[name], f"<id-{n}>".ljust(64, "-")).replace(
+                ids[name][:12], f"<id-{n}>".ljust(12, "-")
+            )
+        # When each started and was booked: the times of this run.
+        text = re.sub(r'"started": "[^"]*"', '"started": "<started>"', text)
+        text = re.sub(r'"since": [0-9]+', '"since": "<since>"', text)
+        check_golden(request, golden, text)

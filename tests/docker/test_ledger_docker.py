@@ -27,7 +27,16 @@ from gpupin.hostagent import engine
 from gpupin.hostagent.ledger import lease, lock
 from tests.support.host import REPO, idle_topology, saw, simhost_env
 from tests.support.resident import Resident
-from tests.support.sandbox import TEST_IMAGE, WORK, Agent, Sandbox, intervals, never_two_at_once, serves_cdi
+from tests.support.sandbox import (
+    PODMAN,
+    TEST_IMAGE,
+    WORK,
+    Agent,
+    Sandbox,
+    intervals,
+    never_two_at_once,
+    serves_cdi,
+)
 from tests.support.scenarios import mig_devices, uuids
 from tests.support.wait import wait_for
 
@@ -677,7 +686,7 @@ FAULTS = [
     (["--fail", r"GET /containers/[0-9a-f]{64}/json=500"], 69, "answered 500"),
     (["--drop", "GET /containers/json"], 69, "does not answer"),
     (["--drop", "POST /containers/[0-9a-f]{64}/start"], 69, "does not answer"),
-    (["--fail", "POST /containers/create$=500"], 125, "Docker refused to create the container"),
+    (["--fail", "POST /containers/create$=500"], 125, "RUNTIME refused to create the container"),
     (["--fail", "POST /containers/create[?]name=gpupin-ledger-lock=500"], 69, "could not take the ledger lock"),
 ]
 
@@ -694,6 +703,7 @@ def test_daemon_failures_are_one_line_and_leave_nothing(
     try:
         r = agent("run", "--rm", "--gpu", "1", TEST_IMAGE, DOCKER_HOST=f"unix://{tmp_path}/d.sock")
         errors = [ln for ln in r.stderr.splitlines() if "ERROR:" in ln]
+        says = says.replace("RUNTIME", "podman" if agent.sandbox.engine == PODMAN else "Docker")  # named
         assert r.returncode == code and len(errors) == 1 and says in errors[0], r.stderr
         assert "Traceback" not in r.stderr and "HINT:" in errors[0]
         wait_for(lambda: len(agent.containers()) == 1, 10, "the lock to be let go (in the background)")

@@ -376,7 +376,7 @@ def test_the_agents_runs_take_the_ledger_lock_by_a_rename(agent: Agent) -> None:
 
 @pytest.mark.needs("lock-spares")
 def test_a_spare_that_grows_old_is_replaced_while_runs_come_and_an_idle_agent_keeps_none(agent: Agent) -> None:
-    """A spare serves runs while it is young (Spares.FRESH_S); when it grows old it is replaced then, not after a
+    """A spare serves runs while it is young (StandbyLocks.FRESH_S); when it grows old it is replaced then, not after a
     run (the daemon's create would fall in that run's start), while runs come; an agent left idle keeps none."""
     assert _lock_containers(agent) == []
     r = Resident(agent.env)
@@ -387,12 +387,12 @@ def test_a_spare_that_grows_old_is_replaced_while_runs_come_and_an_idle_agent_ke
             wait_for(lambda: _spare_only(agent), 10, "the agent's spare")
         [first] = _lock_containers(agent)
         made = time.monotonic()
-        wait_for(lambda: _lock_containers(agent) not in ([first], []), lock.Spares.FRESH_S + 10, "a new spare")
-        assert time.monotonic() - made > lock.Spares.FRESH_S - 2  # not before the first grew old
+        wait_for(lambda: _lock_containers(agent) not in ([first], []), lock.StandbyLocks.FRESH_S + 10, "a new spare")
+        assert time.monotonic() - made > lock.StandbyLocks.FRESH_S - 2  # not before the first grew old
         [second] = _lock_containers(agent)
         assert second.startswith("gpupin-ledger-spare-") and second != first
         # No run since: the new one goes when it grows old, and none replaces it.
-        wait_for(lambda: _lock_containers(agent) == [], lock.Spares.FRESH_S + 10, "the idle agent's spare to go")
+        wait_for(lambda: _lock_containers(agent) == [], lock.StandbyLocks.FRESH_S + 10, "the idle agent's spare to go")
         time.sleep(2)
         assert _lock_containers(agent) == []
         res = ha(agent, through(r), "run", "--rm", "--gpu", "1", TEST_IMAGE, "--quiet", "true")

@@ -10,6 +10,8 @@ What may differ, and why (nothing else is left out):
   `--gpus` leaves it empty (the same driver), and gives CDI's request empty capabilities and options, not none.
 - A list or map left out (null) and an empty one: the same to the daemon. Docker 20.10's CLI leaves out some
   that Engine 26's sends empty (BlkioDevice*, Ulimits).
+- The spelling of a capability in HostConfig.CapAdd and CapDrop: docker CLI 28 sends `CAP_SYS_ADMIN` for
+  `--cap-add SYS_ADMIN`, earlier CLIs and hostagent the name as given; the daemon reads both as one capability.
 - The order of Config.Env and HostConfig.Binds: the docker CLI itself gives them in a different order from run to
   run (it keeps -e and -v in Go maps); they are compared as sorted lists (duplicates kept).
 The pin itself is the same on both sides: the docker side gets hostagent's own pin arguments (--gpus or CDI
@@ -179,6 +181,9 @@ def comparable(info: dict[str, Any]) -> dict[str, Any]:
     config["Env"] = sorted(config.get("Env") or [])
     host["Binds"] = sorted(host.get("Binds") or [])
     host["DeviceRequests"] = [(r["DeviceIDs"], r["Count"]) for r in host.get("DeviceRequests") or []]
+    for key in ("CapAdd", "CapDrop"):  # CLI 28 sends CAP_SYS_ADMIN where earlier CLIs send SYS_ADMIN: one capability
+        if host.get(key):
+            host[key] = [c if c.upper() == "ALL" or c.upper().startswith("CAP_") else f"CAP_{c}" for c in host[key]]
     return {"Config": config, "HostConfig": host}
 
 

@@ -267,13 +267,13 @@ mount -t overlay gpupin-rootless -o "lowerdir=/dev,upperdir=$ov/dev/u,workdir=$o
 for sub in pts shm mqueue hugepages; do [ ! -d "$ov/old/$sub" ] || mount --rbind "$ov/old/$sub" "/dev/$sub"; done
 exec "$@"'
 
-# The user's podman, with only what a login gives them (HOME, XDG_RUNTIME_DIR); its pause process keeps the mount
-# namespace of the first call.
+# The user's podman, with only what a login gives them (HOME, XDG_RUNTIME_DIR), started in their home (the checkout
+# may be where they cannot go: root's 0700 home); its pause process keeps the mount namespace of the first call.
 rootless_podman() {
-    RL_RUN=$RL_RUN unshare --mount --propagation private sh -c "$ROOTLESS_NS" sh \
+    (cd "$RL_STATE/home" && RL_RUN=$RL_RUN unshare --mount --propagation private sh -c "$ROOTLESS_NS" sh \
         setpriv --reuid="$RL_UID" --regid="$RL_UID" --clear-groups \
         env -i "PATH=/usr/local/bin:/usr/bin:/bin" "HOME=$RL_STATE/home" "XDG_RUNTIME_DIR=$RL_XDG" \
-        "CONTAINERS_CONF=$RL_RUN/containers.conf" "CONTAINERS_STORAGE_CONF=$RL_RUN/storage.conf" "$PODMAN" "$@"
+        "CONTAINERS_CONF=$RL_RUN/containers.conf" "CONTAINERS_STORAGE_CONF=$RL_RUN/storage.conf" "$PODMAN" "$@")
 }
 
 rootless_config() {
@@ -312,7 +312,9 @@ rootless_up() {
     # Its hooks run as the user: a copy of the fakes whose scripts start the system's python3 (root's may be private).
     make -s -C "$REPO/tests/fakegpu" OUT="$RL_RUN/fakegpu" PYTHON=/usr/bin/python3 >/dev/null
     install -m 0666 /dev/null "$RL_RUN/hook.log"
-    FAKEGPU_TOPOLOGY=$TOPOLOGY FAKEGPU_HOOK_LOG=$RL_RUN/hook.log "$RL_RUN/fakegpu/bin/nvidia-ctk" cdi generate \
+    # And of the topology, which the spec's hooks read as the user (the checkout may be where they cannot go).
+    install -m 0644 "$TOPOLOGY" "$RL_RUN/topology.json"
+    FAKEGPU_TOPOLOGY=$RL_RUN/topology.json FAKEGPU_HOOK_LOG=$RL_RUN/hook.log "$RL_RUN/fakegpu/bin/nvidia-ctk" cdi generate \
         --output "$RL_RUN/cdi/nvidia.yaml" || die "the fake nvidia-ctk could not write the CDI spec for $TOPOLOGY"
     chmod 0644 "$RL_RUN/cdi/nvidia.yaml"
     awk '/- path: "\/dev\//{gsub(/"/, "", $3); p=$3} /major:/{m=$2} /minor:/{print p, m, $2}' \
@@ -331,8 +333,8 @@ rootless_down() {
     if [ -f "$RL_RUN/containers.conf" ]; then
         rootless_podman rm -af -t 0 >/dev/null 2>&1 || true
         # Its pause process, named by a file the user can write: signalled as the user, never as root.
-        setpriv --reuid="$RL_UID" --regid="$RL_UID" --clear-groups \
-            sh -c 'kill "$(cat "$1")"' sh "$RL_XDG/tmp/pause.pid" 2>/dev/null || true
+        (cd / && setpriv --reuid="$RL_UID" --regid="$RL_UID" --clear-groups \
+            sh -c 'kill "$(cat "$1")"' sh "$RL_XDG/tmp/pause.pid") 2>/dev/null || true
     fi
     rm -rf "$RL_RUN" "$RL_XDG"
 }

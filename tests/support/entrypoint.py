@@ -10,6 +10,7 @@ the environment the entrypoint set), so the tests check what a job would really 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,15 @@ from tests.support.sandbox import TEST_IMAGE, Sandbox, Sandboxes, lacks
 from tests.support.scenarios import topology
 
 STARTED = ["sh", "-c", "echo WORKLOAD-STARTED"]  # a workload that says it ran
+
+
+def launch(script: str) -> list[str]:
+    """A console script of the venv as a command. Where the venv's path has a space, pip writes the script as a
+    /bin/sh launcher, and sh drops the variables whose names it cannot hold (DOCKER_RESOURCE_NVIDIA-GPU, as Swarm
+    names it): the venv's interpreter runs the script itself then, as that launcher would."""
+    with open(script, "rb") as f:
+        first = f.readline()
+    return [sys.executable, script] if first.startswith(b"#!/bin/sh") else [script]
 
 
 class Result:
@@ -47,9 +57,11 @@ class Entrypoint:
         scenario_name: str = "mixed-4",
         docker_args: tuple[str, ...] = (),
     ) -> tuple[list[str], dict[str, str]]:
-        args = [a.replace("{py}", self.py) for a in args]
+        # {py} as a word of its own is the interpreter; inside a shell command, quoted (the checkout's path may hold
+        # spaces).
+        args = [self.py if a == "{py}" else a.replace("{py}", shlex.quote(self.py)) for a in args]
         if self.mode == "host":
-            return [ENTRYPOINT, *args], simhost_env(scenario_name, **env)
+            return [*launch(ENTRYPOINT), *args], simhost_env(scenario_name, **env)
         assert self.sandbox is not None
         # Podman takes no --gpus (tests/support/sandbox.py LACKS): its own CLI gives the same cards by CDI names.
         cdi = lacks(self.sandbox.engine, "gpus") is not None

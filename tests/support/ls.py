@@ -39,14 +39,19 @@ def write_topology(tmp_path: Path, name: str, pid: int, used: int | None = 512) 
     return path
 
 
-def ls_on_golden_host(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The real CLI with the host name GOLDEN_HOST, in pid and UTS namespaces of its own."""
+def on_golden_host() -> tuple[str, ...]:
+    """The command that execs the rest with the host name GOLDEN_HOST, in pid and UTS namespaces of its own."""
     enter = ["unshare", "--uts", "--pid", "--fork", "--mount-proc"]
     if os.geteuid() != 0:
         enter.insert(1, "--map-root-user")  # unprivileged: a user namespace gives the right to name the host
     rename = f"import os, socket, sys; socket.sethostname({GOLDEN_HOST!r}); os.execv(sys.argv[1], sys.argv[1:])"
+    return (*enter, sys.executable, "-c", rename)
+
+
+def ls_on_golden_host(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The real CLI on the golden host (on_golden_host)."""
     return subprocess.run(
-        [*enter, sys.executable, "-c", rename, HOSTAGENT, "ls", *args],
+        [*on_golden_host(), HOSTAGENT, "ls", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.host import BIN, FAKEGPU, REPO
+from tests.support.host import BIN, FAKEGPU, REPO, lock_dir
 from tests.support.scenarios import scenario, topology, uuids
 
 README = REPO / "README.md"
@@ -142,6 +142,7 @@ def environment(docker_host: str, topology_file: str | None = None) -> dict[str,
         FAKEGPU_TOPOLOGY=topology_file or str(scenario("mixed-4")),
         PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
         DOCKER_HOST=docker_host,
+        GPUPIN_LOCK_DIR=lock_dir(),  # the run's own: root's default, /run/gpupin, is the host's
         PYTHONUNBUFFERED="1",  # stdout and stderr interleaved as a terminal shows them
         COLUMNS="120",
     )

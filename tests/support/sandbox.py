@@ -265,6 +265,8 @@ def agent_on(sandbox: Sandbox) -> Iterator[Agent]:
     yield a
     ids = sandbox.docker("ps", "-aq", "--filter", f"label=gpupin.test={a.tag}").stdout.split()
     if ids:
+        # Killed first: podman's `rm -f` (its compatible API) stops with the 10 s timeout a `sleep` as PID 1 outlasts.
+        sandbox.docker("kill", *ids)
         sandbox.docker("rm", "-f", *ids)
 
 

@@ -16,8 +16,10 @@ from gpupin.core.errors import UsageError
 from gpupin.hostagent.compose import load
 from gpupin.hostagent.compose.booking import problems
 from gpupin.hostagent.ledger import booking
+from gpupin.hostagent.ls.listing import booking_shown
+from gpupin.hostagent.ls.model import Listing
 from gpupin.hostagent.policy import Policy, admit, parse_policy
-from gpupin.hostagent.serve import services
+from gpupin.hostagent.serve import queue, services
 from tests.support.host import hostagent
 
 NOWHERE = "unix:///nonexistent/docker.sock"
@@ -119,7 +121,7 @@ def test_the_ledger_books_a_container_from_its_own_start() -> None:
     labels = {booking.FOR_LABEL: "90m"}
     b = booking.of(labels, 1000.4)
     assert b is not None and (b.uid, b.since, b.until) == (None, 1000, 1000 + 5400)
-    assert b.to_dict(now=2000)["left_s"] == 4400
+    assert booking_shown(b, now=2000).left_s == 4400
     assert booking.of(labels) is None  # not started: no start to count from
     odd = booking.of({booking.FOR_LABEL: "soon"}, 1000)
     assert odd is not None and odd.until is None  # the agent gives it the default (label_length)
@@ -129,8 +131,9 @@ def test_the_ledger_books_a_container_from_its_own_start() -> None:
     made = booking.of({booking.LABEL: "uid=1001 since=5 until=9", booking.FOR_LABEL: "7d"}, 1000)
     assert made is not None and (made.uid, made.since, made.until) == (1001, 5, 9)
     # a label's booking is no one's: it counts for no quota
-    view = {"gpus": [{"holders": [{"id": "a", "name": "c", "holds": True, "booking": b.to_dict()}]}]}
-    assert admit.view_holdings(view) == []
+    view = Listing.from_json({"gpus": [{"holders": [{"id": "a", "name": "c", "holds": True}]}]})
+    view.gpus[0].holders[0].booking = booking_shown(b, now=2000)
+    assert queue.view_holdings(view) == []
 
 
 def test_a_swarm_services_end_counts_from_its_creation() -> None:

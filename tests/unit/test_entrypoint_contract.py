@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -433,7 +434,7 @@ def test_the_python_api_refuses_a_rewritten_cuda_visible_devices(fakegpu: Path) 
     )
     env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX)
     p = subprocess.run(
-        [ENTRYPOINT, "--quiet", "sh", "-c", f"CUDA_VISIBLE_DEVICES=0 {sys.executable} -c '{code}'"],
+        [ENTRYPOINT, "--quiet", "sh", "-c", f"CUDA_VISIBLE_DEVICES=0 {shlex.quote(sys.executable)} -c '{code}'"],
         env=env,
         capture_output=True,
         text=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -324,7 +325,7 @@ def test_a_signal_the_caller_ignores_stays_ignored(fakegpu: Path, tmp_path: Path
     # nohup's SIGHUP: the entrypoint keeps ignoring it, and the workload inherits the ignored disposition.
     env = simhost_env("mixed-4", GPUPIN_EXPECT=RTX)
     p = subprocess.run(
-        ["sh", "-c", f"trap '' HUP; exec {ENTRYPOINT} --quiet sh -c 'kill -HUP $$; echo alive'"],
+        ["sh", "-c", f"trap '' HUP; exec {shlex.quote(ENTRYPOINT)} --quiet sh -c 'kill -HUP $$; echo alive'"],
         env=env,
         capture_output=True,
         text=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -1488,7 +1489,9 @@ def run_runtime(tmp_path: Path, args: list[str], spec: Optional[dict[str, Any]] 
     bin_dir.mkdir(exist_ok=True)
     record = tmp_path / "runc.json"
     runc = bin_dir / "runc"
-    runc.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    code = f"import json, sys; json.dump(sys.argv[1:], open({str(record)!r}, 'w'))"
+    # sh, then the interpreter: a shebang cannot name an interpreter whose path has a space (the checkout's may)
+    runc.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(code)} "$@"\n')
     runc.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin")
     proc = subprocess.run([str(RUNTIME), *args], env=env, cwd=bundle, capture_output=True, text=True, timeout=60)

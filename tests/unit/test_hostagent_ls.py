@@ -1,14 +1,14 @@
 """`hostagent ls`: the cards from NVML, the holders from Docker, the processes from /proc, and graceful degradation
 of each; its table checked exactly against golden files (tests/golden), its colours, --format and --watch.
 
-Golden files: `ls-<scenario>[-color].txt` for every shipped scenario (tests/fakegpu/scenarios), from the real CLI
-on the simulated host with Docker unavailable (a socket that does not exist), and `ls-holders[-color].txt` from
-the sandbox with holders of every kind. The host name is fixed by running the CLI in a UTS namespace of its own
-(`unshare --uts`, then sethostname), and in a pid namespace of its own (`--pid --mount-proc`) so that the
-scenarios' process ids name no process of the machine that runs the tests: the CLI itself is unchanged. Each
-file holds stdout, then stderr and the exit code when there are any. `make golden` (pytest --update-golden)
-rewrites them when a change of the output is meant.
-"""
+Golden files: `ls-<scenario>[-color].txt` and `ls-<scenario>.json` (`ls --json`) for every shipped scenario
+(tests/fakegpu/scenarios), from the real CLI on the simulated host with Docker unavailable (a socket that does not
+exist), `api-ls-<scenario>.json` from a resident agent's /api/ls there, and `ls-holders-<engine>[-color].txt` and
+`ls-holders-<engine>.json` from the sandbox with holders of every kind. The host name is fixed by running the CLI in
+a UTS namespace of its own (`unshare --uts`, then sethostname), and in a pid namespace of its own (`--pid
+--mount-proc`) so that the scenarios' process ids name no process of the machine that runs the tests: the CLI itself
+is unchanged. Each file holds stdout, then stderr and the exit code when there are any. `make golden` (pytest
+--update-golden) rewrites them when a change of the output is meant."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import pty
 import pwd
 import re
 import select
+import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -30,7 +32,17 @@ import pytest
 from gpupin.hostagent.ledger import processes as procs
 from gpupin.hostagent.ls import template as lsformat
 from tests.support.host import HOSTAGENT, REPO, simhost_env
-from tests.support.ls import GOLDEN, by_uuid, check_golden, ls, ls_on_golden_host, shown, write_topology
+from tests.support.ls import (
+    GOLDEN,
+    by_uuid,
+    check_golden,
+    ls,
+    ls_on_golden_host,
+    on_golden_host,
+    shown,
+    write_topology,
+)
+from tests.support.resident import Resident
 from tests.support.scenarios import SHIPPED, cards, uuids
 from tests.support.spawn import default_signals
 
@@ -47,6 +59,32 @@ ESC = "\x1b["
 def test_golden_scenario(fakegpu: Path, request: pytest.FixtureRequest, name: str, color: bool) -> None:
     r = ls_on_golden_host(["--color", "always"] if color else [], simhost_env(name, DOCKER_HOST=NO_DOCKER))
     check_golden(request, f"ls-{name}{'-color' if color else ''}.txt", shown(r))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_golden_json(fakegpu: Path, request: pytest.FixtureRequest, name: str) -> None:
+    """`ls --json` byte for byte: the field names, their order, the numbers' forms are what scripts read."""
+    r = ls_on_golden_host(["--json"], simhost_env(name, DOCKER_HOST=NO_DOCKER))
+    check_golden(request, f"ls-{name}.json", shown(r))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_golden_api_ls(fakegpu: Path, request: pytest.FixtureRequest, name: str) -> None:
+    """A resident agent's /api/ls byte for byte, on the same host as test_golden_json (its own golden file: the
+    agent's view may say more than the CLI's, e.g. idle time, once it has watched the cards)."""
+    agent = Resident(simhost_env(name, DOCKER_HOST=NO_DOCKER), wrap=on_golden_host())
+    try:
+        status, body, kind = agent.get("/api/ls")
+    finally:
+        # unshare does not pass SIGTERM on: the agent (its child, pid 1 of the namespace) is stopped itself.
+        inner = Path(f"/proc/{agent.proc.pid}/task/{agent.proc.pid}/children").read_text().split()
+        for pid in inner:
+            os.kill(int(pid), signal.SIGTERM)
+        agent.proc.communicate(timeout=10)
+        shutil.rmtree(agent.dir, ignore_errors=True)
+    assert agent.proc.returncode == 0, agent.proc.returncode
+    # The status and type first (an agent whose NVML fails answers 503), then the body as it came.
+    check_golden(request, f"api-ls-{name}.json", f"{status} {kind}\n{body.decode()}")
 
 
 # --- the data (--json) -----------------------------------------------------------------------------------------
@@ -202,13 +240,14 @@ def test_a_mig_devices_holders_and_processes_are_shown_under_it(fakegpu: Path, t
     card put in (the sandbox's hook exposes no MIG device by UUID to a container of mixed-4)."""
     from gpupin.hostagent.ledger.holders import Holder
     from gpupin.hostagent.ls import view as lsview
+    from gpupin.hostagent.ls.listing import holder_shown
 
     data = json.loads(ls("--json", scenario_name="mig", DOCKER_HOST=f"unix://{tmp_path}/none.sock").stdout)
     card = data["gpus"][0]
     mig1 = card["mig_devices"][1]["uuid"]
     card["holders"] = [
-        Holder("a" * 64, "on-mig", "running", [mig1], True, "gpupin").to_dict(),
-        Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all").to_dict(),
+        holder_shown(Holder("a" * 64, "on-mig", "running", [mig1], True, "gpupin"), 0).to_json(),
+        holder_shown(Holder("b" * 64, "whole", "running", [card["uuid"]], False, "--gpus all"), 0).to_json(),
     ]
     card["held"] = card["mig_devices"][1]["held"] = True
     card["state"], card["mig_devices"][0]["state"], card["mig_devices"][1]["state"] = "held", "free", "held"
@@ -461,7 +500,7 @@ def test_ls_json_stays_on_the_fast_path(fakegpu: Path, tmp_path: Path) -> None:
 def test_a_reader_that_leaves_ends_it_quietly(fakegpu: Path, tmp_path: Path) -> None:
     """`hostagent ls --json | head -c1`: exit 141 as a C tool killed by SIGPIPE, no traceback, no error line."""
     r = subprocess.run(
-        f'{HOSTAGENT} ls --json | (exec 0<&-; sleep 0.5); echo "${{PIPESTATUS[0]}}"',
+        f'{shlex.quote(HOSTAGENT)} ls --json | (exec 0<&-; sleep 0.5); echo "${{PIPESTATUS[0]}}"',
         shell=True,
         executable="/bin/bash",
         capture_output=True,
@@ -475,10 +514,12 @@ def test_a_reader_that_leaves_ends_it_quietly(fakegpu: Path, tmp_path: Path) -> 
 # Last, so that `make golden` has written every file before these read them.
 def test_golden_files_are_all_for_shipped_scenarios() -> None:
     """A golden file of a scenario that is gone is stale, not a check."""
-    names = {p.name for p in GOLDEN.glob("ls-*.txt")}
+    names = {p.name for p in GOLDEN.glob("*")}
     # One holders file per way of pinning (--gpus: 20.10's; CDI: 26's, which 28.5 shares): test_hostagent_ls.py.
     ways = ("holders-20.10", "holders-26")
     expected = {f"ls-{s}{c}.txt" for s in [*SHIPPED, *ways] for c in ("", "-color")}
+    expected |= {f"{kind}-{s}.json" for s in SHIPPED for kind in ("ls", "api-ls")}
+    expected |= {f"ls-{way}.json" for way in ways}
     assert names == expected
 
 

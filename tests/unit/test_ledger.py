@@ -20,6 +20,7 @@ from gpupin.hostagent.ledger import forms as ledger
 from gpupin.hostagent.ledger import lease, lock
 from gpupin.hostagent.ledger.forms import FORMS, HostCards
 from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder, holding
+from gpupin.hostagent.ls.listing import holder_shown
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 
@@ -347,7 +348,7 @@ def test_the_engine_decides_what_a_labelled_container_holds() -> None:
     assert honest.via == "--gpus" and honest.describe() == "job (cccccccccccc, running, gpupin via --gpus)"
     by_cdi = holder(container(requests=cdi(f"nvidia.com/gpu={RTX}"), labels={"gpupin.devices": RTX}), host)
     assert by_cdi is not None and by_cdi.how == "gpupin" and not by_cdi.mismatch and by_cdi.via == "CDI"
-    assert by_cdi.describe() == "job (cccccccccccc, running, gpupin via CDI)" and by_cdi.to_dict()["via"] == "CDI"
+    assert by_cdi.describe() == "job (cccccccccccc, running, gpupin via CDI)" and holder_shown(by_cdi, 0).via == "CDI"
     liar = holder(container(requests=gpus(["2"]), labels={"gpupin.devices": RTX}), host)
     assert liar is not None and liar.uuids == (A800B,) and liar.label == (RTX,) and liar.mismatch
     assert held([liar]) == {A800B: [liar]}  # the card it really has, not the one its label names
@@ -364,8 +365,8 @@ def test_holder_descriptions_say_how_and_why() -> None:
     assert h.describe() == "web (0123456789ab, running, --gpus all)" and h.holds
     c = holder(container(status="exited", restart="always", requests=gpus(["1"])), mig_host())
     assert c is not None and c.describe() == "job (cccccccccccc, exited, --gpus device=1, stopped, restart=always)"
-    d = c.to_dict()
-    assert (d["holds"], d["why"], d["grants"][0]["form"], d["describe"]) == (
+    d = holder_shown(c, 0)
+    assert (d.holds, d.why, d.grants[0].form, d.describe) == (
         True,
         "stopped, restart=always",
         "device-request",

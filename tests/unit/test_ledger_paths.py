@@ -316,14 +316,14 @@ def test_a_label_equal_to_the_images_is_inherited() -> None:
         lease.LEASE_LABEL: "30",
     }
     # docker create from a committed image: every gpupin label is the image's
-    assert holders.own(dict(image), image) == {"team": "ml"}
+    assert holders.not_inherited(dict(image), image) == {"team": "ml"}
     # set again by hand to another value: that one is the container's own
-    assert holders.own({**image, "gpupin.devices": A800}, image) == {"team": "ml", "gpupin.devices": A800}
+    assert holders.not_inherited({**image, "gpupin.devices": A800}, image) == {"team": "ml", "gpupin.devices": A800}
     # pinned by hostagent from that image: signed by its own owner, so every label is its own, even one that
     # equals the image's
     ours = {**image, **Pin([], share=False).labels(), "gpupin.devices": RTX, **lease.claim()}
-    assert holders.own(ours, image) == ours and ours["gpupin.shared"] == "false"
-    assert holders.own({"gpupin.devices": RTX}, {}) == {"gpupin.devices": RTX}
+    assert holders.not_inherited(ours, image) == ours and ours["gpupin.shared"] == "false"
+    assert holders.not_inherited({"gpupin.devices": RTX}, {}) == {"gpupin.devices": RTX}
 
 
 def test_every_pinned_container_writes_all_of_the_ledgers_labels() -> None:

@@ -15,6 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupin.core.files import FileRefused
+from gpupin.hostagent.ls.listing import booking_shown
+from gpupin.hostagent.ls.model import BookingShown, Listing
 from gpupin.hostagent.policy import (
     BookingRule,
     Policy,
@@ -26,6 +28,7 @@ from gpupin.hostagent.policy import (
     parse_duration,
     parse_policy,
 )
+from gpupin.hostagent.serve import queue
 
 ROOT_GROUP = grp.getgrgid(0).gr_name
 NOBODY = pwd.getpwnam("nobody").pw_uid
@@ -385,8 +388,8 @@ def test_booking_label_round_trip() -> None:
     assert labels == {"gpupin.booking": "uid=1001 since=1000 until=6400"}
     b = booking.parse(labels["gpupin.booking"])
     assert b is not None and (b.uid, b.since, b.until) == (1001, 1000, 6400)
-    assert b.to_dict(now=2000) == {"uid": 1001, "since": 1000, "until": 6400, "left_s": 4400}
-    assert b.to_dict(now=9000)["left_s"] == 0
+    assert booking_shown(b, now=2000) == BookingShown(1001, 1000, 6400, 4400)
+    assert booking_shown(b, now=9000).left_s == 0
     assert booking.parse(admit.labels(admit.Caller(7, ()), None, now=5)["gpupin.booking"]).until is None  # type: ignore[union-attr]
     for forged in ("uid=0", "uid=1 since=2 until=3 extra", "uid=-1 since=2", "", "uid=1\nsince=2"):
         assert booking.parse(forged) is None
@@ -549,34 +552,35 @@ def test_when_a_rolling_window_frees_is_the_first_time_below_the_limit(
 
 def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
     """Whose a holding is comes from the booking label's uid, whatever the container is called."""
-    from gpupin.hostagent.policy import admit
 
-    view = {
-        "gpus": [
-            {
-                "holders": [
-                    {
-                        "id": "a",
-                        "name": "uid-1002-s-job",
-                        "holds": True,
-                        "booking": {"uid": 1001, "since": 0, "until": None},
-                    }
-                ]
-            },
-            {
-                "holders": [
-                    {
-                        "id": "a",
-                        "name": "uid-1002-s-job",
-                        "holds": True,
-                        "booking": {"uid": 1001, "since": 0, "until": None},
-                    }
-                ]
-            },
-            {"holders": [{"id": "b", "name": "other", "holds": True, "booking": None}]},
-        ]
-    }
-    held = admit.view_holdings(view)
+    view = Listing.from_json(
+        {
+            "gpus": [
+                {
+                    "holders": [
+                        {
+                            "id": "a",
+                            "name": "uid-1002-s-job",
+                            "holds": True,
+                            "booking": {"uid": 1001, "since": 0, "until": None},
+                        }
+                    ]
+                },
+                {
+                    "holders": [
+                        {
+                            "id": "a",
+                            "name": "uid-1002-s-job",
+                            "holds": True,
+                            "booking": {"uid": 1001, "since": 0, "until": None},
+                        }
+                    ]
+                },
+                {"holders": [{"id": "b", "name": "other", "holds": True, "booking": None}]},
+            ]
+        }
+    )
+    held = queue.view_holdings(view)
     assert [(h.uid, h.cards, h.since) for h in held] == [(1001, 2, 0.0)]
 
 

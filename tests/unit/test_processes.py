@@ -242,7 +242,7 @@ def test_the_thresholds_never_call_an_idle_h200_busy() -> None:
     assert procs.unseen_use(card(600, 5)) == "5% load"
     assert procs.unseen_use(card(1025, 0, total_mib=24564)) == "1025 MiB used"  # 1 GiB on a small card
     (held,) = procs.blocking([card(40960, 95)], [])["GPU-x"]
-    assert isinstance(held, procs.Unseen) and held.process
+    assert isinstance(held, procs.UnseenUse) and held.process
 
 
 # --- a container's real cgroup (issue 24) ------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def test_a_containers_real_cgroup_comes_from_the_engines_facts(driver: str, pare
 
 
 def test_only_the_real_cgroup_or_pid_namespace_names_a_container() -> None:
-    places = procs.Places({CID: (0, "")}, "systemd", [CID])
+    places = procs.ContainerCgroups({CID: (0, "")}, "systemd", [CID])
     forged = f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/docker-{CID}.scope\n"
     real = f"0::/system.slice/docker-{CID}.scope\n"
     me = os.getpid()  # in the host's pid namespace: no container's
@@ -295,7 +295,7 @@ def test_a_process_in_a_containers_pid_namespace_is_its_own() -> None:
             if worker:
                 break
             time.sleep(0.05)
-        places = procs.Places({CID: (init, "")}, None, [CID])  # the driver unknown: the namespace alone says
+        places = procs.ContainerCgroups({CID: (init, "")}, None, [CID])  # the driver unknown: the namespace alone says
         assert places.owner(int(worker[0]), f"0::/user.slice/docker-{CID}.scope\n", CID) == CID
         assert places.owner(os.getpid(), f"0::/user.slice/docker-{CID}.scope\n", CID) is None
     finally:
@@ -361,9 +361,9 @@ def test_the_cgroups_user_parts_never_change_what_it_names(
         }.get(prefix)
 
 
-def _rootless(uid: int, cid: str | None, runtime: str | None) -> procs.Use:
+def _rootless(uid: int, cid: str | None, runtime: str | None) -> procs.GpuProcess:
     """A Use whose /proc reading was this (a process of a rootless container of `uid`)."""
-    u = procs.Use(Process(4242, None), RTX, RTX, {}, {})
+    u = procs.GpuProcess(Process(4242, None), RTX, RTX, {}, {})
     u._where = procs.HostProcess(4242, container_id=cid, visible=True, rootless_uid=uid, runtime=runtime)
     return u
 

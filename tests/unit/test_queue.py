@@ -18,6 +18,7 @@ import pytest
 from gpupin.core.errors import GpupinError, GpuSpecError
 from gpupin.hostagent.agentlink import Link
 from gpupin.hostagent.engine import address
+from gpupin.hostagent.ls.model import Listing
 from gpupin.hostagent.queue.args import table
 from gpupin.hostagent.run.queueing import QueueClient, _Stream
 from gpupin.hostagent.run.request import RunRequest
@@ -50,8 +51,13 @@ def card(
     }
 
 
-def view(*states: str) -> dict[str, Any]:
-    return {"gpus": [card(n, s, holders=s in ("held", "shared")) for n, s in enumerate(states)]}
+def view(*states: str) -> Listing:
+    return cards(*(card(n, s, holders=s in ("held", "shared")) for n, s in enumerate(states)))
+
+
+def cards(*listed: dict[str, Any]) -> Listing:
+    """A listing of these cards (each as `ls --json` shows one)."""
+    return Listing.from_json({"gpus": listed})
 
 
 class W:
@@ -72,55 +78,55 @@ class W:
 
 
 def test_first_come_first_served_for_one_card() -> None:
-    assert fair.turns([W("1"), W("1"), W("1")], view("held", "free")) == {0: [UUIDS[1]]}
+    assert fair.grantable([W("1"), W("1"), W("1")], view("held", "free")) == {0: [UUIDS[1]]}
     # The first one's turn is out: it keeps the card, and no one else is offered it.
-    assert fair.turns([W("1", offered=[UUIDS[1]]), W("1")], view("held", "free")) == {}
+    assert fair.grantable([W("1", offered=[UUIDS[1]]), W("1")], view("held", "free")) == {}
 
 
 def test_a_count_at_the_head_holds_later_counts_back_until_enough_are_free() -> None:
     queue = [W(count=2), W(count=1), W(count=1)]
-    assert fair.turns(queue, view("free", "held", "held", "held")) == {}
-    assert fair.turns(queue, view("free", "free", "held", "held")) == {0: [UUIDS[0], UUIDS[1]]}
+    assert fair.grantable(queue, view("free", "held", "held", "held")) == {}
+    assert fair.grantable(queue, view("free", "free", "held", "held")) == {0: [UUIDS[0], UUIDS[1]]}
     # Three free: the pair takes two, the next count 1 the third, and the last waits.
-    assert fair.turns(queue, view("free", "free", "free", "held")) == {0: [UUIDS[0], UUIDS[1]], 1: [UUIDS[2]]}
+    assert fair.grantable(queue, view("free", "free", "free", "held")) == {0: [UUIDS[0], UUIDS[1]], 1: [UUIDS[2]]}
 
 
 def test_a_count_at_the_head_holds_named_requests_back_too() -> None:
-    assert fair.turns([W(count=2), W("0")], view("free", "held")) == {}
+    assert fair.grantable([W(count=2), W("0")], view("free", "held")) == {}
 
 
 def test_named_requests_for_other_cards_go_ahead() -> None:
-    assert fair.turns([W("0"), W("1"), W("0", "1")], view("held", "free")) == {1: [UUIDS[1]]}
-    assert fair.turns([W("0"), W(count=1)], view("held", "free")) == {1: [UUIDS[1]]}
+    assert fair.grantable([W("0"), W("1"), W("0", "1")], view("held", "free")) == {1: [UUIDS[1]]}
+    assert fair.grantable([W("0"), W(count=1)], view("held", "free")) == {1: [UUIDS[1]]}
 
 
 def test_a_lapsed_turn_is_passed_over_and_cooling_keeps_the_place() -> None:
-    assert fair.turns([W("1", lapsed=True), W("1")], view("held", "free")) == {1: [UUIDS[1]]}
-    assert fair.turns([W("1", cooling=True), W("1")], view("held", "free")) == {}
+    assert fair.grantable([W("1", lapsed=True), W("1")], view("held", "free")) == {1: [UUIDS[1]]}
+    assert fair.grantable([W("1", cooling=True), W("1")], view("held", "free")) == {}
 
 
 def test_share_takes_a_shared_card_and_limits_take_a_card_only_processes_use() -> None:
-    assert fair.turns([W("0")], view("shared")) == {}
-    assert fair.turns([W("0", share=True)], view("shared")) == {0: [UUIDS[0]]}
-    assert fair.turns([W("0", share=True)], {"gpus": [card(0, "busy")]}) == {0: [UUIDS[0]]}  # processes only
-    assert fair.turns([W("0", share=True)], view("held")) == {}
-    assert fair.turns([W("0", share=True)], view("unknown")) == {}
-    busy = {"gpus": [card(0, "busy", util=10, used=100), card(1, "busy", util=90, used=100)]}
-    assert fair.turns([W(count=1)], busy) == {}
-    assert fair.turns([W(count=1, max_load=50)], busy) == {0: [UUIDS[0]]}
-    assert fair.turns([W(count=1, max_memory=5)], busy) == {}
+    assert fair.grantable([W("0")], view("shared")) == {}
+    assert fair.grantable([W("0", share=True)], view("shared")) == {0: [UUIDS[0]]}
+    assert fair.grantable([W("0", share=True)], cards(card(0, "busy"))) == {0: [UUIDS[0]]}  # processes only
+    assert fair.grantable([W("0", share=True)], view("held")) == {}
+    assert fair.grantable([W("0", share=True)], view("unknown")) == {}
+    busy = cards(card(0, "busy", util=10, used=100), card(1, "busy", util=90, used=100))
+    assert fair.grantable([W(count=1)], busy) == {}
+    assert fair.grantable([W(count=1, max_load=50)], busy) == {0: [UUIDS[0]]}
+    assert fair.grantable([W(count=1, max_memory=5)], busy) == {}
 
 
 def test_an_unhealthy_card_is_never_counted() -> None:
-    sick = {"gpus": [card(0, healthy=False), card(1, healthy=None), card(2)]}
-    assert fair.turns([W(count=1)], sick) == {0: [UUIDS[2]]}
-    assert fair.turns([W(count=2)], sick) == {}
+    sick = cards(card(0, healthy=False), card(1, healthy=None), card(2))
+    assert fair.grantable([W(count=1)], sick) == {0: [UUIDS[2]]}
+    assert fair.grantable([W(count=2)], sick) == {}
 
 
 def test_a_count_past_the_host_s_healthy_cards_holds_no_one_back() -> None:
     v = view("held", "free")
     assert fair.healthy(v) == 2
-    assert fair.turns([W(count=3), W("1"), W(count=1)], v) == {1: [UUIDS[1]]}
+    assert fair.grantable([W(count=3), W("1"), W(count=1)], v) == {1: [UUIDS[1]]}
 
 
 def test_a_turn_is_unused_while_its_cards_stay_usable() -> None:

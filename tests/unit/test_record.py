@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from gpupin.hostagent.ls.model import Health, Listing
 from gpupin.hostagent.record import store as record_store
-from gpupin.hostagent.record.keeper import Keeper
 from gpupin.hostagent.record.report import since
 from gpupin.hostagent.record.store import MIGRATIONS, VERSION, RecordRefused, Store, finished, usage
+from gpupin.hostagent.record.writer import RecordWriter
 from tests.support.host import HOSTAGENT
 from tests.support.users import as_other, reach_env, setpriv
 
@@ -194,23 +195,25 @@ def test_by_day_splits_at_midnight(tmp_path: Path) -> None:
 # --- the keeper ---
 
 
-def view(holders: dict[str, list[str]], docker: bool = True, mem: int = 100, util: int = 50) -> dict[str, Any]:
-    return {
-        "docker": {"available": docker},
-        "gpus": [
-            {
-                "uuid": uuid,
-                "index": i,
-                "name": "Fake",
-                "error": None,
-                "health": {"healthy": True, "reasons": []},
-                "memory_used_mib": mem,
-                "utilization_gpu": util,
-                "holders": [{"id": c, "name": f"n-{c}", "image": "img:1", "holds": True} for c in cids],
-            }
-            for i, (uuid, cids) in enumerate(holders.items())
-        ],
-    }
+def view(holders: dict[str, list[str]], docker: bool = True, mem: int = 100, util: int = 50) -> Listing:
+    return Listing.from_json(
+        {
+            "docker": {"available": docker},
+            "gpus": [
+                {
+                    "uuid": uuid,
+                    "index": i,
+                    "name": "Fake",
+                    "error": None,
+                    "health": {"healthy": True, "reasons": []},
+                    "memory_used_mib": mem,
+                    "utilization_gpu": util,
+                    "holders": [{"id": c, "name": f"n-{c}", "image": "img:1", "holds": True} for c in cids],
+                }
+                for i, (uuid, cids) in enumerate(holders.items())
+            ],
+        }
+    )
 
 
 class Daemon:
@@ -243,7 +246,7 @@ def rows(s: Store) -> list[dict[str, Any]]:
 def test_keeper_opens_and_closes_at_the_daemons_times(tmp_path: Path) -> None:
     s = Store(str(private(tmp_path)))
     d = Daemon()
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     d.run("c1", T0)
     k.note_owner("c1", 0)
     k.observe(view({"GPU-a": ["c1"], "GPU-b": []}), None)
@@ -265,7 +268,7 @@ def test_unknown_holders_close_nothing(tmp_path: Path) -> None:
     s = Store(str(private(tmp_path)))
     d = Daemon()
     d.run("c1", T0)
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     k.observe(view({"GPU-a": ["c1"]}), None)
     k.step(now=T0 + 1)
     k.observe(view({"GPU-a": []}, docker=False), None)  # the daemon does not answer: holders unknown
@@ -281,13 +284,13 @@ def test_restart_takes_up_and_closes_at_finished(tmp_path: Path) -> None:
     d = Daemon()
     d.run("c1", T0)
     d.run("c2", T0 + 5)
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     k.observe(view({"GPU-a": ["c1"], "GPU-b": ["c2"]}), None)
     k.step(now=T0 + 6)
     # SIGKILL: nothing more from this keeper. c2 ends while no agent runs.
     d.end("c2", T0 + 30.25)
     s2 = Store(path)
-    k2 = Keeper(s2, d.inspect)
+    k2 = RecordWriter(s2, d.inspect)
     k2.start()
     k2.stopping.set()  # its thread stops; the test steps it
     k2.observe(view({"GPU-a": ["c1"], "GPU-b": []}), None)
@@ -323,16 +326,16 @@ def test_full_disk_degrades_then_writes_all(tmp_path: Path) -> None:
     s = FullStore(str(private(tmp_path)))
     d = Daemon()
     d.run("c1", T0)
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     k.observe(view({"GPU-a": ["c1"]}), None)
     k.step(now=T0 + 1)
     d.end("c1", T0 + 20)
     k.observe(view({"GPU-a": []}), None)
     k.step(now=T0 + 21)
-    assert k.status()["degraded"] == "database or disk is full"
+    assert k.status().degraded == "database or disk is full"
     s.full = False
     k.step(now=T0 + 40)
-    assert k.status()["degraded"] is None
+    assert k.status().degraded is None
     (r,) = rows(s)
     assert (r["start"], r["end"]) == (T0, T0 + 20)
 
@@ -344,7 +347,7 @@ def test_energy_shared_among_holders(tmp_path: Path) -> None:
     d = Daemon()
     d.run("c1", T0)
     d.run("c2", T0)
-    k = Keeper(s, d.inspect)
+    k = RecordWriter(s, d.inspect)
     card = Card(0, "GPU-a")
     for mj in (1_000_000, 3_000_000):  # 2000 J between two views, two holders
         card.energy = mj
@@ -359,11 +362,11 @@ def test_unhealthy_card_notifies_its_holder(tmp_path: Path) -> None:
     d = Daemon()
     d.run("c1", T0)
     got: list[tuple[str, dict[str, Any]]] = []
-    k = Keeper(s, d.inspect, emit=lambda e, p: got.append((e, p)))
+    k = RecordWriter(s, d.inspect, emit=lambda e, p: got.append((e, p)))
     k.observe(view({"GPU-a": ["c1"]}), None)
     k.step(now=T0 + 1)
     sick = view({"GPU-a": ["c1"]})
-    sick["gpus"][0]["health"] = {"healthy": False, "reasons": ["XID 79"]}
+    sick.gpus[0].health = Health(False, ["XID 79"])
     k.observe(sick, None)
     k.step(now=T0 + 2)
     ((event, payload),) = got

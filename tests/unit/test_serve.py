@@ -17,6 +17,7 @@ import pytest
 
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls import hosts
+from gpupin.hostagent.ls.model import Listing
 from gpupin.hostagent.serve.args import duration
 from gpupin.hostagent.serve.idle import IdleTracker
 from gpupin.hostagent.serve.listen import http_address
@@ -28,25 +29,27 @@ from tests.support.wait import wait_for
 NO_DOCKER = "unix:///nonexistent/docker.sock"
 
 
-def listing(util: int | None, holders: list[str], docker: bool = True) -> dict[str, Any]:
-    return {
-        "docker": {"available": docker},
-        "gpus": [
-            {
-                "uuid": "GPU-a",
-                "utilization_gpu": util,
-                "error": None,
-                "holders": [{"id": h, "holds": True} for h in holders],
-            }
-        ],
-    }
+def listing(util: int | None, holders: list[str], docker: bool = True) -> Listing:
+    return Listing.from_json(
+        {
+            "docker": {"available": docker},
+            "gpus": [
+                {
+                    "uuid": "GPU-a",
+                    "utilization_gpu": util,
+                    "error": None,
+                    "holders": [{"id": h, "holds": True} for h in holders],
+                }
+            ],
+        }
+    )
 
 
 def idle_of(t: IdleTracker, util: int | None, holders: list[str], now: float, docker: bool = True) -> tuple[Any, Any]:
     data = listing(util, holders, docker)
     t.annotate(data, now)
-    card = data["gpus"][0]
-    return card["idle"], card["idle_seconds"]
+    card = data.gpus[0]
+    return card.idle, card.idle_seconds
 
 
 def test_idle_needs_held_and_zero_for_the_whole_stretch() -> None:

@@ -277,11 +277,11 @@ def test_out_of_files_at_accept_backs_off_and_says_so_once(monkeypatch: pytest.M
 
     server = Server(("127.0.0.1", 0), socketserver.BaseRequestHandler)
 
-    def serve(_server: socketserver.TCPServer, sock: connections.Accepted) -> None:
+    def serve(_server: socketserver.TCPServer, sock: connections.AcceptedConnection) -> None:
         served.append(sock.head)
         sock.sendall(b"HTTP/1.0 204 No Content\r\n\r\n")
 
-    gate = connections.Gate([server], connections.Limits(), lambda caller: caller[0], serve)
+    gate = connections.Acceptor([server], connections.Limits(), lambda caller: caller[0], serve)
     gate.start()
     try:
         with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10) as client:

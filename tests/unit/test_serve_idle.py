@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpupin.hostagent.ls.model import IdleWarning, Listing
 from gpupin.hostagent.serve.idle import IdleWatch
 from gpupin.hostagent.serve.samples import POINTS, STEP, Samples
 
@@ -21,24 +22,26 @@ pytestmark = pytest.mark.timeout(60)
 T0 = 1_800_000_000.0  # the wall clock at the first sample
 
 
-def view(cards: Sequence[tuple[int | None, int | None, list[str]]]) -> dict[str, Any]:
-    """A gather() object: per card (utilization, compute processes, holding container ids)."""
-    return {
-        "docker": {"available": True},
-        "gpus": [
-            {
-                "index": i,
-                "uuid": f"GPU-{i}",
-                "name": "card",
-                "utilization_gpu": util,
-                "compute_processes": procs,
-                "memory_used_mib": 100 * i,
-                "error": None,
-                "holders": [{"id": h, "name": f"name-{h}", "image": "img", "holds": True} for h in holders],
-            }
-            for i, (util, procs, holders) in enumerate(cards)
-        ],
-    }
+def view(cards: Sequence[tuple[int | None, int | None, list[str]]]) -> Listing:
+    """A listing: per card (utilization, compute processes, holding container ids)."""
+    return Listing.from_json(
+        {
+            "docker": {"available": True},
+            "gpus": [
+                {
+                    "index": i,
+                    "uuid": f"GPU-{i}",
+                    "name": "card",
+                    "utilization_gpu": util,
+                    "compute_processes": procs,
+                    "memory_used_mib": 100 * i,
+                    "error": None,
+                    "holders": [{"id": h, "name": f"name-{h}", "image": "img", "holds": True} for h in holders],
+                }
+                for i, (util, procs, holders) in enumerate(cards)
+            ],
+        }
+    )
 
 
 class Host:
@@ -63,7 +66,7 @@ class Host:
         )
         self.watch._thread = lambda target, *args: target(*args)  # type: ignore[method-assign]
 
-    def at(self, t: float, cards: Sequence[tuple[int | None, int | None, list[str]]]) -> dict[str, Any]:
+    def at(self, t: float, cards: Sequence[tuple[int | None, int | None, list[str]]]) -> Listing:
         v = view(cards)
         self.watch.observe(v, t, T0 + t)
         return v
@@ -73,9 +76,9 @@ def test_an_idle_holder_is_warned_then_stopped_after_grace() -> None:
     h = Host()
     h.at(0, [(0, 0, ["a"])])
     v = h.at(59, [(0, 0, ["a"])])
-    assert v["gpus"][0]["idle"] is False and v["gpus"][0]["idle_warning"] is None and not h.events
+    assert v.gpus[0].idle is False and v.gpus[0].idle_warning is None and not h.events
     v = h.at(60, [(0, 0, ["a"])])
-    assert v["gpus"][0]["idle_warning"] == {"container": "name-a", "since": T0, "stop_at": T0 + 90}
+    assert v.gpus[0].idle_warning == IdleWarning("name-a", T0, T0 + 90)
     assert [e for e, _ in h.events] == ["idle.warning"]
     payload = h.events[0][1]
     assert payload["container"] == {"id": "a", "name": "name-a", "image": "img"} and payload["card"]["uuid"] == "GPU-0"
@@ -94,7 +97,8 @@ def test_warn_only_never_stops() -> None:
     h = Host(action="warn")
     for t in range(0, 600, 10):
         v = h.at(t, [(0, 0, ["a"])])
-    assert v["gpus"][0]["idle_warning"]["stop_at"] is None and h.stopped == []
+    warning = v.gpus[0].idle_warning
+    assert warning is not None and warning.stop_at is None and h.stopped == []
     assert [e for e, _ in h.events] == ["idle.warning"]
 
 
@@ -105,7 +109,7 @@ def test_a_compute_process_is_never_stopped_and_withdraws_the_warning() -> None:
     assert [e for e, _ in h.events] == ["idle.warning"]
     for t in range(61, 400):  # a process at 0% load (waiting on its input): in use
         v = h.at(t, [(0, 1, ["a"])])
-        assert v["gpus"][0]["idle"] is False and v["gpus"][0]["idle_warning"] is None
+        assert v.gpus[0].idle is False and v.gpus[0].idle_warning is None
     assert h.stopped == []
     # Due, and then a process appears before the confirming view: saved.
     h.at(400, [(0, 0, ["a"])])
@@ -122,7 +126,7 @@ def test_a_container_busy_on_another_card_is_not_idle() -> None:
     h = Host()
     for t in range(0, 300, 5):
         v = h.at(t, [(0, 0, ["a"]), (40, 1, ["a"])])
-    assert v["gpus"][0]["idle"] is True and v["gpus"][0]["idle_warning"] is None
+    assert v.gpus[0].idle is True and v.gpus[0].idle_warning is None
     assert h.stopped == [] and h.events == []
 
 
@@ -146,10 +150,10 @@ def test_a_reloaded_policy_counts_at_the_next_view() -> None:
     h.exempting = set()
     v = h.at(0, [(0, 0, ["a"])])
     v = h.at(60, [(0, 0, ["a"])])
-    assert v["gpus"][0]["idle_warning"] is not None
+    assert v.gpus[0].idle_warning is not None
     h.exempting = {1000}  # the new policy lets its owner exempt: the warning is withdrawn
     v = h.at(61, [(0, 0, ["a"])])
-    assert v["gpus"][0]["idle_warning"] is None and [e for e, _ in h.events] == ["idle.warning"]
+    assert v.gpus[0].idle_warning is None and [e for e, _ in h.events] == ["idle.warning"]
 
 
 def test_no_rule_flags_only() -> None:
@@ -157,7 +161,7 @@ def test_no_rule_flags_only() -> None:
     h.rule = None
     for t in range(0, 4000, 100):
         v = h.at(t, [(0, 0, ["a"])])
-    assert v["gpus"][0]["idle"] is True and h.events == [] and h.stopped == []
+    assert v.gpus[0].idle is True and h.events == [] and h.stopped == []
 
 
 def test_samples_keep_an_hour_in_points_of_ten_seconds() -> None:
@@ -184,8 +188,9 @@ def test_samples_forget_a_card_gone_for_an_hour_and_stay_bounded() -> None:
     grown = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     assert grown < 1 << 20, grown  # 16 cards' hour, far under a megabyte
-    s.add({"docker": {}, "gpus": [{"uuid": "GPU-new", "utilization_gpu": 1, "memory_used_mib": 1}]}, T0 + 4 * 3600)
-    s.add({"docker": {}, "gpus": [{"uuid": "GPU-new", "utilization_gpu": 1, "memory_used_mib": 1}]}, T0 + 6 * 3600)
+    new = Listing.from_json({"gpus": [{"uuid": "GPU-new", "utilization_gpu": 1, "memory_used_mib": 1}]})
+    s.add(new, T0 + 4 * 3600)
+    s.add(new, T0 + 6 * 3600)
     assert list(s.listing(T0 + 6 * 3600)["cards"]) == ["GPU-new"]
 
 

@@ -17,26 +17,17 @@ from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
-def _hooks(policy: Policy) -> None:
-    """The notify rule in force, for the agent's hooks (gpupin.hostagent.serve.hooks, the record's part: nothing
-    until it is there)."""
-    import importlib
-
-    try:
-        hooks = importlib.import_module("gpupin.hostagent.serve.hooks")
-    except ImportError:
-        return
-    hooks.apply(policy.notify)
-
-
-class Keeper:
+class PolicyInForce:
     """The policy in force, and what the last read of its file found."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, on_load: Callable[[Policy], None] | None = None) -> None:
+        """`on_load(policy)`: each policy taken into force (the agent's hooks take its notify rule)."""
         self.path = path
+        self._on_load = on_load
         self._lock = threading.Lock()
         self._policy = Policy.empty()
         self.loaded_at: float | None = None  # when the policy in force was read (None: none read, nothing enforced)
@@ -53,7 +44,7 @@ class Keeper:
             with self._lock:
                 was = self._policy
                 self._policy, self.loaded_at, self.error = Policy.empty(), time.time(), None
-            _hooks(Policy.empty())
+            self._loaded(Policy.empty())
             if was.path is not None or was.enforced:
                 say(f"policy: {self.path} is gone: nothing is enforced")
             else:
@@ -70,7 +61,11 @@ class Keeper:
         with self._lock:
             self._policy, self.loaded_at, self.error = new, time.time(), None
         say(f"policy: {self.path}: {new.summary()}")
-        _hooks(new)
+        self._loaded(new)
+
+    def _loaded(self, policy: Policy) -> None:
+        if self._on_load is not None:
+            self._on_load(policy)
 
     def _refused(self, mistakes: list[str]) -> None:
         with self._lock:

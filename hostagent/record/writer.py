@@ -1,7 +1,7 @@
 """The agent's side of the record: it turns the agent's views into intervals (gpupin.hostagent.record.store).
 
 The refresh thread hands each view to `observe()` (a few dict updates: the samples' peak memory, load and each
-card's energy since the last view, shared among the card's holders at that moment) and goes on; the keeper's own
+card's energy since the last view, shared among the card's holders at that moment) and goes on; the writer's own
 thread compares the holders with the open intervals, opens and closes rows, and keeps the open ones' figures every
 CHECKPOINT_S. The database never delays a view: a slow or full disk delays the record alone.
 
@@ -28,6 +28,7 @@ import time
 
 from gpupin import hostagent
 from gpupin.core.errors import GpupinError
+from gpupin.hostagent.ls.model import RecordState
 from gpupin.hostagent.record.store import Store
 
 TYPE_CHECKING = False
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
+    from gpupin.hostagent.ls.model import CardShown, HolderShown, Listing
 
 FORGET_S = 3600.0  # a container's start and die times are kept this long for an interval that may need them
 CHECKPOINT_S = 10.0  # the open intervals' figures and `seen` are written this often
@@ -134,7 +136,7 @@ class Interval:
         }
 
 
-class Keeper:
+class RecordWriter:
     """The record's writer in the agent. `inspect(cid)` reads a container (None: it is gone); `emit` is the hooks'."""
 
     def __init__(
@@ -150,7 +152,7 @@ class Keeper:
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # the fields below, shared with the refresh thread and the API's
-        self._latest: dict[str, Any] | None = None
+        self._latest: Listing | None = None
         self._samples: dict[tuple[str, str], list[Any]] = {}  # (cid, uuid) -> [peak MiB, load sum, n, joules]
         self._energy: dict[str, int] = {}  # uuid -> the card's counter at the last view (mJ)
         self._reasons: dict[str, str] = {}  # cid -> how it ended, as noted
@@ -179,7 +181,7 @@ class Keeper:
         """The caller the agent created `container_id` for (its uid at accept)."""
         with self._lock:
             self._owners[container_id] = uid
-            self._unwritten.append((container_id, uid))  # written by the keeper's thread: the booking waits on no disk
+            self._unwritten.append((container_id, uid))  # written by the writer's thread: the booking waits on no disk
         self._wake.set()
 
     def event(self, ev: dict[str, Any]) -> None:
@@ -199,30 +201,30 @@ class Keeper:
             self.end_reason(cid, "stop")
         self._wake.set()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> RecordState:
         """What the view says of the record (a change makes a new view: nothing that moves with each interval)."""
-        return {"path": self.store.path, "degraded": self.degraded}
+        return RecordState(self.store.path, self.degraded)
 
     # --- the refresh thread ---
 
-    def observe(self, view: dict[str, Any] | None, cards: list[Card] | None) -> None:
+    def observe(self, view: Listing | None, cards: list[Card] | None) -> None:
         """One view of the agent (and the cards it was read from, for their energy counters)."""
         if view is None:
             return
         energy = {c.uuid: c.energy for c in cards or () if c.uuid and c.energy is not None}
         with self._lock:
-            for card in view["gpus"]:
-                uuid = card.get("uuid")
+            for card in view.gpus:
+                uuid = card.uuid
                 if not uuid:
                     continue
-                holders = [h["id"] for h in card.get("holders", ()) if h.get("holds")]
+                holders = [h.id for h in card.holders if h.holds]
                 joules = None
                 now_e, was_e = energy.get(uuid), self._energy.get(uuid)
                 if now_e is not None and was_e is not None and now_e >= was_e and holders:
                     joules = (now_e - was_e) / 1000.0 / len(holders)  # shared among the card's holders now
                 for cid in holders:
                     s = self._samples.setdefault((cid, uuid), [None, 0.0, 0, None])
-                    mem, load = card.get("memory_used_mib"), card.get("utilization_gpu")
+                    mem, load = card.memory_used_mib, card.utilization_gpu
                     if mem is not None:
                         s[0] = mem if s[0] is None else max(s[0], mem)
                     if load is not None:
@@ -234,7 +236,7 @@ class Keeper:
             self._latest = view
         self._wake.set()
 
-    # --- the keeper's thread ---
+    # --- the writer's thread ---
 
     def start(self) -> None:
         """Take up the intervals an earlier agent left open, then run."""
@@ -281,25 +283,25 @@ class Keeper:
             view, self._latest = self._latest, None
         if view is not None:
             self._health_events(view)
-            if view["docker"]["available"]:
+            if view.docker.available:
                 self._diff(view, now)
                 with self._lock:  # samples of holders seen while the daemon was unread, gone since: no interval
                     for key in [k for k in self._samples if k not in self.open]:
                         del self._samples[key]
         self._checkpoint(now=now)
 
-    def _diff(self, view: dict[str, Any], now: float) -> None:
-        holding: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+    def _diff(self, view: Listing, now: float) -> None:
+        holding: dict[tuple[str, str], tuple[HolderShown, CardShown]] = {}
         lost: set[str] = set()
-        for card in view["gpus"]:
-            uuid = card.get("uuid")
+        for card in view.gpus:
+            uuid = card.uuid
             if not uuid:
                 continue
-            if card.get("error"):
+            if card.error:
                 lost.add(uuid)
-            for h in card.get("holders", ()):
-                if h.get("holds"):
-                    holding[(h["id"], uuid)] = (h, card)
+            for h in card.holders:
+                if h.holds:
+                    holding[(h.id, uuid)] = (h, card)
         inspected: dict[str, dict[str, Any] | None] = {}
 
         def inspect(cid: str) -> dict[str, Any] | None:
@@ -336,7 +338,7 @@ class Keeper:
         iv.dirty = True
 
     def _open(
-        self, key: tuple[str, str], h: dict[str, Any], card: dict[str, Any], data: dict[str, Any] | None, now: float
+        self, key: tuple[str, str], h: HolderShown, card: CardShown, data: dict[str, Any] | None, now: float
     ) -> None:
         cid, uuid = key
         state = (data or {}).get("State") or {}
@@ -345,14 +347,14 @@ class Keeper:
             uid = self._owners.get(cid)
             started = started or self._started.get(cid)
         if uid is None:
-            booked = (h.get("booking") or {}).get("uid")  # the booking's label (gpupin.hostagent.ledger.booking)
-            uid = self._owner_uid(cid, data, booked if isinstance(booked, int) else None)
+            booked = h.booking.uid if h.booking is not None else None  # its label (gpupin.hostagent.ledger.booking)
+            uid = self._owner_uid(cid, data, booked)
         iv = Interval(
             container_id=cid,
-            container_name=h.get("name"),
-            image=h.get("image") or ((data or {}).get("Config") or {}).get("Image"),
+            container_name=h.name,
+            image=h.image or ((data or {}).get("Config") or {}).get("Image"),
             card_uuid=uuid,
-            card_index=card.get("index"),
+            card_index=card.index,
             uid=uid,
             start=started if started is not None else now,
             seen=now,
@@ -486,16 +488,16 @@ class Keeper:
 
     # --- card health, for the notifications ---
 
-    def _health_events(self, view: dict[str, Any]) -> None:
+    def _health_events(self, view: Listing) -> None:
         if self._emit is None:
             return
-        for card in view["gpus"]:
-            uuid = card.get("uuid")
+        for card in view.gpus:
+            uuid = card.uuid
             if not uuid:
                 continue
-            health = card.get("health") or {}
-            healthy = health.get("healthy") if isinstance(health, dict) else None
-            is_lost = bool(card.get("error")) and "lost" in str(card.get("error")).lower()
+            health = card.health
+            healthy = health.healthy if health is not None else None
+            is_lost = bool(card.error) and "lost" in str(card.error).lower()
             was = self._health.get(uuid)
             self._health[uuid] = (healthy, is_lost)
             if was is None:
@@ -504,8 +506,8 @@ class Keeper:
             if event is None:
                 continue
             held = [iv for (cid, u), iv in self.open.items() if u == uuid]
-            base = {"card": {"uuid": uuid, "index": card.get("index"), "name": card.get("name")}}
-            reasons = {"reasons": list(health.get("reasons") or []) if isinstance(health, dict) else []}
+            base = {"card": {"uuid": uuid, "index": card.index, "name": card.name}}
+            reasons = {"reasons": list(health.reasons) if health is not None else []}
             for payload in [iv.payload() for iv in held] or [{"container": None, "user": None}]:
                 self._emit(event, {**payload, **base, **reasons})
 
