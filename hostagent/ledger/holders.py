@@ -1,26 +1,8 @@
-"""The ledger: who holds which card, read from what the engine gives each container (docs/design.md, "The ledger").
-
-What a container holds is what the engine gives it: the rows of one table (gpupin.hostagent.ledger.forms.FORMS),
-read from the container's `docker inspect` data. Containers that hostagent starts also carry the label
-`gpupin.devices=UUID[,UUID...]` and `gpupin.shared` (written always): the label says what was meant, never what is
-held; one that disagrees with the devices is shown as a mismatch, and one inherited from the image is not the
-container's (`own`, below). There is no state file: a container that is gone holds nothing. Processes hold too:
-those no grant explains are holders of their own (gpupin.hostagent.ledger.processes). Pure functions over inspect
-data and the cards.
-
-When a container holds (`holding`): the rule is docs/ledger.md, "When a container holds". The restart policies that
-hold a stopped container follow moby's restore rule (daemon/daemon.go and restartmanager); a created container
-holds while its hostagent's lease lives (gpupin.hostagent.ledger.lease).
-
-Which gpupin labels are the container's own (`own`): a label equal to its image's is inherited (an image made by
-`docker commit` of a pinned container carries that container's labels into every container made from it), so it
-says nothing of this container: not pinned, not shared, not being started by a hostagent. A container that
-hostagent pins writes every gpupin label itself (gpupin.hostagent.pin, `gpupin.shared=false` included) and signs it
-with its lease's owner (gpupin.hostagent.ledger.lease): when the owner label is the container's own, so are the
-others, even one that happens to equal the image's (a new run pinned to the card the committed one had).
-
-Whether gpupin-entrypoint proved a container's cards (`verified`), read from what the container says of itself (its
-`docker inspect` data): the ledger shows it beside each holder, and the resident agent's metrics export it."""
+"""The holders of each card: what the engine gives each container (the rows of gpupin.hostagent.ledger.forms.FORMS)
+and the processes no grant explains; pure functions over inspect data and the cards. Also when a container holds
+(`holding`: docs/ledger.md, "When a container holds"), which gpupin labels are its own rather than its image's,
+and whether gpupin-entrypoint proved its cards (`verified`). docs/design.md, "The ledger".
+"""
 
 from __future__ import annotations
 

@@ -1,35 +1,8 @@
 """The ledger lock: "look, then create" is mutually exclusive among every client of one Docker daemon, whatever
-address reached it, local or remote (docs/design.md, "The lock").
-
-The daemon arbitrates. Container names are unique per daemon and taken atomically, so the lock is a container
-named `gpupin-ledger-lock`: made from the image being run (its create doubles as the check that the image is
-there; when it is not, the image is pulled or the run refused first), never started, signed with a lease
-(gpupin.hostagent.ledger.lease), and removed by its ID when done. A 409 on create means someone holds it. A holder that
-is a dead process of this host is broken at once; any other, once its lease is up by the daemon's clock.
-Breaking removes that very lock by ID, never by name, so it cannot remove a newer one.
-
-The local fast path: an flock per daemon and user, so that the clients of one machine queue in the kernel rather
-than polling the daemon. It lives only in a directory that this user alone can write (/run/gpupin for root,
-$XDG_RUNTIME_DIR for others, GPUPIN_LOCK_DIR to choose), is opened without following links and checked for its
-owner; anything else (a world-writable place, a planted link or file) and the fast path is skipped: the daemon's
-lock alone still excludes. GPUPIN_LOCAL_LOCK=0 skips it on purpose (tests that prove the daemon lock alone
-excludes, as clients on other machines share no local lock).
-
-The resident agent takes it cheaper (StandbyLocks): a created, never-started container of its own, made after its last
-run, renamed to `gpupin-ledger-lock` to take the lock and back to a spare's name to let it go. A rename is atomic
-against the same names (409 when taken) and costs the daemon a fraction of a create and a remove. A spare is used
-only while young (StandbyLocks.FRESH_S after its create): other clients judge a lock's lease from its Created time,
-so the holder counts its lease from the spare's create. One that grows old is replaced then, while runs come (a
-timer), so that the daemon's create falls in no run's start; an idle agent keeps none. Spares are made from an empty
-image of
-the agent's own (SPARE_IMAGE, imported once), never from a user's: a spare that lingers after a run must not keep
-`docker rmi` from removing that run's image. So a lock taken through a spare has not checked the run's image: the
-create does (lock.ImageMissing, then the caller's missing_image as for the lock's own create).
-
-The critical section is the ledger read and the create; the lock is let go once the container exists (`commit`), before
-it is started: a created container whose lease is live holds its cards (gpupin.hostagent.ledger.holders.holding), so the
-start, the slowest step (the NVIDIA hook runs there), is outside. The holder checks its own time against its
-lease before and after the create; if it ran over, it removes what it made and looks again.
+address reached it. The lock is a container named `gpupin-ledger-lock`, never started and signed with a lease;
+a local flock queues the clients of one machine in the kernel; the resident agent takes it by renaming a standby
+lock of its own (StandbyLocks). It is let go once the container exists, before the slow start (docs/design.md,
+"The lock").
 """
 
 from __future__ import annotations

@@ -1,43 +1,9 @@
-"""Processes are holders: every process NVML reports on a card (on a MIG device: on that device), attributed to
-the container it runs in (its cgroup, as /proc shows it: below) or to the host (docs/design.md, "The ledger").
-
-A process of a container that was given the card (or its whole parent card) is that container's use: the ledger
-already counts the container. Any other process is *foreign* and makes the card busy: a host process, a process of
-a container that was not given the card (an ESCAPE: a misrouting runtime, `--privileged` without the toolkit, a
-/dev mount), a process in a container this daemon does not know (another engine's), and a process whose owner
-cannot be told (/proc does not show it here). A card whose processes NVML will not list is unknown, never free.
-
-`hostagent run` and compose treat each foreign process as a holder (`Use`, a ledger.Holder) of the card it runs
-on, so that one rule decides "free"; `--share` lets a request in beside them (deliberate sharing), and
-`run --count --max-load/--max-memory` accepts them on a card loaded less than the limits.
-
-Host processes as /proc shows them: which container a GPU process runs in, who runs it, and what it is.
-
-NVML reports a card's processes by their pids in the host's pid namespace. /proc describes those pids only when
-hostagent runs in that namespace too: in a pid namespace of its own (a container without `--pid host`) a pid from
-NVML names another process or none, so nothing is read there (`pids_visible`). A process that is gone, or that
-/proc hides (a hidepid mount), gives None for what cannot be read: never an error, as a listing must survive a
-process ending while it is read.
-
-Which container a process is in (`ContainerCgroups.owner`): a cgroup path is a name anyone can choose (any user makes
-`docker-<id>.scope` under their own slice with `systemd-run --user --scope --unit docker-<id>`), so a process is
-a container's of this daemon only when it is in that container's real cgroup, computed from the engine's facts (the
-daemon's cgroup driver in /info, the container's HostConfig.CgroupParent: `<parent>/docker-<id>.scope` under the
-systemd driver, `<parent or /docker>/<id>` under cgroupfs) or below it, or when its pid namespace is the
-container's (its State.Pid's, inode and device). A process whose cgroup names a container of this daemon in any
-other place is `UNNAMED`: its owner cannot be named, so it makes its card busy and is never that container's (not
-its use, not its ESCAPE). A path part that ends in a 64-hex id, bare or with an engine's prefix and `.scope`
-(`cri-containerd-<id>`, `crio-<id>`, `libpod-<id>`, Kubernetes' `/kubepods/.../<id>`), that names no container of
-this daemon is another engine's container; a cgroup that names none (a session scope, `/process_api/<32 hex>`, a
-service) is the host's.
-
-Whose a rootless container is (`userns_owner`): another user's rootless podman keeps its containers from the root
-daemon, and its cgroup names (`.../user@UID.service/user.slice/libpod-<id>.scope` on cgroup v2; none at all on v1,
-where a rootless container stays in the cgroup of whoever started it) are the user's to choose. What the user
-cannot choose is their user namespace's owner: the kernel's uid of whoever made the outermost user namespace the
-process runs in (NS_GET_OWNER_UID). A process in a user namespace made by a uid other than root, and not in a
-container of this daemon, is `ROOTLESS`: that uid's, in the container its cgroup names (a claim, shown as such, never
-matched to a container of this daemon: such a name makes it `UNNAMED`)."""
+"""Processes are holders: every process NVML reports on a card (on a MIG device: on that device), attributed from
+/proc to the container it runs in or to the host. One that no grant of its container explains is *foreign* and
+makes its card busy, as a holder (`GpuProcess`), so that one rule decides "free". A cgroup's name is anyone's to
+choose: a process is a container's only in its real cgroup or pid namespace, and a rootless container's uid is the
+kernel's (docs/ledger.md, "What holds a card").
+"""
 
 from __future__ import annotations
 
@@ -66,14 +32,10 @@ _USERS: dict[int, str] = {}  # uid -> user name, for this process's life
 
 
 class GpuProcess(Holder):
-    """One process on a card or MIG device (`uuids`: that one), and whose it is, read from /proc when first asked
-    (`run` decides without it: any process on a card keeps an exclusive request off it, since a container given the
-    card holds it anyway; only what a refusal or a listing says needs the owner).
-
-    `owner`: HOST, CONTAINER (`container_id`; `container` its name when this daemon knows it), UNKNOWN, UNNAMED or
-    ROOTLESS (`where.rootless_uid`'s; `container_id` the one its cgroup names, if any).
-    `foreign`: no grant of its container explains it (None: cannot be told, the ledger being unread).
-    `escape`: a container of this daemon that was not given the card."""
+    """One process on a card or MIG device (`uuids`: that one), and whose it is, read from /proc when first asked: `run`
+    decides without it (a container given the card holds it anyway); only a refusal or a listing needs the owner.
+    `owner`: HOST, CONTAINER, UNKNOWN, UNNAMED or ROOTLESS. `foreign`: no grant of its container explains it (None:
+    the ledger unread). `escape`: a container of this daemon that was not given the card."""
 
     __slots__ = (
         "_given",
