@@ -1,14 +1,7 @@
-"""The agent's live view: NVML re-read every `interval`, the ledger re-read when the daemon reports a container
-event (and every `resync` seconds, in case an event was lost), both through the code `hostagent ls` uses
-(gpupin.hostagent.ls.listing), with idle holders filled in (gpupin.hostagent.serve.idle).
-
-Readers (the HTTP API, the metrics, the dashboard's event stream) take `snapshot()`; waiters block in
-`wait_change()` until the view differs from the one they have. What cannot be read is unknown, never stale: when
-NVML fails the view is withdrawn (its error is served instead) and NVML is opened again at the next refresh; when
-the daemon does not answer the listing says so (docker.available false) and the event stream reconnects.
-
-Idle holders (the IdleTracker) and the policy's idle rule (the IdleWatch): gpupin.hostagent.serve.idle; the last hour
-of each card's load and memory: gpupin.hostagent.serve.samples."""
+"""The agent's live view: NVML re-read every `interval`, the ledger at each container event (and every `resync`
+seconds), through the code `hostagent ls` uses, with idle holders filled in. Readers take `snapshot()`; waiters
+block in `wait_change()`. What cannot be read is unknown, never stale (docs/design.md, "The resident agent").
+"""
 
 from __future__ import annotations
 

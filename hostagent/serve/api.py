@@ -1,21 +1,7 @@
-"""The agent's HTTP API, served on two listeners: a unix socket for the CLI (root and the socket's group only,
-as with the Docker socket) and TCP, loopback unless `--http-public`, answering only to its own Host names
-(docs/serve.md, "API" and "Who can reach it"). Connections come through gpupin.hostagent.serve.connections
-(caps, deadlines, a bounded pool), one request each.
-
-GET routes, the same on both:
-- `/api/ls`: exactly the object `hostagent ls --json` prints, with the agent's idle fields filled in;
-- `/api/events`: server-sent events, one `ls` event with that object at each change (the dashboard's feed);
-- `/api/queue`: the waiters of the fair queue (gpupin.hostagent.serve.queue; `hostagent queue`, which names its
-  daemon: `?daemon=KEY`, answered `{"direct": WHY}` when the agent serves another);
-- `/api/samples`: the last hour of each card's load and memory (gpupin.hostagent.serve.samples: the dashboard's charts);
-- `/api/agent`: the agent itself (version, pid, start, settings, whether NVML and Docker answer);
-- `/metrics`: Prometheus text (gpupin.hostagent.serve.metrics); `/`: the dashboard.
-
-POST routes act for the caller (they book cards), so they are served on the unix socket alone, where the kernel
-names the caller (SO_PEERCRED: its pid, uid and gid) and the socket's mode has already said who may connect. Each
-takes one JSON object and answers JSON; a refusal is `{"error", "hint", "exit"}`, raised again by the CLI as the
-same error with the same exit code (gpupin.hostagent.agentlink). The modules that serve them register in `_posts`.
+"""The agent's HTTP API on two listeners: a unix socket for the CLI (root and the socket's group) and TCP,
+loopback unless `--http-public`, answering only to its own Host names. GET routes are the same on both; POST
+routes act for the caller, so they are served on the unix socket alone, where the kernel names the caller. A
+refusal is `{"error", "hint", "exit"}`. The routes: docs/serve.md, "API" and "Who can reach it".
 """
 
 from __future__ import annotations

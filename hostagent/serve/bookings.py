@@ -1,14 +1,7 @@
-"""Bookings in the agent: the time left of each holder, `hostagent extend`, and the end of a booking.
-
-- *The end survives a restart.* A booking's first end is its container's label (gpupin.hostagent.ledger.booking,
-  written at create); an extension is kept in `bookings.json` in the agent's folder (the socket's, as the queue's
-  tickets), written atomically before the caller is answered, and read again at start.
-- *The end is kept.* A thread looks at the view every TICK_S: a holder whose booking has ended is stopped as
-  `docker stop` stops it (the engine's stop call: the container's StopSignal, then its StopTimeout), once, in a
-  thread of its own so that a long grace holds no other end back. The card is freed when the container stops; the
-  end's reason, `expiry`, is noted for the record. How late each stop was sent is logged (the target: within 5 s).
-- *Only the owner or root extends*, as the kernel named the caller at accept (the uid of the booking label, which
-  only hostagent writes), and within the policy's maximum for the caller (root's has none).
+"""Bookings in the agent: the time left of each holder, `hostagent extend`, and the end of a booking. An extension
+is kept in `bookings.json` beside the socket, written before the caller is answered, so it survives a restart; an
+ended booking's container is stopped as `docker stop` stops it, on a thread of its own. Only the booking's uid or
+root extends, within the policy's maximum (docs/policy.md, "Bookings").
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The agent's connections, bounded (docs/serve.md, "Limits"): any local user can open them, so none of them may
-cost the agent a thread, a file it cannot spare, or its other callers' turn.
-
-- *No thread until a request is in.* One thread (`listen`) accepts on every listener and reads each connection's
-  request line and headers without blocking, within HEAD_S; only a complete head is handed to a worker. A connection
-  that sends nothing, or its head too slowly, is closed at its deadline having cost one file and no thread.
-- *Caps.* At most `total` connections at once, and `per_user` from one uid (the unix socket: SO_PEERCRED at
-  accept) or one remote address (TCP), long-lived streams (/api/events, POST /api/queue) included. A connection
-  beyond a cap takes the place of the oldest one of that caller (or, at the total, of anyone) still waiting for its
-  head; where every one is being served it is answered 503 with one JSON line and closed, without a thread. The
-  total never exceeds the open-file limit less FILES_KEPT, so that accept itself rarely meets EMFILE.
-- *Workers.* Threads are made as requests come, one per request being served (so at most `total`), kept
-  WORKER_IDLE_S for the next one and then ended: at rest there are none. A thread that cannot be made (a task
-  limit: "can't start new thread") is that connection's 503, never a traceback.
-- *EMFILE.* When accept fails for want of files (EMFILE, ENFILE, ENOBUFS, ENOMEM) the listener is left alone for
-  BACK_OFF_S (said once in the log, until accept works again): the backlog waits, the agent does not spin.
+cost the agent a thread, a file it cannot spare, or its other callers' turn. One thread accepts and reads each
+request's head within a deadline; a worker is made only for a complete request; caps per caller and in all evict
+the oldest connection still waiting for its head, or answer 503; out of files, accept backs off.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""The fair queue's rule: which waiters may take a turn now, read from the agent's view (the object `hostagent ls
---json` prints). Pure: the queue (gpupin.hostagent.serve.queue) keeps the waiters, this decides.
-
-First come, first served, by arrival. Going down the queue in that order, a waiter is offered a turn when the cards
-it asks for are usable now and no earlier waiter waits for any of them:
-- a named request (--gpu) waits for its cards (a whole card with its MIG devices; a MIG device with its card);
-- a `--count N` request waits for every card it could use (every healthy whole card), so that a count at the head
-  holds back the later requests, of any size, until N cards are free: a `--count 2` is never starved by a stream of
-  `--count 1`s; named requests for disjoint cards never hold each other back;
-- a waiter whose turn is out holds the cards it was offered until it succeeds (it leaves) or asks again;
-- a waiter whose turn lapsed (it neither succeeded nor asked again in time) is passed over until it asks again;
-- a `--count` larger than the host's healthy cards waits for nothing and holds back no one (the queue refuses it
-  at join; cards that fail later must not let it freeze the queue);
-- a waiter that asked again keeps its place and its cards, and is offered its next turn a moment later (the
-  daemon's lock may still be held by whoever took the cards; asking at once would spin).
-A newcomer is `clear` when no earlier waiter could take any card it could take: it may look at once (overtaking no
-one, whenever the cards free); otherwise it waits for its turn before its first look.
-Usable now: free; for --share, held only by containers that share (processes do not stop a request that shares);
-with --max-load/--max-memory, also a card only processes use that is within the limits. What the view cannot tell
-(state unknown) is never usable.
+"""The fair queue's rule: which waiters may take a turn now, read from the agent's view. Pure: the queue
+(gpupin.hostagent.serve.queue) keeps the waiters, this decides. First come, first served, and no waiter takes a
+card an earlier waiter waits for, so that a `--count N` at the head is never starved by smaller requests
+(docs/run.md, "--wait with the agent: a fair queue"; docs/serve.md, "The queue").
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """Notifications: `Hooks.emit(event, payload)` hands one JSON object to the policy's notify command (on its stdin)
-and to its local webhook (a POST), from a worker thread, so that the agent never waits on a hook.
-
-- *Never blocking.* `emit` only puts the event on a bounded queue (QUEUED); a full queue drops the event and says
-  so once. The worker runs one call at a time, each within LIMIT_S: a command still running then is killed with its
-  whole process group, a webhook that does not answer is abandoned.
-- *Failures said once.* The first failure of the command (or the webhook) is one line in the agent's log; the
-  next ones are silent until a call succeeds again (said too), so a broken hook cannot flood the journal.
-- *Who runs it.* The command is the policy's (/etc/gpupin/policy.toml, root's file), run with a bare environment
-  (PATH, LANG) in /, in a session of its own. As root by default, as a cron job of root's is; `serve --hook-user
-  NAME` runs it as that user and that user's groups instead (a dedicated user is safer: the payload names users and
-  containers, nothing the hook needs root for).
-- *Loopback only.* The webhook is http:// to a loopback address (the policy refuses any other): the payloads name
-  the host's users and must not leave it on the agent's initiative.
-
-Events and their payloads: docs/serve.md, "Notifications". The agent holds one Hooks (`agent.hooks`); the record's
-writer emits card.unhealthy and card.lost, the queue queue.turn, the bookings and the idle rule the others.
+and to its loopback webhook (a POST), from a worker thread, so that the agent never waits on a hook: a bounded
+queue, one call at a time within LIMIT_S, a failure said once. The command runs with a bare environment, as root
+or `--hook-user`. Events, payloads and who emits each: docs/serve.md, "Notifications".
 """
 
 from __future__ import annotations

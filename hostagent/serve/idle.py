@@ -1,19 +1,8 @@
-"""Idle holders, and the cards given back (docs/serve.md, "Idle holders").
-
-IdleTracker: a held card with no compute process on it and 0% utilization for `idle_after` seconds, by the agent's
-samples. One reading of NVML cannot tell idle from a pause between two batches, so `hostagent ls` alone leaves the
-fields null; the agent samples every card at each refresh and keeps, per card, when its current holders' idle
-stretch began. The stretch starts again when a sample shows any utilization or any compute process, when the card's
-holders change (a new job is not idle for its predecessor's minutes), and when utilization or the processes cannot
-be read (unknown is never counted as idle). The card's utilization stands for its holders' processes: a card used
-by anyone else is busy, and shown so.
-
-IdleWatch: the policy's `[idle]` rule acted on. A container is idle when every card it holds is; past `after` it is
-warned (`idle_warning` on its cards, the `idle.warning` notification), and with action `stop`, still idle `grace`
-later, it is stopped as `docker stop` stops it (the engine's stop call without a time: its StopSignal, then its
-StopTimeout), after its end is noted as `idle`. The stop is decided on two views in a row (the one that found it
-due and the next), so a process that starts in between saves it: a holder with a compute process is never stopped.
-The label `gpupin.idle=exempt` exempts a container only when the policy lets its owner exempt (`may_exempt`)."""
+"""Idle holders, and the cards given back (docs/serve.md, "Idle holders"). IdleTracker: how long each held card
+has had no compute process and 0% utilization, by the agent's samples (one NVML reading cannot tell idle from a
+pause, so `ls` alone leaves it null). IdleWatch: the policy's `[idle]` rule acted on: a container idle on every
+card it holds is warned, then stopped as `docker stop` stops it, decided on two views in a row.
+"""
 
 from __future__ import annotations
 

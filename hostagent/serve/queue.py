@@ -1,36 +1,8 @@
-"""The agent's fair queue for `hostagent run --wait`: it grants turns, the waiting stays in the client.
-
-POST /api/queue (unix socket) joins: the body says what the request needs
-(gpupin.hostagent.serve.fair.QueueRequest), the container's name, image and command for display; the caller's user
-is the kernel's word (SO_PEERCRED), never the body's. The answer is a stream of JSON lines, for as long as the
-caller stays:
-  {"queued": {"ticket", "since", "position", "of",    at once
-              "turn", "clear"}}
-  {"position": P, "of": N}                             when its place changes
-  {"turn": {"cards": [UUID, ...]}}                    when it may try (lock, look, create)
-  {"lost": WHY}                                        when it lost its place (then the stream ends)
-A turn is one attempt: the caller writes `again` on the connection when it was refused (it keeps its place), or
-closes the connection when it succeeded or gives up (it leaves at once). A turn unanswered for TURN_S lapses. The
-daemon-side lock stays the arbiter: a turn only says when trying is worth it.
-
-A place is not a hold (docs/serve.md, "The queue"): only callers who may use the daemon join
-(gpupin.hostagent.serve.rights, from the identity taken at accept), at most MAX_WAITERS places per uid (root's
-unbounded), a count at most the host's healthy cards. A turn not used is a *lapse*: it ran out while its cards were
-still usable, or the caller said `again` and LAPSE_CHECK_S later its cards are still usable (no attempt could have
-been refused). MAX_LAPSES of them lose the place: a client that takes its turns and never books cannot hold back
-the waiters behind it. Turns are decided (fair.grantable) at each
-join, leave and `again`, at each change of the agent's view, and every TICK.
-
-The body names the caller's Docker daemon (`daemon`); a caller of another daemon than the agent's is answered
-`{"direct": WHY}` and joins nothing, as a run is (gpupin.hostagent.agentlink.other_daemon).
-
-GET /api/queue (both listeners) lists the waiters; `?daemon=KEY` (`hostagent queue`) is answered `{"direct": WHY}`
-when the agent serves another daemon.
-
-A restart of the agent: the waiters reconnect and join again with their ticket. The queue's tickets and arrival
-times are kept in `queue.json` beside the socket (0600, the agent's own directory); for REJOIN_S after its start the
-agent gives a returning ticket of the same user its first arrival time. Any other join arrives now: an arrival time
-the caller claims is never believed (docs/serve.md, "The queue").
+"""The agent's fair queue for `hostagent run --wait`: it grants turns, the waiting stays in the client. POST
+/api/queue (unix socket) joins and streams JSON lines (queued, position, turn, lost) while the caller stays; the
+caller writes `again` after a refused attempt. The caller's user is the kernel's word, a place is bounded and not
+a hold, and tickets survive a restart in `queue.json`. The rule is gpupin.hostagent.serve.fair; the protocol and
+bounds: docs/serve.md, "The queue".
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Who the agent acts for: a caller that could use the Docker daemon itself, judged from the identity the kernel
 gave when its connection was accepted (gpupin.hostagent.serve.api.Peer), never from a pid read later. The agent
-lends its speed, not its rights: booking a card and creating a container (POST /api/run) and a place in the fair
-queue (POST /api/queue) are for those callers only (docs/serve.md, "Who can reach it").
-
-- A daemon on a unix socket: root, or the socket's mode for its owner, group and others against the caller's uid,
-  gid and supplementary groups, as the kernel would judge the caller's own connect.
-- Any other daemon (tcp, tls, ssh): the agent cannot tell who may reach it (a TLS key, an ssh login are the
-  caller's, not the socket's): root only, or the members of `hostagent serve --daemon-group GROUP`.
+lends its speed, not its rights: on a unix socket, the daemon socket's mode against the caller; on any other
+daemon, root or `--daemon-group` (docs/serve.md, "Who can reach it").
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """`POST /api/run`: the agent books the cards and creates the container for the `hostagent run` that asks, with the
-code a run without the agent uses (gpupin.hostagent.run.launch: read_cards, reserve; engine.daemon_view) and with
-its NVML session and docker SDK already loaded, so that the caller loads neither. The caller then attaches, starts
-and follows the container itself (gpupin.hostagent.run.via_agent); the agent never starts anything.
-
-- *The agent builds what it creates.* The request is the user's options, made into the container here by the code
-  of a run without the agent (gpupin.hostagent.run.request_json): every refusal of `hostagent run` applies.
-- *The caller owns what is made.* The container's lease names the caller (its `gpupin.owner`, checked against the
-  process the kernel named when the connection was accepted: pid and start time), not the agent: a created
-  container lives exactly as long as the process that will start it, and an agent that dies or restarts loses no
-  hold (docs/design.md, "The lease"). The ledger lock is the agent's, let go in the background once the
-  container exists.
-- *The same lock as every client.* The look and the create run under the daemon-side ledger lock, so runs through
-  the agent and runs without it never book a card twice.
-- *Only for those who could do it themselves.* A caller that may not use the daemon (gpupin.hostagent.serve.rights,
-  judged from the identity taken at accept) is sent on its own way (where Docker refuses it): the agent lends its
-  speed, not its rights.
-- *Answers*: `{"id", "api", "via", "say"}` (the container, the API version it was made in, how it was pinned, the
-  lines to print), a refusal as `{"error", "hint", "exit"}` (75 for held cards: the caller's --wait asks again), or
-  `{"direct": WHY}`: this run is the caller's to make (another daemon, an image to pull, a caller without Docker,
-  a hostagent of another version).
-- *One shape.* A run comes as the request its caller parsed, with what its options read of the caller's files and
-  environment (gpupin.hostagent.run.request_json): the agent parses no command line and opens nothing for a caller.
+code a run without the agent uses (gpupin.hostagent.run.launch) and its NVML and engine client already loaded; the
+caller starts and follows it. The agent builds the container from the request its caller parsed, under the same
+lock as every client, signs it with the caller's lease, and acts only for callers who could use the daemon
+themselves (docs/design.md, "The resident agent").
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""Swarm services' bookings, kept by the agent whose daemon is a swarm manager (docs/policy.md, "Compose and Swarm").
-
-A stack rendered with `x-gpupin: {for: 4h}` gives its service's tasks the container label gpupin.booking.for
-(gpupin.hostagent.compose.booking). The booking is the service's, from the service's creation: a task that fails
-and is started again, or moves to another node, keeps its service's end (a container's own start would begin a new
-booking with each restart). At the end Swarm must not start the tasks again, so the service is stopped where Swarm
-keeps it, on a manager: a replicated service is scaled to 0 (its definition stays: `docker service scale NAME=N`
-books it again only once its label is changed), a global one or a job is removed (it has no count to set). Stopping
-a task's container would only make Swarm start another. The agent of a worker cannot reach the manager's API, and
-leaves swarm tasks alone (gpupin.hostagent.ledger.booking.of books them nothing).
-
-The length is judged as a compose container's label (gpupin.hostagent.policy.admit.label_length: past the policy's
-maximum cut to it, a value that is no duration the default). The services are read every TICK_S (the 5 s target
-of an end); whether the daemon is a manager, every MANAGER_S."""
+"""Swarm services' bookings, kept by the agent whose daemon is a swarm manager: the booking is the service's, from
+its creation, so a task started again keeps its service's end. At the end the service is stopped where Swarm keeps
+it (a replicated one scaled to 0, a global one or a job removed): stopping a task's container would only make
+Swarm start another (docs/policy.md, "Compose and Swarm").
+"""
 
 from __future__ import annotations
 
