@@ -1,18 +1,7 @@
-"""The record's database: an SQLite file (WAL) that the agent alone writes, its schema, its migrations and its
-queries. docs/serve.md, "The record", says what is kept and what survives what.
-
-One row per interval a container holds a card (`intervals`): who booked it, the container, the card, when it began
-and ended (`end` NULL while it runs; `seen` the last time the agent saw it hold, kept every CHECKPOINT_S), how much
-energy the card drew for it, its peak memory and load, and how it ended. `owners` keeps who asked the agent for a
-container (the caller's uid at accept), so that an interval opened after a restart still names them.
-
-The schema's version is the one row of `schema`; opening a file of an older version migrates it in one transaction
-(MIGRATIONS[v] takes version v to v+1); a file of a newer version is refused (an older agent must not write what
-it does not understand).
-
-The file is root's and private: its directory is created 0700 and must be the agent's own (owned by it, written by
-no one else), and the file is created 0600 with O_EXCL|O_NOFOLLOW, so no one can plant a link for root to write
-through (the same care as gpupin.core.files.write_atomic). SQLite's -wal and -shm files live in that directory.
+"""The record's database: an SQLite file (WAL) that the agent alone writes, its schema, its migrations
+(MIGRATIONS[v] takes version v to v+1; a newer file is refused) and its queries. The file is root's and private,
+created so that no one can plant a link for root to write through. docs/serve.md, "The record", says what is kept
+and what survives what.
 """
 
 from __future__ import annotations

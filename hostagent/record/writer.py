@@ -1,23 +1,7 @@
-"""The agent's side of the record: it turns the agent's views into intervals (gpupin.hostagent.record.store).
-
-The refresh thread hands each view to `observe()` (a few dict updates: the samples' peak memory, load and each
-card's energy since the last view, shared among the card's holders at that moment) and goes on; the writer's own
-thread compares the holders with the open intervals, opens and closes rows, and keeps the open ones' figures every
-CHECKPOINT_S. The database never delays a view: a slow or full disk delays the record alone.
-
-- *When.* An interval begins when the container started (its State.StartedAt; a container seen while only
-  created begins at its `start` event) and ends when it finished (State.FinishedAt), as the daemon says, so the
-  record's GPU-seconds are the container's own run time, whatever the agent's sampling. A container removed before
-  its end could be read ends at its `die` event, else when the agent saw it go.
-- *Unknown is not ended.* While the daemon does not answer (holders unknown), no interval opens or closes.
-- *Restarts.* At start, the intervals an earlier agent left open are taken up: one whose container still holds the
-  card goes on (nothing counted twice), one whose container ended is closed at its own FinishedAt (nothing lost); a
-  container removed meanwhile closes at the last time the earlier agent saw it hold (at most CHECKPOINT_S early).
-- *Degraded.* A write that fails (a full disk) leaves the interval in memory, marked to write, and the record
-  `degraded` (in the view: `ls` and /api/ls say so); the next checkpoint tries again, and once it works everything
-  kept in memory is written. Runs book as before.
-- *How it ended.* What whoever stopped it noted (`end_reason`: expiry, idle, lost, stop), else `lost` when its card
-  was lost, `stop` when the daemon reported a stop or kill, else `exit`.
+"""The agent's side of the record: it turns the agent's views into intervals (gpupin.hostagent.record.store). The
+refresh thread hands each view to `observe()` and goes on; the writer's own thread opens, closes and checkpoints
+rows, so a slow or full disk delays the record alone. Times are the daemon's, an unknown ledger neither opens nor
+closes, and open intervals are taken up after a restart (docs/serve.md, "The record").
 """
 
 from __future__ import annotations
