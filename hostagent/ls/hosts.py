@@ -1,16 +1,7 @@
-"""`hostagent ls --host URL ...`: the views of resident agents (`hostagent serve`), read from their /api/ls.
-
-One host: its listing, as `hostagent ls` prints it (the table, or with --json the agent's object exactly). Several:
-one table with a row per card and the host in each row (--json: the list of the hosts' objects, in the order
-given; a host that cannot be read is `{"url": ..., "error": ...}` there, a warning on stderr, and a row saying so).
-
-A remote agent is not trusted (it may be another user's, or answer by mistake): its answer is read within one
-deadline over the whole exchange (TIMEOUT: connecting, sending, every byte of the answer; a server that sends a
-byte every few seconds does not keep ls waiting), at most MAX_ANSWER bytes, checked against the schema of the
-fields ls reads (SCHEMA, types included), and every text in it is shown through the one rule for a value that
-comes from elsewhere (gpupin.core.errors.shown: no terminal escapes, no newlines). A host that fails any of it
-is one line for that host; the other hosts' tables still print. Exit: 0 when at least one host was listed, 69
-when none was (docs/ls.md).
+"""`hostagent ls --host URL ...`: the views of resident agents (`hostagent serve`), read from their /api/ls: one
+table, with the host in each row when there are several. A remote agent is not trusted: its answer is read within
+one deadline and a size, checked against the fields ls reads (SCHEMA), and shown through the one rule for a value
+from elsewhere; a host that fails is one line (docs/ls.md).
 """
 
 from __future__ import annotations

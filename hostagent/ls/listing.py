@@ -1,18 +1,7 @@
-"""`hostagent ls`: every physical card, what NVML says of it, and who holds it (the ledger).
-
-The cards come from NVML; the holders from Docker, through the ledger (what the engine gives each container;
-a ledger label that disagrees is shown as a MISMATCH under both cards); the cards' processes from NVML, each
-attributed to its container or the host (gpupin.hostagent.ledger.processes): one that no grant explains makes the card
-busy, and one of a container that was not given the card is an ESCAPE. Each card's `state`: free, held, shared,
-busy or unknown. Unknown is not free: when Docker cannot be reached, or NVML will not list a card's processes,
-`held` is null (unless a process shows it in use) and `unknown` says why; the cards are still listed, and stderr
-says so (stdout is the listing only). A card NVML cannot read is shown as such, and a reading a card does not give
-(temperature, power, ...) is null in the JSON and N/A in the table.
-
-Each card's health (gpupin.core.health) is `"health": {"healthy": ..., "reasons": [...], "since": ...}`, with
-`healthy` null where NVML cannot say (never shown as healthy). `gather()` is the data, typed
-(gpupin.hostagent.ls.model); `--json` prints its `to_json()`, and the table (gpupin.hostagent.ls.view) and `--format`
-lines (gpupin.hostagent.ls.template) are read from that alone, as they read another host's.
+"""`hostagent ls`: every physical card, what NVML says of it, and who holds it (the ledger, and the processes NVML
+lists). Each card's state: free, held, shared, busy or unknown, and unknown is never free. `gather()` is the data,
+typed (gpupin.hostagent.ls.model); `--json` prints its `to_json()`, and the table and `--format` are read from
+that alone, as they read another host's (docs/ls.md).
 """
 
 from __future__ import annotations

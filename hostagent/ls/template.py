@@ -1,12 +1,7 @@
-"""`hostagent ls --format TEMPLATE`: one line per card, for scripts, from Python str.format fields.
-
-`{index} {uuid} {held}` names keys of the card's `--json` object (plus the host's own, and lists flattened), with
-str.format's widths and alignment (`{name:<24}`, `{memory_used_mib:>6}`). The fields are checked before anything
-is read: an unknown one, `{}`, `{a.b}`, `{a[0]}` or a Go template (docker's `{{.Field}}`) is refused in one line.
-What a line prints: numbers as numbers, true/false, lists joined by commas, N/A for what the card does not report.
-Text, and each item of a list, goes through the one rule for a value from elsewhere (gpupin.core.errors.shown, as
-the table's cells): a container's name, the daemon's or NVML's words, a hostname print as themselves when they are
-printable, and escaped otherwise, so that a line stays one line and nothing in it is a terminal escape.
+"""`hostagent ls --format TEMPLATE`: one line per card, for scripts, from Python str.format fields that name keys
+of the card's `--json` object. The fields are checked before anything is read (a Go template is refused), and
+every text goes through the one rule for a value from elsewhere (gpupin.core.errors.shown), so a line stays one
+line and holds no terminal escape (docs/ls.md).
 """
 
 from __future__ import annotations

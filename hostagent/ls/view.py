@@ -1,16 +1,7 @@
-"""How `hostagent ls` looks on a terminal: the table, its colours, and `--watch`'s redraw in place.
-
-One block per card, as gpustat lays it out: a line with the index, name, temperature, utilization, memory, power
-and whether the card is free, held, shared, busy, unknown or UNHEALTHY; the card's UUID and bus id; why it is
-unhealthy (or its health unknown); its MIG devices; then who holds it (one container a line, each with its short
-id, state, how the engine gives it the card, `shared`, a MISMATCH), the containers labelled for it that hold
-something else, the pinned containers that hold nothing now, and the processes running on it (pid, type, user,
-memory, command, and whose: a container, ESCAPE when that container was not given the card, the host, or
-unknown). Plain ASCII, so the table reads the same under any locale; colour (ANSI SGR) only adds escape codes
-around the same text.
-
-Colour follows the usual rules (https://no-color.org, `ls --color`, git): `auto` colours when stdout is a terminal,
-NO_COLOR is unset or empty and TERM is not `dumb`; `always` and `never` decide alone.
+"""How `hostagent ls` looks on a terminal: the table, its colours, and `--watch`'s redraw in place. One block per
+card, as gpustat lays it out: the card's line, its identity and health, its MIG devices, then its holders and
+processes. Plain ASCII, so the table reads the same under any locale; colour only adds escape codes around the
+same text, under the usual rules (NO_COLOR, TERM=dumb, `--color`).
 """
 
 from __future__ import annotations
