@@ -1,16 +1,7 @@
 """The host's policy: bookings with a limit, quotas, idle rules and notification hooks, from one TOML file
-(/etc/gpupin/policy.toml; docs/policy.md describes every key).
-
-This module is the model and its parser, pure (no Docker, no NVML): the agent keeps one `Policy` and asks it about
-a caller by uid and groups (the identity the kernel gave at accept, never a name the caller wrote). `load_policy`
-refuses a file with any mistake, all of them named at once, one line each (`PolicyError`); an unknown key is a
-mistake (a misspelt `gpu_hour_per_day` must not silently mean "no limit"). No file: `Policy.empty()`, nothing
-enforced.
-
-Who a rule applies to: a `user.NAME` table (a user name or a uid) first; else the `group.NAME` tables of the
-caller's groups, the most generous value among them (a group grants); else the top table. An absent key inherits;
-at the top, absent means no limit. Root (uid 0) is bound by no maximum and no quota: the host's owner can always
-stop anything anyway; a default booking still applies to root's runs.
+(/etc/gpupin/policy.toml). The model and its parser, pure (no Docker, no NVML): the agent asks a `Policy` about a
+caller by uid and groups, as the kernel gave them. `load_policy` names every mistake at once, an unknown key
+included. Every key, and who a rule applies to: docs/policy.md.
 """
 
 from __future__ import annotations

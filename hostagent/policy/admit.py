@@ -1,14 +1,8 @@
-"""Whether a caller may book: the length of its booking (--for, the policy's default and maximum) and its quotas
-(cards held at once, GPU-hours per day and per week), judged under the ledger lock from the holders just read, so
-that two runs of one user at once cannot both pass (docs/policy.md, "Quotas").
-
-The caller is who the kernel named (through the agent: the identity taken at accept; without it: this process's
-uid and groups), never a name a request carries. A holding counts for the uid of its booking label
-(gpupin.hostagent.ledger.booking), which only hostagent writes.
-
-Exit codes (docs/exit-codes.md): a request no wait can ever satisfy (a --for past the maximum, more cards at once
-than the quota allows at all) is 64; a quota used up now (cards held, GPU-hours) is 75, as a held card: `--wait`
-waits until it frees, and the agent's queue gives no turn to a waiter over its quota."""
+"""Whether a caller may book: the length of its booking and its quotas, judged under the ledger lock from the
+holders just read, so that two runs of one user at once cannot both pass. The caller is who the kernel named,
+never a name a request carries. What no wait can satisfy is 64, a quota used up now 75 (docs/policy.md,
+"Quotas").
+"""
 
 from __future__ import annotations
 
