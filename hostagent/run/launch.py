@@ -389,11 +389,11 @@ def _admit(req: RunRequest) -> Admit:
     """A run without the agent books as this process's uid and groups, under the host's policy file (a file with
     mistakes is said, and enforces nothing here: the agent keeps its last good one)."""
     from gpupin.hostagent.agentdir import state_folder
-    from gpupin.hostagent.ledger.booking import read_extensions
+    from gpupin.hostagent.ledger.booking import Caller, read_extensions
     from gpupin.hostagent.policy import admit, host_policy
 
     policy = host_policy(say)
-    me = admit.Caller.me()
+    me = Caller.me()
     q = policy.quota(os.getuid(), me.gids)
     if q.gpu_hours_per_day is not None or q.gpu_hours_per_week is not None:
         # The past is the agent's record (root's, written by the agent alone): a run of its own counts only the
