@@ -37,9 +37,16 @@ def test_the_image_carries_only_the_entrypoint_side(mixed4_sandbox: Sandbox) -> 
     r = mixed4_sandbox.docker("run", "--rm", "--entrypoint", "python3", TEST_IMAGE, "-c", code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["pynvml", "gpupin.entrypoint", "gpupin.hostagent"]
-    # the host side in an image without its SDK says what is missing instead of a traceback
-    r = mixed4_sandbox.docker(
-        "run", "--rm", "--gpus", "all", "--entrypoint", "hostagent", TEST_IMAGE, "run", "--gpu", "0", "img"
-    )
-    assert r.returncode == 69, r.stderr
-    assert "the docker SDK is not installed" in r.stderr and "gpupin[host]" in r.stderr
+    # The host side in an image without its SDK: on a unix socket `run` needs no SDK (here no daemon answers);
+    # over tcp it says what is missing, in one line, instead of a traceback.
+    for host, says in (
+        ("unix:///run/no-daemon.sock", "does not answer"),
+        ("tcp://127.0.0.1:9", "the docker SDK is not installed"),
+    ):
+        r = mixed4_sandbox.docker(
+            "run", "--rm", "--gpus", "all", "-e", f"DOCKER_HOST={host}", "-e", "GPUPIN_AGENT=0",
+            "--entrypoint", "hostagent", TEST_IMAGE, "run", "--gpu", "0", "img",
+        )  # fmt: skip
+        assert r.returncode == 69 and r.stderr.count("\n") == 1, r.stderr
+        assert says in r.stderr, r.stderr
+    assert "gpupin[host]" in r.stderr
