@@ -13,7 +13,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpupin.hostagent.compose.project import Options
+    from gpupin.hostagent.compose.project import ProjectOptions
+
 
 RENDER_DESCRIPTION = """\
 Write the project (FILE, or -f files as docker compose takes them: default compose.yaml with its
@@ -104,12 +105,12 @@ def add_project_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def project_options(args: argparse.Namespace) -> Options:
+def project_options(args: argparse.Namespace) -> ProjectOptions:
     """The project as the command line gives it (FILE first, then each -f)."""
-    from gpupin.hostagent.compose.project import Options
+    from gpupin.hostagent.compose.project import ProjectOptions
 
     files = ([args.file] if args.file else []) + list(args.files)
-    return Options(files, args.project_directory, args.env_files, args.profiles)
+    return ProjectOptions(files, args.project_directory, args.env_files, args.profiles)
 
 
 def add(sub: argparse._SubParsersAction[Any]) -> None:

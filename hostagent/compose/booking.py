@@ -59,7 +59,7 @@ def asked(service: str, svc: Mapping[str, Any]) -> str | None:
 def problems(doc: Any, policy: Policy) -> list[Problem]:
     """Each service's booking that no run could have: not a duration, or past the policy's maximum (for
     everyone: the agent cannot know who starts the file)."""
-    from gpupin.hostagent.policy import admit
+    from gpupin.hostagent.ledger.booking import NO_ONE, length
 
     out = []
     services = doc.get("services") if isinstance(doc, dict) else None
@@ -69,7 +69,7 @@ def problems(doc: Any, policy: Policy) -> list[Problem]:
         try:
             text = asked(str(name), svc)
             if text is not None:
-                admit.length(policy, admit.NO_ONE, parse_duration(text), f"{KEY}.for")
+                length(policy, NO_ONE, parse_duration(text), f"{KEY}.for")
         except ServiceError as err:
             out.append(err.problem())
         except UsageError as err:

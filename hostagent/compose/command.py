@@ -17,7 +17,7 @@ from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
 from gpupin.hostagent.compose import booking, interpolate, load, native, roundtrip
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
-from gpupin.hostagent.compose.project import Options, Project, build
+from gpupin.hostagent.compose.project import Project, ProjectOptions, build
 from gpupin.hostagent.compose.render import NOT_ASKED, header, render
 from gpupin.hostagent.compose.rules import Examination, examine, top_level_lookalikes
 from gpupin.hostagent.engine import cdi
@@ -265,7 +265,7 @@ def _emit(
     return 0
 
 
-def _rendered(options: Options, output: str | None, make: Callable[[Project], tuple[str, Any]]) -> int:
+def _rendered(options: ProjectOptions, output: str | None, make: Callable[[Project], tuple[str, Any]]) -> int:
     """Read the project, `make` the header and the rendered model of it (a RenderRefused names every problem), and
     write it out (written_text): the steps `render` and `render --swarm` share, each problem one
     line with the project's name."""
@@ -292,7 +292,7 @@ def _rendered(options: Options, output: str | None, make: Callable[[Project], tu
     return _emit(text, project.files[0], output, targets[0], relative_paths(project.doc), project.read_files)
 
 
-def render_command(options: Options, output: str | None, via: str | None = None) -> int:
+def render_command(options: ProjectOptions, output: str | None, via: str | None = None) -> int:
     """`hostagent compose render [FILE] [-f FILE...] [-o OUT] [--via cdi|nvidia]`: 0 and the pinned file; 64/75/69
     with one line per problem."""
 
@@ -329,7 +329,7 @@ def read_nodes() -> list[Node] | None:
         return None
 
 
-def stack_command(options: Options, output: str | None, kind: str) -> int:
+def stack_command(options: ProjectOptions, output: str | None, kind: str) -> int:
     """`hostagent compose render --swarm [--kind KIND] FILE [-o OUT]`: 0 and the stack; 64 with one line per
     problem."""
     from gpupin.hostagent.compose import stack
@@ -351,7 +351,7 @@ def stack_command(options: Options, output: str | None, kind: str) -> int:
     return _rendered(options, output, make)
 
 
-def check_command(options: Options, as_json: bool) -> int:
+def check_command(options: ProjectOptions, as_json: bool) -> int:
     """`hostagent compose check [FILE] [-f FILE...] [--json]`: 0 when clean (warnings allowed), 64 with one line
     per problem."""
     name = "+".join(printable(f) for f in options.files) or "compose"
@@ -374,14 +374,14 @@ def check_command(options: Options, as_json: bool) -> int:
     return 0 if exam.ok else EX_USAGE
 
 
-def read_model(options: Options) -> Project:
+def read_model(options: ProjectOptions) -> Project:
     """The project and the model its commands read (compose v2's where it applies, see above)."""
     project = build(options)
     if project.editable is None:
         cmd = native.command()
         if cmd is not None:
             project.doc = native.config(
-                cmd, Options(project.files, options.project_directory, options.env_files, options.profiles)
+                cmd, ProjectOptions(project.files, options.project_directory, options.env_files, options.profiles)
             )
             project.by_compose = True
     return project

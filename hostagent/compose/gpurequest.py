@@ -1,6 +1,6 @@
 """What one compose service asks for (GpuRequest), and what every way of asking has in common (GpuRequestForm:
 `read` a service into a request, `write` the pin's device entry where the form was). The readers several forms
-share live here; one form each is in hostagent.compose.forms.
+share live here; one form each is in hostagent.compose.request_forms.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from gpupin.hostagent.compose.project import Options
+    from gpupin.hostagent.compose.project import ProjectOptions
 
 ENV = "GPUPIN_COMPOSE"
 TIMEOUT = 60
@@ -47,7 +47,7 @@ def command(environ: Mapping[str, str] | None = None) -> list[str] | None:
     return cmd if r.returncode == 0 and version[:2] == "2." else None
 
 
-def arguments(options: Options) -> list[str]:
+def arguments(options: ProjectOptions) -> list[str]:
     args: list[str] = []
     if options.project_directory:
         args += ["--project-directory", options.project_directory]
@@ -60,7 +60,7 @@ def arguments(options: Options) -> list[str]:
     return args
 
 
-def config(cmd: list[str], options: Options, cwd: str | None = None) -> dict[str, Any]:
+def config(cmd: list[str], options: ProjectOptions, cwd: str | None = None) -> dict[str, Any]:
     """compose's model of the project, or ServiceError(None, ...) with compose's own reason."""
     try:
         r = subprocess.run(

@@ -28,7 +28,7 @@ _AS_MAPPING = {"environment", "labels", "annotations", "sysctls", "args", "extra
 _REPLACED = {"command", "entrypoint", "profiles", "test"}
 
 
-class Options:
+class ProjectOptions:
     """What the command line says about the project (as `docker compose` takes it)."""
 
     def __init__(
@@ -71,7 +71,7 @@ def _refuse(message: str, hint: str | None) -> ServiceError:
     return ServiceError(None, message, hint)
 
 
-def find_files(options: Options, environ: Mapping[str, str], cwd: str) -> list[str]:
+def find_files(options: ProjectOptions, environ: Mapping[str, str], cwd: str) -> list[str]:
     """The project's files, as compose finds them."""
     if options.files:
         return options.files
@@ -198,8 +198,8 @@ def merge(base: Any, over: Any, key: str = "") -> Any:
     return clean(over)
 
 
-class _Reader:
-    """Reads files (each once), substitutes variables, follows include and extends."""
+class _FileLoader:
+    """Loads a project's files: reads files (each once), substitutes variables, follows include and extends."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = environ
@@ -358,14 +358,14 @@ def active(doc: dict[str, Any], profiles: Sequence[str], environ: Mapping[str, s
     return bool(off)
 
 
-def build(options: Options, environ: Mapping[str, str] | None = None, cwd: str | None = None) -> Project:
+def build(options: ProjectOptions, environ: Mapping[str, str] | None = None, cwd: str | None = None) -> Project:
     """The project's model, or ServiceError(None, ...) that says which file and why."""
     environ = os.environ if environ is None else environ
     files = find_files(options, environ, cwd or os.getcwd())
     if cwd is not None:  # files given relative to another folder than this process's
         files = [os.path.join(cwd, f) for f in files]
     home = options.project_directory or os.path.dirname(os.path.abspath(files[0]))
-    reader = _Reader(environ)
+    reader = _FileLoader(environ)
     found = variables(options.env_files, home, environ, reader.read)
     doc = reader.project(files, found)
     dropped = active(doc, options.profiles, environ)
@@ -378,7 +378,7 @@ def build(options: Options, environ: Mapping[str, str] | None = None, cwd: str |
     return project
 
 
-def service_env(doc: dict[str, Any], reader: _Reader, found: Mapping[str, str]) -> dict[str, dict[str, str | None]]:
+def service_env(doc: dict[str, Any], reader: _FileLoader, found: Mapping[str, str]) -> dict[str, dict[str, str | None]]:
     """Each service's variables from its `env_file:` files, in order (a later file wins, `environment` over all:
     what compose gives the container). A missing file is refused unless `required: false`, as compose does."""
     out: dict[str, dict[str, str | None]] = {}

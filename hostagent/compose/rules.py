@@ -15,10 +15,10 @@ from gpupin.core.identity import is_full_uuid, match_uuid
 from gpupin.core.resolve import BUS_ID, INDEX, UUID, Target, form, resolve
 from gpupin.hostagent import gpus
 from gpupin.hostagent.compose import devicefiles
-from gpupin.hostagent.compose.forms import gpu_request
 from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest, lookalike
 from gpupin.hostagent.compose.place import Assignment, bookings, place
 from gpupin.hostagent.compose.problems import ERROR, WARNING, Problem, ServiceError, printable, quoted
+from gpupin.hostagent.compose.request_forms import gpu_request
 from gpupin.hostagent.compose.service import env_entries, label_entries, replicas, with_file_env
 from gpupin.hostagent.pin import OWNED_LABELS, OWNED_VARS
 
@@ -360,7 +360,7 @@ def _not_a_pin(req: GpuRequest, given: Sequence[Target]) -> Problem:
 def top_level_lookalikes(doc: Any) -> list[Problem]:
     """Top-level keys that look like x-gpupin (x-gpu-pin, x-gpupins...): a warning, since x-gpupin is read in a
     service, and a top-level x- key often only holds an anchor (in a service, a lookalike is an error:
-    hostagent.compose.forms)."""
+    hostagent.compose.request_forms)."""
     if not isinstance(doc, dict):
         return []
     return [

@@ -14,10 +14,10 @@ import re
 
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.compose import booking
-from gpupin.hostagent.compose.forms import DeployDevices, XGpupin, gpu_request
 from gpupin.hostagent.compose.gpurequest import ALL, KEY, GpuRequest
 from gpupin.hostagent.compose.problems import WARNING, Problem, RenderRefused, ServiceError, printable, quoted
 from gpupin.hostagent.compose.render import set_entries
+from gpupin.hostagent.compose.request_forms import DeployDevices, XGpupin, gpu_request
 from gpupin.hostagent.compose.rules import checked_services, device_var_rules, owned_rules, top_level_lookalikes
 from gpupin.hostagent.compose.service import (
     device_list,

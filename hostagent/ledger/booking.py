@@ -1,7 +1,9 @@
-"""A container's booking, as its label `gpupin.booking` says (`uid=1001 since=T until=T`): who booked it, when, and
-until when. Written once at create; an extension is kept in the agent's `bookings.json`, and a compose service's
-booking (`gpupin.booking.for`) runs from the container's own start (docs/policy.md, "Bookings"). A Swarm task books
-nothing here: its booking is its service's, which a manager's agent ends.
+"""Bookings' rules, in one place: what a booking label says (`gpupin.booking`: `uid=1001 since=T until=T`), how
+long a booking may be under the policy, when it ends, and how far it may be extended. The label is written once at
+create; an extension is kept in the agent's `bookings.json`, and a compose service's booking (`gpupin.booking.for`)
+runs from the container's own start (docs/policy.md, "Bookings"). A Swarm task books nothing here: its booking is
+its service's, which a manager's agent ends. The agent's part (the thread that ends bookings, POST /api/extend)
+is gpupin.hostagent.serve.bookings.
 """
 
 from __future__ import annotations
@@ -9,12 +11,24 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
-from gpupin.core.errors import printable
+from gpupin.core.errors import UsageError, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
+    from typing import Protocol, TypeVar
+
+    End = TypeVar("End", int, float)  # a label's end is whole seconds; a listed one may be a float
+
+    class Rules(Protocol):
+        """The policy's part that bookings read (gpupin.hostagent.policy.Policy): the ledger sits below it."""
+
+        def booking_max(self, uid: int | None, gids: frozenset[int]) -> float | None: ...
+
+        def booking_default(self, uid: int | None, gids: frozenset[int]) -> float | None: ...
+
 
 LABEL = "gpupin.booking"
 FOR_LABEL = "gpupin.booking.for"  # a compose or swarm service's booking: its length (`4h`), from its start
@@ -116,3 +130,112 @@ def read_extensions(folder: str) -> dict[str, int]:
     if not isinstance(data, dict):
         return {}
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+
+
+# --- who books, and for how long ----------------------------------------------------------------------------------
+
+
+class Caller:
+    """Who asks: the uid and groups the kernel named; uid None is no one it named (a compose or swarm service's
+    own label, gpupin.booking.for: the policy's rules for everyone apply)."""
+
+    __slots__ = ("gids", "uid")
+
+    def __init__(self, uid: int | None, gids: Iterable[int]) -> None:
+        self.uid = uid
+        self.gids = frozenset(gids)
+
+    @classmethod
+    def me(cls) -> Caller:
+        return cls(os.getuid(), {os.getgid(), *os.getgroups()})
+
+    def who(self) -> str:
+        import pwd
+
+        if self.uid is None:
+            return "everyone (a service's own label names no one)"
+        try:
+            return f"uid {self.uid} ({pwd.getpwuid(self.uid).pw_name})"
+        except KeyError:
+            return f"uid {self.uid}"
+
+
+NO_ONE = Caller(None, ())  # a service's own label: no one the kernel named
+
+
+def length(policy: Rules, caller: Caller, asked: float | None, key: str = "--for") -> float | None:
+    """The booking's length in seconds (None: no end): `key` (--for, x-gpupin.for) within the caller's maximum,
+    else the default."""
+    longest = policy.booking_max(caller.uid, caller.gids)
+    if asked is None:
+        return policy.booking_default(caller.uid, caller.gids)
+    if longest is not None and asked > longest:
+        later = ", and `hostagent extend` later within it" if caller.uid is not None else ""
+        raise UsageError(
+            f"{key} {format_duration(asked)} is longer than the longest booking the policy gives {caller.who()}, "
+            f"{format_duration(longest)} (booking.max)",
+            f"ask for at most {key} {format_duration(longest)}{later}",
+        )
+    return asked
+
+
+def label_length(policy: Rules, asked: float | None) -> float | None:
+    """The length of a running container's own booking (gpupin.booking.for; None: a value that is no duration), by
+    run's rule for everyone (length). The container runs already, so what run would refuse is cut to the maximum,
+    and a value that cannot be read books the default, else the maximum: a label never escapes the policy."""
+    try:
+        got = length(policy, NO_ONE, asked)
+    except UsageError:
+        got = None
+    return got if got is not None else policy.booking_max(None, frozenset())
+
+
+def labels(caller: Caller, seconds: float | None, now: float | None = None) -> dict[str, str]:
+    """The booking label written at create (by hostagent run, for a caller the kernel named)."""
+    assert caller.uid is not None
+    since = int(time.time() if now is None else now)
+    until = None if seconds is None else since + max(1, round(seconds))
+    return {LABEL: Booking(caller.uid, since, until).label()}
+
+
+# --- when it ends, and extending it -------------------------------------------------------------------------------
+
+
+def ends(cid: str, until: End | None, extensions: Mapping[str, int]) -> End | int | None:
+    """When a container's booking ends: its extension's end, else its label's (`until`; None: no end)."""
+    return extensions.get(cid, until)
+
+
+def left_s(until: float | None, now: float) -> int | None:
+    """The whole seconds a booking has left (None: no end)."""
+    return None if until is None else max(0, int(until - now))
+
+
+def extended(
+    name: str, uid: int | None, since: float, until: float | None, seconds: float, caller: Caller, policy: Rules
+) -> int:
+    """The new end of a booking (its owner `uid`, `since`, its end now `until`) that `caller` extends by `seconds`:
+    only its owner or root extends it (a service's own label, no owner: root alone), a booking with no end is not
+    extended, and the booking stays within the longest the policy gives the caller (booking.max). `name`: the
+    container, as the refusals say it."""
+    if uid is None and caller.uid != 0:
+        raise UsageError(
+            f"{name} is booked by its own label ({FOR_LABEL}), which names no owner: only root extends it",
+            "ask the host's owner, or start it again with a longer x-gpupin.for",
+        )
+    if caller.uid not in (0, uid):
+        raise UsageError(
+            f"{name} is booked by uid {uid}: only its owner or root extends it", "extend your own bookings"
+        )
+    if until is None:
+        raise UsageError(f"{name}'s booking has no end: there is nothing to extend", "it runs until it stops")
+    new = int(max(until, time.time()) + round(seconds))
+    longest = policy.booking_max(caller.uid, caller.gids)
+    if longest is not None and new - since > longest:
+        raise UsageError(
+            f"extending {name} by {format_duration(seconds)} makes its booking "
+            f"{format_duration(new - since)} long, past the longest the policy gives uid {caller.uid}, "
+            f"{format_duration(longest)} (booking.max)",
+            f"extend by at most {format_duration(max(0, longest - (until - since)))}",
+        )
+    return new

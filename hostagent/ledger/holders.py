@@ -1,4 +1,5 @@
-"""The holders of each card: what the engine gives each container (the rows of gpupin.hostagent.ledger.forms.FORMS)
+"""The holders of each card: what the engine gives each container (the rows of
+gpupin.hostagent.ledger.holding_forms.FORMS)
 and the processes no grant explains; pure functions over inspect data and the cards. Also when a container holds
 (`holding`: docs/ledger.md, "When a container holds"), which gpupin labels are its own rather than its image's,
 and whether gpupin-entrypoint proved its cards (`verified`). docs/design.md, "The ledger".
@@ -12,7 +13,7 @@ from gpupin.core.contract import SHARED_LABEL as SHARED_LABEL
 from gpupin.core.errors import EX_MISALIGNED, EX_UNAVAILABLE, EX_USAGE, GpupinError, shown
 from gpupin.core.resolve import resolve
 from gpupin.hostagent.ledger import booking, lease
-from gpupin.hostagent.ledger.forms import WAY, grants
+from gpupin.hostagent.ledger.holding_forms import WAY, grants
 from gpupin.hostagent.ledger.lease import OWNER_LABEL
 
 TYPE_CHECKING = False
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card
     from gpupin.hostagent.ledger.booking import Booking
-    from gpupin.hostagent.ledger.forms import CardGrant, HostCards
+    from gpupin.hostagent.ledger.holding_forms import CardGrant, HostCards
 
 
 LIVE_STATES = frozenset({"running", "paused", "restarting"})

@@ -13,8 +13,8 @@ from gpupin.hostagent.engine.failures import EngineNotFound
 from gpupin.hostagent.engine.reads import fetch
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease
-from gpupin.hostagent.ledger.forms import HostCards
 from gpupin.hostagent.ledger.holders import worth_inspecting
+from gpupin.hostagent.ledger.holding_forms import HostCards
 from gpupin.hostagent.ledger.processes import ContainerCgroups
 
 TYPE_CHECKING = False

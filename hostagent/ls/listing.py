@@ -13,6 +13,7 @@ import time
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.hostagent import agentdir, engine, say
+from gpupin.hostagent.ledger import booking
 from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
@@ -51,8 +52,6 @@ def _watts(milliwatts: int | None) -> float | None:
 
 def gather(warn: bool = True) -> Listing:
     """The listing (what --json prints). `warn`: say on stderr when Docker cannot be reached."""
-    from gpupin.hostagent.ledger import booking
-
     cards = read_cards()
     docker, reading = read_ledger(cards, warn)
     out = assemble(cards, docker, reading)
@@ -61,14 +60,15 @@ def gather(warn: bool = True) -> Listing:
 
 
 def extend(listing: Listing, ends: Mapping[str, int], now: float | None = None) -> None:
-    """Each booked holder's end as extended (`ends`: container id -> until), and its seconds left from `now`."""
+    """Each booked holder's end as extended (`ends`: container id -> until), and its seconds left from `now`
+    (gpupin.hostagent.ledger.booking's rules)."""
     now = time.time() if now is None else now
     for card in listing.gpus:
         for h in card.holders:
             b = h.booking
             if b is not None:
-                b.until = ends.get(h.id, b.until)
-                b.left_s = None if b.until is None else max(0, int(b.until - now))
+                b.until = booking.ends(h.id, b.until, ends)
+                b.left_s = booking.left_s(b.until, now)
 
 
 def read_cards(xids: readings.XidLog | None = None) -> list[Card]:
@@ -211,7 +211,7 @@ def _mig(m: MigDevice, holding: Sequence[Holder], procs: Sequence[GpuProcess], u
 def booking_shown(b: Booking, now: float, until: float | None = None) -> BookingShown:
     """A booking as listed: `until` (an extension's, when given) and the whole seconds left (0 once past)."""
     end = until if until is not None else b.until
-    return BookingShown(b.uid, b.since, end, None if end is None else max(0, int(end - now)))
+    return BookingShown(b.uid, b.since, end, booking.left_s(end, now))
 
 
 def holder_shown(h: Holder, now: float) -> HolderShown:

@@ -10,7 +10,8 @@ import math
 import time
 
 from gpupin.core.errors import EX_TEMPFAIL, GpupinError, UsageError
-from gpupin.hostagent.ledger.booking import LABEL, Booking
+from gpupin.hostagent.ledger import booking
+from gpupin.hostagent.ledger.booking import Caller
 from gpupin.hostagent.policy import Policy, format_duration
 
 TYPE_CHECKING = False
@@ -31,33 +32,6 @@ class QuotaError(GpupinError):
     exit_code = EX_TEMPFAIL
 
 
-class Caller:
-    """Who asks: the uid and groups the kernel named; uid None is no one it named (a compose or swarm service's
-    own label, gpupin.booking.for: the policy's rules for everyone apply)."""
-
-    __slots__ = ("gids", "uid")
-
-    def __init__(self, uid: int | None, gids: Iterable[int]) -> None:
-        self.uid = uid
-        self.gids = frozenset(gids)
-
-    @classmethod
-    def me(cls) -> Caller:
-        import os
-
-        return cls(os.getuid(), {os.getgid(), *os.getgroups()})
-
-    def who(self) -> str:
-        import pwd
-
-        if self.uid is None:
-            return "everyone (a service's own label names no one)"
-        try:
-            return f"uid {self.uid} ({pwd.getpwuid(self.uid).pw_name})"
-        except KeyError:
-            return f"uid {self.uid}"
-
-
 class Holding:
     """One container's hold, as a quota counts it: whose, how many cards, since when (its start: the GPU-hours it
     adds while it runs) and when its booking ends."""
@@ -70,44 +44,6 @@ class Holding:
         self.until = until
         self.name = name
         self.since = since
-
-
-def length(policy: Policy, caller: Caller, asked: float | None, key: str = "--for") -> float | None:
-    """The booking's length in seconds (None: no end): `key` (--for, x-gpupin.for) within the caller's maximum,
-    else the default."""
-    longest = policy.booking_max(caller.uid, caller.gids)
-    if asked is None:
-        return policy.booking_default(caller.uid, caller.gids)
-    if longest is not None and asked > longest:
-        later = ", and `hostagent extend` later within it" if caller.uid is not None else ""
-        raise UsageError(
-            f"{key} {format_duration(asked)} is longer than the longest booking the policy gives {caller.who()}, "
-            f"{format_duration(longest)} (booking.max)",
-            f"ask for at most {key} {format_duration(longest)}{later}",
-        )
-    return asked
-
-
-NO_ONE = Caller(None, ())  # a service's own label: no one the kernel named
-
-
-def label_length(policy: Policy, asked: float | None) -> float | None:
-    """The length of a running container's own booking (gpupin.booking.for; None: a value that is no duration), by
-    run's rule for everyone (length). The container runs already, so what run would refuse is cut to the maximum,
-    and a value that cannot be read books the default, else the maximum: a label never escapes the policy."""
-    try:
-        got = length(policy, NO_ONE, asked)
-    except UsageError:
-        got = None
-    return got if got is not None else policy.booking_max(None, frozenset())
-
-
-def labels(caller: Caller, seconds: float | None, now: float | None = None) -> dict[str, str]:
-    """The booking label written at create (by hostagent run, for a caller the kernel named)."""
-    assert caller.uid is not None
-    since = int(time.time() if now is None else now)
-    until = None if seconds is None else since + max(1, round(seconds))
-    return {LABEL: Booking(caller.uid, since, until).label()}
 
 
 WINDOWS = (("day", 86400.0, "24 hours"), ("week", 7 * 86400.0, "7 days"))
@@ -253,7 +189,7 @@ def holdings(holders: Iterable[Holder], extensions: Mapping[str, int]) -> list[H
         Holding(
             h.booking.uid,
             len(h.uuids),
-            extensions.get(h.id, h.booking.until),
+            booking.ends(h.id, h.booking.until, extensions),
             h.name,
             started(h.booking.since, h.started),
         )
@@ -268,10 +204,10 @@ def for_run(
     """The admission of one run, for gpupin.hostagent.run.launch.reserve: the booking's length is judged now (64
     before any lock or wait), the quotas under the lock with the holders just read. `past`: the record's finished
     intervals (the agent's); without the agent, none."""
-    seconds = length(policy, caller, asked)
+    seconds = booking.length(policy, caller, asked)
 
     def admit(reading: LedgerReading, cards: int) -> dict[str, str]:
         check(policy, caller, cards, holdings(reading.holders, extensions), past)
-        return labels(caller, seconds)
+        return booking.labels(caller, seconds)
 
     return admit

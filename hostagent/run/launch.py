@@ -1,4 +1,5 @@
-"""`hostagent run`: resolve the GPUs, take the ledger lock, look, create and start, then follow like `docker run`.
+"""`hostagent run`: resolve the GPUs, take the ledger lock, read the ledger, create, start,
+then follow like `docker run`.
 `reserve` is the one place cards are booked, for this process or for the resident agent's caller. Nothing is left
 on refusal: the request, the GPUs and the image are checked before anything is created, and a container created
 but not started is removed (killed outright, its dead lease holds nothing: docs/design.md, "The lease").
@@ -104,7 +105,7 @@ def _busy(
 ) -> dict[str, list[ledger.Holder]]:
     """Card UUID -> what holds it now: the ledger's containers (None: the ledger was not read, so only the
     processes are known), and the processes on the cards this request may get (gpupin.hostagent.ledger.processes),
-    read from NVML at this look."""
+    read from NVML at this ledger read."""
     mine = list(cards) if picks is None else list({id(p.card): p.card for p in picks}.values())
     nvml.read_processes(mine)
     busy = ledger.held(reading.holders) if reading is not None else {}
@@ -121,7 +122,7 @@ def _busy(
 
 
 class _Refusal:
-    """Why a look found no cards, and the hint that fits this case (not a list of every hint there is)."""
+    """Why a ledger read found no cards, and the hint that fits this case (not a list of every hint there is)."""
 
     def __init__(self, why: list[str], hint: str) -> None:
         self.why = why
@@ -225,7 +226,7 @@ class Launched:
 
 def _create(api: Any, spec: ContainerSpec, guard: lock.LedgerLock) -> str:
     """Create the container inside the lock, then let the lock go (its commit); a commit past the lease removes
-    what was made (the caller looks again)."""
+    what was made (the caller reads the ledger again)."""
     try:
         if podman.version(api):  # its compatible API drops the pin (gpupin.hostagent.engine.podman)
             cid = podman.create(api, spec.config(api.api_version), spec.req.name)
@@ -276,7 +277,7 @@ def _remove_orphans(api: Any, reading: ledger_read.LedgerReading, notify: Callab
         notify(f"removed {name} ({str(s['Id'])[:12]}): created by {lease.holder_of(labels)}, never started")
 
 
-LEASE_RETRIES = 3  # looks that ran past their lease before the run gives up (a daemon far too slow)
+LEASE_RETRIES = 3  # ledger reads that ran past their lease before the run gives up (a daemon far too slow)
 
 
 def read_cards(req: RunRequest, notify: Callable[[str], None] = say) -> tuple[list[Card], list[Target] | None]:
@@ -305,10 +306,10 @@ def reserve(
     spares: lock.StandbyLocks | None = None,
     after: Callable[[Callable[[], None]], None] | None = None,
 ) -> Created:
-    """Under the ledger lock: look, choose and create the container, signed with `owner`'s lease (the process that
-    will start it); the lock is let go once it exists. Held cards are CardHeldError (75). `missing_image` is called
-    outside the lock; `admit` judges the booking under it (gpupin.hostagent.policy.admit); `spares` and `after` are
-    the resident agent's (gpupin.hostagent.ledger.lock)."""
+    """Under the ledger lock: read the ledger, choose and create the container, signed with `owner`'s lease (the
+    process that will start it); the lock is let go once it exists. Held cards are CardHeldError (75).
+    `missing_image` is called outside the lock; `admit` judges the booking under it (gpupin.hostagent.policy.admit);
+    `spares` and `after` are the resident agent's (gpupin.hostagent.ledger.lock)."""
     guard = lock.LedgerLock(api, req.image, missing_image=missing_image, spares=spares, after=after)
     overruns = 0
     while True:
@@ -389,11 +390,11 @@ def _admit(req: RunRequest) -> Admit:
     """A run without the agent books as this process's uid and groups, under the host's policy file (a file with
     mistakes is said, and enforces nothing here: the agent keeps its last good one)."""
     from gpupin.hostagent.agentdir import state_folder
-    from gpupin.hostagent.ledger.booking import read_extensions
+    from gpupin.hostagent.ledger.booking import Caller, read_extensions
     from gpupin.hostagent.policy import admit, host_policy
 
     policy = host_policy(say)
-    me = admit.Caller.me()
+    me = Caller.me()
     q = policy.quota(os.getuid(), me.gids)
     if q.gpu_hours_per_day is not None or q.gpu_hours_per_week is not None:
         # The past is the agent's record (root's, written by the agent alone): a run of its own counts only the

@@ -121,7 +121,7 @@ class QueueClient:
         self.link: agentlink.Link | None = None
         self._stream: _Stream | None = None
         self._joined = False  # whether joining was tried (once per run: no agent then, no queue for this run)
-        self._turn = False  # whether a turn (or a look the queue allowed) is out: the next wait says `again`
+        self._turn = False  # whether a turn (or a ledger read the queue allowed) is out: the next wait says `again`
         self._ticket: str | None = None
         self._place = ""  # "position P of N", as the agent last said
         self._said = False  # whether the place was said (once)

@@ -1,7 +1,7 @@
-"""Bookings in the agent: the time left of each holder, `hostagent extend`, and the end of a booking. An extension
-is kept in `bookings.json` beside the socket, written before the caller is answered, so it survives a restart; an
-ended booking's container is stopped as `docker stop` stops it, on a thread of its own. Only the booking's uid or
-root extends, within the policy's maximum (docs/policy.md, "Bookings").
+"""Bookings in the agent: the time left of each holder, POST /api/extend, and the end of a booking, by the rules of
+gpupin.hostagent.ledger.booking. An extension is kept in `bookings.json` beside the socket, written before the caller
+is answered, so it survives a restart; an ended booking's container is stopped as `docker stop` stops it, on a thread
+of its own (docs/policy.md, "Bookings").
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import threading
 import time
 
 from gpupin.core.errors import GpupinError, UsageError, shown
-from gpupin.hostagent.ledger import booking as booking_label
+from gpupin.hostagent.ledger import booking
 from gpupin.hostagent.ls import listing
-from gpupin.hostagent.policy import format_duration
 from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
@@ -53,7 +52,7 @@ def payload(view: Listing, cid: str, until: float | None, now: float) -> dict[st
                 "booking": {
                     "since": b.since,
                     "until": until,
-                    "left_s": None if until is None else max(0, int(until - now)),
+                    "left_s": booking.left_s(until, now),
                 },
             }
     return {"container": {"id": cid}}
@@ -79,9 +78,9 @@ class Bookings:
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_uid != os.geteuid():
             say(f"extensions of bookings are kept in memory only: {directory} is not the agent's own directory")
             return
-        self._state = os.path.join(directory, booking_label.STATE_FILE)
+        self._state = os.path.join(directory, booking.STATE_FILE)
         with self._lock:
-            self._until.update(booking_label.read_extensions(directory))
+            self._until.update(booking.read_extensions(directory))
 
     def _save(self) -> None:
         """Write the extensions (under the lock); a failure is the caller's refusal: an extension that a restart
@@ -94,7 +93,7 @@ class Bookings:
 
     def until(self, cid: str, label: int | None) -> int | None:
         with self._lock:
-            return self._until.get(cid, label)
+            return booking.ends(cid, label, self._until)
 
     def extensions(self) -> dict[str, int]:
         with self._lock:
@@ -117,11 +116,9 @@ class Bookings:
                     self._save()
 
     def _label_ends(self, view: Listing) -> None:
-        """A compose service's own booking (gpupin.booking.for, no owner) by the policy in force, as run's rule
-        judges a length (gpupin.hostagent.policy.admit.label_length): past the maximum it is cut to it (said once
-        per container), a value that is no duration books the default, else the maximum."""
-        from gpupin.hostagent.policy import admit
-
+        """A compose service's own booking (gpupin.booking.for, no owner) by the policy in force
+        (booking.label_length): past the maximum it is cut to it (said once per container), a value that is no
+        duration books the default, else the maximum."""
         policy = self.agent.in_force.policy
         labelled = set()
         for card in view.gpus:
@@ -131,12 +128,12 @@ class Bookings:
                     continue
                 labelled.add(h.id)
                 asked = None if b.until is None else b.until - b.since
-                length = admit.label_length(policy, asked)
+                length = booking.label_length(policy, asked)
                 b.until = None if length is None else b.since + max(1, round(length))
                 if b.until != (None if asked is None else b.since + asked) and h.id not in self._cut:
                     self._cut.add(h.id)
-                    given = "no end" if length is None else format_duration(length)
-                    said = "no duration" if asked is None else format_duration(asked)
+                    given = "no end" if length is None else booking.format_duration(length)
+                    said = "no duration" if asked is None else booking.format_duration(asked)
                     say(f"booking: {shown(h.name)} ({h.id[:12]}) asks {said} by its label: booked {given}")
         if view.docker.available:
             self._cut &= labelled  # bounded by the containers there are
@@ -152,9 +149,7 @@ class Bookings:
             or isinstance(seconds, bool)
         ):
             raise UsageError("POST /api/extend: {container, seconds} expected", "hostagent extend CONTAINER DURATION")
-        from gpupin.hostagent.policy import LONGEST_S
-
-        if not 0 < seconds <= LONGEST_S:
+        if not 0 < seconds <= booking.LONGEST_S:
             raise UsageError(f"POST /api/extend: {seconds!r} seconds is not a duration", "e.g. 30m, 2h, 1d")
         h = self._find(target)
         b = h.booking
@@ -163,31 +158,11 @@ class Bookings:
             raise UsageError(
                 f"{name} has no booking (it was not made by hostagent run)", "only hostagent's bookings are extended"
             )
-        if b.uid is None and peer.uid != 0:
-            raise UsageError(
-                f"{name} is booked by its own label ({booking_label.FOR_LABEL}), which names no owner: only root "
-                "extends it",
-                "ask the host's owner, or start it again with a longer x-gpupin.for",
-            )
-        if peer.uid not in (0, b.uid):
-            raise UsageError(
-                f"{name} is booked by uid {b.uid}: only its owner or root extends it", "extend your own bookings"
-            )
+        caller = booking.Caller(peer.uid, {peer.gid, *peer.groups})
         policy = self.agent.in_force.policy
-        gids = frozenset({peer.gid, *peer.groups})
         with self._lock:
-            until = self._until.get(h.id, b.until)
-            if until is None:
-                raise UsageError(f"{name}'s booking has no end: there is nothing to extend", "it runs until it stops")
-            new = int(max(until, time.time()) + round(seconds))
-            longest = policy.booking_max(peer.uid, gids)
-            if longest is not None and new - b.since > longest:
-                raise UsageError(
-                    f"extending {name} by {format_duration(seconds)} makes its booking "
-                    f"{format_duration(new - b.since)} long, past the longest the policy gives uid {peer.uid}, "
-                    f"{format_duration(longest)} (booking.max)",
-                    f"extend by at most {format_duration(max(0, longest - (until - b.since)))}",
-                )
+            until = booking.ends(h.id, b.until, self._until)
+            new = booking.extended(name, b.uid, b.since, until, seconds, caller, policy)
             was = self._until.get(h.id)
             self._until[h.id] = new
             try:
@@ -199,7 +174,7 @@ class Bookings:
                     self._until[h.id] = was
                 raise GpupinError(f"the extension could not be kept ({err.message})", "see the agent's log") from None
         say(f"extend: {h.id[:12]} until {time.strftime('%H:%M:%S', time.localtime(new))} for uid {peer.uid}")
-        return {"id": h.id, "name": h.name, "until": new, "left_s": max(0, int(new - time.time()))}
+        return {"id": h.id, "name": h.name, "until": new, "left_s": booking.left_s(new, time.time())}
 
     def _find(self, target: str) -> HolderShown:
         view = self.agent.snapshot().listing
@@ -233,7 +208,7 @@ class Bookings:
                     b = h.booking
                     if b is None or h.state not in STOPPING or h.id in self._stopping:
                         continue
-                    until = self._until.get(h.id, b.until)
+                    until = booking.ends(h.id, b.until, self._until)
                     if until is not None and until <= now:
                         out[h.id] = (h.id, h.name, float(until))
         return list(out.values())

@@ -160,11 +160,12 @@ class Queue:
                 f"POST /api/queue: --count {ask.count}, but this host has {fair.healthy(view)} healthy whole card(s)",
                 "ask for at most that many",
             )
+        from gpupin.hostagent.ledger.booking import Caller
         from gpupin.hostagent.policy import admit
 
         never = admit.never(
             self.agent.in_force.policy,
-            admit.Caller(peer.uid, {peer.gid, *peer.groups}),
+            Caller(peer.uid, {peer.gid, *peer.groups}),
             ask.count or len(ask.gpus) or 1,
         )
         if never is not None:  # a quota no wait can meet: refused now, not waited for forever
@@ -251,6 +252,7 @@ class Queue:
     def _within_quota(self, view: Listing) -> list[QueuedRun]:
         """The waiters the policy's quotas let take a card now, in order: one over its quota keeps its place but is
         given no turn, and holds no card back from those after it (gpupin.hostagent.policy.admit)."""
+        from gpupin.hostagent.ledger.booking import Caller
         from gpupin.hostagent.policy import admit
 
         policy = self.agent.in_force.policy
@@ -260,9 +262,7 @@ class Queue:
         return [
             w
             for w in self._waiters
-            if admit.over(
-                policy, admit.Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, self.agent.finished
-            )
+            if admit.over(policy, Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, self.agent.finished)
             is None
         ]
 

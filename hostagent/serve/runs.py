@@ -146,9 +146,10 @@ class Runs:
     def _admit(self, req: Any, peer: Peer) -> Any:
         """The booking and the quotas of the policy in force, for the caller the kernel named (never a name the
         request carries: gpupin.hostagent.policy.admit)."""
+        from gpupin.hostagent.ledger.booking import Caller
         from gpupin.hostagent.policy import admit
 
-        caller = admit.Caller(peer.uid, {peer.gid, *peer.groups})
+        caller = Caller(peer.uid, {peer.gid, *peer.groups})
         return admit.for_run(
             self.agent.in_force.policy, caller, req.book_for, self.agent.bookings.extensions(), self.agent.finished
         )

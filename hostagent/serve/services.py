@@ -10,7 +10,7 @@ import threading
 import time
 
 from gpupin.core.errors import shown
-from gpupin.hostagent.ledger.booking import FOR_LABEL, parse_duration
+from gpupin.hostagent.ledger.booking import FOR_LABEL, label_length, parse_duration
 from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
@@ -26,8 +26,6 @@ MANAGER_S = 30.0
 
 def end_of(service: dict[str, Any], policy: Any) -> float | None:
     """When a service's own booking ends (seconds since the epoch), None when it has none or no end."""
-    from gpupin.hostagent.policy import admit
-
     spec = service.get("Spec") or {}
     labels = ((spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}).get("Labels") or {}
     if FOR_LABEL not in labels:
@@ -36,7 +34,7 @@ def end_of(service: dict[str, Any], policy: Any) -> float | None:
         asked: float | None = parse_duration(labels[FOR_LABEL])
     except ValueError:
         asked = None
-    length = admit.label_length(policy, asked)
+    length = label_length(policy, asked)
     if length is None:
         return None
     return created(service) + length

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupin.hostagent.compose.project import Options
+from gpupin.hostagent.compose.project import ProjectOptions
 from tests.support.compose import V2, strip_gpu, tool
 from tests.support.host import idle_topology
 from tests.support.sandbox import Sandbox
@@ -78,7 +78,7 @@ def test_render_of_several_files_is_one_file_compose_runs_with_every_gpu_pinned(
 @pytest.mark.parametrize("compose_v2", [False, True], ids=["own-model", "compose-v2-model"])
 @pytest.mark.parametrize(("name", "options"), [(n, o) for n, o, _ in PROJECTS], ids=IDS)
 def test_compose_reads_the_merged_render_as_the_project_outside_the_gpu_parts(
-    name: str, options: Options, compose_v2: bool, tmp_path: Path, mixed4_sandbox: Sandbox
+    name: str, options: ProjectOptions, compose_v2: bool, tmp_path: Path, mixed4_sandbox: Sandbox
 ) -> None:
     """The differential of test_compose_render.py for projects: compose v2's `config` of the project (its -f
     files, override file, include, extends, profiles, .env) and of the one file render wrote."""

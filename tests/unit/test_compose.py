@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from gpupin.hostagent.compose import command, load
-from gpupin.hostagent.compose.forms import gpu_request
 from gpupin.hostagent.compose.problems import Problem, RenderRefused, ServiceError
 from gpupin.hostagent.compose.render import render as render_core
+from gpupin.hostagent.compose.request_forms import gpu_request
 from gpupin.hostagent.compose.rules import Examination, examine
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.ledger.holders import Holder, held

@@ -18,7 +18,7 @@ from gpupin.hostagent.compose.booking import problems
 from gpupin.hostagent.ledger import booking
 from gpupin.hostagent.ls.listing import booking_shown
 from gpupin.hostagent.ls.model import Listing
-from gpupin.hostagent.policy import Policy, admit, parse_policy
+from gpupin.hostagent.policy import Policy, parse_policy
 from gpupin.hostagent.serve import queue, services
 from tests.support.host import hostagent
 
@@ -107,14 +107,14 @@ def test_the_same_rule_judges_a_run_and_a_label() -> None:
     assert problems(load.parse(compose(", for: 4h")), LAB) == []
     (p,) = problems(load.parse(compose(", for: 5h")), LAB)
     with pytest.raises(UsageError) as run:
-        admit.length(LAB, admit.NO_ONE, 5 * 3600, "x-gpupin.for")
+        booking.length(LAB, booking.NO_ONE, 5 * 3600, "x-gpupin.for")
     assert p.problem == run.value.message
     # a running container's label cannot be refused: cut to the maximum; no duration: the default (else the max)
-    assert admit.label_length(LAB, 5 * 3600.0) == 4 * 3600
-    assert admit.label_length(LAB, 600.0) == 600
-    assert admit.label_length(LAB, None) == 3600
-    assert admit.label_length(policy('[booking]\nmax = "4h"\n'), None) == 4 * 3600  # no default: the maximum
-    assert admit.label_length(Policy.empty(), None) is None
+    assert booking.label_length(LAB, 5 * 3600.0) == 4 * 3600
+    assert booking.label_length(LAB, 600.0) == 600
+    assert booking.label_length(LAB, None) == 3600
+    assert booking.label_length(policy('[booking]\nmax = "4h"\n'), None) == 4 * 3600  # no default: the maximum
+    assert booking.label_length(Policy.empty(), None) is None
 
 
 def test_the_ledger_books_a_container_from_its_own_start() -> None:

@@ -6,8 +6,8 @@ What counts, inside a code span (one token at a time, split at spaces, quotes, `
 - a path whose first part is one of the checkout's top-level entries (`tests/unit/test_docs.py`, `compose/`,
   `docs/design.md`, `Makefile`); a glob must match something; `build/` and `dist/` are made by the build, and a
   token with a placeholder (`<id>`, `{name}`, `$VAR`, `...`) names no one path: neither is checked;
-- a module (`gpupin.hostagent.ledger.forms`), and what follows it as attributes (`gpupin.core.contract.nvd_keyword`,
-  `gpupin.entrypoint.sources.READERS`), read from the source without importing it.
+- a module (`gpupin.hostagent.ledger.holding_forms`), and what follows it as attributes
+  (`gpupin.core.contract.nvd_keyword`, `gpupin.entrypoint.sources.READERS`), read from the source without importing it.
 Outside code spans, a path is taken only whole (a folder of the checkout, then a file with its extension), and a
 module only by its full dotted name. URLs and host paths (`/etc/gpupin`, `/run/...`, `/var/lib/...`, `/dev/nvidia0`)
 are not the checkout's: never checked.
@@ -225,7 +225,7 @@ def test_the_checks_catch_what_they_are_for() -> None:
     ):
         assert path_problem(elsewhere, tops) is None, elsewhere
     assert module_problem("gpupin.hostagent.ledger.processes") is None
-    assert module_problem("gpupin.hostagent.ledger.forms.FORMS") is None
+    assert module_problem("gpupin.hostagent.ledger.holding_forms.FORMS") is None
     assert (
         module_problem("gpupin.hostagent.runopts")
         == "gpupin.hostagent.runopts: hostagent/__init__.py defines no runopts"

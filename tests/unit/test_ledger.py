@@ -16,10 +16,10 @@ from gpupin.core.errors import CardHeldError, DockerUnavailableError, UsageError
 from gpupin.core.nvml import MigDevice
 from gpupin.hostagent import engine
 from gpupin.hostagent.engine import address
-from gpupin.hostagent.ledger import forms as ledger
+from gpupin.hostagent.ledger import holding_forms as ledger
 from gpupin.hostagent.ledger import lease, lock
-from gpupin.hostagent.ledger.forms import FORMS, HostCards
 from gpupin.hostagent.ledger.holders import Holder, blocking, held, holder, holding
+from gpupin.hostagent.ledger.holding_forms import FORMS, HostCards
 from gpupin.hostagent.ls.listing import holder_shown
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids

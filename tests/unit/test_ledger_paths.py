@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupin.core.errors import UsageError
-from gpupin.hostagent.ledger import forms, holders, lease, nodes
-from gpupin.hostagent.ledger.forms import HostCards
+from gpupin.hostagent.ledger import holders, holding_forms, lease, nodes
+from gpupin.hostagent.ledger.holding_forms import HostCards
 from gpupin.hostagent.pin import Pin
 from tests.support.scenarios import cards as mixed4
 from tests.support.scenarios import uuids
@@ -162,7 +162,7 @@ def test_a_node_is_known_by_its_device_number_through_links(planted: Path) -> No
 
 def test_device_folders_count_by_the_minor_numbers_they_grant(planted: Path) -> None:
     here = host(local=True)
-    got = forms.grants(
+    got = holding_forms.grants(
         container(
             devices=[
                 str(planted / "gpus"),
@@ -175,7 +175,7 @@ def test_device_folders_count_by_the_minor_numbers_they_grant(planted: Path) -> 
     )
     assert [(g.form, list(g.uuids)) for g in got] == [("device-file", [RTX]), ("device-file", [A800C])]
     # by name where the daemon is elsewhere: /dev holds every card
-    got = forms.grants(container(devices=["/dev", "/dev/char/195:2", "/dev/nvidia-uvm"]), host())
+    got = holding_forms.grants(container(devices=["/dev", "/dev/char/195:2", "/dev/nvidia-uvm"]), host())
     assert [list(g.uuids) for g in got] == [ALL, [A800B]]
 
 
@@ -202,13 +202,13 @@ def test_device_cgroup_rules_granting_major_195() -> None:
         ("b 195:* rwm", []),
         ("c 195:* rw", []),
     ):  # no `m`: it cannot make the node, and nothing brings one in
-        got = forms.grants(with_host_config(container(), DeviceCgroupRules=[rule]), h)
+        got = holding_forms.grants(with_host_config(container(), DeviceCgroupRules=[rule]), h)
         assert sorted(u for g in got for u in g.uuids) == sorted(want), rule
     # without CAP_MKNOD the rule opens only what a mount brings in
     dropped = with_host_config(container(), DeviceCgroupRules=["c 195:* rwm"], CapDrop=["ALL"])
-    assert forms.grants(dropped, h) == []
+    assert holding_forms.grants(dropped, h) == []
     assert (
-        forms.grants(
+        holding_forms.grants(
             with_host_config(container(), DeviceCgroupRules=["c 195:* rwm"], CapDrop=["MKNOD"], CapAdd=["CAP_MKNOD"]), h
         )
         != []
@@ -217,29 +217,29 @@ def test_device_cgroup_rules_granting_major_195() -> None:
 
 def test_bind_mounts_of_nodes_count_when_the_cgroup_lets_them_through(planted: Path) -> None:
     rw = with_host_config(container(), DeviceCgroupRules=["c 195:* rw"])
-    got = forms.grants(binds(rw, "/dev", "/data"), host())
+    got = holding_forms.grants(binds(rw, "/dev", "/data"), host())
     assert [(g.form, len(g.uuids), g.how) for g in got] == [
         ("bind-mount", 4, "-v /dev:/mnt0 --device-cgroup-rule 'c 195:* rw'")
     ]
     one = with_host_config(container(), DeviceCgroupRules=["c 195:3 rw"], CapDrop=["ALL"])
-    got = forms.grants(binds(one, str(planted / "flat")), host(local=True))
+    got = holding_forms.grants(binds(one, str(planted / "flat")), host(local=True))
     assert [(g.form, list(g.uuids)) for g in got] == [("bind-mount", [A800C])]
     # no rule: the device cgroup refuses the nodes, the mount grants nothing
-    assert forms.grants(binds(container(), "/dev"), host()) == []
+    assert holding_forms.grants(binds(container(), "/dev"), host()) == []
     # -v /dev:/dev with 'c 195:* rwm': both ways in
     both = with_host_config(container(), DeviceCgroupRules=["c 195:* rwm"])
-    assert {g.form for g in forms.grants(binds(both, "/dev"), host())} == {"bind-mount", "device-cgroup"}
+    assert {g.form for g in holding_forms.grants(binds(both, "/dev"), host())} == {"bind-mount", "device-cgroup"}
 
 
 def test_cdi_names_in_nvidia_visible_devices_under_the_nvidia_runtime() -> None:
-    got = forms.grants(
+    got = holding_forms.grants(
         container(
             runtime="nvidia", env=[f"NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1,nvidia.com/gpu={A800C},vendor.com/fpga=0"]
         ),
         host(),
     )
     assert [(g.form, list(g.uuids), list(g.unknown)) for g in got] == [("nvidia-runtime", [RTX, A800C], [])]
-    assert forms.grants(container(env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"]), host()) == []  # runc
+    assert holding_forms.grants(container(env=["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=1"]), host()) == []  # runc
 
 
 def test_cdi_annotations_in_any_container() -> None:
@@ -251,12 +251,15 @@ def test_cdi_annotations_in_any_container() -> None:
             "other/x": "nvidia.com/gpu=1",
         },
     )
-    got = forms.grants(c, host())
+    got = holding_forms.grants(c, host())
     assert [(g.form, len(g.uuids), g.how) for g in got] == [
         ("cdi-annotation", 4, "--annotation cdi.k8s.io/all=nvidia.com/gpu=all"),
         ("cdi-annotation", 1, "--annotation cdi.k8s.io/job=nvidia.com/gpu=2,vendor.com/fpga=0"),
     ]
-    assert forms.grants(with_host_config(container(), Annotations={"cdi.k8s.io/x": "vendor.com/fpga=0"}), host()) == []
+    assert (
+        holding_forms.grants(with_host_config(container(), Annotations={"cdi.k8s.io/x": "vendor.com/fpga=0"}), host())
+        == []
+    )
 
 
 # --- refused by run --------------------------------------------------------------------------------------------

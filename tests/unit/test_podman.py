@@ -10,7 +10,7 @@ import pytest
 
 from gpupin.core.errors import UsageError
 from gpupin.hostagent.engine import podman
-from gpupin.hostagent.ledger.forms import HostCards, grants
+from gpupin.hostagent.ledger.holding_forms import HostCards, grants
 from tests.support.scenarios import cards as scenario_cards
 from tests.support.scenarios import uuids
 

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupin.core.files import FileRefused
+from gpupin.hostagent.ledger import booking
 from gpupin.hostagent.ls.listing import booking_shown
 from gpupin.hostagent.ls.model import BookingShown, Listing
 from gpupin.hostagent.policy import (
@@ -365,32 +366,29 @@ def quota_policy(tmp_path: Path) -> Policy:
 
 def test_booking_length(tmp_path: Path) -> None:
     from gpupin.core.errors import UsageError
-    from gpupin.hostagent.policy import admit
 
     p = quota_policy(tmp_path)
-    alice = admit.Caller(1001, {1001})
-    assert admit.length(p, alice, None) == 3600
-    assert admit.length(p, alice, 7200) == 7200
+    alice = booking.Caller(1001, {1001})
+    assert booking.length(p, alice, None) == 3600
+    assert booking.length(p, alice, 7200) == 7200
     with pytest.raises(UsageError) as err:
-        admit.length(p, alice, 5 * 3600)
+        booking.length(p, alice, 5 * 3600)
     assert err.value.exit_code == 64
     assert "--for 5h is longer than the longest booking the policy gives uid 1001" in err.value.message
     assert "(booking.max)" in err.value.message
-    assert admit.length(p, admit.Caller(0, {0}), 30 * 86400) == 30 * 86400  # root: no maximum
-    assert admit.length(Policy.empty(), alice, None) is None
+    assert booking.length(p, booking.Caller(0, {0}), 30 * 86400) == 30 * 86400  # root: no maximum
+    assert booking.length(Policy.empty(), alice, None) is None
 
 
 def test_booking_label_round_trip() -> None:
-    from gpupin.hostagent.ledger import booking
-    from gpupin.hostagent.policy import admit
 
-    labels = admit.labels(admit.Caller(1001, ()), 5400, now=1000)
+    labels = booking.labels(booking.Caller(1001, ()), 5400, now=1000)
     assert labels == {"gpupin.booking": "uid=1001 since=1000 until=6400"}
     b = booking.parse(labels["gpupin.booking"])
     assert b is not None and (b.uid, b.since, b.until) == (1001, 1000, 6400)
     assert booking_shown(b, now=2000) == BookingShown(1001, 1000, 6400, 4400)
     assert booking_shown(b, now=9000).left_s == 0
-    assert booking.parse(admit.labels(admit.Caller(7, ()), None, now=5)["gpupin.booking"]).until is None  # type: ignore[union-attr]
+    assert booking.parse(booking.labels(booking.Caller(7, ()), None, now=5)["gpupin.booking"]).until is None  # type: ignore[union-attr]
     for forged in ("uid=0", "uid=1 since=2 until=3 extra", "uid=-1 since=2", "", "uid=1\nsince=2"):
         assert booking.parse(forged) is None
 
@@ -400,7 +398,7 @@ def test_quota_cards(tmp_path: Path) -> None:
     from gpupin.hostagent.policy import admit
 
     p = quota_policy(tmp_path)
-    alice = admit.Caller(1001, {1001})
+    alice = booking.Caller(1001, {1001})
     held = [admit.Holding(1001, 1, 1000 + 4320, "train-a"), admit.Holding(1002, 3, None, "bob-job")]
     admit.check(p, alice, 1, held, admit.nothing, now=1000)  # 1 + 1 <= 2
     with pytest.raises(admit.QuotaError) as err:
@@ -414,7 +412,7 @@ def test_quota_cards(tmp_path: Path) -> None:
         admit.check(p, alice, 3, [], admit.nothing)
     assert never.value.exit_code == 64 and "at most 2 at once (quota.cards)" in never.value.message
     # bob's own quota, and bob's holdings are not alice's
-    admit.check(p, admit.Caller(1002, ()), 1, held, admit.nothing)
+    admit.check(p, booking.Caller(1002, ()), 1, held, admit.nothing)
     assert admit.never(p, alice, 3) is not None and admit.never(p, alice, 2) is None
 
 
@@ -466,7 +464,7 @@ def test_quota_gpu_hours_count_the_records_past_and_what_runs_now(tmp_path: Path
     assert admit.used_seconds(week_spans, [], week, now) == 2 * 3600 + 3600 + 7200
     # a limit of 2 GPU-hours a day: alice, who used 2.5 this morning and stopped, is refused, 75
     p = policy("[quota]\ngpu_hours_per_day = 2\n", tmp_path)
-    alice = admit.Caller(1001, ())
+    alice = booking.Caller(1001, ())
     with pytest.raises(admit.QuotaError) as err:
         admit.check(p, alice, 1, [], past, now=now)
     assert err.value.exit_code == 75
@@ -479,7 +477,7 @@ def test_quota_gpu_hours_count_the_records_past_and_what_runs_now(tmp_path: Path
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(frees))}"
     )
     # bob's use is his own; a week's quota reads the week
-    admit.check(p, admit.Caller(1002, ()), 1, [], past, now=now)
+    admit.check(p, booking.Caller(1002, ()), 1, [], past, now=now)
     weekly = policy("[quota]\ngpu_hours_per_week = 5\n", tmp_path)
     with pytest.raises(admit.QuotaError) as err:
         admit.check(weekly, alice, 1, [], past, now=now)
@@ -493,7 +491,7 @@ def test_quota_gpu_hours_while_holding(tmp_path: Path) -> None:
 
     now = 1_800_000_000.0
     p = policy("[quota]\ngpu_hours_per_day = 3\n", tmp_path)
-    alice = admit.Caller(1001, ())
+    alice = booking.Caller(1001, ())
     two = [admit.Holding(1001, 2, None, "train", since=now - 5400), admit.Holding(1002, 4, None, "bob", since=now)]
     with pytest.raises(admit.QuotaError) as err:
         admit.check(p, alice, 1, two, admit.nothing, now=now)
@@ -518,7 +516,7 @@ def test_quota_gpu_hours_while_holding(tmp_path: Path) -> None:
         f"it frees in 20m, at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now + 1200))}, counting train as "
         "running on"
     )
-    assert admit.over(p, admit.Caller(1002, ()), 1, two, admit.nothing) is None  # bob: no quota of 1001's
+    assert admit.over(p, booking.Caller(1002, ()), 1, two, admit.nothing) is None  # bob: no quota of 1001's
 
 
 @given(
