@@ -341,7 +341,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": f"by must be one of {', '.join(BY)}, since seconds since the epoch", "exit": 64})
             return
         rows = writer.store.usage(since, by, time.time())
-        self._json(200, {"since": since, "by": by, "rows": rows, "record": writer.status().to_json()})
+        rows_json = [r.to_json(by) for r in rows]
+        self._json(200, {"since": since, "by": by, "rows": rows_json, "record": writer.status().to_json()})
 
     def _metrics(self) -> None:
         self._send(200, self.metrics.text(), self.metrics.content_type)

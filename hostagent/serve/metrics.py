@@ -198,9 +198,9 @@ class ViewCollector:
             labels=["user"],
         )
         for r in rows:
-            seconds.add_metric([str(r["user"])], r["gpu_seconds"])
-            if r["energy_j"] is not None:
-                joules.add_metric([str(r["user"])], r["energy_j"])
+            seconds.add_metric([str(r.key)], r.gpu_seconds)
+            if r.energy_j is not None:
+                joules.add_metric([str(r.key)], r.energy_j)
         yield seconds
         yield joules
 
