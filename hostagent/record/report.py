@@ -13,7 +13,7 @@ import sys
 import time
 
 from gpupin.core.errors import AgentUnavailableError, UsageError, shown
-from gpupin.hostagent.record.store import BY
+from gpupin.hostagent.record import BY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

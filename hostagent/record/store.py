@@ -15,6 +15,7 @@ import time
 from typing import NamedTuple
 
 from gpupin.core.errors import UsageError, printable
+from gpupin.hostagent.record import BY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = "/var/lib/gpupin/record.db"
 PATH_ENV = "GPUPIN_RECORD"
-BY = ("user", "card", "image", "day")
 
 # MIGRATIONS[v]: from version v to v+1. Version 0 is a file with no schema (new, or empty).
 MIGRATIONS: tuple[str, ...] = (

@@ -325,7 +325,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _usage(self) -> None:
         """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS."""
-        from gpupin.hostagent.record.store import BY
+        from gpupin.hostagent.record import BY
 
         writer = self.agent.record
         if writer is None:
