@@ -12,8 +12,6 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, TypeAlias
-
     from gpupin.hostagent.engine.address import (
         DAEMON_HINT,
         DEFAULT_HOST,
@@ -36,9 +34,6 @@ if TYPE_CHECKING:
         refused,
     )
     from gpupin.hostagent.engine.reads import created_time, fetch, http_date, reader
-
-    # An edge: the daemon's JSON answer (an inspect, /info, an event) as it came, before it is read.
-    DaemonAnswer: TypeAlias = dict[str, Any]
 
 # Where each name lives (its module under this package).
 _WHERE = {

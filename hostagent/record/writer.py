@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from gpupin.core import JSONObject
     from gpupin.core.nvml import Card
-    from gpupin.hostagent.engine import DaemonAnswer
+    from gpupin.hostagent.engine.answer import DaemonAnswer
     from gpupin.hostagent.ls.model import CardShown, HolderShown, Listing
 
 FORGET_S = 3600.0  # a container's start and die times are kept this long for an interval that may need them
