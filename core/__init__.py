@@ -13,5 +13,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypeAlias
 
-    # An edge: a JSON object as parsed (a request body, an answer, a document), before it is read into types.
+    # An edge: a JSON object on the wire (a request body, an answer, a hook's payload), as parsed before it is read
+    # into types, or as a serializer wrote it.
     JSONObject: TypeAlias = dict[str, Any]

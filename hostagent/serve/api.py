@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.serve.agent import Agent
     from gpupin.hostagent.serve.metrics import Exposition
 
-    PostRoute = Callable[["Handler", dict[str, Any], "Peer"], None]
+    PostRoute = Callable[["Handler", JSONObject, "Peer"], None]
 
 KEEPALIVE = 15.0  # seconds between two comment lines on an idle event stream (proxies drop silent connections)
 MAX_BODY = 1 << 20  # a request is a command line and its environment: a megabyte is far beyond any
