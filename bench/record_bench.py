@@ -105,7 +105,7 @@ def _line(name: str, ms: float, target_ms: float, results: dict[str, object], no
 
 
 def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None:
-    from gpupin.hostagent.record.store import Store, connect, usage
+    from gpupin.hostagent.record.store import Figures, IntervalRow, Store, connect, usage
     from gpupin.hostagent.record.writer import RecordWriter
 
     folder = tempfile.mkdtemp(prefix="gpupin-bench-record-")
@@ -127,20 +127,11 @@ def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None
         _line("a booking's cost in its path (note_owner)", _median_ms(calls), 1.0, results)
         writes = []
         for i in range(200):
-            row = {
-                "container_id": f"bench{i}",
-                "container_name": "bench",
-                "image": "img",
-                "card_uuid": "GPU-bench",
-                "card_index": 0,
-                "uid": 1000,
-                "user": "user00",
-                "start": time.time(),
-                "seen": time.time(),
-            }
+            now = time.time()
+            row = IntervalRow(f"bench{i}", "bench", "img", "GPU-bench", 0, 1000, "user00", now, now)
             t = time.perf_counter()
             rid = store.open_interval(row)
-            store.close_interval(rid, {"end": time.time(), "ended": "exit", "energy_j": 1.0}, row)
+            store.close_interval(rid, row, Figures(now, now, energy_j=1.0), time.time(), "exit")
             writes.append(time.perf_counter() - t)
         looks = []
         for _ in range(50):
@@ -169,7 +160,7 @@ def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None
             t = time.perf_counter()
             rows = usage(conn, None, "user")
             queries.append(time.perf_counter() - t)
-        assert len(rows) == 20 and sum(r["intervals"] for r in rows) == INTERVALS + 200
+        assert len(rows) == 20 and sum(r.intervals for r in rows) == INTERVALS + 200
         _line("usage --by user over the year: the query", _median_ms(queries), 200.0, results)
         week = []
         for _ in range(n):

@@ -8,3 +8,11 @@ cheap on purpose: it is on the entrypoint's start-up path.
 # workload's paths out of sys.path (this one, errors, shown, contract): `__future__` is a module like any other.
 # The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.2.0"
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
+
+    # An edge: a JSON object on the wire (a request body, an answer, a hook's payload), as parsed before it is read
+    # into types, or as a serializer wrote it.
+    JSONObject: TypeAlias = dict[str, Any]

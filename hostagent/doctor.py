@@ -23,7 +23,10 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.core.nvml import Card
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 EX_FINDINGS = 1  # the host has at least one trap (as `brew doctor`); 0: clean
 CREATE_DEV_CHAR = "nvidia-ctk system create-dev-char-symlinks --create-all"
@@ -209,7 +212,7 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in m.group(0).split(".")) if m else ()
 
 
-def _spec_document(path: str) -> dict[str, Any] | None:
+def _spec_document(path: str) -> YAMLMapping | None:
     """A whole CDI spec (JSON or YAML), or None when it cannot be read as one (the daemon skips it too)."""
     from gpupin.core.files import read_bounded
 
@@ -396,7 +399,7 @@ class Report:
         self.findings = findings
         self.summary = summary
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {"ok": not self.findings, "summary": self.summary, "findings": [f.to_dict() for f in self.findings]}
 
 
@@ -412,7 +415,7 @@ def examine(host: HostFiles) -> Report:
     from gpupin.hostagent import engine
     from gpupin.hostagent.engine import podman
 
-    info: dict[str, Any] | None = None
+    info: DaemonAnswer | None = None
     try:
         reader = engine.reader(timeout=10)
         info = engine.info(reader)

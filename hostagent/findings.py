@@ -15,7 +15,7 @@ from gpupin.core.errors import quoted as quoted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from gpupin.core import JSONObject
 
 ERROR = "error"
 WARNING = "warning"
@@ -51,7 +51,7 @@ class Finding:
         hint = f" HINT: {self.hint}" if self.hint else ""
         return printable(f"{where + ': ' if where else ''}{self.subject()}{level}{self.problem}.{hint}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return {self.ABOUT: self.about, "problem": self.problem, "hint": self.hint, "severity": self.severity}
 
     def __repr__(self) -> str:

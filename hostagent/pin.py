@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.core.resolve import Target
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 VERIFY_LEVELS = LEVELS
 OWNED_VARS = (EXPECT_VAR, NVD_VAR)
@@ -86,7 +88,7 @@ class Pin:
         # Engine 26 creates {"Driver": "cdi", "DeviceIDs": [...], "Capabilities": null}).
         return [["gpu", *self.capabilities]] if self.via == NVIDIA else []
 
-    def device_request(self) -> dict[str, Any]:
+    def device_request(self) -> JSONObject:
         """The Engine API's DeviceRequest (HostConfig.DeviceRequests[0])."""
         return {
             "Driver": self.via,
@@ -102,7 +104,7 @@ class Pin:
 
         return DeviceRequest(driver=self.via, device_ids=self.device_ids, capabilities=self._capabilities())
 
-    def compose_device(self) -> dict[str, Any]:
+    def compose_device(self) -> YAMLMapping:
         """The same request as a compose file writes it (deploy.resources.reservations.devices[]), by UUID. The
         compose specification requires `capabilities` in every device entry, CDI's too (compose v2 passes them
         on, and the CDI driver ignores them)."""
@@ -143,7 +145,7 @@ class Reservation:
             out[VERIFY_VAR] = self.verify
         return out
 
-    def generic_resource(self) -> dict[str, Any]:
+    def generic_resource(self) -> YAMLMapping:
         """The reservation as a stack file writes it (deploy.resources.reservations.generic_resources[]);
         `docker service create --generic-resource KIND=COUNT` is the same."""
         return {"discrete_resource_spec": {"kind": self.kind, "value": self.count}}

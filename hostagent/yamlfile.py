@@ -12,7 +12,11 @@ from gpupin.hostagent import INSTALL_HINT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeAlias
+
+    # An edge: a mapping of a YAML document (a compose file, a service in it) as loaded, read and rewritten as a
+    # document: compose keeps every key it does not know.
+    YAMLMapping: TypeAlias = dict[str, Any]
 
 MAX_DEPTH = 64
 MAX_EXPANDED = 4_000_000  # nodes + scalar characters with every alias expanded; an alias-free 1 MiB file stays under

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gpupin.core.nvml import Card
     from gpupin.hostagent.ledger.holders import Holder
     from gpupin.hostagent.swarm.cluster import Node
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 
 _COMPOSE_PROJECT = "com.docker.compose.project"
@@ -411,7 +412,7 @@ def project_name(project: Project) -> str:
     return "+".join(printable(f) for f in project.files)
 
 
-def written_text(project: Project, top: str, rendered: dict[str, Any]) -> str:
+def written_text(project: Project, top: str, rendered: YAMLMapping) -> str:
     """The text render writes: `top` (the header), then the edited file or the merged model."""
     if project.editable is not None:
         source = roundtrip.without_header(project.texts[project.editable])

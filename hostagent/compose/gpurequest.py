@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.hostagent.pin import Pin
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 KEY = "x-gpupin"
 _KEY_LETTERS = "xgpupin"
@@ -96,7 +97,7 @@ class GpuRequestForm:
     def read(self, service: str, svc: Mapping[str, Any]) -> GpuRequest | None:
         raise NotImplementedError
 
-    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+    def write(self, svc: YAMLMapping, req: GpuRequest, pin: Pin) -> None:
         """Put the pin's device request in place of what the form asked."""
         raise NotImplementedError
 
@@ -185,7 +186,7 @@ def cdi_request(
     return GpuRequest(service, form, specs, share=share, device_index=index)
 
 
-def write_device(svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+def write_device(svc: YAMLMapping, req: GpuRequest, pin: Pin) -> None:
     """The pin's device entry in place of the request's own (deploy), else added (every other form)."""
     devices = device_list(svc, create=True)
     entry = pin.compose_device()
@@ -201,7 +202,7 @@ def write_device(svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
     devices[req.device_index] = entry
 
 
-def as_cdi_names(svc: dict[str, Any], pin: Pin) -> None:
+def as_cdi_names(svc: YAMLMapping, pin: Pin) -> None:
     """The device entry write_device wrote, moved to CDI names in `devices:` (podman: its compose tools drop every
     device request, while `devices:` reaches podman's own create, which resolves CDI names; docs/podman.md)."""
     devices = device_list(svc)

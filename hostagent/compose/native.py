@@ -16,9 +16,9 @@ from gpupin.hostagent.compose.problems import ServiceError, printable
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any
 
     from gpupin.hostagent.compose.project import ProjectOptions
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 ENV = "GPUPIN_COMPOSE"
 TIMEOUT = 60
@@ -60,7 +60,7 @@ def arguments(options: ProjectOptions) -> list[str]:
     return args
 
 
-def config(cmd: list[str], options: ProjectOptions, cwd: str | None = None) -> dict[str, Any]:
+def config(cmd: list[str], options: ProjectOptions, cwd: str | None = None) -> YAMLMapping:
     """compose's model of the project, or ServiceError(None, ...) with compose's own reason."""
     try:
         r = subprocess.run(

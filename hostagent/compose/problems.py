@@ -10,7 +10,7 @@ from gpupin.hostagent.findings import ERROR, WARNING, Finding, printable, quoted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from gpupin.core import JSONObject
 
 __all__ = ["ERROR", "WARNING", "Problem", "RenderRefused", "ServiceError", "printable", "quoted"]
 
@@ -45,7 +45,7 @@ class Problem(Finding):
     def subject(self) -> str:
         return f"service {self.about}: " if self.about is not None else ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return dict(super().to_dict(), render_fixes=self.render_fixes)
 
 

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from gpupin.hostagent.yamlfile import YAMLMapping
+
 DEFAULT_FILES = ("compose.yaml", "compose.yml", "docker-compose.yml", "docker-compose.yaml")
 OVERRIDE_FILES = (
     "compose.override.yml",
@@ -49,7 +51,7 @@ class Project:
 
     def __init__(
         self,
-        doc: dict[str, Any],
+        doc: YAMLMapping,
         files: list[str],
         variables: dict[str, str],
         editable: str | None,
@@ -212,7 +214,7 @@ class _FileLoader:
         self.env_files: dict[tuple[str, Any], list[tuple[str, bool]]] = {}
         self.projects: list[str] = []  # the files whose services are the project's (not only an extends base)
 
-    def file(self, path: str, variables: Mapping[str, str]) -> dict[str, Any]:
+    def file(self, path: str, variables: Mapping[str, str]) -> YAMLMapping:
         try:
             text = load.decode(load.read(path))
             doc = load.parse(text)
@@ -242,7 +244,7 @@ class _FileLoader:
                 svcs[name] = self.extended(svcs, name, path, variables, [])
         return doc
 
-    def include(self, doc: dict[str, Any], entry: Any, folder: str, path: str) -> None:
+    def include(self, doc: YAMLMapping, entry: Any, folder: str, path: str) -> None:
         spec = entry if isinstance(entry, dict) else {"path": entry}
         paths = spec.get("path")
         paths = [paths] if isinstance(paths, str) else paths
@@ -286,7 +288,7 @@ class _FileLoader:
                 mine.setdefault(name, item)
 
     def extended(
-        self, svcs: dict[str, Any], name: str, path: str, variables: Mapping[str, str], chain: list[tuple[str, str]]
+        self, svcs: YAMLMapping, name: str, path: str, variables: Mapping[str, str], chain: list[tuple[str, str]]
     ) -> Any:
         svc = svcs[name]
         if not isinstance(svc, dict) or "extends" not in svc:
@@ -317,13 +319,13 @@ class _FileLoader:
         self.env_files[(path, name)] = inherited + [e for e in mine if e not in inherited]
         return merge(base, own)
 
-    def file_services(self, path: str, variables: Mapping[str, str]) -> dict[str, Any]:
+    def file_services(self, path: str, variables: Mapping[str, str]) -> YAMLMapping:
         doc = self.file(path, variables)
         svcs = doc.get("services")
         return svcs if isinstance(svcs, dict) else {}
 
-    def project(self, paths: Sequence[str], variables: Mapping[str, str]) -> dict[str, Any]:
-        doc: dict[str, Any] = {}
+    def project(self, paths: Sequence[str], variables: Mapping[str, str]) -> YAMLMapping:
+        doc: YAMLMapping = {}
         self.projects.extend(paths)
         for i, path in enumerate(paths):
             one = self.file(path, variables)
@@ -342,7 +344,7 @@ def _has_marks(value: Any) -> bool:
     return False
 
 
-def active(doc: dict[str, Any], profiles: Sequence[str], environ: Mapping[str, str]) -> bool:
+def active(doc: YAMLMapping, profiles: Sequence[str], environ: Mapping[str, str]) -> bool:
     """Drop the services of profiles that are not active; True when one was dropped."""
     on = set(profiles) | {p for p in environ.get("COMPOSE_PROFILES", "").split(",") if p}
     svcs = doc.get("services")
@@ -378,7 +380,7 @@ def build(options: ProjectOptions, environ: Mapping[str, str] | None = None, cwd
     return project
 
 
-def service_env(doc: dict[str, Any], reader: _FileLoader, found: Mapping[str, str]) -> dict[str, dict[str, str | None]]:
+def service_env(doc: YAMLMapping, reader: _FileLoader, found: Mapping[str, str]) -> dict[str, dict[str, str | None]]:
     """Each service's variables from its `env_file:` files, in order (a later file wins, `environment` over all:
     what compose gives the container). A missing file is refused unless `required: false`, as compose does."""
     out: dict[str, dict[str, str | None]] = {}

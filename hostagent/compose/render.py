@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card
     from gpupin.hostagent.ledger.holders import Holder
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 
-def set_entries(svc: dict[str, Any], key: str, values: Mapping[str, str]) -> None:
+def set_entries(svc: YAMLMapping, key: str, values: Mapping[str, str]) -> None:
     """Set entries of `environment` or `labels`, in the spelling the service uses (KEY=VALUE list or mapping); an
     entry that is there is replaced where it is, so that a rendered file renders to itself."""
     entries = svc.get(key)
@@ -48,7 +49,7 @@ def set_entries(svc: dict[str, Any], key: str, values: Mapping[str, str]) -> Non
         entries.update(values)
 
 
-def _unset(svc: dict[str, Any], key: str, names: set[str]) -> None:
+def _unset(svc: YAMLMapping, key: str, names: set[str]) -> None:
     """Remove entries of `environment` or `labels` in either spelling."""
     entries = svc.get(key)
     if isinstance(entries, list):
@@ -67,11 +68,11 @@ def pinned(
     detection: cdi.Detection = NOT_ASKED,
     via: str | None = None,
     podman: str | None = None,
-) -> dict[str, Any]:
+) -> YAMLMapping:
     """A copy of the document with every service that asks for GPUs pinned to the cards of the plan, through CDI
     or the nvidia driver (`via`, else as `detection` finds the daemon serves each service's cards); on `podman` (its
     version) as CDI names in `devices:`."""
-    out: dict[str, Any] = copy.deepcopy(dict(doc))
+    out: YAMLMapping = copy.deepcopy(dict(doc))
     for req in exam.requests:
         targets = exam.plan[req.service]
         way = detection.via([t.uuid for t in targets], via, req.capabilities)
@@ -109,7 +110,7 @@ def render(
     unknown: str | None = None,
     file_env: Mapping[str, Mapping[str, str | None]] | None = None,
     podman: str | None = None,
-) -> tuple[dict[str, Any], Examination]:
+) -> tuple[YAMLMapping, Examination]:
     """The pinned document and what `examine` found; RenderRefused with every refusal when there is one (`unknown`:
     why the ledger was not read, None when it was; `file_env`: hostagent.compose.rules.examine; `podman`: the
     version of the podman that serves, None for Docker)."""

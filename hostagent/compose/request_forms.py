@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.hostagent.pin import Pin
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 _X_KEYS = ("gpus", "count", "share", "verify", "for")
 X_HINT = (
@@ -89,7 +90,7 @@ class XGpupin(GpuRequestForm):
         x = svc.get(KEY)
         return isinstance(x, dict) and x.get("share") is True
 
-    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+    def write(self, svc: YAMLMapping, req: GpuRequest, pin: Pin) -> None:
         svc.pop(KEY, None)
         write_device(svc, req, pin)
 
@@ -105,7 +106,7 @@ class DeployDevices(GpuRequestForm):
             entry.get("driver") != cdi.CDI and isinstance(caps, list) and "gpu" in caps
         )
 
-    def entries(self, svc: Mapping[str, Any], service: str) -> list[tuple[int, dict[str, Any]]]:
+    def entries(self, svc: Mapping[str, Any], service: str) -> list[tuple[int, YAMLMapping]]:
         devices = reservations(svc, service).get("devices")
         if devices is None:
             return []
@@ -135,7 +136,7 @@ class DeployDevices(GpuRequestForm):
     def request(self, service: str, entry: Mapping[str, Any], index: int, share: bool) -> GpuRequest:
         return device_entry(self, service, entry, share, index)
 
-    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+    def write(self, svc: YAMLMapping, req: GpuRequest, pin: Pin) -> None:
         write_device(svc, req, pin)
 
 
@@ -210,7 +211,7 @@ class GpusKey(GpuRequestForm):
             )
         return device_entry(self, service, entry, share)
 
-    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+    def write(self, svc: YAMLMapping, req: GpuRequest, pin: Pin) -> None:
         svc.pop("gpus", None)  # the deploy device entry replaces it: every compose version reads that
         write_device(svc, req, pin)
 
@@ -248,7 +249,7 @@ class CdiNames(GpuRequestForm):
             return None
         return cdi_request(self, service, gpus, "`devices:`", self.shared(svc, service))
 
-    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+    def write(self, svc: YAMLMapping, req: GpuRequest, pin: Pin) -> None:
         gone = {i for i, n in self.names(svc) if cdi.gpu_device(n) is not None}
         kept = [d for i, d in enumerate(svc["devices"]) if i not in gone]
         if kept:
@@ -279,7 +280,7 @@ class RuntimeEnv(GpuRequestForm):
             return GpuRequest(service, self, count=ALL, share=share)
         return GpuRequest(service, self, spec_list(nvd, service, NVD_VAR), share=share)
 
-    def write(self, svc: dict[str, Any], req: GpuRequest, pin: Pin) -> None:
+    def write(self, svc: YAMLMapping, req: GpuRequest, pin: Pin) -> None:
         svc.pop("runtime", None)  # the device request replaces `runtime: nvidia`
         write_device(svc, req, pin)
 

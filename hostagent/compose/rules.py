@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card
     from gpupin.hostagent.ledger.holders import Holder
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 # The service names compose accepts (the compose specification's and docker-compose 1.29's pattern).
 SERVICE_NAME = re.compile(r"[a-zA-Z0-9._-]+")
@@ -76,7 +77,7 @@ def _kind(value: Any) -> str:
     )
 
 
-def services(doc: Any) -> dict[str, Any]:
+def services(doc: Any) -> YAMLMapping:
     """The `services` mapping of a compose document, or ServiceError(None, ...)."""
     if not isinstance(doc, dict):
         raise ServiceError(
@@ -377,7 +378,7 @@ def top_level_lookalikes(doc: Any) -> list[Problem]:
     ]
 
 
-def checked_services(doc: Any) -> tuple[dict[str, Any], list[Problem]]:
+def checked_services(doc: Any) -> tuple[YAMLMapping, list[Problem]]:
     """The document's services, or the problems that stop every further check (no services mapping, names
     compose would refuse): the first step of check, render and render --swarm alike."""
     try:

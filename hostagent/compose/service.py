@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from gpupin.hostagent.yamlfile import YAMLMapping
+
 
 def mapping(value: Any, service: str, where: str) -> dict[Any, Any]:
     """A part that compose takes as a mapping: {} when absent, a ServiceError naming `where` when it is not one."""
@@ -98,7 +100,7 @@ def reservations(svc: Mapping[str, Any], service: str) -> dict[Any, Any]:
     return mapping(resources.get("reservations"), service, "deploy.resources.reservations")
 
 
-def reserved_list(svc: dict[str, Any], key: str, create: bool = False) -> list[Any]:
+def reserved_list(svc: YAMLMapping, key: str, create: bool = False) -> list[Any]:
     """deploy.resources.reservations.KEY (devices, generic_resources) for writing, created on the way when asked
     (a level that is not a mapping is replaced: the rules refused such a service before anything is written)."""
     node = svc
@@ -116,6 +118,6 @@ def reserved_list(svc: dict[str, Any], key: str, create: bool = False) -> list[A
     return found
 
 
-def device_list(svc: dict[str, Any], create: bool = False) -> list[Any]:
+def device_list(svc: YAMLMapping, create: bool = False) -> list[Any]:
     """deploy.resources.reservations.devices, created on the way when asked."""
     return reserved_list(svc, "devices", create)

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.hostagent.swarm.cluster import Node
+    from gpupin.hostagent.yamlfile import YAMLMapping
 
 DEFAULT_VERSION = "3.8"  # the newest format Docker 19.03's CLI takes; Debian 12's 20.10 takes it too
 MIN_VERSION = (3, 5)  # deploy.resources.reservations.generic_resources arrived in format 3.5
@@ -104,7 +105,7 @@ class StackExamination:
 # --- the file ----------------------------------------------------------------------------------------------------
 
 
-def version_rule(doc: dict[str, Any]) -> tuple[str | None, list[str], list[Problem]]:
+def version_rule(doc: YAMLMapping) -> tuple[str | None, list[str], list[Problem]]:
     """(the version to write, notes, problems): stack deploy takes format 3; generic_resources need 3.5."""
     raw = doc.get("version")
     if raw is None:
@@ -365,7 +366,7 @@ def examine(
     return StackExamination(problems, reserving, notes, version)
 
 
-def _apply(svc: dict[str, Any], s: StackService) -> None:
+def _apply(svc: YAMLMapping, s: StackService) -> None:
     """The reservation in place of the request, and the pin's environment."""
     form = s.req.form if s.req is not None else None
     length = booking.asked(s.service, svc)  # before the form's key goes: the task's label, from its service
@@ -386,12 +387,12 @@ def _apply(svc: dict[str, Any], s: StackService) -> None:
 
 def render(
     doc: Any, kind: str, nodes: Sequence[Node] | None, file_env: Mapping[str, Mapping[str, str | None]] | None = None
-) -> tuple[dict[str, Any], StackExamination]:
+) -> tuple[YAMLMapping, StackExamination]:
     """The stack and what `examine` found; RenderRefused with every refusal when there is one."""
     exam = examine(doc, kind, nodes, file_env)
     if exam.refusals:
         raise RenderRefused(exam.refusals)
-    out: dict[str, Any] = copy.deepcopy(dict(doc))
+    out: YAMLMapping = copy.deepcopy(dict(doc))
     if exam.version is not None:
         out = {"version": exam.version, **{k: v for k, v in out.items() if k != "version"}}
     for s in exam.reserving:

@@ -12,12 +12,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+
 NO_CDI = cdi.Detection(False, f"the daemon's API predates CDI ({cdi.MIN_API})")
 
 
-def info(api: Any) -> dict[str, Any]:
+def info(api: Any) -> DaemonAnswer:
     """The daemon's `GET /info`, in its own API version (CDISpecDirs, DiscoveredDevices and Runtimes included)."""
-    data: dict[str, Any] = fetch(api, "/info", versioned=False)[0]
+    data: DaemonAnswer = fetch(api, "/info", versioned=False)[0]
     return data
 
 
@@ -43,8 +45,8 @@ def may_serve_cdi(api: Any) -> bool:
 
 
 def daemon_view(
-    api: Any, ask: bool = True, info_of: Callable[[Any], dict[str, Any]] = info
-) -> tuple[dict[str, Any] | None, cdi.Detection]:
+    api: Any, ask: bool = True, info_of: Callable[[Any], DaemonAnswer] = info
+) -> tuple[DaemonAnswer | None, cdi.Detection]:
     """One /info (`info_of`: how to get it; the resident agent keeps it a few seconds): whether the daemon serves
     CDI (unless not `ask`ed: --via says how, or its API predates CDI), and its runtimes for the ledger."""
     if podman.version(api):  # its API version (1.41) predates CDI, yet podman resolves CDI names itself

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+
 CONNECT_TIMEOUT = 10.0  # seconds the daemon may take to answer the stream's opening ping
 
 
@@ -32,7 +34,7 @@ class EventStream:
         except Exception as err:
             raise unavailable(err) from None
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[DaemonAnswer]:
         try:
             for event in self._stream:
                 if isinstance(event, dict):

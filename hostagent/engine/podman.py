@@ -16,12 +16,15 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from gpupin.core import JSONObject
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+
 # The libpod API's path prefix; podman 4 and 5 serve it under any v4+ version.
 LIBPOD = "/v4.0.0/libpod"
 DETECTION = cdi.Detection(True, "podman resolves nvidia.com/gpu CDI names itself (podman 4.1+)")
 
 # What the create payload may hold at its defaults (null, empty, false, or what the docker CLI sends anyway).
-_IDLE: dict[str, Any] = {
+_IDLE: dict[str, tuple[object, ...]] = {
     "NetworkMode": ("default", ""),
     "RestartPolicy": ({"Name": "no", "MaximumRetryCount": 0}, {"Name": "", "MaximumRetryCount": 0}),
     "AttachStdout": (True,),
@@ -50,7 +53,7 @@ def _idle(key: str, value: Any) -> bool:
     return value in (None, "", [], {}, False, 0) or value in _IDLE.get(key, ())
 
 
-def _mount(bind: str) -> dict[str, Any]:
+def _mount(bind: str) -> JSONObject:
     source, _, rest = bind.partition(":")
     dest, _, mode = rest.partition(":")
     if not source.startswith("/") or not dest:
@@ -74,13 +77,13 @@ _IPC_MODES = ("host", "none", "private", "shareable", "container")
 _NET_MODES = ("host", "none", "bridge", "container")
 
 
-def spec_generator(config: Mapping[str, Any], name: str | None) -> dict[str, Any]:
+def spec_generator(config: Mapping[str, Any], name: str | None) -> JSONObject:
     """The SpecGenerator of a Docker create payload (as gpupin.hostagent.run.request builds it): the fields
     hostagent run sets for a pinned container, the CDI device requests as CDI devices. UsageError (64) for any
     other field that is set: podman would be asked something that is not translated."""
     host = dict(config.get("HostConfig") or {})
     conf = {k: v for k, v in config.items() if k != "HostConfig"}
-    spec: dict[str, Any] = {"image": conf.pop("Image")}
+    spec: JSONObject = {"image": conf.pop("Image")}
     if name:
         spec["name"] = name
     env = conf.pop("Env", None) or []
@@ -165,7 +168,7 @@ OCI_KEY = "GpupinOciDevices"  # where the ledger puts the OCI spec's device node
 OCI_LIMIT = 16 << 20  # an OCI spec is a few KiB; one larger than this is not podman's
 
 
-def read_oci_spec(api: Any, cid: str, data: dict[str, Any]) -> None:
+def read_oci_spec(api: Any, cid: str, data: DaemonAnswer) -> None:
     """Complete a podman container's inspect `data` from the OCI spec podman wrote for it: its device nodes
     (linux.devices: path, type, major, minor) under OCI_KEY, and its annotations as HostConfig.Annotations, which
     podman's compatible inspect leaves out (a `cdi.k8s.io/*` annotation asks the toolkit's CDI mode for cards).

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+
 
 class SdkStream:
     """The attach socket the SDK hijacked: the container's output, and its input."""
@@ -53,7 +55,7 @@ class SdkExitWait:
         self._api = api
         self._answer = answer
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> DaemonAnswer:
         self._api._raise_for_status(self._answer)
         data = self._answer.json()
         return data if isinstance(data, dict) else {}
@@ -92,8 +94,8 @@ class SdkFollower:
     def resize(self, cid: str, height: int, width: int) -> None:
         self.api.resize(cid, height=height, width=width)
 
-    def inspect(self, cid: str) -> dict[str, Any]:
-        data: dict[str, Any] = self.api.inspect_container(cid)
+    def inspect(self, cid: str) -> DaemonAnswer:
+        data: DaemonAnswer = self.api.inspect_container(cid)
         return data
 
     def remove(self, cid: str, force: bool = False) -> None:

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
     from typing import Any
 
+    from gpupin.core import JSONObject
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+
 STDOUT, STDERR = 1, 2
 DEFAULT_SOCKET = "/var/run/docker.sock"
 
@@ -63,7 +66,7 @@ class ExitWait:
         self._answer = answer
         self._then = then
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> DaemonAnswer:
         """`{"StatusCode": N, "Error": ...}`, once the condition is met (no read timeout: it may take days)."""
         data = self._answer.json()
         if self._then is not None:
@@ -234,8 +237,8 @@ class UnixClient:
     def resize(self, cid: str, height: int, width: int) -> None:
         self.call("POST", f"/containers/{cid}/resize", {"h": height, "w": width})
 
-    def inspect(self, cid: str) -> dict[str, Any]:
-        data: dict[str, Any] = self.call("GET", f"/containers/{cid}/json")
+    def inspect(self, cid: str) -> DaemonAnswer:
+        data: DaemonAnswer = self.call("GET", f"/containers/{cid}/json")
         return data
 
     def remove(self, cid: str, force: bool = False) -> None:
@@ -243,30 +246,30 @@ class UnixClient:
 
     # --- what booking makes and reads (docker.APIClient's names) -------------------------------------------------
 
-    def info(self) -> dict[str, Any]:
-        data: dict[str, Any] = self.call("GET", "/info")
+    def info(self) -> DaemonAnswer:
+        data: DaemonAnswer = self.call("GET", "/info")
         return data
 
-    def containers(self, all: bool = False, filters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-        data: list[dict[str, Any]] = self.call(
+    def containers(self, all: bool = False, filters: Mapping[str, Any] | None = None) -> list[DaemonAnswer]:
+        data: list[DaemonAnswer] = self.call(
             "GET", "/containers/json", {"all": 1 if all else 0, "filters": _filters(filters)}
         )
         return data
 
-    def inspect_container(self, cid: str) -> dict[str, Any]:
+    def inspect_container(self, cid: str) -> DaemonAnswer:
         return self.inspect(cid)
 
-    def inspect_image(self, image: str) -> dict[str, Any]:
-        data: dict[str, Any] = self.call("GET", f"/images/{image}/json")
+    def inspect_image(self, image: str) -> DaemonAnswer:
+        data: DaemonAnswer = self.call("GET", f"/images/{image}/json")
         return data
 
     def create_container_from_config(
         self, config: Mapping[str, Any], name: str | None = None, platform: str | None = None
-    ) -> dict[str, Any]:
-        data: dict[str, Any] = self.call("POST", "/containers/create", {"name": name, "platform": platform}, config)
+    ) -> DaemonAnswer:
+        data: DaemonAnswer = self.call("POST", "/containers/create", {"name": name, "platform": platform}, config)
         return data
 
-    def create_host_config(self, network_mode: str) -> dict[str, Any]:
+    def create_host_config(self, network_mode: str) -> JSONObject:
         return {"NetworkMode": network_mode}
 
     def create_container(
@@ -276,7 +279,7 @@ class UnixClient:
         name: str,
         labels: Mapping[str, str],
         host_config: Mapping[str, Any],
-    ) -> dict[str, Any]:
+    ) -> DaemonAnswer:
         """A container of `image` that runs `entrypoint` (the ledger lock's: never started)."""
         config = {"Image": image, "Entrypoint": entrypoint, "Labels": dict(labels), "HostConfig": dict(host_config)}
         return self.create_container_from_config(config, name=name)
@@ -292,8 +295,8 @@ class UnixClient:
         answer = self.open("POST", "/images/create", {"fromSrc": "-", "repo": repository, "tag": tag}, data)
         answer.body()
 
-    def create_volume(self, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        data: dict[str, Any] = self.call("POST", "/volumes/create", body={"Name": name, "Labels": dict(labels)})
+    def create_volume(self, name: str, labels: Mapping[str, str]) -> DaemonAnswer:
+        data: DaemonAnswer = self.call("POST", "/volumes/create", body={"Name": name, "Labels": dict(labels)})
         return data
 
     def remove_volume(self, name: str, force: bool = False) -> None:
@@ -302,8 +305,8 @@ class UnixClient:
     def events(self, decode: bool = True, filters: Mapping[str, Any] | None = None) -> Events:
         return Events(self.open("GET", "/events", {"filters": _filters(filters)}, timeout=None))
 
-    def services(self) -> list[dict[str, Any]]:
-        data: list[dict[str, Any]] = self.call("GET", "/services")
+    def services(self) -> list[DaemonAnswer]:
+        data: list[DaemonAnswer] = self.call("GET", "/services")
         return data
 
     def remove_service(self, sid: str) -> None:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+
 
 OWNER_LABEL = "gpupin.owner"
 LEASE_LABEL = "gpupin.lease"
@@ -180,7 +182,7 @@ def _name(cid: str, n: int) -> str:
     return f"gpupin-lease-{cid[:12]}-{n}"
 
 
-def _renewals(api: Any, cid: str) -> list[dict[str, Any]]:
+def _renewals(api: Any, cid: str) -> list[DaemonAnswer]:
     import json
 
     data, _ = engine.fetch(api, "/volumes", {"filters": json.dumps({"label": [f"{OF_LABEL}={cid}"]})})

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+
 
 LOCK_NAME = "gpupin-ledger-lock"
 SPARE_IMAGE = "gpupin-ledger-lock:empty"  # an image with no files: what the agent's spares are made from
@@ -156,7 +158,7 @@ class DaemonLock:
                 raise
             raise engine.failure(err, f"could not take the ledger lock ({LOCK_NAME}) from image {self.image}") from None
 
-    def _look(self) -> tuple[str, dict[str, Any] | None]:
+    def _look(self) -> tuple[str, DaemonAnswer | None]:
         """Who holds it: (lease state, or "gone" or "squatted", and its inspect data)."""
         try:
             info, now = engine.fetch(self.api, f"/containers/{LOCK_NAME}/json")

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core.nvml import Card
+    from gpupin.hostagent.engine.answer import DaemonAnswer
 
 
 STARTING_INSPECT_S = 2.0  # how long the inspect of a container in the middle of its start may take
@@ -39,7 +40,7 @@ class LedgerReading:
     def __init__(
         self,
         holders: list[ledger.Holder],
-        orphans: list[dict[str, Any]],
+        orphans: list[DaemonAnswer],
         now: float,
         names: dict[str, str] | None = None,
         places: ContainerCgroups | None = None,
@@ -66,7 +67,7 @@ def read_ledger(api: Any, cards: Sequence[Card], daemon_info: Mapping[str, Any] 
     )
     images: dict[str, dict[str, str]] = {}
     holders: list[ledger.Holder] = []
-    orphans: list[dict[str, Any]] = []
+    orphans: list[DaemonAnswer] = []
     names = {str(s["Id"]): ledger.name_of(s) for s in summaries}
     places: dict[str, tuple[int, str]] = {}  # id -> (State.Pid, HostConfig.CgroupParent) of each running one
     for s in summaries:

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from gpupin.core import JSONObject
+
 TIMEOUT = 5.0  # seconds for the whole exchange with one agent
 MAX_ANSWER = 8 << 20  # bytes: a listing of 8 cards with 500 holders each is under 2 MiB
 SHOWN = 200  # characters of one remote text in the table (gpupin.core.errors.shown)
@@ -256,7 +258,7 @@ def _parse(data: bytes) -> tuple[int, bytes]:
     return status, body
 
 
-def fetch(url: str) -> dict[str, Any]:
+def fetch(url: str) -> JSONObject:
     """The agent's /api/ls object, checked against SCHEMA; AgentUnavailableError (69) when it cannot be read or
     is not a listing. Its texts are as the agent sent them (--json prints them so; the table through `shown`)."""
     where = printable(url)
@@ -298,7 +300,7 @@ def command(urls: Sequence[str], as_json: bool, color: str) -> int:
         out = json.dumps(data) + "\n" if as_json else view.render(_shown(data), view.use_color(color, sys.stdout))
         sys.stdout.write(out)
         return 0
-    results: list[tuple[str, dict[str, Any] | None, str | None]] = []
+    results: list[tuple[str, JSONObject | None, str | None]] = []
     for url in urls:
         try:
             results.append((url, fetch(url), None))
@@ -313,7 +315,7 @@ def command(urls: Sequence[str], as_json: bool, color: str) -> int:
     return 0 if any(d is not None for _, d, _ in results) else AgentUnavailableError.exit_code
 
 
-def merged(results: Sequence[tuple[str, dict[str, Any] | None, str | None]], color: bool = False) -> str:
+def merged(results: Sequence[tuple[str, JSONObject | None, str | None]], color: bool = False) -> str:
     """One table of every host's cards: HOST, index, name, utilization, memory, state, idle, holders."""
     from gpupin.hostagent.ls.view import BOLD, CYAN, DIM, NA, RED, Cell, _duration, _lines, _state
 

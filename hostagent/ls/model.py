@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    JSON = dict[str, Any]
+    from gpupin.core import JSONObject as JSON  # the JSON form each type is written to and read from
 
 
 class _Value:

@@ -21,9 +21,13 @@ from gpupin.hostagent.ledger.booking import parse_duration as parse_duration  # 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
-    from typing import Any, Literal, TypeVar
+    from typing import Any, Literal, TypeAlias, TypeVar
+
+    from gpupin.core import JSONObject
 
     T = TypeVar("T")  # a rule read per user and per group (Quota, BookingRule)
+    # An edge: a table of the policy's TOML document as tomllib gave it, before it is read into the model.
+    TOMLTable: TypeAlias = dict[str, Any]
 
 DEFAULT_PATH = "/etc/gpupin/policy.toml"
 PATH_VARIABLE = "GPUPIN_POLICY"  # another file than DEFAULT_PATH (tests; `serve --policy` says it for the agent)
@@ -214,7 +218,7 @@ class Policy:
             parts.append("notify " + " and ".join(k for k in ("command", "webhook") if getattr(self.notify, k)))
         return "; ".join(parts) if parts else "nothing enforced"
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JSONObject:
         """The policy as plain data (`policy check --json`, /api/info)."""
         return {
             "path": self.path,
@@ -300,7 +304,7 @@ class _Mistakes:
         """In the file's order."""
         return [m for _, m in sorted(self._found, key=lambda found: found[0])]
 
-    def table(self, data: Any, key: str, allowed: Iterable[str]) -> dict[str, Any]:
+    def table(self, data: Any, key: str, allowed: Iterable[str]) -> TOMLTable:
         if not isinstance(data, dict):
             self.wrong(key, f"must be a table, not {_kind(data)}")
             return {}
@@ -314,7 +318,7 @@ class _Mistakes:
                 self.wrong(f"{key}.{k}" if key else k, f"unknown key ({said}known here: {', '.join(sorted(known))})")
         return {k: v for k, v in data.items() if k in known}
 
-    def duration(self, data: dict[str, Any], key: str, name: str) -> float | None:
+    def duration(self, data: TOMLTable, key: str, name: str) -> float | None:
         if name not in data:
             return None
         try:
@@ -323,7 +327,7 @@ class _Mistakes:
             self.wrong(f"{key}.{name}", str(err))
             return None
 
-    def count(self, data: dict[str, Any], key: str, name: str) -> int | None:
+    def count(self, data: TOMLTable, key: str, name: str) -> int | None:
         v = data.get(name)
         if v is None:
             return None
@@ -332,7 +336,7 @@ class _Mistakes:
             return None
         return v
 
-    def hours(self, data: dict[str, Any], key: str, name: str) -> float | None:
+    def hours(self, data: TOMLTable, key: str, name: str) -> float | None:
         v = data.get(name)
         if v is None:
             return None
@@ -380,7 +384,7 @@ def _booking(
 
 def _per_name(
     r: _Mistakes,
-    t: dict[str, Any],
+    t: TOMLTable,
     key: str,
     nested: bool,
     parse: Callable[[_Mistakes, Any, str, bool], tuple[T, Any, Any]],
@@ -394,7 +398,7 @@ def _per_name(
     return found
 
 
-def _named(r: _Mistakes, data: Any, key: str, kind: str) -> dict[str, Any]:
+def _named(r: _Mistakes, data: Any, key: str, kind: str) -> TOMLTable:
     """The entries of a `user` or `group` table whose name exists on this host (a uid or gid number always does);
     each other is a mistake (a misspelt name would otherwise limit no one)."""
     if data is None:

@@ -15,6 +15,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
+
 DESCRIPTION = """List the requests waiting in the resident agent's queue (`hostagent run --wait` with the agent up).
 
 Per waiter: its place, the container's name, the user who asked (as the kernel names the caller, not as it says),
@@ -60,7 +62,7 @@ def _cell(value: str | None, limit: int = 60) -> str:
     return shown(value or "-", limit)
 
 
-def table(data: dict[str, Any], now: float) -> str:
+def table(data: JSONObject, now: float) -> str:
     """The waiters as a table (or one line saying no one waits)."""
     waiters = data["waiters"]
     if not waiters:

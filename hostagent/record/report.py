@@ -13,11 +13,14 @@ import sys
 import time
 
 from gpupin.core.errors import AgentUnavailableError, UsageError, shown
-from gpupin.hostagent.record.store import BY
+from gpupin.hostagent.record import BY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from gpupin.core import JSONObject
+    from gpupin.hostagent.record.store import Share
 
 DESCRIPTION = """Print how much each user (or card, image, day) used the host's cards, from the agent's record.
 
@@ -77,8 +80,38 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
     u.add_argument("--record", metavar="PATH", help="read this database (default $GPUPIN_RECORD, else the agent's)")
 
 
-def read(path: str | None, since_: float | None, by: str) -> dict[str, Any]:
-    """The usage object: from the database when this user may read it, else from the agent."""
+class Usage:
+    """What `usage` prints: the rows, what they cover, and the record they were read from."""
+
+    __slots__ = ("by", "degraded", "path", "rows", "since")
+
+    def __init__(
+        self, since: float | None, by: str, rows: list[Share], path: str | None, degraded: str | None = None
+    ) -> None:
+        self.since, self.by, self.rows, self.path, self.degraded = since, by, rows, path, degraded
+
+    def to_json(self) -> JSONObject:
+        """`usage --json`, as /api/usage answers."""
+        return {
+            "since": self.since,
+            "by": self.by,
+            "rows": [r.to_json(self.by) for r in self.rows],
+            "record": {"path": self.path, "degraded": self.degraded},
+        }
+
+    @classmethod
+    def from_json(cls, answer: JSONObject) -> Usage:
+        """The agent's answer to /api/usage."""
+        from gpupin.hostagent.record.store import Share
+
+        by = answer["by"]
+        record = answer.get("record") or {}
+        rows = [Share.from_json(by, r) for r in answer["rows"]]
+        return cls(answer.get("since"), by, rows, record.get("path"), record.get("degraded"))
+
+
+def read(path: str | None, since_: float | None, by: str) -> Usage:
+    """The usage: from the database when this user may read it, else from the agent."""
     import os
     import sqlite3
 
@@ -108,7 +141,7 @@ def read(path: str | None, since_: float | None, by: str) -> dict[str, Any]:
                 conn.close()
         except sqlite3.Error as err:
             raise UsageError(f"record {shown(where)} cannot be read: {err}", "check the path (--record)") from None
-        return {"since": since_, "by": by, "rows": rows, "record": {"path": where, "degraded": None}}
+        return Usage(since_, by, rows, where)
     from urllib.parse import urlencode
 
     from gpupin.hostagent import agentlink
@@ -121,54 +154,54 @@ def read(path: str | None, since_: float | None, by: str) -> dict[str, Any]:
             "run as root, start the agent (`hostagent serve`), or point GPUPIN_AGENT_SOCKET at its socket",
         )
     query = {"by": by, **({"since": repr(since_)} if since_ is not None else {})}
-    data: dict[str, Any] = link.call("GET", "/api/usage?" + urlencode(query))
-    return data
+    answer: JSONObject = link.call("GET", "/api/usage?" + urlencode(query))
+    return Usage.from_json(answer)
 
 
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f}"
 
 
-def table(data: dict[str, Any]) -> str:
-    by = data["by"]
-    rows = data["rows"]
+def table(data: Usage) -> str:
+    by = data.by
+    rows = data.rows
     if not rows:
-        return "no interval recorded" + (" since then" if data.get("since") is not None else "") + "\n"
+        return "no interval recorded" + (" since then" if data.since is not None else "") + "\n"
     head = (by.upper(), *(("INDEX",) if by == "card" else ()), "GPU-HOURS", "ENERGY-KWH", "INTERVALS")
     lines = [head] + [
         (
-            shown(str(r[by]) if r[by] is not None else "-", 60),
-            *((str(r["index"]) if r.get("index") is not None else "-",) if by == "card" else ()),
-            _hours(r["gpu_seconds"]),
-            f"{r['energy_j'] / 3.6e6:.3f}" if r.get("energy_j") is not None else "-",
-            str(r["intervals"]),
+            shown(str(r.key) if r.key is not None else "-", 60),
+            *((str(r.index) if r.index is not None else "-",) if by == "card" else ()),
+            _hours(r.gpu_seconds),
+            f"{r.energy_j / 3.6e6:.3f}" if r.energy_j is not None else "-",
+            str(r.intervals),
         )
         for r in rows
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = "".join("  ".join(c.ljust(n) for c, n in zip(line, widths, strict=True)).rstrip() + "\n" for line in lines)
-    degraded = (data.get("record") or {}).get("degraded")
+    degraded = data.degraded
     if degraded:
         text += f"record degraded: {shown(degraded, 200)} (the agent keeps the latest intervals in memory)\n"
     return text
 
 
-def csv_text(data: dict[str, Any]) -> str:
+def csv_text(data: Usage) -> str:
     import csv
     import io
 
-    by = data["by"]
+    by = data.by
     keys = [by, *(["index"] if by == "card" else []), "gpu_seconds", "gpu_hours", "energy_j", "intervals"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(keys)
-    for r in data["rows"]:
+    for r in (r.to_json(by) for r in data.rows):
         w.writerow(["" if r.get(k) is None else r[k] for k in keys])
     return buf.getvalue()
 
 
 def command(args: argparse.Namespace) -> int:
     data = read(args.record, args.since, args.by)
-    out = json.dumps(data, indent=2) + "\n" if args.json else csv_text(data) if args.csv else table(data)
+    out = json.dumps(data.to_json(), indent=2) + "\n" if args.json else csv_text(data) if args.csv else table(data)
     sys.stdout.write(out)
     return 0

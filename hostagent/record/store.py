@@ -12,17 +12,20 @@ import sqlite3
 import stat
 import threading
 import time
+from typing import NamedTuple
 
 from gpupin.core.errors import UsageError, printable
+from gpupin.hostagent.record import BY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from gpupin.core import JSONObject
+
 DEFAULT_PATH = "/var/lib/gpupin/record.db"
 PATH_ENV = "GPUPIN_RECORD"
-BY = ("user", "card", "image", "day")
 
 # MIGRATIONS[v]: from version v to v+1. Version 0 is a file with no schema (new, or empty).
 MIGRATIONS: tuple[str, ...] = (
@@ -79,6 +82,84 @@ MIGRATIONS: tuple[str, ...] = (
 # Run in the migration's transaction after MIGRATIONS[v], by version reached: what SQL alone cannot do.
 AFTER: dict[int, Callable[[sqlite3.Connection], None]] = {}
 VERSION = len(MIGRATIONS)
+
+
+class IntervalRow(NamedTuple):
+    """What an interval's row says of whom and what, written at open."""
+
+    container_id: str
+    container_name: str | None
+    image: str | None
+    card_uuid: str
+    card_index: int | None
+    uid: int | None
+    user: str
+    start: float
+    seen: float
+
+
+class Figures(NamedTuple):
+    """An interval's figures, written at each checkpoint and at its close."""
+
+    start: float
+    seen: float
+    peak_memory_mib: int | None = None
+    load_sum: float = 0.0
+    load_n: int = 0
+    energy_j: float | None = None
+
+
+class LeftOpen(NamedTuple):
+    """An interval an earlier agent left open: its row id, row and figures."""
+
+    rid: int
+    row: IntervalRow
+    figures: Figures
+
+
+class Closed(NamedTuple):
+    """A closed interval as the daily sums count it."""
+
+    user: str
+    card_uuid: str
+    card_index: int | None
+    image: str | None
+    start: float
+    end: float
+    energy_j: float | None
+
+
+class Share:
+    """One line of `usage`: a user's (card's, image's, day's) GPU-seconds, energy and intervals."""
+
+    __slots__ = ("energy_j", "gpu_hours", "gpu_seconds", "index", "intervals", "key")
+
+    def __init__(self, key: str | None, index: int | None, seconds: float | None, joules: float | None, n: int):
+        s = max(0.0, float(seconds or 0.0))
+        self.key = key
+        self.index = index
+        self.gpu_seconds = round(s, 3)
+        self.gpu_hours = round(s / 3600, 4)
+        self.energy_j = None if joules is None else round(float(joules), 3)
+        self.intervals = int(n)
+
+    def to_json(self, by: str) -> JSONObject:
+        """The row of /api/usage and `usage --json` (`index` for a card only)."""
+        out: JSONObject = {by: self.key}
+        if by == "card":
+            out["index"] = self.index
+        out.update(
+            gpu_seconds=self.gpu_seconds, gpu_hours=self.gpu_hours, energy_j=self.energy_j, intervals=self.intervals
+        )
+        return out
+
+    @classmethod
+    def from_json(cls, by: str, row: JSONObject) -> Share:
+        """A row of the agent's answer (its figures already rounded)."""
+        share = cls(row.get(by), row.get("index"), 0.0, None, 0)
+        share.gpu_seconds, share.gpu_hours = row["gpu_seconds"], row["gpu_hours"]
+        share.energy_j, share.intervals = row.get("energy_j"), row["intervals"]
+        return share
 
 
 def default_path() -> str:
@@ -216,38 +297,36 @@ class Store:
 
     # --- writes (the writer) ---
 
-    def open_interval(self, row: dict[str, Any]) -> int:
-        keys = ("container_id", "container_name", "image", "card_uuid", "card_index", "uid", "user", "start", "seen")
+    def open_interval(self, row: IntervalRow) -> int:
         with self.lock:
             cur = self.conn.execute(
-                f"INSERT INTO intervals ({', '.join(keys)}) VALUES ({', '.join('?' * len(keys))})",
-                [row[k] for k in keys],
+                f"INSERT INTO intervals ({', '.join(IntervalRow._fields)}) VALUES ({', '.join('?' * len(row))})", row
             )
             return int(cur.lastrowid or 0)
 
-    def update(self, rows: list[tuple[int, dict[str, Any]]]) -> None:
-        """Several intervals' new values at once (one transaction: the checkpoint, a close)."""
+    def update(self, rows: list[tuple[int, Figures]]) -> None:
+        """Several intervals' new figures at once (one transaction: the checkpoint)."""
         with self.lock:
             self.conn.execute("BEGIN")
             try:
-                for rid, values in rows:
-                    cols = ", ".join(f"{k} = ?" for k in values)
-                    self.conn.execute(f"UPDATE intervals SET {cols} WHERE id = ?", [*values.values(), rid])
+                for rid, figures in rows:
+                    self.conn.execute(f"UPDATE intervals SET {_SET_FIGURES} WHERE id = ?", [*figures, rid])
                 self.conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     self.conn.execute("ROLLBACK")
                 raise
 
-    def close_interval(self, rid: int, values: dict[str, Any], row: dict[str, Any]) -> None:
-        """Close interval `rid` with `values` (its figures, end, ended) and add it to the daily sums, at once.
-        `row`: its user, card and image."""
+    def close_interval(self, rid: int, row: IntervalRow, figures: Figures, end: float, ended: str) -> None:
+        """Close interval `rid` with its last figures, end and reason, and add it to the daily sums, at once."""
+        closed = Closed(row.user, row.card_uuid, row.card_index, row.image, figures.start, end, figures.energy_j)
         with self.lock:
             self.conn.execute("BEGIN")
             try:
-                cols = ", ".join(f"{k} = ?" for k in values)
-                self.conn.execute(f"UPDATE intervals SET {cols} WHERE id = ?", [*values.values(), rid])
-                roll(self.conn, {**row, **values})
+                self.conn.execute(
+                    f"UPDATE intervals SET {_SET_FIGURES}, end = ?, ended = ? WHERE id = ?", [*figures, end, ended, rid]
+                )
+                roll(self.conn, closed)
                 self.conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -266,12 +345,16 @@ class Store:
             row = self.conn.execute("SELECT uid FROM owners WHERE container_id = ?", (container_id,)).fetchone()
         return None if row is None else int(row[0])
 
-    def open_rows(self) -> list[dict[str, Any]]:
+    def open_rows(self) -> list[LeftOpen]:
         """The intervals an earlier agent left open (to reconcile at start)."""
+        cols = ", ".join((*IntervalRow._fields, *Figures._fields[2:]))
         with self.lock:
-            cur = self.conn.execute("SELECT * FROM intervals WHERE end IS NULL")
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+            rows = self.conn.execute(f"SELECT id, {cols} FROM intervals WHERE end IS NULL").fetchall()
+        out = []
+        for rid, *r in rows:
+            row = IntervalRow(*r[:9])
+            out.append(LeftOpen(rid, row, Figures(row.start, row.seen, *r[9:])))
+        return out
 
     # --- reads ---
 
@@ -279,7 +362,7 @@ class Store:
         with self.lock:
             return finished(self.conn, uid, since)
 
-    def usage(self, since: float | None, by: str, now: float | None = None) -> list[dict[str, Any]]:
+    def usage(self, since: float | None, by: str, now: float | None = None) -> list[Share]:
         with self.lock:
             return usage(self.conn, since, by, now)
 
@@ -293,6 +376,7 @@ def finished(conn: sqlite3.Connection, uid: int, since: float) -> list[tuple[flo
     return [(float(a), float(b)) for a, b in rows]
 
 
+_SET_FIGURES = ", ".join(f"{k} = ?" for k in Figures._fields)
 _KEYS = {"user": "user", "card": "card_uuid", "image": "image"}
 
 
@@ -315,12 +399,12 @@ def _parts(a: float, b: float) -> list[tuple[str, float]]:
     return out
 
 
-def roll(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+def roll(conn: sqlite3.Connection, row: Closed) -> None:
     """Add a closed interval to the daily sums: each day's part of its seconds and energy (in proportion), per
     user, card and image; it counts once, on the day it began."""
-    start, end, joules = float(row["start"]), float(row["end"]), row.get("energy_j")
+    start, end, joules = float(row.start), float(row.end), row.energy_j
     whole = max(end - start, 1e-9)
-    keys = (("user", row["user"], None), ("card", row["card_uuid"], row.get("card_index")), ("image", row["image"]))
+    keys = (("user", row.user, None), ("card", row.card_uuid, row.card_index), ("image", row.image))
     for i, (day, part) in enumerate(_parts(start, end) or [(_day(start)[0], 0.0)]):
         j = None if joules is None else joules * part / whole
         for kind, key, *idx in keys:
@@ -342,15 +426,14 @@ def _backfill(conn: sqlite3.Connection) -> None:
     cur = conn.execute(
         "SELECT user, card_uuid, card_index, image, start, end, energy_j FROM intervals WHERE end IS NOT NULL"
     )
-    names = [d[0] for d in cur.description]
     for r in cur.fetchall():
-        roll(conn, dict(zip(names, r, strict=True)))
+        roll(conn, Closed(*r))
 
 
 AFTER[3] = _backfill
 
 
-def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | None = None) -> list[dict[str, Any]]:
+def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | None = None) -> list[Share]:
     """GPU-seconds, energy (joules, in proportion to the part of an interval since `since`) and intervals per `by`
     (user, card, image or day: the host's local calendar day), largest first (days in order). An open interval
     counts up to now.
@@ -362,9 +445,9 @@ def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | N
         raise ValueError(f"by must be one of {', '.join(BY)}, not {by!r}")
     now = time.time() if now is None else now
     kind = "card" if by == "day" else by
-    sums: dict[Any, list[Any]] = {}  # key -> [seconds, joules, n, index]
+    sums: dict[str | None, list[Any]] = {}  # key -> [seconds, joules, n, index]
 
-    def add(key: Any, seconds: float, joules: float | None, n: int, idx: Any = None) -> None:
+    def add(key: str | None, seconds: float, joules: float | None, n: int, idx: int | None = None) -> None:
         slot = sums.setdefault(key, [0.0, None, 0, None])
         slot[0] += seconds
         if joules is not None:
@@ -405,23 +488,9 @@ def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | N
                 add(day, part, None if joules is None else joules * part / whole, int(i == 0))
         else:
             add(key, now - a, None if joules is None else joules * (now - a) / whole, 1, idx)
-    out = []
-    for key, (seconds, joules, n, idx) in sums.items():
-        item: dict[str, Any] = {by: key}
-        if by == "card":
-            item["index"] = idx
-        item.update(_figures(seconds, joules, n))
-        out.append(item)
+    out = [
+        Share(key, idx if by == "card" else None, seconds, joules, n) for key, (seconds, joules, n, idx) in sums.items()
+    ]
     if by == "day":
-        return sorted(out, key=lambda r: str(r["day"]))
-    return sorted(out, key=lambda r: (-r["gpu_seconds"], str(r[by])))
-
-
-def _figures(seconds: float | None, joules: float | None, n: int) -> dict[str, Any]:
-    s = max(0.0, float(seconds or 0.0))
-    return {
-        "gpu_seconds": round(s, 3),
-        "gpu_hours": round(s / 3600, 4),
-        "energy_j": None if joules is None else round(float(joules), 3),
-        "intervals": int(n),
-    }
+        return sorted(out, key=lambda r: str(r.key))
+    return sorted(out, key=lambda r: (-r.gpu_seconds, str(r.key)))

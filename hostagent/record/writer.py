@@ -13,14 +13,16 @@ import time
 from gpupin import hostagent
 from gpupin.core.errors import GpupinError
 from gpupin.hostagent.ls.model import RecordState
-from gpupin.hostagent.record.store import Store
+from gpupin.hostagent.record.store import Figures, IntervalRow, Store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.core.nvml import Card
+    from gpupin.hostagent.engine.answer import DaemonAnswer
     from gpupin.hostagent.ls.model import CardShown, HolderShown, Listing
 
 FORGET_S = 3600.0  # a container's start and die times are kept this long for an interval that may need them
@@ -79,39 +81,44 @@ class Interval:
         "user",
     )
 
-    def __init__(self, **kw: Any) -> None:
-        self.rid: int | None = kw.get("id")
-        self.container_id: str = kw["container_id"]
-        self.container_name: str | None = kw.get("container_name")
-        self.image: str | None = kw.get("image")
-        self.card_uuid: str = kw["card_uuid"]
-        self.card_index: int | None = kw.get("card_index")
-        self.uid: int | None = kw.get("uid")
-        self.user: str = kw.get("user") or user_name(self.uid)
-        self.start: float = kw["start"]
-        self.seen: float = kw.get("seen") or self.start
-        self.peak_memory_mib: int | None = kw.get("peak_memory_mib")
-        self.load_sum: float = kw.get("load_sum") or 0.0
-        self.load_n: int = kw.get("load_n") or 0
-        self.energy_j: float | None = kw.get("energy_j")
-        self.provisional: bool = kw.get("provisional", False)  # opened while only created: starts at `start`
+    def __init__(
+        self, row: IntervalRow, figures: Figures | None = None, rid: int | None = None, provisional: bool = False
+    ) -> None:
+        figures = figures or Figures(row.start, row.seen)
+        self.rid = rid
+        self.container_id = row.container_id
+        self.container_name = row.container_name
+        self.image = row.image
+        self.card_uuid = row.card_uuid
+        self.card_index = row.card_index
+        self.uid = row.uid
+        self.user = row.user or user_name(row.uid)
+        self.start = figures.start
+        self.seen = figures.seen or self.start
+        self.peak_memory_mib = figures.peak_memory_mib
+        self.load_sum = figures.load_sum or 0.0
+        self.load_n = figures.load_n or 0
+        self.energy_j = figures.energy_j
+        self.provisional = provisional  # opened while only created: starts at `start`
         self.dirty = False
 
-    def row(self) -> dict[str, Any]:
-        keys = ("container_id", "container_name", "image", "card_uuid", "card_index", "uid", "user", "start", "seen")
-        return {k: getattr(self, k) for k in keys}
+    def row(self) -> IntervalRow:
+        return IntervalRow(
+            self.container_id,
+            self.container_name,
+            self.image,
+            self.card_uuid,
+            self.card_index,
+            self.uid,
+            self.user,
+            self.start,
+            self.seen,
+        )
 
-    def figures(self) -> dict[str, Any]:
-        return {
-            "start": self.start,
-            "seen": self.seen,
-            "peak_memory_mib": self.peak_memory_mib,
-            "load_sum": self.load_sum,
-            "load_n": self.load_n,
-            "energy_j": self.energy_j,
-        }
+    def figures(self) -> Figures:
+        return Figures(self.start, self.seen, self.peak_memory_mib, self.load_sum, self.load_n, self.energy_j)
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> JSONObject:
         """The card, container and user of the notifications' payloads (docs/serve.md, "Notifications")."""
         return {
             "card": {"uuid": self.card_uuid, "index": self.card_index},
@@ -126,8 +133,8 @@ class RecordWriter:
     def __init__(
         self,
         store: Store,
-        inspect: Callable[[str], dict[str, Any] | None] | None = None,
-        emit: Callable[[str, dict[str, Any]], None] | None = None,
+        inspect: Callable[[str], DaemonAnswer | None] | None = None,
+        emit: Callable[[str, JSONObject], None] | None = None,
     ) -> None:
         self.store = store
         self._inspect = inspect or _engine_inspect()
@@ -146,7 +153,7 @@ class RecordWriter:
         self._unwritten: list[tuple[str, int]] = []  # owners noted, not written yet
         self.open: dict[tuple[str, str], Interval] = {}
         self._closed: list[tuple[Interval, float, str]] = []  # closes not written yet
-        self._health: dict[str, Any] = {}  # uuid -> (healthy, lost) at the last view
+        self._health: dict[str, tuple[bool | None, bool]] = {}  # uuid -> (healthy, lost) at the last view
         self._thread: threading.Thread | None = None
         self._checkpoint_at = 0.0
 
@@ -168,7 +175,7 @@ class RecordWriter:
             self._unwritten.append((container_id, uid))  # written by the writer's thread: the booking waits on no disk
         self._wake.set()
 
-    def event(self, ev: dict[str, Any]) -> None:
+    def event(self, ev: DaemonAnswer) -> None:
         """A container event of the daemon's stream: its start and die times, and stops."""
         action = str(ev.get("Action") or ev.get("status") or "")
         cid = str(ev.get("id") or (ev.get("Actor") or {}).get("ID") or "")
@@ -230,7 +237,7 @@ class RecordWriter:
             self._degrade(err)
             rows = []
         for r in rows:
-            iv = Interval(**r)
+            iv = Interval(r.row, r.figures, r.rid)
             self.open[(iv.container_id, iv.card_uuid)] = iv
         if rows:
             say(f"{len(rows)} interval(s) left open by an earlier agent taken up")
@@ -286,9 +293,9 @@ class RecordWriter:
             for h in card.holders:
                 if h.holds:
                     holding[(h.id, uuid)] = (h, card)
-        inspected: dict[str, dict[str, Any] | None] = {}
+        inspected: dict[str, DaemonAnswer | None] = {}
 
-        def inspect(cid: str) -> dict[str, Any] | None:
+        def inspect(cid: str) -> DaemonAnswer | None:
             if cid not in inspected:
                 inspected[cid] = self._inspect(cid)
             return inspected[cid]
@@ -322,7 +329,7 @@ class RecordWriter:
         iv.dirty = True
 
     def _open(
-        self, key: tuple[str, str], h: HolderShown, card: CardShown, data: dict[str, Any] | None, now: float
+        self, key: tuple[str, str], h: HolderShown, card: CardShown, data: DaemonAnswer | None, now: float
     ) -> None:
         cid, uuid = key
         state = (data or {}).get("State") or {}
@@ -333,22 +340,15 @@ class RecordWriter:
         if uid is None:
             booked = h.booking.uid if h.booking is not None else None  # its label (gpupin.hostagent.ledger.booking)
             uid = self._owner_uid(cid, data, booked)
-        iv = Interval(
-            container_id=cid,
-            container_name=h.name,
-            image=h.image or ((data or {}).get("Config") or {}).get("Image"),
-            card_uuid=uuid,
-            card_index=card.index,
-            uid=uid,
-            start=started if started is not None else now,
-            seen=now,
-            provisional=started is None,
-        )
+        image = h.image or ((data or {}).get("Config") or {}).get("Image")
+        start = started if started is not None else now
+        row = IntervalRow(cid, h.name, image, uuid, card.index, uid, user_name(uid), start, now)
+        iv = Interval(row, provisional=started is None)
         self.open[key] = iv
         self._take_samples(key, iv)
         self._write_open(iv)
 
-    def _owner_uid(self, cid: str, data: dict[str, Any] | None, booked: int | None) -> int | None:
+    def _owner_uid(self, cid: str, data: DaemonAnswer | None, booked: int | None) -> int | None:
         """Who booked a container: the uid an earlier agent noted at accept, else its booking label's (`booked`),
         else the process its lease names (gpupin.owner), while it runs on this host; else unknown. The labels are
         the word of whoever created the container."""
@@ -373,7 +373,7 @@ class RecordWriter:
         except OSError:
             return None
 
-    def _close(self, iv: Interval, data: dict[str, Any] | None, now: float, lost: bool) -> None:
+    def _close(self, iv: Interval, data: DaemonAnswer | None, now: float, lost: bool) -> None:
         del self.open[(iv.container_id, iv.card_uuid)]
         state = (data or {}).get("State") or {}
         with self._lock:
@@ -421,8 +421,7 @@ class RecordWriter:
             try:
                 if iv.rid is None:
                     iv.rid = self.store.open_interval(iv.row())
-                values = {**iv.figures(), "end": end, "ended": reason}
-                self.store.close_interval(iv.rid, values, iv.row())
+                self.store.close_interval(iv.rid, iv.row(), iv.figures(), end, reason)
             except Exception as err:
                 self._degrade(err)
                 return
@@ -496,11 +495,11 @@ class RecordWriter:
                 self._emit(event, {**payload, **base, **reasons})
 
 
-def _engine_inspect() -> Callable[[str], dict[str, Any] | None]:
+def _engine_inspect() -> Callable[[str], DaemonAnswer | None]:
     """Read a container through the ledger's client (None when the daemon says it does not exist)."""
     client: list[Any] = []
 
-    def inspect(cid: str) -> dict[str, Any] | None:
+    def inspect(cid: str) -> DaemonAnswer | None:
         from gpupin.hostagent import engine
         from gpupin.hostagent.engine.failures import EngineNotFound
         from gpupin.hostagent.engine.reads import fetch
@@ -508,7 +507,7 @@ def _engine_inspect() -> Callable[[str], dict[str, Any] | None]:
         if not client:
             client.append(engine.reader(timeout=10.0))
         try:
-            data: dict[str, Any] = fetch(client[0], f"/containers/{cid}/json", versioned=False)[0]
+            data: DaemonAnswer = fetch(client[0], f"/containers/{cid}/json", versioned=False)[0]
         except EngineNotFound:
             return None
         return data

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
+    from gpupin.hostagent.engine.answer import DaemonAnswer
     from gpupin.hostagent.engine.unix import ExitWait, Stream, UnixClient
     from gpupin.hostagent.run.request import RunRequest
 
@@ -54,7 +55,7 @@ class Attachment:
         self.cid = cid
         self.req = req
         self.api = api
-        self.result: dict[str, Any] = {}
+        self.result: DaemonAnswer = {}
         self._stream: Stream | None = None
         self._waiter: threading.Thread | None = None
 

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from gpupin.core import JSONObject
+
 
 class BodyError(ValueError):
     """A value the Engine cannot take (what the SDK's types refuse before sending)."""
@@ -98,14 +100,14 @@ def _convert(keyword: str, value: Any) -> Any:
     return value
 
 
-def host_config(**given: Any) -> dict[str, Any]:
+def host_config(**given: Any) -> JSONObject:
     """HostConfig's dict for these keywords (only those of _HOST_FIELDS: another is a bug, a TypeError)."""
     unknown = set(given) - HOST_KEYWORDS
     if unknown:
         raise TypeError(f"host_config() got unexpected keywords {sorted(unknown)}")
     if given.get("network_mode") == "host" and given.get("port_bindings"):
         raise BodyError('"host" network_mode is incompatible with port_bindings')
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for keyword, name, when in _HOST_FIELDS:
         value = given.get(keyword)
         if when == -1:
@@ -133,11 +135,11 @@ def container_config(
     stop_timeout: int | None = None,
     ports: list[Any] | None = None,
     volumes: list[str] | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """ContainerConfig's dict: the streams attached as a foreground run attaches them; `ports` (exposed: a port,
     or a (port, protocol) pair) and `volumes` (anonymous ones) as the API's mappings."""
     attach = not detach
-    exposed: dict[str, Any] | None = None
+    exposed: JSONObject | None = None
     if ports is not None:
         exposed = {}
         for port in ports:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from gpupin.core.nvml import Card
     from gpupin.core.resolve import Target
+    from gpupin.hostagent.engine.answer import DaemonAnswer
     from gpupin.hostagent.run.attach import Attachment
 
     Admit = Callable[[ledger_read.LedgerReading, int], Mapping[str, str]]
@@ -297,7 +298,7 @@ def reserve(
     req: RunRequest,
     cards: Sequence[Card],
     picks: list[Target] | None,
-    daemon_info: dict[str, Any] | None,
+    daemon_info: DaemonAnswer | None,
     detection: cdi.Detection,
     owner: Mapping[str, str],
     missing_image: Callable[[], None],

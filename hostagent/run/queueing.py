@@ -22,6 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.run.request import RunRequest
 
 POLL_S = 0.5  # without the agent: how often a --wait request looks at the ledger again (with jitter)
@@ -29,7 +30,7 @@ RECONNECT_S = 30.0  # how long a waiter tries to rejoin an agent that went away 
 _LOST = object()  # the stream ended
 
 
-def queue_request(req: RunRequest) -> dict[str, Any]:
+def queue_request(req: RunRequest) -> JSONObject:
     """What joining sends: the daemon it is for (the agent queues only for its own), the request as the user wrote
     it (the agent resolves it), and what to show."""
     return {
@@ -51,7 +52,7 @@ class _Stream:
     `again` on it and to shut it down from the waiting thread while the reader is blocked in it (a socket timeout
     would leave http.client's reader unusable)."""
 
-    def __init__(self, link: agentlink.Link, body: dict[str, Any]) -> None:
+    def __init__(self, link: agentlink.Link, body: JSONObject) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.sock.settimeout(agentlink.CONNECT_S)
@@ -75,7 +76,7 @@ class _Stream:
             self.sock.close()
             raise
         self.sock.settimeout(None)
-        self.queued: dict[str, Any] = first["queued"]
+        self.queued: JSONObject = first["queued"]
         self.news: queue.Queue[Any] = queue.Queue()
         threading.Thread(target=self._read, args=(res,), name="queue-news", daemon=True).start()
 
@@ -116,7 +117,7 @@ class QueueClient:
     """This run's place in the agent's queue (or, without one, the old poll). Use as a context manager around the
     --wait loop: `join(deadline)` before the first attempt, `next(deadline)` after each refused one."""
 
-    def __init__(self, ask: dict[str, Any]) -> None:
+    def __init__(self, ask: JSONObject) -> None:
         self.ask = ask
         self.link: agentlink.Link | None = None
         self._stream: _Stream | None = None

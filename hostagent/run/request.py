@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.core.resolve import Target
 
 # An image reference as the Engine reads it: [registry[:port]/]path[:tag][@digest], lower-case path components.
@@ -223,7 +224,7 @@ class ContainerSpec:
         self.env = [*req.user_env, *(EnvVar(k, v) for k, v in self.pin.env().items())]
         self.labels = labels(req, self.pin)
 
-    def config(self, version: str, redact: bool = False) -> dict[str, Any]:
+    def config(self, version: str, redact: bool = False) -> JSONObject:
         """The create payload (`POST /containers/create`'s body: gpupin.hostagent.run.body, the SDK's types' dict
         without the SDK); a bad option value is a UsageError. `redact`: the values read from env files and the
         environment hidden (hostagent.run.environment), for showing. `version`: the API version it is sent in (every
@@ -251,11 +252,11 @@ class ContainerSpec:
         except (body.BodyError, ValueError, TypeError) as err:
             raise bad_option(err) from None
 
-    def create_args(self) -> dict[str, Any]:
+    def create_args(self) -> JSONObject:
         """The create call's own arguments beside the payload (name, platform)."""
         return {"name": self.req.name, **self.req.payload[runopts.CREATE]}
 
-    def to_dict(self, version: str) -> dict[str, Any]:
+    def to_dict(self, version: str) -> JSONObject:
         """What --dry-run --json prints: the create payload, and the create call's other arguments."""
         return {**self.create_args(), "config": self.config(version, redact=True)}
 

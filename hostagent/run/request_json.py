@@ -15,13 +15,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
+
 # 2: the options as typed, and what they read; no create payload (1 sent one, and the agent used it). 3: `for`.
 VERSION = 3
 _FIELDS = {"wire", "image", "command", "gpus", "count", "share", "verify", "via", "max_load", "max_memory", "for"}
 _READS = {"options", "environ", "cwd", "files"}
 
 
-def dump(req: RunRequest) -> dict[str, Any]:
+def dump(req: RunRequest) -> JSONObject:
     """The request, as the caller parsed it, with what its options read."""
     given = {o.dest: req.options[o.dest] for o in runopts.OPTIONS if req.options[o.dest] not in (None, [])}
     return {

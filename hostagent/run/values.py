@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from gpupin.core import JSONObject
+
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)*) ?([kmgtp])?i?b?", re.ASCII | re.IGNORECASE)
 _BINARY = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
@@ -139,7 +141,7 @@ def _check_port(spec: str) -> None:
         _port_range(parts[-2], "host port", 0)
 
 
-def publish(values: Sequence[str]) -> dict[str, Any]:
+def publish(values: Sequence[str]) -> JSONObject:
     from docker.utils.ports import build_port_bindings, split_port
 
     for v in values:
@@ -195,7 +197,7 @@ def ulimit(value: str) -> Any:
 RESTART_POLICIES = ("no", "always", "unless-stopped", "on-failure")
 
 
-def restart(value: str) -> dict[str, Any]:
+def restart(value: str) -> JSONObject:
     name, _, count = value.partition(":")
     if name not in RESTART_POLICIES or (count and (name != "on-failure" or not count.isdigit())):
         raise ValueError("give no, always, unless-stopped or on-failure[:MAX-RETRIES]")

@@ -21,6 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.run.request import RunRequest
 
 ROUTE = "/api/run"
@@ -28,7 +29,7 @@ ASK_S = 180.0  # the agent may wait for the ledger lock (up to 60 s) before it a
 EXPECT = {"Connection": "close", "Expect": "102-processing"}  # a 102 as soon as the agent has the request
 
 
-def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
+def ask(link: agentlink.Link, body: JSONObject) -> JSONObject:
     """One POST /api/run: the agent's answer, its refusal raised with its exit code, or 69 when it stops
     answering (it died mid-request: what it made is this process's, and holds nothing once this process ends).
     An agent that does not take the request within agentlink.ANSWER_S (its 102), or turns it away (503: its
@@ -83,7 +84,7 @@ def ask(link: agentlink.Link, body: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def _start(answer: dict[str, Any], follow: Follow) -> tuple[str, Any]:
+def _start(answer: JSONObject, follow: Follow) -> tuple[str, Any]:
     """The agent's container, attached and started: its ID and the attachment to follow (None with -d)."""
     mark("created")
     for line in answer.get("say") or ():

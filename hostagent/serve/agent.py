@@ -20,6 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.core.identity import BusId
     from gpupin.core.nvml import Card
     from gpupin.hostagent.engine.events import EventStream
@@ -60,9 +61,9 @@ class Snapshot:
         self.listing = listing
         self.error = error
         self.read_at = read_at
-        self._json: dict[str, Any] | None = None
+        self._json: JSONObject | None = None
 
-    def as_json(self) -> dict[str, Any] | None:
+    def as_json(self) -> JSONObject | None:
         """The listing as /api/ls serves it, made once per snapshot (every reader of a version shares it)."""
         if self._json is None and self.listing is not None:
             self._json = self.listing.to_json()

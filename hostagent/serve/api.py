@@ -24,10 +24,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.serve.agent import Agent
     from gpupin.hostagent.serve.metrics import Exposition
 
-    PostRoute = Callable[["Handler", dict[str, Any], "Peer"], None]
+    PostRoute = Callable[["Handler", JSONObject, "Peer"], None]
 
 KEEPALIVE = 15.0  # seconds between two comment lines on an idle event stream (proxies drop silent connections)
 MAX_BODY = 1 << 20  # a request is a command line and its environment: a megabyte is far beyond any
@@ -325,7 +326,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _usage(self) -> None:
         """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS."""
-        from gpupin.hostagent.record.store import BY
+        from gpupin.hostagent.record import BY
 
         writer = self.agent.record
         if writer is None:
@@ -341,7 +342,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": f"by must be one of {', '.join(BY)}, since seconds since the epoch", "exit": 64})
             return
         rows = writer.store.usage(since, by, time.time())
-        self._json(200, {"since": since, "by": by, "rows": rows, "record": writer.status().to_json()})
+        rows_json = [r.to_json(by) for r in rows]
+        self._json(200, {"since": since, "by": by, "rows": rows_json, "record": writer.status().to_json()})
 
     def _metrics(self) -> None:
         self._send(200, self.metrics.text(), self.metrics.content_type)

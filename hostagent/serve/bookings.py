@@ -20,8 +20,7 @@ from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
+    from gpupin.core import JSONObject
     from gpupin.hostagent.ls.model import HolderShown, Listing
     from gpupin.hostagent.serve.interfaces import Agent, Handler, Peer
 
@@ -31,7 +30,7 @@ STOPPING = frozenset({"running", "paused", "restarting"})  # what `docker stop` 
 ROUTE = "/api/extend"
 
 
-def payload(view: Listing, cid: str, until: float | None, now: float) -> dict[str, Any]:
+def payload(view: Listing, cid: str, until: float | None, now: float) -> JSONObject:
     """An event's part about a booked holder (docs/serve.md, "Notifications"): its first card, the container, the
     user who booked it, and the booking."""
     import pwd
@@ -140,7 +139,7 @@ class Bookings:
 
     # --- extend ---
 
-    def extend(self, target: str, seconds: float, peer: Peer) -> dict[str, Any]:
+    def extend(self, target: str, seconds: float, peer: Peer) -> JSONObject:
         """POST /api/extend's work: `target` a container id, a unique id prefix or a name."""
         if (
             not isinstance(target, str)
@@ -191,7 +190,7 @@ class Bookings:
             )
         return found[0]
 
-    def route(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
+    def route(self, handler: Handler, body: JSONObject, peer: Peer) -> None:
         handler.answer(self.extend(body.get("container"), body.get("seconds"), peer))  # type: ignore[arg-type]
 
     # --- the end ---

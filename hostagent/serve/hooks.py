@@ -22,6 +22,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
+
 EVENTS = (
     "booking.ending",
     "booking.ended",
@@ -45,7 +47,7 @@ class Hooks:
         self.webhook: str | None = None
         self.user: tuple[int, int, list[int]] | None = None  # uid, gid, groups of --hook-user (None: root's own)
         self.host = socket.gethostname()
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(QUEUED)
+        self._queue: queue.Queue[JSONObject] = queue.Queue(QUEUED)
         self._failing: set[str] = set()  # "command", "webhook": failed last time (said once)
         self._dropped = False
         self._thread: threading.Thread | None = None
@@ -86,7 +88,7 @@ class Hooks:
     def active(self) -> bool:
         return bool(self.command or self.webhook)
 
-    def emit(self, event: str, payload: dict[str, Any]) -> None:
+    def emit(self, event: str, payload: JSONObject) -> None:
         """Queue one event for the hooks (nothing when none is set); never waits."""
         if not self.active:
             return

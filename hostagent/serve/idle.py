@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.ls.model import CardShown, HolderShown, Listing
     from gpupin.hostagent.serve.interfaces import Agent
 
@@ -100,7 +101,7 @@ class IdleWatch:
         idle_after: float,
         rule: Callable[[], Any],
         may_exempt: Callable[[int, frozenset[int]], bool],
-        emit: Callable[[str, dict[str, Any]], None],
+        emit: Callable[[str, JSONObject], None],
         end_reason: Callable[[str, str], None],
         say: Callable[[str], None],
         labels: Callable[[str], dict[str, str]] | None = None,
@@ -236,7 +237,7 @@ class IdleWatch:
         )
         self._emit("idle.stopped", self._payload(cid, entry, card, rule))
 
-    def _payload(self, cid: str, entry: _Idle, card: CardShown, rule: Any) -> dict[str, Any]:
+    def _payload(self, cid: str, entry: _Idle, card: CardShown, rule: Any) -> JSONObject:
         return {
             "card": {"uuid": card.uuid, "index": card.index, "name": card.name},
             "cards": list(entry.uuids),

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from io import BufferedIOBase
     from typing import Any, Protocol
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.ls.model import Listing
     from gpupin.hostagent.record.writer import RecordWriter
     from gpupin.hostagent.serve.hooks import Hooks
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
         error: str | None
         read_at: float
 
-        def as_json(self) -> dict[str, Any] | None: ...
+        def as_json(self) -> JSONObject | None: ...
 
     class Agent(Protocol):
         """The agent as its parts (bookings, queue, idle rule, services) use it."""

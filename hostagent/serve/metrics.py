@@ -81,14 +81,14 @@ class ViewCollector:
             "When the view was last read (seconds since the epoch).",
             value=snap.read_at,
         )
-        waiting = self.agent.queue.listing()["waiters"]
+        waiting = self.agent.queue.waiters()
         yield GaugeMetricFamily(
             "gpupin_queue_waiters", "Requests waiting in the agent's queue (run --wait).", value=len(waiting)
         )
         yield GaugeMetricFamily(
             "gpupin_queue_oldest_wait_seconds",
             "How long the first in the agent's queue has waited, seconds (0 when no one waits).",
-            value=time.time() - waiting[0]["since"] if waiting else 0.0,
+            value=time.time() - waiting[0].since if waiting else 0.0,
         )
         yield from self._record()
         if view is None:
@@ -198,9 +198,9 @@ class ViewCollector:
             labels=["user"],
         )
         for r in rows:
-            seconds.add_metric([str(r["user"])], r["gpu_seconds"])
-            if r["energy_j"] is not None:
-                joules.add_metric([str(r["user"])], r["energy_j"])
+            seconds.add_metric([str(r.key)], r.gpu_seconds)
+            if r.energy_j is not None:
+                joules.add_metric([str(r.key)], r.energy_j)
         yield seconds
         yield joules
 

@@ -18,7 +18,8 @@ from gpupin.hostagent.serve import say
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+
+    from gpupin.core import JSONObject
 
 
 class PolicyInForce:
@@ -83,7 +84,7 @@ class PolicyInForce:
             + (f" ({kept.summary()})" if self.loaded_at else ": nothing is enforced")
         )
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JSONObject:
         """The policy as /api/agent shows it."""
         with self._lock:
             policy, loaded_at, error = self._policy, self.loaded_at, self.error

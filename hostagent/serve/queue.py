@@ -15,6 +15,7 @@ import select
 import stat
 import threading
 import time
+from typing import NamedTuple
 
 from gpupin.core.errors import EX_TEMPFAIL, AgentUnavailableError, GpupinError, UsageError, shorten, shown
 from gpupin.hostagent import agentlink
@@ -24,6 +25,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.ls.model import BookingShown, HolderShown, Listing
     from gpupin.hostagent.policy import admit
     from gpupin.hostagent.serve.interfaces import Agent, Handler, Peer
@@ -39,17 +41,91 @@ LAPSE_CHECK_S = 1.0  # after `again`, how long until its cards are looked at (th
 STATE_FILE = "queue.json"
 
 
+class JoinRequest(NamedTuple):
+    """POST /api/queue's body, read once: the cards asked for, what the run is, and an earlier agent's ticket."""
+
+    ask: fair.QueueRequest
+    name: str | None
+    image: str | None
+    command: list[str]
+    ticket: str | None
+
+    @classmethod
+    def parse(cls, body: JSONObject) -> JoinRequest:
+        """The body, checked as `run` checks its options (a refusal is exit 64)."""
+        command = body.get("command")
+        ticket = body.get("ticket")
+        return cls(
+            _ask(body),
+            _text(body.get("name")),
+            _text(body.get("image")),
+            [str(c) for c in command] if isinstance(command, list) else [],
+            ticket if isinstance(ticket, str) else None,
+        )
+
+
+# The stream's lines (docs/serve.md, "The queue"); None in an outbox ends the stream.
+class Standing(NamedTuple):
+    """`queued`: a waiter's place as it joins (Queue.standing)."""
+
+    ticket: str
+    since: float
+    position: int
+    of: int
+    turn: bool
+    clear: bool
+
+    def to_json(self) -> JSONObject:
+        return {"queued": self._asdict()}
+
+
+class Turn(NamedTuple):
+    cards: list[str]
+
+    def to_json(self) -> JSONObject:
+        return {"turn": {"cards": self.cards}}
+
+
+class Position(NamedTuple):
+    position: int
+    of: int
+
+    def to_json(self) -> JSONObject:
+        return {"position": self.position, "of": self.of}
+
+
+class Lost(NamedTuple):
+    why: str
+
+    def to_json(self) -> JSONObject:
+        return {"lost": self.why}
+
+
+class Direct(NamedTuple):
+    """The caller talks to another daemon: run without the queue (gpupin.hostagent.agentlink.other_daemon)."""
+
+    why: str
+
+    def to_json(self) -> JSONObject:
+        return {"direct": self.why}
+
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    Message: TypeAlias = Standing | Turn | Position | Lost | Direct
+
+
 class QueuedRun:
     """One `hostagent run --wait` in the queue: who (from the socket), what it asks, since when, its turn."""
 
-    def __init__(self, ask: fair.QueueRequest, body: dict[str, Any], peer: Peer, since: float, ticket: str) -> None:
-        self.ask = ask
+    def __init__(self, request: JoinRequest, peer: Peer, since: float, ticket: str) -> None:
+        self.ask = request.ask
         self.uid, self.pid, self.user = peer.uid, peer.pid, peer.user()
         self.gids = frozenset({peer.gid, *peer.groups})  # for the policy's quotas
-        self.name = _text(body.get("name"))
-        self.image = _text(body.get("image"))
-        command = body.get("command")
-        self.command = [str(c) for c in command] if isinstance(command, list) else []
+        self.name = request.name
+        self.image = request.image
+        self.command = request.command
         self.since = since
         self.ticket = ticket
         self.offered: list[str] | None = None  # the cards of the turn that is out
@@ -60,7 +136,7 @@ class QueuedRun:
         self.asked_again = False
         self.notified = False  # queue.turn went to the hooks (gpupin.hostagent.serve.hooks)
         self.position = 0
-        self._outbox: list[dict[str, Any]] = []
+        self._outbox: list[Message | None] = []
         self.wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
 
@@ -68,12 +144,13 @@ class QueuedRun:
     def cooling(self) -> bool:
         return self.asked_again and time.monotonic() - self.turn_at < COOL_S
 
-    def post(self, message: dict[str, Any]) -> None:
+    def post(self, message: Message | None) -> None:
+        """A line for the stream (None: the stream ends)."""
         self._outbox.append(message)
         with contextlib.suppress(BlockingIOError, OSError):  # a full pipe already wakes it
             os.write(self._wake_w, b".")
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[Message | None]:
         out, self._outbox = self._outbox, []
         return out
 
@@ -82,7 +159,8 @@ class QueuedRun:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
+        """A waiter as GET /api/queue shows it."""
         return {
             "position": self.position,
             "name": self.name,
@@ -112,7 +190,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _ask(body: dict[str, Any]) -> fair.QueueRequest:
+def _ask(body: JSONObject) -> fair.QueueRequest:
     """The request in the body, checked as `run` checks its options (a refusal is exit 64)."""
     gpus, count = body.get("gpus") or [], body.get("count")
     limits = [body.get("max_load"), body.get("max_memory")]
@@ -147,11 +225,12 @@ class Queue:
 
     # --- the waiters ---
 
-    def join(self, body: dict[str, Any], peer: Peer) -> QueuedRun:
+    def join(self, body: JSONObject, peer: Peer) -> QueuedRun:
         refused = rights.refusal(peer)
         if refused is not None:  # a place holds others back: only for those who could book themselves
             raise UsageError(f"POST /api/queue: {refused}", "wait without the agent's queue (run --wait polls)")
-        ask = _ask(body)
+        request = JoinRequest.parse(body)
+        ask = request.ask
         view = self.agent.snapshot().listing
         if ask.gpus and view is not None:
             fair.resolve(ask, view)  # a spec that names no card: refused now (64), not waited for forever
@@ -170,7 +249,7 @@ class Queue:
         )
         if never is not None:  # a quota no wait can meet: refused now, not waited for forever
             raise never
-        ticket = body.get("ticket")
+        ticket = request.ticket
         with self._lock:
             if self.agent.stopping.is_set():  # (under the lock: a waiter that got in gets the stop's end of stream)
                 raise AgentUnavailableError("the agent is stopping", "join the next one (a restart keeps the order)")
@@ -184,12 +263,17 @@ class Queue:
                 )
                 full.exit_code = EX_TEMPFAIL
                 raise full
-            back = self._returning.get(ticket) if isinstance(ticket, str) else None
+            back = self._returning.get(ticket) if ticket is not None else None
             since, kept = time.time(), secrets.token_hex(16)
-            if back is not None and back[0] == peer.uid and since - self.agent.started <= REJOIN_S:
-                since, kept = back[1], str(ticket)
+            if (
+                back is not None
+                and ticket is not None
+                and back[0] == peer.uid
+                and since - self.agent.started <= REJOIN_S
+            ):
+                since, kept = back[1], ticket
                 del self._returning[kept]  # once
-            w = QueuedRun(ask, body, peer, since, kept)
+            w = QueuedRun(request, peer, since, kept)
             self._waiters.append(w)
             self._waiters.sort(key=lambda x: x.since)  # stable: equal times keep the order they came in
         try:
@@ -227,25 +311,31 @@ class Queue:
             w.offered, w.lapsed, w.asked_again, w.turn_at = None, False, True, time.monotonic()
             self._grant()
 
-    def standing(self, w: QueuedRun) -> dict[str, Any]:
+    def standing(self, w: QueuedRun) -> Standing:
         """A waiter's place as it joins: its ticket, arrival, position; whether its turn came with it, and if not,
         whether it is clear: no earlier waiter could take any card it could take, so that looking now (and
         saying who holds its cards) overtakes no one, whenever they free. Otherwise it waits for its turn."""
         with self._lock:
             view = self.agent.snapshot().listing
             mine = self._waiters.index(w) if w in self._waiters else 0
-            return {
-                "ticket": w.ticket,
-                "since": w.since,
-                "position": w.position,
-                "of": len(self._waiters),
-                "turn": w.offered is not None,
-                "clear": view is not None and fair.clear(self._waiters, mine, view),
-            }
+            return Standing(
+                w.ticket,
+                w.since,
+                w.position,
+                len(self._waiters),
+                w.offered is not None,
+                view is not None and fair.clear(self._waiters, mine, view),
+            )
 
-    def listing(self) -> dict[str, Any]:
+    def waiters(self) -> list[QueuedRun]:
+        """The waiters now, in order."""
         with self._lock:
-            return {"agent_started": self.agent.started, "waiters": [w.to_dict() for w in self._waiters]}
+            return list(self._waiters)
+
+    def listing(self) -> JSONObject:
+        """GET /api/queue's answer."""
+        with self._lock:
+            return {"agent_started": self.agent.started, "waiters": [w.to_json() for w in self._waiters]}
 
     # --- the turns ---
 
@@ -286,13 +376,13 @@ class Queue:
             if w.lapses >= MAX_LAPSES:
                 _audit(w, f"lost its place at {self._waiters.index(w) + 1} of {len(self._waiters)}")
                 self._waiters.remove(w)  # the stream ends after the line: the caller joins again as new, if at all
-                w.post({"lost": f"{MAX_LAPSES} turns went unused while their cards were free: the place is lost"})
-                w.post({})
+                w.post(Lost(f"{MAX_LAPSES} turns went unused while their cards were free: the place is lost"))
+                w.post(None)
         within = self._within_quota(view) if view is not None else []
         for n, cards in (fair.grantable(within, view) if view is not None else {}).items():
             w = within[n]
             w.offered, w.turn_at, w.asked_again = cards, now, False
-            w.post({"turn": {"cards": cards}})
+            w.post(Turn(cards))
             if not w.notified:  # its first turn only: the tries after an `again` are the same news
                 w.notified = True
                 self.agent.hooks.emit(
@@ -306,7 +396,7 @@ class Queue:
                 )
         for n, w in enumerate(self._waiters, 1):
             if w.position not in (0, n):
-                w.post({"position": n, "of": len(self._waiters)})
+                w.post(Position(n, len(self._waiters)))
             w.position = n
 
     def _run(self) -> None:
@@ -326,7 +416,7 @@ class Queue:
                 failed = repr(err)
         with self._lock:  # the agent stops: end every stream, so that the waiters reconnect to the next agent
             for w in self._waiters:
-                w.post({})
+                w.post(None)
 
     # --- the file that outlives the agent ---
 
@@ -372,19 +462,19 @@ class Queue:
 
     # --- the routes ---
 
-    def serve(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
+    def serve(self, handler: Handler, body: JSONObject, peer: Peer) -> None:
         """POST /api/queue: join, stream this waiter's news, leave when the caller closes (or the agent stops). A
         caller of another daemon is answered `{"direct": WHY}`, as a run is (gpupin.hostagent.agentlink.other_daemon):
         this queue is for the cards of this agent's daemon."""
         why = agentlink.other_daemon(body.get("daemon"))
         if why is not None:
             self._stream(handler)
-            self._write(handler, {"direct": why})
+            self._write(handler, Direct(why))
             return
         w = self.join(body, peer)
         try:
             self._stream(handler)
-            self._write(handler, {"queued": self.standing(w)})
+            self._write(handler, self.standing(w))
             conn = handler.connection
             events = select.poll()
             events.register(conn, select.POLLIN)
@@ -394,7 +484,7 @@ class Queue:
                 if w.wake_r in ready:
                     os.read(w.wake_r, 4096)
                     for message in w.take():
-                        if not message:  # the agent stops
+                        if message is None:  # the agent stops
                             return
                         self._write(handler, message)
                 if conn.fileno() in ready:
@@ -415,8 +505,8 @@ class Queue:
         handler.end_headers()
 
     @staticmethod
-    def _write(handler: Handler, message: dict[str, Any]) -> None:
-        handler.wfile.write((json.dumps(message) + "\n").encode())
+    def _write(handler: Handler, message: Message) -> None:
+        handler.wfile.write((json.dumps(message.to_json()) + "\n").encode())
         handler.wfile.flush()
 
 

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from gpupin.core import JSONObject
+    from gpupin.hostagent.engine.answer import DaemonAnswer
     from gpupin.hostagent.serve.agent import Agent
     from gpupin.hostagent.serve.interfaces import Handler, Peer
-
 
 ROUTE = "/api/run"
 KEPT_CLIENTS = 4  # Engine clients kept between runs (more run at once only when many ask at once)
@@ -60,9 +61,9 @@ class Runs:
         self.agent = agent
         self._idle: list[Any] = []
         self._mutex = threading.Lock()
-        self._info: tuple[float, dict[str, Any]] | None = None
+        self._info: tuple[float, DaemonAnswer] | None = None
 
-    def info(self, api: Any) -> dict[str, Any]:
+    def info(self, api: Any) -> DaemonAnswer:
         """The daemon's /info, asked again after INFO_S (a run's look does not wait for it each time)."""
         now = time.monotonic()
         kept = self._info
@@ -85,7 +86,7 @@ class Runs:
                 return
         api.close()
 
-    def route(self, handler: Handler, body: dict[str, Any], peer: Peer) -> None:
+    def route(self, handler: Handler, body: JSONObject, peer: Peer) -> None:
         # What waits until the answer is sent: the ledger lock let go, then the request's client kept. The caller
         # starts meanwhile; a thread of the agent's own would take the interpreter's lock from the answer.
         after: list[Callable[[], None]] = []
@@ -97,7 +98,7 @@ class Runs:
             for then in after:
                 then()
 
-    def reserve(self, body: dict[str, Any], peer: Peer, after: list[Callable[[], None]]) -> dict[str, Any]:
+    def reserve(self, body: JSONObject, peer: Peer, after: list[Callable[[], None]]) -> JSONObject:
         mark("asked")
         why = agentlink.other_daemon(body.get("daemon"))
         if why is not None:
@@ -163,5 +164,5 @@ class Runs:
         return pull_is_the_callers
 
 
-def routes(agent: Agent) -> dict[str, Callable[[Any, dict[str, Any], Any], None]]:
+def routes(agent: Agent) -> dict[str, Callable[[Any, JSONObject, Any], None]]:
     return {ROUTE: Runs(agent).route}

@@ -12,8 +12,7 @@ from array import array
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
+    from gpupin.core import JSONObject
     from gpupin.hostagent.ls.model import Listing
 
 STEP = 10.0  # seconds per point
@@ -98,7 +97,7 @@ class Samples:
             for gone in [u for u, t in self._seen.items() if now - t > STEP * POINTS]:
                 del self._rings[gone], self._seen[gone]
 
-    def listing(self, now: float, seconds: float = STEP * POINTS) -> dict[str, Any]:
+    def listing(self, now: float, seconds: float = STEP * POINTS) -> JSONObject:
         """The `/api/samples` object: the step, and per card UUID its points of the last `seconds`."""
         since = now - seconds
         with self._lock:

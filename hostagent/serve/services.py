@@ -17,14 +17,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.hostagent.engine.answer import DaemonAnswer
     from gpupin.hostagent.serve.interfaces import Agent
-
 
 TICK_S = 1.0
 MANAGER_S = 30.0
 
 
-def end_of(service: dict[str, Any], policy: Any) -> float | None:
+def end_of(service: DaemonAnswer, policy: Any) -> float | None:
     """When a service's own booking ends (seconds since the epoch), None when it has none or no end."""
     spec = service.get("Spec") or {}
     labels = ((spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}).get("Labels") or {}
@@ -40,7 +40,7 @@ def end_of(service: dict[str, Any], policy: Any) -> float | None:
     return created(service) + length
 
 
-def stop(api: Any, service: dict[str, Any]) -> str:
+def stop(api: Any, service: DaemonAnswer) -> str:
     """Stop a service's tasks for good: replicated, scaled to 0; otherwise removed. What was done."""
     sid, spec = service["ID"], dict(service["Spec"])
     mode = spec.get("Mode") or {}
@@ -104,14 +104,14 @@ class Services:
             _emit(self.agent, service, end, late, done)
 
 
-def created(service: dict[str, Any]) -> float:
+def created(service: DaemonAnswer) -> float:
     """The service's CreatedAt: its booking's start."""
     from gpupin.hostagent import engine
 
     return engine.created_time(str(service.get("CreatedAt")))
 
 
-def _emit(agent: Agent, service: dict[str, Any], end: float, late: float, done: str) -> None:
+def _emit(agent: Agent, service: DaemonAnswer, end: float, late: float, done: str) -> None:
     """booking.ended for a swarm service (docs/serve.md, "Notifications"): the service, not a container."""
     spec = service.get("Spec") or {}
     agent.hooks.emit(

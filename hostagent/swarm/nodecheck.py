@@ -35,8 +35,8 @@ from gpupin.hostagent.swarm.resources import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.core.nvml import Card
     from gpupin.core.resolve import Target
 
@@ -54,7 +54,7 @@ class NodeFile:
     def __init__(
         self,
         path: str,
-        data: dict[str, Any] | None = None,
+        data: JSONObject | None = None,
         exists: bool = True,
         error: str | None = None,
         hint: str | None = None,
@@ -255,7 +255,7 @@ def _check_resources(
     return out
 
 
-def _check_runtime(dj: NodeFile, data: dict[str, Any]) -> list[Finding]:
+def _check_runtime(dj: NodeFile, data: JSONObject) -> list[Finding]:
     default = data.get("default-runtime")
     runtimes = data.get("runtimes") if isinstance(data.get("runtimes"), dict) else {}
     assert isinstance(runtimes, dict)
@@ -405,8 +405,8 @@ class CheckResult:
             + (f" ({warned} warning(s))" if warned else "")
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        def card(r: GenericResource) -> dict[str, Any] | None:
+    def to_dict(self) -> JSONObject:
+        def card(r: GenericResource) -> JSONObject | None:
             a = None if r.discrete else lookup(r.value, self.cards)
             return card_json(a) if a is not None else None
 

@@ -418,16 +418,16 @@ def test_quota_cards(tmp_path: Path) -> None:
 
 def _record(tmp_path: Path, intervals: list[tuple[int, float, float | None]]) -> Any:
     """A record (the agent's SQLite file) with `intervals` planted: (uid, start, end or None while open)."""
-    from gpupin.hostagent.record.store import Store
+    from gpupin.hostagent.record.store import Figures, IntervalRow, Store
 
     folder = tmp_path / "record"
     folder.mkdir(mode=0o700)
     s = Store(str(folder / "record.db"))
     for n, (uid, start, end) in enumerate(intervals):
-        row = {"user": f"u{uid}", "card_uuid": "GPU-a", "card_index": 0, "image": "img", "start": start}
-        rid = s.open_interval({**row, "container_id": f"c{n}", "container_name": f"c{n}", "uid": uid, "seen": start})
+        row = IntervalRow(f"c{n}", f"c{n}", "img", "GPU-a", 0, uid, f"u{uid}", start, start)
+        rid = s.open_interval(row)
         if end is not None:
-            s.close_interval(rid, {"end": end, "ended": "exit", "energy_j": None}, row)
+            s.close_interval(rid, row, Figures(start, start), end, "exit")
     return s
 
 

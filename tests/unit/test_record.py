@@ -17,7 +17,16 @@ import pytest
 from gpupin.hostagent.ls.model import Health, Listing
 from gpupin.hostagent.record import store as record_store
 from gpupin.hostagent.record.report import since
-from gpupin.hostagent.record.store import MIGRATIONS, VERSION, RecordRefused, Store, finished, usage
+from gpupin.hostagent.record.store import (
+    MIGRATIONS,
+    VERSION,
+    Figures,
+    IntervalRow,
+    RecordRefused,
+    Store,
+    finished,
+    usage,
+)
 from gpupin.hostagent.record.writer import RecordWriter
 from tests.support.host import HOSTAGENT
 from tests.support.users import as_other, reach_env, setpriv
@@ -95,7 +104,7 @@ def test_migrates_v0_and_v1(tmp_path: Path) -> None:
     os.chmod(v1, 0o600)
     s = Store(str(v1))
     assert s.migrated_from == 1
-    rows = s.usage(None, "user", now=T0 + 100)
+    rows = shares(s, None, "user", T0 + 100)
     assert rows == [{"user": "alice", "gpu_seconds": 60.0, "gpu_hours": 0.0167, "energy_j": None, "intervals": 1}]
     s.close()
 
@@ -114,23 +123,16 @@ def test_newer_schema_refused(tmp_path: Path) -> None:
 # --- the sums ---
 
 
+def shares(s: Store, since: float | None, by: str, now: float) -> list[dict[str, Any]]:
+    """`usage`'s rows as /api/usage writes them."""
+    return [r.to_json(by) for r in s.usage(since, by, now)]
+
+
 def _row(s: Store, cid: str, user: str, uid: int, start: float, end: float | None, joules: float | None = None) -> None:
-    rid = s.open_interval(
-        {
-            "container_id": cid,
-            "container_name": cid,
-            "image": "img",
-            "card_uuid": "GPU-a",
-            "card_index": 0,
-            "uid": uid,
-            "user": user,
-            "start": start,
-            "seen": start,
-        }
-    )
+    row = IntervalRow(cid, cid, "img", "GPU-a", 0, uid, user, start, start)
+    rid = s.open_interval(row)
     if end is not None:
-        row = {"user": user, "card_uuid": "GPU-a", "card_index": 0, "image": "img", "start": start}
-        s.close_interval(rid, {"end": end, "ended": "exit", "energy_j": joules}, row)
+        s.close_interval(rid, row, Figures(start, start, energy_j=joules), end, "exit")
 
 
 def test_sums_since_and_open(tmp_path: Path) -> None:
@@ -139,14 +141,14 @@ def test_sums_since_and_open(tmp_path: Path) -> None:
     _row(s, "a", "alice", 1000, T0, T0 + 3600, joules=3600.0)
     _row(s, "b", "bob", 1001, T0 + 1800, None)
     now = T0 + 7200
-    by_user = {r["user"]: r for r in s.usage(T0 + 1800, "user", now)}
+    by_user = {r["user"]: r for r in shares(s, T0 + 1800, "user", now)}
     assert by_user["alice"]["gpu_seconds"] == 1800 and by_user["alice"]["energy_j"] == 1800.0
     assert by_user["bob"]["gpu_seconds"] == 5400 and by_user["bob"]["energy_j"] is None
     # the quotas' past: the closed intervals that ended after `since`, whole (the quota clips them); an open one is
     # the ledger's to count, not the record's
     assert s.finished(1000, T0) == [(T0, T0 + 3600)] and s.finished(1001, T0) == []
     assert finished(s.conn, 1000, T0 + 3600) == []
-    assert [r["card"] for r in s.usage(None, "card", now)] == ["GPU-a"]
+    assert [r["card"] for r in shares(s, None, "card", now)] == ["GPU-a"]
     with pytest.raises(ValueError):
         usage(s.conn, None, "nope")
     s.close()
@@ -174,9 +176,9 @@ def test_daily_sums_agree_with_the_intervals(tmp_path: Path) -> None:
             part = min(end if end is not None else now, now) - max(start, lo)
             if part > 0:
                 want[user] = want.get(user, 0.0) + part
-        got = {r["user"]: r["gpu_seconds"] for r in s.usage(cut, "user", now)}
+        got = {r["user"]: r["gpu_seconds"] for r in shares(s, cut, "user", now)}
         assert got.keys() == want.keys() and all(abs(got[u] - want[u]) < 0.01 for u in want), cut
-        days = s.usage(cut, "day", now)
+        days = shares(s, cut, "day", now)
         assert abs(sum(d["gpu_seconds"] for d in days) - sum(want.values())) < 0.1
     s.close()
 
@@ -187,7 +189,7 @@ def test_by_day_splits_at_midnight(tmp_path: Path) -> None:
     s = Store(str(private(tmp_path)))
     midnight = datetime.datetime(2023, 3, 2).timestamp()
     _row(s, "a", "alice", 1000, midnight - 3600, midnight + 7200)
-    days = s.usage(None, "day", midnight + 10 * 3600)
+    days = shares(s, None, "day", midnight + 10 * 3600)
     assert [(d["day"], d["gpu_seconds"]) for d in days] == [("2023-03-01", 3600), ("2023-03-02", 7200)]
     s.close()
 
@@ -261,7 +263,7 @@ def test_keeper_opens_and_closes_at_the_daemons_times(tmp_path: Path) -> None:
     (r,) = rows(s)
     assert (r["start"], r["end"], r["ended"], r["uid"], r["user"]) == (T0, T0 + 42.5, "expiry", 0, "root")
     assert (r["peak_memory_mib"], r["load_sum"] / r["load_n"]) == (300, 75)
-    assert s.usage(None, "image", T0 + 50)[0]["gpu_seconds"] == 42.5
+    assert shares(s, None, "image", T0 + 50)[0]["gpu_seconds"] == 42.5
 
 
 def test_unknown_holders_close_nothing(tmp_path: Path) -> None:
@@ -306,20 +308,20 @@ class FullStore(Store):
 
     full = True
 
-    def open_interval(self, row: dict[str, Any]) -> int:
+    def open_interval(self, row: IntervalRow) -> int:
         if self.full:
             raise sqlite3.OperationalError("database or disk is full")
         return super().open_interval(row)
 
-    def update(self, rows: list[tuple[int, dict[str, Any]]]) -> None:
+    def update(self, rows: list[tuple[int, Figures]]) -> None:
         if self.full:
             raise sqlite3.OperationalError("database or disk is full")
         super().update(rows)
 
-    def close_interval(self, rid: int, values: dict[str, Any], row: dict[str, Any]) -> None:
+    def close_interval(self, rid: int, row: IntervalRow, figures: Figures, end: float, ended: str) -> None:
         if self.full:
             raise sqlite3.OperationalError("database or disk is full")
-        super().close_interval(rid, values, row)
+        super().close_interval(rid, row, figures, end, ended)
 
 
 def test_full_disk_degrades_then_writes_all(tmp_path: Path) -> None:
