@@ -7,7 +7,7 @@ cheap on purpose: it is on the entrypoint's start-up path.
 # No `from __future__ import annotations` in this package's modules that the entrypoint imports before it takes the
 # workload's paths out of sys.path (this one, errors, shown, contract): `__future__` is a module like any other.
 # The one place the version is written: pyproject.toml reads it from here.
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
