@@ -120,7 +120,7 @@ podman-down:
 # The docker tier on podman (docs/testing.md, The engines): its runtime tests (`per_engine`) against the sandboxed
 # podman service (PODMAN=5: podman 5's), and podman's own (tests/docker/test_podman*.py, test_rootless.py: the
 # rootless ones bring up and down a rootless podman of their own); the first Docker engine's sandbox is up too (the
-# cross-runtime test). `make test-docker ENGINES="20.10 podman"` runs it beside a Docker engine's run instead.
+# cross-runtime test, run by this target only: beside a Docker engine's run it would race that run's sandbox).
 .PHONY: test-podman
 test-podman: ENGINES := $(firstword $(ENGINES)) podman
 test-podman: test-tools image-test
