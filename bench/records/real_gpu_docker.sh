@@ -1,6 +1,6 @@
 #!/bin/bash
-# The gpu tier on a lent GPU host (no Docker, no registry), as it ran for bench/records/real-gpu.md: the engine of
-# tests/gpu/engine.sh, the project's image on a base made of the host's own root, the tier, the benchmarks. It runs
+# The gpu tier on a lent GPU host (no Docker, no registry), written for bench/records/real-gpu.md (Session 6: not yet
+# run on a GPU host): the engine of tests/gpu/engine.sh, the project's image on a base made of the host's own root, the tier, the benchmarks. It runs
 # from a folder (its argument) holding engine.tar.xz (bin/: dockerd, containerd, the shim, docker, runc, tini; lib/: libseccomp),
 # src.tar (the checkout) and wheels/ (gpupin[host] and its needs); OUT is where its logs go.
 C=$(cd "${1:?usage: real_gpu_docker.sh CARRY_FOLDER}" && pwd)
