@@ -213,15 +213,30 @@ test: test-tools image-test
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@export $(REQUIRED); rc=0; mkdir -p build; \
 	  echo "make: the unit tier beside the docker tier (its output when it ends: build/test-unit.log)"; \
-	  ( $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS)) ) >build/test-unit.log 2>&1 & unit=$$!; \
+	  echo "make: then the cluster tier, on sandboxes of its own (build/test-cluster.log)"; \
+	  ( r=0; ( $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS)) ) >build/test-unit.log 2>&1 || r=1; \
+	    $(MAKE) -s --no-print-directory cluster-beside GPUPIN_SANDBOX_NAME=$(CLUSTER_SANDBOX_NAME) \
+	      ENGINES="$(DOCKER_ENGINES)" >build/test-cluster.log 2>&1 || r=1; exit $$r ) & beside=$$!; \
 	  ( $(DOCKER_TIER) ) || rc=1; \
-	  wait $$unit || rc=1; echo "make: the unit tier:"; cat build/test-unit.log; \
-	  ( export GPUPIN_TEST_ENGINES="$(DOCKER_ENGINES)"; $(call TIER,tests/cluster,swarm or slurm) ) || rc=1; \
+	  wait $$beside || rc=1; echo "make: the unit tier:"; cat build/test-unit.log; \
+	  echo "make: the cluster tier:"; cat build/test-cluster.log; \
 	  ( $(call TIER,tests/gpu,gpu) ) || rc=1; \
 	  exit $$rc
 else
 	@export $(REQUIRED); $(call PYTEST,$(PYTEST_ARGS))
 endif
+
+# The cluster tier as `make test` runs it, beside the docker tier once the unit tier has ended: its Slurm jobs set
+# the topology of the sandbox they use, so it has sandboxes of its own (NAME-cluster, each with the test image),
+# and the Swarm takes its image from there. They stay up as the others do (GPUPIN_SANDBOX_NAME=cluster make
+# sandbox-down).
+CLUSTER_SANDBOX_NAME = $(if $(GPUPIN_SANDBOX_NAME),$(GPUPIN_SANDBOX_NAME)-)cluster
+.PHONY: cluster-beside
+cluster-beside:
+	@export $(REQUIRED); pids=; for e in $(DOCKER_ENGINES); do \
+	  ( $(call UP_WITH_TEST_IMAGE,$$e) ) & pids="$$pids $$!"; \
+	done; rc=0; for p in $$pids; do wait $$p || rc=1; done; [ $$rc = 0 ] || exit 1; \
+	export GPUPIN_TEST_ENGINES="$(DOCKER_ENGINES)"; $(call TIER,tests/cluster,swarm or slurm)
 
 test-unit: test-tools fakegpu
 	@export $(SIMHOST); $(call TIER,tests/unit,$(UNIT),-n $(UNIT_WORKERS))
