@@ -15,7 +15,7 @@ import signal
 from gpupin.core import nvml, readings
 from gpupin.core.contract import LOCK_LABEL
 from gpupin.core.errors import CardHeldError, DockerUnavailableError, GpupinError
-from gpupin.hostagent import engine, gpus, mark, say
+from gpupin.hostagent import engine, gpus, mark, say, start_thread
 from gpupin.hostagent.engine import cdi, podman
 from gpupin.hostagent.ledger import holders as ledger
 from gpupin.hostagent.ledger import lease, lock
@@ -285,7 +285,6 @@ def read_cards(req: RunRequest, notify: Callable[[str], None] = say) -> tuple[li
     """NVML's cards (with their health) and the ones asked for by name (None for --count)."""
     cards = nvml.list_cards(detail=req.count is not None, mig=True, tolerate_lost=True)
     readings.assess(cards)
-    mark("cards")
     picks = gpus.resolve_specs(req.gpus, cards) if req.gpus else None
     for p in picks or ():
         if p.card.health is not None and p.card.health.healthy is None:  # asked for by name: warned, not refused
@@ -293,11 +292,60 @@ def read_cards(req: RunRequest, notify: Callable[[str], None] = say) -> tuple[li
     return cards, picks
 
 
+class CardReading:
+    """`read_cards` on a helper thread, so that NVML's import and read (nvidia-ml-py's import is most of it: about
+    35 ms) overlap the connection and the ledger lock's create, which wait on the daemon (`make bench`'s phases).
+
+    Why the overlap keeps every promise of the lock: what the lock guards is the look then the create, and both
+    stay under it. `get` is called with the lock held and returns before the ledger and the cards' processes are
+    read (`_busy`, under the lock as before); what the thread reads is which cards the host has, their identity
+    and health, which no other client's booking changes, and which this process read before the lock already.
+    What a run says stays in its order: the thread's warnings are said when the cards are taken, and an NVML
+    refusal (no driver, a card that is not there) is the run's refusal whatever failed after it (`first`), as when
+    NVML was read before anything else; a missing image is pulled only once the cards are known (`launch`)."""
+
+    def __init__(self, req: RunRequest, notify: Callable[[str], None] = say) -> None:
+        self._notify = notify
+        self._lines: list[str] = []
+        self._cards: tuple[list[Card], list[Target] | None] | None = None
+        self._error: BaseException | None = None
+        self._taken = False
+        self._thread = start_thread(self._read, "hostagent-nvml", (req,))
+
+    def _read(self, req: RunRequest) -> None:
+        try:
+            self._cards = read_cards(req, self._lines.append)
+        except BaseException as err:  # raised in the main thread, by get
+            self._error = err
+
+    def get(self) -> tuple[list[Card], list[Target] | None]:
+        """The cards and the picks, once read (NVML's refusal raised here)."""
+        self._thread.join()
+        if not self._taken:
+            self._taken = True
+            mark("cards")
+            for line in self._lines:
+                self._notify(line)
+        if self._error is not None:
+            raise self._error
+        assert self._cards is not None
+        return self._cards
+
+    def first(self, err: BaseException) -> BaseException:
+        """What a run that failed with `err` says: NVML's refusal when there is one, read first as before."""
+        if not isinstance(err, Exception) or self._taken:  # a signal ends the run now; or NVML was not refused
+            return err
+        try:
+            self.get()
+        except GpupinError as nvml_err:
+            return nvml_err
+        return err
+
+
 def reserve(
     api: Any,
     req: RunRequest,
-    cards: Sequence[Card],
-    picks: list[Target] | None,
+    cards_of: Callable[[], tuple[list[Card], list[Target] | None]],
     daemon_info: DaemonAnswer | None,
     detection: cdi.Detection,
     owner: Mapping[str, str],
@@ -308,7 +356,8 @@ def reserve(
     after: Callable[[Callable[[], None]], None] | None = None,
 ) -> Created:
     """Under the ledger lock: read the ledger, choose and create the container, signed with `owner`'s lease (the
-    process that will start it); the lock is let go once it exists. Held cards are CardHeldError (75).
+    process that will start it); the lock is let go once it exists. Held cards are CardHeldError (75). `cards_of`
+    gives NVML's cards and the picks (CardReading.get: read while the lock was taken).
     `missing_image` is called outside the lock; `admit` judges the booking under it (gpupin.hostagent.policy.admit);
     `spares` and `after` are the resident agent's (gpupin.hostagent.ledger.lock)."""
     guard = lock.LedgerLock(api, req.image, missing_image=missing_image, spares=spares, after=after)
@@ -318,6 +367,7 @@ def reserve(
             with guard:
                 mark("locked")
                 _failpoint("after-lock")
+                cards, picks = cards_of()
                 ledger = ledger_read.read_ledger(api, cards, daemon_info)
                 mark("looked")
                 _remove_orphans(api, ledger, notify)
@@ -354,35 +404,47 @@ def reserve(
 def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | ContainerSpec:
     """Everything up to a started container (or, with --dry-run, up to its spec). `wait_loop`: the --wait this run
     already waits in (a run through the agent that goes on without it keeps its place in the queue)."""
-    cards, picks = read_cards(req)
     if req.dry_run:
+        cards, picks = read_cards(req)
+        mark("cards")
         return _dry_run_spec(req, cards, picks)
-    api = engine.connect()
-    mark("connected")
-    daemon_info, detection = engine.daemon_view(api, ask=req.via is None)
-    # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is missing
-    # (or --pull always asks for a pull first).
-    if req.pull == "always":
-        image.ensure(api, req)
-    admit = _admit(req)
-    with contextlib.nullcontext(wait_loop) if wait_loop is not None else WaitLoop(req) as waiting:
-        while True:
-            try:
-                created = reserve(
-                    api,
-                    req,
-                    cards,
-                    picks,
-                    daemon_info,
-                    detection,
-                    lease.claim(),
-                    missing_image=lambda: image.ensure(api, req),
-                    admit=admit,
-                )
-                break
-            except CardHeldError as err:
-                waiting.refused(err)
-        waiting.close()  # booked: out of the queue before the start
+    reading = CardReading(req)  # NVML, while the daemon is asked and the lock taken (CardReading says why)
+    try:
+        api = engine.connect()
+        mark("connected")
+        daemon_info, detection = engine.daemon_view(api, ask=req.via is None)
+
+        def missing_image() -> None:
+            reading.get()  # a card that is not there is refused before any pull
+            image.ensure(api, req)
+
+        # The lock's create needs the image, so it checks it too: image.ensure (pull or 125) runs only when it is
+        # missing (or --pull always asks for a pull first).
+        if req.pull == "always":
+            missing_image()
+        admit = _admit(req)
+        with contextlib.nullcontext(wait_loop) if wait_loop is not None else WaitLoop(req) as waiting:
+            while True:
+                try:
+                    created = reserve(
+                        api,
+                        req,
+                        reading.get,
+                        daemon_info,
+                        detection,
+                        lease.claim(),
+                        missing_image=missing_image,
+                        admit=admit,
+                    )
+                    break
+                except CardHeldError as err:
+                    waiting.refused(err)
+            waiting.close()  # booked: out of the queue before the start
+    except BaseException as err:
+        first = reading.first(err)
+        if first is err:
+            raise
+        raise first from None
     attachment = start.start(engine.follower(api.api_version), created.cid, Follow.of(req), created.spec.pin.via)
     return Launched(created.cid, created.spec, attachment)
 

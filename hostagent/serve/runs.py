@@ -116,14 +116,14 @@ class Runs:
         admit = self._admit(req, peer)  # a --for past the policy's maximum: refused before anything is read
         lines: list[str] = []
         cards, picks = launch.read_cards(req, lines.append)
+        mark("cards")
         api = self._client()
         try:
             daemon_info, detection = engine.daemon_view(api, ask=req.via is None, info_of=self.info)
             created = launch.reserve(
                 api,
                 req,
-                cards,
-                picks,
+                lambda: (cards, picks),
                 daemon_info,
                 detection,
                 owner,
