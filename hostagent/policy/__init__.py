@@ -7,11 +7,9 @@ included. Every key, and who a rule applies to: docs/policy.md.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import re
 import sys
-from dataclasses import dataclass, field
 
 from gpupin.core.errors import UsageError, printable
 from gpupin.hostagent.ledger.booking import LONGEST_S as LONGEST_S  # the longest duration said anywhere
@@ -59,54 +57,123 @@ def policy_path() -> str:
 # --- the model ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Quota:
+class _Rule:
+    """A value of the policy's model, equal, hashed and shown by its fields (`FIELDS`), never changed once made.
+    Plain classes, not dataclasses: importing dataclasses (inspect, ast, dis and tokenize with it) and building
+    these five with it took ~10 ms of every run without the agent, which reads the policy (docs/benchmarks.md)."""
+
+    __slots__ = ()
+    FIELDS: tuple[str, ...] = ()  # in the order they are shown
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, k) for k in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, _Rule)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.FIELDS)})"
+
+    def as_json(self) -> JSONObject:
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+
+class Quota(_Rule):
     """What one caller may hold: cards at once, GPU-hours per day and per week, places in the queue. None: no
     limit."""
 
-    cards: int | None = None
-    gpu_hours_per_day: float | None = None
-    gpu_hours_per_week: float | None = None
-    waiters: int | None = None
+    __slots__ = FIELDS = ("cards", "gpu_hours_per_day", "gpu_hours_per_week", "waiters")
+
+    def __init__(
+        self,
+        cards: int | None = None,
+        gpu_hours_per_day: float | None = None,
+        gpu_hours_per_week: float | None = None,
+        waiters: int | None = None,
+    ) -> None:
+        self.cards = cards
+        self.gpu_hours_per_day = gpu_hours_per_day
+        self.gpu_hours_per_week = gpu_hours_per_week
+        self.waiters = waiters
 
 
-@dataclass(frozen=True)
-class BookingRule:
+class BookingRule(_Rule):
     """A booking's length: the default when a run says no --for, and the longest --for (or --for plus extensions)."""
 
-    default: float | None = None
-    max: float | None = None
+    __slots__ = FIELDS = ("default", "max")
+
+    def __init__(self, default: float | None = None, max: float | None = None) -> None:
+        self.default = default
+        self.max = max
 
 
-@dataclass(frozen=True)
-class IdleRule:
-    after: float
-    action: Literal["warn", "stop"]
-    grace: float
-    exempt: tuple[str, ...] = ()  # user names or uids, and @groups, whose containers may carry gpupin.idle=exempt
+class IdleRule(_Rule):
+    __slots__ = ("action", "after", "exempt", "grace")
+    FIELDS = ("after", "action", "grace", "exempt")
+
+    def __init__(
+        self, after: float, action: Literal["warn", "stop"], grace: float, exempt: tuple[str, ...] = ()
+    ) -> None:
+        self.after = after
+        self.action = action
+        self.grace = grace
+        self.exempt = exempt  # user names or uids, and @groups, whose containers may carry gpupin.idle=exempt
 
 
-@dataclass(frozen=True)
-class NotifyRule:
-    command: list[str] | None
-    webhook: str | None
-    before_end: float = BEFORE_END_S
+class NotifyRule(_Rule):
+    __slots__ = ("before_end", "command", "webhook")
+    FIELDS = ("command", "webhook", "before_end")
+
+    def __init__(self, command: list[str] | None, webhook: str | None, before_end: float = BEFORE_END_S) -> None:
+        self.command = command
+        self.webhook = webhook
+        self.before_end = before_end
 
 
-@dataclass(frozen=True, eq=False)
-class Policy:
+class Policy(_Rule):
     """The policy the agent enforces. Built by `load_policy` (or `Policy.empty()`), never changed: a reload makes a
-    new one."""
+    new one. Equal to another whatever file each was read from (`path`)."""
 
-    booking: BookingRule = BookingRule()
-    booking_users: Mapping[str, BookingRule] = field(default_factory=dict)
-    booking_groups: Mapping[str, BookingRule] = field(default_factory=dict)
-    quotas: Quota = Quota()
-    quota_users: Mapping[str, Quota] = field(default_factory=dict)
-    quota_groups: Mapping[str, Quota] = field(default_factory=dict)
-    idle: IdleRule | None = None
-    notify: NotifyRule | None = None
-    path: str | None = None  # the file it was read from; None: no file, nothing enforced
+    __slots__ = (
+        "booking",
+        "booking_groups",
+        "booking_users",
+        "idle",
+        "notify",
+        "path",
+        "quota_groups",
+        "quota_users",
+        "quotas",
+    )
+    FIELDS = ("booking", "booking_users", "booking_groups", "quotas", "quota_users", "quota_groups", "idle", "notify")
+
+    def __init__(
+        self,
+        booking: BookingRule | None = None,
+        booking_users: Mapping[str, BookingRule] | None = None,
+        booking_groups: Mapping[str, BookingRule] | None = None,
+        quotas: Quota | None = None,
+        quota_users: Mapping[str, Quota] | None = None,
+        quota_groups: Mapping[str, Quota] | None = None,
+        idle: IdleRule | None = None,
+        notify: NotifyRule | None = None,
+        path: str | None = None,
+    ) -> None:
+        self.booking = BookingRule() if booking is None else booking
+        self.booking_users: Mapping[str, BookingRule] = {} if booking_users is None else booking_users
+        self.booking_groups: Mapping[str, BookingRule] = {} if booking_groups is None else booking_groups
+        self.quotas = Quota() if quotas is None else quotas
+        self.quota_users: Mapping[str, Quota] = {} if quota_users is None else quota_users
+        self.quota_groups: Mapping[str, Quota] = {} if quota_groups is None else quota_groups
+        self.idle = idle
+        self.notify = notify
+        self.path = path  # the file it was read from; None: no file, nothing enforced
 
     @classmethod
     def empty(cls) -> Policy:
@@ -126,14 +193,7 @@ class Policy:
             )
         )
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Policy):
-            return NotImplemented
-        return all(
-            getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self) if f.name != "path"
-        )
-
-    __hash__ = object.__hash__
+    __hash__ = object.__hash__  # its tables are dicts
 
     # -- who a rule applies to --
 
@@ -159,9 +219,9 @@ class Policy:
         the top table's."""
         rules = self._rules(users, groups, uid, gids)
         values = {}
-        for f in dataclasses.fields(top):
-            found = [getattr(r, f.name) for r in rules if getattr(r, f.name) is not None]
-            values[f.name] = max(found) if found else getattr(top, f.name)
+        for name in top.FIELDS:
+            found = [getattr(r, name) for r in rules if getattr(r, name) is not None]
+            values[name] = max(found) if found else getattr(top, name)
         return type(top)(**values)
 
     def booking_default(self, uid: int | None, gids: frozenset[int]) -> float | None:
@@ -206,7 +266,7 @@ class Policy:
                 )
             )
         q = self.quotas
-        quota = [f"{f.name} {getattr(q, f.name):g}" for f in dataclasses.fields(q) if getattr(q, f.name) is not None]
+        quota = [f"{k} {getattr(q, k):g}" for k in q.FIELDS if getattr(q, k) is not None]
         if quota:
             parts.append("quota " + ", ".join(quota))
         n_over = len(self.booking_users) + len(self.booking_groups) + len(self.quota_users) + len(self.quota_groups)
@@ -222,14 +282,14 @@ class Policy:
         """The policy as plain data (`policy check --json`, /api/info)."""
         return {
             "path": self.path,
-            "booking": dataclasses.asdict(self.booking),
-            "booking_users": {k: dataclasses.asdict(v) for k, v in self.booking_users.items()},
-            "booking_groups": {k: dataclasses.asdict(v) for k, v in self.booking_groups.items()},
-            "quota": dataclasses.asdict(self.quotas),
-            "quota_users": {k: dataclasses.asdict(v) for k, v in self.quota_users.items()},
-            "quota_groups": {k: dataclasses.asdict(v) for k, v in self.quota_groups.items()},
-            "idle": dataclasses.asdict(self.idle) if self.idle else None,
-            "notify": dataclasses.asdict(self.notify) if self.notify else None,
+            "booking": self.booking.as_json(),
+            "booking_users": {k: v.as_json() for k, v in self.booking_users.items()},
+            "booking_groups": {k: v.as_json() for k, v in self.booking_groups.items()},
+            "quota": self.quotas.as_json(),
+            "quota_users": {k: v.as_json() for k, v in self.quota_users.items()},
+            "quota_groups": {k: v.as_json() for k, v in self.quota_groups.items()},
+            "idle": self.idle.as_json() if self.idle else None,
+            "notify": self.notify.as_json() if self.notify else None,
         }
 
 
