@@ -19,17 +19,18 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+# The patterns are compiled on first use (re caches them), not at import: a run through the agent uses none.
 _HEX = "[0-9a-fA-F]"
 _UUID_BODY = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
-_GPU_UUID = re.compile(f"(?i:GPU)-({_UUID_BODY})")
-_MIG_UUID = re.compile(f"(?i:MIG)-({_UUID_BODY})")
+_GPU_UUID = f"(?i:GPU)-({_UUID_BODY})"
+_MIG_UUID = f"(?i:MIG)-({_UUID_BODY})"
 # Drivers before R470 named MIG devices by parent UUID, GPU instance and compute instance.
-_MIG_LEGACY = re.compile(f"(?i:MIG)-(?i:GPU)-({_UUID_BODY})/([0-9]+)/([0-9]+)")
+_MIG_LEGACY = f"(?i:MIG)-(?i:GPU)-({_UUID_BODY})/([0-9]+)/([0-9]+)"
 # Anything that can only be meant as a (possibly partial) UUID: a tag, then hex digits and dashes, no longer than
 # the 36 characters of a whole UUID (a longer "prefix" is a prefix of nothing).
-_UUID_PREFIX = re.compile(r"(?i:(GPU|MIG(?:-GPU)?))-([0-9a-fA-F-]{0,36})")
+_UUID_PREFIX = r"(?i:(GPU|MIG(?:-GPU)?))-([0-9a-fA-F-]{0,36})"
 # An NVML index, or a MIG device by index pair: ASCII digits, as the NVIDIA runtime and nvidia-smi write them.
-_INDEX_KEY = re.compile(r"([0-9]+)(?::([0-9]+))?")
+_INDEX_KEY = r"([0-9]+)(?::([0-9]+))?"
 WHOLE = -1  # index_key's MIG device of a whole card
 
 
@@ -105,13 +106,13 @@ def normalize_uuid(text: str) -> str:
     `GPU-` + lower-case hex; MIG UUIDs in either style (`MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`).
     """
     t = text.strip()
-    m = _GPU_UUID.fullmatch(t)
+    m = re.fullmatch(_GPU_UUID, t)
     if m:
         return "GPU-" + m.group(1).lower()
-    m = _MIG_UUID.fullmatch(t)
+    m = re.fullmatch(_MIG_UUID, t)
     if m:
         return "MIG-" + m.group(1).lower()
-    m = _MIG_LEGACY.fullmatch(t)
+    m = re.fullmatch(_MIG_LEGACY, t)
     if m:
         return f"MIG-GPU-{m.group(1).lower()}/{int(m.group(2))}/{int(m.group(3))}"
     raise UsageError(
@@ -124,7 +125,7 @@ def index_key(text: str) -> tuple[int, int] | None:
     """(card, MIG device) of an NVML index (`2` -> (2, WHOLE)) or a MIG device by index pair (`0:1` -> (0, 1)), in
     ASCII digits as the NVIDIA runtime and nvidia-smi write them; None for any other text. The keys sort as NVML
     lists the devices: a card, then its MIG devices."""
-    m = _INDEX_KEY.fullmatch(text)
+    m = re.fullmatch(_INDEX_KEY, text)
     if m is None:
         return None
     return int(m.group(1)), WHOLE if m.group(2) is None else int(m.group(2))
@@ -132,13 +133,13 @@ def index_key(text: str) -> tuple[int, int] | None:
 
 def is_full_uuid(text: str) -> bool:
     t = text.strip()
-    return bool(_GPU_UUID.fullmatch(t) or _MIG_UUID.fullmatch(t) or _MIG_LEGACY.fullmatch(t))
+    return bool(re.fullmatch(_GPU_UUID, t) or re.fullmatch(_MIG_UUID, t) or re.fullmatch(_MIG_LEGACY, t))
 
 
 def is_uuid_like(text: str) -> bool:
     """True for a full UUID or a prefix of one with at least one hex digit (`GPU-1c5e`, `MIG-GPU-3f`), at most as
     long as a whole UUID."""
-    m = _UUID_PREFIX.fullmatch(text.strip())
+    m = re.fullmatch(_UUID_PREFIX, text.strip())
     return bool(m and m.group(2).strip("-"))
 
 
@@ -148,7 +149,7 @@ def is_mig(uuid: str) -> bool:
 
 def mig_legacy_parts(uuid: str) -> tuple[str, int, int] | None:
     """(parent GPU UUID, GPU instance id, compute instance id) of an old-style MIG UUID, else None."""
-    m = _MIG_LEGACY.fullmatch(uuid.strip())
+    m = re.fullmatch(_MIG_LEGACY, uuid.strip())
     if not m:
         return None
     return "GPU-" + m.group(1).lower(), int(m.group(2)), int(m.group(3))

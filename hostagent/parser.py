@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 DESCRIPTION = "`hostagent`: pin containers to physical GPUs through the Docker Engine, and never double-book a card."
 # argparse's wording (3.11: quoted choices; 3.12.8 and later: bare ones).
-_INVALID_CHOICE = re.compile(r"argument (?P<arg>\S+): invalid choice: (?P<word>.*) \(choose from (?P<choices>.*)\)$")
+_INVALID_CHOICE = r"argument (?P<arg>\S+): invalid choice: (?P<word>.*) \(choose from (?P<choices>.*)\)$"
 
 
 class Formatter(argparse.HelpFormatter):
@@ -55,7 +55,7 @@ class Parser(argparse.ArgumentParser):
         command = next((a for a in self.argv if a in completion.subcommands(self)), None) if self.prog == PROG else None
         where = f"{PROG} {command}" if command else self.prog
         hint = f"see `{where} --help`"
-        choice = _INVALID_CHOICE.match(message)
+        choice = re.match(_INVALID_CHOICE, message)
         if choice:  # a mistyped command or choice: the visible choices, and the nearest one
             import difflib
 

@@ -25,7 +25,7 @@ MAX_BYTES = 1 << 20  # one spec file: NVIDIA's for 8 cards with every MIG device
 MAX_FILES = 64  # spec files read in one folder (a host has one or two)
 MIN_API = "1.44"  # CDISpecDirs in /info (Engine 25): an older daemon has no CDI
 # The CDI library's rules: vendor and class of letters, digits, '.', '-', '_'; names add ':'.
-_QUALIFIED = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)=([A-Za-z0-9_.:-]+)")
+_QUALIFIED = r"([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)=([A-Za-z0-9_.:-]+)"
 
 
 def name(device: str) -> str:
@@ -35,7 +35,7 @@ def name(device: str) -> str:
 
 def parse(text: str) -> tuple[str, str] | None:
     """(kind, device name) of a qualified CDI name, or None for text that is not one (a path, a bare id)."""
-    m = _QUALIFIED.fullmatch(text.strip())
+    m = re.fullmatch(_QUALIFIED, text.strip())
     return (f"{m.group(1)}/{m.group(2)}", m.group(3)) if m else None
 
 
@@ -81,8 +81,8 @@ class Detection:
         return f"Detection(served={self.served}, {self.why})"
 
 
-_TOP_KEY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):(.*)")
-_ITEM_NAME = re.compile(r"(?:- +)?name: *(.*)")
+_TOP_KEY = r"([A-Za-z_][A-Za-z0-9_]*):(.*)"
+_ITEM_NAME = r"(?:- +)?name: *(.*)"
 
 
 def _scalar(text: str) -> str:
@@ -106,7 +106,7 @@ def _block_names(text: str) -> tuple[str, list[str]] | None:
         if not line.strip() or line.lstrip().startswith("#") or line in ("---", "..."):
             continue
         if not line[0].isspace() and not line.startswith("-"):  # a top-level key
-            m = _TOP_KEY.fullmatch(line)
+            m = re.fullmatch(_TOP_KEY, line)
             if m is None:
                 return None
             in_devices = m.group(1) == "devices"
@@ -126,7 +126,7 @@ def _block_names(text: str) -> tuple[str, list[str]] | None:
             if len(line) - len(rest) == item_col:
                 stripped, col = rest, item_col
         if col == item_col:
-            m = _ITEM_NAME.fullmatch(stripped)
+            m = re.fullmatch(_ITEM_NAME, stripped)
             if m is not None:
                 names.append(_scalar(m.group(1)))
     return (kind, names) if kind and names else None

@@ -35,7 +35,7 @@ FOR_LABEL = "gpupin.booking.for"  # a compose or swarm service's booking: its le
 SWARM_SERVICE_LABEL = "com.docker.swarm.service.id"  # on the containers of a swarm service's tasks
 LONGEST_S = 366 * 86400.0  # the longest duration a policy, `--for` or a compose service may say: a year
 STATE_FILE = "bookings.json"
-_FORM = re.compile(r"^uid=([0-9]{1,10}) since=([0-9]{1,12})(?: until=([0-9]{1,12}))?$")
+_FORM = r"^uid=([0-9]{1,10}) since=([0-9]{1,12})(?: until=([0-9]{1,12}))?$"
 
 
 class Booking:
@@ -53,7 +53,7 @@ class Booking:
 # --- durations --------------------------------------------------------------------------------------------------
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-_PART = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhdw])")
+_PART = r"([0-9]{1,9}(?:\.[0-9]{1,6})?)([smhdw])"
 
 
 def parse_duration(text: str) -> float:
@@ -64,7 +64,7 @@ def parse_duration(text: str) -> float:
     s = text.strip().lower()
     pos, total, units = 0, 0.0, []
     while pos < len(s):
-        m = _PART.match(s, pos)
+        m = re.compile(_PART).match(s, pos)
         if m is None:
             raise ValueError(f"{printable(text)!r} is not a duration (e.g. 45s, 90m, 4h, 2d, 1w, 1h30m)")
         if m[2] in units:
@@ -97,7 +97,7 @@ def format_duration(seconds: float) -> str:
 
 def parse(value: str | None) -> Booking | None:
     """The label's booking; None when absent or not of its form (a hand-made label books nothing)."""
-    m = _FORM.match(value or "")
+    m = re.match(_FORM, value or "")
     if m is None:
         return None
     return Booking(int(m[1]), int(m[2]), int(m[3]) if m[3] else None)

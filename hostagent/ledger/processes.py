@@ -278,7 +278,7 @@ def blocking(cards: Sequence[Card], uses: Iterable[GpuProcess], attributed: bool
 
 
 # A path part that is a container's cgroup: an optional engine prefix, the 64-hex id, an optional .scope.
-_CONTAINER_PART = re.compile(r"(?:([A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*)-)?([0-9a-f]{64})(?:\.scope)?")
+_CONTAINER_PART = r"(?:([A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*)-)?([0-9a-f]{64})(?:\.scope)?"
 # The runtime a cgroup prefix names (libpod: podman's scopes, `libpod-<id>.scope`, and its conmon's).
 _RUNTIMES = {"libpod": "podman", "libpod-conmon": "podman", "docker": "docker"}
 # ioctl(2) requests on a namespace file (linux/nsfs.h: _IO(0xb7, 2), _IO(0xb7, 4)); user namespaces nest 32 deep.
@@ -444,7 +444,7 @@ def _named(cgroup: str) -> tuple[str, str, str] | None:
     """(the id, the path that names it, the part's prefix), innermost first."""
     for path in reversed(_paths(cgroup)):
         for part in reversed(path.split("/")):
-            m = _CONTAINER_PART.fullmatch(part)
+            m = re.fullmatch(_CONTAINER_PART, part)
             if m:
                 return m.group(2), path, m.group(1) or ""
     return None

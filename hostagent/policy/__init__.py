@@ -517,7 +517,8 @@ def _idle(r: _Mistakes, data: Any) -> IdleRule | None:
     return IdleRule(after=after, action=action, grace=grace, exempt=tuple(names))
 
 
-_LOOPBACK = re.compile(r"^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|localhost|\[::1\])(:[0-9]{1,5})?(/[^\s]*)?$")
+# Compiled when a policy names a webhook (re caches it), not at import: a run without the agent imports this module.
+_LOOPBACK = r"^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|localhost|\[::1\])(:[0-9]{1,5})?(/[^\s]*)?$"
 
 
 def _notify(r: _Mistakes, data: Any) -> NotifyRule | None:
@@ -535,7 +536,7 @@ def _notify(r: _Mistakes, data: Any) -> NotifyRule | None:
         )
         command = None
     hook = t.get("webhook")
-    if hook is not None and (not isinstance(hook, str) or not _LOOPBACK.match(hook)):
+    if hook is not None and (not isinstance(hook, str) or not re.match(_LOOPBACK, hook)):
         r.wrong("notify.webhook", f"must be a loopback http:// URL (127.0.0.1, localhost, [::1]), not {_shown(hook)}")
         hook = None
     before = r.duration(t, "notify", "before_end") if "before_end" in t else BEFORE_END_S

@@ -22,14 +22,14 @@ if TYPE_CHECKING:
     from gpupin.core import JSONObject
 
 
-_SIZE = re.compile(r"(\d+(?:\.\d+)*) ?([kmgtp])?i?b?", re.ASCII | re.IGNORECASE)
+_SIZE = r"(?ai)(\d+(?:\.\d+)*) ?([kmgtp])?i?b?"
 _BINARY = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 _MAX = 2**63  # an int64: past it the CLI's conversion overflows; refused here
 
 
 def ram_in_bytes(text: str) -> int:
     """The bytes of a size as `docker run --memory` reads it; ValueError on text the docker CLI refuses."""
-    m = _SIZE.fullmatch(text)
+    m = re.fullmatch(_SIZE, text)
     try:
         number = float(m.group(1)) if m else None  # "1.5.5" passes the pattern, not the float (as in Go)
     except ValueError:
