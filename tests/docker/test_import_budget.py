@@ -35,13 +35,13 @@ AGENT = STARTUP | {
     "select", "shlex", "signal", "socket", "string", "struct", "threading", "types", "warnings", "weakref",
     "array", "fnmatch", "importlib", "ipaddress", "pathlib", "selectors", "urllib",
 }  # fmt: skip
-# Without the agent on the local socket: NVML, the ledger, the lock and the create too; still no SDK.
+# Without the agent on the local socket: NVML (nvidia-ml-py brings ctypes.util: shutil, subprocess, tempfile), the
+# ledger, the lock and the create too; still no SDK, and no dataclasses (with inspect, ast and dis: the policy's model
+# is plain classes).
 UNIX = AGENT | {
-    "_ast", "_bisect", "_bz2", "_compression", "_ctypes", "_datetime", "_lzma", "_opcode", "_posixsubprocess",
-    "_random", "_sha512", "array", "ast", "bisect", "bz2", "ctypes", "dataclasses", "datetime", "dis", "fcntl",
-    "fnmatch", "importlib", "inspect", "ipaddress", "linecache", "lzma", "msvcrt", "opcode", "org", "pathlib",
-    "pynvml", "random", "selectors", "shutil", "subprocess", "tempfile", "token", "tokenize", "urllib", "zlib",
-    "copy",
+    "_bisect", "_bz2", "_compression", "_ctypes", "_datetime", "_lzma", "_posixsubprocess", "_random", "_sha512",
+    "array", "bisect", "bz2", "ctypes", "datetime", "fcntl", "fnmatch", "importlib", "ipaddress", "lzma", "msvcrt",
+    "org", "pathlib", "pynvml", "random", "selectors", "shutil", "subprocess", "tempfile", "urllib", "zlib", "copy",
 }  # fmt: skip
 # Over tcp: the docker SDK and what it brings (requests, urllib3, http.client, ssl, email...).
 SDK_TOP = {
@@ -49,7 +49,7 @@ SDK_TOP = {
     "hashlib", "hmac", "_hashlib", "_blake2", "_ssl", "_csv", "_heapq", "_queue", "_typing", "atexit", "backports",
     "binascii", "brotli", "brotlicffi", "calendar", "chardet", "csv", "gc", "grp", "heapq", "logging", "mimetypes",
     "netrc", "paramiko", "pwd", "pywintypes", "queue", "quopri", "simplejson", "socks", "stringprep", "tarfile",
-    "textwrap", "traceback", "typing", "unicodedata", "zipfile",
+    "textwrap", "traceback", "typing", "unicodedata", "zipfile", "linecache", "token", "tokenize",
 }  # fmt: skip
 # Ceilings in multiples of the bare interpreter's import time. Measured on a 2-core machine at a load average of
 # 10: agent 4.6x to 4.7x, unix 4.3x to 21.6x (Engine 26), sdk 16.6x to 19.6x; the module lists are the exact guard,
