@@ -302,7 +302,9 @@ class CardReading:
     and health, which no other client's booking changes, and which this process read before the lock already.
     What a run says stays in its order: the thread's warnings are said when the cards are taken, and an NVML
     refusal (no driver, a card that is not there) is the run's refusal whatever failed after it (`first`), as when
-    NVML was read before anything else; a missing image is pulled only once the cards are known (`launch`)."""
+    NVML was read before anything else; a missing image is pulled only once the cards are known (`launch`).
+    The cost: where NVML is slower than the lock's create (a host whose driver is not kept loaded: nvmlInit can take
+    a second), the lock is held that much longer, inside its lease (`LedgerLock.check` still guards the create)."""
 
     def __init__(self, req: RunRequest, notify: Callable[[str], None] = say) -> None:
         self._notify = notify
