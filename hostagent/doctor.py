@@ -354,7 +354,7 @@ def check_policy(host: HostFiles) -> list[Finding]:
             path,
             f"the policy has a mistake: {m}",
             "fix it (`hostagent policy check`), then `systemctl reload gpupin-hostagent`: meanwhile the agent keeps "
-            "the last good policy it read",
+            "the last good policy it read (a restart, the last one it saved; with none saved it does not start)",
         )
         for m in check_policy(path)
     ]
