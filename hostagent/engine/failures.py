@@ -30,6 +30,18 @@ def _os_error(err: BaseException, depth: int = 0) -> OSError | None:
     return None
 
 
+def _me() -> str:
+    """This process's user as the kernel names it (never $USER, which a setuid or setpriv leaves as it was)."""
+    import os
+    import pwd
+
+    uid = os.getuid()
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def unavailable(err: BaseException) -> DockerUnavailableError:
     import errno
 
@@ -37,11 +49,8 @@ def unavailable(err: BaseException) -> DockerUnavailableError:
     if found is not None and found.errno in (errno.EACCES, errno.EPERM):
         # The daemon answers; this user may not use its socket (not in the docker group). Starting dockerd would
         # not help, and the SDK's tuple of wrapped errors is no message.
-        import getpass
-
         return DockerUnavailableError(
-            f"the Docker daemon at {docker_host()} refused this user ({getpass.getuser()}): permission denied on its "
-            "socket",
+            f"the Docker daemon at {docker_host()} refused this user ({_me()}): permission denied on its socket",
             "ask the host's owner for the docker group (then log in again), or run through the resident agent, whose "
             "socket group may book for you (`hostagent serve --group`)",
         )
