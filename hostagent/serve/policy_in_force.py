@@ -156,7 +156,7 @@ class PolicyInForce:
             return
         from gpupin.core.files import write_atomic
 
-        head = f"# The last good policy the agent read, from {self.path} (docs/policy.md, Reloading).\n"
+        head = self._head()
         try:
             with contextlib.suppress(FileNotFoundError):
                 if _read_own(self.saved) == head + text:
@@ -165,6 +165,10 @@ class PolicyInForce:
         except (OSError, UsageError) as err:
             say(f"policy: the good policy could not be saved in {printable(self.saved)}: {err}")
 
+    def _head(self) -> str:
+        """The saved copy's first line: which file it is a copy of (a copy of another file is not this one's)."""
+        return f"# The last good policy the agent read, from {printable(self.path)} (docs/policy.md, Reloading).\n"
+
     def _saved(self) -> tuple[Policy, float] | None:
         """The last good policy saved, and when it was saved; None when there is none the agent may trust."""
         if self._own_folder() is None or self.saved is None:
@@ -172,6 +176,8 @@ class PolicyInForce:
         try:
             text = _read_own(self.saved)
             at = os.stat(self.saved).st_mtime
+            if not text.startswith(self._head()):
+                raise UsageError(f"it is the copy of another file than {printable(self.path)}")
             return parse_policy(text, self.saved), at
         except (OSError, UsageError, UnicodeDecodeError) as err:  # gone, another's, or no longer good
             if not isinstance(err, FileNotFoundError):

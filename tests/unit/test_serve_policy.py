@@ -73,6 +73,34 @@ def test_a_start_on_mistakes_keeps_the_last_good_policy_saved(tmp_path: Path) ->
     assert "idle after 30s, the policy's [idle]" in again.stderr, again.stderr
 
 
+def test_a_saved_copy_of_another_file_or_of_another_user_is_not_kept(tmp_path: Path) -> None:
+    """The copy is this file's, and the agent's own: a copy saved from another --policy, or one another user may
+    write, is not a good policy of this host; the start is refused as with none."""
+    path = tmp_path / "policy.toml"
+    path.write_text(BAD)
+    folder = tmp_path / "agent"
+    folder.mkdir(mode=0o700)
+    saved = folder / "policy.last-good.toml"
+    where = ["--socket", str(folder / "s.sock"), "--record", str(folder / "record.db"), "--http", "none"]
+    for text, mode in (
+        (
+            f"# The last good policy the agent read, from {tmp_path}/other.toml (docs/policy.md, Reloading).\n" + GOOD,
+            0o644,
+        ),
+        (f"# The last good policy the agent read, from {path} (docs/policy.md, Reloading).\n" + GOOD, 0o666),
+    ):
+        saved.write_text(text)
+        saved.chmod(mode)
+        r = subprocess.run(
+            [HOSTAGENT, "serve", *where, "--policy", str(path)],
+            env=simhost_env(DOCKER_HOST=NO_DOCKER), capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        refused = [line for line in r.stderr.splitlines() if "ERROR:" in line]
+        assert r.returncode == 64 and len(refused) == 2, r.stderr
+        assert "is not used" in r.stderr, r.stderr
+        assert sorted(os.listdir(folder)) == ["policy.last-good.toml"]  # nothing made
+
+
 def test_a_user_the_host_no_longer_has_is_a_warning_and_the_rest_is_enforced(tmp_path: Path) -> None:
     path = tmp_path / "policy.toml"
     path.write_text(GOOD + "[quota.user.a-student-who-left]\ncards = 4\n")
