@@ -213,11 +213,11 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
     g.add_argument(
         "--wait",
         type=_wait_value,
-        metavar="WAIT",
+        metavar="SECONDS",
         nargs="?",
         const=math.inf,
-        help="wait for held cards (forever, or at most WAIT: seconds, or a duration as --for takes it: 90s, 5m, "
-        "2h) instead of exiting 75; with the agent "
+        help="wait for held cards (forever, or at most SECONDS: a number, or a duration as --for takes it: 90s, "
+        "5m, 2h) instead of exiting 75; with the agent "
         "up, in its fair queue (`hostagent queue`)",
     )
     g.add_argument(
