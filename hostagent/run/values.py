@@ -12,7 +12,7 @@ import os
 import re
 
 from gpupin.core.errors import GpupinError, UsageError, shown
-from gpupin.hostagent.run.reads import read_file, workdir
+from gpupin.hostagent.run.reads import CallersOwn, in_the_agent, read_file, workdir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -72,6 +72,24 @@ def cpus(value: str) -> int:
     return int(nano)
 
 
+def wait_seconds(text: str) -> float:
+    """--wait's value: a number of seconds (300), or a duration as --for takes it (90s, 5m, 2h); empty, `inf` or
+    `forever`: no end. ValueError otherwise: a negative or unreadable wait is refused, never taken as the image."""
+    import math
+
+    if text in ("", "inf", "forever"):
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        from gpupin.hostagent.ledger.booking import parse_duration  # only for a value that is not a number
+
+        return parse_duration(text)
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{text!r} is not a wait: give seconds (300) or a duration (90s, 5m, 2h), 0 or more")
+    return value
+
+
 def seconds(value: str) -> int:
     if not value.isascii() or not value.isdigit():
         raise ValueError("give a whole number of seconds >= 0")
@@ -93,8 +111,17 @@ def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> No
     from gpupin.hostagent.ledger import nodes  # only for a bind or a device: a plain run's parse does without
 
     local = _local_daemon()
+    if deep and local and in_the_agent() and os.path.isdir(host_path):
+        # A folder's walk is the caller's own: with its rights, and on its own time (it may be /usr).
+        raise CallersOwn(f"{option} {shown(value)}: a --device folder is walked with the caller's own rights")
     try:
         reached = nodes.reaches_gpu_node(host_path, local=local, deep=deep)
+    except nodes.TreeTooLarge:
+        raise UsageError(
+            f"{option} {shown(value)}: the folder {shown(host_path)} holds more than {nodes.WALK_LIMIT} entries, too "
+            "many to tell whether it reaches an NVIDIA device node",
+            "give the device nodes the container needs one by one",
+        ) from None
     except OSError as err:  # unreadable here, yet the daemon (root) would bind it: unknown is refused
         raise UsageError(
             f"{option} {shown(value)}: the host path {shown(err.filename or host_path)} cannot be read by this user "
