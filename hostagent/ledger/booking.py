@@ -212,12 +212,25 @@ def left_s(until: float | None, now: float) -> int | None:
 
 
 def extended(
-    name: str, uid: int | None, since: float, until: float | None, seconds: float, caller: Caller, policy: Rules
+    name: str,
+    uid: int | None,
+    since: float,
+    until: float | None,
+    seconds: float,
+    caller: Caller,
+    policy: Rules,
+    claimed: int | None = None,
 ) -> int:
-    """The new end of a booking (its owner `uid`, `since`, its end now `until`) that `caller` extends by `seconds`:
-    only its owner or root extends it (a service's own label, no owner: root alone), a booking with no end is not
-    extended, and the booking stays within the longest the policy gives the caller (booking.max). `name`: the
-    container, as the refusals say it."""
+    """The new end of a booking (its owner `uid`, the one the agent proves; `since`, its end now `until`) that
+    `caller` extends by `seconds`: only its owner or root extends it (no owner proven: root alone), a booking with no
+    end is not extended, and the booking stays within the longest the policy gives the caller (booking.max).
+    `name`: the container, as the refusals say it; `claimed`: the uid its label names where none is proven."""
+    if uid is None and claimed is not None and caller.uid != 0:
+        raise UsageError(
+            f"{name}'s label names uid {claimed}, but the agent did not create it: its owner is unverified, and only "
+            "root extends it",
+            "extend the bookings the agent made for you (hostagent run through the agent)",
+        )
     if uid is None and caller.uid != 0:
         raise UsageError(
             f"{name} is booked by its own label ({FOR_LABEL}), which names no owner: only root extends it",
