@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import threading
@@ -142,7 +143,7 @@ class Bookings:
                 label_end = b.until
                 asked = None if b.until is None else b.until - start
                 length = booking.label_length(policy, asked)
-                b.until = None if length is None else int(start + max(1, round(length)))
+                b.until = None if length is None else math.ceil(start + max(1, round(length)))
                 if (claim or b.until != label_end) and h.id not in self._cut:
                     self._cut.add(h.id)
                     given = "no end" if length is None else booking.format_duration(length)
