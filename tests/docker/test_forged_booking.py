@@ -50,9 +50,21 @@ def forge(lab: Lab, name: str, gpu: str, booking: str, *labels: str) -> None:
 
 
 def held_by(view: dict[str, Any], name: str) -> dict[str, Any]:
-    found = [h for g in view["gpus"] for h in g["holders"] if h["name"] == name]
+    found: list[dict[str, Any]] = [h for g in view["gpus"] for h in g["holders"] if h["name"] == name]
     assert found, name
     return found[0]
+
+
+def ended(agent: Agent, name: str) -> dict[str, Any]:
+    """The container's State once it no longer runs (30 s at most)."""
+
+    def stopped() -> dict[str, Any] | None:
+        st = state(agent, name)
+        return None if st["Running"] else st
+
+    st = wait_for(stopped, 30, f"{name} to stop")
+    assert st is not None
+    return st
 
 
 def test_a_forged_booking_counts_for_no_one_and_the_victim_books(lab: Lab) -> None:
@@ -113,7 +125,7 @@ def test_a_forged_booking_ends_by_the_policy_for_everyone(agent: Agent, tmp_path
         assert r.returncode == 0, r.stderr
         seen = {name: lab.wait_holder(name) for name in (endless, direct)}
         for name, length in ((endless, 4), (direct, 8)):
-            st = wait_for(lambda n=name: None if state(agent, n)["Running"] else state(agent, n), 30, f"{name} ended")
+            st = ended(agent, name)
             ran = created_time(st["FinishedAt"]) - created_time(st["StartedAt"])
             assert length <= ran < length + 5 and st["ExitCode"] == 0, (name, st)  # its stop signal, within 5 s
             h = seen[name]
@@ -146,7 +158,7 @@ def test_a_forged_root_exemption_is_stopped_when_idle(agent: Agent, tmp_path: Pa
         assert done.returncode == 0, done.stderr
         own = run_as(agent, None, kept, "0", "--label", "gpupin.idle=exempt")
         assert own.returncode == 0, own.stderr
-        st = wait_for(lambda: None if state(agent, forged)["Running"] else state(agent, forged), 30, "forged stopped")
+        st = ended(agent, forged)
         assert st["ExitCode"] == 0, st  # by its stop signal
         assert state(agent, kept)["Running"]
         code, _, log = r.stop()
