@@ -35,6 +35,9 @@ FOR_LABEL = "gpupin.booking.for"  # a compose or swarm service's booking: its le
 SWARM_SERVICE_LABEL = "com.docker.swarm.service.id"  # on the containers of a swarm service's tasks
 LONGEST_S = 366 * 86400.0  # the longest duration a policy, `--for` or a compose service may say: a year
 STATE_FILE = "bookings.json"
+# The ends the agent gave the bookings it did not make (a claim's, a compose service's own), by the policy in force:
+# what `ls` without the agent shows, where the label alone would say more.
+JUDGED_FILE = "judged.json"
 _FORM = re.compile(r"^uid=([0-9]{1,10}) since=([0-9]{1,12})(?: until=([0-9]{1,12}))?$")
 
 
@@ -130,6 +133,28 @@ def read_extensions(folder: str) -> dict[str, int]:
     if not isinstance(data, dict):
         return {}
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+
+
+def read_judged(folder: str) -> dict[str, int | None]:
+    """The ends the agent judged (container id -> until, None: no end), {} when there are none, the file cannot be
+    read, or it or its folder could have been written by another user than root (gpupin.hostagent.ledger.owners)."""
+    from gpupin.core.files import read_bounded
+    from gpupin.hostagent.ledger.owners import trusted
+
+    path = os.path.join(folder, JUDGED_FILE)
+    try:
+        if not trusted(os.stat(folder)) or not trusted(os.lstat(path)):
+            return {}
+        data = json.loads(read_bounded(path, 1 << 22))
+    except Exception:  # absent, unreadable, not JSON: the labels' own ends
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        k: v
+        for k, v in data.items()
+        if isinstance(k, str) and (v is None or (isinstance(v, int) and not isinstance(v, bool)))
+    }
 
 
 # --- who books, and for how long ----------------------------------------------------------------------------------

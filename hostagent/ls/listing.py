@@ -57,9 +57,20 @@ def gather(warn: bool = True) -> Listing:
     docker, reading = read_ledger(cards, warn)
     out = assemble(cards, docker, reading)
     folder = agentdir.state_folder()
-    extend(out, booking.read_extensions(folder))  # `hostagent extend`'s, kept by the agent
     own(out, owners.uids(owners.read(folder)))  # who the agent created each container for
+    judge(out, booking.read_judged(folder))  # the ends it gave the bookings it did not make
+    extend(out, booking.read_extensions(folder))  # `hostagent extend`'s, kept by the agent
     return out
+
+
+def judge(listing: Listing, judged: Mapping[str, int | None]) -> None:
+    """The end the agent gave each booking it did not make (`judged`: container id -> until), in place of its
+    label's: a claim's or a compose service's own, cut to the policy's maximum (gpupin.hostagent.serve.bookings)."""
+    for card in listing.gpus:
+        for h in card.holders:
+            b = h.booking
+            if b is not None and h.id in judged and not (h.owner is not None and h.owner.verified):
+                b.until = judged[h.id]
 
 
 def own(listing: Listing, proven: Mapping[str, int], names: dict[int, str] | None = None) -> None:

@@ -73,6 +73,8 @@ class Bookings:
         self._stopping: dict[str, float] = {}  # container id -> when its stop was sent (monotonic)
         self._told: set[tuple[str, int]] = set()  # (container id, until) whose booking.ending went out
         self._cut: set[str] = set()  # container ids whose own booking label the policy changed (said once)
+        self._judged: dict[str, int | None] = {}  # container id -> the end given a booking the agent did not make
+        self._judged_file: str | None = None
         self.lateness: list[float] = []  # seconds between each end and its stop's signal (the log says each)
 
     # --- the state file ---
@@ -85,8 +87,10 @@ class Bookings:
             say(f"extensions of bookings are kept in memory only: {directory} is not the agent's own directory")
             return
         self._state = os.path.join(directory, booking.STATE_FILE)
+        self._judged_file = os.path.join(directory, booking.JUDGED_FILE)
         with self._lock:
             self._until.update(booking.read_extensions(directory))
+            self._judged = booking.read_judged(directory)
 
     def _save(self) -> None:
         """Write the extensions (under the lock); a failure is the caller's refusal: an extension that a restart
@@ -128,6 +132,7 @@ class Bookings:
         maximum it is cut to it, no end is the default, else the maximum (said once per container)."""
         policy = self.agent.in_force.policy
         labelled = set()
+        judged: dict[str, int | None] = {}
         for card in view.gpus:
             for h in card.holders:
                 b = h.booking
@@ -144,6 +149,7 @@ class Bookings:
                 asked = None if b.until is None else b.until - start
                 length = booking.label_length(policy, asked)
                 b.until = None if length is None else math.ceil(start + max(1, round(length)))
+                judged[h.id] = b.until
                 if (claim or b.until != label_end) and h.id not in self._cut:
                     self._cut.add(h.id)
                     given = "no end" if length is None else booking.format_duration(length)
@@ -152,6 +158,19 @@ class Bookings:
                     say(f"booking: {shown(h.name)} ({h.id[:12]}) {whose}asks {said} by its label: booked {given}")
         if view.docker.available:
             self._cut &= labelled  # bounded by the containers there are
+            if judged != self._judged:
+                self._judged = judged
+                self._save_judged()
+
+    def _save_judged(self) -> None:
+        """The ends judged, for `ls` without the agent (written when they change; a failure costs only that)."""
+        if self._judged_file is None:
+            return
+        from gpupin.core.files import write_atomic
+
+        with contextlib.suppress(GpupinError, OSError):
+            write_atomic(self._judged_file, (json.dumps(self._judged, sort_keys=True) + "\n").encode())
+            os.chmod(self._judged_file, 0o644)  # every user's `ls` reads it, whatever the agent's umask
 
     # --- extend ---
 

@@ -60,6 +60,7 @@ class Owners:
             for cid in sorted(self._owners, key=lambda c: self._owners[c][1])[: len(self._owners) - KEPT]:
                 del self._owners[cid]
         write_atomic(self._state, owners.dump(self._owners))
+        os.chmod(self._state, 0o644)  # every user's `ls` reads it, whatever the agent's umask (root alone writes it)
 
     def note(self, cid: str, uid: int) -> None:
         """The agent created `cid` for `uid`. A file that cannot be written is said; the owner is kept in memory
@@ -69,8 +70,8 @@ class Owners:
             self._looked.discard(cid)
             try:
                 self._save()
-            except GpupinError as err:
-                say(f"the owner of {cid[:12]} is kept in memory only: {err.message}")
+            except (GpupinError, OSError) as err:
+                say(f"the owner of {cid[:12]} is kept in memory only: {getattr(err, 'message', err)}")
 
     def get(self, cid: str) -> int | None:
         with self._lock:
@@ -100,7 +101,7 @@ class Owners:
                     changed = True
                 self._looked &= set(holders)
             if changed:
-                with contextlib.suppress(GpupinError):
+                with contextlib.suppress(GpupinError, OSError):
                     self._save()
             proven = owners.uids(self._owners)
         listing.own(view, proven, self._names)

@@ -124,6 +124,9 @@ def test_a_forged_booking_ends_by_the_policy_for_everyone(agent: Agent, tmp_path
         )
         assert r.returncode == 0, r.stderr
         seen = {name: lab.wait_holder(name) for name in (endless, direct)}
+        mine = lab.as_user(VICTIM, "ls", "--json")  # `ls` without the agent: the ends the agent gave them
+        assert mine.returncode == 0, mine.stderr
+        listed = json.loads(mine.stdout)
         for name, length in ((endless, 4), (direct, 8)):
             st = ended(agent, name)
             ran = created_time(st["FinishedAt"]) - created_time(st["StartedAt"])
@@ -131,6 +134,7 @@ def test_a_forged_booking_ends_by_the_policy_for_everyone(agent: Agent, tmp_path
             h = seen[name]
             assert h["owner"]["verified"] is False and h["owner"]["claimed_uid"] == VICTIM
             assert abs(h["booking"]["until"] - (created_time(h["started"]) + length)) <= 1, (name, h["booking"])
+            assert held_by(listed, name)["booking"]["until"] == h["booking"]["until"]
         code, _, log = lab.resident.stop()
         assert code == 0, log
         assert f"booking: {endless} (" in log and f"claims uid {VICTIM} (unverified" in log
