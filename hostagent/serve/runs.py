@@ -162,6 +162,7 @@ class Runs:
             self.agent.bookings.extensions(),
             self.agent.owners.uids,
             self.agent.finished,
+            cards=req.count or len(req.gpus) or None,
         )
 
     @staticmethod
