@@ -1,7 +1,7 @@
 """The owners the agent can prove: the uid it took at accept for each container it created, noted when the create
-answers and kept in `owners.json` beside the socket (gpupin.hostagent.ledger.owners), written before the caller is
-answered, so that a restart keeps them. Quotas, idle exemptions, `extend` and the record read only these; a
-booking label on any other container is a claim (docs/design.md, "Who is trusted for what").
+answers and kept in `owners.json` beside the socket (gpupin.hostagent.ledger.owners), written once the caller is
+answered (no disk in a run's path), so that a restart keeps them. Quotas, idle exemptions, `extend` and the record
+read only these; a booking label on any other container is a claim (docs/design.md, "Who is trusted for what").
 
 A container the file does not name (the agent's folder was cleared by a reboot, or an agent of an earlier version
 made it) is looked up once in the record's owners, which the agent alone writes too.
@@ -9,7 +9,6 @@ made it) is looked up once in the record's owners, which the agent alone writes 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -40,6 +39,8 @@ class Owners:
         self._lookup = lookup
         self._looked: set[str] = set()  # ids looked up in the record already (found or not)
         self._names: dict[int, str] = {}
+        self._dirty = False  # noted, not written yet
+        self._failed = False  # the last write failed (said once)
 
     def keep_in(self, directory: str) -> None:
         """Keep the owners in `directory` (the socket's, the agent's own), and take those an earlier agent left
@@ -63,15 +64,27 @@ class Owners:
         os.chmod(self._state, 0o644)  # every user's `ls` reads it, whatever the agent's umask (root alone writes it)
 
     def note(self, cid: str, uid: int) -> None:
-        """The agent created `cid` for `uid`. A file that cannot be written is said; the owner is kept in memory
-        (the container is made: the caller is answered)."""
+        """The agent created `cid` for `uid`: in memory at once (the next run's quota counts it, under the same
+        ledger lock), in the file at `flush()`."""
         with self._lock:
             self._owners[cid] = (uid, time.time())
             self._looked.discard(cid)
+            self._dirty = True
+
+    def flush(self) -> None:
+        """Write what was noted since the last write: after a run's answer is sent (no disk in a run's path), and
+        at each refresh. A file that cannot be written is said once; the owners stay in memory and are tried again."""
+        with self._lock:
+            if not self._dirty:
+                return
             try:
                 self._save()
+                self._dirty = False
+                self._failed = False
             except (GpupinError, OSError) as err:
-                say(f"the owner of {cid[:12]} is kept in memory only: {getattr(err, 'message', err)}")
+                if not self._failed:
+                    say(f"owners of containers are kept in memory only for now: {getattr(err, 'message', err)}")
+                self._failed = True
 
     def get(self, cid: str) -> int | None:
         with self._lock:
@@ -92,18 +105,15 @@ class Owners:
             for cid, h in holders.items():
                 if h.booking is not None and h.booking.uid is not None:
                     self._adopt(cid)
-        changed = False
         with self._lock:
             if view.docker.available:
                 old = time.time() - GRACE_S
                 for cid in [c for c, (_, at) in self._owners.items() if c not in holders and at < old]:
                     del self._owners[cid]
-                    changed = True
+                    self._dirty = True
                 self._looked &= set(holders)
-            if changed:
-                with contextlib.suppress(GpupinError, OSError):
-                    self._save()
             proven = owners.uids(self._owners)
+        self.flush()
         listing.own(view, proven, self._names)
 
     def _adopt(self, cid: str) -> None:

@@ -71,6 +71,8 @@ def test_the_agent_keeps_owners_across_a_restart_and_forgets_the_gone(tmp_path: 
     kept.keep_in(str(tmp_path))
     kept.note("new", 1001)
     kept.note("old", 1002)
+    assert not (tmp_path / owners.STATE_FILE).exists()  # no disk in a run's path
+    kept.flush()  # once the caller has its answer
     assert oct(os.stat(tmp_path / owners.STATE_FILE).st_mode & 0o777) == "0o644"
     again = serve_owners.Owners()
     again.keep_in(str(tmp_path))
