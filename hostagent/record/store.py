@@ -362,9 +362,9 @@ class Store:
         with self.lock:
             return finished(self.conn, uid, since)
 
-    def usage(self, since: float | None, by: str, now: float | None = None) -> list[Share]:
+    def usage(self, since: float | None, by: str, now: float | None = None, uid: int | None = None) -> list[Share]:
         with self.lock:
-            return usage(self.conn, since, by, now)
+            return usage(self.conn, since, by, now, uid)
 
 
 def finished(conn: sqlite3.Connection, uid: int, since: float) -> list[tuple[float, float]]:
@@ -433,10 +433,12 @@ def _backfill(conn: sqlite3.Connection) -> None:
 AFTER[3] = _backfill
 
 
-def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | None = None) -> list[Share]:
+def usage(
+    conn: sqlite3.Connection, since: float | None, by: str, now: float | None = None, uid: int | None = None
+) -> list[Share]:
     """GPU-seconds, energy (joules, in proportion to the part of an interval since `since`) and intervals per `by`
     (user, card, image or day: the host's local calendar day), largest first (days in order). An open interval
-    counts up to now.
+    counts up to now. `uid`: that user's intervals alone (what the agent shows a user of its socket: `_own`).
 
     Whole days come from the daily sums; the first day's part after `since` from the intervals that overlap it
     (found by their start: none is longer than the longest closed yet), and the open intervals from theirs. An
@@ -444,6 +446,8 @@ def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | N
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}, not {by!r}")
     now = time.time() if now is None else now
+    if uid is not None:
+        return _ranked(_own(conn, uid, since, by, now), by)
     kind = "card" if by == "day" else by
     sums: dict[str | None, list[Any]] = {}  # key -> [seconds, joules, n, index]
 
@@ -491,6 +495,41 @@ def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | N
     out = [
         Share(key, idx if by == "card" else None, seconds, joules, n) for key, (seconds, joules, n, idx) in sums.items()
     ]
+    return _ranked(out, by)
+
+
+def _ranked(rows: list[Share], by: str) -> list[Share]:
+    """Largest first; days in order."""
     if by == "day":
-        return sorted(out, key=lambda r: str(r.key))
-    return sorted(out, key=lambda r: (-r.gpu_seconds, str(r.key)))
+        return sorted(rows, key=lambda r: str(r.key))
+    return sorted(rows, key=lambda r: (-r.gpu_seconds, str(r.key)))
+
+
+def _own(conn: sqlite3.Connection, uid: int, since: float | None, by: str, now: float) -> list[Share]:
+    """`usage` of one uid's intervals, summed from the intervals themselves (the daily sums are the host's, not a
+    user's), read through the (uid, end, start) index: the same figures `usage` gives for them, each interval cut at
+    `since` and an open one counted up to now."""
+    lo = float("-inf") if since is None else since
+    where = "uid = :uid AND ((end IS NOT NULL AND end > :lo) OR (end IS NULL AND start < :now))"
+    part = "COALESCE(end, :now) - MAX(start, :lo)"
+    args = {"uid": uid, "lo": lo, "now": now}
+    if by != "day":
+        col = _KEYS[by]
+        rows = conn.execute(
+            f"SELECT {col}, MAX(card_index), SUM({part}), SUM(energy_j * ({part}) / MAX(COALESCE(end, :now) - start, "
+            f"1e-9)), COUNT(*) FROM intervals WHERE {where} GROUP BY {col}",
+            args,
+        )
+        return [Share(key, idx if by == "card" else None, s, j, n) for key, idx, s, j, n in rows]
+    sums: dict[str, list[Any]] = {}  # day -> [seconds, joules, n]
+    for start, end, joules in conn.execute(
+        f"SELECT start, COALESCE(end, :now), energy_j FROM intervals WHERE {where}", args
+    ):
+        whole = max(end - start, 1e-9)
+        for i, (day, seconds) in enumerate(_parts(max(start, lo), end) or [(_day(max(start, lo))[0], 0.0)]):
+            slot = sums.setdefault(day, [0.0, None, 0])
+            slot[0] += seconds
+            if joules is not None:
+                slot[1] = (slot[1] or 0.0) + joules * seconds / whole
+            slot[2] += int(i == 0)
+    return [Share(day, None, s, j, n) for day, (s, j, n) in sums.items()]

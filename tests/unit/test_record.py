@@ -183,6 +183,44 @@ def test_daily_sums_agree_with_the_intervals(tmp_path: Path) -> None:
     s.close()
 
 
+def test_own_rows_are_the_users_intervals_alone(tmp_path: Path) -> None:
+    """A user's own usage (what the agent shows a user of its socket), by user, card, image and day: what the whole
+    record gives where only that user's intervals were kept, for any `since`; another user's intervals, and those
+    of no known uid, count for no one else."""
+    import random
+
+    rng = random.Random(11)
+    both = Store(str(private(tmp_path)))
+    (tmp_path / "alone").mkdir(mode=0o700)
+    alone = Store(str(tmp_path / "alone" / "record.db"))
+    for i in range(200):
+        uid = rng.choice([1000, 1001, None])
+        start = T0 + rng.uniform(0, 10 * 86400)
+        end = None if i % 40 == 0 else start + rng.choice([60, 3600, 30 * 3600]) * rng.random()
+        card = rng.randrange(3)
+        row = IntervalRow(f"c{i}", f"c{i}", f"img{rng.randrange(4)}", f"GPU-{card}", card, uid, f"u{uid}", start, start)
+        joules = None if rng.random() < 0.3 else rng.uniform(0, 1e6)
+        for s in [both] + ([alone] if uid == 1000 else []):
+            rid = s.open_interval(row)
+            if end is not None:
+                s.close_interval(rid, row, Figures(start, start, energy_j=joules), end, "exit")
+    now = T0 + 12 * 86400
+    for cut in [None, *(T0 + rng.uniform(-86400, 11 * 86400) for _ in range(8))]:
+        for by in ("user", "card", "image", "day"):
+            own = [r.to_json(by) for r in both.usage(cut, by, now, uid=1000)]
+            want = shares(alone, cut, by, now)
+            assert [r[by] for r in own] == [r[by] for r in want], (cut, by)
+            for a, b in zip(own, want, strict=True):
+                assert a["intervals"] == b["intervals"] and abs(a["gpu_seconds"] - b["gpu_seconds"]) < 0.01, (a, b)
+                assert (a["energy_j"] is None) == (b["energy_j"] is None), (a, b)
+                assert a["energy_j"] is None or abs(a["energy_j"] - b["energy_j"]) < 1, (a, b)
+                assert a.get("index") == b.get("index")
+    assert [r.key for r in both.usage(None, "user", now, uid=1000)] == ["u1000"]
+    assert both.usage(None, "image", now, uid=4242) == []
+    both.close()
+    alone.close()
+
+
 def test_by_day_splits_at_midnight(tmp_path: Path) -> None:
     import datetime
 
