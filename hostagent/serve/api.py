@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core import JSONObject
+    from gpupin.hostagent.record import Scope
     from gpupin.hostagent.serve.agent import Agent
     from gpupin.hostagent.serve.metrics import Exposition
 
@@ -122,6 +123,7 @@ class Handler(BaseHTTPRequestHandler):
     agent: Agent
     metrics: Exposition
     posts: dict[str, PostRoute]
+    http_per_user = False  # serve --http-per-user: per-user usage on HTTP too (docs/serve.md, "Who can reach it")
 
     @property
     def peer(self) -> Peer:
@@ -324,8 +326,22 @@ class Handler(BaseHTTPRequestHandler):
     def _samples(self) -> None:
         self._json(200, self.agent.samples.listing(time.time()))
 
+    def _scope(self) -> Scope:
+        """Whose intervals of the record this caller sees: on the socket, root and the policy's `usage.readers`
+        everyone's, any other user their own (the record is root's, 0600); on HTTP, which any local account reaches,
+        the host's totals alone unless the owner turned per-user rows on (serve --http-per-user)."""
+        from gpupin.hostagent.record import EVERYONE, TOTALS, Scope
+
+        if not isinstance(self.server, UnixServer):
+            return EVERYONE if self.http_per_user else TOTALS
+        peer = self.peer
+        if self.agent.in_force.policy.may_read_usage(peer.uid, frozenset({peer.gid, *peer.groups})):
+            return EVERYONE
+        return Scope(uid=peer.uid)
+
     def _usage(self) -> None:
-        """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS."""
+        """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS, of the
+        intervals this caller may see (`_scope`)."""
         from gpupin.hostagent.record import BY
 
         writer = self.agent.record
@@ -341,12 +357,25 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._json(400, {"error": f"by must be one of {', '.join(BY)}, since seconds since the epoch", "exit": 64})
             return
-        rows = writer.store.usage(since, by, time.time())
+        scope = self._scope()
+        if by == "user" and not scope.per_user:
+            private = GpupinError(
+                "usage per user is not served over HTTP by this agent",
+                "on the agent's host, `hostagent usage` reads it on the socket (each user their own); the host's "
+                "owner may serve it on HTTP with hostagent serve --http-per-user",
+            )
+            private.exit_code = EX_USAGE
+            self.refusal(403, private)
+            return
+        rows = writer.store.usage(since, by, time.time(), scope.uid)
         rows_json = [r.to_json(by) for r in rows]
-        self._json(200, {"since": since, "by": by, "rows": rows_json, "record": writer.status().to_json()})
+        only = None if scope.uid is None else {"uid": scope.uid, "user": self.peer.user()}
+        self._json(
+            200, {"since": since, "by": by, "rows": rows_json, "only": only, "record": writer.status().to_json()}
+        )
 
     def _metrics(self) -> None:
-        self._send(200, self.metrics.text(), self.metrics.content_type)
+        self._send(200, self.metrics.text(self._scope()), self.metrics.content_type)
 
     def _events(self) -> None:
         """One `ls` event at once and one at each change, until the client leaves or the agent stops."""
@@ -439,10 +468,14 @@ def _posts(agent: Agent) -> dict[str, PostRoute]:
     return {"/api/queue": agent.queue.serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
 
 
-def handler(agent: Agent) -> type[Handler]:
+def handler(agent: Agent, http_per_user: bool = False) -> type[Handler]:
     from gpupin.hostagent.serve.metrics import Exposition
 
-    return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent), "posts": _posts(agent)})
+    return type(
+        "AgentHandler",
+        (Handler,),
+        {"agent": agent, "metrics": Exposition(agent), "posts": _posts(agent), "http_per_user": http_per_user},
+    )
 
 
 def acceptor(servers: list[socketserver.TCPServer], limits: Limits) -> Acceptor:

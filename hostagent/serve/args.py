@@ -109,6 +109,12 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         "naming another Host is refused (421): a web page must not reach the agent through a name of its own",
     )
     s.add_argument(
+        "--http-per-user",
+        action="store_true",
+        help="serve the record's usage per user on HTTP too (/api/usage?by=user, the per-user series of /metrics): "
+        "off, HTTP serves the host's totals alone, and each user of the socket sees their own",
+    )
+    s.add_argument(
         "--max-connections",
         type=_count,
         default=TOTAL,
@@ -176,4 +182,5 @@ def command(args: argparse.Namespace) -> int:
         args.policy or policy_path(),
         args.record,
         args.hook_user,
+        args.http_per_user,
     )

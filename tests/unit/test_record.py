@@ -489,12 +489,13 @@ def test_api_usage_takes_only_its_words(tmp_path: Path) -> None:
 
     agent = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--interval", "0.2")
     try:
-        status, body, _ = agent.get("/api/usage?by=user&since=0")
+        status, body, _ = agent.get("/api/usage?by=card&since=0")
         assert status == 200 and json.loads(body)["rows"] == [] and json.loads(body)["record"]["degraded"] is None
         for query in ("by=user;DROP%20TABLE%20intervals", "by=card&since=nan", "since=yesterday", "by=%00"):
             status, body, _ = agent.get(f"/api/usage?{query}", unix=True)
             assert status == 400 and json.loads(body)["exit"] == 64, (query, body)
-        assert agent.get("/api/usage")[0] == 200
+        assert agent.get("/api/usage", unix=True)[0] == 200
+        assert agent.get("/api/usage")[0] == 403  # by user, on HTTP: not served unless turned on (test_usage_private)
     finally:
         agent.close()
     none = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--record", "none")
