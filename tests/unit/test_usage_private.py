@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,25 +120,28 @@ def series(text: str) -> dict[str, float]:
 
 
 @pytest.fixture
-def resident(tmp_path: Path) -> Iterator[Resident]:
+def start(tmp_path: Path) -> Iterator[Callable[..., Resident]]:
+    """Start an agent on the record (written once), its socket for the group nogroup, with these arguments."""
     os.chmod(tmp_path, 0o755)
     path = record(tmp_path / "lib")
-    policy = tmp_path / "policy.toml"
-    policy.write_text(f'[usage]\nreaders = ["@{READERS}"]\n')
-    agent = Resident(
-        simhost_env(DOCKER_HOST=NO_DOCKER),
-        "--record",
-        str(path),
-        "--policy",
-        str(policy),
-        "--group",
-        grp.getgrgid(SOCKET_GROUP).gr_name,
-    )
-    os.chmod(agent.dir, 0o755)  # the socket's own mode and group say who may connect
-    try:
-        yield agent
-    finally:
-        agent.close()
+    started: list[Resident] = []
+
+    def agent(*args: str) -> Resident:
+        env = simhost_env(DOCKER_HOST=NO_DOCKER)
+        one = Resident(env, "--record", str(path), "--group", grp.getgrgid(SOCKET_GROUP).gr_name, *args)
+        started.append(one)
+        os.chmod(one.dir, 0o755)  # the socket's own mode and group say who may connect
+        return one
+
+    yield agent
+    for one in started:
+        one.close()
+
+
+@pytest.fixture
+def resident(start: Callable[..., Resident]) -> Resident:
+    """An agent with no policy (who sees what, without `[usage] readers`)."""
+    return start()
 
 
 def test_through_the_socket_a_user_sees_their_own_usage_alone(resident: Resident) -> None:
@@ -177,9 +180,12 @@ def test_through_the_socket_a_user_sees_their_own_usage_alone(resident: Resident
     }, metrics[1]
 
 
-def test_root_and_the_policys_readers_see_everyones(resident: Resident) -> None:
+def test_root_and_the_policys_readers_see_everyones(start: Callable[..., Resident], tmp_path: Path) -> None:
     """A user in the group `[usage] readers` names sees every user's rows and series on the socket, as root does;
     bob, outside it, his own alone."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[usage]\nreaders = ["@{READERS}"]\n')
+    resident = start("--policy", str(policy))
     everyone = {uid for uid, *_ in INTERVALS}
     paths = [f"/api/usage?by={by}" for by in ("user", "card", "image", "day")] + ["/metrics"]
     for prefix in (as_user(ADMIN, READERS), []):  # the readers' group, and root (no setpriv)
@@ -198,10 +204,11 @@ def test_root_and_the_policys_readers_see_everyones(resident: Resident) -> None:
     assert got(json.loads(bob[1])["rows"], "user") == want({BOB}, "user"), bob
 
 
-def test_loopback_http_serves_no_usage_per_user_unless_turned_on(resident: Resident) -> None:
+def test_loopback_http_serves_no_usage_per_user_unless_turned_on(start: Callable[..., Resident]) -> None:
     """On HTTP (any local account, here alice): /api/usage?by=user is refused (403, one JSON line that says how to
     turn it on), the host's totals by card, image and day are served, and /metrics has no per-user series; an agent
     started with --http-per-user serves both."""
+    resident = start()
     url = f"127.0.0.1:{resident.port}"
     everyone = {uid for uid, *_ in INTERVALS}
     paths = [f"/api/usage?by={by}" for by in ("user", "card", "image", "day")] + ["/metrics"]
@@ -218,14 +225,10 @@ def test_loopback_http_serves_no_usage_per_user_unless_turned_on(resident: Resid
     assert metrics[0] == 200 and "gpupin_gpu_utilization_percent" in metrics[1], metrics
     assert series(metrics[1]) == {} and "gpupin_gpu_seconds" not in metrics[1], metrics[1]
     resident.close()
-
-    on = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), "--record", record_of(resident), "--http-per-user")
-    try:
-        seen = fetch(as_user(ALICE), f"127.0.0.1:{on.port}", *paths)
-        status, body = seen["/api/usage?by=user"]
-        assert status == 200 and got(json.loads(body)["rows"], "user") == want(everyone, "user"), body
-        assert {k for k in series(seen["/metrics"][1]) if k.startswith("gpupin_gpu_seconds")} == {
-            f'gpupin_gpu_seconds_total{{user="{user_name(uid)}"}}' for uid in everyone
-        }
-    finally:
-        on.close()
+    on = start("--http-per-user")  # the same record
+    seen = fetch(as_user(ALICE), f"127.0.0.1:{on.port}", *paths)
+    status, body = seen["/api/usage?by=user"]
+    assert status == 200 and got(json.loads(body)["rows"], "user") == want(everyone, "user"), body
+    assert {k for k in series(seen["/metrics"][1]) if k.startswith("gpupin_gpu_seconds")} == {
+        f'gpupin_gpu_seconds_total{{user="{user_name(uid)}"}}' for uid in everyone
+    }
