@@ -144,7 +144,7 @@ def read(path: str | None, since_: float | None, by: str) -> Usage:
             conn = store.connect(where, readonly=True)
             try:
                 version = store.version_of(conn)
-                if version != store.VERSION:
+                if not store.READABLE_FROM <= version <= store.VERSION:
                     raise UsageError(
                         f"record {shown(where)} has schema version {version}, not {store.VERSION}",
                         "let the agent open it first (it migrates it), or read it with the matching hostagent",

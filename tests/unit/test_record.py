@@ -109,6 +109,34 @@ def test_migrates_v0_and_v1(tmp_path: Path) -> None:
     s.close()
 
 
+def test_v3_read_as_it_is_and_migrated_with_each_users_sums(tmp_path: Path) -> None:
+    """A v3 file (daily sums for the host only): root's `usage` reads it as it is, before an agent migrates it; the
+    migration to v4 fills each uid's daily sums from the closed intervals, so a user's own rows are what they were
+    (a v2 file, with no daily sums at all, is refused)."""
+    path = private(tmp_path)
+    s = Store(str(path))
+    _row(s, "a", "alice", 1000, T0, T0 + 7200, joules=7.2e6)
+    _row(s, "b", "bob", 1001, T0 + 60, T0 + 660)
+    _row(s, "c", "who", None, T0, T0 + 60)  # no known uid: no one's own
+    own = {uid: [r.to_json("image") for r in s.usage(None, "image", T0 + 86400, uid)] for uid in (1000, 1001)}
+    s.conn.executescript("DROP TABLE daily_own; UPDATE schema SET version = 3;")
+    s.close()
+    out = subprocess.run([HOSTAGENT, "usage", "--record", str(path), "--csv"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.splitlines()[1:] == [
+        "alice,7200.0,2.0,7200000.0,1",
+        "bob,600.0,0.1667,,1",
+        "who,60.0,0.0167,,1",
+    ], out
+    s = Store(str(path))
+    assert s.migrated_from == 3 and record_store.version_of(s.conn) == VERSION
+    assert {uid: [r.to_json("image") for r in s.usage(None, "image", T0 + 86400, uid)] for uid in own} == own
+    assert own[1000] == [{"image": "img", "gpu_seconds": 7200.0, "gpu_hours": 2.0, "energy_j": 7.2e6, "intervals": 1}]
+    s.conn.execute("UPDATE schema SET version = 2")
+    s.close()
+    out = subprocess.run([HOSTAGENT, "usage", "--record", str(path)], capture_output=True, text=True)
+    assert out.returncode == 64 and "schema version 2" in out.stderr, out
+
+
 def test_newer_schema_refused(tmp_path: Path) -> None:
     path = private(tmp_path)
     Store(str(path)).close()
@@ -128,7 +156,9 @@ def shares(s: Store, since: float | None, by: str, now: float) -> list[dict[str,
     return [r.to_json(by) for r in s.usage(since, by, now)]
 
 
-def _row(s: Store, cid: str, user: str, uid: int, start: float, end: float | None, joules: float | None = None) -> None:
+def _row(
+    s: Store, cid: str, user: str, uid: int | None, start: float, end: float | None, joules: float | None = None
+) -> None:
     row = IntervalRow(cid, cid, "img", "GPU-a", 0, uid, user, start, start)
     rid = s.open_interval(row)
     if end is not None:
