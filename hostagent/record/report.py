@@ -225,7 +225,8 @@ def command(args: argparse.Namespace) -> int:
 
         say(f"usage: from the record {shown(data.path or 'unknown')}, {data.source}")
         if data.only is not None:  # the agent shows a user their own intervals (docs/serve.md, "Who can reach it")
-            who = f"uid {data.only.get('uid')} ({shown(str(data.only.get('user')), 40)})"
+            uid, name = str(data.only.get("uid")), str(data.only.get("user"))
+            who = f"uid {uid}" + (f" ({shown(name, 40)})" if name != uid else "")  # a uid with no name: once
             say(f"usage: your own intervals alone, {who}: root and the policy's usage.readers see everyone's")
     out = json.dumps(data.to_json(), indent=2) + "\n" if args.json else csv_text(data) if args.csv else table(data)
     sys.stdout.write(out)
