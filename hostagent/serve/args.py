@@ -15,7 +15,8 @@ It keeps NVML and the Docker Engine client open, follows the daemon's container 
 --interval, so that its view of the cards and their holders is current within a second, and serves it:
   /api/ls       exactly what `hostagent ls --json` prints, with idle holders filled in
   /api/events   the same object as server-sent events, at each change
-  /api/usage    GPU-hours and energy from the record (`hostagent usage` prints it)
+  /api/usage    GPU-hours and energy from the record (`hostagent usage` prints it): on the socket a user's own,
+                everyone's for root and the policy's [usage] readers; per user on HTTP only with --http-per-user
   /api/queue    the fair queue of `hostagent run --wait` (`hostagent queue` lists it; joining is a POST on the
                 unix socket)
   /api/samples  the last hour of each card's load and memory (10 s a point)
