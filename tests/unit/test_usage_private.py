@@ -11,6 +11,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from gpupin.hostagent.record.writer import user_name
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.resident import Resident
 from tests.support.users import as_other, reach_env, setpriv
+from tests.support.wait import wait_for
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"
 SOCKET_GROUP = 65534  # the agent socket's group here (nogroup): every user below may use the socket
@@ -128,7 +130,9 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Resident]]:
 
     def agent(*args: str) -> Resident:
         env = simhost_env(DOCKER_HOST=NO_DOCKER)
-        one = Resident(env, "--record", str(path), "--group", grp.getgrgid(SOCKET_GROUP).gr_name, *args)
+        group = grp.getgrgid(SOCKET_GROUP).gr_name
+        policy = str(tmp_path / "policy.toml")  # none until a test writes it: nothing enforced, no readers
+        one = Resident(env, "--record", str(path), "--group", group, "--policy", policy, *args)
         started.append(one)
         os.chmod(one.dir, 0o755)  # the socket's own mode and group say who may connect
         return one
@@ -182,11 +186,14 @@ def test_through_the_socket_a_user_sees_their_own_usage_alone(resident: Resident
 
 
 def test_root_and_the_policys_readers_see_everyones(start: Callable[..., Resident], tmp_path: Path) -> None:
-    """A user in the group `[usage] readers` names sees every user's rows and series on the socket, as root does;
-    bob, outside it, his own alone."""
-    policy = tmp_path / "policy.toml"
-    policy.write_text(f'[usage]\nreaders = ["@{READERS}"]\n')
-    resident = start("--policy", str(policy))
+    """A user in the group `[usage] readers` names sees every user's rows and series on the socket, as root does,
+    from the policy's reload on (SIGHUP); bob, outside it, his own alone."""
+    resident = start()
+    admin = fetch(as_user(ADMIN, READERS), resident.socket, "/api/usage?by=user")["/api/usage?by=user"]
+    assert got(json.loads(admin[1])["rows"], "user") == want({ADMIN}, "user"), admin  # no policy: their own
+    (tmp_path / "policy.toml").write_text(f'[usage]\nreaders = ["@{READERS}"]\n')
+    resident.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "usage readers" in json.loads(resident.get("/api/agent")[1])["policy"]["summary"], 10, "reload")
     everyone = {uid for uid, *_ in INTERVALS}
     paths = [f"/api/usage?by={by}" for by in ("user", "card", "image", "day")] + ["/metrics"]
     for prefix in (as_user(ADMIN, READERS), []):  # the readers' group, and root (no setpriv)
