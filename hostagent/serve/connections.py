@@ -268,9 +268,11 @@ class Acceptor:
                     self._wake_r.recv(64)
                 self._take_handed()
             elif key.data is _DRAIN:
-                self._read_out(key.fileobj)  # type: ignore[arg-type]
+                if key.fileobj in self._draining:  # not closed earlier in this turn (a listener's cap of them)
+                    self._read_out(key.fileobj)  # type: ignore[arg-type]
             elif isinstance(key.fileobj, AcceptedConnection):
-                self._read_head(key.fileobj)
+                if key.fileobj in self._heads:  # not turned away earlier in this turn (for a newer one)
+                    self._read_head(key.fileobj)
             else:
                 self._accept(key.data)
         self._expire(time.monotonic())
