@@ -177,13 +177,13 @@ def test_a_groupless_flood_of_event_streams_leaves_the_socket_users_served_withi
         20,
         "the agent to see the booked container",
     )
-    commands = {
-        "run": (lab.member, "run", "-d", "--gpu", "0", TEST_IMAGE, "true"),
-        "extend": (lab.member, "extend", name, "30m"),
-        "queue": (lab.socket_only, "queue"),
-        "usage": (lab.socket_only, "usage"),
+    commands: dict[str, tuple[list[str], tuple[str, ...]]] = {
+        "run": (lab.member, ("run", "-d", "--gpu", "0", TEST_IMAGE, "true")),
+        "extend": (lab.member, ("extend", name, "30m")),
+        "queue": (lab.socket_only, ("queue",)),
+        "usage": (lab.socket_only, ("usage",)),
     }
-    at_rest = {what: lab.timed(user, *args)[1] for what, (user, *args) in commands.items()}
+    at_rest = {what: lab.timed(user, *args)[1] for what, (user, args) in commands.items()}
     flood_cpu, flood_began = lab.resident.cpu_seconds(), time.monotonic()
     flood = Flood(lab.nobody, lab.resident.port)
     try:
@@ -197,7 +197,7 @@ def test_a_groupless_flood_of_event_streams_leaves_the_socket_users_served_withi
         trace = traces / "trace"
         runs = {
             what: lab.timed(user, *args, **({"GPUPIN_TRACE": str(trace)} if what == "run" else {}))
-            for what, (user, *args) in commands.items()
+            for what, (user, args) in commands.items()
         }
         # The HTTP listener's other users: root's scrape, a caller of its own uid, is not the flooder's to deny.
         metrics_began = time.monotonic()
