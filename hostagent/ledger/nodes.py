@@ -155,15 +155,25 @@ def _walk(folder: str) -> list[Node]:
     return out
 
 
+def resolved(path: str) -> str | None:
+    """The path with every symlink on it resolved, or None where it is not here (a bind's missing folder, which
+    the daemon makes). OSError where this user may not look (a folder on the way it may not search, a link loop):
+    os.path.realpath would stop there and give a path that hides the rest, which the daemon, as root, follows."""
+    try:
+        return os.path.realpath(path, strict=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def local_nodes(path: str, deep: bool) -> list[Node] | None:
     """The GPU nodes a path on this host reaches, symlinks resolved: the node; a folder's tree (`deep`, a
     `--device` folder) or its own entries and, for /dev or a folder that holds it, /dev's nodes (a bind mount).
-    None when the path is not here; TreeTooLarge for a tree too big to walk."""
-    real = os.path.realpath(path)
-    try:
-        st = os.stat(real)
-    except OSError:
+    None when the path is not here; OSError where this user may not look; TreeTooLarge for a tree too big to
+    walk."""
+    real = resolved(path)
+    if real is None:
         return None
+    st = os.stat(real)
     if not stat.S_ISDIR(st.st_mode):
         node = _node(real)
         return [node] if node is not None else []
@@ -178,14 +188,12 @@ def local_nodes(path: str, deep: bool) -> list[Node] | None:
 def reaches_gpu_node(path: str, local: bool, deep: bool) -> bool:
     """Whether a host path reaches a GPU node: by its normalised name always; on a daemon of this host also
     through its symlinks and the device numbers of what is there. OSError when this user cannot read the path
-    (a link it may not follow, a folder it may not list): the caller refuses what it cannot judge."""
+    (a link it may not follow, a folder it may not search or list) and TreeTooLarge for a tree too big to walk:
+    the caller refuses what it cannot judge."""
     if names_gpu_node(path):
         return True
     if not local:
         return False
     if names_gpu_node(os.path.realpath(path)):
         return True
-    try:
-        return bool(local_nodes(path, deep))
-    except TreeTooLarge:
-        return True
+    return bool(local_nodes(path, deep))

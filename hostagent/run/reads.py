@@ -25,6 +25,17 @@ class Reads:
         self.given = given
 
 
+class CallersOwn(Exception):
+    """A check the agent leaves to the caller's own run, which makes it with the caller's rights (the walk of a
+    `--device` folder): the caller runs without the agent."""
+
+
+def in_the_agent() -> bool:
+    """Whether the request being converted is a caller's, sent to the agent (root)."""
+    r = reads.get(None)
+    return r is not None and r.given
+
+
 # The reads of the request being converted (a context variable: the agent converts many at once, one per thread).
 reads: contextvars.ContextVar[Reads] = contextvars.ContextVar("reads")
 

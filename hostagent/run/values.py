@@ -12,7 +12,7 @@ import os
 import re
 
 from gpupin.core.errors import GpupinError, UsageError, shown
-from gpupin.hostagent.run.reads import read_file, workdir
+from gpupin.hostagent.run.reads import CallersOwn, in_the_agent, read_file, workdir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,8 +93,17 @@ def _not_a_gpu_device(value: str, host_path: str, option: str, deep: bool) -> No
     from gpupin.hostagent.ledger import nodes  # only for a bind or a device: a plain run's parse does without
 
     local = _local_daemon()
+    if deep and local and in_the_agent() and os.path.isdir(host_path):
+        # A folder's walk is the caller's own: with its rights, and on its own time (it may be /usr).
+        raise CallersOwn(f"{option} {shown(value)}: a --device folder is walked with the caller's own rights")
     try:
         reached = nodes.reaches_gpu_node(host_path, local=local, deep=deep)
+    except nodes.TreeTooLarge:
+        raise UsageError(
+            f"{option} {shown(value)}: the folder {shown(host_path)} holds more than {nodes.WALK_LIMIT} entries, too "
+            "many to tell whether it reaches an NVIDIA device node",
+            "give the device nodes the container needs one by one",
+        ) from None
     except OSError as err:  # unreadable here, yet the daemon (root) would bind it: unknown is refused
         raise UsageError(
             f"{option} {shown(value)}: the host path {shown(err.filename or host_path)} cannot be read by this user "

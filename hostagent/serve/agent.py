@@ -283,6 +283,11 @@ class Agent:
             self._dirty.wait(max(0.0, due))
             if self.stopping.is_set():
                 break
+            with self._lock:
+                known = self._cards is not None
+            if not known:  # NVML has given no cards yet (it does not answer): no ledger to read for them, so wait
+                self.stopping.wait(self.interval)
+                continue
             try:
                 self.read_ledger()
             except Exception as err:  # a bug must not stop the agent: the next event or resync reads again

@@ -16,6 +16,7 @@ from gpupin.hostagent import agentlink, engine, mark
 from gpupin.hostagent.engine import podman
 from gpupin.hostagent.ledger import lease
 from gpupin.hostagent.run import launch, request_json
+from gpupin.hostagent.run.reads import CallersOwn
 from gpupin.hostagent.serve import rights, say
 
 TYPE_CHECKING = False
@@ -110,7 +111,10 @@ class Runs:
         if not isinstance(sent, dict) or sent.get("wire") != request_json.VERSION:
             raise LeftToCaller(f"the agent reads run requests of version {request_json.VERSION}")  # another hostagent's
         owner = owner_labels(body.get("owner"), peer)
-        req = request_json.load(sent)
+        try:
+            req = request_json.load(sent)
+        except CallersOwn as err:
+            raise LeftToCaller(str(err)) from None
         if req.pull == "always":
             raise LeftToCaller("--pull always")
         admit = self._admit(req, peer)  # a --for past the policy's maximum: refused before anything is read

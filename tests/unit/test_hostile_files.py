@@ -275,3 +275,33 @@ def test_a_key_yaml_1_1_reads_otherwise_is_one_line(tmp_path: Path, key: str) ->
     r = hostagent("compose", "render", str(src), "-o", str(tmp_path / "pinned.yml"))
     assert r.returncode == 64 and f"the key '{key}' reads differently" in one_error(r), r
     assert not (tmp_path / "pinned.yml").exists()
+
+
+# --- paths this user cannot look through ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["-v", "--mount", "--device"])
+def test_a_link_in_a_folder_its_user_made_unsearchable_is_refused(sticky: Path, option: str) -> None:
+    """A link to a GPU node in a folder its owner then made unsearchable: followed as that user, the path stops
+    there and looks harmless, but the daemon, as root, follows it. What cannot be judged is refused (64), and the
+    refusal comes before NVML or the daemon is asked."""
+    node = sticky / "card"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, 0))
+    hidden = sticky / "hidden"
+    hidden.mkdir()
+    (hidden / "link").symlink_to(node)
+    os.lchown(hidden / "link", HOSTILE, HOSTILE)
+    os.chown(hidden, HOSTILE, HOSTILE)
+    hidden.chmod(0)
+    path = str(hidden / "link")
+    value = f"type=bind,src={path},dst=/x" if option == "--mount" else f"{path}:/x"
+    r = subprocess.run(
+        as_other(setpriv(HOSTILE), [HOSTAGENT, "run", "--uuid", "GPU-x", option, value, "img", "true"]),
+        env=reach_env(simhost_env(DOCKER_HOST=NO_DOCKER)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert r.returncode == 64, r.stderr
+    assert f"the host path {path} cannot be read by this user (Permission denied)" in one_error(r)

@@ -332,3 +332,26 @@ def test_a_label_equal_to_the_images_is_inherited() -> None:
 def test_every_pinned_container_writes_all_of_the_ledgers_labels() -> None:
     assert Pin([]).labels() == {"gpupin.devices": "", "gpupin.shared": "false"}
     assert Pin([], share=True).labels()["gpupin.shared"] == "true"
+
+
+def test_a_device_folder_too_big_to_walk_is_refused_as_such(planted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/gpupin-test.sock")
+    monkeypatch.setattr("gpupin.hostagent.engine.address._ENDPOINT", None)
+    monkeypatch.setattr(nodes, "WALK_LIMIT", 2)
+    with pytest.raises(UsageError) as e:
+        request(devices=[str(planted)])
+    assert e.value.exit_code == 64 and "\n" not in e.value.message
+    assert "holds more than 2 entries, too many to tell whether it reaches" in e.value.message
+
+
+def test_the_agent_leaves_a_device_folders_walk_to_the_caller(planted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the agent (root), a --device folder is not walked: the caller's own run walks it with its own rights."""
+    from gpupin.hostagent.run import request_json
+    from gpupin.hostagent.run.reads import CallersOwn
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///tmp/gpupin-test.sock")
+    monkeypatch.setattr("gpupin.hostagent.engine.address._ENDPOINT", None)
+    sent = request_json.dump(request(devices=[str(planted / "null")]))
+    request_json.load(sent)  # a node: judged in the agent, as before
+    with pytest.raises(CallersOwn, match="a --device folder is walked with the caller's own rights"):
+        request_json.load({**sent, "options": {**sent["options"], "devices": [str(planted / "gpus")]}})

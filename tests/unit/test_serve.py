@@ -174,6 +174,8 @@ def test_nvml_failure_is_unknown_then_recovered(tmp_path: Path) -> None:
     finally:
         agent.close()
     assert "NVML unavailable" in agent.stderr and "NVML answers again" in agent.stderr, agent.stderr
+    # Until NVML gives the cards there is no ledger to read for them: a wait, not a bug in the log.
+    assert "internal error" not in agent.stderr, agent.stderr
 
 
 def test_merged_table_has_the_host_in_each_row() -> None:
