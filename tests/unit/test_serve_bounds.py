@@ -446,3 +446,58 @@ def test_a_malformed_query_is_a_400_in_one_line_and_never_a_log_line() -> None:
         agent.close()
     assert "internal error" not in agent.stderr and "Traceback" not in agent.stderr, agent.stderr
     assert len(agent.stderr.splitlines()) < 6, agent.stderr  # its start and stop lines, no line per request
+
+
+def test_an_http_caller_is_the_uid_of_its_socket_whatever_loopback_address_it_takes() -> None:
+    """The key of the HTTP caps (docs/serve.md, "Limits"): the uid that owns the client's socket, from the kernel,
+    from 127.0.0.2 as from 127.0.0.9; the address only for a caller from elsewhere (IPv6 by its /64); one shared key
+    for a local caller the kernel does not name."""
+    from gpupin.hostagent.serve.api import Remote, caller_key
+    from gpupin.hostagent.serve.tcpuid import local_uid
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        seen = {}
+        for address in ("127.0.0.2", "127.0.0.9"):
+            client = subprocess.Popen(
+                as_other(
+                    setpriv(NOBODY),
+                    [sys.executable, "-c", CONNECT_FROM, address, str(port)],
+                ),
+                stdout=subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                server.settimeout(30)
+                sock, remote = server.accept()
+                with sock:
+                    seen[address] = caller_key(Remote.of(remote, local_uid(sock.getsockname(), remote)))
+            finally:
+                client.communicate("", timeout=30)
+        assert seen == {"127.0.0.2": f"uid {NOBODY}", "127.0.0.9": f"uid {NOBODY}"}, seen
+        # Its own socket, closed before it was asked about: the kernel names root for it, which it is not.
+        with socket.create_connection(("127.0.0.1", port)) as mine:
+            sock, remote = server.accept()
+            with sock:
+                assert local_uid(sock.getsockname(), remote) == 0
+                mine.close()
+                time.sleep(0.1)
+                assert local_uid(sock.getsockname(), remote) is None
+    assert caller_key(Remote.of(("127.0.0.5", 4000), None)) == "loopback"
+    assert caller_key(Remote.of(("::ffff:127.0.0.5", 4000, 0, 0), None)) == "loopback"
+    assert caller_key(Remote.of(("192.0.2.7", 4000), None)) == "192.0.2.7"
+    assert caller_key(Remote.of(("::ffff:192.0.2.7", 4000, 0, 0), None)) == "192.0.2.7"
+    assert caller_key(Remote.of(("2001:db8:1:2:aaaa::1", 4000, 0, 0), None)) == "2001:db8:1:2::/64"
+    assert local_uid(("127.0.0.1", 1), ("127.0.0.3", 2)) is None  # no such connection
+
+
+CONNECT_FROM = """
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.connect(("127.0.0.1", int(sys.argv[2])))
+sys.stdin.read()
+"""
