@@ -501,3 +501,46 @@ s.bind((sys.argv[1], 0))
 s.connect(("127.0.0.1", int(sys.argv[2])))
 sys.stdin.read()
 """
+
+
+class ClosesOnRequests:
+    """An agent's socket that reads each request's head and closes without an answer (an agent that died, or one
+    that closes under a request): `hostagent run` finds it (it accepts) and is closed on before any 102."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(64)
+        self.heads: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    self.heads.append(conn.recv(65536).split(b"\r\n", 1)[0])
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_run_closed_on_before_the_agent_took_it_goes_its_own_way(tmp_path: Path) -> None:
+    """Closed on before the agent's 102, the agent made nothing for the run: it goes its own way (here: no daemon,
+    the daemon's error), where it exited 69, "the agent ... stopped answering"."""
+    agent = ClosesOnRequests(tmp_path / "agent.sock")
+    try:
+        env = simhost_env(DOCKER_HOST=NO_DOCKER, GPUPIN_AGENT_SOCKET=str(tmp_path / "agent.sock"))
+        r = subprocess.run(
+            [HOSTAGENT, "run", "--rm", "--gpu", "0", "img", "true"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert any(h.startswith(b"POST /api/run ") for h in agent.heads), agent.heads  # it was asked
+        assert "the agent at" not in r.stderr and "Docker daemon" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        agent.close()
