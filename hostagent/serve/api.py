@@ -209,6 +209,7 @@ class Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def _refuse(self) -> None:
+        self.connection.unread = True  # its body, if any, is read out after the answer (connections)
         self._json(405, {"error": f"{self.command} is not served: the API is GET, and POST on the unix socket"})
 
     do_PUT = do_DELETE = do_PATCH = _refuse
