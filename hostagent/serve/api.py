@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from gpupin.core import __version__
 from gpupin.core.errors import EX_SOFTWARE, EX_USAGE, GpupinError
 from gpupin.hostagent import agentlink
-from gpupin.hostagent.serve.connections import AcceptedConnection, Acceptor, Limits, Writer
+from gpupin.hostagent.serve.connections import BUSY_HINT, AcceptedConnection, Acceptor, Limits, Writer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -363,11 +363,7 @@ class Handler(BaseHTTPRequestHandler):
         why = sock.gate.stream(sock) if hasattr(sock, "gate") else None
         if why is None:
             return False
-        self._json(
-            503,
-            {"error": why, "hint": "close some, or try again in a moment; the agent's limits: hostagent serve --help",
-             "exit": 69},
-        )  # fmt: skip
+        self._json(503, {"error": why, "hint": BUSY_HINT, "exit": 69})
         return True
 
     def _events(self) -> None:

@@ -42,6 +42,7 @@ FILES_KEPT = 64  # files the agent keeps for itself (NVML, the Docker clients, t
 WORKER_IDLE_S = 30.0  # a worker without a request for this long ends
 BACK_OFF_S = 0.5  # how long a listener is left alone after accept failed for want of files
 ACCEPTS_PER_WAKE = 64  # accepts in a row on one listener before the others, and the heads, get their turn
+BUSY_HINT = "close some, or try again in a moment; the agent's limits: hostagent serve --help"
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _NO_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -507,9 +508,6 @@ class Acceptor:
                 self._mutex.wait_for(lambda: bool(self._jobs) or self._stopping.is_set(), WORKER_IDLE_S)
                 self._waiting -= 1
                 job = self._jobs.popleft() if self._jobs else None
-
-
-BUSY_HINT = "close some, or try again in a moment; the agent's limits: hostagent serve --help"
 
 
 def busy(error: str, hint: str = BUSY_HINT) -> bytes:
