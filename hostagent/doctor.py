@@ -349,14 +349,22 @@ def check_policy(host: HostFiles) -> list[Finding]:
     path = policy_path() if host.root == "/" else host.path(DEFAULT_PATH)
     if not os.path.lexists(path):
         return []
+    mistakes = check_policy(path)
+    if not mistakes:  # a good policy may still name someone the host no longer has: said, as the agent says it
+        from gpupin.hostagent.policy import load_policy
+
+        return [
+            Finding(path, f"the policy names no one here: {w}", "remove the rule, or give the name again", WARNING)
+            for w in load_policy(path).warnings
+        ]
     return [
         Finding(
             path,
             f"the policy has a mistake: {m}",
             "fix it (`hostagent policy check`), then `systemctl reload gpupin-hostagent`: meanwhile the agent keeps "
-            "the last good policy it read",
+            "the last good policy it read (a restart, the last one it saved; with none saved it does not start)",
         )
-        for m in check_policy(path)
+        for m in mistakes
     ]
 
 

@@ -13,7 +13,7 @@ import re
 import sys
 
 from gpupin.core import files
-from gpupin.core.errors import EX_USAGE, GpupinError, UsageError
+from gpupin.core.errors import EX_UNAVAILABLE, EX_USAGE, GpupinError, UsageError
 from gpupin.hostagent import say
 from gpupin.hostagent.compose import booking, interpolate, load, native, roundtrip
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
@@ -354,7 +354,8 @@ def stack_command(options: ProjectOptions, output: str | None, kind: str) -> int
 
 def check_command(options: ProjectOptions, as_json: bool) -> int:
     """`hostagent compose check [FILE] [-f FILE...] [--json]`: 0 when clean (warnings allowed), 64 with one line
-    per problem."""
+    per problem (69 when the only errors are what could not be read: the ledger for a count, a card NVML cannot
+    read)."""
     name = "+".join(printable(f) for f in options.files) or "compose"
     try:
         project = read_model(options)
@@ -372,7 +373,12 @@ def check_command(options: ProjectOptions, as_json: bool) -> int:
             sys.stdout.write(p.line(name) + "\n")
         if exam.ok:
             sys.stdout.write(exam.summary() + "\n")
-    return 0 if exam.ok else EX_USAGE
+    if exam.ok:
+        return 0
+    # The ledger that could not be read (no daemon: a count is not placed) is 69, as render and `run --dry-run
+    # --count` have it; any other error found is 64.
+    errors = [p for p in exam.problems if p.is_error]
+    return EX_UNAVAILABLE if errors and all(p.exit_code == EX_UNAVAILABLE for p in errors) else EX_USAGE
 
 
 def read_model(options: ProjectOptions) -> Project:

@@ -15,9 +15,48 @@ def _short(err: BaseException) -> str:
     return text.strip().splitlines()[-1] if text.strip() else type(err).__name__
 
 
+def _os_error(err: BaseException, depth: int = 0) -> OSError | None:
+    """The OSError under a failure to reach the daemon: the error itself, its cause, or one the SDK's layers
+    (requests, urllib3) wrapped in their arguments (`('Connection aborted.', PermissionError(13, ...))`)."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return err
+    if depth > 4:
+        return None
+    for inner in (err.__cause__, err.__context__, *(a for a in err.args if isinstance(a, BaseException))):
+        if inner is not None:
+            found = _os_error(inner, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _me() -> str:
+    """This process's user as the kernel names it (never $USER, which a setuid or setpriv leaves as it was)."""
+    import os
+    import pwd
+
+    uid = os.getuid()
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def unavailable(err: BaseException) -> DockerUnavailableError:
+    import errno
+
+    found = _os_error(err)
+    if found is not None and found.errno in (errno.EACCES, errno.EPERM):
+        # The daemon answers; this user may not use its socket (not in the docker group). Starting dockerd would
+        # not help, and the SDK's tuple of wrapped errors is no message.
+        return DockerUnavailableError(
+            f"the Docker daemon at {docker_host()} refused this user ({_me()}): permission denied on its socket",
+            "ask the host's owner for the docker group (then log in again), or run through the resident agent, whose "
+            "socket group may book for you (`hostagent serve --group`)",
+        )
+    why = _short(found if found is not None else err)  # `[Errno 111] Connection refused`, never the SDK's tuple
     return DockerUnavailableError(
-        f"the Docker daemon at {docker_host()} does not answer: {_short(err)}",
+        f"the Docker daemon at {docker_host()} does not answer: {why}",
         DAEMON_HINT + " (`docker info` says whether it answers)",
     )
 

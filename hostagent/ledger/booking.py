@@ -62,6 +62,8 @@ def parse_duration(text: str) -> float:
     if not isinstance(text, str):
         raise ValueError(f"a duration is text such as 90m, 4h or 2d, not {type(text).__name__}")
     s = text.strip().lower()
+    if s.startswith("-") and _PART.match(s, 1):  # `--for -5m`: said as what it is, not as unreadable
+        raise ValueError(f"{printable(text)!r} is negative: a duration is more than 0 (e.g. 45s, 90m, 4h)")
     pos, total, units = 0, 0.0, []
     while pos < len(s):
         m = _PART.match(s, pos)

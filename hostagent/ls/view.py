@@ -271,6 +271,17 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+def _stop_said(stop_at: float | None, now: float | None = None) -> str:
+    """When the idle rule stops the holder: ahead, or (its time past: the engine's stop and the container's grace
+    take a while) under way. Never "will be stopped at" a time already past."""
+    if not stop_at:
+        return ""
+    at = time.strftime("%H:%M:%S", time.localtime(stop_at))
+    if stop_at > (time.time() if now is None else now):
+        return f", will be stopped at {at}"
+    return f", being stopped (due at {at})"
+
+
 def _health(g: dict[str, Any], color: bool, indent: str) -> list[str]:
     """Why a card is unhealthy (and since when, where known), or why its health is unknown; nothing when healthy."""
     h = g.get("health") or {"healthy": None, "reasons": ["not read"]}
@@ -293,11 +304,7 @@ def _card_block(g: dict[str, Any], head: str, color: bool, docker_ok: bool) -> l
         idle = f"IDLE: 0% utilization for {_duration(g['idle_seconds'])}"
         warning = g.get("idle_warning")  # the policy's idle rule warned its holders
         if warning:
-            idle += f", no process; {_text(warning['container'])} warned" + (
-                f", will be stopped at {time.strftime('%H:%M:%S', time.localtime(warning['stop_at']))}"
-                if warning.get("stop_at")
-                else ""
-            )
+            idle += f", no process; {_text(warning['container'])} warned" + _stop_said(warning.get("stop_at"))
         lines.append("    " + _paint(idle, f"{BOLD};{RED}", color))
     if g["mig_devices"]:
         mem = _figures([(m["memory_used_mib"], m["memory_total_mib"]) for m in g["mig_devices"]], "MiB")

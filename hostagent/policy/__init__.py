@@ -107,6 +107,9 @@ class Policy:
     idle: IdleRule | None = None
     notify: NotifyRule | None = None
     path: str | None = None  # the file it was read from; None: no file, nothing enforced
+    # What is written but names no one here (a user or group this host no longer has): said, never a mistake. A
+    # student who leaves must not turn the whole policy invalid at the next start.
+    warnings: tuple[str, ...] = ()
 
     @classmethod
     def empty(cls) -> Policy:
@@ -130,7 +133,9 @@ class Policy:
         if not isinstance(other, Policy):
             return NotImplemented
         return all(
-            getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self) if f.name != "path"
+            getattr(self, f.name) == getattr(other, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("path", "warnings")
         )
 
     __hash__ = object.__hash__
@@ -288,8 +293,16 @@ class _Mistakes:
         self.path = path
         self.where = _lines(text)
         self._found: list[tuple[int, str]] = []
+        self._warned: list[tuple[int, str]] = []
 
     def wrong(self, key: str, what: str) -> None:
+        self._found.append(self._placed(key, what))
+
+    def warn(self, key: str, what: str) -> None:
+        """Said, yet the policy is good: a name this host does not have (now) limits no one, and is kept."""
+        self._warned.append(self._placed(key, what))
+
+    def _placed(self, key: str, what: str) -> tuple[int, str]:
         line = self.where.get(key)
         if line is None:  # a key inside an inline table: name the table's line
             parent = key
@@ -297,12 +310,16 @@ class _Mistakes:
                 parent = parent.rsplit(".", 1)[0]
                 line = self.where.get(parent)
         place = f"{printable(self.path)}:{line}" if line else printable(self.path)
-        self._found.append((line or 0, f"{place}: {printable(key)}: {what}"))
+        return (line or 0, f"{place}: {printable(key)}: {what}")
 
     @property
     def mistakes(self) -> list[str]:
         """In the file's order."""
         return [m for _, m in sorted(self._found, key=lambda found: found[0])]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [m for _, m in sorted(self._warned, key=lambda found: found[0])]
 
     def table(self, data: Any, key: str, allowed: Iterable[str]) -> TOMLTable:
         if not isinstance(data, dict):
@@ -399,8 +416,9 @@ def _per_name(
 
 
 def _named(r: _Mistakes, data: Any, key: str, kind: str) -> TOMLTable:
-    """The entries of a `user` or `group` table whose name exists on this host (a uid or gid number always does);
-    each other is a mistake (a misspelt name would otherwise limit no one)."""
+    """The entries of a `user` or `group` table. A name this host does not have is a warning, and its entry is kept
+    (it applies again if the name comes back): a misspelt name limits no one, and is said, but a user deleted
+    after the file was written must not make the whole policy a file with mistakes."""
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -408,10 +426,9 @@ def _named(r: _Mistakes, data: Any, key: str, kind: str) -> TOMLTable:
         return {}
     out = {}
     for name, sub in data.items():
-        if _exists(kind, name):
-            out[name] = sub
-        else:
-            r.wrong(f"{key}.{name}", f"no such {kind} on this host (give a {kind} name or number)")
+        if not _exists(kind, name):
+            r.warn(f"{key}.{name}", f"no such {kind} on this host (now): this rule limits no one")
+        out[name] = sub
     return out
 
 
@@ -446,11 +463,10 @@ def _idle(r: _Mistakes, data: Any) -> IdleRule | None:
         for e in exempt:
             if not isinstance(e, str) or not e.strip("@"):
                 r.wrong("idle.exempt", f"holds {_shown(e)}: each item is a user name or uid, or @group")
-            elif not _exists("group" if e.startswith("@") else "user", e.removeprefix("@")):
-                r.wrong(
-                    "idle.exempt", f"names {_shown(e)}: no such {'group' if e.startswith('@') else 'user'} on this host"
-                )
             else:
+                if not _exists("group" if e.startswith("@") else "user", e.removeprefix("@")):
+                    kind = "group" if e.startswith("@") else "user"
+                    r.warn("idle.exempt", f"names {_shown(e)}: no such {kind} on this host (now): it exempts no one")
                 names.append(e)
     if after is None or grace is None:
         return None
@@ -516,6 +532,7 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
         idle=idle,
         notify=notify,
         path=path,
+        warnings=tuple(r.warnings),
     )
 
 
@@ -541,6 +558,11 @@ def host_policy(warn: Callable[[str], None]) -> Policy:
 def load_policy(path: str) -> Policy:
     """The policy in `path`: PolicyError (64) with every mistake; FileRefused (64) when it cannot be read (a missing
     file too: a caller for whom no file means no policy checks that first)."""
+    return read_policy(path)[0]
+
+
+def read_policy(path: str) -> tuple[Policy, str]:
+    """load_policy, and the text it was read from (the agent saves the last good one: serve.policy_in_force)."""
     from gpupin.core.files import FileRefused, read_bounded
 
     raw = read_bounded(path, FILE_LIMIT)
@@ -548,7 +570,7 @@ def load_policy(path: str) -> Policy:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise FileRefused(path, f"it is not UTF-8 text (byte {err.start})", "save the file as UTF-8") from None
-    return parse_policy(text, path)
+    return parse_policy(text, path), text
 
 
 def check_policy(path: str) -> list[str]:

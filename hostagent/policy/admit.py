@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from gpupin.hostagent.ledger.read import LedgerReading
 
 
+NEVER = "(quota.cards)"  # ends the refusal of more cards than the quota ever allows (64), which no wait can meet
+
+
 class QuotaError(GpupinError):
     """A quota used up for now (exit 75): the line names the quota, the use, and when it frees."""
 
@@ -105,7 +108,7 @@ def check(
         if cards > q.cards:
             raise UsageError(
                 f"{cards} card(s) asked, but the policy's quota lets {caller.who()} hold at most {q.cards} at once "
-                "(quota.cards)",
+                + NEVER,
                 f"ask for at most {q.cards}",
             )
         held = sum(h.cards for h in mine)
@@ -199,12 +202,21 @@ def holdings(holders: Iterable[Holder], extensions: Mapping[str, int]) -> list[H
 
 
 def for_run(
-    policy: Policy, caller: Caller, asked: float | None, extensions: Mapping[str, int], past: Past = nothing
+    policy: Policy,
+    caller: Caller,
+    asked: float | None,
+    extensions: Mapping[str, int],
+    past: Past = nothing,
+    cards: int | None = None,
 ) -> Callable[[LedgerReading, int], dict[str, str]]:
-    """The admission of one run, for gpupin.hostagent.run.launch.reserve: the booking's length is judged now (64
-    before any lock or wait), the quotas under the lock with the holders just read. `past`: the record's finished
-    intervals (the agent's); without the agent, none."""
+    """The admission of one run, for gpupin.hostagent.run.launch.reserve: the booking's length, and `cards` more
+    than the caller may ever hold, are judged now (64 before any lock or wait: the same request gets the same code
+    however many cards are free), the quotas under the lock with the holders just read. `past`: the record's
+    finished intervals (the agent's); without the agent, none."""
     seconds = booking.length(policy, caller, asked)
+    refusal = never(policy, caller, cards) if cards else None
+    if refusal is not None:
+        raise refusal
 
     def admit(reading: LedgerReading, cards: int) -> dict[str, str]:
         check(policy, caller, cards, holdings(reading.holders, extensions), past)

@@ -16,9 +16,10 @@ DESCRIPTION = """The host's policy: bookings with a limit, quotas per user and g
 hooks, in one TOML file that the resident agent reads at start and again on SIGHUP (docs/policy.md)."""
 
 CHECK_DESCRIPTION = f"""Validate a policy file: every mistake on a line of its own, `FILE:LINE: KEY: what is wrong`
-(an unknown key, a duration such as "4 hours", a user or group this host does not have...), or one line saying what
-the policy enforces. Check before `systemctl reload gpupin-hostagent`: an agent given a file with mistakes keeps the
-policy it had, and says so. FILE defaults to {DEFAULT_PATH}."""
+(an unknown key, a duration such as "4 hours"...), or one line saying what the policy enforces. A user or group this
+host does not have is a warning (its rule limits no one), never a mistake. Check before `systemctl reload
+gpupin-hostagent`: an agent given a file with mistakes keeps the policy it had (at start, the last good one it
+saved), and says so. FILE defaults to {DEFAULT_PATH}."""
 
 CHECK_EPILOG = """exit: 0 a good policy; 64 mistakes found (one line each on stderr), or the file cannot be read."""
 
@@ -58,8 +59,15 @@ def command(args: argparse.Namespace) -> int:
         mistakes = err.mistakes
     except UsageError as err:  # the file cannot be read
         mistakes = [err.message]
+    warnings = list(policy.warnings) if not mistakes else []
     if args.json:
-        out = {"file": path, "ok": not mistakes, "mistakes": mistakes, "policy": None if mistakes else policy.as_json()}
+        out = {
+            "file": path,
+            "ok": not mistakes,
+            "mistakes": mistakes,
+            "warnings": warnings,
+            "policy": None if mistakes else policy.as_json(),
+        }
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return EX_USAGE if mistakes else 0
     if mistakes:
@@ -67,6 +75,7 @@ def command(args: argparse.Namespace) -> int:
         n = len(mistakes)
         sys.stderr.write(f"{PROG} policy: {n} mistake{'s' if n != 1 else ''} in {printable(path)}\n")
         return EX_USAGE
+    sys.stderr.write("".join(f"{PROG} policy: warning: {w}\n" for w in warnings))
     sys.stdout.write(f"policy: OK {printable(path)}: {policy.summary()}\n")
     return 0
 

@@ -30,7 +30,8 @@ equally among a card's holders at each of the agent's samples; absent where the 
 interval still open counts up to now; one that began before --since counts from --since."""
 
 EPILOG = """The record: /var/lib/gpupin/record.db (serve --record; docs/serve.md, "The record"). Read directly where
-this user may read it, else through the agent's socket (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock).
+this user may read it, else through the agent's socket (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock);
+stderr says which record it read, and how.
 exit: 0 printed; 64 bad usage; 69 neither the record nor an agent that keeps one can be read."""
 
 _AGO = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhdw])$")
@@ -98,12 +99,13 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
 class Usage:
     """What `usage` prints: the rows, what they cover, and the record they were read from."""
 
-    __slots__ = ("by", "degraded", "path", "rows", "since")
+    __slots__ = ("by", "degraded", "path", "rows", "since", "source")
 
     def __init__(
         self, since: float | None, by: str, rows: list[Share], path: str | None, degraded: str | None = None
     ) -> None:
         self.since, self.by, self.rows, self.path, self.degraded = since, by, rows, path, degraded
+        self.source = ""  # how the record was reached, as `usage` says it (read directly, or the agent's)
 
     def to_json(self) -> JSONObject:
         """`usage --json`, as /api/usage answers."""
@@ -156,7 +158,10 @@ def read(path: str | None, since_: float | None, by: str) -> Usage:
                 conn.close()
         except sqlite3.Error as err:
             raise UsageError(f"record {shown(where)} cannot be read: {err}", "check the path (--record)") from None
-        return Usage(since_, by, rows, where)
+        direct = Usage(since_, by, rows, where)
+        origin = "--record" if path is not None else store.PATH_ENV if os.environ.get(store.PATH_ENV) else "the default"
+        direct.source = f"read directly ({origin})" + ("" if path is not None else "; --record PATH reads another")
+        return direct
     from urllib.parse import urlencode
 
     from gpupin.hostagent import agentlink
@@ -170,7 +175,9 @@ def read(path: str | None, since_: float | None, by: str) -> Usage:
         )
     query = {"by": by, **({"since": repr(since_)} if since_ is not None else {})}
     answer: JSONObject = link.call("GET", "/api/usage?" + urlencode(query))
-    return Usage.from_json(answer)
+    kept = Usage.from_json(answer)
+    kept.source = f"the agent's, at {link}"
+    return kept
 
 
 def _hours(seconds: float) -> str:
@@ -217,6 +224,10 @@ def csv_text(data: Usage) -> str:
 
 def command(args: argparse.Namespace) -> int:
     data = read(args.record, args.since, args.by)
+    if not args.json:  # which record the rows are from (root reads the default file unless told another)
+        from gpupin.hostagent import say
+
+        say(f"usage: from the record {shown(data.path or 'unknown')}, {data.source}")
     out = json.dumps(data.to_json(), indent=2) + "\n" if args.json else csv_text(data) if args.csv else table(data)
     sys.stdout.write(out)
     return 0

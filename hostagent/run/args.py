@@ -48,10 +48,12 @@ card is held or in use by another process (no --wait), or a quota of the host's 
 
 
 def _wait_value(text: str) -> float:
+    from gpupin.hostagent.run.values import wait_seconds
+
     try:
-        return math.inf if text in ("", "inf", "forever") else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}") from None
+        return wait_seconds(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _for_value(text: str) -> float:
@@ -64,8 +66,12 @@ def _for_value(text: str) -> float:
 
 
 def _is_seconds(text: str | None) -> bool:
+    """Whether the word after --wait is its value: a wait (`300`, `5m`), or a negative one (`-5m`), which its type
+    refuses in one line: no option starts with a digit, and IMAGE would be the wait's mistake."""
     if text is None:
         return False
+    if text[:1] == "-" and text[1:2].isdigit():
+        return True
     try:
         _wait_value(text)
     except argparse.ArgumentTypeError:
@@ -210,7 +216,8 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="SECONDS",
         nargs="?",
         const=math.inf,
-        help="wait for held cards (forever, or at most SECONDS) instead of exiting 75; with the agent "
+        help="wait for held cards (forever, or at most SECONDS: a number, or a duration as --for takes it: 90s, "
+        "5m, 2h) instead of exiting 75; with the agent "
         "up, in its fair queue (`hostagent queue`)",
     )
     g.add_argument(
@@ -255,7 +262,7 @@ def split_run_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> tupl
     IMAGE (or at `--`), and everything after IMAGE is the command's, untouched (`--` and options included).
 
     Which options take a value is read from the run parser itself; an unknown option is left for argparse to
-    refuse (with a suggestion). `--wait` takes a value only when the next word is a number of seconds.
+    refuse (with a suggestion). `--wait` takes a value only when the next word is a wait (seconds, or a duration: 5m).
     """
     takes = _takes(parser)
     i = 0
@@ -348,6 +355,18 @@ def bool_values(options: Sequence[str], parser: argparse.ArgumentParser) -> list
     return out
 
 
+def _negatives_attached(options: Sequence[str]) -> list[str]:
+    """`--for -5m` as `--for=-5m`: argparse reads a word that starts with `-` as an option ("expected one
+    argument"); attached, the value reaches its type, which says what is wrong with it."""
+    out: list[str] = []
+    for word in options:
+        if out and out[-1] in ("--for", "--wait") and word[:1] == "-" and word[1:2].isdigit():
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def refusal(options: Sequence[str]) -> tuple[str, str] | None:
     """(what, hint) for the first docker run option among `options` that hostagent refuses by name, else None."""
     for word in options:
@@ -367,7 +386,7 @@ def parse(words: Sequence[str], parser: argparse.ArgumentParser, top: Sequence[s
 
     run_parser = subcommands(parser)["run"]
     written, image, cmd = split_run_argv(words, run_parser)
-    options = bool_values(written, run_parser)
+    options = _negatives_attached(bool_values(written, run_parser))
     refused = refusal(options)
     if refused is not None:
         raise UsageError(printable(refused[0]), refused[1])

@@ -357,6 +357,7 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
     cards, picks = read_cards(req)
     if req.dry_run:
         return _dry_run_spec(req, cards, picks)
+    admit = _admit(req)  # what no wait can meet (a --for past the maximum, cards past the quota): 64 before asking
     api = engine.connect()
     mark("connected")
     daemon_info, detection = engine.daemon_view(api, ask=req.via is None)
@@ -364,7 +365,6 @@ def launch(req: RunRequest, wait_loop: WaitLoop | None = None) -> Launched | Con
     # (or --pull always asks for a pull first).
     if req.pull == "always":
         image.ensure(api, req)
-    admit = _admit(req)
     with contextlib.nullcontext(wait_loop) if wait_loop is not None else WaitLoop(req) as waiting:
         while True:
             try:
@@ -401,7 +401,9 @@ def _admit(req: RunRequest) -> Admit:
         # The past is the agent's record (root's, written by the agent alone): a run of its own counts only the
         # present (docs/policy.md, "Quotas").
         say("warning: the GPU-hour quotas count only what you hold now: past use is counted through the agent")
-    return admit.for_run(policy, me, req.book_for, read_extensions(state_folder()))
+    return admit.for_run(
+        policy, me, req.book_for, read_extensions(state_folder()), cards=req.count or len(req.gpus) or None
+    )
 
 
 def _via(req: RunRequest, targets: Sequence[Target], detection: cdi.Detection) -> str:

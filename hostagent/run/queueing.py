@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 
-from gpupin.core.errors import GpupinError, shown
+from gpupin.core.errors import EX_USAGE, GpupinError, shown
 from gpupin.hostagent import agentlink, say
 
 TYPE_CHECKING = False
@@ -197,6 +197,11 @@ class QueueClient:
                 say(f"the agent at {self.link} took this request out of its queue ({why}): waiting without it")
             elif "position" in message:
                 self._place = f"position {message['position']} of {message['of']}"
+            elif "held" in message:  # over a quota: its place is kept, and no turn comes until the quota frees
+                say(
+                    f"waiting in the queue of the agent at {self.link}: {self._place}, over your quota: "
+                    f"{shown(message['held'], 400)}; no turn comes until it frees"
+                )
         time.sleep(min(POLL_S * (0.5 + random.random()), max(deadline - time.monotonic(), 0.01)))
 
     def _say_place(self) -> None:
@@ -211,6 +216,10 @@ class QueueClient:
         except agentlink.Direct:  # an agent of another daemon: this run waits without a queue, as without one
             return False
         except (GpupinError, OSError, ValueError, http.client.HTTPException) as err:
+            from gpupin.hostagent.policy.admit import NEVER
+
+            if isinstance(err, GpupinError) and err.exit_code == EX_USAGE and NEVER in err.message:
+                raise  # more cards than the quota ever allows: no wait meets it, with or without the queue (64)
             if first:
                 why = err.message if isinstance(err, GpupinError) else f"{type(err).__name__}: {err}"
                 say(f"the agent at {self.link} did not queue this request ({why}): waiting without its queue")

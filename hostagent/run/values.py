@@ -72,6 +72,24 @@ def cpus(value: str) -> int:
     return int(nano)
 
 
+def wait_seconds(text: str) -> float:
+    """--wait's value: a number of seconds (300), or a duration as --for takes it (90s, 5m, 2h); empty, `inf` or
+    `forever`: no end. ValueError otherwise: a negative or unreadable wait is refused, never taken as the image."""
+    import math
+
+    if text in ("", "inf", "forever"):
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        from gpupin.hostagent.ledger.booking import parse_duration  # only for a value that is not a number
+
+        return parse_duration(text)
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{text!r} is not a wait: give seconds (300) or a duration (90s, 5m, 2h), 0 or more")
+    return value
+
+
 def seconds(value: str) -> int:
     if not value.isascii() or not value.isdigit():
         raise ValueError("give a whole number of seconds >= 0")

@@ -93,9 +93,11 @@ class Agent:
         policy: str | None = None,
         record: RecordWriter | None = None,
         hooks: Hooks | None = None,
+        in_force: PolicyInForce | None = None,
     ) -> None:
-        """`policy`: the policy file (its default: /etc/gpupin/policy.toml); `record`: the record's writer (None:
-        `--record none`); `hooks`: the notifications (a Hooks of its own when not given)."""
+        """`policy`: the policy file (its default: /etc/gpupin/policy.toml), or `in_force`: the policy already read
+        (serve reads it before anything is made); `record`: the record's writer (None: `--record none`); `hooks`:
+        the notifications (a Hooks of its own when not given)."""
         from gpupin.hostagent.policy import policy_path
         from gpupin.hostagent.serve.bookings import Bookings
         from gpupin.hostagent.serve.hooks import Hooks
@@ -107,9 +109,8 @@ class Agent:
         self.hooks = hooks if hooks is not None else Hooks()
         self.record = record  # the record's writer (gpupin.hostagent.record.writer), when one is kept
         # The policy in force (docs/policy.md); the hooks take each one's notify rule.
-        self.in_force: PolicyInForce = PolicyInForce(
-            policy or policy_path(), on_load=lambda p: self.hooks.apply(p.notify)
-        )
+        self.in_force: PolicyInForce = in_force or PolicyInForce(policy or policy_path())
+        self.in_force.attach(lambda p: self.hooks.apply(p.notify))
         self.idle = idle.watch(self, idle_after, say)
         self.samples = samples.Samples()
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry

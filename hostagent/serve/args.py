@@ -28,7 +28,8 @@ EPILOG = """A held card with no compute process and 0% utilization for --idle-af
 [idle] rule warns its holders and may stop them (docs/serve.md, "Idle holders"); without one nothing is stopped.
 A restart of the Docker daemon and NVML errors are survived: what cannot be read is shown as unknown.
 SIGHUP reads the --policy file again (`hostagent policy check` it first). SIGTERM or Ctrl-C stop it (exit 0).
-exit: 0 stopped; 64 bad usage; 75 another agent listens on --socket."""
+exit: 0 stopped; 64 bad usage, or a --policy file with mistakes and no good policy saved (one line per mistake);
+75 another agent listens on --socket."""
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smh]?)$")
 
@@ -145,7 +146,7 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="FILE",
         help="the host's policy: bookings, quotas, idle rules, hooks (default GPUPIN_POLICY, else "
         "/etc/gpupin/policy.toml; no file: nothing enforced). Read again on SIGHUP; a file with mistakes keeps "
-        "the last good one (docs/policy.md)",
+        "the last good one (at start, the one saved; with none the agent does not start: docs/policy.md)",
     )
     s.add_argument(
         "--record",

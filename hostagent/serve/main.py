@@ -7,11 +7,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 
+from gpupin.core.errors import EX_USAGE, UsageError, printable
+from gpupin.hostagent import PROG
+from gpupin.hostagent.policy import Policy, PolicyError, format_duration, policy_path
 from gpupin.hostagent.serve import api, connections, listen, rights, say, services
 from gpupin.hostagent.serve.agent import Agent
 from gpupin.hostagent.serve.hooks import Hooks
+from gpupin.hostagent.serve.policy_in_force import PolicyInForce
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,10 +55,18 @@ def run(
     # import them first at once meet it half made ("cannot import name 'EndpointConfig'", seen in CI).
     import docker.types  # noqa: F401
 
+    # The policy first, before anything is made: a file with mistakes keeps the last good policy saved, else the
+    # agent does not start (docs/policy.md, "Reloading").
+    in_force = PolicyInForce(policy or policy_path())
+    in_force.keep_in(_own_folder(record_path, socket_path))
+    try:
+        in_force.start()
+    except PolicyError as err:
+        _refuse(err)
+        return EX_USAGE
     writer = _record(record_path, hooks)
-    # The agent from its parts: the policy's file, the record's writer, the hooks (it makes the rest).
-    agent = Agent(interval=interval, idle_after=idle_after, policy=policy, record=writer, hooks=hooks)
-    agent.in_force.load()  # no file: nothing enforced; a file with mistakes: the same, and said (docs/policy.md)
+    # The agent from its parts: the policy in force, the record's writer, the hooks (it makes the rest).
+    agent = Agent(interval=interval, idle_after=idle_after, record=writer, hooks=hooks, in_force=in_force)
     handler = api.handler(agent)
     servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
     agent.queue.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
@@ -89,7 +102,7 @@ def run(
         gate.start()
         serving.set()
         where = [f"unix://{socket_path}"] + ([f"http://{_shown(address)}"] if address else [])
-        say(f"listening on {' and '.join(where)} (pid {os.getpid()}, idle after {idle_after:g}s)")
+        say(f"listening on {' and '.join(where)} (pid {os.getpid()}, {_idle_said(in_force.policy, idle_after)})")
         while not stop.wait(0.5):
             if reload.is_set():
                 reload.clear()
@@ -113,6 +126,37 @@ def run(
         with contextlib.suppress(Exception):  # NVML was never opened, or is gone already
             nvml.shutdown()
     return 0
+
+
+def _idle_said(policy: Policy, idle_after: float) -> str:
+    """The idle time in force: the policy's [idle] after takes --idle-after's place (docs/serve.md)."""
+    after = policy.idle.after if policy.idle is not None else idle_after
+    # Exact: format_duration rounds down to its unit (90 s would read 1m).
+    said = format_duration(after) if after % 60 == 0 else f"{after:g}s"
+    return f"idle after {said}" + (", the policy's [idle]" if policy.idle is not None else "")
+
+
+def _own_folder(record_path: str | None, socket_path: str) -> str:
+    """Where the agent keeps its last good policy: the record's folder (the agent's own, and it outlives a reboot),
+    else (`--record none`) the socket's."""
+    from gpupin.hostagent.record.store import default_path
+
+    if record_path == "none":
+        return os.path.dirname(os.path.abspath(socket_path))
+    return os.path.dirname(os.path.abspath(record_path or default_path()))
+
+
+def _refuse(err: PolicyError) -> None:
+    """A start on a policy with mistakes and no good one saved: one line per mistake (exit 64), nothing made."""
+    last = len(err.mistakes) - 1
+    for n, mistake in enumerate(err.mistakes):
+        hint = (
+            f"fix it (`hostagent policy check {printable(err.path)}`): the agent has no good policy of this host "
+            "saved to keep meanwhile, and does not start without one"
+            if n == last
+            else None
+        )
+        sys.stderr.write(UsageError(mistake, hint).line(f"{PROG} serve"))
 
 
 def _record(path: str | None, hooks: Hooks) -> RecordWriter | None:

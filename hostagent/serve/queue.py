@@ -94,6 +94,15 @@ class Position(NamedTuple):
         return {"position": self.position, "of": self.of}
 
 
+class Held(NamedTuple):
+    """The waiter is over a quota of the policy: it keeps its place, but gets no turn until the quota frees."""
+
+    why: str
+
+    def to_json(self) -> JSONObject:
+        return {"held": self.why}
+
+
 class Lost(NamedTuple):
     why: str
 
@@ -113,7 +122,7 @@ class Direct(NamedTuple):
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    Message: TypeAlias = Standing | Turn | Position | Lost | Direct
+    Message: TypeAlias = Standing | Turn | Position | Held | Lost | Direct
 
 
 class QueuedRun:
@@ -136,6 +145,7 @@ class QueuedRun:
         self.asked_again = False
         self.notified = False  # queue.turn went to the hooks (gpupin.hostagent.serve.hooks)
         self.position = 0
+        self.held = False  # over a quota, and told so (told again after it was within its quotas)
         self._outbox: list[Message | None] = []
         self.wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -341,7 +351,8 @@ class Queue:
 
     def _within_quota(self, view: Listing) -> list[QueuedRun]:
         """The waiters the policy's quotas let take a card now, in order: one over its quota keeps its place but is
-        given no turn, and holds no card back from those after it (gpupin.hostagent.policy.admit)."""
+        given no turn, and holds no card back from those after it (gpupin.hostagent.policy.admit). Each one over its
+        quota is told why, once (its position alone would not say that it waits for its own quota)."""
         from gpupin.hostagent.ledger.booking import Caller
         from gpupin.hostagent.policy import admit
 
@@ -349,12 +360,17 @@ class Queue:
         if not policy.enforced:
             return list(self._waiters)
         held = view_holdings(view)
-        return [
-            w
-            for w in self._waiters
-            if admit.over(policy, Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, self.agent.finished)
-            is None
-        ]
+        within = []
+        for w in self._waiters:
+            why = admit.over(
+                policy, Caller(w.uid, w.gids), w.ask.count or len(w.ask.gpus) or 1, held, self.agent.finished
+            )
+            if why is None:
+                within.append(w)
+            elif not w.held:
+                w.post(Held(why))
+            w.held = why is not None
+        return within
 
     def _grant(self) -> None:
         """Lapse the turns unanswered too long, hand out the turns the rule gives, and tell each waiter whose

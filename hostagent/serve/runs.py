@@ -156,7 +156,12 @@ class Runs:
 
         caller = Caller(peer.uid, {peer.gid, *peer.groups})
         return admit.for_run(
-            self.agent.in_force.policy, caller, req.book_for, self.agent.bookings.extensions(), self.agent.finished
+            self.agent.in_force.policy,
+            caller,
+            req.book_for,
+            self.agent.bookings.extensions(),
+            self.agent.finished,
+            cards=req.count or len(req.gpus) or None,
         )
 
     @staticmethod

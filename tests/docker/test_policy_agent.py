@@ -375,3 +375,65 @@ def test_a_run_without_the_agent_keeps_the_maximum(agent: Agent, tmp_path: Path)
         r.stderr
     )
     shutil.rmtree(folder)
+
+
+def test_cards_past_the_quota_are_64_however_many_cards_are_free(lab: Lab) -> None:
+    """More cards than the quota ever allows is 64 whether the cards are free or held (it was 75, "wait with
+    --wait", while too few were free), through the agent and without it."""
+    for card in ("0", "1"):  # root holds two cards (no quota binds root); card 2 runs a process: card 3 alone is free
+        r = lab.agent("run", "-d", "--name", f"root{card}-{lab.agent.tag}", "--gpu", card, TEST_IMAGE, "sleep", "600")
+        assert r.returncode == 0, r.stderr
+    lab.wait_holder(f"root1-{lab.agent.tag}")
+    folder = Path(tempfile.mkdtemp(prefix="gpupin-policy-"))  # where alice can read it (tmp_path is root's)
+    os.chmod(folder, 0o755)
+    (folder / "policy.toml").write_text(POLICY)
+    alone = reach_env({**lab.agent.env, "GPUPIN_AGENT": "0", "GPUPIN_POLICY": str(folder / "policy.toml")})
+    for words in (["--count", "2"], ["--gpu", "0", "--gpu", "3"], ["--wait", "5m", "--count", "2"]):
+        through = lab.as_user(ALICE, "run", *words, TEST_IMAGE, "true")
+        without = subprocess.run(
+            as_other(lab.users[ALICE], lab.agent.argv("run", *words, TEST_IMAGE, "true")),
+            env=alone, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        for r in (through, without):
+            assert r.returncode == 64 and r.stderr.count("\n") == 1, (words, r.stderr)
+            assert f"2 card(s) asked, but the policy's quota lets uid {ALICE} hold at most 1 at once" in r.stderr
+    assert len(lab.agent.containers()) == 2  # nothing made for alice
+    shutil.rmtree(folder)
+
+
+def test_a_waiter_over_its_quota_is_told_so(lab: Lab) -> None:
+    """Behind another waiter, a waiter that its own quota holds back is told that, not only its position."""
+    first = f"h1-{lab.agent.tag}"
+    r = lab.as_user(ALICE, "run", "-d", "--name", first, "--gpu", "1", TEST_IMAGE, "sleep", "600")
+    assert r.returncode == 0, r.stderr
+    lab.wait_holder(first)
+    env = reach_env({**lab.agent.env, "GPUPIN_AGENT_SOCKET": lab.resident.socket})
+    waiters = []
+    try:
+        for uid, words in ((BOB, ["--gpu", "1"]), (ALICE, ["--count", "1"])):  # bob first: alice is not clear
+            waiters.append(
+                subprocess.Popen(
+                    as_other(lab.users[uid], lab.agent.argv("run", "--wait", *words, TEST_IMAGE, "true")),
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            queued = len(waiters)
+            wait_for(lambda: lab.resident.get("/api/queue")[1].count(b'"uid"') == queued, 20, "the waiter to queue")  # noqa: B023
+        time.sleep(2)
+        lab.agent.sandbox.docker("stop", "-t", "0", first, check=True)
+        outs = [w.communicate(timeout=60) for w in waiters]
+        assert [w.returncode for w in waiters] == [0, 0], outs
+        alice = outs[1][1]
+        assert (
+            "waiting in the queue of the agent at" in alice
+            and "position 2 of 2, over your quota: quota cards: " in (alice)
+        ), alice
+        assert f"uid {ALICE} holds 1 of 1 card(s) at once" in alice, alice
+    finally:
+        for w in waiters:
+            if w.poll() is None:
+                w.kill()
+                w.communicate()

@@ -270,16 +270,23 @@ def test_check_and_render_on_the_cli_refuse_a_card_two_services_hold(tmp_path: P
 
 def test_check_reports_what_render_refuses_when_the_ledger_is_unread(tmp_path: Path) -> None:
     """Issue 23, trap 2: with no daemon reachable, render refuses a count (which cards are free is unknown), and
-    check said OK. Both now share the rule: check reports render's line and fails (64)."""
+    check said OK. Both now share the rule: check reports render's line and fails, with render's code and `run
+    --dry-run --count`'s for the same reason (69: the ledger could not be read; issue 33)."""
     (tmp_path / "f.yml").write_text(file("    x-gpupin: {count: 1}"))
     rendered = hostagent(tmp_path, "compose", "render", "f.yml", "-o", "out.yml")
     refused = [ln.removeprefix("hostagent: ERROR: ") for ln in rendered.stderr.splitlines() if "ERROR:" in ln]
     assert rendered.returncode == 69 and len(refused) == 1, rendered.stderr
     assert "which cards are free is unknown" in refused[0] and not (tmp_path / "out.yml").exists()
     checked = hostagent(tmp_path, "compose", "check", "f.yml")
-    assert checked.returncode == 64 and refused[0] in checked.stdout.splitlines(), (checked.stdout, checked.stderr)
+    assert checked.returncode == 69 and refused[0] in checked.stdout.splitlines(), (checked.stdout, checked.stderr)
     as_json = hostagent(tmp_path, "compose", "check", "f.yml", "--json")
-    assert as_json.returncode == 64 and len(json.loads(as_json.stdout)) == 1, as_json.stdout
+    assert as_json.returncode == 69 and len(json.loads(as_json.stdout)) == 1, as_json.stdout
+    dry = hostagent(tmp_path, "run", "--dry-run", "--count", "1", "img", "true")
+    assert dry.returncode == 69 and "which cards are free is unknown" in dry.stderr, dry.stderr
+    # with another error of the file beside it, check says 64, as render does
+    (tmp_path / "g.yml").write_text(file("    x-gpupin: {count: 1}\n    x-gpu-pin: {gpus: ['1']}"))
+    both = [hostagent(tmp_path, "compose", *a) for a in (["check", "g.yml"], ["render", "g.yml", "-o", "out.yml"])]
+    assert [r.returncode for r in both] == [64, 64], [r.stdout + r.stderr for r in both]
 
 
 @pytest.mark.parametrize("key", ["x-gpu-pin", "x-gpupins", "x_gpupin", "X-GPUPIN", "gpupin", "x-gpupn"])

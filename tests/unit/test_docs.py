@@ -317,3 +317,19 @@ def test_the_module_map_names_every_module_and_only_what_exists() -> None:
             if IDENT.match(n) and n not in known
         ]
     assert not problems, "docs/design.md's module map:\n" + "\n".join(problems)
+
+
+def test_the_serve_synopsis_lists_every_option_serve_takes() -> None:
+    """docs/serve.md's synopsis and its table of options name every option of `hostagent serve` (the synopsis
+    lacked --policy, the one a lab's admin looks for first)."""
+    from gpupin.hostagent.cli import build_parser
+    from gpupin.hostagent.completion import subcommands
+
+    serve = subcommands(build_parser())["serve"]
+    options = {f for a in serve._actions for f in a.option_strings if f.startswith("--") and f != "--help"}
+    text = (REPO / "docs" / "serve.md").read_text()
+    synopsis = re.search(r"\n    hostagent serve (.*?)\n\n", text, re.S)
+    assert synopsis is not None
+    named = set(re.findall(r"--[a-z-]+", synopsis.group(1)))
+    table = set(re.findall(r"^\| `(--[a-z-]+)", text, re.M))
+    assert options - named == set() and options - table == set(), (options - named, options - table)

@@ -297,3 +297,6 @@ def test_a_policy_with_mistakes_is_a_finding(root: Path) -> None:
     assert finding.problem.startswith(f"the policy has a mistake: {policy}:2: quota.card: unknown key")
     policy.write_text("[quota]\ncards = 2\n")
     assert doctor.check_policy(host) == []
+    policy.write_text("[quota]\ncards = 2\n[quota.user.a-student-who-left]\ncards = 4\n")  # good, and said
+    (said,) = doctor.check_policy(host)
+    assert not said.is_error and "quota.user.a-student-who-left: no such user on this host" in said.problem

@@ -262,6 +262,23 @@ def test_a_mig_devices_holders_and_processes_are_shown_under_it(fakegpu: Path, t
     assert lines[1].endswith("  held")
 
 
+@pytest.mark.parametrize(("ahead", "said"), [(60, "will be stopped at"), (-5, "being stopped (due at")])
+def test_an_idle_warning_never_says_will_be_stopped_at_a_time_past(ahead: float, said: str) -> None:
+    """The idle rule's stop takes the engine's stop and the container's grace: past `stop_at`, `ls --host` says the
+    stop is under way, never "will be stopped at" a time already gone."""
+    from gpupin.hostagent.ls import view as lsview
+
+    data = json.loads((GOLDEN / "api-ls-mixed-4.json").read_text().split("\n", 1)[1])  # after the status line
+    stop_at = time.time() + ahead
+    data["gpus"][0].update(
+        idle=True, idle_seconds=120, idle_warning={"container": "train", "since": stop_at - 90, "stop_at": stop_at}
+    )
+    at = time.strftime("%H:%M:%S", time.localtime(stop_at))
+    line = next(ln for ln in lsview.render(data).splitlines() if "IDLE:" in ln)
+    assert line.endswith(f"train warned, {said} {at}" + (")" if ahead < 0 else "")), line
+    assert ("will be stopped" in line) == (ahead > 0), line
+
+
 @pytest.fixture
 def other_user_process() -> Iterator[tuple[int, str]]:
     """A process of another user (nobody, when the tests run as root), and its user's name."""

@@ -63,3 +63,29 @@ def test_no_product_message_gives_the_test_harness_advice() -> None:
     assert not found, "\n".join(found)
     hint = failures.unavailable(ConnectionRefusedError(111, "Connection refused")).hint or ""
     assert "sandbox" not in hint and "start dockerd" in hint and "DOCKER_HOST" in hint, hint
+
+
+def test_a_user_outside_the_docker_group_is_told_so_in_one_clear_line() -> None:
+    """A lab's new user not in the docker group got "does not answer ... HINT: start dockerd" with the SDK's Python
+    tuple in it. Permission denied on the socket, bare (gpupin's own client) or wrapped by requests and urllib3 (the
+    SDK's), is said as what it is: the daemon answers, this user may not use its socket."""
+    import requests
+    import urllib3
+
+    bare = PermissionError(13, "Permission denied")
+    wrapped = requests.exceptions.ConnectionError(
+        urllib3.exceptions.ProtocolError("Connection aborted.", PermissionError(13, "Permission denied"))
+    )
+    for err in (bare, wrapped):
+        refused = failures.unavailable(err)
+        line = refused.line("hostagent")
+        assert refused.exit_code == 69 and line.count("\n") == 1, line
+        assert "permission denied on its socket" in line and "docker group" in line, line
+        assert "start dockerd" not in line and "Errno" not in line, line
+        assert "PermissionError" not in line and "Connection aborted" not in line, line
+    refused = failures.unavailable(
+        requests.exceptions.ConnectionError(
+            urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionRefusedError(111, "Connection refused"))
+        )
+    )
+    assert refused.message.endswith("does not answer: [Errno 111] Connection refused"), refused.message

@@ -217,7 +217,6 @@ command = "hook"
         f"{f}:5: quota.cards:",
         f"{f}:6: quota.gpu_hour_per_day: unknown key",
         f"{f}:7: quota.waiters:",
-        f"{f}:8: quota.user.no-such-user-here: no such user",
         f"{f}:12: idle.action:",
         f"{f}:14: notify.webhook:",
         f"{f}:15: notify.command:",
@@ -230,6 +229,27 @@ command = "hook"
         load_policy(f)
     assert err.value.exit_code == 64 and err.value.mistakes == found
     assert "policy check" in (err.value.hint or "")
+
+
+def test_a_name_the_host_no_longer_has_is_a_warning_never_a_mistake(tmp_path: Path) -> None:
+    """A student leaves and her account is deleted: the file that named her stays a good policy (the rest of it is
+    still enforced), and the rule that names her is said, limiting no one."""
+    f = tmp_path / "policy.toml"
+    f.write_text(
+        '[quota]\ncards = 1\n[quota.user.gone-student]\ncards = 4\n[booking.group.gone-group]\nmax = "1d"\n'
+        '[idle]\nafter = "1h"\nexempt = ["gone-student", "@gone-group", "nobody"]\n'
+    )
+    p = load_policy(str(f))
+    assert p.quota(1001, frozenset()) == Quota(cards=1)
+    assert p.idle is not None and "nobody" in p.idle.exempt
+    assert [w.split(": ", 2)[1] for w in p.warnings] == [
+        "quota.user.gone-student",
+        "booking.group.gone-group",
+        "idle.exempt",
+        "idle.exempt",
+    ], p.warnings
+    assert p.warnings[0].startswith(f"{f}:3: quota.user.gone-student: no such user on this host")
+    assert check_policy(str(f)) == []
 
 
 def test_default_longer_than_max(tmp_path: Path) -> None:

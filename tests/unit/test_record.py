@@ -394,6 +394,31 @@ def test_usage_command(tmp_path: Path) -> None:
     assert csv.splitlines() == ["image,gpu_seconds,gpu_hours,energy_j,intervals", "img,7200.0,2.0,7200000.0,1"]
 
 
+def test_usage_says_which_record_it_read(tmp_path: Path) -> None:
+    """Root reads the record file itself: it says which (the default, GPUPIN_RECORD or --record), on stderr, so that
+    the table is still the table; --json carries the path already and says nothing more."""
+    path = private(tmp_path)
+    Store(str(path)).close()
+    env = {**os.environ, "GPUPIN_RECORD": str(path)}
+    out = subprocess.run([HOSTAGENT, "usage"], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0 and out.stdout == "no interval recorded\n", out
+    assert out.stderr == (
+        f"hostagent: usage: from the record {path}, read directly (GPUPIN_RECORD); --record PATH reads another\n"
+    ), out.stderr
+    out = subprocess.run([HOSTAGENT, "usage", "--record", str(path), "--csv"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr == f"hostagent: usage: from the record {path}, read directly (--record)\n"
+    env.pop("GPUPIN_RECORD")
+    env["GPUPIN_AGENT_SOCKET"] = str(tmp_path / "no-agent.sock")
+    out = subprocess.run([HOSTAGENT, "usage"], capture_output=True, text=True, timeout=60, env=env)
+    default = "/var/lib/gpupin/record.db"
+    if os.path.exists(default):  # a host that keeps one: it is named (on this machine, none: no agent answers)
+        assert f"from the record {default}, read directly (the default)" in out.stderr, out.stderr
+    else:
+        assert out.returncode == 69 and default in out.stderr, out.stderr
+    quiet = subprocess.run([HOSTAGENT, "usage", "--record", str(path), "--json"], capture_output=True, text=True)
+    assert quiet.returncode == 0 and quiet.stderr == "" and json.loads(quiet.stdout)["record"]["path"] == str(path)
+
+
 def test_usage_refusals(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

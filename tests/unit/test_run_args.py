@@ -245,3 +245,38 @@ def test_a_commands_own_options_after_its_name_are_not_taken_for_runs(capsys: py
     assert "say which GPUs" in err and "after the image" not in err, err
     assert main(["run", "--gpu", "0", "--dry-run", "img:1", "--gpu", "1"]) == 0  # a GPU given: the rest is CMD
     assert capsys.readouterr().out.split()[-3:] == ["img:1", "--gpu", "1"]
+
+
+@pytest.mark.parametrize(
+    ("words", "wait"),
+    [
+        (["--wait", "5m"], 300.0),
+        (["--wait", "1h30m"], 5400.0),
+        (["--wait", "90"], 90.0),
+        (["--wait=2h"], 7200.0),
+        (["--wait"], float("inf")),
+    ],
+)
+def test_wait_takes_seconds_or_the_durations_for_takes(words: list[str], wait: float) -> None:
+    """`--wait 5m` waits five minutes: it is never read as an image named `5m` (and the image stays the image)."""
+    from gpupin.hostagent.run.args import parse
+
+    args = parse([*words, "--gpu", "0", "img:1", "true"], build_parser())
+    assert args.wait == wait and args.image == "img:1" and args.cmd == ["true"]
+
+
+@pytest.mark.parametrize(
+    ("words", "says"),
+    [
+        (["--for", "-5m"], "argument --for: '-5m' is negative: a duration is more than 0"),
+        (["--wait", "-5m"], "argument --wait: '-5m' is negative: a duration is more than 0"),
+        (["--wait", "-5"], "argument --wait: '-5' is not a wait"),
+        (["--for", "0s"], "is no time at all"),
+    ],
+)
+def test_a_negative_for_or_wait_is_one_clear_line(
+    capsys: pytest.CaptureFixture[str], no_daemon: None, words: list[str], says: str
+) -> None:
+    assert main(["run", *words, "--gpu", "0", "img:1", "true"]) == 64
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "expected one argument" not in err, err
