@@ -40,6 +40,17 @@ _AGO = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+LATEST = 2**32 - 1  # the latest `since` taken (2106): a day's end past it is no calendar's
+
+
+def checked_since(value: float) -> float:
+    """`value` as a `since`: seconds since the epoch, 0 to LATEST (inf, nan, 1e20 or -1e12 is a ValueError that
+    says so: the record's days could not be cut at it)."""
+    if not 0 <= value <= LATEST:  # NaN compares false both ways
+        raise ValueError(f"since must be seconds since the epoch, 0 to {LATEST}, not {value!r}")
+    return value
+
+
 def since(text: str, now: float | None = None) -> float:
     """`7d`, `24h`, `90m` (that long ago), a date `2026-11-01` (local midnight), a time `2026-11-01T08:00`, or
     seconds since the epoch."""
@@ -48,18 +59,22 @@ def since(text: str, now: float | None = None) -> float:
     now = time.time() if now is None else now
     value = text.strip()
     m = _AGO.match(value)
-    if m:
-        return now - float(m[1]) * _UNITS[m[2]]
     try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.datetime.fromisoformat(value).timestamp()
-    except ValueError:
+        if m:
+            when = now - float(m[1]) * _UNITS[m[2]]
+        else:
+            try:
+                when = float(value)
+            except ValueError:
+                when = datetime.datetime.fromisoformat(value).timestamp()
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
             f"invalid time {text!r} (e.g. 7d, 24h, 2026-11-01, 2026-11-01T08:00, or seconds since the epoch)"
         ) from None
+    try:
+        return checked_since(when)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: {err}") from None
 
 
 def add(sub: argparse._SubParsersAction[Any]) -> None:

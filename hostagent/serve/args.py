@@ -61,7 +61,7 @@ def _count(text: str) -> int:
 
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`serve` among hostagent's commands."""
-    from gpupin.hostagent.serve.connections import FILES_KEPT, PER_USER, TOTAL
+    from gpupin.hostagent.serve.connections import FILES_KEPT, PER_USER, STREAMS, STREAMS_PER_USER, TOTAL
     from gpupin.hostagent.serve.listen import DEFAULT_GROUP, DEFAULT_HTTP, DEFAULT_SOCKET
 
     s = sub.add_parser(
@@ -120,15 +120,25 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         type=_count,
         default=TOTAL,
         metavar="N",
-        help=f"connections at once, every caller together (default {TOTAL}, at most the open-file limit less "
-        f"{FILES_KEPT}); beyond it the oldest one still silent is closed, or the new one is refused (503)",
+        help=f"connections at once on each listener (the socket, HTTP), every caller together (default {TOTAL}; "
+        f"the listeners' together at most the open-file limit less {FILES_KEPT}); beyond it the oldest one still "
+        "silent is closed, or the new one is refused (503)",
     )
     s.add_argument(
         "--max-per-user",
         type=_count,
         default=PER_USER,
         metavar="N",
-        help=f"connections at once from one uid on the socket, or one address on HTTP (default {PER_USER})",
+        help=f"connections at once on each listener from one caller: a uid (on HTTP from this host, the uid that "
+        f"owns the client's socket), or an address from elsewhere (default {PER_USER})",
+    )
+    s.add_argument(
+        "--max-streams",
+        type=_count,
+        default=STREAMS,
+        metavar="N",
+        help=f"long-lived answers at once on each listener (/api/events, places in the queue), counted apart from "
+        f"the connections (default {STREAMS}; {STREAMS_PER_USER} from one caller); beyond it, 503",
     )
     s.add_argument(
         "--idle-after",
@@ -178,7 +188,7 @@ def command(args: argparse.Namespace) -> int:
         args.idle_after,
         args.interval,
         args.http_host,
-        Limits(args.max_connections, args.max_per_user),
+        Limits(args.max_connections, args.max_per_user, streams=args.max_streams),
         args.daemon_group,
         args.policy or policy_path(),
         args.record,

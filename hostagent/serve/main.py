@@ -72,6 +72,7 @@ def run(
     servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
     agent.queue.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
     agent.bookings.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # and the extensions of bookings
+    agent.owners.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # and whom it created each container for
     try:
         if address is not None:
             servers.append(listen.tcp_server(address, handler, names))

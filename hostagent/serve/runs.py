@@ -160,6 +160,7 @@ class Runs:
             caller,
             req.book_for,
             self.agent.bookings.extensions(),
+            self.agent.owners.uids,
             self.agent.finished,
             cards=req.count or len(req.gpus) or None,
         )

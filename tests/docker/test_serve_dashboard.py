@@ -97,7 +97,8 @@ def test_dashboard_summary_cards_charts_holder_queue_and_no_record(
         card3 = f".card[data-uuid='{A800C}']"
         tab.wait_for_selector(f"{card3} .holder[data-name='{name}']", timeout=5_000)
         assert tab.get_attribute(card3, "data-state") == "held"
-        assert tab.text_content(f"{card3} .holder td:nth-child(4)") == TEST_IMAGE
+        assert tab.text_content(f"{card3} .holder td:nth-child(5)") == TEST_IMAGE
+        assert tab.text_content(f"{card3} .holder .owner") == "root"  # the uid the agent created it for
         held = tab.text_content(f"{card3} .holder .held-for") or ""
         assert held.endswith("s") and held[:-1].isdigit(), held  # seconds since its start
         assert tab.text_content(f"{card3} .holder .time-left") in ("1h29m", "1h30m")  # its booking's end

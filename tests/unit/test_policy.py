@@ -597,38 +597,38 @@ def test_when_a_rolling_window_frees_is_the_first_time_below_the_limit(
     assert admit.used_seconds(past, held, window, min(at + 2.0, now + window)) < limit + 1e-6
 
 
-def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
-    """Whose a holding is comes from the booking label's uid, whatever the container is called."""
-
+def test_quota_counts_the_owner_the_agent_proves_not_a_label_or_a_name(tmp_path: Path) -> None:
+    """Whose a holding is comes from the uid the agent created it for (the view's owner), whatever the container is
+    called; a booking label on a container the agent did not create is a claim, counted for no one."""
+    proven = {"uid": 1001, "name": "alice", "verified": True, "claimed_uid": None}
+    claim = {"uid": None, "name": None, "verified": False, "claimed_uid": 1001}
+    a = {"id": "a", "name": "uid-1002-s-job", "holds": True, "booking": {"uid": 1001, "since": 0}, "owner": proven}
+    forged = {"id": "c", "name": "forged", "holds": True, "booking": {"uid": 1001, "since": 0}, "owner": claim}
     view = Listing.from_json(
         {
             "gpus": [
-                {
-                    "holders": [
-                        {
-                            "id": "a",
-                            "name": "uid-1002-s-job",
-                            "holds": True,
-                            "booking": {"uid": 1001, "since": 0, "until": None},
-                        }
-                    ]
-                },
-                {
-                    "holders": [
-                        {
-                            "id": "a",
-                            "name": "uid-1002-s-job",
-                            "holds": True,
-                            "booking": {"uid": 1001, "since": 0, "until": None},
-                        }
-                    ]
-                },
+                {"holders": [a]},
+                {"holders": [a, forged]},
                 {"holders": [{"id": "b", "name": "other", "holds": True, "booking": None}]},
             ]
         }
     )
     held = queue.view_holdings(view)
     assert [(h.uid, h.cards, h.since) for h in held] == [(1001, 2, 0.0)]
+
+
+def test_a_run_counts_the_holders_the_agent_proves() -> None:
+    """Under the ledger lock, a run's quota counts a holder for the uid in the agent's owners, never its label's."""
+    from gpupin.hostagent.ledger.booking import Booking
+    from gpupin.hostagent.ledger.holders import Holder
+    from gpupin.hostagent.policy import admit
+
+    def holder(cid: str, uid: int) -> Holder:
+        return Holder(cid, cid, "running", ["GPU-0"], True, "gpupin", booking=Booking(uid, 0, None))
+
+    held = admit.holdings([holder("mine", 1001), holder("forged", 1001)], {}, {"mine": 1001})
+    assert [(h.uid, h.name) for h in held] == [(1001, "mine")]
+    assert admit.holdings([holder("forged", 1001)], {}, {}) == []
 
 
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), True, "4h", 400 * 86400])

@@ -492,11 +492,17 @@ def test_usage_refusals(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     for extra, says in (
         (["--since", "yesterday"], "invalid time"),
+        (["--since", "inf"], "invalid time 'inf': since must be seconds since the epoch, 0 to 4294967295, not inf"),
+        (["--since=-1e12"], "invalid time '-1e12': since must be seconds since the epoch"),
+        (["--since", "1e20"], "invalid time '1e20': since must be seconds since the epoch"),
+        (["--since", "nan"], "invalid time 'nan': since must be seconds since the epoch"),
+        (["--since", "99999999999d"], "invalid time '99999999999d': since must be seconds since the epoch"),
         (["--record", str(fifo)], "not a regular file"),
         (["--record", str(tmp_path / "none.db")], "No such file"),
     ):
         out = subprocess.run([HOSTAGENT, "usage", *extra], capture_output=True, text=True, timeout=60)
         assert out.returncode == 64 and says in out.stderr and "Traceback" not in out.stderr, out
+        assert out.stderr.count("\n") == 1, out.stderr
 
 
 def test_since_forms() -> None:
