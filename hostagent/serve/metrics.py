@@ -3,7 +3,8 @@
 `collect()` reads the agent's current snapshot at scrape time and yields metric families built from it, so a card
 or container that has gone leaves no stale series. Every card series carries dcgm-exporter's label names (`gpu`,
 `UUID`, `pci_bus_id`, `modelName`, `Hostname`), so that a dashboard can join gpupin's series with DCGM's. The
-names and their meaning are in docs/serve.md, "Metrics".
+names and their meaning are in docs/serve.md, "Metrics". The record's series per user are this scrape's caller's
+to see (`RecordCollector`: every user's, the caller's own, or none on HTTP unless --http-per-user).
 """
 
 from __future__ import annotations
