@@ -93,6 +93,13 @@ class NotifyRule:
     before_end: float = BEFORE_END_S
 
 
+@dataclass(frozen=True)
+class UsageRule:
+    """Who sees everyone's rows of the record through the agent's socket, beside root (anyone else: their own)."""
+
+    readers: tuple[str, ...] = ()  # user names or uids, and @groups
+
+
 @dataclass(frozen=True, eq=False)
 class Policy:
     """The policy the agent enforces. Built by `load_policy` (or `Policy.empty()`), never changed: a reload makes a
@@ -106,6 +113,7 @@ class Policy:
     quota_groups: Mapping[str, Quota] = field(default_factory=dict)
     idle: IdleRule | None = None
     notify: NotifyRule | None = None
+    usage: UsageRule = UsageRule()
     path: str | None = None  # the file it was read from; None: no file, nothing enforced
     # What is written but names no one here (a user or group this host no longer has): said, never a mistake. A
     # student who leaves must not turn the whole policy invalid at the next start.
@@ -196,8 +204,12 @@ class Policy:
             return True
         if self.idle is None:
             return False
-        names = set(_user_keys(uid)) | {"@" + k for g in gids for k in _group_keys(g)}
-        return any(e in names for e in self.idle.exempt)
+        return _named_in(self.idle.exempt, uid, gids)
+
+    def may_read_usage(self, uid: int, gids: frozenset[int]) -> bool:
+        """Whether the caller sees everyone's usage through the agent (root's always does); anyone else sees their
+        own intervals alone: the record is root's, 0600."""
+        return uid == 0 or _named_in(self.usage.readers, uid, gids)
 
     def summary(self) -> str:
         """One line: what the policy limits (policy check's OK line, the agent's log)."""
@@ -221,6 +233,8 @@ class Policy:
             parts.append(f"idle after {format_duration(self.idle.after)}: {self.idle.action}")
         if self.notify is not None:
             parts.append("notify " + " and ".join(k for k in ("command", "webhook") if getattr(self.notify, k)))
+        if self.usage.readers:
+            parts.append("usage readers " + ", ".join(self.usage.readers))
         return "; ".join(parts) if parts else "nothing enforced"
 
     def as_json(self) -> JSONObject:
@@ -235,7 +249,14 @@ class Policy:
             "quota_groups": {k: dataclasses.asdict(v) for k, v in self.quota_groups.items()},
             "idle": dataclasses.asdict(self.idle) if self.idle else None,
             "notify": dataclasses.asdict(self.notify) if self.notify else None,
+            "usage": {"readers": list(self.usage.readers)},
         }
+
+
+def _named_in(names: Iterable[str], uid: int, gids: frozenset[int]) -> bool:
+    """Whether a list of user names or uids and @groups (`idle.exempt`, `usage.readers`) names the caller."""
+    caller = set(_user_keys(uid)) | {"@" + k for g in gids for k in _group_keys(g)}
+    return any(n in caller for n in names)
 
 
 def _user_keys(uid: int) -> list[str]:
@@ -455,22 +476,34 @@ def _idle(r: _Mistakes, data: Any) -> IdleRule | None:
         r.wrong("idle.action", f'must be "warn" or "stop", not {_shown(action)}')
         action = "warn"
     grace = r.duration(t, "idle", "grace") if "grace" in t else 0.0
-    exempt = t.get("exempt", [])
-    names: list[str] = []
-    if not isinstance(exempt, list):
-        r.wrong("idle.exempt", f"must be an array of user names and @groups, not {_kind(exempt)}")
-    else:
-        for e in exempt:
-            if not isinstance(e, str) or not e.strip("@"):
-                r.wrong("idle.exempt", f"holds {_shown(e)}: each item is a user name or uid, or @group")
-            else:
-                if not _exists("group" if e.startswith("@") else "user", e.removeprefix("@")):
-                    kind = "group" if e.startswith("@") else "user"
-                    r.warn("idle.exempt", f"names {_shown(e)}: no such {kind} on this host (now): it exempts no one")
-                names.append(e)
+    names = _names(r, t, "idle.exempt", "it exempts no one")
     if after is None or grace is None:
         return None
-    return IdleRule(after=after, action=action, grace=grace, exempt=tuple(names))
+    return IdleRule(after=after, action=action, grace=grace, exempt=names)
+
+
+def _names(r: _Mistakes, t: TOMLTable, key: str, unknown: str) -> tuple[str, ...]:
+    """An array of user names or uids and @groups (`idle.exempt`, `usage.readers`): a name this host does not have
+    is a warning (`unknown` says what it then does), anything but text a mistake."""
+    found = t.get(key.rsplit(".", 1)[1], [])
+    names: list[str] = []
+    if not isinstance(found, list):
+        r.wrong(key, f"must be an array of user names and @groups, not {_kind(found)}")
+        return ()
+    for e in found:
+        if not isinstance(e, str) or not e.strip("@"):
+            r.wrong(key, f"holds {_shown(e)}: each item is a user name or uid, or @group")
+            continue
+        kind = "group" if e.startswith("@") else "user"
+        if not _exists(kind, e.removeprefix("@")):
+            r.warn(key, f"names {_shown(e)}: no such {kind} on this host (now): {unknown}")
+        names.append(e)
+    return tuple(names)
+
+
+def _usage(r: _Mistakes, data: Any) -> UsageRule:
+    t = r.table(data, "usage", ("readers",))
+    return UsageRule(readers=_names(r, t, "usage.readers", "it shows them no one's usage"))
 
 
 _LOOPBACK = re.compile(r"^http://(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|localhost|\[::1\])(:[0-9]{1,5})?(/[^\s]*)?$")
@@ -515,11 +548,12 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
     except ValueError as err:  # tomllib.TOMLDecodeError, with its line and column
         raise PolicyError(path, [f"{printable(path)}: not valid TOML: {printable(str(err))}"]) from None
     r = _Mistakes(path, text)
-    top = r.table(data, "", ("booking", "quota", "idle", "notify"))
+    top = r.table(data, "", ("booking", "quota", "idle", "notify", "usage"))
     booking, booking_users, booking_groups = _booking(r, top.get("booking", {}), "booking", nested=True)
     quotas, quota_users, quota_groups = _quota(r, top.get("quota", {}), "quota", nested=True)
     idle = _idle(r, top["idle"]) if "idle" in top else None
     notify = _notify(r, top["notify"]) if "notify" in top else None
+    usage = _usage(r, top["usage"]) if "usage" in top else UsageRule()
     if r.mistakes:
         raise PolicyError(path, r.mistakes)
     return Policy(
@@ -531,6 +565,7 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
         quota_groups=quota_groups,
         idle=idle,
         notify=notify,
+        usage=usage,
         path=path,
         warnings=tuple(r.warnings),
     )

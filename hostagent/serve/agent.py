@@ -54,7 +54,7 @@ class Snapshot:
     """The view at one refresh: the listing (None while NVML cannot be read), the error that withdrew it, a
     version that grows with every change, and when it was read (seconds since the epoch)."""
 
-    __slots__ = ("_json", "error", "listing", "read_at", "version")
+    __slots__ = ("_event", "_json", "error", "listing", "read_at", "version")
 
     def __init__(self, version: int, listing: Listing | None, error: str | None, read_at: float) -> None:
         self.version = version
@@ -62,12 +62,22 @@ class Snapshot:
         self.error = error
         self.read_at = read_at
         self._json: JSONObject | None = None
+        self._event: bytes | None = None
 
     def as_json(self) -> JSONObject | None:
         """The listing as /api/ls serves it, made once per snapshot (every reader of a version shares it)."""
         if self._json is None and self.listing is not None:
             self._json = self.listing.to_json()
         return self._json
+
+    def event(self) -> bytes:
+        """The snapshot as one /api/events event, encoded once (every stream of a version sends the same bytes)."""
+        if self._event is None:
+            import json
+
+            data = json.dumps(self.as_json() if self.listing is not None else {"error": self.error})
+            self._event = f"event: ls\nid: {self.version}\ndata: {data}\n\n".encode()
+        return self._event
 
 
 class Agent:

@@ -487,6 +487,8 @@ class Queue:
             self._stream(handler)
             self._write(handler, Direct(why))
             return
+        if handler.stream_refused():  # a place in the queue is a stream: counted apart (docs/serve.md, "Limits")
+            return
         w = self.join(body, peer)
         try:
             self._stream(handler)

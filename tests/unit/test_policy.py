@@ -179,6 +179,35 @@ def test_may_exempt(tmp_path: Path) -> None:
     assert not Policy.empty().may_exempt(1001, frozenset())
 
 
+def test_usage_readers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`[usage] readers`: the users and @groups who see everyone's usage through the agent (root always does); a
+    name this host lacks is a warning; anything but a list of names is a mistake, named with its line, as
+    `policy check` says it."""
+    from gpupin.hostagent.cli import main
+
+    p = policy(f'[usage]\nreaders = ["nobody", "@{ROOT_GROUP}", "1002", "gone-admin"]\n', tmp_path)
+    assert p.usage.readers == ("nobody", f"@{ROOT_GROUP}", "1002", "gone-admin")
+    assert p.may_read_usage(NOBODY, frozenset()) and p.may_read_usage(1002, frozenset())
+    assert p.may_read_usage(1001, frozenset({0}))  # @root's member
+    assert not p.may_read_usage(1001, frozenset({4242}))
+    assert Policy.empty().may_read_usage(0, frozenset()) and not Policy.empty().may_read_usage(1001, frozenset({0}))
+    assert not p.enforced and p.summary() == f"usage readers nobody, @{ROOT_GROUP}, 1002, gone-admin"
+    assert p.as_json()["usage"] == {"readers": ["nobody", f"@{ROOT_GROUP}", "1002", "gone-admin"]}
+    assert [w.split(": ", 2)[1:] for w in p.warnings] == [
+        ["usage.readers", "names 'gone-admin': no such user on this host (now): it shows them no one's usage"]
+    ]
+    f = str(tmp_path / "policy.toml")
+    for text, line, says in (
+        ('[usage]\nreaders = "@admins"\n', 2, "usage.readers: must be an array of user names and @groups, not text"),
+        ("[usage]\nreaders = [1001]\n", 2, "usage.readers: holds 1001: each item is a user name or uid, or @group"),
+        ('[usage]\nreader = ["nobody"]\n', 2, "usage.reader: unknown key (did you mean readers? known here: readers)"),
+        ('usage = "all"\n', 1, "usage: must be a table, not text"),
+    ):
+        assert mistakes(text, tmp_path) == [f"{f}:{line}: {says}"], text
+        assert main(["policy", "check", f]) == 64
+        assert f"ERROR: {f}:{line}: {says}" in capsys.readouterr().err
+
+
 def test_empty_enforces_nothing(tmp_path: Path) -> None:
     e = Policy.empty()
     assert not e.enforced and e.idle is None and e.notify is None
