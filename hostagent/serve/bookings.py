@@ -50,11 +50,12 @@ def payload(view: Listing, cid: str, until: float | None, now: float) -> JSONObj
             b = h.booking
             if h.id != cid or b is None:
                 continue
-            proven = h.owner is not None and h.owner.verified
+            o = h.owner
+            user = {"uid": o.uid, "name": o.name} if o is not None and o.verified else {"uid": None, "name": None}
             return {
                 "card": {"uuid": card.uuid, "index": card.index, "name": card.name},
                 "container": {"id": cid, "name": h.name, "image": h.image},
-                "user": {"uid": h.owner.uid, "name": h.owner.name} if proven else {"uid": None, "name": None},  # type: ignore[union-attr]
+                "user": user,
                 "booking": {
                     "since": b.since,
                     "until": until,
