@@ -6,7 +6,8 @@
   booking's path where the policy sets such a quota); and the writer's own writes per booking, off the booking's
   path (its interval opened, then closed), on that year's database;
 - `hostagent usage --by user` over the year: the query alone, and the whole command (its Python start-up
-  included), medians.
+  included), medians; and one user's own rows over the year, by user and by day (what the agent's socket answers a
+  user who is not a reader).
 
 No floor: figures against their targets (1 ms; 200 ms)."""
 
@@ -62,22 +63,35 @@ def build_year(path: str, n: int = INTERVALS) -> None:
                     "exit",
                 )
             )
-    # The daily sums the keeper keeps as it closes each interval (store.roll), added up here at once.
-    daily: dict[tuple[str, str, str], list[float]] = {}
+    # The daily sums the keeper keeps as it closes each interval (store.roll), added up here at once: the host's
+    # (uid None) and each uid's own.
+    daily: dict[tuple[int | None, str, str, str], list[float]] = {}
     for r in rows:
         keys = (("user", r[6]), ("card", r[3]), ("image", r[2]))
         whole = r[8] - r[7]
         for i, (day, part) in enumerate(_parts(r[7], r[8])):
             for kind, key in keys:
-                slot = daily.setdefault((kind, day, key), [0.0, 0.0, 0])
-                slot[0] += part
-                slot[1] += r[13] * part / whole
-                slot[2] += int(i == 0)
+                for whose in (None, r[5]):
+                    slot = daily.setdefault((whose, kind, day, key), [0.0, 0.0, 0])
+                    slot[0] += part
+                    slot[1] += r[13] * part / whole
+                    slot[2] += int(i == 0)
+
+    def sums(own: bool) -> list[tuple[object, ...]]:
+        return [
+            (*((uid,) if own else ()), kind, day, key, int(key[4:12]) if kind == "card" else None, *v)
+            for (uid, kind, day, key), v in daily.items()
+            if (uid is not None) == own
+        ]
+
     with store.lock:
         store.conn.execute("BEGIN")
         store.conn.executemany(
-            "INSERT INTO daily (kind, day, key, idx, seconds, joules, n) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(kind, day, key, int(key[4:12]) if kind == "card" else None, *v) for (kind, day, key), v in daily.items()],
+            "INSERT INTO daily (kind, day, key, idx, seconds, joules, n) VALUES (?, ?, ?, ?, ?, ?, ?)", sums(False)
+        )
+        store.conn.executemany(
+            "INSERT INTO daily_own (uid, kind, day, key, idx, seconds, joules, n) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            sums(True),
         )
         store.conn.execute("INSERT INTO meta (name, value) VALUES ('longest', ?)", (step,))
         store.conn.executemany(
@@ -168,6 +182,14 @@ def bench_record(results: dict[str, object], hostagent: str, n: int = 5) -> None
             usage(conn, time.time() - 7 * 86400, "user")
             week.append(time.perf_counter() - t)
         _line("usage --by user --since 7d (the dashboard's chart): the query", _median_ms(week), 200.0, results)
+        for by in ("user", "day"):  # what the agent's socket answers a user: their own rows (1/20 of the year)
+            own = []
+            for _ in range(n):
+                t = time.perf_counter()
+                mine = usage(conn, None, by, uid=1005)
+                own.append(time.perf_counter() - t)
+            assert sum(r.intervals for r in mine) > INTERVALS // 40
+            _line(f"a user's own usage --by {by} over the year: the query", _median_ms(own), 200.0, results)
         conn.close()
         # The whole command, interleaved with `hostagent --version` (the same start-up, no record): what is left
         # once the interpreter and hostagent's parser are up is the answer's own time.

@@ -7,6 +7,7 @@ found it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -139,7 +140,9 @@ class Link:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
-            conn.request(method, route, body=data, headers=headers)
+            # Closed under the request: an answer it sent first (a refusal) is still there to read.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                conn.request(method, route, body=data, headers=headers)
             return conn, conn.getresponse()
         except OSError as err:
             conn.close()

@@ -100,10 +100,21 @@ def exchange(
         elif method in ("POST", "PUT"):
             head.append("Content-Length: 0")
         head += [f"{k}: {v}" for k, v in (headers or {"Connection": "close"}).items()]
-        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
+        cut: OSError | None = None
+        try:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
+        except (BrokenPipeError, ConnectionResetError) as err:
+            cut = err  # closed under the request: an answer it sent first (a refusal) is still there to read
         reader = sock.makefile("rb")
         while True:
-            status_line = reader.readline().decode("latin-1").split(None, 2)
+            try:
+                status_line = reader.readline().decode("latin-1").split(None, 2)
+            except OSError:
+                if cut is None:
+                    raise
+                status_line = []
+            if cut is not None and (len(status_line) < 2 or not status_line[1].isdigit()):
+                raise cut
             if len(status_line) < 2 or not status_line[1].isdigit():
                 raise ConnectionError(
                     f"not an HTTP answer: {' '.join(status_line)[:80]!r}"

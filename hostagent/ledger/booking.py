@@ -35,6 +35,9 @@ FOR_LABEL = "gpupin.booking.for"  # a compose or swarm service's booking: its le
 SWARM_SERVICE_LABEL = "com.docker.swarm.service.id"  # on the containers of a swarm service's tasks
 LONGEST_S = 366 * 86400.0  # the longest duration a policy, `--for` or a compose service may say: a year
 STATE_FILE = "bookings.json"
+# The ends the agent gave the bookings it did not make (a claim's, a compose service's own), by the policy in force:
+# what `ls` without the agent shows, where the label alone would say more.
+JUDGED_FILE = "judged.json"
 _FORM = r"^uid=([0-9]{1,10}) since=([0-9]{1,12})(?: until=([0-9]{1,12}))?$"
 
 
@@ -134,6 +137,28 @@ def read_extensions(folder: str) -> dict[str, int]:
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
 
 
+def read_judged(folder: str) -> dict[str, int | None]:
+    """The ends the agent judged (container id -> until, None: no end), {} when there are none, the file cannot be
+    read, or it or its folder could have been written by another user than root (gpupin.hostagent.ledger.owners)."""
+    from gpupin.core.files import read_bounded
+    from gpupin.hostagent.ledger.owners import trusted
+
+    path = os.path.join(folder, JUDGED_FILE)
+    try:
+        if not trusted(os.stat(folder)) or not trusted(os.lstat(path)):
+            return {}
+        data = json.loads(read_bounded(path, 1 << 22))
+    except Exception:  # absent, unreadable, not JSON: the labels' own ends
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        k: v
+        for k, v in data.items()
+        if isinstance(k, str) and (v is None or (isinstance(v, int) and not isinstance(v, bool)))
+    }
+
+
 # --- who books, and for how long ----------------------------------------------------------------------------------
 
 
@@ -214,12 +239,25 @@ def left_s(until: float | None, now: float) -> int | None:
 
 
 def extended(
-    name: str, uid: int | None, since: float, until: float | None, seconds: float, caller: Caller, policy: Rules
+    name: str,
+    uid: int | None,
+    since: float,
+    until: float | None,
+    seconds: float,
+    caller: Caller,
+    policy: Rules,
+    claimed: int | None = None,
 ) -> int:
-    """The new end of a booking (its owner `uid`, `since`, its end now `until`) that `caller` extends by `seconds`:
-    only its owner or root extends it (a service's own label, no owner: root alone), a booking with no end is not
-    extended, and the booking stays within the longest the policy gives the caller (booking.max). `name`: the
-    container, as the refusals say it."""
+    """The new end of a booking (its owner `uid`, the one the agent proves; `since`, its end now `until`) that
+    `caller` extends by `seconds`: only its owner or root extends it (no owner proven: root alone), a booking with no
+    end is not extended, and the booking stays within the longest the policy gives the caller (booking.max).
+    `name`: the container, as the refusals say it; `claimed`: the uid its label names where none is proven."""
+    if uid is None and claimed is not None and caller.uid != 0:
+        raise UsageError(
+            f"{name}'s label names uid {claimed}, but the agent did not create it: its owner is unverified, and only "
+            "root extends it",
+            "extend the bookings the agent made for you (hostagent run through the agent)",
+        )
     if uid is None and caller.uid != 0:
         raise UsageError(
             f"{name} is booked by its own label ({FOR_LABEL}), which names no owner: only root extends it",

@@ -67,6 +67,8 @@ _HOLDER = {
     "uuids": [str],
     "label": Opt([str]),
     "mismatch": bool,
+    # whose it is (an agent of an earlier version does not say)
+    "?owner": Opt({"uid": Opt(int), "name": Opt(str), "verified": bool, "claimed_uid": Opt(int)}),
 }
 _PROCESS = {
     "pid": int,

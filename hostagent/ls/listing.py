@@ -13,7 +13,7 @@ import time
 from gpupin.core import nvml, readings
 from gpupin.core.errors import GpupinError, UsageError
 from gpupin.hostagent import agentdir, engine, say
-from gpupin.hostagent.ledger import booking
+from gpupin.hostagent.ledger import booking, owners
 from gpupin.hostagent.ledger import processes as ledger_processes
 from gpupin.hostagent.ledger import read as ledger_read
 from gpupin.hostagent.ledger.holders import Holder
@@ -27,6 +27,7 @@ from gpupin.hostagent.ls.model import (
     Listing,
     MigShown,
     Occupancy,
+    OwnerShown,
     ProcessShown,
     RootlessOwner,
 )
@@ -55,8 +56,46 @@ def gather(warn: bool = True) -> Listing:
     cards = read_cards()
     docker, reading = read_ledger(cards, warn)
     out = assemble(cards, docker, reading)
-    extend(out, booking.read_extensions(agentdir.state_folder()))  # `hostagent extend`'s, kept by the agent
+    folder = agentdir.state_folder()
+    own(out, owners.uids(owners.read(folder)))  # who the agent created each container for
+    judge(out, booking.read_judged(folder))  # the ends it gave the bookings it did not make
+    extend(out, booking.read_extensions(folder))  # `hostagent extend`'s, kept by the agent
     return out
+
+
+def judge(listing: Listing, judged: Mapping[str, int | None]) -> None:
+    """The end the agent gave each booking it did not make (`judged`: container id -> until), in place of its
+    label's: a claim's or a compose service's own, cut to the policy's maximum (gpupin.hostagent.serve.bookings)."""
+    for card in listing.gpus:
+        for h in card.holders:
+            b = h.booking
+            if b is not None and h.id in judged and not (h.owner is not None and h.owner.verified):
+                b.until = judged[h.id]
+
+
+def own(listing: Listing, proven: Mapping[str, int], names: dict[int, str] | None = None) -> None:
+    """Each holder's owner: the uid the agent created it for (`proven`: container id -> uid), else unverified,
+    with the uid its booking label claims. `names`: the user names looked up already (kept by the agent)."""
+    names = {} if names is None else names
+    for card in listing.gpus:
+        for h in (*card.holders, *card.mislabelled):
+            uid = proven.get(h.id)
+            if uid is not None:
+                h.owner = OwnerShown(uid, user_name(uid, names), True, None)
+            else:
+                h.owner = OwnerShown(None, None, False, h.booking.uid if h.booking is not None else None)
+
+
+def user_name(uid: int, names: dict[int, str]) -> str:
+    """The user's name (its uid, as text, where the host has none); `names` keeps those looked up."""
+    if uid not in names:
+        import pwd
+
+        try:
+            names[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            names[uid] = str(uid)
+    return names[uid]
 
 
 def extend(listing: Listing, ends: Mapping[str, int], now: float | None = None) -> None:

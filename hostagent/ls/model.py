@@ -109,6 +109,30 @@ class BookingShown(_Value):
         return cls(d.get("uid"), d.get("since", 0), d.get("until"), d.get("left_s"))
 
 
+class OwnerShown(_Value):
+    """Who owns a holder: `uid` and `name` the user the resident agent created it for (the uid it took at accept:
+    proven, `verified`), else None; `claimed_uid` the uid its `gpupin.booking` label names where that is not proven
+    (a claim: anyone with the daemon's socket writes any label). `name` is the uid's where it has none."""
+
+    _fields = ("uid", "name", "verified", "claimed_uid")
+    __slots__ = _fields
+
+    def __init__(
+        self, uid: int | None = None, name: str | None = None, verified: bool = False, claimed_uid: int | None = None
+    ) -> None:
+        self.uid = uid
+        self.name = name
+        self.verified = verified
+        self.claimed_uid = claimed_uid
+
+    def to_json(self) -> JSON:
+        return {"uid": self.uid, "name": self.name, "verified": self.verified, "claimed_uid": self.claimed_uid}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OwnerShown:
+        return cls(d.get("uid"), d.get("name"), bool(d.get("verified")), d.get("claimed_uid"))
+
+
 class HolderShown(_Value):
     """A container that holds (or is labelled for, or held) a card, as listed (gpupin.hostagent.ledger.holders)."""
 
@@ -131,6 +155,7 @@ class HolderShown(_Value):
         "verified",
         "started",
         "booking",
+        "owner",
     )
 
     def __init__(
@@ -153,6 +178,7 @@ class HolderShown(_Value):
         verified: bool | None = None,
         started: str | None = None,
         booking: BookingShown | None = None,
+        owner: OwnerShown | None = None,
     ) -> None:
         self.id = id
         self.name = name
@@ -172,6 +198,7 @@ class HolderShown(_Value):
         self.verified = verified
         self.started = started
         self.booking = booking
+        self.owner = owner  # None: not known (an agent of an earlier version)
 
     def to_json(self) -> JSON:
         return {
@@ -193,11 +220,12 @@ class HolderShown(_Value):
             "verified": self.verified,
             "started": self.started,
             "booking": self.booking.to_json() if self.booking is not None else None,
+            "owner": self.owner.to_json() if self.owner is not None else None,
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> HolderShown:
-        booking, label = d.get("booking"), d.get("label")
+        booking, label, owner = d.get("booking"), d.get("label"), d.get("owner")
         return cls(
             d.get("id", ""),
             d.get("name", ""),
@@ -217,6 +245,7 @@ class HolderShown(_Value):
             d.get("verified"),
             d.get("started"),
             BookingShown.from_json(booking) if booking is not None else None,
+            OwnerShown.from_json(owner) if isinstance(owner, dict) else None,
         )
 
 

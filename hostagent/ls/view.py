@@ -171,6 +171,7 @@ def _short(name: str | None, card: str | None) -> str:
 
 def _holders(holders: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:
     rows = []
+    owners = any(isinstance(h.get("owner"), dict) for h in holders)  # an agent of an earlier version names none
     for h in holders:
         # A pinned holder says the way hostagent pinned it (--gpus or CDI); another says how it was started.
         how = f"gpupin via {h['via']}" if h["how"] == "gpupin" and h.get("via") else _text(h["how"])
@@ -187,8 +188,20 @@ def _holders(holders: Sequence[dict[str, Any]], color: bool, indent: str) -> lis
         left = (h.get("booking") or {}).get("left_s")
         if left is not None:  # a booking with an end (hostagent run --for, or the policy's default)
             tail += [("  ", ""), (f"ends in {format_duration(left)}" if left > 0 else "booking ended", YELLOW)]
-        rows.append([Cell(_text(h["name"]), BOLD), Cell(h["id"][:12]), Cell(h["state"]), Cell("", parts=tail)])
+        whose = [_whose(h)] if owners else []
+        rows.append([Cell(_text(h["name"]), BOLD), Cell(h["id"][:12]), Cell(h["state"]), *whose, Cell("", parts=tail)])
     return _section("held by", rows, color, indent)
+
+
+def _whose(h: dict[str, Any]) -> Cell:
+    """Who owns a holder: the user the agent created it for, else `unverified` (with the uid its label claims)."""
+    owner = h.get("owner")
+    if not isinstance(owner, dict):
+        return Cell("")
+    if owner.get("verified"):
+        return Cell(_text(str(owner.get("name") or owner.get("uid"))))
+    claimed = owner.get("claimed_uid")
+    return Cell("unverified" if claimed is None else f"unverified (claims uid {_text(str(claimed))})", YELLOW)
 
 
 def _mismatches(mislabelled: Sequence[dict[str, Any]], color: bool, indent: str) -> list[str]:

@@ -136,6 +136,15 @@ class NotifyRule(_Rule):
         self.before_end = before_end
 
 
+class UsageRule(_Rule):
+    """Who sees everyone's rows of the record through the agent's socket, beside root (anyone else: their own)."""
+
+    __slots__ = FIELDS = ("readers",)
+
+    def __init__(self, readers: tuple[str, ...] = ()) -> None:
+        self.readers = readers  # user names or uids, and @groups
+
+
 class Policy(_Rule):
     """The policy the agent enforces. Built by `load_policy` (or `Policy.empty()`), never changed: a reload makes a
     new one. Equal to another whatever file each was read from (`path`), and whatever it warned of (`warnings`)."""
@@ -150,9 +159,20 @@ class Policy(_Rule):
         "quota_groups",
         "quota_users",
         "quotas",
+        "usage",
         "warnings",
     )
-    FIELDS = ("booking", "booking_users", "booking_groups", "quotas", "quota_users", "quota_groups", "idle", "notify")
+    FIELDS = (
+        "booking",
+        "booking_users",
+        "booking_groups",
+        "quotas",
+        "quota_users",
+        "quota_groups",
+        "idle",
+        "notify",
+        "usage",
+    )
 
     def __init__(
         self,
@@ -164,6 +184,7 @@ class Policy(_Rule):
         quota_groups: Mapping[str, Quota] | None = None,
         idle: IdleRule | None = None,
         notify: NotifyRule | None = None,
+        usage: UsageRule | None = None,
         path: str | None = None,
         warnings: tuple[str, ...] = (),
     ) -> None:
@@ -175,6 +196,7 @@ class Policy(_Rule):
         self.quota_groups: Mapping[str, Quota] = {} if quota_groups is None else quota_groups
         self.idle = idle
         self.notify = notify
+        self.usage = UsageRule() if usage is None else usage
         self.path = path  # the file it was read from; None: no file, nothing enforced
         # What is written but names no one here (a user or group this host no longer has): said, never a mistake. A
         # student who leaves must not turn the whole policy invalid at the next start.
@@ -256,8 +278,12 @@ class Policy(_Rule):
             return True
         if self.idle is None:
             return False
-        names = set(_user_keys(uid)) | {"@" + k for g in gids for k in _group_keys(g)}
-        return any(e in names for e in self.idle.exempt)
+        return _named_in(self.idle.exempt, uid, gids)
+
+    def may_read_usage(self, uid: int, gids: frozenset[int]) -> bool:
+        """Whether the caller sees everyone's usage through the agent (root's always does); anyone else sees their
+        own intervals alone: the record is root's, 0600."""
+        return uid == 0 or _named_in(self.usage.readers, uid, gids)
 
     def summary(self) -> str:
         """One line: what the policy limits (policy check's OK line, the agent's log)."""
@@ -281,6 +307,8 @@ class Policy(_Rule):
             parts.append(f"idle after {format_duration(self.idle.after)}: {self.idle.action}")
         if self.notify is not None:
             parts.append("notify " + " and ".join(k for k in ("command", "webhook") if getattr(self.notify, k)))
+        if self.usage.readers:
+            parts.append("usage readers " + ", ".join(self.usage.readers))
         return "; ".join(parts) if parts else "nothing enforced"
 
     def as_json(self) -> JSONObject:
@@ -295,7 +323,14 @@ class Policy(_Rule):
             "quota_groups": {k: v.as_json() for k, v in self.quota_groups.items()},
             "idle": self.idle.as_json() if self.idle else None,
             "notify": self.notify.as_json() if self.notify else None,
+            "usage": {"readers": list(self.usage.readers)},
         }
+
+
+def _named_in(names: Iterable[str], uid: int, gids: frozenset[int]) -> bool:
+    """Whether a list of user names or uids and @groups (`idle.exempt`, `usage.readers`) names the caller."""
+    caller = set(_user_keys(uid)) | {"@" + k for g in gids for k in _group_keys(g)}
+    return any(n in caller for n in names)
 
 
 def _user_keys(uid: int) -> list[str]:
@@ -515,22 +550,34 @@ def _idle(r: _Mistakes, data: Any) -> IdleRule | None:
         r.wrong("idle.action", f'must be "warn" or "stop", not {_shown(action)}')
         action = "warn"
     grace = r.duration(t, "idle", "grace") if "grace" in t else 0.0
-    exempt = t.get("exempt", [])
-    names: list[str] = []
-    if not isinstance(exempt, list):
-        r.wrong("idle.exempt", f"must be an array of user names and @groups, not {_kind(exempt)}")
-    else:
-        for e in exempt:
-            if not isinstance(e, str) or not e.strip("@"):
-                r.wrong("idle.exempt", f"holds {_shown(e)}: each item is a user name or uid, or @group")
-            else:
-                if not _exists("group" if e.startswith("@") else "user", e.removeprefix("@")):
-                    kind = "group" if e.startswith("@") else "user"
-                    r.warn("idle.exempt", f"names {_shown(e)}: no such {kind} on this host (now): it exempts no one")
-                names.append(e)
+    names = _names(r, t, "idle.exempt", "it exempts no one")
     if after is None or grace is None:
         return None
-    return IdleRule(after=after, action=action, grace=grace, exempt=tuple(names))
+    return IdleRule(after=after, action=action, grace=grace, exempt=names)
+
+
+def _names(r: _Mistakes, t: TOMLTable, key: str, unknown: str) -> tuple[str, ...]:
+    """An array of user names or uids and @groups (`idle.exempt`, `usage.readers`): a name this host does not have
+    is a warning (`unknown` says what it then does), anything but text a mistake."""
+    found = t.get(key.rsplit(".", 1)[1], [])
+    names: list[str] = []
+    if not isinstance(found, list):
+        r.wrong(key, f"must be an array of user names and @groups, not {_kind(found)}")
+        return ()
+    for e in found:
+        if not isinstance(e, str) or not e.strip("@"):
+            r.wrong(key, f"holds {_shown(e)}: each item is a user name or uid, or @group")
+            continue
+        kind = "group" if e.startswith("@") else "user"
+        if not _exists(kind, e.removeprefix("@")):
+            r.warn(key, f"names {_shown(e)}: no such {kind} on this host (now): {unknown}")
+        names.append(e)
+    return tuple(names)
+
+
+def _usage(r: _Mistakes, data: Any) -> UsageRule:
+    t = r.table(data, "usage", ("readers",))
+    return UsageRule(readers=_names(r, t, "usage.readers", "it shows them no one's usage"))
 
 
 # Compiled when a policy names a webhook (re caches it), not at import: a run without the agent imports this module.
@@ -576,11 +623,12 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
     except ValueError as err:  # tomllib.TOMLDecodeError, with its line and column
         raise PolicyError(path, [f"{printable(path)}: not valid TOML: {printable(str(err))}"]) from None
     r = _Mistakes(path, text)
-    top = r.table(data, "", ("booking", "quota", "idle", "notify"))
+    top = r.table(data, "", ("booking", "quota", "idle", "notify", "usage"))
     booking, booking_users, booking_groups = _booking(r, top.get("booking", {}), "booking", nested=True)
     quotas, quota_users, quota_groups = _quota(r, top.get("quota", {}), "quota", nested=True)
     idle = _idle(r, top["idle"]) if "idle" in top else None
     notify = _notify(r, top["notify"]) if "notify" in top else None
+    usage = _usage(r, top["usage"]) if "usage" in top else UsageRule()
     if r.mistakes:
         raise PolicyError(path, r.mistakes)
     return Policy(
@@ -592,6 +640,7 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
         quota_groups=quota_groups,
         idle=idle,
         notify=notify,
+        usage=usage,
         path=path,
         warnings=tuple(r.warnings),
     )

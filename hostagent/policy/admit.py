@@ -185,19 +185,20 @@ def started(booking_since: float, started_at: str | None) -> float:
         return float(booking_since)
 
 
-def holdings(holders: Iterable[Holder], extensions: Mapping[str, int]) -> list[Holding]:
-    """The booked holds among the ledger's holders (a container without hostagent's booking label is no one's to
-    count: a compose service's own booking names no one)."""
+def holdings(holders: Iterable[Holder], extensions: Mapping[str, int], owners: Mapping[str, int]) -> list[Holding]:
+    """The booked holds among the ledger's holders, each counted for the uid the agent created it for (`owners`:
+    container id -> uid, gpupin.hostagent.ledger.owners). A booking label on any other container is a claim, no
+    one's to count: anyone with the daemon's socket writes any label, and a compose service's own names no one."""
     return [
         Holding(
-            h.booking.uid,
+            owners[h.id],
             len(h.uuids),
             booking.ends(h.id, h.booking.until, extensions),
             h.name,
             started(h.booking.since, h.started),
         )
         for h in holders
-        if h.holds and h.booking is not None and h.booking.uid is not None
+        if h.holds and h.booking is not None and h.id in owners
     ]
 
 
@@ -206,20 +207,22 @@ def for_run(
     caller: Caller,
     asked: float | None,
     extensions: Mapping[str, int],
+    owners: Callable[[], Mapping[str, int]],
     past: Past = nothing,
     cards: int | None = None,
 ) -> Callable[[LedgerReading, int], dict[str, str]]:
     """The admission of one run, for gpupin.hostagent.run.launch.reserve: the booking's length, and `cards` more
     than the caller may ever hold, are judged now (64 before any lock or wait: the same request gets the same code
-    however many cards are free), the quotas under the lock with the holders just read. `past`: the record's
-    finished intervals (the agent's); without the agent, none."""
+    however many cards are free), the quotas under the lock with the holders just read, each counted for the uid
+    the agent created it for (`owners()`, read then). `past`: the record's finished intervals (the agent's);
+    without the agent, none."""
     seconds = booking.length(policy, caller, asked)
     refusal = never(policy, caller, cards) if cards else None
     if refusal is not None:
         raise refusal
 
     def admit(reading: LedgerReading, cards: int) -> dict[str, str]:
-        check(policy, caller, cards, holdings(reading.holders, extensions), past)
+        check(policy, caller, cards, holdings(reading.holders, extensions, owners()), past)
         return booking.labels(caller, seconds)
 
     return admit

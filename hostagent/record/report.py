@@ -2,7 +2,8 @@
 
 It reads the database itself, read-only, where this user may (root, or `--record PATH`); anyone else asks the
 resident agent (GET /api/usage on its socket), which answers from the same queries
-(gpupin.hostagent.record.store.usage)."""
+(gpupin.hostagent.record.store.usage), with that user's own intervals alone unless the policy names them a reader
+(docs/serve.md, "Who can reach it")."""
 
 from __future__ import annotations
 
@@ -30,12 +31,24 @@ equally among a card's holders at each of the agent's samples; absent where the 
 interval still open counts up to now; one that began before --since counts from --since."""
 
 EPILOG = """The record: /var/lib/gpupin/record.db (serve --record; docs/serve.md, "The record"). Read directly where
-this user may read it, else through the agent's socket (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock);
-stderr says which record it read, and how.
+this user may read it, else through the agent's socket (GPUPIN_AGENT_SOCKET, else /run/gpupin/hostagent.sock),
+which shows a user their own intervals alone (root and the policy's [usage] readers: everyone's); stderr says
+which record it read, and how.
 exit: 0 printed; 64 bad usage; 69 neither the record nor an agent that keeps one can be read."""
 
 _AGO = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+LATEST = 2**32 - 1  # the latest `since` taken (2106): a day's end past it is no calendar's
+
+
+def checked_since(value: float) -> float:
+    """`value` as a `since`: seconds since the epoch, 0 to LATEST (inf, nan, 1e20 or -1e12 is a ValueError that
+    says so: the record's days could not be cut at it)."""
+    if not 0 <= value <= LATEST:  # NaN compares false both ways
+        raise ValueError(f"since must be seconds since the epoch, 0 to {LATEST}, not {value!r}")
+    return value
 
 
 def since(text: str, now: float | None = None) -> float:
@@ -46,18 +59,22 @@ def since(text: str, now: float | None = None) -> float:
     now = time.time() if now is None else now
     value = text.strip()
     m = _AGO.match(value)
-    if m:
-        return now - float(m[1]) * _UNITS[m[2]]
     try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.datetime.fromisoformat(value).timestamp()
-    except ValueError:
+        if m:
+            when = now - float(m[1]) * _UNITS[m[2]]
+        else:
+            try:
+                when = float(value)
+            except ValueError:
+                when = datetime.datetime.fromisoformat(value).timestamp()
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
             f"invalid time {text!r} (e.g. 7d, 24h, 2026-11-01, 2026-11-01T08:00, or seconds since the epoch)"
         ) from None
+    try:
+        return checked_since(when)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: {err}") from None
 
 
 def add(sub: argparse._SubParsersAction[Any]) -> None:
@@ -84,12 +101,19 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
 class Usage:
     """What `usage` prints: the rows, what they cover, and the record they were read from."""
 
-    __slots__ = ("by", "degraded", "path", "rows", "since", "source")
+    __slots__ = ("by", "degraded", "only", "path", "rows", "since", "source")
 
     def __init__(
-        self, since: float | None, by: str, rows: list[Share], path: str | None, degraded: str | None = None
+        self,
+        since: float | None,
+        by: str,
+        rows: list[Share],
+        path: str | None,
+        degraded: str | None = None,
+        only: JSONObject | None = None,
     ) -> None:
         self.since, self.by, self.rows, self.path, self.degraded = since, by, rows, path, degraded
+        self.only = only  # {uid, user}: the agent showed this caller's own intervals alone (None: everyone's)
         self.source = ""  # how the record was reached, as `usage` says it (read directly, or the agent's)
 
     def to_json(self) -> JSONObject:
@@ -98,6 +122,7 @@ class Usage:
             "since": self.since,
             "by": self.by,
             "rows": [r.to_json(self.by) for r in self.rows],
+            "only": self.only,
             "record": {"path": self.path, "degraded": self.degraded},
         }
 
@@ -109,7 +134,8 @@ class Usage:
         by = answer["by"]
         record = answer.get("record") or {}
         rows = [Share.from_json(by, r) for r in answer["rows"]]
-        return cls(answer.get("since"), by, rows, record.get("path"), record.get("degraded"))
+        only = answer.get("only")
+        return cls(answer.get("since"), by, rows, record.get("path"), record.get("degraded"), only or None)
 
 
 def read(path: str | None, since_: float | None, by: str) -> Usage:
@@ -133,7 +159,7 @@ def read(path: str | None, since_: float | None, by: str) -> Usage:
             conn = store.connect(where, readonly=True)
             try:
                 version = store.version_of(conn)
-                if version != store.VERSION:
+                if not store.READABLE_FROM <= version <= store.VERSION:
                     raise UsageError(
                         f"record {shown(where)} has schema version {version}, not {store.VERSION}",
                         "let the agent open it first (it migrates it), or read it with the matching hostagent",
@@ -213,6 +239,10 @@ def command(args: argparse.Namespace) -> int:
         from gpupin.hostagent import say
 
         say(f"usage: from the record {shown(data.path or 'unknown')}, {data.source}")
+        if data.only is not None:  # the agent shows a user their own intervals (docs/serve.md, "Who can reach it")
+            uid, name = str(data.only.get("uid")), str(data.only.get("user"))
+            who = f"uid {uid}" + (f" ({shown(name, 40)})" if name != uid else "")  # a uid with no name: once
+            say(f"usage: your own intervals alone, {who}: root and the policy's usage.readers see everyone's")
     out = json.dumps(data.to_json(), indent=2) + "\n" if args.json else csv_text(data) if args.csv else table(data)
     sys.stdout.write(out)
     return 0

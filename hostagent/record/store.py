@@ -78,10 +78,29 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE TABLE meta (name TEXT PRIMARY KEY, value REAL NOT NULL);
     """,
+    # v4: the same daily sums per uid (`daily_own`, filled from the closed intervals that name one), so that the
+    # agent answers a user's own usage (what its socket shows a user: serve.md, "Who can reach it") from as few rows
+    # as the host's.
+    """
+    CREATE TABLE daily_own (
+        uid INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        day TEXT NOT NULL,
+        key TEXT NOT NULL,
+        idx INTEGER,
+        seconds REAL NOT NULL DEFAULT 0,
+        joules REAL,
+        n INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (uid, kind, day, key)
+    ) WITHOUT ROWID;
+    """,
 )
 # Run in the migration's transaction after MIGRATIONS[v], by version reached: what SQL alone cannot do.
 AFTER: dict[int, Callable[[sqlite3.Connection], None]] = {}
 VERSION = len(MIGRATIONS)
+# The oldest schema `usage` reads everyone's rows from, read-only (root's `hostagent usage`): v4 added only what a
+# user's own rows need, so a file the agent has not migrated yet is still read.
+READABLE_FROM = 3
 
 
 class IntervalRow(NamedTuple):
@@ -127,6 +146,7 @@ class Closed(NamedTuple):
     start: float
     end: float
     energy_j: float | None
+    uid: int | None = None  # also summed in `daily_own` where it names one
 
 
 class Share:
@@ -319,7 +339,9 @@ class Store:
 
     def close_interval(self, rid: int, row: IntervalRow, figures: Figures, end: float, ended: str) -> None:
         """Close interval `rid` with its last figures, end and reason, and add it to the daily sums, at once."""
-        closed = Closed(row.user, row.card_uuid, row.card_index, row.image, figures.start, end, figures.energy_j)
+        closed = Closed(
+            row.user, row.card_uuid, row.card_index, row.image, figures.start, end, figures.energy_j, row.uid
+        )
         with self.lock:
             self.conn.execute("BEGIN")
             try:
@@ -362,9 +384,9 @@ class Store:
         with self.lock:
             return finished(self.conn, uid, since)
 
-    def usage(self, since: float | None, by: str, now: float | None = None) -> list[Share]:
+    def usage(self, since: float | None, by: str, now: float | None = None, uid: int | None = None) -> list[Share]:
         with self.lock:
-            return usage(self.conn, since, by, now)
+            return usage(self.conn, since, by, now, uid)
 
 
 def finished(conn: sqlite3.Connection, uid: int, since: float) -> list[tuple[float, float]]:
@@ -399,44 +421,60 @@ def _parts(a: float, b: float) -> list[tuple[str, float]]:
     return out
 
 
-def roll(conn: sqlite3.Connection, row: Closed) -> None:
+def roll(conn: sqlite3.Connection, row: Closed, tables: tuple[str, ...] = ("daily", "daily_own")) -> None:
     """Add a closed interval to the daily sums: each day's part of its seconds and energy (in proportion), per
-    user, card and image; it counts once, on the day it began."""
+    user, card and image, for the host (`daily`) and for its uid (`daily_own`, where it names one); it counts once,
+    on the day it began."""
     start, end, joules = float(row.start), float(row.end), row.energy_j
     whole = max(end - start, 1e-9)
     keys = (("user", row.user, None), ("card", row.card_uuid, row.card_index), ("image", row.image))
+    into = [t for t in tables if t == "daily" or row.uid is not None]
     for i, (day, part) in enumerate(_parts(start, end) or [(_day(start)[0], 0.0)]):
         j = None if joules is None else joules * part / whole
         for kind, key, *idx in keys:
-            conn.execute(
-                "INSERT INTO daily (kind, day, key, idx, seconds, joules, n) VALUES (?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (kind, day, key) DO UPDATE SET seconds = seconds + excluded.seconds, "
-                "joules = CASE WHEN excluded.joules IS NULL THEN joules ELSE COALESCE(joules, 0) + excluded.joules "
-                "END, n = n + excluded.n, idx = COALESCE(excluded.idx, idx)",
-                (kind, day, key or "", idx[0] if idx else None, part, j, int(i == 0)),
-            )
-    conn.execute(
-        "INSERT INTO meta (name, value) VALUES ('longest', ?) "
-        "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
-        (end - start,),
-    )
+            values = (kind, day, key or "", idx[0] if idx else None, part, j, int(i == 0))
+            for table in into:
+                own = table == "daily_own"
+                conn.execute(
+                    f"INSERT INTO {table} ({'uid, ' if own else ''}kind, day, key, idx, seconds, joules, n) "
+                    f"VALUES ({'?, ' if own else ''}?, ?, ?, ?, ?, ?, ?) "
+                    f"ON CONFLICT ({'uid, ' if own else ''}kind, day, key) DO UPDATE SET "
+                    "seconds = seconds + excluded.seconds, joules = CASE WHEN excluded.joules IS NULL THEN joules "
+                    "ELSE COALESCE(joules, 0) + excluded.joules END, n = n + excluded.n, "
+                    "idx = COALESCE(excluded.idx, idx)",
+                    (row.uid, *values) if own else values,
+                )
+    if "daily" in into:
+        conn.execute(
+            "INSERT INTO meta (name, value) VALUES ('longest', ?) "
+            "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+            (end - start,),
+        )
+
+
+_CLOSED = "SELECT user, card_uuid, card_index, image, start, end, energy_j, uid FROM intervals WHERE end IS NOT NULL"
 
 
 def _backfill(conn: sqlite3.Connection) -> None:
-    cur = conn.execute(
-        "SELECT user, card_uuid, card_index, image, start, end, energy_j FROM intervals WHERE end IS NOT NULL"
-    )
-    for r in cur.fetchall():
-        roll(conn, Closed(*r))
+    for r in conn.execute(_CLOSED).fetchall():
+        roll(conn, Closed(*r), ("daily",))
+
+
+def _backfill_own(conn: sqlite3.Connection) -> None:
+    for r in conn.execute(_CLOSED + " AND uid IS NOT NULL").fetchall():
+        roll(conn, Closed(*r), ("daily_own",))
 
 
 AFTER[3] = _backfill
+AFTER[4] = _backfill_own
 
 
-def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | None = None) -> list[Share]:
+def usage(
+    conn: sqlite3.Connection, since: float | None, by: str, now: float | None = None, uid: int | None = None
+) -> list[Share]:
     """GPU-seconds, energy (joules, in proportion to the part of an interval since `since`) and intervals per `by`
     (user, card, image or day: the host's local calendar day), largest first (days in order). An open interval
-    counts up to now.
+    counts up to now. `uid`: that user's intervals alone (what the agent shows a user of its socket).
 
     Whole days come from the daily sums; the first day's part after `since` from the intervals that overlap it
     (found by their start: none is longer than the longest closed yet), and the open intervals from theirs. An
@@ -444,6 +482,8 @@ def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | N
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}, not {by!r}")
     now = time.time() if now is None else now
+    # A user's own: the same sums from `daily_own` and from that uid's intervals (its index: (uid, end, start)).
+    table, mine = ("daily", "") if uid is None else ("daily_own", " AND uid = :uid")
     kind = "card" if by == "day" else by
     sums: dict[str | None, list[Any]] = {}  # key -> [seconds, joules, n, index]
 
@@ -459,9 +499,9 @@ def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | N
     first_day, midnight = _day(since) if since is not None else ("", float("-inf"))
     group = "day" if by == "day" else "key"
     daily = conn.execute(
-        f"SELECT {group}, MAX(idx), SUM(seconds), SUM(joules), SUM(n) FROM daily WHERE kind = ? AND day > ? "
-        f"GROUP BY {group}",
-        (kind, first_day),
+        f"SELECT {group}, MAX(idx), SUM(seconds), SUM(joules), SUM(n) FROM {table} WHERE kind = :kind "
+        f"AND day > :first{mine} GROUP BY {group}",
+        {"kind": kind, "first": first_day, "uid": uid},
     )
     for key, idx, seconds, joules, n in daily:
         add(key if by == "day" else key or None, seconds, joules, n, idx)
@@ -470,16 +510,17 @@ def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | N
         longest = conn.execute("SELECT value FROM meta WHERE name = 'longest'").fetchone()
         edge = conn.execute(
             f"SELECT {col}, card_index, MIN(end, :m) - MAX(start, :s), energy_j, end - start FROM intervals "
-            "WHERE end IS NOT NULL AND start >= :lo AND start < :m AND end > :s",
-            {"s": since, "m": midnight, "lo": since - (longest[0] if longest else 0.0) - 1.0},
+            f"WHERE end IS NOT NULL AND start >= :lo AND start < :m AND end > :s{mine}",
+            {"s": since, "m": midnight, "lo": since - (longest[0] if longest else 0.0) - 1.0, "uid": uid},
         )
         for key, idx, part, joules, whole in edge:
             j = None if joules is None else joules * part / max(whole, 1e-9)
             add(first_day if by == "day" else key, part, j, 1, idx)
     lo = float("-inf") if since is None else since
     running = conn.execute(
-        f"SELECT {col}, card_index, MAX(start, :lo), energy_j, start FROM intervals WHERE end IS NULL AND start < :now",
-        {"lo": lo, "now": now},
+        f"SELECT {col}, card_index, MAX(start, :lo), energy_j, start FROM intervals WHERE end IS NULL "
+        f"AND start < :now{mine}",
+        {"lo": lo, "now": now, "uid": uid},
     )
     for key, idx, a, joules, start in running:
         whole = max(now - start, 1e-9)
@@ -491,6 +532,11 @@ def usage(conn: sqlite3.Connection, since: float | None, by: str, now: float | N
     out = [
         Share(key, idx if by == "card" else None, seconds, joules, n) for key, (seconds, joules, n, idx) in sums.items()
     ]
+    return _ranked(out, by)
+
+
+def _ranked(rows: list[Share], by: str) -> list[Share]:
+    """Largest first; days in order."""
     if by == "day":
-        return sorted(out, key=lambda r: str(r.key))
-    return sorted(out, key=lambda r: (-r.gpu_seconds, str(r.key)))
+        return sorted(rows, key=lambda r: str(r.key))
+    return sorted(rows, key=lambda r: (-r.gpu_seconds, str(r.key)))

@@ -338,8 +338,7 @@ class RecordWriter:
             uid = self._owners.get(cid)
             started = started or self._started.get(cid)
         if uid is None:
-            booked = h.booking.uid if h.booking is not None else None  # its label (gpupin.hostagent.ledger.booking)
-            uid = self._owner_uid(cid, data, booked)
+            uid = self._owner_uid(cid)
         image = h.image or ((data or {}).get("Config") or {}).get("Image")
         start = started if started is not None else now
         row = IntervalRow(cid, h.name, image, uuid, card.index, uid, user_name(uid), start, now)
@@ -348,29 +347,12 @@ class RecordWriter:
         self._take_samples(key, iv)
         self._write_open(iv)
 
-    def _owner_uid(self, cid: str, data: DaemonAnswer | None, booked: int | None) -> int | None:
-        """Who booked a container: the uid an earlier agent noted at accept, else its booking label's (`booked`),
-        else the process its lease names (gpupin.owner), while it runs on this host; else unknown. The labels are
-        the word of whoever created the container."""
+    def _owner_uid(self, cid: str) -> int | None:
+        """Who booked a container: the uid an earlier agent noted at accept, else unknown. Its labels (a booking's
+        uid, a lease's process) are the word of whoever created the container: a claim, charged to no one."""
         try:
-            uid = self.store.owner(cid)
+            return self.store.owner(cid)
         except Exception:
-            uid = None
-        if uid is not None:
-            return uid
-        if booked is not None:
-            return booked
-        from gpupin.hostagent.ledger import lease
-
-        labels = ((data or {}).get("Config") or {}).get("Labels") or {}
-        owner = lease.Owner.parse(labels.get(lease.OWNER_LABEL))
-        if owner is None or owner.alive() is not True:
-            return None
-        import os
-
-        try:
-            return os.stat(f"/proc/{owner.pid}").st_uid
-        except OSError:
             return None
 
     def _close(self, iv: Interval, data: DaemonAnswer | None, now: float, lost: bool) -> None:

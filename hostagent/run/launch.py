@@ -455,6 +455,7 @@ def _admit(req: RunRequest) -> Admit:
     """A run without the agent books as this process's uid and groups, under the host's policy file (a file with
     mistakes is said, and enforces nothing here: the agent keeps its last good one)."""
     from gpupin.hostagent.agentdir import state_folder
+    from gpupin.hostagent.ledger import owners
     from gpupin.hostagent.ledger.booking import Caller, read_extensions
     from gpupin.hostagent.policy import admit, host_policy
 
@@ -465,8 +466,15 @@ def _admit(req: RunRequest) -> Admit:
         # The past is the agent's record (root's, written by the agent alone): a run of its own counts only the
         # present (docs/policy.md, "Quotas").
         say("warning: the GPU-hour quotas count only what you hold now: past use is counted through the agent")
+    folder = state_folder()
+    # Held cards count for the uids the agent proves (its owners.json): a label's uid is anyone's claim.
     return admit.for_run(
-        policy, me, req.book_for, read_extensions(state_folder()), cards=req.count or len(req.gpus) or None
+        policy,
+        me,
+        req.book_for,
+        read_extensions(folder),
+        lambda: owners.uids(owners.read(folder)),
+        cards=req.count or len(req.gpus) or None,
     )
 
 

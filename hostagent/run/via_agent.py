@@ -32,8 +32,9 @@ EXPECT = {"Connection": "close", "Expect": "102-processing"}  # a 102 as soon as
 def ask(link: agentlink.Link, body: JSONObject) -> JSONObject:
     """One POST /api/run: the agent's answer, its refusal raised with its exit code, or 69 when it stops
     answering (it died mid-request: what it made is this process's, and holds nothing once this process ends).
-    An agent that does not take the request within agentlink.ANSWER_S (its 102), or turns it away (503: its
-    connections are full), leaves the run to this process: it has made nothing for it."""
+    An agent that does not take the request within agentlink.ANSWER_S (its 102), turns it away (503: its
+    connections are full), or closes the connection before its 102, leaves the run to this process: it has made
+    nothing for it."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(agentlink.ANSWER_S)
     try:
@@ -63,6 +64,8 @@ def ask(link: agentlink.Link, body: JSONObject) -> JSONObject:
         ) from None
     except OSError as err:
         sock.close()
+        if not taken:  # closed on before it took the request (no 102): it has made nothing for this run
+            return {"direct": f"the agent at {link} closed the connection before it took this run"}
         raise AgentUnavailableError(
             f"the agent at {link} stopped answering ({getattr(err, 'strerror', None) or err})",
             "see the agent's log (journalctl -u gpupin-hostagent); retry, or set "

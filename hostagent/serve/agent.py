@@ -54,7 +54,7 @@ class Snapshot:
     """The view at one refresh: the listing (None while NVML cannot be read), the error that withdrew it, a
     version that grows with every change, and when it was read (seconds since the epoch)."""
 
-    __slots__ = ("_json", "error", "listing", "read_at", "version")
+    __slots__ = ("_event", "_json", "error", "listing", "read_at", "version")
 
     def __init__(self, version: int, listing: Listing | None, error: str | None, read_at: float) -> None:
         self.version = version
@@ -62,12 +62,22 @@ class Snapshot:
         self.error = error
         self.read_at = read_at
         self._json: JSONObject | None = None
+        self._event: bytes | None = None
 
     def as_json(self) -> JSONObject | None:
         """The listing as /api/ls serves it, made once per snapshot (every reader of a version shares it)."""
         if self._json is None and self.listing is not None:
             self._json = self.listing.to_json()
         return self._json
+
+    def event(self) -> bytes:
+        """The snapshot as one /api/events event, encoded once (every stream of a version sends the same bytes)."""
+        if self._event is None:
+            import json
+
+            data = json.dumps(self.as_json() if self.listing is not None else {"error": self.error})
+            self._event = f"event: ls\nid: {self.version}\ndata: {data}\n\n".encode()
+        return self._event
 
 
 class Agent:
@@ -91,6 +101,7 @@ class Agent:
         from gpupin.hostagent.policy import policy_path
         from gpupin.hostagent.serve.bookings import Bookings
         from gpupin.hostagent.serve.hooks import Hooks
+        from gpupin.hostagent.serve.owners import Owners
         from gpupin.hostagent.serve.policy_in_force import PolicyInForce
         from gpupin.hostagent.serve.queue import Queue
 
@@ -101,6 +112,8 @@ class Agent:
         # The policy in force (docs/policy.md); the hooks take each one's notify rule.
         self.in_force: PolicyInForce = in_force or PolicyInForce(policy or policy_path())
         self.in_force.attach(lambda p: self.hooks.apply(p.notify))
+        # Who the agent created each container for: all that quotas, exemptions and `extend` believe.
+        self.owners: Owners = Owners(self._recorded_owner if record is not None else None)
         self.idle = idle.watch(self, idle_after, say)
         self.samples = samples.Samples()
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
@@ -139,9 +152,18 @@ class Agent:
                 self.record.end_reason(container_id, reason)
 
     def note_owner(self, container_id: str, uid: int) -> None:
-        """The caller the agent created `container_id` for: its uid at accept owns the container's intervals."""
+        """The caller the agent created `container_id` for: its uid at accept owns the container (its quotas, its
+        exemptions, its extensions) and the container's intervals."""
+        self.owners.note(container_id, uid)
         if self.record is not None:
             self.record.note_owner(container_id, uid)
+
+    def _recorded_owner(self, container_id: str) -> int | None:
+        """The owner an earlier agent noted in the record (None: none, or the record cannot be read)."""
+        try:
+            return self.record.store.owner(container_id) if self.record is not None else None
+        except Exception:  # sqlite3.Error, a closed store: the record's trouble is said by its writer
+            return None
 
     def finished(self, uid: int, since: float) -> list[tuple[float, float]]:
         """`uid`'s closed intervals that ended after `since` (the GPU-hour quotas' past); none without a record, or
@@ -186,6 +208,7 @@ class Agent:
         except Exception as err:  # an NVML reading that failed otherwise than "not supported": unknown, not stale
             self._withdraw("NVML unavailable", f"{type(err).__name__}: {err}")
             return
+        self.owners.annotate(view)  # before the parts that read whose a holder is
         self.idle.observe(view, time.monotonic(), time.time())
         self.samples.add(view, time.time())
         self.bookings.annotate(view, time.time())

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from gpupin.core import __version__
 from gpupin.core.errors import EX_SOFTWARE, EX_USAGE, GpupinError
 from gpupin.hostagent import agentlink
-from gpupin.hostagent.serve.connections import AcceptedConnection, Acceptor, Limits, Writer
+from gpupin.hostagent.serve.connections import BUSY_HINT, AcceptedConnection, Acceptor, Limits, Writer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core import JSONObject
+    from gpupin.hostagent.record import Scope
     from gpupin.hostagent.serve.agent import Agent
     from gpupin.hostagent.serve.metrics import Exposition
 
@@ -122,6 +123,7 @@ class Handler(BaseHTTPRequestHandler):
     agent: Agent
     metrics: Exposition
     posts: dict[str, PostRoute]
+    http_per_user = False  # serve --http-per-user: per-user usage on HTTP too (docs/serve.md, "Who can reach it")
 
     @property
     def peer(self) -> Peer:
@@ -209,6 +211,7 @@ class Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def _refuse(self) -> None:
+        self.connection.unread = True  # its body, if any, is read out after the answer (connections)
         self._json(405, {"error": f"{self.command} is not served: the API is GET, and POST on the unix socket"})
 
     do_PUT = do_DELETE = do_PATCH = _refuse
@@ -219,6 +222,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        self.connection.unread = True  # until its body is read: an answer before it is read out after (connections)
         if not isinstance(self.server, UnixServer):  # acting for someone needs to know who: the socket tells
             self.refusal(
                 403,
@@ -236,7 +240,9 @@ class Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or 0)
             if not 0 <= length <= MAX_BODY:
                 raise ValueError(f"a body of {length} bytes")
-            body = json.loads(self._body(length) or b"{}")
+            raw = self._body(length)
+            self.connection.unread = False
+            body = json.loads(raw or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("not a JSON object")
         except ValueError as err:
@@ -324,9 +330,24 @@ class Handler(BaseHTTPRequestHandler):
     def _samples(self) -> None:
         self._json(200, self.agent.samples.listing(time.time()))
 
+    def _scope(self) -> Scope:
+        """Whose intervals of the record this caller sees: on the socket, root and the policy's `usage.readers`
+        everyone's, any other user their own (the record is root's, 0600); on HTTP, which any local account reaches,
+        the host's totals alone unless the owner turned per-user rows on (serve --http-per-user)."""
+        from gpupin.hostagent.record import EVERYONE, TOTALS, Scope
+
+        if not isinstance(self.server, UnixServer):
+            return EVERYONE if self.http_per_user else TOTALS
+        peer = self.peer
+        if self.agent.in_force.policy.may_read_usage(peer.uid, frozenset({peer.gid, *peer.groups})):
+            return EVERYONE
+        return Scope(uid=peer.uid)
+
     def _usage(self) -> None:
-        """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS."""
+        """The record's usage (gpupin.hostagent.record.report): ?by=user|card|image|day&since=SECONDS, of the
+        intervals this caller may see (`_scope`)."""
         from gpupin.hostagent.record import BY
+        from gpupin.hostagent.record.report import checked_since
 
         writer = self.agent.record
         if writer is None:
@@ -335,21 +356,49 @@ class Handler(BaseHTTPRequestHandler):
         query = urllib.parse.parse_qs(self.path.partition("?")[2])
         by = (query.get("by") or ["user"])[0]
         try:
-            since = float(query["since"][0]) if "since" in query else None
-            if by not in BY or (since is not None and since != since):  # NaN compares unequal to itself
-                raise ValueError
-        except ValueError:
-            self._json(400, {"error": f"by must be one of {', '.join(BY)}, since seconds since the epoch", "exit": 64})
+            if by not in BY:
+                raise ValueError(f"by must be one of {', '.join(BY)}, not {by[:40]!r}")
+            since = checked_since(float(query["since"][0])) if "since" in query else None
+        except ValueError as err:
+            text = str(err)
+            if not text.startswith(("by must", "since must")):  # float()'s own: the text itself, not a number
+                text = f"since must be seconds since the epoch, not {query['since'][0][:40]!r}"
+            self._json(400, {"error": f"GET /api/usage: {text}", "exit": 64})
             return
-        rows = writer.store.usage(since, by, time.time())
+        scope = self._scope()
+        if by == "user" and not scope.per_user:
+            private = GpupinError(
+                "usage per user is not served over HTTP by this agent",
+                "on the agent's host, `hostagent usage` reads it on the socket (each user their own); the host's "
+                "owner may serve it on HTTP with hostagent serve --http-per-user",
+            )
+            private.exit_code = EX_USAGE
+            self.refusal(403, private)
+            return
+        rows = writer.store.usage(since, by, time.time(), scope.uid)
         rows_json = [r.to_json(by) for r in rows]
-        self._json(200, {"since": since, "by": by, "rows": rows_json, "record": writer.status().to_json()})
+        only = None if scope.uid is None else {"uid": scope.uid, "user": self.peer.user()}
+        self._json(
+            200, {"since": since, "by": by, "rows": rows_json, "only": only, "record": writer.status().to_json()}
+        )
 
     def _metrics(self) -> None:
-        self._send(200, self.metrics.text(), self.metrics.content_type)
+        self._send(200, self.metrics.text(self._scope()), self.metrics.content_type)
+
+    def stream_refused(self) -> bool:
+        """Take a stream's place for this connection (gpupin.hostagent.serve.connections: streams are counted and
+        capped apart from requests); where there is none, answer 503 and say True."""
+        sock: AcceptedConnection = self.connection
+        why = sock.gate.stream(sock) if hasattr(sock, "gate") else None
+        if why is None:
+            return False
+        self._json(503, {"error": why, "hint": BUSY_HINT, "exit": 69})
+        return True
 
     def _events(self) -> None:
         """One `ls` event at once and one at each change, until the client leaves or the agent stops."""
+        if self.command != "HEAD" and self.stream_refused():
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
@@ -361,8 +410,7 @@ class Handler(BaseHTTPRequestHandler):
         while not self.agent.stopping.is_set():
             if snap.version != version:
                 version = snap.version
-                data = json.dumps(snap.as_json() if snap.listing is not None else {"error": snap.error})
-                self.wfile.write(f"event: ls\nid: {version}\ndata: {data}\n\n".encode())
+                self.wfile.write(snap.event())
             else:
                 self.wfile.write(b": keep-alive\n\n")
             self.wfile.flush()
@@ -373,6 +421,19 @@ class Handler(BaseHTTPRequestHandler):
 # unix socket (EAGAIN), and a `hostagent run` so refused takes its own, slower path. A burst of runs is the agent's
 # job: as many as the kernel allows (net.core.somaxconn caps it).
 BACKLOG = 4096
+
+
+class Remote(tuple):  # type: ignore[type-arg]
+    """A TCP caller: its address (host, port, ...), as socketserver gives it, and `uid`, the kernel's owner of its
+    socket where it is one of this host's (gpupin.hostagent.serve.tcpuid), else None."""
+
+    uid: int | None = None
+
+    @classmethod
+    def of(cls, address: Any, uid: int | None) -> Remote:
+        remote = cls(address)
+        remote.uid = uid
+        return remote
 
 
 class TcpServer(HTTPServer):
@@ -387,6 +448,13 @@ class TcpServer(HTTPServer):
         socketserver.TCPServer.server_bind(self)
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
+
+    def get_request(self) -> tuple[Any, Any]:
+        # Who the caller is, taken once as the connection is accepted (its caps' key: caller_key).
+        from gpupin.hostagent.serve.tcpuid import local_uid
+
+        sock, address = self.socket.accept()
+        return sock, Remote.of(address, local_uid(sock.getsockname(), address))
 
     def own_host(self, header: str | None) -> bool:
         """Whether a request's Host names this listener: none (not a browser), an IP address (a page reached by
@@ -423,8 +491,29 @@ class UnixServer(socketserver.UnixStreamServer):
 
 
 def caller_key(caller: Any) -> Hashable:
-    """The key of a caller's cap: its uid on the unix socket (Peer), its address on TCP."""
-    return caller.uid if isinstance(caller, Peer) else caller[0]
+    """The key of a caller's caps on its listener (docs/serve.md, "Limits"): on the unix socket its uid (Peer); on
+    TCP from this host, the uid that owns its socket (Remote.uid), whichever loopback address it connects from;
+    from elsewhere its address (an IPv6 one by its /64, what one host is given). A local caller whose uid the
+    kernel does not say shares one key with every such caller ("loopback"): an address of its choosing never
+    buys it room of its own."""
+    if isinstance(caller, Peer):
+        return caller.uid
+    uid = getattr(caller, "uid", None)
+    if uid is not None:
+        return f"uid {uid}"
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(str(caller[0]).split("%", 1)[0])
+    except ValueError:
+        return str(caller[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback:
+        return "loopback"
+    if isinstance(address, ipaddress.IPv6Address):
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 def serve(server: socketserver.TCPServer, sock: AcceptedConnection) -> None:
@@ -439,10 +528,14 @@ def _posts(agent: Agent) -> dict[str, PostRoute]:
     return {"/api/queue": agent.queue.serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
 
 
-def handler(agent: Agent) -> type[Handler]:
+def handler(agent: Agent, http_per_user: bool = False) -> type[Handler]:
     from gpupin.hostagent.serve.metrics import Exposition
 
-    return type("AgentHandler", (Handler,), {"agent": agent, "metrics": Exposition(agent), "posts": _posts(agent)})
+    return type(
+        "AgentHandler",
+        (Handler,),
+        {"agent": agent, "metrics": Exposition(agent), "posts": _posts(agent), "http_per_user": http_per_user},
+    )
 
 
 def acceptor(servers: list[socketserver.TCPServer], limits: Limits) -> Acceptor:

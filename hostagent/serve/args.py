@@ -15,7 +15,8 @@ It keeps NVML and the Docker Engine client open, follows the daemon's container 
 --interval, so that its view of the cards and their holders is current within a second, and serves it:
   /api/ls       exactly what `hostagent ls --json` prints, with idle holders filled in
   /api/events   the same object as server-sent events, at each change
-  /api/usage    GPU-hours and energy from the record (`hostagent usage` prints it)
+  /api/usage    GPU-hours and energy from the record (`hostagent usage` prints it): on the socket a user's own,
+                everyone's for root and the policy's [usage] readers; per user on HTTP only with --http-per-user
   /api/queue    the fair queue of `hostagent run --wait` (`hostagent queue` lists it; joining is a POST on the
                 unix socket)
   /api/samples  the last hour of each card's load and memory (10 s a point)
@@ -60,7 +61,7 @@ def _count(text: str) -> int:
 
 def add(sub: argparse._SubParsersAction[Any]) -> None:
     """`serve` among hostagent's commands."""
-    from gpupin.hostagent.serve.connections import FILES_KEPT, PER_USER, TOTAL
+    from gpupin.hostagent.serve.connections import FILES_KEPT, PER_USER, STREAMS, STREAMS_PER_USER, TOTAL
     from gpupin.hostagent.serve.listen import DEFAULT_GROUP, DEFAULT_HTTP, DEFAULT_SOCKET
 
     s = sub.add_parser(
@@ -109,19 +110,35 @@ def add(sub: argparse._SubParsersAction[Any]) -> None:
         "naming another Host is refused (421): a web page must not reach the agent through a name of its own",
     )
     s.add_argument(
+        "--http-per-user",
+        action="store_true",
+        help="serve the record's usage per user on HTTP too (/api/usage?by=user, the per-user series of /metrics): "
+        "off, HTTP serves the host's totals alone, and each user of the socket sees their own",
+    )
+    s.add_argument(
         "--max-connections",
         type=_count,
         default=TOTAL,
         metavar="N",
-        help=f"connections at once, every caller together (default {TOTAL}, at most the open-file limit less "
-        f"{FILES_KEPT}); beyond it the oldest one still silent is closed, or the new one is refused (503)",
+        help=f"connections at once on each listener (the socket, HTTP), every caller together (default {TOTAL}; "
+        f"the listeners' together at most the open-file limit less {FILES_KEPT}); beyond it the oldest one still "
+        "silent is closed, or the new one is refused (503)",
     )
     s.add_argument(
         "--max-per-user",
         type=_count,
         default=PER_USER,
         metavar="N",
-        help=f"connections at once from one uid on the socket, or one address on HTTP (default {PER_USER})",
+        help=f"connections at once on each listener from one caller: a uid (on HTTP from this host, the uid that "
+        f"owns the client's socket), or an address from elsewhere (default {PER_USER})",
+    )
+    s.add_argument(
+        "--max-streams",
+        type=_count,
+        default=STREAMS,
+        metavar="N",
+        help=f"long-lived answers at once on each listener (/api/events, places in the queue), counted apart from "
+        f"the connections (default {STREAMS}; {STREAMS_PER_USER} from one caller); beyond it, 503",
     )
     s.add_argument(
         "--idle-after",
@@ -171,9 +188,10 @@ def command(args: argparse.Namespace) -> int:
         args.idle_after,
         args.interval,
         args.http_host,
-        Limits(args.max_connections, args.max_per_user),
+        Limits(args.max_connections, args.max_per_user, streams=args.max_streams),
         args.daemon_group,
         args.policy or policy_path(),
         args.record,
         args.hook_user,
+        args.http_per_user,
     )

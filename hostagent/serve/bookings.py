@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import threading
@@ -30,24 +31,31 @@ STOPPING = frozenset({"running", "paused", "restarting"})  # what `docker stop` 
 ROUTE = "/api/extend"
 
 
+def _started(at: str | None) -> float | None:
+    """A container's State.StartedAt in seconds since the epoch (None: never started, or unreadable)."""
+    from gpupin.hostagent.engine.reads import created_time
+
+    try:
+        return None if not at else created_time(at)
+    except (ValueError, IndexError):
+        return None
+
+
 def payload(view: Listing, cid: str, until: float | None, now: float) -> JSONObject:
     """An event's part about a booked holder (docs/serve.md, "Notifications"): its first card, the container, the
-    user who booked it, and the booking."""
-    import pwd
-
+    user the agent booked it for (null uid and name: not the agent's, whatever its label claims), and the
+    booking."""
     for card in view.gpus:
         for h in card.holders:
             b = h.booking
             if h.id != cid or b is None:
                 continue
-            try:
-                user = None if b.uid is None else pwd.getpwuid(b.uid).pw_name
-            except KeyError:
-                user = str(b.uid)
+            o = h.owner
+            user = {"uid": o.uid, "name": o.name} if o is not None and o.verified else {"uid": None, "name": None}
             return {
                 "card": {"uuid": card.uuid, "index": card.index, "name": card.name},
                 "container": {"id": cid, "name": h.name, "image": h.image},
-                "user": {"uid": b.uid, "name": user},
+                "user": user,
                 "booking": {
                     "since": b.since,
                     "until": until,
@@ -66,6 +74,8 @@ class Bookings:
         self._stopping: dict[str, float] = {}  # container id -> when its stop was sent (monotonic)
         self._told: set[tuple[str, int]] = set()  # (container id, until) whose booking.ending went out
         self._cut: set[str] = set()  # container ids whose own booking label the policy changed (said once)
+        self._judged: dict[str, int | None] = {}  # container id -> the end given a booking the agent did not make
+        self._judged_file: str | None = None
         self.lateness: list[float] = []  # seconds between each end and its stop's signal (the log says each)
 
     # --- the state file ---
@@ -78,8 +88,10 @@ class Bookings:
             say(f"extensions of bookings are kept in memory only: {directory} is not the agent's own directory")
             return
         self._state = os.path.join(directory, booking.STATE_FILE)
+        self._judged_file = os.path.join(directory, booking.JUDGED_FILE)
         with self._lock:
             self._until.update(booking.read_extensions(directory))
+            self._judged = booking.read_judged(directory)
 
     def _save(self) -> None:
         """Write the extensions (under the lock); a failure is the caller's refusal: an extension that a restart
@@ -115,27 +127,51 @@ class Bookings:
                     self._save()
 
     def _label_ends(self, view: Listing) -> None:
-        """A compose service's own booking (gpupin.booking.for, no owner) by the policy in force
-        (booking.label_length): past the maximum it is cut to it (said once per container), a value that is no
-        duration books the default, else the maximum."""
+        """The bookings the agent did not make, by the policy in force for everyone (booking.label_length): a compose
+        service's own (gpupin.booking.for, no owner), and a `gpupin.booking` label on a container the agent did not
+        create (a claim: written by hand, or by a run without the agent), from the container's own start. Past the
+        maximum it is cut to it, no end is the default, else the maximum (said once per container)."""
         policy = self.agent.in_force.policy
         labelled = set()
+        judged: dict[str, int | None] = {}
         for card in view.gpus:
             for h in card.holders:
                 b = h.booking
-                if b is None or b.uid is not None:
+                if b is None:
                     continue
+                claim = b.uid is not None
+                if claim and h.owner is not None and h.owner.verified:
+                    continue  # the agent's own: its label was written by the agent, for the uid it took at accept
+                start = _started(h.started) if claim else b.since
+                if start is None:
+                    continue  # never started: it holds nothing, and its booking has not begun
                 labelled.add(h.id)
-                asked = None if b.until is None else b.until - b.since
+                label_end = b.until
+                asked = None if b.until is None else b.until - start
                 length = booking.label_length(policy, asked)
-                b.until = None if length is None else b.since + max(1, round(length))
-                if b.until != (None if asked is None else b.since + asked) and h.id not in self._cut:
+                b.until = None if length is None else math.ceil(start + max(1, round(length)))
+                judged[h.id] = b.until
+                if (claim or b.until != label_end) and h.id not in self._cut:
                     self._cut.add(h.id)
                     given = "no end" if length is None else booking.format_duration(length)
                     said = "no duration" if asked is None else booking.format_duration(asked)
-                    say(f"booking: {shown(h.name)} ({h.id[:12]}) asks {said} by its label: booked {given}")
+                    whose = f"claims uid {b.uid} (unverified: the agent did not create it) and " if claim else ""
+                    say(f"booking: {shown(h.name)} ({h.id[:12]}) {whose}asks {said} by its label: booked {given}")
         if view.docker.available:
             self._cut &= labelled  # bounded by the containers there are
+            if judged != self._judged:
+                self._judged = judged
+                self._save_judged()
+
+    def _save_judged(self) -> None:
+        """The ends judged, for `ls` without the agent (written when they change; a failure costs only that)."""
+        if self._judged_file is None:
+            return
+        from gpupin.core.files import write_atomic
+
+        with contextlib.suppress(GpupinError, OSError):
+            write_atomic(self._judged_file, (json.dumps(self._judged, sort_keys=True) + "\n").encode())
+            os.chmod(self._judged_file, 0o644)  # every user's `ls` reads it, whatever the agent's umask
 
     # --- extend ---
 
@@ -159,9 +195,10 @@ class Bookings:
             )
         caller = booking.Caller(peer.uid, {peer.gid, *peer.groups})
         policy = self.agent.in_force.policy
+        owner = self.agent.owners.get(h.id)  # the uid the agent created it for: a label's uid is a claim
         with self._lock:
             until = booking.ends(h.id, b.until, self._until)
-            new = booking.extended(name, b.uid, b.since, until, seconds, caller, policy)
+            new = booking.extended(name, owner, b.since, until, seconds, caller, policy, claimed=b.uid)
             was = self._until.get(h.id)
             self._until[h.id] = new
             try:

@@ -1,7 +1,10 @@
 """The agent's connections, bounded (docs/serve.md, "Limits"): any local user can open them, so none of them may
 cost the agent a thread, a file it cannot spare, or its other callers' turn. One thread accepts and reads each
-request's head within a deadline; a worker is made only for a complete request; caps per caller and in all evict
-the oldest connection still waiting for its head, or answer 503; out of files, accept backs off.
+request's head within a deadline; a worker is made only for a complete request. Each listener has budgets of its
+own (what HTTP clients do never takes the unix socket's room): connections per caller and in all, which evict the
+oldest connection still waiting for its head, or answer 503; and long-lived answers (streams), per caller and in
+all, counted apart. A refusal is a whole answer the client reads: the agent half-closes and reads what the client
+still sends for a moment, so that it never closes under a request being sent. Out of files, accept backs off.
 """
 
 from __future__ import annotations
@@ -29,29 +32,71 @@ if TYPE_CHECKING:
 
 HEAD_S = 5.0  # the request line and its headers, from accept (a client sends them at once)
 MAX_HEAD = 64 << 10  # a head beyond this is no client of ours (431)
-TOTAL = 512  # connections at once, every caller together (--max-connections)
-PER_USER = 64  # connections at once from one uid (unix socket) or one address (TCP) (--max-per-user)
+TOTAL = 512  # connections at once on one listener, every caller together (--max-connections)
+PER_USER = 64  # connections at once on one listener from one caller (gpupin.hostagent.serve.api.caller_key)
+STREAMS = 128  # long-lived answers at once on one listener: /api/events, places in the queue (--max-streams)
+STREAMS_PER_USER = 16  # of them from one caller (a browser tab is one; the queue takes at most 8 places a uid)
+DRAINING = 64  # refused connections one listener reads out at once (their clients read the refusal)
+DRAIN_S = 1.0  # how long a refused connection is read out before it is closed anyway
 FILES_KEPT = 64  # files the agent keeps for itself (NVML, the Docker clients, the ledger, its log) below the limit
 WORKER_IDLE_S = 30.0  # a worker without a request for this long ends
 BACK_OFF_S = 0.5  # how long a listener is left alone after accept failed for want of files
 ACCEPTS_PER_WAKE = 64  # accepts in a row on one listener before the others, and the heads, get their turn
+BUSY_HINT = "close some, or try again in a moment; the agent's limits: hostagent serve --help"
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _NO_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class Limits:
-    """The caps and the deadlines (docs/serve.md, "Limits"); `total` is lowered to what the open-file limit
-    allows."""
+    """The caps of each listener and the deadlines (docs/serve.md, "Limits"). `for_listeners(n)` lowers them to
+    what the open-file limit allows `n` listeners, each its share."""
 
-    __slots__ = ("head_s", "per_user", "total")
+    __slots__ = ("draining", "head_s", "per_user", "streams", "streams_per_user", "total")
 
-    def __init__(self, total: int = TOTAL, per_user: int = PER_USER, head_s: float = HEAD_S) -> None:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY:
-            total = max(1, min(total, soft - FILES_KEPT))
-        self.total = total
-        self.per_user = max(1, min(per_user, total))
+    def __init__(
+        self,
+        total: int = TOTAL,
+        per_user: int = PER_USER,
+        head_s: float = HEAD_S,
+        streams: int = STREAMS,
+        streams_per_user: int = STREAMS_PER_USER,
+    ) -> None:
+        self.total = max(1, total)
+        self.per_user = max(1, min(per_user, self.total))
+        self.streams = max(1, streams)
+        self.streams_per_user = max(1, min(streams_per_user, self.streams))
+        self.draining = DRAINING
         self.head_s = head_s
+
+    def for_listeners(self, n: int) -> Limits:
+        """Each of `n` listeners' caps, their files together within the open-file limit less FILES_KEPT: where they
+        do not fit, each listener's share is cut, its streams to a quarter of it and its draining to an eighth."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        each = Limits(self.total, self.per_user, self.head_s, self.streams, self.streams_per_user)
+        if soft == resource.RLIM_INFINITY:
+            return each
+        share = max(3, (soft - FILES_KEPT) // max(1, n))
+        if each.total + each.streams + each.draining > share:
+            each.streams = max(1, min(each.streams, share // 4))
+            each.draining = max(1, min(each.draining, share // 8))
+            each.total = max(1, min(each.total, share - each.streams - each.draining))
+            each.per_user = min(each.per_user, each.total)
+            each.streams_per_user = min(each.streams_per_user, each.streams)
+        return each
+
+
+class Budget:
+    """One listener's counts against its Limits: connections and streams, in all and per caller (its key)."""
+
+    __slots__ = ("draining", "limits", "open", "streams", "streams_total", "total")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.open: collections.Counter[Hashable] = collections.Counter()
+        self.total = 0
+        self.streams: collections.Counter[Hashable] = collections.Counter()
+        self.streams_total = 0
+        self.draining = 0
 
 
 class AcceptedConnection(socket.socket):
@@ -62,6 +107,10 @@ class AcceptedConnection(socket.socket):
     reading: bytearray  # the head while the listener reads it
     caller: Any = None
     key: Hashable = None
+    budget: Budget  # its listener's
+    gate: Acceptor  # that accepted it: a long-lived answer asks it for a stream's place (`stream`)
+    streaming = False  # counted as a stream, not a connection
+    unread = False  # its request was answered before all of it was read: read it out before closing
 
     def reader(self) -> io.BufferedReader:
         """The request as a file: the head read by the listener first, then the socket."""
@@ -115,19 +164,15 @@ def refusal(status: int, reason: str, error: str, hint: str) -> bytes:
     ).encode() + body
 
 
-def _turn_away(sock: socket.socket, answer: bytes) -> None:
-    """Answer without waiting (whatever the socket takes now) and close."""
-    with contextlib.suppress(OSError):
-        sock.setblocking(False)
-        sock.send(answer)
-    sock.close()
+_DRAIN = object()  # the selector's mark of a connection being read out
 
 
 class Acceptor:
-    """Every listener's accept, the heads, the caps and the workers. Each server's `get_request()` accepts (the
-    socket, and who the caller is: the unix server's Peer, taken there once, or the remote address); `key_of(caller)`
-    is the key of its cap; `serve(server, sock)` handles one request on a connection whose head is in. They are the
-    servers' own (gpupin.hostagent.serve.api)."""
+    """Every listener's accept, the heads, the budgets and the workers. Each server's `get_request()` accepts (the
+    socket, and who the caller is: the unix server's Peer, taken there once, or the remote address and its uid);
+    `key_of(caller)` is the key of its caps; `serve(server, sock)` handles one request on a connection whose head is
+    in. They are the servers' own (gpupin.hostagent.serve.api). Each listener has its own Budget, within `limits`
+    (Limits.for_listeners)."""
 
     def __init__(
         self,
@@ -136,10 +181,11 @@ class Acceptor:
         key_of: Callable[[Any], Hashable],
         serve: Callable[[socketserver.TCPServer, AcceptedConnection], None],
     ) -> None:
-        self.limits = limits
+        self.limits = limits.for_listeners(len(servers))
         self._servers = servers
         self._key_of = key_of
         self._serve = serve
+        self._budgets = {server: Budget(self.limits) for server in servers}
         self._selector = selectors.DefaultSelector()
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -154,10 +200,11 @@ class Acceptor:
         self._heads: collections.OrderedDict[AcceptedConnection, tuple[socketserver.TCPServer, float]] = (
             collections.OrderedDict()
         )
+        # Refused or answered connections read out until their client closes: socket -> deadline, oldest first.
+        self._draining: collections.OrderedDict[AcceptedConnection, float] = collections.OrderedDict()
         self._mutex = threading.Condition()  # the counts (workers end connections) and the workers' jobs
-        self._open: collections.Counter[Hashable] = collections.Counter()
-        self._total = 0
         self._jobs: collections.deque[tuple[socketserver.TCPServer, AcceptedConnection]] = collections.deque()
+        self._handed: collections.deque[AcceptedConnection] = collections.deque()  # workers' ends to read out
         self._waiting = 0  # workers waiting for a job
         self._thread: threading.Thread | None = None
 
@@ -165,7 +212,13 @@ class Acceptor:
 
     def counts(self) -> dict[str, int]:
         with self._mutex:
-            return {"open": self._total, "waiting_for_head": len(self._heads)}
+            budgets = self._budgets.values()
+            return {
+                "open": sum(b.total for b in budgets),
+                "streams": sum(b.streams_total for b in budgets),
+                "waiting_for_head": len(self._heads),
+                "draining": len(self._draining),
+            }
 
     # --- start and stop ---
 
@@ -176,18 +229,22 @@ class Acceptor:
 
     def stop(self) -> None:
         self._stopping.set()
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
+        self._wake()
         if self._thread is not None:
             self._thread.join(2.0)
         with self._mutex:
             self._mutex.notify_all()
-        for sock in list(self._heads):
+        for sock in [*self._heads, *self._draining, *self._handed]:
             sock.close()
         self._heads.clear()
+        self._draining.clear()
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
 
     # --- the listener's thread ---
 
@@ -203,13 +260,20 @@ class Acceptor:
         due = list(self._resting.values())
         if self._heads:
             due.append(next(iter(self._heads.values()))[1])  # the oldest head's deadline comes first
+        if self._draining:
+            due.append(next(iter(self._draining.values())))
         timeout = max(0.0, min(due) - time.monotonic()) if due else None
         for key, _ in self._selector.select(timeout):
             if key.data is None:
                 with contextlib.suppress(OSError):
                     self._wake_r.recv(64)
+                self._take_handed()
+            elif key.data is _DRAIN:
+                if key.fileobj in self._draining:  # not closed earlier in this turn (a listener's cap of them)
+                    self._read_out(key.fileobj)  # type: ignore[arg-type]
             elif isinstance(key.fileobj, AcceptedConnection):
-                self._read_head(key.fileobj)
+                if key.fileobj in self._heads:  # not turned away earlier in this turn (for a newer one)
+                    self._read_head(key.fileobj)
             else:
                 self._accept(key.data)
         self._expire(time.monotonic())
@@ -224,6 +288,11 @@ class Acceptor:
             if deadline > now:
                 break
             self._drop(sock)  # the head did not come in time: no answer, the client had its chance
+        while self._draining:
+            sock, deadline = next(iter(self._draining.items()))
+            if deadline > now:
+                break
+            self._drained(sock)
 
     def _accept(self, server: socketserver.TCPServer) -> None:
         for _ in range(ACCEPTS_PER_WAKE):
@@ -241,6 +310,7 @@ class Acceptor:
             sock = AcceptedConnection(raw.family, raw.type, raw.proto, fileno=raw.detach())
             sock.reading = bytearray()
             sock.key, sock.caller = self._key_of(caller), caller
+            sock.budget, sock.gate = self._budgets[server], self
             if not self._admit(sock):
                 continue
             sock.setblocking(False)
@@ -255,31 +325,27 @@ class Acceptor:
         self._resting[server] = time.monotonic() + BACK_OFF_S
 
     def _admit(self, sock: AcceptedConnection) -> bool:
-        """Count `sock` in, making room by closing the oldest connection of the same caller (at its cap) or of
-        anyone (at the total) that still waits for its head; or refuse it where there is none to close."""
-        key = sock.key
+        """Count `sock` in its listener's budget, making room by turning away the oldest connection of the same
+        caller (at its cap) or of anyone on that listener (at its total) that still waits for its head; or refuse
+        it where there is none."""
+        key, budget, limits = sock.key, sock.budget, self.limits
         while True:
             with self._mutex:
-                mine = self._open[key] >= self.limits.per_user
-                full = self._total >= self.limits.total
+                mine = budget.open[key] >= limits.per_user
+                full = budget.total >= limits.total
                 if not mine and not full:
-                    self._open[key] += 1
-                    self._total += 1
+                    budget.open[key] += 1
+                    budget.total += 1
                     return True
-            victim = next((s for s in self._heads if s.key == key or not mine), None)
+            victim = next((s for s in self._heads if s.budget is budget and (s.key == key or not mine)), None)
             if victim is None:
-                what = f"{self.limits.per_user} from {_shown(key)}" if mine else f"{self.limits.total} in all"
-                _turn_away(
-                    sock,
-                    refusal(
-                        503,
-                        "Service Unavailable",
-                        f"the agent serves at most {what} connections at once",
-                        "close some (or try again in a moment); the agent's limits: hostagent serve --help",
-                    ),
-                )
+                what = f"{limits.per_user} from {_shown(key)}" if mine else f"{limits.total} in all"
+                self._turn_away(sock, busy(f"the agent serves at most {what} connections at once here"))
                 return False
-            self._drop(victim)
+            del self._heads[victim]
+            self._selector.unregister(victim)
+            self._release(victim)
+            self._turn_away(victim, busy("the agent took this connection's place for another (it sent nothing)"))
 
     def _drop(self, sock: AcceptedConnection) -> None:
         del self._heads[sock]
@@ -288,11 +354,90 @@ class Acceptor:
         self._release(sock)
 
     def _release(self, sock: AcceptedConnection) -> None:
+        budget = sock.budget
         with self._mutex:
-            self._total -= 1
-            self._open[sock.key] -= 1
-            if self._open[sock.key] <= 0:
-                del self._open[sock.key]
+            if sock.streaming:
+                sock.streaming = False
+                budget.streams_total -= 1
+                budget.streams[sock.key] -= 1
+                if budget.streams[sock.key] <= 0:
+                    del budget.streams[sock.key]
+                return
+            budget.total -= 1
+            budget.open[sock.key] -= 1
+            if budget.open[sock.key] <= 0:
+                del budget.open[sock.key]
+
+    def stream(self, sock: AcceptedConnection) -> str | None:
+        """Move a connection whose answer will last (an event stream, a place in the queue) from its listener's
+        connections to its streams: None when it has its place, else why not (its caller answers 503)."""
+        budget, limits, key = sock.budget, self.limits, sock.key
+        with self._mutex:
+            if sock.streaming:
+                return None
+            if budget.streams[key] >= limits.streams_per_user:
+                return f"the agent serves at most {limits.streams_per_user} streams at once from {_shown(key)} here"
+            if budget.streams_total >= limits.streams:
+                return f"the agent serves at most {limits.streams} streams at once here"
+            budget.total -= 1
+            budget.open[key] -= 1
+            if budget.open[key] <= 0:
+                del budget.open[key]
+            budget.streams[key] += 1
+            budget.streams_total += 1
+            sock.streaming = True
+            return None
+
+    # --- refusals, read out ---
+
+    def _turn_away(self, sock: AcceptedConnection, answer: bytes) -> None:
+        """Answer without waiting (whatever the socket takes now: a refusal fits), half-close, and read out what
+        the client still sends until it closes (or DRAIN_S): closed under a request being sent, a client would get
+        EPIPE or a reset in place of the answer. At its listener's cap of those, the oldest is closed for it."""
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.send(answer)
+        self._read_out_later(sock)
+
+    def _read_out_later(self, sock: AcceptedConnection) -> None:
+        try:
+            sock.setblocking(False)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:  # the client is gone: nothing to read out
+            sock.close()
+            return
+        budget = sock.budget
+        if budget.draining >= self.limits.draining:
+            oldest = next((s for s in self._draining if s.budget is budget), None)
+            if oldest is None:
+                sock.close()
+                return
+            self._drained(oldest)
+        budget.draining += 1
+        self._draining[sock] = time.monotonic() + DRAIN_S
+        self._selector.register(sock, selectors.EVENT_READ, _DRAIN)
+
+    def _read_out(self, sock: AcceptedConnection) -> None:
+        try:
+            data = sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drained(sock)
+
+    def _drained(self, sock: AcceptedConnection) -> None:
+        del self._draining[sock]
+        self._selector.unregister(sock)
+        sock.budget.draining -= 1
+        sock.close()
+
+    def _take_handed(self) -> None:
+        with self._mutex:
+            handed, self._handed = list(self._handed), collections.deque()
+        for sock in handed:
+            self._read_out_later(sock)
 
     def _read_head(self, sock: AcceptedConnection) -> None:
         server, _ = self._heads[sock]
@@ -311,8 +456,10 @@ class Acceptor:
             if len(sock.reading) > MAX_HEAD:
                 del self._heads[sock]
                 self._selector.unregister(sock)
-                _turn_away(sock, refusal(431, "Request Header Fields Too Large", "the request's head is too long", ""))
                 self._release(sock)
+                self._turn_away(
+                    sock, refusal(431, "Request Header Fields Too Large", "the request's head is too long", "")
+                )
             return
         del self._heads[sock]
         self._selector.unregister(sock)
@@ -333,16 +480,10 @@ class Acceptor:
         try:
             start_thread(self._work, "request", args=(server, sock))
         except RuntimeError:  # can't start new thread: a task limit (pids.max, RLIMIT_NPROC) reached
-            _turn_away(
-                sock,
-                refusal(
-                    503,
-                    "Service Unavailable",
-                    "the agent cannot start a thread for this request now (its task limit)",
-                    "try again in a moment",
-                ),
-            )
             self._release(sock)
+            self._turn_away(
+                sock, busy("the agent cannot start a thread for this request now (its task limit)", "try again")
+            )
 
     def _work(self, server: socketserver.TCPServer, sock: AcceptedConnection) -> None:
         job: tuple[socketserver.TCPServer, AcceptedConnection] | None = (server, sock)
@@ -355,13 +496,23 @@ class Acceptor:
             except Exception as err:  # a bug must not end the worker, nor print a traceback per request
                 say(f"internal error while serving a request: {type(err).__name__}: {err}")
             finally:
-                sock.close()
                 self._release(sock)
+                if sock.unread:  # answered before its body was read: read out by the listener's thread
+                    with self._mutex:
+                        self._handed.append(sock)
+                    self._wake()
+                else:
+                    sock.close()
             with self._mutex:
                 self._waiting += 1
                 self._mutex.wait_for(lambda: bool(self._jobs) or self._stopping.is_set(), WORKER_IDLE_S)
                 self._waiting -= 1
                 job = self._jobs.popleft() if self._jobs else None
+
+
+def busy(error: str, hint: str = BUSY_HINT) -> bytes:
+    """A 503, whole: the CLI takes it as the agent being busy (`run` books by itself, docs/serve.md "Limits")."""
+    return refusal(503, "Service Unavailable", error, hint)
 
 
 def _shown(key: Hashable) -> str:

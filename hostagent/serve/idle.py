@@ -12,7 +12,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpupin.hostagent.ledger import booking
 from gpupin.hostagent.ls.model import IdleWarning
 
 TYPE_CHECKING = False
@@ -72,7 +71,7 @@ class _Idle:
     stop_at: float | None  # None: warned only
     due_seen: bool = False  # a view already found its stop due: the next one confirms it
     stopping: bool = False
-    uid: int | None = None  # its owner: the uid its booking label names
+    uid: int | None = None  # its owner: the uid the agent created it for (None: not the agent's)
 
 
 def watch(agent: Agent, idle_after: float, say: Callable[[str], None]) -> IdleWatch:
@@ -119,9 +118,9 @@ class IdleWatch:
         self._stop_call = stop or _engine_stop
         self._lock = threading.RLock()
         self._idle: dict[str, _Idle] = {}  # by container id
-        # By container id, once its labels are read: (whether it asks to be exempt, its owner's uid). The policy's
-        # word on them is asked at each view, so that a reloaded policy counts at once.
-        self._asks: dict[str, tuple[bool, int | None]] = {}
+        # By container id, once its labels are read: whether it asks to be exempt. The policy's word on its owner is
+        # asked at each view, so that a reloaded policy counts at once.
+        self._asks: dict[str, bool] = {}
         self._asking: set[str] = set()  # container ids whose labels are being read
         self._unread: set[str] = set()  # container ids whose labels could not be read (said in the log)
 
@@ -159,10 +158,10 @@ class IdleWatch:
                     continue
                 if cid not in self._asks:
                     self._ask(cid)  # its labels first: an exempt container is never warned
-                read = self._asks.get(cid)
-                if read is None:
+                asks = self._asks.get(cid)
+                if asks is None:
                     continue
-                asks, uid = read
+                uid = proven(holder[cid])  # a label's uid is a claim: it exempts nothing
                 if asks and uid is not None and self._may_exempt(uid, _groups(uid)):
                     self._idle.pop(cid, None)
                     continue
@@ -214,10 +213,8 @@ class IdleWatch:
                     self._say(f"idle: cannot read {cid[:12]}'s labels: {type(err).__name__}: {err}")
                 self._asking.discard(cid)
             return
-        booked = booking.of(labels)  # its owner: the uid the booking names (the agent's, or the run's own uid)
-        uid = booked.uid if booked is not None else None
         with self._lock:
-            self._asks[cid] = (labels.get(EXEMPT_LABEL) == "exempt", uid)
+            self._asks[cid] = labels.get(EXEMPT_LABEL) == "exempt"
             self._asking.discard(cid)
 
     def _stop(self, cid: str, entry: _Idle, card: CardShown, rule: Any) -> None:
@@ -247,6 +244,11 @@ class IdleWatch:
             "stop_at": entry.stop_at,
             "action": rule.action,
         }
+
+
+def proven(h: HolderShown) -> int | None:
+    """The uid the agent created the holder for (the view's owner: gpupin.hostagent.serve.owners), else None."""
+    return h.owner.uid if h.owner is not None and h.owner.verified else None
 
 
 def _labels(cid: str) -> dict[str, str]:

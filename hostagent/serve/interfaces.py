@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from gpupin.hostagent.ls.model import Listing
     from gpupin.hostagent.record.writer import RecordWriter
     from gpupin.hostagent.serve.hooks import Hooks
+    from gpupin.hostagent.serve.owners import Owners
     from gpupin.hostagent.serve.policy_in_force import PolicyInForce
 
     class Peer(Protocol):
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
         def answer(self, obj: Any) -> None: ...
 
+        def stream_refused(self) -> bool: ...
+
         def send_response(self, code: int, message: str | None = None) -> None: ...
 
         def send_header(self, keyword: str, value: str) -> None: ...
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
         in_force: PolicyInForce
         hooks: Hooks
         record: RecordWriter | None
+        owners: Owners
         stopping: threading.Event
         started: float
 

@@ -43,6 +43,7 @@ def run(
     policy: str | None = None,
     record_path: str | None = None,
     hook_user: str | None = None,
+    http_per_user: bool = False,
 ) -> int:
     address = listen.http_address(http, public)  # refused before anything is opened
     names = listen.host_names(http_hosts or [])
@@ -67,10 +68,11 @@ def run(
     writer = _record(record_path, hooks)
     # The agent from its parts: the policy in force, the record's writer, the hooks (it makes the rest).
     agent = Agent(interval=interval, idle_after=idle_after, record=writer, hooks=hooks, in_force=in_force)
-    handler = api.handler(agent)
+    handler = api.handler(agent, http_per_user)
     servers: list[socketserver.TCPServer] = [listen.unix_server(socket_path, gid, handler)]
     agent.queue.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # its order survives a restart
     agent.bookings.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # and the extensions of bookings
+    agent.owners.keep_in(os.path.dirname(os.path.abspath(socket_path)))  # and whom it created each container for
     try:
         if address is not None:
             servers.append(listen.tcp_server(address, handler, names))

@@ -3,7 +3,8 @@
 `collect()` reads the agent's current snapshot at scrape time and yields metric families built from it, so a card
 or container that has gone leaves no stale series. Every card series carries dcgm-exporter's label names (`gpu`,
 `UUID`, `pci_bus_id`, `modelName`, `Hostname`), so that a dashboard can join gpupin's series with DCGM's. The
-names and their meaning are in docs/serve.md, "Metrics".
+names and their meaning are in docs/serve.md, "Metrics". The record's series per user are this scrape's caller's
+to see (`RecordCollector`: every user's, the caller's own, or none on HTTP unless --http-per-user).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from gpupin.hostagent.ls.model import CardShown
+    from gpupin.hostagent.record import Scope
     from gpupin.hostagent.serve.agent import Agent
 
 MIB = 1024 * 1024
@@ -90,7 +92,6 @@ class ViewCollector:
             "How long the first in the agent's queue has waited, seconds (0 when no one waits).",
             value=time.time() - waiting[0].since if waiting else 0.0,
         )
-        yield from self._record()
         if view is None:
             return
         host = view.hostname or ""
@@ -174,36 +175,6 @@ class ViewCollector:
         yield health
         yield holder
 
-    def _record(self) -> Iterator[Metric]:
-        """Per user, from the record (gpupin.hostagent.record): absent when the agent keeps none."""
-        from prometheus_client.core import CounterMetricFamily
-
-        record = self.agent.record
-        if record is None:
-            return
-        try:
-            rows = record.store.usage(None, "user", time.time())
-        except Exception:  # a record that cannot be read is said in /api/ls; a scrape still answers
-            return
-        if not rows:  # nothing recorded yet: no family (a card series' absence says NVML is unread)
-            return
-        seconds = CounterMetricFamily(
-            "gpupin_gpu_seconds",
-            "GPU-seconds held per user, from the record (an open interval counts up to now).",
-            labels=["user"],
-        )
-        joules = CounterMetricFamily(
-            "gpupin_energy_joules",
-            "Energy the cards drew for each user's intervals, joules (NVML's counter, shared among a card's holders).",
-            labels=["user"],
-        )
-        for r in rows:
-            seconds.add_metric([str(r.key)], r.gpu_seconds)
-            if r.energy_j is not None:
-                joules.add_metric([str(r.key)], r.energy_j)
-        yield seconds
-        yield joules
-
     @staticmethod
     def _readings(card: CardShown, docker_ok: bool) -> dict[str, float | int | None]:
         def mib(v: int | None) -> int | None:
@@ -226,18 +197,65 @@ class ViewCollector:
         }
 
 
+class RecordCollector:
+    """Per user, from the record (gpupin.hostagent.record), the users `scope` lets this scrape see: everyone, the
+    caller alone (a user of the socket), or no one (HTTP unless --http-per-user: the families are absent). Absent
+    too when the agent keeps no record."""
+
+    def __init__(self, agent: Agent, scope: Scope) -> None:
+        self.agent = agent
+        self.scope = scope
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
+        record = self.agent.record
+        if record is None or not self.scope.per_user:
+            return
+        try:
+            rows = record.store.usage(None, "user", time.time(), self.scope.uid)
+        except Exception:  # a record that cannot be read is said in /api/ls; a scrape still answers
+            return
+        if not rows:  # nothing recorded yet: no family (a card series' absence says NVML is unread)
+            return
+        seconds = CounterMetricFamily(
+            "gpupin_gpu_seconds",
+            "GPU-seconds held per user, from the record (an open interval counts up to now).",
+            labels=["user"],
+        )
+        joules = CounterMetricFamily(
+            "gpupin_energy_joules",
+            "Energy the cards drew for each user's intervals, joules (NVML's counter, shared among a card's holders).",
+            labels=["user"],
+        )
+        for r in rows:
+            seconds.add_metric([str(r.key)], r.gpu_seconds)
+            if r.energy_j is not None:
+                joules.add_metric([str(r.key)], r.energy_j)
+        yield seconds
+        yield joules
+
+
 class Exposition:
     """The text to serve at each scrape: the view's families and the agent's own process (its memory, CPU)."""
 
     def __init__(self, agent: Agent) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
 
+        self.agent = agent
         self.content_type = CONTENT_TYPE_LATEST
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ViewCollector(agent))
         ProcessCollector(registry=self.registry)
 
-    def text(self) -> bytes:
-        from prometheus_client import generate_latest
+    def text(self, scope: Scope) -> bytes:
+        """This scrape's text: the view's families, then the record's per user that `scope` lets the caller see
+        (a registry of this scrape's own: one text format, the families one after the other)."""
+        from prometheus_client import CollectorRegistry, generate_latest
 
-        return generate_latest(self.registry)
+        per_user = CollectorRegistry(auto_describe=False)
+        per_user.register(RecordCollector(self.agent, scope))
+        return generate_latest(self.registry) + generate_latest(per_user)

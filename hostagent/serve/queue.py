@@ -487,6 +487,8 @@ class Queue:
             self._stream(handler)
             self._write(handler, Direct(why))
             return
+        if handler.stream_refused():  # a place in the queue is a stream: counted apart (docs/serve.md, "Limits")
+            return
         w = self.join(body, peer)
         try:
             self._stream(handler)
@@ -527,18 +529,19 @@ class Queue:
 
 
 def view_holdings(view: Listing) -> list[admit.Holding]:
-    """The booked holds in the agent's view, as the quotas count them (gpupin.hostagent.policy.admit)."""
+    """The booked holds in the agent's view, as the quotas count them (gpupin.hostagent.policy.admit): each for the
+    uid the agent created it for (the view's owner); a label's uid is a claim, counted for no one."""
     from gpupin.hostagent.policy import admit
 
-    seen: dict[str, tuple[HolderShown, BookingShown]] = {}
+    seen: dict[str, tuple[HolderShown, BookingShown, int]] = {}
     cards: dict[str, int] = {}
     for card in view.gpus:
         for h in card.holders:
-            if h.holds and h.booking is not None and h.booking.uid is not None:
-                seen[h.id] = (h, h.booking)
+            owner = h.owner
+            if h.holds and h.booking is not None and owner is not None and owner.verified and owner.uid is not None:
+                seen[h.id] = (h, h.booking, owner.uid)
                 cards[h.id] = cards.get(h.id, 0) + 1
     return [
-        admit.Holding(b.uid, cards[i], b.until, h.name, admit.started(b.since, h.started))
-        for i, (h, b) in seen.items()
-        if b.uid is not None
+        admit.Holding(uid, cards[i], b.until, h.name, admit.started(b.since, h.started))
+        for i, (h, b, uid) in seen.items()
     ]

@@ -145,7 +145,8 @@ class Runs:
         cards_made = ",".join(t.uuid for t in created.spec.targets)
         with contextlib.suppress(OSError, ValueError):  # a log that cannot be written must not fail a made run
             say(f"run: {created.cid[:12]} on {cards_made} for uid {peer.uid} ({shown(peer.user())}) pid {peer.pid}")
-        self.agent.note_owner(created.cid, peer.uid)  # the caller at accept owns its intervals in the record
+        self.agent.note_owner(created.cid, peer.uid)  # the caller at accept owns it, and its intervals in the record
+        after.append(self.agent.owners.flush)  # written once the caller has its answer
         return {"id": created.cid, "api": api.api_version, "via": created.spec.pin.via, "say": lines}
 
     def _admit(self, req: Any, peer: Peer) -> Any:
@@ -160,6 +161,7 @@ class Runs:
             caller,
             req.book_for,
             self.agent.bookings.extensions(),
+            self.agent.owners.uids,
             self.agent.finished,
             cards=req.count or len(req.gpus) or None,
         )

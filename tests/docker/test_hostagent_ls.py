@@ -5,6 +5,7 @@ holders against tests/golden/ls-holders-<engine>[-color].txt. Without a daemon: 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import uuid
@@ -106,9 +107,12 @@ def test_holders_pinned_and_foreign(mixed4_sandbox: Sandbox, tagged: str) -> Non
     assert cards[RTX]["holders"][0]["id"] == pinned
     table = ls(DOCKER_HOST=sb.host).stdout
     assert re.search(
-        rf"^    held by +pinned-{tagged}  {pinned[:12]}  running  gpupin via {re.escape(way)}$", table, re.M
-    ), table
-    assert re.search(rf"^    held by +legacy-{tagged}  \w{{12}}  running  --gpus 1$", table, re.M), table
+        rf"^    held by +pinned-{tagged}  {pinned[:12]}  running  unverified \(claims uid {os.getuid()}\)  "
+        rf"gpupin via {re.escape(way)}$",
+        table,
+        re.M,
+    ), table  # made without the agent: its label's uid is a claim
+    assert re.search(rf"^    held by +legacy-{tagged}  \w{{12}}  running  unverified  --gpus 1$", table, re.M), table
     assert re.search(rf"^    not holding  done-{tagged} \(exited\)$", table, re.M), table
 
 

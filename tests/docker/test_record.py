@@ -60,7 +60,7 @@ def test_sigkill_mid_interval_counts_each_run_once(agent: Agent) -> None:
             rows[short]["card_uuid"],
             rows[long]["card_uuid"],
         }
-        metrics = resident.get("/metrics")[1].decode()
+        metrics = resident.get("/metrics", unix=True)[1].decode()  # root on the socket: every user's series
         assert 'gpupin_gpu_seconds_total{user="root"}' in metrics and "gpupin_energy_joules_total" in metrics
     finally:
         resident.close()

@@ -71,7 +71,7 @@ def test_dashboard_summary_cards_charts_holder_queue_and_no_record(
     (tmp_path / markup).symlink_to("/bin/sleep")
     proc = subprocess.Popen([str(tmp_path / markup), "300"])
     env = {**agent.env, **on_cards(tmp_path / "p.json", {A800: [proc.pid]})}
-    resident = Resident(env, "--interval", "0.2")
+    resident = Resident(env, "--interval", "0.2", "--http-per-user")  # the owner shows usage per user on HTTP
     agent.env["GPUPIN_AGENT_SOCKET"] = resident.socket  # the clients find this agent
     waiter: subprocess.Popen[str] | None = None
     try:
@@ -97,7 +97,8 @@ def test_dashboard_summary_cards_charts_holder_queue_and_no_record(
         card3 = f".card[data-uuid='{A800C}']"
         tab.wait_for_selector(f"{card3} .holder[data-name='{name}']", timeout=5_000)
         assert tab.get_attribute(card3, "data-state") == "held"
-        assert tab.text_content(f"{card3} .holder td:nth-child(4)") == TEST_IMAGE
+        assert tab.text_content(f"{card3} .holder td:nth-child(5)") == TEST_IMAGE
+        assert tab.text_content(f"{card3} .holder .owner") == "root"  # the uid the agent created it for
         held = tab.text_content(f"{card3} .holder .held-for") or ""
         assert held.endswith("s") and held[:-1].isdigit(), held  # seconds since its start
         assert tab.text_content(f"{card3} .holder .time-left") in ("1h29m", "1h30m")  # its booking's end
@@ -150,12 +151,20 @@ def test_dashboard_reads_at_8_and_16_cards(agent: Agent, browser: Browser, topol
 
 def test_usage_bars_from_the_record(agent: Agent, browser: Browser) -> None:
     """The usage view draws a bar per user, longest first, from rows of /api/usage's form, a user name that holds
-    markup as text (no user of this host has one: the page's fetch is answered with such rows)."""
+    markup as text (no user of this host has one: the page's fetch is answered with such rows); an agent that serves
+    no usage per user on HTTP (no --http-per-user) gets a line that says so, neither bars nor "no record"."""
     resident = Resident(agent.env, "--interval", "0.2")
     try:
         tab = browser.browser.new_page()
         rows = [{"user": "<b>bob</b>", "gpu_seconds": 7200.0, "gpu_hours": 2.0}, {"user": "alice", "gpu_hours": 10.0}]
         answer = {"since": 0, "by": "user", "rows": rows}
+        # Without --http-per-user the agent serves no usage per user on HTTP: the box says so, and where to look.
+        off = browser.browser.new_page()
+        off.goto(resident.url + "/")
+        off.wait_for_selector(".per-user-off", timeout=10_000)
+        assert "hostagent usage" in (off.text_content(".per-user-off") or "")
+        assert off.locator(".bar").count() == 0 and off.locator(".no-record").count() == 0
+        off.close()
         tab.route("**/api/usage*", lambda route: route.fulfill(status=200, json=answer))
         tab.goto(resident.url + "/")
         tab.wait_for_selector(".bar", timeout=10_000)

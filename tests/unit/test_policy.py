@@ -179,6 +179,35 @@ def test_may_exempt(tmp_path: Path) -> None:
     assert not Policy.empty().may_exempt(1001, frozenset())
 
 
+def test_usage_readers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`[usage] readers`: the users and @groups who see everyone's usage through the agent (root always does); a
+    name this host lacks is a warning; anything but a list of names is a mistake, named with its line, as
+    `policy check` says it."""
+    from gpupin.hostagent.cli import main
+
+    p = policy(f'[usage]\nreaders = ["nobody", "@{ROOT_GROUP}", "1002", "gone-admin"]\n', tmp_path)
+    assert p.usage.readers == ("nobody", f"@{ROOT_GROUP}", "1002", "gone-admin")
+    assert p.may_read_usage(NOBODY, frozenset()) and p.may_read_usage(1002, frozenset())
+    assert p.may_read_usage(1001, frozenset({0}))  # @root's member
+    assert not p.may_read_usage(1001, frozenset({4242}))
+    assert Policy.empty().may_read_usage(0, frozenset()) and not Policy.empty().may_read_usage(1001, frozenset({0}))
+    assert not p.enforced and p.summary() == f"usage readers nobody, @{ROOT_GROUP}, 1002, gone-admin"
+    assert p.as_json()["usage"] == {"readers": ["nobody", f"@{ROOT_GROUP}", "1002", "gone-admin"]}
+    assert [w.split(": ", 2)[1:] for w in p.warnings] == [
+        ["usage.readers", "names 'gone-admin': no such user on this host (now): it shows them no one's usage"]
+    ]
+    f = str(tmp_path / "policy.toml")
+    for text, line, says in (
+        ('[usage]\nreaders = "@admins"\n', 2, "usage.readers: must be an array of user names and @groups, not text"),
+        ("[usage]\nreaders = [1001]\n", 2, "usage.readers: holds 1001: each item is a user name or uid, or @group"),
+        ('[usage]\nreader = ["nobody"]\n', 2, "usage.reader: unknown key (did you mean readers? known here: readers)"),
+        ('usage = "all"\n', 1, "usage: must be a table, not text"),
+    ):
+        assert mistakes(text, tmp_path) == [f"{f}:{line}: {says}"], text
+        assert main(["policy", "check", f]) == 64
+        assert f"ERROR: {f}:{line}: {says}" in capsys.readouterr().err
+
+
 def test_empty_enforces_nothing(tmp_path: Path) -> None:
     e = Policy.empty()
     assert not e.enforced and e.idle is None and e.notify is None
@@ -568,38 +597,38 @@ def test_when_a_rolling_window_frees_is_the_first_time_below_the_limit(
     assert admit.used_seconds(past, held, window, min(at + 2.0, now + window)) < limit + 1e-6
 
 
-def test_quota_counts_the_label_not_a_name(tmp_path: Path) -> None:
-    """Whose a holding is comes from the booking label's uid, whatever the container is called."""
-
+def test_quota_counts_the_owner_the_agent_proves_not_a_label_or_a_name(tmp_path: Path) -> None:
+    """Whose a holding is comes from the uid the agent created it for (the view's owner), whatever the container is
+    called; a booking label on a container the agent did not create is a claim, counted for no one."""
+    proven = {"uid": 1001, "name": "alice", "verified": True, "claimed_uid": None}
+    claim = {"uid": None, "name": None, "verified": False, "claimed_uid": 1001}
+    a = {"id": "a", "name": "uid-1002-s-job", "holds": True, "booking": {"uid": 1001, "since": 0}, "owner": proven}
+    forged = {"id": "c", "name": "forged", "holds": True, "booking": {"uid": 1001, "since": 0}, "owner": claim}
     view = Listing.from_json(
         {
             "gpus": [
-                {
-                    "holders": [
-                        {
-                            "id": "a",
-                            "name": "uid-1002-s-job",
-                            "holds": True,
-                            "booking": {"uid": 1001, "since": 0, "until": None},
-                        }
-                    ]
-                },
-                {
-                    "holders": [
-                        {
-                            "id": "a",
-                            "name": "uid-1002-s-job",
-                            "holds": True,
-                            "booking": {"uid": 1001, "since": 0, "until": None},
-                        }
-                    ]
-                },
+                {"holders": [a]},
+                {"holders": [a, forged]},
                 {"holders": [{"id": "b", "name": "other", "holds": True, "booking": None}]},
             ]
         }
     )
     held = queue.view_holdings(view)
     assert [(h.uid, h.cards, h.since) for h in held] == [(1001, 2, 0.0)]
+
+
+def test_a_run_counts_the_holders_the_agent_proves() -> None:
+    """Under the ledger lock, a run's quota counts a holder for the uid in the agent's owners, never its label's."""
+    from gpupin.hostagent.ledger.booking import Booking
+    from gpupin.hostagent.ledger.holders import Holder
+    from gpupin.hostagent.policy import admit
+
+    def holder(cid: str, uid: int) -> Holder:
+        return Holder(cid, cid, "running", ["GPU-0"], True, "gpupin", booking=Booking(uid, 0, None))
+
+    held = admit.holdings([holder("mine", 1001), holder("forged", 1001)], {}, {"mine": 1001})
+    assert [(h.uid, h.name) for h in held] == [(1001, "mine")]
+    assert admit.holdings([holder("forged", 1001)], {}, {}) == []
 
 
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), True, "4h", 400 * 86400])

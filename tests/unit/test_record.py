@@ -109,6 +109,34 @@ def test_migrates_v0_and_v1(tmp_path: Path) -> None:
     s.close()
 
 
+def test_v3_read_as_it_is_and_migrated_with_each_users_sums(tmp_path: Path) -> None:
+    """A v3 file (daily sums for the host only): root's `usage` reads it as it is, before an agent migrates it; the
+    migration to v4 fills each uid's daily sums from the closed intervals, so a user's own rows are what they were
+    (a v2 file, with no daily sums at all, is refused)."""
+    path = private(tmp_path)
+    s = Store(str(path))
+    _row(s, "a", "alice", 1000, T0, T0 + 7200, joules=7.2e6)
+    _row(s, "b", "bob", 1001, T0 + 60, T0 + 660)
+    _row(s, "c", "who", None, T0, T0 + 60)  # no known uid: no one's own
+    own = {uid: [r.to_json("image") for r in s.usage(None, "image", T0 + 86400, uid)] for uid in (1000, 1001)}
+    s.conn.executescript("DROP TABLE daily_own; UPDATE schema SET version = 3;")
+    s.close()
+    out = subprocess.run([HOSTAGENT, "usage", "--record", str(path), "--csv"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.splitlines()[1:] == [
+        "alice,7200.0,2.0,7200000.0,1",
+        "bob,600.0,0.1667,,1",
+        "who,60.0,0.0167,,1",
+    ], out
+    s = Store(str(path))
+    assert s.migrated_from == 3 and record_store.version_of(s.conn) == VERSION
+    assert {uid: [r.to_json("image") for r in s.usage(None, "image", T0 + 86400, uid)] for uid in own} == own
+    assert own[1000] == [{"image": "img", "gpu_seconds": 7200.0, "gpu_hours": 2.0, "energy_j": 7.2e6, "intervals": 1}]
+    s.conn.execute("UPDATE schema SET version = 2")
+    s.close()
+    out = subprocess.run([HOSTAGENT, "usage", "--record", str(path)], capture_output=True, text=True)
+    assert out.returncode == 64 and "schema version 2" in out.stderr, out
+
+
 def test_newer_schema_refused(tmp_path: Path) -> None:
     path = private(tmp_path)
     Store(str(path)).close()
@@ -128,7 +156,9 @@ def shares(s: Store, since: float | None, by: str, now: float) -> list[dict[str,
     return [r.to_json(by) for r in s.usage(since, by, now)]
 
 
-def _row(s: Store, cid: str, user: str, uid: int, start: float, end: float | None, joules: float | None = None) -> None:
+def _row(
+    s: Store, cid: str, user: str, uid: int | None, start: float, end: float | None, joules: float | None = None
+) -> None:
     row = IntervalRow(cid, cid, "img", "GPU-a", 0, uid, user, start, start)
     rid = s.open_interval(row)
     if end is not None:
@@ -181,6 +211,44 @@ def test_daily_sums_agree_with_the_intervals(tmp_path: Path) -> None:
         days = shares(s, cut, "day", now)
         assert abs(sum(d["gpu_seconds"] for d in days) - sum(want.values())) < 0.1
     s.close()
+
+
+def test_own_rows_are_the_users_intervals_alone(tmp_path: Path) -> None:
+    """A user's own usage (what the agent shows a user of its socket), by user, card, image and day: what the whole
+    record gives where only that user's intervals were kept, for any `since`; another user's intervals, and those
+    of no known uid, count for no one else."""
+    import random
+
+    rng = random.Random(11)
+    both = Store(str(private(tmp_path)))
+    (tmp_path / "alone").mkdir(mode=0o700)
+    alone = Store(str(tmp_path / "alone" / "record.db"))
+    for i in range(200):
+        uid = rng.choice([1000, 1001, None])
+        start = T0 + rng.uniform(0, 10 * 86400)
+        end = None if i % 40 == 0 else start + rng.choice([60, 3600, 30 * 3600]) * rng.random()
+        card = rng.randrange(3)
+        row = IntervalRow(f"c{i}", f"c{i}", f"img{rng.randrange(4)}", f"GPU-{card}", card, uid, f"u{uid}", start, start)
+        joules = None if rng.random() < 0.3 else rng.uniform(0, 1e6)
+        for s in [both] + ([alone] if uid == 1000 else []):
+            rid = s.open_interval(row)
+            if end is not None:
+                s.close_interval(rid, row, Figures(start, start, energy_j=joules), end, "exit")
+    now = T0 + 12 * 86400
+    for cut in [None, *(T0 + rng.uniform(-86400, 11 * 86400) for _ in range(8))]:
+        for by in ("user", "card", "image", "day"):
+            own = [r.to_json(by) for r in both.usage(cut, by, now, uid=1000)]
+            want = shares(alone, cut, by, now)
+            assert [r[by] for r in own] == [r[by] for r in want], (cut, by)
+            for a, b in zip(own, want, strict=True):
+                assert a["intervals"] == b["intervals"] and abs(a["gpu_seconds"] - b["gpu_seconds"]) < 0.01, (a, b)
+                assert (a["energy_j"] is None) == (b["energy_j"] is None), (a, b)
+                assert a["energy_j"] is None or abs(a["energy_j"] - b["energy_j"]) < 1, (a, b)
+                assert a.get("index") == b.get("index")
+    assert [r.key for r in both.usage(None, "user", now, uid=1000)] == ["u1000"]
+    assert both.usage(None, "image", now, uid=4242) == []
+    both.close()
+    alone.close()
 
 
 def test_by_day_splits_at_midnight(tmp_path: Path) -> None:
@@ -424,11 +492,17 @@ def test_usage_refusals(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     for extra, says in (
         (["--since", "yesterday"], "invalid time"),
+        (["--since", "inf"], "invalid time 'inf': since must be seconds since the epoch, 0 to 4294967295, not inf"),
+        (["--since=-1e12"], "invalid time '-1e12': since must be seconds since the epoch"),
+        (["--since", "1e20"], "invalid time '1e20': since must be seconds since the epoch"),
+        (["--since", "nan"], "invalid time 'nan': since must be seconds since the epoch"),
+        (["--since", "99999999999d"], "invalid time '99999999999d': since must be seconds since the epoch"),
         (["--record", str(fifo)], "not a regular file"),
         (["--record", str(tmp_path / "none.db")], "No such file"),
     ):
         out = subprocess.run([HOSTAGENT, "usage", *extra], capture_output=True, text=True, timeout=60)
         assert out.returncode == 64 and says in out.stderr and "Traceback" not in out.stderr, out
+        assert out.stderr.count("\n") == 1, out.stderr
 
 
 def test_since_forms() -> None:
@@ -451,12 +525,13 @@ def test_api_usage_takes_only_its_words(tmp_path: Path) -> None:
 
     agent = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--interval", "0.2")
     try:
-        status, body, _ = agent.get("/api/usage?by=user&since=0")
+        status, body, _ = agent.get("/api/usage?by=card&since=0")
         assert status == 200 and json.loads(body)["rows"] == [] and json.loads(body)["record"]["degraded"] is None
         for query in ("by=user;DROP%20TABLE%20intervals", "by=card&since=nan", "since=yesterday", "by=%00"):
             status, body, _ = agent.get(f"/api/usage?{query}", unix=True)
             assert status == 400 and json.loads(body)["exit"] == 64, (query, body)
-        assert agent.get("/api/usage")[0] == 200
+        assert agent.get("/api/usage", unix=True)[0] == 200
+        assert agent.get("/api/usage")[0] == 403  # by user, on HTTP: not served unless turned on (test_usage_private)
     finally:
         agent.close()
     none = Resident(simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock"), "--record", "none")

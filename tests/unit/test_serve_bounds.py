@@ -24,7 +24,7 @@ import pytest
 from tests.support.flood import FILES, FLOOD, cpu_share, has_pids_cgroup, idle_tcp, streams_until_refused, task_limit
 from tests.support.host import HOSTAGENT, simhost_env
 from tests.support.resident import Resident
-from tests.support.users import as_other, setpriv
+from tests.support.users import as_other, reach_env, setpriv
 from tests.unit.test_serve_robust import Wedged
 
 NO_DOCKER = "unix:///nonexistent/docker.sock"
@@ -295,3 +295,252 @@ def test_out_of_files_at_accept_backs_off_and_says_so_once(monkeypatch: pytest.M
     finally:
         gate.stop()
         server.server_close()
+
+
+NOBODY = 5003  # a local account in no group at all
+
+# Two requests being served (their bodies trickle in), as a uid's whole cap: the next connection of that uid is
+# refused at once. Prints "held" once both are in.
+TRICKLE = """
+import socket, sys, time
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    s.sendall(b"POST /api/run HTTP/1.0\\r\\nContent-Length: 100\\r\\n\\r\\n{")
+    held.append(s)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+# A request larger than the socket's buffers, as a refused client sends it whole before it reads: what it reads.
+BIG_POST = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+body = b'{"pad": "' + b"x" * 600_000 + b'"}'
+try:
+    s.sendall(b"POST /api/run HTTP/1.0\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body)
+except OSError as err:
+    print("send failed:", err)
+    sys.exit()
+answer = b""
+while chunk := s.recv(65536):
+    answer += chunk
+print(answer.decode())
+"""
+
+
+def test_a_refusal_is_a_whole_answer_and_run_goes_its_own_way() -> None:
+    """uid 5001 is at its cap (2 here) with requests being served: its next connection is answered 503 at once, and
+    the agent reads out the request it is still sending (600 KB, beyond the socket's buffers) so that the client
+    reads the answer, never EPIPE. `hostagent run` so refused books by itself (here: no daemon, the daemon's
+    error), where it used to exit 69 with "stopped answering (Broken pipe)"."""
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER), "--group", SOCKET_GROUP, "--max-per-user", "2")
+    os.chmod(agent.dir, 0o755)  # the socket's group reaches its socket
+    holder = subprocess.Popen(
+        as_user(ATTACKER, sys.executable, "-c", TRICKLE, agent.socket, "2"), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        time.sleep(0.5)  # both heads in, each with a worker waiting for its body (BODY_S: 10 s)
+        big = subprocess.run(
+            as_user(ATTACKER, sys.executable, "-c", BIG_POST, agent.socket), capture_output=True, text=True, timeout=30
+        )
+        head, _, body = big.stdout.partition("\n\n")  # text mode: universal newlines
+        assert head.startswith("HTTP/1.0 503 Service Unavailable"), big.stdout[:300] + big.stderr
+        assert json.loads(body) == {
+            "error": f"the agent serves at most 2 from uid {ATTACKER} connections at once here",
+            "hint": "close some, or try again in a moment; the agent's limits: hostagent serve --help",
+            "exit": 69,
+        }
+        env = reach_env(simhost_env(DOCKER_HOST=NO_DOCKER, GPUPIN_AGENT_SOCKET=agent.socket))
+        pads = [a for n in range(5) for a in ("-e", f"PAD{n}={'x' * 120_000}")]  # a request of 600 KB
+        started = time.monotonic()
+        r = subprocess.run(
+            as_user(ATTACKER, HOSTAGENT, "run", "--rm", *pads, "--gpu", "0", "img", "true"),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        took = time.monotonic() - started
+        assert "the agent at" not in r.stderr and "Docker daemon" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and took < 10, (took, r.stderr)
+    finally:
+        holder.kill()
+        holder.wait()
+        agent.close()
+    assert "internal error" not in agent.stderr, agent.stderr
+
+
+# Each target's status and its body's lines, over HTTP, as any local account can ask.
+GETS = """
+import http.client, json, sys
+for target in sys.argv[2:]:
+    c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=10)
+    try:
+        c.request("GET", target)
+        r = c.getresponse()
+        print(json.dumps([target, r.status, r.read().decode(errors="replace").splitlines()]))
+    except Exception as err:
+        print(json.dumps([target, 0, [type(err).__name__]]))
+    finally:
+        c.close()
+"""
+
+MALFORMED_USAGE = [
+    "/api/usage?since=inf",
+    "/api/usage?since=1e20",
+    "/api/usage?since=-1e12",
+    "/api/usage?since=nan",
+    "/api/usage?since=-inf",
+    "/api/usage?since=garbage",
+    "/api/usage?since=%00",
+    "/api/usage?since=1e308&by=day",
+    "/api/usage?by=nobody",
+    "/api/usage?by=%ff%fe&since=0",
+]
+# Every other route with parameters it takes, garbled, and ones it does not take: answered as without them.
+ODD_BUT_SERVED = [
+    "/api/usage?since=",
+    "/api/usage?since=0&by=day&since=inf",
+    "/api/usage?since=4294967295&by=image",
+    "/api/ls?since=inf&by=%ff",
+    "/api/agent?%zz=%%",
+    "/api/queue?daemon=%00%ff",
+    "/api/queue?daemon=&daemon=x",
+    "/api/samples?since=nan",
+    "/metrics?name[]=x&%=",
+]
+
+
+def test_a_malformed_query_is_a_400_in_one_line_and_never_a_log_line() -> None:
+    agent = Resident(simhost_env(DOCKER_HOST=NO_DOCKER))
+    try:
+        for _ in range(3):  # a flood of them: no line in the agent's log for any
+            r = subprocess.run(
+                as_other(setpriv(NOBODY), [sys.executable, "-c", GETS, str(agent.port), *MALFORMED_USAGE]),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            for line in r.stdout.splitlines():
+                target, status, body = json.loads(line)
+                assert status == 400 and len(body) == 1, (target, status, body)
+                error = json.loads(body[0])
+                assert error["exit"] == 64 and error["error"].startswith("GET /api/usage: "), (target, error)
+            assert len(r.stdout.splitlines()) == len(MALFORMED_USAGE), r.stdout + r.stderr
+        assert "since must be seconds since the epoch, 0 to 4294967295, not inf" in r.stdout
+        assert "by must be one of user, card, image, day, not 'nobody'" in r.stdout
+        r = subprocess.run(
+            as_other(setpriv(NOBODY), [sys.executable, "-c", GETS, str(agent.port), *ODD_BUT_SERVED]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        statuses = {t: s for t, s, _ in map(json.loads, r.stdout.splitlines())}
+        assert statuses == dict.fromkeys(ODD_BUT_SERVED, 200), statuses  # a repeated parameter: its first
+    finally:
+        agent.close()
+    assert "internal error" not in agent.stderr and "Traceback" not in agent.stderr, agent.stderr
+    assert len(agent.stderr.splitlines()) < 6, agent.stderr  # its start and stop lines, no line per request
+
+
+def test_an_http_caller_is_the_uid_of_its_socket_whatever_loopback_address_it_takes() -> None:
+    """The key of the HTTP caps (docs/serve.md, "Limits"): the uid that owns the client's socket, from the kernel,
+    from 127.0.0.2 as from 127.0.0.9; the address only for a caller from elsewhere (IPv6 by its /64); one shared key
+    for a local caller the kernel does not name."""
+    from gpupin.hostagent.serve.api import Remote, caller_key
+    from gpupin.hostagent.serve.tcpuid import local_uid
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        seen = {}
+        for address in ("127.0.0.2", "127.0.0.9"):
+            client = subprocess.Popen(
+                as_other(
+                    setpriv(NOBODY),
+                    [sys.executable, "-c", CONNECT_FROM, address, str(port)],
+                ),
+                stdout=subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                server.settimeout(30)
+                sock, remote = server.accept()
+                with sock:
+                    seen[address] = caller_key(Remote.of(remote, local_uid(sock.getsockname(), remote)))
+            finally:
+                client.communicate("", timeout=30)
+        assert seen == {"127.0.0.2": f"uid {NOBODY}", "127.0.0.9": f"uid {NOBODY}"}, seen
+        # Its own socket, closed before it was asked about: the kernel names root for it, which it is not.
+        with socket.create_connection(("127.0.0.1", port)) as mine:
+            sock, remote = server.accept()
+            with sock:
+                assert local_uid(sock.getsockname(), remote) == 0
+                mine.close()
+                time.sleep(0.1)
+                assert local_uid(sock.getsockname(), remote) is None
+    assert caller_key(Remote.of(("127.0.0.5", 4000), None)) == "loopback"
+    assert caller_key(Remote.of(("::ffff:127.0.0.5", 4000, 0, 0), None)) == "loopback"
+    assert caller_key(Remote.of(("192.0.2.7", 4000), None)) == "192.0.2.7"
+    assert caller_key(Remote.of(("::ffff:192.0.2.7", 4000, 0, 0), None)) == "192.0.2.7"
+    assert caller_key(Remote.of(("2001:db8:1:2:aaaa::1", 4000, 0, 0), None)) == "2001:db8:1:2::/64"
+    assert local_uid(("127.0.0.1", 1), ("127.0.0.3", 2)) is None  # no such connection
+
+
+CONNECT_FROM = """
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.connect(("127.0.0.1", int(sys.argv[2])))
+sys.stdin.read()
+"""
+
+
+class ClosesOnRequests:
+    """An agent's socket that reads each request's head and closes without an answer (an agent that died, or one
+    that closes under a request): `hostagent run` finds it (it accepts) and is closed on before any 102."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(64)
+        self.heads: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    self.heads.append(conn.recv(65536).split(b"\r\n", 1)[0])
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_run_closed_on_before_the_agent_took_it_goes_its_own_way(tmp_path: Path) -> None:
+    """Closed on before the agent's 102, the agent made nothing for the run: it goes its own way (here: no daemon,
+    the daemon's error), where it exited 69, "the agent ... stopped answering"."""
+    agent = ClosesOnRequests(tmp_path / "agent.sock")
+    try:
+        env = simhost_env(DOCKER_HOST=NO_DOCKER, GPUPIN_AGENT_SOCKET=str(tmp_path / "agent.sock"))
+        r = subprocess.run(
+            [HOSTAGENT, "run", "--rm", "--gpu", "0", "img", "true"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert any(h.startswith(b"POST /api/run ") for h in agent.heads), agent.heads  # it was asked
+        assert "the agent at" not in r.stderr and "Docker daemon" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        agent.close()

@@ -22,8 +22,10 @@ pytestmark = pytest.mark.timeout(60)
 T0 = 1_800_000_000.0  # the wall clock at the first sample
 
 
-def view(cards: Sequence[tuple[int | None, int | None, list[str]]]) -> Listing:
-    """A listing: per card (utilization, compute processes, holding container ids)."""
+def view(cards: Sequence[tuple[int | None, int | None, list[str]]], owners: dict[str, int] | None = None) -> Listing:
+    """A listing: per card (utilization, compute processes, holding container ids); `owners`: the uids the agent
+    created containers for (the others' owner is unverified)."""
+    owners = owners or {}
     return Listing.from_json(
         {
             "docker": {"available": True},
@@ -36,7 +38,10 @@ def view(cards: Sequence[tuple[int | None, int | None, list[str]]]) -> Listing:
                     "compute_processes": procs,
                     "memory_used_mib": 100 * i,
                     "error": None,
-                    "holders": [{"id": h, "name": f"name-{h}", "image": "img", "holds": True} for h in holders],
+                    "holders": [
+                        {"id": h, "name": f"name-{h}", "image": "img", "holds": True, "owner": _owner(owners.get(h))}
+                        for h in holders
+                    ],
                 }
                 for i, (util, procs, holders) in enumerate(cards)
             ],
@@ -44,12 +49,22 @@ def view(cards: Sequence[tuple[int | None, int | None, list[str]]]) -> Listing:
     )
 
 
+def _owner(uid: int | None) -> dict[str, Any]:
+    return {"uid": uid, "name": None if uid is None else f"user{uid}", "verified": uid is not None}
+
+
 class Host:
     """An IdleWatch with the test's engine: labels per container, stops and notifications recorded."""
 
-    def __init__(self, action: str = "stop", labels: dict[str, dict[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        action: str = "stop",
+        labels: dict[str, dict[str, str]] | None = None,
+        owners: dict[str, int] | None = None,
+    ) -> None:
         self.rule: Any = SimpleNamespace(after=60.0, action=action, grace=30.0)
         self.labels = labels or {}
+        self.owners = owners or {}
         self.stopped: list[str] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.reasons: list[tuple[str, str]] = []
@@ -67,7 +82,7 @@ class Host:
         self.watch._thread = lambda target, *args: target(*args)  # type: ignore[method-assign]
 
     def at(self, t: float, cards: Sequence[tuple[int | None, int | None, list[str]]]) -> Listing:
-        v = view(cards)
+        v = view(cards, self.owners)
         self.watch.observe(v, t, T0 + t)
         return v
 
@@ -131,22 +146,35 @@ def test_a_container_busy_on_another_card_is_not_idle() -> None:
 
 
 def test_the_exempt_label_counts_only_for_an_owner_the_policy_allows() -> None:
+    """The owner is the uid the agent created the container for: a booking label that names an allowed uid on a
+    container the agent did not create (`forged`) exempts nothing."""
     h = Host(
         labels={
             "allowed": {"gpupin.idle": "exempt", "gpupin.booking": "uid=1000 since=1"},
             "refused": {"gpupin.idle": "exempt", "gpupin.booking": "uid=1001 since=1"},
             "unrecorded": {"gpupin.idle": "exempt"},
-        }
+            "forged": {"gpupin.idle": "exempt", "gpupin.booking": "uid=1000 since=1"},
+        },
+        owners={"allowed": 1000, "refused": 1001},
     )
-    holders = [(0, 0, ["allowed"]), (0, 0, ["refused"]), (0, 0, ["unrecorded"])]
+    holders = [(0, 0, ["allowed"]), (0, 0, ["refused"]), (0, 0, ["unrecorded"]), (0, 0, ["forged"])]
     for t in range(0, 200):
         h.at(t, holders)
-    assert sorted(h.stopped) == ["refused", "unrecorded"]
-    assert {p["container"]["id"] for e, p in h.events if e == "idle.warning"} == {"refused", "unrecorded"}
+    assert sorted(h.stopped) == ["forged", "refused", "unrecorded"]
+    warned = {p["container"]["id"]: p["user"] for e, p in h.events if e == "idle.warning"}
+    assert warned == {
+        "refused": {"uid": 1001, "name": None},
+        "unrecorded": {"uid": None, "name": None},
+        "forged": {"uid": None, "name": None},
+    }
 
 
 def test_a_reloaded_policy_counts_at_the_next_view() -> None:
-    h = Host(action="warn", labels={"a": {"gpupin.idle": "exempt", "gpupin.booking": "uid=1000 since=1"}})
+    h = Host(
+        action="warn",
+        labels={"a": {"gpupin.idle": "exempt", "gpupin.booking": "uid=1000 since=1"}},
+        owners={"a": 1000},
+    )
     h.exempting = set()
     v = h.at(0, [(0, 0, ["a"])])
     v = h.at(60, [(0, 0, ["a"])])
