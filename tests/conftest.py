@@ -20,7 +20,7 @@ import pytest
 from hypothesis import settings
 
 from tests.support.engines import engine_for, engine_free_name, on_this_engine, skip_what_the_engine_lacks
-from tests.support.host import FAKEGPU, REPO, lock_dir, required
+from tests.support.host import FAKEGPU, REPO, lock_dir, record_path, required
 from tests.support.hypo import BASE
 from tests.support.sandbox import Agent, Sandbox, Sandboxes, agent_on, engines_under_test, serves_cdi
 from tests.support.spawn import default_signals_at_exec
@@ -44,6 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # The ledger's local lock, taken in this process and in those that inherit its environment, in the run's own
     # folder: root's default, /run/gpupin, is the host's.
     os.environ["GPUPIN_LOCK_DIR"] = lock_dir()
+    # So is an agent's record: root's default, /var/lib/gpupin, is the host's.
+    os.environ["GPUPIN_RECORD"] = record_path()
 
 
 @pytest.fixture(autouse=True)

@@ -61,11 +61,21 @@ def lock_dir() -> str:
     return folder
 
 
+@functools.cache
+def record_path() -> str:
+    """The record (GPUPIN_RECORD) of an agent a test starts without --record, for this pytest process: in a private
+    folder of its own, removed when it exits. Root's default, /var/lib/gpupin, is the host's."""
+    folder = tempfile.mkdtemp(prefix="gpupin-record-")
+    atexit.register(shutil.rmtree, folder, True)
+    return os.path.join(folder, "record.db")
+
+
 def simhost_env(name: str = "mixed-4", **extra: str) -> dict[str, str]:
     """The environment of a process on the simulated host: the fake libraries, the topology, the test run's lock
-    folder, nothing CUDA."""
+    folder and record, nothing CUDA."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "GPUPIN_", "NVIDIA_", "DOCKER_RESOURCE_"))}
     env["GPUPIN_LOCK_DIR"] = lock_dir()
+    env["GPUPIN_RECORD"] = record_path()
     env["LD_LIBRARY_PATH"] = str(FAKEGPU / "lib")
     env["FAKEGPU_TOPOLOGY"] = str(scenario(name))
     env.update(extra)

@@ -420,7 +420,9 @@ def test_cli_never_tracebacks_and_a_refusal_writes_nothing(
             assert load.parse(out.decode()) is not None
         else:
             assert errors and out == b"before\n", rendered  # a refused render leaves the target as it was
-            assert checked["rc"] == 64  # and check reports it
+            # and check reports it: 69 where the ledger could not be read (render's code for it), 64 where the file
+            # has another mistake too
+            assert checked["rc"] in ((64, 69) if rendered["rc"] == 69 else (64,)), (rendered, checked)
             assert all(ln.removeprefix("hostagent: ERROR: ") in checked["stdout"].splitlines() for ln in errors)
         # --json lists the same problems, one object each; the text ends in a summary when there is no error.
         lines = checked["stdout"].splitlines()
