@@ -6,6 +6,7 @@ the policy for everyone, from the container's own start. A run without the agent
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -123,7 +124,16 @@ def test_a_forged_booking_ends_by_the_policy_for_everyone(agent: Agent, tmp_path
             as_other(setpriv(VICTIM, docker_gid), argv), env=env, capture_output=True, text=True, timeout=120
         )
         assert r.returncode == 0, r.stderr
-        seen = {name: lab.wait_holder(name) for name in (endless, direct)}
+
+        def started(name: str) -> dict[str, Any] | None:
+            h = lab.holder(name)  # a holder seen between its create and its start has no start yet
+            return h if h is not None and h.get("started") else None
+
+        seen: dict[str, dict[str, Any]] = {}
+        for name in (endless, direct):
+            h = wait_for(functools.partial(started, name), 20, f"{name} seen started")
+            assert h is not None
+            seen[name] = h
         mine = lab.as_user(VICTIM, "ls", "--json")  # `ls` without the agent: the ends the agent gave them
         assert mine.returncode == 0, mine.stderr
         listed = json.loads(mine.stdout)
