@@ -146,9 +146,9 @@ def is_not_found(err: BaseException) -> bool:
 # "...: that name is already in use". Docker answers 500 "name is not reserved" when the name was taken as it
 # reserved it and let go before it looked up by whom (moby's reserveName: a removal between the two; seen on Engine
 # 26 under 32 clients at once): the name was in use a moment ago, a conflict like any other.
-_NAME_IN_USE = ("that name is already in use", "name is not reserved")
+_NAME_TAKEN = ("that name is already in use", "name is not reserved")
 
 
 def is_conflict(err: BaseException) -> bool:
     status = _status(err)
-    return status == 409 or (status == 500 and _short(err).endswith(_NAME_IN_USE))
+    return status == 409 or (status == 500 and _short(err).endswith(_NAME_TAKEN))
