@@ -18,7 +18,7 @@ from gpupin.hostagent.engine.unix import STDERR
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from typing import Any
 
     from gpupin.hostagent.engine.answer import DaemonAnswer
@@ -107,6 +107,28 @@ class Attachment:
         with contextlib.suppress(Exception):
             self.api.resize(self.cid, height=size.lines, width=size.columns)
 
+    def _follow_window(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """Start the thread that keeps the container's TTY at this terminal's size; return what SIGWINCH calls and
+        what ends the thread.
+        The handler only writes a byte to a pipe: asking the daemon from it would stall the output loop it
+        interrupts for as long as a busy daemon takes to answer (in CI, long enough that the shell seemed frozen).
+        A pipe, not a lock, because a second SIGWINCH can interrupt the first one's handler; a burst of window
+        changes is read as one and becomes one request for the last size."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+
+        def resize_on_change() -> None:
+            while os.read(wake_r, 512):  # b"": the write end was closed
+                self._resize()
+            os.close(wake_r)
+
+        def window_changed() -> None:
+            with contextlib.suppress(OSError):  # a full pipe already holds a wake-up
+                os.write(wake_w, b"w")
+
+        start_thread(resize_on_change, "hostagent-resize")
+        return window_changed, lambda: os.close(wake_w)
+
     # --- signals -------------------------------------------------------------------------------------------
 
     def _on_signal(self, seen: list[int], signum: int) -> None:
@@ -143,12 +165,14 @@ class Attachment:
             for s in (signal.SIGINT, signal.SIGTERM)
         }
         restore_tty = None
+        stop_following_window: Callable[[], None] | None = None
         assert self._stream is not None
         try:
             if self.req.tty:
                 restore_tty = _raw_terminal()
-                handlers[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda _s, _f: self._resize())
-                self._resize()
+                self._resize()  # before the first output, as docker run does
+                window_changed, stop_following_window = self._follow_window()
+                handlers[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, lambda _s, _f: window_changed())
             if self.req.interactive:
                 start_thread(self._pump_stdin, "hostagent-stdin")
             try:
@@ -167,6 +191,8 @@ class Attachment:
                 restore_tty()
             for s, h in handlers.items():
                 signal.signal(s, h)
+            if stop_following_window is not None:
+                stop_following_window()
         code = self._exit_code()
         mark("exited")
         return code

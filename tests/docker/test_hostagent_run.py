@@ -14,7 +14,7 @@ import struct
 import subprocess
 import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -79,15 +79,21 @@ class Terminal:
         fcntl.ioctl(self.master if fd is None else fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
     def expect(self, token: bytes, timeout: float = 30) -> bool:
+        return self._read_until(lambda: token in self.seen, timeout)
+
+    def expect_count(self, token: bytes, count: int, timeout: float = 30) -> bool:
+        return self._read_until(lambda: self.seen.count(token) >= count, timeout)
+
+    def _read_until(self, done: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while token not in self.seen and time.monotonic() < deadline:
+        while not done() and time.monotonic() < deadline:
             ready, _, _ = select.select([self.master], [], [], 0.2)
             if ready:
                 try:
                     self.seen += os.read(self.master, 4096)
                 except OSError:
                     break
-        return token in self.seen
+        return done()
 
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
@@ -109,13 +115,15 @@ def test_an_interactive_shell_in_a_pinned_container(agent: Agent, way: str) -> N
         assert term.expect(b"sum=42 0"), term.seen
         assert b"33 101" in term.seen
         term.set_size(40, 120)  # the kernel signals SIGWINCH to hostagent, which resizes the container's TTY
-        # The daemon applies a resize when it gets to it (a busy one took over 0.5 s once in CI): ask until it has.
+        # The daemon applies a resize when it gets to it (a busy one took seconds in CI): ask until it has. The shell
+        # answers meanwhile: hostagent asks for the resize on a thread, never from the output loop.
         resized = False
-        for _ in range(20):
+        deadline = time.monotonic() + 30
+        while not resized and time.monotonic() < deadline:
+            asked = term.seen.count(b"stty size")
             term.type("stty size\r")
-            if term.expect(b"40 120", timeout=0.5):
-                resized = True
-                break
+            assert term.expect_count(b"stty size", asked + 1), term.seen  # the echo: the terminal is alive
+            resized = term.expect(b"40 120", timeout=0.5)
         assert resized, term.seen
         term.type("exit 3\r")
         assert term.proc.wait(30) == 3
