@@ -18,7 +18,7 @@ tar -C /tmp/engine -xJf "$C/engine.tar.xz" 2>/dev/null || python3 -c \
     "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/engine.tar.xz" /tmp/engine
 el unpacked
 cd /tmp/src
-bash tests/gpu/engine.sh up /tmp/engine || { tail -40 /run/gpupin-gpu/*.log; exit 1; }
+bash tests/gpu/engine.sh up /tmp/engine || { tail -n 40 /run/gpupin-gpu/*.log; exit 1; }
 export DOCKER_HOST=unix:///run/gpupin-gpu/docker.sock PATH=/tmp/engine/bin:$PATH
 docker info --format '{{.ServerVersion}} {{.Driver}} cgroup={{.CgroupVersion}}/{{.CgroupDriver}} cdi={{json .CDISpecDirs}} runtimes={{json .Runtimes}}'
 el engine up

@@ -33,8 +33,10 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
   address = "$CTRD_SOCK"
 TOML
-    printf '{"cdi-spec-dirs": ["%s"], "bridge": "none", "iptables": false, "ip6tables": false}\n' "$RUN/cdi" \
-        >"$RUN/daemon.json"
+    # No userland proxy: without a bridge nothing is published, and a host without docker-proxy on its PATH (a lent
+    # GPU machine) would refuse to start dockerd with it on.
+    printf '{"cdi-spec-dirs": ["%s"], "bridge": "none", "iptables": false, "ip6tables": false, %s}\n' "$RUN/cdi" \
+        '"userland-proxy": false' >"$RUN/daemon.json"
     local path="$RUN/bin:$bin/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     setsid env -i PATH="$path" HOME=/root "$bin/bin/containerd" --config "$RUN/containerd.toml" \
         >"$RUN/containerd.log" 2>&1 </dev/null &
