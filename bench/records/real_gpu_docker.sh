@@ -1,54 +1,78 @@
 #!/bin/bash
-# The gpu tier on a lent GPU host (no Docker, no registry), written for bench/records/real-gpu.md (Session 6: not yet
-# run on a GPU host): the engine of tests/gpu/engine.sh, the project's image on a base made of the host's own root, the tier, the benchmarks. It runs
-# from a folder (its argument) holding engine.tar.xz (bin/: dockerd, containerd, the shim, docker, runc, tini; lib/: libseccomp),
-# src.tar (the checkout) and wheels/ (gpupin[host] and its needs); OUT is where its logs go.
-C=$(cd "${1:?usage: real_gpu_docker.sh CARRY_FOLDER}" && pwd)
-exec > >(tee "$OUT/session.log") 2>&1
+# The gpu tier on a lent GPU host (no Docker, no registry), as it runs for bench/records/real-gpu.md: the engine of
+# tests/gpu/engine.sh, the project's image on a base made of the host's own root, the tier, the benchmarks. It runs
+# from a folder (its argument) holding engine.tar.xz (bin/: dockerd, containerd, the shim, docker, runc, tini; lib/:
+# libseccomp), src.tar (the checkout) and wheels/ (gpupin[host] and its needs); OUT is where its logs go.
+#
+#   real_gpu_docker.sh CARRY [STAGES]   STAGES: any of setup, tier, bench (default: all three, in that order)
+#
+# A lent machine gives one command a few minutes: the stages can be run in calls of their own on the same warm
+# machine (the engine, the image and the venvs stay from the setup).
+C=$(cd "${1:?usage: real_gpu_docker.sh CARRY_FOLDER [STAGES]}" && pwd)
+STAGES=${2:-setup tier bench}
+exec > >(tee -a "$OUT/session.log") 2>&1
 T0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - T0 )) s] $*"; }
 show() { printf '\n$ %s\n' "$*"; "$@"; printf '(exit %s)\n' "$?"; }
-export PYTHONUNBUFFERED=1
-uname -r; grep PRETTY /etc/os-release; nvidia-smi --query-gpu=index,uuid,pci.bus_id,name,driver_version --format=csv
-python3 -c 'import sys; print(sys.version.split()[0], sys.prefix, sys.base_prefix)'; readlink -f "$(command -v python3)"
-stat -fc %T /sys/fs/cgroup; cat /proc/self/cgroup | head -3; nproc
-du -sh /opt/torch 2>/dev/null; mount | grep -E ' on /(opt|usr|) ' | head
-mkdir -p /tmp/engine /tmp/src && tar -C /tmp/src -xf "$C/src.tar"
-tar -C /tmp/engine -xJf "$C/engine.tar.xz" 2>/dev/null || python3 -c \
-    "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/engine.tar.xz" /tmp/engine
-el unpacked
-cd /tmp/src
-bash tests/gpu/engine.sh up /tmp/engine || { tail -n 40 /run/gpupin-gpu/*.log; exit 1; }
-export DOCKER_HOST=unix:///run/gpupin-gpu/docker.sock PATH=/tmp/engine/bin:$PATH
-docker info --format '{{.ServerVersion}} {{.Driver}} cgroup={{.CgroupVersion}}/{{.CgroupDriver}} cdi={{json .CDISpecDirs}} runtimes={{json .Runtimes}}'
-el engine up
-BP=$(python3 -c 'import sys; print(sys.base_prefix)')
-dirs=(bin sbin lib lib64 usr etc opt/torch var/lib/dpkg)
-case "$BP" in /usr|/usr/*) ;; *) dirs+=("${BP#/}") ;; esac
-SP=$(python3 -c 'import site; print(site.getsitepackages()[0])'); SP=${SP#/}
-ex=(--exclude=usr/local/nvidia --exclude=usr/local/cuda --exclude='usr/local/cuda-*' --exclude=usr/share/doc
-    --exclude=usr/share/man --exclude="$SP/jax*" --exclude="$SP/cupy*" --exclude="$SP/onnx*" --exclude="$SP/tensorflow*"
-    --exclude="$SP/transformers" --exclude="$SP/torch_geometric" --exclude="$SP/cv2" --exclude="$SP/opencv*")
-tar -C / -cf - "${ex[@]}" "${dirs[@]}" 2>/dev/null | timeout 240 docker import \
-    --change "ENV PATH=$(dirname "$(command -v python3)"):/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-    - gpupin-base:host >/dev/null
-el base imported; docker images
-mkdir -p build/wheels && cp "$C"/wheels/gpupin-*.whl "$C"/wheels/nvidia_ml_py-*.whl build/wheels/
-DOCKER_BUILDKIT=0 docker build -q --build-arg BASE_IMAGE=gpupin-base:host -t gpupin:test . 2>&1 | tail -3
-el image built
-U=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | tail -1)
-show docker run --rm --device nvidia.com/gpu=$U gpupin:test
-# the CLI for the tests and the benchmarks: a clean venv (no .pth files of the machine's Python)
-python3 -m venv --without-pip .venv && python3 -m pip --python .venv/bin/python install -q --no-index \
-    --find-links "$C/wheels" 'gpupin[host]' || { echo "clean venv failed"; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site "$C"/wheels/gpupin-*.whl "$C"/wheels/docker-*.whl \
-    "$C"/wheels/ruamel_yaml-*.whl
-el venvs
-show .venv/bin/hostagent run --dry-run --uuid $U gpupin:test
-PYTHONPATH=/tmp/site:/tmp/src timeout 300 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rs -s \
-    -o addopts="" --timeout 200 2>&1 | tee "$OUT/test-gpu.log" | grep -vE '^\s*$' | tail -150
-el tier done
-docker ps -aq | xargs -r docker rm -f >/dev/null
-PATH=/tmp/src/.venv/bin:$PATH timeout 150 .venv/bin/python bench/run.py -n ${BENCH_N:-12} --expect "$U" --json "$OUT/bench.json" entrypoint run
-el bench done
-tail -5 /run/gpupin-gpu/dockerd.log
+export PYTHONUNBUFFERED=1 DOCKER_HOST=unix:///run/gpupin-gpu/docker.sock PATH=/tmp/engine/bin:$PATH
+
+setup() {
+    uname -r; grep PRETTY /etc/os-release; nvidia-smi --query-gpu=index,uuid,pci.bus_id,name,driver_version --format=csv
+    python3 -c 'import sys; print(sys.version.split()[0], sys.prefix, sys.base_prefix)'; readlink -f "$(command -v python3)"
+    stat -fc %T /sys/fs/cgroup; head -3 /proc/self/cgroup; nproc
+    du -sh /opt/torch 2>/dev/null; mount | grep -E ' on /(opt|usr|) ' | head
+    mkdir -p /tmp/engine /tmp/src && tar -C /tmp/src -xf "$C/src.tar"
+    tar -C /tmp/engine -xJf "$C/engine.tar.xz" 2>/dev/null || python3 -c \
+        "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/engine.tar.xz" /tmp/engine
+    el unpacked
+    cd /tmp/src || return 1
+    bash tests/gpu/engine.sh up /tmp/engine || { tail -n 40 /run/gpupin-gpu/*.log; return 1; }
+    docker info --format '{{.ServerVersion}} {{.Driver}} cgroup={{.CgroupVersion}}/{{.CgroupDriver}} cdi={{json .CDISpecDirs}} runtimes={{json .Runtimes}}'
+    el engine up
+    local BP SP dirs ex
+    BP=$(python3 -c 'import sys; print(sys.base_prefix)')
+    dirs=(bin sbin lib lib64 usr etc opt/torch var/lib/dpkg)
+    case "$BP" in /usr|/usr/*) ;; *) dirs+=("${BP#/}") ;; esac
+    SP=$(python3 -c 'import site; print(site.getsitepackages()[0])'); SP=${SP#/}
+    ex=(--exclude=usr/local/nvidia --exclude=usr/local/cuda --exclude='usr/local/cuda-*' --exclude=usr/share/doc
+        --exclude=usr/share/man --exclude="$SP/jax*" --exclude="$SP/cupy*" --exclude="$SP/onnx*" --exclude="$SP/tensorflow*"
+        --exclude="$SP/transformers" --exclude="$SP/torch_geometric" --exclude="$SP/cv2" --exclude="$SP/opencv*")
+    tar -C / -cf - "${ex[@]}" "${dirs[@]}" 2>/dev/null | timeout 300 docker import \
+        --change "ENV PATH=$(dirname "$(command -v python3)"):/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+        - gpupin-base:host >/dev/null
+    el base imported; docker images
+    mkdir -p build/wheels && cp "$C"/wheels/gpupin-*.whl "$C"/wheels/nvidia_ml_py-*.whl build/wheels/
+    DOCKER_BUILDKIT=0 docker build -q --build-arg BASE_IMAGE=gpupin-base:host -t gpupin:test . 2>&1 | tail -3
+    el image built
+    show docker run --rm --device "nvidia.com/gpu=$(last_uuid)" gpupin:test
+    # the CLI for the tests and the benchmarks: a clean venv (no .pth files of the machine's Python)
+    python3 -m venv --without-pip .venv && python3 -m pip --python .venv/bin/python install -q --no-index \
+        --find-links "$C/wheels" 'gpupin[host]' || { echo "clean venv failed"; }
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$C"/wheels/gpupin-*.whl "$C"/wheels/docker-*.whl \
+        "$C"/wheels/ruamel_yaml-*.whl
+    el venvs
+    show .venv/bin/hostagent run --dry-run --uuid "$(last_uuid)" gpupin:test
+}
+
+last_uuid() { nvidia-smi --query-gpu=uuid --format=csv,noheader | tail -1; }
+
+tier() {
+    cd /tmp/src || return 1
+    PYTHONPATH=/tmp/site:/tmp/src timeout 400 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rs -s \
+        -o addopts="" --timeout 200 2>&1 | tee "$OUT/test-gpu.log" | grep -vE '^\s*$' | tail -150
+    el tier done
+    docker ps -aq | xargs -r docker rm -f >/dev/null
+}
+
+bench() {
+    cd /tmp/src || return 1
+    PATH=/tmp/src/.venv/bin:$PATH timeout 300 .venv/bin/python bench/run.py -n "${BENCH_N:-12}" --expect "$(last_uuid)" \
+        --json "$OUT/bench.json" entrypoint run
+    el bench done
+    tail -n 5 /run/gpupin-gpu/dockerd.log
+}
+
+for stage in $STAGES; do
+    el "stage $stage"
+    "$stage" || { el "stage $stage failed"; exit 1; }
+done
