@@ -523,9 +523,14 @@ def serve(server: socketserver.TCPServer, sock: AcceptedConnection) -> None:
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:
     """The POST routes, each module's own."""
-    from gpupin.hostagent.serve import bookings, runs
+    from gpupin.hostagent.serve import authz, bookings, runs
 
-    return {"/api/queue": agent.queue.serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
+    return {
+        "/api/queue": agent.queue.serve,
+        bookings.ROUTE: agent.bookings.route,
+        **runs.routes(agent),
+        **authz.routes(agent),
+    }
 
 
 def handler(agent: Agent, http_per_user: bool = False) -> type[Handler]:
