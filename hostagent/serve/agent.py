@@ -5,6 +5,7 @@ block in `wait_change()`. What cannot be read is unknown, never stale (docs/desi
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -121,6 +122,8 @@ class Agent:
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
         self.queue: Queue = Queue(self)  # the fair queue of `run --wait`
         self.grants: Grants = Grants()  # what the authorization plugin admits its creates by (enforce mode `on`)
+        # The plugin's last judgements that said something (denials; under `warn`, what it let through): /api/agent.
+        self.judged: collections.deque[JSONObject] = collections.deque(maxlen=50)
         self.standby_locks = (
             lock.StandbyLocks()
         )  # the ledger lock its runs take by a rename (gpupin.hostagent.ledger.lock)

@@ -319,6 +319,7 @@ class Handler(BaseHTTPRequestHandler):
                 "events_followed": self.agent.following,
                 "docker": view.docker.to_json() if view is not None else None,
                 "policy": self.agent.in_force.status(),
+                "authz": {"mode": self.agent.in_force.policy.enforce.mode, "judged": list(self.agent.judged)},
             },
         )
 

@@ -23,13 +23,11 @@ if TYPE_CHECKING:
     from gpupin.hostagent.serve.interfaces import Handler, Peer
 
 ROUTE = "/api/authz"
-KEPT_WARNINGS = 50  # mode warn: the last denials it let through, for /api/agent and the page
 
 
 class Judging:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self.warned: list[JSONObject] = []
 
     def route(self, handler: Handler, body: JSONObject, peer: Peer) -> None:
         if peer.uid != 0:
@@ -58,8 +56,7 @@ class Judging:
         if v.msg:
             what = f"{asked.method} {asked.path}" + (f" {shown(asked.name)}" if asked.name else "")
             say(f"authz: {'denied' if not v.allow else 'allowed'} {what}: {v.msg}")
-            if v.allow:
-                self.warned = [*self.warned[-(KEPT_WARNINGS - 1) :], {"at": time.time(), "what": what, "msg": v.msg}]
+            self.agent.judged.append({"at": time.time(), "request": what, "allowed": v.allow, "msg": v.msg})
         return v
 
 
