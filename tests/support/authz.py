@@ -118,7 +118,8 @@ def plugin_on(sandbox: Sandbox, name: str = PLUGIN) -> Iterator[Path]:
 
 
 # The stand-in plugin: `python -m tests.support.authz SOCKET LOG` serves Docker's authz protocol at SOCKET, denies
-# every container create with DENIED_MSG and the probe of gpupin's plugin, allows the rest, and appends "METHOD URI" of each request to LOG.
+# every container create with DENIED_MSG and gpupin's probe with PROBE_MSG, allows the rest, and appends
+# "METHOD URI" of each request to LOG.
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
