@@ -61,6 +61,7 @@ def build_parser(run_only: bool = False) -> Parser:
     from gpupin.hostagent.record import report
 
     report.add(sub)
+    __import__("gpupin.hostagent.setup", fromlist=["add"]).add(sub)
     return p
 
 
@@ -175,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpupin.hostagent.policy import args as policy_args
 
             return policy_args.extend(args)
+        if args.command == "setup":
+            from gpupin.hostagent import setup
+
+            return setup.command(args)
         if args.command == "completion":
             return completion.main(args.shell, parser)
         if args.command == "__complete":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from gpupin.core.errors import UsageError
-from gpupin.hostagent.authz.plugin import SOCKET
+from gpupin.hostagent.authz import SOCKET
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

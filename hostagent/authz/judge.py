@@ -7,7 +7,7 @@ card and the grants. Under mode `warn` a denial is logged and the request allowe
 from __future__ import annotations
 
 from gpupin.core.errors import shown
-from gpupin.hostagent.authz import request
+from gpupin.hostagent.authz import PROBE, request
 from gpupin.hostagent.authz.grant import LABEL, GrantRefused
 from gpupin.hostagent.ledger.holding_forms import grants as holding
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 HOST_PATHS = ("/", "/etc", "/dev", "/var/run/docker.sock", "/run/docker.sock", "/var/run", "/run", "/proc", "/sys")
 # Capabilities that leave a container's confinement (the baseline's `capabilities`): `ALL` holds them all.
 CAPABILITIES = frozenset({"ALL", "SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_PTRACE", "DAC_READ_SEARCH", "SYS_BOOT"})
+PROBE_PATH = f"/containers/{PROBE}/json"
 RUN_HINT = "hostagent run --gpu ID IMAGE pins a card and books it (hostagent ls shows the free ones)"
 
 
@@ -99,6 +100,8 @@ def first_look(
 ) -> tuple[Verdict | None, list[CardGrant], dict[str, Any] | None]:
     """What the plugin decides without the agent: a verdict, or None with the cards asked and the container (the
     agent judges those)."""
+    if (asked.method == "GET" and asked.path == PROBE_PATH) or (asked.kind == request.CREATE and asked.name == PROBE):
+        return Verdict(False, f"gpupin authz: on (enforce mode {rule.mode})"), [], None
     if rule.mode == "off" or asked.kind is None:
         return ALLOW, [], None
     if asked.body is None:

@@ -18,7 +18,7 @@ import threading
 from http.server import BaseHTTPRequestHandler
 
 from gpupin.core.errors import GpupinError, UsageError, shown
-from gpupin.hostagent.authz import judge, request
+from gpupin.hostagent.authz import CONTENT_TYPE, NAME, judge, request
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,9 +27,6 @@ if TYPE_CHECKING:
     from gpupin.hostagent.ledger.holding_forms import HostCards
     from gpupin.hostagent.policy import EnforceRule
 
-NAME = "gpupin"
-SOCKET = f"/run/docker/plugins/{NAME}.sock"
-CONTENT_TYPE = "application/vnd.docker.plugins.v1.2+json"
 AGENT_S = 3.0  # the agent's answer; the daemon's own call to the plugin gives up later (and then refuses)
 MAX_MESSAGE = 4 << 20  # the daemon forwards bodies under 1 MiB, base64 (4/3), with the headers beside
 

@@ -128,20 +128,70 @@ EOF
     else
         printf '{%s}\n' "$RUNTIMES" >"$RUN/daemon.json"
     fi
+    mkdir -p "$RUN/plugins" && chmod 0700 "$RUN/plugins"
+    # Both daemons run in a mount namespace of their own (ns_daemons): there /run/docker/plugins, where dockerd
+    # finds its plugins (an authorization plugin's socket), is this sandbox's $RUN/plugins, so each sandbox serves
+    # its own `gpupin` plugin and the host's folder is neither read nor written. containerd shares the namespace
+    # because runc must see the layers dockerd mounts. setsid and unshare exec: the job's pid becomes dockerd's.
+    setsid unshare -m --propagation private -- "$REPO/tests/sandbox/sandbox.sh" _daemons \
+        >"$RUN/dockerd.log" 2>&1 </dev/null 9>&- &
+    wait_for test -S "$CTRD_SOCK" || die "containerd did not start; see $RUN/containerd.log and $RUN/dockerd.log"
+    wait_for dk version || die "dockerd did not answer on $SOCK; see $RUN/dockerd.log"
+    config_line >"$RUN/config"
+}
+
+ns_graft() {
+    # ns_graft DIR: DIR exists afterwards in this mount namespace while the host's file system gains nothing: the
+    # nearest folder above it that exists becomes, here only, a tmpfs holding the same entries (each bound to the
+    # host's own), and the missing folders are made in that tmpfs.
+    local dir=$1 parent
+    [ -d "$dir" ] && return 0
+    parent=$(dirname "$dir")
+    ns_graft "$parent"
+    case " $NS_GRAFTED " in *" $parent "*) ;; *) ns_cover "$parent" ;; esac
+    mkdir "$dir"
+    NS_GRAFTED="$NS_GRAFTED $dir"
+}
+
+ns_cover() {
+    local dir=$1 hold=$STATE/ns-hold entry name
+    mkdir -p "$hold"
+    # -n: mount(8) would record these in /run/mount/utab, the host's own once bound back
+    mount -n --rbind "$dir" "$hold"
+    mount -n -t tmpfs -o "mode=$(stat -c %a "$dir")" gpupin-sandbox "$dir"
+    for entry in "$hold"/* "$hold"/.[!.]*; do
+        [ -e "$entry" ] || [ -L "$entry" ] || continue
+        name=$dir/${entry##*/}
+        if [ -L "$entry" ]; then ln -s "$(readlink "$entry")" "$name"
+        elif [ -d "$entry" ]; then mkdir -p "$name" && mount -n --rbind "$entry" "$name"
+        else : >"$name" && mount -n --bind "$entry" "$name"; fi
+    done
+    umount -n -R -l "$hold" && rmdir "$hold"
+    NS_GRAFTED="$NS_GRAFTED $dir"
+}
+
+ns_daemons() {
+    # Inside the sandbox's mount namespace (start_daemons): drop the copies of other daemons' container mounts
+    # (they would keep those layers and network namespaces alive here), give /run/docker/plugins this sandbox's
+    # folder, start containerd, then become dockerd.
+    awk '$2 ~ "^/(run|var/lib)/" {print $2}' /proc/self/mounts | sort -r | while read -r m; do
+        umount -n -l "$m" 2>/dev/null || true
+    done
+    NS_GRAFTED=
+    ns_graft /run/docker/plugins
+    mount -n --bind "$RUN/plugins" /run/docker/plugins
     # dockerd's environment is the hook's environment (Docker passes os.Environ() to the prestart hook).
     local envs=(env -i "PATH=$FAKEGPU_BIN:$ENGINE_PATH/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
                 "FAKEGPU_TOPOLOGY=$TOPOLOGY" "FAKEGPU_HOOK_LOG=$RUN/hook.log" "HOME=/root")
-    setsid "${envs[@]}" "$CONTAINERD" --config "$RUN/containerd.toml" >"$RUN/containerd.log" 2>&1 </dev/null 9>&- &
-    echo $! >"$CTRD_PID"
+    # A subshell: containerd is init's child, not dockerd's (no zombie when it dies before dockerd).
+    ("${envs[@]}" "$CONTAINERD" --config "$RUN/containerd.toml" >"$RUN/containerd.log" 2>&1 </dev/null &
+     echo $! >"$CTRD_PID")
     wait_for test -S "$CTRD_SOCK" || die "containerd did not start; see $RUN/containerd.log"
-    setsid "${envs[@]}" "$DOCKERD" --config-file "$RUN/daemon.json" --host "unix://$SOCK" \
+    exec "${envs[@]}" "$DOCKERD" --config-file "$RUN/daemon.json" --host "unix://$SOCK" \
         --containerd "$CTRD_SOCK" --containerd-namespace "gpupin-sandbox$SUFFIX" \
         --containerd-plugins-namespace "gpupin-sandbox$SUFFIX-plugins" \
         --data-root "$STATE/docker" --exec-root "$RUN/exec" --pidfile "$DOCKERD_PID" \
-        --bridge=none --iptables=false --ip-masq=false --userland-proxy=false \
-        >"$RUN/dockerd.log" 2>&1 </dev/null 9>&- &
-    wait_for dk version || die "dockerd did not answer on $SOCK; see $RUN/dockerd.log"
-    config_line >"$RUN/config"
+        --bridge=none --iptables=false --ip-masq=false --userland-proxy=false
 }
 
 write_cdi_spec() {
@@ -194,6 +244,7 @@ do_up() {
 
 case "${1:-}" in
     up) do_up ;;
+    _daemons) ns_daemons ;;  # start_daemons's, inside the new mount namespace
     down) do_down; say "down" ;;
     install) do_install ;;
     purge) do_down; rm -rf "$STATE" "$CACHE"; say "purged $STATE and $CACHE" ;;

@@ -54,6 +54,7 @@ LACKS: dict[str, dict[str, str]] = {
         "The lock)",
         "stop-reason": "podman sends no `kill` event and not always a `stop` for a `docker stop` (4.3, measured): "
         "the agent's record counts it as an exit (docs/podman.md, Not done yet)",
+        "authz": "podman has no authorization plugins: nothing stands at its door (docs/authz.md, Podman)",
     },
 }
 
