@@ -312,6 +312,12 @@ bench: image-test $(if $(filter podman,$(ENGINES)),podman-up)
 	$(BENCH_INSTALL)
 	$(SIMHOST) $(BENCH_VENV)/bin/python bench/run.py --json build/bench/results.json --engines "$(ENGINES)" $(BENCH_ARGS)
 
+# What the authorization plugin adds to a `docker run` (bench/authz_bench.py): the plugin on and off in alternating
+# blocks on each engine's sandbox, a container that reaches no card and one that pins a free card.
+.PHONY: bench-authz
+bench-authz: image-test
+	$(SIMHOST) $(VPY) bench/authz_bench.py --json build/bench/authz.json --engines "$(filter-out podman,$(ENGINES))" $(BENCH_ARGS)
+
 # `hostagent ls --swarm` against `docker node ls` + `docker service ps`, on the three-node swarm (started here, left
 # running: make swarm-down stops it); hostagent talks to the manager, whose cards (mixed-4) its NVML sees.
 .PHONY: bench-swarm

@@ -1,0 +1,147 @@
+"""What the authorization plugin costs a `docker run` (docs/authz.md, docs/benchmarks.md): on a sandboxed engine,
+`hostagent authz` and the agent beside it, the plugin turned on and off (daemon.json, SIGHUP) in alternating blocks,
+and in each block `docker run --rm` of a container that reaches no card (the plugin answers alone) and of one that
+pins a free card (the plugin asks the agent; `grants = false` lets the plain create through). Medians side by side.
+
+    make bench-authz ENGINES="20.10 26"      (the sandbox and the simulated host's environment come from make)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTAGENT = str(Path(sys.executable).parent / "hostagent")
+IMAGE = "gpupin:test"
+POLICY = '[enforce]\nmode = "on"\ngrants = false\n'
+
+
+def sandbox(engine: str) -> dict[str, str]:
+    out = subprocess.run(
+        [str(REPO / "tests/sandbox/sandbox.sh"), "env"],
+        env={**os.environ, "GPUPIN_SANDBOX_ENGINE": engine},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def wait(what: str, ok: Callable[[], bool], limit: float = 30) -> None:
+    deadline = time.monotonic() + limit
+    while not ok():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"authz_bench: {what} did not happen within {limit:g}s")
+        time.sleep(0.05)
+
+
+class Door:
+    def __init__(self, engine: str, tmp: Path) -> None:
+        info = sandbox(engine)
+        self.run = Path(info["GPUPIN_SANDBOX_RUN"])
+        self.env = {
+            **os.environ,
+            "DOCKER_HOST": info["DOCKER_HOST"],
+            "GPUPIN_AGENT_SOCKET": str(tmp / "agent.sock"),
+            "GPUPIN_LOCK_DIR": str(tmp),  # never the host's /run/gpupin
+        }
+        self.docker = info["GPUPIN_SANDBOX_DOCKER"]
+        policy = tmp / "policy.toml"
+        policy.write_text(POLICY)
+        self.config = json.loads((self.run / "daemon.json").read_text())
+        self.procs = [
+            subprocess.Popen(
+                [HOSTAGENT, "serve", "--socket", str(tmp / "agent.sock"), "--http", "none", "--record", "none",
+                 "--policy", str(policy)],
+                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ),
+            subprocess.Popen(
+                [HOSTAGENT, "authz", "--socket", str(self.run / "plugins/gpupin.sock"),
+                 "--agent-socket", str(tmp / "agent.sock"), "--policy", str(policy)],
+                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ),
+        ]  # fmt: skip
+        wait("the agent and the plugin to listen", lambda: (tmp / "agent.sock").exists() and self.socket_ready())
+
+    def socket_ready(self) -> bool:
+        return (self.run / "plugins/gpupin.sock").exists()
+
+    def plugin(self, on: bool) -> None:
+        log = self.run / "dockerd.log"
+        before = log.read_text(errors="replace").count("Reloaded configuration")
+        config = dict(self.config)
+        if on:
+            config["authorization-plugins"] = ["gpupin"]
+        (self.run / "daemon.json").write_text(json.dumps(config))
+        os.kill(int((self.run / "dockerd.pid").read_text()), signal.SIGHUP)
+        wait("the daemon to reload", lambda: log.read_text(errors="replace").count("Reloaded configuration") > before)
+
+    def timed(self, *args: str) -> float:
+        t0 = time.perf_counter()
+        r = subprocess.run([self.docker, "run", "--rm", *args], env=self.env, capture_output=True, text=True)
+        took = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise SystemExit(f"authz_bench: docker run {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
+        return took * 1000
+
+    def close(self) -> None:
+        self.plugin(False)
+        for p in self.procs:
+            p.terminate()
+            p.wait(10)
+
+
+def bench(engine: str, blocks: int, n: int, gpu: str) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="gpupin-authz-bench-") as tmp:
+        door = Door(engine, Path(tmp))
+        times: dict[tuple[bool, str], list[float]] = {}
+        try:
+            for block in range(blocks):
+                on = block % 2 == 0
+                door.plugin(on)
+                for _ in range(n):
+                    plain = door.timed("--entrypoint", "true", IMAGE)
+                    pinned = door.timed("--gpus", f"device={gpu}", "--entrypoint", "true", IMAGE)
+                    times.setdefault((on, "plain"), []).append(plain)
+                    times.setdefault((on, "gpu"), []).append(pinned)
+        finally:
+            door.close()
+    out: dict[str, object] = {"engine": engine}
+    for what in ("plain", "gpu"):
+        with_it, without = statistics.median(times[True, what]), statistics.median(times[False, what])
+        out[what] = {"on_ms": with_it, "off_ms": without, "added_ms": with_it - without, "n": len(times[True, what])}
+        print(
+            f"Engine {engine}, docker run ({'no card' if what == 'plain' else 'a pinned free card'}): plugin on "
+            f"{with_it:.1f} ms, off {without:.1f} ms, added {with_it - without:+.1f} ms "
+            f"(medians of {len(times[True, what])} each)"
+        )
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--engines", default="20.10")
+    p.add_argument("--blocks", type=int, default=8, help="alternating blocks, plugin on first")
+    p.add_argument("-n", type=int, default=5, help="runs of each kind per block")
+    p.add_argument("--gpu", default="3", help="a free card of the simulated host to pin")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    results = [bench(e, args.blocks, args.n, args.gpu) for e in args.engines.split()]
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
