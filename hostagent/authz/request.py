@@ -130,7 +130,8 @@ def normal(value: Any, schema: Any, where: str = "the body") -> Any:
     if isinstance(schema, list):
         if not isinstance(value, list) or isinstance(value, _Pairs):
             raise Unreadable(f"{where} is not a list")
-        return [normal(v, schema[0], f"{where}[{i}]") for i, v in enumerate(value)]
+        # null in a list of structs is a zero struct to the daemon
+        return [normal(v, schema[0], f"{where}[{i}]") or {} for i, v in enumerate(value)]
     if not isinstance(value, _Pairs):
         raise Unreadable(f"{where} is not an object")
     names = {_fold(k): k for k in schema}
