@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 LABEL = "gpupin.grant"
 GRANT_S = 120.0  # from the agent's signature to the daemon's create: a run creates at once
+RENDER_S = 900.0  # a rendered compose file's: from `compose render` to `docker compose up`
+ANY_NAME = "*"  # a grant for whatever name the create gives (compose names its containers itself)
 _FORMAT = "1"
 
 
@@ -38,9 +40,12 @@ class Grants:
         signed = "|".join((_FORMAT, nonce, str(expiry), str(uid), name, ",".join(sorted(set(uuids)))))
         return hmac.new(self._key, signed.encode(), hashlib.sha256).hexdigest()[:32]
 
-    def issue(self, name: str, uuids: Iterable[str], uid: int, now: float | None = None) -> str:
-        """The label's value for a create of `name` ("" for a name the daemon picks) on `uuids`, for `uid`."""
-        expiry = int((time.time() if now is None else now) + self.ttl)
+    def issue(
+        self, name: str, uuids: Iterable[str], uid: int, now: float | None = None, ttl: float | None = None
+    ) -> str:
+        """The label's value for a create of `name` ("" for a name the daemon picks, ANY_NAME for any) on `uuids`,
+        for `uid`, good for `ttl` seconds (the Grants' own by default)."""
+        expiry = int((time.time() if now is None else now) + (self.ttl if ttl is None else ttl))
         nonce = os.urandom(8).hex()
         return ".".join((_FORMAT, nonce, str(expiry), str(uid), self._mac(nonce, expiry, uid, name, uuids)))
 
@@ -52,7 +57,11 @@ class Grants:
             raise GrantRefused(f"its {LABEL} label is not a grant of this agent's")
         _, nonce, expiry_s, uid_s, mac = parts
         expiry, uid = int(expiry_s), int(uid_s)
-        if not hmac.compare_digest(mac, self._mac(nonce, expiry, uid, name, uuids)):
+        uuids = list(uuids)
+        if not (
+            hmac.compare_digest(mac, self._mac(nonce, expiry, uid, name, uuids))
+            or hmac.compare_digest(mac, self._mac(nonce, expiry, uid, ANY_NAME, uuids))
+        ):
             raise GrantRefused(
                 f"its {LABEL} label was not signed by this agent for this name and these cards "
                 "(a grant is the agent's alone, for one container, and ends when the agent restarts)"

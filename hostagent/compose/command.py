@@ -18,7 +18,7 @@ from gpupin.hostagent import say
 from gpupin.hostagent.compose import booking, interpolate, load, native, roundtrip
 from gpupin.hostagent.compose.problems import RenderRefused, ServiceError, printable
 from gpupin.hostagent.compose.project import Project, ProjectOptions, build
-from gpupin.hostagent.compose.render import NOT_ASKED, header, render
+from gpupin.hostagent.compose.render import NOT_ASKED, header, render, set_entries
 from gpupin.hostagent.compose.rules import Examination, examine, top_level_lookalikes
 from gpupin.hostagent.engine import cdi
 from gpupin.hostagent.policy import host_policy
@@ -303,6 +303,7 @@ def render_command(options: ProjectOptions, output: str | None, via: str | None 
         rendered, exam = render(
             doc, cards, daemon.busy, daemon.detection, via, daemon.unknown, project.file_env, daemon.podman
         )
+        granted(rendered, exam)
         for p in top_level_lookalikes(doc):  # render says no other warning; this one may explain a missing card
             say(p.line(project_name(project)))
         if not exam.requests:
@@ -310,6 +311,29 @@ def render_command(options: ProjectOptions, output: str | None, via: str | None 
         return header(project.files[0], exam), rendered
 
     return _rendered(options, output, make)
+
+
+def granted(rendered: Any, exam: Any) -> None:
+    """The agent's grant on each service that takes cards, where the host's authorization plugin asks for one
+    (docs/authz.md, Grants): asked of the agent when one answers; none is needed, or none can be had, otherwise
+    (`docker compose up` then says so through the plugin)."""
+    from gpupin.hostagent import agentlink
+    from gpupin.hostagent.authz.grant import LABEL
+
+    if not exam.requests:
+        return
+    link = agentlink.find()
+    if link is None:
+        return
+    asked = [[t.uuid for t in exam.plan[req.service]] for req in exam.requests]
+    answer = link.call("POST", "/api/grant", {"cards": asked})
+    grants = answer.get("grants") if isinstance(answer, dict) else None
+    if not isinstance(grants, list):
+        return
+    for req, value in zip(exam.requests, grants):
+        set_entries(rendered["services"][req.service], "labels", {LABEL: str(value)})
+    minutes = int(answer.get("expires_in_s") or 0) // 60
+    say(f"note: the agent's grants are in the file: `docker compose up` within {minutes} minutes (then render again)")
 
 
 def read_nodes() -> list[Node] | None:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from gpupin.hostagent.serve.interfaces import Handler, Peer
 
 ROUTE = "/api/authz"
+GRANT_ROUTE = "/api/grant"
+MAX_GRANTS = 64  # one request's grants (a compose file's services)
 
 
 class Judging:
@@ -96,5 +98,37 @@ def _holder(h: HolderShown) -> str:
     )
 
 
+def grant(agent: Agent, handler: Handler, body: JSONObject, peer: Peer) -> None:
+    """`POST /api/grant` {"cards": [[UUID, ...], ...]}: a grant for each list of cards, for any container name, for
+    the caller the kernel named (`compose render` writes them into the file it renders); {"grants": null} when the
+    policy needs none. A grant books nothing: the create it admits is still refused on a held card."""
+    from gpupin.core.errors import UsageError
+    from gpupin.hostagent.authz.grant import ANY_NAME, RENDER_S
+    from gpupin.hostagent.serve import rights
+
+    refused = rights.refusal(peer)
+    if refused is not None:
+        raise GpupinError(refused, "grants are for users who may use the daemon themselves")
+    rule = agent.in_force.policy.enforce
+    if rule.mode == "off" or not rule.grants:
+        handler.answer({"grants": None})
+        return
+    asked = body.get("cards")
+    cards, _, _ = agent.ledger_now()
+    known = {c.uuid for c in cards or []} | {m.uuid for c in cards or [] for m in c.mig_devices or []}
+    if (
+        not isinstance(asked, list)
+        or not 0 < len(asked) <= MAX_GRANTS
+        or not all(isinstance(u, list) and u and all(isinstance(x, str) and x in known for x in u) for u in asked)
+    ):
+        raise UsageError(
+            f"POST {GRANT_ROUTE}: `cards` must be 1 to {MAX_GRANTS} lists of this host's card UUIDs",
+            "use a hostagent of the agent's version",
+        )
+    values = [agent.grants.issue(ANY_NAME, u, peer.uid, ttl=RENDER_S) for u in asked]
+    say(f"grant: {len(values)} for uid {peer.uid} ({shown(peer.user())}) on {', '.join(','.join(u) for u in asked)}")
+    handler.answer({"grants": values, "expires_in_s": RENDER_S})
+
+
 def routes(agent: Agent) -> dict[str, Callable[[Any, JSONObject, Any], None]]:
-    return {ROUTE: Judging(agent).route}
+    return {ROUTE: Judging(agent).route, GRANT_ROUTE: lambda h, b, p: grant(agent, h, b, p)}

@@ -157,15 +157,14 @@ def test_every_way_to_a_card_is_judged_at_the_door(door: Door) -> None:
     assert status == 409 and "POST /api/authz is the authorization plugin's (root's)" in answer["error"]
 
 
-def test_a_stale_compose_file_is_refused(door: Door, tmp_path: Path) -> None:
+def test_a_stale_compose_file_is_refused_and_a_rendered_one_granted(door: Door) -> None:
     name = f"held-{door.agent.tag}"
     r = door.as_user(ALICE, "run", "-d", "--name", name, "--gpu", "1", TEST_IMAGE, "sleep", "300")
     assert r.returncode == 0, r.stderr
     door.wait_holder(name)
     # A file rendered when card 1 was free (what `hostagent compose render` writes: the card by UUID).
-    project = tmp_path / "stale"
-    project.mkdir()
-    os.chmod(project, 0o755)
+    project = Path(tempfile.mkdtemp(prefix="gpupin-authz-compose-", dir=door.cli_dir))  # Bob writes there
+    os.chmod(project, 0o777)
     devices = f"[{{driver: nvidia, device_ids: ['{RTX}'], capabilities: [gpu]}}]"
     (project / "compose.yml").write_text(
         f"services:\n  train:\n    image: {TEST_IMAGE}\n    command: ['true']\n"
@@ -176,6 +175,20 @@ def test_a_stale_compose_file_is_refused(door: Door, tmp_path: Path) -> None:
         assert up.returncode != 0 and f"card 1 ({RTX}) is held by {name}" in up.stdout + up.stderr, up
     finally:
         door.sandbox.compose("-p", f"stale{door.agent.tag}", "-f", str(project / "compose.yml"), "down")
+    # Rendered through the agent now: a free card, and the agent's grant for Bob in the file; compose goes through.
+    (project / "compose.yml").write_text(
+        f"services:\n  train:\n    image: {TEST_IMAGE}\n    command: ['true']\n"
+        "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
+    )
+    rendered = project / "rendered.yml"
+    r = door.as_user(BOB, "compose", "render", str(project / "compose.yml"), "-o", str(rendered))
+    assert r.returncode == 0 and "the agent's grants are in the file" in r.stderr, r.stderr
+    assert "gpupin.grant: 1." in rendered.read_text() and RTX not in rendered.read_text()
+    up = door.sandbox.compose("-p", f"fresh{door.agent.tag}", "-f", str(rendered), "up", "--no-start")
+    try:
+        assert up.returncode == 0, up
+    finally:
+        door.sandbox.compose("-p", f"fresh{door.agent.tag}", "-f", str(rendered), "down")
 
 
 def test_the_agent_and_the_plugin_killed(door: Door) -> None:

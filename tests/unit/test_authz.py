@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gpupin.hostagent import http1
 from gpupin.hostagent.authz import judge, plugin, request
-from gpupin.hostagent.authz.grant import LABEL, GrantRefused, Grants
+from gpupin.hostagent.authz.grant import ANY_NAME, LABEL, GrantRefused, Grants
 from gpupin.hostagent.ledger.holding_forms import HostCards, grants
 from gpupin.hostagent.policy import EnforceRule, PolicyError, parse_policy
 from tests.support.hypo import examples
@@ -402,3 +402,13 @@ def test_a_body_of_the_wrong_types_is_refused_as_the_daemon_would() -> None:
     ):
         v = decide(raw(text), ON)
         assert not v.allow and "the daemon would not read it either" in v.msg, text
+
+
+def test_a_grant_for_any_name_admits_whatever_name_compose_gives_once() -> None:
+    g = Grants()
+    value = g.issue(ANY_NAME, [RTX], 1001, ttl=900)
+    assert g.admit(value, "proj-train-1", [RTX]) == 1001
+    with pytest.raises(GrantRefused, match="used already"):
+        g.admit(value, "proj_train_1", [RTX])
+    with pytest.raises(GrantRefused, match="not signed"):
+        g.admit(g.issue(ANY_NAME, [RTX], 1001), "x", [A800B])  # still bound to its cards
