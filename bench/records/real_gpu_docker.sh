@@ -81,7 +81,9 @@ authz() {
     export GPUPIN_AGENT_SOCKET=$A/agent.sock GPUPIN_POLICY=$A/policy.toml
     mkdir -p $A && printf '[enforce]\nmode = "on"\n' >"$GPUPIN_POLICY"
     setsid "$H" serve --socket "$GPUPIN_AGENT_SOCKET" --http none --record none >$A/agent.log 2>&1 </dev/null &
+    echo $! >$A/agent.pid
     setsid "$H" authz --agent-socket "$GPUPIN_AGENT_SOCKET" --policy "$GPUPIN_POLICY" >$A/plugin.log 2>&1 </dev/null &
+    echo $! >$A/plugin.pid
     for i in $(seq 100); do [ -S /run/docker/plugins/gpupin.sock ] && [ -S "$GPUPIN_AGENT_SOCKET" ] && break; sleep 0.1; done
     plugin() {  # on|off: the engine's daemon.json, reloaded (SIGHUP), waited for in its log
         local before; before=$(grep -c "Reloaded configuration" /run/gpupin-gpu/dockerd.log)
@@ -127,6 +129,7 @@ for what in ("plain", "gpu"):
     print(f"docker run ({what}): plugin on {on:.1f} ms (n={len(t['on'])}), off {off:.1f} ms (n={len(t['off'])}), added {on - off:+.1f} ms")
 PY
     tail -n 20 $A/plugin.log; tail -n 20 $A/agent.log
+    kill "$(cat $A/agent.pid)" "$(cat $A/plugin.pid)" 2>/dev/null
     el "authz done"
 }
 
