@@ -122,7 +122,7 @@ def test_turning_it_on_with_no_plugin_answering_is_refused_and_changes_nothing(t
     r = hostagent("setup", "authz", "--daemon-json", str(path), "--socket", str(tmp_path / "none.sock"))
     assert r.returncode == 69, r
     assert "no gpupin plugin answers at" in r.stderr and "no socket there" in r.stderr, r.stderr
-    assert "would stop at the reload and then refuse every request" in r.stderr
+    assert "would stop at the reload, or refuse every request" in r.stderr
     assert path.read_text() == '{"debug": true}'
 
 
