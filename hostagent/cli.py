@@ -26,6 +26,7 @@ def build_parser(run_only: bool = False) -> Parser:
     if run_only:
         return parsers.run_only()
     from gpupin.hostagent import completion, doctor
+    from gpupin.hostagent.authz import args as authz_args
     from gpupin.hostagent.compose import args as compose_args
     from gpupin.hostagent.ls import args as ls_args
     from gpupin.hostagent.policy import args as policy_args
@@ -51,6 +52,7 @@ def build_parser(run_only: bool = False) -> Parser:
     swarm_args.add(sub)
     doctor.add(sub)
     serve_args.add(sub)
+    authz_args.add(sub)
     from gpupin.hostagent.queue import args as queue_args
 
     queue_args.add(sub)
@@ -154,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpupin.hostagent.serve import args as serve_args
 
             return serve_args.command(args)
+        if args.command == "authz":
+            from gpupin.hostagent.authz import args as authz_args
+
+            return authz_args.command(args)
         if args.command == "queue":
             from gpupin.hostagent.queue import args as queue_args
 

@@ -22,22 +22,21 @@ import sys
 import time
 
 from gpupin.core.errors import DockerUnavailableError, GpupinError, UsageError, quoted, shown
+from gpupin.hostagent.authz import CONTENT_TYPE as PLUGIN_CONTENT_TYPE
+from gpupin.hostagent.authz import NAME as PLUGIN
+from gpupin.hostagent.authz import PROBE as PROBE
+from gpupin.hostagent.authz import SOCKET as SOCKET
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PLUGIN = "gpupin"
+
 KEY = "authorization-plugins"
 DAEMON_JSON = "/etc/docker/daemon.json"
 PIDFILE = "/run/docker.pid"  # dockerd's default --pidfile (/var/run/docker.pid: /var/run is /run)
-SOCKET = "/run/docker/plugins/gpupin.sock"  # where dockerd looks for plugin `gpupin` (a fixed folder)
-# The probe: gpupin's plugin denies inspecting this container (one nobody creates: the name is refused by the plugin
-# for a create too), so a 403 naming the plugin proves that the daemon asks it; a 404 that it does not.
-PROBE = "gpupin-authz-probe"
 DENIED_BY = f"authorization denied by plugin {PLUGIN}"
 FAILED = f"plugin {PLUGIN} failed"  # the daemon's words while the plugin does not answer
-PLUGIN_CONTENT_TYPE = "application/vnd.docker.plugins.v1.2+json"
 EX_NOT_ON = 1  # --check: gpupin is not on (or not proven on); a reload that did not take
 
 DESCRIPTION = (

@@ -4,12 +4,12 @@
 # from a folder (its argument) holding engine.tar.xz (bin/: dockerd, containerd, the shim, docker, runc, tini; lib/:
 # libseccomp), src.tar (the checkout) and wheels/ (gpupin[host] and its needs); OUT is where its logs go.
 #
-#   real_gpu_docker.sh CARRY [STAGES]   STAGES: any of setup, tier, bench (default: all three, in that order)
+#   real_gpu_docker.sh CARRY [STAGES]   STAGES: any of setup, tier, bench, authz (default: setup tier bench authz)
 #
 # A lent machine gives one command a few minutes: the stages can be run in calls of their own on the same warm
 # machine (the engine, the image and the venvs stay from the setup).
 C=$(cd "${1:?usage: real_gpu_docker.sh CARRY_FOLDER [STAGES]}" && pwd)
-STAGES=${2:-setup tier bench}
+STAGES=${2:-setup tier bench authz}
 exec > >(tee -a "$OUT/session.log") 2>&1
 T0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - T0 )) s] $*"; }
@@ -70,6 +70,64 @@ bench() {
         --json "$OUT/bench.json" entrypoint run
     el bench done
     tail -n 5 /run/gpupin-gpu/dockerd.log
+}
+
+# The authorization plugin on the real card (docs/authz.md): the agent and `hostagent authz` beside the engine, the
+# engine reloaded with the plugin; a plain create on a card held through gpupin, and the granted run; then what the
+# plugin costs a `docker run` (plugin on against off, interleaved blocks).
+authz() {
+    cd /tmp/src || return 1
+    local H=/tmp/src/.venv/bin/hostagent A=/tmp/authz U i mode
+    export GPUPIN_AGENT_SOCKET=$A/agent.sock GPUPIN_POLICY=$A/policy.toml
+    mkdir -p $A && printf '[enforce]\nmode = "on"\n' >"$GPUPIN_POLICY"
+    setsid "$H" serve --socket "$GPUPIN_AGENT_SOCKET" --http none --record none >$A/agent.log 2>&1 </dev/null &
+    setsid "$H" authz --agent-socket "$GPUPIN_AGENT_SOCKET" --policy "$GPUPIN_POLICY" >$A/plugin.log 2>&1 </dev/null &
+    for i in $(seq 100); do [ -S /run/docker/plugins/gpupin.sock ] && [ -S "$GPUPIN_AGENT_SOCKET" ] && break; sleep 0.1; done
+    plugin() {  # on|off: the engine's daemon.json, reloaded (SIGHUP), waited for in its log
+        local before; before=$(grep -c "Reloaded configuration" /run/gpupin-gpu/dockerd.log)
+        python3 -c "import json,sys; p='/run/gpupin-gpu/daemon.json'; d=json.load(open(p)); d.pop('authorization-plugins', None)
+if sys.argv[1] == 'on': d['authorization-plugins'] = ['gpupin']
+json.dump(d, open(p, 'w'))" "$1"
+        kill -HUP "$(cat /run/gpupin-gpu/dockerd.pid)"
+        for i in $(seq 100); do [ "$(grep -c "Reloaded configuration" /run/gpupin-gpu/dockerd.log)" -gt "$before" ] && break; sleep 0.1; done
+    }
+    plugin on
+    show "$H" setup authz --check --daemon-json /run/gpupin-gpu/daemon.json --pidfile /run/gpupin-gpu/dockerd.pid
+    U=$(last_uuid)
+    show "$H" run -d --name held-by-gpupin --uuid "$U" gpupin:test sleep 600
+    show docker run --rm --device "nvidia.com/gpu=$U" gpupin:test true
+    show docker run --rm --gpus all gpupin:test true
+    show docker rm -f held-by-gpupin
+    show docker run --rm --device "nvidia.com/gpu=$U" gpupin:test true
+    show "$H" run --rm --uuid "$U" gpupin:test
+    show docker run --rm --entrypoint true gpupin:test
+    el "authz checks done"
+    # the cost: a non-GPU run, and a GPU run on a free card (grants off, so a plain create may take it)
+    printf '[enforce]\nmode = "on"\ngrants = false\n' >"$GPUPIN_POLICY"
+    : >$A/times
+    for block in 1 2 3 4 5 6; do
+        mode=$([ $((block % 2)) = 1 ] && echo on || echo off)
+        plugin "$mode"
+        for i in 1 2 3 4 5; do
+            for what in plain gpu; do
+                t0=$(date +%s%N)
+                if [ $what = plain ]; then docker run --rm --entrypoint true gpupin:test >/dev/null 2>&1
+                else docker run --rm --device "nvidia.com/gpu=$U" --entrypoint true gpupin:test >/dev/null 2>&1; fi
+                echo "$mode $what $? $(( ($(date +%s%N) - t0) / 1000 ))" >>$A/times
+            done
+        done
+    done
+    plugin off
+    python3 - $A/times <<'PY' | tee "$OUT/authz-cost.txt"
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+for what in ("plain", "gpu"):
+    t = {m: [int(r[3]) / 1000 for r in rows if r[0] == m and r[1] == what and r[2] == "0"] for m in ("on", "off")}
+    on, off = statistics.median(t["on"]), statistics.median(t["off"])
+    print(f"docker run ({what}): plugin on {on:.1f} ms (n={len(t['on'])}), off {off:.1f} ms (n={len(t['off'])}), added {on - off:+.1f} ms")
+PY
+    tail -n 20 $A/plugin.log; tail -n 20 $A/agent.log
+    el "authz done"
 }
 
 for stage in $STAGES; do

@@ -74,25 +74,32 @@ class HostCards:
 
 class CardGrant:
     """Cards given to a container one way: the form (a FORMS row), how it was asked, and the UUIDs it names
-    (card or MIG device UUIDs); `unknown` keeps ids this host's cards do not answer to."""
+    (card or MIG device UUIDs); `unknown` keeps ids this host's cards do not answer to. `named`: the cards were
+    named one by one, not asked for as `all`, a count, or every node of a folder (what the authorization plugin
+    calls a request that pins nothing)."""
 
-    __slots__ = ("form", "how", "unknown", "uuids")
+    __slots__ = ("form", "how", "named", "unknown", "uuids")
 
-    def __init__(self, form: str, how: str, uuids: Sequence[str], unknown: Sequence[str] = ()) -> None:
+    def __init__(
+        self, form: str, how: str, uuids: Sequence[str], unknown: Sequence[str] = (), named: bool = True
+    ) -> None:
         self.form = form
         self.how = how
         self.uuids = tuple(dict.fromkeys(uuids))
         self.unknown = tuple(unknown)
+        self.named = named
 
     def to_dict(self) -> dict[str, Any]:
         return {"form": self.form, "how": self.how, "uuids": list(self.uuids), "unknown": list(self.unknown)}
 
 
-def ids(specs: Iterable[str], host: HostCards) -> tuple[list[str], list[str]]:
+def ids(specs: Iterable[str], host: HostCards) -> tuple[list[str], list[str], bool]:
     """Device ids as the toolkit reads them (UUID, index, MIG UUID, `i:j`, bus id, `all`, and nvidia.com/gpu CDI
-    names, which its CDI modes read) -> (UUIDs, unknown). A CDI name of another kind names no card."""
+    names, which its CDI modes read) -> (UUIDs, unknown, named: no id was `all`). A CDI name of another kind names
+    no card."""
     uuids: list[str] = []
     unknown: list[str] = []
+    named = True
     for raw in specs:
         spec = raw.strip()
         if not spec:
@@ -104,12 +111,13 @@ def ids(specs: Iterable[str], host: HostCards) -> tuple[list[str], list[str]]:
             spec = cdi.as_spec(device)
         if nvd_keyword(spec) == ALL:
             uuids += host.every_card()
+            named = False
             continue
         try:
             uuids.append(resolve(spec, host.cards).uuid)
         except GpupinError:
             unknown.append(raw.strip())
-    return uuids, unknown
+    return uuids, unknown, named
 
 
 def host_config(c: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -178,19 +186,19 @@ def device_requests(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
         asked = [str(i) for i in req.get("DeviceIDs") or []]
         count = int(req.get("Count") or 0)
         if asked:
-            uuids, unknown = ids(asked, host)
+            uuids, unknown, named = ids(asked, host)
             how = "device=" + ",".join(asked)
         elif count < 0:
-            uuids, unknown, how = host.every_card(), [], "all"
+            uuids, unknown, how, named = host.every_card(), [], "all", False
         elif count > 0:
-            uuids, unknown = ids([str(i) for i in range(count)], host)
-            how = str(count)
+            uuids, unknown, _ = ids([str(i) for i in range(count)], host)
+            how, named = str(count), False
         else:
             continue
         driver = str(req.get("Driver") or "")
         if driver not in ("", "nvidia"):  # the CLI's long form: --gpus driver=D,count=N|all,device=...
             how = f"driver={driver}," + (how if how.startswith("device=") else f"count={how}")
-        grants.append(CardGrant("device-request", "--gpus " + how, uuids, unknown))
+        grants.append(CardGrant("device-request", "--gpus " + how, uuids, unknown, named))
     return grants
 
 
@@ -200,8 +208,8 @@ def cdi_devices(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     identity core reads specs. Other kinds name no GPU."""
     grants = []
     for devices in cdi_gpus(c):
-        uuids, unknown = ids([cdi.as_spec(d) for d in devices], host)
-        grants.append(CardGrant("cdi", " ".join(f"--device {cdi.name(d)}" for d in devices), uuids, unknown))
+        uuids, unknown, named = ids([cdi.as_spec(d) for d in devices], host)
+        grants.append(CardGrant("cdi", " ".join(f"--device {cdi.name(d)}" for d in devices), uuids, unknown, named))
     return grants
 
 
@@ -220,8 +228,8 @@ def cdi_annotations(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
             continue
         names = [n.strip() for n in value.split(",") if cdi.gpu_device(n.strip()) is not None]
         if names:
-            uuids, unknown = ids(names, host)
-            grants.append(CardGrant("cdi-annotation", f"--annotation {key}={value}", uuids, unknown))
+            uuids, unknown, named = ids(names, host)
+            grants.append(CardGrant("cdi-annotation", f"--annotation {key}={value}", uuids, unknown, named))
     return grants
 
 
@@ -236,8 +244,8 @@ def runtime_env(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     value = environment(c).get(NVD_VAR)
     if value is None or nvd_keyword(value) in ("", VOID, NONE):
         return []
-    uuids, unknown = ids(value.split(","), host)
-    return [CardGrant("nvidia-runtime", f"--runtime {name} {NVD_VAR}={value}", uuids, unknown)]
+    uuids, unknown, named = ids(value.split(","), host)
+    return [CardGrant("nvidia-runtime", f"--runtime {name} {NVD_VAR}={value}", uuids, unknown, named)]
 
 
 def swarm_resources(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
@@ -252,8 +260,8 @@ def swarm_resources(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
             continue
         values = [v.strip() for v in value.split(",")]
         if values and all(is_uuid_like(v) or cdi.gpu_device(v) is not None for v in values):
-            uuids, unknown = ids(values, host)
-            grants.append(CardGrant("swarm-resource", f"{key}={value}", uuids, unknown))
+            uuids, unknown, named = ids(values, host)
+            grants.append(CardGrant("swarm-resource", f"{key}={value}", uuids, unknown, named))
     return grants
 
 
@@ -287,7 +295,7 @@ def device_files(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
         uuids, unknown = host.by_minors(minors, path)
         if not (uuids or unknown):
             continue  # nvidiactl, nvidia-uvm, the caps: needed beside a card, name none
-        grants.append(CardGrant("device-file", f"--device {path}", uuids, unknown))
+        grants.append(CardGrant("device-file", f"--device {path}", uuids, unknown, minors is not None))
     return grants
 
 
@@ -369,7 +377,8 @@ def device_cgroup(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
     for rule in _rules(c):
         if rule.make and rule.open:
             uuids, unknown = host.by_minors(rule.minors, "195")
-            grants.append(CardGrant("device-cgroup", f"--device-cgroup-rule '{rule.text}'", uuids, unknown))
+            how = f"--device-cgroup-rule '{rule.text}'"
+            grants.append(CardGrant("device-cgroup", how, uuids, unknown, rule.minors is not None))
     return grants
 
 
@@ -397,9 +406,8 @@ def bind_mounts(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
             allowed = _within(minors, rule.minors)
             if allowed is None or allowed:  # a node that names no card grants none
                 uuids, unknown = host.by_minors(allowed, source)
-                grants.append(
-                    CardGrant("bind-mount", f"-v {source}:{target} --device-cgroup-rule '{rule.text}'", uuids, unknown)
-                )
+                how = f"-v {source}:{target} --device-cgroup-rule '{rule.text}'"
+                grants.append(CardGrant("bind-mount", how, uuids, unknown, allowed is not None))
     return grants
 
 
@@ -411,11 +419,11 @@ def privileged(c: Mapping[str, Any], host: HostCards) -> list[CardGrant]:
         return []
     name = runtime(c)
     if host.is_nvidia_runtime(name):
-        return [CardGrant("privileged", f"--privileged --runtime {name}", host.every_card())]
+        return [CardGrant("privileged", f"--privileged --runtime {name}", host.every_card(), named=False)]
     if nvidia_requests(c):
-        return [CardGrant("privileged", "--privileged --gpus", host.every_card())]
+        return [CardGrant("privileged", "--privileged --gpus", host.every_card(), named=False)]
     if cdi_gpus(c):
-        return [CardGrant("privileged", f"--privileged --device {cdi.KIND}", host.every_card())]
+        return [CardGrant("privileged", f"--privileged --device {cdi.KIND}", host.every_card(), named=False)]
     return []
 
 

@@ -145,6 +145,25 @@ class UsageRule(_Rule):
         self.readers = readers  # user names or uids, and @groups
 
 
+ENFORCE_MODES = ("off", "warn", "on")
+# The escape baseline's parts (gpupin.hostagent.authz.judge.escapes), each denied unless [enforce] allow names it.
+ESCAPES = ("privileged", "host-pid", "host-binds", "capabilities")
+
+
+class EnforceRule(_Rule):
+    """What the authorization plugin enforces at Docker's door (docs/authz.md): `mode` off (it judges nothing),
+    warn (it allows and logs what it would deny), on; `grants`: under on, only creates carrying the agent's grant
+    may take cards (false: any create that pins a free card may); `allow`: the parts of the escape baseline the
+    host allows (ESCAPES)."""
+
+    __slots__ = FIELDS = ("mode", "grants", "allow")
+
+    def __init__(self, mode: str = "off", grants: bool = True, allow: tuple[str, ...] = ()) -> None:
+        self.mode = mode
+        self.grants = grants
+        self.allow = allow
+
+
 class Policy(_Rule):
     """The policy the agent enforces. Built by `load_policy` (or `Policy.empty()`), never changed: a reload makes a
     new one. Equal to another whatever file each was read from (`path`), and whatever it warned of (`warnings`)."""
@@ -153,6 +172,7 @@ class Policy(_Rule):
         "booking",
         "booking_groups",
         "booking_users",
+        "enforce",
         "idle",
         "notify",
         "path",
@@ -172,6 +192,7 @@ class Policy(_Rule):
         "idle",
         "notify",
         "usage",
+        "enforce",
     )
 
     def __init__(
@@ -187,6 +208,7 @@ class Policy(_Rule):
         usage: UsageRule | None = None,
         path: str | None = None,
         warnings: tuple[str, ...] = (),
+        enforce: EnforceRule | None = None,
     ) -> None:
         self.booking = BookingRule() if booking is None else booking
         self.booking_users: Mapping[str, BookingRule] = {} if booking_users is None else booking_users
@@ -197,6 +219,7 @@ class Policy(_Rule):
         self.idle = idle
         self.notify = notify
         self.usage = UsageRule() if usage is None else usage
+        self.enforce = EnforceRule() if enforce is None else enforce
         self.path = path  # the file it was read from; None: no file, nothing enforced
         # What is written but names no one here (a user or group this host no longer has): said, never a mistake. A
         # student who leaves must not turn the whole policy invalid at the next start.
@@ -309,6 +332,9 @@ class Policy(_Rule):
             parts.append("notify " + " and ".join(k for k in ("command", "webhook") if getattr(self.notify, k)))
         if self.usage.readers:
             parts.append("usage readers " + ", ".join(self.usage.readers))
+        e = self.enforce
+        if e.mode != "off":
+            parts.append(f"enforce {e.mode}" + ("" if e.grants else " (no grants)"))
         return "; ".join(parts) if parts else "nothing enforced"
 
     def as_json(self) -> JSONObject:
@@ -324,6 +350,7 @@ class Policy(_Rule):
             "idle": self.idle.as_json() if self.idle else None,
             "notify": self.notify.as_json() if self.notify else None,
             "usage": {"readers": list(self.usage.readers)},
+            "enforce": {"mode": self.enforce.mode, "grants": self.enforce.grants, "allow": list(self.enforce.allow)},
         }
 
 
@@ -610,6 +637,23 @@ def _notify(r: _Mistakes, data: Any) -> NotifyRule | None:
     return NotifyRule(command=command, webhook=hook, before_end=before or BEFORE_END_S)
 
 
+def _enforce(r: _Mistakes, data: Any) -> EnforceRule:
+    t = r.table(data, "enforce", ("mode", "grants", "allow"))
+    mode = t.get("mode", "off")
+    if mode not in ENFORCE_MODES:
+        r.wrong("enforce.mode", f"must be one of {', '.join(repr(m) for m in ENFORCE_MODES)}, not {_shown(mode)}")
+        mode = "off"
+    grants = t.get("grants", True)
+    if not isinstance(grants, bool):
+        r.wrong("enforce.grants", f"must be true or false, not {_shown(grants)}")
+        grants = True
+    allow = t.get("allow", [])
+    if not isinstance(allow, list) or not all(isinstance(a, str) and a in ESCAPES for a in allow):
+        r.wrong("enforce.allow", f"must be an array of {', '.join(repr(e) for e in ESCAPES)}, not {_shown(allow)}")
+        allow = []
+    return EnforceRule(mode=mode, grants=grants, allow=tuple(dict.fromkeys(allow)))
+
+
 def parse_policy(text: str, path: str = "<policy>") -> Policy:
     """A policy from the TOML text of `path`; PolicyError with every mistake."""
     if sys.version_info >= (3, 11):
@@ -623,12 +667,13 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
     except ValueError as err:  # tomllib.TOMLDecodeError, with its line and column
         raise PolicyError(path, [f"{printable(path)}: not valid TOML: {printable(str(err))}"]) from None
     r = _Mistakes(path, text)
-    top = r.table(data, "", ("booking", "quota", "idle", "notify", "usage"))
+    top = r.table(data, "", ("booking", "quota", "idle", "notify", "usage", "enforce"))
     booking, booking_users, booking_groups = _booking(r, top.get("booking", {}), "booking", nested=True)
     quotas, quota_users, quota_groups = _quota(r, top.get("quota", {}), "quota", nested=True)
     idle = _idle(r, top["idle"]) if "idle" in top else None
     notify = _notify(r, top["notify"]) if "notify" in top else None
     usage = _usage(r, top["usage"]) if "usage" in top else UsageRule()
+    enforce = _enforce(r, top["enforce"]) if "enforce" in top else EnforceRule()
     if r.mistakes:
         raise PolicyError(path, r.mistakes)
     return Policy(
@@ -643,6 +688,7 @@ def parse_policy(text: str, path: str = "<policy>") -> Policy:
         usage=usage,
         path=path,
         warnings=tuple(r.warnings),
+        enforce=enforce,
     )
 
 

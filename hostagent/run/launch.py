@@ -356,12 +356,14 @@ def reserve(
     admit: Admit | None = None,
     spares: lock.StandbyLocks | None = None,
     after: Callable[[Callable[[], None]], None] | None = None,
+    sign: Callable[[ContainerSpec], Mapping[str, str]] | None = None,
 ) -> Created:
     """Under the ledger lock: read the ledger, choose and create the container, signed with `owner`'s lease (the
     process that will start it); the lock is let go once it exists. Held cards are CardHeldError (75). `cards_of`
     gives NVML's cards and the picks (CardReading.get: read while the lock was taken).
     `missing_image` is called outside the lock; `admit` judges the booking under it (gpupin.hostagent.policy.admit);
-    `spares` and `after` are the resident agent's (gpupin.hostagent.ledger.lock)."""
+    `spares` and `after` are the resident agent's (gpupin.hostagent.ledger.lock); so is `sign`, the labels of its
+    grant for the cards chosen (gpupin.hostagent.authz.grant)."""
     guard = lock.LedgerLock(api, req.image, missing_image=missing_image, spares=spares, after=after)
     overruns = 0
     while True:
@@ -384,6 +386,8 @@ def reserve(
                 spec.labels.update(owner)  # it holds its cards while its owner starts it
                 if admit is not None:
                     spec.labels.update(admit(ledger, len(chosen)))
+                if sign is not None:
+                    spec.labels.update(sign(spec))
                 guard.check()
                 return Created(_create(api, spec, guard), spec)
         except lock.ImageMissing:  # found by the create, the lock having been a spare's: as for the lock's own

@@ -5,6 +5,7 @@ block in `wait_change()`. What cannot be read is unknown, never stale (docs/desi
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from gpupin.core import JSONObject
     from gpupin.core.identity import BusId
     from gpupin.core.nvml import Card
+    from gpupin.hostagent.authz.grant import Grants
     from gpupin.hostagent.engine.events import EventStream
     from gpupin.hostagent.ledger.read import LedgerReading
     from gpupin.hostagent.ls.model import Listing
@@ -98,6 +100,7 @@ class Agent:
         """`policy`: the policy file (its default: /etc/gpupin/policy.toml), or `in_force`: the policy already read
         (serve reads it before anything is made); `record`: the record's writer (None: `--record none`); `hooks`:
         the notifications (a Hooks of its own when not given)."""
+        from gpupin.hostagent.authz.grant import Grants
         from gpupin.hostagent.policy import policy_path
         from gpupin.hostagent.serve.bookings import Bookings
         from gpupin.hostagent.serve.hooks import Hooks
@@ -118,6 +121,9 @@ class Agent:
         self.samples = samples.Samples()
         self.bookings: Bookings = Bookings(self)  # the ends of bookings, their extensions and expiry
         self.queue: Queue = Queue(self)  # the fair queue of `run --wait`
+        self.grants: Grants = Grants()  # what the authorization plugin admits its creates by (enforce mode `on`)
+        # The plugin's last judgements that said something (denials; under `warn`, what it let through): /api/agent.
+        self.judged: collections.deque[JSONObject] = collections.deque(maxlen=50)
         self.standby_locks = (
             lock.StandbyLocks()
         )  # the ledger lock its runs take by a rename (gpupin.hostagent.ledger.lock)
@@ -217,6 +223,13 @@ class Agent:
             view.record = record.status()  # `degraded` says what could not be written (a full disk)
             record.observe(view, cards)  # a few dict updates here; the writer's thread writes
         self._publish(view, None)
+
+    def ledger_now(self) -> tuple[list[Card] | None, LedgerReading | None, Listing | None]:
+        """The cards of the last refresh, the ledger's last reading and the last view, as they are (no read: the
+        authorization plugin's judge must not wait on the daemon whose request it judges)."""
+        with self._lock:
+            cards, reading = self._cards, self._reading
+        return cards, reading, self.snapshot().listing
 
     def read_ledger(self) -> tuple[DockerState, LedgerReading | None]:
         """Read who holds which of the last refresh's cards (the listing's `docker` object and the reading), and

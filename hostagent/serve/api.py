@@ -319,6 +319,7 @@ class Handler(BaseHTTPRequestHandler):
                 "events_followed": self.agent.following,
                 "docker": view.docker.to_json() if view is not None else None,
                 "policy": self.agent.in_force.status(),
+                "authz": {"mode": self.agent.in_force.policy.enforce.mode, "judged": list(self.agent.judged)},
             },
         )
 
@@ -523,9 +524,14 @@ def serve(server: socketserver.TCPServer, sock: AcceptedConnection) -> None:
 
 def _posts(agent: Agent) -> dict[str, PostRoute]:
     """The POST routes, each module's own."""
-    from gpupin.hostagent.serve import bookings, runs
+    from gpupin.hostagent.serve import authz, bookings, runs
 
-    return {"/api/queue": agent.queue.serve, bookings.ROUTE: agent.bookings.route, **runs.routes(agent)}
+    return {
+        "/api/queue": agent.queue.serve,
+        bookings.ROUTE: agent.bookings.route,
+        **runs.routes(agent),
+        **authz.routes(agent),
+    }
 
 
 def handler(agent: Agent, http_per_user: bool = False) -> type[Handler]:

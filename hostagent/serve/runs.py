@@ -138,6 +138,7 @@ class Runs:
                 if podman.version(api)
                 else self.agent.standby_locks,  # Docker's rename and import: measured
                 after=after.append,
+                sign=self._signer(peer),
             )
         finally:
             after.append(lambda: self._done(api))  # a requests session outlives a failed call: kept for the next run
@@ -165,6 +166,16 @@ class Runs:
             self.agent.finished,
             cards=req.count or len(req.gpus) or None,
         )
+
+    def _signer(self, peer: Peer) -> Callable[[Any], dict[str, str]] | None:
+        """The grant the authorization plugin admits the create by, under enforce mode `on` (none otherwise: the
+        container is what a run without the agent makes)."""
+        if self.agent.in_force.policy.enforce.mode != "on":
+            return None
+        from gpupin.hostagent.authz.grant import LABEL
+
+        grants = self.agent.grants
+        return lambda spec: {LABEL: grants.issue(spec.req.name or "", [t.uuid for t in spec.targets], peer.uid)}
 
     @staticmethod
     def _missing(image: str) -> Any:

@@ -297,15 +297,15 @@ def test_published_ports_land_in_the_payload() -> None:
     [
         (
             ["rn"],
-            "invalid choice: 'rn' (choose from ls, run, completion, compose, swarm, doctor, serve, queue, policy, "
-            "extend, usage, setup). HINT: did you mean run? see `hostagent --help`",
+            "invalid choice: 'rn' (choose from ls, run, completion, compose, swarm, doctor, serve, authz, queue, "
+            "policy, extend, usage, setup). HINT: did you mean run? see `hostagent --help`",
         ),
         (["compose", "rendr", "x.yml"], "HINT: did you mean render? see `hostagent compose --help`"),
         (["swarm", "nodeconfig"], "HINT: did you mean node-config? see `hostagent swarm --help`"),
         (["run", "--verify", "cdua", "--gpu", "0", "img"], "HINT: did you mean cuda? see `hostagent run --help`"),
         (
             ["xyzzy"],
-            "(choose from ls, run, completion, compose, swarm, doctor, serve, queue, policy, extend, usage, "
+            "(choose from ls, run, completion, compose, swarm, doctor, serve, authz, queue, policy, extend, usage, "
             "setup). HINT: see `hostagent --help`",
         ),
     ],

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from gpupin.core.errors import UsageError
 from gpupin.hostagent import setup
+from gpupin.hostagent.authz import NAME as PLUGIN
 from tests.support.host import hostagent
 from tests.support.hypo import examples
 
@@ -91,9 +92,9 @@ def test_any_json_is_read_or_refused_in_one_line(value: object, tmp_path_factory
         assert {k: v for k, v in edited.items() if k != setup.KEY} == {
             k: v for k, v in config.items() if k != setup.KEY
         }
-        others = [p for p in config.get(setup.KEY) or [] if p != setup.PLUGIN]
-        assert [p for p in edited.get(setup.KEY) or [] if p != setup.PLUGIN] == others
-        assert (setup.PLUGIN in (edited.get(setup.KEY) or [])) == on
+        others = [p for p in config.get(setup.KEY) or [] if p != PLUGIN]
+        assert [p for p in edited.get(setup.KEY) or [] if p != PLUGIN] == others
+        assert (PLUGIN in (edited.get(setup.KEY) or [])) == on
 
 
 @settings(max_examples=examples(100), deadline=None)

@@ -1,0 +1,221 @@
+"""`hostagent authz`: Docker's authorization plugin `gpupin`, on /run/docker/plugins/gpupin.sock, where the daemon
+finds it by name (`authorization-plugins` in daemon.json). The daemon asks it about every API request and refuses
+every request while it does not answer, so it is small, threaded, and decides alone whatever reaches no card (no
+agent, no ledger, no NVML read per request): those are allowed in microseconds. What reaches cards goes to the
+agent (POST /api/authz), and is refused while the agent does not answer. Protocol: moby's pkg/authorization.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import socketserver
+import stat
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler
+
+from gpupin.core.errors import GpupinError, UsageError, shown
+from gpupin.hostagent.authz import CONTENT_TYPE, NAME, judge, request
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpupin.hostagent.ledger.holding_forms import HostCards
+    from gpupin.hostagent.policy import EnforceRule
+
+AGENT_S = 3.0  # the agent's answer; the daemon's own call to the plugin gives up later (and then refuses)
+MAX_MESSAGE = 4 << 20  # the daemon forwards bodies under 1 MiB, base64 (4/3), with the headers beside
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"hostagent authz: {line}\n")
+        sys.stderr.flush()
+
+
+class Plugin:
+    """The plugin's state: this host's cards (read once: which cards exist does not change while the daemon runs
+    them), the policy's `[enforce]` table (read again when its file changes), and where the agent listens."""
+
+    def __init__(self, agent_socket: str, policy_file: str, host: HostCards) -> None:
+        self.agent_socket = agent_socket
+        self.policy_file = policy_file
+        self.host = host
+        self._rule: tuple[tuple[int, int] | None, EnforceRule] | None = None
+        self._mutex = threading.Lock()
+
+    def rule(self) -> EnforceRule:
+        """The `[enforce]` table of the policy file as it is now. No file: mode off. A file that cannot be read or
+        has mistakes: the last good table; none yet: mode on, with what reaches cards left to the agent (which
+        keeps its own last good policy), so a broken file never opens the door."""
+        from gpupin.hostagent.policy import EnforceRule, load_policy
+
+        try:
+            st = os.stat(self.policy_file)
+            key: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            key = None
+        except OSError:
+            key = (-1, -1)
+        kept = self._rule
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        with self._mutex:
+            if key is None:
+                rule = EnforceRule()
+            else:
+                try:
+                    rule = load_policy(self.policy_file).enforce
+                except GpupinError as err:
+                    rule = kept[1] if kept is not None else EnforceRule(mode="on")
+                    _say(f"the policy is not read ({err.message}): keeping enforce mode {rule.mode}")
+            self._rule = (key, rule)
+            return rule
+
+    def authz_request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        asked = request.read(msg)
+        rule = self.rule()
+        verdict, _, _ = judge.first_look(asked, self.host, rule)
+        if verdict is None:
+            verdict = self.ask_agent(msg, rule)
+        if verdict.msg:
+            _say(f"{'allowed' if verdict.allow else 'denied'} {asked.method} {asked.path}: {verdict.msg}")
+        return verdict.to_json()
+
+    def ask_agent(self, msg: dict[str, Any], rule: EnforceRule) -> judge.Verdict:
+        from gpupin.hostagent import http1
+
+        sent = {k: msg.get(k) for k in ("RequestMethod", "RequestUri", "RequestBody", "User")}
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(AGENT_S)
+            sock.connect(self.agent_socket)
+            answer = http1.exchange(sock, "POST", "/api/authz", {"request": sent}, host="localhost")
+            data = answer.json()
+            if answer.status != 200 or not isinstance(data, dict) or not isinstance(data.get("Allow"), bool):
+                raise OSError(f"it answered {answer.status}: {shown(str(data)[:200])}")
+            return judge.Verdict(data["Allow"], str(data.get("Msg") or ""))
+        except (OSError, ValueError) as err:
+            sock.close()
+            line = (
+                f"gpupin: the agent does not answer on {self.agent_socket} ({type(err).__name__}: {err}): "
+                "containers that take cards are refused until it is back (systemctl start gpupin-hostagent); "
+                "other containers are not affected"
+            )
+            return judge.Verdict(True, "WARN " + line) if rule.mode == "warn" else judge.Verdict(False, line)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # the daemon's plugin client keeps its connection
+    plugin: Plugin
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a line per request of every docker command would drown the journal
+
+    def _answer(self, status: int, obj: Any) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 <= length <= MAX_MESSAGE:
+                raise ValueError(f"a message of {length} bytes")
+            msg = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(msg, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as err:
+            self._answer(400, {"Err": f"gpupin: the daemon's message cannot be read: {err}"})
+            return
+        if self.path == "/Plugin.Activate":
+            self._answer(200, {"Implements": ["authz"]})
+        elif self.path == "/AuthZPlugin.AuthZReq":
+            try:
+                self._answer(200, self.plugin.authz_request(msg))
+            except Exception as err:  # a bug: the request is refused with a line, the plugin keeps serving
+                self._answer(200, {"Allow": False, "Msg": f"gpupin: the plugin failed: {type(err).__name__}: {err}"})
+        elif self.path == "/AuthZPlugin.AuthZRes":
+            self._answer(200, {"Allow": True})
+        else:
+            self._answer(404, {"Err": f"no such call {self.path}"})
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _host_cards() -> HostCards:
+    from gpupin.core import nvml
+    from gpupin.hostagent.ledger.holding_forms import HostCards
+
+    try:
+        cards = nvml.list_cards(mig=True, tolerate_lost=True)
+    except GpupinError as err:
+        # Device files and CDI names are still read (as minors, as names), and judged by the agent.
+        _say(f"NVML cannot be read ({err.message}): cards are known by their device numbers only")
+        cards = []
+    return HostCards(cards, local=True)
+
+
+def _take_socket(path: str) -> None:
+    """Make way for the socket at `path`: a stale one (nobody answers) is removed; a live one is another plugin's."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise UsageError(f"{shown(path)} exists and is not a socket", "give --socket another path, or remove it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # stale: its server is gone
+        return
+    finally:
+        probe.close()
+    raise UsageError(f"a plugin already answers on {shown(path)}", "stop it first, or give --socket another path")
+
+
+def serve(socket_path: str, agent_socket: str, policy_file: str, ready: threading.Event | None = None) -> int:
+    """Serve until SIGTERM or SIGINT (0)."""
+    import signal
+
+    plugin = Plugin(agent_socket, policy_file, _host_cards())
+    _take_socket(socket_path)
+    old = os.umask(0o177)  # the socket is root's alone: only the daemon speaks to it
+    try:
+        server = _Server(socket_path, type("PluginHandler", (_Handler,), {"plugin": plugin}))
+    finally:
+        os.umask(old)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():  # the command's; a test serves from a thread
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, lambda _n, _f: stop.set())
+    thread = threading.Thread(target=server.serve_forever, name="authz", daemon=True)
+    thread.start()
+    rule = plugin.rule()
+    _say(
+        f"serving Docker's authorization plugin {NAME} on {socket_path} ({len(plugin.host.cards)} cards, enforce mode "
+        f"{rule.mode}, agent at {agent_socket})"
+    )
+    if ready is not None:
+        ready.set()
+    try:
+        while not stop.wait(3600):
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+    return 0

@@ -1,0 +1,404 @@
+"""The authorization plugin's rules (gpupin.hostagent.authz): what Docker sends it, read; what it decides alone and
+what the agent decides with the ledger; grants; the plugin's own server on a unix socket, without a daemon."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupin.hostagent import http1
+from gpupin.hostagent.authz import judge, plugin, request
+from gpupin.hostagent.authz.grant import LABEL, GrantRefused, Grants
+from gpupin.hostagent.ledger.holding_forms import HostCards, grants
+from gpupin.hostagent.policy import EnforceRule, PolicyError, parse_policy
+from tests.support.hypo import examples
+from tests.support.scenarios import cards as scenario_cards
+from tests.support.scenarios import uuids
+
+A800, RTX, A800B, A800C = uuids("mixed-4")
+ON = EnforceRule(mode="on")
+NO_GRANTS = EnforceRule(mode="on", grants=False)
+WARN = EnforceRule(mode="warn")
+
+
+def host() -> HostCards:
+    cards = scenario_cards()
+    for i, c in enumerate(cards):
+        c.minor_number = i
+    return HostCards(cards)
+
+
+def msg(body: Any = None, uri: str = "/v1.41/containers/create?name=job", method: str = "POST") -> dict[str, Any]:
+    m: dict[str, Any] = {"RequestMethod": method, "RequestUri": uri, "RequestHeaders": {}}
+    if body is not None:
+        m["RequestBody"] = base64.b64encode(json.dumps(body).encode()).decode()
+    return m
+
+
+def create(
+    gpus: list[dict[str, Any]] | None = None, labels: dict[str, str] | None = None, **host_config: Any
+) -> dict[str, Any]:
+    """A create's body as the docker CLI sends it."""
+    return {"Image": "img", "Env": [], "Labels": labels or {}, "HostConfig": {"DeviceRequests": gpus, **host_config}}
+
+
+def gpus(ids: list[str] | None = None, count: int = 0) -> list[dict[str, Any]]:
+    return [{"Driver": "", "Count": count, "DeviceIDs": ids, "Capabilities": [["gpu"]], "Options": {}}]
+
+
+def free(_uuid: str) -> str | None:
+    return None
+
+
+def decide(m: dict[str, Any], rule: EnforceRule, held_by: Any = free, g: Grants | None = None) -> judge.Verdict:
+    """The plugin's first look, then the agent's judgement where the plugin leaves it to the agent."""
+    asked = request.read(m)
+    first, cards, c = judge.first_look(asked, host(), rule)
+    if first is not None:
+        return first
+    return judge.judge(asked, cards, c, host(), rule, held_by, g or Grants())
+
+
+# --- what Docker sends ------------------------------------------------------------------------------------------
+
+
+def test_the_request_is_read_without_its_api_version_and_with_its_name() -> None:
+    asked = request.read(msg(create(), uri="/v1.47/containers/create?name=%2Ftrain-a&platform=x"))
+    assert (asked.method, asked.path, asked.name, asked.kind) == ("POST", "/containers/create", "train-a", "create")
+    assert request.read(msg(uri="/containers/create")).kind == "create"  # unversioned
+    assert request.read(msg({"Memory": 1}, uri="/v1.41/containers/abc/update")).kind == "update"
+    assert request.read(msg({}, uri="/v1.41/services/create")).kind == "service"
+    for uri, method in (("/v1.41/containers/json", "GET"), ("/v1.41/containers/abc/start", "POST"), ("/_ping", "HEAD")):
+        assert request.read(msg(uri=uri, method=method)).kind is None
+
+
+def test_a_create_reads_as_its_inspect_with_binds_in_mounts() -> None:
+    c = request.container(
+        request.read(
+            msg(
+                create(Binds=["/dev:/dev:ro", "vol:/data"], Mounts=[{"Type": "bind", "Source": "/etc", "Target": "/e"}])
+            )
+        ).body
+    )
+    assert c["Mounts"] == [
+        {"Type": "bind", "Source": "/dev", "Destination": "/dev"},
+        {"Type": "bind", "Source": "/etc", "Destination": "/e"},
+    ]
+    assert c["Config"]["Image"] == "img" and "HostConfig" not in c["Config"]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.dictionaries(st.text(max_size=20), st.one_of(st.text(max_size=40), st.integers(), st.none()), max_size=6))
+def test_any_message_is_read_and_judged_without_an_exception(m: dict[str, Any]) -> None:
+    asked = request.read(m)
+    judge.first_look(asked, host(), ON)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    st.recursive(
+        st.one_of(st.none(), st.integers(), st.text(max_size=8)),
+        lambda x: (
+            st.dictionaries(
+                st.sampled_from(
+                    ["HostConfig", "DeviceRequests", "Devices", "Binds", "Mounts", "Env", "Privileged", "Count"]
+                ),
+                x,
+                max_size=4,
+            )
+            | st.lists(x, max_size=3)
+        ),
+        max_leaves=12,
+    )
+)
+def test_any_create_body_is_judged_without_an_exception(body: Any) -> None:
+    v = decide(msg(body if isinstance(body, dict) else {"x": body}), ON)
+    assert isinstance(v.allow, bool)
+
+
+# --- what the plugin decides alone --------------------------------------------------------------------------------
+
+
+def test_requests_that_reach_no_card_are_allowed_without_the_agent() -> None:
+    for m in (
+        msg(create()),
+        msg(create(Binds=["/data:/data"], Memory=1 << 30)),
+        msg(uri="/v1.41/containers/json", method="GET"),
+        msg(uri="/v1.41/containers/x/start"),
+        msg({"Memory": 5}, uri="/v1.41/containers/x/update"),
+    ):
+        v, cards, _ = judge.first_look(request.read(m), host(), ON)
+        assert v is not None and v.allow and not v.msg and cards == []
+
+
+def test_mode_off_allows_everything_unread() -> None:
+    v, _, _ = judge.first_look(request.read(msg(create(gpus(count=-1), Privileged=True))), host(), EnforceRule())
+    assert v is not None and v.allow
+
+
+def test_a_create_without_a_body_is_refused() -> None:
+    v, _, _ = judge.first_look(request.read(msg(uri="/v1.41/containers/create")), host(), ON)
+    assert v is not None and not v.allow and "without a body" in v.msg
+
+
+@pytest.mark.parametrize(
+    ("host_config", "said"),
+    [
+        ({"Privileged": True}, "--privileged"),
+        ({"PidMode": "host"}, "--pid host"),
+        ({"Binds": ["/:/host"]}, "a bind mount of /"),
+        ({"Binds": ["/var/run/docker.sock:/s"]}, "a bind mount of /var/run/docker.sock"),
+        ({"Mounts": [{"Type": "bind", "Source": "/etc/", "Target": "/x"}]}, "a bind mount of /etc"),
+        ({"CapAdd": ["CAP_SYS_ADMIN"]}, "--cap-add SYS_ADMIN"),
+        ({"CapAdd": ["all"]}, "--cap-add ALL"),
+    ],
+)
+def test_the_escape_baseline_is_refused_unless_the_policy_allows_it(host_config: dict[str, Any], said: str) -> None:
+    v = decide(msg(create(**host_config)), ON)
+    assert not v.allow and said in v.msg and v.msg.startswith("gpupin: ")
+    part = judge.escapes(request.container(request.read(msg(create(**host_config))).body))[0][0]
+    allowed = decide(msg(create(**host_config)), EnforceRule(mode="on", allow=(part,)))
+    assert allowed.allow
+
+
+# --- what the agent decides ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (create(gpus(count=-1)), "--gpus all pins no card"),
+        (create(gpus(count=2)), "--gpus 2 pins no card"),
+        (create(gpus(["all"])), "pins no card"),
+        ({"Image": "i", "Env": ["NVIDIA_VISIBLE_DEVICES=all"], "HostConfig": {"Runtime": "nvidia"}}, "pins no card"),
+        (
+            create(Devices=[{"PathOnHost": "nvidia.com/gpu=all", "PathInContainer": "", "CgroupPermissions": ""}]),
+            "pins",
+        ),
+    ],
+)
+def test_a_request_that_pins_nothing_is_refused_with_the_run_that_would_pin_it(body: dict[str, Any], said: str) -> None:
+    v = decide(msg(body), NO_GRANTS)
+    assert not v.allow and said in v.msg and "hostagent run --count" in v.msg
+    count = 2 if said.startswith("--gpus 2") else 4  # the count asked, or every card of the host
+    assert f"hostagent run --count {count} IMAGE" in v.msg
+
+
+def test_a_held_card_is_refused_with_its_holder_whatever_the_form() -> None:
+    def held_by(uuid: str) -> str | None:
+        return "held by train-a (alice) until 14:05" if uuid == RTX else None
+
+    forms = [
+        create(gpus([RTX])),
+        create(gpus(["1"])),
+        create(Devices=[{"PathOnHost": f"nvidia.com/gpu={RTX}", "PathInContainer": "", "CgroupPermissions": ""}]),
+        {"Image": "i", "Env": [f"NVIDIA_VISIBLE_DEVICES={RTX}"], "HostConfig": {"Runtime": "nvidia"}},
+        {"Image": "i", "Env": [f"DOCKER_RESOURCE_GPU={RTX}"], "HostConfig": {}},
+        create(Annotations={"cdi.k8s.io/x": "nvidia.com/gpu=1"}),
+    ]
+    for body in forms:
+        v = decide(msg(body), NO_GRANTS, held_by)
+        assert not v.allow, body
+        assert v.msg == (
+            f"gpupin: card 1 ({RTX}) is held by train-a (alice) until 14:05: hostagent run --wait waits for it, "
+            "hostagent ls shows the free ones"
+        )
+        assert decide(msg(body), NO_GRANTS).allow  # the same on a free card, grants off
+
+
+def test_a_card_this_host_lacks_is_refused() -> None:
+    v = decide(msg(create(gpus(["GPU-00000000-0000-0000-0000-00000000dead"]))), NO_GRANTS)
+    assert not v.allow and "names no card of this host" in v.msg
+
+
+def test_warn_allows_and_says_what_it_would_refuse() -> None:
+    v = decide(msg(create(gpus(count=-1))), WARN)
+    assert v.allow and v.msg.startswith("WARN gpupin: --gpus all pins no card")
+    assert (
+        decide(msg(create(gpus([RTX]))), WARN).msg == "WARN gpupin: only the agent's containers may take cards "
+        f"on this host (--gpus device={RTX}): {judge.RUN_HINT}"
+    )
+
+
+def test_updates_and_services_that_reach_cards_are_refused() -> None:
+    v = decide(msg({"DeviceRequests": gpus([RTX])}, uri="/v1.41/containers/x/update"), NO_GRANTS)
+    assert not v.allow and "an update that gives a container cards" in v.msg
+    service = {
+        "TaskTemplate": {
+            "Resources": {
+                "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}]}
+            }
+        }
+    }
+    v = decide(msg(service, uri="/v1.41/services/create"), NO_GRANTS)
+    assert not v.allow and "placed by Swarm" in v.msg
+    assert decide(msg({"TaskTemplate": {}}, uri="/v1.41/services/create"), ON).allow
+
+
+# --- grants -----------------------------------------------------------------------------------------------------
+
+
+def test_under_on_only_a_grant_of_the_agents_admits_a_create_and_only_once() -> None:
+    g = Grants()
+    body = create(gpus([RTX]))
+    refused = decide(msg(body), ON, g=g)
+    assert not refused.allow and "only the agent's containers may take cards" in refused.msg
+    body["Labels"] = {LABEL: g.issue("job", [RTX], 1001)}
+    ok = decide(msg(body), ON, g=g)
+    assert ok.allow and ok.uid == 1001
+    again = decide(msg(body), ON, g=g)
+    assert not again.allow and "used already" in again.msg
+
+
+def test_a_forged_copied_or_stale_grant_is_refused() -> None:
+    g = Grants()
+    value = g.issue("job", [RTX], 1001)
+    nonce, expiry, uid, mac = value.split(".")[1:]
+    cases = {
+        "forged uid": ".".join(("1", nonce, expiry, "0", mac)),
+        "forged mac": ".".join(("1", nonce, expiry, uid, "0" * 32)),
+        "another agent's": Grants().issue("job", [RTX], 1001),
+        "garbage": "let me in",
+    }
+    for why, forged in cases.items():
+        v = decide(msg(create(gpus([RTX]), {LABEL: forged})), ON, g=g)
+        assert not v.allow, why
+    # bound to the name and the cards
+    assert (
+        "not signed by this agent"
+        in decide(msg(create(gpus([RTX]), {LABEL: value}), uri="/v1.41/containers/create?name=other"), ON, g=g).msg
+    )
+    assert not decide(msg(create(gpus([A800B]), {LABEL: value})), ON, g=g).allow
+    stale = Grants(ttl=-1)
+    with pytest.raises(GrantRefused, match="expired"):
+        stale.admit(stale.issue("job", [RTX], 7), "job", [RTX])
+
+
+def test_a_grant_on_a_held_card_is_still_refused() -> None:
+    g = Grants()
+    body = create(gpus([RTX]), {LABEL: g.issue("job", [RTX], 1001)})
+    v = decide(msg(body), ON, lambda u: "held by other" if u == RTX else None, g)
+    assert not v.allow and "held by other" in v.msg
+
+
+# --- the table's `named` -----------------------------------------------------------------------------------------
+
+
+def test_the_holding_forms_say_whether_cards_were_named() -> None:
+    def read(body: dict[str, Any]) -> dict[str, Any]:
+        return request.container(request.read(msg(body)).body)
+
+    named = {g.how: g.named for g in grants(read(create(gpus(count=2))), host())}
+    assert named == {"--gpus 2": False}
+    assert all(g.named for g in grants(read(create(gpus([RTX, "2"]))), host()))
+
+
+# --- the policy -------------------------------------------------------------------------------------------------
+
+
+def test_the_enforce_table_is_read_and_its_mistakes_named() -> None:
+    p = parse_policy('[enforce]\nmode = "on"\ngrants = false\nallow = ["privileged"]\n')
+    assert (p.enforce.mode, p.enforce.grants, p.enforce.allow) == ("on", False, ("privileged",))
+    assert "enforce on (no grants)" in p.summary()
+    assert parse_policy("").enforce == EnforceRule()
+    with pytest.raises(PolicyError) as err:
+        parse_policy('[enforce]\nmode = "strict"\nallow = ["root"]\ncolour = 1\n')
+    text = "\n".join(err.value.mistakes)
+    assert "enforce.mode" in text and "enforce.allow" in text and "colour" in text
+
+
+# --- the plugin's own server --------------------------------------------------------------------------------------
+
+
+def _post(path: str, call: str, body: Any) -> tuple[int, Any]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(path)
+    answer = http1.exchange(sock, "POST", call, body, host="plugin")
+    return answer.status, answer.json()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Any:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[enforce]\nmode = "on"\n')
+    sock = str(tmp_path / "plugins" / "gpupin.sock")
+    ready = threading.Event()
+    t = threading.Thread(
+        target=lambda: plugin.serve(sock, str(tmp_path / "no-agent.sock"), str(policy), ready), daemon=True
+    )
+    t.start()
+    assert ready.wait(20)
+    yield sock, policy
+
+
+def test_the_plugin_activates_judges_alone_and_refuses_cards_while_the_agent_is_away(served: Any) -> None:
+    sock, policy = served
+    assert oct(os.stat(sock).st_mode & 0o777) == "0o600"
+    assert _post(sock, "/Plugin.Activate", {}) == (200, {"Implements": ["authz"]})
+    t0 = time.monotonic()
+    status, v = _post(sock, "/AuthZPlugin.AuthZReq", msg(create()))
+    assert (status, v) == (200, {"Allow": True, "Msg": ""})
+    assert time.monotonic() - t0 < 5
+    status, v = _post(sock, "/AuthZPlugin.AuthZReq", msg(create(gpus([RTX]))))
+    assert status == 200 and v["Allow"] is False
+    assert "the agent does not answer" in v["Msg"] and "other containers are not affected" in v["Msg"]
+    assert _post(sock, "/AuthZPlugin.AuthZRes", msg(create())) == (200, {"Allow": True})
+    # the policy is read again when it changes: off opens the door
+    time.sleep(0.01)
+    policy.write_text('[enforce]\nmode = "off"\n')
+    assert _post(sock, "/AuthZPlugin.AuthZReq", msg(create(gpus([RTX]))))[1]["Allow"] is True
+    # a broken policy keeps the last good table
+    policy.write_text('[enforce]\nmode = "strict"\n')
+    assert _post(sock, "/AuthZPlugin.AuthZReq", msg(create(gpus([RTX]))))[1]["Allow"] is True
+    # bad messages get an error, never a hang
+    assert _post(sock, "/AuthZPlugin.AuthZReq", [1, 2])[0] == 400
+
+
+def raw(text: str) -> dict[str, Any]:
+    """An AuthZReq whose create body is this JSON text, as sent (repeated keys and all)."""
+    return {
+        "RequestMethod": "POST",
+        "RequestUri": "/v1.41/containers/create",
+        "RequestBody": base64.b64encode(text.encode()).decode(),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        # The daemon's decoder matches keys ignoring case (the long s and the Kelvin sign fold too) ...
+        ('{"hostconfig": {"devicerequests": [{"count": -1, "capabilities": [["gpu"]]}]}}', "pins no card"),
+        ('{"HostConfig": {"DeviceReque\u017fts": [{"Count": 2, "Capabilities": [["gpu"]]}]}}', "pins no card"),
+        ('{"HOSTCONFIG": {"PRIVILEGED": true}}', "--privileged"),
+        # ... and decodes a repeated key again into the same struct: the first value's fields stay.
+        ('{"HostConfig": {"Privileged": true}, "HostConfig": {"Memory": 1}}', "--privileged"),
+        ('{"HostConfig": {"Privileged": true}, "hostConfig": {"Privileged": null}}', "--privileged"),
+        ('{"HostConfig": {"Binds": ["/:/h"]}, "HostConfig": {"CpuShares": 2}}', "a bind mount of /"),
+    ],
+)
+def test_a_body_the_daemon_reads_otherwise_than_python_cannot_slip_past(text: str, said: str) -> None:
+    v = decide(raw(text), NO_GRANTS)
+    assert not v.allow and said in v.msg
+
+
+def test_a_body_of_the_wrong_types_is_refused_as_the_daemon_would() -> None:
+    for text in (
+        '{"HostConfig": {"DeviceRequests": 1}}',
+        '{"HostConfig": {"DeviceRequests": [{"Count": "all"}]}}',
+        '{"HostConfig": {"Privileged": "yes"}}',
+        '{"Env": "NVIDIA_VISIBLE_DEVICES=all"}',
+        '{"HostConfig": []}',
+    ):
+        v = decide(raw(text), ON)
+        assert not v.allow and "the daemon would not read it either" in v.msg, text
