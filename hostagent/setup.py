@@ -22,16 +22,18 @@ import sys
 import time
 
 from gpupin.core.errors import DockerUnavailableError, GpupinError, UsageError, quoted, shown
-from gpupin.hostagent.authz import CONTENT_TYPE as PLUGIN_CONTENT_TYPE
-from gpupin.hostagent.authz import NAME as PLUGIN
-from gpupin.hostagent.authz import PROBE as PROBE
-from gpupin.hostagent.authz import SOCKET as SOCKET
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 
+# The plugin's own names (gpupin.hostagent.authz's, equal by test): not imported, because doctor imports this module
+# and the plugin's package sits on the agent's layers (tests/unit/test_import_rules.py: at most 8 deep).
+PLUGIN = "gpupin"
+SOCKET = f"/run/docker/plugins/{PLUGIN}.sock"
+PLUGIN_CONTENT_TYPE = "application/vnd.docker.plugins.v1.2+json"
+PROBE = "gpupin-authz-probe"
 KEY = "authorization-plugins"
 DAEMON_JSON = "/etc/docker/daemon.json"
 PIDFILE = "/run/docker.pid"  # dockerd's default --pidfile (/var/run/docker.pid: /var/run is /run)

@@ -26,6 +26,17 @@ json_values = st.recursive(
 )
 
 
+def test_setup_names_the_plugin_as_the_plugin_does() -> None:
+    from gpupin.hostagent import authz
+
+    assert (setup.PLUGIN, setup.SOCKET, setup.PROBE, setup.PLUGIN_CONTENT_TYPE) == (
+        authz.NAME,
+        authz.SOCKET,
+        authz.PROBE,
+        authz.CONTENT_TYPE,
+    )
+
+
 def test_gpupin_goes_last_and_every_other_key_and_plugin_stays(tmp_path: Path) -> None:
     path = tmp_path / "daemon.json"
     path.write_text('{"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}, "authorization-plugins": ["opa"]}')
