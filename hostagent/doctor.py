@@ -368,6 +368,140 @@ def check_policy(host: HostFiles) -> list[Finding]:
     ]
 
 
+# Engine releases whose daemon can forward a request to its authorization plugins without the request's body, so
+# that a plugin reading the body (gpupin's reads a create's devices) may allow what it would deny. Written once, from
+# the advisories themselves: github.com/moby/moby/security/advisories/GHSA-v23v-6jw2-98fq (CVE-2024-41110: the
+# 2018 bypass fixed in 18.09.1, lost in 19.03; "If you don't use AuthZ plugins, you are not affected") and
+# GHSA-x744-4wpc-v9h2 (CVE-2026-34040, its incomplete fix). Each: (CVE, what, affected [first, fixed) ranges).
+AUTHZ_ADVISORIES: tuple[tuple[str, str, tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]], ...] = (
+    # Before 18.09.1 the same hole had no CVE: its release notes' "Fix authz plugin for 0-length content and path
+    # validation" (docs.docker.com/engine/release-notes/18.09, 18.09.1 security fixes).
+    (
+        "the 2018 bypass (no CVE)",
+        "a request with Content-Length 0 reaches the plugin without its body",
+        (((0,), (18, 9, 1)),),
+    ),
+    (
+        "CVE-2024-41110",
+        "a request with Content-Length 0 reaches the plugin without its body",
+        (((19, 3), (23, 0, 15)), ((24,), (25, 0, 6)), ((26,), (26, 1, 5)), ((27,), (27, 1, 1))),
+    ),
+    ("CVE-2026-34040", "a request with an oversized body reaches the plugin without it", (((0,), (29, 3, 1)),)),
+)
+# Debian patches its docker.io without changing the version the daemon reports (20.10.24+dfsg1-1+deb12u1 fixed
+# CVE-2024-41110; trixie's 26.1.5+dfsg1-9+deb13u1 and sid's 28.5.2+dfsg4-5 CVE-2026-34040): the package's
+# changelog says which fixes a build has.
+DEBIAN_CHANGELOG = "/usr/share/doc/docker.io/changelog.Debian.gz"
+AUTHZ_PLUGIN = "gpupin"
+
+
+def debian_fixes(host: HostFiles, server_version: str) -> str:
+    """The local docker.io package's changelog, when it is the running daemon's own build ("" otherwise)."""
+    import gzip
+
+    try:
+        with gzip.open(host.path(DEBIAN_CHANGELOG), "rt", errors="replace") as f:
+            text = f.read(4 << 20)
+    except (OSError, EOFError):
+        return ""
+    first = text.split("\n", 1)[0]  # docker.io (20.10.24+dfsg1-1+deb12u1) bookworm; urgency=high
+    m = re.match(r"docker\.io \((?:\d+:)?([^)\s]+)-[^-)\s]+\)", first)
+    return text if m and m.group(1) == server_version else ""
+
+
+def authz_advisories(server_version: str, host: HostFiles) -> list[tuple[str, str]]:
+    """(CVE, what) of each bypass advisory this engine version is in, less those its Debian build fixed."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", server_version)
+    if not m:
+        return []
+    version = tuple(int(x) for x in m.groups())
+    changelog: str | None = None
+    found: list[tuple[str, str]] = []
+    for cve, what, ranges in AUTHZ_ADVISORIES:
+        if not any(first <= version < fixed for first, fixed in ranges):
+            continue
+        if "+dfsg" in server_version:
+            if changelog is None:
+                changelog = debian_fixes(host, server_version)
+            if cve in changelog:
+                continue
+        found.append((cve, what))
+    return found
+
+
+def authz_state(info: Mapping[str, Any], podman: bool) -> tuple[str, list[str]]:
+    """Whether the daemon asks gpupin ("on", "off", "down", "podman", "unknown") and the other authorization plugins
+    it lists (docker info: the list it started with; gpupin's own state from the probe, which a reload changes)."""
+    if podman:
+        return "podman", []
+    listed = [str(p) for p in ((info.get("Plugins") or {}).get("Authorization") or [])]
+    from gpupin.hostagent import setup
+
+    try:
+        state = setup.probe()
+    except GpupinError:
+        state = "unknown"
+    return state, [p for p in listed if p != AUTHZ_PLUGIN]
+
+
+def check_authz(info: Mapping[str, Any], state: str, others: Sequence[str], host: HostFiles) -> list[Finding]:
+    """The plugin down (the daemon refuses every request), and an engine with a bypass while a plugin is on."""
+    findings: list[Finding] = []
+    if state == "down":
+        findings.append(
+            Finding(
+                "docker",
+                f"the daemon asks the authorization plugin {AUTHZ_PLUGIN}, which does not answer: the daemon refuses "
+                "every request until it does",
+                "start it (`systemctl start gpupin-authz`, or `hostagent authz`); docs/authz.md, When the plugin is "
+                "down",
+            )
+        )
+    if state in ("on", "down") or others:
+        version = str(info.get("ServerVersion") or "")
+        for cve, what in authz_advisories(version, host):
+            findings.append(
+                Finding(
+                    "docker",
+                    f"Engine {shown(version)} has the AuthZ bypass {cve}: {what}",
+                    "update the engine (docs/authz.md lists the fixed releases); gpupin's plugin refuses a create "
+                    "it gets without its body, other plugins may not",
+                )
+            )
+    return findings
+
+
+def locked_out(host: HostFiles, err: GpupinError) -> str | None:
+    """The hint for a daemon that does not answer: when its daemon.json lists gpupin and the plugin is silent, that is
+    why (the daemon refuses every request, after 30-45 s of retries each, while its plugin is away)."""
+    from gpupin.hostagent import setup
+
+    try:
+        listed = AUTHZ_PLUGIN in (setup.read_config(host.path(setup.DAEMON_JSON)).get(setup.KEY) or [])
+    except GpupinError:
+        listed = False
+    if listed and setup.plugin_answers(host.path(setup.SOCKET)) is not None:
+        return (
+            f"daemon.json lists the authorization plugin {AUTHZ_PLUGIN} and it does not answer at {setup.SOCKET}: "
+            "the daemon refuses every request until it does; start it (`systemctl start gpupin-authz`)"
+        )
+    return err.hint
+
+
+def authz_line(state: str, others: Sequence[str]) -> str:
+    words = {
+        "on": f"authz: {AUTHZ_PLUGIN} on",
+        "off": f"authz: {AUTHZ_PLUGIN} off",
+        "down": f"authz: {AUTHZ_PLUGIN} on but not answering",
+        "podman": "authz: none (podman has no authorization plugins)",
+        "unknown": f"authz: {AUTHZ_PLUGIN} unknown",
+    }
+    line = words[state]
+    if others:
+        line += f", other plugins {', '.join(shown(p) for p in others)}"
+    return line
+
+
 def cgroup_line(info: Mapping[str, Any] | None, host: HostFiles) -> str:
     if info is not None and info.get("CgroupDriver"):
         return f"cgroup v{shown(info.get('CgroupVersion') or '?')} with the {shown(info['CgroupDriver'])} driver"
@@ -382,7 +516,9 @@ DESCRIPTION = (
     "driver, persistence mode off, a CDI spec (or the daemon's discovered CDI devices) whose cards differ from "
     "NVML's, or that was generated for another driver, a CDI 0.7 spec on an Engine before 26.1, the NVIDIA hook "
     "or runtime "
-    "missing, a Swarm node's default runtime and the toolkit's swarm-resource. One line per finding, each "
+    "missing, a Swarm node's default runtime and the toolkit's swarm-resource, an authorization plugin that does "
+    "not answer and an engine with an AuthZ bypass advisory while one is on (docs/authz.md). One line per finding, "
+    "each "
     "with a HINT. Exit 0 when the host is clean, 1 when it has a trap, 64 bad usage."
 )
 
@@ -424,11 +560,14 @@ def examine(host: HostFiles) -> Report:
     from gpupin.hostagent.engine import podman
 
     info: DaemonAnswer | None = None
+    authz = ""
     try:
         reader = engine.reader(timeout=10)
         info = engine.info(reader)
     except GpupinError as err:
-        findings.append(Finding("docker", f"{err.message}: the daemon's checks were skipped", err.hint, ERROR))
+        findings.append(
+            Finding("docker", f"{err.message}: the daemon's checks were skipped", locked_out(host, err), ERROR)
+        )
     if info is not None:
         findings += check_dev_char(host, str(info.get("CgroupDriver") or ""))
         cdi_served = engine.cdi_detection(info).served
@@ -440,11 +579,14 @@ def examine(host: HostFiles) -> Report:
         findings += check_swarm_resource(info, host, cards)
         if cards and engine.endpoint().unix_path is not None:  # a remote daemon's devices are another host's
             findings += check_discovered(info, cards)
+        state, others = authz_state(info, bool(podman.version(reader)))
+        findings += check_authz(info, state, others, host)
+        authz = authz_line(state, others)
     if cards:
         findings += check_cdi(host, info, cards)
     findings += check_cdi_versions(host, info, nvml.driver_version() if cards else None)
     findings += check_policy(host)
-    summary = f"{len(cards)} card(s), {cgroup_line(info, host)}"
+    summary = f"{len(cards)} card(s), {cgroup_line(info, host)}" + (f", {authz}" if authz else "")
     return Report(findings, summary)
 
 

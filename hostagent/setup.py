@@ -4,8 +4,9 @@ take it out again (docs/authz.md, Install).
 The daemon reads `authorization-plugins` from daemon.json at start and again on SIGHUP (moby's reloadConfig, every
 engine since 1.x; `systemctl reload docker` sends the same signal), so nothing restarts and no container stops.
 Two traps make the order matter, both measured on Engines 20.10, 26 and 28.5:
-- a reload validates every listed plugin, and dockerd EXITS when one does not answer: the plugin must be serving
-  before the reload, so setup asks it (Plugin.Activate) first and refuses when it is silent;
+- a reload validates every listed plugin, and dockerd EXITS (15 s after the signal) when it cannot find one it has
+  not reached before: the plugin must be serving before the reload, so setup asks it (Plugin.Activate) first
+  and refuses when it is silent;
 - while a listed plugin is down the daemon refuses every request (after ~30-45 s of retries each).
 `docker info`'s Plugins.Authorization shows the list the daemon STARTED with, not what a reload applied: whether
 the daemon asks gpupin now is seen from a probe that gpupin's plugin denies by contract (PROBE).
@@ -21,16 +22,18 @@ import sys
 import time
 
 from gpupin.core.errors import DockerUnavailableError, GpupinError, UsageError, quoted, shown
-from gpupin.hostagent.authz import CONTENT_TYPE as PLUGIN_CONTENT_TYPE
-from gpupin.hostagent.authz import NAME as PLUGIN
-from gpupin.hostagent.authz import PROBE as PROBE
-from gpupin.hostagent.authz import SOCKET as SOCKET
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 
+# The plugin's own names (gpupin.hostagent.authz's, equal by test): not imported, because doctor imports this module
+# and the plugin's package sits on the agent's layers (tests/unit/test_import_rules.py: at most 8 deep).
+PLUGIN = "gpupin"
+SOCKET = f"/run/docker/plugins/{PLUGIN}.sock"
+PLUGIN_CONTENT_TYPE = "application/vnd.docker.plugins.v1.2+json"
+PROBE = "gpupin-authz-probe"
 KEY = "authorization-plugins"
 DAEMON_JSON = "/etc/docker/daemon.json"
 PIDFILE = "/run/docker.pid"  # dockerd's default --pidfile (/var/run/docker.pid: /var/run is /run)
@@ -44,7 +47,7 @@ DESCRIPTION = (
     "now asks the plugin. The daemon then sends gpupin every API request before it acts on it, and gpupin denies "
     "a container that would take a held or busy card, or one that pins no card (--gpus all), with a line the "
     "user's docker CLI prints (docs/authz.md). WHILE THE PLUGIN PROCESS IS DOWN THE DAEMON REFUSES EVERY REQUEST "
-    "(docker ps too, after 30-45 s of retries each), and a reload with a plugin that does not answer stops the "
+    "(docker ps too, after 30-45 s of retries each), and a reload naming a plugin it cannot find stops the "
     "daemon: so setup refuses to turn it on unless the plugin answers at --socket, and the plugin runs under "
     "systemd, started before docker (`hostagent authz`). It does not make the docker group safe: a user who may "
     "run privileged containers or bind the host's / can leave any rule behind (docs/authz.md, What it stops)."
@@ -335,7 +338,7 @@ def command(args: Any) -> int:
     if on and answer is not None:
         raise DockerUnavailableError(
             f"no gpupin plugin answers at {args.socket} ({answer}): turned on now, the daemon would stop at the "
-            "reload and then refuse every request",
+            "reload, or refuse every request",
             "start the plugin first (`systemctl start gpupin-authz`, or `hostagent authz`), then run this again",
         )
     pid = daemon_pid(args.pidfile)

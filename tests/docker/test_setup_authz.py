@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import authz
-from tests.support.host import HOSTAGENT
+from tests.support.host import HOSTAGENT, doctor_on
 from tests.support.sandbox import TEST_IMAGE, Sandbox
 
 pytestmark = pytest.mark.needs("authz")
@@ -41,8 +41,17 @@ def setup_authz(sandbox: Sandbox, tmp_path: Path) -> Iterator[list[str]]:
     assert json.loads(authz.daemon_json(sandbox).read_text()) == json.loads(before)
 
 
-def test_setup_turns_the_plugin_on_and_off_with_a_reload(sandbox: Sandbox, setup_authz: list[str]) -> None:
+def test_setup_turns_the_plugin_on_and_off_with_a_reload(
+    sandbox: Sandbox, setup_authz: list[str], tmp_path: Path
+) -> None:
     import subprocess
+
+    from gpupin.hostagent import doctor
+
+    root = tmp_path / "root"  # doctor's host: the hook, no CDI spec, no docker.io changelog
+    for d in ("dev", "etc", "sys", "usr/bin"):
+        (root / d).mkdir(parents=True)
+    (root / "usr" / "bin" / doctor.HOOK).write_text("")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*setup_authz, *args], env=sandbox.env, capture_output=True, text=True, timeout=60)
@@ -57,6 +66,11 @@ def test_setup_turns_the_plugin_on_and_off_with_a_reload(sandbox: Sandbox, setup
     assert on.stdout.rstrip().endswith("on: the daemon asks gpupin about every request"), on.stdout
     denied = sandbox.docker("create", TEST_IMAGE, "true")
     assert denied.returncode != 0 and "authorization denied by plugin gpupin" in denied.stderr, denied
+    doc = doctor_on(root, sandbox.host)
+    assert doc.stdout.splitlines()[-1].endswith("authz: gpupin on"), doc.stdout
+    version = sandbox.docker("version", "--format", "{{.Server.Version}}", check=True).stdout.strip()
+    for cve, _ in doctor.authz_advisories(version, doctor.HostFiles(str(root))):
+        assert f"docker: Engine {version} has the AuthZ bypass {cve}: " in doc.stdout
     checked = json.loads(run("--check", "--json").stdout)
     assert checked["state"] == "on" and checked["plugin_answers"] and checked["plugins"] == ["gpupin"]
     assert checked["started_with"] == []  # docker info keeps the list the daemon started with
@@ -71,3 +85,5 @@ def test_setup_turns_the_plugin_on_and_off_with_a_reload(sandbox: Sandbox, setup
     assert created.returncode == 0, created
     sandbox.docker("rm", created.stdout.strip())
     assert authz.dockerd_pid(sandbox) == pid  # reloaded, never restarted
+    doc = doctor_on(root, sandbox.host)
+    assert doc.returncode == 0 and doc.stdout.rstrip().endswith("authz: gpupin off"), doc

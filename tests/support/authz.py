@@ -9,8 +9,8 @@ sandbox listens at `plugin_socket(sandbox)`, never in the host's folder.
 Measured on Engines 20.10, 26 and 28.5 (docs/authz.md, The daemon's side):
 - a SIGHUP reloads the plugin list, but `docker info`'s Plugins.Authorization keeps showing the list the daemon
   started with; the reload's own log line is what says it took (`reloaded`);
-- the reload needs the plugin to answer Plugin.Activate: when it does not, dockerd exits (its reload validates
-  the list and fails fatally), so `turn_on` checks the socket first.
+- a reload that lists a plugin the daemon cannot find ends the daemon (15 s after the SIGHUP: its reload
+  validates the list and fails fatally), so `turn_on` checks the socket first.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def _reload(sandbox: Sandbox, config: dict[str, object], timeout: float) -> None
 
 def turn_on(sandbox: Sandbox, name: str = PLUGIN, timeout: float = 30) -> None:
     """Add plugin `name` to the sandbox daemon's authorization-plugins and reload it. The plugin must be serving at
-    plugin_socket(): a reload with a plugin that does not answer ends the daemon."""
+    plugin_socket(): a reload naming a plugin the daemon cannot find ends the daemon."""
     sock = plugin_socket(sandbox, name)
     assert activates(sock), f"no authz plugin answers at {sock}: turning it on would stop Engine {sandbox.engine}"
     config = json.loads(daemon_json(sandbox).read_text())

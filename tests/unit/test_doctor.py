@@ -300,3 +300,96 @@ def test_a_policy_with_mistakes_is_a_finding(root: Path) -> None:
     policy.write_text("[quota]\ncards = 2\n[quota.user.a-student-who-left]\ncards = 4\n")  # good, and said
     (said,) = doctor.check_policy(host)
     assert not said.is_error and "quota.user.a-student-who-left: no such user on this host" in said.problem
+
+
+# --- the authorization plugin (docs/authz.md) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "cves"),
+    [
+        ("18.09.0", ["the 2018 bypass (no CVE)", "CVE-2026-34040"]),
+        ("18.09.9", ["CVE-2026-34040"]),  # 18.09.1 fixed the 2018 bypass; 19.03 lost the fix
+        ("19.03.0", ["CVE-2024-41110", "CVE-2026-34040"]),
+        ("20.10.27", ["CVE-2024-41110", "CVE-2026-34040"]),  # the 20.10 line had no upstream release with the fix
+        ("23.0.15", ["CVE-2026-34040"]),
+        ("24.0.7", ["CVE-2024-41110", "CVE-2026-34040"]),
+        ("26.1.4", ["CVE-2024-41110", "CVE-2026-34040"]),
+        ("26.1.5", ["CVE-2026-34040"]),
+        ("27.1.0", ["CVE-2024-41110", "CVE-2026-34040"]),
+        ("28.5.2", ["CVE-2026-34040"]),
+        ("29.3.1", []),
+        ("5.4.2", ["the 2018 bypass (no CVE)", "CVE-2026-34040"]),  # podman's is never asked: the table is Docker's
+        ("dev", []),
+    ],
+)
+def test_the_authz_bypass_advisories_by_engine_version(root: Path, version: str, cves: list[str]) -> None:
+    assert [cve for cve, _ in doctor.authz_advisories(version, doctor.HostFiles(str(root)))] == cves
+
+
+def plant_changelog(root: Path, first_line: str, *fixed: str) -> None:
+    import gzip
+
+    path = root / doctor.DEBIAN_CHANGELOG.lstrip("/")
+    path.parent.mkdir(parents=True)
+    body = "".join(f"  * Fix {cve}\n" for cve in fixed)
+    with gzip.open(path, "wt") as f:
+        f.write(f"{first_line}\n\n{body}\n -- Someone <someone@debian.org>  Sat, 12 Oct 2024 15:19:49 +0000\n")
+
+
+def test_a_debian_build_counts_the_fixes_its_own_changelog_names(root: Path) -> None:
+    host = doctor.HostFiles(str(root))
+    plant_changelog(root, "docker.io (20.10.24+dfsg1-1+deb12u1) bookworm; urgency=high", "CVE-2024-41110")
+    assert [c for c, _ in doctor.authz_advisories("20.10.24+dfsg1", host)] == ["CVE-2026-34040"]
+    # Another build's changelog (the daemon is not this package's) proves nothing.
+    assert [c for c, _ in doctor.authz_advisories("20.10.23+dfsg1", host)] == ["CVE-2024-41110", "CVE-2026-34040"]
+    # Upstream's own build is never Debian's.
+    assert [c for c, _ in doctor.authz_advisories("20.10.24", host)] == ["CVE-2024-41110", "CVE-2026-34040"]
+
+
+def test_a_bypass_is_a_finding_only_while_an_authorization_plugin_is_on(root: Path) -> None:
+    host = doctor.HostFiles(str(root))
+    info = {"ServerVersion": "26.1.4"}
+    assert doctor.check_authz(info, "off", [], host) == []  # "If you don't use AuthZ plugins, you are not affected"
+    lines = [f.line() for f in doctor.check_authz(info, "on", [], host)]
+    assert lines == [
+        "docker: Engine 26.1.4 has the AuthZ bypass CVE-2024-41110: a request with Content-Length 0 reaches the "
+        "plugin without its body. HINT: update the engine (docs/authz.md lists the fixed releases); gpupin's plugin "
+        "refuses a create it gets without its body, other plugins may not",
+        "docker: Engine 26.1.4 has the AuthZ bypass CVE-2026-34040: a request with an oversized body reaches the "
+        "plugin without it. HINT: update the engine (docs/authz.md lists the fixed releases); gpupin's plugin "
+        "refuses a create it gets without its body, other plugins may not",
+    ]
+    assert len(doctor.check_authz(info, "off", ["opa"], host)) == 2  # another plugin is as exposed
+
+
+def test_a_plugin_that_does_not_answer_is_the_whole_daemon_refused(root: Path) -> None:
+    (f,) = doctor.check_authz({"ServerVersion": "29.3.1"}, "down", [], doctor.HostFiles(str(root)))
+    assert f.line().startswith(
+        "docker: the daemon asks the authorization plugin gpupin, which does not answer: the daemon refuses every "
+        "request until it does. HINT: start it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "others", "line"),
+    [
+        ("on", [], "authz: gpupin on"),
+        ("off", ["opa", "x\x1b[2J"], "authz: gpupin off, other plugins opa, 'x\\x1b[2J'"),
+        ("down", [], "authz: gpupin on but not answering"),
+        ("podman", [], "authz: none (podman has no authorization plugins)"),
+    ],
+)
+def test_the_summary_says_the_plugins_state(state: str, others: list[str], line: str) -> None:
+    assert doctor.authz_line(state, others) == line
+
+
+def test_a_silent_daemon_whose_daemon_json_lists_gpupin_is_said_to_be_locked_out(root: Path) -> None:
+    from gpupin.core.errors import DockerUnavailableError
+
+    err = DockerUnavailableError("timed out", "the daemon's hint")
+    assert doctor.locked_out(doctor.HostFiles(str(root)), err) == "the daemon's hint"
+    (root / "etc" / "docker").mkdir(parents=True)
+    (root / "etc" / "docker" / "daemon.json").write_text('{"authorization-plugins": ["gpupin"]}')
+    hint = doctor.locked_out(doctor.HostFiles(str(root)), err)
+    assert hint is not None and "the daemon refuses every request until it does" in hint

@@ -26,6 +26,17 @@ json_values = st.recursive(
 )
 
 
+def test_setup_names_the_plugin_as_the_plugin_does() -> None:
+    from gpupin.hostagent import authz
+
+    assert (setup.PLUGIN, setup.SOCKET, setup.PROBE, setup.PLUGIN_CONTENT_TYPE) == (
+        authz.NAME,
+        authz.SOCKET,
+        authz.PROBE,
+        authz.CONTENT_TYPE,
+    )
+
+
 def test_gpupin_goes_last_and_every_other_key_and_plugin_stays(tmp_path: Path) -> None:
     path = tmp_path / "daemon.json"
     path.write_text('{"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}, "authorization-plugins": ["opa"]}')
@@ -123,7 +134,7 @@ def test_turning_it_on_with_no_plugin_answering_is_refused_and_changes_nothing(t
     r = hostagent("setup", "authz", "--daemon-json", str(path), "--socket", str(tmp_path / "none.sock"))
     assert r.returncode == 69, r
     assert "no gpupin plugin answers at" in r.stderr and "no socket there" in r.stderr, r.stderr
-    assert "would stop at the reload and then refuse every request" in r.stderr
+    assert "would stop at the reload, or refuse every request" in r.stderr
     assert path.read_text() == '{"debug": true}'
 
 
