@@ -58,7 +58,7 @@ last_uuid() { nvidia-smi --query-gpu=uuid --format=csv,noheader | tail -1; }
 
 tier() {
     cd /tmp/src || return 1
-    PYTHONPATH=/tmp/site:/tmp/src timeout 330 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rs -s \
+    PYTHONPATH=/tmp/site:/tmp/src timeout ${TIER_S:-330} python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -v -rs -s \
         -o addopts="" --timeout 200 2>&1 | tee "$OUT/test-gpu.log" | grep -vE '^\s*$' | tail -150
     el tier done
     docker ps -aq | xargs -r docker rm -f >/dev/null
