@@ -15,7 +15,6 @@ import socketserver
 import stat
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler
 
 from gpupin.core.errors import GpupinError, UsageError, shown
 from gpupin.hostagent.authz import CONTENT_TYPE, NAME, judge, request
@@ -109,45 +108,86 @@ class Plugin:
             return judge.Verdict(True, "WARN " + line) if rule.mode == "warn" else judge.Verdict(False, line)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # the daemon's plugin client keeps its connection
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
+IDLE_S = 300.0  # a connection of the daemon's plugin client that says nothing this long is closed
+MAX_HEADERS = 64
+
+
+def _response(status: int, obj: Any) -> bytes:
+    body = json.dumps(obj).encode()
+    head = (
+        f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+_ALLOWED = _response(200, {"Allow": True})  # every AuthZRes; an AuthZReq the plugin lets through silently
+_ACTIVATED = _response(200, {"Implements": ["authz"]})
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    """One connection of the daemon's plugin client, kept open between calls: HTTP/1.1 read by hand, for the few
+    headers that matter (http.server's header parsing was most of a call's cost, and the daemon calls the plugin
+    twice for every request it serves)."""
+
     plugin: Plugin
+    timeout = IDLE_S
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a line per request of every docker command would drown the journal
-
-    def _answer(self, status: int, obj: Any) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self) -> None:
+    def handle(self) -> None:
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 <= length <= MAX_MESSAGE:
-                raise ValueError(f"a message of {length} bytes")
-            raw = self.rfile.read(length)
-            if self.path == "/AuthZPlugin.AuthZRes":  # every answer is let through: its body is not worth reading
-                self._answer(200, {"Allow": True})
-                return
+            while self._one():
+                pass
+        except (OSError, ValueError):
+            pass  # the daemon closed the connection, or sent what is not HTTP: it dials again
+
+    def _one(self) -> bool:
+        """Answer one call; False when the connection is to close."""
+        line = self.rfile.readline(8192)
+        parts = line.split()
+        if len(parts) != 3:
+            return False
+        path = parts[1].decode("latin-1")
+        length, keep = 0, parts[2] == b"HTTP/1.1"
+        for _ in range(MAX_HEADERS):
+            header = self.rfile.readline(8192)
+            if header in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = header.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection":
+                keep = value.strip().lower() != b"close"
+            elif name == b"transfer-encoding":
+                self.wfile.write(_response(400, {"Err": "gpupin: a chunked message is not read"}))
+                return False
+        else:
+            return False
+        if not 0 <= length <= MAX_MESSAGE:
+            self.wfile.write(_response(400, {"Err": f"gpupin: a message of {length} bytes"}))
+            return False
+        raw = self.rfile.read(length)
+        self.wfile.write(self._answer(path, raw))
+        return keep
+
+    def _answer(self, path: str, raw: bytes) -> bytes:
+        if path == "/AuthZPlugin.AuthZRes":  # every answer is let through: its body is not worth reading
+            return _ALLOWED
+        if path == "/Plugin.Activate":
+            return _ACTIVATED
+        if path != "/AuthZPlugin.AuthZReq":
+            return _response(404, {"Err": f"no such call {path}"})
+        try:
             msg = json.loads(raw or b"{}")
             if not isinstance(msg, dict):
                 raise ValueError("not a JSON object")
         except ValueError as err:
-            self._answer(400, {"Err": f"gpupin: the daemon's message cannot be read: {err}"})
-            return
-        if self.path == "/Plugin.Activate":
-            self._answer(200, {"Implements": ["authz"]})
-        elif self.path == "/AuthZPlugin.AuthZReq":
-            try:
-                self._answer(200, self.plugin.authz_request(msg))
-            except Exception as err:  # a bug: the request is refused with a line, the plugin keeps serving
-                self._answer(200, {"Allow": False, "Msg": f"gpupin: the plugin failed: {type(err).__name__}: {err}"})
-        else:
-            self._answer(404, {"Err": f"no such call {self.path}"})
+            return _response(400, {"Err": f"gpupin: the daemon's message cannot be read: {err}"})
+        try:
+            verdict = self.plugin.authz_request(msg)
+        except Exception as err:  # a bug: the request is refused with a line, the plugin keeps serving
+            verdict = {"Allow": False, "Msg": f"gpupin: the plugin failed: {type(err).__name__}: {err}"}
+        return _ALLOWED if verdict == {"Allow": True, "Msg": ""} else _response(200, verdict)
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
