@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -95,6 +96,14 @@ def door(agent: Agent, tmp_path: Path) -> Iterator[Door]:
         d.close()
 
 
+def user_name(uid: int) -> str:
+    """How the agent names an owner: the uid's name, or the uid where it has none (this machine's uids may have)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def denied(r: subprocess.CompletedProcess[str]) -> str:
     """The plugin's line of a denied docker command (its rc is 125 for run and create)."""
     assert r.returncode != 0 and DENIED in r.stderr, (r.returncode, r.stdout, r.stderr)
@@ -109,7 +118,7 @@ def test_every_way_to_a_card_is_judged_at_the_door(door: Door) -> None:
     door.wait_holder(name)
     label = json.loads(door.sandbox.docker("inspect", name, check=True).stdout)[0]["Config"]["Labels"]
     assert label["gpupin.grant"].startswith("1.") and label["gpupin.grant"].split(".")[3] == str(ALICE)
-    held = f"card 1 ({RTX}) is held by {name} ({ALICE})"
+    held = f"card 1 ({RTX}) is held by {name} ({user_name(ALICE)})"
     # Bob, a docker-group user, tries card 1 every way the ledger knows, with the plain docker CLI.
     forms = [
         ["--gpus", "device=1"],
@@ -139,6 +148,8 @@ def test_every_way_to_a_card_is_judged_at_the_door(door: Door) -> None:
     assert line.startswith("only the agent's containers may take cards on this host (--gpus device=3)"), line
     r = door.as_user(BOB, "run", "--rm", "--gpu", "3", TEST_IMAGE, "--quiet", "true")
     assert r.returncode == 0, r.stderr
+    # The agent sees card 3 free again once the daemon has removed Bob's container (--rm, after the exit).
+    wait_for(lambda: door.resident.card(A800C)["state"] == "free", 20, "card 3 free again")
     # A forged grant, and Alice's own copied onto another create, are refused.
     forged = f"1.{'0' * 16}.{int(time.time()) + 60}.{BOB}.{'0' * 32}"
     for grant in (forged, label["gpupin.grant"]):
