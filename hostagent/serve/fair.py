@@ -13,7 +13,7 @@ from gpupin.hostagent.ls.model import CardShown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
     from typing import Protocol
 
     from gpupin.core.resolve import Target
@@ -173,10 +173,11 @@ def clear(waiters: Sequence[Waiting], n: int, view: Listing) -> bool:
     return not any(mine & could_take(w.ask, view) for w in waiters[:n] if not w.lapsed)
 
 
-def grantable(waiters: Sequence[Waiting], view: Listing) -> dict[int, list[str]]:
+def grantable(waiters: Sequence[Waiting], view: Listing, taken: Iterable[str] = ()) -> dict[int, list[str]]:
     """Which waiters (by position in `waiters`, which is arrival order) may take a turn now, and the cards each is
-    offered. A waiter whose turn is out is not offered another."""
-    reserved: set[str] = set()
+    offered. A waiter whose turn is out is not offered another; `taken`: cards a turn has just booked, which the
+    view may not show held yet."""
+    reserved: set[str] = set(taken)
     out: dict[int, list[str]] = {}
     for n, w in enumerate(waiters):
         if w.lapsed:

@@ -38,6 +38,10 @@ REJOIN_S = 60.0  # how long after its start the agent honours the tickets of the
 MAX_WAITERS = 8  # places one uid (other than root) may hold at once: more --wait runs than that are one user's loop
 MAX_LAPSES = 3  # turns not used (cards still usable) before the place is lost: a slow client is forgiven twice
 LAPSE_CHECK_S = 1.0  # after `again`, how long until its cards are looked at (the view follows the create that won)
+# A turn's cards once its waiter left (it booked them, most often): offered to no one until the view shows them
+# taken, or this long. The view follows a create by the daemon's event; a turn granted from a view that has not yet
+# would send its waiter to a card just taken, to be refused and wait again.
+TAKEN_S = 5.0
 STATE_FILE = "queue.json"
 
 
@@ -227,6 +231,7 @@ class Queue:
         self._lock = threading.RLock()
         self._waiters: list[QueuedRun] = []
         self._returning: dict[str, tuple[int, float]] = {}  # ticket -> (uid, arrival) from the file, until REJOIN_S
+        self._taken: dict[str, float] = {}  # card -> when a waiter left holding a turn on it (TAKEN_S)
         self._state: str | None = None
 
     def start(self) -> None:
@@ -297,6 +302,8 @@ class Queue:
 
     def leave(self, w: QueuedRun) -> None:
         with self._lock:
+            for card in w.offered or ():
+                self._taken[card] = time.monotonic()
             if w in self._waiters:
                 why = " (the agent stops)" if self.agent.stopping.is_set() else ""
                 _audit(w, f"left{why} from {self._waiters.index(w) + 1} of {len(self._waiters)}")
@@ -395,7 +402,8 @@ class Queue:
                 w.post(Lost(f"{MAX_LAPSES} turns went unused while their cards were free: the place is lost"))
                 w.post(None)
         within = self._within_quota(view) if view is not None else []
-        for n, cards in (fair.grantable(within, view) if view is not None else {}).items():
+        taken = self._still_taken(view, now)
+        for n, cards in (fair.grantable(within, view, taken) if view is not None else {}).items():
             w = within[n]
             w.offered, w.turn_at, w.asked_again = cards, now, False
             w.post(Turn(cards))
@@ -414,6 +422,14 @@ class Queue:
             if w.position not in (0, n):
                 w.post(Position(n, len(self._waiters)))
             w.position = n
+
+    def _still_taken(self, view: Listing | None, now: float) -> set[str]:
+        """The cards left with a turn that the view still shows free, for TAKEN_S at most. Under the lock."""
+        free = {g.uuid for g in view.gpus if g.use.state in ("free", "shared")} if view is not None else set()
+        for card, at in list(self._taken.items()):
+            if now - at > TAKEN_S or (view is not None and card not in free):
+                del self._taken[card]
+        return set(self._taken)
 
     def _run(self) -> None:
         version = -1

@@ -83,6 +83,12 @@ def test_first_come_first_served_for_one_card() -> None:
     assert fair.grantable([W("1", offered=[UUIDS[1]]), W("1")], view("held", "free")) == {}
 
 
+def test_a_card_a_turn_just_booked_is_offered_to_no_one_while_the_view_shows_it_free() -> None:
+    # The daemon's event has not reached the view yet: card 1 looks free, but the waiter that left took it.
+    assert fair.grantable([W(count=1)], view("held", "free", "free"), taken=[UUIDS[1]]) == {0: [UUIDS[2]]}
+    assert fair.grantable([W("1")], view("held", "free"), taken=[UUIDS[1]]) == {}
+
+
 def test_a_count_at_the_head_holds_later_counts_back_until_enough_are_free() -> None:
     queue = [W(count=2), W(count=1), W(count=1)]
     assert fair.grantable(queue, view("free", "held", "held", "held")) == {}
