@@ -27,6 +27,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
+
 
 # The plugin's own names (gpupin.hostagent.authz's, equal by test): not imported, because doctor imports this module
 # and the plugin's package sits on the agent's layers (tests/unit/test_import_rules.py: at most 8 deep).
@@ -100,7 +102,7 @@ def add(sub: Any) -> None:
 # --- daemon.json ------------------------------------------------------------------------------------------------
 
 
-def read_config(path: str) -> dict[str, Any]:
+def read_config(path: str) -> JSONObject:
     """daemon.json as a dict ({} when there is none); UsageError for a file that is not a JSON object or whose
     plugin list is not a list of names."""
     try:
@@ -135,7 +137,7 @@ def read_config(path: str) -> dict[str, Any]:
     return data
 
 
-def with_plugin(config: dict[str, Any], on: bool) -> tuple[dict[str, Any], bool]:
+def with_plugin(config: JSONObject, on: bool) -> tuple[JSONObject, bool]:
     """The config with gpupin added to (last: every plugin must allow) or removed from its plugin list, every other
     key and plugin kept in place; and whether that changed anything. An emptied list is removed."""
     plugins: list[str] = list(config.get(KEY) or [])
@@ -150,7 +152,7 @@ def with_plugin(config: dict[str, Any], on: bool) -> tuple[dict[str, Any], bool]
     return new, True
 
 
-def write_config(path: str, config: dict[str, Any]) -> None:
+def write_config(path: str, config: JSONObject) -> None:
     """Replace the file at once (a daemon reading it, or a crash, never sees half of it), keeping its mode and owner
     (a new file: 0644, root's, as Docker's packages make it)."""
     try:
@@ -291,7 +293,7 @@ def started_with() -> list[str] | None:
 class Outcome:
     def __init__(self, args: Any) -> None:
         self.lines: list[str] = []
-        self.facts: dict[str, Any] = {"daemon_json": args.daemon_json, "socket": args.socket, "pidfile": args.pidfile}
+        self.facts: JSONObject = {"daemon_json": args.daemon_json, "socket": args.socket, "pidfile": args.pidfile}
 
     def say(self, line: str) -> None:
         self.lines.append(line)

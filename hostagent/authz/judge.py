@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.authz.grant import Grants
     from gpupin.hostagent.authz.request import Asked
+    from gpupin.hostagent.engine.answer import DaemonAnswer
     from gpupin.hostagent.ledger.holding_forms import CardGrant, HostCards
     from gpupin.hostagent.policy import EnforceRule
 
@@ -39,7 +41,7 @@ class Verdict:
         self.msg = msg
         self.uid = uid
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"Allow": self.allow, "Msg": self.msg}
 
 
@@ -68,7 +70,7 @@ def escapes(c: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def container_of(asked: Asked) -> dict[str, Any] | None:
+def container_of(asked: Asked) -> DaemonAnswer | None:
     """The container a create or an update would make, as `docker inspect` shows it (None: no body, or neither);
     request.Unreadable for a body the daemon would refuse to decode."""
     if asked.body is None or asked.kind not in (request.CREATE, request.UPDATE):
@@ -97,7 +99,7 @@ def _service_cards(body: Mapping[str, Any]) -> list[CardGrant]:
 
 def first_look(
     asked: Asked, host: HostCards, rule: EnforceRule
-) -> tuple[Verdict | None, list[CardGrant], dict[str, Any] | None]:
+) -> tuple[Verdict | None, list[CardGrant], DaemonAnswer | None]:
     """What the plugin decides without the agent: a verdict, or None with the cards asked and the container (the
     agent judges those)."""
     if (asked.method == "GET" and asked.path == PROBE_PATH) or (asked.kind == request.CREATE and asked.name == PROBE):

@@ -23,6 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpupin.core import JSONObject
     from gpupin.hostagent.ledger.holding_forms import HostCards
     from gpupin.hostagent.policy import EnforceRule
 
@@ -75,7 +76,7 @@ class Plugin:
             self._rule = (key, rule)
             return rule
 
-    def authz_request(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def authz_request(self, msg: JSONObject) -> JSONObject:
         asked = request.read(msg)
         rule = self.rule()
         verdict, _, _ = judge.first_look(asked, self.host, rule)
@@ -85,7 +86,7 @@ class Plugin:
             _say(f"{'allowed' if verdict.allow else 'denied'} {asked.method} {asked.path}: {verdict.msg}")
         return verdict.to_json()
 
-    def ask_agent(self, msg: dict[str, Any], rule: EnforceRule) -> judge.Verdict:
+    def ask_agent(self, msg: JSONObject, rule: EnforceRule) -> judge.Verdict:
         from gpupin.hostagent import http1
 
         sent = {k: msg.get(k) for k in ("RequestMethod", "RequestUri", "RequestBody", "User")}

@@ -14,7 +14,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any
+    from typing import Any, TypeAlias
+
+    from gpupin.hostagent.engine.answer import DaemonAnswer
+
+    Schema: TypeAlias = dict[str, Any]  # the daemon's struct: field name -> its value's schema (normal())
 
 _VERSION = re.compile(r"^/v[0-9]+(?:\.[0-9]+)?(?=/)")
 _UPDATE = re.compile(r"^/containers/[^/]+/update$")
@@ -88,8 +92,8 @@ MAP = "map"
 _DEVICE = {"PathOnHost": None, "PathInContainer": None, "CgroupPermissions": None}
 _REQUEST = {"Driver": None, "Count": None, "DeviceIDs": None, "Capabilities": None, "Options": MAP}
 _MOUNT = {"Type": None, "Source": None, "Target": None}
-_RESOURCES: dict[str, Any] = {"Devices": [_DEVICE], "DeviceRequests": [_REQUEST], "DeviceCgroupRules": None}
-_HOST: dict[str, Any] = {
+_RESOURCES: Schema = {"Devices": [_DEVICE], "DeviceRequests": [_REQUEST], "DeviceCgroupRules": None}
+_HOST: Schema = {
     **_RESOURCES,
     "Runtime": None,
     "Privileged": None,
@@ -100,10 +104,10 @@ _HOST: dict[str, Any] = {
     "PidMode": None,
     "Annotations": MAP,
 }
-CREATE_SCHEMA: dict[str, Any] = {"Image": None, "Env": None, "Labels": MAP, "HostConfig": _HOST}
+CREATE_SCHEMA: Schema = {"Image": None, "Env": None, "Labels": MAP, "HostConfig": _HOST}
 UPDATE_SCHEMA = _RESOURCES
 _GENERIC = {"DiscreteResourceSpec": {"Kind": None}, "NamedResourceSpec": {"Kind": None}}
-SERVICE_SCHEMA: dict[str, Any] = {
+SERVICE_SCHEMA: Schema = {
     "TaskTemplate": {"Resources": {"Reservations": {"GenericResources": [_GENERIC]}}},
 }
 
@@ -135,7 +139,7 @@ def normal(value: Any, schema: Any, where: str = "the body") -> Any:
     if not isinstance(value, _Pairs):
         raise Unreadable(f"{where} is not an object")
     names = {_fold(k): k for k in schema}
-    out: dict[str, Any] = {}
+    out: DaemonAnswer = {}
     for key, v in value:
         name = names.get(_fold(key))
         if name is None or v is None:
@@ -164,7 +168,7 @@ def _strings(value: Any, where: str) -> list[str]:
     return value
 
 
-def container(body: Any) -> dict[str, Any]:
+def container(body: Any) -> DaemonAnswer:
     """A create's body as `docker inspect` shows the container: its config, its HostConfig, and its binds as the
     daemon records them in Mounts (`-v SRC:DST` and `--mount type=bind`). Unreadable: the daemon would refuse it."""
     c = normal(body, CREATE_SCHEMA)
@@ -184,14 +188,14 @@ def container(body: Any) -> dict[str, Any]:
     return {"Config": c, "HostConfig": host, "Mounts": mounts}
 
 
-def update_container(body: Any) -> dict[str, Any]:
+def update_container(body: Any) -> DaemonAnswer:
     """An update's body (resources: Devices, DeviceRequests, DeviceCgroupRules) as the container those would give."""
     host = normal(body, UPDATE_SCHEMA)
     _types(host)
     return {"Config": {}, "HostConfig": host, "Mounts": []}
 
 
-def _types(host: dict[str, Any]) -> None:
+def _types(host: DaemonAnswer) -> None:
     """The daemon's types for what the holding forms read of a HostConfig (a count is an integer, ...)."""
     for r in host.get("DeviceRequests") or []:
         if not isinstance(r.get("Count") or 0, int) or isinstance(r.get("Count"), bool):

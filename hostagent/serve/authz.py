@@ -37,7 +37,7 @@ class Judging:
         msg = body.get("request")
         handler.answer(self.verdict(msg if isinstance(msg, dict) else {}).to_json())
 
-    def verdict(self, msg: dict[str, Any]) -> judge.Verdict:
+    def verdict(self, msg: JSONObject) -> judge.Verdict:
         from gpupin.hostagent.ledger.holding_forms import HostCards
 
         asked = request.read(msg)
