@@ -4,11 +4,17 @@ and in each block `docker run --rm` of a container that reaches no card (the plu
 pins a free card (the plugin asks the agent; `grants = false` lets the plain create through). Medians side by side.
 
     make bench-authz ENGINES="20.10 26"      (the sandbox and the simulated host's environment come from make)
+
+`--calls SOCKET` times the plugin's own answers instead, on a plugin already serving there: each message a `docker
+run` makes the daemon send (the request and the answer of a ping, a create that reaches no card, one that pins a
+card, a start), over one kept-open connection as the daemon's client keeps it. Their sum bounds what the plugin adds.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import http.client
 import json
 import os
 import signal
@@ -128,6 +134,73 @@ def bench(engine: str, blocks: int, n: int, gpu: str) -> dict[str, object]:
     return out
 
 
+class _Unix(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("plugin")
+        self.path = path
+
+    def connect(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.path)
+
+
+def _message(method: str, uri: str, body: object | None = None, answer: bool = False) -> bytes:
+    """A message as moby's pkg/authorization sends it (RequestUri, the body base64 in RequestBody)."""
+    msg: dict[str, object] = {"User": "", "RequestMethod": method, "RequestUri": uri, "RequestHeaders": {}}
+    if body is not None:
+        msg["RequestHeaders"] = {"Content-Type": "application/json"}
+        msg["RequestBody"] = base64.b64encode(json.dumps(body).encode()).decode()
+    if answer:
+        msg["ResponseStatusCode"], msg["ResponseHeaders"] = 200, {}
+    return json.dumps(msg).encode()
+
+
+def calls(socket_path: str, n: int, gpu: str) -> dict[str, object]:
+    """Median and 99th percentile of each message's round trip, in ms; and their sum over one `docker run`."""
+    create = {"Image": IMAGE, "Entrypoint": ["true"], "HostConfig": {}}
+    pinned = {**create, "HostConfig": {"DeviceRequests": [{"Driver": "", "Count": 0, "DeviceIDs": [gpu],
+                                                           "Capabilities": [["gpu"]]}]}}  # fmt: skip
+    run = [  # what the CLI's `docker run --rm` sends, each asked before (AuthZReq) and after (AuthZRes)
+        ("ping", "HEAD", "/_ping", None),
+        ("create, no card", "POST", "/v1.41/containers/create", create),
+        ("attach", "POST", "/v1.41/containers/c0ffee/attach?stream=1&stdout=1&stderr=1", None),
+        ("wait", "POST", "/v1.41/containers/c0ffee/wait?condition=removed", None),
+        ("start", "POST", "/v1.41/containers/c0ffee/start", None),
+    ]
+    conn = _Unix(socket_path)
+    out: dict[str, object] = {}
+
+    def timed(what: str, path: str, body: bytes) -> float:
+        took = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            conn.getresponse().read()
+            took.append((time.perf_counter() - t0) * 1000)
+        took.sort()
+        med, p99 = statistics.median(took), took[min(len(took) - 1, int(len(took) * 0.99))]
+        out[what] = {"median_ms": med, "p99_ms": p99, "n": n}
+        print(f"  {what}: median {med:.3f} ms, p99 {p99:.3f} ms (n={n})")
+        return med
+
+    print(f"the plugin on {socket_path}, each message's round trip:")
+    total = 0.0
+    for what, method, uri, body in run:
+        total += timed(f"AuthZReq {what}", "/AuthZPlugin.AuthZReq", _message(method, uri, body))
+        total += timed(f"AuthZRes {what}", "/AuthZPlugin.AuthZRes", _message(method, uri, body, answer=True))
+    pin = timed("AuthZReq create, a pinned card (the agent asked)", "/AuthZPlugin.AuthZReq",
+                _message("POST", "/v1.41/containers/create", pinned))  # fmt: skip
+    no_card_create = out["AuthZReq create, no card"]
+    assert isinstance(no_card_create, dict)
+    out["docker_run_no_card_ms"] = total
+    out["docker_run_pinned_ms"] = total - no_card_create["median_ms"] + pin
+    print(f"sum over one docker run's {2 * len(run)} messages: no card {total:.2f} ms, a pinned card "
+          f"{out['docker_run_pinned_ms']:.2f} ms")  # fmt: skip
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engines", default="20.10")
@@ -135,8 +208,13 @@ def main() -> int:
     p.add_argument("-n", type=int, default=5, help="runs of each kind per block")
     p.add_argument("--gpu", default="3", help="a free card of the simulated host to pin")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--calls", metavar="SOCKET", help="time the messages of the plugin serving on SOCKET instead")
+    p.add_argument("--calls-n", type=int, default=2000, help="round trips of each message (--calls)")
     args = p.parse_args()
-    results = [bench(e, args.blocks, args.n, args.gpu) for e in args.engines.split()]
+    if args.calls:
+        results: list[dict[str, object]] = [calls(args.calls, args.calls_n, args.gpu)]
+    else:
+        results = [bench(e, args.blocks, args.n, args.gpu) for e in args.engines.split()]
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

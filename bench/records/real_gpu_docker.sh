@@ -107,10 +107,11 @@ json.dump(d, open(p, 'w'))" "$1"
     # the cost: a non-GPU run, and a GPU run on a free card (grants off, so a plain create may take it)
     printf '[enforce]\nmode = "on"\ngrants = false\n' >"$GPUPIN_POLICY"
     : >$A/times
-    for block in 1 2 3 4; do
+    .venv/bin/python bench/authz_bench.py --calls /run/docker/plugins/gpupin.sock --gpu "$U" --json "$OUT/authz-calls.json"
+    for block in $(seq "${AUTHZ_BLOCKS:-10}"); do
         mode=$([ $((block % 2)) = 1 ] && echo on || echo off)
         plugin "$mode"
-        for i in 1 2 3; do
+        for i in $(seq "${AUTHZ_N:-6}"); do
             for what in plain gpu; do
                 t0=$(date +%s%N)
                 if [ $what = plain ]; then docker run --rm --entrypoint true gpupin:test >/dev/null 2>&1

@@ -233,8 +233,8 @@ def serve(socket_path: str, agent_socket: str, policy_file: str, ready: threadin
     """Serve until SIGTERM or SIGINT (0)."""
     import signal
 
+    _take_socket(socket_path)  # a bad path is refused before the cards are read (and NVML warns of anything)
     plugin = Plugin(agent_socket, policy_file, _host_cards())
-    _take_socket(socket_path)
     old = os.umask(0o177)  # the socket is root's alone: only the daemon speaks to it
     try:
         server = _Server(socket_path, type("PluginHandler", (_Handler,), {"plugin": plugin}))
