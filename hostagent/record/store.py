@@ -345,8 +345,9 @@ class Store:
         with self.lock:
             self.conn.execute("BEGIN")
             try:
-                self.conn.execute(
-                    f"UPDATE intervals SET {_SET_FIGURES}, end = ?, ended = ? WHERE id = ?", [*figures, end, ended, rid]
+                self.conn.execute(  # with its owner: one noted after the interval opened is written here too
+                    f"UPDATE intervals SET {_SET_FIGURES}, uid = ?, user = ?, end = ?, ended = ? WHERE id = ?",
+                    [*figures, row.uid, row.user, end, ended, rid],
                 )
                 roll(self.conn, closed)
                 self.conn.execute("COMMIT")
@@ -354,6 +355,11 @@ class Store:
                 with contextlib.suppress(sqlite3.Error):
                     self.conn.execute("ROLLBACK")
                 raise
+
+    def owned(self, rid: int, uid: int, user: str) -> None:
+        """Interval `rid`'s owner, learnt after it opened."""
+        with self.lock:
+            self.conn.execute("UPDATE intervals SET uid = ?, user = ? WHERE id = ?", (uid, user, rid))
 
     def note_owner(self, container_id: str, uid: int) -> None:
         with self.lock:

@@ -302,6 +302,7 @@ class RecordWriter:
 
         for key, iv in list(self.open.items()):
             self._take_samples(key, iv)
+            self._late_owner(iv)
             if key in holding:
                 iv.seen = now
                 with self._lock:
@@ -346,6 +347,22 @@ class RecordWriter:
         self.open[key] = iv
         self._take_samples(key, iv)
         self._write_open(iv)
+
+    def _late_owner(self, iv: Interval) -> None:
+        """The owner noted after `iv` opened: the agent notes it once the daemon's create has returned, and a view
+        taken in between opens the interval with none."""
+        if iv.uid is not None:
+            return
+        with self._lock:
+            uid = self._owners.get(iv.container_id)
+        if uid is None:
+            return
+        iv.uid, iv.user = uid, user_name(uid)
+        if iv.rid is not None:
+            try:
+                self.store.owned(iv.rid, uid, iv.user)
+            except Exception as err:  # the close writes it again
+                self._degrade(err)
 
     def _owner_uid(self, cid: str) -> int | None:
         """Who booked a container: the uid an earlier agent noted at accept, else unknown. Its labels (a booking's

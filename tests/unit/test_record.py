@@ -334,6 +334,46 @@ def test_keeper_opens_and_closes_at_the_daemons_times(tmp_path: Path) -> None:
     assert shares(s, None, "image", T0 + 50)[0]["gpu_seconds"] == 42.5
 
 
+def test_an_owner_noted_after_the_interval_opened_is_its_owner(tmp_path: Path) -> None:
+    """The agent notes a run's owner once the daemon's create has returned; a view taken in between opens the
+    interval with no owner. The owner noted then is the interval's, open (in the store and the hooks' payload)
+    and closed (the row and the uid's own daily sums)."""
+    s = Store(str(private(tmp_path)))
+    d = Daemon()
+    k = RecordWriter(s, d.inspect)
+    d.run("c1", T0)
+    k.observe(view({"GPU-a": ["c1"]}), None)
+    k.step(now=T0 + 1)
+    assert rows(s)[0]["uid"] is None
+    k.note_owner("c1", 0)
+    k.observe(view({"GPU-a": ["c1"]}), None)
+    k.step(now=T0 + 2)
+    assert (rows(s)[0]["uid"], rows(s)[0]["user"]) == (0, "root")
+    assert k.open["c1", "GPU-a"].payload()["user"] == {"uid": 0, "name": "root"}
+    d.end("c1", T0 + 10)
+    k.observe(view({"GPU-a": []}), None)
+    k.step(now=T0 + 11)
+    (r,) = rows(s)
+    assert (r["uid"], r["user"], r["end"]) == (0, "root", T0 + 10)
+    assert finished(s.conn, 0, T0) == [(T0, T0 + 10)]
+
+
+def test_an_owner_noted_before_the_close_step_is_written_with_the_close(tmp_path: Path) -> None:
+    """Opened without an owner, noted, and gone by the next view: the close carries the owner."""
+    s = Store(str(private(tmp_path)))
+    d = Daemon()
+    k = RecordWriter(s, d.inspect)
+    d.run("c1", T0)
+    k.observe(view({"GPU-a": ["c1"]}), None)
+    k.step(now=T0 + 1)
+    k.note_owner("c1", 0)
+    d.end("c1", T0 + 5)
+    k.observe(view({"GPU-a": []}), None)
+    k.step(now=T0 + 6)
+    (r,) = rows(s)
+    assert (r["uid"], r["user"], r["end"]) == (0, "root", T0 + 5)
+
+
 def test_unknown_holders_close_nothing(tmp_path: Path) -> None:
     s = Store(str(private(tmp_path)))
     d = Daemon()
