@@ -18,6 +18,7 @@ import threading
 
 from gpupin.core.errors import GpupinError, UsageError, shown
 from gpupin.hostagent.authz import CONTENT_TYPE, NAME, judge, request
+from gpupin.hostagent.authz.grant import LABEL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -109,9 +110,12 @@ class Plugin:
         rule = self.rule()
         if asked.kind != request.CREATE or rule.mode == "off":
             return
-        verdict, _, _ = judge.first_look(asked, self.host, rule)
+        verdict, _, c = judge.first_look(asked, self.host, rule)
         if verdict is not None and not verdict.msg.startswith(judge.WARN):
             return  # decided here, and nothing to note (a container that takes no card)
+        labels = ((c or {}).get("Config") or {}).get("Labels") or {}
+        if verdict is None and rule.mode != "warn" and LABEL not in labels:
+            return  # the agent let it in without a grant (grants = false): nothing to note either
         told: JSONObject = {
             "request": _sent(msg),
             "response": {k: msg.get(k) for k in ("ResponseStatusCode", "ResponseBody")},

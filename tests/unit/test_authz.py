@@ -356,6 +356,13 @@ def test_the_plugin_activates_judges_alone_and_refuses_cards_while_the_agent_is_
     assert status == 200 and v["Allow"] is False
     assert "the agent does not answer" in v["Msg"] and "other containers are not affected" in v["Msg"]
     assert _post(sock, "/AuthZPlugin.AuthZRes", msg(create())) == (200, {"Allow": True})
+    # a granted create's answer is told to the agent; with the agent away it is still let through, at once
+    made = {**msg(create(gpus([RTX]), {LABEL: Grants().issue("job", [RTX], 7)})), "ResponseStatusCode": 201,
+            "ResponseBody": base64.b64encode(json.dumps({"Id": "ab" * 32}).encode()).decode()}  # fmt: skip
+    t0 = time.monotonic()
+    assert _post(sock, "/AuthZPlugin.AuthZRes", made) == (200, {"Allow": True})
+    assert _post(sock, "/AuthZPlugin.AuthZRes", {**made, "ResponseBody": "%%"}) == (200, {"Allow": True})
+    assert time.monotonic() - t0 < 5
     # the policy is read again when it changes: off opens the door
     time.sleep(0.01)
     policy.write_text('[enforce]\nmode = "off"\n')
