@@ -319,6 +319,8 @@ def granted(rendered: Any, exam: Any) -> None:
     (`docker compose up` then says so through the plugin)."""
     from gpupin.hostagent import agentlink
     from gpupin.hostagent.authz.grant import LABEL
+    from gpupin.hostagent.compose.service import label_entries
+    from gpupin.hostagent.ledger.booking import FOR_LABEL
 
     if not exam.requests:
         return
@@ -330,8 +332,12 @@ def granted(rendered: Any, exam: Any) -> None:
     grants = answer.get("grants") if isinstance(answer, dict) else None
     if not isinstance(grants, list):
         return
+    book_s = answer.get("booking_s")  # the policy's default booking for the caller, where a service asks none
     for req, value in zip(exam.requests, grants):
-        set_entries(rendered["services"][req.service], "labels", {LABEL: str(value)})
+        svc = rendered["services"][req.service]
+        set_entries(svc, "labels", {LABEL: str(value)})
+        if isinstance(book_s, (int, float)) and FOR_LABEL not in label_entries(svc, req.service):
+            set_entries(svc, "labels", {FOR_LABEL: f"{max(1, round(book_s))}s"})
     minutes = int(answer.get("expires_in_s") or 0) // 60
     say(f"note: the agent's grants are in the file: `docker compose up` within {minutes} minutes (then render again)")
 
