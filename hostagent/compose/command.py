@@ -175,9 +175,12 @@ def output_path(output: str | None, source: str) -> str | None:
 def write_output(path: str, text: str, quoted: str, protected: Iterable[str] = ()) -> None:
     """All or nothing, never through a link, never over a file the project reads (`protected`): a temporary file
     in the target's directory, renamed over it (gpupin.core.files.write_atomic; the mode of a file it replaces is
-    kept; a new one gets 0666 less the umask, as the shell's `>` gives)."""
+    kept; a new one gets 0666 less the umask, as the shell's `>` gives). A file that carries the agent's grants is
+    its user's alone (0600 at most): a grant admits whoever presents it first, for any name."""
+    from gpupin.hostagent.authz.grant import LABEL
+
     try:
-        files.write_atomic(path, text.encode("utf-8"), protected)
+        files.write_atomic(path, text.encode("utf-8"), protected, private=f"{LABEL}:" in text)
     except files.FileRefused as err:
         raise UsageError(f"-o {quoted}: {err.reason}", err.hint) from None
 

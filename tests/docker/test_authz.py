@@ -196,6 +196,7 @@ def test_a_stale_compose_file_is_refused_and_a_rendered_one_granted(door: Door) 
     r = door.as_user(BOB, "compose", "render", str(project / "compose.yml"), "-o", str(rendered))
     assert r.returncode == 0 and "the agent's grants are in the file" in r.stderr, r.stderr
     assert "gpupin.grant: 1." in rendered.read_text() and RTX not in rendered.read_text()
+    assert rendered.stat().st_mode & 0o777 == 0o600  # a grant admits whoever presents it: Bob's eyes only
     up = door.sandbox.compose("-p", f"fresh{door.agent.tag}", "-f", str(rendered), "up", "--no-start")
     try:
         assert up.returncode == 0, up
