@@ -111,25 +111,32 @@ def bench(engine: str, blocks: int, n: int, gpu: str) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="gpupin-authz-bench-") as tmp:
         door = Door(engine, Path(tmp))
         times: dict[tuple[bool, str], list[float]] = {}
+        per_block: dict[str, list[float]] = {"plain": [], "gpu": []}  # each block's median, in order
         try:
             for block in range(blocks):
                 on = block % 2 == 0
                 door.plugin(on)
+                mine: dict[str, list[float]] = {"plain": [], "gpu": []}
                 for _ in range(n):
-                    plain = door.timed("--entrypoint", "true", IMAGE)
-                    pinned = door.timed("--gpus", f"device={gpu}", "--entrypoint", "true", IMAGE)
-                    times.setdefault((on, "plain"), []).append(plain)
-                    times.setdefault((on, "gpu"), []).append(pinned)
+                    mine["plain"].append(door.timed("--entrypoint", "true", IMAGE))
+                    mine["gpu"].append(door.timed("--gpus", f"device={gpu}", "--entrypoint", "true", IMAGE))
+                for what, took in mine.items():
+                    times.setdefault((on, what), []).extend(took)
+                    per_block[what].append(statistics.median(took))
         finally:
             door.close()
     out: dict[str, object] = {"engine": engine}
     for what in ("plain", "gpu"):
         with_it, without = statistics.median(times[True, what]), statistics.median(times[False, what])
-        out[what] = {"on_ms": with_it, "off_ms": without, "added_ms": with_it - without, "n": len(times[True, what])}
+        b = per_block[what]  # on, off, on, off...: each pair's difference, a measure of what the noise allows
+        pairs = sorted(b[i] - b[i + 1] for i in range(0, len(b) - 1, 2))
+        out[what] = {"on_ms": with_it, "off_ms": without, "added_ms": with_it - without, "n": len(times[True, what]),
+                     "pair_differences_ms": pairs}  # fmt: skip
         print(
             f"Engine {engine}, docker run ({'no card' if what == 'plain' else 'a pinned free card'}): plugin on "
             f"{with_it:.1f} ms, off {without:.1f} ms, added {with_it - without:+.1f} ms "
-            f"(medians of {len(times[True, what])} each)"
+            f"(medians of {len(times[True, what])} each); block pairs on-off: median "
+            f"{statistics.median(pairs):+.1f} ms, from {pairs[0]:+.1f} to {pairs[-1]:+.1f}"
         )
     return out
 

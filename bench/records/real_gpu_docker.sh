@@ -116,7 +116,7 @@ json.dump(d, open(p, 'w'))" "$1"
                 t0=$(date +%s%N)
                 if [ $what = plain ]; then docker run --rm --entrypoint true gpupin:test >/dev/null 2>&1
                 else docker run --rm --device "nvidia.com/gpu=$U" --entrypoint true gpupin:test >/dev/null 2>&1; fi
-                echo "$mode $what $? $(( ($(date +%s%N) - t0) / 1000 ))" >>$A/times
+                echo "$mode $what $? $(( ($(date +%s%N) - t0) / 1000 )) $block" >>$A/times
             done
         done
     done
@@ -127,7 +127,11 @@ rows = [l.split() for l in open(sys.argv[1])]
 for what in ("plain", "gpu"):
     t = {m: [int(r[3]) / 1000 for r in rows if r[0] == m and r[1] == what and r[2] == "0"] for m in ("on", "off")}
     on, off = statistics.median(t["on"]), statistics.median(t["off"])
-    print(f"docker run ({what}): plugin on {on:.1f} ms (n={len(t['on'])}), off {off:.1f} ms (n={len(t['off'])}), added {on - off:+.1f} ms")
+    blocks = sorted({int(r[4]) for r in rows})
+    med = {b: statistics.median([int(r[3]) / 1000 for r in rows if int(r[4]) == b and r[1] == what and r[2] == "0"]) for b in blocks}
+    pairs = sorted(med[b] - med[b + 1] for b in blocks[::2] if b + 1 in med)
+    print(f"docker run ({what}): plugin on {on:.1f} ms (n={len(t['on'])}), off {off:.1f} ms (n={len(t['off'])}), added {on - off:+.1f} ms; "
+          f"block pairs on-off: median {statistics.median(pairs):+.1f} ms, from {pairs[0]:+.1f} to {pairs[-1]:+.1f}")
 PY
     tail -n 20 $A/plugin.log; tail -n 20 $A/agent.log
     kill "$(cat $A/agent.pid)" "$(cat $A/plugin.pid)" 2>/dev/null
