@@ -29,6 +29,10 @@ HOST_PATHS = ("/", "/etc", "/dev", "/var/run/docker.sock", "/run/docker.sock", "
 CAPABILITIES = frozenset({"ALL", "SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_PTRACE", "DAC_READ_SEARCH", "SYS_BOOT"})
 PROBE_PATH = f"/containers/{PROBE}/json"
 RUN_HINT = "hostagent run --gpu ID IMAGE pins a card and books it (hostagent ls shows the free ones)"
+STACK_HINT = (
+    "hostagent compose render --swarm FILE writes the agent's grant on each GPU service; docker stack deploy within "
+    "15 minutes"
+)
 
 
 class Verdict:
@@ -81,20 +85,15 @@ def container_of(asked: Asked) -> DaemonAnswer | None:
 def cards_asked(asked: Asked, c: Mapping[str, Any] | None, host: HostCards) -> list[CardGrant]:
     """Every way the request would give its container cards (the ledger's FORMS), or a service's GPU reservation."""
     if asked.kind == request.SERVICE:
-        return _service_cards(request.normal(asked.body, request.SERVICE_SCHEMA) or {})
+        return _service_cards(request.reserved(request.service(asked.body)))
     return holding(c, host) if c is not None else []
 
 
-def _service_cards(body: Mapping[str, Any]) -> list[CardGrant]:
+def _service_cards(wanted: request.Reserved | None) -> list[CardGrant]:
     from gpupin.hostagent.ledger.holding_forms import CardGrant
 
-    task = body.get("TaskTemplate") or {}
-    wanted = ((task.get("Resources") or {}).get("Reservations") or {}).get("GenericResources") or []
-    kinds = [
-        str(((r.get("DiscreteResourceSpec") or r.get("NamedResourceSpec") or {}).get("Kind")) or "") for r in wanted
-    ]
-    gpus = [k for k in kinds if "GPU" in k.upper()]
-    return [CardGrant("swarm-resource", f"--generic-resource {k}", [], named=False) for k in gpus]
+    kinds = wanted.kinds if wanted is not None else {}
+    return [CardGrant("swarm-resource", f"--generic-resource {k}={n}", [], named=False) for k, n in kinds.items()]
 
 
 def first_look(
@@ -163,7 +162,7 @@ def _judge(
 ) -> Verdict:
     hows = ", ".join(dict.fromkeys(g.how for g in asked_cards))
     if asked.kind == request.SERVICE:
-        return _deny(f"a service's GPUs ({hows}) are placed by Swarm, past gpupin's judging: refused")
+        return _service(asked, hows, rule, grants)
     if asked.kind == request.UPDATE:
         return _deny(f"an update that gives a container cards ({hows}): refused; {RUN_HINT}")
     unnamed = [g for g in asked_cards if not g.named]
@@ -196,3 +195,29 @@ def _judge(
             return _deny(f"{why}: refused; {RUN_HINT}")
         return Verdict(True, uid=uid)
     return ALLOW
+
+
+def _service(asked: Asked, hows: str, rule: EnforceRule, grants: Grants) -> Verdict:
+    """A Swarm service that reserves GPUs (create, or update: each sends the whole spec). Swarm picks each task's
+    cards among those its node advertises, and never gives one to two tasks: the reservation is a task's pin, so with
+    `grants = false` it is allowed as a pinned create is. Under grants, the spec must carry the agent's service grant
+    for this service and at least this reservation (docs/authz.md, Swarm). Which cards a task gets, and whether
+    work outside Swarm holds them, the node's daemon decides without asking this plugin."""
+    if not rule.grants:
+        return ALLOW
+    spec = request.service(asked.body)
+    wanted = request.reserved(spec)
+    name = str(spec.get("Name") or "")
+    value = (spec.get("Labels") or {}).get(LABEL)
+    if wanted is None or not isinstance(value, str):
+        return _deny(f"only the agent's stacks may reserve GPUs on this swarm ({hows}): {STACK_HINT}")
+    try:
+        opened = grants.open_service(value, request.service_key(spec))
+        granted = request.Reserved.parse(opened.reserved)
+        if granted is None or not wanted.covered_by(granted):
+            what = granted if granted is not None else shown(opened.reserved)
+            raise GrantRefused(f"service {shown(name)} asks for {wanted}, its grant is for {what}")
+        grants.spend_service(opened, name)
+    except GrantRefused as why:
+        return _deny(f"{why}: refused; {STACK_HINT}")
+    return Verdict(True, uid=opened.uid)
