@@ -64,8 +64,9 @@ class Grants:
         nonce = os.urandom(8).hex()
         return ".".join((_FORMAT, nonce, str(expiry), str(uid), self._mac(nonce, expiry, uid, name, uuids)))
 
-    def admit(self, value: str, name: str, uuids: Iterable[str], now: float | None = None) -> int:
-        """The uid the grant was issued for, once; GrantRefused says why it does not admit this create."""
+    def admit(self, value: str, name: str, uuids: Iterable[str], now: float | None = None) -> tuple[int, bool]:
+        """The uid the grant was issued for, and whether it was for any name (a rendered compose file's, whose
+        quotas were not judged at a booking), once; GrantRefused says why it does not admit this create."""
         now = time.time() if now is None else now
         parts = value.split(".")
         if len(parts) != 5 or parts[0] != _FORMAT or not (parts[2].isdigit() and parts[3].isdigit()):
@@ -73,10 +74,8 @@ class Grants:
         _, nonce, expiry_s, uid_s, mac = parts
         expiry, uid = int(expiry_s), int(uid_s)
         uuids = list(uuids)
-        if not (
-            hmac.compare_digest(mac, self._mac(nonce, expiry, uid, name, uuids))
-            or hmac.compare_digest(mac, self._mac(nonce, expiry, uid, ANY_NAME, uuids))
-        ):
+        named = hmac.compare_digest(mac, self._mac(nonce, expiry, uid, name, uuids))
+        if not (named or hmac.compare_digest(mac, self._mac(nonce, expiry, uid, ANY_NAME, uuids))):
             raise GrantRefused(
                 f"its {LABEL} label was not signed by this agent for this name and these cards "
                 "(a grant is the agent's alone, for one container, and ends when the agent restarts)"
@@ -89,7 +88,7 @@ class Grants:
             if nonce in self._used:
                 raise GrantRefused("its grant was used already (a grant admits one create)")
             self._used[nonce] = expiry
-        return uid
+        return uid, not named
 
     # A Swarm service's grant (docs/authz.md, Swarm): Swarm picks each task's cards, so it binds no card but the
     # service (its compose key: render does not know the stack's name), its reservation, the uid and an expiry. A

@@ -28,6 +28,7 @@ HOST_PATHS = ("/", "/etc", "/dev", "/var/run/docker.sock", "/run/docker.sock", "
 # Capabilities that leave a container's confinement (the baseline's `capabilities`): `ALL` holds them all.
 CAPABILITIES = frozenset({"ALL", "SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_PTRACE", "DAC_READ_SEARCH", "SYS_BOOT"})
 PROBE_PATH = f"/containers/{PROBE}/json"
+WARN = "WARN "  # a verdict's line that mode warn let through begins so
 RUN_HINT = "hostagent run --gpu ID IMAGE pins a card and books it (hostagent ls shows the free ones)"
 STACK_HINT = (
     "hostagent compose render --swarm FILE writes the agent's grant on each GPU service; docker stack deploy within "
@@ -108,13 +109,13 @@ def first_look(
     if asked.body is None:
         # The daemon forwards a body only when it is JSON and under 1 MiB; a create it did not show gpupin cannot
         # be judged (an engine with CVE-2024-41110 forwarded a create without its body).
-        return _warned(rule, _deny(f"POST {asked.path} came without a body gpupin could read: refused")), [], None
+        return warned(rule, _deny(f"POST {asked.path} came without a body gpupin could read: refused")), [], None
     try:
         c = container_of(asked)
         asked_cards = cards_asked(asked, c, host)
     except request.Unreadable as why:
         return (
-            _warned(rule, _deny(f"POST {asked.path}: {why}: refused (the daemon would not read it either)")),
+            warned(rule, _deny(f"POST {asked.path}: {why}: refused (the daemon would not read it either)")),
             [],
             None,
         )
@@ -123,7 +124,7 @@ def first_look(
         if found:
             parts = ", ".join(how for _, how in found)
             return (
-                _warned(rule, _deny(f"{parts}: refused on this host (the policy's [enforce] allow lists none)")),
+                warned(rule, _deny(f"{parts}: refused on this host (the policy's [enforce] allow lists none)")),
                 [],
                 c,
             )
@@ -132,9 +133,9 @@ def first_look(
     return None, asked_cards, c
 
 
-def _warned(rule: EnforceRule, v: Verdict) -> Verdict:
-    """Mode warn: allowed; the line is kept for the log (Verdict.msg)."""
-    return Verdict(True, "WARN " + v.msg) if rule.mode == "warn" and not v.allow else v
+def warned(rule: EnforceRule, v: Verdict) -> Verdict:
+    """Mode warn: allowed; the line is kept for the log and `ls` (Verdict.msg)."""
+    return Verdict(True, WARN + v.msg, v.uid) if rule.mode == "warn" and not v.allow else v
 
 
 def judge(
@@ -145,21 +146,11 @@ def judge(
     rule: EnforceRule,
     held_by: Callable[[str], str | None],
     grants: Grants,
+    over: Callable[[int, int], str | None] | None = None,
 ) -> Verdict:
-    """The agent's verdict on a request that reaches cards: `held_by(uuid)` says who holds or uses a card (None:
-    free)."""
-    return _warned(rule, _judge(asked, asked_cards, c, host, rule, held_by, grants))
-
-
-def _judge(
-    asked: Asked,
-    asked_cards: list[CardGrant],
-    c: Mapping[str, Any] | None,
-    host: HostCards,
-    rule: EnforceRule,
-    held_by: Callable[[str], str | None],
-    grants: Grants,
-) -> Verdict:
+    """The agent's verdict on a request that reaches cards, before mode warn (`warned` applies it): `held_by(uuid)`
+    says who holds or uses a card (None: free); `over(uid, cards)` why a rendered file's grant may not take that
+    many more cards for its user now (the policy's quotas; None: it may)."""
     hows = ", ".join(dict.fromkeys(g.how for g in asked_cards))
     if asked.kind == request.SERVICE:
         return _service(asked, hows, rule, grants)
@@ -190,9 +181,12 @@ def _judge(
         if not isinstance(value, str):
             return _deny(f"only the agent's containers may take cards on this host ({hows}): {RUN_HINT}")
         try:
-            uid = grants.admit(value, asked.name, uuids)
+            uid, rendered = grants.admit(value, asked.name, uuids)
         except GrantRefused as why:
             return _deny(f"{why}: refused; {RUN_HINT}")
+        why_not = over(uid, len(uuids)) if rendered and over is not None else None
+        if why_not is not None:  # a run's grant was given under its quotas; a rendered file's is judged here
+            return Verdict(False, f"gpupin: {why_not}", uid)
         return Verdict(True, uid=uid)
     return ALLOW
 

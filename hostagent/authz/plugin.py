@@ -18,6 +18,7 @@ import threading
 
 from gpupin.core.errors import GpupinError, UsageError, shown
 from gpupin.hostagent.authz import CONTENT_TYPE, NAME, judge, request
+from gpupin.hostagent.authz.grant import LABEL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -87,26 +88,65 @@ class Plugin:
         return verdict.to_json()
 
     def ask_agent(self, msg: JSONObject, rule: EnforceRule) -> judge.Verdict:
-        from gpupin.hostagent import http1
-
-        sent = {k: msg.get(k) for k in ("RequestMethod", "RequestUri", "RequestBody", "User")}
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(AGENT_S)
-            sock.connect(self.agent_socket)
-            answer = http1.exchange(sock, "POST", "/api/authz", {"request": sent}, host="localhost")
-            data = answer.json()
-            if answer.status != 200 or not isinstance(data, dict) or not isinstance(data.get("Allow"), bool):
-                raise OSError(f"it answered {answer.status}: {shown(str(data)[:200])}")
+            data = self._agent({"request": _sent(msg)})
+            if not isinstance(data.get("Allow"), bool):
+                raise OSError(f"it answered {shown(str(data)[:200])}")
             return judge.Verdict(data["Allow"], str(data.get("Msg") or ""))
         except (OSError, ValueError) as err:
-            sock.close()
             line = (
                 f"gpupin: the agent does not answer on {self.agent_socket} ({type(err).__name__}: {err}): "
                 "containers that take cards are refused until it is back (systemctl start gpupin-hostagent); "
                 "other containers are not affected"
             )
-            return judge.Verdict(True, "WARN " + line) if rule.mode == "warn" else judge.Verdict(False, line)
+            return judge.Verdict(True, judge.WARN + line) if rule.mode == "warn" else judge.Verdict(False, line)
+
+    def authz_response(self, msg: JSONObject) -> None:
+        """The daemon's answer to a create: where the agent judged it (a grant: whose the container is) or mode
+        warn let it in, the agent is told the container's id. Never refuses: the create is made already."""
+        if msg.get("ResponseStatusCode") != 201:
+            return
+        asked = request.read(msg)
+        rule = self.rule()
+        if asked.kind != request.CREATE or rule.mode == "off":
+            return
+        verdict, _, c = judge.first_look(asked, self.host, rule)
+        if verdict is not None and not verdict.msg.startswith(judge.WARN):
+            return  # decided here, and nothing to note (a container that takes no card)
+        labels = ((c or {}).get("Config") or {}).get("Labels") or {}
+        if verdict is None and rule.mode != "warn" and LABEL not in labels:
+            return  # the agent let it in without a grant (grants = false): nothing to note either
+        told: JSONObject = {
+            "request": _sent(msg),
+            "response": {k: msg.get(k) for k in ("ResponseStatusCode", "ResponseBody")},
+        }
+        if verdict is not None:
+            told["warned"] = verdict.msg.removeprefix(judge.WARN)
+        try:
+            self._agent(told)
+        except (OSError, ValueError) as err:  # its owner stays unproven, as a create the agent did not see
+            _say(f"the agent was not told of {asked.name or 'a container'}'s create: {type(err).__name__}: {err}")
+
+    def _agent(self, payload: JSONObject) -> JSONObject:
+        """POST /api/authz to the agent: its answer (OSError, ValueError: none)."""
+        from gpupin.hostagent import http1
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(AGENT_S)
+            sock.connect(self.agent_socket)
+            answer = http1.exchange(sock, "POST", "/api/authz", payload, host="localhost")
+            data = answer.json()
+        finally:
+            sock.close()
+        if answer.status != 200 or not isinstance(data, dict):
+            raise OSError(f"it answered {answer.status}: {shown(str(data)[:200])}")
+        return data
+
+
+def _sent(msg: JSONObject) -> JSONObject:
+    """What the agent is sent of the daemon's message: the request, as the daemon sent it."""
+    return {k: msg.get(k) for k in ("RequestMethod", "RequestUri", "RequestBody", "User")}
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
@@ -124,6 +164,7 @@ def _response(status: int, obj: Any) -> bytes:
 
 _ALLOWED = _response(200, {"Allow": True})  # every AuthZRes; an AuthZReq the plugin lets through silently
 _ACTIVATED = _response(200, {"Implements": ["authz"]})
+_CREATE = b"/containers/create"  # in the message's RequestUri: the only answer the plugin reads
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -172,7 +213,12 @@ class _Handler(socketserver.StreamRequestHandler):
         return keep
 
     def _answer(self, path: str, raw: bytes) -> bytes:
-        if path == "/AuthZPlugin.AuthZRes":  # every answer is let through: its body is not worth reading
+        if path == "/AuthZPlugin.AuthZRes":  # every answer is let through; only a create's is read
+            if _CREATE in raw:
+                with contextlib.suppress(Exception):  # a bug must not hold the daemon's answer back
+                    msg = json.loads(raw)
+                    if isinstance(msg, dict):
+                        self.plugin.authz_response(msg)
             return _ALLOWED
         if path == "/Plugin.Activate":
             return _ACTIVATED

@@ -335,3 +335,20 @@ def _types(host: DaemonAnswer) -> None:
     for d in host.get("Devices") or []:
         if not isinstance(d.get("PathOnHost") or "", str):
             raise Unreadable("a device's PathOnHost is not a string")
+
+
+_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+def created_id(answer: Mapping[str, Any]) -> str | None:
+    """The id of the container a create made, from the daemon's answer (its AuthZRes: ResponseStatusCode and the
+    body as base64); None when it made none, or the answer does not say."""
+    if answer.get("ResponseStatusCode") != 201:
+        return None
+    raw = answer.get("ResponseBody")
+    try:
+        body = json.loads(base64.b64decode(raw, validate=True)) if isinstance(raw, str) else None
+    except (binascii.Error, ValueError, RecursionError):
+        return None
+    cid = body.get("Id") if isinstance(body, dict) else None
+    return cid if isinstance(cid, str) and _ID.match(cid) else None

@@ -31,16 +31,43 @@ def trusted(st: os.stat_result) -> bool:
 def read(folder: str) -> dict[str, tuple[int, float]]:
     """The agent's owners (container id -> (uid, when it was noted)); {} when there is no file, it cannot be read,
     or it or its folder could have been written by someone else (nothing is then proven)."""
+    return parse(_read(folder, STATE_FILE))
+
+
+def _read(folder: str, name: str) -> object:
+    """The agent's JSON file `name` in `folder`; None where it is absent, unreadable, or not trusted."""
     from gpupin.core.files import read_bounded
 
-    path = os.path.join(folder, STATE_FILE)
+    path = os.path.join(folder, name)
     try:
         if not trusted(os.stat(folder)) or not trusted(os.lstat(path)):
-            return {}
-        data = json.loads(read_bounded(path, LIMIT))
+            return None
+        return json.loads(read_bounded(path, LIMIT))
     except Exception:  # absent, unreadable, not JSON: nothing proven
+        return None
+
+
+# What the authorization plugin let in under enforce mode `warn` that mode `on` would have refused: container id ->
+# (the refusal's line, when it was noted), beside the owners, for `ls` and the page (docs/authz.md).
+WARNED_FILE = "warned.json"
+
+
+def read_warned(folder: str) -> dict[str, tuple[str, float]]:
+    data = _read(folder, WARNED_FILE)
+    if not isinstance(data, dict):
         return {}
-    return parse(data)
+    out: dict[str, tuple[str, float]] = {}
+    for cid, entry in data.items():
+        if isinstance(cid, str) and isinstance(entry, dict):
+            line, at = entry.get("warned"), entry.get("at")
+            if isinstance(line, str) and isinstance(at, (int, float)):
+                out[cid] = (line, float(at))
+    return out
+
+
+def dump_warned(warned: Mapping[str, tuple[str, float]]) -> bytes:
+    data = {c: {"warned": line, "at": round(t, 3)} for c, (line, t) in warned.items()}
+    return (json.dumps(data, sort_keys=True) + "\n").encode()
 
 
 def parse(data: object) -> dict[str, tuple[int, float]]:

@@ -69,6 +69,7 @@ _HOLDER = {
     "mismatch": bool,
     # whose it is (an agent of an earlier version does not say)
     "?owner": Opt({"uid": Opt(int), "name": Opt(str), "verified": bool, "claimed_uid": Opt(int)}),
+    "?warned": Opt(str),  # let in by the authorization plugin under enforce mode warn
 }
 _PROCESS = {
     "pid": int,

@@ -57,7 +57,8 @@ def gather(warn: bool = True) -> Listing:
     docker, reading = read_ledger(cards, warn)
     out = assemble(cards, docker, reading)
     folder = agentdir.state_folder()
-    own(out, owners.uids(owners.read(folder)))  # who the agent created each container for
+    warned = {c: line for c, (line, _) in owners.read_warned(folder).items()}
+    own(out, owners.uids(owners.read(folder)), warned=warned)  # who the agent created each container for
     judge(out, booking.read_judged(folder))  # the ends it gave the bookings it did not make
     extend(out, booking.read_extensions(folder))  # `hostagent extend`'s, kept by the agent
     return out
@@ -73,12 +74,19 @@ def judge(listing: Listing, judged: Mapping[str, int | None]) -> None:
                 b.until = judged[h.id]
 
 
-def own(listing: Listing, proven: Mapping[str, int], names: dict[int, str] | None = None) -> None:
-    """Each holder's owner: the uid the agent created it for (`proven`: container id -> uid), else unverified,
-    with the uid its booking label claims. `names`: the user names looked up already (kept by the agent)."""
+def own(
+    listing: Listing,
+    proven: Mapping[str, int],
+    names: dict[int, str] | None = None,
+    warned: Mapping[str, str] | None = None,
+) -> None:
+    """Each holder's owner: the uid the agent created it for or admitted by a grant (`proven`: container id ->
+    uid), else unverified, with the uid its booking label claims; and the line of enforce mode on's refusal where
+    mode warn let it in (`warned`). `names`: the user names looked up already (kept by the agent)."""
     names = {} if names is None else names
     for card in listing.gpus:
         for h in (*card.holders, *card.mislabelled):
+            h.warned = warned.get(h.id) if warned else None
             uid = proven.get(h.id)
             if uid is not None:
                 h.owner = OwnerShown(uid, user_name(uid, names), True, None)

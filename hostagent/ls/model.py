@@ -156,6 +156,7 @@ class HolderShown(_Value):
         "started",
         "booking",
         "owner",
+        "warned",
     )
 
     def __init__(
@@ -179,6 +180,7 @@ class HolderShown(_Value):
         started: str | None = None,
         booking: BookingShown | None = None,
         owner: OwnerShown | None = None,
+        warned: str | None = None,
     ) -> None:
         self.id = id
         self.name = name
@@ -199,6 +201,7 @@ class HolderShown(_Value):
         self.started = started
         self.booking = booking
         self.owner = owner  # None: not known (an agent of an earlier version)
+        self.warned = warned  # enforce mode on's refusal, where the authorization plugin let it in under warn
 
     def to_json(self) -> JSON:
         return {
@@ -221,6 +224,7 @@ class HolderShown(_Value):
             "started": self.started,
             "booking": self.booking.to_json() if self.booking is not None else None,
             "owner": self.owner.to_json() if self.owner is not None else None,
+            "warned": self.warned,
         }
 
     @classmethod
@@ -246,6 +250,7 @@ class HolderShown(_Value):
             d.get("started"),
             BookingShown.from_json(booking) if booking is not None else None,
             OwnerShown.from_json(owner) if isinstance(owner, dict) else None,
+            d.get("warned") if isinstance(d.get("warned"), str) else None,
         )
 
 

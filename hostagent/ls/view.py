@@ -185,6 +185,8 @@ def _holders(holders: Sequence[dict[str, Any]], color: bool, indent: str) -> lis
             ]
         if h["why"] and h["why"] != h["state"]:
             tail += [("  ", ""), (f"holds: {_text(h['why'])}", "")]
+        if h.get("warned"):  # let in by the authorization plugin under enforce mode warn
+            tail += [("  ", ""), (f"let in under warn: {_text(h['warned'])}", YELLOW)]
         left = (h.get("booking") or {}).get("left_s")
         if left is not None:  # a booking with an end (hostagent run --for, or the policy's default)
             tail += [("  ", ""), (f"ends in {format_duration(left)}" if left > 0 else "booking ended", YELLOW)]

@@ -185,20 +185,34 @@ def started(booking_since: float, started_at: str | None) -> float:
         return float(booking_since)
 
 
+def since(booking_since: float | None, started_at: str | None) -> float | None:
+    """`started`, for a holding that may have no booking (a granted compose service's): its container's start,
+    None where not known (it counts from now)."""
+    if booking_since is not None:
+        return started(booking_since, started_at)
+    from gpupin.hostagent.engine.reads import created_time
+
+    try:
+        return created_time(started_at) if started_at else None
+    except (ValueError, IndexError):
+        return None
+
+
 def holdings(holders: Iterable[Holder], extensions: Mapping[str, int], owners: Mapping[str, int]) -> list[Holding]:
-    """The booked holds among the ledger's holders, each counted for the uid the agent created it for (`owners`:
-    container id -> uid, gpupin.hostagent.ledger.owners). A booking label on any other container is a claim, no
-    one's to count: anyone with the daemon's socket writes any label, and a compose service's own names no one."""
+    """The holds among the ledger's holders whose owner is proven, each counted for the uid the agent created it
+    for, or admitted it by a grant (`owners`: container id -> uid, gpupin.hostagent.ledger.owners). A booking label
+    on any other container is a claim, no one's to count: anyone with the daemon's socket writes any label, and a
+    compose service's own names no one."""
     return [
         Holding(
             owners[h.id],
             len(h.uuids),
-            booking.ends(h.id, h.booking.until, extensions),
+            booking.ends(h.id, h.booking.until, extensions) if h.booking is not None else None,
             h.name,
-            started(h.booking.since, h.started),
+            since(h.booking.since if h.booking is not None else None, h.started),
         )
         for h in holders
-        if h.holds and h.booking is not None and h.id in owners
+        if h.holds and h.id in owners
     ]
 
 

@@ -7,6 +7,7 @@ Where no agent answers, or it hands the run back, `run` returns None and the run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -96,6 +97,22 @@ def _start(answer: JSONObject, follow: Follow) -> tuple[str, Any]:
     return cid, start.start(engine.follower(str(answer["api"])), cid, follow, str(answer.get("via")))
 
 
+def _pull(req: RunRequest) -> bool:
+    """The image pulled as the run asks (--pull always, or missing), with the caller's own registry credentials
+    and progress (gpupin.hostagent.run.image); the agent then makes the run, and its grant with it, from an image
+    that is there (`--pull missing` from then on)."""
+    from gpupin.hostagent.run import image
+
+    api = engine.connect()
+    try:
+        image.ensure(api, req)
+    finally:
+        with contextlib.suppress(Exception):
+            api.close()
+    req.options["pull"] = "missing"
+    return True
+
+
 def run(req: RunRequest) -> int | None:
     """The run through the agent, to its exit code; None when no agent answers (the run is this process's own).
     An agent that answers that the run is the caller's own (another daemon, an image to pull...), or that has gone
@@ -109,11 +126,16 @@ def run(req: RunRequest) -> int | None:
     body = {"daemon": agentlink.daemon_key(), "owner": str(lease.this_process()), "request": request_json.dump(req)}
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
+    pulled = False
     try:
         with WaitLoop(req) as wait_loop:
             while True:
                 try:
                     answer = ask(link, body)
+                    if answer.get("pull") is True and not pulled:  # the image is the caller's to pull, then ask again
+                        pulled = _pull(req)
+                        body["request"] = request_json.dump(req)
+                        continue
                     break
                 except GpupinError as err:  # the agent's refusal, with its exit code
                     if err.exit_code != CardHeldError.exit_code:

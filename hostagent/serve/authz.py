@@ -6,6 +6,8 @@ runs hold while the daemon asks). Root's alone: the plugin runs as root, and a g
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 from gpupin.core.errors import GpupinError, shown
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpupin.core import JSONObject
+    from gpupin.hostagent.ledger.booking import Caller
     from gpupin.hostagent.ls.model import HolderShown, Listing, Occupancy
     from gpupin.hostagent.serve.agent import Agent
     from gpupin.hostagent.serve.interfaces import Handler, Peer
@@ -25,17 +28,32 @@ if TYPE_CHECKING:
 ROUTE = "/api/authz"
 GRANT_ROUTE = "/api/grant"
 MAX_GRANTS = 64  # one request's grants (a compose file's services)
+CREATED_S = 60.0  # from a create's verdict to the daemon's answer to it (the plugin forwards that at once)
+PENDING = 1024  # verdicts awaiting their create's answer, at most (the oldest go first)
 
 
 class Judging:
+    """The verdicts, and what the agent learns when the daemon has answered a create it let through: whose the
+    container is (the grant it was admitted by) and whether mode warn let it in. The answer alone names the
+    container (its id), so each verdict that needs it is kept until then, by the request's digest."""
+
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self._pending: dict[bytes, tuple[Made | None, int | None, str]] = {}  # digest -> (made, owner, warn line)
+        self._made: list[Made] = []  # the granted creates let in within CREATED_S
+        self._lock = threading.Lock()
 
     def route(self, handler: Handler, body: JSONObject, peer: Peer) -> None:
         if peer.uid != 0:
             raise GpupinError(f"POST {ROUTE} is the authorization plugin's (root's)", "hostagent authz runs as root")
         msg = body.get("request")
-        handler.answer(self.verdict(msg if isinstance(msg, dict) else {}).to_json())
+        msg = msg if isinstance(msg, dict) else {}
+        answer = body.get("response")
+        if isinstance(answer, dict):
+            warned = body.get("warned")  # the plugin's own verdict (mode warn), where it decided alone
+            handler.answer({"noted": self.created(msg, answer, warned if isinstance(warned, str) else None)})
+            return
+        handler.answer(self.verdict(msg).to_json())
 
     def verdict(self, msg: JSONObject) -> judge.Verdict:
         from gpupin.hostagent.ledger.holding_forms import HostCards
@@ -50,16 +68,118 @@ class Judging:
             )
         host = HostCards(cards, local=True)
         first, asked_cards, c = judge.first_look(asked, host, rule)
-        v = (
-            first
-            if first is not None
-            else judge.judge(asked, asked_cards, c, host, rule, _held_by(view), self.agent.grants)
-        )
+        if first is None:
+            over = _quotas(self.agent, view, self._just_made())
+            first = judge.warned(
+                rule, judge.judge(asked, asked_cards, c, host, rule, _held_by(view), self.agent.grants, over)
+            )
+        v = first
         if v.msg:
             what = f"{asked.method} {asked.path}" + (f" {shown(asked.name)}" if asked.name else "")
             say(f"authz: {'denied' if not v.allow else 'allowed'} {what}: {v.msg}")
             self.agent.judged.append({"at": time.time(), "request": what, "allowed": v.allow, "msg": v.msg})
+        if asked.kind == request.CREATE and v.allow and (v.uid is not None or v.msg.startswith(judge.WARN)):
+            self._keep(_digest(msg), v, len({u for g in asked_cards for u in g.uuids}))
         return v
+
+    def _just_made(self) -> list[Made]:
+        """The granted creates let through within CREATED_S, which a view may not show yet: the quotas count them
+        (two services of one file are created milliseconds apart)."""
+        now = time.monotonic()
+        with self._lock:
+            self._made = [m for m in self._made if m.at > now - CREATED_S][-PENDING:]
+            return list(self._made)
+
+    def _keep(self, digest: bytes, v: judge.Verdict, cards: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            while len(self._pending) > PENDING // 2 and _old(next(iter(self._pending.values())), now):
+                del self._pending[next(iter(self._pending))]
+            while len(self._pending) >= PENDING:
+                del self._pending[next(iter(self._pending))]
+            made = Made(now, v.uid, cards) if v.uid is not None else None
+            self._pending[digest] = (made, v.uid, v.msg.removeprefix(judge.WARN) if v.msg else "")
+            if made is not None:
+                self._made.append(made)
+
+    def created(self, msg: JSONObject, answer: JSONObject, warned: str | None = None) -> bool:
+        """The daemon's answer to a create let through (the plugin's AuthZRes): the container's owner is the uid
+        its grant was issued for, and a create mode warn let in (the agent's verdict, or the plugin's `warned`) is
+        marked for `ls`. True: noted."""
+        with self._lock:
+            kept = self._pending.pop(_digest(msg), None)
+        if kept is None and warned:
+            kept = (None, None, warned)
+        if kept is None:
+            return False
+        cid = request.created_id(answer)
+        if cid is None:  # refused after all (a name in use, an image missing): nothing was made
+            if kept[0] is not None:
+                kept[0].at = 0.0
+            return False
+        made, uid, line = kept
+        if made is not None:
+            made.cid = cid
+        if uid is not None:
+            self.agent.note_owner(cid, uid)
+            self.agent.owners.flush()
+        if line:
+            self.agent.owners.warn(cid, line)
+        return True
+
+
+class Made:
+    """A granted create let through: when, for whom, how many cards, and its container once the daemon said."""
+
+    __slots__ = ("at", "cards", "cid", "uid")
+
+    def __init__(self, at: float, uid: int, cards: int) -> None:
+        self.at = at
+        self.uid = uid
+        self.cards = cards
+        self.cid: str | None = None
+
+
+def _old(kept: tuple[Made | None, int | None, str], now: float) -> bool:
+    return kept[0] is None or kept[0].at < now - CREATED_S
+
+
+def _digest(msg: JSONObject) -> bytes:
+    """One request, as the daemon sends it in its AuthZReq and again in its AuthZRes."""
+    import hashlib
+
+    parts = (msg.get("RequestMethod"), msg.get("RequestUri"), msg.get("RequestBody"))
+    return hashlib.sha256("\0".join(str(p or "") for p in parts).encode()).digest()
+
+
+def _quotas(agent: Agent, view: Listing, just_made: list[Made]) -> Callable[[int, int], str | None]:
+    """Why `uid` may not take `cards` more now under the policy's quotas (None: it may), from the view's holdings
+    and the granted creates it does not show yet (each counted once)."""
+    from gpupin.hostagent.policy import admit
+    from gpupin.hostagent.serve.queue import view_holdings
+
+    policy = agent.in_force.policy
+    if not policy.enforced:
+        return lambda _uid, _cards: None
+    held = view_holdings(view)
+    counted = {h.id for card in view.gpus for h in card.holders if h.owner is not None and h.owner.verified}
+    held += [admit.Holding(m.uid, m.cards, None, "a container just created") for m in just_made
+             if m.cid not in counted]  # fmt: skip
+    return lambda uid, cards: admit.over(policy, caller(uid), cards, held, agent.finished)
+
+
+def caller(uid: int) -> Caller:
+    """A uid the agent did not see at accept (a grant's), with its groups from the user database."""
+    import pwd
+
+    from gpupin.hostagent.ledger.booking import Caller
+
+    try:
+        pw = pwd.getpwuid(uid)
+        gids = frozenset(os.getgrouplist(pw.pw_name, pw.pw_gid))
+    except (KeyError, OSError):
+        gids = frozenset()
+    return Caller(uid, gids)
 
 
 def _held_by(view: Listing) -> Callable[[str], str | None]:
@@ -128,6 +248,16 @@ def grant(agent: Agent, handler: Handler, body: JSONObject, peer: Peer) -> None:
             f"POST {GRANT_ROUTE}: `cards` must be 1 to {MAX_GRANTS} lists of this host's card UUIDs",
             "use a hostagent of the agent's version",
         )
+    policy = agent.in_force.policy
+    if policy.enforced:  # 75 (or 64: never) now, not at `docker compose up`; the create is judged again then
+        from gpupin.hostagent.ledger.booking import Caller
+        from gpupin.hostagent.policy import admit
+        from gpupin.hostagent.serve.queue import view_holdings
+
+        view = agent.snapshot().listing
+        held = view_holdings(view) if view is not None else []
+        cards_asked = sum(len(set(u)) for u in asked)
+        admit.check(policy, Caller(peer.uid, {peer.gid, *peer.groups}), cards_asked, held, agent.finished)
     values = [agent.grants.issue(ANY_NAME, u, peer.uid, ttl=RENDER_S) for u in asked]
     say(f"grant: {len(values)} for uid {peer.uid} ({shown(peer.user())}) on {', '.join(','.join(u) for u in asked)}")
     handler.answer({"grants": values, "expires_in_s": RENDER_S})

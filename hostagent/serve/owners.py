@@ -35,6 +35,7 @@ class Owners:
         """`lookup(cid)`: the record's owner of a container (None: none, or no record)."""
         self._lock = threading.Lock()
         self._owners: dict[str, tuple[int, float]] = {}
+        self._warned: dict[str, tuple[str, float]] = {}  # what mode warn let in (gpupin.hostagent.ledger.owners)
         self._state: str | None = None
         self._lookup = lookup
         self._looked: set[str] = set()  # ids looked up in the record already (found or not)
@@ -51,6 +52,7 @@ class Owners:
         self._state = os.path.join(directory, owners.STATE_FILE)
         with self._lock:
             self._owners.update(owners.read(directory))
+            self._warned.update(owners.read_warned(directory))
 
     def _save(self) -> None:
         if self._state is None:
@@ -60,8 +62,13 @@ class Owners:
         if len(self._owners) > KEPT:
             for cid in sorted(self._owners, key=lambda c: self._owners[c][1])[: len(self._owners) - KEPT]:
                 del self._owners[cid]
-        write_atomic(self._state, owners.dump(self._owners))
-        os.chmod(self._state, 0o644)  # every user's `ls` reads it, whatever the agent's umask (root alone writes it)
+        if len(self._warned) > KEPT:
+            for cid in sorted(self._warned, key=lambda c: self._warned[c][1])[: len(self._warned) - KEPT]:
+                del self._warned[cid]
+        warned = os.path.join(os.path.dirname(self._state), owners.WARNED_FILE)
+        for path, data in ((self._state, owners.dump(self._owners)), (warned, owners.dump_warned(self._warned))):
+            write_atomic(path, data)
+            os.chmod(path, 0o644)  # every user's `ls` reads it, whatever the agent's umask (root alone writes it)
 
     def note(self, cid: str, uid: int) -> None:
         """The agent created `cid` for `uid`: in memory at once (the next run's quota counts it, under the same
@@ -70,6 +77,14 @@ class Owners:
             self._owners[cid] = (uid, time.time())
             self._looked.discard(cid)
             self._dirty = True
+
+    def warn(self, cid: str, line: str) -> None:
+        """The authorization plugin let `cid` in under enforce mode warn, where mode on would have refused it with
+        `line`: shown in `ls` and on the page; written at once (a create's answer waits on it, no run does)."""
+        with self._lock:
+            self._warned[cid] = (line, time.time())
+            self._dirty = True
+        self.flush()
 
     def flush(self) -> None:
         """Write what was noted since the last write: after a run's answer is sent (no disk in a run's path), and
@@ -108,13 +123,15 @@ class Owners:
         with self._lock:
             if view.docker.available:
                 old = time.time() - GRACE_S
-                for cid in [c for c, (_, at) in self._owners.items() if c not in holders and at < old]:
-                    del self._owners[cid]
-                    self._dirty = True
+                for kept in (self._owners, self._warned):
+                    for cid in [c for c, (_, at) in kept.items() if c not in holders and at < old]:
+                        del kept[cid]
+                        self._dirty = True
                 self._looked &= set(holders)
             proven = owners.uids(self._owners)
+            warned = {c: line for c, (line, _) in self._warned.items()}
         self.flush()
-        listing.own(view, proven, self._names)
+        listing.own(view, proven, self._names, warned)
 
     def _adopt(self, cid: str) -> None:
         with self._lock:

@@ -545,19 +545,26 @@ class Queue:
 
 
 def view_holdings(view: Listing) -> list[admit.Holding]:
-    """The booked holds in the agent's view, as the quotas count them (gpupin.hostagent.policy.admit): each for the
-    uid the agent created it for (the view's owner); a label's uid is a claim, counted for no one."""
+    """The holds in the agent's view, as the quotas count them (gpupin.hostagent.policy.admit): each for the uid
+    the agent created it for or admitted it by a grant (the view's proven owner); a label's uid is a claim, counted
+    for no one."""
     from gpupin.hostagent.policy import admit
 
-    seen: dict[str, tuple[HolderShown, BookingShown, int]] = {}
+    seen: dict[str, tuple[HolderShown, BookingShown | None, int]] = {}
     cards: dict[str, int] = {}
     for card in view.gpus:
         for h in card.holders:
             owner = h.owner
-            if h.holds and h.booking is not None and owner is not None and owner.verified and owner.uid is not None:
+            if h.holds and owner is not None and owner.verified and owner.uid is not None:
                 seen[h.id] = (h, h.booking, owner.uid)
                 cards[h.id] = cards.get(h.id, 0) + 1
     return [
-        admit.Holding(uid, cards[i], b.until, h.name, admit.started(b.since, h.started))
+        admit.Holding(
+            uid,
+            cards[i],
+            b.until if b is not None else None,
+            h.name,
+            admit.since(b.since if b is not None else None, h.started),
+        )
         for i, (h, b, uid) in seen.items()
     ]

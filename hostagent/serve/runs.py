@@ -35,7 +35,12 @@ INFO_S = 10.0  # how long the daemon's /info is reused (its runtimes and CDI fol
 
 
 class LeftToCaller(Exception):
-    """This run is the caller's to make (the answer says why): the agent has made nothing for it."""
+    """This run is the caller's to make (the answer says why): the agent has made nothing for it. `pull`: only its
+    image's pull is (its registry credentials, its progress on its terminal): the caller pulls and asks again."""
+
+    def __init__(self, why: str, pull: bool = False) -> None:
+        super().__init__(why)
+        self.pull = pull
 
 
 def owner_labels(claimed: Any, peer: Peer) -> dict[str, str]:
@@ -94,7 +99,7 @@ class Runs:
         try:
             handler.answer(self.reserve(body, peer, after))
         except LeftToCaller as why:
-            handler.answer({"direct": str(why)})
+            handler.answer({"direct": str(why), "pull": True} if why.pull else {"direct": str(why)})
         finally:
             for then in after:
                 then()
@@ -116,7 +121,7 @@ class Runs:
         except CallersOwn as err:
             raise LeftToCaller(str(err)) from None
         if req.pull == "always":
-            raise LeftToCaller("--pull always")
+            raise LeftToCaller("--pull always", pull=True)
         admit = self._admit(req, peer)  # a --for past the policy's maximum: refused before anything is read
         lines: list[str] = []
         cards, picks = launch.read_cards(req, lines.append)
@@ -181,7 +186,7 @@ class Runs:
     def _missing(image: str) -> Any:
         def pull_is_the_callers() -> None:
             # Pulls are the caller's: its registry credentials, its progress on its terminal.
-            raise LeftToCaller(f"the image {image} is not on the daemon")
+            raise LeftToCaller(f"the image {image} is not on the daemon", pull=True)
 
         return pull_is_the_callers
 

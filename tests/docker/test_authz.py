@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -225,3 +226,75 @@ def test_the_agent_and_the_plugin_killed(door: Door) -> None:
     done = time.monotonic()
     print(f"plugin away {back - started:.1f}s; the waiting request served {done - back:.1f}s after it was back")
     door.resident.restart()
+
+
+def holder_named(door: Door, part: str) -> dict[str, Any] | None:
+    """The holder whose name has `part` (compose names its containers PROJECT-SERVICE-1, or with _ on v1)."""
+    for g in door.resident.ls()["gpus"]:
+        for h in g["holders"]:
+            if part in h["name"] and h["holds"]:
+                found: dict[str, Any] = h
+                return found
+    return None
+
+
+def test_a_granted_compose_service_is_its_users_and_counts_against_her_quota(agent: Agent, tmp_path: Path) -> None:
+    """Under on with a quota of one card: a file asking more than the quota is refused at render (64); a granted
+    service's container is Bob's, proven (the plugin tells the agent its id when the daemon answers the create),
+    and counts against his quota: his `hostagent run` and a second render are refused (75) while it runs."""
+    os.chmod(tmp_path, 0o755)
+    door = Door(agent, tmp_path, ON + "[quota]\ncards = 1\n")
+    project = Path(tempfile.mkdtemp(prefix="gpupin-authz-quota-", dir=door.cli_dir))
+    os.chmod(project, 0o777)
+    service = (
+        f"    image: {TEST_IMAGE}\n    command: ['sleep', '300']\n"
+        "    deploy: {resources: {reservations: {devices: [{driver: nvidia, count: 1, capabilities: [gpu]}]}}}\n"
+    )
+    p = f"quota{door.agent.tag}"
+    try:
+        (project / "two.yml").write_text(f"services:\n  a:\n{service}  b:\n{service}")
+        r = door.as_user(BOB, "compose", "render", str(project / "two.yml"), "-o", str(project / "two.out.yml"))
+        assert r.returncode == 64 and "2 card(s) asked, but the policy's quota lets" in r.stderr, r.stderr
+        assert not (project / "two.out.yml").exists()
+        (project / "one.yml").write_text(f"services:\n  train:\n{service}")
+        rendered = project / "one.out.yml"
+        r = door.as_user(BOB, "compose", "render", str(project / "one.yml"), "-o", str(rendered))
+        assert r.returncode == 0, r.stderr
+        up = door.sandbox.compose("-p", p, "-f", str(rendered), "up", "-d")
+        assert up.returncode == 0, up
+        h = wait_for(lambda: holder_named(door, f"{p}"), 20, "the agent to see the service's container")
+        assert h is not None and h["owner"]["verified"] and h["owner"]["uid"] == BOB, h
+        r = door.as_user(BOB, "run", "--rm", "--gpu", "3", TEST_IMAGE, "true")
+        assert r.returncode == 75 and "quota cards" in r.stderr and "holds 1 of 1" in r.stderr, r.stderr
+        r = door.as_user(BOB, "compose", "render", str(project / "one.yml"), "-o", str(project / "again.yml"))
+        assert r.returncode == 75 and "holds 1 of 1" in r.stderr, r.stderr
+        r = door.as_user(ALICE, "run", "--rm", "--gpu", "3", TEST_IMAGE, "true")  # her quota is her own
+        assert r.returncode == 0, r.stderr
+    finally:
+        door.sandbox.compose("-p", p, "-f", str(project / "one.out.yml"), "down", "-t", "0")
+        door.close()
+
+
+def test_warn_lets_in_and_ls_says_what_on_would_have_refused(agent: Agent, tmp_path: Path) -> None:
+    """Mode warn: Bob's plain create on a free card without a grant goes through, and `ls` (the agent's view, the
+    text table and a user's own `ls` from the agent's files) says it was let in under warn, and why on would not."""
+    os.chmod(tmp_path, 0o755)
+    door = Door(agent, tmp_path, '[enforce]\nmode = "warn"\n')
+    name = f"warned-{door.agent.tag}"
+    try:
+        r = door.docker_as(BOB, "run", "-d", "--name", name, "--gpus", "device=3", TEST_IMAGE, "sleep", "300")
+        assert r.returncode == 0, r.stderr
+        h = door.wait_holder(name)
+        assert h["warned"].startswith("gpupin: only the agent's containers may take cards on this host"), h
+        mine = door.as_user(BOB, "ls", "--json")
+        assert mine.returncode == 0, mine.stderr
+        held = [x for g in json.loads(mine.stdout)["gpus"] for x in g["holders"] if x["name"] == name]
+        assert held and held[0]["warned"] == h["warned"], held
+        text = door.as_user(BOB, "ls")
+        assert "let in under warn: gpupin: only the agent's containers" in text.stdout, text.stdout
+        clean = door.docker_as(BOB, "run", "-d", "--name", f"plain-{name}", "--entrypoint", "sleep", TEST_IMAGE, "5")
+        assert clean.returncode == 0, clean.stderr  # a container that takes no card is not marked (nor listed)
+    finally:
+        subprocess.run([door.sandbox.docker_cli, "rm", "-f", name, f"plain-{name}"], env=door.sandbox.env,
+                       capture_output=True)  # fmt: skip
+        door.close()

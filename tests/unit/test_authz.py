@@ -60,13 +60,15 @@ def free(_uuid: str) -> str | None:
     return None
 
 
-def decide(m: dict[str, Any], rule: EnforceRule, held_by: Any = free, g: Grants | None = None) -> judge.Verdict:
+def decide(
+    m: dict[str, Any], rule: EnforceRule, held_by: Any = free, g: Grants | None = None, over: Any = None
+) -> judge.Verdict:
     """The plugin's first look, then the agent's judgement where the plugin leaves it to the agent."""
     asked = request.read(m)
     first, cards, c = judge.first_look(asked, host(), rule)
     if first is not None:
         return first
-    return judge.judge(asked, cards, c, host(), rule, held_by, g or Grants())
+    return judge.warned(rule, judge.judge(asked, cards, c, host(), rule, held_by, g or Grants(), over))
 
 
 # --- what Docker sends ------------------------------------------------------------------------------------------
@@ -528,6 +530,13 @@ def test_the_plugin_activates_judges_alone_and_refuses_cards_while_the_agent_is_
     assert status == 200 and v["Allow"] is False
     assert "the agent does not answer" in v["Msg"] and "other containers are not affected" in v["Msg"]
     assert _post(sock, "/AuthZPlugin.AuthZRes", msg(create())) == (200, {"Allow": True})
+    # a granted create's answer is told to the agent; with the agent away it is still let through, at once
+    made = {**msg(create(gpus([RTX]), {LABEL: Grants().issue("job", [RTX], 7)})), "ResponseStatusCode": 201,
+            "ResponseBody": base64.b64encode(json.dumps({"Id": "ab" * 32}).encode()).decode()}  # fmt: skip
+    t0 = time.monotonic()
+    assert _post(sock, "/AuthZPlugin.AuthZRes", made) == (200, {"Allow": True})
+    assert _post(sock, "/AuthZPlugin.AuthZRes", {**made, "ResponseBody": "%%"}) == (200, {"Allow": True})
+    assert time.monotonic() - t0 < 5
     # the policy is read again when it changes: off opens the door
     time.sleep(0.01)
     policy.write_text('[enforce]\nmode = "off"\n')
@@ -581,8 +590,51 @@ def test_a_body_of_the_wrong_types_is_refused_as_the_daemon_would() -> None:
 def test_a_grant_for_any_name_admits_whatever_name_compose_gives_once() -> None:
     g = Grants()
     value = g.issue(ANY_NAME, [RTX], 1001, ttl=900)
-    assert g.admit(value, "proj-train-1", [RTX]) == 1001
+    assert g.admit(value, "proj-train-1", [RTX]) == (
+        1001,
+        True,
+    )  # a rendered file's: its quotas are judged at the create
     with pytest.raises(GrantRefused, match="used already"):
         g.admit(value, "proj_train_1", [RTX])
     with pytest.raises(GrantRefused, match="not signed"):
         g.admit(g.issue(ANY_NAME, [RTX], 1001), "x", [A800B])  # still bound to its cards
+
+
+def test_a_rendered_files_grant_is_judged_against_its_users_quotas_at_the_create() -> None:
+    """A run's grant was given under its quotas (the ledger lock); a rendered compose file's is for any name and
+    may be used long after: the agent's quotas judge its create, and name the uid it was granted to."""
+    g = Grants()
+    asked: list[tuple[int, int]] = []
+
+    def over(uid: int, cards: int) -> str | None:
+        asked.append((uid, cards))
+        return "quota cards: uid 1001 holds 1 of 1 card(s) at once, and asks 1 more"
+
+    v = decide(msg(create(gpus([RTX]), {LABEL: g.issue(ANY_NAME, [RTX], 1001, ttl=900)})), ON, g=g, over=over)
+    assert not v.allow and v.msg == "gpupin: quota cards: uid 1001 holds 1 of 1 card(s) at once, and asks 1 more"
+    assert asked == [(1001, 1)] and v.uid == 1001
+    ran = decide(msg(create(gpus([RTX]), {LABEL: g.issue("job", [RTX], 1001)})), ON, g=g, over=over)
+    assert ran.allow and ran.uid == 1001 and asked == [(1001, 1)]  # a run's: not judged again
+    warn = decide(msg(create(gpus([RTX]), {LABEL: g.issue(ANY_NAME, [RTX], 1001)})), EnforceRule(mode="warn"), g=g,
+                  over=over)  # fmt: skip
+    assert warn.allow and warn.msg.startswith(judge.WARN + "gpupin: quota cards") and warn.uid == 1001
+
+
+def test_the_created_containers_id_is_read_from_the_daemons_answer_alone() -> None:
+    cid = "ab" * 32
+
+    def answer(status: Any, body: Any) -> dict[str, Any]:
+        raw = body if isinstance(body, str) else base64.b64encode(json.dumps(body).encode()).decode()
+        return {"ResponseStatusCode": status, "ResponseBody": raw}
+
+    assert request.created_id(answer(201, {"Id": cid, "Warnings": []})) == cid
+    for bad in (
+        answer(409, {"message": "Conflict"}),
+        answer(201, {"Id": "../../etc"}),
+        answer(201, {"Id": cid.upper()}),
+        answer(201, ["Id", cid]),
+        answer(201, "not base64!"),
+        answer("201", {"Id": cid}),
+        {"ResponseStatusCode": 201},
+    ):
+        assert request.created_id(bad) is None, bad
