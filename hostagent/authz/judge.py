@@ -6,6 +6,7 @@ card and the grants. Under mode `warn` a denial is logged and the request allowe
 
 from __future__ import annotations
 
+from gpupin.core.contract import NONE, NVD_VAR, VOID, picks_devices
 from gpupin.core.errors import shown
 from gpupin.hostagent.authz import PROBE, request
 from gpupin.hostagent.authz.grant import LABEL, GrantRefused
@@ -78,23 +79,35 @@ def escapes(c: Mapping[str, Any]) -> list[tuple[str, str]]:
 def container_of(asked: Asked) -> DaemonAnswer | None:
     """The container a create or an update would make, as `docker inspect` shows it (None: no body, or neither);
     request.Unreadable for a body the daemon would refuse to decode."""
-    if asked.body is None or asked.kind not in (request.CREATE, request.UPDATE):
+    if asked.body is None or asked.kind not in (request.CREATE, request.UPDATE, request.SERVICE):
         return None
+    if asked.kind == request.SERVICE:
+        return request.service_container(request.service(asked.body))
     return request.update_container(asked.body) if asked.kind == request.UPDATE else request.container(asked.body)
 
 
 def cards_asked(asked: Asked, c: Mapping[str, Any] | None, host: HostCards) -> list[CardGrant]:
     """Every way the request would give its container cards (the ledger's FORMS), or a service's GPU reservation."""
     if asked.kind == request.SERVICE:
-        return _service_cards(request.reserved(request.service(asked.body)))
+        return _service_cards(request.reserved(request.service(asked.body)), c)
     return holding(c, host) if c is not None else []
 
 
-def _service_cards(wanted: request.Reserved | None) -> list[CardGrant]:
+SERVICE_ENV = "service-env"  # a service's own device variable: a CardGrant's form
+
+
+def _service_cards(wanted: request.Reserved | None, c: Mapping[str, Any] | None) -> list[CardGrant]:
+    """A service's reservation of GPU kinds, and the device variables its tasks would carry (which pick cards on
+    a node whose runtime reads them, past Swarm's reservation)."""
     from gpupin.hostagent.ledger.holding_forms import CardGrant
 
     kinds = wanted.kinds if wanted is not None else {}
-    return [CardGrant("swarm-resource", f"--generic-resource {k}={n}", [], named=False) for k, n in kinds.items()]
+    out = [CardGrant("swarm-resource", f"--generic-resource {k}={n}", [], named=False) for k, n in kinds.items()]
+    for entry in ((c or {}).get("Config") or {}).get("Env") or []:
+        var, _, value = str(entry).partition("=")
+        if picks_devices(var) and not (var == NVD_VAR and value.strip() in ("", NONE, VOID)):
+            out.append(CardGrant(SERVICE_ENV, f"-e {shown(var)}={shown(value)}", [], named=False))
+    return out
 
 
 def first_look(
@@ -153,7 +166,7 @@ def judge(
     many more cards for its user now (the policy's quotas; None: it may)."""
     hows = ", ".join(dict.fromkeys(g.how for g in asked_cards))
     if asked.kind == request.SERVICE:
-        return _service(asked, hows, rule, grants)
+        return _service(asked, asked_cards, hows, rule, grants)
     if asked.kind == request.UPDATE:
         return _deny(f"an update that gives a container cards ({hows}): refused; {RUN_HINT}")
     unnamed = [g for g in asked_cards if not g.named]
@@ -191,12 +204,18 @@ def judge(
     return ALLOW
 
 
-def _service(asked: Asked, hows: str, rule: EnforceRule, grants: Grants) -> Verdict:
+def _service(asked: Asked, asked_cards: list[CardGrant], hows: str, rule: EnforceRule, grants: Grants) -> Verdict:
     """A Swarm service that reserves GPUs (create, or update: each sends the whole spec). Swarm picks each task's
     cards among those its node advertises, and never gives one to two tasks: the reservation is a task's pin, so with
     `grants = false` it is allowed as a pinned create is. Under grants, the spec must carry the agent's service grant
     for this service and at least this reservation (docs/authz.md, Swarm). Which cards a task gets, and whether
     work outside Swarm holds them, the node's daemon decides without asking this plugin."""
+    env = [g.how for g in asked_cards if g.form == SERVICE_ENV]
+    if env:
+        return _deny(
+            f"{', '.join(env)}: a service's own device variable picks cards on its nodes past Swarm's reservation: "
+            f"refused; reserve them instead (--generic-resource KIND=N; {STACK_HINT})"
+        )
     if not rule.grants:
         return ALLOW
     spec = request.service(asked.body)

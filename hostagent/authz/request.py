@@ -119,7 +119,10 @@ SERVICE_SCHEMA: Schema = {
         "ReplicatedJob": {"MaxConcurrent": None},
         "GlobalJob": {},
     },
-    "TaskTemplate": {"Resources": {"Reservations": {"GenericResources": [_GENERIC]}}},
+    "TaskTemplate": {
+        "ContainerSpec": {"Env": None, "Mounts": [_MOUNT], "CapabilityAdd": None},
+        "Resources": {"Reservations": {"GenericResources": [_GENERIC]}},
+    },
 }
 STACK_LABEL = "com.docker.stack.namespace"  # docker stack deploy's on every service: the stack's name
 
@@ -219,6 +222,21 @@ def reserved(spec: Mapping[str, Any]) -> Reserved | None:
     elif (mode.get("Replicated") or {}).get("Replicas") is not None:
         tasks = int(mode["Replicated"]["Replicas"])
     return Reserved(kinds, tasks) if tasks != 0 else None
+
+
+def service_container(spec: Mapping[str, Any]) -> DaemonAnswer:
+    """The container each task of a service's spec (service()) would be, as far as the escape baseline and the
+    device variables read it: its environment, its binds, its added capabilities (services have no --privileged, no
+    host pid, no devices)."""
+    task = (spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}
+    binds = [
+        {"Type": "bind", "Source": str(m.get("Source") or ""), "Destination": str(m.get("Target") or "")}
+        for m in task.get("Mounts") or []
+        if str(m.get("Type") or "") == "bind"
+    ]
+    env = _strings(task.get("Env"), "ContainerSpec.Env")
+    caps = _strings(task.get("CapabilityAdd"), "ContainerSpec.CapabilityAdd")
+    return {"Config": {"Env": env}, "HostConfig": {"CapAdd": caps}, "Mounts": binds}
 
 
 def _generic(spec: Mapping[str, Any]) -> list[Any]:

@@ -794,6 +794,22 @@ def test_a_stack_under_enforce_on_is_deployed_with_the_agents_grant(swarm: Clust
             )  # fmt: skip
             assert "only the agent's stacks may reserve GPUs on this swarm (--generic-resource GPU=1)" in r.stderr, r
             assert r.returncode != 0
+            # What no node's plugin will see of a task: its own device variables, the escape baseline.
+            for form, line in (
+                (
+                    ["-e", "NVIDIA_VISIBLE_DEVICES=all"],
+                    "-e NVIDIA_VISIBLE_DEVICES=all: a service's own device variable",
+                ),
+                (
+                    ["--mount", "type=bind,source=/var/run/docker.sock,target=/d.sock"],
+                    "a bind mount of /var/run/docker.sock: refused on this host",
+                ),
+            ):
+                r = swarm.manager(
+                    "service", "create", "-d", "--name", "escape", *form, "--no-resolve-image", TEST_IMAGE, "true",
+                    check=False,
+                )  # fmt: skip
+                assert r.returncode != 0 and line in r.stderr, (form, r.stderr)
             # A service that reserves no card is not the agent's business (the plugin answers it alone).
             with swarm.service("plain", "--entrypoint", "true", TEST_IMAGE):
                 pass

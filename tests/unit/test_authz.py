@@ -400,6 +400,46 @@ def test_a_forged_copied_or_stale_service_grant_is_refused() -> None:
         stale.open_service(stale.issue_service("trainer", TRAINER.text(), 7), "trainer")
 
 
+def test_a_services_own_device_variables_and_escapes_are_refused() -> None:
+    """Each node's daemon creates a service's tasks without asking its plugin: what the spec gives each task is
+    judged at the manager, the escape baseline and the variables that make a node's runtime pick cards."""
+
+    def task(reserve: bool = False, **container: Any) -> dict[str, Any]:
+        """The stack's task template, reserving no card unless `reserve`, with `container` in its ContainerSpec."""
+        body: dict[str, Any] = json.loads(json.dumps(SENT[STACK]["body"]["TaskTemplate"]))
+        body["ContainerSpec"].update(container)
+        if not reserve:
+            body["Resources"] = {}
+        return body
+
+    every = task(Env=["NVIDIA_VISIBLE_DEVICES=all"])
+    for rule in (ON, NO_GRANTS):
+        v = decide(sent(STACK, TaskTemplate=every), rule)
+        assert not v.allow and v.msg.startswith(
+            "gpupin: -e NVIDIA_VISIBLE_DEVICES=all: a service's own device variable picks cards on its nodes past "
+            "Swarm's reservation: refused"
+        ), v.msg
+    assert decide(sent(STACK, TaskTemplate=every), WARN).msg.startswith("WARN gpupin: -e NVIDIA_VISIBLE_DEVICES=all")
+    assert decide(sent(STACK, TaskTemplate=task(Env=["NVIDIA_VISIBLE_DEVICES=void"])), ON).allow
+    # beside a granted reservation too: the variable picks cards the reservation does not
+    g = Grants()
+    granted = g.issue_service("trainer", TRAINER.text(), 1001)
+    by_hand = task(True, Env=["DOCKER_RESOURCE_GPU=GPU-0"])
+    assert (
+        "-e DOCKER_RESOURCE_GPU=GPU-0: a service's own"
+        in decide(sent(STACK, granted, TaskTemplate=by_hand), ON, g=g).msg
+    )
+    assert decide(sent(STACK, granted), ON, g=g).allow
+    # the escape baseline: a task that binds the host's root or its docker socket, or adds SYS_ADMIN
+    root = task(Mounts=[{"Type": "bind", "Source": "/", "Target": "/host"}])
+    assert "a bind mount of /: refused on this host" in decide(sent(STACK, TaskTemplate=root), ON).msg
+    caps = task(CapabilityAdd=["CAP_SYS_ADMIN"])
+    assert "--cap-add SYS_ADMIN: refused on this host" in decide(sent(STACK, TaskTemplate=caps), ON).msg
+    assert decide(sent(STACK, TaskTemplate=caps), EnforceRule(mode="on", allow=("capabilities",))).allow
+    v = decide(sent(STACK, TaskTemplate=task(Env="NVIDIA_VISIBLE_DEVICES=all")), ON)
+    assert not v.allow and "ContainerSpec.Env is not a list of strings" in v.msg
+
+
 def test_a_service_under_warn_and_without_grants() -> None:
     # grants = false: a reservation is a task's pin (Swarm never gives a reserved card to two tasks), as a create
     # that pins free cards is allowed
