@@ -128,6 +128,31 @@ def test_any_create_body_is_judged_without_an_exception(body: Any) -> None:
     assert isinstance(v.allow, bool)
 
 
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.recursive(
+        st.one_of(st.none(), st.integers(-2, 5), st.text(max_size=8), st.just("GPU"), st.just("trainer")),
+        lambda x: (
+            st.dictionaries(
+                st.sampled_from(
+                    ["Name", "Labels", "Mode", "Replicated", "Global", "Replicas", "TaskTemplate", "ContainerSpec",
+                     "Env", "Mounts", "CapabilityAdd", "Resources", "Reservations", "GenericResources",
+                     "DiscreteResourceSpec", "NamedResourceSpec", "Kind", "Value", LABEL]
+                ),
+                x,
+                max_size=4,
+            )
+            | st.lists(x, max_size=3)
+        ),
+        max_leaves=16,
+    )
+)  # fmt: skip
+def test_any_service_body_is_judged_without_an_exception(body: Any) -> None:
+    for uri in ("/v1.41/services/create", "/v1.41/services/abc/update?version=3"):
+        v = decide(msg(body if isinstance(body, dict) else {"x": body}, uri=uri), ON)
+        assert isinstance(v.allow, bool)
+
+
 # --- what the plugin decides alone --------------------------------------------------------------------------------
 
 
