@@ -105,7 +105,7 @@ def _service_cards(wanted: request.Reserved | None, c: Mapping[str, Any] | None)
     out = [CardGrant("swarm-resource", f"--generic-resource {k}={n}", [], named=False) for k, n in kinds.items()]
     for entry in ((c or {}).get("Config") or {}).get("Env") or []:
         var, _, value = str(entry).partition("=")
-        if picks_devices(var) and not (var == NVD_VAR and value.strip() in ("", NONE, VOID)):
+        if picks_devices(var) and not (var == NVD_VAR and value in ("", NONE, VOID)):
             out.append(CardGrant(SERVICE_ENV, f"-e {shown(var)}={shown(value)}", [], named=False))
     return out
 
