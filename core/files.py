@@ -105,9 +105,10 @@ def same_file(st: os.stat_result, others: "Iterable[str]") -> "str | None":
     return None
 
 
-def write_atomic(path: str, data: bytes, protected: "Iterable[str]" = ()) -> None:
+def write_atomic(path: str, data: bytes, protected: "Iterable[str]" = (), private: bool = False) -> None:
     """Write `data` to `path` all at once (see the module's text); FileRefused (64) when the target is a link, a
-    file of `protected` (the files the project reads), or cannot be written."""
+    file of `protected` (the files the project reads), or cannot be written. `private`: readable by its owner
+    alone, whatever the mode of the file it replaces (it holds a secret)."""
     directory, name = os.path.split(path)
     if not name or name in (".", ".."):
         raise FileRefused(path, "names no file", "give a file name")
@@ -152,6 +153,8 @@ def write_atomic(path: str, data: bytes, protected: "Iterable[str]" = ()) -> Non
             umask = os.umask(0)
             os.umask(umask)
             mode = 0o666 & ~umask
+        if private:
+            mode &= 0o700
         tmp = f".{name[:200]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         try:

@@ -107,7 +107,7 @@ json.dump(d, open(p, 'w'))" "$1"
     # the cost: a non-GPU run, and a GPU run on a free card (grants off, so a plain create may take it)
     printf '[enforce]\nmode = "on"\ngrants = false\n' >"$GPUPIN_POLICY"
     : >$A/times
-    .venv/bin/python bench/authz_bench.py --calls /run/docker/plugins/gpupin.sock --gpu "$U" --json "$OUT/authz-calls.json"
+    .venv/bin/python bench/authz_bench.py --calls /run/docker/plugins/gpupin.sock --calls-threads 8 --gpu "$U" --json "$OUT/authz-calls.json"
     for block in $(seq "${AUTHZ_BLOCKS:-10}"); do
         mode=$([ $((block % 2)) = 1 ] && echo on || echo off)
         plugin "$mode"

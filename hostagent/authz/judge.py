@@ -159,11 +159,12 @@ def judge(
     rule: EnforceRule,
     held_by: Callable[[str], str | None],
     grants: Grants,
-    over: Callable[[int, int], str | None] | None = None,
+    over: Callable[[int, int, Mapping[str, Any]], str | None] | None = None,
 ) -> Verdict:
     """The agent's verdict on a request that reaches cards, before mode warn (`warned` applies it): `held_by(uuid)`
-    says who holds or uses a card (None: free); `over(uid, cards)` why a rendered file's grant may not take that
-    many more cards for its user now (the policy's quotas; None: it may)."""
+    says who holds or uses a card (None: free); `over(uid, cards, labels)` why a rendered file's grant may not take
+    that many more cards for its user now, with the booking its labels ask (the policy's quotas and bookings; None:
+    it may)."""
     hows = ", ".join(dict.fromkeys(g.how for g in asked_cards))
     if asked.kind == request.SERVICE:
         return _service(asked, asked_cards, hows, rule, grants)
@@ -197,7 +198,7 @@ def judge(
             uid, rendered = grants.admit(value, asked.name, uuids)
         except GrantRefused as why:
             return _deny(f"{why}: refused; {RUN_HINT}")
-        why_not = over(uid, len(uuids)) if rendered and over is not None else None
+        why_not = over(uid, len(uuids), labels) if rendered and over is not None else None
         if why_not is not None:  # a run's grant was given under its quotas; a rendered file's is judged here
             return Verdict(False, f"gpupin: {why_not}", uid)
         return Verdict(True, uid=uid)

@@ -175,9 +175,12 @@ def output_path(output: str | None, source: str) -> str | None:
 def write_output(path: str, text: str, quoted: str, protected: Iterable[str] = ()) -> None:
     """All or nothing, never through a link, never over a file the project reads (`protected`): a temporary file
     in the target's directory, renamed over it (gpupin.core.files.write_atomic; the mode of a file it replaces is
-    kept; a new one gets 0666 less the umask, as the shell's `>` gives)."""
+    kept; a new one gets 0666 less the umask, as the shell's `>` gives). A file that carries the agent's grants is
+    its user's alone (0600 at most): a grant admits whoever presents it first, for any name."""
+    from gpupin.hostagent.authz.grant import LABEL
+
     try:
-        files.write_atomic(path, text.encode("utf-8"), protected)
+        files.write_atomic(path, text.encode("utf-8"), protected, private=f"{LABEL}:" in text)
     except files.FileRefused as err:
         raise UsageError(f"-o {quoted}: {err.reason}", err.hint) from None
 
@@ -317,16 +320,29 @@ def granted(rendered: Any, exam: Any) -> None:
     """The agent's grant on each service that takes cards, where the host's authorization plugin asks for one
     (docs/authz.md, Grants): asked of the agent when one answers; none is needed, or none can be had, otherwise
     (`docker compose up` then says so through the plugin)."""
+    from gpupin.hostagent import agentlink
     from gpupin.hostagent.authz.grant import LABEL
+    from gpupin.hostagent.compose.service import label_entries
+    from gpupin.hostagent.ledger.booking import FOR_LABEL
 
     if not exam.requests:
         return
-    got = _agent_grants({"cards": [[t.uuid for t in exam.plan[req.service]] for req in exam.requests]})
-    if got is None:
+    link = agentlink.find()
+    if link is None:
         return
-    for req, value in zip(exam.requests, got[0]):
-        set_entries(rendered["services"][req.service], "labels", {LABEL: value})
-    say(f"note: the agent's grants are in the file: `docker compose up` within {got[1]} minutes (then render again)")
+    asked = [[t.uuid for t in exam.plan[req.service]] for req in exam.requests]
+    answer = link.call("POST", "/api/grant", {"cards": asked})
+    grants = answer.get("grants") if isinstance(answer, dict) else None
+    if not isinstance(grants, list):
+        return
+    book_s = answer.get("booking_s")  # the policy's default booking for the caller, where a service asks none
+    for req, value in zip(exam.requests, grants):
+        svc = rendered["services"][req.service]
+        set_entries(svc, "labels", {LABEL: str(value)})
+        if isinstance(book_s, (int, float)) and FOR_LABEL not in label_entries(svc, req.service):
+            set_entries(svc, "labels", {FOR_LABEL: f"{max(1, round(book_s))}s"})
+    minutes = int(answer.get("expires_in_s") or 0) // 60
+    say(f"note: the agent's grants are in the file: `docker compose up` within {minutes} minutes (then render again)")
 
 
 def stack_granted(rendered: Any, exam: Any) -> None:

@@ -441,13 +441,11 @@ def command(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(spec.docker_run_line() + "\n")
         return 0
-    # A pull is this process's own (its credentials, its terminal).
-    if req.pull != "always":
-        from gpupin.hostagent.run import via_agent
+    from gpupin.hostagent.run import via_agent
 
-        code = via_agent.run(req)
-        if code is not None:
-            return code
+    code = via_agent.run(req)  # a pull is this process's own even so (its credentials, its terminal)
+    if code is not None:
+        return code
     from gpupin.hostagent.run import launch
 
     return launch.run(req)

@@ -123,10 +123,10 @@ def run(req: RunRequest) -> int | None:
     link = agentlink.find()
     if link is None:
         return None
+    pulled = req.pull == "always" and _pull(req)  # asked first: the agent would only hand it back
     body = {"daemon": agentlink.daemon_key(), "owner": str(lease.this_process()), "request": request_json.dump(req)}
     old_term = signal.signal(signal.SIGTERM, start.raise_interrupted)
     mark("asking")
-    pulled = False
     try:
         with WaitLoop(req) as wait_loop:
             while True:

@@ -16,12 +16,13 @@ from gpupin.hostagent.serve import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from gpupin.core import JSONObject
     from gpupin.hostagent.ledger.booking import Caller
     from gpupin.hostagent.ls.model import HolderShown, Listing, Occupancy
+    from gpupin.hostagent.policy import Policy
     from gpupin.hostagent.serve.agent import Agent
     from gpupin.hostagent.serve.interfaces import Handler, Peer
 
@@ -39,7 +40,7 @@ class Judging:
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self._pending: dict[bytes, tuple[Made | None, int | None, str]] = {}  # digest -> (made, owner, warn line)
+        self._pending: dict[bytes, Kept] = {}  # the request's digest -> its verdict, until its create's answer
         self._made: list[Made] = []  # the granted creates let in within CREATED_S
         self._lock = threading.Lock()
 
@@ -93,12 +94,13 @@ class Judging:
     def _keep(self, digest: bytes, v: judge.Verdict, cards: int) -> None:
         now = time.monotonic()
         with self._lock:
-            while len(self._pending) > PENDING // 2 and _old(next(iter(self._pending.values())), now):
-                del self._pending[next(iter(self._pending))]
+            for d in [d for d, k in self._pending.items() if k.at < now - CREATED_S]:
+                del self._pending[d]
             while len(self._pending) >= PENDING:
                 del self._pending[next(iter(self._pending))]
             made = Made(now, v.uid, cards) if v.uid is not None else None
-            self._pending[digest] = (made, v.uid, v.msg.removeprefix(judge.WARN) if v.msg else "")
+            self._pending.pop(digest, None)  # kept last: the oldest first out
+            self._pending[digest] = Kept(now, made, v.msg.removeprefix(judge.WARN) if v.msg else "")
             if made is not None:
                 self._made.append(made)
 
@@ -106,25 +108,28 @@ class Judging:
         """The daemon's answer to a create let through (the plugin's AuthZRes): the container's owner is the uid
         its grant was issued for, and a create mode warn let in (the agent's verdict, or the plugin's `warned`) is
         marked for `ls`. True: noted."""
+        digest = _digest(msg)
         with self._lock:
-            kept = self._pending.pop(_digest(msg), None)
+            kept = self._pending.get(digest)
+            if kept is not None and (kept.at < time.monotonic() - CREATED_S or kept.made is not None):
+                del self._pending[digest]  # a grant's is for one create; a warning's, for each alike within the time
+                kept = kept if kept.at >= time.monotonic() - CREATED_S else None
         if kept is None and warned:
-            kept = (None, None, warned)
+            kept = Kept(0.0, None, warned)
         if kept is None:
             return False
         cid = request.created_id(answer)
+        made = kept.made
         if cid is None:  # refused after all (a name in use, an image missing): nothing was made
-            if kept[0] is not None:
-                kept[0].at = 0.0
+            if made is not None:
+                made.at = 0.0
             return False
-        made, uid, line = kept
         if made is not None:
             made.cid = cid
-        if uid is not None:
-            self.agent.note_owner(cid, uid)
+            self.agent.note_owner(cid, made.uid)
             self.agent.owners.flush()
-        if line:
-            self.agent.owners.warn(cid, line)
+        if kept.line:
+            self.agent.owners.warn(cid, kept.line)
         return True
 
 
@@ -140,8 +145,15 @@ class Made:
         self.cid: str | None = None
 
 
-def _old(kept: tuple[Made | None, int | None, str], now: float) -> bool:
-    return kept[0] is None or kept[0].at < now - CREATED_S
+class Kept:
+    """A verdict awaiting its create's answer: when, the grant's create (None: no grant), mode warn's line."""
+
+    __slots__ = ("at", "line", "made")
+
+    def __init__(self, at: float, made: Made | None, line: str) -> None:
+        self.at = at
+        self.made = made
+        self.line = line
 
 
 def _digest(msg: JSONObject) -> bytes:
@@ -152,20 +164,43 @@ def _digest(msg: JSONObject) -> bytes:
     return hashlib.sha256("\0".join(str(p or "") for p in parts).encode()).digest()
 
 
-def _quotas(agent: Agent, view: Listing, just_made: list[Made]) -> Callable[[int, int], str | None]:
-    """Why `uid` may not take `cards` more now under the policy's quotas (None: it may), from the view's holdings
-    and the granted creates it does not show yet (each counted once)."""
+def _quotas(agent: Agent, view: Listing, just_made: list[Made]) -> Callable[[int, int, Mapping[str, Any]], str | None]:
+    """Why a rendered file's grant may not take `cards` more for `uid` now (None: it may): the policy's quotas, from
+    the view's holdings and the granted creates it does not show yet (each counted once), and its bookings (the
+    length the container's labels ask, which render wrote: gpupin.hostagent.compose.booking)."""
     from gpupin.hostagent.policy import admit
     from gpupin.hostagent.serve.queue import view_holdings
 
     policy = agent.in_force.policy
     if not policy.enforced:
-        return lambda _uid, _cards: None
+        return lambda _uid, _cards, _labels: None
     held = view_holdings(view)
     counted = {h.id for card in view.gpus for h in card.holders if h.owner is not None and h.owner.verified}
     held += [admit.Holding(m.uid, m.cards, None, "a container just created") for m in just_made
              if m.cid not in counted]  # fmt: skip
-    return lambda uid, cards: admit.over(policy, caller(uid), cards, held, agent.finished)
+
+    def over(uid: int, cards: int, labels: Mapping[str, Any]) -> str | None:
+        who = caller(uid)
+        return _booking(policy, who, labels) or admit.over(policy, who, cards, held, agent.finished)
+
+    return over
+
+
+def _booking(policy: Policy, who: Caller, labels: Mapping[str, Any]) -> str | None:
+    """Why the booking a granted create's labels ask is not one the policy gives its user (None: it is): where the
+    policy ends bookings, render wrote the length (the user's own, else the default), and it must still be there."""
+    from gpupin.hostagent.ledger.booking import FOR_LABEL, length, parse_duration
+
+    asked = labels.get(FOR_LABEL)
+    if asked is None:
+        if length(policy, who, None) is None and policy.booking_max(who.uid, who.gids) is None:
+            return None
+        return f"its {FOR_LABEL} label (the booking hostagent compose render wrote) is gone: render the file again"
+    try:
+        length(policy, who, parse_duration(str(asked)), FOR_LABEL)
+    except (ValueError, GpupinError) as err:
+        return getattr(err, "message", str(err))
+    return None
 
 
 def caller(uid: int) -> Caller:
@@ -248,19 +283,22 @@ def grant(agent: Agent, handler: Handler, body: JSONObject, peer: Peer) -> None:
             f"POST {GRANT_ROUTE}: `cards` must be 1 to {MAX_GRANTS} lists of this host's card UUIDs",
             "use a hostagent of the agent's version",
         )
+    from gpupin.hostagent.ledger.booking import Caller, length
+
     policy = agent.in_force.policy
+    who = Caller(peer.uid, {peer.gid, *peer.groups})
     if policy.enforced:  # 75 (or 64: never) now, not at `docker compose up`; the create is judged again then
-        from gpupin.hostagent.ledger.booking import Caller
         from gpupin.hostagent.policy import admit
         from gpupin.hostagent.serve.queue import view_holdings
 
         view = agent.snapshot().listing
         held = view_holdings(view) if view is not None else []
         cards_asked = sum(len(set(u)) for u in asked)
-        admit.check(policy, Caller(peer.uid, {peer.gid, *peer.groups}), cards_asked, held, agent.finished)
+        admit.check(policy, who, cards_asked, held, agent.finished)
+    book_s = length(policy, who, None)  # the caller's default, for render to write where a service asks none
     values = [agent.grants.issue(ANY_NAME, u, peer.uid, ttl=RENDER_S) for u in asked]
     say(f"grant: {len(values)} for uid {peer.uid} ({shown(peer.user())}) on {', '.join(','.join(u) for u in asked)}")
-    handler.answer({"grants": values, "expires_in_s": RENDER_S})
+    handler.answer({"grants": values, "expires_in_s": RENDER_S, "booking_s": book_s})
 
 
 def service_grants(agent: Agent, handler: Handler, body: JSONObject, peer: Peer) -> None:

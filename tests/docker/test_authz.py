@@ -196,6 +196,7 @@ def test_a_stale_compose_file_is_refused_and_a_rendered_one_granted(door: Door) 
     r = door.as_user(BOB, "compose", "render", str(project / "compose.yml"), "-o", str(rendered))
     assert r.returncode == 0 and "the agent's grants are in the file" in r.stderr, r.stderr
     assert "gpupin.grant: 1." in rendered.read_text() and RTX not in rendered.read_text()
+    assert rendered.stat().st_mode & 0o777 == 0o600  # a grant admits whoever presents it: Bob's eyes only
     up = door.sandbox.compose("-p", f"fresh{door.agent.tag}", "-f", str(rendered), "up", "--no-start")
     try:
         assert up.returncode == 0, up
@@ -239,11 +240,13 @@ def holder_named(door: Door, part: str) -> dict[str, Any] | None:
 
 
 def test_a_granted_compose_service_is_its_users_and_counts_against_her_quota(agent: Agent, tmp_path: Path) -> None:
-    """Under on with a quota of one card: a file asking more than the quota is refused at render (64); a granted
-    service's container is Bob's, proven (the plugin tells the agent its id when the daemon answers the create),
-    and counts against his quota: his `hostagent run` and a second render are refused (75) while it runs."""
+    """Under on with a quota of one card and bookings of 1h by default: a file asking more than the quota is
+    refused at render (64); the rendered file books the default (a label), and a copy without it is refused at the
+    create; a granted service's container is Bob's, proven (the plugin tells the agent its id when the daemon
+    answers the create), booked, and counts against his quota: his `hostagent run` and a second render are refused
+    (75) while it runs."""
     os.chmod(tmp_path, 0o755)
-    door = Door(agent, tmp_path, ON + "[quota]\ncards = 1\n")
+    door = Door(agent, tmp_path, ON + '[quota]\ncards = 1\n[booking]\ndefault = "1h"\n')
     project = Path(tempfile.mkdtemp(prefix="gpupin-authz-quota-", dir=door.cli_dir))
     os.chmod(project, 0o777)
     service = (
@@ -260,10 +263,19 @@ def test_a_granted_compose_service_is_its_users_and_counts_against_her_quota(age
         rendered = project / "one.out.yml"
         r = door.as_user(BOB, "compose", "render", str(project / "one.yml"), "-o", str(rendered))
         assert r.returncode == 0, r.stderr
+        assert "gpupin.booking.for: 3600s" in rendered.read_text(), rendered.read_text()
+        unbooked = project / "unbooked.yml"
+        unbooked.write_text(rendered.read_text().replace("gpupin.booking.for: 3600s", "x: y"))
+        up = door.sandbox.compose("-p", f"{p}x", "-f", str(unbooked), "up", "--no-start")
+        door.sandbox.compose("-p", f"{p}x", "-f", str(unbooked), "down")
+        assert up.returncode != 0 and "is gone: render the file again" in up.stdout + up.stderr, up
+        r = door.as_user(BOB, "compose", "render", str(project / "one.yml"), "-o", str(rendered))
+        assert r.returncode == 0, r.stderr
         up = door.sandbox.compose("-p", p, "-f", str(rendered), "up", "-d")
         assert up.returncode == 0, up
         h = wait_for(lambda: holder_named(door, f"{p}"), 20, "the agent to see the service's container")
         assert h is not None and h["owner"]["verified"] and h["owner"]["uid"] == BOB, h
+        assert 3500 < h["booking"]["left_s"] <= 3600, h["booking"]
         r = door.as_user(BOB, "run", "--rm", "--gpu", "3", TEST_IMAGE, "true")
         assert r.returncode == 75 and "quota cards" in r.stderr and "holds 1 of 1" in r.stderr, r.stderr
         r = door.as_user(BOB, "compose", "render", str(project / "one.yml"), "-o", str(project / "again.yml"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Agent
 
 # Every engine runs these (each engine builds and runs the image with its own CLI): docs/testing.md, The engines.
@@ -34,3 +35,23 @@ def test_pull_always_on_a_local_image_still_asks_the_registry(agent: Agent) -> N
     r = agent("run", "--pull", "always", "--gpu", "1", TEST_IMAGE)
     assert r.returncode == 125 and "could not be pulled" in r.stderr, r.stderr
     assert agent.containers() == []
+
+
+@pytest.mark.parametrize("pull", ["missing", "always"])
+def test_through_the_agent_the_caller_pulls_and_the_agent_makes_the_run(agent: Agent, pull: str) -> None:
+    """The agent leaves only the pull to the caller (its registry credentials, its terminal), then would make the
+    run itself, with its booking and grant: the caller reads no card and creates nothing of its own (there being no
+    registry here, the pull fails as without the agent)."""
+    resident = Resident(agent.env)
+    trace = resident.dir / "trace"
+    try:
+        image = "gpupin-test/absent:1" if pull == "missing" else TEST_IMAGE
+        r = agent("run", "--pull", pull, "--gpu", "1", image, GPUPIN_AGENT_SOCKET=resident.socket,
+                  GPUPIN_TRACE=str(trace))  # fmt: skip
+        assert r.returncode == 125 and "could not be pulled" in r.stderr, r.stderr
+        marks = trace.read_text().split()
+        assert "cards" not in marks, marks  # pulled here, the run not made here: the agent was to make it
+        assert ("asking" in marks) == (pull == "missing"), marks  # --pull always pulls before it asks
+        assert agent.containers() == []
+    finally:
+        resident.close()

@@ -671,7 +671,8 @@ def test_a_rendered_files_grant_is_judged_against_its_users_quotas_at_the_create
     g = Grants()
     asked: list[tuple[int, int]] = []
 
-    def over(uid: int, cards: int) -> str | None:
+    def over(uid: int, cards: int, labels: Any) -> str | None:
+        assert LABEL in labels  # the create's labels: the booking render wrote is judged too
         asked.append((uid, cards))
         return "quota cards: uid 1001 holds 1 of 1 card(s) at once, and asks 1 more"
 
