@@ -180,7 +180,7 @@ def write_output(path: str, text: str, quoted: str, protected: Iterable[str] = (
     from gpupin.hostagent.authz.grant import LABEL
 
     try:
-        files.write_atomic(path, text.encode("utf-8"), protected, private=f"{LABEL}:" in text)
+        files.write_atomic(path, text.encode("utf-8"), protected, private=f"{LABEL}:" in text or f"{LABEL}=" in text)
     except files.FileRefused as err:
         raise UsageError(f"-o {quoted}: {err.reason}", err.hint) from None
 

@@ -497,6 +497,21 @@ def test_render_swarm_writes_a_grant_the_agents_judge_admits(tmp_path: Path) -> 
         assert r.returncode == 0 and "`docker stack deploy` within 15 minutes" in r.stderr, r.stderr
         value = yaml.safe_load(stack.read_text())["services"]["trainer"]["deploy"]["labels"][LABEL]
         assert value.startswith("s1.") and value.split(".")[3] == str(os.getuid()) and "4*GPU=1" in value
+        assert stack.stat().st_mode & 0o077 == 0  # a grant admits whoever presents it: the file is its user's alone
+        # deploy.labels written as a list keeps its form (and the file is private all the same)
+        listed = tmp_path / "listed.yml"
+        listed.write_text(
+            "services:\n  train:\n    image: img\n    deploy: {replicas: 2, labels: [team=a], mode: replicated}\n"
+            "    x-gpupin: {count: 2}\n"
+        )
+        r = subprocess_run(
+            [HOSTAGENT, "compose", "render", "--swarm", str(listed), "-o", str(tmp_path / "listed.stack.yml")],
+            {**env, "GPUPIN_AGENT_SOCKET": agent.socket},
+        )
+        assert r.returncode == 0, r.stderr
+        labels = yaml.safe_load((tmp_path / "listed.stack.yml").read_text())["services"]["train"]["deploy"]["labels"]
+        assert labels[0] == "team=a" and labels[1].startswith(f"{LABEL}=s1.") and ".2*GPU=2." in labels[1]
+        assert (tmp_path / "listed.stack.yml").stat().st_mode & 0o077 == 0
 
         def verdict(what: str, **spec: Any) -> dict[str, Any]:
             m = sent(what, value, **spec)
