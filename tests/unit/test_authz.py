@@ -522,6 +522,15 @@ def test_render_swarm_writes_a_grant_the_agents_judge_admits(tmp_path: Path) -> 
         assert verdict(REDEPLOY) == {"Allow": True, "Msg": ""}
         more = verdict(STACK, Mode={"Replicated": {"Replicas": 8}})
         assert not more["Allow"] and "asks for 8 task(s) x 1 GPU, its grant is for 4 task(s) x 1 GPU" in more["Msg"]
+        # The agent gives service grants for GPU kinds and whole counts only, one line and 64 otherwise.
+        for bad in (
+            {"service": "t", "kinds": {"fpga": 1}, "tasks": 1},
+            {"service": "t", "kinds": {"GPU": 0}, "tasks": 1},
+            {"service": "t", "kinds": {"GPU": 1}, "tasks": -1},
+            {"service": "", "kinds": {"GPU": 1}, "tasks": "global"},
+        ):
+            status, answer = _post(agent.socket, "/api/grant", {"services": [bad]})
+            assert status != 200 and answer["exit"] == 64 and "`services` must be 1 to 64" in answer["error"], bad
         # Without the agent, render writes no grant (and says nothing of one)
         r = subprocess_run([HOSTAGENT, "compose", "render", "--swarm", str(source)], {**env, "GPUPIN_AGENT": "0"})
         assert r.returncode == 0 and LABEL not in r.stdout and "grants" not in r.stderr, r.stderr
