@@ -512,6 +512,15 @@ def test_render_swarm_writes_a_grant_the_agents_judge_admits(tmp_path: Path) -> 
         labels = yaml.safe_load((tmp_path / "listed.stack.yml").read_text())["services"]["train"]["deploy"]["labels"]
         assert labels[0] == "team=a" and labels[1].startswith(f"{LABEL}=s1.") and ".2*GPU=2." in labels[1]
         assert (tmp_path / "listed.stack.yml").stat().st_mode & 0o077 == 0
+        # a global service's grant is for a task on every node it may run on
+        (tmp_path / "global.yml").write_text(
+            "services:\n  probe:\n    image: img\n    deploy: {mode: global}\n    x-gpupin: {count: 1}\n"
+        )
+        r = subprocess_run(
+            [HOSTAGENT, "compose", "render", "--swarm", str(tmp_path / "global.yml")],
+            {**env, "GPUPIN_AGENT_SOCKET": agent.socket},
+        )
+        assert r.returncode == 0 and ".global*GPU=1." in r.stdout, r.stderr
 
         def verdict(what: str, **spec: Any) -> dict[str, Any]:
             m = sent(what, value, **spec)
