@@ -205,6 +205,16 @@ def judge(
     return ALLOW
 
 
+def _covers(granted: request.Reserved, wanted: request.Reserved) -> bool:
+    """A service grant admits the same cards per task, and no more tasks (a scale down takes fewer cards); a global
+    service only under a global grant."""
+    if wanted.kinds != granted.kinds:
+        return False
+    if isinstance(wanted.tasks, int) and isinstance(granted.tasks, int):
+        return wanted.tasks <= granted.tasks
+    return wanted.tasks == granted.tasks
+
+
 def _service(asked: Asked, asked_cards: list[CardGrant], hows: str, rule: EnforceRule, grants: Grants) -> Verdict:
     """A Swarm service that reserves GPUs (create, or update: each sends the whole spec). Swarm picks each task's
     cards among those its node advertises, and never gives one to two tasks: the reservation is a task's pin, so with
@@ -228,7 +238,7 @@ def _service(asked: Asked, asked_cards: list[CardGrant], hows: str, rule: Enforc
     try:
         opened = grants.open_service(value, request.service_key(spec))
         granted = request.Reserved.parse(opened.reserved)
-        if granted is None or not wanted.covered_by(granted):
+        if granted is None or not _covers(granted, wanted):
             what = granted if granted is not None else shown(opened.reserved)
             raise GrantRefused(f"service {shown(name)} asks for {wanted}, its grant is for {what}")
         grants.spend_service(opened, name)

@@ -155,14 +155,6 @@ class Reserved:
             return None
         return cls(kinds, int(tasks) if tasks.isdigit() else tasks)
 
-    def covered_by(self, granted: Reserved) -> bool:
-        """The same cards per task, and no more tasks than granted (scaling down takes fewer cards)."""
-        if self.kinds != granted.kinds:
-            return False
-        if isinstance(self.tasks, int) and isinstance(granted.tasks, int):
-            return self.tasks <= granted.tasks
-        return self.tasks == granted.tasks
-
     def __str__(self) -> str:
         per_task = " + ".join(f"{n} {k}" for k, n in self.kinds.items())
         tasks = f"{self.tasks} task(s)" if isinstance(self.tasks, int) else f"{self.tasks} tasks"
