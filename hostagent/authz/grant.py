@@ -1,7 +1,8 @@
 """The agent's grants: a label (`gpupin.grant`) that the agent writes on a container it creates for a caller,
 bound to the container's name, its cards, the caller's uid and an expiry, signed (HMAC-SHA256) with a key the agent
 draws at start and keeps in memory, so no docker-group user can make one, and good for one create: the plugin lets
-an ungranted create take no card under enforce mode `on`. A grant outlives neither its expiry nor the agent.
+an ungranted create take no card under enforce mode `on`. A grant outlives neither its expiry nor the agent. A
+Swarm service's grant (issue_service) binds the service and its reservation instead, and admits its redeploys.
 """
 
 from __future__ import annotations
