@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import sync_playwright
 
 from tests.docker.test_hostile_agent import post
 from tests.docker.test_policy_agent import ALICE, BOB, Lab
+from tests.docker.test_serve_dashboard import Browser
 from tests.support import authz
 from tests.support.host import HOSTAGENT
 from tests.support.sandbox import TEST_IMAGE, Agent
@@ -304,6 +306,14 @@ def test_warn_lets_in_and_ls_says_what_on_would_have_refused(agent: Agent, tmp_p
         assert held and held[0]["warned"] == h["warned"], held
         text = door.as_user(BOB, "ls")
         assert "let in under warn: gpupin: only the agent's containers" in text.stdout, text.stdout
+        with sync_playwright() as p:  # and on the agent's page, under the holder's name
+            browser = Browser(p)
+            try:
+                tab = browser.tab(door.resident.url)
+                page = tab.wait_for_selector(f".holder[data-name='{name}'] .warned", timeout=10_000)
+                assert page is not None and page.text_content() == f"let in under warn: {h['warned']}"
+            finally:
+                browser.browser.close()
         clean = door.docker_as(BOB, "run", "-d", "--name", f"plain-{name}", "--entrypoint", "sleep", TEST_IMAGE, "5")
         assert clean.returncode == 0, clean.stderr  # a container that takes no card is not marked (nor listed)
     finally:
