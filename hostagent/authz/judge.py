@@ -6,6 +6,7 @@ card and the grants. Under mode `warn` a denial is logged and the request allowe
 
 from __future__ import annotations
 
+from gpupin.core.contract import NONE, NVD_VAR, VOID, picks_devices
 from gpupin.core.errors import shown
 from gpupin.hostagent.authz import PROBE, request
 from gpupin.hostagent.authz.grant import LABEL, GrantRefused
@@ -30,6 +31,10 @@ CAPABILITIES = frozenset({"ALL", "SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_PT
 PROBE_PATH = f"/containers/{PROBE}/json"
 WARN = "WARN "  # a verdict's line that mode warn let through begins so
 RUN_HINT = "hostagent run --gpu ID IMAGE pins a card and books it (hostagent ls shows the free ones)"
+STACK_HINT = (
+    "hostagent compose render --swarm FILE writes the agent's grant on each GPU service; docker stack deploy within "
+    "15 minutes"
+)
 
 
 class Verdict:
@@ -74,28 +79,35 @@ def escapes(c: Mapping[str, Any]) -> list[tuple[str, str]]:
 def container_of(asked: Asked) -> DaemonAnswer | None:
     """The container a create or an update would make, as `docker inspect` shows it (None: no body, or neither);
     request.Unreadable for a body the daemon would refuse to decode."""
-    if asked.body is None or asked.kind not in (request.CREATE, request.UPDATE):
+    if asked.body is None or asked.kind not in (request.CREATE, request.UPDATE, request.SERVICE):
         return None
+    if asked.kind == request.SERVICE:
+        return request.service_container(request.service(asked.body))
     return request.update_container(asked.body) if asked.kind == request.UPDATE else request.container(asked.body)
 
 
 def cards_asked(asked: Asked, c: Mapping[str, Any] | None, host: HostCards) -> list[CardGrant]:
     """Every way the request would give its container cards (the ledger's FORMS), or a service's GPU reservation."""
     if asked.kind == request.SERVICE:
-        return _service_cards(request.normal(asked.body, request.SERVICE_SCHEMA) or {})
+        return _service_cards(request.reserved(request.service(asked.body)), c)
     return holding(c, host) if c is not None else []
 
 
-def _service_cards(body: Mapping[str, Any]) -> list[CardGrant]:
+SERVICE_ENV = "service-env"  # a service's own device variable: a CardGrant's form
+
+
+def _service_cards(wanted: request.Reserved | None, c: Mapping[str, Any] | None) -> list[CardGrant]:
+    """A service's reservation of GPU kinds, and the device variables its tasks would carry (which pick cards on
+    a node whose runtime reads them, past Swarm's reservation)."""
     from gpupin.hostagent.ledger.holding_forms import CardGrant
 
-    task = body.get("TaskTemplate") or {}
-    wanted = ((task.get("Resources") or {}).get("Reservations") or {}).get("GenericResources") or []
-    kinds = [
-        str(((r.get("DiscreteResourceSpec") or r.get("NamedResourceSpec") or {}).get("Kind")) or "") for r in wanted
-    ]
-    gpus = [k for k in kinds if "GPU" in k.upper()]
-    return [CardGrant("swarm-resource", f"--generic-resource {k}", [], named=False) for k in gpus]
+    kinds = wanted.kinds if wanted is not None else {}
+    out = [CardGrant("swarm-resource", f"--generic-resource {k}={n}", [], named=False) for k, n in kinds.items()]
+    for entry in ((c or {}).get("Config") or {}).get("Env") or []:
+        var, _, value = str(entry).partition("=")
+        if picks_devices(var) and not (var == NVD_VAR and value in ("", NONE, VOID)):
+            out.append(CardGrant(SERVICE_ENV, f"-e {shown(var)}={shown(value)}", [], named=False))
+    return out
 
 
 def first_look(
@@ -155,7 +167,7 @@ def judge(
     it may)."""
     hows = ", ".join(dict.fromkeys(g.how for g in asked_cards))
     if asked.kind == request.SERVICE:
-        return _deny(f"a service's GPUs ({hows}) are placed by Swarm, past gpupin's judging: refused")
+        return _service(asked, asked_cards, hows, rule, grants)
     if asked.kind == request.UPDATE:
         return _deny(f"an update that gives a container cards ({hows}): refused; {RUN_HINT}")
     unnamed = [g for g in asked_cards if not g.named]
@@ -191,3 +203,45 @@ def judge(
             return Verdict(False, f"gpupin: {why_not}", uid)
         return Verdict(True, uid=uid)
     return ALLOW
+
+
+def _covers(granted: request.Reserved, wanted: request.Reserved) -> bool:
+    """A service grant admits the same cards per task, and no more tasks (a scale down takes fewer cards); a global
+    service only under a global grant."""
+    if wanted.kinds != granted.kinds:
+        return False
+    if isinstance(wanted.tasks, int) and isinstance(granted.tasks, int):
+        return wanted.tasks <= granted.tasks
+    return wanted.tasks == granted.tasks
+
+
+def _service(asked: Asked, asked_cards: list[CardGrant], hows: str, rule: EnforceRule, grants: Grants) -> Verdict:
+    """A Swarm service that reserves GPUs (create, or update: each sends the whole spec). Swarm picks each task's
+    cards among those its node advertises, and never gives one to two tasks: the reservation is a task's pin, so with
+    `grants = false` it is allowed as a pinned create is. Under grants, the spec must carry the agent's service grant
+    for this service and at least this reservation (docs/authz.md, Swarm). Which cards a task gets, and whether
+    work outside Swarm holds them, the node's daemon decides without asking this plugin."""
+    env = [g.how for g in asked_cards if g.form == SERVICE_ENV]
+    if env:
+        return _deny(
+            f"{', '.join(env)}: a service's own device variable picks cards on its nodes past Swarm's reservation: "
+            f"refused; reserve them instead (--generic-resource KIND=N; {STACK_HINT})"
+        )
+    if not rule.grants:
+        return ALLOW
+    spec = request.service(asked.body)
+    wanted = request.reserved(spec)
+    name = str(spec.get("Name") or "")
+    value = (spec.get("Labels") or {}).get(LABEL)
+    if wanted is None or not isinstance(value, str):
+        return _deny(f"only the agent's stacks may reserve GPUs on this swarm ({hows}): {STACK_HINT}")
+    try:
+        opened = grants.open_service(value, request.service_key(spec))
+        granted = request.Reserved.parse(opened.reserved)
+        if granted is None or not _covers(granted, wanted):
+            what = granted if granted is not None else shown(opened.reserved)
+            raise GrantRefused(f"service {shown(name)} asks for {wanted}, its grant is for {what}")
+        grants.spend_service(opened, name)
+    except GrantRefused as why:
+        return _deny(f"{why}: refused; {STACK_HINT}")
+    return Verdict(True, uid=opened.uid)

@@ -9,7 +9,7 @@ import base64
 import binascii
 import json
 import re
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -106,10 +106,142 @@ _HOST: Schema = {
 }
 CREATE_SCHEMA: Schema = {"Image": None, "Env": None, "Labels": MAP, "HostConfig": _HOST}
 UPDATE_SCHEMA = _RESOURCES
-_GENERIC = {"DiscreteResourceSpec": {"Kind": None}, "NamedResourceSpec": {"Kind": None}}
+_GENERIC = {"DiscreteResourceSpec": {"Kind": None, "Value": None}, "NamedResourceSpec": {"Kind": None}}
+# A service's spec (`docker service create`, `docker stack deploy`: POST /services/create and /services/ID/update
+# send the whole spec): its name, its labels (the stack's namespace, a grant: deploy.labels), how many tasks, and
+# what each task reserves.
 SERVICE_SCHEMA: Schema = {
-    "TaskTemplate": {"Resources": {"Reservations": {"GenericResources": [_GENERIC]}}},
+    "Name": None,
+    "Labels": MAP,
+    "Mode": {
+        "Replicated": {"Replicas": None},
+        "Global": {},
+        "ReplicatedJob": {"MaxConcurrent": None},
+        "GlobalJob": {},
+    },
+    "TaskTemplate": {
+        "ContainerSpec": {"Env": None, "Mounts": [_MOUNT], "CapabilityAdd": None},
+        "Resources": {"Reservations": {"GenericResources": [_GENERIC]}},
+    },
 }
+STACK_LABEL = "com.docker.stack.namespace"  # docker stack deploy's on every service: the stack's name
+
+
+class Reserved:
+    """What a service reserves of GPU kinds: `kinds` (kind -> cards per task) and `tasks` (a number of replicas, or
+    "global", "replicated-job", "global-job"). Its `text()` is what a service grant binds, kinds quoted so that no
+    two reservations read alike."""
+
+    __slots__ = ("kinds", "tasks")
+
+    def __init__(self, kinds: Mapping[str, int], tasks: int | str) -> None:
+        self.kinds = dict(sorted(kinds.items()))
+        self.tasks = tasks
+
+    def text(self) -> str:
+        return f"{self.tasks}*" + ",".join(f"{quote(k, safe='')}={n}" for k, n in self.kinds.items())
+
+    @classmethod
+    def parse(cls, text: str) -> Reserved | None:
+        """The reservation of `text()`, or None."""
+        tasks, star, rest = text.partition("*")
+        kinds: dict[str, int] = {}
+        for item in rest.split(",") if rest else []:
+            kind, eq, n = item.rpartition("=")
+            if not eq or not n.isdigit():
+                return None
+            kinds[unquote(kind)] = int(n)
+        if not star or not kinds:
+            return None
+        return cls(kinds, int(tasks) if tasks.isdigit() else tasks)
+
+    def __str__(self) -> str:
+        per_task = " + ".join(f"{n} {k}" for k, n in self.kinds.items())
+        tasks = f"{self.tasks} task(s)" if isinstance(self.tasks, int) else f"{self.tasks} tasks"
+        return f"{tasks} x {per_task}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reserved) and (self.kinds, self.tasks) == (other.kinds, other.tasks)
+
+    def __hash__(self) -> int:
+        return hash(self.text())
+
+
+def gpu_kind(kind: str) -> bool:
+    """Whether a generic resource's kind is a GPU's (GPU, NVIDIA-GPU, gpu-a100: what `hostagent swarm node-config`
+    advertises and `--kind` names)."""
+    return "GPU" in kind.upper()
+
+
+def service(body: Any) -> DaemonAnswer:
+    """A service's spec as the daemon decodes it (the fields SERVICE_SCHEMA reads); Unreadable: it would refuse."""
+    spec: DaemonAnswer = normal(body, SERVICE_SCHEMA) or {}
+    if not isinstance(spec.get("Name") or "", str):
+        raise Unreadable("the service's Name is not a string")
+    for r in _generic(spec):
+        for key in ("DiscreteResourceSpec", "NamedResourceSpec"):
+            if not isinstance((r.get(key) or {}).get("Kind") or "", str):
+                raise Unreadable(f"a generic resource's {key}.Kind is not a string")
+        value = (r.get("DiscreteResourceSpec") or {}).get("Value") or 0
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise Unreadable("a generic resource's DiscreteResourceSpec.Value is not an integer")
+    replicas = ((spec.get("Mode") or {}).get("Replicated") or {}).get("Replicas")
+    if replicas is not None and (not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0):
+        raise Unreadable("the service's Mode.Replicated.Replicas is not a number")
+    return spec
+
+
+def reserved(spec: Mapping[str, Any]) -> Reserved | None:
+    """The GPUs a service's spec (service()) reserves per task, and its tasks; None: no GPU kind, or no replica (a
+    service scaled to 0, as the agent does when its booking ends, takes no card)."""
+    kinds: dict[str, int] = {}
+    for r in _generic(spec):
+        discrete, named = r.get("DiscreteResourceSpec") or {}, r.get("NamedResourceSpec") or {}
+        kind = str(discrete.get("Kind") or named.get("Kind") or "")
+        if gpu_kind(kind):  # a named resource is one card; a discrete one, its value
+            kinds[kind] = kinds.get(kind, 0) + (int(discrete.get("Value") or 0) if discrete else 1)
+    if not kinds:
+        return None
+    mode = spec.get("Mode") or {}
+    # The daemon's default mode is one replica; of the modes given, the daemon takes the first it knows.
+    tasks: int | str = 1
+    if "Global" in mode:
+        tasks = "global"
+    elif "ReplicatedJob" in mode:
+        tasks = "replicated-job"
+    elif "GlobalJob" in mode:
+        tasks = "global-job"
+    elif (mode.get("Replicated") or {}).get("Replicas") is not None:
+        tasks = int(mode["Replicated"]["Replicas"])
+    return Reserved(kinds, tasks) if tasks != 0 else None
+
+
+def service_container(spec: Mapping[str, Any]) -> DaemonAnswer:
+    """The container each task of a service's spec (service()) would be, as far as the escape baseline and the
+    device variables read it: its environment, its binds, its added capabilities (services have no --privileged, no
+    host pid, no devices)."""
+    task = (spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}
+    binds = [
+        {"Type": "bind", "Source": str(m.get("Source") or ""), "Destination": str(m.get("Target") or "")}
+        for m in task.get("Mounts") or []
+        if str(m.get("Type") or "") == "bind"
+    ]
+    env = _strings(task.get("Env"), "ContainerSpec.Env")
+    caps = _strings(task.get("CapabilityAdd"), "ContainerSpec.CapabilityAdd")
+    return {"Config": {"Env": env}, "HostConfig": {"CapAdd": caps}, "Mounts": binds}
+
+
+def _generic(spec: Mapping[str, Any]) -> list[Any]:
+    task = spec.get("TaskTemplate") or {}
+    return ((task.get("Resources") or {}).get("Reservations") or {}).get("GenericResources") or []
+
+
+def service_key(spec: Mapping[str, Any]) -> str:
+    """The service's name as its compose file names it: a stack's service STACK_KEY (its stack label STACK) is
+    KEY; any other service, its name. A service grant binds this, as render cannot know the stack's name."""
+    name = str(spec.get("Name") or "")
+    stack = str((spec.get("Labels") or {}).get(STACK_LABEL) or "")
+    return name[len(stack) + 1 :] if stack and name.startswith(stack + "_") else name
 
 
 def _fold(key: str) -> str:

@@ -180,7 +180,7 @@ def write_output(path: str, text: str, quoted: str, protected: Iterable[str] = (
     from gpupin.hostagent.authz.grant import LABEL
 
     try:
-        files.write_atomic(path, text.encode("utf-8"), protected, private=f"{LABEL}:" in text)
+        files.write_atomic(path, text.encode("utf-8"), protected, private=f"{LABEL}:" in text or f"{LABEL}=" in text)
     except files.FileRefused as err:
         raise UsageError(f"-o {quoted}: {err.reason}", err.hint) from None
 
@@ -345,6 +345,47 @@ def granted(rendered: Any, exam: Any) -> None:
     say(f"note: the agent's grants are in the file: `docker compose up` within {minutes} minutes (then render again)")
 
 
+def stack_granted(rendered: Any, exam: Any) -> None:
+    """The agent's grant on each service of a stack that reserves GPUs, in its deploy.labels (the service's own
+    labels, which the plugin reads at the service's create and update), where the plugin asks for one: bound to
+    the service's key and its reservation, not to cards (Swarm picks them; docs/authz.md, Swarm)."""
+    from gpupin.hostagent.authz.grant import LABEL
+    from gpupin.hostagent.authz.request import gpu_kind
+
+    reserving = [s for s in exam.reserving if gpu_kind(s.reservation.kind)]
+    if not reserving:
+        return
+    asked = [
+        {
+            "service": s.service,
+            "kinds": {s.reservation.kind: s.reservation.count},
+            "tasks": "global" if s.global_mode else s.replicas,
+        }
+        for s in reserving
+    ]
+    got = _agent_grants({"services": asked})
+    if got is None:
+        return
+    for s, value in zip(reserving, got[0]):
+        set_entries(rendered["services"][s.service]["deploy"], "labels", {LABEL: value})
+    say(f"note: the agent's grants are in the file: `docker stack deploy` within {got[1]} minutes (then render again)")
+
+
+def _agent_grants(asked: Mapping[str, Any]) -> tuple[list[str], int] | None:
+    """The grants the agent gives for `asked` (POST /api/grant) and the minutes they last; None: no agent answers,
+    or its policy asks for none."""
+    from gpupin.hostagent import agentlink
+
+    link = agentlink.find()
+    if link is None:
+        return None
+    answer = link.call("POST", "/api/grant", dict(asked))
+    grants = answer.get("grants") if isinstance(answer, dict) else None
+    if not isinstance(grants, list):
+        return None
+    return [str(v) for v in grants], int(answer.get("expires_in_s") or 0) // 60
+
+
 def read_nodes() -> list[Node] | None:
     """The swarm's nodes, from the manager DOCKER_HOST names; when they cannot be read, say so and return None
     (what Swarm can place is then not checked)."""
@@ -374,6 +415,7 @@ def stack_command(options: ProjectOptions, output: str | None, kind: str) -> int
     def make(project: Project) -> tuple[str, Any]:
         name = project_name(project)
         rendered, exam = stack.render(project.doc, kind, read_nodes(), project.file_env)
+        stack_granted(rendered, exam)
         for p in exam.warnings:
             say(p.line(name))
         for note in exam.notes:

@@ -268,6 +268,9 @@ def grant(agent: Agent, handler: Handler, body: JSONObject, peer: Peer) -> None:
     if rule.mode == "off" or not rule.grants:
         handler.answer({"grants": None})
         return
+    if "services" in body:
+        service_grants(agent, handler, body, peer)
+        return
     asked = body.get("cards")
     cards, _, _ = agent.ledger_now()
     known = {c.uuid for c in cards or []} | {m.uuid for c in cards or [] for m in c.mig_devices or []}
@@ -296,6 +299,38 @@ def grant(agent: Agent, handler: Handler, body: JSONObject, peer: Peer) -> None:
     values = [agent.grants.issue(ANY_NAME, u, peer.uid, ttl=RENDER_S) for u in asked]
     say(f"grant: {len(values)} for uid {peer.uid} ({shown(peer.user())}) on {', '.join(','.join(u) for u in asked)}")
     handler.answer({"grants": values, "expires_in_s": RENDER_S, "booking_s": book_s})
+
+
+def service_grants(agent: Agent, handler: Handler, body: JSONObject, peer: Peer) -> None:
+    """`POST /api/grant` {"services": [{"service": KEY, "kinds": {KIND: N}, "tasks": N | "global"}, ...]}: a grant
+    per Swarm service that reserves GPUs (`compose render --swarm`), bound to the service's key (any stack's KEY),
+    its reservation and the caller; good for one service and its redeploys until it expires (docs/authz.md)."""
+    from gpupin.core.errors import UsageError
+    from gpupin.hostagent.authz.grant import RENDER_S
+
+    asked = body.get("services")
+    wanted: list[tuple[str, request.Reserved]] = []
+    for s in asked if isinstance(asked, list) and 0 < len(asked) <= MAX_GRANTS else [None]:
+        s = s if isinstance(s, dict) else {}
+        key, kinds, tasks = s.get("service"), s.get("kinds"), s.get("tasks")
+        if not (
+            isinstance(key, str)
+            and key
+            and isinstance(kinds, dict)
+            and kinds
+            and all(request.gpu_kind(k) and type(n) is int and n > 0 for k, n in kinds.items())
+            and ((type(tasks) is int and tasks >= 0) or tasks == "global")
+        ):
+            raise UsageError(
+                f"POST {GRANT_ROUTE}: `services` must be 1 to {MAX_GRANTS} of {{service, kinds: {{GPU kind: N}}, "
+                "tasks: N or global}",
+                "use a hostagent of the agent's version",
+            )
+        wanted.append((key, request.Reserved(kinds, tasks)))
+    values = [agent.grants.issue_service(key, r.text(), peer.uid, ttl=RENDER_S) for key, r in wanted]
+    what = ", ".join(f"{shown(k)}: {r}" for k, r in wanted)
+    say(f"grant: {len(values)} for uid {peer.uid} ({shown(peer.user())}) on services {what}")
+    handler.answer({"grants": values, "expires_in_s": RENDER_S})
 
 
 def routes(agent: Agent) -> dict[str, Callable[[Any, JSONObject, Any], None]]:

@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpupin.hostagent.authz.grant import LABEL
 from gpupin.hostagent.engine import created_time
 from gpupin.hostagent.swarm.resources import from_engine
+from tests.support import authz
 from tests.support.host import HOSTAGENT, REPO, hostagent, simhost_env
 from tests.support.resident import Resident
 from tests.support.sandbox import TEST_IMAGE, Sandboxes
@@ -47,6 +49,10 @@ class Node:
     @property
     def run_dir(self) -> Path:
         return Path(self.host.removeprefix("unix://")).parent
+
+    @property
+    def engine(self) -> str:  # tests.support.authz's messages
+        return f"20.10 ({self.name})"
 
     def check(self, *args: str) -> subprocess.CompletedProcess[str]:
         return hostagent(
@@ -753,3 +759,112 @@ def test_a_swarm_services_booking_is_ended_by_the_managers_agent(swarm: Cluster,
         print(f"swarm expiry lateness: {late[0]}s")  # the report's figure (-s)
     finally:
         agent.close()
+
+
+def test_a_stack_under_enforce_on_is_deployed_with_the_agents_grant(swarm: Cluster, tmp_path: Path) -> None:
+    """gpupin's plugin in front of the manager's dockerd (at the node's own /run/docker/plugins), its agent's policy
+    at enforce mode `on` (docs/authz.md, Swarm): a service that reserves GPUs is refused without the agent's grant;
+    `compose render --swarm` through the agent writes one, and `docker stack deploy` of that file goes through, its
+    redeploy too, and its tasks run on the manager's cards (created by the node's daemon without asking the
+    plugin); more replicas, a forged grant or a copy on another stack are refused, with what was asked and granted."""
+    m = swarm.nodes["manager"]
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[enforce]\nmode = "on"\n')
+    env = simhost_env(m.topology, DOCKER_HOST=m.host, GPUPIN_POLICY=str(policy))
+    agent = Resident(env)
+    sock = authz.plugin_socket(m)
+    plugin = subprocess.Popen(
+        [HOSTAGENT, "authz", "--socket", str(sock), "--agent-socket", agent.socket, "--policy", str(policy)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def deploy(file: Path, stack: str) -> subprocess.CompletedProcess[str]:
+        return swarm.manager("stack", "deploy", "--resolve-image", "never", "-c", str(file), stack, check=False)
+
+    name = "granted_train"
+    try:
+        wait_for(lambda: authz.activates(sock), 30, "the plugin to serve")
+        with authz.plugin_on(m):
+            r = swarm.manager(
+                "service", "create", "-d", "--name", "ungranted", "--generic-resource", "GPU=1",
+                "--no-resolve-image", TEST_IMAGE, "true", check=False,
+            )  # fmt: skip
+            assert "only the agent's stacks may reserve GPUs on this swarm (--generic-resource GPU=1)" in r.stderr, r
+            assert r.returncode != 0
+            # What no node's plugin will see of a task: its own device variables, the escape baseline.
+            for form, line in (
+                (
+                    ["-e", "NVIDIA_VISIBLE_DEVICES=all"],
+                    "-e NVIDIA_VISIBLE_DEVICES=all: a service's own device variable",
+                ),
+                (
+                    ["--mount", "type=bind,source=/var/run/docker.sock,target=/d.sock"],
+                    "a bind mount of /var/run/docker.sock: refused on this host",
+                ),
+            ):
+                r = swarm.manager(
+                    "service", "create", "-d", "--name", "escape", *form, "--no-resolve-image", TEST_IMAGE, "true",
+                    check=False,
+                )  # fmt: skip
+                assert r.returncode != 0 and line in r.stderr, (form, r.stderr)
+            # A service that reserves no card is not the agent's business (the plugin answers it alone).
+            with swarm.service("plain", "--entrypoint", "true", TEST_IMAGE):
+                pass
+            # Rendered through the agent: the grant in deploy.labels; deployed, then deployed again (an update).
+            on_manager = (
+                "deploy: {replicas: 2, restart_policy: {condition: none}, "
+                "placement: {constraints: [node.hostname==manager]}}\nx-gpupin: {count: 1}"
+            )
+            source = compose_source("train", 2, on_manager)
+            source_path, rendered = tmp_path / "train.yml", tmp_path / "train.stack.yml"
+            source_path.write_text(source)
+            r = subprocess.run(
+                [HOSTAGENT, "compose", "render", "--swarm", str(source_path), "-o", str(rendered)],
+                env={**env, "GPUPIN_AGENT_SOCKET": agent.socket},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert r.returncode == 0 and "`docker stack deploy` within 15 minutes" in r.stderr, r.stderr
+            doc = yaml.safe_load(rendered.read_text())
+            grant = doc["services"]["train"]["deploy"]["labels"][LABEL]
+            assert grant.startswith("s1.") and ".2*GPU=1." in grant
+            try:
+                first = deploy(rendered, "granted")
+                assert first.returncode == 0 and "Creating service granted_train" in first.stdout, first
+                again = deploy(rendered, "granted")
+                assert again.returncode == 0 and "Updating service granted_train" in again.stdout, again
+                # Its tasks run on the manager's cards: its daemon made their containers (DOCKER_RESOURCE_GPU set,
+                # which the plugin refuses in a create without a container's grant) without asking the plugin.
+                wait_for(lambda: len(swarm.probes(name)) == 2, 120, "2 running tasks on the manager")
+                seen = {x["env"]["DOCKER_RESOURCE_GPU"] for node, x in swarm.probes(name) if node == "manager"}
+                assert len(seen) == 2 and seen <= set(swarm_resources(m.topology)), seen
+                # More replicas than granted: refused, saying both.
+                doc["services"]["train"]["deploy"]["replicas"] = 3
+                more = tmp_path / "more.yml"
+                more.write_text(yaml.safe_dump(doc))
+                r = deploy(more, "granted")
+                asked = "service granted_train asks for 3 task(s) x 1 GPU, its grant is for 2 task(s) x 1 GPU: refused"
+                assert r.returncode != 0 and asked in r.stderr, r
+                print(f"docker stack deploy, 3 replicas on a grant for 2: {r.stderr.strip()}")  # the figure (-s)
+                # ... and with the reservation written into the grant by hand: not the agent's signature.
+                doc["services"]["train"]["deploy"]["labels"][LABEL] = grant.replace("2*", "3*")
+                more.write_text(yaml.safe_dump(doc))
+                r = deploy(more, "granted")
+                assert r.returncode != 0 and "not signed by this agent for a service train" in r.stderr, r
+                # The same file as another stack (a copy of the grant): refused.
+                r = deploy(rendered, "copied")
+                assert "its grant admitted service granted_train already" in r.stderr, r
+                # Scaled to 0, as the manager's agent does when a booking ends: no card, no grant needed.
+                swarm.manager("service", "scale", "-d", f"{name}=0")
+            finally:
+                swarm.manager("stack", "rm", "granted", "copied", check=False)
+                swarm.containers_gone("com.docker.stack.namespace=granted")
+    finally:
+        plugin.kill()
+        _, log = plugin.communicate(timeout=10)
+        agent.close()
+        print(log)

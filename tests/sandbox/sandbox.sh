@@ -140,46 +140,11 @@ EOF
     config_line >"$RUN/config"
 }
 
-ns_graft() {
-    # ns_graft DIR: DIR exists afterwards in this mount namespace while the host's file system gains nothing: the
-    # nearest folder above it that exists becomes, here only, a tmpfs holding the same entries (each bound to the
-    # host's own), and the missing folders are made in that tmpfs.
-    local dir=$1 parent
-    [ -d "$dir" ] && return 0
-    parent=$(dirname "$dir")
-    ns_graft "$parent"
-    case " $NS_GRAFTED " in *" $parent "*) ;; *) ns_cover "$parent" ;; esac
-    mkdir "$dir"
-    NS_GRAFTED="$NS_GRAFTED $dir"
-}
-
-ns_cover() {
-    local dir=$1 hold=$STATE/ns-hold entry name
-    mkdir -p "$hold"
-    # -n: mount(8) would record these in /run/mount/utab, the host's own once bound back
-    mount -n --rbind "$dir" "$hold"
-    mount -n -t tmpfs -o "mode=$(stat -c %a "$dir")" gpupin-sandbox "$dir"
-    for entry in "$hold"/* "$hold"/.[!.]*; do
-        [ -e "$entry" ] || [ -L "$entry" ] || continue
-        name=$dir/${entry##*/}
-        if [ -L "$entry" ]; then ln -s "$(readlink "$entry")" "$name"
-        elif [ -d "$entry" ]; then mkdir -p "$name" && mount -n --rbind "$entry" "$name"
-        else : >"$name" && mount -n --bind "$entry" "$name"; fi
-    done
-    umount -n -R -l "$hold" && rmdir "$hold"
-    NS_GRAFTED="$NS_GRAFTED $dir"
-}
-
 ns_daemons() {
     # Inside the sandbox's mount namespace (start_daemons): drop the copies of other daemons' container mounts
     # (they would keep those layers and network namespaces alive here), give /run/docker/plugins this sandbox's
     # folder, start containerd, then become dockerd.
-    awk '$2 ~ "^/(run|var/lib)/" {print $2}' /proc/self/mounts | sort -r | while read -r m; do
-        umount -n -l "$m" 2>/dev/null || true
-    done
-    NS_GRAFTED=
-    ns_graft /run/docker/plugins
-    mount -n --bind "$RUN/plugins" /run/docker/plugins
+    NS_HOLD=$STATE/ns-hold ns_private_plugins "$RUN/plugins"
     # dockerd's environment is the hook's environment (Docker passes os.Environ() to the prestart hook).
     local envs=(env -i "PATH=$FAKEGPU_BIN:$ENGINE_PATH/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
                 "FAKEGPU_TOPOLOGY=$TOPOLOGY" "FAKEGPU_HOOK_LOG=$RUN/hook.log" "HOME=/root")

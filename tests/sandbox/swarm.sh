@@ -144,19 +144,33 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [grpc]
   address = "$dir/containerd.sock"
 EOF
-    set_node_env "$node"
-    setsid "${NODE_ENV[@]}" nsenter --net="/run/netns/$(ns_of "$node")" \
-        containerd --config "$dir/containerd.toml" >"$dir/containerd.log" 2>&1 </dev/null 9>&- &
+    mkdir -p "$dir/plugins" && chmod 0700 "$dir/plugins"
+    # Each node's daemons run in a mount namespace of their own (ns_containerd), as the sandbox's do: there
+    # /run/docker/plugins is the node's `plugins` folder, so a node serves its own authorization plugin and the
+    # host's folder is neither read nor written. dockerd joins containerd's namespace (start_dockerd): runc must see
+    # the layers dockerd mounts. setsid, nsenter and unshare exec: the job's pid becomes containerd's.
+    setsid nsenter --net="/run/netns/$(ns_of "$node")" unshare -m --propagation private -- \
+        "$REPO/tests/sandbox/swarm.sh" _containerd "$node" >"$dir/containerd.log" 2>&1 </dev/null 9>&- &
     echo $! >"$dir/containerd.pid"
     wait_for test -S "$dir/containerd.sock" || die "$node: containerd did not start; see $dir/containerd.log"
 }
 
+ns_containerd() {
+    # start_containerd's, inside the node's new mount namespace: /run/docker/plugins is the node's, then containerd.
+    local node=$1 dir; dir=$(dir_of "$node")
+    NS_HOLD=$STATE/$node/ns-hold ns_private_plugins "$dir/plugins"
+    set_node_env "$node"
+    exec "${NODE_ENV[@]}" containerd --config "$dir/containerd.toml"
+}
+
 start_dockerd() {
-    # Own UTS namespace too, so that each node has its own host name in `docker node ls`.
+    # In containerd's mount namespace; own UTS namespace too, so that each node has its own host name in `docker
+    # node ls`.
     local node=$1 dir state; dir=$(dir_of "$node"); state=$STATE/$node
     mkdir -p "$state/docker"
     set_node_env "$node"
-    setsid "${NODE_ENV[@]}" nsenter --net="/run/netns/$(ns_of "$node")" unshare --uts \
+    setsid "${NODE_ENV[@]}" nsenter --mount="/proc/$(cat "$dir/containerd.pid")/ns/mnt" \
+        --net="/run/netns/$(ns_of "$node")" unshare --uts \
         sh -c 'hostname "$0" && exec "$@"' "$node" \
         dockerd --config-file "$dir/daemon.json" --host "unix://$(sock_of "$node")" \
         --containerd "$dir/containerd.sock" --containerd-namespace gpupin-swarm \
@@ -362,5 +376,6 @@ case "${1:-}" in
     status) do_status ;;
     stop-node) do_stop_node "${2:-}" ;;
     start-node) do_start_node "${2:-}" ;;
+    _containerd) ns_containerd "${2:-}" ;;  # start_containerd's, inside the node's new mount namespace
     *) echo "usage: $0 up|down|purge|status|stop-node NODE|start-node NODE" >&2; exit 64 ;;
 esac

@@ -27,9 +27,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from tests.support.sandbox import Sandbox
 from tests.support.wait import wait_for
 
 PLUGIN = "gpupin"
@@ -39,16 +38,27 @@ PROBE = "gpupin-authz-probe"  # hostagent.setup.PROBE
 PROBE_MSG = "gpupin authz: on"
 
 
-def plugin_socket(sandbox: Sandbox, name: str = PLUGIN) -> Path:
+class Daemon(Protocol):
+    """A sandboxed dockerd whose run folder holds its daemon.json, dockerd.pid, dockerd.log and plugins/ (seen as
+    its /run/docker/plugins): a Sandbox, or a node of the test swarm."""
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    @property
+    def engine(self) -> str: ...
+
+
+def plugin_socket(sandbox: Daemon, name: str = PLUGIN) -> Path:
     """Where the sandbox's daemon finds plugin `name` (its /run/docker/plugins/NAME.sock)."""
     return sandbox.run_dir / "plugins" / f"{name}.sock"
 
 
-def daemon_json(sandbox: Sandbox) -> Path:
+def daemon_json(sandbox: Daemon) -> Path:
     return sandbox.run_dir / "daemon.json"
 
 
-def dockerd_pid(sandbox: Sandbox) -> int:
+def dockerd_pid(sandbox: Daemon) -> int:
     return int((sandbox.run_dir / "dockerd.pid").read_text())
 
 
@@ -73,11 +83,11 @@ def activates(socket_path: Path, timeout: float = 2.0) -> bool:
     return isinstance(answer, dict) and "authz" in (answer.get("Implements") or [])
 
 
-def _reload_lines(sandbox: Sandbox) -> int:
+def _reload_lines(sandbox: Daemon) -> int:
     return (sandbox.run_dir / "dockerd.log").read_text(errors="replace").count("Reloaded configuration")
 
 
-def _reload(sandbox: Sandbox, config: dict[str, object], timeout: float) -> None:
+def _reload(sandbox: Daemon, config: dict[str, object], timeout: float) -> None:
     """Write daemon.json, SIGHUP dockerd and wait for its log to say the reload took (docker info cannot say)."""
     path = daemon_json(sandbox)
     before = _reload_lines(sandbox)
@@ -88,7 +98,7 @@ def _reload(sandbox: Sandbox, config: dict[str, object], timeout: float) -> None
     wait_for(lambda: _reload_lines(sandbox) > before, timeout, f"Engine {sandbox.engine}'s dockerd to reload {path}")
 
 
-def turn_on(sandbox: Sandbox, name: str = PLUGIN, timeout: float = 30) -> None:
+def turn_on(sandbox: Daemon, name: str = PLUGIN, timeout: float = 30) -> None:
     """Add plugin `name` to the sandbox daemon's authorization-plugins and reload it. The plugin must be serving at
     plugin_socket(): a reload naming a plugin the daemon cannot find ends the daemon."""
     sock = plugin_socket(sandbox, name)
@@ -100,7 +110,7 @@ def turn_on(sandbox: Sandbox, name: str = PLUGIN, timeout: float = 30) -> None:
     _reload(sandbox, config, timeout)
 
 
-def turn_off(sandbox: Sandbox, timeout: float = 30) -> None:
+def turn_off(sandbox: Daemon, timeout: float = 30) -> None:
     """Remove every authorization plugin from the sandbox daemon and reload it (no plugin needs to answer)."""
     config = json.loads(daemon_json(sandbox).read_text())
     config.pop("authorization-plugins", None)
@@ -108,7 +118,7 @@ def turn_off(sandbox: Sandbox, timeout: float = 30) -> None:
 
 
 @contextmanager
-def plugin_on(sandbox: Sandbox, name: str = PLUGIN) -> Iterator[Path]:
+def plugin_on(sandbox: Daemon, name: str = PLUGIN) -> Iterator[Path]:
     """The sandbox's daemon with plugin `name` on (already serving at the yielded socket), off again after."""
     turn_on(sandbox, name)
     try:

@@ -128,6 +128,31 @@ def test_any_create_body_is_judged_without_an_exception(body: Any) -> None:
     assert isinstance(v.allow, bool)
 
 
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.recursive(
+        st.one_of(st.none(), st.integers(-2, 5), st.text(max_size=8), st.just("GPU"), st.just("trainer")),
+        lambda x: (
+            st.dictionaries(
+                st.sampled_from(
+                    ["Name", "Labels", "Mode", "Replicated", "Global", "Replicas", "TaskTemplate", "ContainerSpec",
+                     "Env", "Mounts", "CapabilityAdd", "Resources", "Reservations", "GenericResources",
+                     "DiscreteResourceSpec", "NamedResourceSpec", "Kind", "Value", LABEL]
+                ),
+                x,
+                max_size=4,
+            )
+            | st.lists(x, max_size=3)
+        ),
+        max_leaves=16,
+    )
+)  # fmt: skip
+def test_any_service_body_is_judged_without_an_exception(body: Any) -> None:
+    for uri in ("/v1.41/services/create", "/v1.41/services/abc/update?version=3"):
+        v = decide(msg(body if isinstance(body, dict) else {"x": body}, uri=uri), ON)
+        assert isinstance(v.allow, bool)
+
+
 # --- what the plugin decides alone --------------------------------------------------------------------------------
 
 
@@ -232,19 +257,9 @@ def test_warn_allows_and_says_what_it_would_refuse() -> None:
     )
 
 
-def test_updates_and_services_that_reach_cards_are_refused() -> None:
+def test_updates_that_reach_cards_are_refused() -> None:
     v = decide(msg({"DeviceRequests": gpus([RTX])}, uri="/v1.41/containers/x/update"), NO_GRANTS)
     assert not v.allow and "an update that gives a container cards" in v.msg
-    service = {
-        "TaskTemplate": {
-            "Resources": {
-                "Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}]}
-            }
-        }
-    }
-    v = decide(msg(service, uri="/v1.41/services/create"), NO_GRANTS)
-    assert not v.allow and "placed by Swarm" in v.msg
-    assert decide(msg({"TaskTemplate": {}}, uri="/v1.41/services/create"), ON).allow
 
 
 # --- grants -----------------------------------------------------------------------------------------------------
@@ -291,6 +306,263 @@ def test_a_grant_on_a_held_card_is_still_refused() -> None:
     body = create(gpus([RTX]), {LABEL: g.issue("job", [RTX], 1001)})
     v = decide(msg(body), ON, lambda u: "held by other" if u == RTX else None, g)
     assert not v.allow and "held by other" in v.msg
+
+
+# --- Swarm services -----------------------------------------------------------------------------------------------
+
+# What the docker CLI sends a Swarm manager, captured at its plugin (tests/data/authz-service-bodies.json says how).
+SENT = json.loads((Path(__file__).parent.parent / "data" / "authz-service-bodies.json").read_text())
+STACK, REDEPLOY, SCALE = "stack deploy (create)", "stack deploy again (update)", "service scale ml_trainer=2 (update)"
+SERVICE, SERVICE_UPDATE = "service create --generic-resource GPU=2", "service update --force"
+GLOBAL = "service create --mode global"
+TRAINER = request.Reserved({"GPU": 1}, 4)  # what compose/swarm-replicas.yml renders to: 4 replicas x 1 GPU
+
+
+def sent(what: str, grant: str | None = None, **spec: Any) -> dict[str, Any]:
+    """The CLI's request `what`, its gpupin.grant label set to `grant` (None: none), its spec's fields to `spec`."""
+    body = json.loads(json.dumps(SENT[what]["body"]))
+    body["Labels"].pop(LABEL, None)
+    if grant is not None:
+        body["Labels"][LABEL] = grant
+    body.update(spec)
+    return msg(body, uri=SENT[what]["uri"])
+
+
+def test_a_service_reads_as_the_cli_sends_it() -> None:
+    def read(what: str) -> tuple[str, str, request.Reserved | None]:
+        spec = request.service(request.read(sent(what)).body)
+        return str(spec["Name"]), request.service_key(spec), request.reserved(spec)
+
+    assert request.read(sent(REDEPLOY)).kind == request.read(sent(STACK)).kind == request.SERVICE
+    assert read(STACK) == read(REDEPLOY) == ("ml_trainer", "trainer", TRAINER)  # the stack's name is not the key's
+    assert read(SCALE)[2] == request.Reserved({"GPU": 1}, 2)
+    assert read(SERVICE) == read(SERVICE_UPDATE) == ("svc", "svc", request.Reserved({"GPU": 2}, 1))
+    assert read(GLOBAL)[2] == request.Reserved({"GPU": 1}, "global")
+    # scaled to 0 (`docker service scale S=0`, the agent at a booking's end): no card, nothing to judge, no grant
+    assert decide(sent(SCALE, Mode={"Replicated": {"Replicas": 0}}), ON).allow
+    # what no GPU kind is reserved by is no service of the judge's
+    assert decide(sent(STACK, TaskTemplate={"ContainerSpec": {"Image": "x"}}), ON).allow
+    other = {"Resources": {"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "fpga"}}]}}}
+    assert decide(sent(STACK, TaskTemplate=other), ON).allow
+    # the daemon's decoding: case folded, null ignored, a replica count that is no count refused
+    folded = sent(STACK, mode={"replicated": {"replicas": 9}}, Mode=None)
+    assert request.reserved(request.service(request.read(folded).body)) == request.Reserved({"GPU": 1}, 9)
+    v = decide(sent(STACK, Mode={"Replicated": {"Replicas": "4"}}), ON)
+    assert not v.allow and "Replicas is not a number" in v.msg
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=12), st.integers(1, 16), min_size=1, max_size=3),
+    st.one_of(st.integers(0, 64), st.sampled_from(["global", "replicated-job"])),
+)
+def test_a_reservations_text_reads_back_as_itself(kinds: dict[str, int], tasks: int | str) -> None:
+    r = request.Reserved(kinds, tasks)
+    assert request.Reserved.parse(r.text()) == r
+
+
+def test_under_on_a_stack_needs_the_agents_grant_for_its_reservation() -> None:
+    g = Grants()
+    refused = decide(sent(STACK), ON, g=g)
+    assert refused.msg == (
+        "gpupin: only the agent's stacks may reserve GPUs on this swarm (--generic-resource GPU=1): " + judge.STACK_HINT
+    )
+    value = g.issue_service("trainer", TRAINER.text(), 1001)
+    ok = decide(sent(STACK, value), ON, g=g)
+    assert ok.allow and ok.uid == 1001
+    # `docker stack deploy` again sends the same spec as an update: the same grant admits it, and a scale down.
+    assert decide(sent(REDEPLOY, value), ON, g=g).allow and decide(sent(SCALE, value), ON, g=g).allow
+    # `docker service create` of a service by that name: the key is the name
+    svc = g.issue_service("svc", request.Reserved({"GPU": 2}, 1).text(), 1002)
+    assert decide(sent(SERVICE, svc), ON, g=g).uid == 1002 and decide(sent(SERVICE_UPDATE, svc), ON, g=g).allow
+    glob = g.issue_service("glob", request.Reserved({"GPU": 1}, "global").text(), 1003)
+    assert decide(sent(GLOBAL, glob, Name="glob"), ON, g=g).allow
+
+
+def test_a_service_grant_admits_no_more_than_it_was_for() -> None:
+    g = Grants()
+    two = g.issue_service("trainer", request.Reserved({"GPU": 1}, 2).text(), 1001)
+    v = decide(sent(STACK, two), ON, g=g)
+    assert v.msg == (
+        "gpupin: service ml_trainer asks for 4 task(s) x 1 GPU, its grant is for 2 task(s) x 1 GPU: refused; "
+        + judge.STACK_HINT
+    )
+    per_task = {
+        "Resources": {"Reservations": {"GenericResources": [{"DiscreteResourceSpec": {"Kind": "GPU", "Value": 2}}]}}
+    }
+    v = decide(sent(STACK, g.issue_service("trainer", TRAINER.text(), 1001), TaskTemplate=per_task), ON, g=g)
+    assert "asks for 4 task(s) x 2 GPU, its grant is for 4 task(s) x 1 GPU" in v.msg
+    # a replicated grant admits no global service (a task on every node)
+    v = decide(sent(GLOBAL, g.issue_service("glob", request.Reserved({"GPU": 1}, 4).text(), 1), Name="glob"), ON, g=g)
+    assert "asks for global tasks x 1 GPU, its grant is for 4 task(s) x 1 GPU" in v.msg
+
+
+def test_a_forged_copied_or_stale_service_grant_is_refused() -> None:
+    g = Grants()
+    value = g.issue_service("trainer", TRAINER.text(), 1001)
+    fmt, nonce, expiry, uid, reserved, mac = value.split(".")
+    cases = {
+        "more tasks written in": ".".join((fmt, nonce, expiry, uid, "8*GPU=1", mac)),
+        "another uid": ".".join((fmt, nonce, expiry, "0", reserved, mac)),
+        "a later expiry": ".".join((fmt, nonce, str(int(expiry) + 3600), uid, reserved, mac)),
+        "another agent's": Grants().issue_service("trainer", TRAINER.text(), 1001),
+        "another service's": g.issue_service("evaluator", TRAINER.text(), 1001),
+    }
+    for why, forged in cases.items():
+        v = decide(sent(STACK, forged), ON, g=g)
+        assert "was not signed by this agent for a service trainer" in v.msg, why
+    assert "not a service grant" in decide(sent(STACK, g.issue("ml_trainer", [], 1001)), ON, g=g).msg
+    assert "not a service grant" in decide(sent(STACK, "let me in"), ON, g=g).msg
+    # a container's grant is not a service's, nor the other way round
+    assert "not a grant of this agent's" in decide(msg(create(gpus([RTX]), {LABEL: value})), ON, g=g).msg
+    # Alice's grant, read off her service (docker service inspect), on Bob's stack of the same file: refused.
+    assert decide(sent(STACK, value), ON, g=g).allow
+    bob = sent(STACK, value, Name="bob_trainer", Labels={"com.docker.stack.namespace": "bob", LABEL: value})
+    v = decide(bob, ON, g=g)
+    assert "its grant admitted service ml_trainer already (a service grant admits one service)" in v.msg
+    stale = Grants(ttl=-1)
+    with pytest.raises(GrantRefused, match="expired"):
+        stale.open_service(stale.issue_service("trainer", TRAINER.text(), 7), "trainer")
+
+
+def test_a_services_own_device_variables_and_escapes_are_refused() -> None:
+    """Each node's daemon creates a service's tasks without asking its plugin: what the spec gives each task is
+    judged at the manager, the escape baseline and the variables that make a node's runtime pick cards."""
+
+    def task(reserve: bool = False, **container: Any) -> dict[str, Any]:
+        """The stack's task template, reserving no card unless `reserve`, with `container` in its ContainerSpec."""
+        body: dict[str, Any] = json.loads(json.dumps(SENT[STACK]["body"]["TaskTemplate"]))
+        body["ContainerSpec"].update(container)
+        if not reserve:
+            body["Resources"] = {}
+        return body
+
+    every = task(Env=["NVIDIA_VISIBLE_DEVICES=all"])
+    for rule in (ON, NO_GRANTS):
+        v = decide(sent(STACK, TaskTemplate=every), rule)
+        assert not v.allow and v.msg.startswith(
+            "gpupin: -e NVIDIA_VISIBLE_DEVICES=all: a service's own device variable picks cards on its nodes past "
+            "Swarm's reservation: refused"
+        ), v.msg
+    assert decide(sent(STACK, TaskTemplate=every), WARN).msg.startswith("WARN gpupin: -e NVIDIA_VISIBLE_DEVICES=all")
+    assert decide(sent(STACK, TaskTemplate=task(Env=["NVIDIA_VISIBLE_DEVICES=void"])), ON).allow
+    # beside a granted reservation too: the variable picks cards the reservation does not
+    g = Grants()
+    granted = g.issue_service("trainer", TRAINER.text(), 1001)
+    by_hand = task(True, Env=["DOCKER_RESOURCE_GPU=GPU-0"])
+    assert (
+        "-e DOCKER_RESOURCE_GPU=GPU-0: a service's own"
+        in decide(sent(STACK, granted, TaskTemplate=by_hand), ON, g=g).msg
+    )
+    assert decide(sent(STACK, granted), ON, g=g).allow
+    # the escape baseline: a task that binds the host's root or its docker socket, or adds SYS_ADMIN
+    root = task(Mounts=[{"Type": "bind", "Source": "/", "Target": "/host"}])
+    assert "a bind mount of /: refused on this host" in decide(sent(STACK, TaskTemplate=root), ON).msg
+    caps = task(CapabilityAdd=["CAP_SYS_ADMIN"])
+    assert "--cap-add SYS_ADMIN: refused on this host" in decide(sent(STACK, TaskTemplate=caps), ON).msg
+    assert decide(sent(STACK, TaskTemplate=caps), EnforceRule(mode="on", allow=("capabilities",))).allow
+    v = decide(sent(STACK, TaskTemplate=task(Env="NVIDIA_VISIBLE_DEVICES=all")), ON)
+    assert not v.allow and "ContainerSpec.Env is not a list of strings" in v.msg
+
+
+def test_a_service_under_warn_and_without_grants() -> None:
+    # grants = false: a reservation is a task's pin (Swarm never gives a reserved card to two tasks), as a create
+    # that pins free cards is allowed
+    assert decide(sent(STACK), NO_GRANTS) == judge.ALLOW
+    v = decide(sent(STACK), WARN)
+    assert v.allow and v.msg.startswith("WARN gpupin: only the agent's stacks may reserve GPUs")
+    assert decide(sent(STACK), EnforceRule()).allow and not decide(sent(STACK), EnforceRule()).msg
+
+
+def test_render_swarm_writes_a_grant_the_agents_judge_admits(tmp_path: Path) -> None:
+    """`hostagent compose render --swarm` through an agent whose policy enforces: each GPU service's deploy.labels
+    (the service's own labels) gets a grant for its key and its reservation; the agent admits the service `docker
+    stack deploy` then sends, and its redeploy, and refuses it on another reservation."""
+    import yaml
+
+    from tests.support.host import HOSTAGENT, simhost_env
+    from tests.support.resident import Resident
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[enforce]\nmode = "on"\n')
+    env = simhost_env(DOCKER_HOST="unix:///nonexistent/docker.sock", GPUPIN_POLICY=str(policy))
+    agent = Resident(env)
+    try:
+        stack = tmp_path / "stack.yml"
+        source = Path(__file__).parent.parent.parent / "compose" / "swarm-replicas.yml"
+        r = subprocess_run(
+            [HOSTAGENT, "compose", "render", "--swarm", str(source), "-o", str(stack)],
+            {**env, "GPUPIN_AGENT_SOCKET": agent.socket},
+        )
+        assert r.returncode == 0 and "`docker stack deploy` within 15 minutes" in r.stderr, r.stderr
+        value = yaml.safe_load(stack.read_text())["services"]["trainer"]["deploy"]["labels"][LABEL]
+        assert value.startswith("s1.") and value.split(".")[3] == str(os.getuid()) and "4*GPU=1" in value
+        assert stack.stat().st_mode & 0o077 == 0  # a grant admits whoever presents it: the file is its user's alone
+        # deploy.labels written as a list keeps its form (and the file is private all the same)
+        listed = tmp_path / "listed.yml"
+        listed.write_text(
+            "services:\n  train:\n    image: img\n    deploy: {replicas: 2, labels: [team=a], mode: replicated}\n"
+            "    x-gpupin: {count: 2}\n"
+        )
+        r = subprocess_run(
+            [HOSTAGENT, "compose", "render", "--swarm", str(listed), "-o", str(tmp_path / "listed.stack.yml")],
+            {**env, "GPUPIN_AGENT_SOCKET": agent.socket},
+        )
+        assert r.returncode == 0, r.stderr
+        labels = yaml.safe_load((tmp_path / "listed.stack.yml").read_text())["services"]["train"]["deploy"]["labels"]
+        assert labels[0] == "team=a" and labels[1].startswith(f"{LABEL}=s1.") and ".2*GPU=2." in labels[1]
+        assert (tmp_path / "listed.stack.yml").stat().st_mode & 0o077 == 0
+        # a global service's grant is for a task on every node it may run on
+        (tmp_path / "global.yml").write_text(
+            "services:\n  probe:\n    image: img\n    deploy: {mode: global}\n    x-gpupin: {count: 1}\n"
+        )
+        r = subprocess_run(
+            [HOSTAGENT, "compose", "render", "--swarm", str(tmp_path / "global.yml")],
+            {**env, "GPUPIN_AGENT_SOCKET": agent.socket},
+        )
+        assert r.returncode == 0 and ".global*GPU=1." in r.stdout, r.stderr
+
+        def verdict(what: str, **spec: Any) -> dict[str, Any]:
+            m = sent(what, value, **spec)
+            answer = http1_post(agent.socket, "/api/authz", {"request": m})
+            return dict(answer)
+
+        assert verdict(STACK) == {"Allow": True, "Msg": ""}
+        assert verdict(REDEPLOY) == {"Allow": True, "Msg": ""}
+        more = verdict(STACK, Mode={"Replicated": {"Replicas": 8}})
+        assert not more["Allow"] and "asks for 8 task(s) x 1 GPU, its grant is for 4 task(s) x 1 GPU" in more["Msg"]
+        # The agent gives service grants for GPU kinds and whole counts only, one line and 64 otherwise.
+        for bad in (
+            {"service": "t", "kinds": {"fpga": 1}, "tasks": 1},
+            {"service": "t", "kinds": {"GPU": 0}, "tasks": 1},
+            {"service": "t", "kinds": {"GPU": 1}, "tasks": -1},
+            {"service": "", "kinds": {"GPU": 1}, "tasks": "global"},
+        ):
+            status, answer = _post(agent.socket, "/api/grant", {"services": [bad]})
+            assert status != 200 and answer["exit"] == 64 and "`services` must be 1 to 64" in answer["error"], bad
+        # Without the agent, render writes no grant (and says nothing of one)
+        r = subprocess_run([HOSTAGENT, "compose", "render", "--swarm", str(source)], {**env, "GPUPIN_AGENT": "0"})
+        assert r.returncode == 0 and LABEL not in r.stdout and "grants" not in r.stderr, r.stderr
+    finally:
+        agent.close()
+
+
+def subprocess_run(argv: list[str], env: dict[str, str]) -> Any:
+    import subprocess
+
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+def http1_post(path: str, call: str, body: Any) -> Any:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(path)
+    try:
+        answer = http1.exchange(sock, "POST", call, body, host="localhost")
+        assert answer.status == 200, answer.json()
+        return answer.json()
+    finally:
+        sock.close()
 
 
 # --- the table's `named` -----------------------------------------------------------------------------------------
