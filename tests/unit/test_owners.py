@@ -44,6 +44,23 @@ def test_a_file_another_user_could_write_proves_nothing(tmp_path: Path) -> None:
     assert owners.read(str(tmp_path)) == {}
 
 
+def test_a_warning_mark_is_believed_only_from_the_agents_own_file(tmp_path: Path) -> None:
+    """`ls` marks what mode warn let in from warned.json beside the owners: a file another user could have written
+    (to mark someone else's container, or to hide a mark) is read as no marks at all."""
+    marks = {"a" * 64: ("gpupin: only the agent's containers may take cards on this host", 1.0)}
+    (tmp_path / owners.WARNED_FILE).write_bytes(owners.dump_warned(marks))
+    os.chmod(tmp_path, 0o755)
+    assert owners.read_warned(str(tmp_path)) == marks
+    os.chmod(tmp_path / owners.WARNED_FILE, 0o666)
+    assert owners.read_warned(str(tmp_path)) == {}
+    (tmp_path / owners.WARNED_FILE).unlink()
+    os.symlink("/etc/passwd", tmp_path / owners.WARNED_FILE)
+    assert owners.read_warned(str(tmp_path)) == {}
+    v = view(holder("marked"), holder("plain"))
+    listing.own(v, {}, warned={"marked": "gpupin: card 1 is held by x"})
+    assert [h.warned for h in v.gpus[0].holders] == ["gpupin: card 1 is held by x", None]
+
+
 def test_entries_not_of_the_form_are_left_out() -> None:
     data = {"a": {"uid": 5, "at": 1}, "b": {"uid": True, "at": 1}, "c": {"uid": -1, "at": 1}, "d": 7, "e": {"uid": 2}}
     assert owners.parse(data) == {"a": (5, 1.0)}
