@@ -106,6 +106,7 @@ json.dump(d, open(p, 'w'))" "$1"
     el "authz checks done"
     # the cost: a non-GPU run, and a GPU run on a free card (grants off, so a plain create may take it)
     printf '[enforce]\nmode = "on"\ngrants = false\n' >"$GPUPIN_POLICY"
+    kill -HUP "$(cat $A/agent.pid)"; sleep 1  # the agent reads its policy again on SIGHUP (the plugin, on a change)
     : >$A/times
     .venv/bin/python bench/authz_bench.py --calls /run/docker/plugins/gpupin.sock --calls-threads 8 --gpu "$U" --json "$OUT/authz-calls.json"
     for block in $(seq "${AUTHZ_BLOCKS:-10}"); do
@@ -126,6 +127,9 @@ import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 for what in ("plain", "gpu"):
     t = {m: [int(r[3]) / 1000 for r in rows if r[0] == m and r[1] == what and r[2] == "0"] for m in ("on", "off")}
+    if not t["on"] or not t["off"]:
+        print(f"docker run ({what}): no run succeeded with the plugin {'on' if not t['on'] else 'off'}")
+        continue
     on, off = statistics.median(t["on"]), statistics.median(t["off"])
     blocks = sorted({int(r[4]) for r in rows})
     med = {b: statistics.median([int(r[3]) / 1000 for r in rows if int(r[4]) == b and r[1] == what and r[2] == "0"]) for b in blocks}
