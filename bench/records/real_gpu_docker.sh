@@ -109,9 +109,14 @@ json.dump(d, open(p, 'w'))" "$1"
     kill -HUP "$(cat $A/agent.pid)"; sleep 1  # the agent reads its policy again on SIGHUP (the plugin, on a change)
     : >$A/times
     .venv/bin/python bench/authz_bench.py --calls /run/docker/plugins/gpupin.sock --calls-threads 8 --gpu "$U" --json "$OUT/authz-calls.json"
-    for block in $(seq "${AUTHZ_BLOCKS:-10}"); do
-        mode=$([ $((block % 2)) = 1 ] && echo on || echo off)
-        plugin "$mode"
+    # Three ways in turn: gpupin's plugin judging (on), no plugin (off), and the plugin on with the policy's mode
+    # off (null: it allows everything unread but a create's answer), which is what the daemon's authorization
+    # mechanism costs with a plugin that decides nothing; on - null is then gpupin's rules.
+    on_policy='[enforce]\nmode = "on"\ngrants = false\n'
+    for block in $(seq "${AUTHZ_BLOCKS:-12}"); do
+        mode=$(echo on off null | cut -d' ' -f$(( (block - 1) % 3 + 1 )))
+        if [ $mode = null ]; then printf '[enforce]\nmode = "off"\n' >"$GPUPIN_POLICY"; else printf "$on_policy" >"$GPUPIN_POLICY"; fi
+        plugin "$([ $mode = off ] && echo off || echo on)"
         for i in $(seq "${AUTHZ_N:-6}"); do
             for what in plain gpu; do
                 t0=$(date +%s%N)
@@ -126,16 +131,19 @@ json.dump(d, open(p, 'w'))" "$1"
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 for what in ("plain", "gpu"):
-    t = {m: [int(r[3]) / 1000 for r in rows if r[0] == m and r[1] == what and r[2] == "0"] for m in ("on", "off")}
-    if not t["on"] or not t["off"]:
-        print(f"docker run ({what}): no run succeeded with the plugin {'on' if not t['on'] else 'off'}")
+    t = {m: [int(r[3]) / 1000 for r in rows if r[0] == m and r[1] == what and r[2] == "0"] for m in ("on", "off", "null")}
+    if not all(t.values()):
+        print(f"docker run ({what}): no run succeeded with {[m for m, v in t.items() if not v]}")
         continue
-    on, off = statistics.median(t["on"]), statistics.median(t["off"])
+    med = {m: statistics.median(v) for m, v in t.items()}
     blocks = sorted({int(r[4]) for r in rows})
-    med = {b: statistics.median([int(r[3]) / 1000 for r in rows if int(r[4]) == b and r[1] == what and r[2] == "0"]) for b in blocks}
-    pairs = sorted(med[b] - med[b + 1] for b in blocks[::2] if b + 1 in med)
-    print(f"docker run ({what}): plugin on {on:.1f} ms (n={len(t['on'])}), off {off:.1f} ms (n={len(t['off'])}), added {on - off:+.1f} ms; "
-          f"block pairs on-off: median {statistics.median(pairs):+.1f} ms, from {pairs[0]:+.1f} to {pairs[-1]:+.1f}")
+    per = {b: statistics.median([int(r[3]) / 1000 for r in rows if int(r[4]) == b and r[1] == what and r[2] == "0"]) for b in blocks}
+    cycles = [b for b in blocks if (b - 1) % 3 == 0 and b + 2 in per]  # on, off, null in turn
+    def span(d): return f"median {statistics.median(d):+.1f} ms, from {min(d):+.1f} to {max(d):+.1f}"
+    print(f"docker run ({what}): plugin on {med['on']:.1f} ms, off {med['off']:.1f} ms, null {med['null']:.1f} ms "
+          f"(n={len(t['on'])}, {len(t['off'])}, {len(t['null'])}); added {med['on'] - med['off']:+.1f} ms, of which "
+          f"the daemon's mechanism with a plugin that decides nothing {med['null'] - med['off']:+.1f} ms; "
+          f"cycles on-off: {span([per[b] - per[b + 1] for b in cycles])}; null-off: {span([per[b + 2] - per[b + 1] for b in cycles])}")
 PY
     tail -n 20 $A/plugin.log; tail -n 20 $A/agent.log
     kill "$(cat $A/agent.pid)" "$(cat $A/plugin.pid)" 2>/dev/null
