@@ -70,7 +70,7 @@ class Judging:
         host = HostCards(cards, local=True)
         first, asked_cards, c = judge.first_look(asked, host, rule)
         if first is None:
-            over = _quotas(self.agent, view, self._just_made())
+            over = _policy_of_rendered(self.agent, view, self._just_made())
             first = judge.warned(
                 rule, judge.judge(asked, asked_cards, c, host, rule, _held_by(view), self.agent.grants, over)
             )
@@ -164,7 +164,9 @@ def _digest(msg: JSONObject) -> bytes:
     return hashlib.sha256("\0".join(str(p or "") for p in parts).encode()).digest()
 
 
-def _quotas(agent: Agent, view: Listing, just_made: list[Made]) -> Callable[[int, int, Mapping[str, Any]], str | None]:
+def _policy_of_rendered(
+    agent: Agent, view: Listing, just_made: list[Made]
+) -> Callable[[int, int, Mapping[str, Any]], str | None]:
     """Why a rendered file's grant may not take `cards` more for `uid` now (None: it may): the policy's quotas, from
     the view's holdings and the granted creates it does not show yet (each counted once), and its bookings (the
     length the container's labels ask, which render wrote: gpupin.hostagent.compose.booking)."""
