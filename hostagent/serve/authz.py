@@ -70,7 +70,7 @@ class Judging:
         host = HostCards(cards, local=True)
         first, asked_cards, c = judge.first_look(asked, host, rule)
         if first is None:
-            over = _policy_of_rendered(self.agent, view, self._just_made())
+            over = _policy_of_rendered(self.agent, view, self._just_made)
             first = judge.warned(
                 rule, judge.judge(asked, asked_cards, c, host, rule, _held_by(view), self.agent.grants, over)
             )
@@ -111,9 +111,11 @@ class Judging:
         digest = _digest(msg)
         with self._lock:
             kept = self._pending.get(digest)
-            if kept is not None and (kept.at < time.monotonic() - CREATED_S or kept.made is not None):
+            stale = kept is not None and kept.at < time.monotonic() - CREATED_S
+            if stale or (kept is not None and kept.made is not None):
                 del self._pending[digest]  # a grant's is for one create; a warning's, for each alike within the time
-                kept = kept if kept.at >= time.monotonic() - CREATED_S else None
+            if stale:
+                kept = None
         if kept is None and warned:
             kept = Kept(0.0, None, warned)
         if kept is None:
@@ -165,23 +167,24 @@ def _digest(msg: JSONObject) -> bytes:
 
 
 def _policy_of_rendered(
-    agent: Agent, view: Listing, just_made: list[Made]
+    agent: Agent, view: Listing, just_made: Callable[[], list[Made]]
 ) -> Callable[[int, int, Mapping[str, Any]], str | None]:
     """Why a rendered file's grant may not take `cards` more for `uid` now (None: it may): the policy's quotas, from
     the view's holdings and the granted creates it does not show yet (each counted once), and its bookings (the
-    length the container's labels ask, which render wrote: gpupin.hostagent.compose.booking)."""
+    length the container's labels ask, which render wrote: gpupin.hostagent.compose.booking). The holdings are
+    read only when a rendered grant is judged, not for every request that reaches a card."""
     from gpupin.hostagent.policy import admit
     from gpupin.hostagent.serve.queue import view_holdings
 
     policy = agent.in_force.policy
     if not policy.enforced:
         return lambda _uid, _cards, _labels: None
-    held = view_holdings(view)
-    counted = {h.id for card in view.gpus for h in card.holders if h.owner is not None and h.owner.verified}
-    held += [admit.Holding(m.uid, m.cards, None, "a container just created") for m in just_made
-             if m.cid not in counted]  # fmt: skip
 
     def over(uid: int, cards: int, labels: Mapping[str, Any]) -> str | None:
+        held = view_holdings(view)
+        counted = {h.id for card in view.gpus for h in card.holders if h.owner is not None and h.owner.verified}
+        held += [admit.Holding(m.uid, m.cards, None, "a container just created") for m in just_made()
+                 if m.cid not in counted]  # fmt: skip
         who = caller(uid)
         return _booking(policy, who, labels) or admit.over(policy, who, cards, held, agent.finished)
 

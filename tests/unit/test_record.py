@@ -334,16 +334,22 @@ def test_keeper_opens_and_closes_at_the_daemons_times(tmp_path: Path) -> None:
     assert shares(s, None, "image", T0 + 50)[0]["gpu_seconds"] == 42.5
 
 
-def test_an_owner_noted_after_the_interval_opened_is_its_owner(tmp_path: Path) -> None:
-    """The agent notes a run's owner once the daemon's create has returned; a view taken in between opens the
-    interval with no owner. The owner noted then is the interval's, open (in the store and the hooks' payload)
-    and closed (the row and the uid's own daily sums)."""
+def opened_without_owner(tmp_path: Path) -> tuple[Store, Daemon, RecordWriter]:
+    """c1 on GPU-a since T0, its interval opened by a view taken before its owner was noted."""
     s = Store(str(private(tmp_path)))
     d = Daemon()
     k = RecordWriter(s, d.inspect)
     d.run("c1", T0)
     k.observe(view({"GPU-a": ["c1"]}), None)
     k.step(now=T0 + 1)
+    return s, d, k
+
+
+def test_an_owner_noted_after_the_interval_opened_is_its_owner(tmp_path: Path) -> None:
+    """The agent notes a run's owner once the daemon's create has returned; a view taken in between opens the
+    interval with no owner. The owner noted then is the interval's, open (in the store and the hooks' payload)
+    and closed (the row and the uid's own daily sums)."""
+    s, d, k = opened_without_owner(tmp_path)
     assert rows(s)[0]["uid"] is None
     k.note_owner("c1", 0)
     k.observe(view({"GPU-a": ["c1"]}), None)
@@ -360,12 +366,7 @@ def test_an_owner_noted_after_the_interval_opened_is_its_owner(tmp_path: Path) -
 
 def test_an_owner_noted_before_the_close_step_is_written_with_the_close(tmp_path: Path) -> None:
     """Opened without an owner, noted, and gone by the next view: the close carries the owner."""
-    s = Store(str(private(tmp_path)))
-    d = Daemon()
-    k = RecordWriter(s, d.inspect)
-    d.run("c1", T0)
-    k.observe(view({"GPU-a": ["c1"]}), None)
-    k.step(now=T0 + 1)
+    s, d, k = opened_without_owner(tmp_path)
     k.note_owner("c1", 0)
     d.end("c1", T0 + 5)
     k.observe(view({"GPU-a": []}), None)
